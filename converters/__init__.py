@@ -1,0 +1,1 @@
+"""Source-format converters (installed as specconv.converters)."""

@@ -1,0 +1,116 @@
+"""Exception classes carrying the project-wide exit codes.
+
+Every user-facing failure raises a subclass of :class:`SpecconvError`; the CLI maps
+``exc.exit_code`` to the process exit status (click's ``ClickException`` pattern).
+User errors never use ``assert``.
+
+Exit codes (stable, documented in README.md and docs/cli.md):
+
+==  =======================================================
+0   ok
+2   usage error (bad flag or argument; click's own code)
+3   invalid or unsupported input (unknown / refused format, bad checkpoint)
+4   a validation gate failed
+5   Hub authentication / authorisation failure
+6   Hub conflict (revision moved, tag exists, ...)
+7   transient remote failure after retries
+8   post-publish verification failed
+==  =======================================================
+"""
+
+from __future__ import annotations
+
+EXIT_OK = 0
+EXIT_USAGE = 2
+EXIT_INVALID_INPUT = 3
+EXIT_GATE_FAILED = 4
+EXIT_HUB_AUTH = 5
+EXIT_HUB_CONFLICT = 6
+EXIT_TRANSIENT = 7
+EXIT_POST_PUBLISH = 8
+
+EXIT_CODES: dict[int, str] = {
+    EXIT_OK: "ok",
+    EXIT_USAGE: "usage error",
+    EXIT_INVALID_INPUT: "invalid or unsupported input",
+    EXIT_GATE_FAILED: "a validation gate failed",
+    EXIT_HUB_AUTH: "Hub authentication failed",
+    EXIT_HUB_CONFLICT: "Hub conflict",
+    EXIT_TRANSIENT: "transient remote failure after retries",
+    EXIT_POST_PUBLISH: "post-publish verification failed",
+}
+
+
+class SpecconvError(Exception):
+    """Base class. ``exit_code`` is the process exit status; ``code`` a stable slug."""
+
+    exit_code: int = EXIT_INVALID_INPUT
+    code: str = "error"
+
+    def __init__(self, message: str, *, code: str | None = None, hint: str | None = None):
+        super().__init__(message)
+        self.message = message
+        if code is not None:
+            self.code = code
+        self.hint = hint
+
+    def to_dict(self) -> dict:
+        d = {"error": self.code, "message": self.message, "exit_code": self.exit_code}
+        if self.hint:
+            d["hint"] = self.hint
+        return d
+
+
+class UsageError(SpecconvError):
+    """Flags or arguments that cannot work together (exit 2)."""
+
+    exit_code = EXIT_USAGE
+    code = "usage"
+
+
+class InvalidInputError(SpecconvError):
+    """The input checkpoint, verifier or file is malformed or inconsistent (exit 3)."""
+
+    exit_code = EXIT_INVALID_INPUT
+    code = "invalid_input"
+
+
+class UnsupportedFormatError(InvalidInputError):
+    """A recognised but unsupported source format, or an unknown one (exit 3).
+
+    ``format_id`` names the detected format (registry id or descriptive id) so
+    ``inspect`` can report it.
+    """
+
+    code = "unsupported_format"
+
+    def __init__(self, message: str, *, format_id: str | None = None, **kw):
+        super().__init__(message, **kw)
+        self.format_id = format_id
+
+
+class GateFailedError(SpecconvError):
+    """A validation gate (lint, parity, acceptance, losslessness) failed (exit 4)."""
+
+    exit_code = EXIT_GATE_FAILED
+    code = "gate_failed"
+
+
+class HubAuthError(SpecconvError):
+    exit_code = EXIT_HUB_AUTH
+    code = "hub_auth"
+
+
+class HubConflictError(SpecconvError):
+    exit_code = EXIT_HUB_CONFLICT
+    code = "hub_conflict"
+
+
+class TransientRemoteError(SpecconvError):
+    exit_code = EXIT_TRANSIENT
+    code = "transient"
+
+
+class PostPublishError(SpecconvError):
+    exit_code = EXIT_POST_PUBLISH
+    code = "post_publish"
