@@ -1,0 +1,409 @@
+"""Mapping helpers shared by converters (layer ids, mask token, block size, tensors).
+
+Facts: external_formats.md §1 (conventions), §3 (F1 mapping), speculators_format.md §2.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Callable, Iterable
+
+from specconv.errors import InvalidInputError, UnsupportedFormatError
+from specconv.plan import DroppedTensor, LayerIdConversion, TensorPlan
+
+from .base import ConvertOptions, SourceInfo
+
+FLOAT_DTYPES = {"F16", "BF16", "F32", "F64"}
+DTYPE_FLAG = {"bfloat16": "BF16", "float16": "F16", "float32": "F32"}
+
+#: Qwen3-style decoder layer tensors shared by DFlash, DSpark and P-EAGLE bodies.
+LAYER_PATTERNS = (
+    r"layers\.\d+\.(input_layernorm|post_attention_layernorm|hidden_norm)\.weight",
+    r"layers\.\d+\.self_attn\.(q|k|v|o)_proj\.(weight|bias)",
+    r"layers\.\d+\.self_attn\.(q|k)_norm\.weight",
+    r"layers\.\d+\.mlp\.(gate|up|down)_proj\.weight",
+)
+DFLASH_BODY = LAYER_PATTERNS + (r"fc\.weight", r"hidden_norm\.weight", r"norm\.weight")
+#: Present in some sources; identical to the verifier's (full vocab) — kept, vLLM shares them.
+VERIFIER_COPIES = (r"embed_tokens\.weight", r"lm_head\.weight")
+DSPARK_HEADS = (
+    r"markov_head\.markov_w1\.weight",
+    r"markov_head\.markov_w2\.weight",
+    r"markov_head\.gate_proj\.(weight|bias)",
+    r"markov_head\.joint_proj\.(weight|bias)",
+    r"confidence_head\.proj\.(weight|bias)",
+)
+#: Buffers recomputed from the config at load time (never trained).
+RECOMPUTED = {r"(.*\.)?rotary_emb\.inv_freq": "RoPE inverse frequencies are recomputed from rope_theta"}
+
+#: Source config keys that are not part of the draft decoder config.
+NON_LAYER_KEYS = {
+    "architectures", "auto_map", "block_size", "dflash_config", "num_target_layers",
+    "dtype", "torch_dtype", "transformers_version", "_name_or_path", "mask_token_id",
+    "target_layer_ids", "speculators_model_type", "speculators_config", "quantization_config",
+    "num_anchors", "markov_rank", "markov_head_type", "enable_confidence_head",
+    "confidence_head_with_markov", "sample_from_anchor", "target_model_type",
+    "target_text_model_type", "is_causal", "use_cache",
+}
+
+
+def fullmatch_any(name: str, patterns: Iterable[str]) -> bool:
+    return any(re.fullmatch(p, name) for p in patterns)
+
+
+# --------------------------------------------------------------------------- config
+def one_of(src: SourceInfo, keys: list[tuple[str, Any]], what: str) -> tuple[Any, str | None]:
+    """Return the single value found under several (label, value) locations.
+
+    Raises InvalidInputError when two locations disagree, naming both.
+    """
+    found = [(k, v) for k, v in keys if v is not None]
+    if not found:
+        return None, None
+    first_k, first_v = found[0]
+    for k, v in found[1:]:
+        if v != first_v:
+            raise InvalidInputError(
+                f"{src.path}/config.json: {what} disagrees between {first_k}={first_v!r} and {k}={v!r}",
+                code="conflicting_keys",
+            )
+    return first_v, first_k
+
+
+def resolve_block_size(src: SourceInfo, nested: dict[str, Any] | None = None) -> int:
+    """``block_size`` from top level and/or ``dflash_config`` (must agree; never defaulted)."""
+    nested = src.dflash_config if nested is None else nested
+    v, _ = one_of(src, [("block_size", src.cfg("block_size")), ("dflash_config.block_size", nested.get("block_size"))], "block_size")
+    if v is None:
+        raise InvalidInputError(
+            f"{src.path}/config.json has no block_size (top level or dflash_config); it is never defaulted",
+            code="missing_block_size",
+        )
+    if not isinstance(v, int) or v < 2:
+        raise InvalidInputError(f"{src.path}/config.json: block_size must be an integer ≥ 2, got {v!r}")
+    return v
+
+
+def resolve_mask_token(
+    src: SourceInfo, opts: ConvertOptions, locations: list[tuple[str, Any]], verifier: Any, findings: list
+) -> tuple[int, str]:
+    """Mask token id from the checkpoint (all locations must agree) or ``--mask-token-id``.
+
+    Returns ``(id, where)``. Raises when absent everywhere, when the flag contradicts the
+    checkpoint, or when the id is outside the verifier vocab. Warns (finding) when it equals
+    the verifier's bos/eos/pad token.
+    """
+    from specconv.speculators import Finding
+
+    ckpt, where = one_of(src, locations, "mask token id")
+    if ckpt is not None and opts.mask_token_id is not None and ckpt != opts.mask_token_id:
+        raise InvalidInputError(
+            f"--mask-token-id {opts.mask_token_id} contradicts the checkpoint's {where}={ckpt}",
+            code="conflicting_mask_token",
+        )
+    mask = ckpt if ckpt is not None else opts.mask_token_id
+    where = where if ckpt is not None else "--mask-token-id"
+    if mask is None:
+        raise InvalidInputError(
+            f"{src.path}/config.json records no mask token id (looked at {', '.join(k for k, _ in locations)})",
+            code="missing_mask_token",
+            hint="pass the id the drafter was trained with: --mask-token-id N",
+        )
+    if not isinstance(mask, int) or mask < 0:
+        raise InvalidInputError(f"mask token id must be a non-negative integer, got {mask!r} ({where})")
+    if verifier is not None:
+        if mask >= verifier.vocab_size:
+            raise InvalidInputError(
+                f"mask token id {mask} ({where}) is outside the verifier vocab ({verifier.vocab_size})",
+                code="mask_token_out_of_vocab",
+            )
+        for k, v in verifier.special_token_ids().items():
+            if v is not None and v == mask:
+                findings.append(
+                    Finding("warning", "mask_token_is_special", f"mask token {mask} equals the verifier's {k}", "mask_token_id")
+                )
+    return mask, where
+
+
+def zlab_to_speculators_ids(
+    src: SourceInfo, ids: Any, key: str, opts: ConvertOptions, verifier: Any, findings: list, *, allow_minus_one: bool = False
+) -> LayerIdConversion:
+    """Convert z-lab-convention target layer ids to Speculators aux ids (+1; -1 → 0).
+
+    An id equal to the verifier's last layer maps to ``num_hidden_layers`` and is **kept**
+    (unlike speculators' converter, speculators_format.md §7.5). ``--aux-layer-ids``
+    overrides and is recorded. Ids are never recomputed from a formula.
+    """
+    from specconv.speculators import Finding
+
+    if ids is not None:
+        if not isinstance(ids, list) or not all(isinstance(i, int) for i in ids) or not ids:
+            raise InvalidInputError(f"{src.path}/config.json: {key} must be a non-empty list of integers, got {ids!r}")
+        lo = -1 if allow_minus_one else 0
+        bad = [i for i in ids if i < lo]
+        if bad:
+            raise InvalidInputError(f"{src.path}/config.json: {key} has invalid ids {bad}")
+        converted = [0 if i == -1 else i + 1 for i in ids]
+    if opts.aux_layer_ids is not None:
+        ovr = list(opts.aux_layer_ids)
+        if ids is not None and ovr != converted:
+            findings.append(Finding(
+                "warning", "aux_ids_override",
+                f"--aux-layer-ids {ovr} replaces the checkpoint's {key}={ids} (→ {converted})", "aux_hidden_state_layer_ids",
+            ))
+        conv = LayerIdConversion(key if ids is not None else None, "override", ids, ovr, "explicit --aux-layer-ids (speculators convention)")
+    elif ids is None:
+        raise InvalidInputError(
+            f"{src.path}/config.json has no {key}; layer ids are never recomputed from a formula",
+            code="missing_layer_ids",
+            hint="pass the ids the drafter was trained with (speculators convention, 0 = embeddings): --aux-layer-ids 2,15,28",
+        )
+    else:
+        rule = "+1 (z-lab 0-based layer outputs → speculators capture ids)" + ("; -1 (embeddings) → 0" if allow_minus_one else "")
+        conv = LayerIdConversion(key, "z-lab", list(ids), converted, rule)
+    s_ids = conv.speculators_ids
+    if len(set(s_ids)) != len(s_ids):
+        raise InvalidInputError(f"aux layer ids {s_ids} are not distinct")
+    if verifier is not None:
+        n = verifier.num_hidden_layers
+        out = [i for i in s_ids if not 0 <= i <= n]
+        if out:
+            raise InvalidInputError(
+                f"aux layer ids {out} (speculators convention, from {conv.source_key or '--aux-layer-ids'}) "
+                f"are outside [0, {n}] for the verifier's {n} layers",
+                code="layer_ids_out_of_range",
+            )
+        if n in s_ids:
+            findings.append(Finding(
+                "info", "aux_includes_last_layer",
+                f"aux id {n} (the verifier's final pre-norm hidden state) is kept; vLLM can capture it",
+                "aux_hidden_state_layer_ids",
+            ))
+    return conv
+
+
+def rope_theta_of(cfg: dict[str, Any]) -> float | None:
+    rp = cfg.get("rope_parameters")
+    if isinstance(rp, dict) and rp.get("rope_theta") is not None:
+        return float(rp["rope_theta"])
+    if cfg.get("rope_theta") is not None:
+        return float(cfg["rope_theta"])
+    return None
+
+
+def layer_config(src: SourceInfo, cfg: dict[str, Any], *, model_type: str, extra_drop: Iterable[str] = ()) -> dict[str, Any]:
+    """``transformer_layer_config`` from a flat HF decoder config.
+
+    Everything except the keys that describe the drafter wrapper is kept verbatim; RoPE
+    is normalised to transformers-5 ``rope_parameters`` with an explicit ``rope_theta``
+    (vLLM's DFlash layer falls back to 1e6 when it is missing, transformers to 1e4).
+
+    Raises:
+        InvalidInputError: no rope_theta anywhere, or a required shape key missing.
+    """
+    drop = NON_LAYER_KEYS | set(extra_drop)
+    out = {k: v for k, v in cfg.items() if k not in drop}
+    out["model_type"] = model_type
+    theta = rope_theta_of(cfg)
+    if theta is None:
+        raise InvalidInputError(
+            f"{src.path}/config.json has no rope_theta (top level or rope_parameters); it is never defaulted",
+            code="missing_rope_theta",
+        )
+    rp = dict(cfg.get("rope_parameters") or {})
+    scaling = cfg.get("rope_scaling")
+    if isinstance(scaling, dict):
+        rp.update({k: v for k, v in scaling.items() if k != "type"})
+        rp.setdefault("rope_type", scaling.get("rope_type") or scaling.get("type") or "default")
+    rp.setdefault("rope_type", "default")
+    rp["rope_theta"] = theta
+    out["rope_parameters"] = rp
+    out["rope_theta"] = theta
+    out.pop("rope_scaling", None)
+    out["tie_word_embeddings"] = False
+    for k in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads"):
+        if not isinstance(out.get(k), int):
+            raise InvalidInputError(f"{src.path}/config.json: missing integer {k!r}", code="missing_key")
+    out.setdefault("num_key_value_heads", out["num_attention_heads"])
+    out.setdefault("head_dim", out["hidden_size"] // out["num_attention_heads"])
+    out.setdefault("rms_norm_eps", 1e-6)
+    out.setdefault("hidden_act", "silu")
+    out.setdefault("attention_bias", False)
+    return out
+
+
+def source_dtype(src: SourceInfo, names: Iterable[str]) -> str:
+    """The float dtype of the draft body (first float tensor), e.g. ``BF16``."""
+    for n in names:
+        dt = src.store.info(n).dtype
+        if dt in FLOAT_DTYPES:
+            return dt
+    return "BF16"
+
+
+def dtype_name(st_dtype: str) -> str:
+    return {"BF16": "bfloat16", "F16": "float16", "F32": "float32", "F64": "float64"}.get(st_dtype, st_dtype.lower())
+
+
+# --------------------------------------------------------------------------- tensors
+def out_dtype(src_dtype: str, opts: ConvertOptions) -> str:
+    if opts.dtype == "keep" or src_dtype not in FLOAT_DTYPES:
+        return src_dtype
+    return DTYPE_FLAG[opts.dtype]
+
+
+def tensor_plan(
+    src: SourceInfo,
+    opts: ConvertOptions,
+    *,
+    accept: Iterable[str],
+    rename: Callable[[str], str] | None = None,
+    drop: dict[str, str] | None = None,
+    refuse: dict[str, str] | None = None,
+    reshape: dict[str, tuple[int, ...]] | None = None,
+    format_title: str = "",
+) -> tuple[list[TensorPlan], list[DroppedTensor]]:
+    """Plan every source tensor: accepted (copied/renamed/reshaped), dropped with a reason,
+    or refused by name. Anything unmatched is refused — nothing is dropped silently.
+
+    Args:
+        accept: regexes (full match, on the *output* name after ``rename``).
+        rename: source name → output name.
+        drop: regex (on the source name) → reason, for tensors with no meaning in the output.
+        refuse: regex → reason, for tensors that make the conversion unfaithful.
+        reshape: output name → new shape (same bytes).
+
+    Raises:
+        UnsupportedFormatError: one or more tensors refused (all are listed).
+    """
+    rename = rename or (lambda n: n)
+    drop = {**RECOMPUTED, **(drop or {})}
+    refuse = refuse or {}
+    reshape = reshape or {}
+    plans: list[TensorPlan] = []
+    dropped: list[DroppedTensor] = []
+    refused: list[str] = []
+    seen: dict[str, str] = {}
+    for name in src.store.names():
+        reason = next((r for p, r in refuse.items() if re.fullmatch(p, name)), None)
+        if reason:
+            refused.append(f"{name} ({reason})")
+            continue
+        reason = next((r for p, r in drop.items() if re.fullmatch(p, name)), None)
+        if reason:
+            dropped.append(DroppedTensor(name, reason))
+            continue
+        out = rename(name)
+        if not fullmatch_any(out, accept):
+            refused.append(f"{name} (no Speculators equivalent)")
+            continue
+        if out in seen:
+            raise InvalidInputError(f"tensors {seen[out]!r} and {name!r} both map to {out!r}")
+        seen[out] = name
+        info = src.store.info(name)
+        shape = tuple(info.shape)
+        fate = "copied" if out == name else "renamed"
+        if out in reshape and tuple(reshape[out]) != shape:
+            new = tuple(reshape[out])
+            if _numel(new) != _numel(shape):
+                raise InvalidInputError(f"cannot reshape {name} {list(shape)} to {list(new)}")
+            shape, fate = new, "reshaped"
+        dt = out_dtype(info.dtype, opts)
+        plans.append(TensorPlan(out=out, fate=fate, origin="source", source=name, shape=shape, dtype=dt, src_dtype=info.dtype))
+    if refused:
+        title = f" ({format_title})" if format_title else ""
+        raise UnsupportedFormatError(
+            f"{len(refused)} source tensor(s){title} cannot be converted faithfully and are refused: "
+            + "; ".join(refused[:20]) + (" ..." if len(refused) > 20 else ""),
+            code="refused_tensors",
+        )
+    return plans, dropped
+
+
+def _numel(shape: Iterable[int]) -> int:
+    n = 1
+    for s in shape:
+        n *= int(s)
+    return n
+
+
+def get(plans: list[TensorPlan], out: str) -> TensorPlan | None:
+    return next((p for p in plans if p.out == out), None)
+
+
+def check_fc_width(src: SourceInfo, plans: list[TensorPlan], n_aux: int, hidden: int, ids_key: str) -> None:
+    """``fc.weight`` must be ``[H, A·H]``; error naming both numbers otherwise."""
+    fc = get(plans, "fc.weight")
+    if fc is None:
+        raise InvalidInputError(f"{src.path}: no fc.weight tensor (draft body incomplete)", code="missing_tensor")
+    if tuple(fc.shape) != (hidden, n_aux * hidden):
+        raise InvalidInputError(
+            f"fc.weight has shape {list(fc.shape)} but {n_aux} aux layer ids ({ids_key}) × hidden {hidden} "
+            f"needs [{hidden}, {n_aux * hidden}]",
+            code="fc_width_mismatch",
+        )
+
+
+def check_layers(src: SourceInfo, plans: list[TensorPlan], n_layers: int) -> None:
+    idx = {int(m.group(1)) for p in plans if (m := re.match(r"layers\.(\d+)\.", p.out))}
+    if idx != set(range(n_layers)):
+        raise InvalidInputError(
+            f"{src.path}: config says num_hidden_layers={n_layers} but tensors hold layers {sorted(idx)}",
+            code="layer_count_mismatch",
+        )
+    if not any(p.out == "norm.weight" for p in plans):
+        raise InvalidInputError(f"{src.path}: no norm.weight (final norm) tensor", code="missing_tensor")
+
+
+def check_verifier_shape(src: SourceInfo, verifier: Any, hidden: int, vocab: int) -> None:
+    if verifier is None:
+        return
+    if hidden != verifier.hidden_size:
+        raise InvalidInputError(
+            f"draft hidden_size {hidden} != verifier hidden_size {verifier.hidden_size} ({verifier.spec})",
+            code="verifier_mismatch",
+        )
+    if vocab != verifier.vocab_size:
+        raise InvalidInputError(
+            f"draft target vocab_size {vocab} != verifier vocab_size {verifier.vocab_size} ({verifier.spec})",
+            code="verifier_mismatch",
+        )
+
+
+def refuse(fmt_title: str, format_id: str, why: str) -> UnsupportedFormatError:
+    return UnsupportedFormatError(f"{fmt_title} is not supported: {why}", format_id=format_id)
+
+
+def dflash_causality(src: SourceInfo, lcfg: dict[str, Any], findings: list) -> bool:
+    """Return ``sliding_window_non_causal`` for a DFlash-family source (speculators_format.md §8.4).
+
+    z-lab semantics (``dflash/model.py``): full layers bidirectional in the block, sliding
+    layers causal, unless top-level ``is_causal`` (or ``dflash_config.causal``) overrides
+    *all* layers. ``true`` overrides → refuse (JetSpec-style causal DFlash has no Speculators
+    equivalent: speculators' full layers are always bidirectional).
+    """
+    from specconv.speculators import Finding
+
+    causal, where = one_of(src, [("is_causal", src.cfg("is_causal")), ("dflash_config.causal", src.dflash_config.get("causal"))], "causality")
+    n = lcfg["num_hidden_layers"]
+    types = lcfg.get("layer_types") or ["full_attention"] * n
+    if causal is True:
+        raise UnsupportedFormatError(
+            f"{src.path}: {where}=true makes every draft layer block-causal (JetSpec-style causal DFlash); "
+            "Speculators DFlash full-attention layers are always bidirectional, so the conversion would not be faithful",
+            format_id="causal_dflash",
+        )
+    has_swa = "sliding_attention" in types
+    has_full = "full_attention" in types
+    if causal is False:
+        return True
+    if has_swa and has_full:
+        findings.append(Finding(
+            "warning", "mixed_attention_layers",
+            "draft mixes full and sliding layers: vLLM ≥ 0.27 applies one causality to all layers, so it cannot serve it faithfully",
+            "layer_types",
+        ))
+        return False
+    if has_swa:
+        return False
+    return True

@@ -1,0 +1,171 @@
+"""The DFlash-family mapping shared by every DFlash source (external_formats.md §3, §9).
+
+Each source module only says where its keys live and how its tensors are named; this
+module turns that into a Speculators ``dflash`` (or ``dspark``) plan.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from specconv.errors import InvalidInputError
+from specconv.plan import ConversionPlan
+
+from . import _common as c
+from .base import ConvertOptions, SourceInfo
+
+SPECULATORS_FORMAT_VERSION = "0.9.0"
+
+
+@dataclass
+class DFlashLayout:
+    """Where one DFlash-family source keeps its facts.
+
+    Attributes:
+        ids_key / ids: label and value of the target layer ids (z-lab convention).
+        allow_minus_one: ``-1`` means the embedding output (DeepSpec).
+        mask_locations: ``[(label, value), ...]`` that must agree.
+        block_nested: the dict that may also hold ``block_size``.
+        rename: source tensor name → Speculators name.
+        extra_accept: extra accepted output-name regexes (e.g. DSpark heads).
+        drop / refuse: regex → reason.
+        sample_from_anchor: the layout's block convention (external_formats.md §1.3).
+        layer_drop: extra config keys not belonging to transformer_layer_config.
+    """
+
+    ids_key: str
+    ids: Any
+    mask_locations: list[tuple[str, Any]]
+    sample_from_anchor: bool
+    block_nested: dict[str, Any] | None = None
+    allow_minus_one: bool = False
+    rename: Callable[[str], str] | None = None
+    extra_accept: tuple[str, ...] = ()
+    drop: dict[str, str] = field(default_factory=dict)
+    refuse: dict[str, str] = field(default_factory=dict)
+    layer_drop: tuple[str, ...] = ()
+    sfa_source: str = ""
+    #: the source runs every draft layer non-causal (Muse-Glimmer, ``is_causal: false``)
+    force_non_causal: bool = False
+    #: notes/findings a source adds (e.g. an unverified convention)
+    extra_findings: list[tuple[str, str, str]] = field(default_factory=list)
+
+
+#: Keys that rescale embeddings/logits; Speculators has no equivalent, so a non-neutral
+#: value makes a conversion unfaithful (external_formats.md §3, Muse-Glimmer / MiMo).
+SCALING_KEYS = ("input_embedding_scale", "output_multiplier", "final_logit_softcapping", "attention_value_scale")
+
+
+def speculators_envelope(algorithm: str, k: int, verifier: Any) -> dict[str, Any]:
+    return {
+        "algorithm": algorithm,
+        "proposal_methods": [
+            {"proposal_type": "greedy", "speculative_tokens": k, "verifier_accept_k": 1, "accept_tolerance": 0.0}
+        ],
+        "default_proposal_method": "greedy",
+        "verifier": {
+            "name_or_path": verifier.name_or_path if verifier is not None else None,
+            "architectures": verifier.architectures if verifier is not None else [],
+        },
+    }
+
+
+def plan_dflash_family(
+    conv: Any,
+    src: SourceInfo,
+    verifier: Any,
+    opts: ConvertOptions,
+    layout: DFlashLayout,
+    *,
+    algorithm: str = "dflash",
+    extra_fields: dict[str, Any] | None = None,
+) -> ConversionPlan:
+    """Build the plan for a DFlash-family source.
+
+    Raises:
+        InvalidInputError / UnsupportedFormatError with the key, tensor or flag at fault.
+    """
+    from specconv.speculators import make_config
+
+    from specconv.errors import UnsupportedFormatError
+    from specconv.speculators import Finding
+
+    cfg = src.config or {}
+    findings: list = [Finding(lvl, code, msg, None) for lvl, code, msg in layout.extra_findings]
+    for key in SCALING_KEYS:
+        for where, v in ((key, cfg.get(key)), (f"dflash_config.{key}", src.dflash_config.get(key))):
+            if v is not None and v not in (1, 1.0):
+                raise UnsupportedFormatError(
+                    f"{src.path}/config.json: {where}={v!r} rescales embeddings or logits; the Speculators "
+                    "DFlash format has no equivalent, so the conversion would not be faithful",
+                    format_id=conv.format_id,
+                )
+    block = c.resolve_block_size(src, layout.block_nested if layout.block_nested is not None else src.dflash_config)
+    mask, mask_where = c.resolve_mask_token(src, opts, layout.mask_locations, verifier, findings)
+    conv_ids = c.zlab_to_speculators_ids(
+        src, layout.ids, layout.ids_key, opts, verifier, findings, allow_minus_one=layout.allow_minus_one
+    )
+    lcfg = c.layer_config(src, cfg, model_type="qwen3", extra_drop=layout.layer_drop)
+    c.check_verifier_shape(src, verifier, lcfg["hidden_size"], lcfg["vocab_size"])
+    if mask >= lcfg["vocab_size"]:
+        raise InvalidInputError(f"mask token id {mask} ({mask_where}) ≥ vocab_size {lcfg['vocab_size']}")
+    swnc = True if layout.force_non_causal else c.dflash_causality(src, lcfg, findings)
+
+    accept = c.DFLASH_BODY + c.VERIFIER_COPIES + layout.extra_accept
+    plans, dropped = c.tensor_plan(
+        src, opts, accept=accept, rename=layout.rename, drop=layout.drop, refuse=layout.refuse, format_title=conv.title
+    )
+    c.check_fc_width(src, plans, len(conv_ids.speculators_ids), lcfg["hidden_size"], conv_ids.source_key or "--aux-layer-ids")
+    c.check_layers(src, plans, lcfg["num_hidden_layers"])
+    for name in ("embed_tokens.weight", "lm_head.weight"):
+        p = c.get(plans, name)
+        if p is not None:
+            want = (lcfg["vocab_size"], lcfg["hidden_size"])
+            if tuple(p.shape) != want:
+                raise InvalidInputError(f"{p.source} has shape {list(p.shape)}, expected {list(want)}")
+            p.note = "shipped by the source; equals the verifier's (vLLM shares it when equal)"
+
+    sfa = layout.sample_from_anchor
+    if opts.sample_from_anchor is not None and opts.sample_from_anchor != sfa:
+        raise InvalidInputError(
+            f"--{'no-' if not opts.sample_from_anchor else ''}sample-from-anchor contradicts the {conv.title} layout "
+            f"({'anchor-first' if sfa else '1+N'}: {layout.sfa_source})",
+            code="conflicting_layout",
+        )
+    k = block if sfa else block - 1
+    if opts.speculative_tokens is not None and opts.speculative_tokens != k:
+        raise InvalidInputError(
+            f"--speculative-tokens {opts.speculative_tokens} contradicts block_size {block} with "
+            f"sample_from_anchor={str(sfa).lower()} (needs {k})",
+            code="conflicting_speculative_tokens",
+        )
+    body_dtype = c.source_dtype(src, [p.source for p in plans if p.source])
+    fields = dict(
+        speculators_version=SPECULATORS_FORMAT_VERSION,
+        dtype=c.dtype_name(c.out_dtype(body_dtype, opts)),
+        draft_vocab_size=lcfg["vocab_size"],
+        target_hidden_size=None,
+        mask_token_id=mask,
+        aux_hidden_state_layer_ids=conv_ids.speculators_ids,
+        block_size=block,
+        sample_from_anchor=sfa,
+        sliding_window_non_causal=swnc,
+        transformer_layer_config=lcfg,
+        speculators_config=speculators_envelope(algorithm, k, verifier),
+    )
+    fields.update(extra_fields or {})
+    config = make_config(algorithm, **fields)
+    return ConversionPlan(
+        format_id=conv.format_id,
+        algorithm=algorithm,
+        config=config,
+        tensors=plans,
+        dropped=dropped,
+        source_dir=src.path,
+        source_files=[src.path / f for f in src.files],
+        findings=findings,
+        layer_ids=conv_ids,
+        options=opts.to_dict(),
+        notes=[f"mask_token_id from {mask_where}", f"sample_from_anchor={str(sfa).lower()} ({layout.sfa_source})"],
+    )

@@ -1,0 +1,201 @@
+"""Converter base class, source description and the registry decorator.
+
+Adding a source format = one module in ``converters/`` with one class decorated by
+:func:`register` (llama.cpp's ``ModelBase.register`` / optimum's
+``register_tasks_manager_onnx`` pattern) + one fixture + one row generated into
+``docs/formats.md``. Detection sees only ``config.json``, tensor names/shapes and file
+names — never tensor data.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar
+
+from specconv.errors import InvalidInputError, UnsupportedFormatError
+from specconv.plan import ConversionPlan
+
+#: Registered converter classes, in registration order (see :func:`ordered`).
+REGISTRY: dict[str, type["Converter"]] = {}
+
+
+@dataclass
+class ConvertOptions:
+    """User flags that may change meaning; every one is recorded in ``specconv.json``.
+
+    Attributes:
+        mask_token_id: ``--mask-token-id`` (must agree with the checkpoint when it has one).
+        aux_layer_ids: ``--aux-layer-ids`` in the Speculators convention (0 = embeddings).
+        dtype: ``keep`` | ``bfloat16`` | ``float16`` | ``float32`` (floats only).
+        speculative_tokens: ``--speculative-tokens`` (P-EAGLE trained K when not in config).
+        sample_from_anchor: ``--sample-from-anchor/--no-sample-from-anchor`` override where
+            the checkpoint cannot tell.
+        vocab_mapping: ``--vocab-mapping`` side file (d2t/t2d).
+        draft_config: ``--draft-config`` (SpecForge training dirs).
+        allow_unpickle: ``--allow-unpickle`` (explicit opt-in to ``weights_only=False``).
+        checkpoint: which trainer checkpoint to pick (``best`` | ``latest`` | a name).
+        algorithm: ``--algorithm`` restriction (refuse when the detected one differs).
+        norm_before_residual: P-EAGLE override when the source config lacks it.
+    """
+
+    mask_token_id: int | None = None
+    aux_layer_ids: list[int] | None = None
+    dtype: str = "keep"
+    speculative_tokens: int | None = None
+    sample_from_anchor: bool | None = None
+    vocab_mapping: Path | None = None
+    draft_config: Path | None = None
+    allow_unpickle: bool = False
+    checkpoint: str | None = None
+    algorithm: str | None = None
+    norm_before_residual: bool | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        d = {k: (str(v) if isinstance(v, Path) else v) for k, v in self.__dict__.items()}
+        return {k: v for k, v in d.items() if v not in (None, False) or k == "dtype"}
+
+
+@dataclass
+class SourceInfo:
+    """What detection may look at: the source dir, its config and tensor *headers*.
+
+    Attributes:
+        path: the directory used (after ``--subfolder`` / checkpoint selection).
+        config: parsed ``config.json`` or ``None`` when absent.
+        files: every file under ``path`` (relative paths, sorted).
+    """
+
+    path: Path
+    config: dict[str, Any] | None
+    files: list[str]
+    _store: Any = field(default=None, repr=False)
+    _store_error: Exception | None = field(default=None, repr=False)
+
+    @classmethod
+    def open(cls, path: Path) -> "SourceInfo":
+        path = Path(path)
+        if not path.is_dir():
+            raise InvalidInputError(f"source {path} is not a directory")
+        cfg = None
+        cfg_path = path / "config.json"
+        if cfg_path.is_file():
+            try:
+                cfg = json.loads(cfg_path.read_text())
+            except (OSError, json.JSONDecodeError) as e:
+                raise InvalidInputError(f"cannot parse {cfg_path}: {e}") from e
+            if not isinstance(cfg, dict):
+                raise InvalidInputError(f"{cfg_path} is not a JSON object")
+        files = sorted(
+            str(p.relative_to(path)) for p in path.rglob("*") if p.is_file() and ".cache" not in p.parts
+        )
+        return cls(path=path, config=cfg, files=files)
+
+    # -- tensors (headers only) --------------------------------------------------
+    def has_weights(self) -> bool:
+        return any(f.endswith((".safetensors", ".bin")) for f in self.files if "/" not in f)
+
+    @property
+    def store(self):
+        """TensorStore of the checkpoint (headers parsed lazily; raises if none)."""
+        if self._store is None:
+            from specconv.tensors import TensorStore
+
+            self._store = TensorStore.open(self.path)
+        return self._store
+
+    def tensor_names(self) -> list[str]:
+        """Tensor names, or ``[]`` when the dir has no readable weights."""
+        if not self.has_weights():
+            return []
+        try:
+            return self.store.names()
+        except InvalidInputError as e:
+            self._store_error = e
+            return []
+
+    def shape(self, name: str) -> tuple[int, ...]:
+        return tuple(self.store.info(name).shape)
+
+    def cfg(self, key: str, default: Any = None) -> Any:
+        return (self.config or {}).get(key, default)
+
+    @property
+    def architectures(self) -> list[str]:
+        a = self.cfg("architectures") or []
+        return list(a) if isinstance(a, list) else [str(a)]
+
+    @property
+    def dflash_config(self) -> dict[str, Any]:
+        d = self.cfg("dflash_config")
+        return d if isinstance(d, dict) else {}
+
+
+class Converter:
+    """One source format. Subclasses set the class attributes and implement ``plan``.
+
+    Class attributes:
+        format_id: stable registry id (``zlab_dflash``, ``deepspec_dspark``, ...).
+        algorithm: target ``speculators_model_type`` (``dflash`` | ``dspark`` | ``peagle``),
+            or the source algorithm for refusals.
+        title: producer / where such checkpoints come from.
+        detection: human summary of the detection keys (docs/formats.md).
+        mapping: human summary of the mapping (docs/formats.md).
+        spec_ref: section of ``external_formats.md`` the facts come from.
+        priority: lower runs first (the §16 decision tree order).
+        supported: ``False`` for formats refused by name.
+        refusal: the reason given when ``supported`` is ``False``.
+    """
+
+    format_id: ClassVar[str]
+    algorithm: ClassVar[str]
+    title: ClassVar[str]
+    detection: ClassVar[str]
+    mapping: ClassVar[str] = ""
+    spec_ref: ClassVar[str] = ""
+    priority: ClassVar[int] = 100
+    supported: ClassVar[bool] = True
+    refusal: ClassVar[str] = ""
+
+    @classmethod
+    def detect(cls, src: SourceInfo) -> bool:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def plan(self, src: SourceInfo, verifier: Any, opts: ConvertOptions) -> ConversionPlan:
+        """Map the source to a :class:`ConversionPlan` (no files written).
+
+        Raises:
+            UnsupportedFormatError: refused formats (``supported = False``).
+            InvalidInputError: inconsistent checkpoint or flags; names key/tensor/flag.
+        """
+        raise UnsupportedFormatError(
+            f"{self.title} ({self.format_id}) is not supported: {self.refusal}",
+            format_id=self.format_id,
+        )
+
+    @classmethod
+    def describe(cls) -> dict[str, Any]:
+        return {
+            "format": cls.format_id,
+            "algorithm": cls.algorithm,
+            "title": cls.title,
+            "supported": cls.supported,
+            "detection": cls.detection,
+            "mapping": cls.mapping if cls.supported else cls.refusal,
+            "spec_ref": cls.spec_ref,
+        }
+
+
+def register(cls: type[Converter]) -> type[Converter]:
+    """Class decorator: add a converter to :data:`REGISTRY` (ids must be unique)."""
+    fid = cls.format_id
+    if fid in REGISTRY and REGISTRY[fid] is not cls:
+        raise RuntimeError(f"duplicate converter format id {fid!r}")
+    REGISTRY[fid] = cls
+    return cls
+
+
+def ordered() -> list[type[Converter]]:
+    """Registered converters in detection order (priority, then id)."""
+    return sorted(REGISTRY.values(), key=lambda c: (c.priority, c.format_id))

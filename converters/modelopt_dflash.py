@@ -1,0 +1,51 @@
+"""F5 — NVIDIA ModelOpt DFlash export (``export_hf_checkpoint.py``, "z-lab compatible").
+
+``dflash_config.projector_type: "dflash"``, top-level ``block_size``, optional SWA via
+``sliding_window`` + ``dflash_config.{use_swa, swa_window_size, causal}``; rotary buffers
+are skipped by the exporter. external_formats.md §7 (F5).
+"""
+
+from __future__ import annotations
+
+from specconv.errors import InvalidInputError
+
+from ._dflash import plan_dflash_family
+from .base import Converter, SourceInfo, register
+from .zlab_dflash import zlab_layout
+
+
+@register
+class ModelOptDFlash(Converter):
+    format_id = "modelopt_dflash"
+    algorithm = "dflash"
+    title = "NVIDIA ModelOpt DFlash export"
+    detection = "F1 config with `dflash_config.projector_type == \"dflash\"`"
+    mapping = (
+        "as z-lab DFlash (ids +1, documented as z-lab-compatible — reported as a warning to verify with "
+        "`specconv validate`); `dflash_config.causal: false` → `sliding_window_non_causal: true`; "
+        "`use_swa` without `layer_types` is refused"
+    )
+    spec_ref = "external_formats.md §7 (F5)"
+    priority = 240
+
+    @classmethod
+    def detect(cls, src: SourceInfo) -> bool:
+        return isinstance(src.cfg("dflash_config"), dict) and src.dflash_config.get("projector_type") == "dflash" and (
+            "DFlashDraftModel" in src.architectures or not src.architectures
+        )
+
+    def plan(self, src, verifier, opts):
+        dc = src.dflash_config
+        if dc.get("use_swa") and not src.cfg("layer_types"):
+            raise InvalidInputError(
+                f"{src.path}/config.json: dflash_config.use_swa is set but there is no layer_types list; "
+                "which layers slide cannot be known",
+                code="missing_layer_types",
+            )
+        layout = zlab_layout(src)
+        layout.extra_findings.append((
+            "warning", "modelopt_layer_id_convention",
+            "ModelOpt documents target_layer_ids as z-lab-compatible (0-based outputs, +1 applied); one review calls "
+            "them one-based — confirm acceptance with `specconv validate --source`",
+        ))
+        return plan_dflash_family(self, src, verifier, opts, layout)

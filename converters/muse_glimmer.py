@@ -1,0 +1,51 @@
+"""F1b — Muse-Glimmer assistant head (Meta "v1" layout). external_formats.md §3 (F1b).
+
+Flat ``block_size`` / ``mask_token_id`` / ``target_layer_ids`` (z-lab convention);
+``encoder.fc.*`` → ``fc.*`` and ``encoder.output_norm_enc.*`` → ``hidden_norm.*``; every
+draft layer is run non-causal (vLLM passes ``causal=False``) despite sliding
+``layer_types``, hence ``sliding_window_non_causal: true``.
+"""
+
+from __future__ import annotations
+
+from ._dflash import DFlashLayout, plan_dflash_family
+from .base import Converter, SourceInfo, register
+
+_RENAMES = {"encoder.fc.": "fc.", "encoder.output_norm_enc.": "hidden_norm."}
+
+
+def _rename(name: str) -> str:
+    for old, new in _RENAMES.items():
+        if name.startswith(old):
+            return new + name[len(old):]
+    return name
+
+
+@register
+class MuseGlimmerDFlash(Converter):
+    format_id = "muse_glimmer_dflash"
+    algorithm = "dflash"
+    title = "Muse-Glimmer assistant head (F1b)"
+    detection = "`architectures == [MuseGlimmerAssistantModel]`, flat `target_layer_ids`/`mask_token_id`, tensors `encoder.fc.*`"
+    mapping = (
+        "`encoder.fc.*` → `fc.*`, `encoder.output_norm_enc.*` → `hidden_norm.*`, other `encoder.*` refused; "
+        "ids +1; `sliding_window_non_causal: true` (every layer non-causal); 1+N layout"
+    )
+    spec_ref = "external_formats.md §3 (F1b)"
+    priority = 200
+
+    @classmethod
+    def detect(cls, src: SourceInfo) -> bool:
+        return "MuseGlimmerAssistantModel" in src.architectures
+
+    def plan(self, src, verifier, opts):
+        layout = DFlashLayout(
+            ids_key="target_layer_ids",
+            ids=src.cfg("target_layer_ids", src.dflash_config.get("target_layer_ids")),
+            mask_locations=[("mask_token_id", src.cfg("mask_token_id")), ("dflash_config.mask_token_id", src.dflash_config.get("mask_token_id"))],
+            sample_from_anchor=False,
+            sfa_source="Muse-Glimmer v1 head is 1+N",
+            rename=_rename,
+            force_non_causal=True,
+        )
+        return plan_dflash_family(self, src, verifier, opts, layout)

@@ -1,0 +1,36 @@
+"""F6 — NVIDIA NeMo Automodel DFlash (``Qwen3DFlashDraftModel``). external_formats.md §8.
+
+Same tensor names as z-lab (no ``model.`` prefix, no embeddings/LM head). JetSpec drafts
+trained block-causal stamp ``dflash_config.causal: true`` and are refused; VLM variants'
+``visual_fusion.gate`` scalars have no Speculators equivalent and are refused by name.
+"""
+
+from __future__ import annotations
+
+from ._dflash import plan_dflash_family
+from .base import Converter, SourceInfo, register
+from .zlab_dflash import zlab_layout
+
+
+@register
+class NeMoDFlash(Converter):
+    format_id = "nemo_dflash"
+    algorithm = "dflash"
+    title = "NeMo Automodel DFlash"
+    detection = "`architectures[0] == Qwen3DFlashDraftModel` with `dflash_config`"
+    mapping = "as z-lab DFlash; `dflash_config.causal: true` (JetSpec) refused; `visual_fusion.*` refused by name"
+    spec_ref = "external_formats.md §8 (F6)"
+    priority = 230
+
+    @classmethod
+    def detect(cls, src: SourceInfo) -> bool:
+        return "Qwen3DFlashDraftModel" in src.architectures and isinstance(src.cfg("dflash_config"), dict)
+
+    def plan(self, src, verifier, opts):
+        layout = zlab_layout(src)
+        layout.extra_findings.append((
+            "info", "jetspec_unstamped",
+            "older JetSpec (causal) NeMo checkpoints lack the dflash_config.causal stamp; if this draft was trained "
+            "block-causal, acceptance will collapse — check with `specconv validate`",
+        ))
+        return plan_dflash_family(self, src, verifier, opts, layout)

@@ -1,0 +1,51 @@
+"""F1 — z-lab DFlash v1 (``z-lab/*-DFlash*``) and trainers that copy its layout verbatim
+(SpecForge ``--to hf`` exports). external_formats.md §3; reference model code
+``dflash/model.py`` (``DFlashDraftModel``, z-lab ``dflash`` 0.1.0).
+"""
+
+from __future__ import annotations
+
+from ._dflash import DFlashLayout, plan_dflash_family
+from .base import Converter, SourceInfo, register
+
+
+def zlab_layout(src: SourceInfo) -> DFlashLayout:
+    dc = src.dflash_config
+    return DFlashLayout(
+        ids_key="dflash_config.target_layer_ids",
+        ids=dc.get("target_layer_ids"),
+        mask_locations=[("dflash_config.mask_token_id", dc.get("mask_token_id")), ("mask_token_id", src.cfg("mask_token_id"))],
+        sample_from_anchor=False,
+        sfa_source="z-lab DFlash is 1+N: slot 0 holds the bonus token",
+    )
+
+
+def is_dflash_v1(src: SourceInfo, archs: tuple[str, ...]) -> bool:
+    dc = src.dflash_config
+    return (
+        bool(src.cfg("dflash_config") is not None and isinstance(src.cfg("dflash_config"), dict))
+        and any(a in archs for a in src.architectures)
+        and dc.get("projector_type") in (None, "dflash")
+    )
+
+
+@register
+class ZlabDFlash(Converter):
+    format_id = "zlab_dflash"
+    algorithm = "dflash"
+    title = "z-lab DFlash v1 (also SpecForge --to hf DFlash exports)"
+    detection = "`dflash_config` object, `architectures[0] == DFlashDraftModel`, no `projector_type` (or `dflash`)"
+    mapping = (
+        "`dflash_config.target_layer_ids` +1 → `aux_hidden_state_layer_ids` (last layer kept); `block_size` top-level "
+        "or nested (must agree); mask token nested or top-level; 1+N layout (`sample_from_anchor: false`, "
+        "`speculative_tokens = B−1`); tensor names unchanged"
+    )
+    spec_ref = "external_formats.md §3 (F1)"
+    priority = 300
+
+    @classmethod
+    def detect(cls, src: SourceInfo) -> bool:
+        return is_dflash_v1(src, ("DFlashDraftModel",)) and "projector_type" not in src.dflash_config
+
+    def plan(self, src, verifier, opts):
+        return plan_dflash_family(self, src, verifier, opts, zlab_layout(src))

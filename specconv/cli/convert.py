@@ -1,0 +1,122 @@
+"""``specconv convert SRC --verifier V -o OUT``: source checkpoint → Speculators dir."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from .common import emit, output_format_option, run_command
+
+
+def _ids(ctx, param, value):
+    if value is None:
+        return None
+    try:
+        return [int(x) for x in value.replace(" ", "").split(",") if x != ""]
+    except ValueError:
+        raise click.BadParameter("expected comma-separated integers, e.g. 2,15,28")
+
+
+def _size(ctx, param, value):
+    if value is None:
+        return None
+    from specconv.tensors import parse_size
+
+    try:
+        return parse_size(value)
+    except (ValueError, TypeError) as e:
+        raise click.BadParameter(str(e))
+
+
+def _algorithms() -> list[str]:
+    from specconv.converters import algorithms
+
+    return algorithms()
+
+
+def _human(r: dict) -> str:
+    p = r["plan"]
+    lines = [
+        f"{'planned' if r['dry_run'] else 'converted'} {r['source']} ({r['format']}, {r['algorithm']})"
+        + ("" if r["dry_run"] else f" → {r['output']}"),
+        f"  tensors: {p['tensors']} ({', '.join(f'{k} {v}' for k, v in p['fates'].items())}), {p['bytes'] / 1e6:.1f} MB",
+    ]
+    if p.get("layer_ids"):
+        li = p["layer_ids"]
+        lines.append(f"  aux layer ids: {li['source_ids']} ({li['source_convention']}) → {li['speculators_ids']}")
+    cfg = p["config"]
+    k = cfg["speculators_config"]["proposal_methods"][0]["speculative_tokens"]
+    extra = f", block_size {cfg['block_size']}" if "block_size" in cfg else ""
+    lines.append(f"  mask_token_id {cfg.get('mask_token_id')}{extra}, speculative_tokens {k}")
+    for d in p["dropped"]:
+        lines.append(f"  dropped {d['name']}: {d['reason']}")
+    for n in p["notes"]:
+        lines.append(f"  note: {n}")
+    for f in r["findings"]:
+        lines.append(f"  {f['level']:7} [{f['code']}] {f['message']}")
+    return "\n".join(lines)
+
+
+class _AlgoChoice(click.Choice):
+    """Choices generated from the converter registry, resolved lazily."""
+
+    def __init__(self) -> None:
+        super().__init__([], case_sensitive=False)
+
+    @property  # type: ignore[override]
+    def choices(self):  # noqa: D401
+        return tuple(_algorithms())
+
+    @choices.setter
+    def choices(self, value):
+        pass
+
+
+@click.command("convert")
+@click.argument("src")
+@click.option("--verifier", required=True, help="Verifier: local dir or Hub id.")
+@click.option("--verifier-name", help="Hub id to record as verifier.name_or_path when --verifier is local.")
+@click.option("-o", "--output", type=click.Path(path_type=Path), help="Output directory (written atomically).")
+@click.option("--algorithm", type=_AlgoChoice(), help="Refuse unless the detected source has this target algorithm.")
+@click.option("--mask-token-id", type=int, help="Mask token the drafter was trained with (when the checkpoint lacks it).")
+@click.option("--aux-layer-ids", callback=_ids, help="Override aux layer ids (speculators convention: 0 = embeddings), e.g. 2,15,28.")
+@click.option("--speculative-tokens", type=int, help="Drafts per step (P-EAGLE trained K when the config lacks it).")
+@click.option("--sample-from-anchor/--no-sample-from-anchor", default=None, help="Block layout when the checkpoint cannot tell.")
+@click.option("--norm-before-residual/--no-norm-before-residual", default=None, help="P-EAGLE flag when the source config lacks it.")
+@click.option("--vocab-mapping", type=click.Path(path_type=Path, exists=True), help="d2t/t2d side file (.pt/.npy/.safetensors dir).")
+@click.option("--draft-config", type=click.Path(path_type=Path, exists=True), help="Draft config for sources without config.json.")
+@click.option("--allow-unpickle", is_flag=True, help="Explicitly allow unpickling a trusted training_state.pt (SpecForge).")
+@click.option("--checkpoint", help="Trainer save dir: best | latest | a child name.")
+@click.option("--subfolder", help="Subfolder of SRC holding the checkpoint.")
+@click.option("--revision", help="Hub revision of SRC.")
+@click.option("--dtype", type=click.Choice(["keep", "bfloat16", "float16", "float32"]), default="keep", show_default=True,
+              help="Cast float tensors.")
+@click.option("--max-shard-size", callback=_size, help="Shard above this size (e.g. 5GB); default: one model.safetensors.")
+@click.option("--overwrite", is_flag=True, help="Replace an existing output directory (atomically).")
+@click.option("--dry-run", is_flag=True, help="Plan and lint only; write nothing.")
+@output_format_option
+@run_command
+def convert_cmd(src: str, verifier: str, verifier_name, output, algorithm, mask_token_id, aux_layer_ids,
+                speculative_tokens, sample_from_anchor, norm_before_residual, vocab_mapping, draft_config,
+                allow_unpickle, checkpoint, subfolder, revision, dtype, max_shard_size, overwrite, dry_run,
+                output_format) -> None:
+    """Convert the drafter checkpoint SRC into a Speculators-format directory.
+
+    SRC is a local dir or a Hub id. Every source tensor is mapped or refused by name; every
+    meaning-bearing value comes from the checkpoint or an explicit flag. Lint errors fail (exit 3).
+    """
+    from specconv.convert import convert
+    from specconv.converters import ConvertOptions
+    from specconv.errors import UsageError
+
+    if output is None and not dry_run:
+        raise UsageError("-o/--output is required unless --dry-run")
+    opts = ConvertOptions(
+        mask_token_id=mask_token_id, aux_layer_ids=aux_layer_ids, dtype=dtype, speculative_tokens=speculative_tokens,
+        sample_from_anchor=sample_from_anchor, vocab_mapping=vocab_mapping, draft_config=draft_config,
+        allow_unpickle=allow_unpickle, checkpoint=checkpoint, algorithm=algorithm, norm_before_residual=norm_before_residual,
+    )
+    r = convert(src, verifier=verifier, output=output, options=opts, verifier_name=verifier_name, subfolder=subfolder,
+                revision=revision, max_shard_size=max_shard_size, overwrite=overwrite, dry_run=dry_run)
+    emit(r, output_format, _human)

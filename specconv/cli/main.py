@@ -1,0 +1,54 @@
+"""``specconv`` command group. Subcommands are imported lazily so ``--help`` stays fast
+(no torch import) and a broken optional dependency only affects its own command."""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+import click
+
+from .. import __version__
+from ..errors import EXIT_CODES
+from .common import setup_logging
+
+#: command name → "module:attribute" (relative to specconv.cli)
+COMMANDS = {
+    "inspect": "inspect:inspect_cmd",
+    "convert": "convert:convert_cmd",
+    "formats": "formats:formats_cmd",
+    "validate": "validate:validate_cmd",
+}
+
+EPILOG = "Exit codes: " + ", ".join(f"{k} {v}" for k, v in sorted(EXIT_CODES.items()))
+
+
+class LazyGroup(click.Group):
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted(COMMANDS)
+
+    def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
+        target = COMMANDS.get(name)
+        if target is None:
+            return None
+        mod, attr = target.split(":")
+        return getattr(importlib.import_module(f"specconv.cli.{mod}"), attr)
+
+
+@click.group(cls=LazyGroup, epilog=EPILOG, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="specconv")
+@click.option("-v", "--verbose", count=True, help="More logging on stderr (-v info, -vv debug).")
+def cli(verbose: int) -> None:
+    """Convert, validate and publish P-EAGLE / DFlash / DSpark speculative-decoding drafters.
+
+    Results go to stdout (one JSON object with --format json); logs and progress to stderr.
+    """
+    setup_logging(verbose)
+
+
+def main() -> None:
+    cli(prog_name="specconv")
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,124 @@
+"""The one in-memory description of a conversion: :class:`ConversionPlan`.
+
+A converter (``converters/<format>.py``) never writes files: it looks at the source's
+``config.json`` and tensor *names/shapes* and returns a plan — the typed target config,
+one :class:`TensorPlan` per output tensor (where its bytes come from and what happens to
+them), the source tensors deliberately dropped (each with a reason), layer-id conversion
+and findings. The writer (:mod:`specconv.writer`) turns a plan into a Speculators dir and
+records every tensor's fate in ``specconv.json``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Literal
+
+#: What happened to a tensor on its way to the output.
+Fate = Literal["copied", "renamed", "reshaped", "sliced", "generated", "from_verifier"]
+Origin = Literal["source", "verifier", "generated"]
+
+
+@dataclass
+class TensorPlan:
+    """One output tensor.
+
+    Attributes:
+        out: output tensor name (Speculators naming, no prefix).
+        fate: ``copied`` (same name, same bytes), ``renamed`` (same bytes, new name),
+            ``reshaped`` (same bytes, new shape, e.g. ``mask_hidden`` → ``[1,1,A·H]``),
+            ``sliced`` (rows selected, e.g. ``markov_w2`` by ``t2d``), ``generated``
+            (built from other tensors, e.g. ``t2d`` rebuilt from ``d2t``),
+            ``from_verifier`` (taken from the verifier checkpoint).
+        origin: ``source``, ``verifier`` or ``generated``.
+        source: tensor name in the source (or verifier) store; ``None`` when generated.
+        shape: output shape.
+        dtype: output safetensors dtype string (``BF16``, ``F32``, ``I64``, ``BOOL``...).
+        src_dtype: dtype on the input side (differs from ``dtype`` when cast).
+        produce: for anything that is not a byte-range copy: a callable returning the
+            exact output bytes (called once, at write time).
+        note: free text for the report.
+    """
+
+    out: str
+    fate: Fate
+    origin: Origin
+    source: str | None
+    shape: tuple[int, ...]
+    dtype: str
+    src_dtype: str
+    produce: Callable[[], bytes] | None = None
+    note: str = ""
+
+    @property
+    def cast(self) -> bool:
+        return self.dtype != self.src_dtype
+
+    def to_dict(self) -> dict[str, Any]:
+        d: dict[str, Any] = {
+            "fate": self.fate,
+            "origin": self.origin,
+            "source": self.source,
+            "shape": list(self.shape),
+            "dtype": self.dtype,
+        }
+        if self.cast:
+            d["cast_from"] = self.src_dtype
+        if self.note:
+            d["note"] = self.note
+        return d
+
+
+@dataclass
+class DroppedTensor:
+    """A source tensor deliberately not carried over, with the reason (never silent)."""
+
+    name: str
+    reason: str
+
+    def to_dict(self) -> dict[str, str]:
+        return {"name": self.name, "fate": "dropped", "reason": self.reason}
+
+
+@dataclass
+class LayerIdConversion:
+    """How aux hidden-state layer ids were obtained (speculators_format.md §2.2)."""
+
+    source_key: str | None  # e.g. "dflash_config.target_layer_ids"
+    source_convention: str  # "z-lab" (0-based layer outputs, -1 = embeddings) | "speculators" | "override"
+    source_ids: list[int] | None
+    speculators_ids: list[int]
+    rule: str  # e.g. "+1 (z-lab → speculators); -1 → 0"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "source_key": self.source_key,
+            "source_convention": self.source_convention,
+            "source_ids": self.source_ids,
+            "speculators_ids": self.speculators_ids,
+            "rule": self.rule,
+        }
+
+
+@dataclass
+class ConversionPlan:
+    """Everything the writer needs; produced by a converter's ``plan``."""
+
+    format_id: str
+    algorithm: str
+    config: Any  # specconv.speculators.SpeculatorsDraftConfig
+    tensors: list[TensorPlan]
+    source_dir: Path
+    source_files: list[Path]
+    dropped: list[DroppedTensor] = field(default_factory=list)
+    findings: list[Any] = field(default_factory=list)  # specconv.speculators.Finding
+    layer_ids: LayerIdConversion | None = None
+    options: dict[str, Any] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+
+    def tensor_fates(self) -> dict[str, dict[str, Any]]:
+        """``{out name: fate dict}`` plus dropped source tensors under their source name."""
+        fates = {t.out: t.to_dict() for t in self.tensors}
+        for d in self.dropped:
+            fates[f"<dropped>{d.name}"] = d.to_dict()
+        return fates

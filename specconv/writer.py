@@ -1,0 +1,165 @@
+"""Write a :class:`~specconv.plan.ConversionPlan` as a Speculators-format directory.
+
+Everything is written into a temporary sibling directory and renamed into place at the
+end, so bad input never leaves a half-written output and never destroys an existing one
+(``--overwrite`` swaps atomically). Output is byte-identical for identical input:
+sorted tensor order, deterministic JSON, no timestamps. The writer knows nothing about
+source formats.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import hashlib
+import json
+import os
+import platform
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from . import __version__
+from .errors import InvalidInputError
+from .plan import ConversionPlan
+
+SPECCONV_JSON = "specconv.json"
+
+
+def _sha256(path: Path, chunk: int = 8 << 20) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while b := f.read(chunk):
+            h.update(b)
+    return h.hexdigest()
+
+
+def library_versions() -> dict[str, str]:
+    """Versions of the libraries that shape the output (recorded in specconv.json)."""
+    import importlib.metadata as md
+
+    out = {"specconv": __version__, "python": platform.python_version()}
+    for dist in ("safetensors", "pydantic", "huggingface_hub", "torch"):
+        try:
+            out[dist] = md.version(dist)
+        except md.PackageNotFoundError:
+            pass
+    return out
+
+
+def _out_tensors(plan: ConversionPlan, source_store: Any, verifier: Any) -> list:
+    from .tensors import OutTensor, cast_bytes
+
+    outs = []
+    for t in plan.tensors:
+        if t.produce is not None:
+            outs.append(OutTensor(name=t.out, dtype=t.dtype, shape=t.shape, produce=t.produce))
+            continue
+        info = (verifier.tensor_info(t.source) if t.origin == "verifier" else source_store.info(t.source))
+        if t.cast:
+            def produce(info=info, t=t, store=(None if t.origin == "verifier" else source_store)):
+                raw = (store.read_bytes(info.name) if store is not None else _read_range(info))
+                return cast_bytes(raw, t.src_dtype, t.dtype, t.shape)
+
+            outs.append(OutTensor(name=t.out, dtype=t.dtype, shape=t.shape, produce=produce))
+        else:
+            outs.append(OutTensor(name=t.out, dtype=t.dtype, shape=t.shape, src=info))
+    return outs
+
+
+def _read_range(info: Any) -> bytes:
+    with open(info.file, "rb") as f:
+        f.seek(info.start)
+        return f.read(info.end - info.start)
+
+
+def build_record(plan: ConversionPlan, verifier: Any, source_hashes: dict[str, str], files: list[str]) -> dict[str, Any]:
+    """The ``specconv.json`` content (no timestamps: byte-identical re-runs)."""
+    cfg = plan.config
+    return {
+        "specconv_version": __version__,
+        "format": plan.format_id,
+        "algorithm": plan.algorithm,
+        "source": {
+            "path": str(plan.source_dir),
+            "files": source_hashes,
+        },
+        "verifier": None if verifier is None else {
+            "spec": verifier.spec,
+            "name_or_path": verifier.name_or_path,
+            "architectures": verifier.architectures,
+            "num_hidden_layers": verifier.num_hidden_layers,
+            "hidden_size": verifier.hidden_size,
+            "vocab_size": verifier.vocab_size,
+        },
+        "layer_ids": plan.layer_ids.to_dict() if plan.layer_ids else None,
+        "dtype": getattr(cfg, "dtype", None) if not isinstance(cfg, dict) else cfg.get("dtype"),
+        "options": plan.options,
+        "tensors": plan.tensor_fates(),
+        "findings": [f.to_dict() for f in plan.findings],
+        "notes": plan.notes,
+        "output_files": files,
+        "versions": library_versions(),
+    }
+
+
+def hash_sources(plan: ConversionPlan) -> "concurrent.futures.Future[dict[str, str]]":
+    """Start hashing every source file in a background thread (hashlib releases the GIL),
+    so it overlaps the tensor copy instead of adding to it."""
+    ex = concurrent.futures.ThreadPoolExecutor(max_workers=1)
+
+    def run() -> dict[str, str]:
+        return {
+            str(p.relative_to(plan.source_dir)): _sha256(p)
+            for p in sorted(plan.source_files)
+            if p.is_file()
+        }
+
+    fut = ex.submit(run)
+    ex.shutdown(wait=False)
+    return fut
+
+
+def write_plan(
+    plan: ConversionPlan,
+    out_dir: Path,
+    *,
+    source_store: Any,
+    verifier: Any,
+    max_shard_size: int | None = None,
+    overwrite: bool = False,
+) -> dict[str, Any]:
+    """Write ``plan`` to ``out_dir`` atomically; return the ``specconv.json`` record.
+
+    Raises:
+        InvalidInputError: ``out_dir`` exists and ``overwrite`` is false, or ``out_dir``
+            is inside the source directory.
+    """
+    from .speculators import dump_config
+    from .tensors import write_safetensors
+
+    out_dir = Path(out_dir)
+    if out_dir.exists() and not overwrite:
+        raise InvalidInputError(f"output {out_dir} exists; pass --overwrite to replace it", code="output_exists")
+    src_res = Path(plan.source_dir).resolve()
+    if out_dir.resolve() == src_res or src_res in out_dir.resolve().parents:
+        raise InvalidInputError(f"output {out_dir} must not be the source directory or inside it")
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    hashes_future = hash_sources(plan)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.tmp-", dir=out_dir.parent))
+    try:
+        files = write_safetensors(tmp, _out_tensors(plan, source_store, verifier), max_shard_size=max_shard_size)
+        (tmp / "config.json").write_bytes(dump_config(plan.config))
+        record = build_record(plan, verifier, hashes_future.result(), sorted(["config.json", *files, SPECCONV_JSON]))
+        (tmp / SPECCONV_JSON).write_text(json.dumps(record, sort_keys=True, indent=2) + "\n")
+        if out_dir.exists():
+            old = out_dir.parent / f".{out_dir.name}.old-{os.getpid()}"
+            os.replace(out_dir, old)
+            os.replace(tmp, out_dir)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.replace(tmp, out_dir)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+    return record
