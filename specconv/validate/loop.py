@@ -1,0 +1,373 @@
+"""Speculative decoding loop (greedy and T>0) with per-step bookkeeping.
+
+One loop serves every algorithm: the drafter is a black box with
+``propose(context_tokens[1, T+1], aux_hidden[1, T, A*H]) -> DraftProposal`` (API.md),
+so DFlash's ``[anchor, mask…]`` block, DSpark's anchor-slot drafting and P-EAGLE's
+parallel depths stay inside the drafter. With ``drafter=None`` the same loop decodes
+one token per verifier forward: the plain-decode baseline used for losslessness (G4)
+and speedup.
+
+Per request (validation.md §3.2):
+
+1. prefill the verifier on the prompt (positions ``0…P−1``) capturing the aux hidden
+   states; ``x_0`` = argmax (or a sample) of the last row;
+2. each step, with ``s`` = position of the anchor (last emitted token, no features yet):
+   the drafter sees the tokens ``0…s`` and the aux features of the **accepted**
+   positions ``0…s−1`` only; it proposes ``k`` tokens for positions ``s+1…s+k``;
+3. the verifier runs once on ``[anchor, d_1 … d_k]`` at positions ``s…s+k`` (block
+   positions continue the sequence) on top of its KV cache;
+4. acceptance (:mod:`.sampling`); ``a`` drafts plus the bonus are emitted, cut at the
+   first stop token (which is emitted) and at ``max_new_tokens``;
+5. the verifier cache is cropped to the emitted length, and the features of the newly
+   *emitted* positions ``s…s+produced−1`` are appended to the drafter's context.
+
+Bookkeeping per step: ``k`` (drafts verified; fewer than the drafter's k near the
+``max_new_tokens`` cap), ``accepted`` = tokens emitted − 1 (z-lab's ``produced − 1``,
+i.e. capped by the stop token / length), draft and verify wall time in ms (CUDA is
+synchronised before each clock read).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any, Callable, Iterable, Sequence
+
+from ..errors import InvalidInputError
+from .sampling import greedy_accept, probs_from_logits, speculative_sample
+
+log = logging.getLogger("specconv.validate")
+
+
+@dataclass
+class StepRecord:
+    """One verify step.
+
+    Attributes:
+        k: drafts verified this step (0 for a plain-decode step).
+        accepted: emitted tokens − 1 (``a_t`` in validation.md §2), 0…k.
+        accepted_raw: drafts accepted by the verifier before the stop/length cut.
+        emitted: tokens emitted (``accepted + 1``).
+        draft_ms: drafter wall time (ms).
+        verify_ms: verifier forward + acceptance wall time (ms).
+        confidence: DSpark per-slot confidence (probabilities, first ``k_proposed``
+            slots) or ``None``.
+        k_proposed: drafts the drafter proposed before any truncation.
+    """
+
+    k: int
+    accepted: int
+    accepted_raw: int
+    emitted: int
+    draft_ms: float
+    verify_ms: float
+    confidence: list[float] | None = None
+    k_proposed: int = 0
+
+
+@dataclass
+class RequestResult:
+    """All bookkeeping of one request.
+
+    Attributes:
+        prompt_id: the prompt's id.
+        prompt_tokens: prompt length P.
+        output_ids: generated tokens, including ``x_0`` from the prefill.
+        steps: one :class:`StepRecord` per decode step.
+        k: nominal draft tokens per step (0 for plain decoding).
+        ttft_ms: prefill wall time (ms).
+        decode_ms: wall time of all decode steps (ms).
+        stopped: the request ended at a stop token.
+        gaps: verifier top-1 − top-2 logit gap at each output token (float32 logits).
+        top1: verifier top-1 logit at each output token.
+    """
+
+    prompt_id: str
+    prompt_tokens: int
+    output_ids: list[int]
+    steps: list[StepRecord]
+    k: int
+    ttft_ms: float
+    decode_ms: float
+    stopped: bool
+    gaps: list[float] = field(default_factory=list)
+    top1: list[float] = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def _sync(device: str) -> None:
+    if str(device).startswith("cuda"):
+        import torch
+
+        torch.cuda.synchronize()
+
+
+def _module_attr(drafter, name: str, default):
+    v = getattr(drafter, name, None)
+    if v is not None:
+        return v
+    params = getattr(drafter, "parameters", None)
+    if callable(params):
+        try:
+            p = next(iter(params()))
+            return getattr(p, name)
+        except StopIteration:
+            pass
+    return default
+
+
+def _gaps(logits) -> tuple[list[float], list[float]]:
+    import torch
+
+    if logits.shape[-1] < 2:
+        top = logits.max(-1).values
+        return [float("inf")] * logits.shape[0], top.tolist()
+    t2 = torch.topk(logits, 2, dim=-1).values
+    return (t2[:, 0] - t2[:, 1]).tolist(), t2[:, 0].tolist()
+
+
+def _as_probabilities(conf) -> list[float]:
+    """DSpark confidence as probabilities (apply σ if the drafter returned logits)."""
+    import torch
+
+    c = conf.detach().float().flatten()
+    if c.numel() and (c.min() < 0 or c.max() > 1):
+        c = torch.sigmoid(c)
+    return c.tolist()
+
+
+def _confidence_cut(conf: list[float], threshold: float) -> int:
+    """Number of leading slots whose cumulative confidence product is ≥ ``threshold``."""
+    prod, n = 1.0, 0
+    for c in conf:
+        prod *= c
+        if prod < threshold:
+            break
+        n += 1
+    return n
+
+
+def speculative_generate(
+    verifier,
+    drafter,
+    prompt_ids: Sequence[int],
+    *,
+    max_new_tokens: int,
+    temperature: float = 0.0,
+    stop_token_ids: Iterable[int] = (),
+    num_draft_tokens: int | None = None,
+    generator=None,
+    confidence_threshold: float | None = None,
+    prompt_id: str = "",
+) -> RequestResult:
+    """Decode one request with speculative decoding (or plainly with ``drafter=None``).
+
+    Args:
+        verifier: a :class:`~specconv.validate.verifier_runner.VerifierRunner` whose
+            ``aux_layer_ids`` equal the drafter's.
+        drafter: an object with ``num_draft_tokens`` and ``propose(...)`` (API.md), or
+            ``None`` for plain decoding (k = 0).
+        prompt_ids: the rendered prompt token ids (length P ≥ 1).
+        max_new_tokens: cap on generated tokens (including ``x_0``).
+        temperature: 0 → greedy; > 0 → rejection sampling at this temperature.
+        stop_token_ids: tokens that end the request (emitted, then stop).
+        num_draft_tokens: use only the first ``k`` drafts (default: the drafter's k).
+        generator: ``torch.Generator`` for T > 0 (seeded by the caller).
+        confidence_threshold: DSpark only — verify only the leading drafts whose
+            cumulative confidence product is ≥ this value (vLLM-style dynamic draft
+            length). ``None`` verifies the full block (the lossless G3 run).
+        prompt_id: recorded in the result.
+
+    Returns:
+        :class:`RequestResult`.
+
+    Raises:
+        InvalidInputError: empty prompt, non-positive ``max_new_tokens``, or a drafter
+            whose aux layer ids differ from the verifier runner's.
+    """
+    import torch
+
+    if len(prompt_ids) == 0:
+        raise InvalidInputError(f"prompt {prompt_id!r} renders to zero tokens")
+    if max_new_tokens < 1:
+        raise InvalidInputError("--max-new-tokens must be at least 1")
+    k = 0
+    if drafter is not None:
+        k = int(num_draft_tokens if num_draft_tokens is not None else drafter.num_draft_tokens)
+        k = min(k, int(drafter.num_draft_tokens))
+        ids = list(getattr(drafter, "aux_layer_ids", verifier.aux_layer_ids))
+        if ids != list(verifier.aux_layer_ids):
+            raise InvalidInputError(
+                f"drafter aux layer ids {ids} differ from the verifier runner's {verifier.aux_layer_ids}"
+            )
+    stops = {int(t) for t in stop_token_ids}
+    greedy = temperature <= 0
+    dev = verifier.device
+    d_dev = _module_attr(drafter, "device", dev) if drafter is not None else dev
+    d_dtype = _module_attr(drafter, "dtype", None) if drafter is not None else None
+
+    cache = verifier.new_cache()
+    _sync(dev)
+    t0 = time.perf_counter()
+    pre = verifier.forward(list(prompt_ids), cache, start=0, capture=drafter is not None)
+    last = pre.logits[-1:]
+    if greedy:
+        x0 = int(torch.argmax(last[0]))
+    else:
+        x0 = int(torch.multinomial(probs_from_logits(last, temperature), 1, generator=generator)[0, 0])
+    _sync(dev)
+    ttft_ms = (time.perf_counter() - t0) * 1e3
+
+    g, t1 = _gaps(last)
+    gaps, top1s = list(g), list(t1)
+    tokens: list[int] = list(int(t) for t in prompt_ids) + [x0]
+    out_ids = [x0]
+    feats = pre.aux  # [P, A*H] or None
+    s = len(prompt_ids)  # position of the anchor (= tokens[-1])
+    steps: list[StepRecord] = []
+    stopped = x0 in stops
+    decode_t0 = time.perf_counter()
+
+    while not stopped and len(out_ids) < max_new_tokens:
+        budget = max_new_tokens - len(out_ids)
+        k_t = min(k, budget - 1)
+        drafts = torch.zeros(0, dtype=torch.long)
+        q = None
+        conf: list[float] | None = None
+        k_prop = 0
+        draft_ms = 0.0
+        if drafter is not None and k_t > 0:
+            ctx = torch.tensor([tokens], dtype=torch.long, device=d_dev)
+            aux = feats[None]
+            if d_dtype is not None:
+                aux = aux.to(device=d_dev, dtype=d_dtype)
+            _sync(dev)
+            ta = time.perf_counter()
+            with torch.inference_mode():
+                prop = drafter.propose(
+                    ctx, aux, temperature=float(temperature), generator=generator
+                )
+            _sync(dev)
+            draft_ms = (time.perf_counter() - ta) * 1e3
+            drafts = prop.tokens.reshape(-1).to("cpu", torch.long)
+            k_prop = int(drafts.shape[0])
+            if getattr(prop, "confidence", None) is not None:
+                conf = _as_probabilities(prop.confidence)
+                if confidence_threshold is not None:
+                    k_t = min(k_t, _confidence_cut(conf, confidence_threshold))
+            k_t = min(k_t, k_prop)
+            drafts = drafts[:k_t]
+            if not greedy and k_t > 0:
+                q = probs_from_logits(prop.logits[:k_t].to(dev), temperature)
+        _sync(dev)
+        tb = time.perf_counter()
+        ver = verifier.forward([tokens[-1]] + drafts.tolist(), cache, start=s, capture=drafter is not None)
+        logits = ver.logits  # [k_t+1, V]
+        if greedy:
+            a, nxt = greedy_accept(drafts, logits)
+        else:
+            p = probs_from_logits(logits, temperature)
+            if q is None:
+                q = torch.zeros((0, p.shape[-1]), device=p.device)
+            if q.shape[-1] != p.shape[-1]:  # drafter vocab padded/truncated vs lm_head rows
+                v = p.shape[-1]
+                q = q[..., :v] if q.shape[-1] > v else torch.nn.functional.pad(q, (0, v - q.shape[-1]))
+                q = q / q.sum(-1, keepdim=True).clamp_min(1e-30)
+            acc, nx = speculative_sample(
+                drafts[None].to(p.device), q[None], p[None], generator=generator
+            )
+            a, nxt = int(acc[0]), int(nx[0])
+        _sync(dev)
+        verify_ms = (time.perf_counter() - tb) * 1e3
+
+        new = drafts[:a].tolist() + [nxt]
+        for j, t in enumerate(new):
+            if t in stops:
+                new = new[: j + 1]
+                stopped = True
+                break
+        new = new[:budget]
+        produced = len(new)
+        g, t1 = _gaps(logits[:produced])
+        gaps.extend(g)
+        top1s.extend(t1)
+        tokens.extend(new)
+        out_ids.extend(new)
+        if feats is not None and ver.aux is not None:
+            feats = torch.cat([feats, ver.aux[:produced].to(feats.device)], dim=0)
+        s += produced
+        verifier.crop(cache, s)
+        steps.append(
+            StepRecord(
+                k=k_t,
+                accepted=produced - 1,
+                accepted_raw=a,
+                emitted=produced,
+                draft_ms=draft_ms,
+                verify_ms=verify_ms,
+                confidence=conf,
+                k_proposed=k_prop,
+            )
+        )
+    _sync(dev)
+    decode_ms = (time.perf_counter() - decode_t0) * 1e3
+    return RequestResult(
+        prompt_id=prompt_id,
+        prompt_tokens=len(prompt_ids),
+        output_ids=out_ids,
+        steps=steps,
+        k=k,
+        ttft_ms=ttft_ms,
+        decode_ms=decode_ms,
+        stopped=stopped,
+        gaps=gaps,
+        top1=top1s,
+    )
+
+
+def run_requests(
+    verifier,
+    drafter,
+    prompts: Sequence[tuple[str, Sequence[int]]],
+    *,
+    max_new_tokens: int,
+    temperature: float = 0.0,
+    stop_token_ids: Iterable[int] = (),
+    seed: int = 0,
+    confidence_threshold: float | None = None,
+    num_draft_tokens: int | None = None,
+    on_done: Callable[[int, RequestResult], Any] | None = None,
+) -> list[RequestResult]:
+    """Run :func:`speculative_generate` over ``prompts`` ([(id, token ids)]).
+
+    For T > 0 each request gets its own ``torch.Generator`` seeded with ``seed + i`` on
+    the verifier's device, so runs are reproducible. ``on_done(i, result)`` is called
+    after each request (progress reporting).
+    """
+    import torch
+
+    stops = list(stop_token_ids)
+    results = []
+    for i, (pid, ids) in enumerate(prompts):
+        gen = None
+        if temperature > 0:
+            gen = torch.Generator(device=verifier.device).manual_seed(int(seed) + i)
+        r = speculative_generate(
+            verifier,
+            drafter,
+            ids,
+            max_new_tokens=max_new_tokens,
+            temperature=temperature,
+            stop_token_ids=stops,
+            generator=gen,
+            confidence_threshold=confidence_threshold,
+            num_draft_tokens=num_draft_tokens,
+            prompt_id=str(pid),
+        )
+        results.append(r)
+        if on_done is not None:
+            on_done(i, r)
+    return results

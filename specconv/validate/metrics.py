@@ -1,0 +1,269 @@
+"""Acceptance metrics (validation.md §2), computed from loop step records.
+
+Convention (vLLM's, bonus token included): a *draft* is a verify step that carried
+at least one draft token; ``a_t`` is its accepted count (tokens emitted − 1).
+
+* pooled τ = ``1 + Σ_t a_t / T`` over all drafts of all requests (= vLLM
+  ``acceptance_length``; primary);
+* per-request mean τ = mean over requests of ``1 + mean_t a_t`` (what z-lab's
+  ``dflash`` benchmark prints; secondary);
+* acceptance rate α = ``Σ a_t / Σ k_t`` (draft tokens actually verified);
+* per-position ``p_i = #{t : a_t ≥ i} / T`` (vLLM ``acceptance_at_pos_{i-1}``;
+  τ = 1 + Σ p_i) and conditional ``c_i = p_i / p_{i−1}`` (p_0 = 1);
+* histogram of ``a_t`` over 0…k;
+* bootstrap 95% CI of pooled τ, resampling *requests* (seeded numpy RNG);
+* timings: mean draft / verify ms per step, TTFT, TPOT = decode wall time / decode
+  tokens (tokens after ``x_0``), speedup = TPOT(k=0) / TPOT(spec) from the same loop.
+
+All functions take plain Python data (lists of ints / dicts) so they also serve the
+vLLM backend, whose counters give only aggregate numbers.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Sequence
+
+
+def _mean(xs: Sequence[float]) -> float | None:
+    return float(sum(xs) / len(xs)) if xs else None
+
+
+def counts_from_steps(accepted: Sequence[int], k_per_step: Sequence[int], k: int) -> dict:
+    """Aggregate counters in vLLM's shape from per-step values (drafts only).
+
+    Returns:
+        ``{num_drafts, num_draft_tokens, num_accepted_tokens, accepted_per_pos[k]}``.
+    """
+    per_pos = [0] * k
+    for a in accepted:
+        for i in range(min(a, k)):
+            per_pos[i] += 1
+    return {
+        "num_drafts": len(accepted),
+        "num_draft_tokens": int(sum(k_per_step)),
+        "num_accepted_tokens": int(sum(accepted)),
+        "accepted_per_pos": per_pos,
+    }
+
+
+def metrics_from_counts(
+    num_drafts: float, num_draft_tokens: float, num_accepted_tokens: float, accepted_per_pos: Sequence[float]
+) -> dict:
+    """Derive τ, α, p_i, c_i from vLLM-style counters (speculators' ``acceptance.csv`` fields).
+
+    Returns:
+        dict with ``num_drafts, num_draft_tokens, num_accepted_tokens,
+        acceptance_length`` (pooled τ; 1.0 when there were no drafts),
+        ``acceptance_rate`` (None without draft tokens), ``acceptance_at_pos`` [p_i],
+        ``conditional_acceptance_at_pos`` [c_i].
+    """
+    T = float(num_drafts)
+    tau = 1.0 + float(num_accepted_tokens) / T if T > 0 else 1.0
+    p = [float(x) / T if T > 0 else 0.0 for x in accepted_per_pos]
+    c, prev = [], 1.0
+    for pi in p:
+        c.append(pi / prev if prev > 0 else 0.0)
+        prev = pi
+    return {
+        "num_drafts": int(num_drafts),
+        "num_draft_tokens": int(num_draft_tokens),
+        "num_accepted_tokens": int(num_accepted_tokens),
+        "acceptance_length": tau,
+        "acceptance_rate": float(num_accepted_tokens) / float(num_draft_tokens) if num_draft_tokens else None,
+        "acceptance_at_pos": p,
+        "conditional_acceptance_at_pos": c,
+    }
+
+
+def _draft_steps(req) -> list:
+    return [s for s in _steps(req) if _get(s, "k") > 0]
+
+
+def _steps(req) -> list:
+    return req["steps"] if isinstance(req, dict) else req.steps
+
+
+def _get(obj, name):
+    return obj[name] if isinstance(obj, dict) else getattr(obj, name)
+
+
+def pooled_tau(requests: Sequence[Any]) -> float:
+    """Pooled τ of a list of :class:`~specconv.validate.loop.RequestResult` (or dicts)."""
+    a = [_get(s, "accepted") for r in requests for s in _draft_steps(r)]
+    return 1.0 + sum(a) / len(a) if a else 1.0
+
+
+def bootstrap_ci(requests: Sequence[Any], *, n_boot: int = 1000, seed: int = 0, level: float = 0.95) -> list[float] | None:
+    """Percentile bootstrap CI of pooled τ, resampling requests with replacement.
+
+    Returns:
+        ``[low, high]`` or ``None`` with fewer than 2 requests.
+    """
+    import numpy as np
+
+    sums = np.array([sum(_get(s, "accepted") for s in _draft_steps(r)) for r in requests], dtype=float)
+    cnts = np.array([len(_draft_steps(r)) for r in requests], dtype=float)
+    n = len(sums)
+    if n < 2:
+        return None
+    rng = np.random.default_rng(seed)
+    idx = rng.integers(0, n, size=(n_boot, n))
+    s, c = sums[idx].sum(1), cnts[idx].sum(1)
+    taus = np.where(c > 0, 1.0 + s / np.maximum(c, 1), 1.0)
+    lo, hi = np.percentile(taus, [100 * (1 - level) / 2, 100 * (1 + level) / 2])
+    return [float(lo), float(hi)]
+
+
+def _tpot_ms(requests: Sequence[Any]) -> float | None:
+    tot_ms = sum(_get(r, "decode_ms") for r in requests)
+    toks = sum(max(0, len(_get(r, "output_ids")) - 1) for r in requests)
+    return tot_ms / toks if toks else None
+
+
+def compute_metrics(
+    requests: Sequence[Any],
+    k: int,
+    *,
+    baseline: Sequence[Any] | None = None,
+    n_boot: int = 1000,
+    seed: int = 0,
+) -> dict:
+    """All §2 metrics of one run.
+
+    Args:
+        requests: speculative-run results (``RequestResult`` or their ``to_dict()``).
+        k: nominal drafts per step (length of the per-position lists).
+        baseline: the k = 0 run of the same prompts (for ``tpot_ar_ms`` / ``speedup``).
+        n_boot: bootstrap resamples for ``tau_ci95``.
+        seed: bootstrap RNG seed.
+
+    Returns:
+        dict with the vLLM/speculators counter fields (``num_drafts``,
+        ``num_draft_tokens``, ``num_accepted_tokens``, ``acceptance_length``,
+        ``acceptance_at_pos``) plus ``tau_pooled`` (same as acceptance_length),
+        ``tau_request_mean``, ``tau_ci95``, ``tau_ci95_half_width``,
+        ``acceptance_rate``, ``conditional_acceptance_at_pos``, ``histogram``
+        (counts of a_t = 0…k), ``n_requests``, ``n_output_tokens``, ``draft_ms``,
+        ``verify_ms`` (means per step), ``ttft_ms`` (mean), ``tpot_ms``,
+        ``tpot_ar_ms``, ``speedup``, ``per_request`` (id, τ, steps, tokens).
+    """
+    acc = [_get(s, "accepted") for r in requests for s in _draft_steps(r)]
+    ks = [_get(s, "k") for r in requests for s in _draft_steps(r)]
+    counts = counts_from_steps(acc, ks, k)
+    m = metrics_from_counts(**counts)
+    hist = [0] * (k + 1)
+    for a in acc:
+        hist[min(a, k)] += 1
+    per_req = []
+    for r in requests:
+        ds = _draft_steps(r)
+        tau_r = 1.0 + sum(_get(s, "accepted") for s in ds) / len(ds) if ds else None
+        per_req.append(
+            {
+                "prompt_id": _get(r, "prompt_id"),
+                "tau": tau_r,
+                "num_drafts": len(ds),
+                "output_tokens": len(_get(r, "output_ids")),
+                "stopped": bool(_get(r, "stopped")),
+            }
+        )
+    taus = [p["tau"] for p in per_req if p["tau"] is not None]
+    ci = bootstrap_ci(requests, n_boot=n_boot, seed=seed)
+    all_steps = [s for r in requests for s in _steps(r)]
+    tpot = _tpot_ms(requests)
+    tpot_ar = _tpot_ms(baseline) if baseline else None
+    m.update(
+        {
+            "k": k,
+            "tau_pooled": m["acceptance_length"],
+            "tau_request_mean": _mean(taus),
+            "tau_ci95": ci,
+            "tau_ci95_half_width": (ci[1] - ci[0]) / 2 if ci else None,
+            "histogram": hist,
+            "n_requests": len(requests),
+            "n_output_tokens": sum(len(_get(r, "output_ids")) for r in requests),
+            "draft_ms": _mean([_get(s, "draft_ms") for s in all_steps if _get(s, "k") > 0]),
+            "verify_ms": _mean([_get(s, "verify_ms") for s in all_steps]),
+            "ttft_ms": _mean([_get(r, "ttft_ms") for r in requests]),
+            "tpot_ms": tpot,
+            "tpot_ar_ms": tpot_ar,
+            "speedup": (tpot_ar / tpot) if (tpot and tpot_ar) else None,
+            "per_request": per_req,
+            "convention": "vLLM: tau = 1 + accepted/num_drafts (bonus included); "
+            "a_t = tokens emitted per step - 1 (capped at stop token / max tokens)",
+        }
+    )
+    return m
+
+
+
+def calibration(requests: Sequence[Any], *, n_bins: int = 10) -> dict | None:
+    """DSpark confidence-head calibration against observed (conditional) acceptance.
+
+    A slot ``i`` of a step is *reached* when slots ``< i`` were accepted (``i ≤ a_t``);
+    its outcome is 1 when accepted (``i < a_t``). The confidence head predicts exactly
+    this conditional acceptance probability (speculators' DSpark metrics: target
+    ``1 − TV(q, p)``).
+
+    Returns:
+        ``None`` when no step carries a confidence, else ``{n, mean_abs_error,
+        mean_confidence, mean_observed, ece, bins, cumprod_bias}`` where
+        ``cumprod_bias`` = mean over all slots of ``Π_{j≤i} conf_j − 1[a_t > i]`` (the
+        quantity confidence-scheduled draft length consumes).
+    """
+    pairs: list[tuple[float, float]] = []
+    bias: list[float] = []
+    for r in requests:
+        for s in _draft_steps(r):
+            conf = _get(s, "confidence")
+            if not conf:
+                continue
+            a = _get(s, "accepted_raw")
+            k = _get(s, "k")
+            prod = 1.0
+            for i, c in enumerate(conf[:k]):
+                prod *= c
+                bias.append(prod - (1.0 if a > i else 0.0))
+                if i <= a:
+                    pairs.append((c, 1.0 if i < a else 0.0))
+    if not pairs:
+        return None
+    n = len(pairs)
+    bins = []
+    ece = 0.0
+    for b in range(n_bins):
+        lo, hi = b / n_bins, (b + 1) / n_bins
+        sel = [(c, o) for c, o in pairs if (lo <= c < hi) or (b == n_bins - 1 and c == 1.0)]
+        if not sel:
+            continue
+        mc = sum(c for c, _ in sel) / len(sel)
+        mo = sum(o for _, o in sel) / len(sel)
+        ece += len(sel) / n * abs(mc - mo)
+        bins.append({"lo": lo, "hi": hi, "n": len(sel), "mean_confidence": mc, "observed": mo})
+    return {
+        "n": n,
+        "mean_abs_error": sum(abs(c - o) for c, o in pairs) / n,
+        "mean_confidence": sum(c for c, _ in pairs) / n,
+        "mean_observed": sum(o for _, o in pairs) / n,
+        "ece": ece,
+        "bins": bins,
+        "cumprod_bias": _mean(bias),
+    }
+
+
+def summary(metrics: dict) -> dict:
+    """The short summary recorded in ``specconv.json`` / shown to humans."""
+    keys = (
+        "acceptance_length",
+        "tau_request_mean",
+        "tau_ci95",
+        "acceptance_rate",
+        "acceptance_at_pos",
+        "num_drafts",
+        "n_requests",
+        "tpot_ms",
+        "tpot_ar_ms",
+        "speedup",
+    )
+    return {k: metrics.get(k) for k in keys}

@@ -1,0 +1,339 @@
+"""Run the verifier (a transformers causal LM) and capture aux hidden states.
+
+The verifier is loaded with ``AutoModelForCausalLM`` from a local directory (or a Hub
+id already in the local cache; the Hub itself is never contacted unless the caller
+allows it). Each forward returns float32 logits and the aux hidden states the drafter
+needs, captured in the **Speculators / vLLM convention** (speculators_format.md §2.2):
+
+* id ``0``      — the embedding output (= HF ``hidden_states[0]``);
+* id ``ℓ < N``  — the residual stream after ``ℓ`` decoder layers (= HF ``hidden_states[ℓ]``);
+* id ``N``      — the final **pre-norm** hidden state. transformers 5 returns the
+  *post*-norm tensor as ``hidden_states[N]`` for Llama-style models, so we never use
+  ``output_hidden_states``: forward hooks on the embedding module and on the decoder
+  layers record the residual stream directly.
+
+The KV cache is a ``transformers.DynamicCache``; :meth:`VerifierRunner.crop` shortens it
+after a partially accepted block so the next verify pass continues from the last
+accepted position.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Sequence
+
+from ..errors import InvalidInputError
+
+log = logging.getLogger("specconv.validate")
+
+_DTYPES = ("float32", "bfloat16", "float16", "float64")
+
+
+def torch_dtype(name: str | Any):
+    """Map ``"float32" | "bfloat16" | "float16" | "float64"`` (or a torch dtype) to torch.dtype.
+
+    Raises:
+        InvalidInputError: unknown dtype name.
+    """
+    import torch
+
+    if isinstance(name, torch.dtype):
+        return name
+    if name not in _DTYPES:
+        raise InvalidInputError(f"unknown dtype {name!r}; use one of {', '.join(_DTYPES[:3])}")
+    return getattr(torch, name)
+
+
+def resolve_device(device: str = "auto") -> str:
+    """``auto`` → ``cuda`` when a CUDA device is usable, else ``cpu``.
+
+    Raises:
+        InvalidInputError: ``cuda`` requested but unavailable.
+    """
+    import torch
+
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise InvalidInputError("--device cuda was requested but no CUDA device is available")
+    if device not in ("cpu",) and not device.startswith("cuda"):
+        raise InvalidInputError(f"unknown device {device!r}; use auto, cpu or cuda")
+    return device
+
+
+@dataclass
+class VerifyOutput:
+    """Result of one verifier forward.
+
+    Attributes:
+        logits: FloatTensor[n, V] in float32 (the verifier's vocab, V = lm_head rows).
+        aux: Tensor[n, A*H] — the requested aux hidden states of the ``n`` input
+            positions, concatenated in the order of ``aux_layer_ids`` (verifier dtype);
+            ``None`` when no aux ids were requested.
+    """
+
+    logits: Any
+    aux: Any | None
+
+
+def _decoder_parts(model) -> tuple[Any, Any, Any]:
+    """Return (embedding module, decoder layer ModuleList, final norm or None)."""
+    base = None
+    get_decoder = getattr(model, "get_decoder", None)
+    if callable(get_decoder):
+        try:
+            base = get_decoder()
+        except Exception:  # pragma: no cover - defensive (models without a decoder accessor)
+            base = None
+    if base is None:
+        base = getattr(model, "model", None)
+    layers = getattr(base, "layers", None) if base is not None else None
+    if layers is None:
+        raise InvalidInputError(
+            f"cannot find the decoder layers of {type(model).__name__} "
+            "(expected model.model.layers); this verifier architecture is not supported"
+        )
+    embed = model.get_input_embeddings()
+    norm = getattr(base, "norm", None)
+    return embed, layers, norm
+
+
+class VerifierRunner:
+    """A loaded verifier plus aux-hidden-state capture and KV-cache helpers.
+
+    Args:
+        model: a transformers causal LM in eval mode.
+        tokenizer: its tokenizer (may be ``None`` in unit tests).
+        aux_layer_ids: Speculators-convention ids to capture (may be empty).
+        device: device of the input tensors (``"cpu"``, ``"cuda"``, ``"cuda:0"``).
+
+    Attributes:
+        num_layers (int): N, the verifier's decoder layer count.
+        hidden_size (int), vocab_size (int): from the model config.
+        dtype: torch dtype of the weights.
+    """
+
+    def __init__(self, model, tokenizer=None, aux_layer_ids: Sequence[int] = (), device: str = "cpu"):
+        self.model = model
+        self.tokenizer = tokenizer
+        self.device = device
+        cfg = model.config
+        text_cfg = cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
+        self.config = text_cfg
+        self.embed, self.layers, self.norm = _decoder_parts(model)
+        self.num_layers = len(self.layers)
+        self.hidden_size = int(text_cfg.hidden_size)
+        self.vocab_size = int(model.get_output_embeddings().weight.shape[0]) if model.get_output_embeddings() is not None else int(text_cfg.vocab_size)
+        self.dtype = next(model.parameters()).dtype
+        self._captured: dict[int, Any] = {}
+        self._hooks: list[Any] = []
+        self.aux_layer_ids: list[int] = []
+        self.set_aux_layer_ids(aux_layer_ids)
+
+    # ------------------------------------------------------------------ loading
+    @classmethod
+    def load(
+        cls,
+        verifier: str | Path,
+        *,
+        device: str = "cpu",
+        dtype: str | Any = "float32",
+        attn_implementation: str = "sdpa",
+        aux_layer_ids: Sequence[int] = (),
+        device_map: str | None = None,
+        local_files_only: bool = True,
+    ) -> "VerifierRunner":
+        """Load a verifier with ``AutoModelForCausalLM``.
+
+        Args:
+            verifier: local HF directory, or a Hub id resolved from the local cache.
+            device: ``cpu`` or ``cuda[:i]`` (already resolved; see :func:`resolve_device`).
+            dtype: weight dtype name.
+            attn_implementation: ``"eager"`` or ``"sdpa"``.
+            aux_layer_ids: Speculators-convention ids to capture.
+            device_map: ``"auto"`` to shard a verifier larger than one device over the
+                available GPUs (needs accelerate and CUDA); ``None`` puts it on ``device``.
+            local_files_only: never contact the Hub (default).
+
+        Raises:
+            InvalidInputError: the verifier cannot be loaded (message names the path).
+        """
+        import torch
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        if attn_implementation not in ("eager", "sdpa"):
+            raise InvalidInputError(f"attention implementation must be eager or sdpa, not {attn_implementation!r}")
+        tdt = torch_dtype(dtype)
+        kwargs: dict[str, Any] = {
+            "dtype": tdt,
+            "attn_implementation": attn_implementation,
+            "local_files_only": local_files_only,
+        }
+        if device_map is not None:
+            if not torch.cuda.is_available():
+                raise InvalidInputError("device_map='auto' needs CUDA; use --device cpu")
+            kwargs["device_map"] = device_map
+        try:
+            model = AutoModelForCausalLM.from_pretrained(str(verifier), **kwargs)
+        except (OSError, ValueError) as e:
+            raise InvalidInputError(f"cannot load verifier {verifier}: {e}") from e
+        if device_map is None:
+            model = model.to(device)
+        model.eval()
+        try:
+            tok = AutoTokenizer.from_pretrained(str(verifier), local_files_only=local_files_only)
+        except (OSError, ValueError) as e:
+            log.warning("verifier %s has no loadable tokenizer (%s)", verifier, e)
+            tok = None
+        in_device = device
+        if device_map is not None:
+            in_device = str(model.get_input_embeddings().weight.device)
+        return cls(model, tok, aux_layer_ids=aux_layer_ids, device=in_device)
+
+    # ------------------------------------------------------------------ capture hooks
+    def set_aux_layer_ids(self, ids: Sequence[int]) -> None:
+        """(Re)install capture hooks for Speculators-convention ``ids``.
+
+        Raises:
+            InvalidInputError: an id outside ``[0, N]``.
+        """
+        for h in self._hooks:
+            h.remove()
+        self._hooks = []
+        ids = [int(i) for i in ids]
+        for i in ids:
+            if not 0 <= i <= self.num_layers:
+                raise InvalidInputError(
+                    f"aux hidden-state layer id {i} is outside [0, {self.num_layers}] for this "
+                    f"{self.num_layers}-layer verifier (speculators convention: 0 = embeddings, "
+                    f"{self.num_layers} = final pre-norm hidden state)"
+                )
+        self.aux_layer_ids = ids
+
+        def save(key):
+            def hook(_mod, _inp, out):
+                self._captured[key] = out[0] if isinstance(out, tuple) else out
+
+            return hook
+
+        for i in sorted(set(ids)):
+            mod = self.embed if i == 0 else self.layers[i - 1]
+            self._hooks.append(mod.register_forward_hook(save(i)))
+
+    def close(self) -> None:
+        """Remove the capture hooks."""
+        for h in self._hooks:
+            h.remove()
+        self._hooks = []
+
+    # ------------------------------------------------------------------ cache
+    def new_cache(self):
+        """Return an empty ``DynamicCache`` for this verifier."""
+        from transformers import DynamicCache
+
+        try:
+            return DynamicCache(config=self.model.config)
+        except TypeError:  # older transformers
+            return DynamicCache()
+
+    @staticmethod
+    def cache_length(cache) -> int:
+        """Number of positions currently held in ``cache``."""
+        return int(cache.get_seq_length())
+
+    @staticmethod
+    def crop(cache, length: int) -> None:
+        """Shorten ``cache`` to its first ``length`` positions (no-op if already that short)."""
+        remove = int(cache.get_seq_length()) - int(length)
+        if remove > 0:
+            cache.crop(-remove)
+
+    # ------------------------------------------------------------------ forward
+    def forward(self, tokens, cache=None, *, start: int | None = None, capture: bool = True) -> VerifyOutput:
+        """Run the verifier on ``tokens`` that continue the sequence held in ``cache``.
+
+        Args:
+            tokens: LongTensor[1, n] (or a list of ints) — positions ``start..start+n-1``.
+            cache: a DynamicCache (extended in place) or ``None`` for a stateless forward.
+            start: position of ``tokens[0]``; defaults to the cache length.
+            capture: also return the aux hidden states.
+
+        Returns:
+            :class:`VerifyOutput` with float32 logits ``[n, V]`` and aux ``[n, A*H]``.
+        """
+        import torch
+
+        if not torch.is_tensor(tokens):
+            tokens = torch.tensor([list(tokens)], dtype=torch.long)
+        if tokens.dim() == 1:
+            tokens = tokens[None]
+        tokens = tokens.to(self.device)
+        n = tokens.shape[1]
+        if start is None:
+            start = self.cache_length(cache) if cache is not None else 0
+        pos = torch.arange(start, start + n, device=self.device)[None]
+        self._captured = {}
+        with torch.inference_mode():
+            out = self.model(
+                input_ids=tokens,
+                position_ids=pos,
+                past_key_values=cache,
+                use_cache=cache is not None,
+            )
+        logits = out.logits[0].float()
+        aux = None
+        if capture and self.aux_layer_ids:
+            parts = [self._captured[i][0] for i in self.aux_layer_ids]
+            dev = parts[0].device
+            aux = torch.cat([p.to(dev) for p in parts], dim=-1)
+        self._captured = {}
+        return VerifyOutput(logits=logits, aux=aux)
+
+    def hidden_state(self, tokens, layer_id: int):
+        """Stateless forward returning the Speculators-id ``layer_id`` hidden state [n, H] (tests)."""
+        saved = list(self.aux_layer_ids)
+        try:
+            self.set_aux_layer_ids([layer_id])
+            return self.forward(tokens, None).aux
+        finally:
+            self.set_aux_layer_ids(saved)
+
+    # ------------------------------------------------------------------ info
+    def stop_token_ids(self) -> list[int]:
+        """eos id(s) of the config/generation config/tokenizer plus the chat end token.
+
+        The chat end token is the tokenizer's ``eos_token`` and, when present, the
+        ``<|im_end|>`` / ``<|eot_id|>`` / ``<end_of_turn>`` token that closes an assistant
+        turn in the chat template.
+        """
+        ids: set[int] = set()
+
+        def add(v):
+            if v is None:
+                return
+            if isinstance(v, (list, tuple)):
+                for x in v:
+                    add(x)
+            else:
+                ids.add(int(v))
+
+        add(getattr(self.config, "eos_token_id", None))
+        gen = getattr(self.model, "generation_config", None)
+        if gen is not None:
+            add(getattr(gen, "eos_token_id", None))
+        tok = self.tokenizer
+        if tok is not None:
+            add(getattr(tok, "eos_token_id", None))
+            vocab = tok.get_vocab() if hasattr(tok, "get_vocab") else {}
+            for name in ("<|im_end|>", "<|eot_id|>", "<end_of_turn>", "<|end|>", "<|endoftext|>"):
+                if name in vocab:
+                    tmpl = getattr(tok, "chat_template", None) or ""
+                    if name in tmpl or name == getattr(tok, "eos_token", None):
+                        ids.add(int(vocab[name]))
+        return sorted(ids)
+
+    def weight_bytes(self) -> int:
+        """Bytes held by the verifier's parameters."""
+        return sum(p.numel() * p.element_size() for p in self.model.parameters())
