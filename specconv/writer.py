@@ -120,6 +120,15 @@ def hash_sources(plan: ConversionPlan) -> "concurrent.futures.Future[dict[str, s
     return fut
 
 
+def _fix_mode(path: Path) -> None:
+    """mkdtemp creates 0700; give the output the modes a plain ``mkdir`` would have."""
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(path, 0o777 & ~umask)
+    for p in path.iterdir():
+        os.chmod(p, 0o666 & ~umask)
+
+
 def write_plan(
     plan: ConversionPlan,
     out_dir: Path,
@@ -152,6 +161,7 @@ def write_plan(
         (tmp / "config.json").write_bytes(dump_config(plan.config))
         record = build_record(plan, verifier, hashes_future.result(), sorted(["config.json", *files, SPECCONV_JSON]))
         (tmp / SPECCONV_JSON).write_text(json.dumps(record, sort_keys=True, indent=2) + "\n")
+        _fix_mode(tmp)
         if out_dir.exists():
             old = out_dir.parent / f".{out_dir.name}.old-{os.getpid()}"
             os.replace(out_dir, old)

@@ -1,0 +1,108 @@
+"""Shared fixtures: the real SmolLM2 verifier, tiny random verifiers, repo paths.
+
+Owned by the lead; add fixtures here only through the lead.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))  # `import examples.zlab_dflash`
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+
+def _has_cuda() -> bool:
+    try:
+        import torch
+
+        return torch.cuda.is_available()
+    except Exception:
+        return False
+
+
+def pytest_collection_modifyitems(config, items):
+    if not any("gpu" in i.keywords for i in items):
+        return
+    if _has_cuda():
+        return
+    skip = pytest.mark.skip(reason="no CUDA GPU on this machine")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def smollm2_dir() -> Path:
+    """The real verifier (SmolLM2-135M-Instruct) as a cached HF dir."""
+    from specconv.offline import smollm2_verifier_dir
+
+    return smollm2_verifier_dir()
+
+
+SMOLLM2_HUB_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"
+
+
+def make_tiny_verifier(
+    out: Path,
+    *,
+    model_type: str = "qwen3",
+    hidden_size: int = 64,
+    num_layers: int = 6,
+    vocab_size: int = 256,
+    heads: int = 4,
+    kv_heads: int = 2,
+    tie: bool = False,
+    seed: int = 0,
+) -> Path:
+    """Save a tiny random Llama/Qwen3 causal LM with transformers (for unit tests)."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    if (out / "config.json").exists():
+        return out
+    cfg = AutoConfig.for_model(
+        model_type,
+        hidden_size=hidden_size,
+        intermediate_size=2 * hidden_size,
+        num_hidden_layers=num_layers,
+        num_attention_heads=heads,
+        num_key_value_heads=kv_heads,
+        head_dim=hidden_size // heads,
+        vocab_size=vocab_size,
+        max_position_embeddings=512,
+        rms_norm_eps=1e-6,
+        tie_word_embeddings=tie,
+        bos_token_id=1,
+        eos_token_id=2,
+        pad_token_id=0,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+    )
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(cfg)
+    model.save_pretrained(out)
+    return out
+
+
+@pytest.fixture(scope="session")
+def tiny_verifier_dir(tmp_path_factory) -> Path:
+    """Tiny random Qwen3 verifier: H=64, 6 layers, vocab 256, untied."""
+    return make_tiny_verifier(tmp_path_factory.mktemp("tiny_verifier") / "qwen3")
+
+
+@pytest.fixture(scope="session")
+def tiny_llama_verifier_dir(tmp_path_factory) -> Path:
+    """Tiny random Llama verifier: H=64, 6 layers, vocab 256, untied."""
+    return make_tiny_verifier(tmp_path_factory.mktemp("tiny_llama") / "llama", model_type="llama")
+
+
+def read_json(p: Path) -> dict:
+    return json.loads(Path(p).read_text())
