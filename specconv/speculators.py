@@ -32,7 +32,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import struct
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -775,6 +774,7 @@ class Finding:
     key: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
+        """JSON-ready dict with keys level, code, message, key."""
         return {"level": self.level, "code": self.code, "message": self.message, "key": self.key}
 
 
@@ -858,6 +858,7 @@ LINT_RULES: dict[str, str] = {
     "tensor-dtype": "tensor dtype disagrees with the format",
     "layer-count": "layers.N.* indices disagree with num_hidden_layers",
     "unexpected-tensor": "tensors the format does not define",
+    "prefixed-tensor-names": "tensor names carry a 'model.' prefix (vLLM/HF layout)",
     "mixed-float-dtypes": "float tensors use more than one dtype",
     "dtype-mismatch": "config dtype differs from the tensors' dtype",
     # directory
@@ -1360,7 +1361,7 @@ def _lint_tensors(
             "(vLLM fuses at load)", fused[0])
     prefixed = sorted(n for n in names if n.startswith("model."))
     if prefixed:
-        add("error", "unexpected-tensor",
+        add("error", "prefixed-tensor-names",
             f"tensor names carry a 'model.' prefix ({prefixed[:3]}...): speculators names have none",
             prefixed[0])
 
@@ -1476,36 +1477,12 @@ _LEFTOVERS = ("optimizer_state_dict.pt", "scheduler_state_dict.pt", "train_comma
 
 
 def _read_tensor_headers(path: Path) -> dict[str, tuple[tuple[int, ...], str]]:
-    """Names → (shape, dtype) of a draft directory's weights, headers only."""
-    try:
-        from .tensors import TensorStore  # type: ignore[attr-defined]
-    except ImportError:  # pragma: no cover - fallback while specconv.tensors is absent
-        TensorStore = None  # noqa: N806
-    if TensorStore is not None:
-        store = TensorStore.open(path)
-        out = {}
-        for name in store.names():
-            info = store.info(name)
-            out[name] = (tuple(info.shape), info.dtype)
-        return out
-    # Fallback: parse safetensors headers directly (8-byte little-endian length + JSON).
-    index = path / "model.safetensors.index.json"
-    if index.is_file():
-        files = sorted(set(json.loads(index.read_text())["weight_map"].values()))
-        paths = [path / f for f in files]
-    else:
-        paths = sorted(path.glob("*.safetensors"))
-    if not paths:
-        raise InvalidInputError(f"{path}: no safetensors weights found")
-    out = {}
-    for p in paths:
-        with open(p, "rb") as fh:
-            (n,) = struct.unpack("<Q", fh.read(8))
-            header = json.loads(fh.read(n))
-        for name, meta in header.items():
-            if name != "__metadata__":
-                out[name] = (tuple(meta["shape"]), meta["dtype"])
-    return out
+    """Names → (shape, safetensors dtype) of a draft directory's weights, headers only
+    (:class:`specconv.tensors.TensorStore`; no tensor data is read for safetensors)."""
+    from .tensors import TensorStore
+
+    store = TensorStore.open(path)
+    return {name: (tuple(store.info(name).shape), store.info(name).dtype) for name in store.names()}
 
 
 def lint_dir(path: str | os.PathLike[str], verifier: VerifierFacts | None = None) -> list[Finding]:

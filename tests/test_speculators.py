@@ -379,10 +379,6 @@ def test_expected_tensors_match_spec_lists():
 
 # Each case: (id, algorithm, mutate(config dict, tensors dict) -> verifier | None,
 #             expected code, expected level)
-def _t(fn):
-    return fn
-
-
 def _mut_cfg(**changes):
     def f(d, t):
         for k, v in changes.items():
@@ -510,6 +506,7 @@ BAD_CASES = [
     ("t2d-dtype", "dspark", _add_tensor("t2d", (256,), "U8"), "tensor-dtype", "error"),
     ("t2d-shape", "dspark", _add_tensor("t2d", (64,), "BOOL"), "tensor-shape", "error"),
     ("mask-hidden-shape", "peagle", _add_tensor("mask_hidden", (1, 192)), "tensor-shape", "error"),
+    ("model-prefix", "dflash", _add_tensor("model.norm.weight", (64,)), "prefixed-tensor-names", "error"),
     ("unexpected", "dflash", _add_tensor("foo.weight", (3,)), "unexpected-tensor", "warning"),
     ("mixed-dtypes", "dflash", _add_tensor("norm.weight", (64,), "F32"), "mixed-float-dtypes", "warning"),
     ("aux-dup", "dspark", _mut_cfg(aux_hidden_state_layer_ids=[1, 1, 5]), "aux-ids-duplicate", "error"),
@@ -520,6 +517,38 @@ BAD_CASES = [
     ("top-model-type", "dflash", _mut_cfg(model_type="qwen3"), "top-level-model-type", "error"),
     ("hidden-mismatch", "peagle", _verifier(hidden_size=128), "hidden-size-mismatch", "error"),
     ("vocab-mismatch", "dflash", _verifier(vocab_size=512), "vocab-size-mismatch", "error"),
+    ("algo-mismatch", "dflash", _mut_cfg(**{"speculators_config.algorithm": "eagle3"}),
+     "algorithm-mismatch", "warning"),
+    ("arch-pydantic-default", "dflash", _mut_cfg(architectures=["DFlashSpeculator"]),
+     "architectures-unexpected", "info"),
+    ("dflash-all-swa-causal", "dflash", _mut_cfg(sliding_window_non_causal=False, **_SWA_TLC),
+     "dflash-vllm-version", "info"),
+    ("draft-vocab-zero", "dflash", _mut_cfg(draft_vocab_size=0), "draft-vocab-invalid", "error"),
+    ("draft-vocab-larger", "dflash",
+     _chain(_mut_cfg(draft_vocab_size=300), _add_tensor("lm_head.weight", (300, 64)),
+            _add_tensor("embed_tokens.weight", (256, 64))), "draft-vocab-larger", "info"),
+    ("dtype-mismatch", "peagle", lambda d, t: t.update({n: (s, "F32") for n, (s, _) in t.items()}),
+     "dtype-mismatch", "warning"),
+    ("layer-types-absent", "dflash", lambda d, t: _del("transformer_layer_config.layer_types")(d),
+     "layer-types-implicit", "info"),
+    ("layer-types-unknown", "dflash",
+     _mut_cfg(**{"transformer_layer_config.layer_types": ["full_attention", "chunked_attention"]}),
+     "layer-types-unknown", "error"),
+    ("markov-rank-negative", "dspark", _mut_cfg(markov_rank=-1), "markov-rank-invalid", "error"),
+    ("two-proposals", "dflash",
+     lambda d, t: d["speculators_config"]["proposal_methods"].append(
+         dict(d["speculators_config"]["proposal_methods"][0])),
+     "multiple-proposal-methods", "info"),
+    ("swa-no-window", "dflash",
+     _mut_cfg(**{**_SWA_TLC, "transformer_layer_config.sliding_window": None}),
+     "swa-window-missing", "warning"),
+    ("target-hidden", "dflash", _mut_cfg(target_hidden_size=128), "target-hidden-size", "warning"),
+    ("no-final-norm", "dspark", _drop_tensors("norm.weight"), "tensor-missing", "error"),
+    ("no-conf-bias", "dspark", _drop_tensors("confidence_head.proj.bias"),
+     "tensor-recommended-missing", "warning"),
+    ("tied", "peagle", _mut_cfg(tie_word_embeddings=True), "tie-word-embeddings", "warning"),
+    ("verifier-arch", "peagle", _verifier(architectures=["LlamaForCausalLM"]),
+     "verifier-architectures-mismatch", "info"),
     ("dflash-not-qwen3", "dflash", _mut_cfg(**{"transformer_layer_config.model_type": "llama"}),
      "layer-model-type-not-qwen3", "warning"),
 ]
