@@ -1,0 +1,654 @@
+"""Draft-vocabulary mapping (``d2t`` / ``t2d``): read, check, normalise, plan.
+
+Format facts (external_formats.md §1.2, speculators_format.md §2.3):
+
+* ``d2t``: int64 ``[Vd]`` holding **offsets**: ``target_id = draft_id + d2t[draft_id]``
+  (speculators ``train/vocab_mapping.py``, SpecForge ``data/preprocessing.py``, vLLM
+  ``compute_logits``). All zeros means identity.
+* ``t2d``: bool ``[V]``, ``t2d[target_id]`` true iff the token is in the draft vocab;
+  ``t2d.sum() == Vd``. speculators refuses to load a pruned draft without it; vLLM
+  ignores it.
+* Both exist only when ``Vd < V``. ``Vd == V`` is the full vocabulary (no mapping);
+  ``Vd > V`` is a *padded* full vocabulary (vLLM PR #55133) — identity, no mapping.
+* Some producers keep the mapping outside the weights: ``d2t.npy``/``t2d.npy`` (speculators
+  data dirs), a SpecForge ``vocab_mapping`` file (``torch.save({"d2t", "t2d"})``), NeMo's
+  old ``eagle_meta.pt``.
+* Known defects handled here: official EAGLE-3 checkpoints shipping an all-zero ``d2t``
+  with ``Vd < V`` (SafeAILab/EAGLE #222) → refused; ``d2t`` holding absolute target ids
+  instead of offsets → converted to offsets with a warning (refused when the two readings
+  cannot be told apart); SpecForge P-EAGLE's all-true default ``t2d`` with ``Vd == V`` →
+  dropped.
+
+Mapping values are small int/bool tensors, so they are read here (through the source's
+:class:`~specconv.tensors.TensorStore`, or side files). Pickled side files are read with
+``torch.load(weights_only=True)`` only.
+
+Public API: :func:`as_array`, :func:`t2d_from_d2t`, :func:`check_mapping`,
+:func:`normalise_d2t`, :func:`read_mapping_file`, :func:`find_side_files`,
+:func:`resolve_vocab` (→ :class:`VocabResult`), :func:`merge_vocab`,
+:func:`slice_rows_plan` (DSpark ``markov_w2``), :data:`VOCAB_PATTERNS`.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Iterable, Literal, Mapping
+
+from specconv.errors import InvalidInputError
+from specconv.plan import DroppedTensor, TensorPlan
+
+if TYPE_CHECKING:  # pragma: no cover
+    import numpy as np
+
+    from .base import ConvertOptions, SourceInfo
+
+#: accept-patterns for the mapping tensors (add to ``tensor_plan(accept=...)``, then
+#: :func:`merge_vocab` replaces their plans with :attr:`VocabResult.tensors`).
+VOCAB_PATTERNS = (r"d2t", r"t2d")
+
+#: Names a mapping file may use for each tensor (vLLM renames ``d2t`` to
+#: ``draft_id_to_target_id`` at load; some dumps keep that name).
+D2T_KEYS = ("d2t", "draft_id_to_target_id")
+T2D_KEYS = ("t2d", "target_id_to_draft_id")
+
+#: Side files looked for beside a checkpoint (speculators data dirs write these names).
+SIDE_FILES = {"d2t": ("d2t.npy", "d2t.pt"), "t2d": ("t2d.npy", "t2d.pt")}
+
+EAGLE_222 = "SafeAILab/EAGLE #222"
+
+
+# --------------------------------------------------------------------------- arrays
+def as_array(x: Any, *, what: str = "tensor") -> "np.ndarray":
+    """Return ``x`` as a 1-D numpy array.
+
+    Args:
+        x: a numpy array, a torch tensor, a list, or a ``(TensorStore, name)`` pair
+            (the tensor is read from the store).
+        what: label used in error messages.
+
+    Raises:
+        InvalidInputError: ``x`` is not 1-D or is a float tensor.
+    """
+    import numpy as np
+
+    if isinstance(x, tuple) and len(x) == 2 and hasattr(x[0], "read_tensor"):
+        store, name = x
+        info = store.info(name)
+        try:
+            arr = store.read_numpy(name)
+        except ValueError:
+            arr = store.read_tensor(name).numpy()
+        what = f"{what} ({name}, {info.dtype})"
+    elif hasattr(x, "detach") and hasattr(x, "numpy"):  # torch.Tensor
+        arr = x.detach().cpu().numpy()
+    else:
+        arr = np.asarray(x)
+    if arr.ndim != 1:
+        raise InvalidInputError(f"{what} must be 1-D, got shape {list(arr.shape)}", code="vocab_map_invalid")
+    if arr.dtype.kind == "f":
+        raise InvalidInputError(f"{what} must be an integer or bool tensor, got {arr.dtype}", code="vocab_map_invalid")
+    return arr
+
+
+def _as_bool(t2d: "np.ndarray", what: str) -> "np.ndarray":
+    import numpy as np
+
+    if t2d.dtype == np.bool_:
+        return t2d
+    vals = np.unique(t2d)
+    if not set(vals.tolist()) <= {0, 1}:
+        raise InvalidInputError(f"{what} must hold only 0/1 (bool), found values {vals[:8].tolist()}", code="vocab_map_invalid")
+    return t2d.astype(np.bool_)
+
+
+def t2d_from_d2t(d2t: Any, vocab_size: int) -> "np.ndarray":
+    """Rebuild ``t2d`` (bool ``[V]``) from offset-form ``d2t`` (``t2d[i + d2t[i]] = True``).
+
+    Raises:
+        InvalidInputError: a target id falls outside ``[0, V)``.
+    """
+    import numpy as np
+
+    d = as_array(d2t, what="d2t").astype(np.int64)
+    tgt = np.arange(d.shape[0], dtype=np.int64) + d
+    if tgt.size and (tgt.min() < 0 or tgt.max() >= vocab_size):
+        raise InvalidInputError(f"d2t maps draft ids outside the target vocabulary [0, {vocab_size})", code="vocab_map_invalid")
+    out = np.zeros(vocab_size, dtype=np.bool_)
+    out[tgt] = True
+    return out
+
+
+def _offset_problems(d2t: "np.ndarray", vocab_size: int, t2d: "np.ndarray | None") -> list[str]:
+    """Why ``d2t`` (read as offsets) is not a valid mapping; ``[]`` when it is."""
+    import numpy as np
+
+    vd = d2t.shape[0]
+    tgt = np.arange(vd, dtype=np.int64) + d2t.astype(np.int64)
+    return _target_problems(tgt, vocab_size, t2d, "i + d2t[i]")
+
+
+def _target_problems(tgt: "np.ndarray", vocab_size: int, t2d: "np.ndarray | None", label: str) -> list[str]:
+    import numpy as np
+
+    probs = []
+    bad = np.nonzero((tgt < 0) | (tgt >= vocab_size))[0]
+    if bad.size:
+        i = int(bad[0])
+        probs.append(f"{label} is outside [0, {vocab_size}) for {bad.size} draft id(s), e.g. draft {i} → {int(tgt[i])}")
+        return probs
+    if np.unique(tgt).size != tgt.size:
+        probs.append(f"{label} maps {tgt.size - np.unique(tgt).size} draft id(s) onto an already used target id")
+    if t2d is not None:
+        miss = np.nonzero(~t2d[tgt])[0]
+        if miss.size:
+            i = int(miss[0])
+            probs.append(f"t2d is false at {label} for {miss.size} draft id(s), e.g. draft {i} → target {int(tgt[i])}")
+    return probs
+
+
+def check_mapping(d2t: Any, t2d: Any | None, vocab_size: int, draft_vocab_size: int, *, where: str = "") -> None:
+    """Validate an offset-form mapping for a pruned draft (``Vd < V``).
+
+    Checks ``len(d2t) == Vd``, ``len(t2d) == V``, ``0 ≤ i + d2t[i] < V``, targets
+    distinct, ``t2d.sum() == Vd`` and ``t2d[i + d2t[i]]`` for every draft id ``i``.
+
+    Args:
+        d2t: int ``[Vd]`` offsets (array, tensor or ``(store, name)``).
+        t2d: bool ``[V]`` or ``None`` (then only ``d2t`` is checked).
+        vocab_size: ``V``; draft_vocab_size: ``Vd``.
+        where: prefix for messages (e.g. the source path).
+
+    Raises:
+        InvalidInputError: the first failed check, naming it.
+    """
+    d = as_array(d2t, what="d2t")
+    t = None if t2d is None else _as_bool(as_array(t2d, what="t2d"), "t2d")
+    pre = f"{where}: " if where else ""
+    if d.shape[0] != draft_vocab_size:
+        raise InvalidInputError(f"{pre}d2t has {d.shape[0]} entries but draft_vocab_size is {draft_vocab_size}", code="vocab_map_invalid")
+    if t is not None:
+        if t.shape[0] != vocab_size:
+            raise InvalidInputError(f"{pre}t2d has {t.shape[0]} entries but the target vocab_size is {vocab_size}", code="vocab_map_invalid")
+        if int(t.sum()) != draft_vocab_size:
+            raise InvalidInputError(
+                f"{pre}t2d marks {int(t.sum())} target ids but draft_vocab_size is {draft_vocab_size}", code="vocab_map_invalid"
+            )
+    probs = _offset_problems(d, vocab_size, t)
+    if probs:
+        raise InvalidInputError(f"{pre}invalid d2t/t2d mapping: " + "; ".join(probs), code="vocab_map_invalid")
+
+
+@dataclass
+class D2TReading:
+    """Result of :func:`normalise_d2t`.
+
+    Attributes:
+        offsets: int64 ``[Vd]`` offset-form d2t.
+        form: ``"offsets"`` (as stored) or ``"absolute"`` (converted from target ids).
+        message: what was decided and why (for findings), ``""`` when unremarkable.
+        ambiguous_but_offsets: both readings were valid and offsets were kept.
+    """
+
+    offsets: "np.ndarray"
+    form: Literal["offsets", "absolute"]
+    message: str = ""
+    ambiguous_but_offsets: bool = False
+
+
+def normalise_d2t(d2t: Any, t2d: Any | None, vocab_size: int, draft_vocab_size: int, *, where: str = "") -> D2TReading:
+    """Interpret ``d2t`` as offsets (the convention) or, failing that, absolute target ids.
+
+    Rules (``Vd < V``):
+
+    * all zeros and no consistent ``t2d``: refused — the known all-zero-d2t defect
+      (SafeAILab/EAGLE #222) would silently map every draft id to itself;
+    * offsets valid (in range, distinct, consistent with ``t2d`` when given) → kept;
+      if ``t2d`` is absent and the absolute reading is equally valid, offsets are kept
+      (the documented convention) unless ``d2t`` is strictly increasing: producers sort
+      the draft vocabulary ascending, so absolute ids always increase while real offsets
+      repeat wherever selected ids are consecutive — that case is refused as ambiguous;
+    * offsets invalid, absolute ids valid → converted to offsets (``form="absolute"``);
+    * neither valid → refused with both reasons.
+
+    Raises:
+        InvalidInputError: codes ``vocab_map_all_zero``, ``vocab_map_ambiguous``,
+            ``vocab_map_invalid``.
+    """
+    import numpy as np
+
+    d = as_array(d2t, what="d2t").astype(np.int64)
+    t = None if t2d is None else _as_bool(as_array(t2d, what="t2d"), "t2d")
+    pre = f"{where}: " if where else ""
+    vd = d.shape[0]
+    if vd != draft_vocab_size:
+        raise InvalidInputError(f"{pre}d2t has {vd} entries but draft_vocab_size is {draft_vocab_size}", code="vocab_map_invalid")
+    if t is not None:
+        if t.shape[0] != vocab_size:
+            raise InvalidInputError(f"{pre}t2d has {t.shape[0]} entries but the target vocab_size is {vocab_size}", code="vocab_map_invalid")
+        if int(t.sum()) != vd:
+            raise InvalidInputError(
+                f"{pre}t2d marks {int(t.sum())} target ids but d2t/draft_vocab_size has {vd}", code="vocab_map_invalid"
+            )
+    idx = np.arange(vd, dtype=np.int64)
+    off_probs = _offset_problems(d, vocab_size, t)
+    if vd and not d.any() and vd < vocab_size and (t is None or off_probs):
+        why = "no t2d confirms it" if t is None else "; ".join(off_probs)
+        raise InvalidInputError(
+            f"{pre}d2t is all zeros with draft_vocab_size {vd} < vocab_size {vocab_size}: every draft id would map "
+            f"to the same target id (identity) although the vocabulary is pruned ({why}). This is the known defect of "
+            f"some EAGLE-3 exports ({EAGLE_222}); the real mapping is lost",
+            code="vocab_map_all_zero",
+            hint="pass the mapping the drafter was trained with: --vocab-mapping FILE (.pt/.npy/.safetensors with d2t/t2d)",
+        )
+    abs_probs = _target_problems(d, vocab_size, t, "d2t[i] (as absolute ids)")
+    if not off_probs:
+        if t is None and not abs_probs:
+            if vd >= 2 and bool(np.all(np.diff(d) > 0)):
+                raise InvalidInputError(
+                    f"{pre}d2t is strictly increasing and valid both as offsets and as absolute target ids; "
+                    "producers sort the draft vocabulary, so offsets normally repeat while absolute ids always "
+                    "increase — without t2d the two readings cannot be told apart",
+                    code="vocab_map_ambiguous",
+                    hint="provide t2d (beside the checkpoint, or both tensors via --vocab-mapping FILE)",
+                )
+            return D2TReading(
+                d, "offsets",
+                "d2t is also valid read as absolute target ids; kept as offsets (the convention of speculators, "
+                "SpecForge, EAGLE and vLLM) — no t2d to confirm",
+                ambiguous_but_offsets=True,
+            )
+        return D2TReading(d, "offsets")
+    if not abs_probs:
+        return D2TReading(
+            d - idx, "absolute",
+            f"d2t holds absolute target ids, not offsets ({off_probs[0]}); converted to offsets "
+            "(target = draft + d2t[draft])",
+        )
+    raise InvalidInputError(
+        f"{pre}invalid d2t: as offsets {'; '.join(off_probs)}; as absolute ids {'; '.join(abs_probs)}",
+        code="vocab_map_invalid",
+    )
+
+
+# ------------------------------------------------------------------------ side files
+def _load_pt(path: Path) -> Any:
+    import torch
+
+    try:
+        return torch.load(path, weights_only=True, map_location="cpu")
+    except Exception as e:  # UnpicklingError for non-allow-listed globals, junk files
+        raise InvalidInputError(
+            f"{path}: torch.load(weights_only=True) failed ({type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}); "
+            "specconv never unpickles arbitrary objects — save the mapping as .npy or .safetensors",
+            code="unsafe_pickle",
+        ) from e
+
+
+def _pick(d: Mapping[str, Any], keys: Iterable[str]) -> Any:
+    for k in keys:
+        if k in d:
+            return d[k]
+    # one level of nesting (e.g. {"vocab_mapping": {"d2t":..., "t2d":...}})
+    for v in d.values():
+        if isinstance(v, Mapping):
+            got = _pick(v, keys)
+            if got is not None:
+                return got
+    return None
+
+
+def read_mapping_file(path: str | Path, *, role: str | None = None) -> dict[str, "np.ndarray"]:
+    """Read ``d2t``/``t2d`` from a side file.
+
+    Accepted: ``.safetensors`` (tensors named ``d2t``/``t2d``), ``.pt``/``.pth``/``.bin``
+    (``torch.load(weights_only=True)``: a dict holding ``d2t``/``t2d`` — also
+    ``draft_id_to_target_id`` — or a bare tensor), ``.npz`` (arrays ``d2t``/``t2d``) and
+    ``.npy`` (one array; its role comes from ``role`` or the file name containing
+    ``d2t``/``t2d``, else from its dtype: bool → ``t2d``).
+
+    Returns:
+        ``{"d2t": int array, "t2d": bool/int array}`` with whichever was found.
+
+    Raises:
+        InvalidInputError: unreadable file, unknown extension, neither tensor present.
+    """
+    import numpy as np
+
+    p = Path(path)
+    if not p.is_file():
+        raise InvalidInputError(f"vocab mapping file {p} does not exist", code="vocab_map_missing")
+    name = p.name.lower()
+    out: dict[str, Any] = {}
+
+    def role_of_single(arr: Any) -> str:
+        if role:
+            return role
+        for r in ("d2t", "t2d"):
+            if r in name:
+                return r
+        a = as_array(arr, what=str(p))
+        if a.dtype == np.bool_:
+            return "t2d"
+        raise InvalidInputError(
+            f"{p}: a single integer array, cannot tell whether it is d2t or t2d; name the file d2t.* / t2d.*",
+            code="vocab_map_invalid",
+        )
+
+    if name.endswith(".safetensors"):
+        from specconv.tensors import TensorStore
+
+        store = TensorStore.open(p)
+        for r, keys in (("d2t", D2T_KEYS), ("t2d", T2D_KEYS)):
+            k = next((k for k in keys if k in store), None)
+            if k is not None:
+                out[r] = as_array((store, k), what=f"{p}:{k}")
+    elif name.endswith((".pt", ".pth", ".bin")):
+        obj = _load_pt(p)
+        if isinstance(obj, Mapping):
+            for r, keys in (("d2t", D2T_KEYS), ("t2d", T2D_KEYS)):
+                v = _pick(obj, keys)
+                if v is not None:
+                    out[r] = as_array(v, what=f"{p}:{r}")
+        elif hasattr(obj, "numpy"):
+            out[role_of_single(obj)] = as_array(obj, what=str(p))
+        else:
+            raise InvalidInputError(f"{p}: expected a dict with d2t/t2d or a tensor, found {type(obj).__name__}", code="vocab_map_invalid")
+    elif name.endswith(".npz"):
+        try:
+            with np.load(p, allow_pickle=False) as z:
+                for r, keys in (("d2t", D2T_KEYS), ("t2d", T2D_KEYS)):
+                    k = next((k for k in keys if k in z.files), None)
+                    if k is not None:
+                        out[r] = as_array(z[k], what=f"{p}:{k}")
+        except (OSError, ValueError) as e:
+            raise InvalidInputError(f"{p}: cannot read .npz ({e})", code="vocab_map_invalid") from e
+    elif name.endswith(".npy"):
+        try:
+            arr = np.load(p, allow_pickle=False)
+        except (OSError, ValueError) as e:
+            raise InvalidInputError(f"{p}: cannot read .npy ({e})", code="vocab_map_invalid") from e
+        out[role_of_single(arr)] = as_array(arr, what=str(p))
+    else:
+        raise InvalidInputError(
+            f"{p}: unknown vocab mapping file type (expected .safetensors, .pt, .npy or .npz)", code="vocab_map_invalid"
+        )
+    if not out:
+        raise InvalidInputError(f"{p} holds neither d2t nor t2d", code="vocab_map_invalid")
+    return out
+
+
+def find_side_files(directory: Path) -> dict[str, Path]:
+    """``{"d2t": path, "t2d": path}`` for side files beside a checkpoint (either may be absent)."""
+    found = {}
+    for role, names in SIDE_FILES.items():
+        for n in names:
+            if (Path(directory) / n).is_file():
+                found[role] = Path(directory) / n
+                break
+    return found
+
+
+# ------------------------------------------------------------------------------ plan
+@dataclass
+class VocabResult:
+    """The vocabulary decision for one conversion.
+
+    Attributes:
+        kind: ``"pruned"`` (``Vd < V``: d2t/t2d written), ``"full"`` (``Vd == V``) or
+            ``"padded"`` (``Vd > V``: identity, no mapping).
+        vocab_size / draft_vocab_size: ``V`` / ``Vd``.
+        d2t: int64 offsets ``[Vd]`` (pruned only). t2d: bool ``[V]`` (pruned only).
+        tensors: output :class:`TensorPlan` for ``d2t``/``t2d`` (empty unless pruned).
+        dropped: source mapping tensors not carried (with reasons).
+        findings: :class:`specconv.speculators.Finding` list.
+        notes: plan notes (where the mapping came from).
+        consumed: source tensor names handled here (see :func:`merge_vocab`).
+    """
+
+    kind: Literal["pruned", "full", "padded"]
+    vocab_size: int
+    draft_vocab_size: int
+    d2t: "np.ndarray | None" = None
+    t2d: "np.ndarray | None" = None
+    tensors: list[TensorPlan] = field(default_factory=list)
+    dropped: list[DroppedTensor] = field(default_factory=list)
+    findings: list[Any] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    consumed: set[str] = field(default_factory=set)
+
+    def target_ids(self) -> "np.ndarray":
+        """int64 ``[Vd]``: target id of each draft row (``arange(Vd) + d2t``; identity unless pruned)."""
+        import numpy as np
+
+        n = min(self.draft_vocab_size, self.vocab_size)
+        if self.d2t is None:
+            return np.arange(n, dtype=np.int64)
+        return np.arange(self.d2t.shape[0], dtype=np.int64) + self.d2t
+
+
+@dataclass
+class _Found:
+    value: "np.ndarray"
+    where: str  # human label
+    source_name: str | None = None  # tensor name in the source store
+    src_dtype: str | None = None
+
+
+def _bytes_plan(out: str, arr: "np.ndarray", dtype: str, fate: str, origin: str, source: str | None, src_dtype: str, note: str) -> TensorPlan:
+    import numpy as np
+
+    np_dtype = {"I64": np.dtype("<i8"), "BOOL": np.dtype(np.bool_)}[dtype]
+    data = np.ascontiguousarray(arr.astype(np_dtype)).tobytes()
+    return TensorPlan(
+        out=out, fate=fate, origin=origin, source=source, shape=tuple(int(s) for s in arr.shape),
+        dtype=dtype, src_dtype=src_dtype, produce=lambda data=data: data, note=note,
+    )
+
+
+def resolve_vocab(
+    src: "SourceInfo",
+    opts: "ConvertOptions",
+    *,
+    vocab_size: int,
+    draft_vocab_size: int,
+    d2t_names: Iterable[str] = ("d2t",),
+    t2d_names: Iterable[str] = ("t2d",),
+    extra: Mapping[str, Any] | None = None,
+    extra_label: str = "",
+    side_files: bool = True,
+) -> VocabResult:
+    """Decide the vocabulary mapping of a conversion and plan the ``d2t``/``t2d`` outputs.
+
+    Lookup order for each tensor: the checkpoint's weights (``d2t_names``/``t2d_names``),
+    ``extra`` (e.g. NeMo ``eagle_meta.pt`` contents), side files beside the checkpoint
+    (``d2t.npy``/``t2d.npy``), then ``--vocab-mapping``. When the flag and the checkpoint
+    both hold a tensor they must agree.
+
+    Outcomes:
+
+    * ``Vd > V`` (padded) and ``Vd == V`` (full): no mapping is written; source mapping
+      tensors are dropped with a reason when they are the identity (all-zero d2t, all-true
+      t2d — SpecForge P-EAGLE's default), refused otherwise.
+    * ``Vd < V``: ``d2t`` is normalised (:func:`normalise_d2t`), ``t2d`` rebuilt from it
+      when absent (fate ``generated``), everything validated (:func:`check_mapping`).
+      Unchanged I64 ``d2t`` / BOOL ``t2d`` from the weights are ``copied``; other dtypes
+      are converted (``d2t`` → I64, ``t2d`` → BOOL).
+
+    Raises:
+        InvalidInputError: missing mapping for a pruned draft (``vocab_map_missing``), a
+            contradiction between locations, or an invalid/ambiguous mapping.
+    """
+    import numpy as np
+
+    from specconv.speculators import Finding
+
+    V, Vd = int(vocab_size), int(draft_vocab_size)
+    res = VocabResult(kind="pruned" if Vd < V else ("full" if Vd == V else "padded"), vocab_size=V, draft_vocab_size=Vd)
+    names = set(src.tensor_names())
+    found: dict[str, _Found] = {}
+    for role, cands in (("d2t", tuple(d2t_names)), ("t2d", tuple(t2d_names))):
+        for n in cands:
+            if n in names:
+                info = src.store.info(n)
+                found[role] = _Found(as_array((src.store, n), what=f"{src.path}:{n}"), f"tensor {n}", n, info.dtype)
+                res.consumed.add(n)
+                break
+    for role in ("d2t", "t2d"):
+        if role not in found and extra and extra.get(role) is not None:
+            found[role] = _Found(as_array(extra[role], what=f"{extra_label}:{role}"), f"{extra_label} ({role})")
+    if side_files:
+        for role, p in find_side_files(src.path).items():
+            if role not in found:
+                found[role] = _Found(read_mapping_file(p, role=role)[role], f"side file {p.name}")
+    if opts.vocab_mapping is not None:
+        flag = read_mapping_file(opts.vocab_mapping)
+        for role, arr in flag.items():
+            if role in found:
+                have = found[role].value
+                if have.shape != arr.shape or not np.array_equal(have.astype(np.int64), arr.astype(np.int64)):
+                    raise InvalidInputError(
+                        f"--vocab-mapping {opts.vocab_mapping}: its {role} differs from the checkpoint's {found[role].where}",
+                        code="conflicting_vocab_mapping",
+                    )
+                res.notes.append(f"--vocab-mapping {role} agrees with the checkpoint's {found[role].where}")
+            else:
+                found[role] = _Found(arr, f"--vocab-mapping {Path(opts.vocab_mapping).name}")
+
+    d2t_f, t2d_f = found.get("d2t"), found.get("t2d")
+
+    # ---- full / padded vocab: identity, no mapping -----------------------------
+    if Vd >= V:
+        label = "full vocabulary (draft_vocab_size == vocab_size)" if Vd == V else f"padded vocabulary (draft_vocab_size {Vd} > vocab_size {V})"
+        for role, f in (("d2t", d2t_f), ("t2d", t2d_f)):
+            if f is None:
+                continue
+            v = f.value
+            if role == "d2t":
+                identity = v.shape[0] == Vd and not v.astype(np.int64).any()
+                what = "all-zero d2t (identity offsets)"
+            else:
+                identity = v.shape[0] == V and bool(_as_bool(v, "t2d").all())
+                what = "all-true t2d"
+            if not identity:
+                raise InvalidInputError(
+                    f"{src.path}: {label} but {f.where} is not the identity mapping; Speculators has no way to store a "
+                    "permuted/partial full vocabulary",
+                    code="vocab_map_invalid",
+                )
+            reason = f"{what} with a {label}: no mapping needed (speculators writes d2t/t2d only when Vd < V)"
+            if f.source_name:
+                res.dropped.append(DroppedTensor(f.source_name, reason))
+            else:
+                res.notes.append(f"{f.where} ignored: {reason}")
+        if Vd > V:
+            res.findings.append(Finding("info", "vocab_padded",
+                                        f"draft_vocab_size {Vd} > vocab_size {V}: padded vocabulary, identity mapping", "draft_vocab_size"))
+        return res
+
+    # ---- pruned -----------------------------------------------------------------
+    if d2t_f is None:
+        raise InvalidInputError(
+            f"{src.path}: pruned draft vocabulary (draft_vocab_size {Vd} < vocab_size {V}) but no d2t mapping was found "
+            "(looked at the weights" + (f", {extra_label}" if extra_label else "") + ", d2t.npy beside the checkpoint and --vocab-mapping)",
+            code="vocab_map_missing",
+            hint="pass the mapping the drafter was trained with: --vocab-mapping FILE (.pt/.npy/.safetensors with d2t[/t2d])",
+        )
+    where = str(src.path)
+    t2d_arr = None if t2d_f is None else _as_bool(t2d_f.value, f"t2d ({t2d_f.where})")
+    reading = normalise_d2t(d2t_f.value, t2d_arr, V, Vd, where=where)
+    if reading.form == "absolute":
+        res.findings.append(Finding("warning", "d2t_absolute_ids", f"{d2t_f.where}: {reading.message}", "d2t"))
+    elif reading.ambiguous_but_offsets:
+        res.findings.append(Finding("info", "d2t_form_unconfirmed", f"{d2t_f.where}: {reading.message}", "d2t"))
+    d2t = reading.offsets
+    if t2d_arr is None:
+        t2d_arr = t2d_from_d2t(d2t, V)
+        t2d_plan = _bytes_plan("t2d", t2d_arr, "BOOL", "generated", "generated", None, "BOOL",
+                               f"rebuilt from d2t (t2d[i + d2t[i]] = True); source had no t2d")
+        res.notes.append("t2d rebuilt from d2t")
+    elif t2d_f.source_name and t2d_f.src_dtype == "BOOL":
+        t2d_plan = TensorPlan(out="t2d", fate="copied", origin="source", source=t2d_f.source_name, shape=(V,), dtype="BOOL", src_dtype="BOOL")
+    else:
+        note = f"from {t2d_f.where}" + (f", converted {t2d_f.src_dtype} → BOOL" if t2d_f.src_dtype and t2d_f.src_dtype != "BOOL" else "")
+        t2d_plan = _bytes_plan("t2d", t2d_arr, "BOOL", "copied", "source", t2d_f.source_name or t2d_f.where, t2d_f.src_dtype or "BOOL", note)
+    check_mapping(d2t, t2d_arr, V, Vd, where=where)
+    if reading.form == "offsets" and d2t_f.source_name and d2t_f.src_dtype == "I64":
+        d2t_plan = TensorPlan(out="d2t", fate="copied", origin="source", source=d2t_f.source_name, shape=(Vd,), dtype="I64", src_dtype="I64")
+    elif reading.form == "absolute":
+        d2t_plan = _bytes_plan("d2t", d2t, "I64", "generated", "generated", d2t_f.source_name, d2t_f.src_dtype or "I64",
+                               f"converted from absolute target ids ({d2t_f.where}) to offsets")
+    else:
+        note = f"from {d2t_f.where}" + (f", converted {d2t_f.src_dtype} → I64" if d2t_f.src_dtype and d2t_f.src_dtype != "I64" else "")
+        d2t_plan = _bytes_plan("d2t", d2t, "I64", "copied", "source", d2t_f.source_name or d2t_f.where, d2t_f.src_dtype or "I64", note)
+    res.d2t, res.t2d = d2t, t2d_arr
+    res.tensors = [d2t_plan, t2d_plan]
+    res.notes.insert(0, f"vocab mapping: d2t from {d2t_f.where}" + (f", t2d from {t2d_f.where}" if t2d_f else ""))
+    return res
+
+
+def merge_vocab(plans: list[TensorPlan], dropped: list[DroppedTensor], vocab: VocabResult) -> tuple[list[TensorPlan], list[DroppedTensor]]:
+    """Replace the plans of the source mapping tensors by the vocab decision.
+
+    Converters accept :data:`VOCAB_PATTERNS` in ``tensor_plan`` (so nothing is refused),
+    then call this: plans whose source is in ``vocab.consumed`` are removed, and
+    ``vocab.tensors`` / ``vocab.dropped`` are added.
+    """
+    kept = [p for p in plans if p.source not in vocab.consumed and p.out not in ("d2t", "t2d")]
+    return kept + list(vocab.tensors), list(dropped) + list(vocab.dropped)
+
+
+def slice_rows_plan(
+    store: Any,
+    source: str,
+    out: str,
+    vocab: VocabResult,
+    *,
+    dtype: str | None = None,
+    note: str = "",
+) -> TensorPlan:
+    """A ``produce`` plan keeping the rows of ``source`` that belong to the draft vocab.
+
+    For DSpark ``markov_head.markov_w2.weight`` (``[V, r]`` in full-vocab sources →
+    ``[Vd, r]``): row ``j`` of the output is source row ``j + d2t[j]`` — exactly the
+    ``t2d`` rows in draft-id order. Never use it for ``markov_w1`` (indexed by target ids,
+    stays ``[V, r]``; speculators_format.md §2.3).
+
+    Args:
+        store: the source :class:`~specconv.tensors.TensorStore`.
+        source / out: source tensor name / output name.
+        vocab: a pruned :class:`VocabResult`.
+        dtype: output safetensors dtype (default: the source's).
+
+    Raises:
+        InvalidInputError: vocab not pruned, or the source's first dim is not ``V``.
+    """
+    if vocab.kind != "pruned" or vocab.d2t is None:
+        raise InvalidInputError(f"cannot slice {source}: the draft vocabulary is not pruned")
+    if re.search(r"markov_w1", source) or re.search(r"markov_w1", out):
+        raise InvalidInputError(f"{source}: markov_w1 is indexed by target ids and is never sliced")
+    info = store.info(source)
+    shape = tuple(info.shape)
+    if not shape or shape[0] != vocab.vocab_size:
+        raise InvalidInputError(
+            f"{source} has shape {list(shape)}; slicing by t2d needs first dim = vocab_size {vocab.vocab_size}",
+            code="vocab_map_invalid",
+        )
+    rows = vocab.target_ids().copy()
+    out_dtype = dtype or info.dtype
+
+    def produce(store=store, source=source, rows=rows, out_dtype=out_dtype) -> bytes:
+        import torch
+
+        from specconv.tensors import tensor_to_bytes, torch_dtype
+
+        t = store.read_tensor(source)
+        sl = t.index_select(0, torch.from_numpy(rows)).to(torch_dtype(out_dtype))
+        return tensor_to_bytes(sl)[2]
+
+    return TensorPlan(
+        out=out, fate="sliced", origin="source", source=source, shape=(int(rows.shape[0]), *shape[1:]),
+        dtype=out_dtype, src_dtype=info.dtype, produce=produce,
+        note=note or f"rows of the {len(rows)} draft-vocab tokens (row j = source row j + d2t[j]) of {list(shape)}",
+    )
