@@ -99,8 +99,11 @@ SAFE_WEIGHTS_INDEX_NAME = "model.safetensors.index.json"
 WEIGHTS_NAME = "pytorch_model.bin"
 WEIGHTS_INDEX_NAME = "pytorch_model.bin.index.json"
 
-#: Bytes moved per read/write in the copy fallback (and per copy_file_range call).
+#: Bytes moved per read/write in the user-space copy fallback (bounds its memory).
 COPY_CHUNK_SIZE = 16 * 1024 * 1024
+#: Bytes per copy_file_range/sendfile call (kernel-side, no user buffer; sendfile
+#: caps one call at 0x7ffff000 bytes anyway).
+KERNEL_COPY_CHUNK = 1 << 30
 
 # safetensors refuses headers above 100 MB (``MAX_HEADER_SIZE``); so do we.
 _MAX_HEADER_SIZE = 100_000_000
@@ -787,8 +790,9 @@ def _copy_range(src: Path, start: int, length: int, dst_fd: int, *, method: str 
     """Append ``length`` bytes of ``src`` starting at ``start`` to ``dst_fd``.
 
     Tries ``os.copy_file_range`` then ``os.sendfile`` (both kernel-side, no user-space
-    buffer), falling back to a read/write loop of :data:`COPY_CHUNK_SIZE` bytes. Peak
-    memory is at most one chunk. ``method`` forces ``"copy_file_range"``,
+    buffer; up to :data:`KERNEL_COPY_CHUNK` bytes per call, as ``cp`` does), falling
+    back to a read/write loop of :data:`COPY_CHUNK_SIZE` bytes. Peak user-space memory
+    is at most one chunk. ``method`` forces ``"copy_file_range"``,
     ``"sendfile"`` or ``"readwrite"`` (tests).
 
     Returns:
@@ -807,7 +811,8 @@ def _copy_range(src: Path, start: int, length: int, dst_fd: int, *, method: str 
         for m in methods:
             try:
                 while done < length:
-                    want = min(COPY_CHUNK_SIZE, length - done)
+                    chunk = COPY_CHUNK_SIZE if m == "readwrite" else KERNEL_COPY_CHUNK
+                    want = min(chunk, length - done)
                     if m == "copy_file_range":
                         if not hasattr(os, "copy_file_range"):
                             raise OSError("copy_file_range unavailable")
@@ -908,10 +913,19 @@ def _write_one(path: Path, ordered: list[OutTensor]) -> None:
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     try:
         _write_all(fd, _header_bytes(ordered))
+        run: list[Any] = []  # pending [file, start, length] of adjacent source ranges
         for t in ordered:
             if t.src is not None and t.src.start is not None:
-                _copy_range(t.src.file, t.src.start, t.nbytes, fd)
+                if run and run[0] == t.src.file and run[1] + run[2] == t.src.start:
+                    run[2] += t.nbytes  # contiguous with the previous one: one copy
+                else:
+                    if run:
+                        _copy_range(*run, fd)
+                    run = [t.src.file, t.src.start, t.nbytes]
                 continue
+            if run:
+                _copy_range(*run, fd)
+                run = []
             data = t.produce() if t.produce is not None else t.src.loader()  # type: ignore[union-attr]
             if not isinstance(data, (bytes, bytearray, memoryview)):
                 raise InvalidInputError(
@@ -926,6 +940,8 @@ def _write_one(path: Path, ordered: list[OutTensor]) -> None:
                 )
             _write_all(fd, data)
             del data
+        if run:
+            _copy_range(*run, fd)
     except BaseException:
         os.close(fd)
         tmp.unlink(missing_ok=True)

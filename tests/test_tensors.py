@@ -384,6 +384,7 @@ def test_byte_identical_rerun(tmp_path):
 @pytest.mark.parametrize("method", ["copy_file_range", "sendfile", "readwrite", None])
 def test_copy_larger_than_chunk(tmp_path, monkeypatch, method):
     monkeypatch.setattr(T, "COPY_CHUNK_SIZE", 1000)
+    monkeypatch.setattr(T, "KERNEL_COPY_CHUNK", 1000)
     g = torch.Generator().manual_seed(9)
     big = torch.randn(3, 1234, generator=g)  # 14,808 bytes: 15 chunks
     save_file({"big": big, "a": torch.ones(3)}, str(tmp_path / "model.safetensors"))
@@ -403,6 +404,30 @@ def test_copy_larger_than_chunk(tmp_path, monkeypatch, method):
     # and through the writer
     write_safetensors(tmp_path / "w", [OutTensor("big", "F32", (3, 1234), src=info)])
     assert torch.equal(load_file(str(tmp_path / "w" / "model.safetensors"))["big"], big)
+
+
+def test_adjacent_source_ranges_are_copied_in_one_call(tmp_path, monkeypatch):
+    sd = _sample(11)
+    save_file(sd, str(tmp_path / "model.safetensors"))
+    st = open_store(tmp_path)
+    calls = []
+    orig = T._copy_range
+    monkeypatch.setattr(T, "_copy_range",
+                        lambda *a, **k: calls.append(a[:3]) or orig(*a, **k))
+    write_safetensors(tmp_path / "o", _copy_all(st))
+    # same layout as the source: the whole data section is one range
+    assert calls == [(st.files[0], min(i.start for i in st.infos()), st.total_bytes())]
+    _assert_same(load_file(str(tmp_path / "o" / "model.safetensors")), sd)
+    # a produced tensor in the middle splits the run; the output is still right
+    calls.clear()
+    outs = [o if o.name != "scalar" else  # laid out mid-file (F32, after fc.weight)
+            OutTensor("scalar", "F32", (), produce=lambda: tensor_to_bytes(sd["scalar"] + 1)[2])
+            for o in _copy_all(st)]
+    write_safetensors(tmp_path / "p", outs)
+    assert len(calls) == 2
+    got = load_file(str(tmp_path / "p" / "model.safetensors"))
+    assert torch.equal(got["scalar"], sd["scalar"] + 1)
+    assert all(torch.equal(got[k], sd[k]) for k in sd if k != "scalar")
 
 
 def test_copy_detects_truncated_source(tmp_path):
