@@ -1,0 +1,165 @@
+"""Reference DFlash drafter (``speculators_model_type: "dflash"``).
+
+One drafting step, speculators_format.md §4.3 (speculators 0.9.0
+``models/dflash/{core,attention,model_definitions}.py``; z-lab ``dflash/model.py``):
+
+1. context features ``c_i = hidden_norm(fc(g_i))`` for the ``T`` accepted positions
+   (RoPE positions ``0..T-1``), shared by every layer;
+2. block ``[anchor, mask, ..., mask]`` (``B`` slots) at positions ``a..a+B-1`` with
+   ``a = T``, ``h = embed_tokens[block]``;
+3. per layer: ``n = input_layernorm(h)``; queries from ``n``; keys/values are the
+   layer's own ``k_proj``/``v_proj`` of the context ``c`` (no ``input_layernorm``;
+   ``k_norm`` applies) followed by those of ``n``; full-attention layers see everything
+   (bidirectional block); SWA layers see context positions ``>= a - W`` and block slots
+   ``<= j`` unless ``sliding_window_non_causal``; then o_proj + residual + MLP;
+4. ``logits = lm_head(norm(h))``; drafts from slots ``1..B-1`` (``sample_from_anchor``
+   false) or ``0..B-1`` (true), mapped with ``d2t``.
+
+No KV cache: the context is recomputed on every call.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Mapping
+
+import torch
+
+from ..errors import InvalidInputError
+from .base import (BlockOutput, Drafter, VerifierWeights, aux_ids_from_config, build_embedding,
+                   build_lm_head, build_vocab, require_int, speculative_tokens)
+from .layers import DecoderLayer, LayerSpec, Linear, RMSNorm, Rotary, WeightTaker, attend
+
+__all__ = ["DFlashDrafter"]
+
+
+class DFlashDrafter(Drafter):
+    """DFlash reference drafter. Build with :func:`specconv.drafters.load_drafter`."""
+
+    algorithm = "dflash"
+
+    def __init__(self, config: Mapping, w: WeightTaker, verifier: VerifierWeights, source: str):
+        super().__init__(config, source)
+        tl = config.get("transformer_layer_config")
+        if not isinstance(tl, Mapping):
+            raise InvalidInputError(f"{source}: 'transformer_layer_config' is required",
+                                    code="config_key")
+        spec = LayerSpec(tl, source=f"{source}: transformer_layer_config")
+        self.spec = spec
+        H = spec.hidden_size
+        self.hidden_size = H
+        self.vocab_size = spec.vocab_size
+        self.draft_vocab_size = require_int(config, "draft_vocab_size", source, minimum=1)
+        self.block_size = require_int(config, "block_size", source, minimum=1)
+        self.mask_token_id = require_int(config, "mask_token_id", source)
+        if self.mask_token_id >= self.vocab_size:
+            raise InvalidInputError(f"{source}: mask_token_id {self.mask_token_id} >= vocab_size "
+                                    f"{self.vocab_size}", code="config_key")
+        self.sample_from_anchor = bool(config.get("sample_from_anchor", self._default_sfa()))
+        self.sliding_window_non_causal = bool(config.get("sliding_window_non_causal", False))
+        self.aux_layer_ids = aux_ids_from_config(config, "aux_hidden_state_layer_ids", verifier,
+                                                 source)
+        if self.block_size < 2 and not self.sample_from_anchor:
+            raise InvalidInputError(f"{source}: block_size must be >= 2 when sample_from_anchor "
+                                    "is false", code="config_key")
+        self.num_draft_tokens = self.block_size if self.sample_from_anchor else self.block_size - 1
+        st = speculative_tokens(config)
+        if st is not None and st != self.num_draft_tokens:
+            warnings.warn(f"{source}: speculative_tokens {st} != {self.num_draft_tokens} implied "
+                          "by block_size/sample_from_anchor (speculators_format.md §8.4 item 7)",
+                          stacklevel=2)
+        A = len(self.aux_layer_ids)
+
+        self.embed_tokens = torch.nn.Parameter(
+            build_embedding(w, verifier, vocab_size=self.vocab_size, hidden=H).clone(),
+            requires_grad=False)
+        self.fc = Linear(w.take("fc.weight", (H, A * H)))
+        self.hidden_norm = RMSNorm(w.take("hidden_norm.weight", (H,)), spec.eps)
+        self.layers = torch.nn.ModuleList(
+            [DecoderLayer(w, i, spec, qk_norm=True) for i in range(spec.num_layers)])
+        self.norm = RMSNorm(w.take("norm.weight", (H,)), spec.eps)
+        self.lm_head = build_lm_head(w, verifier, vocab_size=self.vocab_size,
+                                     draft_vocab_size=self.draft_vocab_size, hidden=H,
+                                     algorithm=self.algorithm)
+        self.vocab = build_vocab(w, vocab_size=self.vocab_size,
+                                 draft_vocab_size=self.draft_vocab_size)
+        self.rotary = Rotary(tl, spec.head_dim, source=f"{source}: transformer_layer_config")
+
+    def _default_sfa(self) -> bool:
+        return False  # DFlash default (speculators DFlashSpeculatorConfig)
+
+    # -- masks ------------------------------------------------------------------------
+    def layer_mask(self, layer: int, ctx_len: int, device: torch.device) -> torch.Tensor:
+        """Bool ``[B, T+B]`` visibility for block queries of layer ``layer`` (§4.3)."""
+        B = self.block_size
+        if not self.spec.is_swa(layer):
+            return torch.ones(B, ctx_len + B, dtype=torch.bool, device=device)
+        W = self.spec.sliding_window
+        ctx_pos = torch.arange(ctx_len, device=device)
+        ctx_vis = (ctx_pos >= ctx_len - W)[None, :].expand(B, ctx_len)  # anchor a = ctx_len
+        if self.sliding_window_non_causal:
+            blk_vis = torch.ones(B, B, dtype=torch.bool, device=device)
+        else:
+            j = torch.arange(B, device=device)
+            blk_vis = j[None, :] <= j[:, None]
+        return torch.cat([ctx_vis, blk_vis], dim=1)
+
+    # -- forward ----------------------------------------------------------------------
+    def backbone(self, anchor: torch.Tensor, g: torch.Tensor
+                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Run the block.
+
+        Args:
+            anchor: LongTensor scalar — the bonus/anchor token (target id) at position ``T``.
+            g: ``[T, A*H]`` aux features of positions ``0..T-1``.
+
+        Returns:
+            ``(positions [B], hidden = norm(h) [B, H], slot_logits [B, Vd])``.
+        """
+        dev, dt = g.device, self.dtype
+        T, B = g.shape[0], self.block_size
+        c = self.hidden_norm(self.fc(g))
+        block = torch.full((B,), self.mask_token_id, dtype=torch.long, device=dev)
+        block[0] = anchor
+        h = self.embed_tokens[block]
+        ctx_pos = torch.arange(T, device=dev)
+        blk_pos = T + torch.arange(B, device=dev)
+        cos_c, sin_c = self.rotary(ctx_pos, dt)
+        cos_b, sin_b = self.rotary(blk_pos, dt)
+        for i, layer in enumerate(self.layers):
+            a = layer.self_attn
+            n = layer.input_layernorm(h)
+            q = a.q(n, cos_b, sin_b)
+            kc, vc = a.kv(c, cos_c, sin_c)
+            kb, vb = a.kv(n, cos_b, sin_b)
+            k = torch.cat([kc, kb], dim=1)
+            v = torch.cat([vc, vb], dim=1)
+            out = attend(q, k, v, self.layer_mask(i, T, dev), a.scale)
+            h = layer.finish(h, out)
+        hidden = self.norm(h)
+        return blk_pos, hidden, self.lm_head(hidden)
+
+    def draft_slot_indices(self, device: torch.device) -> torch.Tensor:
+        start = 0 if self.sample_from_anchor else 1
+        return torch.arange(start, self.block_size, device=device)
+
+    @torch.no_grad()
+    def forward_block(self, context_tokens: torch.Tensor, aux_hidden: torch.Tensor, *,
+                      temperature: float = 0.0, generator: torch.Generator | None = None,
+                      ) -> BlockOutput:
+        """One DFlash drafting pass.
+
+        Args:
+            context_tokens: LongTensor ``[1, T+1]`` (only the anchor ``[0, T]`` is used).
+            aux_hidden: ``[1, T, A*H]`` aux features of positions ``0..T-1``.
+            temperature, generator: as :meth:`Drafter.propose`; slots are drawn
+                independently.
+
+        Returns:
+            :class:`BlockOutput` with ``S = B`` rows; drafts from slots ``1..B-1`` or
+            ``0..B-1``.
+        """
+        tokens, g = self._check_inputs(context_tokens, aux_hidden)
+        pos, hidden, logits = self.backbone(tokens[-1], g)
+        slots = self.draft_slot_indices(g.device)
+        return self._finish(pos, hidden, logits, slots, temperature, generator)

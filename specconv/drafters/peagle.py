@@ -1,0 +1,191 @@
+"""Reference P-EAGLE drafter (``speculators_model_type: "peagle"``).
+
+One drafting step, speculators_format.md §3.3 (speculators 0.9.0
+``models/peagle/core.py`` + ``models/eagle3/{core,model_definitions}.py``; vLLM eagle3
+with ``parallel_drafting``). All ``K`` drafts come from one pass over:
+
+* ``T`` context entries ``i = 0..T-1``: token ``t_{i+1}`` (the last one is the bonus
+  token) with verifier feature ``g_i``, at RoPE position ``i``;
+* ``K-1`` mask entries ``j = 1..K-1``: ``mask_token_id`` with ``mask_hidden``, at
+  position ``T-1+j``.
+
+Per entry: ``e = embed_tokens[token]``, ``f = fc(prep(x))`` (``prep`` = ``input_norm``
+if ``norm_before_fc``, per-chunk ``fc_norm`` if ``fc_norm``, else identity). Layer 0
+attends with ``q,k,v = proj(cat(input_layernorm(e), hidden_norm(f)))`` and residual
+``hidden_norm(f)`` (``norm_before_residual``) or ``f``; layers >= 1 are standard
+pre-norm decoder layers. Attention is causal (a mask entry sees every context entry and
+the earlier mask entries); SWA layers restrict **context** keys to positions in
+``(q_pos - W, q_pos]`` (speculators ``peagle/attention.py``). qwen3 layers have per-head
+``q_norm``/``k_norm``; llama layers do not. ``logits = lm_head(norm(h))``; drafts from
+the bonus entry (row ``T-1``) and the mask entries, mapped with ``d2t``.
+
+No KV cache: context entries are recomputed on every call.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Mapping
+
+import torch
+
+from ..errors import InvalidInputError, UnsupportedFormatError, UsageError
+from .base import (BlockOutput, Drafter, VerifierWeights, aux_ids_from_config, build_embedding,
+                   build_lm_head, build_vocab, require_int, speculative_tokens)
+from .layers import DecoderLayer, LayerSpec, Linear, RMSNorm, Rotary, WeightTaker, attend
+
+__all__ = ["PEagleDrafter"]
+
+
+class PEagleDrafter(Drafter):
+    """P-EAGLE reference drafter. Build with :func:`specconv.drafters.load_drafter`."""
+
+    algorithm = "peagle"
+
+    def __init__(self, config: Mapping, w: WeightTaker, verifier: VerifierWeights, source: str):
+        super().__init__(config, source)
+        tl = config.get("transformer_layer_config")
+        if not isinstance(tl, Mapping):
+            raise InvalidInputError(f"{source}: 'transformer_layer_config' is required",
+                                    code="config_key")
+        spec = LayerSpec(tl, source=f"{source}: transformer_layer_config")
+        if spec.model_type not in ("llama", "qwen3"):
+            raise UnsupportedFormatError(
+                f"{source}: P-EAGLE transformer_layer_config.model_type must be 'llama' or "
+                f"'qwen3' (speculators and vLLM know only these), got {spec.model_type!r}")
+        self.spec = spec
+        H = spec.hidden_size
+        self.hidden_size = H
+        self.vocab_size = spec.vocab_size
+        self.draft_vocab_size = require_int(config, "draft_vocab_size", source, minimum=1)
+        self.mask_token_id = require_int(config, "mask_token_id", source)
+        if self.mask_token_id >= self.vocab_size:
+            raise InvalidInputError(f"{source}: mask_token_id {self.mask_token_id} >= vocab_size "
+                                    f"{self.vocab_size}", code="config_key")
+        self.aux_layer_ids = aux_ids_from_config(config, "eagle_aux_hidden_state_layer_ids",
+                                                 verifier, source)
+        st = speculative_tokens(config)
+        if st is None or st < 1:
+            raise InvalidInputError(
+                f"{source}: speculators_config.proposal_methods[0].speculative_tokens is "
+                "required for P-EAGLE (number of depths K)", code="config_key")
+        self.num_draft_tokens = st
+        self.norm_before_residual = bool(config.get("norm_before_residual", False))
+        norm_before_fc = bool(config.get("norm_before_fc", False))
+        fc_norm = bool(config.get("fc_norm", False))
+        if norm_before_fc and fc_norm:
+            raise InvalidInputError(f"{source}: norm_before_fc and fc_norm are mutually exclusive",
+                                    code="config_key")
+        A = len(self.aux_layer_ids)
+        qk_norm = spec.model_type == "qwen3"
+
+        self.embed_tokens = torch.nn.Parameter(
+            build_embedding(w, verifier, vocab_size=self.vocab_size, hidden=H).clone(),
+            requires_grad=False)
+        if not w.has("embed_tokens.weight"):
+            warnings.warn(f"{source}: P-EAGLE without embed_tokens.weight; using the verifier's "
+                          "embedding (P-EAGLE normally trains its own)", stacklevel=2)
+        self.fc = Linear(w.take("fc.weight", (H, A * H)))
+        self.input_norm = (RMSNorm(w.take("input_norm.weight", (A * H,)), spec.eps)
+                           if norm_before_fc else None)
+        self.fc_norm = (torch.nn.ModuleList(
+            [RMSNorm(w.take(f"fc_norm.{i}.weight", (H,)), spec.eps) for i in range(A)])
+            if fc_norm else None)
+        if not w.has("mask_hidden"):
+            raise InvalidInputError(
+                f"{source}: mask_hidden is required for P-EAGLE (speculators would "
+                "random-initialise it; vLLM refuses)", code="missing_tensor")
+        self.mask_hidden = torch.nn.Parameter(
+            w.take("mask_hidden", (1, 1, A * H)).reshape(A * H).clone(), requires_grad=False)
+        self.hidden_norm = RMSNorm(w.take("layers.0.hidden_norm.weight", (H,)), spec.eps)
+        self.layers = torch.nn.ModuleList(
+            [DecoderLayer(w, i, spec, qk_norm=qk_norm, attn_in=2 * H if i == 0 else None)
+             for i in range(spec.num_layers)])
+        self.norm = RMSNorm(w.take("norm.weight", (H,)), spec.eps)
+        self.lm_head = build_lm_head(w, verifier, vocab_size=self.vocab_size,
+                                     draft_vocab_size=self.draft_vocab_size, hidden=H,
+                                     algorithm=self.algorithm)
+        self.vocab = build_vocab(w, vocab_size=self.vocab_size,
+                                 draft_vocab_size=self.draft_vocab_size)
+        self.rotary = Rotary(tl, spec.head_dim, source=f"{source}: transformer_layer_config")
+        self.block_size = self.num_draft_tokens
+        self.sample_from_anchor = False
+
+    # -- pieces -------------------------------------------------------------------------
+    def prep_fc(self, x: torch.Tensor) -> torch.Tensor:
+        """``fc(prep(x))`` for ``x [S, A*H]`` (aux concat or ``mask_hidden``)."""
+        if self.input_norm is not None:
+            x = self.input_norm(x)
+        if self.fc_norm is not None:
+            chunks = x.chunk(len(self.fc_norm), dim=-1)
+            x = torch.cat([n(c) for n, c in zip(self.fc_norm, chunks)], dim=-1)
+        return self.fc(x)
+
+    def attention_mask(self, layer: int, ctx_len: int, device: torch.device) -> torch.Tensor:
+        """Bool ``[S, S]`` over ``T`` context entries then ``K-1`` mask entries."""
+        T, M = ctx_len, self.num_draft_tokens - 1
+        S = T + M
+        idx = torch.arange(S, device=device)
+        pos = torch.where(idx < T, idx, T - 1 + (idx - T + 1))
+        depth = torch.where(idx < T, torch.zeros_like(idx), idx - T + 1)
+        anchor = pos - depth  # context: own position; mask entries: T-1
+        qa, ka = anchor[:, None], anchor[None, :]
+        qd, kd = depth[:, None], depth[None, :]
+        ctx_key = (kd == 0) & (ka <= qa)
+        if self.spec.is_swa(layer):
+            W = self.spec.sliding_window
+            ctx_key = ctx_key & (ka > pos[:, None] - W)
+        same_rollout = (qa == ka) & (kd <= qd)
+        return ctx_key | same_rollout
+
+    @torch.no_grad()
+    def forward_block(self, context_tokens: torch.Tensor, aux_hidden: torch.Tensor, *,
+                      temperature: float = 0.0, generator: torch.Generator | None = None,
+                      ) -> BlockOutput:
+        """One P-EAGLE drafting pass (all ``K`` depths at once).
+
+        Args:
+            context_tokens: LongTensor ``[1, T+1]`` — ``t_0..t_T`` with ``t_T`` the bonus
+                token; entry ``i`` uses ``t_{i+1}``.
+            aux_hidden: ``[1, T, A*H]`` — ``g_0..g_{T-1}`` (``T >= 1``).
+            temperature, generator: as :meth:`Drafter.propose` (depths drawn
+                independently).
+
+        Returns:
+            :class:`BlockOutput` with ``S = T + K - 1`` rows (every context entry, then the
+            mask entries); ``draft_slots = [T-1, T, ..., T+K-2]`` so ``draft_logits[d]``
+            is depth ``d``.
+
+        Raises:
+            UsageError: ``T == 0``.
+        """
+        tokens, g = self._check_inputs(context_tokens, aux_hidden)
+        T = g.shape[0]
+        if T < 1:
+            raise UsageError("P-EAGLE needs at least one context position (T >= 1)")
+        K = self.num_draft_tokens
+        dev, dt = g.device, self.dtype
+        M = K - 1
+        ent_tokens = torch.cat([tokens[1:], torch.full((M,), self.mask_token_id, dtype=torch.long,
+                                                       device=dev)])
+        x = torch.cat([g, self.mask_hidden[None].expand(M, -1)], dim=0)
+        e = self.embed_tokens[ent_tokens]
+        f = self.prep_fc(x)
+        positions = torch.cat([torch.arange(T, device=dev), T - 1 + torch.arange(1, K, device=dev)])
+        cos, sin = self.rotary(positions, dt)
+
+        layer0 = self.layers[0]
+        a_in = layer0.input_layernorm(e)
+        b_in = self.hidden_norm(f)
+        residual = b_in if self.norm_before_residual else f
+        n = torch.cat([a_in, b_in], dim=-1)
+        att = layer0.self_attn
+        k, v = att.kv(n, cos, sin)
+        out = attend(att.q(n, cos, sin), k, v, self.attention_mask(0, T, dev), att.scale)
+        h = layer0.finish(residual, out)
+        for i in range(1, len(self.layers)):
+            h = self.layers[i].standard(h, cos, sin, self.attention_mask(i, T, dev))
+        hidden = self.norm(h)
+        logits = self.lm_head(hidden)
+        slots = torch.arange(T - 1, T + M, device=dev)
+        return self._finish(positions, hidden, logits, slots, temperature, generator)
