@@ -21,7 +21,6 @@ vLLM backend, whose counters give only aggregate numbers.
 
 from __future__ import annotations
 
-import math
 from typing import Any, Sequence
 
 

@@ -1,0 +1,547 @@
+"""The four validation gates (validation.md §0 item 2, §3.6, §4), in order.
+
+* **G1 structure** — the Speculators lint (:func:`specconv.speculators.lint_dir`) has no
+  error; every tensor in the directory is one the format defines for this config; the
+  tensors the format takes from the verifier (``embed_tokens.weight`` for DFlash/DSpark,
+  ``lm_head.weight`` full-vocab or ``verifier_lm_head[t2d]`` when pruned) equal the
+  verifier's (after casting the verifier's to the drafter's dtype); ``d2t``/``t2d`` agree;
+  with a source, the aux layer ids re-derived from both configs are equal.
+* **G2 parity** — reference forward vs converted forward on real captured verifier
+  hidden states, per draft slot: max/mean |Δ| of logits, relative max, cosine, top-1
+  agreement (only where the reference's top-1/top-2 margin is clear), top-5 overlap,
+  KL(p_ref ‖ p_test); tolerances by dtype (§4 table).
+* **G3 acceptance** — with a source: ``|τ − τ_src| ≤ max(0.02·τ_src, CI half-width)``;
+  with ``--min-tau``: ``τ ≥ min_tau``; without either the gate only reports.
+* **G4 losslessness** — greedy speculative output equals plain greedy output. Each
+  divergence is reported with the verifier's top-1 − top-2 logit gap there; in fp32 a
+  divergence at a clear margin fails the gate (``gap ≥ 1e-3·|top-1 logit|``), in
+  bf16/fp16 divergences are warnings (verify- vs decode-mode kernels may flip an argmax).
+  For T > 0 the rejection sampler is checked statistically on synthetic distributions.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Sequence
+
+log = logging.getLogger("specconv.validate")
+
+GATE_ORDER = ("structure", "parity", "acceptance", "lossless")
+
+
+@dataclass
+class GateResult:
+    """Outcome of one gate.
+
+    Attributes:
+        name: ``structure`` | ``parity`` | ``acceptance`` | ``lossless``.
+        passed: True / False, or None when skipped.
+        errors: reasons for failure (empty when passed).
+        warnings: non-fatal observations.
+        details: the numbers behind the decision.
+        skipped_reason: why the gate did not run.
+    """
+
+    name: str
+    passed: bool | None
+    errors: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    details: dict = field(default_factory=dict)
+    skipped_reason: str | None = None
+
+    def to_dict(self) -> dict:
+        return {
+            "name": self.name,
+            "passed": self.passed,
+            "status": "skipped" if self.passed is None else ("passed" if self.passed else "failed"),
+            "errors": self.errors,
+            "warnings": self.warnings,
+            "details": self.details,
+            "skipped_reason": self.skipped_reason,
+        }
+
+
+def skipped(name: str, reason: str) -> GateResult:
+    """A gate that did not run."""
+    return GateResult(name=name, passed=None, skipped_reason=reason)
+
+
+# ---------------------------------------------------------------------------------- G1
+
+
+def _verifier_tensor(verifier, role: str):
+    """Read the verifier's ``embed`` / ``lm_head`` tensor (None when absent)."""
+    from ..tensors import TensorStore
+
+    name = verifier.find_tensor(role)
+    if name is None:
+        return None, None
+    info = verifier.tensor_info(name)
+    return name, TensorStore.open(info.file).read_tensor(name)
+
+
+def gate_structure(drafter_dir: str | Path, verifier, *, source_config=None) -> GateResult:
+    """G1: lint, tensor accounting, verifier-supplied tensors, vocab map, aux ids.
+
+    Args:
+        drafter_dir: the Speculators directory under test.
+        verifier: a :class:`specconv.verifier.Verifier` (``resolve_verifier``).
+        source_config: optional :class:`~specconv.speculators.SpeculatorsDraftConfig`
+            of the source converted afresh; its aux ids must equal the directory's.
+
+    Returns:
+        :class:`GateResult` named ``structure``. Findings of the lint are in
+        ``details["findings"]``.
+    """
+    import torch
+
+    from ..errors import SpecconvError
+    from ..speculators import expected_tensors, lint_dir, load_config
+    from ..tensors import TensorStore
+
+    d = Path(drafter_dir)
+    res = GateResult(name="structure", passed=True)
+    try:
+        findings = lint_dir(d, verifier.facts())
+        cfg = load_config(d)
+        store = TensorStore.open(d)
+    except SpecconvError as e:
+        res.passed = False
+        res.errors.append(f"cannot read {d}: {e.message}")
+        return res
+    res.details["findings"] = [f.to_dict() for f in findings]
+    for f in findings:
+        if f.level == "error":
+            res.errors.append(f"lint [{f.code}] {f.message}")
+        elif f.level == "warning":
+            res.warnings.append(f"lint [{f.code}] {f.message}")
+
+    algo = cfg.speculators_model_type
+    aux_ids = list(cfg.aux_layer_ids or [])
+    res.details["algorithm"] = algo
+    res.details["aux_layer_ids"] = aux_ids
+    names = set(store.names())
+    known = set(expected_tensors(cfg)) | {"d2t", "t2d"}
+    unaccounted = sorted(names - known)
+    res.details["num_tensors"] = len(names)
+    res.details["unaccounted_tensors"] = unaccounted
+    if unaccounted:
+        res.errors.append(
+            f"{len(unaccounted)} tensor(s) are not part of the {algo} format for this config "
+            f"(would be ignored or rejected by loaders): {unaccounted[:8]}"
+        )
+
+    # tensors taken from the verifier must equal it
+    checks: dict[str, Any] = {}
+    Vt = int(verifier.vocab_size)
+    t2d = store.read_tensor("t2d").bool() if "t2d" in names else None
+    roles = [("lm_head.weight", "lm_head")]
+    if algo != "peagle":  # P-EAGLE trains its own embedding
+        roles.insert(0, ("embed_tokens.weight", "embed"))
+    for tname, role in roles:
+        if tname not in names:
+            continue
+        info = store.info(tname)
+        try:
+            vname, ref = _verifier_tensor(verifier, role)
+        except SpecconvError as e:
+            res.warnings.append(f"cannot read the verifier's {role} to compare {tname}: {e.message}")
+            continue
+        if ref is None:
+            res.warnings.append(f"verifier has no {role} tensor to compare {tname} with")
+            continue
+        rows = int(info.shape[0])
+        if rows == ref.shape[0]:
+            expect = ref
+        elif t2d is not None and rows == int(t2d.sum()) and t2d.shape[0] == ref.shape[0]:
+            expect = ref[t2d]
+        else:
+            checks[tname] = {"compared": False, "reason": f"{rows} rows vs verifier {ref.shape[0]}"}
+            res.warnings.append(f"{tname} has {rows} rows; verifier {vname} has {ref.shape[0]}: not compared")
+            continue
+        got = store.read_tensor(tname)
+        expect = expect.to(got.dtype)
+        same = tuple(got.shape) == tuple(expect.shape) and torch.equal(got, expect)
+        diff = None
+        if not same and tuple(got.shape) == tuple(expect.shape):
+            diff = float((got.float() - expect.float()).abs().max())
+        checks[tname] = {"compared": True, "verifier_tensor": vname, "equal": same, "max_abs_diff": diff}
+        if not same:
+            res.errors.append(
+                f"{tname} differs from the verifier's {vname} (max |Δ| = {diff}); the format "
+                "requires the verifier's tensor here (random or stale weights?)"
+            )
+    res.details["verifier_tensors"] = checks
+
+    if "d2t" in names and t2d is not None:
+        d2t = store.read_tensor("d2t").long()
+        sel = torch.nonzero(t2d).flatten()
+        ok = d2t.shape[0] == sel.shape[0] and torch.equal(torch.arange(d2t.shape[0]) + d2t, sel)
+        res.details["vocab_map_consistent"] = bool(ok)
+        if not ok:
+            res.errors.append("d2t offsets do not map draft ids onto the ids selected by t2d (sorted ascending)")
+    if t2d is not None and t2d.shape[0] != Vt:
+        res.errors.append(f"t2d has {t2d.shape[0]} entries, verifier vocab is {Vt}")
+
+    if source_config is not None:
+        src_ids = list(source_config.aux_layer_ids or [])
+        res.details["source_aux_layer_ids"] = src_ids
+        if src_ids != aux_ids:
+            res.errors.append(f"aux layer ids {aux_ids} differ from the source's (converted afresh) {src_ids}")
+    res.passed = not res.errors
+    return res
+
+
+# ---------------------------------------------------------------------------------- G2
+
+#: validation.md §4: (max_abs, cosine_min, top1_min, mean_kl_max, top1 margin) per dtype.
+PARITY_TOLERANCES: dict[str, dict[str, float | None]] = {
+    "float32": {"max_abs": 1e-4, "cosine_min": 0.999999, "top1_min": 1.0, "mean_kl_max": 1e-8, "margin": 1e-3},
+    "float16": {"max_abs": None, "cosine_min": 0.9999, "top1_min": 0.99, "mean_kl_max": 1e-3, "margin": 0.1},
+    "bfloat16": {"max_abs": None, "cosine_min": 0.999, "top1_min": 0.98, "mean_kl_max": 5e-3, "margin": 0.5},
+}
+
+
+def compare_logits(ref, test, *, margin: float) -> dict:
+    """Per-row comparison of two logit matrices ``[S, V]`` (float32, ``-inf`` allowed).
+
+    Returns:
+        dict with ``max_abs``, ``mean_abs``, ``rel_max``, ``cosine_min``, ``top1_agree``
+        (over rows whose reference top-1/top-2 margin > ``margin``), ``top1_agree_all``,
+        ``top1_rows``, ``top5_overlap``, ``kl_mean``, ``kl_max``, ``support_mismatch``
+        (rows where the finite entries differ: a vocab-map bug), and per-row lists
+        ``per_slot`` (max_abs, cosine, kl, top1 equal).
+    """
+    import torch
+
+    ref = ref.float()
+    test = test.float()
+    fin_r, fin_t = torch.isfinite(ref), torch.isfinite(test)
+    support_mismatch = int((fin_r != fin_t).any(-1).sum())
+    both = fin_r & fin_t
+    r0 = torch.where(both, ref, torch.zeros_like(ref))
+    t0 = torch.where(both, test, torch.zeros_like(test))
+    absd = (r0 - t0).abs()
+    max_abs_row = absd.max(-1).values
+    cos = torch.nn.functional.cosine_similarity(r0, t0, dim=-1)
+    # KL in float64: in float32 the rounding of log_softmax over a large vocab alone
+    # gives |KL| ~ 1e-8, the size of the fp32 tolerance
+    lp_r = torch.log_softmax(ref.double(), -1)
+    lp_t = torch.log_softmax(test.double(), -1)
+    pr = lp_r.exp()
+    lp_t = torch.where(torch.isfinite(lp_t), lp_t, torch.full_like(lp_t, -1e30))
+    kl = torch.where(pr > 0, pr * (lp_r - lp_t), torch.zeros_like(pr)).sum(-1).clamp_min(0)
+    top_r = torch.topk(ref, min(5, ref.shape[-1]), -1)
+    top_t = torch.topk(test, min(5, test.shape[-1]), -1)
+    eq = top_r.indices[:, 0] == top_t.indices[:, 0]
+    if ref.shape[-1] > 1:
+        marg = top_r.values[:, 0] - top_r.values[:, 1]
+    else:
+        marg = torch.full((ref.shape[0],), float("inf"))
+    clear = marg > margin
+    overlap = [
+        len(set(a.tolist()) & set(b.tolist())) / top_r.indices.shape[-1]
+        for a, b in zip(top_r.indices, top_t.indices)
+    ]
+    n_clear = int(clear.sum())
+    max_ref = float(r0.abs().max()) if r0.numel() else 0.0
+    return {
+        "rows": int(ref.shape[0]),
+        "max_abs": float(max_abs_row.max()) if ref.shape[0] else 0.0,
+        "mean_abs": float(absd.sum() / both.sum().clamp_min(1)),
+        "rel_max": float(max_abs_row.max() / max_ref) if ref.shape[0] and max_ref > 0 else 0.0,
+        "cosine_min": float(cos.min()) if ref.shape[0] else 1.0,
+        "top1_agree": float(eq[clear].float().mean()) if n_clear else 1.0,
+        "top1_rows": n_clear,
+        "top1_agree_all": float(eq.float().mean()) if ref.shape[0] else 1.0,
+        "top5_overlap": sum(overlap) / len(overlap) if overlap else 1.0,
+        "kl_mean": float(kl.mean()) if ref.shape[0] else 0.0,
+        "kl_max": float(kl.max()) if ref.shape[0] else 0.0,
+        "support_mismatch": support_mismatch,
+        "per_slot": [
+            {"max_abs": float(m), "cosine": float(c), "kl": float(k_), "top1_equal": bool(e), "margin": float(g)}
+            for m, c, k_, e, g in zip(max_abs_row, cos, kl, eq, marg)
+        ],
+    }
+
+
+def _aux_union(ids_a: Sequence[int], ids_b: Sequence[int]) -> list[int]:
+    out: list[int] = []
+    for i in list(ids_a) + list(ids_b):
+        if i not in out:
+            out.append(i)
+    return out
+
+
+def _select_aux(feats, union: Sequence[int], ids: Sequence[int], hidden: int):
+    import torch
+
+    cols = [feats[..., union.index(i) * hidden : (union.index(i) + 1) * hidden] for i in ids]
+    return torch.cat(cols, dim=-1)
+
+
+def parity_anchors(seq_len: int, prompt_len: int, per_sequence: int) -> list[int]:
+    """Anchor positions for parity: evenly spaced over the generated part, plus anchor 1.
+
+    An anchor ``a`` means: context tokens ``0…a`` (the anchor is token ``a``), features
+    of positions ``0…a−1``.
+    """
+    lo = max(1, prompt_len)
+    hi = seq_len - 1
+    out = {1} if seq_len > 1 else set()
+    if hi >= lo and per_sequence > 0:
+        if per_sequence == 1:
+            out.add(hi)
+        else:
+            for i in range(per_sequence):
+                out.add(lo + round(i * (hi - lo) / (per_sequence - 1)))
+    return sorted(out)
+
+
+def gate_parity(
+    reference,
+    test,
+    verifier,
+    sequences: Sequence[tuple[Sequence[int], int]],
+    *,
+    dtype: str = "float32",
+    anchors_per_sequence: int = 4,
+    reference_kind: str = "",
+) -> GateResult:
+    """G2: compare the reference and converted drafters on real verifier features.
+
+    Args:
+        reference: source-side drafter (``propose`` API; may declare its own
+            ``aux_layer_ids`` — its features are captured from the verifier by *its* ids,
+            so an aux-id off-by-one in the conversion shows up here).
+        test: the drafter under test.
+        verifier: a :class:`~specconv.validate.verifier_runner.VerifierRunner`.
+        sequences: ``[(token ids, prompt length)]`` — real prompts with their greedy
+            continuations.
+        dtype: the run dtype (selects the tolerance row).
+        anchors_per_sequence: anchors in the generated part of each sequence.
+        reference_kind: recorded in the details (e.g. ``zlab-dflash``).
+
+    Returns:
+        :class:`GateResult` named ``parity``.
+    """
+    import torch
+
+    tol = PARITY_TOLERANCES.get(dtype, PARITY_TOLERANCES["float32"])
+    res = GateResult(name="parity", passed=True)
+    res.details["reference"] = reference_kind
+    res.details["tolerances"] = tol
+    ids_r, ids_t = list(reference.aux_layer_ids), list(test.aux_layer_ids)
+    union = _aux_union(ids_t, ids_r)
+    saved = list(verifier.aux_layer_ids)
+    H = verifier.hidden_size
+    ref_rows, test_rows, conf_r, conf_t = [], [], [], []
+    tokens_equal = 0
+    n_props = 0
+    try:
+        verifier.set_aux_layer_ids(union)
+        for seq, plen in sequences:
+            seq = list(seq)
+            if len(seq) < 2:
+                continue
+            feats = verifier.forward(seq, None).aux  # [L, U*H]
+            for a in parity_anchors(len(seq), plen, anchors_per_sequence):
+                ctx = torch.tensor([seq[: a + 1]])
+                fr = _select_aux(feats[:a], union, ids_r, H)[None]
+                ft = _select_aux(feats[:a], union, ids_t, H)[None]
+                pr = reference.propose(ctx, fr, temperature=0.0)
+                pt = test.propose(ctx, ft, temperature=0.0)
+                k = min(pr.logits.shape[0], pt.logits.shape[0])
+                ref_rows.append(pr.logits[:k].float().cpu())
+                test_rows.append(pt.logits[:k].float().cpu())
+                tokens_equal += int(torch.equal(pr.tokens[:k].cpu(), pt.tokens[:k].cpu()))
+                n_props += 1
+                if getattr(pr, "confidence", None) is not None and getattr(pt, "confidence", None) is not None:
+                    conf_r.append(pr.confidence[:k].float().cpu())
+                    conf_t.append(pt.confidence[:k].float().cpu())
+    finally:
+        verifier.set_aux_layer_ids(saved)
+    if not ref_rows:
+        return skipped("parity", "no sequence long enough to draft from")
+    R, T = torch.cat(ref_rows), torch.cat(test_rows)
+    if R.shape[-1] != T.shape[-1]:
+        res.passed = False
+        res.errors.append(f"reference logits have {R.shape[-1]} columns, converted {T.shape[-1]}")
+        return res
+    cmp = compare_logits(R, T, margin=float(tol["margin"]))
+    # per block slot summary (slot = draft index within a proposal)
+    k = ref_rows[0].shape[0]
+    slots = []
+    for s in range(k):
+        rs = torch.stack([r[s] for r in ref_rows if r.shape[0] > s])
+        ts = torch.stack([t[s] for t in test_rows if t.shape[0] > s])
+        c = compare_logits(rs, ts, margin=float(tol["margin"]))
+        c.pop("per_slot")
+        slots.append({"slot": s, **c})
+    cmp.pop("per_slot")
+    res.details.update(cmp)
+    res.details["per_slot"] = slots
+    res.details["num_proposals"] = n_props
+    res.details["proposals_token_equal"] = tokens_equal / n_props
+    res.details["aux_layer_ids"] = {"reference": ids_r, "converted": ids_t}
+    if conf_r:
+        cr, ct = torch.cat(conf_r), torch.cat(conf_t)
+        res.details["confidence_max_abs"] = float((cr - ct).abs().max())
+    if cmp["support_mismatch"]:
+        res.errors.append(
+            f"{cmp['support_mismatch']} slot(s) have different finite-logit supports: the draft "
+            "vocabulary mapping (d2t/t2d) differs"
+        )
+    if tol["max_abs"] is not None and cmp["max_abs"] > tol["max_abs"]:
+        res.errors.append(f"max |Δlogit| {cmp['max_abs']:.3g} > {tol['max_abs']:g} ({dtype})")
+    if cmp["cosine_min"] < tol["cosine_min"]:
+        res.errors.append(f"min cosine {cmp['cosine_min']:.7f} < {tol['cosine_min']} ({dtype})")
+    if cmp["top1_agree"] < tol["top1_min"]:
+        res.errors.append(
+            f"top-1 agreement {cmp['top1_agree']:.4f} on {cmp['top1_rows']} clear-margin slots "
+            f"< {tol['top1_min']} ({dtype})"
+        )
+    if cmp["kl_mean"] > tol["mean_kl_max"]:
+        res.errors.append(f"mean KL {cmp['kl_mean']:.3g} > {tol['mean_kl_max']:g} ({dtype})")
+    if conf_r and dtype == "float32" and res.details["confidence_max_abs"] > 1e-4:
+        res.errors.append(f"confidence head max |Δ| {res.details['confidence_max_abs']:.3g} > 1e-4")
+    if tol["max_abs"] is None:
+        res.warnings.append(f"max |Δlogit| {cmp['max_abs']:.3g} reported only ({dtype}: gated on cosine/top-1/KL)")
+    res.passed = not res.errors
+    return res
+
+
+# ---------------------------------------------------------------------------------- G3
+
+
+def gate_acceptance(metrics: dict, *, source_metrics: dict | None = None, min_tau: float | None = None) -> GateResult:
+    """G3 on pooled τ (validation.md §3.6).
+
+    Args:
+        metrics: :func:`~specconv.validate.metrics.compute_metrics` of the converted drafter.
+        source_metrics: the same for the source drafter on the same prompts/dtype/loop.
+        min_tau: optional floor.
+    """
+    res = GateResult(name="acceptance", passed=True)
+    tau = float(metrics["acceptance_length"])
+    res.details.update(
+        {
+            "tau": tau,
+            "tau_ci95": metrics.get("tau_ci95"),
+            "acceptance_at_pos": metrics.get("acceptance_at_pos"),
+            "num_drafts": metrics.get("num_drafts"),
+        }
+    )
+    if source_metrics is not None:
+        ts = float(source_metrics["acceptance_length"])
+        hw = max(metrics.get("tau_ci95_half_width") or 0.0, source_metrics.get("tau_ci95_half_width") or 0.0)
+        band = max(0.02 * ts, hw)
+        res.details.update({"tau_source": ts, "band": band, "delta": tau - ts})
+        if abs(tau - ts) > band:
+            res.errors.append(f"τ {tau:.4f} differs from the source's {ts:.4f} by more than {band:.4f}")
+    if min_tau is not None:
+        res.details["min_tau"] = min_tau
+        if tau < min_tau:
+            res.errors.append(f"τ {tau:.4f} is below --min-tau {min_tau}")
+    if source_metrics is None and min_tau is None:
+        res.warnings.append("no --source and no --min-tau: acceptance is reported, not gated")
+    p = metrics.get("acceptance_at_pos") or []
+    if p and p[0] < 0.01 and (metrics.get("num_drafts") or 0) >= 20:
+        res.warnings.append(
+            f"first-position acceptance is {p[0]:.3f}: the drafter looks broken (aux-layer "
+            "off-by-one, wrong mask token, random weights?)"
+        )
+    res.passed = not res.errors
+    return res
+
+
+# ---------------------------------------------------------------------------------- G4
+
+
+def near_tie(gap: float, top1: float, dtype: str) -> bool:
+    """validation.md §3.6: fp32 gap < 1e-3·|top-1 logit|; bf16/fp16 gap < 0.05."""
+    if dtype in ("float32", "float64"):
+        return gap < 1e-3 * max(abs(top1), 1.0)
+    return gap < 0.05
+
+
+def gate_lossless(spec: Sequence[Any], plain: Sequence[Any], *, dtype: str = "float32") -> GateResult:
+    """G4 (greedy): speculative output == plain greedy output, request by request.
+
+    Args:
+        spec, plain: :class:`~specconv.validate.loop.RequestResult` lists, same prompts
+            in the same order, both greedy.
+        dtype: the run dtype (fp32 → clear-margin divergences fail; else warnings).
+    """
+    res = GateResult(name="lossless", passed=True)
+    n = len(spec)
+    exact = 0
+    divs = []
+    strict = dtype in ("float32", "float64")
+    for s, p in zip(spec, plain):
+        a, b = list(s.output_ids), list(p.output_ids)
+        if a == b:
+            exact += 1
+            continue
+        j = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+        gap_p = p.gaps[j] if j < len(p.gaps) else None
+        gap_s = s.gaps[j] if j < len(s.gaps) else None
+        gaps = [g for g in (gap_p, gap_s) if g is not None]
+        gap = min(gaps) if gaps else None
+        top1 = p.top1[j] if j < len(p.top1) else (s.top1[j] if j < len(s.top1) else 0.0)
+        tie = gap is not None and near_tie(gap, top1, dtype)
+        divs.append(
+            {
+                "prompt_id": s.prompt_id,
+                "first_divergence": j,
+                "spec_token": a[j] if j < len(a) else None,
+                "plain_token": b[j] if j < len(b) else None,
+                "logit_gap": gap,
+                "top1_logit": top1,
+                "near_tie": tie,
+            }
+        )
+    rate = exact / n if n else 1.0
+    res.details.update({"exact_match": rate, "n": n, "n_exact": exact, "divergences": divs, "mode": "greedy"})
+    for d in divs:
+        msg = (
+            f"{d['prompt_id']}: speculative output diverges from plain greedy at token "
+            f"{d['first_divergence']} (verifier top-1/top-2 gap {d['logit_gap']})"
+        )
+        if d["near_tie"]:
+            res.warnings.append(msg + " — near-tie, numerically legitimate")
+        elif strict:
+            res.errors.append(msg + " — clear margin: the loop is not lossless")
+        else:
+            res.warnings.append(msg + f" — {dtype}: verify/decode kernels may flip an argmax")
+    if strict and n and rate < 0.95 and not res.errors:
+        res.warnings.append(f"exact match {rate:.2%} < 95% (all divergences at near-ties)")
+    res.passed = not res.errors
+    return res
+
+
+def sampler_check(*, vocab: int = 50, k: int = 3, draws: int = 100_000, seed: int = 0) -> GateResult:
+    """G4 for T > 0: the rejection sampler's output law equals p on synthetic p, q.
+
+    Passes when the total-variation distance between the empirical law of the first
+    emitted token and ``p_0`` is < 0.01 (validation.md §3.3).
+    """
+    import torch
+
+    from .sampling import speculative_sample
+
+    g = torch.Generator().manual_seed(seed)
+    p = torch.softmax(torch.randn(k + 1, vocab, generator=g) * 1.5, -1)
+    q = torch.softmax(torch.randn(k, vocab, generator=g) * 1.5, -1)
+    x = torch.multinomial(q.repeat(draws, 1), 1, generator=g).view(draws, k)
+    acc, nxt = speculative_sample(x, q.expand(draws, k, vocab), p.expand(draws, k + 1, vocab), generator=g)
+    first = torch.where(acc > 0, x[:, 0], nxt)
+    emp = torch.bincount(first, minlength=vocab).double() / draws
+    tv = 0.5 * float((emp - p[0].double()).abs().sum())
+    res = GateResult(name="lossless", passed=tv < 0.01)
+    res.details.update({"mode": "sampler", "tv": tv, "vocab": vocab, "draws": draws})
+    if not res.passed:
+        res.errors.append(f"rejection sampler output law differs from p (TV {tv:.4f} ≥ 0.01)")
+    return res

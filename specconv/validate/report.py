@@ -1,0 +1,260 @@
+"""Validation report: ``validation.json``, ``validation.md``, ``acceptance.png`` and the
+``validation`` entry in the drafter dir's ``specconv.json``.
+
+The JSON keeps the field names of speculators' ``acceptance.csv`` / vLLM's counters
+(``num_drafts``, ``num_draft_tokens``, ``num_accepted_tokens``, ``acceptance_length``,
+``acceptance_at_pos``) at the top level so GPU runs through vLLM and the torch harness
+compare row by row (validation.md §3.5).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import platform
+import subprocess
+import tempfile
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger("specconv.validate")
+
+REPORT_JSON = "validation.json"
+REPORT_MD = "validation.md"
+REPORT_PNG = "acceptance.png"
+
+
+def library_versions() -> dict[str, str | None]:
+    """Versions of the libraries the numbers depend on (None when not installed)."""
+    import importlib.metadata as md
+
+    out: dict[str, str | None] = {"python": platform.python_version()}
+    for name in ("specconv", "torch", "transformers", "accelerate", "safetensors", "numpy", "vllm", "dflash", "speculators"):
+        try:
+            out[name] = md.version(name)
+        except md.PackageNotFoundError:
+            out[name] = None
+    return out
+
+
+def torch_backend_flags() -> dict[str, Any]:
+    """``torch.backends`` flags that change numerics (validation.md §2: record them)."""
+    import torch
+
+    flags: dict[str, Any] = {
+        "deterministic_algorithms": torch.are_deterministic_algorithms_enabled(),
+        "num_threads": torch.get_num_threads(),
+    }
+    try:
+        flags["cuda_matmul_allow_tf32"] = torch.backends.cuda.matmul.allow_tf32
+        flags["cudnn_allow_tf32"] = torch.backends.cudnn.allow_tf32
+        flags["float32_matmul_precision"] = torch.get_float32_matmul_precision()
+    except AttributeError:  # pragma: no cover
+        pass
+    return flags
+
+
+def _nvidia_smi_driver() -> str | None:
+    try:
+        out = subprocess.run(
+            ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+            capture_output=True, text=True, timeout=10, check=False,
+        )
+        return out.stdout.strip().splitlines()[0] if out.returncode == 0 and out.stdout.strip() else None
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def device_info(device: str) -> dict[str, Any]:
+    """Device description: CPU model/threads, or GPU name, compute capability, memory,
+    driver and torch/CUDA versions."""
+    import torch
+
+    info: dict[str, Any] = {"device": device, "torch": torch.__version__}
+    if str(device).startswith("cuda") and torch.cuda.is_available():
+        idx = torch.device(device).index or 0
+        props = torch.cuda.get_device_properties(idx)
+        free, total = torch.cuda.mem_get_info(idx)
+        info.update(
+            {
+                "gpu_name": props.name,
+                "compute_capability": f"{props.major}.{props.minor}",
+                "gpu_memory_total_bytes": int(total),
+                "gpu_memory_free_bytes_at_start": int(free),
+                "gpu_count": torch.cuda.device_count(),
+                "cuda_version": torch.version.cuda,
+                "cudnn_version": torch.backends.cudnn.version(),
+                "driver_version": _nvidia_smi_driver(),
+            }
+        )
+    else:
+        info.update({"cpu": platform.processor() or platform.machine(), "cpu_count": os.cpu_count()})
+    return info
+
+
+def _atomic_write(path: Path, data: bytes) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def _fmt(x: Any, nd: int = 3) -> str:
+    if x is None:
+        return "—"
+    if isinstance(x, float):
+        return f"{x:.{nd}f}"
+    return str(x)
+
+
+def render_markdown(report: dict) -> str:
+    """A short Markdown summary of a validation report."""
+    m = report.get("metrics") or {}
+    lines = [
+        f"# specconv validate — {report.get('algorithm', '?')} drafter",
+        "",
+        f"- drafter: `{report.get('drafter')}`",
+        f"- verifier: `{report.get('verifier')}`",
+        f"- backend: {report.get('backend')}, device: {report.get('device', {}).get('gpu_name') or report.get('device', {}).get('device')}, dtype: {report.get('dtype')}",
+        f"- prompts: {report.get('prompts', {}).get('set')} × {report.get('prompts', {}).get('n')}, "
+        f"max new tokens {report.get('max_new_tokens')}, temperature {report.get('temperature')}",
+        "",
+        "## Gates",
+        "",
+        "| gate | result | notes |",
+        "| --- | --- | --- |",
+    ]
+    for g in report.get("gate_results", []):
+        status = g["status"]
+        notes = "; ".join(g["errors"][:2]) or (g.get("skipped_reason") or "") or "; ".join(g["warnings"][:1])
+        lines.append(f"| {g['name']} | {status} | {notes.replace('|', '/')} |")
+    if m:
+        ci = m.get("tau_ci95")
+        lines += [
+            "",
+            "## Acceptance (vLLM convention: τ = 1 + accepted / drafts)",
+            "",
+            f"- τ pooled: **{_fmt(m.get('acceptance_length'))}**"
+            + (f" (95% CI {ci[0]:.3f}–{ci[1]:.3f})" if ci else ""),
+            f"- τ per-request mean: {_fmt(m.get('tau_request_mean'))}",
+            f"- acceptance rate: {_fmt(m.get('acceptance_rate'))}",
+            f"- drafts: {m.get('num_drafts')}, draft tokens: {m.get('num_draft_tokens')}, accepted: {m.get('num_accepted_tokens')}",
+            f"- TPOT spec / plain: {_fmt(m.get('tpot_ms'), 1)} / {_fmt(m.get('tpot_ar_ms'), 1)} ms, speedup {_fmt(m.get('speedup'), 2)}",
+            "",
+            "| position | p_i | c_i |",
+            "| --- | --- | --- |",
+        ]
+        for i, (p, c) in enumerate(zip(m.get("acceptance_at_pos", []), m.get("conditional_acceptance_at_pos", [])), 1):
+            lines.append(f"| {i} | {p:.3f} | {c:.3f} |")
+    src = report.get("source_metrics")
+    if src:
+        lines += ["", f"Source drafter τ (same harness): {_fmt(src.get('acceptance_length'))}"]
+    cal = report.get("dspark")
+    if cal:
+        lines += ["", "## DSpark confidence head (reported, not gated)", ""]
+        c = cal.get("calibration")
+        if c:
+            lines.append(f"- mean |σ(c) − accepted|: {c['mean_abs_error']:.3f}, ECE: {c['ece']:.3f}, cumprod bias: {_fmt(c.get('cumprod_bias'))}")
+        t = cal.get("truncated")
+        if t:
+            lines.append(
+                f"- truncating at cumulative confidence ≥ {t['threshold']}: τ {t['acceptance_length']:.3f}, "
+                f"mean drafts verified per step {_fmt(t.get('mean_draft_tokens_per_step'))}"
+            )
+    if report.get("plot"):
+        lines += ["", f"![per-position acceptance]({report['plot']})"]
+    return "\n".join(lines) + "\n"
+
+
+def plot_acceptance(metrics: dict, path: Path, *, source_metrics: dict | None = None, title: str = "") -> Path | None:
+    """Bar plot of per-position acceptance ``p_i`` (and the source's when given)."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:  # pragma: no cover
+        log.warning("matplotlib is not installed: no acceptance plot")
+        return None
+    p = metrics.get("acceptance_at_pos") or []
+    fig, ax = plt.subplots(figsize=(6, 3.5), dpi=100)
+    xs = list(range(1, len(p) + 1))
+    w = 0.4 if source_metrics else 0.8
+    ax.bar([x - (w / 2 if source_metrics else 0) for x in xs], p, width=w, label="converted")
+    if source_metrics:
+        ps = source_metrics.get("acceptance_at_pos") or []
+        ax.bar([x + w / 2 for x in range(1, len(ps) + 1)], ps, width=w, label="source")
+        ax.legend()
+    ax.set_xlabel("draft position i")
+    ax.set_ylabel("p_i (fraction of drafts)")
+    ax.set_ylim(0, 1)
+    ax.set_xticks(xs)
+    tau = metrics.get("acceptance_length")
+    ax.set_title(title or (f"per-position acceptance, τ = {tau:.3f}" if tau else "per-position acceptance"))
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path)
+    plt.close(fig)
+    return path
+
+
+def _jsonable(o: Any) -> Any:
+    if isinstance(o, Path):
+        return str(o)
+    if hasattr(o, "to_dict"):
+        return o.to_dict()
+    if isinstance(o, (set, tuple)):
+        return list(o)
+    raise TypeError(f"not JSON serialisable: {type(o).__name__}")
+
+
+def write_report(report: dict, report_dir: str | Path) -> dict[str, str]:
+    """Write ``validation.json`` (+ ``.md`` and the PNG) into ``report_dir``.
+
+    Returns:
+        ``{"json": path, "markdown": path, "plot": path | None}``.
+    """
+    d = Path(report_dir)
+    d.mkdir(parents=True, exist_ok=True)
+    files: dict[str, str] = {}
+    if report.get("metrics"):
+        png = plot_acceptance(report["metrics"], d / REPORT_PNG, source_metrics=report.get("source_metrics"))
+        if png is not None:
+            report["plot"] = png.name
+            files["plot"] = str(png)
+    _atomic_write(d / REPORT_MD, render_markdown(report).encode())
+    files["markdown"] = str(d / REPORT_MD)
+    _atomic_write(d / REPORT_JSON, (json.dumps(report, indent=2, sort_keys=True, default=_jsonable) + "\n").encode())
+    files["json"] = str(d / REPORT_JSON)
+    return files
+
+
+def record_in_specconv_json(drafter_dir: str | Path, summary: dict) -> Path:
+    """Read-modify-write ``<drafter_dir>/specconv.json``: set its ``validation`` key.
+
+    Other keys are kept untouched; a missing file is created with only this key.
+
+    Raises:
+        InvalidInputError: the existing file is not a JSON object.
+    """
+    from ..errors import InvalidInputError
+
+    p = Path(drafter_dir) / "specconv.json"
+    data: dict = {}
+    if p.is_file():
+        try:
+            data = json.loads(p.read_text())
+        except json.JSONDecodeError as e:
+            raise InvalidInputError(f"{p}: invalid JSON ({e}); not overwriting it") from e
+        if not isinstance(data, dict):
+            raise InvalidInputError(f"{p}: not a JSON object; not overwriting it")
+    data["validation"] = summary
+    _atomic_write(p, (json.dumps(data, indent=2, sort_keys=True, default=_jsonable) + "\n").encode())
+    return p
