@@ -1,0 +1,149 @@
+"""F7 — DeepSeek DeepSpec native DSpark (``deepseek-ai/dspark_*_block7``, ``Qwen3DSparkModel``).
+
+external_formats.md §9; DeepSpec ``deepspec/modeling/dspark/qwen3/{config,modeling}.py``
+(HEAD ``afdfa7c9``). The config is a deep copy of the target's ``Qwen3Config`` with flat
+top-level overrides: ``target_layer_ids`` (z-lab convention, ``-1`` = embedding output),
+``mask_token_id``, ``block_size``, ``num_anchors`` (training only), ``markov_rank``,
+``markov_head_type`` (written only when ``markov_rank > 0``), ``enable_confidence_head``
+and ``confidence_head_with_markov`` (written only when the confidence head is enabled;
+DeepSpec's model then treats it as ``false``). Every DeepSpec drafter is anchor-first:
+all ``block_size`` slots predict (``sample_from_anchor: true``, ``speculative_tokens =
+block_size``; speculators PR #737 review). The checkpoint ships frozen copies of the
+target's ``embed_tokens``/``lm_head`` ``[V, H]``; they are kept (vLLM shares them when
+equal, speculators 0.9.0 reloads them from the verifier).
+
+The DeepSpec *DFlash* release (``markov_rank: 0``) is ``deepspec_dflash``; Gemma4 and MLA
+DSpark bodies are refused (``converters/refusals.py``).
+"""
+
+from __future__ import annotations
+
+from specconv.errors import InvalidInputError, UnsupportedFormatError
+
+from . import _common as c
+from ._dflash import DFlashLayout, plan_dflash_family
+from ._dspark import (
+    DSparkHeads,
+    check_head_tensors,
+    finish_plan,
+    maybe_prune,
+    require_bool,
+    require_int,
+    require_type,
+)
+from .base import Converter, SourceInfo, register
+
+#: What only DeepSpec's own save_pretrained writes: the anchor sampler's budget and the
+#: frozen embedding copy. A ``Qwen3DSparkModel`` without them may be an SGLang-normalised
+#: SpecForge export (``normalize_dflash_export.py`` rewrites the architecture), which is 1+N.
+DEEPSPEC_SIGNATURE = ("config key num_anchors", "tensor embed_tokens.weight")
+
+
+def deepspec_heads(src: SourceInfo) -> DSparkHeads:
+    """Head fields under DeepSpec's semantics (``build_draft_config`` / ``Qwen3DSparkModel``).
+
+    Raises:
+        InvalidInputError: ``markov_rank`` or ``enable_confidence_head`` missing;
+            ``markov_head_type`` missing while ``markov_rank > 0``;
+            ``confidence_head_with_markov`` missing while the confidence head is enabled
+            (DeepSpec itself asserts on each of these).
+    """
+    where: dict[str, str] = {}
+    rank = require_int(src, src.cfg("markov_rank"), "markov_rank")
+    where["markov_rank"] = "markov_rank"
+    mtype = require_type(src, src.cfg("markov_head_type"), "markov_head_type", rank)
+    where["markov_head_type"] = "markov_head_type" if src.cfg("markov_head_type") is not None else "unused (markov_rank=0)"
+    enable = require_bool(src, src.cfg("enable_confidence_head"), "enable_confidence_head", "DeepSpec always writes it")
+    where["enable_confidence_head"] = "enable_confidence_head"
+    cwm = src.cfg("confidence_head_with_markov")
+    if enable:
+        cwm = require_bool(
+            src, cwm, "confidence_head_with_markov",
+            "DeepSpec writes it whenever enable_confidence_head is true and asserts on its absence",
+        )
+        where["confidence_head_with_markov"] = "confidence_head_with_markov"
+    else:
+        cwm = False
+        where["confidence_head_with_markov"] = "false: confidence head disabled (DeepSpec's model sets it false)"
+    return DSparkHeads(rank, mtype, enable, bool(cwm), where)
+
+
+def deepspec_layout_sfa(src: SourceInfo, opts) -> tuple[bool, str, list[tuple[str, str, str]]]:
+    """Anchor-first unless the DeepSpec signature is missing; then ``--(no-)sample-from-anchor``."""
+    missing = []
+    if src.cfg("num_anchors") is None:
+        missing.append(DEEPSPEC_SIGNATURE[0])
+    if "embed_tokens.weight" not in src.tensor_names():
+        missing.append(DEEPSPEC_SIGNATURE[1])
+    explicit = src.cfg("sample_from_anchor")
+    if isinstance(explicit, bool):
+        return explicit, "config sample_from_anchor", []
+    if not missing:
+        return True, "DeepSpec drafters are anchor-first (every slot drafts)", []
+    if opts.sample_from_anchor is None:
+        raise InvalidInputError(
+            f"{src.path}: Qwen3DSparkModel without DeepSpec's {' and '.join(missing)}: this may be an "
+            "SGLang-normalised SpecForge export (trained 1+N) rather than a DeepSpec drafter (anchor-first); "
+            "the block layout cannot be told from the checkpoint",
+            code="ambiguous_layout",
+            hint="pass --sample-from-anchor (DeepSpec, anchor-first) or --no-sample-from-anchor (SpecForge, 1+N)",
+        )
+    sfa = opts.sample_from_anchor
+    return sfa, "--sample-from-anchor" if sfa else "--no-sample-from-anchor", [(
+        "warning", "layout_from_flag",
+        f"block layout taken from the flag ({'anchor-first' if sfa else '1+N'}): the checkpoint lacks DeepSpec's "
+        f"{' and '.join(missing)}",
+    )]
+
+
+@register
+class DeepSpecDSpark(Converter):
+    format_id = "deepspec_dspark"
+    algorithm = "dspark"
+    title = "DeepSeek DeepSpec DSpark (Qwen3DSparkModel, markov_rank > 0)"
+    detection = (
+        "`architectures[0] == Qwen3DSparkModel` and `markov_rank != 0`; flat top-level `target_layer_ids`, "
+        "`mask_token_id`, `block_size`, `num_anchors`"
+    )
+    mapping = (
+        "ids: -1 → 0, others +1; anchor-first (`sample_from_anchor: true`, `speculative_tokens = block_size`); "
+        "`markov_rank`/`markov_head_type`/`enable_confidence_head`/`confidence_head_with_markov` copied "
+        "(the last is false when the confidence head is off, as in DeepSpec's model); head tensors cross-checked; "
+        "`embed_tokens`/`lm_head` copies kept; `attn_output_gate: true` refused"
+    )
+    spec_ref = "external_formats.md §9 (F7)"
+    priority = 150
+
+    @classmethod
+    def detect(cls, src: SourceInfo) -> bool:
+        return "Qwen3DSparkModel" in src.architectures and src.cfg("markov_rank") != 0
+
+    def plan(self, src, verifier, opts):
+        if src.cfg("attn_output_gate"):
+            raise UnsupportedFormatError(
+                f"{src.path}/config.json: attn_output_gate=true adds gated-attention weights that the Speculators "
+                "DSpark body (a plain Qwen3 layer) cannot hold; the conversion would not be faithful",
+                format_id=self.format_id,
+            )
+        heads = deepspec_heads(src)
+        sfa, sfa_source, extra = deepspec_layout_sfa(src, opts)
+        layout = DFlashLayout(
+            ids_key="target_layer_ids",
+            ids=src.cfg("target_layer_ids"),
+            allow_minus_one=True,
+            mask_locations=[("mask_token_id", src.cfg("mask_token_id"))],
+            block_nested={},
+            sample_from_anchor=sfa,
+            sfa_source=sfa_source,
+            extra_accept=c.DSPARK_HEADS,
+            layer_drop=("attn_output_gate",),
+            extra_findings=extra,
+        )
+        plan = plan_dflash_family(self, src, verifier, opts, layout, algorithm="dspark", extra_fields=heads.fields())
+        lcfg = plan.config.transformer_layer_config
+        check_head_tensors(src, plan, heads, hidden=lcfg["hidden_size"], vocab=lcfg["vocab_size"])
+        notes = []
+        if src.cfg("num_anchors") is not None:
+            notes.append(f"num_anchors={src.cfg('num_anchors')} is DeepSpec's training anchor budget (not carried)")
+        plan = maybe_prune(self, plan, src, verifier, opts)
+        return finish_plan(plan, heads, notes)

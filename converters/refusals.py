@@ -1,0 +1,423 @@
+"""Formats specconv recognises and refuses by name (external_formats.md §16 and §2–§14).
+
+Each class is a registered :class:`~specconv.converters.base.Converter` with
+``supported = False``: ``specconv inspect`` reports its ``format``/``refusal`` (exit 3),
+``specconv convert`` refuses it before touching any tensor, and ``specconv formats`` /
+``docs/formats.md`` list it. Detection looks only at ``config.json`` (and, for DeepSeek-V4,
+``inference/config.json``), file names and tensor headers (names, dtypes) — never tensor
+data. Priorities place each refusal ahead of the supported format it would otherwise be
+mistaken for (lower runs first):
+
+==========  ====================================================================
+priority    what
+==========  ====================================================================
+15 – 25     target checkpoints (DeepSeek-V4), quantized drafters, no draft body
+100 – 120   architecture-level refusals (DFlash2, Domino, Gemma4/MLA DSpark)
+180 – 190   ``dflash_config`` variants that look like F1 (Laguna, MiMo, JetSpec)
+590 – 600   EAGLE+Medusa parallel heads, EAGLE-3 (after the P-EAGLE sources)
+==========  ====================================================================
+
+Supported formats sit at 10 (Speculators dirs), 150–170 (DSpark/DeepSpec), 200–300
+(DFlash family) and the P-EAGLE sources.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+from .base import Converter, SourceInfo, register
+
+# --------------------------------------------------------------------------- helpers
+
+
+def _any_name(src: SourceInfo, pattern: str) -> bool:
+    rx = re.compile(pattern)
+    return any(rx.search(n) for n in src.tensor_names())
+
+
+def _keys_anywhere(src: SourceInfo) -> dict[str, Any]:
+    """Top-level config keys merged with ``dflash_config`` (nested wins nothing: both seen)."""
+    out = dict(src.config or {})
+    for k, v in src.dflash_config.items():
+        out.setdefault(k, v)
+    return out
+
+
+def _is_dflash_family(src: SourceInfo) -> bool:
+    return isinstance(src.cfg("dflash_config"), dict) or any("DFlash" in a for a in src.architectures)
+
+
+def _is_dspark_like(src: SourceInfo) -> bool:
+    return (
+        any("DSpark" in a for a in src.architectures)
+        or src.dflash_config.get("projector_type") == "dspark"
+        or src.cfg("markov_rank") is not None
+        or src.dflash_config.get("markov_rank") is not None
+    )
+
+
+# ------------------------------------------------------------- targets / whole checkpoints
+
+
+@register
+class DeepSeekV4DSpark(Converter):
+    format_id = "deepseek_v4_dspark"
+    algorithm = "dspark"
+    title = "DeepSeek-V4 embedded DSpark (draft inside the target checkpoint)"
+    detection = "`model_type == deepseek_v4` with `dspark_*` keys (config.json or inference/config.json) or `mtp.*` tensors"
+    supported = False
+    refusal = (
+        "the DSpark drafter of DeepSeek-V4-{Flash,Pro}-DSpark lives inside the 800+ GB target checkpoint "
+        "(mtp.* tensors, shared embed/head) and uses sparse MLA attention; it is not a standalone drafter and "
+        "Speculators has no MLA DSpark type (serve it with vLLM's deepseek_v4 DSpark path)"
+    )
+    spec_ref = "external_formats.md §10 (F8)"
+    priority = 15
+
+    @classmethod
+    def detect(cls, src: SourceInfo) -> bool:
+        if src.cfg("model_type") != "deepseek_v4":
+            return False
+        if any(k.startswith("dspark_") for k in src.config or {}):
+            return True
+        inf = src.path / "inference" / "config.json"
+        if inf.is_file():
+            try:
+                data = json.loads(inf.read_text())
+            except (OSError, json.JSONDecodeError):
+                data = {}
+            if isinstance(data, dict) and any(k.startswith("dspark_") for k in data):
+                return True
+        return _any_name(src, r"^mtp\.")
+
+
+#: Tensor-name suffixes written by quantizers (ModelOpt FP8/NVFP4, compressed-tensors,
+#: GPTQ/AWQ, DeepSeek FP8 block scales).
+_QUANT_TENSOR = re.compile(
+    r"(_scale|_scale_inv|_scale_2|weight_packed|weight_shape|weight_zero_point|\.qweight|\.qzeros|\.scales|\.g_idx)$"
+)
+_QUANT_DTYPES = {"F8_E4M3", "F8_E5M2", "F8_E8M0", "F4", "I4", "U4"}
+
+
+@register
+class QuantizedDrafter(Converter):
+    format_id = "quantized_drafter"
+    algorithm = "any"
+    title = "Quantized drafter (FP8 / NVFP4 / INT4 export)"
+    detection = (
+        "`quantization_config` in config.json, an `hf_quant_config.json` file, tensors named `*_scale`/"
+        "`*_scale_inv`/`weight_packed`/`qweight`/`qzeros`, or FP8/FP4 tensor dtypes"
+    )
+    supported = False
+    refusal = (
+        "quantized weights (scales / packed tensors) have no place in the Speculators format, whose body is a plain "
+        "floating-point Qwen3/Llama decoder; convert the unquantized (bf16) drafter and quantize at deployment "
+        "(e.g. ModelOpt / TensorRT-LLM)"
+    )
+    spec_ref = "external_formats.md §16 (quantization), §7 (F5)"
+    priority = 18
+
+    @classmethod
+    def detect(cls, src: SourceInfo) -> bool:
+        if src.config is None:
+            return False
+        if src.cfg("quantization_config") is not None or src.cfg("compression_config") is not None:
+            return True
+        if "hf_quant_config.json" in src.files:
+            return True
+        names = src.tensor_names()
+        if any(_QUANT_TENSOR.search(n) for n in names):
+            return True
+        if names:
+            try:
+                return any(src.store.info(n).dtype in _QUANT_DTYPES for n in names)
+            except Exception:  # unreadable headers: let the real converter report it
+                return False
+        return False
+
+
+#: Tensors that never make a draft body on their own (vocabulary-sized tables and maps).
+_NON_BODY = re.compile(
+    r"^(model\.)?(embed_tokens|tok_embeddings|wte|embed|lm_head|head|output)\.weight$|^(model\.)?(d2t|t2d)$"
+)
+
+
+@register
+class NoDraftBody(Converter):
+    format_id = "no_draft_body"
+    algorithm = "any"
+    title = "Checkpoint without draft-body weights"
+    detection = (
+        "`config.json` present but no weight files, or only embedding / LM-head / d2t / t2d tensors "
+        "(no `fc`, `layers.*`, `midlayer.*` ...)"
+    )
+    supported = False
+    refusal = (
+        "the directory has a config but no draft-body tensors (weights missing, not downloaded, or only the "
+        "embedding/LM head); point SRC at the directory holding the drafter's safetensors (see --subfolder, "
+        "--checkpoint)"
+    )
+    spec_ref = "external_formats.md §16 (step 8)"
+    priority = 25
+
+    @classmethod
+    def detect(cls, src: SourceInfo) -> bool:
+        if src.config is None:
+            return False
+        if not src.has_weights():
+            return True
+        names = src.tensor_names()
+        if not names and src._store_error is not None:  # unreadable: the converter reports why
+            return False
+        return not any(not _NON_BODY.search(n) for n in names)
+
+
+# ------------------------------------------------------------------ architecture level
+
+
+@register
+class DFlash2(Converter):
+    format_id = "dflash2"
+    algorithm = "dflash2"
+    title = "z-lab DFlash2 (conv + candidate selector)"
+    detection = (
+        "`architectures` ∈ {`DFlash2DraftModel`, `Qwen3DFlash2DraftModel`}, `dflash_config.conv_kernel_size`/"
+        "`selector_rank`, or `candidate_selector.*` / `*_conv.base_kernel` tensors"
+    )
+    supported = False
+    refusal = (
+        "DFlash2 adds per-layer convolutions and a candidate selector (attention_conv/mlp_conv, candidate_selector.*) "
+        "that the Speculators dflash type cannot hold; dropping them would silently degrade the drafter "
+        "(never downgraded to plain DFlash)"
+    )
+    spec_ref = "external_formats.md §4 (F2)"
+    priority = 100
+
+    @classmethod
+    def detect(cls, src: SourceInfo) -> bool:
+        if any(a in ("DFlash2DraftModel", "Qwen3DFlash2DraftModel") for a in src.architectures):
+            return True
+        dc = src.dflash_config
+        if isinstance(src.cfg("dflash_config"), dict) and ("conv_kernel_size" in dc or "selector_rank" in dc):
+            return True
+        return _is_dflash_family(src) and _any_name(src, r"^candidate_selector\.|(attention|mlp)_conv\.")
+
+
+@register
+class Domino(Converter):
+    format_id = "domino"
+    algorithm = "domino"
+    title = "Domino (SpecForge / ModelOpt / NeMo)"
+    detection = "`architectures[0] == DominoDraftModel` or `dflash_config.projector_type == \"domino\"`"
+    supported = False
+    refusal = (
+        "Domino's prefix GRU and embedding-projection head (prefix_gru.*, embed_proj.*) have no Speculators "
+        "(or vLLM) counterpart"
+    )
+    spec_ref = "external_formats.md §6.3, §6.4, §7"
+    priority = 105
+
+    @classmethod
+    def detect(cls, src: SourceInfo) -> bool:
+        return "DominoDraftModel" in src.architectures or src.dflash_config.get("projector_type") == "domino"
+
+
+@register
+class Gemma4DSpark(Converter):
+    format_id = "gemma4_dspark"
+    algorithm = "dspark"
+    title = "DeepSpec Gemma4 DSpark (Gemma4DSparkModel)"
+    detection = "`architectures[0] == Gemma4DSparkModel`"
+    supported = False
+    refusal = (
+        "the Gemma4 DSpark body uses Gemma4 layers (pre/post-feedforward norms, optional v_norm, k=v attention) "
+        "while the Speculators DSpark body is a Qwen3 layer"
+    )
+    spec_ref = "external_formats.md §9 (F7)"
+    priority = 110
+
+    @classmethod
+    def detect(cls, src: SourceInfo) -> bool:
+        return "Gemma4DSparkModel" in src.architectures
+
+
+_MLA_KEYS = ("kv_lora_rank", "q_lora_rank", "qk_rope_head_dim", "qk_nope_head_dim")
+
+
+@register
+class MLADSpark(Converter):
+    format_id = "mla_dspark"
+    algorithm = "dspark"
+    title = "MLA DSpark body (GLM-5 / Kimi / SpecForge attention_mode mla)"
+    detection = (
+        "DSpark checkpoint with `attention_mode: mla` (top level or `dflash_config`), `Glm5DSparkForCausalLM`, "
+        "MLA keys (`kv_lora_rank`, `q_lora_rank`) or `kv_a_proj_with_mqa` tensors"
+    )
+    supported = False
+    refusal = (
+        "multi-head latent attention (MLA) DSpark bodies have no Speculators equivalent (the Speculators DSpark "
+        "body is a GQA/MHA Qwen3 layer; speculators RFC #1052 is open)"
+    )
+    spec_ref = "external_formats.md §6.3, §17 q5"
+    priority = 112
+
+    @classmethod
+    def detect(cls, src: SourceInfo) -> bool:
+        if "Glm5DSparkForCausalLM" in src.architectures:
+            return True
+        if not _is_dspark_like(src):
+            return False
+        keys = _keys_anywhere(src)
+        if str(keys.get("attention_mode", "")).lower() == "mla":
+            return True
+        if any(keys.get(k) for k in _MLA_KEYS):
+            return True
+        return _any_name(src, r"kv_a_proj_with_mqa|kv_b_proj")
+
+
+# ------------------------------------------------------------- dflash_config variants
+
+
+@register
+class LagunaDFlash(Converter):
+    format_id = "laguna_dflash"
+    algorithm = "dflash"
+    title = "poolside Laguna DFlash (gated, fused QKV)"
+    detection = (
+        "`model_type == laguna`, or a DFlash config with `qkv_proj` / `g_proj` / `aux_hidden_norms.*` tensors"
+    )
+    supported = False
+    refusal = (
+        "Laguna drafts gate attention (g_proj) and normalise each aux hidden state (aux_hidden_norms.*), which the "
+        "Speculators dflash body cannot express; dropping them loads but collapses acceptance (ROCmFPX PR #48: 0.28)"
+    )
+    spec_ref = "external_formats.md §5 (F3)"
+    priority = 180
+
+    @classmethod
+    def detect(cls, src: SourceInfo) -> bool:
+        if src.cfg("model_type") == "laguna" or src.dflash_config.get("model_type") == "laguna":
+            return True
+        if not _is_dflash_family(src):
+            return False
+        return _any_name(src, r"(^|\.)aux_hidden_norms\.|self_attn\.(qkv_proj|g_proj)\.")
+
+
+@register
+class MiMoDFlash(Converter):
+    format_id = "mimo_dflash"
+    algorithm = "dflash"
+    title = "Xiaomi MiMo DFlash with attention sinks / learned mask embedding"
+    detection = (
+        "DFlash config with `attention_sink_bias` (top level or `dflash_config`), "
+        "`*.attention_sink_bias` tensors, or a `mask_embedding.pt` side file"
+    )
+    supported = False
+    refusal = (
+        "MiMo drafts add per-head attention-sink biases and/or a learned mask embedding (mask_embedding.pt) that "
+        "replaces the verifier's mask-token row; the Speculators dflash format has neither"
+    )
+    spec_ref = "external_formats.md §3 (F1, MiMo), §16 step 4"
+    priority = 185
+
+    @classmethod
+    def detect(cls, src: SourceInfo) -> bool:
+        if not _is_dflash_family(src) and "mask_embedding.pt" not in src.files:
+            return False
+        if src.cfg("attention_sink_bias") or src.dflash_config.get("attention_sink_bias"):
+            return True
+        if "mask_embedding.pt" in src.files:
+            return True
+        return _any_name(src, r"attention_sink_bias$")
+
+
+@register
+class CausalDFlash(Converter):
+    format_id = "causal_dflash"
+    algorithm = "dflash"
+    title = "JetSpec / block-causal DFlash (dflash_config.causal: true)"
+    detection = "DFlash config with `dflash_config.causal: true` or top-level `is_causal: true`"
+    supported = False
+    refusal = (
+        "trained with block-causal attention inside the draft block; Speculators DFlash full-attention layers are "
+        "always bidirectional in the block, so the converted drafter would not behave as trained"
+    )
+    spec_ref = "external_formats.md §8 (F6, JetSpec)"
+    priority = 190
+
+    @classmethod
+    def detect(cls, src: SourceInfo) -> bool:
+        if not isinstance(src.cfg("dflash_config"), dict):
+            return False
+        return src.dflash_config.get("causal") is True or src.cfg("is_causal") is True
+
+
+# -------------------------------------------------------------------------- EAGLE family
+
+
+_PEAGLE_KEYS = ("pard_token", "ptd_token_id", "num_depths", "para_num")
+
+
+def _has_peagle_markers(src: SourceInfo) -> bool:
+    if src.cfg("speculators_model_type") is not None:
+        return True
+    if any("PEagle" in a or "Peagle" in a for a in src.architectures):
+        return True
+    if src.cfg("parallel_drafting"):
+        return True
+    if any(src.cfg(k) is not None for k in _PEAGLE_KEYS):
+        return True
+    return _any_name(src, r"(^|\.)mask_hidden$")
+
+
+@register
+class EagleMedusaParallelHeads(Converter):
+    format_id = "modelopt_eagle_parallel_heads"
+    algorithm = "eagle3"
+    title = "ModelOpt EAGLE-3 + Medusa parallel draft heads"
+    detection = "`parallel_draft_heads.*` tensors (or `eagle_config.parallel_draft_step > 1`)"
+    supported = False
+    refusal = (
+        "EAGLE-3 with Medusa-style parallel draft heads (parallel_draft_heads.*) is ModelOpt's own scheme, not "
+        "P-EAGLE; Speculators has no type for it — deploy it with ModelOpt / TensorRT-LLM"
+    )
+    spec_ref = "external_formats.md §7 (F5, EAGLE3)"
+    priority = 590
+
+    @classmethod
+    def detect(cls, src: SourceInfo) -> bool:
+        ec = src.cfg("eagle_config")
+        if isinstance(ec, dict) and isinstance(ec.get("parallel_draft_step"), int) and ec["parallel_draft_step"] > 1:
+            return True
+        return _any_name(src, r"(^|\.)parallel_draft_heads\.")
+
+
+@register
+class Eagle3(Converter):
+    format_id = "eagle3"
+    algorithm = "eagle3"
+    title = "EAGLE-3 drafter (SafeAILab / SpecForge / ModelOpt / NeMo)"
+    detection = (
+        "`architectures` containing `Eagle3` (`LlamaForCausalLMEagle3`, `Eagle3DeepseekV2ForCausalLM`, "
+        "`LlamaEagle3DraftModel` without `parallel_drafting`) or `draft_vocab_size` / `midlayer.*` tensors, "
+        "without P-EAGLE markers (`mask_hidden`, `pard_token`, `ptd_token_id`, `parallel_drafting`)"
+    )
+    supported = False
+    refusal = (
+        "EAGLE-3 is out of specconv's scope (P-EAGLE / DFlash / DSpark only); convert it with "
+        "`speculators convert --algorithm eagle3` (speculators' EAGLE-3 converter)"
+    )
+    spec_ref = "external_formats.md §14 (F12)"
+    priority = 600
+
+    @classmethod
+    def detect(cls, src: SourceInfo) -> bool:
+        if src.config is None or _has_peagle_markers(src) or isinstance(src.cfg("dflash_config"), dict):
+            return False
+        if any("Eagle3" in a or "EAGLE3" in a for a in src.architectures):
+            return True
+        if src.cfg("draft_vocab_size") is not None:
+            return True
+        return _any_name(src, r"^midlayer\.")

@@ -1,0 +1,189 @@
+"""F4 — SpecForge DSpark HF exports (``DSparkDraftModel``). external_formats.md §6.3–§6.5.
+
+SpecForge (``specforge/modeling/draft/dspark.py``, HEAD ``a6b6b023``; configs
+``configs/qwen3-8b-dspark.json``, ``glm-5.2-dspark.json``, ``kimi-k3-dspark.json``) writes
+the F1 DFlash body plus the DSpark heads, with ``architectures ["DSparkDraftModel"]``,
+top-level ``block_size`` and the head/drafter keys in ``dflash_config``
+(``projector_type: "dspark"``, ``attention_mode`` ``gqa``/``mha``, ``markov_rank``,
+``markov_head_type``, ``enable_confidence_head``, ``confidence_head_alpha``,
+``confidence_head_with_markov``, ``mask_token_id``, ``target_layer_ids``). Some versions
+declare the head keys at the top level instead (both are read; they must agree).
+
+* Layout: SpecForge DSpark is trained 1+N (slot 0 = bonus token, ``block_size − 1``
+  drafts; llama.cpp PR #26275) and its exports omit ``sample_from_anchor`` → written
+  ``false`` unless the checkpoint says otherwise (``sample_from_anchor`` or
+  ``shift_label``); ``--sample-from-anchor`` may only fill in when the checkpoint is silent.
+* Early checkpoints nest the heads under ``logit_head.`` (``logit_head.markov_head.*`` →
+  ``markov_head.*``, ``logit_head.confidence_head.*`` → ``confidence_head.*``);
+  ``prefix_gru.*`` / ``embed_proj.*`` (Domino's GRU head) have no Speculators equivalent
+  and are refused.
+* ``attention_mode: "mla"`` is refused (``converters/refusals.py`` detects it first).
+* ``confidence_head_alpha`` is a training loss weight: recorded in the notes, not carried.
+* Full vocabulary (``markov_w2 [V, r]``); ``--vocab-mapping`` prunes (``_dspark.maybe_prune``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from specconv.errors import UnsupportedFormatError
+
+from . import _common as c
+from ._dflash import DFlashLayout, plan_dflash_family
+from ._dspark import (
+    DSparkHeads,
+    check_head_tensors,
+    finish_plan,
+    maybe_prune,
+    require_bool,
+    require_int,
+    require_type,
+)
+from .base import Converter, SourceInfo, register
+
+#: Domino's head (SpecForge ``domino.py``): a GRU over the draft prefix + an embedding
+#: projection — no Speculators (or vLLM) counterpart.
+DOMINO_TENSORS = {
+    r"(logit_head\.)?prefix_gru\..*": "Domino prefix GRU (no Speculators equivalent)",
+    r"(logit_head\.)?embed_proj\..*": "Domino embedding projection (no Speculators equivalent)",
+}
+
+
+def strip_logit_head(name: str) -> str:
+    """``logit_head.markov_head.x`` → ``markov_head.x`` (early SpecForge DSpark checkpoints)."""
+    return name[len("logit_head."):] if name.startswith("logit_head.") else name
+
+
+def hoisted(src: SourceInfo, key: str) -> tuple[Any, str | None]:
+    """``dflash_config.<key>`` and/or top-level ``<key>`` (must agree)."""
+    return c.one_of(src, [(f"dflash_config.{key}", src.dflash_config.get(key)), (key, src.cfg(key))], key)
+
+
+def specforge_heads(src: SourceInfo) -> DSparkHeads:
+    """Head fields from ``dflash_config`` (or the top level).
+
+    Raises:
+        InvalidInputError: a key is missing (``markov_rank``, ``enable_confidence_head``;
+            ``markov_head_type`` when rank > 0; ``confidence_head_with_markov`` when the
+            confidence head is enabled) or the two locations disagree.
+    """
+    where: dict[str, str] = {}
+    v, w = hoisted(src, "markov_rank")
+    rank = require_int(src, v, "dflash_config.markov_rank")
+    where["markov_rank"] = w or "?"
+    v, w = hoisted(src, "markov_head_type")
+    mtype = require_type(src, v, "dflash_config.markov_head_type", rank)
+    where["markov_head_type"] = w or "unused (markov_rank=0)"
+    v, w = hoisted(src, "enable_confidence_head")
+    enable = require_bool(src, v, "dflash_config.enable_confidence_head", "SpecForge exports write it")
+    where["enable_confidence_head"] = w or "?"
+    v, w = hoisted(src, "confidence_head_with_markov")
+    if enable:
+        cwm = require_bool(src, v, "dflash_config.confidence_head_with_markov",
+                           "needed when enable_confidence_head is true: it sets the confidence input width")
+        where["confidence_head_with_markov"] = w or "?"
+    else:
+        cwm = False
+        where["confidence_head_with_markov"] = "false: confidence head disabled"
+    return DSparkHeads(rank, mtype, enable, bool(cwm), where)
+
+
+def is_modelopt_dspark(src: SourceInfo) -> bool:
+    """ModelOpt's DSpark export: head tensors at the top level or ModelOpt key names."""
+    dc = src.dflash_config
+    if dc.get("projector_type") != "dspark":
+        return False
+    if "use_confidence_head" in dc or "shift_label" in dc:
+        return True
+    names = set(src.tensor_names())
+    return bool(names & {"markov_w1.weight", "markov_w2.weight", "confidence_proj.weight"})
+
+
+@register
+class SpecForgeDSpark(Converter):
+    format_id = "specforge_dspark"
+    algorithm = "dspark"
+    title = "SpecForge DSpark export (DSparkDraftModel)"
+    detection = (
+        "`architectures[0] == DSparkDraftModel` or `dflash_config.projector_type == \"dspark\"` without ModelOpt's "
+        "top-level head tensors; no `speculators_model_type`"
+    )
+    mapping = (
+        "`dflash_config` head fields (`markov_rank`, `markov_head_type`, `enable_confidence_head`, "
+        "`confidence_head_with_markov`, `mask_token_id`, `target_layer_ids`) hoisted; ids +1; 1+N layout "
+        "(`sample_from_anchor: false`, `speculative_tokens = B−1`) unless the checkpoint says otherwise; "
+        "`logit_head.` prefix stripped; Domino `prefix_gru`/`embed_proj` refused; `attention_mode: mla` refused; "
+        "`confidence_head_alpha` (training only) noted"
+    )
+    spec_ref = "external_formats.md §6.3–§6.5 (F4)"
+    priority = 170
+
+    @classmethod
+    def detect(cls, src: SourceInfo) -> bool:
+        if src.cfg("speculators_model_type") is not None:
+            return False
+        if "DSparkDraftModel" in src.architectures:
+            return not is_modelopt_dspark(src)
+        return isinstance(src.cfg("dflash_config"), dict) and src.dflash_config.get("projector_type") == "dspark" and not is_modelopt_dspark(src)
+
+    def plan(self, src, verifier, opts):
+        from specconv.speculators import Finding
+
+        mode, where = hoisted(src, "attention_mode")
+        if mode is not None and str(mode).lower() not in ("gqa", "mha"):
+            raise UnsupportedFormatError(
+                f"{src.path}/config.json: {where}={mode!r}: only GQA/MHA DSpark bodies map to the Speculators "
+                "DSpark (Qwen3) layer; MLA bodies have no Speculators equivalent",
+                format_id="mla_dspark",
+            )
+        heads = specforge_heads(src)
+        ids, ids_key = hoisted(src, "target_layer_ids")
+        extra_findings: list[tuple[str, str, str]] = []
+        sfa_cfg, sfa_where = hoisted(src, "sample_from_anchor")
+        if sfa_cfg is None:
+            shift, shift_where = hoisted(src, "shift_label")
+            if isinstance(shift, bool):
+                sfa_cfg, sfa_where = shift, f"{shift_where} (shift_label: true = anchor-first)"
+        if isinstance(sfa_cfg, bool):
+            sfa, sfa_source = sfa_cfg, f"checkpoint {sfa_where}"
+        elif opts.sample_from_anchor is not None:
+            sfa = opts.sample_from_anchor
+            sfa_source = "--sample-from-anchor" if sfa else "--no-sample-from-anchor"
+            if sfa:
+                extra_findings.append((
+                    "warning", "layout_from_flag",
+                    "--sample-from-anchor overrides SpecForge's documented 1+N DSpark layout (the checkpoint records "
+                    "none); acceptance collapses if the drafter was trained 1+N — check with `specconv validate`",
+                ))
+        else:
+            sfa, sfa_source = False, "SpecForge DSpark exports are 1+N (no sample_from_anchor key)"
+        layout = DFlashLayout(
+            ids_key=ids_key or "dflash_config.target_layer_ids",
+            ids=ids,
+            mask_locations=[("dflash_config.mask_token_id", src.dflash_config.get("mask_token_id")),
+                            ("mask_token_id", src.cfg("mask_token_id"))],
+            sample_from_anchor=sfa,
+            sfa_source=sfa_source,
+            rename=strip_logit_head,
+            extra_accept=c.DSPARK_HEADS,
+            refuse=dict(DOMINO_TENSORS),
+            layer_drop=("confidence_head_alpha", "attention_mode", "projector_type", "shift_label"),
+            extra_findings=extra_findings,
+        )
+        plan = plan_dflash_family(self, src, verifier, opts, layout, algorithm="dspark", extra_fields=heads.fields())
+        lcfg = plan.config.transformer_layer_config
+        check_head_tensors(src, plan, heads, hidden=lcfg["hidden_size"], vocab=lcfg["vocab_size"])
+        notes = []
+        if any(t.source and t.source.startswith("logit_head.") for t in plan.tensors):
+            notes.append("early SpecForge layout: logit_head. prefix stripped from the head tensors")
+        alpha, alpha_where = hoisted(src, "confidence_head_alpha")
+        if alpha is not None:
+            notes.append(f"{alpha_where}={alpha} is a training loss weight (not carried)")
+        if heads.markov_head_type != "vanilla":
+            plan.findings.append(Finding(
+                "info", "specforge_markov_type",
+                f"SpecForge implements only the vanilla Markov head; this export says {heads.markov_head_type!r}",
+                "markov_head_type",
+            ))
+        plan = maybe_prune(self, plan, src, verifier, opts)
+        return finish_plan(plan, heads, notes)
