@@ -557,6 +557,15 @@ def resolve_vocab(
         )
     where = str(src.path)
     t2d_arr = None if t2d_f is None else _as_bool(t2d_f.value, f"t2d ({t2d_f.where})")
+    if t2d_arr is not None and t2d_arr.shape[0] == V and bool(t2d_arr.all()):
+        # SpecForge initialises t2d to all-true and only overwrites it when a mapping is
+        # loaded: with Vd < V it carries no information (it cannot mark exactly Vd ids).
+        msg = (f"{t2d_f.where} is all-true (an untouched default) although the vocabulary is pruned "
+               f"({Vd} < {V}); it is ignored and t2d is rebuilt from d2t")
+        res.findings.append(Finding("warning", "t2d_default_all_true", msg, "t2d"))
+        if t2d_f.source_name:
+            res.dropped.append(DroppedTensor(t2d_f.source_name, "all-true default t2d with a pruned vocabulary; rebuilt from d2t"))
+        t2d_f, t2d_arr = None, None
     reading = normalise_d2t(d2t_f.value, t2d_arr, V, Vd, where=where)
     if reading.form == "absolute":
         res.findings.append(Finding("warning", "d2t_absolute_ids", f"{d2t_f.where}: {reading.message}", "d2t"))

@@ -1,0 +1,440 @@
+"""The P-EAGLE mapping shared by every P-EAGLE source (external_formats.md §6, §8, §11).
+
+A source module says where its config keys live and how its tensors are named
+(:class:`PEagleLayout`); :func:`plan_peagle_family` turns that into a Speculators
+``peagle`` plan (speculators_format.md §3).
+
+Facts used:
+
+* Tensors (§3.2): ``embed_tokens [V,H]`` (trained; shipped), ``fc [H, A·H]``,
+  ``mask_hidden [1,1,A·H]``, ``layers.0.{hidden_norm,input_layernorm,
+  post_attention_layernorm}``, layer-0 ``q/k/v_proj`` take ``2H`` inputs, ``layers.N≥1``
+  plain Llama/Qwen3, ``norm``, ``lm_head [Vd,H]``, ``d2t``/``t2d`` when pruned,
+  optional ``input_norm`` (``norm_before_fc``) and ``fc_norm.{i}`` (``fc_norm``).
+* Aux ids in the EAGLE-3 convention (``eagle_aux_hidden_state_layer_ids``) are already
+  Speculators capture ids (external_formats.md §1.1, convention E = S) — never
+  recomputed from a formula.
+* ``norm_before_residual``: vLLM's speculators reader defaults it to false for peagle
+  and true for eagle3, the speculators trainer to true — so it is never guessed.
+* ``transformer_layer_config.model_type`` is ``llama`` or ``qwen3`` (per-head q/k norms);
+  a Llama draft with ``A != 3`` aux layers needs ``num_aux_hidden_states: A`` for vLLM
+  (speculators_format.md §8.4 rule 2).
+* ``speculative_tokens`` = trained depths K (must not exceed them, §8.4 rule 7).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping
+
+from specconv.errors import InvalidInputError, UnsupportedFormatError
+from specconv.plan import ConversionPlan, DroppedTensor, LayerIdConversion, TensorPlan
+
+from . import _common as c
+from . import _vocab as vb
+from ._dflash import SPECULATORS_FORMAT_VERSION, speculators_envelope
+from .base import ConvertOptions, SourceInfo
+
+#: Output-name patterns a P-EAGLE draft may hold (besides the mapping tensors).
+PEAGLE_ACCEPT = c.LAYER_PATTERNS + (
+    r"fc\.weight",
+    r"norm\.weight",
+    r"embed_tokens\.weight",
+    r"lm_head\.weight",
+    r"mask_hidden",
+    r"input_norm\.weight",
+    r"fc_norm\.\d+\.weight",
+) + vb.VOCAB_PATTERNS
+
+#: Training-only tensors some exports keep (speculators excludes them on save).
+TRAINING_ONLY = {
+    r"(model\.)?verifier_lm_head\.weight": "training-only copy of the verifier head (speculators never saves it)",
+    r"(model\.)?verifier_norm\.weight": "training-only copy of the verifier final norm (speculators never saves it)",
+}
+
+#: Source config keys that describe the P-EAGLE wrapper, not the draft decoder layers.
+PEAGLE_NON_LAYER_KEYS = (
+    "draft_vocab_size", "target_hidden_size", "eagle_config", "pard_token", "ptd_token_id",
+    "norm_before_residual", "norm_before_fc", "fc_norm", "norm_output", "embed_requires_grad",
+    "num_depths", "parallel_drafting", "eagle_aux_hidden_state_layer_ids", "aux_hidden_state_layer_ids",
+    "down_sample_ratio", "down_sample_ratio_min", "para_num", "para_depths", "loss_type",
+    "use_aux_hidden_state", "num_aux_hidden_states", "mask_token_id", "layer_types_source",
+)
+
+
+def strip_prefix_rename(prefix: str = "model.", *, keep_top_level: tuple[str, ...] = ()) -> Callable[[str], str]:
+    """Rename: drop ``prefix`` and map a single-layer ``midlayer.*`` to ``layers.0.*``."""
+
+    def rename(name: str) -> str:
+        if prefix and name.startswith(prefix) and name not in keep_top_level:
+            name = name[len(prefix):]
+        if name.startswith("midlayer."):
+            name = "layers.0." + name[len("midlayer."):]
+        return name
+
+    return rename
+
+
+@dataclass
+class PEagleLayout:
+    """Where one P-EAGLE source keeps its facts.
+
+    Attributes:
+        mask_locations: ``[(label, value)]`` for the mask token id (must agree).
+        aux_locations: ``[(label, value)]`` of aux ids in the EAGLE-3/Speculators
+            convention (must agree).
+        aux_unknown: ``[(label, value)]`` of layer-id keys whose convention is not known
+            for this producer (named in the error, never used).
+        k_locations: ``[(label, value)]`` of the trained number of depths K.
+        rename: source tensor name → Speculators name.
+        vocab_extra / vocab_extra_label: mapping tensors found outside the weights
+            (e.g. NeMo ``eagle_meta.pt``).
+        drop: extra regex → reason for source tensors not carried.
+        layer_drop: extra config keys not belonging to ``transformer_layer_config``.
+        findings / notes: source-specific findings ``(level, code, message)`` and notes.
+    """
+
+    mask_locations: list[tuple[str, Any]]
+    aux_locations: list[tuple[str, Any]]
+    k_locations: list[tuple[str, Any]] = field(default_factory=list)
+    aux_unknown: list[tuple[str, Any]] = field(default_factory=list)
+    rename: Callable[[str], str] = field(default_factory=strip_prefix_rename)
+    vocab_extra: Mapping[str, Any] | None = None
+    vocab_extra_label: str = ""
+    drop: dict[str, str] = field(default_factory=dict)
+    layer_drop: tuple[str, ...] = ()
+    findings: list[tuple[str, str, str]] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    mask_hint: str = "pass the id the drafter was trained with: --mask-token-id N"
+
+
+def _int_list(src: SourceInfo, key: str, v: Any) -> list[int]:
+    if not isinstance(v, list) or not v or not all(isinstance(i, int) and not isinstance(i, bool) for i in v):
+        raise InvalidInputError(f"{src.path}/config.json: {key} must be a non-empty list of integers, got {v!r}")
+    return list(v)
+
+
+def resolve_aux_ids(src: SourceInfo, opts: ConvertOptions, layout: PEagleLayout, verifier: Any, findings: list) -> LayerIdConversion:
+    """Aux ids from the checkpoint (EAGLE-3 convention = Speculators ids) or ``--aux-layer-ids``.
+
+    Raises:
+        InvalidInputError: no ids anywhere (``missing_layer_ids``, naming both options),
+            disagreeing locations, duplicates, or ids outside ``[0, n]`` of the verifier.
+    """
+    from specconv.speculators import Finding
+
+    ids, key = c.one_of(src, layout.aux_locations, "aux layer ids")
+    if ids is not None:
+        ids = _int_list(src, key, ids)
+    if opts.aux_layer_ids is not None:
+        ovr = list(opts.aux_layer_ids)
+        if ids is not None and ovr != ids:
+            findings.append(Finding(
+                "warning", "aux_ids_override", f"--aux-layer-ids {ovr} replaces the checkpoint's {key}={ids}",
+                "eagle_aux_hidden_state_layer_ids",
+            ))
+        conv = LayerIdConversion(key, "override", ids, ovr, "explicit --aux-layer-ids (speculators convention)")
+    elif ids is None:
+        looked = ", ".join(k for k, _ in layout.aux_locations) or "nothing"
+        unknown = [f"{k}={v!r}" for k, v in layout.aux_unknown if v is not None]
+        extra = (f"; found {', '.join(unknown)} but its layer-index convention is not known for this producer, "
+                 "so it is not used") if unknown else ""
+        raise InvalidInputError(
+            f"{src.path}/config.json records no aux hidden-state layer ids (looked at {looked}){extra}. "
+            "They are a training-time choice and are never defaulted (e.g. to [2, n//2, n-3])",
+            code="missing_layer_ids",
+            hint="pass the ids the drafter was trained with, in the speculators/vLLM capture convention "
+                 "(0 = embeddings, n = final pre-norm hidden state): --aux-layer-ids 2,15,28 "
+                 "— or add eagle_config.eagle_aux_hidden_state_layer_ids to the source config.json",
+        )
+    else:
+        conv = LayerIdConversion(key, "speculators", ids, list(ids),
+                                 "EAGLE-3 capture convention = speculators aux ids (unchanged)")
+    s_ids = conv.speculators_ids
+    if len(set(s_ids)) != len(s_ids):
+        raise InvalidInputError(f"aux layer ids {s_ids} are not distinct", code="layer_ids_invalid")
+    if any(i < 0 for i in s_ids):
+        raise InvalidInputError(f"aux layer ids {s_ids} contain negative ids", code="layer_ids_invalid")
+    if verifier is not None:
+        n = verifier.num_hidden_layers
+        out = [i for i in s_ids if i > n]
+        if out:
+            raise InvalidInputError(
+                f"aux layer ids {out} (from {conv.source_key or '--aux-layer-ids'}) are outside [0, {n}] "
+                f"for the verifier's {n} layers",
+                code="layer_ids_out_of_range",
+            )
+    return conv
+
+
+def _resolve_flag(src: SourceInfo, key: str, cfg_val: Any, flag_val: bool | None, flag: str, *, required: bool, why: str) -> tuple[bool | None, str]:
+    if cfg_val is not None and not isinstance(cfg_val, bool):
+        raise InvalidInputError(f"{src.path}/config.json: {key} must be true/false, got {cfg_val!r}")
+    if cfg_val is not None and flag_val is not None and cfg_val != flag_val:
+        raise InvalidInputError(
+            f"--{'' if flag_val else 'no-'}{flag} contradicts the checkpoint's {key}={str(cfg_val).lower()}",
+            code="conflicting_flag",
+        )
+    if cfg_val is not None:
+        return cfg_val, f"config.json {key}"
+    if flag_val is not None:
+        return flag_val, f"--{'' if flag_val else 'no-'}{flag}"
+    if required:
+        raise InvalidInputError(
+            f"{src.path}/config.json has no {key} and --{flag}/--no-{flag} was not given; {why}",
+            code=f"missing_{key}",
+            hint=f"pass --{flag} or --no-{flag} (how the drafter was trained)",
+        )
+    return None, ""
+
+
+def _in_dim(plans: list[TensorPlan], name: str) -> int | None:
+    p = c.get(plans, name)
+    return None if p is None else int(p.shape[-1])
+
+
+def plan_peagle_family(conv: Any, src: SourceInfo, verifier: Any, opts: ConvertOptions, layout: PEagleLayout) -> ConversionPlan:
+    """Build the Speculators ``peagle`` plan for a P-EAGLE source.
+
+    Raises:
+        InvalidInputError: a missing/contradictory fact (mask id, aux ids, K,
+            norm_before_residual, vocabulary mapping, tensor shapes), naming the key,
+            tensor or flag.
+        UnsupportedFormatError: tensors with no Speculators equivalent (listed), or a draft
+            hidden size different from the verifier's (``target_hidden_size``).
+    """
+    from specconv.speculators import Finding, make_config
+
+    cfg = src.config or {}
+    findings: list = [Finding(lvl, code, msg, None) for lvl, code, msg in layout.findings]
+    notes: list[str] = list(layout.notes)
+
+    for key in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads"):
+        if not isinstance(cfg.get(key), int):
+            raise InvalidInputError(f"{src.path}/config.json: missing integer {key!r}", code="missing_key")
+    V, H, L = cfg["vocab_size"], cfg["hidden_size"], cfg["num_hidden_layers"]
+    ths = cfg.get("target_hidden_size")
+    if ths is not None and ths != H:
+        raise UnsupportedFormatError(
+            f"{src.path}/config.json: target_hidden_size={ths} differs from the draft hidden_size={H}; Speculators "
+            "P-EAGLE requires the draft and verifier hidden sizes to be equal",
+            format_id=conv.format_id,
+        )
+    c.check_verifier_shape(src, verifier, H, V)
+
+    mask, mask_where = c.resolve_mask_token(src, opts, layout.mask_locations, verifier, findings)
+    if mask >= V:
+        raise InvalidInputError(f"mask token id {mask} ({mask_where}) ≥ vocab_size {V}", code="mask_token_out_of_vocab")
+    ids = resolve_aux_ids(src, opts, layout, verifier, findings)
+    A = len(ids.speculators_ids)
+
+    # ---- tensors ---------------------------------------------------------------
+    drop = {**TRAINING_ONLY, **layout.drop}
+    names = src.store.names()
+    mh_src = next((n for n in names if layout.rename(n) == "mask_hidden"), None)
+    if mh_src is None:
+        raise InvalidInputError(
+            f"{src.path}: no mask_hidden tensor — the learned stand-in for the aux features at depth ≥ 1 is "
+            "required by vLLM and speculators would silently random-initialise it",
+            code="missing_tensor",
+        )
+    mh_shape = src.shape(mh_src)
+    if c._numel(mh_shape) != A * H:
+        raise InvalidInputError(
+            f"{mh_src} has shape {list(mh_shape)} ({c._numel(mh_shape)} values) but {A} aux layers × hidden {H} "
+            f"needs {A * H} ([1, 1, {A * H}])",
+            code="mask_hidden_shape",
+        )
+    plans, dropped = c.tensor_plan(
+        src, opts, accept=PEAGLE_ACCEPT, rename=layout.rename, drop=drop,
+        reshape={"mask_hidden": (1, 1, A * H)}, format_title=conv.title,
+    )
+    mh = c.get(plans, "mask_hidden")
+    if mh.fate == "reshaped":
+        mh.note = f"{list(mh_shape)} → [1, 1, {A * H}] (same values)"
+    c.check_layers(src, plans, L)
+    c.check_fc_width(src, plans, A, H, ids.source_key or "--aux-layer-ids")
+    for p in plans:
+        m = re.fullmatch(r"layers\.(\d+)\.hidden_norm\.weight", p.out)
+        if m and m.group(1) != "0":
+            raise InvalidInputError(f"{p.source}: only the first P-EAGLE layer has a hidden_norm", code="unexpected_tensor")
+    if c.get(plans, "layers.0.hidden_norm.weight") is None:
+        raise InvalidInputError(f"{src.path}: no layers.0.hidden_norm.weight (the first P-EAGLE layer's fc-feature norm)",
+                                code="missing_tensor")
+    for layer in range(L):
+        want = 2 * H if layer == 0 else H
+        for proj in ("q", "k", "v"):
+            n = f"layers.{layer}.self_attn.{proj}_proj.weight"
+            d = _in_dim(plans, n)
+            if d is None:
+                raise InvalidInputError(f"{src.path}: missing {n}", code="missing_tensor")
+            if d != want:
+                raise InvalidInputError(
+                    f"{c.get(plans, n).source} takes {d} inputs, expected {want} "
+                    + ("(layer 0 attends over cat(embedding, fc feature) = 2·hidden)" if layer == 0 else "(hidden)"),
+                    code="tensor_shape",
+                )
+    has_qk_norm = any(re.fullmatch(r"layers\.\d+\.self_attn\.(q|k)_norm\.weight", p.out) for p in plans)
+    model_type = "qwen3" if has_qk_norm else "llama"
+    if cfg.get("model_type") not in (None, model_type):
+        findings.append(Finding(
+            "info", "peagle_model_type_from_tensors",
+            f"source model_type {cfg.get('model_type')!r}; the layers {'have' if has_qk_norm else 'lack'} per-head "
+            f"q/k norms, so transformer_layer_config.model_type is {model_type!r}",
+            "transformer_layer_config.model_type",
+        ))
+    if has_qk_norm:
+        for layer in range(L):
+            for q in ("q", "k"):
+                if c.get(plans, f"layers.{layer}.self_attn.{q}_norm.weight") is None:
+                    raise InvalidInputError(f"{src.path}: layer {layer} lacks self_attn.{q}_norm (other layers have it)",
+                                            code="missing_tensor")
+
+    # ---- norm flags ------------------------------------------------------------
+    nbr, nbr_where = _resolve_flag(
+        src, "norm_before_residual", cfg.get("norm_before_residual"), opts.norm_before_residual, "norm-before-residual",
+        required=True,
+        why="vLLM's speculators reader defaults it to false for peagle but true for eagle3 and the speculators "
+            "trainer defaults to true, so it cannot be guessed",
+    )
+    has_input_norm = c.get(plans, "input_norm.weight") is not None
+    has_fc_norm = any(re.fullmatch(r"fc_norm\.\d+\.weight", p.out) for p in plans)
+    nbf = cfg.get("norm_before_fc")
+    if nbf is not None and bool(nbf) != has_input_norm:
+        raise InvalidInputError(
+            f"{src.path}/config.json: norm_before_fc={str(nbf).lower()} but input_norm.weight is "
+            f"{'present' if has_input_norm else 'absent'}", code="conflicting_keys",
+        )
+    fcn = cfg.get("fc_norm")
+    if fcn is not None and bool(fcn) != has_fc_norm:
+        raise InvalidInputError(
+            f"{src.path}/config.json: fc_norm={str(fcn).lower()} but fc_norm.* tensors are "
+            f"{'present' if has_fc_norm else 'absent'}", code="conflicting_keys",
+        )
+    if has_input_norm and has_fc_norm:
+        raise InvalidInputError(f"{src.path}: both input_norm (norm_before_fc) and fc_norm.* tensors; they are exclusive")
+    if has_fc_norm:
+        got = sorted(int(p.out.split(".")[1]) for p in plans if p.out.startswith("fc_norm."))
+        if got != list(range(A)):
+            raise InvalidInputError(f"{src.path}: fc_norm.* indices {got} do not match {A} aux layers", code="tensor_shape")
+
+    # ---- vocabulary ------------------------------------------------------------
+    lm = c.get(plans, "lm_head.weight")
+    vd_cfg = cfg.get("draft_vocab_size")
+    if vd_cfg is not None and not isinstance(vd_cfg, int):
+        raise InvalidInputError(f"{src.path}/config.json: draft_vocab_size must be an integer, got {vd_cfg!r}")
+    if lm is not None and vd_cfg is not None and lm.shape[0] != vd_cfg:
+        raise InvalidInputError(
+            f"{lm.source} has {lm.shape[0]} rows but config.json draft_vocab_size is {vd_cfg}", code="tensor_shape"
+        )
+    Vd = vd_cfg if vd_cfg is not None else (lm.shape[0] if lm is not None else V)
+    vocab = vb.resolve_vocab(src, opts, vocab_size=V, draft_vocab_size=Vd,
+                             extra=layout.vocab_extra, extra_label=layout.vocab_extra_label)
+    plans, dropped = vb.merge_vocab(plans, dropped, vocab)
+    findings += vocab.findings
+    notes += vocab.notes
+
+    body_dtype = c.source_dtype(src, [p.source for p in plans if p.origin == "source" and p.source in src.store])
+    out_dt = c.out_dtype(body_dtype, opts)
+    if lm is None:
+        if Vd != V or verifier is None:
+            raise InvalidInputError(
+                f"{src.path}: no lm_head.weight; a draft-vocabulary ({Vd}) head cannot be taken from the verifier",
+                code="missing_tensor",
+            )
+        name = verifier.find_tensor("lm_head")
+        if name is None:
+            raise InvalidInputError(f"{src.path}: no lm_head.weight and the verifier has no LM head tensor", code="missing_tensor")
+        info = verifier.tensor_info(name)
+        plans.append(TensorPlan("lm_head.weight", "from_verifier", "verifier", name, tuple(info.shape), out_dt, info.dtype,
+                                note="the source has no LM head: the verifier's is what the runtime shares"))
+        findings.append(Finding("warning", "lm_head_from_verifier",
+                                "the source ships no lm_head; the verifier's LM head is written (vLLM shares it when absent)",
+                                "lm_head.weight"))
+    elif tuple(lm.shape) != (Vd, H):
+        raise InvalidInputError(f"{lm.source} has shape {list(lm.shape)}, expected [{Vd}, {H}]", code="tensor_shape")
+    emb = c.get(plans, "embed_tokens.weight")
+    if emb is None:
+        if verifier is None:
+            raise InvalidInputError(f"{src.path}: no embed_tokens.weight", code="missing_tensor")
+        name = verifier.find_tensor("embed")
+        if name is None:
+            raise InvalidInputError(f"{src.path}: no embed_tokens.weight and the verifier has no embedding tensor",
+                                    code="missing_tensor")
+        info = verifier.tensor_info(name)
+        plans.append(TensorPlan("embed_tokens.weight", "from_verifier", "verifier", name, tuple(info.shape), out_dt, info.dtype,
+                                note="the source has no embedding: the runtime shares the verifier's"))
+        findings.append(Finding("info", "embed_from_verifier",
+                                "the source ships no embed_tokens (vLLM then shares the target's); the verifier's embedding "
+                                "is written so speculators uses the same one", "embed_tokens.weight"))
+    elif tuple(emb.shape) != (V, H):
+        raise InvalidInputError(f"{emb.source} has shape {list(emb.shape)}, expected [{V}, {H}]", code="tensor_shape")
+
+    # ---- speculative tokens ------------------------------------------------------
+    trained, k_key = c.one_of(src, layout.k_locations, "trained number of depths")
+    if trained is not None and (not isinstance(trained, int) or isinstance(trained, bool) or trained < 1):
+        raise InvalidInputError(f"{src.path}/config.json: {k_key} must be a positive integer, got {trained!r}")
+    k = opts.speculative_tokens
+    if k is not None and k < 1:
+        raise InvalidInputError(f"--speculative-tokens must be ≥ 1, got {k}")
+    if trained is None and k is None:
+        raise InvalidInputError(
+            f"{src.path}/config.json does not record the number of depths the drafter was trained with "
+            f"(looked at {', '.join(key for key, _ in layout.k_locations) or 'nothing'})",
+            code="missing_speculative_tokens",
+            hint="pass --speculative-tokens K (the trained K, e.g. from the model card; never more than trained)",
+        )
+    if trained is not None and k is not None and k > trained:
+        raise InvalidInputError(
+            f"--speculative-tokens {k} exceeds the {trained} depths the drafter was trained with ({k_key})",
+            code="conflicting_speculative_tokens",
+        )
+    if k is None:
+        k = trained
+        notes.append(f"speculative_tokens = {k} (trained depths, {k_key})")
+    else:
+        notes.append(f"speculative_tokens = {k} (--speculative-tokens" + (f"; trained {trained} per {k_key})" if trained else ")"))
+
+    # ---- config ---------------------------------------------------------------
+    lcfg = c.layer_config(src, cfg, model_type=model_type, extra_drop=PEAGLE_NON_LAYER_KEYS + layout.layer_drop)
+    if "layer_types" not in lcfg and lcfg.get("sliding_window") in (None, 0) and not lcfg.get("use_sliding_window"):
+        lcfg["layer_types"] = ["full_attention"] * L
+    if model_type == "llama" and A != 3:
+        lcfg["num_aux_hidden_states"] = A
+        notes.append(f"transformer_layer_config.num_aux_hidden_states = {A} (vLLM's Llama eagle3 sizes fc for 3 otherwise)")
+    fields: dict[str, Any] = dict(
+        speculators_version=SPECULATORS_FORMAT_VERSION,
+        dtype=c.dtype_name(out_dt),
+        draft_vocab_size=Vd,
+        target_hidden_size=None,
+        mask_token_id=mask,
+        eagle_aux_hidden_state_layer_ids=ids.speculators_ids,
+        norm_before_residual=nbr,
+        norm_before_fc=has_input_norm,
+        fc_norm=has_fc_norm,
+        norm_output=bool(cfg.get("norm_output", False)),
+        embed_requires_grad=True,
+        transformer_layer_config=lcfg,
+        speculators_config=speculators_envelope("peagle", k, verifier),
+    )
+    if trained is not None:
+        fields["num_depths"] = trained
+    config = make_config("peagle", **fields)
+    notes[:0] = [f"mask_token_id from {mask_where}", f"norm_before_residual from {nbr_where}"]
+    return ConversionPlan(
+        format_id=conv.format_id,
+        algorithm="peagle",
+        config=config,
+        tensors=plans,
+        dropped=dropped,
+        source_dir=src.path,
+        source_files=[src.path / f for f in src.files],
+        findings=findings,
+        layer_ids=ids,
+        options=opts.to_dict(),
+        notes=notes,
+    )
+
+
+__all__ = ["PEagleLayout", "plan_peagle_family", "resolve_aux_ids", "strip_prefix_rename", "PEAGLE_ACCEPT", "DroppedTensor"]

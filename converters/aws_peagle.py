@@ -1,0 +1,80 @@
+"""F9 — AWS P-EAGLE releases (``amazon/*-p-eagle``) and any checkpoint in vLLM's
+"eagle3 + parallel drafting" layout. external_formats.md §11 (facts marked L/M there:
+the exact AWS key names were not seen in a download, so every alternative vLLM reads is
+accepted and contradictions are errors).
+
+What vLLM needs from such a checkpoint (``llama_eagle3.py``,
+``_init_parallel_drafting_params``): a Llama-style flat config with ``draft_vocab_size``,
+the mask token under ``pard_token`` / ``ptd_token_id`` (newer vLLM also
+``mask_token_id``), optional ``eagle_config.eagle_aux_hidden_state_layer_ids``,
+``norm_before_residual``; weights ``layers.{i}.*`` (or ``midlayer.*`` for one layer),
+``fc [H, A·H]``, ``norm``, ``lm_head [Vd,H]``, ``d2t``, optional ``embed_tokens`` and
+``mask_hidden`` (``[1, A·H]`` or ``[1,1,A·H]``).
+
+Mapping (→ Speculators ``peagle``): ``midlayer.`` → ``layers.0.``; ``mask_hidden`` →
+``[1,1,A·H]``; ``t2d`` rebuilt from ``d2t`` when absent; aux ids from ``eagle_config`` or
+``--aux-layer-ids`` (vLLM would otherwise use the *target's* default aux layers, which is
+not recorded anywhere — never defaulted here); ``--speculative-tokens`` when the config
+lacks the trained K (the model cards state it); ``norm_before_residual`` from the config
+or the flag.
+"""
+
+from __future__ import annotations
+
+from ._peagle import PEagleLayout, plan_peagle_family, strip_prefix_rename
+from .base import Converter, SourceInfo, register
+
+MASK_KEYS = ("pard_token", "ptd_token_id", "mask_token_id")
+
+
+def eagle_config(src: SourceInfo) -> dict:
+    ec = src.cfg("eagle_config")
+    return ec if isinstance(ec, dict) else {}
+
+
+@register
+class AWSPEagle(Converter):
+    format_id = "aws_peagle"
+    algorithm = "peagle"
+    title = "AWS P-EAGLE / vLLM eagle3 + parallel-drafting layout"
+    detection = (
+        "no `speculators_model_type`/`dflash_config`; a `mask_hidden` tensor, or `pard_token`/`ptd_token_id` in config.json"
+    )
+    mapping = (
+        "mask id from `pard_token`/`ptd_token_id`/`mask_token_id` (must agree); `midlayer.*` → `layers.0.*`; "
+        "`mask_hidden` → `[1,1,A·H]`; `t2d` rebuilt from `d2t` when absent; aux ids from "
+        "`eagle_config.eagle_aux_hidden_state_layer_ids` or `--aux-layer-ids` (never defaulted); K from `num_depths` "
+        "or `--speculative-tokens`; `norm_before_residual` from config or flag; llama unless q/k norms (→ qwen3)"
+    )
+    spec_ref = "external_formats.md §11 (F9)"
+    priority = 500
+
+    @classmethod
+    def detect(cls, src: SourceInfo) -> bool:
+        if src.config is None or "speculators_model_type" in src.config or "dflash_config" in src.config:
+            return False
+        if any(k in src.config for k in ("pard_token", "ptd_token_id")):
+            return True
+        names = src.tensor_names()
+        return "mask_hidden" in names or "model.mask_hidden" in names
+
+    def plan(self, src, verifier, opts):
+        ec = eagle_config(src)
+        layout = PEagleLayout(
+            mask_locations=[(k, src.cfg(k)) for k in MASK_KEYS],
+            aux_locations=[
+                ("eagle_config.eagle_aux_hidden_state_layer_ids", ec.get("eagle_aux_hidden_state_layer_ids")),
+                ("eagle_aux_hidden_state_layer_ids", src.cfg("eagle_aux_hidden_state_layer_ids")),
+            ],
+            aux_unknown=[("aux_hidden_state_layer_ids", src.cfg("aux_hidden_state_layer_ids")),
+                         ("target_layer_ids", src.cfg("target_layer_ids"))],
+            k_locations=[("num_depths", src.cfg("num_depths"))],
+            rename=strip_prefix_rename("model.", keep_top_level=()),
+            layer_drop=("parallel_drafting",),
+            findings=[(
+                "info", "aws_layout_unverified",
+                "the AWS P-EAGLE key names are known only from vLLM's loader (external_formats.md §17 q1); "
+                "check the converted drafter with `specconv validate`",
+            )],
+        )
+        return plan_peagle_family(self, src, verifier, opts, layout)

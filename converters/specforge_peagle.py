@@ -1,0 +1,66 @@
+"""F4 — SpecForge P-EAGLE exports (``architectures ["PEagleDraftModel"]``, SpecForge PR #575).
+external_formats.md §6.3–§6.5.
+
+The export is a flat Llama draft config (``model_type: llama``, ``num_hidden_layers``
+4, ``draft_vocab_size``, ``norm_before_residual``) **without** the mask token id: SpecForge
+resolves it at train time (explicit → draft config → tokenizer mask → unused slot → pad →
+eos → unk), so ``--mask-token-id`` is required unless the config carries one. The aux ids
+are a trainer argument, not in the export: ``--aux-layer-ids`` is required unless the
+config has ``eagle_aux_hidden_state_layer_ids`` (or ``eagle_config.…``). SpecForge
+initialises ``t2d`` to all-true and ``d2t`` to zeros and overwrites them only when a
+vocabulary mapping is loaded: with ``Vd == V`` both are identity and are dropped; with
+``Vd < V`` an all-true ``t2d`` is ignored (rebuilt from ``d2t``) and an all-zero ``d2t``
+is refused.
+
+The Speculators trainer's own output also says ``PEagleDraftModel`` but always has
+``speculators_model_type`` (handled by ``speculators_peagle``).
+"""
+
+from __future__ import annotations
+
+from ._peagle import PEagleLayout, plan_peagle_family, strip_prefix_rename
+from .aws_peagle import eagle_config
+from .base import Converter, SourceInfo, register
+
+
+@register
+class SpecForgePEagle(Converter):
+    format_id = "specforge_peagle"
+    algorithm = "peagle"
+    title = "SpecForge P-EAGLE export"
+    detection = "`architectures[0] == PEagleDraftModel` without `speculators_model_type`"
+    mapping = (
+        "`--mask-token-id` required (not in the export); aux ids from `eagle_aux_hidden_state_layer_ids` or "
+        "`--aux-layer-ids`; K from `num_depths` or `--speculative-tokens`; identity `d2t`/`t2d` (the all-true "
+        "default) dropped when `Vd == V`; tensor names unchanged (`midlayer.*` → `layers.0.*` if present)"
+    )
+    spec_ref = "external_formats.md §6.3–§6.5 (F4)"
+    priority = 220
+
+    @classmethod
+    def detect(cls, src: SourceInfo) -> bool:
+        return (
+            src.config is not None
+            and "speculators_model_type" not in src.config
+            and "PEagleDraftModel" in src.architectures[:1]
+        )
+
+    def plan(self, src, verifier, opts):
+        ec = eagle_config(src)
+        layout = PEagleLayout(
+            mask_locations=[("mask_token_id", src.cfg("mask_token_id"))],
+            aux_locations=[
+                ("eagle_aux_hidden_state_layer_ids", src.cfg("eagle_aux_hidden_state_layer_ids")),
+                ("eagle_config.eagle_aux_hidden_state_layer_ids", ec.get("eagle_aux_hidden_state_layer_ids")),
+            ],
+            aux_unknown=[("aux_hidden_state_layer_ids", src.cfg("aux_hidden_state_layer_ids")),
+                         ("target_layer_ids", src.cfg("target_layer_ids"))],
+            k_locations=[("num_depths", src.cfg("num_depths"))],
+            rename=strip_prefix_rename("draft_model."),
+            notes=["SpecForge resolves the mask token at train time and does not export it"]
+            if src.cfg("mask_token_id") is None else [],
+        )
+        plan = plan_peagle_family(self, src, verifier, opts, layout)
+        if "training_state.pt" in src.files or any(f.startswith("training_state_rank") for f in src.files):
+            plan.notes.append("training_state*.pt (optimizer / RNG pickles) are training artefacts: not read, not published")
+        return plan
