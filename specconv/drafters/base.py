@@ -231,6 +231,7 @@ class VerifierWeights:
         self.dir = Path(verifier_dir) if verifier_dir is not None else None
         self._store: Any = None
         self._names: list[str] | None = None
+        self._cache: dict[str, torch.Tensor] = {}
 
     def _ensure(self, what: str) -> None:
         if self.dir is None:
@@ -263,9 +264,13 @@ class VerifierWeights:
         return None
 
     def _read(self, name: str) -> torch.Tensor:
-        if self._store is not None:
-            return self._store.read_tensor(name)
-        return read_tensors(self.dir, [name])[name]  # pragma: no cover
+        # cached: a tied verifier's embedding and LM head are one read, one tensor
+        if name not in self._cache:
+            if self._store is not None:
+                self._cache[name] = self._store.read_tensor(name)
+            else:  # pragma: no cover
+                self._cache[name] = read_tensors(self.dir, [name])[name]
+        return self._cache[name]
 
     def config(self) -> dict:
         """The verifier's ``config.json`` (text config unwrapped)."""
@@ -336,7 +341,9 @@ class Drafter(nn.Module):
         aux_layer_ids: verifier aux layer ids (speculators convention: 0 = embeddings,
             N = final pre-norm hidden), in ``aux_hidden`` concat order.
         mask_token_id, sample_from_anchor (P-EAGLE: False), vocab_size (``Vt``),
-        draft_vocab_size (``Vd``), hidden_size (``H``), config (the raw config dict).
+        draft_vocab_size (``Vd``), hidden_size (``H``), aux_hidden_size (``Ht``:
+        ``target_hidden_size`` or ``H``; ``aux_hidden`` is ``[1, T, A*Ht]``), config
+        (the raw config dict).
     """
 
     algorithm: str = ""
@@ -353,6 +360,7 @@ class Drafter(nn.Module):
         self.vocab_size = 0
         self.draft_vocab_size = 0
         self.hidden_size = 0
+        self.aux_hidden_size = 0  # verifier hidden size per aux layer (target_hidden_size or H)
 
     # -- helpers --------------------------------------------------------------------
     @property
@@ -371,7 +379,7 @@ class Drafter(nn.Module):
             aux_hidden = aux_hidden[None]
         if context_tokens.dim() != 2 or context_tokens.shape[0] != 1:
             raise UsageError(f"context_tokens must be [1, T+1], got {tuple(context_tokens.shape)}")
-        width = len(self.aux_layer_ids) * self.hidden_size
+        width = len(self.aux_layer_ids) * self.aux_hidden_size
         if aux_hidden.dim() != 3 or aux_hidden.shape[0] != 1 or aux_hidden.shape[2] != width:
             raise UsageError(f"aux_hidden must be [1, T, {width}] (A*H), got "
                              f"{tuple(aux_hidden.shape)}")
@@ -510,6 +518,17 @@ def speculative_tokens(cfg: Mapping) -> int | None:
     except (KeyError, IndexError, TypeError):
         return None
     return v if isinstance(v, int) and not isinstance(v, bool) else None
+
+
+def target_hidden(cfg: Mapping, hidden: int, source: str) -> int:
+    """``target_hidden_size`` (verifier width of each aux chunk), default ``H``."""
+    v = cfg.get("target_hidden_size")
+    if v is None:
+        return hidden
+    if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
+        raise InvalidInputError(f"{source}: target_hidden_size must be a positive integer or "
+                                f"null, got {v!r}", code="config_key")
+    return v
 
 
 def require_int(cfg: Mapping, key: str, source: str, *, minimum: int = 0) -> int:

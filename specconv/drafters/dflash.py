@@ -27,7 +27,8 @@ import torch
 
 from ..errors import InvalidInputError
 from .base import (BlockOutput, Drafter, VerifierWeights, aux_ids_from_config, build_embedding,
-                   build_lm_head, build_vocab, require_int, speculative_tokens)
+                   build_lm_head, build_vocab, require_int, speculative_tokens,
+                   target_hidden)
 from .layers import DecoderLayer, LayerSpec, Linear, RMSNorm, Rotary, WeightTaker, attend
 
 __all__ = ["DFlashDrafter"]
@@ -69,11 +70,12 @@ class DFlashDrafter(Drafter):
                           "by block_size/sample_from_anchor (speculators_format.md §8.4 item 7)",
                           stacklevel=2)
         A = len(self.aux_layer_ids)
+        Ht = self.aux_hidden_size = target_hidden(config, H, source)
 
         self.embed_tokens = torch.nn.Parameter(
-            build_embedding(w, verifier, vocab_size=self.vocab_size, hidden=H).clone(),
+            build_embedding(w, verifier, vocab_size=self.vocab_size, hidden=H),
             requires_grad=False)
-        self.fc = Linear(w.take("fc.weight", (H, A * H)))
+        self.fc = Linear(w.take("fc.weight", (H, A * Ht)))
         self.hidden_norm = RMSNorm(w.take("hidden_norm.weight", (H,)), spec.eps)
         self.layers = torch.nn.ModuleList(
             [DecoderLayer(w, i, spec, qk_norm=True) for i in range(spec.num_layers)])

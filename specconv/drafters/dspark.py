@@ -60,13 +60,11 @@ class DSparkDrafter(DFlashDrafter):
         self.gate_proj: Linear | None = None
         if rank > 0:
             self.markov_w1 = torch.nn.Parameter(
-                w.take("markov_head.markov_w1.weight", (Vt, rank)).clone(), requires_grad=False)
+                w.take("markov_head.markov_w1.weight", (Vt, rank)), requires_grad=False)
             self.markov_w2 = Linear(w.take("markov_head.markov_w2.weight", (Vd, rank)))
             if self.markov_head_type == "gated":
                 self.gate_proj = Linear(w.take("markov_head.gate_proj.weight", (rank, H + rank)),
                                         w.take("markov_head.gate_proj.bias", (rank,)))
-        elif self.markov_head_type == "gated":
-            pass  # no head at all
         enabled = bool(config.get("enable_confidence_head", True))
         self.confidence_with_markov = bool(config.get("confidence_head_with_markov", True))
         self.confidence_proj: Linear | None = None

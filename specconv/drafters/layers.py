@@ -19,7 +19,7 @@ drafters are inference-only.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 
 import torch
 import torch.nn.functional as F
@@ -38,11 +38,13 @@ __all__ = [
     "attend",
     "rotate_half",
     "apply_rope",
+    "sample_rows",
+    "WeightTaker",
 ]
 
 
 def _param(t: torch.Tensor) -> nn.Parameter:
-    return nn.Parameter(t.detach().clone(), requires_grad=False)
+    return nn.Parameter(t.detach(), requires_grad=False)
 
 
 class WeightTaker:
@@ -406,5 +408,3 @@ def sample_rows(logits: torch.Tensor, temperature: float,
         return torch.multinomial(probs_cpu, 1, generator=generator).view(-1).to(logits.device)
     return torch.multinomial(probs, 1, generator=generator).view(-1)
 
-
-ActivationFn = Callable[[torch.Tensor], torch.Tensor]

@@ -31,7 +31,8 @@ import torch
 
 from ..errors import InvalidInputError, UnsupportedFormatError, UsageError
 from .base import (BlockOutput, Drafter, VerifierWeights, aux_ids_from_config, build_embedding,
-                   build_lm_head, build_vocab, require_int, speculative_tokens)
+                   build_lm_head, build_vocab, require_int, speculative_tokens,
+                   target_hidden)
 from .layers import DecoderLayer, LayerSpec, Linear, RMSNorm, Rotary, WeightTaker, attend
 
 __all__ = ["PEagleDrafter"]
@@ -77,26 +78,27 @@ class PEagleDrafter(Drafter):
             raise InvalidInputError(f"{source}: norm_before_fc and fc_norm are mutually exclusive",
                                     code="config_key")
         A = len(self.aux_layer_ids)
+        Ht = self.aux_hidden_size = target_hidden(config, H, source)
         qk_norm = spec.model_type == "qwen3"
 
         self.embed_tokens = torch.nn.Parameter(
-            build_embedding(w, verifier, vocab_size=self.vocab_size, hidden=H).clone(),
+            build_embedding(w, verifier, vocab_size=self.vocab_size, hidden=H),
             requires_grad=False)
         if not w.has("embed_tokens.weight"):
             warnings.warn(f"{source}: P-EAGLE without embed_tokens.weight; using the verifier's "
                           "embedding (P-EAGLE normally trains its own)", stacklevel=2)
-        self.fc = Linear(w.take("fc.weight", (H, A * H)))
-        self.input_norm = (RMSNorm(w.take("input_norm.weight", (A * H,)), spec.eps)
+        self.fc = Linear(w.take("fc.weight", (H, A * Ht)))
+        self.input_norm = (RMSNorm(w.take("input_norm.weight", (A * Ht,)), spec.eps)
                            if norm_before_fc else None)
         self.fc_norm = (torch.nn.ModuleList(
-            [RMSNorm(w.take(f"fc_norm.{i}.weight", (H,)), spec.eps) for i in range(A)])
+            [RMSNorm(w.take(f"fc_norm.{i}.weight", (Ht,)), spec.eps) for i in range(A)])
             if fc_norm else None)
         if not w.has("mask_hidden"):
             raise InvalidInputError(
                 f"{source}: mask_hidden is required for P-EAGLE (speculators would "
                 "random-initialise it; vLLM refuses)", code="missing_tensor")
         self.mask_hidden = torch.nn.Parameter(
-            w.take("mask_hidden", (1, 1, A * H)).reshape(A * H).clone(), requires_grad=False)
+            w.take("mask_hidden", (1, 1, A * Ht)).reshape(A * Ht), requires_grad=False)
         self.hidden_norm = RMSNorm(w.take("layers.0.hidden_norm.weight", (H,)), spec.eps)
         self.layers = torch.nn.ModuleList(
             [DecoderLayer(w, i, spec, qk_norm=qk_norm, attn_in=2 * H if i == 0 else None)
