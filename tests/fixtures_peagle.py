@@ -121,6 +121,8 @@ def build_speculators_peagle(
 
     cfg = AutoConfig.from_pretrained(verifier_dir)
     cfg.num_hidden_layers = layers
+    if getattr(cfg, "layer_types", None) is not None:  # as the trainer's layer config: one per draft layer
+        cfg.layer_types = ["full_attention"] * layers
     V = cfg.vocab_size
     vd = vd or V
     t2d, d2t = pruned_maps(V, vd, seed=seed + 3) if vd < V else (None, None)

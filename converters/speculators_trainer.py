@@ -1,0 +1,483 @@
+"""F11 — speculators trainer output (already the target format) and F10 — early
+speculators P-EAGLE branches. external_formats.md §12, §13, §16 rule 1.
+
+"Normalise, don't convert": a ``save_path/<epoch>/`` directory written by
+``speculators train`` (``train/checkpointer.py``; ``save_pretrained`` of the draft) is
+already a Speculators drafter. The pipeline's ``select_checkpoint`` picks
+``checkpoint_best`` (resolved symlink) or the latest integer epoch (``--checkpoint``
+chooses; ``interrupted/`` only when named). This module then
+
+* keeps every tensor byte for byte (``copied``; ``--dtype`` may cast floats), except
+  training-only ``verifier_*`` copies, and validates the vocabulary mapping (``_vocab``);
+* never carries ``optimizer_state_dict.pt``, ``scheduler_state_dict.pt``,
+  ``training_state.json``, ``val_metrics.json``, ``train_command.txt`` or the ``config.py``
+  artefact (listed in the plan notes, not even hashed);
+* writes every meaning-bearing key explicitly: a missing ``sample_from_anchor`` (DFlash /
+  DSpark exports made before the field existed) is filled by the legacy rule —
+  ``speculative_tokens == block_size - 1`` → false (1+N), ``== block_size`` → true, else an
+  error; ``transformer_layer_config`` keys that ``to_diff_dict`` left out (e.g. rope θ,
+  ``rms_norm_eps``) are filled from transformers' config defaults — the values speculators
+  itself rebuilds on load;
+* drops legacy training-only keys (``max_anchors``, COD knobs ``down_sample_ratio*``,
+  ``loss_type``) with a note, keeps ``num_depths`` (trained P-EAGLE depths, checked by
+  the lint);
+* records the verifier given on the command line (``--verifier-name``) as
+  ``speculators_config.verifier`` (the trainer records whatever path it trained with);
+* warns on DSpark anchor-first checkpoints written before the Markov prev-token alignment
+  fix (speculators PR #806, 2026-07-17, first released in v0.7.0).
+
+F10 (speculators PRs #327/#343/#393/#480): ``speculators_model_type: peagle`` with
+``ptd_token_id`` (earlier ``unused_token_id``) instead of ``mask_token_id`` and the COD keys
+``para_num``/``para_depths``; mapped ``ptd_token_id`` → ``mask_token_id`` and an integer
+``para_num``/``para_depths`` → ``num_depths`` (the trained depths). Low confidence
+(external_formats.md §12): the meaning of ``para_depths`` as a depth count is inferred.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+from specconv.errors import InvalidInputError
+from specconv.plan import ConversionPlan, LayerIdConversion
+
+from . import _common as c
+from . import _vocab as vb
+from .base import Converter, ConvertOptions, SourceInfo, register
+
+ALGORITHMS = ("peagle", "dflash", "dspark")
+
+#: Files a trainer checkpoint holds that are never published (speculators_format.md §1).
+TRAINING_FILES = (
+    "optimizer_state_dict.pt", "scheduler_state_dict.pt", "training_state.json", "val_metrics.json",
+    "train_command.txt", "run.yaml", "config.py",
+)
+
+#: Legacy training-only config keys, dropped with a note (per algorithm).
+LEGACY_DROP = {
+    "dflash": {"max_anchors": "training-only anchor budget (≤ v0.6); speculators and vLLM ignore it"},
+    "dspark": {"max_anchors": "training-only anchor budget (≤ v0.6); speculators and vLLM ignore it"},
+    "peagle": {
+        "down_sample_ratio": "COD training knob (moved out of the config in speculators #707)",
+        "down_sample_ratio_min": "COD training knob (moved out of the config in speculators #707)",
+        "loss_type": "training-only loss selector of early P-EAGLE branches",
+        "max_anchors": "training-only anchor budget",
+    },
+}
+
+#: First speculators release with the DSpark Markov prev-token alignment fix (PR #806,
+#: merged 2026-07-17; v0.6.0 predates DSpark itself, v0.7.0 — 2026-07-29 — contains both).
+DSPARK_MARKOV_FIX = "0.7.0"
+
+#: F10 mask-token aliases, in the order vLLM reads them (external_formats.md §1.4, §12).
+EARLY_MASK_KEYS = ("ptd_token_id", "unused_token_id")
+EARLY_DEPTH_KEYS = ("para_num", "para_depths")
+
+#: ``transformer_layer_config`` keys the typed config requires (specconv.speculators).
+REQUIRED_LAYER_KEYS = (
+    "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+    "num_key_value_heads", "head_dim", "rms_norm_eps",
+)
+
+
+def _version_before(v: Any, ref: str) -> bool | None:
+    """``v < ref`` by PEP 440 (pre-releases of ``ref`` count as before); ``None`` if unknown."""
+    if not isinstance(v, str) or not v:
+        return None
+    try:
+        from packaging.version import InvalidVersion, Version
+    except ImportError:  # pragma: no cover - packaging ships with transformers
+        return None
+    try:
+        return Version(v) < Version(ref)
+    except InvalidVersion:
+        return None
+
+
+def _fill_layer_config(src: SourceInfo, tlc: dict[str, Any], notes: list[str]) -> dict[str, Any]:
+    """Fill keys ``to_diff_dict`` omitted with transformers' defaults for the model type."""
+    from specconv.speculators import _rope_theta_of  # noqa: PLC0415  (private helper, same project)
+
+    missing = [k for k in REQUIRED_LAYER_KEYS if k not in tlc]
+    no_theta = _rope_theta_of(tlc) is None
+    if not missing and not no_theta:
+        return tlc
+    mt = tlc.get("model_type")
+    if not isinstance(mt, str):
+        raise InvalidInputError(f"{src.path}/config.json: transformer_layer_config.model_type is missing")
+    try:
+        from transformers import AutoConfig
+
+        full = AutoConfig.for_model(mt, **{k: v for k, v in tlc.items() if k != "model_type"}).to_dict()
+    except Exception as e:  # unknown model type or inconsistent keys
+        raise InvalidInputError(
+            f"{src.path}/config.json: transformer_layer_config lacks {missing + (['rope_theta'] if no_theta else [])} "
+            f"and transformers cannot rebuild a {mt!r} config to fill them ({type(e).__name__}: {e})"
+        ) from e
+    out = dict(tlc)
+    filled = []
+    for k in missing:
+        v = full.get(k)
+        if k == "head_dim" and v is None:
+            v = out["hidden_size"] // out["num_attention_heads"]
+        if v is None:
+            raise InvalidInputError(f"{src.path}/config.json: transformer_layer_config.{k} is missing and has no default")
+        out[k] = v
+        filled.append(f"{k}={v!r}")
+    if no_theta:
+        theta = _rope_theta_of(full)
+        if theta is None:
+            raise InvalidInputError(f"{src.path}/config.json: transformer_layer_config has no rope_theta and {mt} no default")
+        rp = dict(out.get("rope_parameters") or full.get("rope_parameters") or {"rope_type": "default"})
+        rp["rope_theta"] = theta
+        out["rope_parameters"] = rp
+        filled.append(f"rope_parameters.rope_theta={theta!r}")
+    notes.append(
+        f"transformer_layer_config: filled {', '.join(filled)} from transformers' {mt} config defaults "
+        "(the values speculators rebuilds on load; omitted by to_diff_dict)"
+    )
+    return out
+
+
+def normalise(conv: Any, src: SourceInfo, verifier: Any, opts: ConvertOptions, *, early: bool = False) -> ConversionPlan:
+    """Plan the normalised copy of a speculators trainer checkpoint.
+
+    Raises:
+        InvalidInputError: a missing/contradictory key (mask token, block layout, aux ids,
+            speculative tokens), an invalid vocabulary mapping, or an invalid config.
+    """
+    from specconv.speculators import (
+        DSparkConfig,
+        Finding,
+        expected_speculative_tokens,
+        parse_config,
+    )
+
+    raw = copy.deepcopy(src.config or {})
+    algo = raw.get("speculators_model_type")
+    findings: list = []
+    notes: list[str] = []
+    where = f"{src.path}/config.json"
+
+    # ---- envelope ---------------------------------------------------------------
+    if "model_type" in raw:
+        findings.append(Finding("warning", "top_level_model_type_removed",
+                                f"top-level model_type={raw['model_type']!r} removed: it hides speculators_config from vLLM",
+                                "model_type"))
+        raw.pop("model_type")
+    if "auto_map" in raw:
+        raw.pop("auto_map")
+        notes.append("auto_map (and config.py) are save_pretrained artefacts nobody reads: not carried")
+    if "torch_dtype" in raw:
+        raw.setdefault("dtype", raw["torch_dtype"])
+        raw.pop("torch_dtype")
+    for key, why in LEGACY_DROP.get(algo, {}).items():
+        if key in raw:
+            notes.append(f"legacy key {key}={raw.pop(key)!r} dropped: {why}")
+    tlc = raw.get("transformer_layer_config")
+    if not isinstance(tlc, dict):
+        raise InvalidInputError(f"{where}: transformer_layer_config is missing or not an object")
+    raw["transformer_layer_config"] = tlc = _fill_layer_config(src, tlc, notes)
+    V = tlc["vocab_size"]
+
+    # ---- mask token ---------------------------------------------------------------
+    locs = [("mask_token_id", raw.get("mask_token_id"))]
+    if early:
+        locs += [(k, raw.get(k)) for k in EARLY_MASK_KEYS]
+    mask, mask_where = c.resolve_mask_token(src, opts, locs, verifier, findings)
+    for k in EARLY_MASK_KEYS:
+        if k in raw:
+            raw.pop(k)
+            notes.append(f"legacy {k} → mask_token_id")
+    raw["mask_token_id"] = mask
+    if mask >= V:
+        raise InvalidInputError(f"{where}: mask token id {mask} ({mask_where}) ≥ vocab_size {V}", code="mask_token_out_of_vocab")
+
+    # ---- trained depths (P-EAGLE) -------------------------------------------------
+    sc = raw.get("speculators_config")
+    if not isinstance(sc, dict) or not sc.get("proposal_methods"):
+        raise InvalidInputError(f"{where}: speculators_config.proposal_methods is missing")
+    pm0 = sc["proposal_methods"][0]
+    k_file = pm0.get("speculative_tokens")
+    if algo == "peagle":
+        depth_locs = [("num_depths", raw.get("num_depths"))] + [(k, raw.get(k)) for k in EARLY_DEPTH_KEYS]
+        for k, v in depth_locs:
+            if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < 1):
+                raise InvalidInputError(
+                    f"{where}: {k}={v!r} is not a depth count; specconv reads it as the number of trained depths "
+                    "(external_formats.md §12, low confidence)",
+                    code="legacy_key_unknown",
+                    hint="remove the key, or pass --speculative-tokens with the trained K",
+                )
+        depths, dk = c.one_of(src, depth_locs, "trained number of depths")
+        for k in EARLY_DEPTH_KEYS:
+            if k in raw:
+                raw.pop(k)
+                notes.append(f"legacy {k} → num_depths")
+        if depths is not None:
+            raw["num_depths"] = depths
+        k = opts.speculative_tokens if opts.speculative_tokens is not None else k_file
+        if depths is not None and isinstance(k, int) and k > depths:
+            raise InvalidInputError(
+                f"speculative_tokens {k} exceeds the {depths} depths the drafter was trained with ({dk})",
+                code="conflicting_speculative_tokens",
+            )
+        if opts.speculative_tokens is not None:
+            pm0["speculative_tokens"] = opts.speculative_tokens
+            notes.append(f"speculative_tokens {k_file} → {opts.speculative_tokens} (--speculative-tokens)")
+
+    # ---- block layout (DFlash / DSpark) --------------------------------------------
+    if algo in ("dflash", "dspark"):
+        B = raw.get("block_size")
+        if not isinstance(B, int) or isinstance(B, bool) or B < 2:
+            raise InvalidInputError(f"{where}: block_size missing or invalid ({B!r}); it is never defaulted",
+                                    code="missing_block_size")
+        sfa = raw.get("sample_from_anchor")
+        if sfa is None:
+            if k_file == B - 1:
+                sfa, rule = False, f"speculative_tokens {k_file} == block_size-1 → 1+N layout"
+            elif k_file == B:
+                sfa, rule = True, f"speculative_tokens {k_file} == block_size → anchor-first layout"
+            else:
+                raise InvalidInputError(
+                    f"{where}: no sample_from_anchor, and speculative_tokens={k_file!r} is neither block_size-1 "
+                    f"({B - 1}, 1+N layout) nor block_size ({B}, anchor-first): the block layout cannot be told",
+                    code="missing_sample_from_anchor",
+                    hint="pass --sample-from-anchor or --no-sample-from-anchor (how the drafter was trained)",
+                )
+            if opts.sample_from_anchor is not None and opts.sample_from_anchor != sfa:
+                raise InvalidInputError(
+                    f"--{'' if opts.sample_from_anchor else 'no-'}sample-from-anchor contradicts the legacy rule "
+                    f"({rule})", code="conflicting_layout",
+                )
+            raw["sample_from_anchor"] = sfa
+            findings.append(Finding("info", "sample_from_anchor_filled",
+                                    f"sample_from_anchor was absent; written as {str(sfa).lower()} ({rule})",
+                                    "sample_from_anchor"))
+        elif opts.sample_from_anchor is not None and opts.sample_from_anchor != sfa:
+            raise InvalidInputError(
+                f"--{'' if opts.sample_from_anchor else 'no-'}sample-from-anchor contradicts the checkpoint's "
+                f"sample_from_anchor={str(sfa).lower()}", code="conflicting_layout",
+            )
+        exp = B if sfa else B - 1
+        if opts.speculative_tokens is not None and opts.speculative_tokens != exp:
+            raise InvalidInputError(
+                f"--speculative-tokens {opts.speculative_tokens} contradicts block_size {B} with "
+                f"sample_from_anchor={str(sfa).lower()} (needs {exp})", code="conflicting_speculative_tokens",
+            )
+        if k_file != exp:
+            findings.append(Finding("warning", "speculative_tokens_fixed",
+                                    f"speculative_tokens {k_file!r} → {exp} (block_size {B}, "
+                                    f"sample_from_anchor={str(sfa).lower()})", "speculative_tokens"))
+            pm0["speculative_tokens"] = exp
+        if algo == "dspark" and sfa:
+            before = _version_before(raw.get("speculators_version"), DSPARK_MARKOV_FIX)
+            if before is not False:
+                v = raw.get("speculators_version")
+                findings.append(Finding(
+                    "warning", "dspark_markov_misaligned",
+                    (f"written by speculators {v!r}, which predates" if before else
+                     f"speculators_version {v!r} cannot be compared, so it may predate" if v else
+                     "no speculators_version, so it may predate")
+                    + f" the DSpark Markov prev-token alignment fix (speculators PR #806, 2026-07-17; first released in "
+                    f"{DSPARK_MARKOV_FIX}): anchor-first checkpoints trained before it fed the Markov head the wrong "
+                    "previous token — expect low acceptance; re-train or check with `specconv validate`",
+                    "speculators_version",
+                ))
+
+    # ---- aux ids ----------------------------------------------------------------------
+    aux_key = "eagle_aux_hidden_state_layer_ids" if algo == "peagle" else "aux_hidden_state_layer_ids"
+    ids = raw.get(aux_key)
+    if opts.aux_layer_ids is not None:
+        if ids is not None and list(ids) != list(opts.aux_layer_ids):
+            raise InvalidInputError(
+                f"--aux-layer-ids {list(opts.aux_layer_ids)} contradicts the checkpoint's {aux_key}={ids}",
+                code="conflicting_layer_ids",
+            )
+        if ids is None:
+            raw[aux_key] = list(opts.aux_layer_ids)
+            notes.append(f"{aux_key} from --aux-layer-ids (absent from the checkpoint)")
+    final_ids = raw.get(aux_key)
+    layer_ids = LayerIdConversion(
+        aux_key if ids is not None else ("--aux-layer-ids" if final_ids is not None else None),
+        "speculators", ids, list(final_ids or []), "already the speculators convention (unchanged)",
+    ) if final_ids is not None else None
+
+    # ---- tensors -----------------------------------------------------------------
+    reshape: dict[str, tuple[int, ...]] = {}
+    names = set(src.tensor_names())
+    if not names:
+        raise InvalidInputError(f"{src.path}: no weights (model.safetensors or shards) next to config.json",
+                                code="missing_weights")
+    H = tlc["hidden_size"]
+    if algo == "peagle" and "mask_hidden" in names:
+        A = len(final_ids) if final_ids else 3
+        if c._numel(src.shape("mask_hidden")) == A * H:
+            reshape["mask_hidden"] = (1, 1, A * H)
+    plans, dropped = c.tensor_plan(
+        src, opts, accept=(r".+",),
+        drop={r"verifier_(lm_head|norm)\.weight": "training-only verifier copy (speculators never saves it)"},
+        reshape=reshape, format_title=conv.title,
+    )
+    Vd = raw.get("draft_vocab_size")
+    if not isinstance(Vd, int):
+        raise InvalidInputError(f"{where}: draft_vocab_size missing (the class default 32000 is never assumed)",
+                                code="missing_key")
+    vocab = vb.resolve_vocab(src, opts, vocab_size=V, draft_vocab_size=Vd, side_files=False)
+    plans, dropped = vb.merge_vocab(plans, dropped, vocab)
+    findings += vocab.findings
+    notes += vocab.notes
+    body_dtype = c.source_dtype(src, [p.source for p in plans if p.origin == "source" and p.source in src.store])
+    raw["dtype"] = c.dtype_name(c.out_dtype(body_dtype, opts))
+
+    # ---- verifier reference ----------------------------------------------------------
+    old = (sc.get("verifier") or {}).get("name_or_path")
+    if verifier is not None:
+        sc["verifier"] = {"name_or_path": verifier.name_or_path, "architectures": verifier.architectures}
+        if old != verifier.name_or_path:
+            notes.append(f"speculators_config.verifier.name_or_path {old!r} → {verifier.name_or_path!r}")
+    raw.setdefault("speculators_version", "0.9.0")
+
+    cfg = parse_config(raw, source=where)
+    object.__setattr__(cfg, "__pydantic_fields_set__", set(type(cfg).model_fields))
+    if isinstance(cfg, DSparkConfig) and cfg.is_pruned:
+        w2 = c.get(plans, "markov_head.markov_w2.weight")
+        if w2 is not None and w2.shape[0] != Vd:
+            raise InvalidInputError(f"markov_head.markov_w2.weight has {w2.shape[0]} rows, expected draft_vocab_size {Vd}")
+    k_final = cfg.speculative_tokens
+    exp = expected_speculative_tokens(cfg)
+    if exp is not None and k_final != exp:  # pragma: no cover - fixed above
+        raise InvalidInputError(f"speculative_tokens {k_final} != {exp}")
+    left = sorted(f for f in src.files if f.split("/")[-1] in TRAINING_FILES)
+    if left:
+        notes.append("training files not carried (never published): " + ", ".join(left))
+    keep = {"config.json"} | {p.name for p in src.store.files}
+    unknown = sorted(f for f in src.files if f not in keep and f not in left and "/" not in f)
+    if unknown:
+        notes.append("other files not carried: " + ", ".join(unknown))
+    notes.insert(0, f"normalised speculators {algo} checkpoint (speculators_version {raw.get('speculators_version')!r}); "
+                    "tensors copied unchanged")
+    return ConversionPlan(
+        format_id=conv.format_id,
+        algorithm=algo,
+        config=cfg,
+        tensors=plans,
+        dropped=dropped,
+        source_dir=src.path,
+        source_files=[src.path / "config.json", *src.store.files],
+        findings=findings,
+        layer_ids=layer_ids,
+        options=opts.to_dict(),
+        notes=[f"mask_token_id from {mask_where}"] + notes,
+    )
+
+
+class _SpeculatorsTrainer(Converter):
+    algorithm = ""
+    spec_ref = "external_formats.md §13 (F11)"
+    mapping = (
+        "normalise, don't convert: tensors copied unchanged (verifier_* copies dropped), vocab mapping validated, "
+        "missing `sample_from_anchor` filled by the legacy rule (K == B-1 → false, K == B → true), legacy "
+        "`max_anchors`/COD keys dropped with a note, verifier reference rewritten, optimizer/scheduler/training "
+        "files never carried; DSpark anchor-first checkpoints older than speculators 0.7.0 (PR #806) warned"
+    )
+
+    @classmethod
+    def detect(cls, src: SourceInfo) -> bool:
+        return src.cfg("speculators_model_type") == cls.algorithm
+
+    def plan(self, src, verifier, opts):
+        return normalise(self, src, verifier, opts)
+
+
+def is_early_peagle(src: SourceInfo) -> bool:
+    """F10: ``peagle`` with an early mask-token alias / COD key and no ``mask_token_id``."""
+    return (
+        src.cfg("speculators_model_type") == "peagle"
+        and src.cfg("mask_token_id") is None
+        and any(src.cfg(k) is not None for k in EARLY_MASK_KEYS + EARLY_DEPTH_KEYS)
+    )
+
+
+@register
+class SpeculatorsEarlyPEagle(_SpeculatorsTrainer):
+    format_id = "speculators_peagle_early"
+    algorithm = "peagle"
+    title = "early speculators P-EAGLE branch (PRs #327–#480)"
+    detection = "`speculators_model_type: peagle` with `ptd_token_id` (or `para_num`) and no `mask_token_id`"
+    mapping = (
+        "`ptd_token_id` (or `unused_token_id`) → `mask_token_id`; integer `para_num`/`para_depths` → `num_depths` "
+        "(trained depths, must agree); COD keys dropped; otherwise as speculators_peagle"
+    )
+    spec_ref = "external_formats.md §12 (F10)"
+    priority = 10
+
+    @classmethod
+    def detect(cls, src: SourceInfo) -> bool:
+        return is_early_peagle(src)
+
+    def plan(self, src, verifier, opts):
+        plan = normalise(self, src, verifier, opts, early=True)
+        plan.findings.append(_finding(
+            "info", "early_peagle_low_confidence",
+            "early speculators P-EAGLE layout (external_formats.md §12, low confidence): check the converted drafter "
+            "with `specconv validate`",
+        ))
+        return plan
+
+
+def _finding(level: str, code: str, msg: str):
+    from specconv.speculators import Finding
+
+    return Finding(level, code, msg, None)
+
+
+@register
+class SpeculatorsPEagle(_SpeculatorsTrainer):
+    format_id = "speculators_peagle"
+    algorithm = "peagle"
+    title = "speculators trainer output — P-EAGLE"
+    detection = "`speculators_model_type: peagle` (trainer `save_path/<epoch>/` dirs or a published dir)"
+    priority = 11
+
+    @classmethod
+    def detect(cls, src: SourceInfo) -> bool:
+        return super().detect(src) and not is_early_peagle(src)
+
+
+@register
+class SpeculatorsDFlash(_SpeculatorsTrainer):
+    format_id = "speculators_dflash"
+    algorithm = "dflash"
+    title = "speculators trainer output — DFlash"
+    detection = "`speculators_model_type: dflash`"
+    priority = 12
+
+
+@register
+class SpeculatorsDSpark(_SpeculatorsTrainer):
+    format_id = "speculators_dspark"
+    algorithm = "dspark"
+    title = "speculators trainer output — DSpark"
+    detection = "`speculators_model_type: dspark`"
+    priority = 13
+
+
+@register
+class SpeculatorsOther(Converter):
+    format_id = "speculators_other"
+    algorithm = "other"
+    title = "speculators drafter of another algorithm"
+    detection = "`speculators_model_type` not in {peagle, dflash, dspark} (eagle3, mtp, dflash2, xpress, …)"
+    spec_ref = "external_formats.md §16 rule 1"
+    priority = 14
+    supported = False
+    refusal = (
+        "specconv targets peagle, dflash and dspark; this directory is already a Speculators drafter of another "
+        "algorithm — use it as it is (speculators / vLLM load it directly)"
+    )
+
+    @classmethod
+    def detect(cls, src: SourceInfo) -> bool:
+        t = src.cfg("speculators_model_type")
+        return t is not None and t not in ALGORITHMS
