@@ -27,6 +27,7 @@ Layouts (``fmt``):
 from __future__ import annotations
 
 import copy
+import hashlib
 import json
 from pathlib import Path
 from typing import Any
@@ -313,7 +314,61 @@ def make_source(
     return write_source(out, cfg, t, extra_files=extra)
 
 
+# --------------------------------------------------------------- conversion helpers
+#: Hub id recorded as the verifier name in tests (the tiny verifier is local).
+HUB = "org/tiny-qwen3"
+
+
+def cli_convert(src, verifier, out, *args, name=HUB):
+    """Run ``specconv convert --format json`` in-process; return (exit code, JSON, stderr)."""
+    from click.testing import CliRunner
+
+    from specconv.cli.main import cli
+
+    argv = ["convert", str(src), "--verifier", str(verifier), "--format", "json"]
+    if name:
+        argv += ["--verifier-name", name]
+    if out is not None:
+        argv += ["-o", str(out)]
+    r = CliRunner().invoke(cli, argv + [str(a) for a in args], catch_exceptions=False)
+    obj = json.loads(r.stdout) if r.stdout.strip() else None
+    return r.exit_code, obj, r.stderr
+
+
+def api_convert(src, verifier, out=None, *, name=HUB, max_shard_size=None, overwrite=False, dry_run=False, **opts):
+    """``specconv.convert.convert`` with ``ConvertOptions(**opts)``; returns the report dict."""
+    from specconv.convert import convert
+    from specconv.converters import ConvertOptions
+
+    return convert(str(src), verifier=str(verifier), output=out, options=ConvertOptions(**opts), verifier_name=name,
+                   max_shard_size=max_shard_size, overwrite=overwrite, dry_run=dry_run)
+
+
+def read(out: Path, name: str = "config.json") -> dict:
+    """Parse a JSON file of an output dir."""
+    return json.loads((Path(out) / name).read_text())
+
+
+def codes(findings, level=None):
+    """Finding codes (optionally of one level) from a report's ``findings`` list."""
+    return {f["code"] for f in findings if level is None or f["level"] == level}
+
+
+def out_tensors(out: Path) -> dict:
+    """``{name: TensorInfo}`` of an output dir (single file or shards)."""
+    from specconv.tensors import TensorStore
+
+    st = TensorStore.open(Path(out))
+    return {n: st.info(n) for n in st.names()}
+
+
+def sha_tree(d: Path) -> dict[str, str]:
+    """sha256 of every file directly in ``d``."""
+    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(Path(d).iterdir())}
+
+
 __all__ = [
     "H", "VOCAB", "VERIFIER_LAYERS", "MASK", "DEFAULT_IDS", "FORMATS", "DELETE",
+    "HUB", "api_convert", "cli_convert", "read", "codes", "out_tensors", "sha_tree",
     "body_tensors", "qwen3_keys", "source_config", "source_tensors", "write_source", "make_source",
 ]

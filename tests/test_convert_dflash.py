@@ -17,54 +17,10 @@ import os
 from pathlib import Path
 
 import pytest
-from click.testing import CliRunner
 
-from fixtures_dflash import DELETE, FORMATS, H, MASK, VERIFIER_LAYERS, make_source
-
-HUB = "org/tiny-qwen3"
-
-
-# --------------------------------------------------------------------------- helpers
-def cli_convert(src, verifier, out, *args, name=HUB):
-    """Run ``specconv convert --format json`` in-process; return (exit code, JSON, stderr)."""
-    from specconv.cli.main import cli
-
-    argv = ["convert", str(src), "--verifier", str(verifier), "--format", "json"]
-    if name:
-        argv += ["--verifier-name", name]
-    if out is not None:
-        argv += ["-o", str(out)]
-    r = CliRunner().invoke(cli, argv + [str(a) for a in args], catch_exceptions=False)
-    obj = json.loads(r.stdout) if r.stdout.strip() else None
-    return r.exit_code, obj, r.stderr
-
-
-def api_convert(src, verifier, out=None, *, name=HUB, max_shard_size=None, overwrite=False, dry_run=False, **opts):
-    from specconv.convert import convert
-    from specconv.converters import ConvertOptions
-
-    return convert(str(src), verifier=str(verifier), output=out, options=ConvertOptions(**opts), verifier_name=name,
-                   max_shard_size=max_shard_size, overwrite=overwrite, dry_run=dry_run)
-
-
-def read(out: Path, name: str = "config.json") -> dict:
-    return json.loads((Path(out) / name).read_text())
-
-
-def codes(findings, level=None):
-    return {f["code"] for f in findings if level is None or f["level"] == level}
-
-
-def out_tensors(out: Path) -> dict:
-    from specconv.tensors import TensorStore
-
-    st = TensorStore.open(Path(out))
-    return {n: st.info(n) for n in st.names()}
-
-
-def sha_tree(d: Path) -> dict[str, str]:
-    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(Path(d).iterdir())}
-
+from fixtures_dflash import (
+    DELETE, FORMATS, H, HUB, MASK, VERIFIER_LAYERS, api_convert, cli_convert, codes, make_source, out_tensors, read, sha_tree,
+)
 
 def _peer():
     pytest.importorskip("speculators")
