@@ -293,6 +293,28 @@ def make_specforge_training(
     return ckpt, draft_cfg
 
 
+def training_dir_from_export(
+    run_dir: Path, export: Path, *, strategy: str, step: int = 7, prefix: str = "draft_model.", drop=(), run_id: str = "run1",
+) -> tuple[Path, Path]:
+    """Wrap an existing HF export dir as a SpecForge training checkpoint (same pickle layout
+    as :func:`make_specforge_training`); ``drop`` removes tensors the training state does not
+    hold (legacy states lack ``t2d``/``d2t``). Returns ``(checkpoint dir, draft config path)``."""
+    import argparse
+
+    import torch
+    from safetensors.torch import load_file
+
+    sd = load_file(str(Path(export) / "model.safetensors"))
+    ckpt = Path(run_dir) / f"{run_id}-step{step}"
+    ckpt.mkdir(parents=True, exist_ok=True)
+    torch.save({"draft_state_dict": {prefix + k: v for k, v in sd.items() if k not in drop}, "global_step": step,
+                "epoch": 0, "strategy": strategy, "run_id": run_id, "world_size": 1,
+                "args": argparse.Namespace(strategy=strategy)}, ckpt / "training_state.pt")
+    draft_cfg = Path(run_dir) / f"{strategy}-draft-config.json"
+    draft_cfg.write_text((Path(export) / "config.json").read_text())
+    return ckpt, draft_cfg
+
+
 def make_zlab_dflash(out: Path, verifier_dir: Path, *, target_layer_ids=(1, 3, 5), block_size: int = 4,
                      mask_token_id: int = MASK, num_layers: int = 2, dtype: str = "bfloat16") -> Path:
     """A z-lab F1 DFlash export (external_formats.md §3), for the SpecForge dflash strategy."""

@@ -186,3 +186,25 @@ def test_draft_config_must_be_json_object(run_dir, tiny_verifier_dir, tmp_path):
     bad.write_text(json.dumps([1, 2]))
     with pytest.raises(InvalidInputError, match="not a JSON object"):
         _plan(_ckpt(run_dir), tiny_verifier_dir, allow_unpickle=True, draft_config=bad)
+
+
+@pytest.mark.peer
+def test_peagle_strategy_maps_like_the_specforge_export(tmp_path, tiny_llama_verifier_dir):
+    """strategy peagle → the SpecForge P-EAGLE export mapping (``specforge_peagle``); the
+    legacy training state lacks t2d/d2t and the result equals converting the export."""
+    import fixtures_peagle as fp
+    from fixtures_dspark import training_dir_from_export
+    from interop import load_with_speculators, run_speculators_forward
+
+    ref = fp.build_speculators_peagle(tiny_llama_verifier_dir, tmp_path / "ref", layers=2, seed=2)
+    export = fp.to_specforge(ref, tmp_path / "export")
+    ckpt, cfg = training_dir_from_export(tmp_path / "runs", export, strategy="peagle", drop=("t2d", "d2t"))
+    flags = ("--mask-token-id", fp.MASK, "--aux-layer-ids", ",".join(map(str, fp.AUX)), "--speculative-tokens", 4)
+    out, ref_out = tmp_path / "o", tmp_path / "ref_out"
+    code, rep, err = convert_cli(ckpt, tiny_llama_verifier_dir, out, "--allow-unpickle", "--draft-config", cfg, *flags)
+    assert code == 0, err
+    assert rep["algorithm"] == "peagle"
+    assert any("mapped as specforge_peagle" in n for n in rep["plan"]["notes"])
+    assert convert_cli(export, tiny_llama_verifier_dir, ref_out, *flags)[0] == 0
+    assert (out / "model.safetensors").read_bytes() == (ref_out / "model.safetensors").read_bytes()
+    run_speculators_forward(load_with_speculators(out, tiny_llama_verifier_dir))
