@@ -33,6 +33,22 @@ output_format_option = click.option(
 )
 
 
+class _StderrHandler(logging.StreamHandler):
+    """A stream handler writing to whatever ``sys.stderr`` is *now* (click's CliRunner and
+    embedding callers swap it between invocations; the handler is installed only once)."""
+
+    def __init__(self) -> None:
+        super().__init__(sys.stderr)
+
+    @property  # type: ignore[override]
+    def stream(self):
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, value) -> None:
+        pass
+
+
 def setup_logging(verbose: int = 0) -> None:
     """Route specconv logs to stderr (rich handler on a TTY, plain otherwise)."""
     level = logging.DEBUG if verbose > 1 else logging.INFO if verbose == 1 else logging.WARNING
@@ -45,7 +61,7 @@ def setup_logging(verbose: int = 0) -> None:
 
         handler: logging.Handler = RichHandler(show_path=False, markup=False)
     else:
-        handler = logging.StreamHandler(sys.stderr)
+        handler = _StderrHandler()
         handler.setFormatter(logging.Formatter("%(levelname)s: %(message)s"))
     root.addHandler(handler)
     root.setLevel(level)

@@ -34,6 +34,24 @@ class LazyGroup(click.Group):
         mod, attr = target.split(":")
         return getattr(importlib.import_module(f"specconv.cli.{mod}"), attr)
 
+    def invoke(self, ctx: click.Context):
+        """Usage errors (bad flag, missing option) still give one JSON object on stdout
+        under ``--format json`` (exit 2); click prints its message on stderr as usual."""
+        args = [*getattr(ctx, "_protected_args", []), *ctx.args]
+        try:
+            return super().invoke(ctx)
+        except click.UsageError as e:
+            if _wants_json(args):
+                from ..errors import EXIT_USAGE
+                from .common import dumps
+
+                click.echo(dumps({"error": "usage", "message": e.format_message(), "exit_code": EXIT_USAGE}))
+            raise
+
+
+def _wants_json(args: list[str]) -> bool:
+    return "--format=json" in args or any(a == "--format" and b == "json" for a, b in zip(args, args[1:]))
+
 
 @click.group(cls=LazyGroup, epilog=EPILOG, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="specconv")
