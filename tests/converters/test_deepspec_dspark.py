@@ -211,3 +211,23 @@ def test_pruned_output_loads_in_speculators(deepspec_src, tiny_verifier_dir, tmp
     assert convert_cli(deepspec_src, tiny_verifier_dir, out, "--vocab-mapping", mp)[0] == 0
     logits = run_speculators_forward(load_with_speculators(out, tiny_verifier_dir))
     assert logits.shape[-1] == 64
+
+
+def test_deepspec_training_dir_picks_latest_step(tmp_path, tiny_verifier_dir):
+    """DeepSpec ``ckpt_manager`` layout: ``step_<N>/`` (save_pretrained + train_config.py +
+    training_state.rank{r}.pt) and a ``step_latest`` symlink; the optimizer pickles are never read."""
+    import os
+
+    exp = tmp_path / "exp"
+    make_deepspec_dspark(exp / "step_50", tiny_verifier_dir)
+    newest = make_deepspec_dspark(exp / "step_200", tiny_verifier_dir, block_size=6)
+    for d in ("step_50", "step_200"):
+        (exp / d / "train_config.py").write_text("block_size = 6\n")
+        (exp / d / "training_state.rank0.pt").write_bytes(b"not a pickle: must never be loaded")
+    os.symlink("step_50", exp / "step_latest")
+    out = tmp_path / "o"
+    code, rep, err = convert_cli(exp, tiny_verifier_dir, out)
+    assert code == 0, err
+    assert rep["source"] == str(newest)
+    assert out_config(out)["block_size"] == 6
+    assert "training_state.rank0.pt" in record(out)["source"]["files"]  # hashed for provenance only
