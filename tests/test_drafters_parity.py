@@ -150,7 +150,7 @@ def _speculators_block(model, monkeypatch, hs, ids, anchor):
     monkeypatch.setattr(score, "compute_metrics", fake_metrics)
     T = hs.shape[1]
     kw = dict(hidden_states=hs, input_ids=ids, loss_mask=torch.ones(1, T),
-              verifier_last_hidden_states=torch.randn(1, T, H),
+              verifier_last_hidden_states=torch.randn(1, T, H, dtype=hs.dtype),
               document_ids=torch.zeros(1, T, dtype=torch.long))
     with torch.no_grad():
         hidden, logits, *_ = model._backbone_forward(max_anchors=1, **kw)
@@ -303,7 +303,7 @@ def _speculators_peagle(model, monkeypatch, hs, ids, p, K):
     monkeypatch.setattr(pcore, "compute_metrics", fake_metrics)
     with torch.no_grad():
         model(hidden_states=hs, input_ids=ids, document_ids=torch.zeros(1, T, dtype=torch.long),
-              loss_mask=torch.ones(1, T), verifier_last_hidden_states=torch.randn(1, T, H),
+              loss_mask=torch.ones(1, T), verifier_last_hidden_states=torch.randn(1, T, H, dtype=hs.dtype),
               num_depths=K)
     lg = captured["logits"][0]
     return lg[: p + 1], lg[T:]  # depth-0 entries 0..p, then depths 1..K-1 of anchor p

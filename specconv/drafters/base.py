@@ -502,7 +502,7 @@ def refuse_unused(w: WeightTaker) -> None:
     left = w.unused()
     if not left:
         return
-    gated = [n for n in left if ".g_proj." in n or "gate_proj" in n and "self_attn" in n]
+    gated = [n for n in left if ".g_proj." in n or ("self_attn" in n and "gate" in n)]
     if gated:
         raise UnsupportedFormatError(
             f"{w.source}: gated attention tensors ({', '.join(gated[:3])}) are not supported "
