@@ -243,3 +243,21 @@ def test_detection(ref, tmp_path):
     cfg.pop("pard_token")
     fp.write_json(src / "config.json", cfg)  # mask_hidden alone is enough (§16 rule 5)
     assert detect(SourceInfo.open(src)).format_id == "aws_peagle"
+
+
+def test_cli_flags_reach_the_converter(ref, tiny_llama_verifier_dir, tmp_path):
+    from click.testing import CliRunner
+
+    from specconv.cli.main import cli
+
+    src = fp.to_aws(ref, tmp_path / "aws", aux_in_config=False, nbr_in_config=False)
+    base = ["convert", str(src), "--verifier", str(tiny_llama_verifier_dir), "--verifier-name", HUB, "--format", "json"]
+    r = CliRunner().invoke(cli, base + ["-o", str(tmp_path / "bad")])
+    assert r.exit_code == 3 and not (tmp_path / "bad").exists()
+    out = tmp_path / "out"
+    r = CliRunner().invoke(cli, base + ["-o", str(out), "--aux-layer-ids", "1,3,5", "--speculative-tokens", "4",
+                                        "--norm-before-residual"])
+    assert r.exit_code == 0, r.output
+    cfg = json.loads((out / "config.json").read_text())
+    assert cfg["eagle_aux_hidden_state_layer_ids"] == [1, 3, 5] and cfg["norm_before_residual"] is True
+    assert cfg["speculators_config"]["proposal_methods"][0]["speculative_tokens"] == 4

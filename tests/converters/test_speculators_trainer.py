@@ -95,6 +95,17 @@ def test_peagle_save_dir_best_latest_named(peagle_epochs, tiny_llama_verifier_di
     assert convert(save2, tiny_llama_verifier_dir)["source"].endswith("/save2/2")
 
 
+def test_sharded_epoch_dir_accepted(peagle_epochs, tiny_llama_verifier_dir, tmp_path):
+    save = fp.trainer_save_dir(tmp_path / "save", {0: peagle_epochs[0]})
+    t = fp.load_tensors(save / "0")
+    (save / "0" / "model.safetensors").unlink()
+    fp.save_tensors(save / "0", t, shards=3)  # save_pretrained above max_shard_size (external_formats.md §13)
+    out = tmp_path / "out"
+    rep = convert(save, tiny_llama_verifier_dir, out)
+    assert rep["format"] == "speculators_peagle"
+    tensors_equal(out, peagle_epochs[0])
+
+
 def test_peagle_dtype_and_speculative_tokens(peagle_epochs, tiny_llama_verifier_dir, tmp_path):
     from specconv.errors import InvalidInputError
 
