@@ -53,7 +53,9 @@ VOCAB_PATTERNS = (r"d2t", r"t2d")
 D2T_KEYS = ("d2t", "draft_id_to_target_id")
 T2D_KEYS = ("t2d", "target_id_to_draft_id")
 
-#: Side files looked for beside a checkpoint (speculators data dirs write these names).
+#: Side files looked for beside a checkpoint. speculators' trainer caches the mapping in
+#: its data dir as ``d2t-{Vd}.npy`` / ``t2d-{Vd}.npy`` (``train/cli.py``) and takes
+#: ``--d2t-path``/``--t2d-path`` ``.npy`` files; plain ``d2t.npy``/``t2d.npy`` are also used.
 SIDE_FILES = {"d2t": ("d2t.npy", "d2t.pt"), "t2d": ("t2d.npy", "t2d.pt")}
 
 EAGLE_222 = "SafeAILab/EAGLE #222"
@@ -299,14 +301,17 @@ def _pick(d: Mapping[str, Any], keys: Iterable[str]) -> Any:
     return None
 
 
-def read_mapping_file(path: str | Path, *, role: str | None = None) -> dict[str, "np.ndarray"]:
-    """Read ``d2t``/``t2d`` from a side file.
+def read_mapping_file(path: str | Path, *, role: str | None = None, draft_vocab_size: int | None = None) -> dict[str, "np.ndarray"]:
+    """Read ``d2t``/``t2d`` from a side file (or a directory of them).
 
     Accepted: ``.safetensors`` (tensors named ``d2t``/``t2d``), ``.pt``/``.pth``/``.bin``
     (``torch.load(weights_only=True)``: a dict holding ``d2t``/``t2d`` — also
     ``draft_id_to_target_id`` — or a bare tensor), ``.npz`` (arrays ``d2t``/``t2d``) and
     ``.npy`` (one array; its role comes from ``role`` or the file name containing
     ``d2t``/``t2d``, else from its dtype: bool → ``t2d``).
+
+    A directory is searched with :func:`find_side_files` (``d2t.npy``, ``d2t-{Vd}.npy``, …)
+    and, failing that, read as a checkpoint holding ``d2t``/``t2d`` tensors.
 
     Returns:
         ``{"d2t": int array, "t2d": bool/int array}`` with whichever was found.
@@ -317,6 +322,25 @@ def read_mapping_file(path: str | Path, *, role: str | None = None) -> dict[str,
     import numpy as np
 
     p = Path(path)
+    if p.is_dir():
+        out: dict[str, Any] = {}
+        for r, f in find_side_files(p, draft_vocab_size).items():
+            out[r] = read_mapping_file(f, role=r)[r]
+        if not out:
+            from specconv.tensors import TensorStore
+
+            try:
+                store = TensorStore.open(p)
+            except InvalidInputError:
+                store = None
+            for r, keys in (("d2t", D2T_KEYS), ("t2d", T2D_KEYS)):
+                k = next((k for k in keys if store is not None and k in store), None)
+                if k is not None:
+                    out[r] = as_array((store, k), what=f"{p}:{k}")
+        if not out:
+            raise InvalidInputError(f"{p}: no d2t/t2d side files (d2t.npy, d2t-<Vd>.npy, t2d.npy, ...) or tensors",
+                                    code="vocab_map_invalid")
+        return out
     if not p.is_file():
         raise InvalidInputError(f"vocab mapping file {p} does not exist", code="vocab_map_missing")
     name = p.name.lower()
@@ -379,13 +403,26 @@ def read_mapping_file(path: str | Path, *, role: str | None = None) -> dict[str,
     return out
 
 
-def find_side_files(directory: Path) -> dict[str, Path]:
-    """``{"d2t": path, "t2d": path}`` for side files beside a checkpoint (either may be absent)."""
+def find_side_files(directory: Path, draft_vocab_size: int | None = None) -> dict[str, Path]:
+    """``{"d2t": path, "t2d": path}`` for side files in ``directory`` (either may be absent).
+
+    Looks for ``d2t.npy``/``d2t.pt`` (same for ``t2d``), then speculators' cached
+    ``d2t-{Vd}.npy`` — by ``draft_vocab_size`` when given, else only when exactly one
+    ``d2t-*.npy`` exists.
+    """
+    d = Path(directory)
     found = {}
     for role, names in SIDE_FILES.items():
-        for n in names:
-            if (Path(directory) / n).is_file():
-                found[role] = Path(directory) / n
+        cands = [d / n for n in names]
+        if draft_vocab_size is not None:
+            cands.append(d / f"{role}-{draft_vocab_size}.npy")
+        else:
+            cached = sorted(d.glob(f"{role}-*.npy"))
+            if len(cached) == 1:
+                cands.append(cached[0])
+        for f in cands:
+            if f.is_file():
+                found[role] = f
                 break
     return found
 
@@ -499,11 +536,11 @@ def resolve_vocab(
         if role not in found and extra and extra.get(role) is not None:
             found[role] = _Found(as_array(extra[role], what=f"{extra_label}:{role}"), f"{extra_label} ({role})")
     if side_files:
-        for role, p in find_side_files(src.path).items():
+        for role, p in find_side_files(src.path, Vd).items():
             if role not in found:
                 found[role] = _Found(read_mapping_file(p, role=role)[role], f"side file {p.name}")
     if opts.vocab_mapping is not None:
-        flag = read_mapping_file(opts.vocab_mapping)
+        flag = read_mapping_file(opts.vocab_mapping, draft_vocab_size=Vd)
         for role, arr in flag.items():
             if role in found:
                 have = found[role].value

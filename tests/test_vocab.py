@@ -240,3 +240,38 @@ def test_slice_rows_plan_markov_w2(tmp_path):
     assert torch.equal(got, w2[torch.from_numpy(tgt)])
     with pytest.raises(InvalidInputError, match="never sliced"):
         vb.slice_rows_plan(src.store, "markov_head.markov_w1.weight", "markov_head.markov_w1.weight", r)
+
+
+def test_speculators_cached_side_files_and_mapping_dir(tmp_path):
+    _, d2t, t2d = _mapping(8)
+    src_dir = tmp_path / "src"
+    src = _src(src_dir, {"w": np.zeros(2, dtype=np.float32)})
+    # speculators' trainer caches the mapping as d2t-{Vd}.npy / t2d-{Vd}.npy
+    np.save(src_dir / f"d2t-{VD}.npy", d2t)
+    np.save(src_dir / f"t2d-{VD}.npy", t2d)
+    np.save(src_dir / "d2t-999.npy", d2t)  # another size: ignored when Vd is known
+    r = vb.resolve_vocab(src, ConvertOptions(), vocab_size=V, draft_vocab_size=VD)
+    assert f"d2t-{VD}.npy" in r.notes[0]
+    # a directory given to --vocab-mapping
+    mdir = tmp_path / "data"
+    mdir.mkdir()
+    np.save(mdir / f"d2t-{VD}.npy", d2t)
+    np.save(mdir / f"t2d-{VD}.npy", t2d)
+    got = vb.read_mapping_file(mdir, draft_vocab_size=VD)
+    assert np.array_equal(got["d2t"], d2t) and np.array_equal(got["t2d"], t2d)
+    src2 = _src(tmp_path / "src2", {"w": np.zeros(2, dtype=np.float32)})
+    r = vb.resolve_vocab(src2, ConvertOptions(vocab_mapping=mdir), vocab_size=V, draft_vocab_size=VD)
+    assert {p.out for p in r.tensors} == {"d2t", "t2d"}
+    with pytest.raises(InvalidInputError, match="no d2t/t2d"):
+        vb.read_mapping_file(tmp_path / "src2")
+
+
+def test_all_true_t2d_with_pruned_vocab_is_ignored(tmp_path):
+    tgt, d2t, t2d = _mapping(9)
+    src = _src(tmp_path, {"d2t": d2t, "t2d": np.ones(V, dtype=bool)})
+    r = vb.resolve_vocab(src, ConvertOptions(), vocab_size=V, draft_vocab_size=VD)
+    assert any(f.code == "t2d_default_all_true" for f in r.findings)
+    assert [d.name for d in r.dropped] == ["t2d"]
+    t2d_plan = next(p for p in r.tensors if p.out == "t2d")
+    assert t2d_plan.fate == "generated"
+    assert np.frombuffer(t2d_plan.produce(), dtype=bool).tolist() == t2d.tolist()
