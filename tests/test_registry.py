@@ -3,11 +3,11 @@ and ``docs/formats.md`` is generated from the registry and up to date.
 
 Rules (docs/adding_a_converter.md):
 
-* a **supported** format ``ID`` needs ``tests/converters/test_ID.py`` that mentions ``ID``,
-  runs a conversion (``convert``) and loads the output with speculators 0.9.0
-  (``load_with_speculators``);
+* a **supported** format ``ID`` needs its test module — ``tests/converters/test_ID.py``, or
+  the module named for it in :data:`TEST_MODULES` — that mentions ``ID``, runs a conversion
+  (``convert``) and loads the output with speculators 0.9.0 (``load_with_speculators``);
 * a **refused** format needs a trigger in ``tests/fixtures_dspark.REFUSAL_CASES`` (run by
-  ``tests/test_refusals.py``) or its own ``tests/converters/test_ID.py``.
+  ``tests/test_refusals.py``) or a test module as above that mentions ``ID``.
 """
 
 from __future__ import annotations
@@ -24,29 +24,39 @@ REPO = TESTS.parent
 DOCS = REPO / "docs" / "formats.md"
 SPECULATORS_ALGORITHMS = {"peagle", "dflash", "dspark"}
 
+#: format id → test module (relative to tests/) when it is not ``converters/test_<id>.py``
+#: (one module covering several formats of the same producer).
+TEST_MODULES = {
+    "speculators_dflash": "converters/test_speculators_trainer.py",
+    "speculators_dspark": "converters/test_speculators_trainer.py",
+    "speculators_peagle": "converters/test_speculators_trainer.py",
+    "speculators_peagle_early": "converters/test_speculators_trainer.py",
+    "speculators_other": "converters/test_speculators_trainer.py",
+}
 
-def missing_tests(registry, tests_dir: Path = TESTS) -> list[str]:
+
+def missing_tests(registry, tests_dir: Path = TESTS, modules: dict[str, str] = TEST_MODULES) -> list[str]:
     """Return one line per registered format lacking its required test (empty = complete)."""
     from fixtures_dspark import REFUSAL_CASES
 
     refusal_ids = {fid for _, fid in REFUSAL_CASES}
     problems = []
     for fid, cls in sorted(registry.items()):
-        mod = tests_dir / "converters" / f"test_{fid}.py"
+        mod = tests_dir / modules.get(fid, f"converters/test_{fid}.py")
         text = mod.read_text() if mod.is_file() else None
         if not cls.supported:
             if fid not in refusal_ids and (text is None or fid not in text):
-                problems.append(f"{fid} (refused): no trigger in tests/fixtures_dspark.REFUSAL_CASES and no {mod.name}")
+                problems.append(f"{fid} (refused): no trigger in tests/fixtures_dspark.REFUSAL_CASES and no {mod.name} naming it")
             continue
         if text is None:
-            problems.append(f"{fid}: no tests/converters/{mod.name} (fixture + end-to-end convert + speculators load)")
+            problems.append(f"{fid}: no tests/{mod.relative_to(tests_dir)} (fixture + end-to-end convert + speculators load)")
             continue
         if fid not in text:
-            problems.append(f"{fid}: tests/converters/{mod.name} never mentions {fid!r}")
+            problems.append(f"{fid}: tests/{mod.relative_to(tests_dir)} never mentions {fid!r}")
         if not re.search(r"convert", text):
-            problems.append(f"{fid}: tests/converters/{mod.name} runs no conversion")
+            problems.append(f"{fid}: tests/{mod.relative_to(tests_dir)} runs no conversion")
         if "load_with_speculators" not in text:
-            problems.append(f"{fid}: tests/converters/{mod.name} never loads the output with speculators (tests/interop.py)")
+            problems.append(f"{fid}: tests/{mod.relative_to(tests_dir)} never loads the output with speculators (tests/interop.py)")
     return problems
 
 
@@ -70,12 +80,17 @@ def test_missing_tests_check_is_not_vacuous(tmp_path):
         refusal = "no"
 
     (tmp_path / "converters").mkdir()
-    probs = missing_tests({"fake_format_xyz": Fake, "fake_refusal_xyz": FakeRefusal}, tmp_path)
+    probs = missing_tests({"fake_format_xyz": Fake, "fake_refusal_xyz": FakeRefusal}, tmp_path, {})
     assert len(probs) == 2 and "fake_format_xyz" in probs[0] + probs[1]
     (tmp_path / "converters" / "test_fake_format_xyz.py").write_text("# fake_format_xyz: convert\n")
-    probs = missing_tests({"fake_format_xyz": Fake}, tmp_path)
+    probs = missing_tests({"fake_format_xyz": Fake}, tmp_path, {})
     assert probs == ["fake_format_xyz: tests/converters/test_fake_format_xyz.py never loads the output with "
                      "speculators (tests/interop.py)"]
+
+
+def test_module_overrides_point_at_registered_formats():
+    stale = sorted(set(TEST_MODULES) - set(REGISTRY))
+    assert not stale, f"TEST_MODULES names formats that are no longer registered: {stale}"
 
 
 def test_registry_entries_are_described():
