@@ -27,7 +27,8 @@ def detect(src: SourceInfo) -> type[Converter] | None:
 
 def algorithms() -> list[str]:
     """Target algorithms of the supported converters (for ``--algorithm`` choices)."""
-    return sorted({c.algorithm for c in REGISTRY.values() if c.supported})
+    known = {"peagle", "dflash", "dspark"}
+    return sorted({a for c in REGISTRY.values() if c.supported for a in c.algorithm.split("|") if a in known})
 
 
 __all__ = ["REGISTRY", "Converter", "ConvertOptions", "SourceInfo", "detect", "ordered", "register", "algorithms"]

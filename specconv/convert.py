@@ -153,7 +153,7 @@ def inspect_source(spec: str, *, verifier: str | None = None, verifier_name: str
         out.update(format=e.format_id or "unknown", algorithm=None, supported=False, reason=e.message, title=None)
         return out
     out.update(format=cls.format_id, algorithm=cls.algorithm, title=cls.title, supported=cls.supported,
-               reason=None if cls.supported else cls.refusal)
+               reason=cls.refusal or None)
     v = None
     if verifier:
         from .verifier import resolve_verifier
@@ -233,7 +233,9 @@ def convert(
     opts = options or ConvertOptions()
     src, note = open_source(source, subfolder=subfolder, checkpoint=opts.checkpoint, revision=revision)
     cls = detect(src)
-    if opts.algorithm and cls.algorithm != opts.algorithm:
+    # formats whose algorithm is only known after reading (e.g. "dflash|dspark|peagle")
+    # check --algorithm in their own plan
+    if opts.algorithm and "|" not in cls.algorithm and cls.algorithm != opts.algorithm:
         raise InvalidInputError(
             f"--algorithm {opts.algorithm} given but {src.path} is {cls.title} ({cls.format_id}, algorithm {cls.algorithm})",
             code="algorithm_mismatch",
