@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
 from specconv.errors import InvalidInputError, UnsupportedFormatError
-from specconv.plan import ConversionPlan, DroppedTensor, LayerIdConversion, TensorPlan
+from specconv.plan import ConversionPlan, LayerIdConversion, TensorPlan
 
 from . import _common as c
 from . import _vocab as vb
@@ -437,4 +437,4 @@ def plan_peagle_family(conv: Any, src: SourceInfo, verifier: Any, opts: ConvertO
     )
 
 
-__all__ = ["PEagleLayout", "plan_peagle_family", "resolve_aux_ids", "strip_prefix_rename", "PEAGLE_ACCEPT", "DroppedTensor"]
+__all__ = ["PEagleLayout", "plan_peagle_family", "resolve_aux_ids", "strip_prefix_rename", "PEAGLE_ACCEPT"]

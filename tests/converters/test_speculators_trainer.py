@@ -267,3 +267,13 @@ def test_other_speculators_type_refused(dflash_ref, tiny_verifier_dir, tmp_path)
     with pytest.raises(UnsupportedFormatError, match="already a Speculators drafter") as e:
         convert(d, tiny_verifier_dir)
     assert e.value.format_id == "speculators_other"
+
+
+def test_inspect_save_dir(peagle_epochs, tmp_path):
+    from specconv.convert import inspect_source
+
+    save = fp.trainer_save_dir(tmp_path / "save", peagle_epochs, best=0)
+    rep = inspect_source(str(save))
+    assert rep["format"] == "speculators_peagle" and rep["supported"] is True
+    assert rep["path"].endswith("/save/0")
+    assert "training-leftovers" in {f["code"] for f in rep["findings"]}
