@@ -64,6 +64,7 @@ def select_checkpoint(path: Path, choice: str | None = None) -> tuple[Path, str 
     Returns:
         (dir, note) — note says what was picked and why (``None`` when nothing was picked).
     """
+    path = _descend(path)
     if (path / "config.json").is_file() or (path / "training_state.pt").is_file():
         if choice and choice not in ("best", "latest"):
             raise UsageError(f"--checkpoint {choice!r} given but {path} is itself a checkpoint dir")

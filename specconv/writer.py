@@ -109,11 +109,15 @@ def hash_sources(plan: ConversionPlan) -> "concurrent.futures.Future[dict[str, s
     ex = concurrent.futures.ThreadPoolExecutor(max_workers=1)
 
     def run() -> dict[str, str]:
-        return {
-            str(p.relative_to(plan.source_dir)): _sha256(p)
-            for p in sorted(plan.source_files)
-            if p.is_file()
-        }
+        root = Path(plan.source_dir).resolve()
+        out = {}
+        for p in sorted(plan.source_files):
+            if not p.is_file():
+                continue
+            rp = Path(p).resolve()
+            key = str(rp.relative_to(root)) if root in rp.parents else str(rp)
+            out[key] = _sha256(p)
+        return out
 
     fut = ex.submit(run)
     ex.shutdown(wait=False)

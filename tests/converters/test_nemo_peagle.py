@@ -74,8 +74,6 @@ def test_model_dir_single_file(ref, tiny_llama_verifier_dir, tmp_path):
     assert rep["source"].endswith("epoch_0_step_10/model")
 
 
-@pytest.mark.xfail(strict=True, reason="select_checkpoint does not descend into model/[consolidated/] when given "
-                                       "an epoch dir itself (specconv/convert.py, lead)")
 def test_epoch_dir_given_directly(ref, tiny_llama_verifier_dir, tmp_path):
     root = fp.to_nemo(ref, tmp_path / "nemo", shards=1)
     rep = convert(root / "epoch_0_step_10", tiny_llama_verifier_dir)
