@@ -1,0 +1,50 @@
+"""`specconv validate` on the real SmolLM2-135M verifier with a z-lab DFlash source
+(written by z-lab's own code) converted by the registry: all four gates, 2 prompts."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("dflash")
+
+
+@pytest.fixture
+def one_thread():
+    # On a shared 2-core box two OpenMP threads thrash (10x slower decode); one is faster.
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+@pytest.mark.slow
+def test_validate_smollm2_zlab_dflash(tmp_path, smollm2_dir, one_thread):
+    from click.testing import CliRunner
+
+    from examples.zlab_dflash import make_zlab_dflash
+    from specconv.cli.validate import validate_cmd
+    from specconv.convert import convert
+
+    z = make_zlab_dflash(tmp_path / "zlab", dtype="bfloat16")
+    spec = tmp_path / "spec"
+    convert(str(z), verifier=str(smollm2_dir), output=spec)
+    r = CliRunner().invoke(
+        validate_cmd,
+        [str(spec), "--verifier", str(smollm2_dir), "--source", str(z), "--num-prompts", "2",
+         "--max-new-tokens", "16", "--report-dir", str(tmp_path / "rep"), "--format", "json"],
+        catch_exceptions=False,
+    )
+    assert r.exit_code == 0, r.output
+    out = json.loads(r.stdout)
+    assert out["gates"] == {"structure": True, "parity": True, "acceptance": True, "lossless": True}
+    assert out["k"] == 7 and out["aux_layer_ids"] == [2, 15, 28]
+    # random-init drafter: the harness must see it as (nearly) useless
+    assert out["acceptance_length"] < 1.1
+    assert out["lossless"]["exact_match"] == 1.0
+    parity = next(g for g in out["gate_results"] if g["name"] == "parity")["details"]
+    assert parity["aux_layer_ids"] == {"reference": [2, 15, 28], "converted": [2, 15, 28]}
+    assert parity["top1_agree_all"] == 1.0
+    assert out["stop_token_ids"] == [2]
