@@ -26,12 +26,61 @@ from .plan import ConversionPlan
 SPECCONV_JSON = "specconv.json"
 
 
-def _sha256(path: Path, chunk: int = 8 << 20) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while b := f.read(chunk):
-            h.update(b)
-    return h.hexdigest()
+def _sha256(path: Path) -> str:
+    """sha256 of a source file, reusing a cached digest when the file is unchanged.
+
+    The cache (``$SPECCONV_CACHE/sha256.json``) is keyed by real path and validated by
+    (size, mtime_ns, inode) — git's stat-cache rule — so re-converting the same checkpoint
+    (a common loop: convert, lint, change a flag, convert again) does not re-read it.
+    ``SPECCONV_HASH_CACHE=0`` disables it.
+    """
+    from .tensors import sha256_file
+
+    if os.environ.get("SPECCONV_HASH_CACHE", "1") == "0":
+        return sha256_file(path)
+    st = os.stat(path)
+    key = os.path.realpath(path)
+    stamp = [st.st_size, st.st_mtime_ns, st.st_ino]
+    cache = _hash_cache()
+    hit = cache.get(key)
+    if hit and hit.get("stat") == stamp:
+        return hit["sha256"]
+    digest = sha256_file(path)
+    cache[key] = {"stat": stamp, "sha256": digest}
+    return digest
+
+
+_HASH_CACHE: dict[str, Any] | None = None
+
+
+def _hash_cache_path() -> Path:
+    from .offline import cache_dir
+
+    return cache_dir() / "sha256.json"
+
+
+def _hash_cache() -> dict[str, Any]:
+    global _HASH_CACHE
+    if _HASH_CACHE is None:
+        try:
+            _HASH_CACHE = json.loads(_hash_cache_path().read_text())
+            if not isinstance(_HASH_CACHE, dict):
+                _HASH_CACHE = {}
+        except (OSError, ValueError):
+            _HASH_CACHE = {}
+    return _HASH_CACHE
+
+
+def _save_hash_cache() -> None:
+    if _HASH_CACHE is None or os.environ.get("SPECCONV_HASH_CACHE", "1") == "0":
+        return
+    try:
+        p = _hash_cache_path()
+        tmp = p.with_name(f".{p.name}.{os.getpid()}")
+        tmp.write_text(json.dumps(_HASH_CACHE, sort_keys=True))
+        os.replace(tmp, p)
+    except OSError:  # a read-only cache is not an error
+        pass
 
 
 def library_versions() -> dict[str, str]:
@@ -117,6 +166,7 @@ def hash_sources(plan: ConversionPlan) -> "concurrent.futures.Future[dict[str, s
             rp = Path(p).resolve()
             key = str(rp.relative_to(root)) if root in rp.parents else str(rp)
             out[key] = _sha256(p)
+        _save_hash_cache()
         return out
 
     fut = ex.submit(run)
