@@ -129,6 +129,9 @@ def test_random_lm_head_fails_structure_with_exit_4(tiny, tmp_path):
     assert any("lm_head.weight differs from the verifier" in e for e in g1["errors"])
     assert [g["status"] for g in out["gate_results"][1:]] == ["skipped"] * 3
     assert out["exit_code"] == 4
+    human = _run([d, "--verifier", tiny["verifier"], "--report-dir", tmp_path / "rep2"])
+    assert human.exit_code == 4
+    assert "structure   failed" in human.stdout and "lm_head.weight differs" in human.stdout
 
 
 def test_verifier_lm_head_copy_passes_structure(tiny, tmp_path):

@@ -19,6 +19,15 @@ from specconv.validate.testing import (  # noqa: E402
 )
 
 
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    # On a shared 2-core box two OpenMP threads thrash; one thread is much faster.
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
 @pytest.fixture(scope="module")
 def runner():
     return tiny_verifier()
@@ -192,3 +201,44 @@ def test_bootstrap_ci_brackets_tau_and_speedup(runner):
     assert lo <= m["tau_pooled"] <= hi
     assert m["speedup"] is not None and m["speedup"] > 0
     assert compute_metrics(spec, k, n_boot=200, seed=0)["tau_ci95"] == m["tau_ci95"]
+
+
+class _ConfidentOracle(OracleDrafter):
+    """Oracle drafts with a fixed DSpark-style confidence per slot."""
+
+    def __init__(self, runner, k, conf):
+        super().__init__(runner, k)
+        self.conf = torch.tensor(conf)
+
+    def propose(self, context_tokens, aux_hidden, **kw):
+        p = super().propose(context_tokens, aux_hidden)
+        p.confidence = self.conf
+        return p
+
+
+def test_confidence_truncation_and_calibration(runner):
+    from specconv.validate.metrics import calibration
+
+    d = _ConfidentOracle(runner, 4, [0.9, 0.8, 0.2, 0.9])  # cumprod 0.9, 0.72, 0.144, ...
+    ref = plain(runner, n=20).output_ids
+    full = speculative_generate(runner, d, PROMPT, max_new_tokens=20)
+    cut = speculative_generate(runner, d, PROMPT, max_new_tokens=20, confidence_threshold=0.5)
+    assert full.output_ids == cut.output_ids == ref  # truncation never changes greedy output
+    assert all(s.k <= 2 for s in cut.steps)
+    assert all(s.k_proposed == 4 for s in cut.steps if s.k > 0)
+    assert max(s.k for s in full.steps) == 4
+    c = calibration([full])
+    # oracle: every reached slot is accepted → observed 1.0, error = mean(1 - conf)
+    assert c["mean_observed"] == 1.0
+    assert c["mean_abs_error"] == pytest.approx(1 - c["mean_confidence"])
+
+
+def test_select_prompts_evenly_spaced(tmp_path):
+    from specconv.validate.run import select_prompts
+
+    f = tmp_path / "p.jsonl"
+    f.write_text("".join(f'{{"prompt": "q{i}"}}\n' for i in range(10)))
+    got = [p.text for p in select_prompts(str(f), 3)]
+    assert got == ["q0", "q3", "q6"]
+    assert len(select_prompts(str(f), None)) == 10
+    assert len(select_prompts(str(f), 50)) == 10

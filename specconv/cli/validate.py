@@ -92,6 +92,8 @@ def _progress():
 @click.option("--report-dir", type=click.Path(file_okay=False, path_type=Path),
               help="Where validation.json/.md/.png go [default: ./specconv-validation/<DIR name>].")
 @click.option("--backend", type=click.Choice(["torch", "vllm"]), default="torch", show_default=True)
+@click.option("--attn-implementation", type=click.Choice(["sdpa", "eager"]), default="sdpa", show_default=True,
+              help="Verifier attention kernels.")
 @click.option("--seed", type=int, default=0, show_default=True)
 @output_format_option
 @run_command
@@ -108,6 +110,7 @@ def validate_cmd(
     min_tau: float | None,
     report_dir: Path | None,
     backend: str,
+    attn_implementation: str,
     seed: int,
     output_format: str,
 ) -> None:
@@ -133,6 +136,7 @@ def validate_cmd(
         dtype=dtype,
         min_tau=min_tau,
         backend=backend,
+        attn_implementation=attn_implementation,
         seed=seed,
     )
     with _progress() as cb:

@@ -89,8 +89,8 @@ def plan_placement(verifier, drafter_dir: Path, device: str, dtype: str) -> dict
 
     On CUDA, the weights at the run dtype (drafter: plus the verifier's embedding and LM
     head it may borrow) plus 15% and 1 GiB headroom must fit in free memory of device
-    ``cuda:i``; when only the verifier is too large and several GPUs are visible (and
-    accelerate is installed) it is sharded with ``device_map="auto"``.
+    ``cuda:i``; when only the verifier is too large (and accelerate is installed) it is placed with ``device_map="auto"`` (sharded over the
+    GPUs; with a single GPU, accelerate offloads the rest to CPU memory).
 
     Returns:
         ``{"device_map": None | "auto", "need_bytes", "free_bytes"}``.
@@ -122,8 +122,13 @@ def plan_placement(verifier, drafter_dir: Path, device: str, dtype: str) -> dict
         have_acc = True
     except ImportError:
         have_acc = False
-    if torch.cuda.device_count() > 1 and have_acc and int(d_bytes * 1.15) + (1 << 30) <= free:
-        log.warning("verifier (%.1f GiB) does not fit on %s: sharding it with device_map='auto'", v_bytes / 2**30, device)
+    if have_acc and int(d_bytes * 1.15) + (1 << 30) <= free:
+        if torch.cuda.device_count() > 1:
+            log.warning("verifier (%.1f GiB) does not fit on %s: sharding it over %d GPUs with device_map='auto'",
+                        v_bytes / 2**30, device, torch.cuda.device_count())
+        else:
+            log.warning("verifier (%.1f GiB) does not fit on %s: device_map='auto' offloads part of it to CPU "
+                        "memory (slow; timings are not meaningful)", v_bytes / 2**30, device)
         out["device_map"] = "auto"
         return out
     raise InvalidInputError(
@@ -339,7 +344,7 @@ def validate_drafter(
         )
         prog("loading verifier", 0, 1)
         runner = VerifierRunner.load(
-            v.local_dir,
+            v.hub_id or v.local_dir,  # Hub ids load from the local HF cache
             device=device,
             dtype=opts.dtype,
             attn_implementation=opts.attn_implementation,
