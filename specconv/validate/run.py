@@ -12,7 +12,7 @@ from __future__ import annotations
 import datetime as _dt
 import logging
 import tempfile
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Callable
 
@@ -62,7 +62,6 @@ class ValidateOptions:
     seed: int = 0
     confidence_threshold: float | None = DSPARK_CONFIDENCE_THRESHOLD
     vllm_port: int = 8011
-    extra: dict = field(default_factory=dict)
 
 
 def select_prompts(spec: str, n: int | None) -> list:
@@ -245,7 +244,7 @@ def validate_drafter(
     from .. import __version__
     from ..verifier import resolve_verifier
     from .gates import gate_acceptance, gate_lossless, gate_parity, gate_structure, sampler_check
-    from .metrics import calibration, compute_metrics, summary
+    from .metrics import compute_metrics, summary
     from .report import device_info, library_versions, torch_backend_flags
     from .verifier_runner import VerifierRunner, resolve_device, torch_dtype
 
@@ -271,7 +270,7 @@ def validate_drafter(
         "temperature": opts.temperature,
         "max_new_tokens": opts.max_new_tokens,
         "seed": opts.seed,
-        "options": {k: val for k, val in asdict(opts).items() if k != "extra"},
+        "options": asdict(opts),
         "versions": library_versions(),
     }
     results: list[GateResult] = []
