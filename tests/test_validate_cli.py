@@ -180,3 +180,61 @@ def test_parity_catches_aux_layer_off_by_one(tiny, tmp_path):
     good = gate_parity(ref, load_drafter(tiny["spec"], tiny["verifier"]), runner, [seq], anchors_per_sequence=3)
     assert good.passed, good.errors
     assert runner.aux_layer_ids == [0, 2]  # restored after the union capture
+
+
+def _random_speculators_dir(out: Path, algorithm: str, verifier: Path, **fields) -> Path:
+    """A random-weight Speculators dir built from the config's expected tensor list."""
+    from safetensors.torch import load_file, save_file
+
+    from specconv.speculators import dump_config, expected_tensors, make_config
+
+    layer = {
+        "model_type": "qwen3", "vocab_size": 49152, "hidden_size": 64, "intermediate_size": 128,
+        "num_hidden_layers": 1, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
+        "hidden_act": "silu", "rms_norm_eps": 1e-6, "max_position_embeddings": 1024,
+        "rope_theta": 10000.0, "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0},
+        "layer_types": ["full_attention"], "tie_word_embeddings": False, "attention_bias": False,
+    }
+    cfg = make_config(algorithm, transformer_layer_config=layer, verifier_name_or_path="local/tiny",
+                      verifier_architectures=["LlamaForCausalLM"], mask_token_id=16, dtype="float32", **fields)
+    out.mkdir(parents=True)
+    (out / "config.json").write_bytes(dump_config(cfg))
+    g = torch.Generator().manual_seed(3)
+    emb = load_file(str(verifier / "model.safetensors"))["model.embed_tokens.weight"]
+    tensors = {}
+    for name, spec in expected_tensors(cfg).items():
+        if spec.need == "optional":
+            continue
+        if name == "lm_head.weight":
+            tensors[name] = emb.clone()  # frozen copy of the verifier head (tied embedding)
+        elif "norm" in name:
+            tensors[name] = torch.ones(spec.shape)
+        else:
+            tensors[name] = torch.randn(spec.shape, generator=g) * 0.05
+    save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
+    return out
+
+
+@pytest.mark.parametrize(
+    "algorithm,fields,k",
+    [
+        ("peagle", {"eagle_aux_hidden_state_layer_ids": [1, 2, 4], "speculative_tokens": 3}, 3),
+        ("dspark", {"aux_hidden_state_layer_ids": [1, 4], "block_size": 3, "sample_from_anchor": True,
+                    "markov_rank": 8, "enable_confidence_head": True, "confidence_head_with_markov": True}, 3),
+    ],
+)
+def test_validate_peagle_and_dspark_run(tiny, tmp_path, algorithm, fields, k):
+    from specconv.validate.run import ValidateOptions, validate_drafter
+
+    d = _random_speculators_dir(tmp_path / algorithm, algorithm, tiny["verifier"], **fields)
+    rep = validate_drafter(d, str(tiny["verifier"]), ValidateOptions(prompts=str(tiny["prompts"]), num_prompts=1,
+                                                                   max_new_tokens=8))
+    assert rep["gates"] == {"structure": True, "acceptance": True, "lossless": True}, rep["gate_results"]
+    assert rep["k"] == k and rep["algorithm"] == algorithm
+    assert len(rep["acceptance_at_pos"]) == k
+    if algorithm == "dspark":
+        cal = rep["dspark"]["calibration"]
+        assert cal is not None and 0.0 <= cal["mean_confidence"] <= 1.0
+        assert rep["dspark"]["truncated"]["threshold"] == 0.5
+    else:
+        assert "dspark" not in rep
