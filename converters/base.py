@@ -10,6 +10,7 @@ names — never tensor data.
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
@@ -57,6 +58,27 @@ class ConvertOptions:
         return {k: v for k, v in d.items() if v not in (None, False) or k == "dtype"}
 
 
+def _non_finite(obj: Any, path: str = "") -> str | None:
+    """Dotted key of the first NaN / Infinity in a parsed config (``None`` when all finite).
+
+    Python's ``json`` accepts them, but they are not JSON and would be written back as
+    ``null`` (pydantic) — a silent change of a meaning-bearing value.
+    """
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return path or "<root>"
+    if isinstance(obj, dict):
+        items = obj.items()
+    elif isinstance(obj, list):
+        items = ((f"[{i}]", v) for i, v in enumerate(obj))
+    else:
+        return None
+    for k, v in items:
+        sub = f"{path}{k}" if str(k).startswith("[") else (f"{path}.{k}" if path else str(k))
+        if (hit := _non_finite(v, sub)) is not None:
+            return hit
+    return None
+
+
 @dataclass
 class SourceInfo:
     """What detection may look at: the source dir, its config and tensor *headers*.
@@ -82,11 +104,18 @@ class SourceInfo:
         cfg_path = path / "config.json"
         if cfg_path.is_file():
             try:
-                cfg = json.loads(cfg_path.read_text())
-            except (OSError, json.JSONDecodeError) as e:
+                cfg = json.loads(cfg_path.read_bytes().decode("utf-8"))
+            except (OSError, ValueError) as e:  # JSONDecodeError, UnicodeDecodeError
                 raise InvalidInputError(f"cannot parse {cfg_path}: {e}") from e
             if not isinstance(cfg, dict):
                 raise InvalidInputError(f"{cfg_path} is not a JSON object")
+            if (key := _non_finite(cfg)) is not None:
+                raise InvalidInputError(f"{cfg_path}: {key} is NaN or Infinity, which is not valid JSON")
+            archs = cfg.get("architectures")
+            if archs is not None and not isinstance(archs, str) and not (
+                isinstance(archs, list) and all(isinstance(a, str) for a in archs)
+            ):
+                raise InvalidInputError(f"{cfg_path}: 'architectures' must be a list of strings, got {archs!r}")
         files = sorted(
             str(p.relative_to(path)) for p in path.rglob("*") if p.is_file() and ".cache" not in p.parts
         )

@@ -1,0 +1,76 @@
+"""Hostile / careless input to ``specconv inspect|convert|formats``: every case must give
+a stable exit code, one clear line naming the file / key / flag, no traceback, exactly one
+JSON object on stdout with ``--format json``, and lose nothing (inputs and an existing
+output stay intact, no temp dirs left behind)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from fixtures_dflash import HUB, make_source, sha_tree
+
+PY = sys.executable
+
+
+def cli(*args) -> tuple[int, dict, str]:
+    """Run the CLI in-process with ``--format json``; unexpected exceptions propagate (a
+    traceback is a failure). Returns (exit code, the one JSON object on stdout, stderr)."""
+    from specconv.cli.main import cli as group
+
+    r = CliRunner().invoke(group, [*map(str, args), "--format", "json"], catch_exceptions=False)
+    obj = json.loads(r.stdout)  # exactly one JSON document (json.loads rejects trailing data)
+    assert isinstance(obj, dict), r.stdout
+    assert "Traceback" not in r.stderr, r.stderr
+    return r.exit_code, obj, r.stderr
+
+
+def convert(src, verifier, out, *args):
+    return cli("convert", src, "--verifier", verifier, "--verifier-name", HUB, "-o", out, *args)
+
+
+def leftovers(parent: Path) -> list[str]:
+    """Hidden temp / backup dirs the writer may leave next to an output."""
+    return sorted(p.name for p in Path(parent).iterdir() if p.name.startswith(".") and (".tmp-" in p.name or ".old-" in p.name))
+
+
+def edit_config(src: Path, fn) -> Path:
+    cfg = json.loads((src / "config.json").read_text())
+    fn(cfg)
+    (src / "config.json").write_text(json.dumps(cfg))
+    return src
+
+
+# ------------------------------------------------------------------ source config.json
+def test_config_not_utf8(tmp_path, tiny_verifier_dir):
+    src = make_source(tmp_path)
+    (src / "config.json").write_bytes(b'{"a": "\xf4\x90\x80"}')
+    for args in (("inspect", src), ("convert", src, "--verifier", tiny_verifier_dir, "-o", tmp_path / "o")):
+        code, obj, err = cli(*args)
+        assert code == 3 and "config.json" in obj["message"] and "utf-8" in obj["message"]
+    assert not (tmp_path / "o").exists()
+
+
+def test_config_nan_is_refused_naming_the_key(tmp_path, tiny_verifier_dir):
+    src = make_source(tmp_path)
+    text = (src / "config.json").read_text()
+    (src / "config.json").write_text(text.replace('"rms_norm_eps": 1e-06', '"rms_norm_eps": NaN'))
+    code, obj, _ = convert(src, tiny_verifier_dir, tmp_path / "o")
+    assert code == 3 and "rms_norm_eps" in obj["message"] and "NaN" in obj["message"]
+    assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize("archs", [[1, 2], {"a": 1}])
+def test_config_architectures_wrong_type(tmp_path, archs):
+    src = edit_config(make_source(tmp_path), lambda c: c.__setitem__("architectures", archs))
+    code, obj, _ = cli("inspect", src)
+    assert code == 3 and "architectures" in obj["message"]
