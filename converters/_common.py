@@ -5,6 +5,7 @@ Facts: external_formats.md §1 (conventions), §3 (F1 mapping), speculators_form
 
 from __future__ import annotations
 
+import math
 import re
 from typing import Any, Callable, Iterable
 
@@ -14,6 +15,7 @@ from specconv.plan import DroppedTensor, LayerIdConversion, TensorPlan
 from .base import ConvertOptions, SourceInfo
 
 FLOAT_DTYPES = {"F16", "BF16", "F32", "F64"}
+INT32_MAX = 2**31 - 1
 DTYPE_FLAG = {"bfloat16": "BF16", "float16": "F16", "float32": "F32"}
 
 #: Qwen3-style decoder layer tensors shared by DFlash, DSpark and P-EAGLE bodies.
@@ -79,8 +81,15 @@ def resolve_block_size(src: SourceInfo, nested: dict[str, Any] | None = None) ->
             f"{src.path}/config.json has no block_size (top level or dflash_config); it is never defaulted",
             code="missing_block_size",
         )
-    if not isinstance(v, int) or v < 2:
+    if not isinstance(v, int) or isinstance(v, bool) or v < 2:
         raise InvalidInputError(f"{src.path}/config.json: block_size must be an integer ≥ 2, got {v!r}")
+    limit = src.cfg("max_position_embeddings")
+    limit = limit if isinstance(limit, int) and not isinstance(limit, bool) and limit > 0 else INT32_MAX
+    if v > min(limit, INT32_MAX):
+        raise InvalidInputError(
+            f"{src.path}/config.json: block_size {v} exceeds "
+            + (f"max_position_embeddings {limit}" if limit < INT32_MAX else "the int32 range")
+        )
     return v
 
 
@@ -109,7 +118,7 @@ def resolve_mask_token(
             code="missing_mask_token",
             hint="pass the id the drafter was trained with: --mask-token-id N",
         )
-    if not isinstance(mask, int) or mask < 0:
+    if not isinstance(mask, int) or isinstance(mask, bool) or mask < 0:
         raise InvalidInputError(f"mask token id must be a non-negative integer, got {mask!r} ({where})")
     if verifier is not None:
         if mask >= verifier.vocab_size:
@@ -137,7 +146,7 @@ def zlab_to_speculators_ids(
     from specconv.speculators import Finding
 
     if ids is not None:
-        if not isinstance(ids, list) or not all(isinstance(i, int) for i in ids) or not ids:
+        if not isinstance(ids, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in ids) or not ids:
             raise InvalidInputError(f"{src.path}/config.json: {key} must be a non-empty list of integers, got {ids!r}")
         lo = -1 if allow_minus_one else 0
         bad = [i for i in ids if i < lo]
@@ -162,14 +171,17 @@ def zlab_to_speculators_ids(
         rule = "+1 (z-lab 0-based layer outputs → speculators capture ids)" + ("; -1 (embeddings) → 0" if allow_minus_one else "")
         conv = LayerIdConversion(key, "z-lab", list(ids), converted, rule)
     s_ids = conv.speculators_ids
+    origin = "--aux-layer-ids" if opts.aux_layer_ids is not None else key
+    if not s_ids:
+        raise InvalidInputError(f"aux layer ids (from {origin}) are empty")
     if len(set(s_ids)) != len(s_ids):
-        raise InvalidInputError(f"aux layer ids {s_ids} are not distinct")
+        raise InvalidInputError(f"aux layer ids {s_ids} (from {origin}) are not distinct")
     if verifier is not None:
         n = verifier.num_hidden_layers
         out = [i for i in s_ids if not 0 <= i <= n]
         if out:
             raise InvalidInputError(
-                f"aux layer ids {out} (speculators convention, from {conv.source_key or '--aux-layer-ids'}) "
+                f"aux layer ids {out} (speculators convention, from {origin}) "
                 f"are outside [0, {n}] for the verifier's {n} layers",
                 code="layer_ids_out_of_range",
             )
@@ -182,12 +194,20 @@ def zlab_to_speculators_ids(
     return conv
 
 
-def rope_theta_of(cfg: dict[str, Any]) -> float | None:
+def rope_theta_of(cfg: dict[str, Any], where_file: str = "config.json") -> float | None:
+    """``rope_theta`` from ``rope_parameters`` or the top level (``None`` when absent).
+
+    Raises:
+        InvalidInputError: present but not a positive finite number.
+    """
     rp = cfg.get("rope_parameters")
-    if isinstance(rp, dict) and rp.get("rope_theta") is not None:
-        return float(rp["rope_theta"])
-    if cfg.get("rope_theta") is not None:
-        return float(cfg["rope_theta"])
+    for where, v in (("rope_parameters.rope_theta", rp.get("rope_theta") if isinstance(rp, dict) else None),
+                     ("rope_theta", cfg.get("rope_theta"))):
+        if v is None:
+            continue
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
+            raise InvalidInputError(f"{where_file}: {where} must be a positive number, got {v!r}", code="invalid_rope_theta")
+        return float(v)
     return None
 
 
@@ -204,7 +224,7 @@ def layer_config(src: SourceInfo, cfg: dict[str, Any], *, model_type: str, extra
     drop = NON_LAYER_KEYS | set(extra_drop)
     out = {k: v for k, v in cfg.items() if k not in drop}
     out["model_type"] = model_type
-    theta = rope_theta_of(cfg)
+    theta = rope_theta_of(cfg, f"{src.path}/config.json")
     if theta is None:
         raise InvalidInputError(
             f"{src.path}/config.json has no rope_theta (top level or rope_parameters); it is never defaulted",
@@ -212,6 +232,8 @@ def layer_config(src: SourceInfo, cfg: dict[str, Any], *, model_type: str, extra
         )
     rp = dict(cfg.get("rope_parameters") or {})
     scaling = cfg.get("rope_scaling")
+    if scaling is not None and not isinstance(scaling, dict):
+        raise InvalidInputError(f"{src.path}/config.json: rope_scaling must be an object or null, got {scaling!r}")
     if isinstance(scaling, dict):
         rp.update({k: v for k, v in scaling.items() if k != "type"})
         rp.setdefault("rope_type", scaling.get("rope_type") or scaling.get("type") or "default")
@@ -222,8 +244,13 @@ def layer_config(src: SourceInfo, cfg: dict[str, Any], *, model_type: str, extra
     out.pop("rope_scaling", None)
     out["tie_word_embeddings"] = False
     for k in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads"):
-        if not isinstance(out.get(k), int):
+        if not isinstance(out.get(k), int) or isinstance(out.get(k), bool):
             raise InvalidInputError(f"{src.path}/config.json: missing integer {k!r}", code="missing_key")
+    for k in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+              "num_key_value_heads", "head_dim"):
+        v = out.get(k)
+        if k in out and v is not None and (not isinstance(v, int) or isinstance(v, bool) or v <= 0):
+            raise InvalidInputError(f"{src.path}/config.json: {k} must be a positive integer, got {v!r}", code="invalid_key")
     out.setdefault("num_key_value_heads", out["num_attention_heads"])
     out.setdefault("head_dim", out["hidden_size"] // out["num_attention_heads"])
     out.setdefault("rms_norm_eps", 1e-6)
@@ -385,6 +412,8 @@ def dflash_causality(src: SourceInfo, lcfg: dict[str, Any], findings: list) -> b
     from specconv.speculators import Finding
 
     causal, where = one_of(src, [("is_causal", src.cfg("is_causal")), ("dflash_config.causal", src.dflash_config.get("causal"))], "causality")
+    if causal is not None and not isinstance(causal, bool):
+        raise InvalidInputError(f"{src.path}/config.json: {where} must be true or false, got {causal!r}")
     n = lcfg["num_hidden_layers"]
     types = lcfg.get("layer_types") or ["full_attention"] * n
     if causal is True:

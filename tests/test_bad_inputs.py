@@ -74,3 +74,36 @@ def test_config_architectures_wrong_type(tmp_path, archs):
     src = edit_config(make_source(tmp_path), lambda c: c.__setitem__("architectures", archs))
     code, obj, _ = cli("inspect", src)
     assert code == 3 and "architectures" in obj["message"]
+
+
+# ------------------------------------------------------- meaning-bearing config values
+@pytest.mark.parametrize("key, value, needle", [
+    ("dflash_config.mask_token_id", True, "mask token id"),       # bool is not an id (was read as 1 = bos)
+    ("dflash_config.target_layer_ids", [True, 2, 4], "target_layer_ids"),  # was read as layer 1
+    ("block_size", 10**30, "block_size"),                         # was written to config.json as is
+    ("num_attention_heads", 0, "num_attention_heads"),            # ZeroDivisionError
+    ("num_hidden_layers", -1, "num_hidden_layers"),
+    ("rope_parameters", {"rope_type": "default", "rope_theta": "abc"}, "rope_theta"),  # ValueError
+    ("rope_scaling", "linear", "rope_scaling"),                   # was silently dropped
+    ("is_causal", "yes", "is_causal"),                            # was treated as "not set"
+])
+def test_bad_config_values(tmp_path, tiny_verifier_dir, key, value, needle):
+    def setk(c):
+        d = c
+        *parents, last = key.split(".")
+        for p in parents:
+            d = d[p]
+        d[last] = value
+        if key == "num_attention_heads":
+            c.pop("head_dim")
+
+    src = edit_config(make_source(tmp_path), setk)
+    code, obj, _ = convert(src, tiny_verifier_dir, tmp_path / "o")
+    assert code == 3 and needle in obj["message"], obj
+    assert not (tmp_path / "o").exists()
+
+
+def test_aux_layer_ids_flag_errors_name_the_flag(tmp_path, tiny_verifier_dir):
+    src = make_source(tmp_path)
+    code, obj, _ = convert(src, tiny_verifier_dir, tmp_path / "o", "--aux-layer-ids", "1,3,99")
+    assert code == 3 and "--aux-layer-ids" in obj["message"] and "target_layer_ids" not in obj["message"]
