@@ -73,9 +73,10 @@ class Verifier:
     # ---- facts -----------------------------------------------------------------
     def _int(self, key: str) -> int:
         v = self.config.get(key)
-        if not isinstance(v, int):
+        if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
             raise InvalidInputError(
-                f"verifier config {self.spec!r} has no integer {key!r}", code="verifier_config"
+                f"verifier config {self.spec!r} has no positive integer {key!r} (got {v!r})",
+                code="verifier_config",
             )
         return v
 
@@ -196,9 +197,9 @@ class Verifier:
 
 def _read_json(p: Path) -> dict[str, Any]:
     try:
-        with open(p) as f:
+        with open(p, encoding="utf-8") as f:
             d = json.load(f)
-    except (OSError, json.JSONDecodeError) as e:
+    except (OSError, ValueError) as e:  # JSONDecodeError, UnicodeDecodeError
         raise InvalidInputError(f"cannot read verifier config {p}: {e}", code="verifier_config") from e
     if not isinstance(d, dict):
         raise InvalidInputError(f"verifier config {p} is not a JSON object", code="verifier_config")
@@ -216,6 +217,8 @@ def resolve_verifier(spec: str, *, name: str | None = None, revision: str | None
     Raises:
         InvalidInputError: no config, unreadable config, Hub id not reachable.
     """
+    if not spec or not spec.strip():
+        raise InvalidInputError("--verifier is empty: give a local directory or a Hub repo id", code="verifier_not_found")
     p = Path(spec).expanduser()
     if p.exists():
         if p.is_file():

@@ -107,3 +107,54 @@ def test_aux_layer_ids_flag_errors_name_the_flag(tmp_path, tiny_verifier_dir):
     src = make_source(tmp_path)
     code, obj, _ = convert(src, tiny_verifier_dir, tmp_path / "o", "--aux-layer-ids", "1,3,99")
     assert code == 3 and "--aux-layer-ids" in obj["message"] and "target_layer_ids" not in obj["message"]
+
+
+# ---------------------------------------------------------------------------- verifier
+def _verifier_copy(tiny_verifier_dir, tmp_path, fn=None, name="v") -> Path:
+    v = tmp_path / name
+    shutil.copytree(tiny_verifier_dir, v)
+    if fn is not None:
+        cfg = json.loads((v / "config.json").read_text())
+        cfg = fn(cfg) or cfg
+        (v / "config.json").write_text(json.dumps(cfg))
+    return v
+
+
+@pytest.mark.parametrize("case, needle", [
+    ("not_utf8", "utf-8"),            # UnicodeDecodeError traceback before
+    ("bool_vocab", "vocab_size"),     # vocab_size: true was read as 1
+    ("no_config", "no config.json"),
+    ("hidden_mismatch", "hidden_size"),
+])
+def test_bad_verifier(tmp_path, tiny_verifier_dir, case, needle):
+    src = make_source(tmp_path)
+    if case == "not_utf8":
+        v = _verifier_copy(tiny_verifier_dir, tmp_path)
+        (v / "config.json").write_bytes(b'{"hidden_size": "\xd5\x01"}')
+    elif case == "bool_vocab":
+        v = _verifier_copy(tiny_verifier_dir, tmp_path, lambda c: c.__setitem__("vocab_size", True))
+    elif case == "no_config":
+        v = _verifier_copy(tiny_verifier_dir, tmp_path)
+        (v / "config.json").unlink()
+    else:
+        v = _verifier_copy(tiny_verifier_dir, tmp_path, lambda c: c.__setitem__("hidden_size", 128))
+    code, obj, _ = convert(src, v, tmp_path / "o")
+    assert code == 3 and needle in obj["message"], obj
+    assert not (tmp_path / "o").exists()
+
+
+def test_multimodal_verifier_text_config_is_unwrapped(tmp_path, tiny_verifier_dir):
+    v = _verifier_copy(tiny_verifier_dir, tmp_path, lambda c: {
+        "architectures": ["Qwen3VLForConditionalGeneration"], "model_type": "qwen3_vl",
+        "text_config": c, "vision_config": {"hidden_size": 32}})
+    code, obj, _ = convert(make_source(tmp_path), v, tmp_path / "o")
+    assert code == 0, obj
+
+
+@pytest.mark.parametrize("spec", ["", "nobody-xyz/no-such-model-1234"])
+def test_verifier_empty_or_unreachable_hub_id(tmp_path, spec, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    code, obj, err = convert(make_source(tmp_path), spec, tmp_path / "o")
+    assert code == 3 and obj["error"] == "verifier_not_found"
+    assert ("empty" in obj["message"]) if spec == "" else (spec in obj["message"])
+    assert not (tmp_path / "o").exists()
