@@ -349,11 +349,16 @@ def _torch_load_weights_only(path: Path) -> dict[str, Any]:
 
     import torch
 
+    # torch's own wrapper text (it advises weights_only=False, which specconv never does)
+    boilerplate = ("Weights only load failed", "Please file an issue", "Check the documentation",
+                   "In PyTorch 2.6", "Re-running `torch.load`")
+
     def _detail(e: BaseException) -> str:
-        msg = str(e)
-        m = re.search(r"WeightsUnpickler error: *(.+)", msg)
-        line = m.group(1) if m else (msg.strip().splitlines() or [""])[0]
-        return f"{type(e).__name__}: {line.strip()[:300]}"
+        lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
+        useful = [ln for ln in lines if not ln.startswith(boilerplate)]
+        line = useful[0] if useful else (lines[0] if lines else "")
+        line = re.sub(r"^.*WeightsUnpickler error:\s*", "", line)
+        return f"{type(e).__name__}: {line[:300]}"
 
     try:
         if zipfile.is_zipfile(path):
@@ -364,8 +369,9 @@ def _torch_load_weights_only(path: Path) -> dict[str, Any]:
         raise InvalidInputError(f"{path}: cannot read: {e.strerror or e}") from e
     except Exception as e:  # UnpicklingError, RuntimeError, EOFError... for junk files
         msg = str(e)
+        low = msg.lower()
         if isinstance(e, pickle.UnpicklingError) and (
-            "Unsupported global" in msg or "Unsupported class" in msg
+            "unsupported global" in low or "unsupported class" in low or "is blocked" in low
         ):
             raise InvalidInputError(
                 f"{path}: needs arbitrary unpickling (it references code outside the "
@@ -383,7 +389,12 @@ def _torch_load_weights_only(path: Path) -> dict[str, Any]:
             f"{path}: expected a state dict (name -> tensor), found {type(obj).__name__}"
         )
     for k, v in obj.items():
-        if not isinstance(k, str) or not isinstance(v, torch.Tensor):
+        if not isinstance(k, str):
+            raise InvalidInputError(
+                f"{path}: key {k!r} is a {type(k).__name__}, not a tensor name; expected a flat "
+                "state dict (name -> tensor)"
+            )
+        if not isinstance(v, torch.Tensor):
             raise InvalidInputError(
                 f"{path}: entry {k!r} is a {type(v).__name__}, not a tensor; expected a "
                 "flat state dict (a training checkpoint? extract its model state dict)"
