@@ -155,6 +155,11 @@ def inspect_source(spec: str, *, verifier: str | None = None, verifier_name: str
         return out
     out.update(format=cls.format_id, algorithm=cls.algorithm, title=cls.title, supported=cls.supported,
                reason=cls.refusal or None)
+    if cls.supported and src.has_weights():
+        src.tensor_names()  # headers only; a corrupt / truncated / unsafe weight file is recorded
+        if src._store_error is not None:
+            out.update(supported=False, reason=getattr(src._store_error, "message", str(src._store_error)))
+            return out
     v = None
     if verifier:
         from .verifier import resolve_verifier

@@ -158,3 +158,85 @@ def test_verifier_empty_or_unreachable_hub_id(tmp_path, spec, monkeypatch):
     assert code == 3 and obj["error"] == "verifier_not_found"
     assert ("empty" in obj["message"]) if spec == "" else (spec in obj["message"])
     assert not (tmp_path / "o").exists()
+
+
+# --------------------------------------------------------------------------- pickles
+class _SystemCall:
+    """Unpickling this runs a shell command (os.system) that creates a marker file."""
+
+    def __init__(self, marker: Path):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.marker}",))
+
+
+def _bin_source(tmp_path, payload) -> Path:
+    import torch
+    from safetensors.torch import load_file
+
+    src = make_source(tmp_path)
+    sd = load_file(str(src / "model.safetensors"))
+    (src / "model.safetensors").unlink()
+    torch.save({**sd, **payload}, src / "pytorch_model.bin")
+    return src
+
+
+def test_malicious_pickle_never_runs_and_is_named(tmp_path, tiny_verifier_dir):
+    marker = tmp_path / "PWNED"
+    src = _bin_source(tmp_path, {"evil": _SystemCall(marker)})
+    code, obj, _ = convert(src, tiny_verifier_dir, tmp_path / "o")
+    assert not marker.exists(), "the pickle was executed"
+    assert code == 3 and obj["error"] == "unsafe_pickle", obj  # was reported as a generic corrupt file
+    assert "pytorch_model.bin" in obj["message"] and "system" in obj["message"]
+    assert "weights_only` set to `False`" not in obj["message"]  # torch's advice is not echoed
+    code, obj, _ = cli("inspect", src)
+    assert not marker.exists() and code == 3
+
+
+def test_bin_with_non_string_key(tmp_path, tiny_verifier_dir):
+    import torch
+
+    src = _bin_source(tmp_path, {})
+    torch.save({1: torch.ones(2)}, src / "pytorch_model.bin")
+    code, obj, _ = convert(src, tiny_verifier_dir, tmp_path / "o")
+    assert code == 3 and "key 1" in obj["message"] and "not a tensor name" in obj["message"]
+
+
+# -------------------------------------------------------------------- weight files
+def _st_bytes(src: Path) -> tuple[bytes, int, dict]:
+    raw = (src / "model.safetensors").read_bytes()
+    n = int.from_bytes(raw[:8], "little")
+    return raw, n, json.loads(raw[8:8 + n])
+
+
+def _corrupt(src: Path, kind: str) -> None:
+    raw, n, hdr = _st_bytes(src)
+    p = src / "model.safetensors"
+    if kind == "truncated":
+        p.write_bytes(raw[: len(raw) // 2])
+    elif kind == "tiny":
+        p.write_bytes(raw[:7])
+    elif kind == "header_too_long":
+        p.write_bytes((10**12).to_bytes(8, "little") + raw[8:])
+    elif kind == "overlap":
+        by_size: dict[int, list[str]] = {}
+        for k, v in hdr.items():
+            if k != "__metadata__":
+                by_size.setdefault(v["data_offsets"][1] - v["data_offsets"][0], []).append(k)
+        a, b = next(v for v in by_size.values() if len(v) > 1)[:2]
+        hdr[b]["data_offsets"] = hdr[a]["data_offsets"]
+        js = json.dumps(hdr).encode()
+        js += b" " * (-len(js) % 8)
+        p.write_bytes(len(js).to_bytes(8, "little") + js + raw[8 + n:])
+
+
+@pytest.mark.parametrize("kind", ["truncated", "tiny", "header_too_long", "overlap"])
+def test_corrupt_safetensors_inspect_and_convert(tmp_path, tiny_verifier_dir, kind):
+    src = make_source(tmp_path)
+    _corrupt(src, kind)
+    code, obj, _ = cli("inspect", src)  # was exit 0 "supported: true"
+    assert code == 3 and obj["supported"] is False and "model.safetensors" in obj["reason"]
+    code, obj, _ = convert(src, tiny_verifier_dir, tmp_path / "o")
+    assert code == 3 and "model.safetensors" in obj["message"]
+    assert not (tmp_path / "o").exists() and leftovers(tmp_path) == []
