@@ -26,6 +26,8 @@ def resolve_source(spec: str, *, subfolder: str | None = None, revision: str | N
     Raises:
         InvalidInputError: neither an existing path nor a reachable Hub repo.
     """
+    if subfolder is not None and (not subfolder or Path(subfolder).is_absolute() or ".." in Path(subfolder).parts):
+        raise UsageError(f"--subfolder {subfolder!r} must be a relative path inside SRC (no '..', not absolute)")
     p = Path(spec).expanduser()
     if not p.exists():
         from .verifier import is_hub_id

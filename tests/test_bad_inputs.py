@@ -240,3 +240,13 @@ def test_corrupt_safetensors_inspect_and_convert(tmp_path, tiny_verifier_dir, ki
     code, obj, _ = convert(src, tiny_verifier_dir, tmp_path / "o")
     assert code == 3 and "model.safetensors" in obj["message"]
     assert not (tmp_path / "o").exists() and leftovers(tmp_path) == []
+
+
+@pytest.mark.parametrize("sub", ["/etc", "../other", "a/../.."])
+def test_subfolder_cannot_escape_the_source(tmp_path, tiny_verifier_dir, sub):
+    other = make_source(tmp_path / "other")  # a valid checkpoint outside SRC
+    src = make_source(tmp_path / "src")
+    code, obj, _ = cli("inspect", src, "--subfolder", sub)  # /etc was read as the source
+    assert code == 2 and "--subfolder" in obj["message"]
+    code, obj, _ = convert(src, tiny_verifier_dir, tmp_path / "o", "--subfolder", sub)
+    assert code == 2 and not (tmp_path / "o").exists() and other.exists()
