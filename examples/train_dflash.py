@@ -70,7 +70,9 @@ def log(msg: str) -> None:
 def _torch():
     import torch
 
-    torch.set_num_threads(int(os.environ.get("SPECCONV_THREADS", "2")))
+    # 1 thread by default: on the shared 2-core machine (load 4-7) two OpenMP threads made
+    # small matmuls ~10x slower (barrier spinning); SPECCONV_THREADS overrides.
+    torch.set_num_threads(int(os.environ.get("SPECCONV_THREADS", "1")))
     return torch
 
 
@@ -124,6 +126,8 @@ def stage_gen(args) -> None:
     if out_path.exists():
         for line in out_path.read_text().splitlines():
             done.add(json.loads(line)["id"])
+    feat_dir = root / "feat"
+    feat_dir.mkdir(exist_ok=True)
     model, tok = load_verifier()
     core, share = select_prompts(tok, args.n_sharegpt)
     batches = []
@@ -148,23 +152,63 @@ def stage_gen(args) -> None:
                 inp[r, L - len(ids) :] = torch.tensor(ids)
                 att[r, L - len(ids) :] = 1
             with torch.inference_mode():
-                gen = model.generate(
+                out = model.generate(
                     input_ids=inp,
                     attention_mask=att,
                     max_new_tokens=MAX_NEW,
                     do_sample=False,
                     pad_token_id=tok.pad_token_id,
                     eos_token_id=tok.eos_token_id,
+                    return_dict_in_generate=True,
+                    output_hidden_states=True,
+                    output_logits=True,
                 )
+            gen = out.sequences
+            items = []
             for r, (pid, ids) in enumerate(batch):
                 new = gen[r, L:].tolist()
                 if tok.eos_token_id in new:
                     new = new[: new.index(tok.eos_token_id) + 1]
+                if len(new) >= 2:
+                    items.append(_features_from_generate(out, r, L, ids, new, pid))
                 fh.write(json.dumps({"id": pid, "prompt": ids, "gen": new}) + "\n")
                 n_new += 1
+            # features first, then the JSONL rows: a crash never leaves rows without features
+            torch.save(items, feat_dir / f"gen_{bi:05d}.pt")
             fh.flush()
             log(f"gen: batch {bi + 1}/{len(batches)} len {L} -> {n_new} seqs, {time.time() - t0:.0f}s")
     log(f"gen: done, {len(done) + n_new} sequences")
+
+
+def _features_from_generate(out, r, L, prompt, new, pid=None):
+    """Aux states + teacher top-k of row ``r`` straight from ``generate``'s outputs.
+
+    Step 0 of ``out.hidden_states`` is the (left-padded) prefill; step t > 0 holds the
+    states of the token fed at step t (the token generated at step t-1). The last
+    generated token is never fed back, so aux covers positions 0..n-2 (anchors are
+    <= n-2 and only see context < anchor). ``out.logits[t]`` is the verifier's raw
+    next-token logits at position P-1+t (teacher rows P-1..n-2).
+    """
+    import torch
+
+    P = len(prompt)
+    hs_idx = [i + 1 for i in TARGET_LAYER_IDS]
+    pre = torch.cat([out.hidden_states[0][h][r, L - P :] for h in hs_idx], dim=-1)
+    steps = [
+        torch.cat([out.hidden_states[t][h][r, -1:] for h in hs_idx], dim=-1)
+        for t in range(1, len(new))
+    ]
+    aux = torch.cat([pre] + steps, dim=0).half()
+    lg = torch.stack([out.logits[t][r] for t in range(len(new))]).float()
+    top_lp, top_id = torch.log_softmax(lg, dim=-1).topk(TOPK, dim=-1)
+    return {
+        "id": pid,
+        "tokens": torch.tensor(prompt + new, dtype=torch.int32),
+        "prompt_len": P,
+        "aux": aux,
+        "top_id": top_id.to(torch.int32),
+        "top_lp": top_lp.float(),
+    }
 
 
 # ----------------------------------------------------------------------------- stage 2
@@ -178,6 +222,11 @@ def stage_feat(args) -> None:
     rows = [r for r in rows if len(r["gen"]) >= 2]
     feat_dir = root / "feat"
     feat_dir.mkdir(exist_ok=True)
+    have = set()
+    for f in sorted(feat_dir.glob("gen_*.pt")):
+        have.update(it["id"] for it in torch.load(f, weights_only=False))
+    rows = [r for r in rows if r["id"] not in have]  # features already saved by `gen`
+    log(f"feat: {len(rows)} sequences need a prefill ({len(have)} have features from gen)")
     model, _ = load_verifier()
     hs_idx = [i + 1 for i in TARGET_LAYER_IDS]
     order = sorted(range(len(rows)), key=lambda i: len(rows[i]["prompt"]) + len(rows[i]["gen"]))
@@ -381,7 +430,7 @@ def make_batch(items, anchors_per_seq, block_size, mask_token_id, embed, rng, to
         toks = it["tokens"].long()
         n = toks.shape[0]
         P = it["prompt_len"]
-        aux[s, :n] = it["aux"].float()
+        aux[s, : it["aux"].shape[0]] = it["aux"].float()  # gen features stop at n-2
         cand = list(range(P, n - 1))  # anchor = a generated token with >= 1 target after it
         anchors = [cand[i] for i in rng.sample(range(len(cand)), min(anchors_per_seq, len(cand)))]
         while len(anchors) < anchors_per_seq:  # short sequences: repeat (weights stay valid)
@@ -471,11 +520,16 @@ def stage_train(args) -> None:
         log(f"train: resumed at step {step}")
     w_slot = slot_weights(BLOCK_SIZE)
     B = BLOCK_SIZE
+    neg_gen = torch.Generator().manual_seed(args.seed + 7)
+    t_start = time.time()
 
     def lr_at(s):
+        # Warmup, then cosine to 5% over whichever budget ends first (steps or wall time),
+        # so a wall-time-capped CPU run still anneals fully.
         if s < args.warmup:
             return args.lr * (s + 1) / args.warmup
-        prog = (s - args.warmup) / max(1, args.steps - args.warmup)
+        wall = wall_prev + time.time() - t_start
+        prog = max((s - args.warmup) / max(1, args.steps - args.warmup), wall / args.train_seconds)
         return args.lr * (0.05 + 0.95 * 0.5 * (1 + math.cos(math.pi * min(1.0, prog))))
 
     def run(batch_items, grad):
@@ -487,15 +541,26 @@ def stage_train(args) -> None:
         slot = torch.arange(Q) % B
         sel = slot > 0
         hs = h[:, sel].reshape(-1, H)
-        logits = hs @ lm_w.t()
-        kl, _, match = kl_topk(logits, t_id[:, sel].reshape(-1, TOPK), t_lp[:, sel].reshape(-1, TOPK))
+        tid = t_id[:, sel].reshape(-1, TOPK)
+        if grad and args.neg >= 0:
+            # Sampled softmax: normalise the drafter over the batch's teacher top-k ids
+            # plus `neg` uniformly drawn tokens instead of all 49,152 (the frozen LM head
+            # matmul dominates CPU time). Validation always uses the full vocabulary.
+            negs = torch.randint(0, lm_w.shape[0], (args.neg,), generator=neg_gen)
+            cand = torch.unique(torch.cat([tid.reshape(-1), negs]))
+            lut = torch.full((lm_w.shape[0],), -1, dtype=torch.long)
+            lut[cand] = torch.arange(cand.numel())
+            logits = hs @ lm_w[cand].t()
+            tid = lut[tid]
+        else:
+            logits = hs @ lm_w.t()
+        kl, _, match = kl_topk(logits, tid, t_lp[:, sel].reshape(-1, TOPK))
         w = (w_slot[slot[sel]].expand(S, -1).reshape(-1)) * valid[:, sel].reshape(-1)
         loss = (kl * w).sum() / w.sum()
         acc = match.view(S, -1, B - 1).float()
         vv = valid[:, sel].view(S, -1, B - 1)
         return loss, acc, vv
 
-    t_start = time.time()
     while step < args.steps:
         if wall_prev + time.time() - t_start > args.train_seconds:
             log(f"train: wall budget reached at step {step}")
@@ -719,15 +784,17 @@ def main(argv=None) -> int:
     ap.add_argument("--seed", type=int, default=SEED)
     ap.add_argument("--n-sharegpt", type=int, default=640)
     ap.add_argument("--gen-batch", type=int, default=32)
-    ap.add_argument("--gen-seconds", type=float, default=1080)
+    ap.add_argument("--gen-seconds", type=float, default=900)
     ap.add_argument("--feat-batch", type=int, default=8)
-    ap.add_argument("--steps", type=int, default=2000)
-    ap.add_argument("--train-seconds", type=float, default=2700)
-    ap.add_argument("--seqs", type=int, default=4)
-    ap.add_argument("--anchors", type=int, default=12)
-    ap.add_argument("--lr", type=float, default=1.5e-3)
-    ap.add_argument("--warmup", type=int, default=60)
-    ap.add_argument("--eval-every", type=int, default=200)
+    ap.add_argument("--steps", type=int, default=4000)
+    ap.add_argument("--train-seconds", type=float, default=2100)
+    ap.add_argument("--seqs", type=int, default=2)
+    ap.add_argument("--anchors", type=int, default=32)
+    ap.add_argument("--lr", type=float, default=3e-3)
+    ap.add_argument("--neg", type=int, default=2048,
+                    help="uniform negatives for the sampled softmax (-1 = full vocabulary)")
+    ap.add_argument("--warmup", type=int, default=30)
+    ap.add_argument("--eval-every", type=int, default=100)
     ap.add_argument("--ckpt-every", type=int, default=50)
     ap.add_argument("--eval-he", type=int, default=6)
     ap.add_argument("--eval-mt", type=int, default=6)

@@ -213,3 +213,113 @@ def test_kl_topk_is_zero_iff_distributions_match():
     assert kl.abs().max() < 1e-5 and match.all()
     kl2, _, _ = kl_topk(logits.flip(-1), t_id, t_lp)
     assert (kl2 > 1e-2).all()
+
+
+# --------------------------------------------------------------------------- committed drafters
+
+TRAINED = EXAMPLES / "smollm2-dflash-b8"
+RANDOM = EXAMPLES / "smollm2-dflash-b8-random"
+
+
+@pytest.mark.parametrize("d", [TRAINED, RANDOM], ids=["trained", "random"])
+def test_committed_drafters_have_zlab_layout(d):
+    cfg, shapes = _check_zlab_layout(d, [1, 14, 27])
+    assert shapes == EXPECTED_TENSORS_2L
+    assert cfg["dtype"] == "bfloat16"
+    size = (d / "model.safetensors").stat().st_size
+    assert 15e6 < size < 17e6  # 8.08 M params in bf16
+
+
+def test_random_control_is_the_seeded_producer_output(tmp_path):
+    pytest.importorskip("dflash.model")
+    from zlab_dflash import make_zlab_dflash
+
+    info = json.loads((RANDOM / "fixture.json").read_text())
+    out = make_zlab_dflash(tmp_path / "r", **info["producer_kwargs"])
+    assert (out / "model.safetensors").read_bytes() == (RANDOM / "model.safetensors").read_bytes()
+
+
+def test_training_json_records_recipe_and_tau():
+    info = json.loads((TRAINED / "training.json").read_text())
+    assert info["steps"] > 0 and info["seed"] == 0
+    assert info["dataset"]["n_generated_tokens"] > 0
+    ev = info["eval"]
+    k = 7
+    assert len(ev["per_pos"]) == k and len(ev["hist"]) == k + 1
+    # τ = 1 + Σ p_i (vLLM convention) must be internally consistent
+    assert abs(ev["tau_pooled"] - (1 + sum(ev["per_pos"]))) < 1e-3
+    assert sum(ev["hist"]) == ev["n_steps"]
+
+
+def _real_features(n_new=24):
+    """Real verifier inputs for one eval prompt: tokens, aux states, verifier, embed."""
+    import torch
+    from train_dflash import TARGET_LAYER_IDS, load_verifier
+
+    from specconv.prompts import load_prompts, render
+
+    target, tok = load_verifier()
+    ids = torch.tensor([render(load_prompts("eval", 1, offset=64)[0], tok)])
+    with torch.inference_mode():
+        seq = target.generate(ids, max_new_tokens=n_new, do_sample=False, pad_token_id=2)
+        out = target(seq, output_hidden_states=True)
+    aux = torch.cat([out.hidden_states[i + 1] for i in TARGET_LAYER_IDS], dim=-1)
+    return seq[0], ids.shape[1], aux.float(), target
+
+
+def test_zlab_forward_on_saved_checkpoint_matches_training_forward():
+    """z-lab's DFlashDraftModel on the committed checkpoint == TrainDFlash on its weights."""
+    torch = pytest.importorskip("torch")
+    dm = pytest.importorskip("dflash.model")
+    from safetensors.torch import load_file
+    from train_dflash import TrainDFlash, build_blocks
+
+    zl = dm.DFlashDraftModel.from_pretrained(str(TRAINED), dtype=torch.float32).eval()
+    sd = {k: v.float() for k, v in load_file(str(TRAINED / "model.safetensors")).items()}
+    tm = TrainDFlash(sd, zl.config)
+    tokens, P, aux, target = _real_features()
+    T, B = tokens.shape[0], zl.block_size
+    anchors = [P, P + 5, P + 13]
+    ids, pos, mask = build_blocks(tokens, anchors, B, zl.mask_token_id, T)
+    emb = target.get_input_embeddings().weight.float()
+    head = target.lm_head
+    with torch.no_grad():
+        h = tm.forward(aux, torch.arange(T)[None], emb[ids][None], pos[None], mask[None])[0]
+        got_logits = head(h)
+        for i, a in enumerate(anchors):
+            blk = ids[i * B : (i + 1) * B]
+            ref_h = zl(
+                target_hidden=aux[:, :a],
+                noise_embedding=torch.nn.functional.embedding(blk[None], emb),
+                position_ids=torch.arange(a + B)[None],
+            )
+            ref = zl.compute_logits(ref_h, head)[0]
+            got = got_logits[i * B : (i + 1) * B]
+            assert torch.allclose(got, ref, atol=1e-3, rtol=1e-4), (got - ref).abs().max()
+            assert torch.equal(got[1:].argmax(-1), ref[1:].argmax(-1))
+
+
+@pytest.mark.slow
+def test_trained_drafter_beats_random_in_zlab_loop():
+    """z-lab's dflash_generate: trained drafter accepts tokens, random ~never; both lossless."""
+    torch = pytest.importorskip("torch")
+    dm = pytest.importorskip("dflash.model")
+    from train_dflash import load_verifier, patch_cpu_timer
+
+    from specconv.prompts import load_prompts, render
+
+    patch_cpu_timer()
+    target, tok = load_verifier()
+    ids = torch.tensor([render(load_prompts("eval", 1)[0], tok)])
+    with torch.inference_mode():
+        ref = target.generate(ids, max_new_tokens=32, do_sample=False, pad_token_id=2)
+    taus = {}
+    for name, d in (("trained", TRAINED), ("random", RANDOM)):
+        m = dm.DFlashDraftModel.from_pretrained(str(d), dtype=torch.float32).eval()
+        res = dm.dflash_generate(m, target, ids, 32, [tok.eos_token_id], return_stats=True)
+        n = min(res.output_ids.shape[1], ref.shape[1])
+        assert torch.equal(res.output_ids[0, :n], ref[0, :n])  # greedy speculative == greedy
+        acc = res.acceptance_lengths
+        taus[name] = sum(acc) / len(acc)
+    assert taus["random"] < 1.05
+    assert taus["trained"] > taus["random"] + 0.1
