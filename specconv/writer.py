@@ -10,12 +10,16 @@ source formats.
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
+import errno
 import hashlib
 import json
 import os
 import platform
 import shutil
+import signal
 import tempfile
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -154,8 +158,9 @@ def build_record(plan: ConversionPlan, verifier: Any, source_hashes: dict[str, s
 
 def hash_sources(plan: ConversionPlan) -> "concurrent.futures.Future[dict[str, str]]":
     """Start hashing every source file in a background thread (hashlib releases the GIL),
-    so it overlaps the tensor copy instead of adding to it."""
-    ex = concurrent.futures.ThreadPoolExecutor(max_workers=1)
+    so it overlaps the tensor copy instead of adding to it. The thread is a daemon: an
+    interrupted conversion exits at once instead of waiting for a large source to be hashed."""
+    fut: concurrent.futures.Future[dict[str, str]] = concurrent.futures.Future()
 
     def run() -> dict[str, str]:
         root = Path(plan.source_dir).resolve()
@@ -169,8 +174,14 @@ def hash_sources(plan: ConversionPlan) -> "concurrent.futures.Future[dict[str, s
         _save_hash_cache()
         return out
 
-    fut = ex.submit(run)
-    ex.shutdown(wait=False)
+    def target() -> None:
+        try:
+            fut.set_result(run())
+        except BaseException as e:  # delivered to the caller by fut.result()
+            fut.set_exception(e)
+
+    fut.set_running_or_notify_cancel()
+    threading.Thread(target=target, name="specconv-hash", daemon=True).start()
     return fut
 
 
@@ -194,36 +205,150 @@ def write_plan(
 ) -> dict[str, Any]:
     """Write ``plan`` to ``out_dir`` atomically; return the ``specconv.json`` record.
 
+    The output is written to a hidden temp dir next to ``out_dir`` and renamed into place;
+    an error, Ctrl-C, SIGTERM or SIGHUP removes the temp dir and leaves any previous output
+    untouched (signals arriving during the final rename are deferred until it is done).
+
     Raises:
-        InvalidInputError: ``out_dir`` exists and ``overwrite`` is false, or ``out_dir``
-            is inside the source directory.
+        InvalidInputError: ``out_dir`` exists and ``overwrite`` is false (or it is not a
+            directory), ``out_dir`` is inside the source directory or would replace an
+            input (source, verifier, side file), or its parent is a file.
+        OSError: writing failed (disk full, read-only, ...); nothing is left behind.
     """
     from .speculators import dump_config
     from .tensors import write_safetensors
 
     out_dir = Path(out_dir)
-    if out_dir.exists() and not overwrite:
-        raise InvalidInputError(f"output {out_dir} exists; pass --overwrite to replace it", code="output_exists")
-    src_res = Path(plan.source_dir).resolve()
-    if out_dir.resolve() == src_res or src_res in out_dir.resolve().parents:
-        raise InvalidInputError(f"output {out_dir} must not be the source directory or inside it")
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    hashes_future = hash_sources(plan)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.tmp-", dir=out_dir.parent))
-    try:
-        files = write_safetensors(tmp, _out_tensors(plan, source_store, verifier), max_shard_size=max_shard_size)
-        (tmp / "config.json").write_bytes(dump_config(plan.config))
-        record = build_record(plan, verifier, hashes_future.result(), sorted(["config.json", *files, SPECCONV_JSON]))
-        (tmp / SPECCONV_JSON).write_text(json.dumps(record, sort_keys=True, indent=2) + "\n")
-        _fix_mode(tmp)
-        if out_dir.exists():
-            old = out_dir.parent / f".{out_dir.name}.old-{os.getpid()}"
-            os.replace(out_dir, old)
-            os.replace(tmp, out_dir)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.replace(tmp, out_dir)
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
+    _check_output(out_dir, plan, verifier, overwrite)
+    with _Interrupts() as interrupts:
+        out_dir.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.tmp-", dir=out_dir.parent))
+        try:
+            hashes_future = hash_sources(plan)
+            files = write_safetensors(tmp, _out_tensors(plan, source_store, verifier), max_shard_size=max_shard_size)
+            (tmp / "config.json").write_bytes(dump_config(plan.config))
+            record = build_record(plan, verifier, hashes_future.result(), sorted(["config.json", *files, SPECCONV_JSON]))
+            (tmp / SPECCONV_JSON).write_text(json.dumps(record, sort_keys=True, indent=2) + "\n")
+            _fix_mode(tmp)
+            _move_into_place(tmp, out_dir, overwrite, interrupts)
+        finally:
+            if tmp.exists():
+                shutil.rmtree(tmp, ignore_errors=True)
     return record
+
+
+def _check_output(out_dir: Path, plan: ConversionPlan, verifier: Any, overwrite: bool) -> None:
+    """Refuse outputs that would clobber a non-directory or delete an input on replace."""
+    if out_dir.exists() or out_dir.is_symlink():
+        if not out_dir.is_dir():
+            raise InvalidInputError(f"output {out_dir} exists and is not a directory; refusing to replace it",
+                                    code="output_exists")
+        if not overwrite:
+            raise InvalidInputError(f"output {out_dir} exists; pass --overwrite to replace it", code="output_exists")
+    out_res = out_dir.resolve()
+    src_res = Path(plan.source_dir).resolve()
+    if out_res == src_res or src_res in out_res.parents:
+        raise InvalidInputError(f"output {out_dir} must not be the source directory or inside it")
+    inputs: list[tuple[str, Path]] = [("source", Path(plan.source_dir))]
+    if getattr(verifier, "local_dir", None) is not None:
+        inputs.append(("verifier", Path(verifier.local_dir)))
+    inputs += [("source file", Path(p)) for p in plan.source_files]
+    inputs += [(f"--{k.replace('_', '-')}", Path(v)) for k, v in (plan.options or {}).items()
+               if k in ("vocab_mapping", "draft_config") and v]
+    for what, p in inputs:
+        for q in {Path(os.path.abspath(p)), p.resolve()}:
+            if q == out_res or out_res in q.parents:
+                raise InvalidInputError(
+                    f"output {out_dir} is or contains the {what} {p}: writing there would replace an input",
+                    code="output_is_input",
+                )
+    for parent in out_dir.absolute().parents:
+        if parent.exists():
+            if not parent.is_dir():
+                raise InvalidInputError(f"cannot create output {out_dir}: {parent} is not a directory",
+                                        code="output_unwritable")
+            break
+
+
+def _move_into_place(tmp: Path, out_dir: Path, overwrite: bool, interrupts: "_Interrupts") -> None:
+    """Rename the finished temp dir to ``out_dir``; an existing output (``overwrite``) is
+    swapped out and removed only once the new one is in place, else restored."""
+    old: Path | None = None
+    swapped = False
+    try:
+        with interrupts.deferred():
+            if out_dir.exists() and not overwrite:  # created meanwhile (another conversion)
+                raise InvalidInputError(f"output {out_dir} appeared while converting; pass --overwrite to replace it",
+                                        code="output_exists")
+            if overwrite and out_dir.exists():
+                old = out_dir.parent / f".{out_dir.name}.old-{os.getpid()}"
+                try:
+                    os.replace(out_dir, old)
+                except FileNotFoundError:  # removed meanwhile
+                    old = None
+            try:
+                os.rename(tmp, out_dir)
+            except OSError as e:
+                if old is not None:
+                    os.replace(old, out_dir)  # put the previous output back
+                    old = None
+                if e.errno in (errno.EEXIST, errno.ENOTEMPTY):
+                    raise InvalidInputError(f"output {out_dir} appeared while converting (another conversion?); "
+                                            "nothing was replaced", code="output_exists") from e
+                raise
+            swapped = True
+    finally:
+        if swapped and old is not None:
+            shutil.rmtree(old, ignore_errors=True)
+
+
+class _Interrupts(contextlib.AbstractContextManager):
+    """While writing (main thread only): SIGTERM / SIGHUP raise ``SystemExit(128 + n)``
+    like Ctrl-C raises ``KeyboardInterrupt``, so ``finally`` blocks remove the temp dir;
+    inside :meth:`deferred` every such signal waits until the block is done. Handlers
+    the application installed itself (or ``SIG_IGN``) are left alone."""
+
+    def __init__(self) -> None:
+        self._saved: dict[int, Any] = {}
+        self._defer = False
+        self._pending: int | None = None
+
+    def __enter__(self) -> "_Interrupts":
+        if threading.current_thread() is not threading.main_thread():
+            return self
+        for sig in (signal.SIGINT, signal.SIGTERM, getattr(signal, "SIGHUP", None)):
+            if sig is None:
+                continue
+            cur = signal.getsignal(sig)
+            if cur in (signal.SIG_DFL, signal.default_int_handler):
+                self._saved[sig] = cur
+                signal.signal(sig, self._handler)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        for sig, h in self._saved.items():
+            signal.signal(sig, h)
+        self._saved.clear()
+
+    def _handler(self, signum: int, frame: Any) -> None:
+        if self._defer:
+            self._pending = signum
+            return
+        self._raise(signum)
+
+    @staticmethod
+    def _raise(signum: int) -> None:
+        if signum == signal.SIGINT:
+            raise KeyboardInterrupt
+        raise SystemExit(128 + signum)
+
+    @contextlib.contextmanager
+    def deferred(self):
+        self._defer = True
+        try:
+            yield
+        finally:
+            self._defer = False
+            if self._pending is not None:
+                sig, self._pending = self._pending, None
+                self._raise(sig)
