@@ -250,3 +250,166 @@ def test_subfolder_cannot_escape_the_source(tmp_path, tiny_verifier_dir, sub):
     assert code == 2 and "--subfolder" in obj["message"]
     code, obj, _ = convert(src, tiny_verifier_dir, tmp_path / "o", "--subfolder", sub)
     assert code == 2 and not (tmp_path / "o").exists() and other.exists()
+
+
+# ------------------------------------------------------------------- output directory
+def _precious(d: Path) -> dict[str, str]:
+    d.mkdir(parents=True, exist_ok=True)
+    (d / "notes.txt").write_text("do not lose me\n")
+    return sha_tree(d)
+
+
+def test_output_is_an_existing_file(tmp_path, tiny_verifier_dir):
+    f = tmp_path / "afile"
+    f.write_text("precious\n")
+    for extra in ((), ("--overwrite",)):  # --overwrite used to replace the file with a dir
+        code, obj, _ = convert(make_source(tmp_path), tiny_verifier_dir, f, *extra)
+        assert code == 3 and obj["error"] == "output_exists" and "afile" in obj["message"]
+        assert f.read_text() == "precious\n"
+    assert leftovers(tmp_path) == []
+
+
+def test_output_parent_is_a_file(tmp_path, tiny_verifier_dir):
+    (tmp_path / "pfile").write_text("x")
+    for out in (tmp_path / "pfile" / "out", tmp_path / "pfile" / "a" / "b"):
+        code, obj, _ = convert(make_source(tmp_path), tiny_verifier_dir, out)  # FileExistsError traceback before
+        assert code == 3 and "pfile" in obj["message"]
+    assert (tmp_path / "pfile").read_text() == "x"
+
+
+def test_overwrite_never_replaces_an_input(tmp_path, tiny_verifier_dir):
+    src = make_source(tmp_path / "models")
+    src_hashes = sha_tree(src)
+    ver = _verifier_copy(tiny_verifier_dir, tmp_path / "vp", name="v")
+    ver_hashes = sha_tree(ver)
+    # the source's parent (deleted the source before), the verifier dir and its parent
+    for out in (tmp_path / "models", ver, tmp_path / "vp"):
+        code, obj, _ = cli("convert", src, "--verifier", ver, "--verifier-name", HUB, "-o", out, "--overwrite")
+        assert code == 3 and obj["error"] == "output_is_input", obj
+    assert sha_tree(src) == src_hashes and sha_tree(ver) == ver_hashes
+    assert leftovers(tmp_path) == [] and leftovers(tmp_path / "vp") == []
+
+
+def test_overwrite_keeps_existing_output_when_conversion_fails(tmp_path, tiny_verifier_dir):
+    out = tmp_path / "out"
+    before = _precious(out)
+    bad = edit_config(make_source(tmp_path / "bad"), lambda c: c.__setitem__("num_attention_heads", 0))
+    code, obj, _ = convert(bad, tiny_verifier_dir, out, "--overwrite")
+    assert code == 3 and sha_tree(out) == before
+    src = make_source(tmp_path / "trunc")
+    _corrupt(src, "truncated")
+    code, obj, _ = convert(src, tiny_verifier_dir, out, "--overwrite")
+    assert code == 3 and sha_tree(out) == before and leftovers(tmp_path) == []
+
+
+def test_write_failure_is_clean(tmp_path, tiny_verifier_dir, monkeypatch):
+    """An OS error while writing (disk full) is a one-line error; the old output stays."""
+    import errno
+
+    out = tmp_path / "out"
+    before = _precious(out)
+
+    def full(*a, **k):
+        raise OSError(errno.ENOSPC, "No space left on device", str(tmp_path / ".out.tmp-x" / "config.json"))
+
+    monkeypatch.setattr("specconv.speculators.dump_config", full)
+    code, obj, _ = convert(make_source(tmp_path), tiny_verifier_dir, out, "--overwrite")
+    assert code == 3 and "No space left" in obj["message"], obj
+    assert sha_tree(out) == before and leftovers(tmp_path) == []
+
+
+def test_ctrl_c_mid_write_leaves_nothing(tmp_path, tiny_verifier_dir, monkeypatch):
+    import specconv.tensors as t
+
+    out = tmp_path / "out"
+    before = _precious(out)
+    real = t._write_one
+
+    def interrupted(path, ordered):
+        real(path, ordered[:1])  # part of the data is on disk
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(t, "_write_one", interrupted)
+    code, obj, err = convert(make_source(tmp_path), tiny_verifier_dir, out, "--overwrite")
+    assert code == 130 and obj["error"] == "interrupted"
+    assert sha_tree(out) == before and leftovers(tmp_path) == []
+
+
+_SIGTERM_MID_WRITE = """
+import os, signal, sys
+import specconv.tensors as t
+real = t._write_one
+def killed(path, ordered):
+    real(path, ordered[:1])
+    os.kill(os.getpid(), signal.SIGTERM)  # what `kill PID` / a scheduler's timeout sends
+    real(path, ordered)
+t._write_one = killed
+from specconv.cli.main import main
+sys.argv[0] = "specconv"
+main()
+"""
+
+
+def test_sigterm_mid_write_removes_temp_dir(tmp_path, tiny_verifier_dir):
+    out = tmp_path / "out"
+    before = _precious(out)
+    src = make_source(tmp_path)
+    p = subprocess.run([PY, "-c", _SIGTERM_MID_WRITE, "convert", str(src), "--verifier", str(tiny_verifier_dir),
+                        "--verifier-name", HUB, "-o", str(out), "--overwrite", "--format", "json"],
+                       capture_output=True, text=True, timeout=120, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    assert p.returncode == 128 + signal.SIGTERM, p.stderr  # was killed with the temp dir left behind
+    assert sha_tree(out) == before and leftovers(tmp_path) == []
+
+
+def test_output_appearing_during_conversion_is_not_replaced(tmp_path, tiny_verifier_dir, monkeypatch):
+    """Without --overwrite a dir created meanwhile (another run) is never replaced."""
+    import specconv.tensors as t
+
+    out = tmp_path / "out"
+    real = t.write_safetensors
+
+    def racing(*a, **k):
+        r = real(*a, **k)
+        _precious(out)
+        return r
+
+    monkeypatch.setattr(t, "write_safetensors", racing)
+    code, obj, _ = convert(make_source(tmp_path), tiny_verifier_dir, out)  # was silently replaced
+    assert code == 3 and obj["error"] == "output_exists"
+    assert (out / "notes.txt").read_text() == "do not lose me\n" and leftovers(tmp_path) == []
+
+
+def test_failed_rename_restores_previous_output(tmp_path, tiny_verifier_dir, monkeypatch):
+    import errno
+
+    out = tmp_path / "out"
+    before = _precious(out)
+    real = os.rename
+
+    def failing(a, b, *r, **k):
+        if Path(b) == out:
+            raise OSError(errno.EXDEV, "Invalid cross-device link", str(a))
+        return real(a, b, *r, **k)
+
+    monkeypatch.setattr(os, "rename", failing)
+    code, obj, _ = convert(make_source(tmp_path), tiny_verifier_dir, out, "--overwrite")
+    assert code == 3 and "cross-device" in obj["message"]
+    assert sha_tree(out) == before and leftovers(tmp_path) == []
+
+
+def test_two_converts_into_one_output(tmp_path, tiny_verifier_dir):
+    """Two processes at once: each either writes a complete output or fails cleanly."""
+    src, out = make_source(tmp_path), tmp_path / "out"
+    code = "import sys; from specconv.cli.main import main; sys.argv[0] = 'specconv'; main()"
+    argv = [PY, "-c", code, "convert", str(src), "--verifier", str(tiny_verifier_dir), "--verifier-name", HUB,
+            "-o", str(out), "--format", "json"]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    procs = [subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env) for _ in range(2)]
+    results = [(p.wait(timeout=120), *p.communicate()) for p in procs]
+    for rc, so, se in results:
+        assert rc in (0, 3) and "Traceback" not in se, se
+        obj = json.loads(so)
+        assert rc == 0 or obj["error"] == "output_exists"
+    assert any(rc == 0 for rc, _, _ in results)
+    assert sorted(p.name for p in out.iterdir()) == ["config.json", "model.safetensors", "specconv.json"]
+    assert leftovers(tmp_path) == []

@@ -19,7 +19,10 @@ from typing import Any, Callable
 
 import click
 
-from ..errors import SpecconvError
+from ..errors import EXIT_INVALID_INPUT, SpecconvError
+
+#: exit status after Ctrl-C (128 + SIGINT, the shell convention)
+EXIT_INTERRUPTED = 130
 
 log = logging.getLogger("specconv")
 
@@ -121,5 +124,17 @@ def run_command(fn: Callable[..., dict | None]) -> Callable[..., None]:
                 msg += f"\nhint: {e.hint}"
             click.echo(msg, err=True)
             sys.exit(e.exit_code)
+        except OSError as e:  # the environment, not a bug: disk full, read-only output, permissions
+            where = f": {e.filename}" if e.filename else ""
+            err = {"error": "os_error", "message": f"{e.strerror or e}{where}", "exit_code": EXIT_INVALID_INPUT}
+            if fmt == "json":
+                click.echo(dumps(err))
+            click.echo(f"error: {err['message']}", err=True)
+            sys.exit(EXIT_INVALID_INPUT)
+        except KeyboardInterrupt:  # Ctrl-C (convert: the writer has already removed its temp dir)
+            if fmt == "json":
+                click.echo(dumps({"error": "interrupted", "message": "interrupted (Ctrl-C)", "exit_code": EXIT_INTERRUPTED}))
+            click.echo("error: interrupted (Ctrl-C)", err=True)
+            sys.exit(EXIT_INTERRUPTED)
 
     return wrapper
