@@ -413,3 +413,22 @@ def test_two_converts_into_one_output(tmp_path, tiny_verifier_dir):
     assert any(rc == 0 for rc, _, _ in results)
     assert sorted(p.name for p in out.iterdir()) == ["config.json", "model.safetensors", "specconv.json"]
     assert leftovers(tmp_path) == []
+
+
+# ------------------------------------------------------------------------------ flags
+@pytest.mark.parametrize("args, needle", [
+    (("--max-shard-size", "garbage"), "--max-shard-size"),  # UsageError traceback from the click callback
+    (("--max-shard-size", "0"), "--max-shard-size"),
+    (("--aux-layer-ids", "a,b"), "--aux-layer-ids"),
+    (("--aux-layer-ids", ","), "--aux-layer-ids"),           # empty list reached the converter
+    (("--mask-token-id", "abc"), "--mask-token-id"),
+])
+def test_bad_flag_values_are_usage_errors(tmp_path, tiny_verifier_dir, args, needle):
+    code, obj, _ = convert(make_source(tmp_path), tiny_verifier_dir, tmp_path / "o", *args)
+    assert code == 2 and obj["error"] == "usage" and needle in obj["message"], obj
+    assert not (tmp_path / "o").exists()
+
+
+def test_formats_markdown_with_json_is_a_usage_error():
+    code, obj, _ = cli("formats", "--markdown")  # printed Markdown under --format json
+    assert code == 2 and "--markdown" in obj["message"]

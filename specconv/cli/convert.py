@@ -13,18 +13,24 @@ def _ids(ctx, param, value):
     if value is None:
         return None
     try:
-        return [int(x) for x in value.replace(" ", "").split(",") if x != ""]
+        ids = [int(x) for x in value.replace(" ", "").split(",") if x != ""]
     except ValueError:
         raise click.BadParameter("expected comma-separated integers, e.g. 2,15,28")
+    if not ids:
+        raise click.BadParameter("no layer ids given; expected comma-separated integers, e.g. 2,15,28")
+    return ids
 
 
 def _size(ctx, param, value):
     if value is None:
         return None
+    from specconv.errors import UsageError
     from specconv.tensors import parse_size
 
     try:
         return parse_size(value)
+    except UsageError as e:
+        raise click.BadParameter(e.message)
     except (ValueError, TypeError) as e:
         raise click.BadParameter(str(e))
 

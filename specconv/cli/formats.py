@@ -72,6 +72,10 @@ def formats_markdown() -> str:
 def formats_cmd(markdown: bool, output_format: str) -> None:
     """List every source format specconv detects, in detection order."""
     if markdown:
+        if output_format == "json":
+            from specconv.errors import UsageError
+
+            raise UsageError("--markdown prints Markdown; it cannot be combined with --format json")
         click.echo(formats_markdown(), nl=False)
         return
     emit({"formats": formats_table()}, output_format, _human)
