@@ -105,11 +105,15 @@ class SourceInfo:
         if cfg_path.is_file():
             try:
                 cfg = json.loads(cfg_path.read_bytes().decode("utf-8"))
-            except (OSError, ValueError) as e:  # JSONDecodeError, UnicodeDecodeError
+            except (OSError, ValueError, RecursionError) as e:  # JSONDecodeError, UnicodeDecodeError, nesting
                 raise InvalidInputError(f"cannot parse {cfg_path}: {e}") from e
             if not isinstance(cfg, dict):
                 raise InvalidInputError(f"{cfg_path} is not a JSON object")
-            if (key := _non_finite(cfg)) is not None:
+            try:
+                key = _non_finite(cfg)
+            except RecursionError:
+                raise InvalidInputError(f"cannot parse {cfg_path}: nested too deeply") from None
+            if key is not None:
                 raise InvalidInputError(f"{cfg_path}: {key} is NaN or Infinity, which is not valid JSON")
             archs = cfg.get("architectures")
             if archs is not None and not isinstance(archs, str) and not (

@@ -86,7 +86,7 @@ class DeepSeekV4DSpark(Converter):
         if inf.is_file():
             try:
                 data = json.loads(inf.read_text())
-            except (OSError, json.JSONDecodeError):
+            except (OSError, ValueError, RecursionError):
                 data = {}
             if isinstance(data, dict) and any(k.startswith("dspark_") for k in data):
                 return True

@@ -121,8 +121,8 @@ def read_draft_config(p: Path) -> dict[str, Any]:
     if p.is_dir():
         p = p / "config.json"
     try:
-        cfg = json.loads(p.read_text())
-    except (OSError, json.JSONDecodeError) as e:
+        cfg = json.loads(p.read_text(encoding="utf-8"))
+    except (OSError, ValueError, RecursionError) as e:  # UnicodeDecodeError, JSONDecodeError, nesting
         raise InvalidInputError(f"--draft-config {p}: cannot read JSON ({e})") from e
     if not isinstance(cfg, dict):
         raise InvalidInputError(f"--draft-config {p} is not a JSON object")

@@ -562,7 +562,7 @@ def load_config(path: str | os.PathLike[str]) -> SpeculatorsDraftConfig:
         raise InvalidInputError(f"{cfg_path}: config.json not found")
     try:
         data = json.loads(cfg_path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+    except (OSError, ValueError, RecursionError) as exc:  # UnicodeDecodeError, JSONDecodeError, nesting
         raise InvalidInputError(f"{cfg_path}: cannot read JSON: {exc}") from None
     return parse_config(data, source=str(cfg_path))
 

@@ -248,7 +248,7 @@ def _read_safetensors_header(path: Path) -> tuple[dict[str, TensorInfo], dict[st
         raise InvalidInputError(f"{path}: cannot read: {e.strerror or e}") from e
     try:
         header = json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError) as e:
+    except (UnicodeDecodeError, ValueError, RecursionError) as e:
         raise InvalidInputError(f"{path}: corrupt safetensors header (not JSON: {e})") from e
     if not isinstance(header, dict):
         raise InvalidInputError(f"{path}: corrupt safetensors header (not a JSON object)")
@@ -317,7 +317,7 @@ def _load_index(index_path: Path) -> dict[str, str]:
         data = json.loads(index_path.read_text(encoding="utf-8"))
     except OSError as e:
         raise InvalidInputError(f"{index_path}: cannot read: {e.strerror or e}") from e
-    except ValueError as e:
+    except (ValueError, RecursionError) as e:
         raise InvalidInputError(f"{index_path}: not valid JSON ({e})") from e
     wm = data.get("weight_map") if isinstance(data, dict) else None
     if not isinstance(wm, dict) or not wm:

@@ -199,7 +199,7 @@ def _read_json(p: Path) -> dict[str, Any]:
     try:
         with open(p, encoding="utf-8") as f:
             d = json.load(f)
-    except (OSError, ValueError) as e:  # JSONDecodeError, UnicodeDecodeError
+    except (OSError, ValueError, RecursionError) as e:  # JSONDecodeError, UnicodeDecodeError, nesting
         raise InvalidInputError(f"cannot read verifier config {p}: {e}", code="verifier_config") from e
     if not isinstance(d, dict):
         raise InvalidInputError(f"verifier config {p} is not a JSON object", code="verifier_config")

@@ -432,3 +432,42 @@ def test_bad_flag_values_are_usage_errors(tmp_path, tiny_verifier_dir, args, nee
 def test_formats_markdown_with_json_is_a_usage_error():
     code, obj, _ = cli("formats", "--markdown")  # printed Markdown under --format json
     assert code == 2 and "--markdown" in obj["message"]
+
+
+# ------------------------------------------------------------------ deeply nested JSON
+def _deep(n: int = 100_000) -> str:
+    return '{"a": ' + "[" * n + "]" * n + "}"
+
+
+def test_deeply_nested_json_everywhere(tmp_path, tiny_verifier_dir):
+    """json raises RecursionError (not ValueError) on deep nesting: was a traceback."""
+    src = make_source(tmp_path / "a")
+    (src / "config.json").write_text(_deep())
+    code, obj, _ = cli("inspect", src)
+    assert code == 3 and "config.json" in obj["message"]
+
+    src = make_source(tmp_path / "b")
+    raw, n, _ = _st_bytes(src)
+    js = _deep().encode()
+    js += b" " * (-len(js) % 8)
+    (src / "model.safetensors").write_bytes(len(js).to_bytes(8, "little") + js + raw[8 + n:])
+    code, obj, _ = cli("inspect", src)
+    assert code == 3 and "model.safetensors" in obj["reason"]
+
+    src = make_source(tmp_path / "c")
+    (src / "model.safetensors").rename(src / "model-00001-of-00001.safetensors")
+    (src / "model.safetensors.index.json").write_text(_deep())
+    code, obj, _ = convert(src, tiny_verifier_dir, tmp_path / "o")
+    assert code == 3 and "index.json" in obj["message"]
+
+    v = _verifier_copy(tiny_verifier_dir, tmp_path)
+    (v / "config.json").write_text(_deep())
+    code, obj, _ = convert(make_source(tmp_path / "d"), v, tmp_path / "o")
+    assert code == 3 and "config.json" in obj["message"]
+    assert not (tmp_path / "o").exists()
+
+
+def test_empty_src_is_a_usage_error(tmp_path, monkeypatch):
+    monkeypatch.chdir(make_source(tmp_path))  # "" used to inspect the current directory
+    code, obj, _ = cli("inspect", "")
+    assert code == 2 and "SRC" in obj["message"]
