@@ -26,6 +26,8 @@ def resolve_source(spec: str, *, subfolder: str | None = None, revision: str | N
     Raises:
         InvalidInputError: neither an existing path nor a reachable Hub repo.
     """
+    if not spec or not spec.strip():
+        raise UsageError("SRC is empty: give a checkpoint directory or a Hub repo id")
     if subfolder is not None and (not subfolder or Path(subfolder).is_absolute() or ".." in Path(subfolder).parts):
         raise UsageError(f"--subfolder {subfolder!r} must be a relative path inside SRC (no '..', not absolute)")
     p = Path(spec).expanduser()
