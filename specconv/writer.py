@@ -47,7 +47,7 @@ def _sha256(path: Path) -> str:
     stamp = [st.st_size, st.st_mtime_ns, st.st_ino]
     cache = _hash_cache()
     hit = cache.get(key)
-    if hit and hit.get("stat") == stamp:
+    if isinstance(hit, dict) and hit.get("stat") == stamp and isinstance(hit.get("sha256"), str):
         return hit["sha256"]
     digest = sha256_file(path)
     cache[key] = {"stat": stamp, "sha256": digest}

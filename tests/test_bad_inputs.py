@@ -471,3 +471,26 @@ def test_empty_src_is_a_usage_error(tmp_path, monkeypatch):
     monkeypatch.chdir(make_source(tmp_path))  # "" used to inspect the current directory
     code, obj, _ = cli("inspect", "")
     assert code == 2 and "SRC" in obj["message"]
+
+
+@pytest.mark.parametrize("entry", [5, {"stat": "x"}, "stamp-only"])
+def test_corrupt_hash_cache_entry_is_ignored(tmp_path, tiny_verifier_dir, monkeypatch, entry):
+    import hashlib
+
+    import specconv.writer as w
+
+    src = make_source(tmp_path)
+    cfg = src / "config.json"
+    if entry == "stamp-only":  # a valid stamp without a digest
+        st = os.stat(cfg)
+        entry = {"stat": [st.st_size, st.st_mtime_ns, st.st_ino]}
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    (cache / "sha256.json").write_text(json.dumps({os.path.realpath(cfg): entry}))
+    monkeypatch.setenv("SPECCONV_CACHE", str(cache))
+    monkeypatch.delenv("SPECCONV_HASH_CACHE", raising=False)
+    monkeypatch.setattr(w, "_HASH_CACHE", None)
+    code, obj, _ = convert(src, tiny_verifier_dir, tmp_path / "o")  # AttributeError / KeyError before
+    assert code == 0, obj
+    rec = json.loads((tmp_path / "o" / "specconv.json").read_text())
+    assert rec["source"]["files"]["config.json"] == hashlib.sha256(cfg.read_bytes()).hexdigest()
