@@ -44,9 +44,10 @@ def resolve_source(spec: str, *, subfolder: str | None = None, revision: str | N
         try:
             p = Path(snapshot_download(spec, revision=revision, allow_patterns=patterns))
         except Exception as e:
-            raise InvalidInputError(
-                f"cannot download source {spec!r} from the Hub: {type(e).__name__}: {e}", code="source_not_found"
-            ) from e
+            from .verifier import hub_unavailable
+
+            what = f"{subfolder}/ (config, safetensors)" if subfolder else "the checkpoint (config, safetensors)"
+            raise InvalidInputError("source: " + hub_unavailable(what, spec, e), code="source_not_found") from e
     if subfolder:
         p = p / subfolder
         if not p.is_dir():

@@ -140,11 +140,27 @@ class Verifier:
 
             try:
                 idx = hf_hub_download(self.hub_id, "model.safetensors.index.json", revision=self.revision)
-                with open(idx) as f:
-                    self._weight_map = dict(json.load(f)["weight_map"])
-            except EntryNotFoundError:
+            except EntryNotFoundError:  # also LocalEntryNotFoundError: not in the offline cache
+                idx = None
+            except Exception as e:  # network, auth
+                raise InvalidInputError(hub_unavailable("model.safetensors.index.json", self.hub_id, e),
+                                        code="verifier_not_found") from e
+            if idx is not None:
+                try:
+                    with open(idx, encoding="utf-8") as f:
+                        wm = json.load(f)["weight_map"]
+                    self._weight_map = {str(k): str(v) for k, v in dict(wm).items()}
+                except (OSError, ValueError, RecursionError, KeyError, TypeError) as e:
+                    raise InvalidInputError(f"cannot read the weight map of {idx} (verifier {self.hub_id}): "
+                                            f"{type(e).__name__}: {e}", code="verifier_config") from e
+            else:
                 # single-file checkpoint: read its header only after download
-                p = hf_hub_download(self.hub_id, "model.safetensors", revision=self.revision)
+                try:
+                    p = hf_hub_download(self.hub_id, "model.safetensors", revision=self.revision)
+                except Exception as e:
+                    raise InvalidInputError(
+                        hub_unavailable("model.safetensors / model.safetensors.index.json", self.hub_id, e),
+                        code="verifier_tensor_missing") from e
                 from .tensors import TensorStore
 
                 st = TensorStore.open(p)
@@ -191,8 +207,30 @@ class Verifier:
         shard = self._hub_weight_map().get(name)
         if shard is None:
             raise InvalidInputError(f"verifier {self.hub_id} has no tensor {name!r}")
-        p = hf_hub_download(self.hub_id, shard, revision=self.revision)
+        try:
+            p = hf_hub_download(self.hub_id, shard, revision=self.revision)
+        except Exception as e:  # not cached (offline), network, auth
+            raise InvalidInputError(hub_unavailable(f"shard {shard} (holding {name})", self.hub_id, e),
+                                    code="verifier_tensor_missing") from e
         return TensorStore.open(p).info(name)
+
+
+def hub_unavailable(what: str, repo: str, e: Exception) -> str:
+    """Message for a Hub file that could not be had.
+
+    In offline mode (``HF_HUB_OFFLINE=1``, read by ``huggingface_hub.constants``) a file
+    missing from the local cache raises ``LocalEntryNotFoundError`` whose own text blames
+    the network; say instead that it is not cached and where the cache is.
+    """
+    from huggingface_hub import constants
+    from huggingface_hub import errors as hf_errors
+
+    incomplete = getattr(hf_errors, "IncompleteSnapshotError", ())  # its own message lists the missing files
+    if (constants.is_offline_mode() and isinstance(e, hf_errors.LocalEntryNotFoundError)
+            and not isinstance(e, incomplete)):
+        return (f"{what} of {repo!r} is not in the local Hugging Face cache ({constants.HF_HUB_CACHE}) "
+                "and offline mode (HF_HUB_OFFLINE=1) forbids downloading it")
+    return f"cannot fetch {what} of {repo!r} from the Hub: {type(e).__name__}: {e}"
 
 
 def _read_json(p: Path) -> dict[str, Any]:
@@ -245,7 +283,7 @@ def resolve_verifier(spec: str, *, name: str | None = None, revision: str | None
         cfg_file = hf_hub_download(spec, "config.json", revision=revision)
     except Exception as e:  # network, offline mode, missing repo
         raise InvalidInputError(
-            f"cannot fetch config.json of verifier {spec!r} from the Hub: {type(e).__name__}: {e}",
+            "verifier: " + hub_unavailable("config.json", spec, e),
             code="verifier_not_found",
             hint="pass a local verifier directory with --verifier and its Hub id with --verifier-name",
         ) from e
