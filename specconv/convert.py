@@ -21,7 +21,8 @@ _STEP = re.compile(r"(?:.*[-_])?step_?(\d+)")
 
 
 def resolve_source(spec: str, *, subfolder: str | None = None, revision: str | None = None) -> Path:
-    """A local dir, or a Hub id downloaded with only ``*.json``, safetensors and indexes.
+    """A local dir, or a Hub id downloaded with only ``*.json``, safetensors, indexes, text and
+    the named side files (vocab maps, ``eagle_meta.pt``, ``mask_embedding.pt``).
 
     Raises:
         InvalidInputError: neither an existing path nor a reachable Hub repo.
@@ -38,7 +39,10 @@ def resolve_source(spec: str, *, subfolder: str | None = None, revision: str | N
             raise InvalidInputError(f"source {spec!r} does not exist (and is not a Hub repo id)", code="source_not_found")
         from huggingface_hub import snapshot_download
 
-        patterns = ["*.json", "*.safetensors", "*.txt", "*.md"]
+        # never pickled weights / training state; but the small side files converters read or
+        # detect by name: vocab maps (d2t/t2d .npy/.pt), NeMo eagle_meta.pt, MiMo mask_embedding.pt
+        patterns = ["*.json", "*.safetensors", "*.txt", "*.md", "*.npy", "*d2t.pt", "*t2d.pt",
+                    "*eagle_meta.pt", "*mask_embedding.pt"]
         if subfolder:
             patterns = [f"{subfolder}/{x}" for x in patterns]
         try:
