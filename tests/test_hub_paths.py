@@ -387,6 +387,47 @@ def test_hub_subfolder_incomplete_snapshot_exit_3(hub, sharded_qwen3, tmp_path):
     assert "dflash/README.md" in rep["message"] and "Traceback" not in err
 
 
+@pytest.mark.parametrize("subfolder, listing, wanted", [
+    ("dflash",
+     ["config.json", "model-00001-of-00002.safetensors", "modeling_mimo.py", "dflash/config.json",
+      "dflash/model.safetensors", "dflash/mask_embedding.pt", "dflash/dflash.py", "dflash/README.md",
+      "dflash/optimizer.pt", "eagle/config.json"],
+     ["dflash/README.md", "dflash/config.json", "dflash/mask_embedding.pt", "dflash/model.safetensors"]),
+    (None,
+     ["config.json", "model.safetensors", "d2t.npy", "t2d.npy", "training_args.bin", "optimizer.pt",
+      "pytorch_model.bin", "README.md", "model/consolidated/eagle_meta.pt", "model/consolidated/config.json"],
+     ["README.md", "config.json", "d2t.npy", "model.safetensors", "model/consolidated/config.json",
+      "model/consolidated/eagle_meta.pt", "t2d.npy"]),
+], ids=["mimo-subfolder", "peagle-side-files"])
+def test_hub_source_download_patterns(hub, tmp_path, subfolder, listing, wanted):
+    """What an online ``snapshot_download`` would fetch, by huggingface_hub's own filter:
+    config/safetensors/docs and the side files converters read or detect by name
+    (``mask_embedding.pt`` → MiMo refusal, ``d2t.npy``, ``eagle_meta.pt``), never pickled
+    weights or training state, and only inside ``--subfolder``."""
+    from huggingface_hub.utils import filter_repo_objects
+
+    from specconv.convert import resolve_source
+
+    hub.add("some/repo", {rel: b"{}" for rel in listing if rel.endswith(".json")})
+    resolve_source("some/repo", subfolder=subfolder)
+    (patterns,) = [json.loads(c[2]) for c in hub.calls if c[0] == "snapshot"]
+    assert sorted(filter_repo_objects(listing, allow_patterns=patterns)) == wanted
+
+
+def test_hub_mimo_mask_embedding_is_refused(hub, sharded_qwen3, tmp_path):
+    """MiMo's ``dflash/mask_embedding.pt`` replaces the mask-token embedding: the refusal keys
+    on the file, so it must come with the snapshot (the cached tree lists it)."""
+    files = _zlab_files(tmp_path / "src", prefix="dflash/")
+    files["dflash/mask_embedding.pt"] = b"not read: detection looks at the name only"
+    tree = {rel: (len(p) if isinstance(p, bytes) else p.stat().st_size) for rel, p in files.items()}
+    hub.add("xiaomi/mimo-like", files, tree=tree)
+    hub.add(VERIFIER, _verifier_files(sharded_qwen3, shards=()))
+    code, rep, err = _run_cli("convert", "xiaomi/mimo-like", "--subfolder", "dflash", "--verifier", VERIFIER,
+                              "-o", tmp_path / "out", "--format", "json")
+    assert code == 3, (rep, err)
+    assert "mask_embedding" in rep["message"] and not (tmp_path / "out").exists()
+
+
 def _mapping(path: Path, V: int = fd.VOCAB, Vd: int = 64):
     import numpy as np
 
