@@ -29,7 +29,6 @@ from pathlib import Path
 import pytest
 
 import fixtures_dflash as fd
-from conftest import make_tiny_verifier
 
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
 SHARDS = [f"model-0000{i}-of-00003.safetensors" for i in (1, 2, 3)]
@@ -293,7 +292,7 @@ def _zlab_files(root: Path, prefix: str = "") -> dict[str, Path]:
     return {prefix + f.name: f for f in sorted(src.iterdir())}
 
 
-def _check_hub_output(out: Path, rep: dict, snap_src: Path, files: list[str]) -> dict:
+def _check_hub_output(out: Path, rep: dict, snap_src: Path) -> dict:
     cfg = json.loads((out / "config.json").read_text())
     assert cfg["speculators_config"]["verifier"]["name_or_path"] == VERIFIER
     assert "verifier-not-hub-id" not in fd.codes(rep["findings"])
@@ -314,7 +313,7 @@ def test_cli_convert_hub_drafter_with_hub_verifier(hub, sharded_qwen3, tmp_path)
     out = tmp_path / "out"
     code, rep, err = _run_cli("convert", "z-lab/tiny-dflash", "--verifier", VERIFIER, "-o", out, "--format", "json")
     assert code == 0, (rep, err)
-    _check_hub_output(out, rep, snap_src, list(files))
+    _check_hub_output(out, rep, snap_src)
     src_t, dst_t = _tensors(files["model.safetensors"].parent), _tensors(out)
     assert "fc.weight" in dst_t
     for name in ("fc.weight", "hidden_norm.weight", "norm.weight"):
@@ -365,13 +364,24 @@ def test_cli_convert_hub_subfolder(hub, sharded_qwen3, tmp_path, with_tree):
                               "-o", out, "--format", "json")
     assert code == 0, (rep, err)
     assert rep["format"] == "zlab_dflash"
-    _check_hub_output(out, rep, snap / "dflash", list(files))
+    _check_hub_output(out, rep, snap / "dflash")
     snaps = [json.loads(c[2]) for c in hub.calls if c[0] == "snapshot"]
     assert snaps and all(p.startswith("dflash/") for p in snaps[0])
     # a subfolder that is not in the repo
     code, rep, _ = _run_cli("convert", "xiaomi/mimo-like", "--subfolder", "eagle", "--verifier", VERIFIER,
                             "-o", tmp_path / "out2", "--format", "json")
     assert code == 3 and "eagle" in rep["message"]
+
+
+def test_cli_inspect_hub_subfolder_with_hub_verifier(hub, sharded_qwen3, tmp_path):
+    snap = hub.add("xiaomi/mimo-like", _zlab_files(tmp_path / "src", prefix="dflash/"))
+    hub.add(VERIFIER, _verifier_files(sharded_qwen3, shards=()))
+    code, rep, err = _run_cli("inspect", "xiaomi/mimo-like", "--subfolder", "dflash", "--verifier", VERIFIER,
+                              "--format", "json")
+    assert code == 0, (rep, err)
+    assert (rep["format"], rep["supported"]) == ("zlab_dflash", True)
+    assert Path(rep["path"]) == snap / "dflash"
+    assert rep["plan"]["config"]["speculators_config"]["verifier"]["name_or_path"] == VERIFIER
 
 
 def test_hub_subfolder_incomplete_snapshot_exit_3(hub, sharded_qwen3, tmp_path):
