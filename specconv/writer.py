@@ -163,13 +163,21 @@ def hash_sources(plan: ConversionPlan) -> "concurrent.futures.Future[dict[str, s
     fut: concurrent.futures.Future[dict[str, str]] = concurrent.futures.Future()
 
     def run() -> dict[str, str]:
+        # Name files as the user sees them: Hub snapshots are symlinks into blobs/, so
+        # try the unresolved path first, then the resolved one, then an absolute path.
         root = Path(plan.source_dir).resolve()
+        aroot = Path(os.path.abspath(plan.source_dir))
         out = {}
         for p in sorted(plan.source_files):
             if not p.is_file():
                 continue
-            rp = Path(p).resolve()
-            key = str(rp.relative_to(root)) if root in rp.parents else str(rp)
+            rp, ap = Path(p).resolve(), Path(os.path.abspath(p))
+            if aroot in ap.parents:
+                key = str(ap.relative_to(aroot))
+            elif root in rp.parents:
+                key = str(rp.relative_to(root))
+            else:
+                key = str(rp)
             out[key] = _sha256(p)
         _save_hash_cache()
         return out

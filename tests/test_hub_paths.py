@@ -324,8 +324,6 @@ def test_cli_convert_hub_drafter_with_hub_verifier(hub, sharded_qwen3, tmp_path)
     assert "*.safetensors" in json.loads(snaps[0][2]) and "*.bin" not in snaps[0][2]
 
 
-@pytest.mark.xfail(strict=True, reason="writer.hash_sources resolves the snapshot symlinks and records absolute "
-                   "blob paths (.../blobs/<sha>) instead of the repo file names; fix in specconv/writer.py")
 def test_hub_source_files_recorded_by_repo_name(hub, sharded_qwen3, tmp_path):
     files = _zlab_files(tmp_path / "src")
     hub.add("z-lab/tiny-dflash", files)
