@@ -10,6 +10,9 @@ STAMP  := $(VENV)/.specconv-installed
 OUT    ?= out
 export SPECCONV_CACHE ?= $(HOME)/.cache/specconv
 export HF_HUB_OFFLINE ?= 1
+# torch on a busy 2-core machine: 2 intra-op threads spin against each other (14x slower
+# decode seen here); one thread is the robust default for the CPU demo.
+export OMP_NUM_THREADS ?= 1
 export PIP_DISABLE_PIP_VERSION_CHECK = 1
 
 # Peers: real producers/consumers used by tests and the demo. They pin conflicting
