@@ -251,6 +251,9 @@ def layer_config(src: SourceInfo, cfg: dict[str, Any], *, model_type: str, extra
         v = out.get(k)
         if k in out and v is not None and (not isinstance(v, int) or isinstance(v, bool) or v <= 0):
             raise InvalidInputError(f"{src.path}/config.json: {k} must be a positive integer, got {v!r}", code="invalid_key")
+    lt = out.get("layer_types")
+    if lt is not None and (not isinstance(lt, list) or not all(isinstance(t, str) for t in lt)):
+        raise InvalidInputError(f"{src.path}/config.json: layer_types must be a list of strings, got {lt!r}")
     out.setdefault("num_key_value_heads", out["num_attention_heads"])
     out.setdefault("head_dim", out["hidden_size"] // out["num_attention_heads"])
     out.setdefault("rms_norm_eps", 1e-6)
@@ -373,7 +376,7 @@ def check_fc_width(src: SourceInfo, plans: list[TensorPlan], n_aux: int, hidden:
 
 def check_layers(src: SourceInfo, plans: list[TensorPlan], n_layers: int) -> None:
     idx = {int(m.group(1)) for p in plans if (m := re.match(r"layers\.(\d+)\.", p.out))}
-    if idx != set(range(n_layers)):
+    if len(idx) != n_layers or idx != set(range(n_layers)):  # len first: never build a huge range
         raise InvalidInputError(
             f"{src.path}: config says num_hidden_layers={n_layers} but tensors hold layers {sorted(idx)}",
             code="layer_count_mismatch",
@@ -415,7 +418,7 @@ def dflash_causality(src: SourceInfo, lcfg: dict[str, Any], findings: list) -> b
     if causal is not None and not isinstance(causal, bool):
         raise InvalidInputError(f"{src.path}/config.json: {where} must be true or false, got {causal!r}")
     n = lcfg["num_hidden_layers"]
-    types = lcfg.get("layer_types") or ["full_attention"] * n
+    types = lcfg.get("layer_types") or ["full_attention"] * min(n, 1)  # absent: all full attention
     if causal is True:
         raise UnsupportedFormatError(
             f"{src.path}: {where}=true makes every draft layer block-causal (JetSpec-style causal DFlash); "

@@ -177,6 +177,10 @@ def normalise(conv: Any, src: SourceInfo, verifier: Any, opts: ConvertOptions, *
     tlc = raw.get("transformer_layer_config")
     if not isinstance(tlc, dict):
         raise InvalidInputError(f"{where}: transformer_layer_config is missing or not an object")
+    for k in ("vocab_size", "hidden_size", "num_hidden_layers"):
+        v = tlc.get(k)
+        if k in tlc and (not isinstance(v, int) or isinstance(v, bool) or v <= 0):
+            raise InvalidInputError(f"{where}: transformer_layer_config.{k} must be a positive integer, got {v!r}")
     raw["transformer_layer_config"] = tlc = _fill_layer_config(src, tlc, notes)
     V = tlc["vocab_size"]
 
@@ -197,6 +201,9 @@ def normalise(conv: Any, src: SourceInfo, verifier: Any, opts: ConvertOptions, *
     sc = raw.get("speculators_config")
     if not isinstance(sc, dict) or not sc.get("proposal_methods"):
         raise InvalidInputError(f"{where}: speculators_config.proposal_methods is missing")
+    if not isinstance(sc["proposal_methods"], list) or not isinstance(sc["proposal_methods"][0], dict):
+        raise InvalidInputError(f"{where}: speculators_config.proposal_methods must be a list of objects, "
+                                f"got {sc['proposal_methods']!r}")
     pm0 = sc["proposal_methods"][0]
     k_file = pm0.get("speculative_tokens")
     if algo == "peagle":
@@ -288,6 +295,10 @@ def normalise(conv: Any, src: SourceInfo, verifier: Any, opts: ConvertOptions, *
     # ---- aux ids ----------------------------------------------------------------------
     aux_key = "eagle_aux_hidden_state_layer_ids" if algo == "peagle" else "aux_hidden_state_layer_ids"
     ids = raw.get(aux_key)
+    if ids is not None and (not isinstance(ids, list) or not ids
+                            or not all(isinstance(i, int) and not isinstance(i, bool) for i in ids)):
+        raise InvalidInputError(f"{where}: {aux_key} must be a non-empty list of integers, got {ids!r}",
+                                code="layer_ids_invalid")
     if opts.aux_layer_ids is not None:
         if ids is not None and list(ids) != list(opts.aux_layer_ids):
             raise InvalidInputError(
@@ -331,7 +342,7 @@ def normalise(conv: Any, src: SourceInfo, verifier: Any, opts: ConvertOptions, *
     raw["dtype"] = c.dtype_name(c.out_dtype(body_dtype, opts))
 
     # ---- verifier reference ----------------------------------------------------------
-    old = (sc.get("verifier") or {}).get("name_or_path")
+    old = sc["verifier"].get("name_or_path") if isinstance(sc.get("verifier"), dict) else None
     if verifier is not None:
         sc["verifier"] = {"name_or_path": verifier.name_or_path, "architectures": verifier.architectures}
         if old != verifier.name_or_path:

@@ -92,6 +92,9 @@ SPECULATORS_VERSION = "0.9.0"
 _NEVER_WRITTEN = ("model_type", "auto_map")
 
 #: Keys ``transformer_layer_config`` must carry (§2.1), besides an explicit rope θ.
+#: Sanity bound on draft decoder layers (drafters have 1-8; the lint enumerates every layer).
+MAX_DRAFT_LAYERS = 1024
+
 _LAYER_KEYS_INT = (
     "vocab_size",
     "hidden_size",
@@ -186,6 +189,8 @@ def _check_layer_config(value: dict[str, Any]) -> dict[str, Any]:
         v = value[key]
         if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
             raise ValueError(f"{prefix}.{key}: must be a positive integer, got {v!r}")
+        if key == "num_hidden_layers" and v > MAX_DRAFT_LAYERS:  # the lint enumerates every layer's tensors
+            raise ValueError(f"{prefix}.{key}: {v} draft layers is not a drafter (at most {MAX_DRAFT_LAYERS})")
     eps = value.get("rms_norm_eps")
     if "rms_norm_eps" not in value:
         raise ValueError(f"{prefix}.rms_norm_eps: missing")

@@ -494,3 +494,52 @@ def test_corrupt_hash_cache_entry_is_ignored(tmp_path, tiny_verifier_dir, monkey
     assert code == 0, obj
     rec = json.loads((tmp_path / "o" / "specconv.json").read_text())
     assert rec["source"]["files"]["config.json"] == hashlib.sha256(cfg.read_bytes()).hexdigest()
+
+
+# ------------------------------------------------------- other formats' config values
+@pytest.mark.parametrize("key, value, needle", [
+    ("layer_types", 5, "layer_types"),                    # TypeError ('in' on an int)
+    ("num_hidden_layers", 10**30, "num_hidden_layers"),   # MemoryError (set(range(n)))
+])
+def test_dflash_family_layer_keys(tmp_path, tiny_verifier_dir, key, value, needle):
+    src = edit_config(make_source(tmp_path), lambda c: c.__setitem__(key, value))
+    code, obj, _ = convert(src, tiny_verifier_dir, tmp_path / "o")
+    assert code == 3 and needle in obj["message"], obj
+
+
+@pytest.fixture(scope="module")
+def speculators_peagle_dir(tiny_llama_verifier_dir, tmp_path_factory):
+    import fixtures_peagle as fp
+
+    return fp.build_speculators_peagle(tiny_llama_verifier_dir, tmp_path_factory.mktemp("specpe") / "peagle")
+
+
+@pytest.mark.peer
+@pytest.mark.parametrize("path, value, needle", [
+    ("speculators_config.proposal_methods", "x", "proposal_methods"),          # AttributeError
+    ("speculators_config.proposal_methods", [True], "proposal_methods"),
+    ("speculators_config.verifier", "x", None),                                # AttributeError; rewritten anyway
+    ("eagle_aux_hidden_state_layer_ids", 3, "eagle_aux_hidden_state_layer_ids"),  # TypeError
+    ("eagle_aux_hidden_state_layer_ids", [], "eagle_aux_hidden_state_layer_ids"),  # was written as []
+    ("transformer_layer_config.hidden_size", None, "hidden_size"),            # TypeError
+    ("transformer_layer_config.vocab_size", None, "vocab_size"),
+    ("transformer_layer_config.num_hidden_layers", 10**30, "num_hidden_layers"),  # never finished (OOM)
+])
+def test_speculators_trainer_config_values(speculators_peagle_dir, tiny_llama_verifier_dir, tmp_path, path, value, needle):
+    src = tmp_path / "src"
+    shutil.copytree(speculators_peagle_dir, src)
+
+    def setk(c):
+        *parents, last = path.split(".")
+        d = c
+        for p in parents:
+            d = d[p]
+        d[last] = value
+
+    edit_config(src, setk)
+    code, obj, _ = convert(src, tiny_llama_verifier_dir, tmp_path / "o")
+    if needle is None:
+        assert code == 0, obj
+    else:
+        assert code == 3 and needle in obj["message"], obj
+        assert not (tmp_path / "o").exists()
