@@ -247,6 +247,9 @@ def write_plan(
 
 def _check_output(out_dir: Path, plan: ConversionPlan, verifier: Any, overwrite: bool) -> None:
     """Refuse outputs that would clobber a non-directory or delete an input on replace."""
+    if out_dir.name in ("", ".", ".."):
+        raise InvalidInputError(f"output {str(out_dir)!r} must name a directory to create (not '.', '..' or '/')",
+                                code="output_exists")
     if out_dir.exists() or out_dir.is_symlink():
         if not out_dir.is_dir():
             raise InvalidInputError(f"output {out_dir} exists and is not a directory; refusing to replace it",

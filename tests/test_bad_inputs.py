@@ -543,3 +543,14 @@ def test_speculators_trainer_config_values(speculators_peagle_dir, tiny_llama_ve
     else:
         assert code == 3 and needle in obj["message"], obj
         assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize("out", [".", "./", "sub/.."])
+def test_output_dot_is_refused(tmp_path, tiny_verifier_dir, monkeypatch, out):
+    src = make_source(tmp_path / "src")
+    work = tmp_path / "work"
+    before = _precious(work)
+    monkeypatch.chdir(work)  # `-o . --overwrite` failed with a cryptic EBUSY on the cwd
+    code, obj, _ = cli("convert", src, "--verifier", tiny_verifier_dir, "-o", out, "--overwrite")
+    assert code == 3 and "must name a directory" in obj["message"]
+    assert sha_tree(work) == before and leftovers(work) == [] and leftovers(tmp_path) == []
