@@ -230,6 +230,9 @@ def layer_config(src: SourceInfo, cfg: dict[str, Any], *, model_type: str, extra
             f"{src.path}/config.json has no rope_theta (top level or rope_parameters); it is never defaulted",
             code="missing_rope_theta",
         )
+    if cfg.get("rope_parameters") is not None and not isinstance(cfg.get("rope_parameters"), dict):
+        raise InvalidInputError(f"{src.path}/config.json: rope_parameters must be an object or null, "
+                                f"got {cfg.get('rope_parameters')!r}")
     rp = dict(cfg.get("rope_parameters") or {})
     scaling = cfg.get("rope_scaling")
     if scaling is not None and not isinstance(scaling, dict):

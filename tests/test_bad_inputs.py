@@ -85,6 +85,7 @@ def test_config_architectures_wrong_type(tmp_path, archs):
     ("num_hidden_layers", -1, "num_hidden_layers"),
     ("rope_parameters", {"rope_type": "default", "rope_theta": "abc"}, "rope_theta"),  # ValueError
     ("rope_scaling", "linear", "rope_scaling"),                   # was silently dropped
+    ("rope_parameters", [1], "rope_parameters"),                  # TypeError when rope_theta is top level
     ("is_causal", "yes", "is_causal"),                            # was treated as "not set"
 ])
 def test_bad_config_values(tmp_path, tiny_verifier_dir, key, value, needle):
@@ -96,6 +97,8 @@ def test_bad_config_values(tmp_path, tiny_verifier_dir, key, value, needle):
         d[last] = value
         if key == "num_attention_heads":
             c.pop("head_dim")
+        if key == "rope_parameters" and isinstance(value, list):
+            c["rope_theta"] = 1e6  # θ found at the top level, so rope_parameters itself is read
 
     src = edit_config(make_source(tmp_path), setk)
     code, obj, _ = convert(src, tiny_verifier_dir, tmp_path / "o")
