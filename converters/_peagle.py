@@ -321,6 +321,9 @@ def plan_peagle_family(conv: Any, src: SourceInfo, verifier: Any, opts: ConvertO
 
     # ---- vocabulary ------------------------------------------------------------
     lm = c.get(plans, "lm_head.weight")
+    if lm is not None and (len(lm.shape) != 2 or lm.shape[1] != H):
+        raise InvalidInputError(f"{lm.source} has shape {list(lm.shape)}, expected [draft_vocab_size, {H}]",
+                                code="tensor_shape")
     vd_cfg = cfg.get("draft_vocab_size")
     if vd_cfg is not None and not isinstance(vd_cfg, int):
         raise InvalidInputError(f"{src.path}/config.json: draft_vocab_size must be an integer, got {vd_cfg!r}")

@@ -557,3 +557,17 @@ def test_output_dot_is_refused(tmp_path, tiny_verifier_dir, monkeypatch, out):
     code, obj, _ = cli("convert", src, "--verifier", tiny_verifier_dir, "-o", out, "--overwrite")
     assert code == 3 and "must name a directory" in obj["message"]
     assert sha_tree(work) == before and leftovers(work) == [] and leftovers(tmp_path) == []
+
+
+@pytest.mark.peer
+def test_aws_peagle_scalar_lm_head(speculators_peagle_dir, tiny_llama_verifier_dir, tmp_path):
+    import fixtures_peagle as fp
+    import torch
+
+    src = fp.to_aws(speculators_peagle_dir, tmp_path / "aws")
+    t = fp.load_tensors(src)
+    t["lm_head.weight"] = torch.tensor(1.0)
+    (src / "model.safetensors").unlink()
+    fp.save_tensors(src, t)
+    code, obj, _ = convert(src, tiny_llama_verifier_dir, tmp_path / "o", "--speculative-tokens", "3")  # IndexError
+    assert code == 3 and "lm_head.weight" in obj["message"], obj
