@@ -571,3 +571,57 @@ def test_aws_peagle_scalar_lm_head(speculators_peagle_dir, tiny_llama_verifier_d
     fp.save_tensors(src, t)
     code, obj, _ = convert(src, tiny_llama_verifier_dir, tmp_path / "o", "--speculative-tokens", "3")  # IndexError
     assert code == 3 and "lm_head.weight" in obj["message"], obj
+
+
+# ------------------------------------------------- cases that already held (locked in)
+@pytest.mark.parametrize("kind", ["outside", "absolute", "missing_shard"])
+def test_index_json_pointing_outside_or_missing(tmp_path, tiny_verifier_dir, kind):
+    other = make_source(tmp_path / "other")
+    src = make_source(tmp_path / "src")
+    names = list(_st_bytes(src)[2].keys() - {"__metadata__"})
+    (src / "model.safetensors").rename(src / "model-00001-of-00002.safetensors")
+    shard = {"outside": "../../other/zlab_dflash/model.safetensors",
+             "absolute": str(other / "model.safetensors"),
+             "missing_shard": "model-00002-of-00002.safetensors"}[kind]
+    wm = {n: "model-00001-of-00002.safetensors" for n in names}
+    wm[names[0]] = shard
+    (src / "model.safetensors.index.json").write_text(json.dumps({"weight_map": wm}))
+    code, obj, _ = convert(src, tiny_verifier_dir, tmp_path / "o")
+    assert code == 3 and "index.json" in obj["message"] and Path(shard).name in obj["message"]
+    assert not (tmp_path / "o").exists()
+
+
+def test_symlink_loops_in_the_checkpoint_dir(tmp_path, tiny_verifier_dir):
+    src = make_source(tmp_path)
+    os.symlink("loop2", src / "loop1")
+    os.symlink("loop1", src / "loop2")
+    os.symlink(".", src / "self")
+    (src / "sub").mkdir()
+    os.symlink("..", src / "sub" / "up")
+    code, obj, _ = convert(src, tiny_verifier_dir, tmp_path / "o")
+    assert code == 0, obj
+    rec = json.loads((tmp_path / "o" / "specconv.json").read_text())
+    assert sorted(rec["source"]["files"]) == ["config.json", "dflash.py", "model.safetensors"]
+
+
+def test_paths_with_spaces_and_unicode(tmp_path, tiny_verifier_dir):
+    src = make_source(tmp_path / "my models" / "ünïcødé drafter")
+    ver = _verifier_copy(tiny_verifier_dir, tmp_path / "vér ifier")
+    out = tmp_path / "øut dir" / "convërted"
+    code, obj, _ = cli("inspect", src)
+    assert code == 0
+    code, obj, _ = cli("convert", src, "--verifier", ver, "--verifier-name", HUB, "-o", out)
+    assert code == 0 and obj["output"] == str(out) and (out / "model.safetensors").is_file()
+
+
+def test_read_only_output_parent(tmp_path, tiny_verifier_dir, monkeypatch):
+    import errno
+    import tempfile
+
+    def denied(*a, **k):
+        raise PermissionError(errno.EACCES, "Permission denied", str(tmp_path))
+
+    monkeypatch.setattr(tempfile, "mkdtemp", denied)  # as for a read-only / foreign parent dir
+    code, obj, _ = convert(make_source(tmp_path), tiny_verifier_dir, tmp_path / "o")
+    assert code == 3 and "Permission denied" in obj["message"] and str(tmp_path) in obj["message"]
+    assert not (tmp_path / "o").exists()
