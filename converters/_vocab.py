@@ -281,8 +281,10 @@ def _load_pt(path: Path) -> Any:
     try:
         return torch.load(path, weights_only=True, map_location="cpu")
     except Exception as e:  # UnpicklingError for non-allow-listed globals, junk files
+        from specconv.tensors import torch_load_error_detail
+
         raise InvalidInputError(
-            f"{path}: torch.load(weights_only=True) failed ({type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}); "
+            f"{path}: torch.load(weights_only=True) failed ({torch_load_error_detail(e)}); "
             "specconv never unpickles arbitrary objects — save the mapping as .npy or .safetensors",
             code="unsafe_pickle",
         ) from e

@@ -334,6 +334,22 @@ def _load_index(index_path: Path) -> dict[str, str]:
 
 # --------------------------------------------------------------------- .bin loading
 
+#: torch's own wrapper text around a weights-only refusal (it advises weights_only=False,
+#: which specconv never does, so it is not echoed).
+_TORCH_LOAD_BOILERPLATE = ("Weights only load failed", "Please file an issue", "Check the documentation",
+                           "In PyTorch 2.6", "Re-running `torch.load`")
+
+
+def torch_load_error_detail(e: BaseException) -> str:
+    """One line saying why ``torch.load(weights_only=True)`` failed (e.g. ``UnpicklingError:
+    Trying to load unsupported GLOBAL posix.system ...``), without torch's boilerplate."""
+    lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
+    useful = [ln for ln in lines if not ln.startswith(_TORCH_LOAD_BOILERPLATE)]
+    line = useful[0] if useful else (lines[0] if lines else "")
+    line = re.sub(r"^.*WeightsUnpickler error:\s*", "", line)
+    return f"{type(e).__name__}: {line[:300]}"
+
+
 def _torch_load_weights_only(path: Path) -> dict[str, Any]:
     """``torch.load`` with ``weights_only=True`` (never a full unpickle).
 
@@ -349,16 +365,7 @@ def _torch_load_weights_only(path: Path) -> dict[str, Any]:
 
     import torch
 
-    # torch's own wrapper text (it advises weights_only=False, which specconv never does)
-    boilerplate = ("Weights only load failed", "Please file an issue", "Check the documentation",
-                   "In PyTorch 2.6", "Re-running `torch.load`")
-
-    def _detail(e: BaseException) -> str:
-        lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
-        useful = [ln for ln in lines if not ln.startswith(boilerplate)]
-        line = useful[0] if useful else (lines[0] if lines else "")
-        line = re.sub(r"^.*WeightsUnpickler error:\s*", "", line)
-        return f"{type(e).__name__}: {line[:300]}"
+    _detail = torch_load_error_detail
 
     try:
         if zipfile.is_zipfile(path):

@@ -625,3 +625,19 @@ def test_read_only_output_parent(tmp_path, tiny_verifier_dir, monkeypatch):
     code, obj, _ = convert(make_source(tmp_path), tiny_verifier_dir, tmp_path / "o")
     assert code == 3 and "Permission denied" in obj["message"] and str(tmp_path) in obj["message"]
     assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.peer
+def test_malicious_vocab_mapping_pickle(speculators_peagle_dir, tiny_llama_verifier_dir, tmp_path):
+    import fixtures_peagle as fp
+    import torch
+
+    marker = tmp_path / "PWNED"
+    evil = tmp_path / "d2t.pt"
+    torch.save({"d2t": _SystemCall(marker)}, evil)
+    src = fp.to_aws(speculators_peagle_dir, tmp_path / "aws")
+    code, obj, _ = convert(src, tiny_llama_verifier_dir, tmp_path / "o", "--speculative-tokens", "3",
+                           "--vocab-mapping", evil)
+    assert not marker.exists()
+    assert code == 3 and obj["error"] == "unsafe_pickle" and "system" in obj["message"]
+    assert "weights_only` set to `False" not in obj["message"]  # torch's advice was echoed
