@@ -117,7 +117,7 @@ class QuantizedDrafter(Converter):
         "(e.g. ModelOpt / TensorRT-LLM)"
     )
     spec_ref = "external_formats.md §16 (quantization), §7 (F5)"
-    priority = 18
+    priority = 5  # before every supported format, speculators trainer dirs included
 
     @classmethod
     def detect(cls, src: SourceInfo) -> bool:

@@ -641,3 +641,22 @@ def test_malicious_vocab_mapping_pickle(speculators_peagle_dir, tiny_llama_verif
     assert not marker.exists()
     assert code == 3 and obj["error"] == "unsafe_pickle" and "system" in obj["message"]
     assert "weights_only` set to `False" not in obj["message"]  # torch's advice was echoed
+
+
+@pytest.mark.peer
+def test_quantized_speculators_trainer_dir_is_refused(tiny_verifier_dir, tmp_path):
+    """The quantized-drafter refusal wins over speculators-trainer detection (§16 note)."""
+    import json as _json
+
+    from click.testing import CliRunner
+
+    from specconv.cli.main import cli
+    from tests.fixtures_peagle import build_speculators_block
+
+    d = build_speculators_block(tiny_verifier_dir, tmp_path / "spec", "dflash")
+    cfg = _json.loads((d / "config.json").read_text())
+    cfg["quantization_config"] = {"quant_method": "fp8"}
+    (d / "config.json").write_text(_json.dumps(cfg))
+    r = CliRunner().invoke(cli, ["inspect", str(d), "--format", "json"])
+    assert r.exit_code == 3
+    assert _json.loads(r.stdout)["format"] == "quantized_drafter"
