@@ -717,7 +717,6 @@ def measure_tau(drafter_dir, n_humaneval=6, n_mtbench=6, max_new=64, log_fn=log)
 def stage_eval(args) -> None:
     res = measure_tau(args.out, args.eval_he, args.eval_mt, args.eval_new)
     log(f"eval: {json.dumps(res)}")
-    Path(args.out, "..").resolve()
     (cache_root(args.run) / f"eval_{Path(args.out).name}.json").write_text(json.dumps(res, indent=2))
 
 
@@ -746,7 +745,9 @@ def stage_meta(args) -> None:
             "features": f"one verifier prefill per sequence; aux hidden_states[id+1] for z-lab "
             f"target_layer_ids {list(TARGET_LAYER_IDS)} in fp16; teacher top-{TOPK} log-probs",
             "loss": f"KL(verifier || drafter) over top-{TOPK} + remainder bucket, slots 1..{BLOCK_SIZE - 1}, "
-            f"weights exp(-(k-1)/{GAMMA})",
+            f"weights exp(-(k-1)/{GAMMA}); training softmax normalised over the batch's teacher "
+            f"top-{TOPK} ids + {args.neg} uniform negatives (sampled softmax), validation over "
+            "the full vocabulary",
             "anchors": f"{args.anchors} per sequence, {args.seqs} sequences per step, only in generated text",
             "mask": "context keys strictly before the anchor; block keys bidirectional within the block",
             "model": f"{NUM_LAYERS} Qwen3-style layers, hidden 576, 9/3 heads, block_size {BLOCK_SIZE}, "
