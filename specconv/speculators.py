@@ -124,7 +124,7 @@ _CONFIG_DTYPE_TO_ST = {
 class _Model(BaseModel):
     """Shared pydantic settings: unknown keys are kept so legacy keys round-trip."""
 
-    model_config = ConfigDict(extra="allow", validate_assignment=False)
+    model_config = ConfigDict(extra="allow", validate_assignment=False, defer_build=True)
 
 
 class GreedyProposal(_Model):
