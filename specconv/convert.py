@@ -48,10 +48,12 @@ def resolve_source(spec: str, *, subfolder: str | None = None, revision: str | N
         try:
             p = Path(snapshot_download(spec, revision=revision, allow_patterns=patterns))
         except Exception as e:
-            from .verifier import hub_unavailable
+            from .verifier import hub_error
 
             what = f"{subfolder}/ (config, safetensors)" if subfolder else "the checkpoint (config, safetensors)"
-            raise InvalidInputError("source: " + hub_unavailable(what, spec, e), code="source_not_found") from e
+            err = hub_error(what, spec, e, code="source_not_found")
+            err.message = "source: " + err.message
+            raise err from e
     if subfolder:
         p = p / subfolder
         if not p.is_dir():

@@ -143,8 +143,7 @@ class Verifier:
             except EntryNotFoundError:  # also LocalEntryNotFoundError: not in the offline cache
                 idx = None
             except Exception as e:  # network, auth
-                raise InvalidInputError(hub_unavailable("model.safetensors.index.json", self.hub_id, e),
-                                        code="verifier_not_found") from e
+                raise hub_error("model.safetensors.index.json", self.hub_id, e, code="verifier_not_found") from e
             if idx is not None:
                 try:
                     with open(idx, encoding="utf-8") as f:
@@ -158,9 +157,8 @@ class Verifier:
                 try:
                     p = hf_hub_download(self.hub_id, "model.safetensors", revision=self.revision)
                 except Exception as e:
-                    raise InvalidInputError(
-                        hub_unavailable("model.safetensors / model.safetensors.index.json", self.hub_id, e),
-                        code="verifier_tensor_missing") from e
+                    raise hub_error("model.safetensors / model.safetensors.index.json", self.hub_id, e,
+                                    code="verifier_tensor_missing") from e
                 from .tensors import TensorStore
 
                 st = TensorStore.open(p)
@@ -210,8 +208,7 @@ class Verifier:
         try:
             p = hf_hub_download(self.hub_id, shard, revision=self.revision)
         except Exception as e:  # not cached (offline), network, auth
-            raise InvalidInputError(hub_unavailable(f"shard {shard} (holding {name})", self.hub_id, e),
-                                    code="verifier_tensor_missing") from e
+            raise hub_error(f"shard {shard} (holding {name})", self.hub_id, e, code="verifier_tensor_missing") from e
         return TensorStore.open(p).info(name)
 
 
@@ -231,6 +228,31 @@ def hub_unavailable(what: str, repo: str, e: Exception) -> str:
         return (f"{what} of {repo!r} is not in the local Hugging Face cache ({constants.HF_HUB_CACHE}) "
                 "and offline mode (HF_HUB_OFFLINE=1) forbids downloading it")
     return f"cannot fetch {what} of {repo!r} from the Hub: {type(e).__name__}: {e}"
+
+
+def hub_error(what: str, repo: str, e: Exception, *, code: str, hint: str | None = None):
+    """The project error for a failed Hub download, with the documented exit code.
+
+    * 401/403 or a gated repo → :class:`HubAuthError` (exit 5);
+    * 429/5xx, or a connection failure while online (huggingface_hub reports it as
+      ``LocalEntryNotFoundError`` after its own retries) → :class:`TransientRemoteError` (7);
+    * anything else (missing repo/file, not cached in offline mode) → ``InvalidInputError`` (3).
+    """
+    from huggingface_hub import constants
+    from huggingface_hub import errors as hf_errors
+
+    from .errors import HubAuthError, TransientRemoteError
+
+    msg = hub_unavailable(what, repo, e)
+    status = getattr(getattr(e, "response", None), "status_code", None)
+    if isinstance(e, hf_errors.GatedRepoError) or status in (401, 403):
+        return HubAuthError(msg, code="hub_auth", hint="log in with `hf auth login` or set HF_TOKEN")
+    transient_http = isinstance(e, hf_errors.HfHubHTTPError) and status is not None and (status == 429 or status >= 500)
+    offline_miss = isinstance(e, hf_errors.LocalEntryNotFoundError) and not constants.is_offline_mode()
+    incomplete = getattr(hf_errors, "IncompleteSnapshotError", ())
+    if transient_http or (offline_miss and not isinstance(e, incomplete)) or isinstance(e, (ConnectionError, TimeoutError)):
+        return TransientRemoteError(msg, code="hub_unreachable", hint=hint)
+    return InvalidInputError(msg, code=code, hint=hint)
 
 
 def _read_json(p: Path) -> dict[str, Any]:
@@ -282,11 +304,10 @@ def resolve_verifier(spec: str, *, name: str | None = None, revision: str | None
     try:
         cfg_file = hf_hub_download(spec, "config.json", revision=revision)
     except Exception as e:  # network, offline mode, missing repo
-        raise InvalidInputError(
-            "verifier: " + hub_unavailable("config.json", spec, e),
-            code="verifier_not_found",
-            hint="pass a local verifier directory with --verifier and its Hub id with --verifier-name",
-        ) from e
+        err = hub_error("config.json", spec, e, code="verifier_not_found",
+                        hint="pass a local verifier directory with --verifier and its Hub id with --verifier-name")
+        err.message = "verifier: " + err.message
+        raise err from e
     raw = _read_json(Path(cfg_file))
     return Verifier(
         spec=spec,
