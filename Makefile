@@ -55,7 +55,7 @@ demo: $(STAMP)
 	echo "== specconv validate (G1 structure, G2 parity vs source, G3 acceptance, G4 losslessness)"; \
 	$(VENV)/bin/specconv validate $(OUT)/smollm2-dflash-b8 --verifier $$V --source $(DRAFTER) \
 	    --prompts eval --num-prompts 6 --max-new-tokens 48 --report-dir $(OUT)/report && \
-	echo "== report: $(OUT)/report (validation.json, summary.md, acceptance.png)"
+	echo "== report: $(OUT)/report (validation.json, validation.md, acceptance.png)"
 
 test: $(STAMP)
 	$(PY) -m pytest -q

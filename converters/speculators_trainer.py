@@ -447,7 +447,7 @@ def _finding(level: str, code: str, msg: str):
 class SpeculatorsPEagle(_SpeculatorsTrainer):
     format_id = "speculators_peagle"
     algorithm = "peagle"
-    title = "speculators trainer output — P-EAGLE"
+    title = "Speculators-format dir (speculators trainer output or a conversion) — P-EAGLE"
     detection = "`speculators_model_type: peagle` (trainer `save_path/<epoch>/` dirs or a published dir)"
     priority = 11
 
@@ -460,7 +460,7 @@ class SpeculatorsPEagle(_SpeculatorsTrainer):
 class SpeculatorsDFlash(_SpeculatorsTrainer):
     format_id = "speculators_dflash"
     algorithm = "dflash"
-    title = "speculators trainer output — DFlash"
+    title = "Speculators-format dir (speculators trainer output or a conversion) — DFlash"
     detection = "`speculators_model_type: dflash`"
     priority = 12
 
@@ -469,7 +469,7 @@ class SpeculatorsDFlash(_SpeculatorsTrainer):
 class SpeculatorsDSpark(_SpeculatorsTrainer):
     format_id = "speculators_dspark"
     algorithm = "dspark"
-    title = "speculators trainer output — DSpark"
+    title = "Speculators-format dir (speculators trainer output or a conversion) — DSpark"
     detection = "`speculators_model_type: dspark`"
     priority = 13
 

@@ -198,7 +198,9 @@ def summarize_plan(plan) -> dict[str, Any]:
     from .speculators import config_to_dict
 
     fates = Counter(t.fate for t in plan.tensors)
+    casts = Counter(f"{t.src_dtype}->{t.dtype}" for t in plan.tensors if t.cast)
     return {
+        "casts": dict(sorted(casts.items())),
         "format": plan.format_id,
         "algorithm": plan.algorithm,
         "config": config_to_dict(plan.config),
@@ -285,6 +287,9 @@ def convert(
             code="lint_failed",
         )
     if dry_run:
+        if output is not None and Path(output).exists() and not overwrite:
+            report["findings"].append({"level": "warning", "code": "output_exists", "key": None,
+                                       "message": f"output {output} exists: the real run needs --overwrite"})
         return report
     if output is None:
         raise UsageError("-o/--output is required unless --dry-run")

@@ -214,3 +214,22 @@ def test_console_script_installed():
         pytest.skip("console script not installed in this environment")
     p = subprocess.run([str(exe), "formats", "--format", "json"], capture_output=True, text=True, timeout=120)
     assert p.returncode == 0 and one_json(p.stdout)["formats"]
+
+
+def test_validate_refuses_non_speculators_dir_and_writes_nothing(tmp_path):
+    """A z-lab (source) dir given to validate: exit 3 with a hint, DIR untouched."""
+    import json as _json
+
+    from click.testing import CliRunner
+
+    from specconv.cli.main import cli
+
+    d = tmp_path / "zlab"
+    d.mkdir()
+    (d / "config.json").write_text(_json.dumps({"architectures": ["DFlashDraftModel"], "dflash_config": {}}))
+    before = sorted(p.name for p in d.iterdir())
+    r = CliRunner().invoke(cli, ["validate", str(d), "--verifier", str(tmp_path), "--format", "json"])
+    assert r.exit_code == 3
+    out = _json.loads(r.stdout)
+    assert out["error"] == "not_speculators_dir" and "specconv convert" in out["hint"]
+    assert sorted(p.name for p in d.iterdir()) == before

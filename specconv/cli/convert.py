@@ -48,6 +48,8 @@ def _human(r: dict) -> str:
         + ("" if r["dry_run"] else f" → {r['output']}"),
         f"  tensors: {p['tensors']} ({', '.join(f'{k} {v}' for k, v in p['fates'].items())}), {p['bytes'] / 1e6:.1f} MB",
     ]
+    if p.get("casts"):
+        lines.append("  cast: " + ", ".join(f"{k} ×{v}" for k, v in p["casts"].items()))
     if p.get("layer_ids"):
         li = p["layer_ids"]
         lines.append(f"  aux layer ids: {li['source_ids']} ({li['source_convention']}) → {li['speculators_ids']}")

@@ -16,6 +16,18 @@ def _human(r: dict) -> str:
     ]
     if r.get("reason"):
         lines.append(f"reason:    {r['reason']}")
+    plan = r.get("plan")
+    if plan:
+        cfg = plan["config"]
+        k = cfg["speculators_config"]["proposal_methods"][0]["speculative_tokens"]
+        lines.append(f"plan:      {plan['tensors']} tensors ({', '.join(f'{a} {b}' for a, b in plan['fates'].items())}), "
+                     f"{plan['bytes'] / 1e6:.1f} MB; speculative_tokens {k}, mask_token_id {cfg.get('mask_token_id')}")
+        if plan.get("layer_ids"):
+            li = plan["layer_ids"]
+            lines.append(f"           aux layer ids {li['source_ids']} ({li['source_convention']}) → {li['speculators_ids']}")
+    errors = sum(f["level"] == "error" for f in r.get("findings", []))
+    if r.get("findings"):
+        lines.append(f"lint:      {errors} error(s), {len(r['findings']) - errors} other finding(s)")
     for f in r.get("findings", []):
         lines.append(f"  {f['level']:7} [{f['code']}] {f['message']}")
     return "\n".join(lines)

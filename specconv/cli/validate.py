@@ -82,6 +82,24 @@ def _progress():
         yield cb
 
 
+def _require_speculators_dir(d: Path) -> None:
+    """Refuse (exit 3, nothing written) a DIR that is not a Speculators-format directory."""
+    import json
+
+    from specconv.errors import InvalidInputError
+
+    try:
+        cfg = json.loads((d / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        raise InvalidInputError(f"{d}: cannot read config.json ({e})", code="not_speculators_dir") from e
+    if not isinstance(cfg, dict) or "speculators_model_type" not in cfg:
+        raise InvalidInputError(
+            f"{d} is not a Speculators-format directory (config.json has no speculators_model_type)",
+            code="not_speculators_dir",
+            hint=f"convert it first: specconv convert {d} --verifier V -o OUT, then validate OUT with --source {d}",
+        )
+
+
 @click.command("validate")
 @click.argument("drafter_dir", metavar="DIR", type=click.Path(file_okay=False, path_type=Path))
 @click.option("--verifier", required=True, help="Verifier: local HF dir or Hub id (from the local cache).")
@@ -132,6 +150,7 @@ def validate_cmd(
     from specconv.validate.report import record_in_specconv_json, write_report
     from specconv.validate.run import ValidateOptions, failed_gates, validate_drafter
 
+    _require_speculators_dir(drafter_dir)
     opts = ValidateOptions(
         source=source,
         prompts=prompts,

@@ -99,6 +99,9 @@ def _atomic_write(path: Path, data: bytes) -> None:
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)  # mkstemp creates 0600; reports are ordinary files
         os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp):
