@@ -131,14 +131,30 @@ def stage_gen(args) -> None:
     model, tok = load_verifier()
     core, share = select_prompts(tok, args.n_sharegpt)
     batches = []
-    for group in (core, share):
-        group = sorted(group, key=lambda x: len(x[1]))  # similar lengths -> less padding
-        for i in range(0, len(group), args.gen_batch):
-            batches.append(group[i : i + args.gen_batch])
+    if args.gen_round == 1:
+        for group in (core, share):
+            group = sorted(group, key=lambda x: len(x[1]))  # similar lengths -> less padding
+            for i in range(0, len(group), args.gen_batch):
+                batches.append(group[i : i + args.gen_batch])
+    else:
+        # Later rounds: only prompts not generated yet, kept in the seeded ShareGPT order
+        # (no length bias when the time budget cuts the run short); chunks of 8 batches
+        # are length-sorted to limit padding.
+        rest = [x for x in core + share if x[0] not in done]
+        chunk = 8 * args.gen_batch
+        for c in range(0, len(rest), chunk):
+            group = sorted(rest[c : c + chunk], key=lambda x: len(x[1]))
+            for i in range(0, len(group), args.gen_batch):
+                batches.append(group[i : i + args.gen_batch])
+    # --shard i/n: worker i of n takes batches i, i+n, ... (disjoint prompt shards)
+    shard_i, shard_n = (int(x) for x in args.shard.split("/"))
+    tag = "" if args.gen_round == 1 else f"r{args.gen_round}s{shard_i}_"
     t0 = time.time()
     n_new = 0
     with open(out_path, "a") as fh:
         for bi, batch in enumerate(batches):
+            if bi % shard_n != shard_i:
+                continue
             batch = [b for b in batch if b[0] not in done]
             if not batch:
                 continue
@@ -164,18 +180,20 @@ def stage_gen(args) -> None:
                     output_logits=True,
                 )
             gen = out.sequences
-            items = []
+            items, lines = [], []
             for r, (pid, ids) in enumerate(batch):
                 new = gen[r, L:].tolist()
                 if tok.eos_token_id in new:
                     new = new[: new.index(tok.eos_token_id) + 1]
                 if len(new) >= 2:
                     items.append(_features_from_generate(out, r, L, ids, new, pid))
-                fh.write(json.dumps({"id": pid, "prompt": ids, "gen": new}) + "\n")
+                lines.append(json.dumps({"id": pid, "prompt": ids, "gen": new}) + "\n")
                 n_new += 1
             # features first, then the JSONL rows: a crash never leaves rows without features
-            torch.save(items, feat_dir / f"gen_{bi:05d}.pt")
+            torch.save(items, feat_dir / f"gen_{tag}{bi:05d}.pt")
+            # one O_APPEND write per batch, so parallel shard workers never interleave lines
             fh.flush()
+            os.write(fh.fileno(), "".join(lines).encode())
             log(f"gen: batch {bi + 1}/{len(batches)} len {L} -> {n_new} seqs, {time.time() - t0:.0f}s")
     log(f"gen: done, {len(done) + n_new} sequences")
 
@@ -485,11 +503,15 @@ def stage_train(args) -> None:
     root = cache_root(args.run)
     items = load_features(root)
     rng = random.Random(args.seed)
-    order = list(range(len(items)))
+    # --val-first N: draw the validation split from the first N feature items only (round 1's
+    # data, loaded first), so later rounds keep round 1's held-out sequences out of training
+    n_base = args.val_first if args.val_first > 0 else len(items)
+    order = list(range(n_base))
     random.Random(args.seed + 1).shuffle(order)
-    n_val = max(4, len(items) // 30)
+    n_val = max(4, n_base // 30)
+    val_idx = set(order[:n_val])
     val = [items[i] for i in order[:n_val]]
-    train = [items[i] for i in order[n_val:]]
+    train = [items[i] for i in range(len(items)) if i not in val_idx]
     n_gen_tokens = sum(int(it["tokens"].shape[0]) - it["prompt_len"] for it in train)
     log(f"train: {len(train)} train seqs ({n_gen_tokens} generated tokens), {len(val)} val seqs")
 
@@ -508,7 +530,13 @@ def stage_train(args) -> None:
     sd0 = {k: v for k, v in zl.state_dict().items() if "rotary" not in k}
     model = TrainDFlash(sd0, zl.config)
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.95), weight_decay=0.01)
-    ckpt = root / "train_ckpt.pt"
+    ckpt = root / args.ckpt
+    if args.init_from and not ckpt.exists():
+        # warm start: weights of an earlier run, fresh optimizer and schedule
+        st0 = torch.load(root / args.init_from, weights_only=False)
+        for k, v in st0["params"].items():
+            model.p[k].data.copy_(v)
+        log(f"train: initialised from {args.init_from} (step {st0['step']})")
     step, wall_prev, hist = 0, 0.0, []
     if ckpt.exists():
         st = torch.load(ckpt, weights_only=False)
@@ -603,7 +631,7 @@ def stage_train(args) -> None:
             hist.append(rec)
             log(f"val {rec}")
         if step % args.ckpt_every == 0 or step == args.steps:
-            tmp = root / "train_ckpt.pt.tmp"
+            tmp = root / (args.ckpt + ".tmp")
             torch.save(
                 {
                     "params": model.state_dict(),
@@ -616,7 +644,7 @@ def stage_train(args) -> None:
                 tmp,
             )
             os.replace(tmp, ckpt)
-    tmp = root / "train_ckpt.pt.tmp"
+    tmp = root / (args.ckpt + ".tmp")
     torch.save(
         {"params": model.state_dict(), "opt": opt.state_dict(), "step": step,
          "wall": wall_prev + time.time() - t_start, "hist": hist, "rng": rng.getstate()},
@@ -631,7 +659,7 @@ def stage_train(args) -> None:
         "n_train_generated_tokens": n_gen_tokens,
         "history": hist,
     }
-    (root / "train_meta.json").write_text(json.dumps(meta, indent=2))
+    (root / args.ckpt.replace("_ckpt.pt", "_meta.json")).write_text(json.dumps(meta, indent=2))
     log("train: done")
 
 
@@ -641,7 +669,7 @@ def stage_train(args) -> None:
 def stage_save(args) -> None:
     torch = _torch()
     root = cache_root(args.run)
-    st = torch.load(root / "train_ckpt.pt", weights_only=False)
+    st = torch.load(root / args.ckpt, weights_only=False)
     zl = build_zlab_dflash(
         seed=args.seed,
         target_layer_ids=TARGET_LAYER_IDS,
@@ -726,7 +754,7 @@ def stage_meta(args) -> None:
     import transformers
 
     root = cache_root(args.run)
-    meta = json.loads((root / "train_meta.json").read_text())
+    meta = json.loads((root / args.ckpt.replace("_ckpt.pt", "_meta.json")).read_text())
     ev_path = root / f"eval_{Path(args.out).name}.json"
     ev = json.loads(ev_path.read_text()) if ev_path.exists() else None
     times = json.loads((root / "times.json").read_text()) if (root / "times.json").exists() else {}
@@ -745,9 +773,13 @@ def stage_meta(args) -> None:
             "features": f"one verifier prefill per sequence; aux hidden_states[id+1] for z-lab "
             f"target_layer_ids {list(TARGET_LAYER_IDS)} in fp16; teacher top-{TOPK} log-probs",
             "loss": f"KL(verifier || drafter) over top-{TOPK} + remainder bucket, slots 1..{BLOCK_SIZE - 1}, "
-            f"weights exp(-(k-1)/{GAMMA}); training softmax normalised over the batch's teacher "
-            f"top-{TOPK} ids + {args.neg} uniform negatives (sampled softmax), validation over "
-            "the full vocabulary",
+            f"weights exp(-(k-1)/{GAMMA}); "
+            + (
+                "drafter softmax over the full vocabulary in training and validation"
+                if args.neg < 0
+                else f"training softmax normalised over the batch's teacher top-{TOPK} ids + "
+                f"{args.neg} uniform negatives (sampled softmax), validation over the full vocabulary"
+            ),
             "anchors": f"{args.anchors} per sequence, {args.seqs} sequences per step, only in generated text",
             "mask": "context keys strictly before the anchor; block keys bidirectional within the block",
             "model": f"{NUM_LAYERS} Qwen3-style layers, hidden 576, 9/3 heads, block_size {BLOCK_SIZE}, "
@@ -770,9 +802,24 @@ def stage_meta(args) -> None:
         "wall_time_s": {**times, "train": meta["train_wall_s"]},
         "validation_history": meta["history"],
         "eval": ev,
-        "hardware": "2 shared CPU cores, torch.set_num_threads(2)",
+        "hardware": "2 shared CPU cores, torch.set_num_threads(SPECCONV_THREADS, default 1)",
         "versions": {"torch": torch.__version__, "transformers": transformers.__version__},
     }
+    if args.init_from:
+        out["warm_start"] = f"round 2: weights initialised from round 1 ({args.init_from}), fresh AdamW and schedule"
+        r1_path = root / "round1_training.json"
+        if r1_path.exists():  # snapshot of round 1's training.json, taken before round 2
+            r1 = json.loads(r1_path.read_text())
+            out["round1"] = {k: r1[k] for k in ("dataset", "steps", "wall_time_s", "eval") if k in r1}
+            out["round1"]["recipe_loss"] = r1["recipe"]["loss"]
+            out["round1"]["optimizer"] = r1["recipe"]["optimizer"]
+            out["dataset"]["n_sequences_round1"] = r1["dataset"]["n_sequences"]
+            out["dataset"]["n_generated_tokens_round1"] = r1["dataset"]["n_generated_tokens"]
+        out["recipe"]["data"] += (
+            "; round 2 added further ShareGPT prompts of the same seeded order not used in "
+            "round 1 (batches in seeded order, 2 parallel gen workers on disjoint batches)"
+        )
+        out["recipe"]["validation"] = "round 1's 12 held-out sequences (--val-first)"
     Path(args.out, "training.json").write_text(json.dumps(out, indent=2) + "\n")
     log(f"meta: wrote {Path(args.out, 'training.json')}")
 
@@ -786,8 +833,15 @@ def main(argv=None) -> int:
     ap.add_argument("--n-sharegpt", type=int, default=640)
     ap.add_argument("--gen-batch", type=int, default=32)
     ap.add_argument("--gen-seconds", type=float, default=900)
+    ap.add_argument("--gen-round", type=int, default=1,
+                    help="1 = the original length-sorted run; >1 = extra data, seeded order")
+    ap.add_argument("--shard", default="0/1", help="gen worker i/n (disjoint batches)")
     ap.add_argument("--feat-batch", type=int, default=8)
     ap.add_argument("--steps", type=int, default=4000)
+    ap.add_argument("--ckpt", default="train_ckpt.pt", help="checkpoint file in the cache dir")
+    ap.add_argument("--init-from", default="", help="warm-start weights from this cache file")
+    ap.add_argument("--val-first", type=int, default=0,
+                    help="validation split drawn from the first N feature items (0 = all)")
     ap.add_argument("--train-seconds", type=float, default=2100)
     ap.add_argument("--seqs", type=int, default=2)
     ap.add_argument("--anchors", type=int, default=32)
