@@ -411,6 +411,21 @@ def _torch_load_weights_only(path: Path) -> dict[str, Any]:
 
 # ---------------------------------------------------------------------- TensorStore
 
+def _check_weight_map(expected: dict[str, str], infos: dict, root: Path, index_path: Path) -> None:
+    """Every name in an index's ``weight_map`` must be in the shard the index names.
+
+    Raises:
+        InvalidInputError: naming the index, the tensor and the shard.
+    """
+    for name, shard in expected.items():
+        info = infos.get(name)
+        if info is None or info.file != root / shard:
+            raise InvalidInputError(
+                f"{index_path}: weight_map says {name!r} is in {shard}, but that "
+                "shard has no such tensor"
+            )
+
+
 class TensorStore:
     """Lazy, read-only view of one checkpoint's tensors.
 
@@ -518,13 +533,7 @@ class TensorStore:
                     )
                 infos[name] = info
         if expected is not None:
-            for name, shard in expected.items():
-                info = infos.get(name)
-                if info is None or info.file != root / shard:
-                    raise InvalidInputError(
-                        f"{index_path}: weight_map says {name!r} is in {shard}, but that "
-                        "shard has no such tensor"
-                    )
+            _check_weight_map(expected, infos, root, index_path)
             infos = {n: infos[n] for n in expected}
         return cls(root, infos, list(files), "safetensors", first_meta)
 
@@ -569,13 +578,7 @@ class TensorStore:
                     loader=_BinLoader(tensors, name),
                 )
         if expected is not None:
-            for name, shard in expected.items():
-                info = infos.get(name)
-                if info is None or info.file != root / shard:
-                    raise InvalidInputError(
-                        f"{index_path}: weight_map says {name!r} is in {shard}, but that "
-                        "shard has no such tensor"
-                    )
+            _check_weight_map(expected, infos, root, index_path)
             infos = {n: infos[n] for n in expected}
             tensors = {n: tensors[n] for n in expected}
             for n, i in infos.items():  # rebind loaders to the filtered dict
