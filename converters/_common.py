@@ -194,6 +194,21 @@ def zlab_to_speculators_ids(
     return conv
 
 
+def require_layer_types_for_swa(src: SourceInfo) -> None:
+    """ModelOpt exports: ``dflash_config.use_swa`` without ``layer_types`` cannot say which
+    layers slide (external_formats.md §7); refuse rather than guess.
+
+    Raises:
+        InvalidInputError: naming both keys.
+    """
+    if src.dflash_config.get("use_swa") and not src.cfg("layer_types"):
+        raise InvalidInputError(
+            f"{src.path}/config.json: dflash_config.use_swa is set but there is no layer_types list; "
+            "which layers slide cannot be known",
+            code="missing_layer_types",
+        )
+
+
 def rope_theta_of(cfg: dict[str, Any], where_file: str = "config.json") -> float | None:
     """``rope_theta`` from ``rope_parameters`` or the top level (``None`` when absent).
 

@@ -7,8 +7,7 @@ are skipped by the exporter. external_formats.md §7 (F5).
 
 from __future__ import annotations
 
-from specconv.errors import InvalidInputError
-
+from . import _common as c
 from ._dflash import plan_dflash_family
 from .base import Converter, SourceInfo, register
 from .zlab_dflash import zlab_layout
@@ -35,13 +34,7 @@ class ModelOptDFlash(Converter):
         )
 
     def plan(self, src, verifier, opts):
-        dc = src.dflash_config
-        if dc.get("use_swa") and not src.cfg("layer_types"):
-            raise InvalidInputError(
-                f"{src.path}/config.json: dflash_config.use_swa is set but there is no layer_types list; "
-                "which layers slide cannot be known",
-                code="missing_layer_types",
-            )
+        c.require_layer_types_for_swa(src)
         layout = zlab_layout(src)
         layout.extra_findings.append((
             "warning", "modelopt_layer_id_convention",

@@ -119,12 +119,7 @@ class ModelOptDSpark(Converter):
 
     def plan(self, src, verifier, opts):
         dc = src.dflash_config
-        if dc.get("use_swa") and not src.cfg("layer_types"):
-            raise InvalidInputError(
-                f"{src.path}/config.json: dflash_config.use_swa is set but there is no layer_types list; "
-                "which layers slide cannot be known",
-                code="missing_layer_types",
-            )
+        c.require_layer_types_for_swa(src)
         heads = modelopt_heads(src)
         shift = dc.get("shift_label")
         layout = zlab_layout(src)

@@ -29,7 +29,7 @@ from ..errors import InvalidInputError
 from .base import (BlockOutput, Drafter, VerifierWeights, aux_ids_from_config, build_embedding,
                    build_lm_head, build_vocab, require_int, speculative_tokens,
                    target_hidden)
-from .layers import DecoderLayer, LayerSpec, Linear, RMSNorm, Rotary, WeightTaker, attend
+from .layers import DecoderLayer, LayerSpec, layer_spec_of, Linear, RMSNorm, Rotary, WeightTaker, attend
 
 __all__ = ["DFlashDrafter"]
 
@@ -41,11 +41,8 @@ class DFlashDrafter(Drafter):
 
     def __init__(self, config: Mapping, w: WeightTaker, verifier: VerifierWeights, source: str):
         super().__init__(config, source)
-        tl = config.get("transformer_layer_config")
-        if not isinstance(tl, Mapping):
-            raise InvalidInputError(f"{source}: 'transformer_layer_config' is required",
-                                    code="config_key")
-        spec = LayerSpec(tl, source=f"{source}: transformer_layer_config")
+        spec = layer_spec_of(config, source)
+        tl = config["transformer_layer_config"]
         self.spec = spec
         H = spec.hidden_size
         self.hidden_size = H

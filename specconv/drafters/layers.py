@@ -242,6 +242,18 @@ def attend(
     return out.transpose(0, 1).reshape(out.shape[1], -1)
 
 
+def layer_spec_of(config: Mapping, source: str) -> "LayerSpec":
+    """The :class:`LayerSpec` of a Speculators config's ``transformer_layer_config``.
+
+    Raises:
+        InvalidInputError: the key is missing or not an object.
+    """
+    tl = config.get("transformer_layer_config")
+    if not isinstance(tl, Mapping):
+        raise InvalidInputError(f"{source}: 'transformer_layer_config' is required", code="config_key")
+    return LayerSpec(tl, source=f"{source}: transformer_layer_config")
+
+
 class LayerSpec:
     """Shapes and options of one draft decoder layer (from ``transformer_layer_config``)."""
 

@@ -33,7 +33,7 @@ from ..errors import InvalidInputError, UnsupportedFormatError, UsageError
 from .base import (BlockOutput, Drafter, VerifierWeights, aux_ids_from_config, build_embedding,
                    build_lm_head, build_vocab, require_int, speculative_tokens,
                    target_hidden)
-from .layers import DecoderLayer, LayerSpec, Linear, RMSNorm, Rotary, WeightTaker, attend
+from .layers import DecoderLayer, LayerSpec, layer_spec_of, Linear, RMSNorm, Rotary, WeightTaker, attend
 
 __all__ = ["PEagleDrafter"]
 
@@ -45,11 +45,8 @@ class PEagleDrafter(Drafter):
 
     def __init__(self, config: Mapping, w: WeightTaker, verifier: VerifierWeights, source: str):
         super().__init__(config, source)
-        tl = config.get("transformer_layer_config")
-        if not isinstance(tl, Mapping):
-            raise InvalidInputError(f"{source}: 'transformer_layer_config' is required",
-                                    code="config_key")
-        spec = LayerSpec(tl, source=f"{source}: transformer_layer_config")
+        spec = layer_spec_of(config, source)
+        tl = config["transformer_layer_config"]
         if spec.model_type not in ("llama", "qwen3"):
             raise UnsupportedFormatError(
                 f"{source}: P-EAGLE transformer_layer_config.model_type must be 'llama' or "
