@@ -129,7 +129,7 @@ def resolve_mask_token(
         for k, v in verifier.special_token_ids().items():
             if v is not None and v == mask:
                 findings.append(
-                    Finding("warning", "mask_token_is_special", f"mask token {mask} equals the verifier's {k}", "mask_token_id")
+                    Finding("warning", "mask-token-is-special", f"mask token {mask} equals the verifier's {k}", "mask_token_id")
                 )
     return mask, where
 
@@ -157,7 +157,7 @@ def zlab_to_speculators_ids(
         ovr = list(opts.aux_layer_ids)
         if ids is not None and ovr != converted:
             findings.append(Finding(
-                "warning", "aux_ids_override",
+                "warning", "aux-ids-override",
                 f"--aux-layer-ids {ovr} replaces the checkpoint's {key}={ids} (→ {converted})", "aux_hidden_state_layer_ids",
             ))
         conv = LayerIdConversion(key if ids is not None else None, "override", ids, ovr, "explicit --aux-layer-ids (speculators convention)")
@@ -187,7 +187,7 @@ def zlab_to_speculators_ids(
             )
         if n in s_ids:
             findings.append(Finding(
-                "info", "aux_includes_last_layer",
+                "info", "aux-includes-last-layer",
                 f"aux id {n} (the verifier's final pre-norm hidden state) is kept; vLLM can capture it",
                 "aux_hidden_state_layer_ids",
             ))
@@ -449,7 +449,7 @@ def dflash_causality(src: SourceInfo, lcfg: dict[str, Any], findings: list) -> b
         return True
     if has_swa and has_full:
         findings.append(Finding(
-            "warning", "mixed_attention_layers",
+            "warning", "mixed-attention-layers",
             "draft mixes full and sliding layers: vLLM ≥ 0.27 applies one causality to all layers, so it cannot serve it faithfully",
             "layer_types",
         ))

@@ -238,7 +238,7 @@ def maybe_prune(conv: Any, plan: ConversionPlan, src: SourceInfo, verifier: Any,
     plan.tensors = [t for t in tensors if t.out not in ("d2t", "t2d")] + list(vocab.tensors)
     plan.config = plan.config.model_copy(update={"draft_vocab_size": Vd})
     plan.findings.append(Finding(
-        "warning", "dspark_vocab_pruned",
+        "warning", "dspark-vocab-pruned",
         f"{conv.title} was trained with the full vocabulary ({V}); --vocab-mapping restricts its proposals to "
         f"{Vd} tokens (markov_w2 and lm_head rows sliced by t2d)", "draft_vocab_size",
     ))

@@ -131,7 +131,7 @@ def resolve_aux_ids(src: SourceInfo, opts: ConvertOptions, layout: PEagleLayout,
         ovr = list(opts.aux_layer_ids)
         if ids is not None and ovr != ids:
             findings.append(Finding(
-                "warning", "aux_ids_override", f"--aux-layer-ids {ovr} replaces the checkpoint's {key}={ids}",
+                "warning", "aux-ids-override", f"--aux-layer-ids {ovr} replaces the checkpoint's {key}={ids}",
                 "eagle_aux_hidden_state_layer_ids",
             ))
         conv = LayerIdConversion(key, "override", ids, ovr, "explicit --aux-layer-ids (speculators convention)")
@@ -279,7 +279,7 @@ def plan_peagle_family(conv: Any, src: SourceInfo, verifier: Any, opts: ConvertO
     model_type = "qwen3" if has_qk_norm else "llama"
     if cfg.get("model_type") not in (None, model_type):
         findings.append(Finding(
-            "info", "peagle_model_type_from_tensors",
+            "info", "peagle-model-type-from-tensors",
             f"source model_type {cfg.get('model_type')!r}; the layers {'have' if has_qk_norm else 'lack'} per-head "
             f"q/k norms, so transformer_layer_config.model_type is {model_type!r}",
             "transformer_layer_config.model_type",
@@ -352,7 +352,7 @@ def plan_peagle_family(conv: Any, src: SourceInfo, verifier: Any, opts: ConvertO
         info = verifier.tensor_info(name)
         plans.append(TensorPlan("lm_head.weight", "from_verifier", "verifier", name, tuple(info.shape), out_dt, info.dtype,
                                 note="the source has no LM head: the verifier's is what the runtime shares"))
-        findings.append(Finding("warning", "lm_head_from_verifier",
+        findings.append(Finding("warning", "lm-head-from-verifier",
                                 "the source ships no lm_head; the verifier's LM head is written (vLLM shares it when absent)",
                                 "lm_head.weight"))
     elif tuple(lm.shape) != (Vd, H):
@@ -368,7 +368,7 @@ def plan_peagle_family(conv: Any, src: SourceInfo, verifier: Any, opts: ConvertO
         info = verifier.tensor_info(name)
         plans.append(TensorPlan("embed_tokens.weight", "from_verifier", "verifier", name, tuple(info.shape), out_dt, info.dtype,
                                 note="the source has no embedding: the runtime shares the verifier's"))
-        findings.append(Finding("info", "embed_from_verifier",
+        findings.append(Finding("info", "embed-from-verifier",
                                 "the source ships no embed_tokens (vLLM then shares the target's); the verifier's embedding "
                                 "is written so speculators uses the same one", "embed_tokens.weight"))
     elif tuple(emb.shape) != (V, H):

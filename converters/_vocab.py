@@ -582,7 +582,7 @@ def resolve_vocab(
             else:
                 res.notes.append(f"{f.where} ignored: {reason}")
         if Vd > V:
-            res.findings.append(Finding("info", "vocab_padded",
+            res.findings.append(Finding("info", "vocab-padded",
                                         f"draft_vocab_size {Vd} > vocab_size {V}: padded vocabulary, identity mapping", "draft_vocab_size"))
         return res
 
@@ -601,15 +601,15 @@ def resolve_vocab(
         # loaded: with Vd < V it carries no information (it cannot mark exactly Vd ids).
         msg = (f"{t2d_f.where} is all-true (an untouched default) although the vocabulary is pruned "
                f"({Vd} < {V}); it is ignored and t2d is rebuilt from d2t")
-        res.findings.append(Finding("warning", "t2d_default_all_true", msg, "t2d"))
+        res.findings.append(Finding("warning", "t2d-default-all-true", msg, "t2d"))
         if t2d_f.source_name:
             res.dropped.append(DroppedTensor(t2d_f.source_name, "all-true default t2d with a pruned vocabulary; rebuilt from d2t"))
         t2d_f, t2d_arr = None, None
     reading = normalise_d2t(d2t_f.value, t2d_arr, V, Vd, where=where)
     if reading.form == "absolute":
-        res.findings.append(Finding("warning", "d2t_absolute_ids", f"{d2t_f.where}: {reading.message}", "d2t"))
+        res.findings.append(Finding("warning", "d2t-absolute-ids", f"{d2t_f.where}: {reading.message}", "d2t"))
     elif reading.ambiguous_but_offsets:
-        res.findings.append(Finding("info", "d2t_form_unconfirmed", f"{d2t_f.where}: {reading.message}", "d2t"))
+        res.findings.append(Finding("info", "d2t-form-unconfirmed", f"{d2t_f.where}: {reading.message}", "d2t"))
     d2t = reading.offsets
     if t2d_arr is None:
         t2d_arr = t2d_from_d2t(d2t, V)

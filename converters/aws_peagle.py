@@ -72,7 +72,7 @@ class AWSPEagle(Converter):
             rename=strip_prefix_rename("model.", keep_top_level=()),
             layer_drop=("parallel_drafting",),
             findings=[(
-                "info", "aws_layout_unverified",
+                "info", "aws-layout-unverified",
                 "the AWS P-EAGLE key names are known only from vLLM's loader (external_formats.md §17 q1); "
                 "check the converted drafter with `specconv validate`",
             )],

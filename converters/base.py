@@ -120,9 +120,9 @@ class SourceInfo:
                 isinstance(archs, list) and all(isinstance(a, str) for a in archs)
             ):
                 raise InvalidInputError(f"{cfg_path}: 'architectures' must be a list of strings, got {archs!r}")
-        files = sorted(
-            str(p.relative_to(path)) for p in path.rglob("*") if p.is_file() and ".cache" not in p.parts
-        )
+        # Filter relative to the source dir: a Hub-cache source lives under ~/.cache/huggingface
+        rels = (p.relative_to(path) for p in path.rglob("*") if p.is_file())
+        files = sorted(str(r) for r in rels if ".cache" not in r.parts)
         return cls(path=path, config=cfg, files=files)
 
     # -- tensors (headers only) --------------------------------------------------

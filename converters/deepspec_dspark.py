@@ -90,7 +90,7 @@ def deepspec_layout_sfa(src: SourceInfo, opts) -> tuple[bool, str, list[tuple[st
         )
     sfa = opts.sample_from_anchor
     return sfa, "--sample-from-anchor" if sfa else "--no-sample-from-anchor", [(
-        "warning", "layout_from_flag",
+        "warning", "layout-from-flag",
         f"block layout taken from the flag ({'anchor-first' if sfa else '1+N'}): the checkpoint lacks DeepSpec's "
         f"{' and '.join(missing)}",
     )]

@@ -37,7 +37,7 @@ class ModelOptDFlash(Converter):
         c.require_layer_types_for_swa(src)
         layout = zlab_layout(src)
         layout.extra_findings.append((
-            "warning", "modelopt_layer_id_convention",
+            "warning", "modelopt-layer-id-convention",
             "ModelOpt documents target_layer_ids as z-lab-compatible (0-based outputs, +1 applied); one review calls "
             "them one-based — confirm acceptance with `specconv validate --source`",
         ))

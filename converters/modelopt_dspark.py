@@ -140,7 +140,7 @@ class ModelOptDSpark(Converter):
         layout.extra_accept = c.DSPARK_HEADS
         layout.layer_drop = ("projector_type", "shift_label", "use_confidence_head")
         layout.extra_findings.append((
-            "warning", "modelopt_layer_id_convention",
+            "warning", "modelopt-layer-id-convention",
             "ModelOpt documents target_layer_ids as z-lab-compatible (0-based outputs, +1 applied); one review calls "
             "them one-based — confirm acceptance with `specconv validate --source`",
         ))

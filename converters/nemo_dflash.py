@@ -29,7 +29,7 @@ class NeMoDFlash(Converter):
     def plan(self, src, verifier, opts):
         layout = zlab_layout(src)
         layout.extra_findings.append((
-            "info", "jetspec_unstamped",
+            "info", "jetspec-unstamped",
             "older JetSpec (causal) NeMo checkpoints lack the dflash_config.causal stamp; if this draft was trained "
             "block-causal, acceptance will collapse — check with `specconv validate`",
         ))

@@ -151,7 +151,7 @@ class SpecForgeDSpark(Converter):
             sfa_source = "--sample-from-anchor" if sfa else "--no-sample-from-anchor"
             if sfa:
                 extra_findings.append((
-                    "warning", "layout_from_flag",
+                    "warning", "layout-from-flag",
                     "--sample-from-anchor overrides SpecForge's documented 1+N DSpark layout (the checkpoint records "
                     "none); acceptance collapses if the drafter was trained 1+N — check with `specconv validate`",
                 ))
@@ -181,7 +181,7 @@ class SpecForgeDSpark(Converter):
             notes.append(f"{alpha_where}={alpha} is a training loss weight (not carried)")
         if heads.markov_head_type != "vanilla":
             plan.findings.append(Finding(
-                "info", "specforge_markov_type",
+                "info", "specforge-markov-type",
                 f"SpecForge implements only the vanilla Markov head; this export says {heads.markov_head_type!r}",
                 "markov_head_type",
             ))

@@ -161,7 +161,7 @@ def normalise(conv: Any, src: SourceInfo, verifier: Any, opts: ConvertOptions, *
 
     # ---- envelope ---------------------------------------------------------------
     if "model_type" in raw:
-        findings.append(Finding("warning", "top_level_model_type_removed",
+        findings.append(Finding("warning", "top-level-model-type-removed",
                                 f"top-level model_type={raw['model_type']!r} removed: it hides speculators_config from vLLM",
                                 "model_type"))
         raw.pop("model_type")
@@ -258,7 +258,7 @@ def normalise(conv: Any, src: SourceInfo, verifier: Any, opts: ConvertOptions, *
                     f"({rule})", code="conflicting_layout",
                 )
             raw["sample_from_anchor"] = sfa
-            findings.append(Finding("info", "sample_from_anchor_filled",
+            findings.append(Finding("info", "sample-from-anchor-filled",
                                     f"sample_from_anchor was absent; written as {str(sfa).lower()} ({rule})",
                                     "sample_from_anchor"))
         elif opts.sample_from_anchor is not None and opts.sample_from_anchor != sfa:
@@ -273,7 +273,7 @@ def normalise(conv: Any, src: SourceInfo, verifier: Any, opts: ConvertOptions, *
                 f"sample_from_anchor={str(sfa).lower()} (needs {exp})", code="conflicting_speculative_tokens",
             )
         if k_file != exp:
-            findings.append(Finding("warning", "speculative_tokens_fixed",
+            findings.append(Finding("warning", "speculative-tokens-fixed",
                                     f"speculative_tokens {k_file!r} → {exp} (block_size {B}, "
                                     f"sample_from_anchor={str(sfa).lower()})", "speculative_tokens"))
             pm0["speculative_tokens"] = exp
@@ -282,7 +282,7 @@ def normalise(conv: Any, src: SourceInfo, verifier: Any, opts: ConvertOptions, *
             if before is not False:
                 v = raw.get("speculators_version")
                 findings.append(Finding(
-                    "warning", "dspark_markov_misaligned",
+                    "warning", "dspark-markov-misaligned",
                     (f"written by speculators {v!r}, which predates" if before else
                      f"speculators_version {v!r} cannot be compared, so it may predate" if v else
                      "no speculators_version, so it may predate")
@@ -430,7 +430,7 @@ class SpeculatorsEarlyPEagle(_SpeculatorsTrainer):
     def plan(self, src, verifier, opts):
         plan = normalise(self, src, verifier, opts, early=True)
         plan.findings.append(_finding(
-            "info", "early_peagle_low_confidence",
+            "info", "early-peagle-low-confidence",
             "early speculators P-EAGLE layout (external_formats.md §12, low confidence): check the converted drafter "
             "with `specconv validate`",
         ))

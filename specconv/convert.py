@@ -288,7 +288,7 @@ def convert(
         )
     if dry_run:
         if output is not None and Path(output).exists() and not overwrite:
-            report["findings"].append({"level": "warning", "code": "output_exists", "key": None,
+            report["findings"].append({"level": "warning", "code": "output-exists", "key": None,
                                        "message": f"output {output} exists: the real run needs --overwrite"})
         return report
     if output is None:

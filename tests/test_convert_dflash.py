@@ -112,7 +112,7 @@ def test_real_last_layer_speculators_drops_we_keep(zlab_real, smollm2_dir, tmp_p
     cfg = read(tmp_path / "ours")
     assert VERIFIER_LAYERS != 30 and cfg["aux_hidden_state_layer_ids"][-1] == 30
     assert len(cfg["aux_hidden_state_layer_ids"]) * 576 == out_tensors(tmp_path / "ours")["fc.weight"].shape[1]
-    assert "aux_includes_last_layer" in codes(rep["findings"])
+    assert "aux-includes-last-layer" in codes(rep["findings"])
 
 
 # ============================================================================ layer ids
@@ -135,7 +135,7 @@ def test_last_layer_kept(tiny_verifier_dir, tmp_path):
     rep = api_convert(src, tiny_verifier_dir, out)
     assert read(out)["aux_hidden_state_layer_ids"] == [1, 3, VERIFIER_LAYERS]
     assert out_tensors(out)["fc.weight"].shape == (H, 3 * H)
-    assert "aux_includes_last_layer" in codes(rep["findings"], "info")
+    assert "aux-includes-last-layer" in codes(rep["findings"], "info")
 
 
 @pytest.mark.peer
@@ -184,7 +184,7 @@ def test_aux_override_of_checkpoint_ids_warns(tiny_verifier_dir, tmp_path):
     src = make_source(tmp_path, target_layer_ids=(0, 2, 4))
     rep = api_convert(src, tiny_verifier_dir, tmp_path / "out", aux_layer_ids=[2, 3, 6])
     assert read(tmp_path / "out")["aux_hidden_state_layer_ids"] == [2, 3, 6]
-    assert "aux_ids_override" in codes(rep["findings"], "warning")
+    assert "aux-ids-override" in codes(rep["findings"], "warning")
 
 
 # ================================================================ block size / mask token
@@ -254,9 +254,9 @@ def test_mask_equal_to_eos_warns(tiny_verifier_dir, tmp_path):
     src = make_source(tmp_path, mask_token_id=2)  # tiny verifier eos = 2
     code, rep, err = cli_convert(src, tiny_verifier_dir, tmp_path / "out")
     assert code == 0, err
-    w = [f for f in rep["findings"] if f["code"] == "mask_token_is_special"]
+    w = [f for f in rep["findings"] if f["code"] == "mask-token-is-special"]
     assert w and w[0]["level"] == "warning" and "eos" in w[0]["message"]
-    assert "mask_token_is_special" in codes(read(tmp_path / "out", "specconv.json")["findings"])
+    assert "mask-token-is-special" in codes(read(tmp_path / "out", "specconv.json")["findings"])
 
 
 def test_mask_outside_vocab_refused(tiny_verifier_dir, tmp_path):
@@ -343,7 +343,7 @@ def test_mixed_attention_warns(tiny_verifier_dir, tmp_path):
     src = make_source(tmp_path, config_updates=_swa(["sliding_attention", "full_attention"]))
     rep = api_convert(src, tiny_verifier_dir, tmp_path / "out")
     assert read(tmp_path / "out")["sliding_window_non_causal"] is False
-    assert "mixed_attention_layers" in codes(rep["findings"], "warning")
+    assert "mixed-attention-layers" in codes(rep["findings"], "warning")
 
 
 @pytest.mark.parametrize("where", ["top", "nested"])

@@ -495,7 +495,7 @@ def test_peagle_takes_embed_and_lm_head_from_hub_verifier(hub, tiny_llama_verifi
     code, rep, err = _run_cli("convert", "aws/tiny-peagle", "--verifier", VERIFIER, "-o", out,
                               "--speculative-tokens", "2", "--format", "json")
     assert code == 0, (rep, err)
-    assert {"lm_head_from_verifier", "embed_from_verifier"} <= fd.codes(rep["findings"])
+    assert {"lm-head-from-verifier", "embed-from-verifier"} <= fd.codes(rep["findings"])
     assert "verifier-not-hub-id" not in fd.codes(rep["findings"])
     cfg = json.loads((out / "config.json").read_text())
     assert cfg["speculators_config"]["verifier"]["name_or_path"] == VERIFIER

@@ -178,7 +178,7 @@ def test_resolve_absolute_and_int32_converted(tmp_path):
     assert fates["d2t"].fate == "generated" and fates["d2t"].dtype == "I64"
     assert np.array_equal(np.frombuffer(fates["d2t"].produce(), dtype="<i8"), d2t)
     assert fates["t2d"].dtype == "BOOL" and fates["t2d"].produce is not None
-    assert any(f.code == "d2t_absolute_ids" for f in r.findings)
+    assert any(f.code == "d2t-absolute-ids" for f in r.findings)
 
 
 def test_resolve_side_files_and_flag(tmp_path):
@@ -224,7 +224,7 @@ def test_resolve_padded_identity(tmp_path):
     src = _src(tmp_path, {"w": np.zeros(2, dtype=np.float32)})
     r = vb.resolve_vocab(src, ConvertOptions(), vocab_size=V, draft_vocab_size=V + 8)
     assert r.kind == "padded" and not r.tensors
-    assert any(f.code == "vocab_padded" for f in r.findings)
+    assert any(f.code == "vocab-padded" for f in r.findings)
 
 
 def test_slice_rows_plan_markov_w2(tmp_path):
@@ -270,7 +270,7 @@ def test_all_true_t2d_with_pruned_vocab_is_ignored(tmp_path):
     tgt, d2t, t2d = _mapping(9)
     src = _src(tmp_path, {"d2t": d2t, "t2d": np.ones(V, dtype=bool)})
     r = vb.resolve_vocab(src, ConvertOptions(), vocab_size=V, draft_vocab_size=VD)
-    assert any(f.code == "t2d_default_all_true" for f in r.findings)
+    assert any(f.code == "t2d-default-all-true" for f in r.findings)
     assert [d.name for d in r.dropped] == ["t2d"]
     t2d_plan = next(p for p in r.tensors if p.out == "t2d")
     assert t2d_plan.fate == "generated"

@@ -183,7 +183,7 @@ def test_qwen3_layers_give_qwen3_model_type(tiny_verifier_dir, tmp_path):
     out = tmp_path / "out"
     rep = convert(src, tiny_verifier_dir, out, speculative_tokens=3)
     assert rep["plan"]["config"]["transformer_layer_config"]["model_type"] == "qwen3"
-    assert "peagle_model_type_from_tensors" in codes(rep)
+    assert "peagle-model-type-from-tensors" in codes(rep)
     run_speculators_forward(load_with_speculators(out, tiny_verifier_dir))
 
 
@@ -193,7 +193,7 @@ def test_missing_embedding_taken_from_verifier(ref1, tiny_llama_verifier_dir, tm
     src = fp.to_aws(ref1, tmp_path / "aws", keep_embed=False)
     out = tmp_path / "out"
     rep = convert(src, tiny_llama_verifier_dir, out, speculative_tokens=2)
-    assert "embed_from_verifier" in codes(rep)
+    assert "embed-from-verifier" in codes(rep)
     rec = json.loads((out / "specconv.json").read_text())
     assert rec["tensors"]["embed_tokens.weight"]["fate"] == "from_verifier"
     v = fp.load_tensors(tiny_llama_verifier_dir)

@@ -150,7 +150,7 @@ def test_without_deepspec_signature_layout_must_be_given(tmp_path, tiny_verifier
     _, plan = plan_for(src, tiny_verifier_dir, sample_from_anchor=False)
     assert plan.config.sample_from_anchor is False
     assert plan.config.speculators_config.proposal_methods[0].speculative_tokens == 3
-    assert any(f.code == "layout_from_flag" for f in plan.findings)
+    assert any(f.code == "layout-from-flag" for f in plan.findings)
 
 
 def test_flag_contradicting_deepspec_layout_is_refused(deepspec_src, tiny_verifier_dir, tmp_path):
@@ -199,7 +199,7 @@ def test_vocab_mapping_slices_markov_w2_and_lm_head_not_markov_w1(deepspec_src, 
     assert int(dst["t2d"].sum()) == 64
     fates = record(out)["tensors"]
     assert fates["markov_head.markov_w2.weight"]["fate"] == "sliced"
-    assert any(f["code"] == "dspark_vocab_pruned" for f in rep["findings"])
+    assert any(f["code"] == "dspark-vocab-pruned" for f in rep["findings"])
 
 
 @pytest.mark.peer

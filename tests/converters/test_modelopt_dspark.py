@@ -40,7 +40,7 @@ def test_convert_end_to_end(converted, mo_src):
     assert cfg["enable_confidence_head"] is True  # from use_confidence_head
     assert cfg["confidence_head_with_markov"] is True
     assert cfg["aux_hidden_state_layer_ids"] == [2, 4, 6]
-    assert any(f["code"] == "modelopt_layer_id_convention" for f in rep["findings"])
+    assert any(f["code"] == "modelopt-layer-id-convention" for f in rep["findings"])
     s, d = out_tensors(mo_src), out_tensors(out)
     renames = {
         "markov_w1.weight": "markov_head.markov_w1.weight",

@@ -20,7 +20,7 @@ def test_convert(tmp_path, tiny_verifier_dir):
     rep = api_convert(make_source(tmp_path, FMT), tiny_verifier_dir, tmp_path / "out")
     cfg = read(tmp_path / "out")
     assert cfg["aux_hidden_state_layer_ids"] == [1, 3, 5] and cfg["sample_from_anchor"] is False
-    assert "jetspec_unstamped" in codes(rep["findings"])
+    assert "jetspec-unstamped" in codes(rep["findings"])
     assert read(tmp_path / "out", "specconv.json")["format"] == FMT
 
 

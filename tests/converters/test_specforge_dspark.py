@@ -130,7 +130,7 @@ def test_checkpoint_layout_key_wins(tmp_path, tiny_verifier_dir):
 def test_flag_fills_layout_only_when_checkpoint_silent(sf_src, tiny_verifier_dir):
     _, plan = plan_for(sf_src, tiny_verifier_dir, sample_from_anchor=True)
     assert plan.config.sample_from_anchor is True
-    assert any(f.code == "layout_from_flag" and f.level == "warning" for f in plan.findings)
+    assert any(f.code == "layout-from-flag" and f.level == "warning" for f in plan.findings)
 
 
 def test_confidence_enabled_without_with_markov_key(tmp_path, tiny_verifier_dir):

@@ -196,7 +196,7 @@ def test_dflash_save_dir_legacy_sample_from_anchor(dflash_ref, tiny_verifier_dir
     assert rep["format"] == "speculators_dflash"
     cfg = json.loads((out / "config.json").read_text())
     assert cfg["sample_from_anchor"] is False and "max_anchors" not in cfg  # K == B-1 → 1+N
-    assert "sample_from_anchor_filled" in codes(rep)
+    assert "sample-from-anchor-filled" in codes(rep)
     assert any("max_anchors=3072 dropped" in n for n in rep["plan"]["notes"])
     tensors_equal(out, dflash_ref)
     run_speculators_forward(load_with_speculators(out, tiny_verifier_dir))
@@ -225,7 +225,7 @@ def test_dspark_markov_fix_warning(dspark_refs, tiny_verifier_dir, tmp_path, ver
     save = fp.trainer_save_dir(tmp_path / "save", {0: dspark_refs["sfa"]}, config_patch=patch,
                                config_drop=() if version else ("speculators_version",))
     rep = convert(save, tiny_verifier_dir)
-    assert ("dspark_markov_misaligned" in codes(rep, "warning")) is warned
+    assert ("dspark-markov-misaligned" in codes(rep, "warning")) is warned
     assert "#806" in json.dumps(rep["findings"]) or not warned
 
 
@@ -241,7 +241,7 @@ def test_dspark_end_to_end_and_legacy_anchor_first(dspark_refs, tiny_verifier_di
     cfg = json.loads((out / "config.json").read_text())
     assert cfg["sample_from_anchor"] is True  # K == B → anchor-first
     assert cfg["draft_vocab_size"] == 64
-    assert "dspark_markov_misaligned" in codes(rep)
+    assert "dspark-markov-misaligned" in codes(rep)
     tensors_equal(out, dspark_refs["sfa"])
     run_speculators_forward(load_with_speculators(out, tiny_verifier_dir))
 
@@ -250,7 +250,7 @@ def test_dspark_one_plus_n_not_warned(dspark_refs, tiny_verifier_dir, tmp_path):
     save = fp.trainer_save_dir(tmp_path / "save", {0: dspark_refs["1n"]}, config_patch={"speculators_version": "0.6.1"})
     rep = convert(save, tiny_verifier_dir)
     assert rep["plan"]["config"]["sample_from_anchor"] is False
-    assert "dspark_markov_misaligned" not in codes(rep)
+    assert "dspark-markov-misaligned" not in codes(rep)
 
 
 # -------------------------------------------------------------------------- other types

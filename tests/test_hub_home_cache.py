@@ -1,0 +1,91 @@
+"""Hub-id sources and verifiers read from the *default* Hugging Face cache under ``HOME``.
+
+huggingface_hub fixes its cache path at import (``constants.py``: ``HF_HOME`` defaults to
+``$XDG_CACHE_HOME/huggingface`` or ``~/.cache/huggingface``), so these run the CLI as a
+subprocess with a temporary ``HOME`` and ``HF_HOME`` / ``HF_HUB_CACHE`` / ``XDG_CACHE_HOME``
+unset. The cache has the real layout
+(``HOME/.cache/huggingface/hub/models--org--name/{blobs,refs,snapshots}``, snapshot files
+being relative symlinks into ``blobs/``). Every path of such a source has a ``.cache``
+component, which an absolute-path filter once mistook for a tool cache inside the source.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import fixtures_dflash as fd
+from test_hub_paths import COMMIT, INDEX, FakeHub, _shard, _verifier_files, _zlab_files
+
+VERIFIER = "owner/verifier"
+OTHER = "fedcba9876543210fedcba9876543210fedcba98"
+
+
+def _cli(home: Path, cwd: Path, *argv) -> tuple[int, dict | None, str]:
+    env = {k: v for k, v in os.environ.items() if k not in ("HF_HOME", "HF_HUB_CACHE", "XDG_CACHE_HOME",
+                                                           "HUGGINGFACE_HUB_CACHE")}
+    env.update(HOME=str(home), HF_HUB_OFFLINE="1")
+    r = subprocess.run([sys.executable, "-m", "specconv.cli.main", *map(str, argv), "--format", "json"],
+                       cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
+    return r.returncode, (json.loads(r.stdout) if r.stdout.strip() else None), r.stderr
+
+
+@pytest.fixture
+def home(tmp_path, tiny_verifier_dir):
+    home = tmp_path / "home"
+    hub = FakeHub(home / ".cache" / "huggingface" / "hub")
+    sharded = _shard(tiny_verifier_dir, tmp_path / "sharded")
+    hub.add(VERIFIER, _verifier_files(sharded, shards=()))
+    (tmp_path / "cwd").mkdir()
+    return home, hub, tmp_path
+
+
+def test_hub_source_in_default_cache_converts(home):
+    home, hub, tmp = home
+    files = _zlab_files(tmp / "src")
+    snap = hub.add("z-lab/tiny-dflash", files)
+    assert ".cache" in snap.parts and (snap / "model.safetensors").is_symlink()
+    out = tmp / "out"
+    code, rep, err = _cli(home, tmp / "cwd", "convert", "z-lab/tiny-dflash", "--verifier", VERIFIER, "-o", out)
+    assert code == 0, (rep, err)
+    assert rep["format"] == "zlab_dflash"
+    rec = json.loads((out / "specconv.json").read_text())
+    assert sorted(rec["source"]["files"]) == sorted(files)
+    assert json.loads((out / "config.json").read_text())["speculators_config"]["verifier"]["name_or_path"] == VERIFIER
+    # inspect judges it the same way
+    code, rep, err = _cli(home, tmp / "cwd", "inspect", "z-lab/tiny-dflash")
+    assert code == 0 and (rep["format"], rep["supported"]) == ("zlab_dflash", True), (rep, err)
+
+
+def test_hub_source_subfolder_and_revision_in_default_cache(home):
+    home, hub, tmp = home
+    snap = hub.add("xiaomi/mimo-like", _zlab_files(tmp / "src", prefix="dflash/"), commit=OTHER)
+    # refs/main moved on to a commit whose snapshot lacks the drafter: only --revision finds it
+    (hub.repo_dir("xiaomi/mimo-like") / "refs" / "main").write_text(COMMIT)
+    (hub.repo_dir("xiaomi/mimo-like") / "snapshots" / COMMIT).mkdir()
+    out = tmp / "out"
+    code, rep, err = _cli(home, tmp / "cwd", "convert", "xiaomi/mimo-like", "--subfolder", "dflash",
+                          "--revision", OTHER, "--verifier", VERIFIER, "-o", out)
+    assert code == 0, (rep, err)
+    rec = json.loads((out / "specconv.json").read_text())
+    assert Path(rec["source"]["path"]) == snap / "dflash"
+    assert "model.safetensors" in rec["source"]["files"]
+
+
+def test_dot_cache_inside_source_is_still_ignored(tmp_path, tiny_verifier_dir):
+    """A tool cache *inside* the source dir (e.g. ``huggingface-cli download --local-dir``
+    writes ``.cache/huggingface/``) is not part of the checkpoint."""
+    src = fd.make_source(tmp_path / "src", "zlab_dflash")
+    junk = src / ".cache" / "huggingface" / "download" / "model.safetensors.metadata"
+    junk.parent.mkdir(parents=True)
+    junk.write_text("x")
+    from converters.base import SourceInfo
+
+    info = SourceInfo.open(src)
+    assert info.files and not any(".cache" in f for f in info.files)
+    assert INDEX not in info.files
