@@ -27,6 +27,15 @@ def _default_speculative_tokens(algorithm: str, cls: type[SpeculatorsDraftConfig
     return speculative_tokens_for(block, sfa)
 
 
+def _fields(tlc: Mapping[str, Any], fields: Mapping[str, Any], algorithm: str) -> dict[str, Any]:
+    data: dict[str, Any] = {"speculators_model_type": algorithm, "transformer_layer_config": dict(tlc), **fields}
+    data.setdefault("draft_vocab_size", tlc.get("vocab_size"))
+    for key in _LIST_KEYS:
+        if isinstance(data.get(key), tuple):
+            data[key] = list(data[key])
+    return data
+
+
 def make_config(
     algorithm: str,
     *,
@@ -63,15 +72,7 @@ def make_config(
         UnsupportedFormatError: unknown algorithm.
     """
     cls = config_class(algorithm)
-    data: dict[str, Any] = {
-        "speculators_model_type": algorithm,
-        "transformer_layer_config": dict(transformer_layer_config),
-        **fields,
-    }
-    data.setdefault("draft_vocab_size", transformer_layer_config.get("vocab_size"))
-    for key in _LIST_KEYS:
-        if isinstance(data.get(key), tuple):
-            data[key] = list(data[key])
+    data = _fields(transformer_layer_config, fields, algorithm)
     if "speculators_config" not in data:
         k = speculative_tokens if speculative_tokens is not None else _default_speculative_tokens(algorithm, cls, data)
         data["speculators_config"] = speculators_envelope(algorithm, k, verifier_name_or_path, verifier_architectures)
