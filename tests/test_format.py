@@ -155,3 +155,31 @@ def test_envelope_is_what_make_config_writes():
     cfg = make_config("dflash", transformer_layer_config=tlc, verifier_name_or_path="org/v",
                       verifier_architectures=["Qwen3ForCausalLM"], block_size=6, aux_hidden_state_layer_ids=[1])
     assert config_to_dict(cfg)["speculators_config"] == speculators_envelope("dflash", 5, "org/v", ["Qwen3ForCausalLM"])
+
+
+def test_one_reader_for_config_json(tmp_path):
+    import json
+
+    from specconv.errors import InvalidInputError
+    from specconv.format import read_config, speculators_model_type_of
+
+    assert speculators_model_type_of(tmp_path) is None  # no config.json
+    (tmp_path / "config.json").write_text("{not json")
+    assert speculators_model_type_of(tmp_path) is None
+    with pytest.raises(InvalidInputError, match="JSON"):
+        read_config(tmp_path)
+    (tmp_path / "config.json").write_text(json.dumps([1]))
+    with pytest.raises(InvalidInputError, match="object"):
+        read_config(tmp_path)
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "qwen3"}))
+    assert speculators_model_type_of(tmp_path) is None
+    (tmp_path / "config.json").write_text(json.dumps({"speculators_model_type": "eagle3"}))
+    assert speculators_model_type_of(tmp_path / "config.json") == "eagle3"
+    assert read_config(tmp_path) == {"speculators_model_type": "eagle3"}
+
+
+def test_docs_findings_md_is_the_registry():
+    from specconv.format.findings import codes_markdown
+
+    doc = (ROOT / "docs" / "findings.md").read_text(encoding="utf-8")
+    assert doc == codes_markdown(), "regenerate docs/findings.md (see codes_markdown's docstring)"

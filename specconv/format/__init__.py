@@ -44,6 +44,7 @@ from .schema import (
     read_config,
     resolve_layer_types,
     rope_theta_of,
+    speculators_model_type_of,
 )
 from .tensors import TensorSpec, expected_tensors
 from .verifier_facts import VerifierFacts, is_hub_repo_id, read_added_special_tokens
@@ -90,5 +91,6 @@ __all__ = [
     "rope_theta_of",
     "sort_findings",
     "speculative_tokens_for",
+    "speculators_model_type_of",
     "speculators_envelope",
 ]

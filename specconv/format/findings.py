@@ -19,6 +19,7 @@ __all__ = [
     "CodeInfo",
     "Finding",
     "Level",
+    "codes_markdown",
     "finding",
     "has_errors",
     "sort_findings",
@@ -147,27 +148,27 @@ _DIR: dict[str, tuple[Level, str]] = {
 _CONVERTER: dict[str, tuple[Level, str]] = {
     "aux-ids-override": ("warning", "--aux-layer-ids replaced the ids the source records"),
     "aux-includes-last-layer": ("info", "an aux id is the verifier's final pre-norm hidden state"),
-    "aws-layout-unverified": ("info", "the AWS P-EAGLE layout was read without a reference to check it"),
-    "d2t-absolute-ids": ("warning", "the source d2t holds absolute target ids; converted to offsets"),
+    "aws-layout-unverified": ("info", "the AWS P-EAGLE key names are known only from vLLM's loader"),
+    "d2t-absolute-ids": ("warning", "the source d2t looks like absolute target ids, not offsets"),
     "d2t-form-unconfirmed": ("info", "the d2t form (offsets or ids) could not be confirmed"),
     "dspark-markov-misaligned": ("warning", "an anchor-first DSpark may predate the Markov alignment fix"),
-    "dspark-vocab-pruned": ("warning", "the DSpark draft vocabulary is pruned"),
-    "early-peagle-low-confidence": ("info", "early P-EAGLE keys read with low confidence"),
+    "dspark-vocab-pruned": ("warning", "--vocab-mapping prunes a DSpark trained with the full vocabulary"),
+    "early-peagle-low-confidence": ("info", "an early speculators P-EAGLE layout, read with low confidence"),
     "embed-from-verifier": ("info", "embed_tokens taken from the verifier"),
-    "jetspec-unstamped": ("info", "a JetSpec export without its version stamp"),
-    "layout-from-flag": ("warning", "the block layout comes from a command-line flag"),
+    "jetspec-unstamped": ("info", "a NeMo DFlash without the JetSpec dflash_config.causal stamp"),
+    "layout-from-flag": ("warning", "the block layout comes from a flag; the checkpoint lacks its keys"),
     "lm-head-from-verifier": ("warning", "lm_head taken from the verifier"),
     "mask-token-is-special": ("warning", "the mask token equals a verifier special token"),
     "mixed-attention-layers": ("warning", "the source mixes full and sliding-window layers"),
-    "modelopt-layer-id-convention": ("warning", "ModelOpt layer ids read in an assumed convention"),
-    "output-exists": ("warning", "the output directory exists"),
+    "modelopt-layer-id-convention": ("warning", "ModelOpt target_layer_ids read as z-lab 0-based ids (disputed)"),
+    "output-exists": ("warning", "dry run: the output exists, the real run needs --overwrite"),
     "peagle-model-type-from-tensors": ("info", "the P-EAGLE layer model_type was told from the tensors"),
     "sample-from-anchor-filled": ("info", "sample_from_anchor was absent and filled by the legacy rule"),
-    "specforge-markov-type": ("info", "SpecForge Markov head type mapped"),
+    "specforge-markov-type": ("info", "a SpecForge export names a Markov head type other than vanilla"),
     "speculative-tokens-fixed": ("warning", "speculative_tokens rewritten to the block layout's K"),
-    "t2d-default-all-true": ("warning", "t2d absent; written as all-true"),
+    "t2d-default-all-true": ("warning", "an all-true t2d with a pruned vocabulary; rebuilt from d2t"),
     "top-level-model-type-removed": ("warning", "a top-level model_type was removed"),
-    "vocab-padded": ("info", "the draft vocabulary is padded beyond the verifier's"),
+    "vocab-padded": ("info", "draft vocab larger than the target: padded, identity mapping"),
 }
 
 #: The finding-code registry: code → :class:`CodeInfo` (level, description, origin).
@@ -220,3 +221,27 @@ def has_errors(findings: Iterable[Finding]) -> bool:
 def sort_findings(findings: Iterable[Finding]) -> list[Finding]:
     """Findings sorted by level (errors first), stable inside a level."""
     return sorted(findings, key=lambda f: LEVEL_ORDER[f.level])
+
+
+_ORIGIN_TITLES = {
+    "lint": "Lint (servability of a Speculators dir: `convert`, `inspect`, `validate`)",
+    "dir": "Directory checks (`inspect`, `validate`)",
+    "converter": "Converter (`convert`, `inspect --verifier`)",
+}
+
+
+def codes_markdown() -> str:
+    """``docs/findings.md``: the registry as Markdown tables, one per origin.
+
+    Regenerate with ``python -c "from specconv.format.findings import codes_markdown;
+    print(codes_markdown(), end='')" > docs/findings.md``.
+    """
+    lines = ["# Finding codes", "",
+             "Generated from `specconv/format/findings.py` (`CODES`); do not edit by hand. Every finding",
+             "has one of these kebab-case codes and always the level given here; `docs/cli.md`",
+             "(\"Finding codes\") lists renamed codes.", ""]
+    for origin, title in _ORIGIN_TITLES.items():
+        lines += [f"## {title}", "", "| code | level | meaning |", "|---|---|---|"]
+        lines += [f"| `{c}` | {i.level} | {i.doc} |" for c, i in sorted(CODES.items()) if i.origin == origin]
+        lines.append("")
+    return "\n".join(lines)

@@ -51,6 +51,7 @@ __all__ = [
     "read_config",
     "resolve_layer_types",
     "rope_theta_of",
+    "speculators_model_type_of",
     "validation_message",
 ]
 
@@ -560,6 +561,28 @@ def read_config(path: str | os.PathLike[str]) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise InvalidInputError(f"{cfg_path}: top level must be a JSON object")
     return data
+
+
+def speculators_model_type_of(path: str | os.PathLike[str]) -> str | None:
+    """``speculators_model_type`` of a directory's ``config.json``, without a schema check.
+
+    For callers that must tell a Speculators directory from a source checkpoint before
+    choosing what to do with it (validate a drafter dir, or convert a source first).
+
+    Args:
+        path: a directory containing ``config.json``, or the JSON file.
+
+    Returns:
+        The value when ``config.json`` is a JSON object with a string
+        ``speculators_model_type`` (any algorithm, supported or not); ``None`` when the
+        file is absent, unreadable, not an object, or has no such key.
+    """
+    try:
+        data = read_config(path)
+    except InvalidInputError:
+        return None
+    algo = data.get("speculators_model_type")
+    return algo if isinstance(algo, str) else None
 
 
 def load_config(path: str | os.PathLike[str]) -> SpeculatorsDraftConfig:
