@@ -168,7 +168,7 @@ def test_aux_id_equal_to_verifier_layers_is_a_warning(converted, facts, tmp_path
     _patch_config(d, aux_hidden_state_layer_ids=[*ids[:-1], n])
     hits = [f for f in lint_dir(d, facts) if f.code == "aux-ids-final-hidden-state"]
     assert hits and hits[0].level == "warning"
-    assert "vLLM" in hits[0].message and "--vllm-load-check" in hits[0].message
+    assert "vLLM" in hits[0].message and "#36063" in hits[0].message and "--vllm-load-check" in hits[0].message
     assert "aux-ids-final-hidden-state" not in _codes(lint_dir(converted["dflash"], facts))
 
 

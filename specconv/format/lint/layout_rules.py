@@ -309,6 +309,18 @@ def _aux_range(ctx: LintContext) -> Hit | None:
     return None
 
 
+#: Engines known to capture aux id == num_hidden_layers (the last decoder layer's output),
+#: from their pull requests: vLLM PR #36063 (``EagleModelMixin._maybe_add_hidden_state`` in
+#: ``vllm/model_executor/models/llama.py``, ``qwen2.py``, ``gpt_oss.py`` ...), vLLM PR #46973
+#: (``deepseek_v2.py`` family); llama.cpp PR #25794 (gpt-oss EAGLE-3 only).
+FINAL_STATE_ENGINES = (
+    "vLLM: llama/qwen2/qwen3-family verifiers from the release with PR #36063, deepseek_v2-family "
+    "(DeepSeek V2/V3, GLM-MoE, Kimi) from the release with PR #46973 — older releases capture aux "
+    "states only at decoder-layer inputs and silently drop the id (one hidden state short); "
+    "llama.cpp: gpt-oss EAGLE-3 since PR #25794"
+)
+
+
 @rule("aux-ids-final-hidden-state", "warning", needs=("verifier",))
 def _aux_final(ctx: LintContext) -> Hit | None:
     ids, key, v = ctx.cfg.aux_layer_ids, aux_ids_key(ctx.algo), ctx.verifier
@@ -316,12 +328,9 @@ def _aux_final(ctx: LintContext) -> Hit | None:
         return None
     n = v.num_hidden_layers
     return (f"{key} contains {n} = the verifier's num_hidden_layers: the drafter reads the verifier's "
-            "final pre-norm hidden state. Only engines that capture an aux state after the last "
-            "decoder layer can serve it: vLLM captures id n only in verifier models whose forward has "
-            "the post-loop capture (`end_layer in aux_hidden_state_layers`, vLLM "
-            "`vllm/model_executor/models/`), so pin a vLLM release whose model for "
-            f"{v.architectures or 'this verifier'} has it and check with `specconv validate "
-            "--vllm-load-check`; HF `output_hidden_states[n]` is the post-norm state, not this one", key)
+            "final pre-norm hidden state (HF output_hidden_states[n] is the post-norm one). Only "
+            f"engines that capture the last decoder layer's output can serve it — {FINAL_STATE_ENGINES}; "
+            "pin such a version and check with `specconv validate --vllm-load-check`", key)
 
 
 # ---- verifier compatibility ------------------------------------------------------------
