@@ -293,12 +293,31 @@ def convert(
         return report
     if output is None:
         raise UsageError("-o/--output is required unless --dry-run")
-    record = write_plan(plan, Path(output), source_store=src.store, verifier=v, max_shard_size=max_shard_size, overwrite=overwrite)
-    report["files"] = record["output_files"]
+    ref = source_ref(source, src.path, subfolder=subfolder, revision=revision)
+    record = write_plan(plan, Path(output), source_store=src.store, verifier=v, max_shard_size=max_shard_size,
+                        overwrite=overwrite, source_ref=ref)
+    report["files"] = record.conversion.output_files
     return report
 
 
-def write_plan(*a: Any, **kw: Any) -> dict[str, Any]:
+def source_ref(spec: str, path: Path, *, subfolder: str | None, revision: str | None) -> dict[str, Any] | None:
+    """How ``specconv.json`` names a source: ``None`` for a local dir (the writer records
+    it relative to the drafter dir), else the Hub id with the snapshot's commit (the
+    directory name under ``snapshots/`` in the huggingface_hub cache layout), the
+    ``--subfolder`` and the path of the selected checkpoint inside the snapshot."""
+    if Path(spec).expanduser().exists():
+        return None
+    parts = Path(path).parts
+    ref: dict[str, Any] = {"hub_id": spec, "revision": revision, "subfolder": subfolder}
+    if "snapshots" in parts and parts.index("snapshots") + 1 < len(parts):
+        i = parts.index("snapshots")
+        ref["revision"] = parts[i + 1]
+        ref["path"] = Path(*parts[i + 2:]).as_posix() if len(parts) > i + 2 else "."
+    return ref
+
+
+def write_plan(*a: Any, **kw: Any):
+    """:func:`specconv.writer.write_plan` (imported on first use); returns the record."""
     from .writer import write_plan as _w
 
     return _w(*a, **kw)

@@ -147,6 +147,7 @@ def validate_cmd(
     DIR/specconv.json. Exit 4 when a gate fails.
     """
     from specconv.errors import EXIT_GATE_FAILED
+    from specconv.record import as_record_path, file_hashes, relative_to_dir
     from specconv.validate.report import record_in_specconv_json, write_report
     from specconv.validate.run import ValidateOptions, failed_gates, validate_drafter
 
@@ -175,7 +176,7 @@ def validate_cmd(
         "tau_ci95": report.get("tau_ci95"),
         "gates": report.get("gates"),
         "passed": report.get("passed"),
-        "verifier": report.get("verifier"),
+        "verifier": as_record_path(report.get("verifier"), drafter_dir),
         "backend": report.get("backend"),
         "device": (report.get("device") or {}).get("gpu_name") or (report.get("device") or {}).get("device"),
         "dtype": report.get("dtype"),
@@ -184,7 +185,8 @@ def validate_cmd(
         "temperature": report.get("temperature"),
         "source_acceptance_length": (report.get("source_metrics") or {}).get("acceptance_length"),
         "specconv_version": report.get("specconv_version"),
-        "report": files.get("json"),
+        "report": relative_to_dir(files["json"], drafter_dir) if files.get("json") else None,
+        "files": file_hashes(drafter_dir),
     }
     try:
         record_in_specconv_json(drafter_dir, summary)

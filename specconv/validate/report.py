@@ -1,5 +1,5 @@
 """Validation report: ``validation.json``, ``validation.md``, ``acceptance.png`` and the
-``validation`` entry in the drafter dir's ``specconv.json``.
+``validation`` section of the drafter dir's ``specconv.json`` (:mod:`specconv.record`).
 
 The JSON keeps the field names of speculators' ``acceptance.csv`` / vLLM's counters
 (``num_drafts``, ``num_draft_tokens``, ``num_accepted_tokens``, ``acceptance_length``,
@@ -240,24 +240,14 @@ def write_report(report: dict, report_dir: str | Path) -> dict[str, str]:
 
 
 def record_in_specconv_json(drafter_dir: str | Path, summary: dict) -> Path:
-    """Read-modify-write ``<drafter_dir>/specconv.json``: set its ``validation`` key.
+    """Set the ``validation`` section of ``<drafter_dir>/specconv.json``.
 
-    Other keys are kept untouched; a missing file is created with only this key.
+    Through :func:`specconv.record.update_record` (atomic; other keys kept; a missing
+    file is created with only this section).
 
     Raises:
         InvalidInputError: the existing file is not a JSON object.
     """
-    from ..errors import InvalidInputError
+    from ..record import update_record
 
-    p = Path(drafter_dir) / "specconv.json"
-    data: dict = {}
-    if p.is_file():
-        try:
-            data = json.loads(p.read_text())
-        except json.JSONDecodeError as e:
-            raise InvalidInputError(f"{p}: invalid JSON ({e}); not overwriting it") from e
-        if not isinstance(data, dict):
-            raise InvalidInputError(f"{p}: not a JSON object; not overwriting it")
-    data["validation"] = summary
-    _atomic_write(p, (json.dumps(data, indent=2, sort_keys=True, default=_jsonable) + "\n").encode())
-    return p
+    return update_record(drafter_dir, "validation", summary)

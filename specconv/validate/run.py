@@ -138,24 +138,22 @@ def plan_placement(verifier, drafter_dir: Path, device: str, dtype: str) -> dict
 
 
 def _source_options(drafter_dir: Path):
-    """ConvertOptions recorded in the drafter's specconv.json (so the source converts the same way)."""
-    import json
-
+    """ConvertOptions recorded in the drafter's ``specconv.json`` ``conversion`` section
+    (so the source converts the same way); path options are relative to the drafter dir."""
     from specconv.converters import ConvertOptions
 
-    p = drafter_dir / "specconv.json"
-    if not p.is_file():
-        return ConvertOptions()
+    from ..record import read_record
+
     try:
-        rec = json.loads(p.read_text())
-    except json.JSONDecodeError:
+        conv = read_record(drafter_dir, missing_ok=True).conversion
+    except InvalidInputError:
         return ConvertOptions()
-    opts = rec.get("options") or {}
+    opts = dict(conv.options) if conv is not None else {}
     fields = set(ConvertOptions.__dataclass_fields__)
     kw = {k: v for k, v in opts.items() if k in fields}
     for k in ("vocab_mapping", "draft_config"):
         if kw.get(k):
-            kw[k] = Path(kw[k])
+            kw[k] = drafter_dir / kw[k]  # an absolute (legacy) path stays absolute
     try:
         return ConvertOptions(**kw)
     except TypeError:
