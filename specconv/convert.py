@@ -9,9 +9,12 @@ from __future__ import annotations
 import logging
 import re
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .errors import InvalidInputError, UnsupportedFormatError, UsageError
+
+if TYPE_CHECKING:
+    from .results import ConversionResult, InspectResult
 
 log = logging.getLogger("specconv")
 
@@ -149,12 +152,26 @@ def detect(src) -> Any:
     return cls
 
 
-def inspect_source(spec: str, *, verifier: str | None = None, verifier_name: str | None = None, **kw: Any) -> dict[str, Any]:
+def inspect_source(spec: str, *, verifier: str | None = None, verifier_name: str | None = None,
+                   **kw: Any) -> "InspectResult":
     """Detect a source (headers only) and, for Speculators dirs, lint it.
 
-    Returns a dict with ``format`` (registry id), ``algorithm``, ``supported``, ``reason``,
-    ``findings`` (lint), plus ``path``, ``title`` and, with a verifier, the dry-run plan.
+    Args:
+        spec: local dir or Hub id. verifier / verifier_name: with a verifier the
+            conversion plan is dry-run too. ``kw``: ``subfolder``, ``checkpoint``,
+            ``revision``, ``options`` (ConvertOptions).
+
+    Returns:
+        :class:`~specconv.results.InspectResult`: ``format`` (registry id), ``algorithm``,
+        ``supported``, ``reason``, ``findings`` (lint), ``path``, ``title`` and, with a
+        verifier, the dry-run ``plan``.
     """
+    from .results import InspectResult
+
+    return InspectResult.model_validate(_inspect(spec, verifier, verifier_name, kw))
+
+
+def _inspect(spec: str, verifier: str | None, verifier_name: str | None, kw: dict[str, Any]) -> dict[str, Any]:
     from .speculators import lint_dir
 
     src, note = open_source(spec, subfolder=kw.get("subfolder"), checkpoint=kw.get("checkpoint"), revision=kw.get("revision"))
@@ -234,11 +251,13 @@ def convert(
     max_shard_size: int | None = None,
     overwrite: bool = False,
     dry_run: bool = False,
-) -> dict[str, Any]:
+) -> "ConversionResult":
     """Convert ``source`` to a Speculators dir at ``output``.
 
-    Returns the report dict: ``format``, ``algorithm``, ``output``, ``findings`` (lint +
-    converter), ``plan`` summary, ``dry_run``. Lint errors fail the conversion.
+    Returns:
+        :class:`~specconv.results.ConversionResult`: ``format``, ``algorithm``,
+        ``source`` (resolved dir), ``output``, ``findings`` (lint + converter), ``plan``
+        summary, ``dry_run`` and, when written, ``files``. Lint errors fail the conversion.
 
     Raises:
         UnsupportedFormatError: refused or unknown source (exit 3).
@@ -246,6 +265,7 @@ def convert(
     """
     from specconv.converters import ConvertOptions
 
+    from .results import ConversionResult
     from .speculators import lint
     from .verifier import resolve_verifier
 
@@ -290,14 +310,14 @@ def convert(
         if output is not None and Path(output).exists() and not overwrite:
             report["findings"].append({"level": "warning", "code": "output-exists", "key": None,
                                        "message": f"output {output} exists: the real run needs --overwrite"})
-        return report
+        return ConversionResult.model_validate(report)
     if output is None:
         raise UsageError("-o/--output is required unless --dry-run")
     ref = source_ref(source, src.path, subfolder=subfolder, revision=revision)
     record = write_plan(plan, Path(output), source_store=src.store, verifier=v, max_shard_size=max_shard_size,
                         overwrite=overwrite, source_ref=ref)
     report["files"] = record.conversion.output_files
-    return report
+    return ConversionResult.model_validate(report)
 
 
 def source_ref(spec: str, path: Path, *, subfolder: str | None, revision: str | None) -> dict[str, Any] | None:

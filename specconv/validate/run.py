@@ -14,10 +14,13 @@ import logging
 import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from ..errors import InvalidInputError, UsageError
 from .gates import GATE_ORDER, GateResult, skipped
+
+if TYPE_CHECKING:
+    from ..results import ValidationReport
 
 log = logging.getLogger("specconv.validate")
 
@@ -170,17 +173,15 @@ def prepare_source(source: str, verifier_spec: str, drafter_dir: Path, workdir: 
     Returns:
         ``{"kind", "format", "path" (source dir), "converted" (Speculators dir)}``.
     """
-    import json
+    from ..speculators import load_config
 
     p = Path(source)
-    cfg_p = p / "config.json"
-    if cfg_p.is_file():
+    if (p / "config.json").is_file():
         try:
-            cfg = json.loads(cfg_p.read_text())
-        except json.JSONDecodeError:
-            cfg = {}
-        if isinstance(cfg, dict) and "speculators_model_type" in cfg:
+            load_config(p)  # the typed parser: a valid Speculators config is used as is
             return {"kind": "speculators", "format": "speculators", "path": str(p), "converted": str(p)}
+        except InvalidInputError:
+            pass  # not a (valid) Speculators config: the converter registry decides
     from ..convert import convert
 
     out = workdir / "source-converted"
@@ -196,8 +197,8 @@ def _render_all(prompts, tokenizer) -> list[tuple[str, list[int]]]:
     return [(pr.id, render(pr, tokenizer)) for pr in prompts]
 
 
-def failed_gates(report: dict) -> list[str]:
-    """Names of the gates that ran and failed."""
+def failed_gates(report) -> list[str]:
+    """Names of the gates that ran and failed (a report model or its dict)."""
     return [k for k, v in (report.get("gates") or {}).items() if v is False]
 
 
@@ -205,13 +206,15 @@ def _gate_map(results: list[GateResult]) -> dict[str, bool]:
     return {g.name: bool(g.passed) for g in results if g.passed is not None}
 
 
-def _finish(report: dict, results: list[GateResult]) -> dict:
+def _finish(report: dict, results: list[GateResult]) -> "ValidationReport":
+    from ..results import ValidationReport
+
     by = {g.name: g for g in results}
     ordered = [by.get(n) or skipped(n, "not reached") for n in GATE_ORDER]
     report["gate_results"] = [g.to_dict() for g in ordered]
     report["gates"] = _gate_map(ordered)
     report["passed"] = all(report["gates"].values())
-    return report
+    return ValidationReport.model_validate(report)
 
 
 def validate_drafter(
