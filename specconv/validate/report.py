@@ -4,7 +4,7 @@
 The JSON keeps the field names of speculators' ``acceptance.csv`` / vLLM's counters
 (``num_drafts``, ``num_draft_tokens``, ``num_accepted_tokens``, ``acceptance_length``,
 ``acceptance_at_pos``) at the top level so GPU runs through vLLM and the torch harness
-compare row by row (validation.md §3.5).
+compare row by row (``docs/validate.md``, "Metrics").
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ def library_versions() -> dict[str, str | None]:
 
 
 def torch_backend_flags() -> dict[str, Any]:
-    """``torch.backends`` flags that change numerics (validation.md §2: record them)."""
+    """``torch.backends`` flags that change numerics (recorded so runs can be compared)."""
     import torch
 
     flags: dict[str, Any] = {
