@@ -14,7 +14,11 @@ from typing import TYPE_CHECKING, Any
 from .errors import InvalidInputError, UnsupportedFormatError, UsageError
 
 if TYPE_CHECKING:
+    from specconv.converters import ConvertOptions, Converter, SourceInfo
+
+    from .plan import ConversionPlan
     from .results import ConversionResult, InspectResult
+    from .verifier import Verifier
 
 log = logging.getLogger("specconv")
 
@@ -127,7 +131,7 @@ def open_source(spec: str, *, subfolder: str | None = None, checkpoint: str | No
     return SourceInfo.open(path), note
 
 
-def detect(src) -> Any:
+def detect(src: "SourceInfo") -> type["Converter"]:
     """The matching converter class, or raise UnsupportedFormatError listing what was seen."""
     from specconv.converters import detect as _detect
 
@@ -209,7 +213,9 @@ def _inspect(spec: str, verifier: str | None, verifier_name: str | None, kw: dic
     return out
 
 
-def summarize_plan(plan) -> dict[str, Any]:
+def summarize_plan(plan: "ConversionPlan") -> dict[str, Any]:
+    """The plan as the conversion report shows it: config, tensor fates and bytes, casts,
+    dropped tensors, layer ids, notes."""
     from collections import Counter
 
     from .speculators import config_to_dict
@@ -244,7 +250,7 @@ def convert(
     *,
     verifier: str,
     output: Path | None,
-    options: Any = None,
+    options: "ConvertOptions | None" = None,
     verifier_name: str | None = None,
     subfolder: str | None = None,
     revision: str | None = None,
@@ -266,14 +272,38 @@ def convert(
     from specconv.converters import ConvertOptions
 
     from .results import ConversionResult
-    from .speculators import lint
     from .verifier import resolve_verifier
 
     opts = options or ConvertOptions()
     src, note = open_source(source, subfolder=subfolder, checkpoint=opts.checkpoint, revision=revision)
+    cls = _supported_converter(src, opts)
+    v = resolve_verifier(verifier, name=verifier_name, revision=None)
+    log.info("detected %s (%s); verifier %s", cls.format_id, cls.algorithm, v.name_or_path)
+    plan = _linted_plan(cls, src, v, opts, note)
+    result = ConversionResult(format=plan.format_id, algorithm=plan.algorithm, source=str(src.path),
+                              output=str(output) if output else None, dry_run=dry_run, plan=summarize_plan(plan),
+                              findings=[f.to_dict() for f in plan.findings])
+    if dry_run:
+        if output is not None and Path(output).exists() and not overwrite:
+            result.findings.append({"level": "warning", "code": "output-exists", "key": None,
+                                    "message": f"output {output} exists: the real run needs --overwrite"})
+        return result
+    if output is None:
+        raise UsageError("-o/--output is required unless --dry-run")
+    ref = source_ref(source, src.path, subfolder=subfolder, revision=revision)
+    record = write_plan(plan, Path(output), source_store=src.store, verifier=v, max_shard_size=max_shard_size,
+                        overwrite=overwrite, source_ref=ref)
+    result.files = record.conversion.output_files
+    return result
+
+
+def _supported_converter(src: "SourceInfo", opts: "ConvertOptions") -> type["Converter"]:
+    """The converter for ``src``; refused when unsupported or not the ``--algorithm`` asked for.
+
+    Formats whose algorithm is only known after reading (e.g. ``dflash|dspark|peagle``)
+    check ``--algorithm`` in their own plan.
+    """
     cls = detect(src)
-    # formats whose algorithm is only known after reading (e.g. "dflash|dspark|peagle")
-    # check --algorithm in their own plan
     if opts.algorithm and "|" not in cls.algorithm and cls.algorithm != opts.algorithm:
         raise InvalidInputError(
             f"--algorithm {opts.algorithm} given but {src.path} is {cls.title} ({cls.format_id}, algorithm {cls.algorithm})",
@@ -281,43 +311,26 @@ def convert(
         )
     if not cls.supported:
         raise UnsupportedFormatError(f"{cls.title} ({cls.format_id}) is not supported: {cls.refusal}", format_id=cls.format_id)
-    v = resolve_verifier(verifier, name=verifier_name, revision=None)
-    log.info("detected %s (%s); verifier %s", cls.format_id, cls.algorithm, v.name_or_path)
+    return cls
+
+
+def _linted_plan(cls: type["Converter"], src: "SourceInfo", v: "Verifier", opts: "ConvertOptions",
+                 note: str | None) -> "ConversionPlan":
+    """Plan the conversion and lint the planned config + tensors; lint errors refuse it."""
+    from .speculators import lint
+
     plan = cls().plan(src, v, opts)
     if note:
         plan.notes.insert(0, f"selected {note}")
     tensors = {t.out: (tuple(t.shape), t.dtype) for t in plan.tensors}
-    lint_findings = lint(plan.config, tensors, v.facts())
-    plan.findings = _dedupe(plan.findings + lint_findings)
-    report: dict[str, Any] = {
-        "format": plan.format_id,
-        "algorithm": plan.algorithm,
-        "source": str(src.path),
-        "output": str(output) if output else None,
-        "dry_run": dry_run,
-        "plan": summarize_plan(plan),
-        "findings": [f.to_dict() for f in plan.findings],
-    }
+    plan.findings = _dedupe(plan.findings + lint(plan.config, tensors, v.facts()))
     errors = [f for f in plan.findings if f.level == "error"]
     if errors:
-        from .errors import InvalidInputError as _E
-
-        raise _E(
+        raise InvalidInputError(
             "the converted drafter would not be servable: " + "; ".join(f"[{f.code}] {f.message}" for f in errors),
             code="lint_failed",
         )
-    if dry_run:
-        if output is not None and Path(output).exists() and not overwrite:
-            report["findings"].append({"level": "warning", "code": "output-exists", "key": None,
-                                       "message": f"output {output} exists: the real run needs --overwrite"})
-        return ConversionResult.model_validate(report)
-    if output is None:
-        raise UsageError("-o/--output is required unless --dry-run")
-    ref = source_ref(source, src.path, subfolder=subfolder, revision=revision)
-    record = write_plan(plan, Path(output), source_store=src.store, verifier=v, max_shard_size=max_shard_size,
-                        overwrite=overwrite, source_ref=ref)
-    report["files"] = record.conversion.output_files
-    return ConversionResult.model_validate(report)
+    return plan
 
 
 def source_ref(spec: str, path: Path, *, subfolder: str | None, revision: str | None) -> dict[str, Any] | None:

@@ -29,6 +29,7 @@ from .plan import ConversionPlan
 
 if TYPE_CHECKING:
     from .record import SpecconvRecord
+    from .verifier import Verifier
 
 SPECCONV_JSON = "specconv.json"
 
@@ -133,7 +134,7 @@ def _read_range(info: Any) -> bytes:
 _PATH_OPTIONS = ("vocab_mapping", "draft_config")
 
 
-def build_record(plan: ConversionPlan, verifier: Any, source_hashes: dict[str, str], files: list[str], *,
+def build_record(plan: ConversionPlan, verifier: "Verifier | None", source_hashes: dict[str, str], files: list[str], *,
                  out_dir: Path, source_ref: dict[str, Any] | None = None) -> "SpecconvRecord":
     """The ``specconv.json`` record of a conversion (no timestamps: byte-identical re-runs).
 

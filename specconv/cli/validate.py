@@ -128,19 +128,9 @@ def validate_cmd(
     from specconv.validate.run import ValidateOptions, validate_drafter
 
     _require_speculators_dir(drafter_dir)
-    opts = ValidateOptions(
-        source=source,
-        prompts=prompts,
-        num_prompts=num_prompts,
-        max_new_tokens=max_new_tokens,
-        temperature=temperature,
-        device=device,
-        dtype=dtype,
-        min_tau=min_tau,
-        backend=backend,
-        attn_implementation=attn_implementation,
-        seed=seed,
-    )
+    opts = ValidateOptions(source=source, prompts=prompts, num_prompts=num_prompts, max_new_tokens=max_new_tokens,
+                           temperature=temperature, device=device, dtype=dtype, min_tau=min_tau, backend=backend,
+                           attn_implementation=attn_implementation, seed=seed)
     with _progress() as cb:
         report = validate_drafter(drafter_dir, verifier, opts, progress=cb)
     out_dir = report_dir or (Path.cwd() / "specconv-validation" / drafter_dir.resolve().name)

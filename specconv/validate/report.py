@@ -139,41 +139,50 @@ def render_markdown(report: dict) -> str:
         notes = "; ".join(g["errors"][:2]) or (g.get("skipped_reason") or "") or "; ".join(g["warnings"][:1])
         lines.append(f"| {g['name']} | {status} | {notes.replace('|', '/')} |")
     if m:
-        ci = m.get("tau_ci95")
-        lines += [
-            "",
-            "## Acceptance (vLLM convention: τ = 1 + accepted / drafts)",
-            "",
-            f"- τ pooled: **{_fmt(m.get('acceptance_length'))}**"
-            + (f" (95% CI {ci[0]:.3f}–{ci[1]:.3f})" if ci else ""),
-            f"- τ per-request mean: {_fmt(m.get('tau_request_mean'))}",
-            f"- acceptance rate: {_fmt(m.get('acceptance_rate'))}",
-            f"- drafts: {m.get('num_drafts')}, draft tokens: {m.get('num_draft_tokens')}, accepted: {m.get('num_accepted_tokens')}",
-            f"- TPOT spec / plain: {_fmt(m.get('tpot_ms'), 1)} / {_fmt(m.get('tpot_ar_ms'), 1)} ms, speedup {_fmt(m.get('speedup'), 2)}",
-            "",
-            "| position | p_i | c_i |",
-            "| --- | --- | --- |",
-        ]
-        for i, (p, c) in enumerate(zip(m.get("acceptance_at_pos", []), m.get("conditional_acceptance_at_pos", [])), 1):
-            lines.append(f"| {i} | {p:.3f} | {c:.3f} |")
+        lines += _md_acceptance(m)
     src = report.get("source_metrics")
     if src:
         lines += ["", f"Source drafter τ (same harness): {_fmt(src.get('acceptance_length'))}"]
-    cal = report.get("dspark")
-    if cal:
-        lines += ["", "## DSpark confidence head (reported, not gated)", ""]
-        c = cal.get("calibration")
-        if c:
-            lines.append(f"- mean |σ(c) − accepted|: {c['mean_abs_error']:.3f}, ECE: {c['ece']:.3f}, cumprod bias: {_fmt(c.get('cumprod_bias'))}")
-        t = cal.get("truncated")
-        if t:
-            lines.append(
-                f"- truncating at cumulative confidence ≥ {t['threshold']}: τ {t['acceptance_length']:.3f}, "
-                f"mean drafts verified per step {_fmt(t.get('mean_draft_tokens_per_step'))}"
-            )
+    if report.get("dspark"):
+        lines += _md_dspark(report["dspark"])
     if report.get("plot"):
         lines += ["", f"![per-position acceptance]({report['plot']})"]
     return "\n".join(lines) + "\n"
+
+
+def _md_acceptance(m: dict) -> list[str]:
+    ci = m.get("tau_ci95")
+    lines = [
+        "",
+        "## Acceptance (vLLM convention: τ = 1 + accepted / drafts)",
+        "",
+        f"- τ pooled: **{_fmt(m.get('acceptance_length'))}**"
+        + (f" (95% CI {ci[0]:.3f}–{ci[1]:.3f})" if ci else ""),
+        f"- τ per-request mean: {_fmt(m.get('tau_request_mean'))}",
+        f"- acceptance rate: {_fmt(m.get('acceptance_rate'))}",
+        f"- drafts: {m.get('num_drafts')}, draft tokens: {m.get('num_draft_tokens')}, accepted: {m.get('num_accepted_tokens')}",
+        f"- TPOT spec / plain: {_fmt(m.get('tpot_ms'), 1)} / {_fmt(m.get('tpot_ar_ms'), 1)} ms, speedup {_fmt(m.get('speedup'), 2)}",
+        "",
+        "| position | p_i | c_i |",
+        "| --- | --- | --- |",
+    ]
+    for i, (p, c) in enumerate(zip(m.get("acceptance_at_pos", []), m.get("conditional_acceptance_at_pos", [])), 1):
+        lines.append(f"| {i} | {p:.3f} | {c:.3f} |")
+    return lines
+
+
+def _md_dspark(cal: dict) -> list[str]:
+    lines = ["", "## DSpark confidence head (reported, not gated)", ""]
+    c = cal.get("calibration")
+    if c:
+        lines.append(f"- mean |σ(c) − accepted|: {c['mean_abs_error']:.3f}, ECE: {c['ece']:.3f}, cumprod bias: {_fmt(c.get('cumprod_bias'))}")
+    t = cal.get("truncated")
+    if t:
+        lines.append(
+            f"- truncating at cumulative confidence ≥ {t['threshold']}: τ {t['acceptance_length']:.3f}, "
+            f"mean drafts verified per step {_fmt(t.get('mean_draft_tokens_per_step'))}"
+        )
+    return lines
 
 
 def plot_acceptance(metrics: dict, path: Path, *, source_metrics: dict | None = None, title: str = "") -> Path | None:
