@@ -172,7 +172,7 @@ def inspect_source(spec: str, *, verifier: str | None = None, verifier_name: str
     """
     from .results import InspectResult
 
-    return InspectResult.model_validate(_inspect(spec, verifier, verifier_name, kw))
+    return InspectResult.of(_inspect(spec, verifier, verifier_name, kw))
 
 
 def _inspect(spec: str, verifier: str | None, verifier_name: str | None, kw: dict[str, Any]) -> dict[str, Any]:
@@ -280,9 +280,9 @@ def convert(
     v = resolve_verifier(verifier, name=verifier_name, revision=None)
     log.info("detected %s (%s); verifier %s", cls.format_id, cls.algorithm, v.name_or_path)
     plan = _linted_plan(cls, src, v, opts, note)
-    result = ConversionResult(format=plan.format_id, algorithm=plan.algorithm, source=str(src.path),
-                              output=str(output) if output else None, dry_run=dry_run, plan=summarize_plan(plan),
-                              findings=[f.to_dict() for f in plan.findings])
+    result = ConversionResult.of(dict(format=plan.format_id, algorithm=plan.algorithm, source=str(src.path),
+                                      output=str(output) if output else None, dry_run=dry_run,
+                                      plan=summarize_plan(plan), findings=[f.to_dict() for f in plan.findings]))
     if dry_run:
         if output is not None and Path(output).exists() and not overwrite:
             result.findings.append({"level": "warning", "code": "output-exists", "key": None,

@@ -7,8 +7,10 @@ with :func:`specconv.cli.common.render` — ``--format json`` as :meth:`StageRes
 (the keys that were set, nothing added), ``--format human`` as :meth:`StageResult.human`.
 
 Unknown keys are kept (``extra="allow"``) so a stage can add a detail without a schema
-change; the schemas are built on first use (``defer_build``), so importing this module adds
-nothing to ``specconv --help`` or ``specconv convert``'s start-up. For the callers written
+change. The schemas are built on first use (``defer_build``) and a stage builds its result
+with :meth:`StageResult.of` (``model_construct``: its own values are not re-validated) and
+prints it with :func:`plain`, so no schema is built on ``specconv convert``'s path;
+``Model.model_validate(result.to_dict())`` checks a result against its declared types. For the callers written
 against the earlier dict results, a result also reads like a mapping
 (``result["format"]``, ``result.get("plan")``, ``"plan" in result``).
 """
@@ -18,6 +20,22 @@ from __future__ import annotations
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
+
+
+def plain(obj: Any) -> Any:
+    """A model (recursively) as plain Python data: only the fields that were set, plus
+    the unknown (extra) keys — what ``model_dump(exclude_unset=True)`` gives, without
+    building the pydantic serializer (so a result made with ``model_construct`` costs
+    no schema build on the command's path)."""
+    if isinstance(obj, BaseModel):
+        out = {k: plain(getattr(obj, k)) for k in obj.model_fields_set}
+        out.update({k: plain(v) for k, v in (obj.__pydantic_extra__ or {}).items()})
+        return out
+    if isinstance(obj, dict):
+        return {k: plain(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [plain(v) for v in obj]
+    return obj
 
 
 class StageResult(BaseModel):
@@ -49,9 +67,16 @@ class StageResult(BaseModel):
         return list(self.to_dict())
 
     # -- rendering ---------------------------------------------------------------------
+    @classmethod
+    def of(cls, data: dict[str, Any]):
+        """A result from the values a library stage computed (trusted: not re-validated, so
+        no schema is built on the command's path; ``model_validate`` checks the types —
+        the tests do)."""
+        return cls.model_construct(**data)
+
     def to_dict(self) -> dict[str, Any]:
         """The keys that were set, as plain Python objects (JSON via ``cli.common.dumps``)."""
-        return self.model_dump(exclude_unset=True)
+        return plain(self)
 
     def human(self) -> str:  # pragma: no cover - overridden
         """Short human summary (``--format human``)."""

@@ -140,13 +140,16 @@ def build_record(plan: ConversionPlan, verifier: "Verifier | None", source_hashe
 
     Every local path is written relative to ``out_dir`` (the final drafter dir); a Hub
     source is named by ``source_ref`` (``hub_id``, resolved ``revision``, ``subfolder``,
-    ``path`` inside the snapshot) as :func:`specconv.convert.convert` builds it.
+    ``path`` inside the snapshot) as :func:`specconv.convert.convert` builds it. The
+    models are assembled with ``model_construct`` (values derived here; no schema build
+    on the convert path); :func:`specconv.record.read_record` validates them on reading.
 
     Returns:
         :class:`~specconv.record.SpecconvRecord` with ``schema_version``,
         ``specconv_version`` and the ``conversion`` section.
     """
-    from .record import SCHEMA_VERSION, ConversionSection, SpecconvRecord, as_record_path, relative_to_dir
+    from .record import (SCHEMA_VERSION, ConversionSection, SourceRef, SpecconvRecord, VerifierRef, as_record_path,
+                         relative_to_dir)
 
     cfg = plan.config
     source = dict(source_ref) if source_ref else {"path": relative_to_dir(plan.source_dir, out_dir)}
@@ -154,28 +157,30 @@ def build_record(plan: ConversionPlan, verifier: "Verifier | None", source_hashe
     for k in _PATH_OPTIONS:
         if isinstance(options.get(k), str):
             options[k] = as_record_path(options[k], out_dir)
-    conversion = ConversionSection.model_validate({
-        "format": plan.format_id,
-        "algorithm": plan.algorithm,
-        "source": {**source, "files": source_hashes},
-        "verifier": None if verifier is None else {
-            "spec": as_record_path(verifier.spec, out_dir),
-            "name_or_path": as_record_path(verifier.name_or_path, out_dir),
-            "architectures": verifier.architectures,
-            "num_hidden_layers": verifier.num_hidden_layers,
-            "hidden_size": verifier.hidden_size,
-            "vocab_size": verifier.vocab_size,
-        },
-        "layer_ids": plan.layer_ids.to_dict() if plan.layer_ids else None,
-        "dtype": getattr(cfg, "dtype", None) if not isinstance(cfg, dict) else cfg.get("dtype"),
-        "options": options,
-        "tensors": plan.tensor_fates(),
-        "findings": [f.to_dict() for f in plan.findings],
-        "notes": plan.notes,
-        "output_files": files,
-        "versions": library_versions(),
-    })
-    return SpecconvRecord(schema_version=SCHEMA_VERSION, specconv_version=__version__, conversion=conversion)
+    ver = None if verifier is None else VerifierRef.model_construct(
+        spec=as_record_path(verifier.spec, out_dir),
+        name_or_path=as_record_path(verifier.name_or_path, out_dir),
+        architectures=verifier.architectures,
+        num_hidden_layers=verifier.num_hidden_layers,
+        hidden_size=verifier.hidden_size,
+        vocab_size=verifier.vocab_size,
+    )
+    conversion = ConversionSection.model_construct(
+        format=plan.format_id,
+        algorithm=plan.algorithm,
+        source=SourceRef.model_construct(**source, files=source_hashes),
+        verifier=ver,
+        layer_ids=plan.layer_ids.to_dict() if plan.layer_ids else None,
+        dtype=getattr(cfg, "dtype", None) if not isinstance(cfg, dict) else cfg.get("dtype"),
+        options=options,
+        tensors=plan.tensor_fates(),
+        findings=[f.to_dict() for f in plan.findings],
+        notes=plan.notes,
+        output_files=files,
+        versions=library_versions(),
+    )
+    return SpecconvRecord.model_construct(schema_version=SCHEMA_VERSION, specconv_version=__version__,
+                                          conversion=conversion)
 
 
 def hash_sources(plan: ConversionPlan) -> "concurrent.futures.Future[dict[str, str]]":

@@ -147,7 +147,7 @@ def _finish(report: dict, results: list[GateResult]) -> "ValidationReport":
     report["gate_results"] = [g.to_dict() for g in ordered]
     report["gates"] = _gate_map(ordered)
     report["passed"] = all(report["gates"].values())
-    return ValidationReport.model_validate(report)
+    return ValidationReport.of(report)
 
 
 def validate_drafter(
