@@ -284,18 +284,22 @@ def update_record(drafter_dir: str | os.PathLike, section: str, payload: dict[st
     data = _load_raw(path) or {}
     data[section] = _section_payload(section, payload, path)
     _validate(data, path)
-    _atomic_write(path, json.dumps(data, sort_keys=True, indent=2) + "\n")
+    atomic_write(path, json.dumps(data, sort_keys=True, indent=2) + "\n")
     return path
 
 
-def _atomic_write(path: Path, text: str) -> None:
-    """Atomic write of ``text`` to ``path`` (temp file in the same dir, ``os.replace``);
-    the file gets the mode a plain ``open(..., "w")`` would give it."""
+def atomic_write(path: Path, data: str | bytes) -> None:
+    """Write ``data`` (text as UTF-8) to ``path`` atomically: a temp file in the same dir,
+    then ``os.replace``; the file gets the mode a plain ``open(..., "w")`` would give it.
+
+    Raises:
+        OSError: the directory is not writable (no temp file is left behind).
+    """
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
+        with os.fdopen(fd, "wb") as f:
+            f.write(data.encode("utf-8") if isinstance(data, str) else data)
         umask = os.umask(0)
         os.umask(umask)
         os.chmod(tmp, 0o666 & ~umask)

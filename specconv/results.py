@@ -38,6 +38,24 @@ def plain(obj: Any) -> Any:
     return obj
 
 
+def jsonable(o: Any) -> Any:
+    """``json.dumps(default=...)`` for results: paths as strings, objects with
+    ``to_dict`` (results, findings) as their dict, sets and tuples as lists.
+
+    Raises:
+        TypeError: anything else (a bug: a value no stage should put in a result).
+    """
+    from pathlib import Path
+
+    if isinstance(o, Path):
+        return str(o)
+    if hasattr(o, "to_dict"):
+        return o.to_dict()
+    if isinstance(o, (set, frozenset, tuple)):
+        return list(o)
+    raise TypeError(f"not JSON serialisable: {type(o).__name__}")
+
+
 class StageResult(BaseModel):
     """Base class: mapping-style access, JSON dict, human text, exit status."""
 

@@ -62,21 +62,11 @@ def setup_logging(verbose: int = 0) -> None:
     root.propagate = False
 
 
-def _jsonable(o: Any) -> Any:
-    from pathlib import Path
-
-    if isinstance(o, Path):
-        return str(o)
-    if hasattr(o, "to_dict"):
-        return o.to_dict()
-    if isinstance(o, (set, frozenset, tuple)):
-        return list(o)
-    raise TypeError(f"not JSON serialisable: {type(o).__name__}")
-
-
 def dumps(obj: dict) -> str:
     """Serialise a result object the way every command prints it (sorted keys)."""
-    return json.dumps(obj, sort_keys=True, default=_jsonable, indent=2)
+    from ..results import jsonable
+
+    return json.dumps(obj, sort_keys=True, default=jsonable, indent=2)
 
 
 def render(result: Any, output_format: str) -> None:

@@ -14,7 +14,6 @@ import logging
 import os
 import platform
 import subprocess
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -91,22 +90,6 @@ def device_info(device: str) -> dict[str, Any]:
     else:
         info.update({"cpu": platform.processor() or platform.machine(), "cpu_count": os.cpu_count()})
     return info
-
-
-def _atomic_write(path: Path, data: bytes) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)  # mkstemp creates 0600; reports are ordinary files
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
 
 
 def _fmt(x: Any, nd: int = 3) -> str:
@@ -217,22 +200,18 @@ def plot_acceptance(metrics: dict, path: Path, *, source_metrics: dict | None = 
     return path
 
 
-def _jsonable(o: Any) -> Any:
-    if isinstance(o, Path):
-        return str(o)
-    if hasattr(o, "to_dict"):
-        return o.to_dict()
-    if isinstance(o, (set, tuple)):
-        return list(o)
-    raise TypeError(f"not JSON serialisable: {type(o).__name__}")
-
-
-def write_report(report: dict, report_dir: str | Path) -> dict[str, str]:
+def write_report(report, report_dir: str | Path) -> dict[str, str]:
     """Write ``validation.json`` (+ ``.md`` and the PNG) into ``report_dir``.
+
+    ``report`` is a :class:`~specconv.results.ValidationReport` (or its dict); its ``plot``
+    key is set to the PNG's file name.
 
     Returns:
         ``{"json": path, "markdown": path, "plot": path | None}``.
     """
+    from ..record import atomic_write
+    from ..results import jsonable
+
     d = Path(report_dir)
     d.mkdir(parents=True, exist_ok=True)
     files: dict[str, str] = {}
@@ -241,9 +220,9 @@ def write_report(report: dict, report_dir: str | Path) -> dict[str, str]:
         if png is not None:
             report["plot"] = png.name
             files["plot"] = str(png)
-    _atomic_write(d / REPORT_MD, render_markdown(report).encode())
+    atomic_write(d / REPORT_MD, render_markdown(report).encode())
     files["markdown"] = str(d / REPORT_MD)
-    _atomic_write(d / REPORT_JSON, (json.dumps(report, indent=2, sort_keys=True, default=_jsonable) + "\n").encode())
+    atomic_write(d / REPORT_JSON, (json.dumps(report, indent=2, sort_keys=True, default=jsonable) + "\n").encode())
     files["json"] = str(d / REPORT_JSON)
     return files
 
