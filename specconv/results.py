@@ -323,3 +323,20 @@ def _tau_lines(r: dict[str, Any]) -> list[str]:
         lines.append(f"TPOT:      {r['tpot_ms']:.1f} ms spec / {r['tpot_ar_ms']:.1f} ms plain  "
                      f"(speedup {r['speedup']:.2f}×)")
     return lines
+
+
+class FormatsResult(StageResult):
+    """``specconv formats``: every registered source format, in detection order.
+
+    Attributes:
+        formats: one ``describe()`` dict per converter (``format``, ``algorithm``,
+            ``supported``, ``title``, ``detection``, ``mapping``, ...).
+    """
+
+    formats: list[dict[str, Any]] = Field(default_factory=list)
+
+    def human(self) -> str:
+        lines = [f"{'format':28} {'algorithm':9} {'supported':9} source"]
+        for r in self.formats:
+            lines.append(f"{r['format']:28} {r['algorithm']:9} {('yes' if r['supported'] else 'refused'):9} {r['title']}")
+        return "\n".join(lines)

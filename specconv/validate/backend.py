@@ -18,7 +18,16 @@ from __future__ import annotations
 import importlib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Protocol, Sequence, runtime_checkable
+from typing import TYPE_CHECKING, Any, Callable, Protocol, Sequence, runtime_checkable
+
+if TYPE_CHECKING:
+    import torch
+
+    from ..drafters.base import DraftProposal
+    from ..speculators import SpeculatorsDraftConfig
+    from ..verifier import Verifier
+    from .gates import GateResult
+    from .run import ValidateOptions
 
 Progress = Callable[[str, int, int], None]
 
@@ -38,8 +47,8 @@ class DrafterBackend(Protocol):
     num_draft_tokens: int
     aux_layer_ids: Sequence[int]
 
-    def propose(self, context_tokens: Any, aux_hidden: Any, *, temperature: float = 0.0,
-                generator: Any = None) -> Any:
+    def propose(self, context_tokens: "torch.Tensor", aux_hidden: "torch.Tensor", *, temperature: float = 0.0,
+                generator: "torch.Generator | None" = None) -> "DraftProposal":
         """Draft ``k`` tokens.
 
         Args:
@@ -77,14 +86,14 @@ class ValidationRun:
     """
 
     drafter_dir: Path
-    verifier: Any
+    verifier: "Verifier"
     verifier_spec: str
-    options: Any
+    options: "ValidateOptions"
     progress: Progress
     report: dict[str, Any] = field(default_factory=dict)
-    results: list = field(default_factory=list)
+    results: "list[GateResult]" = field(default_factory=list)
     source: dict[str, Any] | None = None
-    source_config: Any = None
+    source_config: "SpeculatorsDraftConfig | None" = None
     prompts: list = field(default_factory=list)
 
 

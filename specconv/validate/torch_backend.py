@@ -12,7 +12,13 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import torch
+
+    from .backend import DrafterBackend
+    from .verifier_runner import VerifierRunner
 
 from ..errors import InvalidInputError
 from .backend import ValidationRun, copy_top
@@ -95,11 +101,11 @@ class _Harness:
     """The loaded models of one torch run and a ``decode(name, drafter)`` over the prompts."""
 
     run: ValidationRun
-    runner: Any
-    drafter: Any
+    runner: "VerifierRunner"
+    drafter: "DrafterBackend"
     rendered: list[tuple[str, list[int]]]
     stops: list[int]
-    dtype: Any
+    dtype: "torch.dtype"
     device: str
 
     def decode(self, name: str, drafter, **kw):
