@@ -9,9 +9,16 @@ from __future__ import annotations
 import logging
 import re
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .errors import InvalidInputError, UnsupportedFormatError, UsageError
+
+if TYPE_CHECKING:
+    from specconv.converters import ConvertOptions, Converter, SourceInfo
+
+    from .plan import ConversionPlan
+    from .results import ConversionResult, InspectResult
+    from .verifier import Verifier
 
 log = logging.getLogger("specconv")
 
@@ -124,7 +131,7 @@ def open_source(spec: str, *, subfolder: str | None = None, checkpoint: str | No
     return SourceInfo.open(path), note
 
 
-def detect(src) -> Any:
+def detect(src: "SourceInfo") -> type["Converter"]:
     """The matching converter class, or raise UnsupportedFormatError listing what was seen."""
     from specconv.converters import detect as _detect
 
@@ -149,12 +156,26 @@ def detect(src) -> Any:
     return cls
 
 
-def inspect_source(spec: str, *, verifier: str | None = None, verifier_name: str | None = None, **kw: Any) -> dict[str, Any]:
+def inspect_source(spec: str, *, verifier: str | None = None, verifier_name: str | None = None,
+                   **kw: Any) -> "InspectResult":
     """Detect a source (headers only) and, for Speculators dirs, lint it.
 
-    Returns a dict with ``format`` (registry id), ``algorithm``, ``supported``, ``reason``,
-    ``findings`` (lint), plus ``path``, ``title`` and, with a verifier, the dry-run plan.
+    Args:
+        spec: local dir or Hub id. verifier / verifier_name: with a verifier the
+            conversion plan is dry-run too. ``kw``: ``subfolder``, ``checkpoint``,
+            ``revision``, ``options`` (ConvertOptions).
+
+    Returns:
+        :class:`~specconv.results.InspectResult`: ``format`` (registry id), ``algorithm``,
+        ``supported``, ``reason``, ``findings`` (lint), ``path``, ``title`` and, with a
+        verifier, the dry-run ``plan``.
     """
+    from .results import InspectResult
+
+    return InspectResult.of(_inspect(spec, verifier, verifier_name, kw))
+
+
+def _inspect(spec: str, verifier: str | None, verifier_name: str | None, kw: dict[str, Any]) -> dict[str, Any]:
     from .speculators import lint_dir
 
     src, note = open_source(spec, subfolder=kw.get("subfolder"), checkpoint=kw.get("checkpoint"), revision=kw.get("revision"))
@@ -192,7 +213,9 @@ def inspect_source(spec: str, *, verifier: str | None = None, verifier_name: str
     return out
 
 
-def summarize_plan(plan) -> dict[str, Any]:
+def summarize_plan(plan: "ConversionPlan") -> dict[str, Any]:
+    """The plan as the conversion report shows it: config, tensor fates and bytes, casts,
+    dropped tensors, layer ids, notes."""
     from collections import Counter
 
     from .speculators import config_to_dict
@@ -227,18 +250,20 @@ def convert(
     *,
     verifier: str,
     output: Path | None,
-    options: Any = None,
+    options: "ConvertOptions | None" = None,
     verifier_name: str | None = None,
     subfolder: str | None = None,
     revision: str | None = None,
     max_shard_size: int | None = None,
     overwrite: bool = False,
     dry_run: bool = False,
-) -> dict[str, Any]:
+) -> "ConversionResult":
     """Convert ``source`` to a Speculators dir at ``output``.
 
-    Returns the report dict: ``format``, ``algorithm``, ``output``, ``findings`` (lint +
-    converter), ``plan`` summary, ``dry_run``. Lint errors fail the conversion.
+    Returns:
+        :class:`~specconv.results.ConversionResult`: ``format``, ``algorithm``,
+        ``source`` (resolved dir), ``output``, ``findings`` (lint + converter), ``plan``
+        summary, ``dry_run`` and, when written, ``files``. Lint errors fail the conversion.
 
     Raises:
         UnsupportedFormatError: refused or unknown source (exit 3).
@@ -246,14 +271,39 @@ def convert(
     """
     from specconv.converters import ConvertOptions
 
-    from .speculators import lint
+    from .results import ConversionResult
     from .verifier import resolve_verifier
 
     opts = options or ConvertOptions()
     src, note = open_source(source, subfolder=subfolder, checkpoint=opts.checkpoint, revision=revision)
+    cls = _supported_converter(src, opts)
+    v = resolve_verifier(verifier, name=verifier_name, revision=None)
+    log.info("detected %s (%s); verifier %s", cls.format_id, cls.algorithm, v.name_or_path)
+    plan = _linted_plan(cls, src, v, opts, note)
+    result = ConversionResult.of(dict(format=plan.format_id, algorithm=plan.algorithm, source=str(src.path),
+                                      output=str(output) if output else None, dry_run=dry_run,
+                                      plan=summarize_plan(plan), findings=[f.to_dict() for f in plan.findings]))
+    if dry_run:
+        if output is not None and Path(output).exists() and not overwrite:
+            result.findings.append({"level": "warning", "code": "output-exists", "key": None,
+                                    "message": f"output {output} exists: the real run needs --overwrite"})
+        return result
+    if output is None:
+        raise UsageError("-o/--output is required unless --dry-run")
+    ref = source_ref(source, src.path, subfolder=subfolder, revision=revision)
+    record = write_plan(plan, Path(output), source_store=src.store, verifier=v, max_shard_size=max_shard_size,
+                        overwrite=overwrite, source_ref=ref)
+    result.files = record.conversion.output_files
+    return result
+
+
+def _supported_converter(src: "SourceInfo", opts: "ConvertOptions") -> type["Converter"]:
+    """The converter for ``src``; refused when unsupported or not the ``--algorithm`` asked for.
+
+    Formats whose algorithm is only known after reading (e.g. ``dflash|dspark|peagle``)
+    check ``--algorithm`` in their own plan.
+    """
     cls = detect(src)
-    # formats whose algorithm is only known after reading (e.g. "dflash|dspark|peagle")
-    # check --algorithm in their own plan
     if opts.algorithm and "|" not in cls.algorithm and cls.algorithm != opts.algorithm:
         raise InvalidInputError(
             f"--algorithm {opts.algorithm} given but {src.path} is {cls.title} ({cls.format_id}, algorithm {cls.algorithm})",
@@ -261,44 +311,46 @@ def convert(
         )
     if not cls.supported:
         raise UnsupportedFormatError(f"{cls.title} ({cls.format_id}) is not supported: {cls.refusal}", format_id=cls.format_id)
-    v = resolve_verifier(verifier, name=verifier_name, revision=None)
-    log.info("detected %s (%s); verifier %s", cls.format_id, cls.algorithm, v.name_or_path)
+    return cls
+
+
+def _linted_plan(cls: type["Converter"], src: "SourceInfo", v: "Verifier", opts: "ConvertOptions",
+                 note: str | None) -> "ConversionPlan":
+    """Plan the conversion and lint the planned config + tensors; lint errors refuse it."""
+    from .speculators import lint
+
     plan = cls().plan(src, v, opts)
     if note:
         plan.notes.insert(0, f"selected {note}")
     tensors = {t.out: (tuple(t.shape), t.dtype) for t in plan.tensors}
-    lint_findings = lint(plan.config, tensors, v.facts())
-    plan.findings = _dedupe(plan.findings + lint_findings)
-    report: dict[str, Any] = {
-        "format": plan.format_id,
-        "algorithm": plan.algorithm,
-        "source": str(src.path),
-        "output": str(output) if output else None,
-        "dry_run": dry_run,
-        "plan": summarize_plan(plan),
-        "findings": [f.to_dict() for f in plan.findings],
-    }
+    plan.findings = _dedupe(plan.findings + lint(plan.config, tensors, v.facts()))
     errors = [f for f in plan.findings if f.level == "error"]
     if errors:
-        from .errors import InvalidInputError as _E
-
-        raise _E(
+        raise InvalidInputError(
             "the converted drafter would not be servable: " + "; ".join(f"[{f.code}] {f.message}" for f in errors),
             code="lint_failed",
         )
-    if dry_run:
-        if output is not None and Path(output).exists() and not overwrite:
-            report["findings"].append({"level": "warning", "code": "output-exists", "key": None,
-                                       "message": f"output {output} exists: the real run needs --overwrite"})
-        return report
-    if output is None:
-        raise UsageError("-o/--output is required unless --dry-run")
-    record = write_plan(plan, Path(output), source_store=src.store, verifier=v, max_shard_size=max_shard_size, overwrite=overwrite)
-    report["files"] = record["output_files"]
-    return report
+    return plan
 
 
-def write_plan(*a: Any, **kw: Any) -> dict[str, Any]:
+def source_ref(spec: str, path: Path, *, subfolder: str | None, revision: str | None) -> dict[str, Any] | None:
+    """How ``specconv.json`` names a source: ``None`` for a local dir (the writer records
+    it relative to the drafter dir), else the Hub id with the snapshot's commit (the
+    directory name under ``snapshots/`` in the huggingface_hub cache layout), the
+    ``--subfolder`` and the path of the selected checkpoint inside the snapshot."""
+    if Path(spec).expanduser().exists():
+        return None
+    parts = Path(path).parts
+    ref: dict[str, Any] = {"hub_id": spec, "revision": revision, "subfolder": subfolder}
+    if "snapshots" in parts and parts.index("snapshots") + 1 < len(parts):
+        i = parts.index("snapshots")
+        ref["revision"] = parts[i + 1]
+        ref["path"] = Path(*parts[i + 2:]).as_posix() if len(parts) > i + 2 else "."
+    return ref
+
+
+def write_plan(*a: Any, **kw: Any):
+    """:func:`specconv.writer.write_plan` (imported on first use); returns the record."""
     from .writer import write_plan as _w
 
     return _w(*a, **kw)

@@ -42,17 +42,23 @@ EXIT_CODES: dict[int, str] = {
 
 
 class SpecconvError(Exception):
-    """Base class. ``exit_code`` is the process exit status; ``code`` a stable slug."""
+    """Base class. ``exit_code`` is the process exit status; ``code`` a stable slug.
+
+    ``result``, when set, is the stage's typed result (a ``specconv.results`` model) that
+    the CLI prints instead of the bare error object — e.g. the full validation report of
+    a run whose gate failed.
+    """
 
     exit_code: int = EXIT_INVALID_INPUT
     code: str = "error"
 
-    def __init__(self, message: str, *, code: str | None = None, hint: str | None = None):
+    def __init__(self, message: str, *, code: str | None = None, hint: str | None = None, result=None):
         super().__init__(message)
         self.message = message
         if code is not None:
             self.code = code
         self.hint = hint
+        self.result = result
 
     def to_dict(self) -> dict:
         d = {"error": self.code, "message": self.message, "exit_code": self.exit_code}
@@ -90,7 +96,11 @@ class UnsupportedFormatError(InvalidInputError):
 
 
 class GateFailedError(SpecconvError):
-    """A validation gate (lint, parity, acceptance, losslessness) failed (exit 4)."""
+    """A validation gate (structure, parity, acceptance, losslessness) failed (exit 4).
+
+    Raised by ``specconv validate`` with the report as ``result`` (the report carries
+    ``error``, ``exit_code`` and ``message`` too, so the JSON stays one object).
+    """
 
     exit_code = EXIT_GATE_FAILED
     code = "gate_failed"

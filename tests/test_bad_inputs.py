@@ -495,7 +495,7 @@ def test_corrupt_hash_cache_entry_is_ignored(tmp_path, tiny_verifier_dir, monkey
     monkeypatch.setattr(w, "_HASH_CACHE", None)
     code, obj, _ = convert(src, tiny_verifier_dir, tmp_path / "o")  # AttributeError / KeyError before
     assert code == 0, obj
-    rec = json.loads((tmp_path / "o" / "specconv.json").read_text())
+    rec = json.loads((tmp_path / "o" / "specconv.json").read_text())["conversion"]
     assert rec["source"]["files"]["config.json"] == hashlib.sha256(cfg.read_bytes()).hexdigest()
 
 
@@ -600,7 +600,7 @@ def test_symlink_loops_in_the_checkpoint_dir(tmp_path, tiny_verifier_dir):
     os.symlink("..", src / "sub" / "up")
     code, obj, _ = convert(src, tiny_verifier_dir, tmp_path / "o")
     assert code == 0, obj
-    rec = json.loads((tmp_path / "o" / "specconv.json").read_text())
+    rec = json.loads((tmp_path / "o" / "specconv.json").read_text())["conversion"]
     assert sorted(rec["source"]["files"]) == ["config.json", "dflash.py", "model.safetensors"]
 
 

@@ -123,7 +123,7 @@ def test_layer_ids_plus_one(fmt, tiny_verifier_dir, tmp_path):
     api_convert(src, tiny_verifier_dir, out)
     cfg = read(out)
     assert cfg["aux_hidden_state_layer_ids"] == [1, 3, 5]
-    rec = read(out, "specconv.json")["layer_ids"]
+    rec = read(out, "specconv.json")["conversion"]["layer_ids"]
     assert rec["source_ids"] == [0, 2, 4] and rec["speculators_ids"] == [1, 3, 5]
     assert rec["source_convention"] == "z-lab" and "+1" in rec["rule"]
     assert rec["source_key"].endswith("target_layer_ids")
@@ -175,7 +175,7 @@ def test_missing_layer_ids_then_override(tiny_verifier_dir, tmp_path):
     code, rep, err = cli_convert(src, tiny_verifier_dir, out, "--aux-layer-ids", "1,3,5")
     assert code == 0, err
     assert read(out)["aux_hidden_state_layer_ids"] == [1, 3, 5]
-    rec = read(out, "specconv.json")
+    rec = read(out, "specconv.json")["conversion"]
     assert rec["options"]["aux_layer_ids"] == [1, 3, 5]
     assert rec["layer_ids"]["source_convention"] == "override" and rec["layer_ids"]["source_ids"] is None
 
@@ -232,7 +232,7 @@ def test_mask_token_from_flag_when_absent(tiny_verifier_dir, tmp_path):
     code, rep, err = cli_convert(src, tiny_verifier_dir, tmp_path / "o2", "--mask-token-id", 123)
     assert code == 0, err
     assert read(tmp_path / "o2")["mask_token_id"] == 123
-    rec = read(tmp_path / "o2", "specconv.json")
+    rec = read(tmp_path / "o2", "specconv.json")["conversion"]
     assert rec["options"]["mask_token_id"] == 123
     assert any("--mask-token-id" in n for n in rec["notes"])
 
@@ -256,7 +256,7 @@ def test_mask_equal_to_eos_warns(tiny_verifier_dir, tmp_path):
     assert code == 0, err
     w = [f for f in rep["findings"] if f["code"] == "mask-token-is-special"]
     assert w and w[0]["level"] == "warning" and "eos" in w[0]["message"]
-    assert "mask-token-is-special" in codes(read(tmp_path / "out", "specconv.json")["findings"])
+    assert "mask-token-is-special" in codes(read(tmp_path / "out", "specconv.json")["conversion"]["findings"])
 
 
 def test_mask_outside_vocab_refused(tiny_verifier_dir, tmp_path):
@@ -298,7 +298,7 @@ def test_rotary_inv_freq_dropped_with_reason(tiny_verifier_dir, tmp_path):
     out = tmp_path / "out"
     rep = api_convert(src, tiny_verifier_dir, out)
     assert "rotary_emb.inv_freq" not in out_tensors(out)
-    fates = read(out, "specconv.json")["tensors"]
+    fates = read(out, "specconv.json")["conversion"]["tensors"]
     d = [v for v in fates.values() if v.get("fate") == "dropped"]
     assert len(d) == 1 and d[0]["name"] == "rotary_emb.inv_freq" and "rope" in d[0]["reason"].lower()
     assert [x["name"] for x in rep["plan"]["dropped"]] == ["rotary_emb.inv_freq"]
@@ -312,7 +312,7 @@ def test_every_source_tensor_has_a_fate(tiny_verifier_dir, tmp_path):
     api_convert(src, tiny_verifier_dir, out)
     with safe_open(str(src / "model.safetensors"), "np") as f:
         src_names = set(f.keys())
-    fates = read(out, "specconv.json")["tensors"]
+    fates = read(out, "specconv.json")["conversion"]["tensors"]
     accounted = {v["source"] for v in fates.values() if v.get("source")} | {
         v["name"] for v in fates.values() if v.get("fate") == "dropped"}
     assert src_names <= accounted
@@ -385,7 +385,7 @@ def test_dtype_float32_cast(tiny_verifier_dir, tmp_path):
         assert b[n].dtype == torch.float32, n
         assert torch.equal(b[n], t.to(torch.float32)), n
     assert read(out)["dtype"] == "float32"
-    rec = read(out, "specconv.json")
+    rec = read(out, "specconv.json")["conversion"]
     assert rec["dtype"] == "float32" and rec["options"]["dtype"] == "float32"
     assert rec["tensors"]["fc.weight"]["cast_from"] == "BF16" and rec["tensors"]["fc.weight"]["dtype"] == "F32"
 
@@ -413,7 +413,7 @@ def test_max_shard_size_shards_and_index(tiny_verifier_dir, tmp_path):
     a, b = TensorStore.open(out), TensorStore.open(single)
     assert a.names() == b.names() == sorted(index["weight_map"])
     assert all(a.read_bytes(n) == b.read_bytes(n) for n in a.names())
-    assert sorted(read(out, "specconv.json")["output_files"]) == sorted(p.name for p in out.iterdir())
+    assert sorted(read(out, "specconv.json")["conversion"]["output_files"]) == sorted(p.name for p in out.iterdir())
 
 
 @pytest.mark.peer
@@ -507,7 +507,7 @@ def test_specconv_json_record(tiny_verifier_dir, tmp_path):
     src = make_source(tmp_path)
     out = tmp_path / "out"
     api_convert(src, tiny_verifier_dir, out)
-    rec = read(out, "specconv.json")
+    rec = read(out, "specconv.json")["conversion"]
     assert rec["format"] == "zlab_dflash" and rec["algorithm"] == "dflash"
     src_files = sorted(str(p.relative_to(src)) for p in src.rglob("*") if p.is_file())
     assert sorted(rec["source"]["files"]) == src_files

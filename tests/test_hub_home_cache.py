@@ -54,7 +54,7 @@ def test_hub_source_in_default_cache_converts(home):
     code, rep, err = _cli(home, tmp / "cwd", "convert", "z-lab/tiny-dflash", "--verifier", VERIFIER, "-o", out)
     assert code == 0, (rep, err)
     assert rep["format"] == "zlab_dflash"
-    rec = json.loads((out / "specconv.json").read_text())
+    rec = json.loads((out / "specconv.json").read_text())["conversion"]
     assert sorted(rec["source"]["files"]) == sorted(files)
     assert json.loads((out / "config.json").read_text())["speculators_config"]["verifier"]["name_or_path"] == VERIFIER
     # inspect judges it the same way
@@ -72,8 +72,10 @@ def test_hub_source_subfolder_and_revision_in_default_cache(home):
     code, rep, err = _cli(home, tmp / "cwd", "convert", "xiaomi/mimo-like", "--subfolder", "dflash",
                           "--revision", OTHER, "--verifier", VERIFIER, "-o", out)
     assert code == 0, (rep, err)
-    rec = json.loads((out / "specconv.json").read_text())
-    assert Path(rec["source"]["path"]) == snap / "dflash"
+    rec = json.loads((out / "specconv.json").read_text())["conversion"]
+    # the absolute snapshot path is in the conversion report; the record names the Hub repo
+    assert Path(rep["source"]) == snap / "dflash"
+    assert (rec["source"]["hub_id"], rec["source"]["revision"], rec["source"]["path"]) == ("xiaomi/mimo-like", OTHER, "dflash")
     assert "model.safetensors" in rec["source"]["files"]
 
 

@@ -296,9 +296,12 @@ def _check_hub_output(out: Path, rep: dict, snap_src: Path) -> dict:
     cfg = json.loads((out / "config.json").read_text())
     assert cfg["speculators_config"]["verifier"]["name_or_path"] == VERIFIER
     assert "verifier-not-hub-id" not in fd.codes(rep["findings"])
-    rec = json.loads((out / "specconv.json").read_text())
+    rec = json.loads((out / "specconv.json").read_text())["conversion"]
     assert rec["verifier"]["spec"] == VERIFIER and rec["verifier"]["name_or_path"] == VERIFIER
-    assert Path(rec["source"]["path"]) == snap_src
+    # the absolute snapshot path is in the conversion report; the record names the Hub repo
+    assert Path(rep["source"]) == snap_src
+    assert rec["source"]["hub_id"] == snap_src.parts[snap_src.parts.index("snapshots") - 1][len("models--"):].replace("--", "/")
+    assert not Path(rec["source"]["path"]).is_absolute()
     return rec
 
 
@@ -330,7 +333,7 @@ def test_hub_source_files_recorded_by_repo_name(hub, sharded_qwen3, tmp_path):
     hub.add(VERIFIER, _verifier_files(sharded_qwen3, shards=()))
     out = tmp_path / "out"
     rep = fd.api_convert("z-lab/tiny-dflash", VERIFIER, out, name=None)
-    rec = json.loads((out / "specconv.json").read_text())
+    rec = json.loads((out / "specconv.json").read_text())["conversion"]
     assert sorted(rec["source"]["files"]) == sorted(files), rep
 
 
@@ -499,7 +502,7 @@ def test_peagle_takes_embed_and_lm_head_from_hub_verifier(hub, tiny_llama_verifi
     assert "verifier-not-hub-id" not in fd.codes(rep["findings"])
     cfg = json.loads((out / "config.json").read_text())
     assert cfg["speculators_config"]["verifier"]["name_or_path"] == VERIFIER
-    rec = json.loads((out / "specconv.json").read_text())
+    rec = json.loads((out / "specconv.json").read_text())["conversion"]
     dst = _tensors(out)
     for out_name, v_name, shard in (("lm_head.weight", "lm_head.weight", SHARDS[2]),
                                     ("embed_tokens.weight", "model.embed_tokens.weight", SHARDS[0])):

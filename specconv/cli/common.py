@@ -20,21 +20,12 @@ from typing import Any, Callable
 import click
 
 from ..errors import EXIT_INVALID_INPUT, SpecconvError
+from .options import output_format_option  # noqa: F401  (re-exported for command modules)
 
 #: exit status after Ctrl-C (128 + SIGINT, the shell convention)
 EXIT_INTERRUPTED = 130
 
 log = logging.getLogger("specconv")
-
-output_format_option = click.option(
-    "--format",
-    "output_format",
-    type=click.Choice(["human", "json"]),
-    default="human",
-    show_default=True,
-    help="human: readable summary; json: one JSON object on stdout.",
-)
-
 
 class _StderrHandler(logging.StreamHandler):
     """A stream handler writing to whatever ``sys.stderr`` is *now* (click's CliRunner and
@@ -71,31 +62,28 @@ def setup_logging(verbose: int = 0) -> None:
     root.propagate = False
 
 
-def _jsonable(o: Any) -> Any:
-    from pathlib import Path
-
-    if isinstance(o, Path):
-        return str(o)
-    if hasattr(o, "to_dict"):
-        return o.to_dict()
-    if isinstance(o, (set, frozenset, tuple)):
-        return list(o)
-    raise TypeError(f"not JSON serialisable: {type(o).__name__}")
-
-
 def dumps(obj: dict) -> str:
     """Serialise a result object the way every command prints it (sorted keys)."""
-    return json.dumps(obj, sort_keys=True, default=_jsonable, indent=2)
+    from ..results import jsonable
+
+    return json.dumps(obj, sort_keys=True, default=jsonable, indent=2)
+
+
+def render(result: Any, output_format: str) -> None:
+    """Print a typed stage result (``specconv.results``) on stdout: ``--format json`` as
+    one JSON object (:meth:`to_dict`), ``--format human`` as :meth:`human`."""
+    if output_format == "json" or not hasattr(result, "human"):
+        click.echo(dumps(result.to_dict() if hasattr(result, "to_dict") else result))
+    else:
+        click.echo(result.human())
 
 
 def emit(result: dict, output_format: str, human: Callable[[dict], str] | None = None) -> None:
-    """Print a command result on stdout in the selected format."""
-    if output_format == "json":
+    """Print a plain dict result (``formats``) in the selected format."""
+    if output_format == "json" or human is None:
         click.echo(dumps(result))
-    elif human is not None:
-        click.echo(human(result))
     else:
-        click.echo(dumps(result))
+        click.echo(human(result))
 
 
 def progress_enabled() -> bool:
@@ -103,38 +91,62 @@ def progress_enabled() -> bool:
     return sys.stderr.isatty()
 
 
-def run_command(fn: Callable[..., dict | None]) -> Callable[..., None]:
-    """Decorator: run a command body, map SpecconvError to its exit code.
+def _error_object(e: SpecconvError, fmt: str) -> int:
+    """Print a SpecconvError (its result when it carries one); return its exit code."""
+    if e.result is not None:
+        render(e.result, fmt)
+    elif fmt == "json":
+        click.echo(dumps(e.to_dict()))
+    msg = f"error: {e.message}"
+    if e.hint:
+        msg += f"\nhint: {e.hint}"
+    click.echo(msg, err=True)
+    return e.exit_code
 
-    The wrapped function receives the click parameters (including ``output_format``)
-    and returns ``None`` (it already emitted) — errors are printed here: as JSON on
-    stdout with ``--format json`` (plus a one-line message on stderr), else on stderr.
+
+def _plain_error(code: str, message: str, exit_code: int, fmt: str) -> int:
+    if fmt == "json":
+        click.echo(dumps({"error": code, "message": message, "exit_code": exit_code}))
+    click.echo(f"error: {message}", err=True)
+    return exit_code
+
+
+def _exit(code: int) -> None:
+    """End the command with ``code`` through click (``ctx.exit``), never a bare SystemExit."""
+    ctx = click.get_current_context(silent=True)
+    if ctx is None:  # pragma: no cover - called outside click
+        raise SystemExit(code)
+    ctx.exit(code)
+
+
+def run_command(fn: Callable[..., Any]) -> Callable[..., None]:
+    """Decorator: run a command body, render its result, map errors to exit codes.
+
+    The wrapped function receives the click parameters (including ``output_format``) and
+    returns a typed result (rendered here; the exit status is its ``exit_status()``) or
+    ``None`` (it printed itself). Errors are printed here: a
+    :class:`~specconv.errors.SpecconvError` as its JSON object on stdout with ``--format
+    json`` (its ``result`` instead when it carries one) plus a one-line message on
+    stderr; ``OSError`` as exit 3; Ctrl-C as exit 130.
     """
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> None:
         fmt = kwargs.get("output_format", "human")
+        code = 0
         try:
-            fn(*args, **kwargs)
+            result = fn(*args, **kwargs)
+            if result is not None:
+                render(result, fmt)
+                code = result.exit_status() if hasattr(result, "exit_status") else 0
         except SpecconvError as e:
-            if fmt == "json":
-                click.echo(dumps(e.to_dict()))
-            msg = f"error: {e.message}"
-            if e.hint:
-                msg += f"\nhint: {e.hint}"
-            click.echo(msg, err=True)
-            sys.exit(e.exit_code)
+            code = _error_object(e, fmt)
         except OSError as e:  # the environment, not a bug: disk full, read-only output, permissions
             where = f": {e.filename}" if e.filename else ""
-            err = {"error": "os_error", "message": f"{e.strerror or e}{where}", "exit_code": EXIT_INVALID_INPUT}
-            if fmt == "json":
-                click.echo(dumps(err))
-            click.echo(f"error: {err['message']}", err=True)
-            sys.exit(EXIT_INVALID_INPUT)
+            code = _plain_error("os_error", f"{e.strerror or e}{where}", EXIT_INVALID_INPUT, fmt)
         except KeyboardInterrupt:  # Ctrl-C (convert: the writer has already removed its temp dir)
-            if fmt == "json":
-                click.echo(dumps({"error": "interrupted", "message": "interrupted (Ctrl-C)", "exit_code": EXIT_INTERRUPTED}))
-            click.echo("error: interrupted (Ctrl-C)", err=True)
-            sys.exit(EXIT_INTERRUPTED)
+            code = _plain_error("interrupted", "interrupted (Ctrl-C)", EXIT_INTERRUPTED, fmt)
+        if code:
+            _exit(code)
 
     return wrapper

@@ -6,7 +6,9 @@ from pathlib import Path
 
 import click
 
-from .common import emit, output_format_option, run_command
+from .common import run_command
+from .options import (checkpoint_option, output_format_option, revision_option, subfolder_option, verifier_name_option,
+                      verifier_option)
 
 
 def _ids(ctx, param, value):
@@ -41,31 +43,6 @@ def _algorithms() -> list[str]:
     return algorithms()
 
 
-def _human(r: dict) -> str:
-    p = r["plan"]
-    lines = [
-        f"{'planned' if r['dry_run'] else 'converted'} {r['source']} ({r['format']}, {r['algorithm']})"
-        + ("" if r["dry_run"] else f" → {r['output']}"),
-        f"  tensors: {p['tensors']} ({', '.join(f'{k} {v}' for k, v in p['fates'].items())}), {p['bytes'] / 1e6:.1f} MB",
-    ]
-    if p.get("casts"):
-        lines.append("  cast: " + ", ".join(f"{k} ×{v}" for k, v in p["casts"].items()))
-    if p.get("layer_ids"):
-        li = p["layer_ids"]
-        lines.append(f"  aux layer ids: {li['source_ids']} ({li['source_convention']}) → {li['speculators_ids']}")
-    cfg = p["config"]
-    k = cfg["speculators_config"]["proposal_methods"][0]["speculative_tokens"]
-    extra = f", block_size {cfg['block_size']}" if "block_size" in cfg else ""
-    lines.append(f"  mask_token_id {cfg.get('mask_token_id')}{extra}, speculative_tokens {k}")
-    for d in p["dropped"]:
-        lines.append(f"  dropped {d['name']}: {d['reason']}")
-    for n in p["notes"]:
-        lines.append(f"  note: {n}")
-    for f in r["findings"]:
-        lines.append(f"  {f['level']:7} [{f['code']}] {f['message']}")
-    return "\n".join(lines)
-
-
 class _AlgoChoice(click.Choice):
     """Choices generated from the converter registry, resolved lazily."""
 
@@ -83,8 +60,8 @@ class _AlgoChoice(click.Choice):
 
 @click.command("convert")
 @click.argument("src")
-@click.option("--verifier", required=True, help="Verifier: local dir or Hub id.")
-@click.option("--verifier-name", help="Hub id to record as verifier.name_or_path when --verifier is local.")
+@verifier_option()
+@verifier_name_option()
 @click.option("-o", "--output", type=click.Path(path_type=Path), help="Output directory (written atomically).")
 @click.option("--algorithm", type=_AlgoChoice(), help="Refuse unless the detected source has this target algorithm.")
 @click.option("--mask-token-id", type=int, help="Mask token the drafter was trained with (when the checkpoint lacks it).")
@@ -95,9 +72,9 @@ class _AlgoChoice(click.Choice):
 @click.option("--vocab-mapping", type=click.Path(path_type=Path, exists=True), help="d2t/t2d side file (.pt/.npy/.safetensors dir).")
 @click.option("--draft-config", type=click.Path(path_type=Path, exists=True), help="Draft config for sources without config.json.")
 @click.option("--allow-unpickle", is_flag=True, help="Explicitly allow unpickling a trusted training_state.pt (SpecForge).")
-@click.option("--checkpoint", help="Trainer save dir: best | latest | a child name.")
-@click.option("--subfolder", help="Subfolder of SRC holding the checkpoint.")
-@click.option("--revision", help="Hub revision of SRC.")
+@checkpoint_option
+@subfolder_option
+@revision_option
 @click.option("--dtype", type=click.Choice(["keep", "bfloat16", "float16", "float32"]), default="keep", show_default=True,
               help="Cast float tensors.")
 @click.option("--max-shard-size", callback=_size, help="Shard above this size (e.g. 5GB); default: one model.safetensors.")
@@ -108,7 +85,7 @@ class _AlgoChoice(click.Choice):
 def convert_cmd(src: str, verifier: str, verifier_name, output, algorithm, mask_token_id, aux_layer_ids,
                 speculative_tokens, sample_from_anchor, norm_before_residual, vocab_mapping, draft_config,
                 allow_unpickle, checkpoint, subfolder, revision, dtype, max_shard_size, overwrite, dry_run,
-                output_format) -> None:
+                output_format):
     """Convert the drafter checkpoint SRC into a Speculators-format directory.
 
     SRC is a local dir or a Hub id. Every source tensor is mapped or refused by name; every
@@ -125,6 +102,5 @@ def convert_cmd(src: str, verifier: str, verifier_name, output, algorithm, mask_
         sample_from_anchor=sample_from_anchor, vocab_mapping=vocab_mapping, draft_config=draft_config,
         allow_unpickle=allow_unpickle, checkpoint=checkpoint, algorithm=algorithm, norm_before_residual=norm_before_residual,
     )
-    r = convert(src, verifier=verifier, output=output, options=opts, verifier_name=verifier_name, subfolder=subfolder,
-                revision=revision, max_shard_size=max_shard_size, overwrite=overwrite, dry_run=dry_run)
-    emit(r, output_format, _human)
+    return convert(src, verifier=verifier, output=output, options=opts, verifier_name=verifier_name, subfolder=subfolder,
+                   revision=revision, max_shard_size=max_shard_size, overwrite=overwrite, dry_run=dry_run)

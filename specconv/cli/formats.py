@@ -4,20 +4,13 @@ from __future__ import annotations
 
 import click
 
-from .common import emit, output_format_option, run_command
+from .common import output_format_option, run_command
 
 
 def formats_table() -> list[dict]:
     from specconv.converters import ordered
 
     return [c.describe() for c in ordered()]
-
-
-def _human(result: dict) -> str:
-    lines = [f"{'format':28} {'algorithm':9} {'supported':9} source"]
-    for r in result["formats"]:
-        lines.append(f"{r['format']:28} {r['algorithm']:9} {('yes' if r['supported'] else 'refused'):9} {r['title']}")
-    return "\n".join(lines)
 
 
 def _cell(text: str) -> str:
@@ -69,7 +62,7 @@ def formats_markdown() -> str:
 @click.option("--markdown", is_flag=True, help="Print docs/formats.md (generated from the registry) instead.")
 @output_format_option
 @run_command
-def formats_cmd(markdown: bool, output_format: str) -> None:
+def formats_cmd(markdown: bool, output_format: str):
     """List every source format specconv detects, in detection order."""
     if markdown:
         if output_format == "json":
@@ -78,4 +71,6 @@ def formats_cmd(markdown: bool, output_format: str) -> None:
             raise UsageError("--markdown prints Markdown; it cannot be combined with --format json")
         click.echo(formats_markdown(), nl=False)
         return
-    emit({"formats": formats_table()}, output_format, _human)
+    from specconv.results import FormatsResult
+
+    return FormatsResult.of({"formats": formats_table()})

@@ -8,42 +8,10 @@ from pathlib import Path
 
 import click
 
-from .common import emit, output_format_option, progress_enabled, run_command
+from .common import progress_enabled, run_command
+from .options import output_format_option, verifier_option
 
 log = logging.getLogger("specconv")
-
-
-def _human(r: dict) -> str:
-    lines = [
-        f"drafter:   {r.get('drafter')}  ({r.get('algorithm')}, k={r.get('k')})",
-        f"verifier:  {r.get('verifier')}",
-        f"backend:   {r.get('backend')}  device={(r.get('device') or {}).get('gpu_name') or (r.get('device') or {}).get('device')}  dtype={r.get('dtype')}",
-    ]
-    pr = r.get("prompts")
-    if pr:
-        lines.append(f"prompts:   {pr['set']} × {pr['n']}, max new tokens {r.get('max_new_tokens')}, T={r.get('temperature')}")
-    if r.get("acceptance_length") is not None:
-        ci = r.get("tau_ci95")
-        ci_s = f"  (95% CI {ci[0]:.3f}–{ci[1]:.3f})" if ci else ""
-        lines.append(f"τ pooled:  {r['acceptance_length']:.3f}{ci_s}   acceptance rate {r.get('acceptance_rate') or 0:.3f}")
-        lines.append("p_i:       " + " ".join(f"{p:.3f}" for p in r.get("acceptance_at_pos") or []))
-        if r.get("source_metrics"):
-            lines.append(f"τ source:  {r['source_metrics']['acceptance_length']:.3f}")
-        if r.get("speedup"):
-            lines.append(f"TPOT:      {r['tpot_ms']:.1f} ms spec / {r['tpot_ar_ms']:.1f} ms plain  (speedup {r['speedup']:.2f}×)")
-    lines.append("gates:")
-    for g in r.get("gate_results", []):
-        lines.append(f"  {g['name']:<11} {g['status']}")
-        for e in g["errors"][:5]:
-            lines.append(f"      error:   {e}")
-        for w in g["warnings"][:3]:
-            lines.append(f"      warning: {w}")
-        if g.get("skipped_reason"):
-            lines.append(f"      ({g['skipped_reason']})")
-    files = r.get("report_files") or {}
-    if files:
-        lines.append(f"report:    {files.get('json')}")
-    return "\n".join(lines)
 
 
 @contextlib.contextmanager
@@ -83,26 +51,35 @@ def _progress():
 
 
 def _require_speculators_dir(d: Path) -> None:
-    """Refuse (exit 3, nothing written) a DIR that is not a Speculators-format directory."""
-    import json
+    """Refuse (exit 3, nothing written) a DIR that is not a Speculators-format directory.
 
-    from specconv.errors import InvalidInputError
+    Read through the typed parser (``specconv.speculators.load_config``). A config that
+    is a Speculators config but has an invalid value (or an unknown algorithm) is let
+    through: G1 structure reports it (exit 4).
+    """
+    from specconv.errors import InvalidInputError, UnsupportedFormatError
+    from specconv.speculators import load_config
 
     try:
-        cfg = json.loads((d / "config.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError) as e:
-        raise InvalidInputError(f"{d}: cannot read config.json ({e})", code="not_speculators_dir") from e
-    if not isinstance(cfg, dict) or "speculators_model_type" not in cfg:
+        load_config(d)
+    except UnsupportedFormatError:
+        return
+    except InvalidInputError as e:
+        if "invalid Speculators" in e.message:
+            return
+        missing = "speculators_model_type" in e.message
         raise InvalidInputError(
-            f"{d} is not a Speculators-format directory (config.json has no speculators_model_type)",
+            f"{d} is not a Speculators-format directory (config.json has no speculators_model_type)" if missing
+            else f"{d}: cannot read config.json ({e.message})",
             code="not_speculators_dir",
-            hint=f"convert it first: specconv convert {d} --verifier V -o OUT, then validate OUT with --source {d}",
-        )
+            hint=f"convert it first: specconv convert {d} --verifier V -o OUT, then validate OUT with --source {d}"
+            if missing else None,
+        ) from e
 
 
 @click.command("validate")
 @click.argument("drafter_dir", metavar="DIR", type=click.Path(file_okay=False, path_type=Path))
-@click.option("--verifier", required=True, help="Verifier: local HF dir or Hub id (from the local cache).")
+@verifier_option(help="Verifier: local HF dir or Hub id (from the local cache).")
 @click.option("--source", help="Source checkpoint DIR was converted from: enables G2 parity and the τ comparison.")
 @click.option("--prompts", default="eval", show_default=True, help="humaneval | mtbench | sharegpt | eval | FILE.jsonl")
 @click.option("--num-prompts", type=click.IntRange(min=1), default=12, show_default=True,
@@ -137,7 +114,7 @@ def validate_cmd(
     attn_implementation: str,
     seed: int,
     output_format: str,
-) -> None:
+):
     """Validate the Speculators drafter in DIR against its verifier.
 
     Gates, in order: G1 structure (lint, tensor accounting, verifier-supplied tensors),
@@ -146,56 +123,39 @@ def validate_cmd(
     validation.md and acceptance.png and records a summary under "validation" in
     DIR/specconv.json. Exit 4 when a gate fails.
     """
-    from specconv.errors import EXIT_GATE_FAILED
-    from specconv.validate.report import record_in_specconv_json, write_report
-    from specconv.validate.run import ValidateOptions, failed_gates, validate_drafter
+    from specconv.errors import EXIT_GATE_FAILED, GateFailedError
+    from specconv.validate.report import write_report
+    from specconv.validate.run import ValidateOptions, validate_drafter
 
     _require_speculators_dir(drafter_dir)
-    opts = ValidateOptions(
-        source=source,
-        prompts=prompts,
-        num_prompts=num_prompts,
-        max_new_tokens=max_new_tokens,
-        temperature=temperature,
-        device=device,
-        dtype=dtype,
-        min_tau=min_tau,
-        backend=backend,
-        attn_implementation=attn_implementation,
-        seed=seed,
-    )
+    opts = ValidateOptions(source=source, prompts=prompts, num_prompts=num_prompts, max_new_tokens=max_new_tokens,
+                           temperature=temperature, device=device, dtype=dtype, min_tau=min_tau, backend=backend,
+                           attn_implementation=attn_implementation, seed=seed)
     with _progress() as cb:
         report = validate_drafter(drafter_dir, verifier, opts, progress=cb)
     out_dir = report_dir or (Path.cwd() / "specconv-validation" / drafter_dir.resolve().name)
-    files = write_report(report, out_dir)
-    report["report_files"] = files
-    summary = {
-        "acceptance_length": report.get("acceptance_length"),
-        "acceptance_at_pos": report.get("acceptance_at_pos"),
-        "tau_ci95": report.get("tau_ci95"),
-        "gates": report.get("gates"),
-        "passed": report.get("passed"),
-        "verifier": report.get("verifier"),
-        "backend": report.get("backend"),
-        "device": (report.get("device") or {}).get("gpu_name") or (report.get("device") or {}).get("device"),
-        "dtype": report.get("dtype"),
-        "prompts": {k: (report.get("prompts") or {}).get(k) for k in ("set", "n")},
-        "max_new_tokens": report.get("max_new_tokens"),
-        "temperature": report.get("temperature"),
-        "source_acceptance_length": (report.get("source_metrics") or {}).get("acceptance_length"),
-        "specconv_version": report.get("specconv_version"),
-        "report": files.get("json"),
-    }
-    try:
-        record_in_specconv_json(drafter_dir, summary)
-    except OSError as e:  # read-only drafter dir: the report files still exist
-        log.warning("could not record the validation summary in %s/specconv.json: %s", drafter_dir, e)
-    failed = failed_gates(report)
+    report.report_files = write_report(report, out_dir)
+    _record(drafter_dir, report)
+    failed = report.failed_gates()
     if failed:
         report["error"] = "gate_failed"
         report["exit_code"] = EXIT_GATE_FAILED
         report["message"] = "validation gate(s) failed: " + ", ".join(failed)
-    emit(report, output_format, _human)
-    if failed:
-        click.echo(f"error: {report['message']}", err=True)
-        raise SystemExit(EXIT_GATE_FAILED)
+        raise GateFailedError(report["message"], result=report)
+    return report
+
+
+def _record(drafter_dir: Path, report) -> None:
+    """The ``validation`` section of DIR/specconv.json: the summary, the report path
+    relative to DIR and the sha256 of every file validated (config, weights, index)."""
+    from specconv.record import as_record_path, file_hashes, relative_to_dir, update_record
+
+    summary = report.record_summary()
+    summary["verifier"] = as_record_path(summary["verifier"], drafter_dir)
+    files = report.report_files or {}
+    summary["report"] = relative_to_dir(files["json"], drafter_dir) if files.get("json") else None
+    try:
+        summary["files"] = file_hashes(drafter_dir)
+        update_record(drafter_dir, "validation", summary)
+    except OSError as e:  # read-only drafter dir: the report files still exist
+        log.warning("could not record the validation summary in %s/specconv.json: %s", drafter_dir, e)

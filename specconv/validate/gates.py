@@ -1,4 +1,4 @@
-"""The four validation gates (validation.md §0 item 2, §3.6, §4), in order.
+"""The four validation gates, in order (``docs/validate.md``, "What it does").
 
 * **G1 structure** — the Speculators lint (:func:`specconv.speculators.lint_dir`) has no
   error; every tensor in the directory is one the format defines for this config; the
@@ -9,7 +9,7 @@
 * **G2 parity** — reference forward vs converted forward on real captured verifier
   hidden states, per draft slot: max/mean |Δ| of logits, relative max, cosine, top-1
   agreement (only where the reference's top-1/top-2 margin is clear), top-5 overlap,
-  KL(p_ref ‖ p_test); tolerances by dtype (§4 table).
+  KL(p_ref ‖ p_test); tolerances by dtype (the table in ``docs/validate.md``).
 * **G3 acceptance** — with a source: ``|τ − τ_src| ≤ max(0.02·τ_src, CI half-width)``;
   with ``--min-tau``: ``τ ≥ min_tau``; without either the gate only reports.
 * **G4 losslessness** — greedy speculative output equals plain greedy output. Each
@@ -95,10 +95,8 @@ def gate_structure(drafter_dir: str | Path, verifier, *, source_config=None) -> 
         :class:`GateResult` named ``structure``. Findings of the lint are in
         ``details["findings"]``.
     """
-    import torch
-
     from ..errors import SpecconvError
-    from ..speculators import expected_tensors, lint_dir, load_config
+    from ..speculators import lint_dir, load_config
     from ..tensors import TensorStore
 
     d = Path(drafter_dir)
@@ -111,6 +109,23 @@ def gate_structure(drafter_dir: str | Path, verifier, *, source_config=None) -> 
         res.passed = False
         res.errors.append(f"cannot read {d}: {e.message}")
         return res
+    _lint_step(res, findings)
+    names = _accounting_step(res, cfg, store)
+    t2d = store.read_tensor("t2d").bool() if "t2d" in names else None
+    _verifier_tensors_step(res, store, names, verifier, t2d)
+    _vocab_map_step(res, store, names, t2d, int(verifier.vocab_size))
+    if source_config is not None:
+        src_ids = list(source_config.aux_layer_ids or [])
+        res.details["source_aux_layer_ids"] = src_ids
+        if src_ids != res.details["aux_layer_ids"]:
+            res.errors.append(f"aux layer ids {res.details['aux_layer_ids']} differ from the source's "
+                              f"(converted afresh) {src_ids}")
+    res.passed = not res.errors
+    return res
+
+
+def _lint_step(res: GateResult, findings) -> None:
+    """The Speculators lint: errors fail G1, warnings are carried."""
     res.details["findings"] = [f.to_dict() for f in findings]
     for f in findings:
         if f.level == "error":
@@ -118,13 +133,16 @@ def gate_structure(drafter_dir: str | Path, verifier, *, source_config=None) -> 
         elif f.level == "warning":
             res.warnings.append(f"lint [{f.code}] {f.message}")
 
+
+def _accounting_step(res: GateResult, cfg, store) -> set[str]:
+    """Every tensor in the directory is one the format defines for this config."""
+    from ..speculators import expected_tensors
+
     algo = cfg.speculators_model_type
-    aux_ids = list(cfg.aux_layer_ids or [])
     res.details["algorithm"] = algo
-    res.details["aux_layer_ids"] = aux_ids
+    res.details["aux_layer_ids"] = list(cfg.aux_layer_ids or [])
     names = set(store.names())
-    known = set(expected_tensors(cfg)) | {"d2t", "t2d"}
-    unaccounted = sorted(names - known)
+    unaccounted = sorted(names - (set(expected_tensors(cfg)) | {"d2t", "t2d"}))
     res.details["num_tensors"] = len(names)
     res.details["unaccounted_tensors"] = unaccounted
     if unaccounted:
@@ -132,48 +150,61 @@ def gate_structure(drafter_dir: str | Path, verifier, *, source_config=None) -> 
             f"{len(unaccounted)} tensor(s) are not part of the {algo} format for this config "
             f"(would be ignored or rejected by loaders): {unaccounted[:8]}"
         )
+    return names
 
-    # tensors taken from the verifier must equal it
-    checks: dict[str, Any] = {}
-    Vt = int(verifier.vocab_size)
-    t2d = store.read_tensor("t2d").bool() if "t2d" in names else None
+
+def _verifier_tensors_step(res: GateResult, store, names: set[str], verifier, t2d) -> None:
+    """The tensors the format takes from the verifier (``embed_tokens.weight`` for
+    DFlash/DSpark, ``lm_head.weight`` full-vocab or its ``t2d`` rows) equal the verifier's."""
     roles = [("lm_head.weight", "lm_head")]
-    if algo != "peagle":  # P-EAGLE trains its own embedding
+    if res.details["algorithm"] != "peagle":  # P-EAGLE trains its own embedding
         roles.insert(0, ("embed_tokens.weight", "embed"))
+    checks: dict[str, Any] = {}
     for tname, role in roles:
-        if tname not in names:
-            continue
-        info = store.info(tname)
-        try:
-            vname, ref = _verifier_tensor(verifier, role)
-        except SpecconvError as e:
-            res.warnings.append(f"cannot read the verifier's {role} to compare {tname}: {e.message}")
-            continue
-        if ref is None:
-            res.warnings.append(f"verifier has no {role} tensor to compare {tname} with")
-            continue
-        rows = int(info.shape[0])
-        if rows == ref.shape[0]:
-            expect = ref
-        elif t2d is not None and rows == int(t2d.sum()) and t2d.shape[0] == ref.shape[0]:
-            expect = ref[t2d]
-        else:
-            checks[tname] = {"compared": False, "reason": f"{rows} rows vs verifier {ref.shape[0]}"}
-            res.warnings.append(f"{tname} has {rows} rows; verifier {vname} has {ref.shape[0]}: not compared")
-            continue
-        got = store.read_tensor(tname)
-        expect = expect.to(got.dtype)
-        same = tuple(got.shape) == tuple(expect.shape) and torch.equal(got, expect)
-        diff = None
-        if not same and tuple(got.shape) == tuple(expect.shape):
-            diff = float((got.float() - expect.float()).abs().max())
-        checks[tname] = {"compared": True, "verifier_tensor": vname, "equal": same, "max_abs_diff": diff}
-        if not same:
-            res.errors.append(
-                f"{tname} differs from the verifier's {vname} (max |Δ| = {diff}); the format "
-                "requires the verifier's tensor here (random or stale weights?)"
-            )
+        if tname in names:
+            _compare_to_verifier(res, store, tname, role, verifier, t2d, checks)
     res.details["verifier_tensors"] = checks
+
+
+def _compare_to_verifier(res: GateResult, store, tname: str, role: str, verifier, t2d, checks: dict) -> None:
+    import torch
+
+    from ..errors import SpecconvError
+
+    try:
+        vname, ref = _verifier_tensor(verifier, role)
+    except SpecconvError as e:
+        res.warnings.append(f"cannot read the verifier's {role} to compare {tname}: {e.message}")
+        return
+    if ref is None:
+        res.warnings.append(f"verifier has no {role} tensor to compare {tname} with")
+        return
+    rows = int(store.info(tname).shape[0])
+    if rows == ref.shape[0]:
+        expect = ref
+    elif t2d is not None and rows == int(t2d.sum()) and t2d.shape[0] == ref.shape[0]:
+        expect = ref[t2d]
+    else:
+        checks[tname] = {"compared": False, "reason": f"{rows} rows vs verifier {ref.shape[0]}"}
+        res.warnings.append(f"{tname} has {rows} rows; verifier {vname} has {ref.shape[0]}: not compared")
+        return
+    got = store.read_tensor(tname)
+    expect = expect.to(got.dtype)
+    same = tuple(got.shape) == tuple(expect.shape) and torch.equal(got, expect)
+    diff = None
+    if not same and tuple(got.shape) == tuple(expect.shape):
+        diff = float((got.float() - expect.float()).abs().max())
+    checks[tname] = {"compared": True, "verifier_tensor": vname, "equal": same, "max_abs_diff": diff}
+    if not same:
+        res.errors.append(
+            f"{tname} differs from the verifier's {vname} (max |Δ| = {diff}); the format "
+            "requires the verifier's tensor here (random or stale weights?)"
+        )
+
+
+def _vocab_map_step(res: GateResult, store, names: set[str], t2d, vocab: int) -> None:
+    """``d2t`` offsets map draft ids onto the ids ``t2d`` selects; ``t2d`` covers the vocab."""
+    import torch
 
     if "d2t" in names and t2d is not None:
         d2t = store.read_tensor("d2t").long()
@@ -182,21 +213,13 @@ def gate_structure(drafter_dir: str | Path, verifier, *, source_config=None) -> 
         res.details["vocab_map_consistent"] = bool(ok)
         if not ok:
             res.errors.append("d2t offsets do not map draft ids onto the ids selected by t2d (sorted ascending)")
-    if t2d is not None and t2d.shape[0] != Vt:
-        res.errors.append(f"t2d has {t2d.shape[0]} entries, verifier vocab is {Vt}")
-
-    if source_config is not None:
-        src_ids = list(source_config.aux_layer_ids or [])
-        res.details["source_aux_layer_ids"] = src_ids
-        if src_ids != aux_ids:
-            res.errors.append(f"aux layer ids {aux_ids} differ from the source's (converted afresh) {src_ids}")
-    res.passed = not res.errors
-    return res
+    if t2d is not None and t2d.shape[0] != vocab:
+        res.errors.append(f"t2d has {t2d.shape[0]} entries, verifier vocab is {vocab}")
 
 
 # ---------------------------------------------------------------------------------- G2
 
-#: validation.md §4: (max_abs, cosine_min, top1_min, mean_kl_max, top1 margin) per dtype.
+#: (max_abs, cosine_min, top1_min, mean_kl_max, top1 margin) per dtype (``docs/validate.md``).
 PARITY_TOLERANCES: dict[str, dict[str, float | None]] = {
     "float32": {"max_abs": 1e-4, "cosine_min": 0.999999, "top1_min": 1.0, "mean_kl_max": 1e-8, "margin": 1e-3},
     "float16": {"max_abs": None, "cosine_min": 0.9999, "top1_min": 0.99, "mean_kl_max": 1e-3, "margin": 0.1},
@@ -226,25 +249,9 @@ def compare_logits(ref, test, *, margin: float) -> dict:
     absd = (r0 - t0).abs()
     max_abs_row = absd.max(-1).values
     cos = torch.nn.functional.cosine_similarity(r0, t0, dim=-1)
-    # KL in float64: in float32 the rounding of log_softmax over a large vocab alone
-    # gives |KL| ~ 1e-8, the size of the fp32 tolerance
-    lp_r = torch.log_softmax(ref.double(), -1)
-    lp_t = torch.log_softmax(test.double(), -1)
-    pr = lp_r.exp()
-    lp_t = torch.where(torch.isfinite(lp_t), lp_t, torch.full_like(lp_t, -1e30))
-    kl = torch.where(pr > 0, pr * (lp_r - lp_t), torch.zeros_like(pr)).sum(-1).clamp_min(0)
-    top_r = torch.topk(ref, min(5, ref.shape[-1]), -1)
-    top_t = torch.topk(test, min(5, test.shape[-1]), -1)
-    eq = top_r.indices[:, 0] == top_t.indices[:, 0]
-    if ref.shape[-1] > 1:
-        marg = top_r.values[:, 0] - top_r.values[:, 1]
-    else:
-        marg = torch.full((ref.shape[0],), float("inf"))
+    kl = _kl_rows(ref, test)
+    eq, marg, overlap = _top_k_agreement(ref, test)
     clear = marg > margin
-    overlap = [
-        len(set(a.tolist()) & set(b.tolist())) / top_r.indices.shape[-1]
-        for a, b in zip(top_r.indices, top_t.indices)
-    ]
     n_clear = int(clear.sum())
     max_ref = float(r0.abs().max()) if r0.numel() else 0.0
     return {
@@ -265,6 +272,36 @@ def compare_logits(ref, test, *, margin: float) -> dict:
             for m, c, k_, e, g in zip(max_abs_row, cos, kl, eq, marg)
         ],
     }
+
+
+def _top_k_agreement(ref, test):
+    """Per row: top-1 equal, the reference's top-1 − top-2 margin, top-5 overlap fraction."""
+    import torch
+
+    top_r = torch.topk(ref, min(5, ref.shape[-1]), -1)
+    top_t = torch.topk(test, min(5, test.shape[-1]), -1)
+    eq = top_r.indices[:, 0] == top_t.indices[:, 0]
+    if ref.shape[-1] > 1:
+        marg = top_r.values[:, 0] - top_r.values[:, 1]
+    else:
+        marg = torch.full((ref.shape[0],), float("inf"))
+    overlap = [
+        len(set(a.tolist()) & set(b.tolist())) / top_r.indices.shape[-1]
+        for a, b in zip(top_r.indices, top_t.indices)
+    ]
+    return eq, marg, overlap
+
+
+def _kl_rows(ref, test):
+    """KL(p_ref ‖ p_test) per row, in float64: in float32 the rounding of log_softmax over
+    a large vocab alone gives |KL| ~ 1e-8, the size of the fp32 tolerance."""
+    import torch
+
+    lp_r = torch.log_softmax(ref.double(), -1)
+    lp_t = torch.log_softmax(test.double(), -1)
+    pr = lp_r.exp()
+    lp_t = torch.where(torch.isfinite(lp_t), lp_t, torch.full_like(lp_t, -1e30))
+    return torch.where(pr > 0, pr * (lp_r - lp_t), torch.zeros_like(pr)).sum(-1).clamp_min(0)
 
 
 def _aux_union(ids_a: Sequence[int], ids_b: Sequence[int]) -> list[int]:
@@ -300,6 +337,17 @@ def parity_anchors(seq_len: int, prompt_len: int, per_sequence: int) -> list[int
     return sorted(out)
 
 
+@dataclass
+class _Proposals:
+    """The reference's and the converted drafter's proposals on the same anchors."""
+
+    ref_rows: list = field(default_factory=list)  # per proposal: logits [k, V] float32 cpu
+    test_rows: list = field(default_factory=list)
+    conf_ref: list = field(default_factory=list)  # DSpark confidences [k]
+    conf_test: list = field(default_factory=list)
+    tokens_equal: int = 0
+
+
 def gate_parity(
     reference,
     test,
@@ -313,10 +361,10 @@ def gate_parity(
     """G2: compare the reference and converted drafters on real verifier features.
 
     Args:
-        reference: source-side drafter (``propose`` API; may declare its own
-            ``aux_layer_ids`` — its features are captured from the verifier by *its* ids,
-            so an aux-id off-by-one in the conversion shows up here).
-        test: the drafter under test.
+        reference: source-side :class:`~specconv.validate.backend.DrafterBackend` (may
+            declare its own ``aux_layer_ids`` — its features are captured from the
+            verifier by *its* ids, so an aux-id off-by-one in the conversion shows up here).
+        test: the drafter under test (a DrafterBackend).
         verifier: a :class:`~specconv.validate.verifier_runner.VerifierRunner`.
         sequences: ``[(token ids, prompt length)]`` — real prompts with their greedy
             continuations.
@@ -333,13 +381,33 @@ def gate_parity(
     res = GateResult(name="parity", passed=True)
     res.details["reference"] = reference_kind
     res.details["tolerances"] = tol
+    props = _collect_proposals(reference, test, verifier, sequences, anchors_per_sequence)
+    if not props.ref_rows:
+        return skipped("parity", "no sequence long enough to draft from")
+    R, T = torch.cat(props.ref_rows), torch.cat(props.test_rows)
+    if R.shape[-1] != T.shape[-1]:
+        res.passed = False
+        res.errors.append(f"reference logits have {R.shape[-1]} columns, converted {T.shape[-1]}")
+        return res
+    cmp = compare_logits(R, T, margin=float(tol["margin"]))
+    cmp.pop("per_slot")
+    res.details.update(cmp)
+    _parity_details(res, props, float(tol["margin"]), reference, test)
+    _parity_verdict(res, cmp, tol, dtype)
+    res.passed = not res.errors
+    return res
+
+
+def _collect_proposals(reference, test, verifier, sequences, anchors_per_sequence: int) -> _Proposals:
+    """Capture the verifier's aux features once per sequence (the union of both drafters'
+    layer ids) and let both drafters propose from the same anchors."""
+    import torch
+
     ids_r, ids_t = list(reference.aux_layer_ids), list(test.aux_layer_ids)
     union = _aux_union(ids_t, ids_r)
     saved = list(verifier.aux_layer_ids)
     H = verifier.hidden_size
-    ref_rows, test_rows, conf_r, conf_t = [], [], [], []
-    tokens_equal = 0
-    n_props = 0
+    out = _Proposals()
     try:
         verifier.set_aux_layer_ids(union)
         for seq, plen in sequences:
@@ -349,46 +417,50 @@ def gate_parity(
             feats = verifier.forward(seq, None).aux  # [L, U*H]
             for a in parity_anchors(len(seq), plen, anchors_per_sequence):
                 ctx = torch.tensor([seq[: a + 1]])
-                fr = _select_aux(feats[:a], union, ids_r, H)[None]
-                ft = _select_aux(feats[:a], union, ids_t, H)[None]
-                pr = reference.propose(ctx, fr, temperature=0.0)
-                pt = test.propose(ctx, ft, temperature=0.0)
+                pr = reference.propose(ctx, _select_aux(feats[:a], union, ids_r, H)[None], temperature=0.0)
+                pt = test.propose(ctx, _select_aux(feats[:a], union, ids_t, H)[None], temperature=0.0)
                 k = min(pr.logits.shape[0], pt.logits.shape[0])
-                ref_rows.append(pr.logits[:k].float().cpu())
-                test_rows.append(pt.logits[:k].float().cpu())
-                tokens_equal += int(torch.equal(pr.tokens[:k].cpu(), pt.tokens[:k].cpu()))
-                n_props += 1
+                out.ref_rows.append(pr.logits[:k].float().cpu())
+                out.test_rows.append(pt.logits[:k].float().cpu())
+                out.tokens_equal += int(torch.equal(pr.tokens[:k].cpu(), pt.tokens[:k].cpu()))
                 if getattr(pr, "confidence", None) is not None and getattr(pt, "confidence", None) is not None:
-                    conf_r.append(pr.confidence[:k].float().cpu())
-                    conf_t.append(pt.confidence[:k].float().cpu())
+                    out.conf_ref.append(pr.confidence[:k].float().cpu())
+                    out.conf_test.append(pt.confidence[:k].float().cpu())
     finally:
         verifier.set_aux_layer_ids(saved)
-    if not ref_rows:
-        return skipped("parity", "no sequence long enough to draft from")
-    R, T = torch.cat(ref_rows), torch.cat(test_rows)
-    if R.shape[-1] != T.shape[-1]:
-        res.passed = False
-        res.errors.append(f"reference logits have {R.shape[-1]} columns, converted {T.shape[-1]}")
-        return res
-    cmp = compare_logits(R, T, margin=float(tol["margin"]))
-    # per block slot summary (slot = draft index within a proposal)
-    k = ref_rows[0].shape[0]
+    return out
+
+
+def _parity_details(res: GateResult, props: _Proposals, margin: float, reference, test) -> None:
+    """Per-slot numbers, proposal counts, the aux ids used and the confidence-head delta."""
+    import torch
+
+    res.details["per_slot"] = _per_slot(props, margin)
+    n = len(props.ref_rows)
+    res.details["num_proposals"] = n
+    res.details["proposals_token_equal"] = props.tokens_equal / n
+    res.details["aux_layer_ids"] = {"reference": list(reference.aux_layer_ids), "converted": list(test.aux_layer_ids)}
+    if props.conf_ref:
+        cr, ct = torch.cat(props.conf_ref), torch.cat(props.conf_test)
+        res.details["confidence_max_abs"] = float((cr - ct).abs().max())
+
+
+def _per_slot(props: _Proposals, margin: float) -> list[dict]:
+    """:func:`compare_logits` per block slot (slot = draft index within a proposal)."""
+    import torch
+
     slots = []
-    for s in range(k):
-        rs = torch.stack([r[s] for r in ref_rows if r.shape[0] > s])
-        ts = torch.stack([t[s] for t in test_rows if t.shape[0] > s])
-        c = compare_logits(rs, ts, margin=float(tol["margin"]))
+    for s in range(props.ref_rows[0].shape[0]):
+        rs = torch.stack([r[s] for r in props.ref_rows if r.shape[0] > s])
+        ts = torch.stack([t[s] for t in props.test_rows if t.shape[0] > s])
+        c = compare_logits(rs, ts, margin=margin)
         c.pop("per_slot")
         slots.append({"slot": s, **c})
-    cmp.pop("per_slot")
-    res.details.update(cmp)
-    res.details["per_slot"] = slots
-    res.details["num_proposals"] = n_props
-    res.details["proposals_token_equal"] = tokens_equal / n_props
-    res.details["aux_layer_ids"] = {"reference": ids_r, "converted": ids_t}
-    if conf_r:
-        cr, ct = torch.cat(conf_r), torch.cat(conf_t)
-        res.details["confidence_max_abs"] = float((cr - ct).abs().max())
+    return slots
+
+
+def _parity_verdict(res: GateResult, cmp: dict, tol: dict, dtype: str) -> None:
+    """G2's decision from the comparison and the dtype's tolerance row."""
     if cmp["support_mismatch"]:
         res.errors.append(
             f"{cmp['support_mismatch']} slot(s) have different finite-logit supports: the draft "
@@ -405,19 +477,18 @@ def gate_parity(
         )
     if cmp["kl_mean"] > tol["mean_kl_max"]:
         res.errors.append(f"mean KL {cmp['kl_mean']:.3g} > {tol['mean_kl_max']:g} ({dtype})")
-    if conf_r and dtype == "float32" and res.details["confidence_max_abs"] > 1e-4:
-        res.errors.append(f"confidence head max |Δ| {res.details['confidence_max_abs']:.3g} > 1e-4")
+    conf = res.details.get("confidence_max_abs")
+    if conf is not None and dtype == "float32" and conf > 1e-4:
+        res.errors.append(f"confidence head max |Δ| {conf:.3g} > 1e-4")
     if tol["max_abs"] is None:
         res.warnings.append(f"max |Δlogit| {cmp['max_abs']:.3g} reported only ({dtype}: gated on cosine/top-1/KL)")
-    res.passed = not res.errors
-    return res
 
 
 # ---------------------------------------------------------------------------------- G3
 
 
 def gate_acceptance(metrics: dict, *, source_metrics: dict | None = None, min_tau: float | None = None) -> GateResult:
-    """G3 on pooled τ (validation.md §3.6).
+    """G3 on pooled τ (``docs/validate.md``: the band is max(2% of τ_src, the CI half-width)).
 
     Args:
         metrics: :func:`~specconv.validate.metrics.compute_metrics` of the converted drafter.
@@ -461,7 +532,7 @@ def gate_acceptance(metrics: dict, *, source_metrics: dict | None = None, min_ta
 
 
 def near_tie(gap: float, top1: float, dtype: str) -> bool:
-    """validation.md §3.6: fp32 gap < 1e-3·|top-1 logit|; bf16/fp16 gap < 0.05."""
+    """Near-tie rule of G4 (``docs/validate.md``): fp32 gap < 1e-3·|top-1 logit|; bf16/fp16 gap < 0.05."""
     if dtype in ("float32", "float64"):
         return gap < 1e-3 * max(abs(top1), 1.0)
     return gap < 0.05
@@ -481,28 +552,10 @@ def gate_lossless(spec: Sequence[Any], plain: Sequence[Any], *, dtype: str = "fl
     divs = []
     strict = dtype in ("float32", "float64")
     for s, p in zip(spec, plain):
-        a, b = list(s.output_ids), list(p.output_ids)
-        if a == b:
+        if list(s.output_ids) == list(p.output_ids):
             exact += 1
-            continue
-        j = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
-        gap_p = p.gaps[j] if j < len(p.gaps) else None
-        gap_s = s.gaps[j] if j < len(s.gaps) else None
-        gaps = [g for g in (gap_p, gap_s) if g is not None]
-        gap = min(gaps) if gaps else None
-        top1 = p.top1[j] if j < len(p.top1) else (s.top1[j] if j < len(s.top1) else 0.0)
-        tie = gap is not None and near_tie(gap, top1, dtype)
-        divs.append(
-            {
-                "prompt_id": s.prompt_id,
-                "first_divergence": j,
-                "spec_token": a[j] if j < len(a) else None,
-                "plain_token": b[j] if j < len(b) else None,
-                "logit_gap": gap,
-                "top1_logit": top1,
-                "near_tie": tie,
-            }
-        )
+        else:
+            divs.append(_divergence(s, p, dtype))
     rate = exact / n if n else 1.0
     res.details.update({"exact_match": rate, "n": n, "n_exact": exact, "divergences": divs, "mode": "greedy"})
     for d in divs:
@@ -522,11 +575,33 @@ def gate_lossless(spec: Sequence[Any], plain: Sequence[Any], *, dtype: str = "fl
     return res
 
 
+def _divergence(s, p, dtype: str) -> dict:
+    """Where speculative request ``s`` first differs from plain request ``p``, with the
+    verifier's top-1 − top-2 logit gap there (the smaller of the two runs')."""
+    a, b = list(s.output_ids), list(p.output_ids)
+    j = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+    gap_p = p.gaps[j] if j < len(p.gaps) else None
+    gap_s = s.gaps[j] if j < len(s.gaps) else None
+    gaps = [g for g in (gap_p, gap_s) if g is not None]
+    gap = min(gaps) if gaps else None
+    top1 = p.top1[j] if j < len(p.top1) else (s.top1[j] if j < len(s.top1) else 0.0)
+    return {
+        "prompt_id": s.prompt_id,
+        "first_divergence": j,
+        "spec_token": a[j] if j < len(a) else None,
+        "plain_token": b[j] if j < len(b) else None,
+        "logit_gap": gap,
+        "top1_logit": top1,
+        "near_tie": gap is not None and near_tie(gap, top1, dtype),
+    }
+
+
 def sampler_check(*, vocab: int = 50, k: int = 3, draws: int = 100_000, seed: int = 0) -> GateResult:
     """G4 for T > 0: the rejection sampler's output law equals p on synthetic p, q.
 
     Passes when the total-variation distance between the empirical law of the first
-    emitted token and ``p_0`` is < 0.01 (validation.md §3.3).
+    emitted token and ``p_0`` is < 0.01 (``docs/validate.md``; the sampler is
+    :func:`specconv.validate.sampling.speculative_sample`).
     """
     import torch
 

@@ -1,13 +1,15 @@
 """Speculative decoding loop (greedy and T>0) with per-step bookkeeping.
 
 One loop serves every algorithm: the drafter is a black box with
-``propose(context_tokens[1, T+1], aux_hidden[1, T, A*H]) -> DraftProposal`` (API.md),
+``propose(context_tokens[1, T+1], aux_hidden[1, T, A*H]) -> DraftProposal``
+(:class:`specconv.validate.backend.DrafterBackend`),
 so DFlash's ``[anchor, mask…]`` block, DSpark's anchor-slot drafting and P-EAGLE's
 parallel depths stay inside the drafter. With ``drafter=None`` the same loop decodes
 one token per verifier forward: the plain-decode baseline used for losslessness (G4)
 and speedup.
 
-Per request (validation.md §3.2):
+Per request (the order of z-lab ``dflash/model.py`` ``spec_generate``, one drafter call per
+verify step; ``docs/validate.md``):
 
 1. prefill the verifier on the prompt (positions ``0…P−1``) capturing the aux hidden
    states; ``x_0`` = argmax (or a sample) of the last row;
@@ -46,7 +48,7 @@ class StepRecord:
 
     Attributes:
         k: drafts verified this step (0 for a plain-decode step).
-        accepted: emitted tokens − 1 (``a_t`` in validation.md §2), 0…k.
+        accepted: emitted tokens − 1 (``a_t``; vLLM's accepted-token count), 0…k.
         accepted_raw: drafts accepted by the verifier before the stop/length cut.
         emitted: tokens emitted (``accepted + 1``).
         draft_ms: drafter wall time (ms).
@@ -150,6 +152,47 @@ def _confidence_cut(conf: list[float], threshold: float) -> int:
     return n
 
 
+@dataclass
+class _LoopConfig:
+    """What stays fixed over one request."""
+
+    stops: set[int]
+    greedy: bool
+    temperature: float
+    generator: Any
+    device: Any  # the verifier's
+    drafter_device: Any
+    drafter_dtype: Any
+    confidence_threshold: float | None
+
+
+@dataclass
+class _State:
+    """Decode state of one request: ``s`` is the anchor position (= ``tokens[-1]``)."""
+
+    tokens: list[int]
+    out_ids: list[int]
+    feats: Any  # [s, A*H] aux features of the emitted positions, or None (plain decode)
+    s: int
+    stopped: bool
+    cache: Any = None  # the verifier's KV cache
+    gaps: list[float] = field(default_factory=list)
+    top1: list[float] = field(default_factory=list)
+    steps: list[StepRecord] = field(default_factory=list)
+
+
+@dataclass
+class _Draft:
+    """One drafting step's output, cut to the ``k`` drafts that will be verified."""
+
+    tokens: Any  # LongTensor [k] (cpu)
+    k: int
+    q: Any = None  # draft probabilities [k, V] for T > 0
+    confidence: list[float] | None = None
+    k_proposed: int = 0
+    ms: float = 0.0
+
+
 def speculative_generate(
     verifier,
     drafter,
@@ -168,7 +211,7 @@ def speculative_generate(
     Args:
         verifier: a :class:`~specconv.validate.verifier_runner.VerifierRunner` whose
             ``aux_layer_ids`` equal the drafter's.
-        drafter: an object with ``num_draft_tokens`` and ``propose(...)`` (API.md), or
+        drafter: a :class:`~specconv.validate.backend.DrafterBackend` (``propose``), or
             ``None`` for plain decoding (k = 0).
         prompt_ids: the rendered prompt token ids (length P ≥ 1).
         max_new_tokens: cap on generated tokens (including ``x_0``).
@@ -188,144 +231,145 @@ def speculative_generate(
         InvalidInputError: empty prompt, non-positive ``max_new_tokens``, or a drafter
             whose aux layer ids differ from the verifier runner's.
     """
-    import torch
+    k = _check_request(verifier, drafter, prompt_ids, max_new_tokens, num_draft_tokens, prompt_id)
+    cfg = _loop_config(verifier, drafter, temperature, stop_token_ids, generator, confidence_threshold)
+    st, ttft_ms = _prefill(verifier, prompt_ids, cfg, capture=drafter is not None)
+    decode_t0 = time.perf_counter()
+    while not st.stopped and len(st.out_ids) < max_new_tokens:
+        budget = max_new_tokens - len(st.out_ids)
+        d = _draft(drafter, st, min(k, budget - 1), cfg)
+        _verify_and_emit(verifier, st, d, budget, cfg, capture=drafter is not None)
+    _sync(cfg.device)
+    return RequestResult(prompt_id=prompt_id, prompt_tokens=len(prompt_ids), output_ids=st.out_ids, steps=st.steps,
+                         k=k, ttft_ms=ttft_ms, decode_ms=(time.perf_counter() - decode_t0) * 1e3,
+                         stopped=st.stopped, gaps=st.gaps, top1=st.top1)
 
+
+def _loop_config(verifier, drafter, temperature: float, stop_token_ids, generator, confidence_threshold) -> _LoopConfig:
+    dev = verifier.device
+    return _LoopConfig(
+        stops={int(t) for t in stop_token_ids}, greedy=temperature <= 0, temperature=float(temperature),
+        generator=generator, device=dev, confidence_threshold=confidence_threshold,
+        drafter_device=_module_attr(drafter, "device", dev) if drafter is not None else dev,
+        drafter_dtype=_module_attr(drafter, "dtype", None) if drafter is not None else None,
+    )
+
+
+def _check_request(verifier, drafter, prompt_ids, max_new_tokens: int, num_draft_tokens: int | None,
+                   prompt_id: str) -> int:
+    """Refuse an unusable request; return the drafts per step ``k`` (0 without a drafter)."""
     if len(prompt_ids) == 0:
         raise InvalidInputError(f"prompt {prompt_id!r} renders to zero tokens")
     if max_new_tokens < 1:
         raise InvalidInputError("--max-new-tokens must be at least 1")
-    k = 0
-    if drafter is not None:
-        k = int(num_draft_tokens if num_draft_tokens is not None else drafter.num_draft_tokens)
-        k = min(k, int(drafter.num_draft_tokens))
-        ids = list(getattr(drafter, "aux_layer_ids", verifier.aux_layer_ids))
-        if ids != list(verifier.aux_layer_ids):
-            raise InvalidInputError(
-                f"drafter aux layer ids {ids} differ from the verifier runner's {verifier.aux_layer_ids}"
-            )
-    stops = {int(t) for t in stop_token_ids}
-    greedy = temperature <= 0
-    dev = verifier.device
-    d_dev = _module_attr(drafter, "device", dev) if drafter is not None else dev
-    d_dtype = _module_attr(drafter, "dtype", None) if drafter is not None else None
+    if drafter is None:
+        return 0
+    k = int(num_draft_tokens if num_draft_tokens is not None else drafter.num_draft_tokens)
+    ids = list(getattr(drafter, "aux_layer_ids", verifier.aux_layer_ids))
+    if ids != list(verifier.aux_layer_ids):
+        raise InvalidInputError(f"drafter aux layer ids {ids} differ from the verifier runner's {verifier.aux_layer_ids}")
+    return min(k, int(drafter.num_draft_tokens))
+
+
+def _prefill(verifier, prompt_ids, cfg: _LoopConfig, *, capture: bool) -> tuple[_State, float]:
+    """Step 1: the verifier on the prompt (a new KV cache); ``x_0`` from its last row.
+    Returns (state, TTFT ms)."""
+    import torch
 
     cache = verifier.new_cache()
-    _sync(dev)
+    _sync(cfg.device)
     t0 = time.perf_counter()
-    pre = verifier.forward(list(prompt_ids), cache, start=0, capture=drafter is not None)
+    pre = verifier.forward(list(prompt_ids), cache, start=0, capture=capture)
     last = pre.logits[-1:]
-    if greedy:
+    if cfg.greedy:
         x0 = int(torch.argmax(last[0]))
     else:
-        x0 = int(torch.multinomial(probs_from_logits(last, temperature), 1, generator=generator)[0, 0])
-    _sync(dev)
+        x0 = int(torch.multinomial(probs_from_logits(last, cfg.temperature), 1, generator=cfg.generator)[0, 0])
+    _sync(cfg.device)
     ttft_ms = (time.perf_counter() - t0) * 1e3
-
     g, t1 = _gaps(last)
-    gaps, top1s = list(g), list(t1)
-    tokens: list[int] = list(int(t) for t in prompt_ids) + [x0]
-    out_ids = [x0]
-    feats = pre.aux  # [P, A*H] or None
-    s = len(prompt_ids)  # position of the anchor (= tokens[-1])
-    steps: list[StepRecord] = []
-    stopped = x0 in stops
-    decode_t0 = time.perf_counter()
+    st = _State(tokens=[int(t) for t in prompt_ids] + [x0], out_ids=[x0], feats=pre.aux, s=len(prompt_ids),
+                stopped=x0 in cfg.stops, cache=cache, gaps=list(g), top1=list(t1))
+    return st, ttft_ms
 
-    while not stopped and len(out_ids) < max_new_tokens:
-        budget = max_new_tokens - len(out_ids)
-        k_t = min(k, budget - 1)
-        drafts = torch.zeros(0, dtype=torch.long)
-        q = None
-        conf: list[float] | None = None
-        k_prop = 0
-        draft_ms = 0.0
-        if drafter is not None and k_t > 0:
-            ctx = torch.tensor([tokens], dtype=torch.long, device=d_dev)
-            aux = feats[None]
-            if d_dtype is not None:
-                aux = aux.to(device=d_dev, dtype=d_dtype)
-            _sync(dev)
-            ta = time.perf_counter()
-            with torch.inference_mode():
-                prop = drafter.propose(
-                    ctx, aux, temperature=float(temperature), generator=generator
-                )
-            _sync(dev)
-            draft_ms = (time.perf_counter() - ta) * 1e3
-            drafts = prop.tokens.reshape(-1).to("cpu", torch.long)
-            k_prop = int(drafts.shape[0])
-            if getattr(prop, "confidence", None) is not None:
-                conf = _as_probabilities(prop.confidence)
-                if confidence_threshold is not None:
-                    k_t = min(k_t, _confidence_cut(conf, confidence_threshold))
-            k_t = min(k_t, k_prop)
-            drafts = drafts[:k_t]
-            if not greedy and k_t > 0:
-                q = probs_from_logits(prop.logits[:k_t].to(dev), temperature)
-        _sync(dev)
-        tb = time.perf_counter()
-        ver = verifier.forward([tokens[-1]] + drafts.tolist(), cache, start=s, capture=drafter is not None)
-        logits = ver.logits  # [k_t+1, V]
-        if greedy:
-            a, nxt = greedy_accept(drafts, logits)
-        else:
-            p = probs_from_logits(logits, temperature)
-            if q is None:
-                q = torch.zeros((0, p.shape[-1]), device=p.device)
-            if q.shape[-1] != p.shape[-1]:  # drafter vocab padded/truncated vs lm_head rows
-                v = p.shape[-1]
-                q = q[..., :v] if q.shape[-1] > v else torch.nn.functional.pad(q, (0, v - q.shape[-1]))
-                q = q / q.sum(-1, keepdim=True).clamp_min(1e-30)
-            acc, nx = speculative_sample(
-                drafts[None].to(p.device), q[None], p[None], generator=generator
-            )
-            a, nxt = int(acc[0]), int(nx[0])
-        _sync(dev)
-        verify_ms = (time.perf_counter() - tb) * 1e3
 
-        new = drafts[:a].tolist() + [nxt]
-        for j, t in enumerate(new):
-            if t in stops:
-                new = new[: j + 1]
-                stopped = True
-                break
-        new = new[:budget]
-        produced = len(new)
-        g, t1 = _gaps(logits[:produced])
-        gaps.extend(g)
-        top1s.extend(t1)
-        tokens.extend(new)
-        out_ids.extend(new)
-        if feats is not None and ver.aux is not None:
-            feats = torch.cat([feats, ver.aux[:produced].to(feats.device)], dim=0)
-        s += produced
-        verifier.crop(cache, s)
-        steps.append(
-            StepRecord(
-                k=k_t,
-                accepted=produced - 1,
-                accepted_raw=a,
-                emitted=produced,
-                draft_ms=draft_ms,
-                verify_ms=verify_ms,
-                confidence=conf,
-                k_proposed=k_prop,
-            )
-        )
-    _sync(dev)
-    decode_ms = (time.perf_counter() - decode_t0) * 1e3
-    return RequestResult(
-        prompt_id=prompt_id,
-        prompt_tokens=len(prompt_ids),
-        output_ids=out_ids,
-        steps=steps,
-        k=k,
-        ttft_ms=ttft_ms,
-        decode_ms=decode_ms,
-        stopped=stopped,
-        gaps=gaps,
-        top1=top1s,
-    )
+def _draft(drafter, st: _State, k_t: int, cfg: _LoopConfig) -> _Draft:
+    """Step 2: the drafter sees tokens ``0…s`` and the features of ``0…s−1``; drafts are
+    cut to the budget, to what it proposed and (DSpark) at the confidence threshold."""
+    import torch
+
+    if drafter is None or k_t <= 0:
+        return _Draft(tokens=torch.zeros(0, dtype=torch.long), k=k_t)
+    ctx = torch.tensor([st.tokens], dtype=torch.long, device=cfg.drafter_device)
+    aux = st.feats[None]
+    if cfg.drafter_dtype is not None:
+        aux = aux.to(device=cfg.drafter_device, dtype=cfg.drafter_dtype)
+    _sync(cfg.device)
+    ta = time.perf_counter()
+    with torch.inference_mode():
+        prop = drafter.propose(ctx, aux, temperature=cfg.temperature, generator=cfg.generator)
+    _sync(cfg.device)
+    d = _Draft(tokens=prop.tokens.reshape(-1).to("cpu", torch.long), k=k_t, ms=(time.perf_counter() - ta) * 1e3)
+    d.k_proposed = int(d.tokens.shape[0])
+    if getattr(prop, "confidence", None) is not None:
+        d.confidence = _as_probabilities(prop.confidence)
+        if cfg.confidence_threshold is not None:
+            d.k = min(d.k, _confidence_cut(d.confidence, cfg.confidence_threshold))
+    d.k = min(d.k, d.k_proposed)
+    d.tokens = d.tokens[: d.k]
+    if not cfg.greedy and d.k > 0:
+        d.q = probs_from_logits(prop.logits[: d.k].to(cfg.device), cfg.temperature)
+    return d
+
+
+def _accept(drafts, q, logits, cfg: _LoopConfig) -> tuple[int, int]:
+    """Step 4: accepted drafts ``a`` and the next (bonus or correction) token."""
+    import torch
+
+    if cfg.greedy:
+        return greedy_accept(drafts, logits)
+    p = probs_from_logits(logits, cfg.temperature)
+    if q is None:
+        q = torch.zeros((0, p.shape[-1]), device=p.device)
+    if q.shape[-1] != p.shape[-1]:  # drafter vocab padded/truncated vs lm_head rows
+        v = p.shape[-1]
+        q = q[..., :v] if q.shape[-1] > v else torch.nn.functional.pad(q, (0, v - q.shape[-1]))
+        q = q / q.sum(-1, keepdim=True).clamp_min(1e-30)
+    acc, nx = speculative_sample(drafts[None].to(p.device), q[None], p[None], generator=cfg.generator)
+    return int(acc[0]), int(nx[0])
+
+
+def _verify_and_emit(verifier, st: _State, d: _Draft, budget: int, cfg: _LoopConfig, *, capture: bool) -> None:
+    """Steps 3–5: verify ``[anchor, d_1 … d_k]`` at positions ``s…s+k``, accept, emit (cut at
+    a stop token and the budget), crop the cache, append the emitted positions' features."""
+    import torch
+
+    _sync(cfg.device)
+    tb = time.perf_counter()
+    ver = verifier.forward([st.tokens[-1]] + d.tokens.tolist(), st.cache, start=st.s, capture=capture)
+    logits = ver.logits  # [k+1, V]
+    a, nxt = _accept(d.tokens, d.q, logits, cfg)
+    _sync(cfg.device)
+    verify_ms = (time.perf_counter() - tb) * 1e3
+    new = d.tokens[:a].tolist() + [nxt]
+    for j, t in enumerate(new):
+        if t in cfg.stops:
+            new = new[: j + 1]
+            st.stopped = True
+            break
+    new = new[:budget]
+    produced = len(new)
+    g, t1 = _gaps(logits[:produced])
+    st.gaps.extend(g)
+    st.top1.extend(t1)
+    st.tokens.extend(new)
+    st.out_ids.extend(new)
+    if st.feats is not None and ver.aux is not None:
+        st.feats = torch.cat([st.feats, ver.aux[:produced].to(st.feats.device)], dim=0)
+    st.s += produced
+    verifier.crop(st.cache, st.s)
+    st.steps.append(StepRecord(k=d.k, accepted=produced - 1, accepted_raw=a, emitted=produced, draft_ms=d.ms,
+                               verify_ms=verify_ms, confidence=d.confidence, k_proposed=d.k_proposed))
 
 
 def run_requests(

@@ -1,4 +1,4 @@
-"""Acceptance metrics (validation.md §2), computed from loop step records.
+"""Acceptance metrics (``docs/validate.md``, "Metrics"), computed from loop step records.
 
 Convention (vLLM's, bonus token included): a *draft* is a verify step that carried
 at least one draft token; ``a_t`` is its accepted count (tokens emitted − 1).
@@ -128,7 +128,7 @@ def compute_metrics(
     n_boot: int = 1000,
     seed: int = 0,
 ) -> dict:
-    """All §2 metrics of one run.
+    """All the metrics listed in the module docstring, for one run.
 
     Args:
         requests: speculative-run results (``RequestResult`` or their ``to_dict()``).

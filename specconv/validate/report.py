@@ -1,10 +1,10 @@
 """Validation report: ``validation.json``, ``validation.md``, ``acceptance.png`` and the
-``validation`` entry in the drafter dir's ``specconv.json``.
+``validation`` section of the drafter dir's ``specconv.json`` (:mod:`specconv.record`).
 
 The JSON keeps the field names of speculators' ``acceptance.csv`` / vLLM's counters
 (``num_drafts``, ``num_draft_tokens``, ``num_accepted_tokens``, ``acceptance_length``,
 ``acceptance_at_pos``) at the top level so GPU runs through vLLM and the torch harness
-compare row by row (validation.md §3.5).
+compare row by row (``docs/validate.md``, "Metrics").
 """
 
 from __future__ import annotations
@@ -14,7 +14,6 @@ import logging
 import os
 import platform
 import subprocess
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -39,7 +38,7 @@ def library_versions() -> dict[str, str | None]:
 
 
 def torch_backend_flags() -> dict[str, Any]:
-    """``torch.backends`` flags that change numerics (validation.md §2: record them)."""
+    """``torch.backends`` flags that change numerics (recorded so runs can be compared)."""
     import torch
 
     flags: dict[str, Any] = {
@@ -93,22 +92,6 @@ def device_info(device: str) -> dict[str, Any]:
     return info
 
 
-def _atomic_write(path: Path, data: bytes) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)  # mkstemp creates 0600; reports are ordinary files
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-
-
 def _fmt(x: Any, nd: int = 3) -> str:
     if x is None:
         return "—"
@@ -139,41 +122,50 @@ def render_markdown(report: dict) -> str:
         notes = "; ".join(g["errors"][:2]) or (g.get("skipped_reason") or "") or "; ".join(g["warnings"][:1])
         lines.append(f"| {g['name']} | {status} | {notes.replace('|', '/')} |")
     if m:
-        ci = m.get("tau_ci95")
-        lines += [
-            "",
-            "## Acceptance (vLLM convention: τ = 1 + accepted / drafts)",
-            "",
-            f"- τ pooled: **{_fmt(m.get('acceptance_length'))}**"
-            + (f" (95% CI {ci[0]:.3f}–{ci[1]:.3f})" if ci else ""),
-            f"- τ per-request mean: {_fmt(m.get('tau_request_mean'))}",
-            f"- acceptance rate: {_fmt(m.get('acceptance_rate'))}",
-            f"- drafts: {m.get('num_drafts')}, draft tokens: {m.get('num_draft_tokens')}, accepted: {m.get('num_accepted_tokens')}",
-            f"- TPOT spec / plain: {_fmt(m.get('tpot_ms'), 1)} / {_fmt(m.get('tpot_ar_ms'), 1)} ms, speedup {_fmt(m.get('speedup'), 2)}",
-            "",
-            "| position | p_i | c_i |",
-            "| --- | --- | --- |",
-        ]
-        for i, (p, c) in enumerate(zip(m.get("acceptance_at_pos", []), m.get("conditional_acceptance_at_pos", [])), 1):
-            lines.append(f"| {i} | {p:.3f} | {c:.3f} |")
+        lines += _md_acceptance(m)
     src = report.get("source_metrics")
     if src:
         lines += ["", f"Source drafter τ (same harness): {_fmt(src.get('acceptance_length'))}"]
-    cal = report.get("dspark")
-    if cal:
-        lines += ["", "## DSpark confidence head (reported, not gated)", ""]
-        c = cal.get("calibration")
-        if c:
-            lines.append(f"- mean |σ(c) − accepted|: {c['mean_abs_error']:.3f}, ECE: {c['ece']:.3f}, cumprod bias: {_fmt(c.get('cumprod_bias'))}")
-        t = cal.get("truncated")
-        if t:
-            lines.append(
-                f"- truncating at cumulative confidence ≥ {t['threshold']}: τ {t['acceptance_length']:.3f}, "
-                f"mean drafts verified per step {_fmt(t.get('mean_draft_tokens_per_step'))}"
-            )
+    if report.get("dspark"):
+        lines += _md_dspark(report["dspark"])
     if report.get("plot"):
         lines += ["", f"![per-position acceptance]({report['plot']})"]
     return "\n".join(lines) + "\n"
+
+
+def _md_acceptance(m: dict) -> list[str]:
+    ci = m.get("tau_ci95")
+    lines = [
+        "",
+        "## Acceptance (vLLM convention: τ = 1 + accepted / drafts)",
+        "",
+        f"- τ pooled: **{_fmt(m.get('acceptance_length'))}**"
+        + (f" (95% CI {ci[0]:.3f}–{ci[1]:.3f})" if ci else ""),
+        f"- τ per-request mean: {_fmt(m.get('tau_request_mean'))}",
+        f"- acceptance rate: {_fmt(m.get('acceptance_rate'))}",
+        f"- drafts: {m.get('num_drafts')}, draft tokens: {m.get('num_draft_tokens')}, accepted: {m.get('num_accepted_tokens')}",
+        f"- TPOT spec / plain: {_fmt(m.get('tpot_ms'), 1)} / {_fmt(m.get('tpot_ar_ms'), 1)} ms, speedup {_fmt(m.get('speedup'), 2)}",
+        "",
+        "| position | p_i | c_i |",
+        "| --- | --- | --- |",
+    ]
+    for i, (p, c) in enumerate(zip(m.get("acceptance_at_pos", []), m.get("conditional_acceptance_at_pos", [])), 1):
+        lines.append(f"| {i} | {p:.3f} | {c:.3f} |")
+    return lines
+
+
+def _md_dspark(cal: dict) -> list[str]:
+    lines = ["", "## DSpark confidence head (reported, not gated)", ""]
+    c = cal.get("calibration")
+    if c:
+        lines.append(f"- mean |σ(c) − accepted|: {c['mean_abs_error']:.3f}, ECE: {c['ece']:.3f}, cumprod bias: {_fmt(c.get('cumprod_bias'))}")
+    t = cal.get("truncated")
+    if t:
+        lines.append(
+            f"- truncating at cumulative confidence ≥ {t['threshold']}: τ {t['acceptance_length']:.3f}, "
+            f"mean drafts verified per step {_fmt(t.get('mean_draft_tokens_per_step'))}"
+        )
+    return lines
 
 
 def plot_acceptance(metrics: dict, path: Path, *, source_metrics: dict | None = None, title: str = "") -> Path | None:
@@ -208,22 +200,18 @@ def plot_acceptance(metrics: dict, path: Path, *, source_metrics: dict | None = 
     return path
 
 
-def _jsonable(o: Any) -> Any:
-    if isinstance(o, Path):
-        return str(o)
-    if hasattr(o, "to_dict"):
-        return o.to_dict()
-    if isinstance(o, (set, tuple)):
-        return list(o)
-    raise TypeError(f"not JSON serialisable: {type(o).__name__}")
-
-
-def write_report(report: dict, report_dir: str | Path) -> dict[str, str]:
+def write_report(report, report_dir: str | Path) -> dict[str, str]:
     """Write ``validation.json`` (+ ``.md`` and the PNG) into ``report_dir``.
+
+    ``report`` is a :class:`~specconv.results.ValidationReport` (or its dict); its ``plot``
+    key is set to the PNG's file name.
 
     Returns:
         ``{"json": path, "markdown": path, "plot": path | None}``.
     """
+    from ..record import atomic_write
+    from ..results import jsonable
+
     d = Path(report_dir)
     d.mkdir(parents=True, exist_ok=True)
     files: dict[str, str] = {}
@@ -232,32 +220,22 @@ def write_report(report: dict, report_dir: str | Path) -> dict[str, str]:
         if png is not None:
             report["plot"] = png.name
             files["plot"] = str(png)
-    _atomic_write(d / REPORT_MD, render_markdown(report).encode())
+    atomic_write(d / REPORT_MD, render_markdown(report).encode())
     files["markdown"] = str(d / REPORT_MD)
-    _atomic_write(d / REPORT_JSON, (json.dumps(report, indent=2, sort_keys=True, default=_jsonable) + "\n").encode())
+    atomic_write(d / REPORT_JSON, (json.dumps(report, indent=2, sort_keys=True, default=jsonable) + "\n").encode())
     files["json"] = str(d / REPORT_JSON)
     return files
 
 
 def record_in_specconv_json(drafter_dir: str | Path, summary: dict) -> Path:
-    """Read-modify-write ``<drafter_dir>/specconv.json``: set its ``validation`` key.
+    """Set the ``validation`` section of ``<drafter_dir>/specconv.json``.
 
-    Other keys are kept untouched; a missing file is created with only this key.
+    Through :func:`specconv.record.update_record` (atomic; other keys kept; a missing
+    file is created with only this section).
 
     Raises:
         InvalidInputError: the existing file is not a JSON object.
     """
-    from ..errors import InvalidInputError
+    from ..record import update_record
 
-    p = Path(drafter_dir) / "specconv.json"
-    data: dict = {}
-    if p.is_file():
-        try:
-            data = json.loads(p.read_text())
-        except json.JSONDecodeError as e:
-            raise InvalidInputError(f"{p}: invalid JSON ({e}); not overwriting it") from e
-        if not isinstance(data, dict):
-            raise InvalidInputError(f"{p}: not a JSON object; not overwriting it")
-    data["validation"] = summary
-    _atomic_write(p, (json.dumps(data, indent=2, sort_keys=True, default=_jsonable) + "\n").encode())
-    return p
+    return update_record(drafter_dir, "validation", summary)

@@ -10,7 +10,9 @@ as ``u·q < p`` with ``u ~ U[0, 1)`` so that ``q = 0`` never divides — sequent
 the first rejection the next token is sampled from ``normalize(max(p_i − q_i, 0))``
 (falling back to ``p_i`` when that residual is all zero); when every draft is accepted
 the bonus is sampled from ``p_{k}``. The emitted sequence is then distributed exactly
-as sampling from ``p`` token by token (validation.md §3.3).
+as sampling from ``p`` token by token (Leviathan et al. 2023, "Fast Inference from
+Transformers via Speculative Decoding", Algorithm 1; vLLM
+``vllm/v1/sample/rejection_sampler.py``).
 """
 
 from __future__ import annotations

@@ -3,7 +3,9 @@
 The verifier is loaded with ``AutoModelForCausalLM`` from a local directory (or a Hub
 id already in the local cache; the Hub itself is never contacted unless the caller
 allows it). Each forward returns float32 logits and the aux hidden states the drafter
-needs, captured in the **Speculators / vLLM convention** (speculators_format.md §2.2):
+needs, captured in the **Speculators / vLLM convention** (vLLM
+``vllm/model_executor/models/llama.py``: ``LlamaModel.forward`` records the residual
+stream *entering* each layer listed in ``aux_hidden_state_layers``):
 
 * id ``0``      — the embedding output (= HF ``hidden_states[0]``);
 * id ``ℓ < N``  — the residual stream after ``ℓ`` decoder layers (= HF ``hidden_states[ℓ]``);

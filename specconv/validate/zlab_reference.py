@@ -1,9 +1,8 @@
-"""Source reference forward for z-lab DFlash checkpoints (validation.md §1.3, §3.4).
+"""Source reference forward for z-lab DFlash checkpoints (G2 parity, ``docs/validate.md``).
 
 Wraps z-lab's own ``dflash.model.DFlashDraftModel`` (the MIT ``dflash`` 0.1.0 wheel)
 behind the drafter ``propose`` API so G2 can compare it with the converted drafter on
-the same real verifier hidden states. Facts used (speculators_format.md §2.2, §4.3;
-``dflash/model.py``):
+the same real verifier hidden states. Facts used (z-lab ``dflash/model.py``):
 
 * z-lab's ``target_layer_ids`` index decoder-layer *outputs*; the hidden state used is
   ``hidden_states[id + 1]``, i.e. Speculators id ``id + 1`` — so this adapter declares

@@ -35,7 +35,7 @@ def out_tensors(d: Path) -> dict:
 
 
 def record(out: Path) -> dict:
-    return json.loads((Path(out) / "specconv.json").read_text())
+    return json.loads((Path(out) / "specconv.json").read_text())["conversion"]
 
 
 def plan_for(src: Path, verifier: Path, **opts):

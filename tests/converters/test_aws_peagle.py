@@ -71,7 +71,7 @@ def test_end_to_end_loads_in_speculators_and_matches_reference(ref, tiny_llama_v
 
     for k in want:
         assert got[k].dtype == want[k].dtype and torch.equal(got[k], want[k]), k
-    record = json.loads((out / "specconv.json").read_text())
+    record = json.loads((out / "specconv.json").read_text())["conversion"]
     assert record["tensors"]["mask_hidden"]["fate"] == "reshaped"
     assert record["tensors"]["t2d"]["fate"] == "generated"
     assert record["tensors"]["d2t"]["fate"] == "copied"
@@ -86,7 +86,7 @@ def test_midlayer_single_layer_renamed(ref1, tiny_llama_verifier_dir, tmp_path):
     assert any(n.startswith("midlayer.") for n in names) and not any(n.startswith("layers.") for n in names)
     out = tmp_path / "out"
     rep = convert(src, tiny_llama_verifier_dir, out)
-    record = json.loads((out / "specconv.json").read_text())
+    record = json.loads((out / "specconv.json").read_text())["conversion"]
     assert record["tensors"]["layers.0.self_attn.q_proj.weight"] == {
         **record["tensors"]["layers.0.self_attn.q_proj.weight"], "fate": "renamed", "source": "midlayer.self_attn.q_proj.weight"}
     assert record["tensors"]["mask_hidden"]["fate"] == "copied"  # already [1,1,A·H]
@@ -194,7 +194,7 @@ def test_missing_embedding_taken_from_verifier(ref1, tiny_llama_verifier_dir, tm
     out = tmp_path / "out"
     rep = convert(src, tiny_llama_verifier_dir, out, speculative_tokens=2)
     assert "embed-from-verifier" in codes(rep)
-    rec = json.loads((out / "specconv.json").read_text())
+    rec = json.loads((out / "specconv.json").read_text())["conversion"]
     assert rec["tensors"]["embed_tokens.weight"]["fate"] == "from_verifier"
     v = fp.load_tensors(tiny_llama_verifier_dir)
     assert torch.equal(fp.load_tensors(out)["embed_tokens.weight"], v["model.embed_tokens.weight"])

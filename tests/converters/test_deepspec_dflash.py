@@ -39,7 +39,7 @@ def test_minus_one_is_embeddings(tmp_path, tiny_verifier_dir):
     src = make_source(tmp_path, FMT, target_layer_ids=(-1, 2, 5), verifier_dir=tiny_verifier_dir)
     api_convert(src, tiny_verifier_dir, tmp_path / "out")
     assert read(tmp_path / "out")["aux_hidden_state_layer_ids"] == [0, 3, 6]
-    rec = read(tmp_path / "out", "specconv.json")["layer_ids"]
+    rec = read(tmp_path / "out", "specconv.json")["conversion"]["layer_ids"]
     assert rec["source_ids"] == [-1, 2, 5] and "-1" in rec["rule"]
 
 
@@ -65,7 +65,7 @@ def test_embed_and_head_copies_kept(tmp_path, tiny_verifier_dir):
     assert t["embed_tokens.weight"].shape == (256, 64) and t["lm_head.weight"].shape == (256, 64)
     s, o = TensorStore.open(src), TensorStore.open(out)
     assert o.read_bytes("lm_head.weight") == s.read_bytes("lm_head.weight")
-    assert read(out, "specconv.json")["tensors"]["embed_tokens.weight"]["fate"] == "copied"
+    assert read(out, "specconv.json")["conversion"]["tensors"]["embed_tokens.weight"]["fate"] == "copied"
 
 
 def test_layout_flag_contradiction_refused(tmp_path, tiny_verifier_dir):

@@ -26,7 +26,7 @@ def test_convert(tmp_path, tiny_verifier_dir):
     assert t["rope_parameters"]["rope_theta"] == 1000000.0  # top-level rope_theta normalised, explicit
     assert "torch_dtype" not in t
     assert "modelopt-layer-id-convention" in codes(rep["findings"], "warning")
-    assert read(tmp_path / "out", "specconv.json")["format"] == FMT
+    assert read(tmp_path / "out", "specconv.json")["conversion"]["format"] == FMT
 
 
 def test_swa_non_causal(tmp_path, tiny_verifier_dir):

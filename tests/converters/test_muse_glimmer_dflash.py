@@ -23,7 +23,7 @@ def test_encoder_renames_and_fates(tmp_path, tiny_verifier_dir):
     names = set(out_tensors(out))
     assert {"fc.weight", "hidden_norm.weight"} <= names
     assert not any(n.startswith("encoder.") for n in names)
-    fates = read(out, "specconv.json")["tensors"]
+    fates = read(out, "specconv.json")["conversion"]["tensors"]
     assert fates["fc.weight"]["fate"] == "renamed" and fates["fc.weight"]["source"] == "encoder.fc.weight"
     assert fates["hidden_norm.weight"]["source"] == "encoder.output_norm_enc.weight"
     assert fates["norm.weight"]["fate"] == "copied"

@@ -21,7 +21,7 @@ def test_convert(tmp_path, tiny_verifier_dir):
     cfg = read(tmp_path / "out")
     assert cfg["aux_hidden_state_layer_ids"] == [1, 3, 5] and cfg["sample_from_anchor"] is False
     assert "jetspec-unstamped" in codes(rep["findings"])
-    assert read(tmp_path / "out", "specconv.json")["format"] == FMT
+    assert read(tmp_path / "out", "specconv.json")["conversion"]["format"] == FMT
 
 
 def test_jetspec_causal_refused(tmp_path, tiny_verifier_dir):

@@ -59,7 +59,7 @@ def test_sharded_consolidated_end_to_end(ref, tiny_llama_verifier_dir, tmp_path)
     assert sorted(got) == sorted(want)  # model. prefix stripped, top-level names kept
     for k in want:
         assert torch.equal(got[k], want[k]), k
-    rec = json.loads((out / "specconv.json").read_text())
+    rec = json.loads((out / "specconv.json").read_text())["conversion"]
     assert rec["tensors"]["fc.weight"]["source"] == "model.fc.weight" and rec["tensors"]["fc.weight"]["fate"] == "renamed"
     assert rec["tensors"]["lm_head.weight"]["fate"] == "copied"
     assert rec["tensors"]["mask_hidden"]["fate"] == "reshaped"

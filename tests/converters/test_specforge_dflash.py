@@ -25,7 +25,7 @@ def test_training_state_never_read_nor_published(tmp_path, tiny_verifier_dir):
     rep = api_convert(src, tiny_verifier_dir, out)
     assert rep["format"] == FMT
     assert sorted(p.name for p in out.iterdir()) == ["config.json", "model.safetensors", "specconv.json"]
-    rec = read(out, "specconv.json")
+    rec = read(out, "specconv.json")["conversion"]
     assert any("training_state.pt" in n for n in rec["notes"])
     assert read(out)["aux_hidden_state_layer_ids"] == [1, 3, 5]
 
@@ -45,7 +45,7 @@ def test_latest_epoch_selected_from_run_dir(tmp_path, tiny_verifier_dir):
     rep = api_convert(run, tiny_verifier_dir, tmp_path / "out")
     assert rep["source"].endswith("epoch_3_step_900")
     assert read(tmp_path / "out")["block_size"] == 6
-    assert any("epoch_3_step_900" in n for n in read(tmp_path / "out", "specconv.json")["notes"])
+    assert any("epoch_3_step_900" in n for n in read(tmp_path / "out", "specconv.json")["conversion"]["notes"])
     rep = api_convert(run, tiny_verifier_dir, tmp_path / "out1", checkpoint="epoch_1_step_100")
     assert read(tmp_path / "out1")["block_size"] == 4
 

@@ -101,7 +101,7 @@ def test_pruned_vocab_all_true_t2d_rebuilt_from_d2t(ref_pruned, tiny_llama_verif
     out = tmp_path / "out"
     rep = convert(src, tiny_llama_verifier_dir, out, **FLAGS)
     assert any(f["code"] == "t2d-default-all-true" for f in rep["findings"])
-    rec = json.loads((out / "specconv.json").read_text())
+    rec = json.loads((out / "specconv.json").read_text())["conversion"]
     assert rec["tensors"]["t2d"]["fate"] == "generated"
     assert torch.equal(fp.load_tensors(out)["t2d"], ref_t2d)
     load_with_speculators(out, tiny_llama_verifier_dir)

@@ -81,7 +81,7 @@ def test_peagle_save_dir_best_latest_named(peagle_epochs, tiny_llama_verifier_di
     for f in ("optimizer_state_dict.pt", "scheduler_state_dict.pt", "training_state.json", "val_metrics.json",
               "train_command.txt"):
         assert f in notes
-    rec = json.loads((out / "specconv.json").read_text())
+    rec = json.loads((out / "specconv.json").read_text())["conversion"]
     assert set(rec["source"]["files"]) == {"config.json", "model.safetensors"}  # training files not even hashed
     assert {v["fate"] for v in rec["tensors"].values()} == {"copied"}
     cfg = json.loads((out / "config.json").read_text())

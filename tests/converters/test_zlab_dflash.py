@@ -59,7 +59,7 @@ def test_source_files_not_carried(tmp_path, tiny_verifier_dir):
     out = tmp_path / "out"
     api_convert(src, tiny_verifier_dir, out)
     assert sorted(p.name for p in out.iterdir()) == ["config.json", "model.safetensors", "specconv.json"]
-    assert "dflash.py" in read(out, "specconv.json")["source"]["files"]
+    assert "dflash.py" in read(out, "specconv.json")["conversion"]["source"]["files"]
 
 
 def test_attention_bias_tensors_accepted(tmp_path, tiny_verifier_dir):

@@ -1,0 +1,342 @@
+"""``specconv.json``: the typed record every stage reads and extends.
+
+A drafter directory written by specconv carries one ``specconv.json``. Each stage owns
+one section and reads the sections of the stages before it (data flows one way, see
+``docs/architecture.md`` when present and ``docs/cli.md``):
+
+===============  =========================  =================================================
+key              written by                 content
+===============  =========================  =================================================
+schema_version   the writer (convert)       :data:`SCHEMA_VERSION`; absent = legacy layout
+specconv_version the writer (convert)       version of the specconv that created the record
+conversion       ``specconv convert``       source (Hub id / relative path + sha256 of every
+                                            source file), verifier, layer ids, dtype,
+                                            options, tensor fates, findings, notes, output
+                                            files, library versions
+validation       ``specconv validate``      gates, τ summary, sha256 of every file validated
+                                            (config.json, weights, index), report path
+export           (room for) engine export   free-form until that stage defines it
+publish          (room for) Hub publishing  free-form until that stage defines it
+===============  =========================  =================================================
+
+Unknown top-level keys and unknown keys inside a section are kept on every round trip.
+Paths inside the record are relative to the drafter directory (or a Hub repo id names
+the thing), never absolute, so the directory can be published as it is.
+
+API: :func:`read_record` reads and validates; :func:`update_record` replaces one section
+atomically (temp file in the same directory + ``os.replace``). Both are the only code
+that reads or writes ``specconv.json`` after the writer created it. pydantic builds the
+schemas on first use (``defer_build``); the writer assembles its record with
+``model_construct`` from values it derived itself and :meth:`SpecconvRecord.to_json`
+does not use the pydantic serializer, so ``specconv convert`` builds no schema (the
+tests read every written record back through :func:`read_record`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import posixpath
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
+
+from .errors import InvalidInputError
+
+#: file name inside a drafter directory
+SPECCONV_JSON = "specconv.json"
+#: layout version of :class:`SpecconvRecord` (1: sections; a record without it is the
+#: flat layout written before sections existed, read as its ``conversion`` section)
+SCHEMA_VERSION = 1
+#: sections a stage may update with :func:`update_record`
+SECTIONS = ("conversion", "validation", "export", "publish")
+
+
+def _relative(value: str | None, what: str, info: ValidationInfo | None = None) -> str | None:
+    """Validator body: a path in the record must not be absolute (legacy records, read
+    with ``context={"legacy": True}``, predate the rule and are accepted as they are)."""
+    if info is not None and (info.context or {}).get("legacy"):
+        return value
+    if value is not None and (os.path.isabs(value) or posixpath.isabs(value) or value[1:3] == ":\\"):
+        raise ValueError(f"{what} must be relative to the drafter dir (or a Hub id), got an absolute path")
+    return value
+
+
+class _Model(BaseModel):
+    """Shared settings: unknown keys kept, schema built on first use."""
+
+    model_config = ConfigDict(extra="allow", defer_build=True)
+
+
+class SourceRef(_Model):
+    """Where the converted checkpoint came from.
+
+    Attributes:
+        hub_id: Hub repo id when the source was downloaded (else None).
+        revision: resolved Hub commit of the snapshot (or the ``--revision`` given).
+        subfolder: ``--subfolder`` inside the repo / directory.
+        path: local source dir relative to the drafter dir (POSIX separators); for a
+            Hub source the path inside the snapshot (``subfolder`` + selected checkpoint).
+        files: sha256 of every source file, keyed by its path relative to the source dir.
+    """
+
+    hub_id: str | None = None
+    revision: str | None = None
+    subfolder: str | None = None
+    path: str | None = None
+    files: dict[str, str] = Field(default_factory=dict)
+
+    @field_validator("path")
+    @classmethod
+    def _path_relative(cls, v: str | None, info: ValidationInfo) -> str | None:
+        return _relative(v, "source.path", info)
+
+
+class VerifierRef(_Model):
+    """The verifier the drafter was converted for (``spec`` as given, relative when local)."""
+
+    spec: str | None = None
+    name_or_path: str | None = None
+    architectures: list[str] | None = None
+    num_hidden_layers: int | None = None
+    hidden_size: int | None = None
+    vocab_size: int | None = None
+
+    @field_validator("spec", "name_or_path")
+    @classmethod
+    def _relative_paths(cls, v: str | None, info: ValidationInfo) -> str | None:
+        return _relative(v, "verifier spec / name_or_path", info)
+
+
+class ConversionSection(_Model):
+    """What ``specconv convert`` did (no timestamps: byte-identical re-runs)."""
+
+    format: str | None = None
+    algorithm: str | None = None
+    source: SourceRef = Field(default_factory=SourceRef)
+    verifier: VerifierRef | None = None
+    layer_ids: dict[str, Any] | None = None
+    dtype: str | None = None
+    options: dict[str, Any] = Field(default_factory=dict)
+    tensors: dict[str, dict[str, Any]] = Field(default_factory=dict)
+    findings: list[dict[str, Any]] = Field(default_factory=list)
+    notes: list[str] = Field(default_factory=list)
+    output_files: list[str] = Field(default_factory=list)
+    versions: dict[str, str] = Field(default_factory=dict)
+
+
+class ValidationSection(_Model):
+    """The summary of the last ``specconv validate`` run.
+
+    Attributes:
+        passed: every gate that ran passed.
+        gates: gate name → passed (gates that ran).
+        files: sha256 of every drafter file the run validated (``config.json``, the
+            safetensors shards, ``model.safetensors.index.json``), keyed by name; a later
+            stage compares them to tell whether the bytes changed since validation.
+        report: ``validation.json`` path relative to the drafter dir.
+    """
+
+    passed: bool | None = None
+    gates: dict[str, bool] | None = None
+    acceptance_length: float | None = None
+    files: dict[str, str] | None = None
+    report: str | None = None
+
+    @field_validator("report")
+    @classmethod
+    def _report_relative(cls, v: str | None, info: ValidationInfo) -> str | None:
+        return _relative(v, "validation.report", info)
+
+
+class ExportSection(_Model):
+    """Room for the engine-export stage (free-form until it defines its fields)."""
+
+
+class PublishSection(_Model):
+    """Room for the Hub-publish stage (free-form until it defines its fields)."""
+
+
+_SECTION_MODELS: dict[str, type[_Model]] = {
+    "conversion": ConversionSection,
+    "validation": ValidationSection,
+    "export": ExportSection,
+    "publish": PublishSection,
+}
+
+
+class SpecconvRecord(_Model):
+    """The whole ``specconv.json`` (see the module docstring for the layout)."""
+
+    schema_version: int | None = None
+    specconv_version: str | None = None
+    conversion: ConversionSection | None = None
+    validation: ValidationSection | None = None
+    export: ExportSection | None = None
+    publish: PublishSection | None = None
+
+    def to_json(self) -> str:
+        """Deterministic JSON text (sorted keys, 2-space indent, trailing newline); only
+        the keys that were set are written, so unknown and legacy keys round-trip."""
+        from .results import plain
+
+        return json.dumps(plain(self), sort_keys=True, indent=2) + "\n"
+
+
+def _problem(path: Path, e: ValidationError) -> InvalidInputError:
+    where = "; ".join(f"{'.'.join(map(str, x['loc'])) or '(top)'}: {x['msg']}" for x in e.errors()[:5])
+    return InvalidInputError(f"{path}: not a valid specconv record ({where})", code="bad_specconv_json")
+
+
+def _load_raw(path: Path) -> dict[str, Any] | None:
+    """The JSON object in ``path`` (None when missing); a non-object is refused."""
+    if not path.is_file():
+        return None
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise InvalidInputError(f"{path}: invalid JSON ({e}); not overwriting it", code="bad_specconv_json") from e
+    if not isinstance(data, dict):
+        raise InvalidInputError(f"{path}: not a JSON object; not overwriting it", code="bad_specconv_json")
+    return data
+
+
+def _validate(data: dict[str, Any], path: Path) -> SpecconvRecord:
+    """Validate a raw record. A flat (pre-section) record, without ``schema_version``, is
+    seen as sections (its writer keys become ``conversion``) and may hold absolute paths."""
+    legacy = "schema_version" not in data
+    if legacy and "format" in data and "conversion" not in data:
+        keys = set(ConversionSection.model_fields)
+        data = {**{k: v for k, v in data.items() if k not in keys},
+                "conversion": {k: v for k, v in data.items() if k in keys}}
+    try:
+        return SpecconvRecord.model_validate(data, context={"legacy": legacy})
+    except ValidationError as e:
+        raise _problem(path, e) from e
+
+
+def read_record(drafter_dir: str | os.PathLike, *, missing_ok: bool = False) -> SpecconvRecord:
+    """Read and validate ``<drafter_dir>/specconv.json``.
+
+    A legacy flat record (no ``schema_version``) is returned with its writer keys in
+    :attr:`SpecconvRecord.conversion` (the file itself is not changed).
+
+    Args:
+        drafter_dir: a drafter directory.
+        missing_ok: return an empty record instead of raising when the file is absent.
+
+    Returns:
+        :class:`SpecconvRecord`.
+
+    Raises:
+        InvalidInputError: the file is missing (unless ``missing_ok``), not JSON, not an
+            object, or does not match the schema (``code="bad_specconv_json"``).
+    """
+    path = Path(drafter_dir) / SPECCONV_JSON
+    data = _load_raw(path)
+    if data is None:
+        if missing_ok:
+            return SpecconvRecord()
+        raise InvalidInputError(f"{path} does not exist", code="no_specconv_json")
+    return _validate(data, path)
+
+
+def _section_payload(section: str, payload: dict[str, Any] | BaseModel, path: Path) -> dict[str, Any]:
+    model = _SECTION_MODELS[section]
+    try:
+        obj = payload if isinstance(payload, model) else model.model_validate(
+            payload.model_dump(mode="json", exclude_unset=True) if isinstance(payload, BaseModel) else payload)
+    except ValidationError as e:
+        raise _problem(path, e) from e
+    return obj.model_dump(mode="json", exclude_unset=True)
+
+
+def update_record(drafter_dir: str | os.PathLike, section: str, payload: dict[str, Any] | BaseModel) -> Path:
+    """Replace one section of ``<drafter_dir>/specconv.json`` atomically.
+
+    The payload is validated against the section's model; every other key of the file
+    (known or not) is kept as it is. A missing file is created holding only this section
+    (``schema_version`` is stamped by the writer, which creates the record). The new
+    text goes to a temp file in the same directory and is moved over the old one with
+    ``os.replace``, so readers see the old or the new record, never half of one.
+
+    Args:
+        drafter_dir: the drafter directory.
+        section: one of :data:`SECTIONS`.
+        payload: the section content (dict or the section's pydantic model).
+
+    Returns:
+        The path of ``specconv.json``.
+
+    Raises:
+        UsageError: unknown section name.
+        InvalidInputError: the existing file is not a JSON object (it is left untouched)
+            or the payload does not match the section's schema.
+        OSError: the directory is not writable.
+    """
+    if section not in _SECTION_MODELS:
+        from .errors import UsageError
+
+        raise UsageError(f"unknown specconv.json section {section!r} (known: {', '.join(SECTIONS)})")
+    path = Path(drafter_dir) / SPECCONV_JSON
+    data = _load_raw(path) or {}
+    data[section] = _section_payload(section, payload, path)
+    _validate(data, path)
+    atomic_write(path, json.dumps(data, sort_keys=True, indent=2) + "\n")
+    return path
+
+
+def atomic_write(path: Path, data: str | bytes) -> None:
+    """Write ``data`` (text as UTF-8) to ``path`` atomically: a temp file in the same dir,
+    then ``os.replace``; the file gets the mode a plain ``open(..., "w")`` would give it.
+
+    Raises:
+        OSError: the directory is not writable (no temp file is left behind).
+    """
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data.encode("utf-8") if isinstance(data, str) else data)
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def relative_to_dir(path: str | os.PathLike, base: str | os.PathLike) -> str:
+    """``path`` relative to ``base`` with POSIX separators (``..`` allowed): how local
+    paths are written into the record."""
+    return Path(os.path.relpath(os.path.abspath(path), os.path.abspath(base))).as_posix()
+
+
+def as_record_path(value: str | None, base: str | os.PathLike) -> str | None:
+    """A local absolute path (or an existing relative one) as a path relative to ``base``
+    (the drafter dir); anything else (a Hub id, a name) unchanged."""
+    if value is None:
+        return None
+    if os.path.isabs(value) or Path(value).exists():
+        return relative_to_dir(value, base)
+    return value
+
+
+def file_hashes(drafter_dir: str | os.PathLike, names: list[str] | None = None) -> dict[str, str]:
+    """sha256 of the files a drafter dir is made of: ``config.json``, every
+    ``*.safetensors`` and ``model.safetensors.index.json`` (or ``names``).
+
+    Raises:
+        InvalidInputError: a file cannot be read.
+    """
+    from .tensors import sha256_file
+
+    d = Path(drafter_dir)
+    if names is None:
+        names = sorted(p.name for p in d.iterdir() if p.is_file() and (
+            p.name in ("config.json", "model.safetensors.index.json") or p.name.endswith(".safetensors")))
+    return {n: sha256_file(d / n) for n in names}

@@ -1,0 +1,342 @@
+"""Typed results of the library stages, rendered by the CLI.
+
+:class:`ConversionResult` (``specconv.convert.convert``), :class:`InspectResult`
+(``specconv.convert.inspect_source``) and :class:`ValidationReport`
+(``specconv.validate.run.validate_drafter``) are pydantic models; the CLI prints one of them
+with :func:`specconv.cli.common.render` — ``--format json`` as :meth:`StageResult.to_dict`
+(the keys that were set, nothing added), ``--format human`` as :meth:`StageResult.human`.
+
+Unknown keys are kept (``extra="allow"``) so a stage can add a detail without a schema
+change. The schemas are built on first use (``defer_build``) and a stage builds its result
+with :meth:`StageResult.of` (``model_construct``: its own values are not re-validated) and
+prints it with :func:`plain`, so no schema is built on ``specconv convert``'s path;
+``Model.model_validate(result.to_dict())`` checks a result against its declared types. For the callers written
+against the earlier dict results, a result also reads like a mapping
+(``result["format"]``, ``result.get("plan")``, ``"plan" in result``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+def plain(obj: Any) -> Any:
+    """A model (recursively) as plain Python data: only the fields that were set, plus
+    the unknown (extra) keys — what ``model_dump(exclude_unset=True)`` gives, without
+    building the pydantic serializer (so a result made with ``model_construct`` costs
+    no schema build on the command's path)."""
+    if isinstance(obj, BaseModel):
+        out = {k: plain(getattr(obj, k)) for k in obj.model_fields_set}
+        out.update({k: plain(v) for k, v in (obj.__pydantic_extra__ or {}).items()})
+        return out
+    if isinstance(obj, dict):
+        return {k: plain(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [plain(v) for v in obj]
+    return obj
+
+
+def jsonable(o: Any) -> Any:
+    """``json.dumps(default=...)`` for results: paths as strings, objects with
+    ``to_dict`` (results, findings) as their dict, sets and tuples as lists.
+
+    Raises:
+        TypeError: anything else (a bug: a value no stage should put in a result).
+    """
+    from pathlib import Path
+
+    if isinstance(o, Path):
+        return str(o)
+    if hasattr(o, "to_dict"):
+        return o.to_dict()
+    if isinstance(o, (set, frozenset, tuple)):
+        return list(o)
+    raise TypeError(f"not JSON serialisable: {type(o).__name__}")
+
+
+class StageResult(BaseModel):
+    """Base class: mapping-style access, JSON dict, human text, exit status."""
+
+    model_config = ConfigDict(extra="allow", defer_build=True, arbitrary_types_allowed=True)
+
+    # -- mapping-style access (the dict results these models replace) ------------------
+    def _has(self, key: str) -> bool:
+        return key in self.model_fields_set or key in (self.__pydantic_extra__ or {})
+
+    def __getitem__(self, key: str) -> Any:
+        if not self._has(key):
+            raise KeyError(key)
+        return getattr(self, key)
+
+    def __setitem__(self, key: str, value: Any) -> None:
+        setattr(self, key, value)
+
+    def __contains__(self, key: object) -> bool:
+        return isinstance(key, str) and self._has(key)
+
+    def get(self, key: str, default: Any = None) -> Any:
+        """``result[key]`` or ``default`` when the key was never set."""
+        return getattr(self, key) if self._has(key) else default
+
+    def keys(self) -> list[str]:
+        """The keys that were set (what :meth:`to_dict` returns)."""
+        return list(self.to_dict())
+
+    # -- rendering ---------------------------------------------------------------------
+    @classmethod
+    def of(cls, data: dict[str, Any]):
+        """A result from the values a library stage computed (trusted: not re-validated, so
+        no schema is built on the command's path; ``model_validate`` checks the types —
+        the tests do)."""
+        return cls.model_construct(**data)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The keys that were set, as plain Python objects (JSON via ``cli.common.dumps``)."""
+        return plain(self)
+
+    def human(self) -> str:  # pragma: no cover - overridden
+        """Short human summary (``--format human``)."""
+        raise NotImplementedError
+
+    def exit_status(self) -> int:
+        """Process exit status the CLI uses after printing this result."""
+        return 0
+
+
+def _fates(fates: dict[str, int]) -> str:
+    return ", ".join(f"{k} {v}" for k, v in fates.items())
+
+
+def _k_of(cfg: dict[str, Any]) -> Any:
+    return cfg["speculators_config"]["proposal_methods"][0]["speculative_tokens"]
+
+
+class ConversionResult(StageResult):
+    """What :func:`specconv.convert.convert` did (or, with ``dry_run``, would do).
+
+    Attributes:
+        format: source format id (registry). algorithm: target ``speculators_model_type``.
+        source: the source checkpoint directory as resolved (absolute; a Hub snapshot path).
+        output: output directory (None for a dry run without ``-o``).
+        dry_run: nothing was written.
+        plan: the plan summary (``specconv.convert.summarize_plan``).
+        findings: converter + lint findings (``{level, code, key, message}``).
+        files: files written (set only when written).
+    """
+
+    format: str
+    algorithm: str
+    source: str
+    output: str | None = None
+    dry_run: bool = False
+    plan: dict[str, Any] = Field(default_factory=dict)
+    findings: list[dict[str, Any]] = Field(default_factory=list)
+    files: list[str] | None = None
+
+    def human(self) -> str:
+        p = self.plan
+        lines = [
+            f"{'planned' if self.dry_run else 'converted'} {self.source} ({self.format}, {self.algorithm})"
+            + ("" if self.dry_run else f" → {self.output}"),
+            f"  tensors: {p['tensors']} ({_fates(p['fates'])}), {p['bytes'] / 1e6:.1f} MB",
+        ]
+        if p.get("casts"):
+            lines.append("  cast: " + ", ".join(f"{k} ×{v}" for k, v in p["casts"].items()))
+        if p.get("layer_ids"):
+            li = p["layer_ids"]
+            lines.append(f"  aux layer ids: {li['source_ids']} ({li['source_convention']}) → {li['speculators_ids']}")
+        cfg = p["config"]
+        extra = f", block_size {cfg['block_size']}" if "block_size" in cfg else ""
+        lines.append(f"  mask_token_id {cfg.get('mask_token_id')}{extra}, speculative_tokens {_k_of(cfg)}")
+        lines += [f"  dropped {d['name']}: {d['reason']}" for d in p["dropped"]]
+        lines += [f"  note: {n}" for n in p["notes"]]
+        lines += [f"  {f['level']:7} [{f['code']}] {f['message']}" for f in self.findings]
+        return "\n".join(lines)
+
+
+class InspectResult(StageResult):
+    """What :func:`specconv.convert.inspect_source` found (headers only).
+
+    Attributes:
+        path: the source directory inspected; selected: the trainer checkpoint picked.
+        format / algorithm / title: the detected format (``unknown`` when none matched).
+        supported: convertible (and readable); reason: why not.
+        findings: lint (Speculators dirs) and, with a verifier, the plan's findings.
+        plan: the dry-run plan summary (with a verifier).
+    """
+
+    path: str
+    selected: str | None = None
+    findings: list[dict[str, Any]] = Field(default_factory=list)
+    format: str | None = None
+    algorithm: str | None = None
+    supported: bool = False
+    reason: str | None = None
+    title: str | None = None
+    plan: dict[str, Any] | None = None
+
+    def exit_status(self) -> int:
+        """3 when the source is not supported or lint reports an error, else 0."""
+        from .errors import EXIT_INVALID_INPUT
+
+        bad = not self.supported or any(f["level"] == "error" for f in self.findings)
+        return EXIT_INVALID_INPUT if bad else 0
+
+    def human(self) -> str:
+        lines = [
+            f"path:      {self.path}" + (f"  (selected {self.selected})" if self.selected else ""),
+            f"format:    {self.format}" + (f"  — {self.title}" if self.title else ""),
+            f"algorithm: {self.algorithm}",
+            f"supported: {'yes' if self.supported else 'no'}",
+        ]
+        if self.reason:
+            lines.append(f"reason:    {self.reason}")
+        plan = self.plan
+        if plan:
+            cfg = plan["config"]
+            lines.append(f"plan:      {plan['tensors']} tensors ({_fates(plan['fates'])}), "
+                         f"{plan['bytes'] / 1e6:.1f} MB; speculative_tokens {_k_of(cfg)}, "
+                         f"mask_token_id {cfg.get('mask_token_id')}")
+            if plan.get("layer_ids"):
+                li = plan["layer_ids"]
+                lines.append(f"           aux layer ids {li['source_ids']} ({li['source_convention']}) → "
+                             f"{li['speculators_ids']}")
+        errors = sum(f["level"] == "error" for f in self.findings)
+        if self.findings:
+            lines.append(f"lint:      {errors} error(s), {len(self.findings) - errors} other finding(s)")
+        lines += [f"  {f['level']:7} [{f['code']}] {f['message']}" for f in self.findings]
+        return "\n".join(lines)
+
+
+class ValidationReport(StageResult):
+    """The report of :func:`specconv.validate.run.validate_drafter` (``validation.json``).
+
+    The acceptance counters keep the names of vLLM's spec-decode metrics
+    (``num_drafts``, ``num_draft_tokens``, ``num_accepted_tokens``) and speculators'
+    ``acceptance_length`` / ``acceptance_at_pos`` at the top level (see
+    ``docs/validate.md``); every other detail (``metrics``, ``source_metrics``,
+    ``lossless``, ``dspark``, ``placement``, ...) is kept as an extra key.
+
+    Attributes:
+        drafter / verifier: what was validated (drafter dir, verifier Hub id or path).
+        backend: ``torch`` | ``vllm``; dtype, temperature, max_new_tokens, seed: the run.
+        algorithm, k (drafts per step), aux_layer_ids: read from the drafter.
+        gate_results: one dict per gate in order (``name``, ``passed``, ``status``,
+            ``errors``, ``warnings``, ``details``, ``skipped_reason``).
+        gates: gate name → passed, for the gates that ran; passed: their conjunction.
+        acceptance_length: pooled τ = 1 + accepted / drafts (None when nothing ran).
+        acceptance_at_pos: ``p_i``, fraction of drafts whose first ``i`` tokens were
+            accepted, i = 1…k.
+        report_files: files written by ``validate.report.write_report`` (CLI only).
+        error / exit_code / message: set by the CLI when a gate failed (exit 4).
+    """
+
+    specconv_version: str | None = None
+    created: str | None = None
+    drafter: str | None = None
+    verifier: str | None = None
+    backend: str | None = None
+    dtype: str | None = None
+    temperature: float | None = None
+    max_new_tokens: int | None = None
+    seed: int | None = None
+    algorithm: str | None = None
+    k: int | None = None
+    aux_layer_ids: list[int] | None = None
+    gate_results: list[dict[str, Any]] = Field(default_factory=list)
+    gates: dict[str, bool] = Field(default_factory=dict)
+    passed: bool | None = None
+    acceptance_length: float | None = None
+    acceptance_at_pos: list[float] | None = None
+    report_files: dict[str, str | None] | None = None
+
+    def failed_gates(self) -> list[str]:
+        """Names of the gates that ran and failed."""
+        return [k for k, v in self.gates.items() if v is False]
+
+    def exit_status(self) -> int:
+        """4 when a gate that ran failed, else 0."""
+        from .errors import EXIT_GATE_FAILED
+
+        return EXIT_GATE_FAILED if self.failed_gates() else 0
+
+    def record_summary(self) -> dict[str, Any]:
+        """The ``validation`` section of ``specconv.json`` (paths made relative by the caller)."""
+        r = self.to_dict()
+        dev = r.get("device") or {}
+        return {
+            "acceptance_length": r.get("acceptance_length"),
+            "acceptance_at_pos": r.get("acceptance_at_pos"),
+            "tau_ci95": r.get("tau_ci95"),
+            "gates": r.get("gates"),
+            "passed": r.get("passed"),
+            "verifier": r.get("verifier"),
+            "backend": r.get("backend"),
+            "device": dev.get("gpu_name") or dev.get("device"),
+            "dtype": r.get("dtype"),
+            "prompts": {k: (r.get("prompts") or {}).get(k) for k in ("set", "n")},
+            "max_new_tokens": r.get("max_new_tokens"),
+            "temperature": r.get("temperature"),
+            "source_acceptance_length": (r.get("source_metrics") or {}).get("acceptance_length"),
+            "specconv_version": r.get("specconv_version"),
+        }
+
+    def human(self) -> str:
+        r = self.to_dict()
+        dev = r.get("device") or {}
+        lines = [
+            f"drafter:   {r.get('drafter')}  ({r.get('algorithm')}, k={r.get('k')})",
+            f"verifier:  {r.get('verifier')}",
+            f"backend:   {r.get('backend')}  device={dev.get('gpu_name') or dev.get('device')}  dtype={r.get('dtype')}",
+        ]
+        pr = r.get("prompts")
+        if pr:
+            lines.append(f"prompts:   {pr['set']} × {pr['n']}, max new tokens {r.get('max_new_tokens')}, "
+                         f"T={r.get('temperature')}")
+        if r.get("acceptance_length") is not None:
+            lines += _tau_lines(r)
+        lines.append("gates:")
+        for g in r.get("gate_results", []):
+            lines.append(f"  {g['name']:<11} {g['status']}")
+            lines += [f"      error:   {e}" for e in g["errors"][:5]]
+            lines += [f"      warning: {w}" for w in g["warnings"][:3]]
+            if g.get("skipped_reason"):
+                lines.append(f"      ({g['skipped_reason']})")
+        files = r.get("report_files") or {}
+        if files:
+            lines.append(f"report:    {files.get('json')}")
+        return "\n".join(lines)
+
+
+def _tau_lines(r: dict[str, Any]) -> list[str]:
+    ci = r.get("tau_ci95")
+    ci_s = f"  (95% CI {ci[0]:.3f}–{ci[1]:.3f})" if ci else ""
+    lines = [
+        f"τ pooled:  {r['acceptance_length']:.3f}{ci_s}   acceptance rate {r.get('acceptance_rate') or 0:.3f}",
+        "p_i:       " + " ".join(f"{p:.3f}" for p in r.get("acceptance_at_pos") or []),
+    ]
+    if r.get("source_metrics"):
+        lines.append(f"τ source:  {r['source_metrics']['acceptance_length']:.3f}")
+    if r.get("speedup"):
+        lines.append(f"TPOT:      {r['tpot_ms']:.1f} ms spec / {r['tpot_ar_ms']:.1f} ms plain  "
+                     f"(speedup {r['speedup']:.2f}×)")
+    return lines
+
+
+class FormatsResult(StageResult):
+    """``specconv formats``: every registered source format, in detection order.
+
+    Attributes:
+        formats: one ``describe()`` dict per converter (``format``, ``algorithm``,
+            ``supported``, ``title``, ``detection``, ``mapping``, ...).
+    """
+
+    formats: list[dict[str, Any]] = Field(default_factory=list)
+
+    def human(self) -> str:
+        lines = [f"{'format':28} {'algorithm':9} {'supported':9} source"]
+        for r in self.formats:
+            lines.append(f"{r['format']:28} {r['algorithm']:9} {('yes' if r['supported'] else 'refused'):9} {r['title']}")
+        return "\n".join(lines)

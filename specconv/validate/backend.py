@@ -1,0 +1,167 @@
+"""The two seams of ``specconv validate``: drafter backends and validation backends.
+
+* :class:`DrafterBackend` — one drafting step. The speculative loop
+  (:func:`specconv.validate.loop.speculative_generate`) and G2 parity
+  (:func:`specconv.validate.gates.gate_parity`) only call :meth:`DrafterBackend.propose`
+  and read its four attributes, so the torch reference drafters
+  (``specconv.drafters``), z-lab's own forward (:mod:`.zlab_reference`), the harness
+  stand-ins (:mod:`.testing`) and an exported engine (e.g. an ONNX Runtime session) are
+  interchangeable.
+* :class:`ValidationBackend` — what runs the prompts after G1 passed: ``torch`` (this
+  harness, :mod:`.torch_backend`: G2–G4 and τ) or ``vllm`` (a real ``vllm serve``,
+  :mod:`.vllm_backend`: τ from vLLM's spec-decode counters; G2/G4 are skipped there).
+  Each appends its gate results to the :class:`ValidationRun` and fills its report keys.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable, Protocol, Sequence, runtime_checkable
+
+if TYPE_CHECKING:
+    import torch
+
+    from ..drafters.base import DraftProposal
+    from ..speculators import SpeculatorsDraftConfig
+    from ..verifier import Verifier
+    from .gates import GateResult
+    from .run import ValidateOptions
+
+Progress = Callable[[str, int, int], None]
+
+
+@runtime_checkable
+class DrafterBackend(Protocol):
+    """One drafting step from the accepted context (no KV cache).
+
+    Attributes:
+        algorithm: ``peagle`` | ``dflash`` | ``dspark``.
+        num_draft_tokens: ``k`` drafts per :meth:`propose`.
+        aux_layer_ids: verifier aux layer ids (speculators convention: 0 = embeddings) in
+            the concat order of ``aux_hidden``.
+    """
+
+    algorithm: str
+    num_draft_tokens: int
+    aux_layer_ids: Sequence[int]
+
+    def propose(self, context_tokens: "torch.Tensor", aux_hidden: "torch.Tensor", *, temperature: float = 0.0,
+                generator: "torch.Generator | None" = None) -> "DraftProposal":
+        """Draft ``k`` tokens.
+
+        Args:
+            context_tokens: LongTensor ``[1, T+1]`` — every token so far; index ``T`` is
+                the anchor (the token the verifier just emitted, no features yet).
+            aux_hidden: float tensor ``[1, T, A*H]`` — verifier aux hidden states of
+                positions ``0…T−1`` concatenated in ``aux_layer_ids`` order.
+            temperature: 0 = greedy; > 0 samples from ``softmax(logits / T)``.
+            generator: ``torch.Generator`` for sampling.
+
+        Returns:
+            A proposal with ``tokens`` (LongTensor ``[k]``, verifier ids), ``logits``
+            (float ``[k, V]``, verifier vocab, before temperature) and ``confidence``
+            (float ``[k]`` probabilities for DSpark's confidence head, else ``None``) —
+            :class:`specconv.drafters.base.DraftProposal`.
+        """
+        ...  # pragma: no cover
+
+
+@dataclass
+class ValidationRun:
+    """State of one ``validate_drafter`` call, passed from step to step.
+
+    Attributes:
+        drafter_dir: the Speculators directory under test.
+        verifier: the resolved :class:`specconv.verifier.Verifier`.
+        verifier_spec: ``--verifier`` as given (the source is converted against it).
+        options: :class:`specconv.validate.run.ValidateOptions`.
+        progress: ``progress(phase, done, total)``.
+        report: the report keys filled so far (becomes a ValidationReport at the end).
+        results: the gate results so far.
+        source: ``prepare_source``'s answer (with ``--source``), else None.
+        source_config: the typed config of the source converted afresh, else None.
+        prompts: the selected prompts (after G1).
+    """
+
+    drafter_dir: Path
+    verifier: "Verifier"
+    verifier_spec: str
+    options: "ValidateOptions"
+    progress: Progress
+    report: dict[str, Any] = field(default_factory=dict)
+    results: "list[GateResult]" = field(default_factory=list)
+    source: dict[str, Any] | None = None
+    source_config: "SpeculatorsDraftConfig | None" = None
+    prompts: list = field(default_factory=list)
+
+
+class ValidationBackend(Protocol):
+    """Runs the prompts once G1 passed; appends gate results and fills report keys."""
+
+    name: str
+
+    def run(self, run: ValidationRun) -> None:
+        """Run the backend's gates on ``run`` (mutates ``run.report`` / ``run.results``)."""
+        ...  # pragma: no cover
+
+
+class VllmBackend:
+    """``--backend vllm``: τ through a real ``vllm serve`` (:mod:`.vllm_backend`); G2 parity
+    and G4 losslessness need the torch harness and are reported as skipped."""
+
+    name = "vllm"
+
+    def run(self, run: ValidationRun) -> None:
+        from .gates import gate_acceptance, skipped
+        from .metrics import summary
+        from .vllm_backend import run_vllm_validation
+
+        vm = run_vllm_validation(run.drafter_dir, run.verifier, run.prompts, run.options)
+        rep = run.report
+        rep["device"] = vm.pop("device", {"device": "cuda"})
+        rep["vllm"] = vm.pop("server", {})
+        rep["metrics"] = vm
+        rep["k"] = len(vm.get("acceptance_at_pos") or [])
+        run.results.append(skipped("parity", "--backend vllm: parity runs in the torch harness"))
+        run.results.append(gate_acceptance(vm, min_tau=run.options.min_tau))
+        run.results.append(skipped("lossless", "--backend vllm: losslessness runs in the torch harness"))
+        copy_top(rep, vm)
+        rep["summary"] = summary(vm)
+
+
+#: ``--backend`` name → "module:class" (imported on use: the torch backend imports torch)
+BACKENDS = {
+    "torch": "specconv.validate.torch_backend:TorchBackend",
+    "vllm": "specconv.validate.backend:VllmBackend",
+}
+
+#: metric keys copied to the top level of the report (vLLM / speculators counter names)
+TOP_LEVEL_METRICS = (
+    "acceptance_length", "acceptance_at_pos", "conditional_acceptance_at_pos", "acceptance_rate",
+    "num_drafts", "num_draft_tokens", "num_accepted_tokens", "tau_pooled", "tau_request_mean", "tau_ci95",
+    "histogram", "tpot_ms", "tpot_ar_ms", "draft_ms", "verify_ms", "speedup",
+)
+
+
+def copy_top(report: dict[str, Any], metrics: dict[str, Any]) -> None:
+    """Copy the :data:`TOP_LEVEL_METRICS` present in ``metrics`` to the report's top level."""
+    for key in TOP_LEVEL_METRICS:
+        if key in metrics:
+            report[key] = metrics[key]
+
+
+def get_backend(name: str) -> ValidationBackend:
+    """The validation backend registered as ``name``.
+
+    Raises:
+        UsageError: unknown backend.
+    """
+    from ..errors import UsageError
+
+    target = BACKENDS.get(name)
+    if target is None:
+        raise UsageError(f"unknown backend {name!r} (known: {', '.join(BACKENDS)})")
+    mod, cls = target.split(":")
+    return getattr(importlib.import_module(mod), cls)()
