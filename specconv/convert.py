@@ -33,12 +33,10 @@ def resolve_source(spec: str, *, subfolder: str | None = None, revision: str | N
         raise UsageError(f"--subfolder {subfolder!r} must be a relative path inside SRC (no '..', not absolute)")
     p = Path(spec).expanduser()
     if not p.exists():
-        from .verifier import is_hub_id
+        from . import hub
 
-        if not is_hub_id(spec):
+        if not hub.is_hub_id(spec):
             raise InvalidInputError(f"source {spec!r} does not exist (and is not a Hub repo id)", code="source_not_found")
-        from huggingface_hub import snapshot_download
-
         # never pickled weights / training state; but the small side files converters read or
         # detect by name: vocab maps (d2t/t2d .npy/.pt), NeMo eagle_meta.pt, MiMo mask_embedding.pt
         patterns = ["*.json", "*.safetensors", "*.txt", "*.md", "*.npy", "*d2t.pt", "*t2d.pt",
@@ -46,12 +44,11 @@ def resolve_source(spec: str, *, subfolder: str | None = None, revision: str | N
         if subfolder:
             patterns = [f"{subfolder}/{x}" for x in patterns]
         try:
-            p = Path(snapshot_download(spec, revision=revision, allow_patterns=patterns))
-        except Exception as e:
-            from .verifier import hub_error
-
+            p = hub.download_snapshot(spec, revision=revision, allow_patterns=patterns)
+        except Exception as e:  # noqa: BLE001 - mapped by the Hub error table
             what = f"{subfolder}/ (config, safetensors)" if subfolder else "the checkpoint (config, safetensors)"
-            err = hub_error(what, spec, e, code="source_not_found")
+            err = hub.hub_error(what, spec, e, code="source_not_found",
+                                hint=None if "/" in spec else f"no local path {spec!r} exists either")
             err.message = "source: " + err.message
             raise err from e
     if subfolder:

@@ -14,25 +14,20 @@ aux ids must lie in ``[0, num_hidden_layers]``; the draft's target vocab must eq
 from __future__ import annotations
 
 import json
-import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from . import hub as _hub
 from .errors import InvalidInputError
+from .hub import hub_error, is_hub_id
 
 _TEXT_CONFIG_KEYS = ("text_config", "llm_config", "language_config")
-_HUB_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,95}/[A-Za-z0-9][A-Za-z0-9._-]{0,95}$")
 
 EMBED_SUFFIXES = ("embed_tokens.weight", "tok_embeddings.weight", "wte.weight", "llm.embed.weight")
 LM_HEAD_SUFFIXES = ("lm_head.weight", "output.weight")
 NORM_SUFFIXES = ("model.norm.weight", "norm.weight", "norm_f.weight", "ln_f.weight")
-
-
-def is_hub_id(spec: str) -> bool:
-    """True when ``spec`` looks like ``owner/name`` and is not an existing local path."""
-    return bool(_HUB_ID_RE.match(spec)) and not os.path.exists(spec)
 
 
 def unwrap_text_config(cfg: dict[str, Any]) -> dict[str, Any]:
@@ -135,15 +130,12 @@ class Verifier:
 
     def _hub_weight_map(self) -> dict[str, str]:
         if self._weight_map is None:
-            from huggingface_hub import hf_hub_download
-            from huggingface_hub.errors import EntryNotFoundError
-
             try:
-                idx = hf_hub_download(self.hub_id, "model.safetensors.index.json", revision=self.revision)
-            except EntryNotFoundError:  # also LocalEntryNotFoundError: not in the offline cache
+                idx = _hub.download_file(self.hub_id, "model.safetensors.index.json", revision=self.revision)
+            except Exception as e:  # noqa: BLE001 - mapped by the Hub error table
+                if not _hub.is_missing_entry(e):  # network, auth (a missing file: single-file checkpoint)
+                    raise hub_error("model.safetensors.index.json", self.hub_id, e, code="verifier_not_found") from e
                 idx = None
-            except Exception as e:  # network, auth
-                raise hub_error("model.safetensors.index.json", self.hub_id, e, code="verifier_not_found") from e
             if idx is not None:
                 try:
                     with open(idx, encoding="utf-8") as f:
@@ -155,8 +147,8 @@ class Verifier:
             else:
                 # single-file checkpoint: read its header only after download
                 try:
-                    p = hf_hub_download(self.hub_id, "model.safetensors", revision=self.revision)
-                except Exception as e:
+                    p = _hub.download_file(self.hub_id, "model.safetensors", revision=self.revision)
+                except Exception as e:  # noqa: BLE001 - mapped by the Hub error table
                     raise hub_error("model.safetensors / model.safetensors.index.json", self.hub_id, e,
                                     code="verifier_tensor_missing") from e
                 from .tensors import TensorStore
@@ -198,61 +190,16 @@ class Verifier:
         """TensorInfo of a verifier tensor, downloading only its shard from the Hub."""
         if self.hub_id is None:
             return self.store().info(name)
-        from huggingface_hub import hf_hub_download
-
         from .tensors import TensorStore
 
         shard = self._hub_weight_map().get(name)
         if shard is None:
             raise InvalidInputError(f"verifier {self.hub_id} has no tensor {name!r}")
         try:
-            p = hf_hub_download(self.hub_id, shard, revision=self.revision)
-        except Exception as e:  # not cached (offline), network, auth
+            p = _hub.download_file(self.hub_id, shard, revision=self.revision)
+        except Exception as e:  # noqa: BLE001 - mapped by the Hub error table  # not cached (offline), network, auth
             raise hub_error(f"shard {shard} (holding {name})", self.hub_id, e, code="verifier_tensor_missing") from e
         return TensorStore.open(p).info(name)
-
-
-def hub_unavailable(what: str, repo: str, e: Exception) -> str:
-    """Message for a Hub file that could not be had.
-
-    In offline mode (``HF_HUB_OFFLINE=1``, read by ``huggingface_hub.constants``) a file
-    missing from the local cache raises ``LocalEntryNotFoundError`` whose own text blames
-    the network; say instead that it is not cached and where the cache is.
-    """
-    from huggingface_hub import constants
-    from huggingface_hub import errors as hf_errors
-
-    incomplete = getattr(hf_errors, "IncompleteSnapshotError", ())  # its own message lists the missing files
-    if (constants.is_offline_mode() and isinstance(e, hf_errors.LocalEntryNotFoundError)
-            and not isinstance(e, incomplete)):
-        return (f"{what} of {repo!r} is not in the local Hugging Face cache ({constants.HF_HUB_CACHE}) "
-                "and offline mode (HF_HUB_OFFLINE=1) forbids downloading it")
-    return f"cannot fetch {what} of {repo!r} from the Hub: {type(e).__name__}: {e}"
-
-
-def hub_error(what: str, repo: str, e: Exception, *, code: str, hint: str | None = None):
-    """The project error for a failed Hub download, with the documented exit code.
-
-    * 401/403 or a gated repo → :class:`HubAuthError` (exit 5);
-    * 429/5xx, or a connection failure while online (huggingface_hub reports it as
-      ``LocalEntryNotFoundError`` after its own retries) → :class:`TransientRemoteError` (7);
-    * anything else (missing repo/file, not cached in offline mode) → ``InvalidInputError`` (3).
-    """
-    from huggingface_hub import constants
-    from huggingface_hub import errors as hf_errors
-
-    from .errors import HubAuthError, TransientRemoteError
-
-    msg = hub_unavailable(what, repo, e)
-    status = getattr(getattr(e, "response", None), "status_code", None)
-    if isinstance(e, hf_errors.GatedRepoError) or status in (401, 403):
-        return HubAuthError(msg, code="hub_auth", hint="log in with `hf auth login` or set HF_TOKEN")
-    transient_http = isinstance(e, hf_errors.HfHubHTTPError) and status is not None and (status == 429 or status >= 500)
-    offline_miss = isinstance(e, hf_errors.LocalEntryNotFoundError) and not constants.is_offline_mode()
-    incomplete = getattr(hf_errors, "IncompleteSnapshotError", ())
-    if transient_http or (offline_miss and not isinstance(e, incomplete)) or isinstance(e, (ConnectionError, TimeoutError)):
-        return TransientRemoteError(msg, code="hub_unreachable", hint=hint)
-    return InvalidInputError(msg, code=code, hint=hint)
 
 
 def _read_json(p: Path) -> dict[str, Any]:
@@ -296,14 +243,12 @@ def resolve_verifier(spec: str, *, name: str | None = None, revision: str | None
         )
     if not is_hub_id(spec):
         raise InvalidInputError(
-            f"verifier {spec!r} is neither an existing directory nor a Hub repo id (owner/name)",
+            f"verifier {spec!r} is neither an existing directory nor a Hub repo id (namespace/name)",
             code="verifier_not_found",
         )
-    from huggingface_hub import hf_hub_download
-
     try:
-        cfg_file = hf_hub_download(spec, "config.json", revision=revision)
-    except Exception as e:  # network, offline mode, missing repo
+        cfg_file = _hub.download_file(spec, "config.json", revision=revision)
+    except Exception as e:  # noqa: BLE001 - network, offline mode, missing repo: the Hub error table
         err = hub_error("config.json", spec, e, code="verifier_not_found",
                         hint="pass a local verifier directory with --verifier and its Hub id with --verifier-name")
         err.message = "verifier: " + err.message
