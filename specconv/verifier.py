@@ -1,14 +1,21 @@
-"""Verifier access: config and the few tensors a conversion needs, local or from the Hub.
+"""The verifier: its config and the few tensors a conversion or a drafter needs, local or Hub.
 
-``--verifier`` is a local directory or a Hub repo id. From the Hub only ``config.json``,
-the safetensors index and — on demand — the shards holding the tensors a converter asks
-for (embedding, LM head, final norm) are fetched, through ``huggingface_hub`` so its
-cache and ``HF_HUB_OFFLINE`` are respected. Multimodal verifiers are unwrapped
-(``text_config`` / ``llm_config`` / ``language_config``).
+One class, :class:`Verifier`, serves convert (converters ask for tensor names and headers),
+the reference drafters (:meth:`Verifier.embedding` / :meth:`Verifier.lm_head` tensors) and
+validate. ``--verifier`` is a local directory or a Hub repo id. From the Hub only
+``config.json``, the safetensors index and — on demand — the shards holding the tensors
+asked for are fetched, through :mod:`specconv.hub` (so the Hub cache and
+``HF_HUB_OFFLINE`` are respected). Multimodal verifiers are unwrapped (``text_config`` /
+``llm_config`` / ``language_config``).
 
-Facts used (speculators_format.md §2.2, §7.3): ``hidden_size`` must equal the draft's;
-aux ids must lie in ``[0, num_hidden_layers]``; the draft's target vocab must equal
-``vocab_size``; the mask token must be ``< vocab_size``.
+The embedding / LM head / final-norm names are the ones speculators' verifier loader
+resolves (speculators ``src/speculators/utils/loading.py``, ``_WEIGHT_ALIASES`` + shortest
+suffix match, called from ``src/speculators/model.py::load_verifier_weights``); a verifier
+whose tensors have other names (GPT-2's ``transformer.wte`` / ``ln_f``) is refused when it
+is resolved, naming what it has. The lint (:func:`specconv.speculators.lint`, fed by
+:meth:`Verifier.facts`) checks the draft against it: ``hidden_size`` equals the draft's; aux
+ids lie in ``[0, num_hidden_layers]``; the draft's target vocab equals ``vocab_size``; the
+mask token is ``< vocab_size``.
 """
 
 from __future__ import annotations
@@ -25,9 +32,14 @@ from .hub import hub_error, is_hub_id
 
 _TEXT_CONFIG_KEYS = ("text_config", "llm_config", "language_config")
 
-EMBED_SUFFIXES = ("embed_tokens.weight", "tok_embeddings.weight", "wte.weight", "llm.embed.weight")
-LM_HEAD_SUFFIXES = ("lm_head.weight", "output.weight")
-NORM_SUFFIXES = ("model.norm.weight", "norm.weight", "norm_f.weight", "ln_f.weight")
+# speculators ``src/speculators/utils/loading.py`` (``_WEIGHT_ALIASES``), in its order
+EMBED_SUFFIXES = ("embed_tokens.weight", "tok_embeddings.weight", "llm.embed.weight", "backbone.embeddings.weight")
+LM_HEAD_SUFFIXES = ("lm_head.weight", "output.weight", "llm.unembed.weight")
+NORM_SUFFIXES = ("model.norm.weight", "llm.norm.weight", "backbone.norm_f.weight", "norm.weight")
+_ROLE_SUFFIXES = {"embed": EMBED_SUFFIXES, "lm_head": LM_HEAD_SUFFIXES, "norm": NORM_SUFFIXES}
+_ROLE_WORDS = {"embed": "input embedding", "lm_head": "LM head", "norm": "final norm"}
+_NOT_TEXT = re.compile(r"(vision|visual|mtp|audio)")
+_PER_LAYER = re.compile(r"(?:^|\.)(?:layers?|h|blocks?)\.\d+\.")
 
 
 def unwrap_text_config(cfg: dict[str, Any]) -> dict[str, Any]:
@@ -64,6 +76,7 @@ class Verifier:
     revision: str | None = None
     _store: Any = field(default=None, repr=False)
     _weight_map: dict[str, str] | None = field(default=None, repr=False)
+    _tensors: dict[str, Any] = field(default_factory=dict, repr=False)
 
     # ---- facts -----------------------------------------------------------------
     def _int(self, key: str) -> int:
@@ -168,23 +181,94 @@ class Verifier:
     def find_tensor(self, role: str) -> str | None:
         """Name of the verifier tensor playing ``role`` (``embed``, ``lm_head``, ``norm``).
 
-        Matching is by exact name, then shortest suffix match (as speculators'
-        ``convert/utils.py`` does). ``lm_head`` falls back to the embedding when the
-        verifier ties them. Returns ``None`` when absent.
+        Matching is speculators' (``src/speculators/utils/loading.py::_resolve_key``): each
+        alias in turn, exact name then the shortest name ending in it; vision / audio /
+        MTP towers and per-layer norms are skipped (they share the suffixes). ``lm_head``
+        falls back to the embedding when the verifier ties them.
+
+        Args:
+            role: ``"embed"``, ``"lm_head"`` or ``"norm"``.
+
+        Returns:
+            The tensor name, or ``None`` when the verifier has none under these names.
+
+        Raises:
+            SpecconvError: the verifier's tensor names cannot be listed (Hub file missing).
         """
-        suffixes = {"embed": EMBED_SUFFIXES, "lm_head": LM_HEAD_SUFFIXES, "norm": NORM_SUFFIXES}[role]
         names = self._names()
-        for suf in suffixes:
-            hits = [n for n in names if n == suf or n.endswith("." + suf) or n.endswith(suf)]
-            # skip vision towers / draft heads of multimodal verifiers
-            hits = [n for n in hits if not re.search(r"(vision|visual|mtp|audio)", n)]
+        for suf in _ROLE_SUFFIXES[role]:
+            hits = [n for n in names if n.endswith(suf) and not _NOT_TEXT.search(n)]
             if role == "norm":
-                hits = [n for n in hits if not re.search(r"layers?\.\d+\.", n)]
+                hits = [n for n in hits if not _PER_LAYER.search(n)]
             if hits:
-                return min(hits, key=len)
+                return suf if suf in hits else min(hits, key=len)
         if role == "lm_head" and self.tie_word_embeddings:
             return self.find_tensor("embed")
         return None
+
+    def check_loadable(self) -> None:
+        """Refuse a verifier whose embedding / LM head / final norm have names consumers cannot load.
+
+        speculators loads these three from the verifier by the names of
+        :data:`EMBED_SUFFIXES` / :data:`LM_HEAD_SUFFIXES` / :data:`NORM_SUFFIXES`; a
+        GPT-2-style checkpoint (``transformer.wte`` / ``transformer.ln_f``) has none of
+        them, so a conversion for it could never be validated or loaded. Skipped when the
+        tensor names cannot be listed here (a config-only dir, Hub weights not cached):
+        converters that need a tensor then fail naming it.
+
+        Raises:
+            InvalidInputError: ``verifier_tensor_names``; the message lists the roles not
+                found and the verifier's non-layer tensor names.
+        """
+        from .errors import SpecconvError
+
+        try:
+            names = self._names()
+        except SpecconvError:
+            return
+        if not names:
+            return
+        missing = [r for r in ("embed", "lm_head", "norm") if self.find_tensor(r) is None]
+        if not missing:
+            return
+        looked = "; ".join(f"{_ROLE_WORDS[r]}: *{', *'.join(_ROLE_SUFFIXES[r])}" for r in missing)
+        found = [n for n in names if not _PER_LAYER.search(n)]
+        raise InvalidInputError(
+            f"verifier {self.spec!r} has no {', '.join(_ROLE_WORDS[r] for r in missing)} under a name "
+            f"speculators' verifier loader resolves (looked for {looked}); its non-layer tensors are: "
+            f"{', '.join(found[:12]) or 'none'}{' ...' if len(found) > 12 else ''}",
+            code="verifier_tensor_names",
+            hint="use a verifier checkpoint with Llama/Qwen-style names (model.embed_tokens, model.norm, lm_head)")
+
+    def read_tensor(self, name: str):
+        """The verifier tensor ``name`` as a torch tensor (read once, then cached).
+
+        Raises:
+            InvalidInputError: no such tensor; its Hub shard cannot be had.
+        """
+        if name not in self._tensors:
+            if self.hub_id is None:
+                self._tensors[name] = self.store().read_tensor(name)
+            else:
+                from .tensors import TensorStore
+
+                self._tensors[name] = TensorStore.open(self.tensor_info(name).file).read_tensor(name)
+        return self._tensors[name]
+
+    def _role_tensor(self, role: str):
+        name = self.find_tensor(role)
+        if name is None:
+            raise InvalidInputError(f"verifier {self.spec!r} has no {_ROLE_WORDS[role]} "
+                                    f"(*{', *'.join(_ROLE_SUFFIXES[role])})", code="missing_tensor")
+        return self.read_tensor(name)
+
+    def embedding(self):
+        """``[Vt, H]`` input embedding (the checkpoint's dtype)."""
+        return self._role_tensor("embed")
+
+    def lm_head(self):
+        """``[Vt, H]`` LM head; the embedding (same tensor object) when the verifier ties them."""
+        return self._role_tensor("lm_head")
 
     def tensor_info(self, name: str):
         """TensorInfo of a verifier tensor, downloading only its shard from the Hub."""
@@ -221,8 +305,13 @@ def resolve_verifier(spec: str, *, name: str | None = None, revision: str | None
         name: ``--verifier-name``: the Hub id to record when ``spec`` is local.
         revision: Hub revision for Hub ids.
 
+    Returns:
+        The :class:`Verifier`, already checked by :meth:`Verifier.check_loadable`.
+
     Raises:
-        InvalidInputError: no config, unreadable config, Hub id not reachable.
+        InvalidInputError: no config, unreadable config, Hub id not reachable, tensor
+            names no consumer loads.
+        HubAuthError, TransientRemoteError, RemoteNotFoundError: see :mod:`specconv.hub`.
     """
     if not spec or not spec.strip():
         raise InvalidInputError("--verifier is empty: give a local directory or a Hub repo id", code="verifier_not_found")
@@ -234,13 +323,15 @@ def resolve_verifier(spec: str, *, name: str | None = None, revision: str | None
         if not cfg_path.is_file():
             raise InvalidInputError(f"verifier dir {p} has no config.json", code="verifier_config")
         raw = _read_json(cfg_path)
-        return Verifier(
+        v = Verifier(
             spec=spec,
             name_or_path=name or str(p.resolve()),
             local_dir=p,
             config=unwrap_text_config(raw),
             raw_config=raw,
         )
+        v.check_loadable()
+        return v
     if not is_hub_id(spec):
         raise InvalidInputError(
             f"verifier {spec!r} is neither an existing directory nor a Hub repo id (namespace/name)",
@@ -254,7 +345,7 @@ def resolve_verifier(spec: str, *, name: str | None = None, revision: str | None
         err.message = "verifier: " + err.message
         raise err from e
     raw = _read_json(Path(cfg_file))
-    return Verifier(
+    v = Verifier(
         spec=spec,
         name_or_path=name or spec,
         local_dir=Path(cfg_file).parent,
@@ -263,3 +354,5 @@ def resolve_verifier(spec: str, *, name: str | None = None, revision: str | None
         hub_id=spec,
         revision=revision,
     )
+    v.check_loadable()
+    return v

@@ -1,10 +1,12 @@
 """Reference PyTorch drafters for Speculators-format P-EAGLE / DFlash / DSpark dirs.
 
-One small module per algorithm runs one drafting step exactly as
-speculators_format.md §3.3 / §4.3 / §5.3 describe. Public API::
+One small module per algorithm runs one drafting step as speculators 0.9.0
+(``src/speculators/models/{peagle,dflash,dspark}/``) and vLLM
+(``vllm/model_executor/models/{llama_eagle3,qwen3_dflash,qwen3_dspark}.py``) do; each
+module's docstring spells out its step. Public API::
 
     from specconv.drafters import load_drafter
-    drafter = load_drafter(spec_dir, verifier_dir, dtype=torch.float32, device="cpu")
+    drafter = load_drafter(spec_dir, verifier, dtype=torch.float32, device="cpu")  # Verifier or dir
     prop = drafter.propose(context_tokens[1, T+1], aux_hidden[1, T, A*H], temperature=0.0)
     prop.tokens  # LongTensor[k] target ids; prop.logits [k, Vt]; prop.confidence [k] | None
     out = drafter.forward_block(...)  # BlockOutput: per-slot draft/target logits, hidden

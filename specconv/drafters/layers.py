@@ -20,12 +20,16 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from ..errors import InvalidInputError, UnsupportedFormatError
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ..speculators import SpeculatorsDraftConfig
 
 __all__ = [
     "RMSNorm",
@@ -164,12 +168,14 @@ class Rotary(nn.Module):
             params.update(rs)
         if isinstance(rp, Mapping):
             params.update(rp)
-        theta = params.get("rope_theta", cfg.get("rope_theta"))
+        from ..speculators import _rope_theta_of  # the one rope-θ reader (positive numbers only)
+
+        theta = _rope_theta_of({"rope_parameters": params, "rope_theta": cfg.get("rope_theta")})
         if theta is None:
             raise InvalidInputError(
                 f"{source}: no rope_theta (looked in rope_parameters.rope_theta and rope_theta)",
                 code="rope_theta",
-                hint="write rope_theta explicitly (speculators_format.md §2.1)",
+                hint="write rope_theta explicitly: vLLM's DFlash layer and transformers default it differently",
             )
         rope_type = params.get("rope_type", params.get("type", "default")) or "default"
         prf = params.get("partial_rotary_factor", cfg.get("partial_rotary_factor", 1.0))
@@ -242,16 +248,14 @@ def attend(
     return out.transpose(0, 1).reshape(out.shape[1], -1)
 
 
-def layer_spec_of(config: Mapping, source: str) -> "LayerSpec":
-    """The :class:`LayerSpec` of a Speculators config's ``transformer_layer_config``.
+def layer_spec_of(config: "SpeculatorsDraftConfig", source: str) -> "LayerSpec":
+    """The :class:`LayerSpec` of a typed Speculators config's ``transformer_layer_config``.
 
     Raises:
-        InvalidInputError: the key is missing or not an object.
+        InvalidInputError: a shape key is missing or not a positive integer.
+        UnsupportedFormatError: an activation or attention variant the drafters lack.
     """
-    tl = config.get("transformer_layer_config")
-    if not isinstance(tl, Mapping):
-        raise InvalidInputError(f"{source}: 'transformer_layer_config' is required", code="config_key")
-    return LayerSpec(tl, source=f"{source}: transformer_layer_config")
+    return LayerSpec(config.transformer_layer_config, source=f"{source}: transformer_layer_config")
 
 
 class LayerSpec:

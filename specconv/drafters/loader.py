@@ -1,9 +1,10 @@
 """``load_drafter``: build a reference drafter from a Speculators-format directory.
 
-Reads ``config.json`` (speculators_format.md §2) and the drafter's safetensors through
-:func:`specconv.tensors.open_store`; takes ``embed_tokens`` / ``lm_head`` from the
-verifier directory where the format lets the drafter omit them (§6: DFlash/DSpark full
-vocab; the LM head falls back to the verifier's tied embedding).
+Reads ``config.json`` into the typed config (:func:`specconv.speculators.parse_config`) and
+the drafter's safetensors through :func:`specconv.tensors.open_store`; takes ``embed_tokens``
+/ ``lm_head`` from the :class:`specconv.verifier.Verifier` where the format lets the drafter
+omit them (DFlash/DSpark full vocab, as speculators ``src/speculators/model.py::
+load_verifier_weights`` does; the LM head falls back to the verifier's tied embedding).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from pathlib import Path
 import torch
 
 from ..errors import InvalidInputError, UnsupportedFormatError
-from .base import Drafter, VerifierWeights, check_dtype, read_tensors, refuse_unused
+from .base import Drafter, check_dtype, open_verifier, read_tensors, refuse_unused, typed_config
 from .layers import WeightTaker
 
 __all__ = ["load_drafter", "read_drafter_config"]
@@ -78,7 +79,7 @@ def load_drafter(speculators_dir: str | Path, verifier_dir: str | Path | None = 
     d = Path(speculators_dir)
     cfg = read_drafter_config(d)
     w = WeightTaker(read_tensors(d), source=str(d))
-    verifier = VerifierWeights(verifier_dir)
+    verifier = open_verifier(verifier_dir)
     algo = cfg["speculators_model_type"]
     if algo == "peagle":
         from .peagle import PEagleDrafter as cls
@@ -86,7 +87,7 @@ def load_drafter(speculators_dir: str | Path, verifier_dir: str | Path | None = 
         from .dflash import DFlashDrafter as cls
     else:
         from .dspark import DSparkDrafter as cls
-    model = cls(cfg, w, verifier, str(d))
+    model = cls(typed_config(cfg, str(d)), w, verifier, str(d))
     refuse_unused(w)
     model = model.to(device=device)
     for p in model.parameters():

@@ -1,8 +1,8 @@
 """Reference P-EAGLE drafter (``speculators_model_type: "peagle"``).
 
-One drafting step, speculators_format.md §3.3 (speculators 0.9.0
-``models/peagle/core.py`` + ``models/eagle3/{core,model_definitions}.py``; vLLM eagle3
-with ``parallel_drafting``). All ``K`` drafts come from one pass over:
+One drafting step (speculators 0.9.0 ``src/speculators/models/peagle/core.py`` +
+``src/speculators/models/eagle3/{core,model_definitions}.py``; vLLM
+``vllm/model_executor/models/llama_eagle3.py`` with ``parallel_drafting``). All ``K`` drafts come from one pass over:
 
 * ``T`` context entries ``i = 0..T-1``: token ``t_{i+1}`` (the last one is the bonus
   token) with verifier feature ``g_i``, at RoPE position ``i``;
@@ -25,15 +25,18 @@ No KV cache: context entries are recomputed on every call.
 from __future__ import annotations
 
 import warnings
-from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
 import torch
 
 from ..errors import InvalidInputError, UnsupportedFormatError, UsageError
-from .base import (BlockOutput, Drafter, VerifierWeights, aux_ids_from_config, build_embedding,
-                   build_lm_head, build_vocab, require_int, speculative_tokens,
-                   target_hidden)
+from .base import (BlockOutput, Drafter, aux_ids_from_config, build_embedding, build_lm_head, build_vocab,
+                   require_int, speculative_tokens, target_hidden)
 from .layers import DecoderLayer, LayerSpec, layer_spec_of, Linear, RMSNorm, Rotary, WeightTaker, attend
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ..speculators import PEagleConfig
+    from ..verifier import Verifier
 
 __all__ = ["PEagleDrafter"]
 
@@ -43,10 +46,10 @@ class PEagleDrafter(Drafter):
 
     algorithm = "peagle"
 
-    def __init__(self, config: Mapping, w: WeightTaker, verifier: VerifierWeights, source: str):
+    def __init__(self, config: PEagleConfig, w: WeightTaker, verifier: Verifier | None, source: str):
         super().__init__(config, source)
         spec = layer_spec_of(config, source)
-        tl = config["transformer_layer_config"]
+        tl = config.transformer_layer_config
         if spec.model_type not in ("llama", "qwen3"):
             raise UnsupportedFormatError(
                 f"{source}: P-EAGLE transformer_layer_config.model_type must be 'llama' or "
@@ -60,17 +63,16 @@ class PEagleDrafter(Drafter):
         if self.mask_token_id >= self.vocab_size:
             raise InvalidInputError(f"{source}: mask_token_id {self.mask_token_id} >= vocab_size "
                                     f"{self.vocab_size}", code="config_key")
-        self.aux_layer_ids = aux_ids_from_config(config, "eagle_aux_hidden_state_layer_ids",
-                                                 verifier, source)
+        self.aux_layer_ids = aux_ids_from_config(config, verifier, source)
         st = speculative_tokens(config)
         if st is None or st < 1:
             raise InvalidInputError(
                 f"{source}: speculators_config.proposal_methods[0].speculative_tokens is "
                 "required for P-EAGLE (number of depths K)", code="config_key")
         self.num_draft_tokens = st
-        self.norm_before_residual = bool(config.get("norm_before_residual", False))
-        norm_before_fc = bool(config.get("norm_before_fc", False))
-        fc_norm = bool(config.get("fc_norm", False))
+        self.norm_before_residual = bool(config.norm_before_residual)
+        norm_before_fc = bool(config.norm_before_fc)
+        fc_norm = bool(config.fc_norm)
         if norm_before_fc and fc_norm:
             raise InvalidInputError(f"{source}: norm_before_fc and fc_norm are mutually exclusive",
                                     code="config_key")
