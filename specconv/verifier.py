@@ -245,8 +245,12 @@ class Verifier:
 
         Raises:
             InvalidInputError: no such tensor; its Hub shard cannot be had.
+            MissingExtraError: torch is not installed (``pip install 'specconv[validate]'``).
         """
         if name not in self._tensors:
+            from .extras import require
+
+            require("torch", "validate", feature="reading verifier tensors")
             if self.hub_id is None:
                 self._tensors[name] = self.store().read_tensor(name)
             else:

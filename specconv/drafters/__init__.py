@@ -11,7 +11,9 @@ module's docstring spells out its step. Public API::
     prop.tokens  # LongTensor[k] target ids; prop.logits [k, Vt]; prop.confidence [k] | None
     out = drafter.forward_block(...)  # BlockOutput: per-slot draft/target logits, hidden
 
-Importing this package imports torch; the CLI must import it lazily.
+Importing this package does not import torch; the first attribute access does (and
+without torch raises :class:`specconv.extras.MissingExtraError` naming
+``pip install 'specconv[validate]'``).
 """
 
 from __future__ import annotations
@@ -49,6 +51,9 @@ def __getattr__(name: str) -> Any:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     import importlib
 
+    from ..extras import require
+
+    require("torch", "validate", feature="the reference drafters (specconv.drafters)")
     return getattr(importlib.import_module(f"{__name__}.{mod}"), name)
 
 
