@@ -20,12 +20,24 @@ _EPOCH_STEP = re.compile(r"epoch_?(\d+)_step_?(\d+)")
 _STEP = re.compile(r"(?:.*[-_])?step_?(\d+)")
 
 
-def resolve_source(spec: str, *, subfolder: str | None = None, revision: str | None = None) -> Path:
+def resolve_source(spec: str, *, subfolder: str | None = None, revision: str | None = None,
+                   headers_only: bool = False) -> Path:
     """A local dir, or a Hub id downloaded with only ``*.json``, safetensors, indexes, text and
     the named side files (vocab maps, ``eagle_meta.pt``, ``mask_embedding.pt``).
 
+    Args:
+        spec: local path or Hub repo id.
+        subfolder: ``--subfolder`` inside the source.
+        revision: Hub branch, tag or commit.
+        headers_only: for a Hub id while online, read only the safetensors headers (range
+            requests; :func:`specconv.hub.header_snapshot`) instead of downloading tensor data.
+            For detection and header checks only (``inspect`` without a verifier): the data
+            of such a view is zeros. Offline, the Hub cache is used as it is.
+
     Raises:
+        UsageError: empty ``spec``, bad ``--subfolder``.
         InvalidInputError: neither an existing path nor a reachable Hub repo.
+        HubAuthError, TransientRemoteError, RemoteNotFoundError: see :mod:`specconv.hub`.
     """
     if not spec or not spec.strip():
         raise UsageError("SRC is empty: give a checkpoint directory or a Hub repo id")
@@ -44,7 +56,10 @@ def resolve_source(spec: str, *, subfolder: str | None = None, revision: str | N
         if subfolder:
             patterns = [f"{subfolder}/{x}" for x in patterns]
         try:
-            p = hub.download_snapshot(spec, revision=revision, allow_patterns=patterns)
+            if headers_only and not hub.is_offline():
+                p = hub.header_snapshot(spec, revision=revision, allow_patterns=patterns)
+            else:
+                p = hub.download_snapshot(spec, revision=revision, allow_patterns=patterns)
         except Exception as e:  # noqa: BLE001 - mapped by the Hub error table
             what = f"{subfolder}/ (config, safetensors)" if subfolder else "the checkpoint (config, safetensors)"
             err = hub.hub_error(what, spec, e, code="source_not_found",
@@ -112,11 +127,12 @@ def _descend(p: Path) -> Path:
     return p
 
 
-def open_source(spec: str, *, subfolder: str | None = None, checkpoint: str | None = None, revision: str | None = None):
+def open_source(spec: str, *, subfolder: str | None = None, checkpoint: str | None = None, revision: str | None = None,
+                headers_only: bool = False):
     """Resolve and open a source; returns ``(SourceInfo, selection note)``."""
     from specconv.converters import SourceInfo
 
-    path = resolve_source(spec, subfolder=subfolder, revision=revision)
+    path = resolve_source(spec, subfolder=subfolder, revision=revision, headers_only=headers_only)
     path, note = select_checkpoint(path, checkpoint)
     return SourceInfo.open(path), note
 
@@ -152,10 +168,15 @@ def inspect_source(spec: str, *, verifier: str | None = None, verifier_name: str
     Returns a dict with ``format`` (registry id), ``algorithm``, ``supported``, ``reason``,
     ``findings`` (lint), plus ``path``, ``title`` and, with a verifier, the dry-run plan.
     """
+    from . import hub
     from .speculators import lint_dir
 
-    src, note = open_source(spec, subfolder=kw.get("subfolder"), checkpoint=kw.get("checkpoint"), revision=kw.get("revision"))
-    out: dict[str, Any] = {"path": str(src.path), "selected": note, "findings": []}
+    before = hub.bytes_downloaded()
+    # without a verifier nothing reads tensor data: a Hub source is read headers-only
+    src, note = open_source(spec, subfolder=kw.get("subfolder"), checkpoint=kw.get("checkpoint"), revision=kw.get("revision"),
+                            headers_only=not verifier)
+    out: dict[str, Any] = {"path": str(src.path), "selected": note, "findings": [],
+                           "bytes_downloaded": hub.bytes_downloaded() - before}
     try:
         cls = detect(src)
     except UnsupportedFormatError as e:

@@ -11,6 +11,10 @@ Every ``huggingface_hub`` call of specconv lives here (a test scans ``specconv/`
 * :func:`download_file` / :func:`download_snapshot` — cache-aware downloads (the Hub cache
   and ``HF_HUB_OFFLINE`` are respected, as huggingface_hub ``file_download.py`` /
   ``_snapshot_download.py`` implement them).
+* :func:`header_snapshot` — a repo's small files plus its safetensors *headers* (HTTP range
+  reads, huggingface_hub ``HfApi.parse_safetensors_file_metadata``), for ``inspect`` without
+  downloading tensor data; :func:`bytes_downloaded` counts every byte the client received
+  (a response event hook on huggingface_hub's shared ``httpx2`` client).
 * :func:`is_hub_id` — the one Hub-repo-id predicate.
 * :data:`HUB_ERROR_RULES` / :func:`hub_error` — the one ordered table mapping
   huggingface_hub exceptions to specconv errors (exit codes) with hints, modelled on the
@@ -23,8 +27,14 @@ each function imports it when called.
 
 from __future__ import annotations
 
+import fnmatch
+import json
 import os
 import re
+import shutil
+import struct
+import tempfile
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,8 +45,9 @@ from .errors import HubAuthError, InvalidInputError, RemoteNotFoundError, Specco
 if TYPE_CHECKING:  # pragma: no cover
     from huggingface_hub import HfApi
 
-__all__ = ["HUB_ERROR_RULES", "HubErrorRule", "api", "cache_dir", "download_file", "download_snapshot",
-           "endpoint", "hub_error", "is_hub_id", "is_missing_entry", "is_offline", "token"]
+__all__ = ["HEADERS_ONLY_MARKER", "HUB_ERROR_RULES", "HubErrorRule", "api", "bytes_downloaded", "cache_dir",
+           "download_file", "download_snapshot", "endpoint", "header_snapshot", "hub_error", "is_hub_id",
+           "is_missing_entry", "is_offline", "token"]
 
 _REPO_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.\-]*(/[A-Za-z0-9][A-Za-z0-9_.\-]*)?")
 
@@ -111,6 +122,7 @@ def api(endpoint_url: str | None = None, token_value: str | None = None) -> HfAp
 
     from . import __version__
 
+    _install_byte_counter()
     return HfApi(endpoint=endpoint(endpoint_url), token=token(token_value),
                  library_name="specconv", library_version=__version__)
 
@@ -166,6 +178,142 @@ def is_missing_entry(e: BaseException) -> bool:
     from huggingface_hub import errors as hf_errors
 
     return isinstance(e, hf_errors.EntryNotFoundError)
+
+
+# ------------------------------------------------------------- bytes downloaded
+_COUNT_LOCK = threading.Lock()
+_COUNT = {"bytes": 0, "installed": False}
+
+
+def _counting_stream(inner: Any) -> Any:
+    """Wrap a response body stream (an ``httpx2.SyncByteStream``) so every chunk is counted."""
+    import httpx2
+
+    class CountingStream(httpx2.SyncByteStream):
+        def __iter__(self):
+            for chunk in inner:
+                with _COUNT_LOCK:
+                    _COUNT["bytes"] += len(chunk)
+                yield chunk
+
+        def close(self) -> None:
+            inner.close()
+
+    return CountingStream()
+
+
+def _count_response(response: Any) -> None:
+    response.stream = _counting_stream(response.stream)
+
+
+def _install_byte_counter() -> None:
+    """Add the counting response hook to huggingface_hub's shared client (once per process)."""
+    with _COUNT_LOCK:
+        if _COUNT["installed"]:
+            return
+        _COUNT["installed"] = True
+    from huggingface_hub import set_client_factory
+    from huggingface_hub.utils import _http  # default_client_factory is not re-exported
+
+    def factory():
+        client = _http.default_client_factory()
+        hooks = dict(client.event_hooks)
+        hooks["response"] = [*hooks.get("response", []), _count_response]
+        client.event_hooks = hooks
+        return client
+
+    set_client_factory(factory)
+
+
+def bytes_downloaded() -> int:
+    """Body bytes huggingface_hub's client has received in this process (as sent, before decoding)."""
+    with _COUNT_LOCK:
+        return int(_COUNT["bytes"])
+
+
+# ------------------------------------------------------------ headers-only reads
+#: Written inside a :func:`header_snapshot` dir (under ``.cache/``, which source listings skip).
+HEADERS_ONLY_MARKER = ".cache/specconv-headers-only.json"
+
+
+def _write_header_stub(path: Path, meta: Any) -> None:
+    """A safetensors file with the remote header and a sparse (all-zero, unallocated) data area.
+
+    Only headers may be read from it: the tensor bytes were never downloaded.
+    """
+    header: dict[str, Any] = {"__metadata__": dict(meta.metadata)} if meta.metadata else {}
+    for name, t in meta.tensors.items():
+        header[name] = {"dtype": t.dtype, "shape": list(t.shape), "data_offsets": list(t.data_offsets)}
+    raw = json.dumps(header, separators=(",", ":")).encode("utf-8")
+    raw += b" " * (-len(raw) % 8)
+    data_len = max((t.data_offsets[1] for t in meta.tensors.values()), default=0)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(raw)))
+        f.write(raw)
+        f.truncate(8 + len(raw) + data_len)
+
+
+def _headers_dir(repo_id: str, sha: str) -> Path:
+    from .offline import cache_dir as specconv_cache
+
+    return specconv_cache() / "hub-headers" / ("models--" + repo_id.replace("/", "--")) / sha
+
+
+def header_snapshot(repo_id: str, *, revision: str | None = None, allow_patterns: list[str] | None = None,
+                    endpoint_url: str | None = None) -> Path:
+    """A local view of a Hub repo for headers-only inspection; downloads no tensor data.
+
+    Files matching ``allow_patterns`` are fetched as :func:`download_snapshot` would, except
+    ``*.safetensors``: of those only the header is read (HTTP range requests through
+    huggingface_hub) and written as a sparse stub of the right shape. The view lives under
+    ``$SPECCONV_CACHE/hub-headers/models--ORG--NAME/<commit>/`` and carries
+    :data:`HEADERS_ONLY_MARKER`; reading tensor data from it gives zeros, so it is for
+    detection and header checks only (``specconv inspect``), never for a conversion.
+
+    Args:
+        repo_id: ``namespace/name``.
+        revision: branch, tag or commit; None = ``main``.
+        allow_patterns: fnmatch globs over repo paths; None = all files.
+        endpoint_url: ``--endpoint`` (see :func:`endpoint`).
+
+    Returns:
+        The view's root directory (repo paths below it).
+
+    Raises:
+        Whatever huggingface_hub raises (map it with :func:`hub_error`).
+    """
+    hf = api(endpoint_url)
+    sha = hf.model_info(repo_id, revision=revision).sha
+    root = _headers_dir(repo_id, sha)
+    if (root / HEADERS_ONLY_MARKER).is_file():
+        return root
+    paths = [f.path for f in hf.list_repo_tree(repo_id, recursive=True, revision=sha) if hasattr(f, "size")]
+    if allow_patterns is not None:
+        paths = [p for p in paths if any(fnmatch.fnmatch(p, pat) for pat in allow_patterns)]
+    small = [p for p in paths if not p.endswith(".safetensors")]
+    root.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{sha}.", dir=root.parent))
+    try:
+        if small:
+            snap = Path(hf.snapshot_download(repo_id, revision=sha, allow_patterns=small))
+            for p in small:
+                (tmp / p).parent.mkdir(parents=True, exist_ok=True)
+                shutil.copyfile(snap / p, tmp / p)
+        for p in paths:
+            if p.endswith(".safetensors"):
+                _write_header_stub(tmp / p, hf.parse_safetensors_file_metadata(repo_id, p, revision=sha))
+        (tmp / HEADERS_ONLY_MARKER).parent.mkdir(parents=True, exist_ok=True)
+        (tmp / HEADERS_ONLY_MARKER).write_text(json.dumps(
+            {"repo_id": repo_id, "commit": sha, "tensor_data": "not downloaded (sparse zeros)"}, indent=1) + "\n")
+        try:
+            os.replace(tmp, root)
+        except OSError:  # a concurrent run finished first
+            shutil.rmtree(tmp, ignore_errors=True)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return root
 
 
 # -------------------------------------------------------------------- error table
