@@ -21,7 +21,7 @@ _STEP = re.compile(r"(?:.*[-_])?step_?(\d+)")
 
 
 def resolve_source(spec: str, *, subfolder: str | None = None, revision: str | None = None,
-                   headers_only: bool = False) -> Path:
+                   headers_only: bool = False, endpoint: str | None = None) -> Path:
     """A local dir, or a Hub id downloaded with only ``*.json``, safetensors, indexes, text and
     the named side files (vocab maps, ``eagle_meta.pt``, ``mask_embedding.pt``).
 
@@ -33,6 +33,7 @@ def resolve_source(spec: str, *, subfolder: str | None = None, revision: str | N
             requests; :func:`specconv.hub.header_snapshot`) instead of downloading tensor data.
             For detection and header checks only (``inspect`` without a verifier): the data
             of such a view is zeros. Offline, the Hub cache is used as it is.
+        endpoint: ``--endpoint`` (None: ``HF_ENDPOINT`` at call time, else the default).
 
     Raises:
         UsageError: empty ``spec``, bad ``--subfolder``.
@@ -57,9 +58,9 @@ def resolve_source(spec: str, *, subfolder: str | None = None, revision: str | N
             patterns = [f"{subfolder}/{x}" for x in patterns]
         try:
             if headers_only and not hub.is_offline():
-                p = hub.header_snapshot(spec, revision=revision, allow_patterns=patterns)
+                p = hub.header_snapshot(spec, revision=revision, allow_patterns=patterns, endpoint_url=endpoint)
             else:
-                p = hub.download_snapshot(spec, revision=revision, allow_patterns=patterns)
+                p = hub.download_snapshot(spec, revision=revision, allow_patterns=patterns, endpoint_url=endpoint)
         except Exception as e:  # noqa: BLE001 - mapped by the Hub error table
             what = f"{subfolder}/ (config, safetensors)" if subfolder else "the checkpoint (config, safetensors)"
             err = hub.hub_error(what, spec, e, code="source_not_found",

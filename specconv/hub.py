@@ -47,7 +47,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
 __all__ = ["HEADERS_ONLY_MARKER", "HUB_ERROR_RULES", "HubErrorRule", "api", "bytes_downloaded", "cache_dir",
            "download_file", "download_snapshot", "endpoint", "header_snapshot", "hub_error", "is_hub_id",
-           "is_missing_entry", "is_offline", "token"]
+           "is_missing_entry", "is_offline", "safetensors_header", "token"]
 
 _REPO_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.\-]*(/[A-Za-z0-9][A-Za-z0-9_.\-]*)?")
 
@@ -254,6 +254,27 @@ def _write_header_stub(path: Path, meta: Any) -> None:
         f.truncate(8 + len(raw) + data_len)
 
 
+def safetensors_header(repo_id: str, filename: str, *, revision: str | None = None,
+                       endpoint_url: str | None = None) -> Any:
+    """The header of one remote safetensors file, read with HTTP range requests (no tensor data).
+
+    Args:
+        repo_id: ``namespace/name``.
+        filename: the ``.safetensors`` path in the repo.
+        revision: branch, tag or commit; None = ``main``.
+        endpoint_url: ``--endpoint`` (see :func:`endpoint`).
+
+    Returns:
+        ``huggingface_hub.utils.SafetensorsFileMetadata``: ``tensors`` maps each name to
+        ``(dtype, shape, data_offsets)``; ``metadata`` is the ``__metadata__`` dict.
+
+    Raises:
+        Whatever huggingface_hub raises (map it with :func:`hub_error`), e.g.
+        ``SafetensorsParsingError`` for a corrupt header.
+    """
+    return api(endpoint_url).parse_safetensors_file_metadata(repo_id, filename, revision=revision)
+
+
 def _headers_dir(repo_id: str, sha: str) -> Path:
     from .offline import cache_dir as specconv_cache
 
@@ -302,7 +323,7 @@ def header_snapshot(repo_id: str, *, revision: str | None = None, allow_patterns
                 shutil.copyfile(snap / p, tmp / p)
         for p in paths:
             if p.endswith(".safetensors"):
-                _write_header_stub(tmp / p, hf.parse_safetensors_file_metadata(repo_id, p, revision=sha))
+                _write_header_stub(tmp / p, safetensors_header(repo_id, p, revision=sha, endpoint_url=endpoint_url))
         (tmp / HEADERS_ONLY_MARKER).parent.mkdir(parents=True, exist_ok=True)
         (tmp / HEADERS_ONLY_MARKER).write_text(json.dumps(
             {"repo_id": repo_id, "commit": sha, "tensor_data": "not downloaded (sparse zeros)"}, indent=1) + "\n")

@@ -74,6 +74,7 @@ class Verifier:
     raw_config: dict[str, Any]
     hub_id: str | None = None
     revision: str | None = None
+    endpoint: str | None = None
     _store: Any = field(default=None, repr=False)
     _weight_map: dict[str, str] | None = field(default=None, repr=False)
     _tensors: dict[str, Any] = field(default_factory=dict, repr=False)
@@ -144,7 +145,8 @@ class Verifier:
     def _hub_weight_map(self) -> dict[str, str]:
         if self._weight_map is None:
             try:
-                idx = _hub.download_file(self.hub_id, "model.safetensors.index.json", revision=self.revision)
+                idx = _hub.download_file(self.hub_id, "model.safetensors.index.json", revision=self.revision,
+                                         endpoint_url=self.endpoint)
             except Exception as e:  # noqa: BLE001 - mapped by the Hub error table
                 if not _hub.is_missing_entry(e):  # network, auth (a missing file: single-file checkpoint)
                     raise hub_error("model.safetensors.index.json", self.hub_id, e, code="verifier_not_found") from e
@@ -157,10 +159,18 @@ class Verifier:
                 except (OSError, ValueError, RecursionError, KeyError, TypeError) as e:
                     raise InvalidInputError(f"cannot read the weight map of {idx} (verifier {self.hub_id}): "
                                             f"{type(e).__name__}: {e}", code="verifier_config") from e
-            else:
-                # single-file checkpoint: read its header only after download
+            elif not _hub.is_offline():  # single-file checkpoint: its header, by range requests
                 try:
-                    p = _hub.download_file(self.hub_id, "model.safetensors", revision=self.revision)
+                    meta = _hub.safetensors_header(self.hub_id, "model.safetensors", revision=self.revision,
+                                                   endpoint_url=self.endpoint)
+                except Exception as e:  # noqa: BLE001 - mapped by the Hub error table
+                    raise hub_error("model.safetensors / model.safetensors.index.json", self.hub_id, e,
+                                    code="verifier_tensor_missing") from e
+                self._weight_map = {str(n): "model.safetensors" for n in meta.tensors}
+            else:  # offline: the cached file's header
+                try:
+                    p = _hub.download_file(self.hub_id, "model.safetensors", revision=self.revision,
+                                           endpoint_url=self.endpoint)
                 except Exception as e:  # noqa: BLE001 - mapped by the Hub error table
                     raise hub_error("model.safetensors / model.safetensors.index.json", self.hub_id, e,
                                     code="verifier_tensor_missing") from e
@@ -284,7 +294,7 @@ class Verifier:
         if shard is None:
             raise InvalidInputError(f"verifier {self.hub_id} has no tensor {name!r}")
         try:
-            p = _hub.download_file(self.hub_id, shard, revision=self.revision)
+            p = _hub.download_file(self.hub_id, shard, revision=self.revision, endpoint_url=self.endpoint)
         except Exception as e:  # noqa: BLE001 - mapped by the Hub error table  # not cached (offline), network, auth
             raise hub_error(f"shard {shard} (holding {name})", self.hub_id, e, code="verifier_tensor_missing") from e
         return TensorStore.open(p).info(name)
@@ -301,13 +311,15 @@ def _read_json(p: Path) -> dict[str, Any]:
     return d
 
 
-def resolve_verifier(spec: str, *, name: str | None = None, revision: str | None = None) -> Verifier:
+def resolve_verifier(spec: str, *, name: str | None = None, revision: str | None = None,
+                     endpoint: str | None = None) -> Verifier:
     """Resolve ``--verifier`` (local dir or Hub id) and read its config.
 
     Args:
         spec: local directory (containing ``config.json``) or Hub repo id.
         name: ``--verifier-name``: the Hub id to record when ``spec`` is local.
         revision: Hub revision for Hub ids.
+        endpoint: ``--endpoint`` for Hub ids (None: ``HF_ENDPOINT`` at call time, else the default).
 
     Returns:
         The :class:`Verifier`, already checked by :meth:`Verifier.check_loadable`.
@@ -342,7 +354,7 @@ def resolve_verifier(spec: str, *, name: str | None = None, revision: str | None
             code="verifier_not_found",
         )
     try:
-        cfg_file = _hub.download_file(spec, "config.json", revision=revision)
+        cfg_file = _hub.download_file(spec, "config.json", revision=revision, endpoint_url=endpoint)
     except Exception as e:  # noqa: BLE001 - network, offline mode, missing repo: the Hub error table
         err = hub_error("config.json", spec, e, code="verifier_not_found",
                         hint="pass a local verifier directory with --verifier and its Hub id with --verifier-name")
@@ -357,6 +369,7 @@ def resolve_verifier(spec: str, *, name: str | None = None, revision: str | None
         raw_config=raw,
         hub_id=spec,
         revision=revision,
+        endpoint=endpoint,
     )
     v.check_loadable()
     return v

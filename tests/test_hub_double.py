@@ -121,3 +121,19 @@ def test_double_serves_ranges_like_the_hub(double, source):
         assert c.get(f"{double.url}/api/models/nobody/absent/revision/main").headers["x-error-code"] == "RepoNotFound"
         assert c.get(f"{double.url}/api/models/{REPO}/revision/v9").headers["x-error-code"] == "RevisionNotFound"
         assert c.get(f"{double.url}/api/models/bad--id/x/revision/main").status_code == 400
+
+
+def test_hub_verifier_names_come_from_a_header_range_read(double, tmp_path, tiny_verifier_dir):
+    """A single-file Hub verifier: its tensor names (for the name check and the converter) are read
+    from the safetensors header by range requests; z-lab DFlash needs none of its tensor data."""
+    double.add_repo("owner/verifier", {n: (tiny_verifier_dir / n).read_bytes()
+                                       for n in ("config.json", "model.safetensors")})
+    out = tmp_path / "out"
+    code, rep, err = _cli(tmp_path, double, "convert", REPO, "--verifier", "owner/verifier", "-o", out)
+    assert code == 0, (rep, err)
+    v_gets = [r for r in double.requests if r.path.startswith("/owner/verifier/resolve/") and r.method == "GET"]
+    weights = [r for r in v_gets if r.path.endswith("model.safetensors")]
+    assert weights and all(r.range and r.status == 206 for r in weights), [(r.path, r.range) for r in v_gets]
+    assert any(r.path.endswith("/config.json") for r in v_gets)
+    cfg = json.loads((out / "config.json").read_text())
+    assert cfg["speculators_config"]["verifier"]["name_or_path"] == "owner/verifier"
