@@ -130,3 +130,32 @@ def test_error_table_rows(make, cls, exit_code, code):
     assert "o/r" in err.message and "config.json" in err.message
     if cls is not InvalidInputError:
         assert err.hint
+
+
+def test_hub_module_never_imports_torch():
+    tree = ast.parse((ROOT / "specconv" / "hub.py").read_text(encoding="utf-8"))
+    mods = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+    mods |= {n.module.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module and not n.level}
+    assert "torch" not in mods and "huggingface_hub" in mods
+
+
+def test_bytes_counter_counts_what_the_client_reads(tmp_path, monkeypatch):
+    """The response hook counts body bytes on huggingface_hub's own session (loopback double;
+    offline mode, which blocks loopback too, is lifted on the library's constants for this test)."""
+    from huggingface_hub import constants
+    from huggingface_hub.utils import get_session
+
+    from hub_double import HubDouble
+
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+
+    d = HubDouble().start()
+    try:
+        d.add_repo("o/r", {"config.json": b"{}" * 500})
+        hub.api()  # installs the counting client factory
+        before = hub.bytes_downloaded()
+        r = get_session().get(f"{d.url}/o/r/resolve/main/config.json")
+        assert r.status_code == 200 and len(r.content) == 1000
+        assert hub.bytes_downloaded() - before == 1000 == d.bytes_sent
+    finally:
+        d.stop()
