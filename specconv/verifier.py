@@ -12,7 +12,7 @@ The embedding / LM head / final-norm names are the ones speculators' verifier lo
 resolves (speculators ``src/speculators/utils/loading.py``, ``_WEIGHT_ALIASES`` + shortest
 suffix match, called from ``src/speculators/model.py::load_verifier_weights``); a verifier
 whose tensors have other names (GPT-2's ``transformer.wte`` / ``ln_f``) is refused when it
-is resolved, naming what it has. The lint (:func:`specconv.speculators.lint`, fed by
+is resolved, naming what it has. The lint (:func:`specconv.format.lint`, fed by
 :meth:`Verifier.facts`) checks the draft against it: ``hidden_size`` equals the draft's; aux
 ids lie in ``[0, num_hidden_layers]``; the draft's target vocab equals ``vocab_size``; the
 mask token is ``< vocab_size``.
@@ -120,21 +120,11 @@ class Verifier:
         return {k: one(k) for k in ("bos_token_id", "eos_token_id", "pad_token_id")}
 
     def facts(self):
-        """Return :class:`specconv.speculators.VerifierFacts` for the lint."""
-        from .speculators import VerifierFacts
+        """Return :class:`specconv.format.VerifierFacts` for the lint (every eos id of a
+        list, and the tokenizer's added special tokens when the files are present)."""
+        from .format import VerifierFacts
 
-        st = self.special_token_ids()
-        return VerifierFacts(
-            num_hidden_layers=self.num_hidden_layers,
-            hidden_size=self.hidden_size,
-            vocab_size=self.vocab_size,
-            architectures=self.architectures,
-            bos_token_id=st["bos_token_id"],
-            eos_token_id=st["eos_token_id"],
-            pad_token_id=st["pad_token_id"],
-            name_or_path=self.name_or_path,
-            is_local_path=not is_hub_id(self.name_or_path),
-        )
+        return VerifierFacts.from_verifier(self, is_local_path=not is_hub_id(self.name_or_path))
 
     # ---- tensors ---------------------------------------------------------------
     def _names(self) -> list[str]:

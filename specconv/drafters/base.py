@@ -1,7 +1,7 @@
 """Drafter base class, result types, draft-vocabulary mapping and weight loading.
 
 Shared by the P-EAGLE, DFlash and DSpark reference drafters, which take the typed
-Speculators config (:mod:`specconv.speculators`) and the one :class:`specconv.verifier.Verifier`
+Speculators config (:mod:`specconv.format`) and the one :class:`specconv.verifier.Verifier`
 (for the embedding / LM head a drafter may omit). Facts: aux ids in the speculators /
 vLLM capture convention (speculators ``src/speculators/models/eagle3/core.py``, vLLM
 ``vllm/model_executor/models/llama_eagle3.py``); ``d2t`` holds offsets, ``target = draft +
@@ -29,11 +29,11 @@ from ..errors import InvalidInputError, UnsupportedFormatError, UsageError
 from .layers import Linear, WeightTaker, sample_rows
 
 if TYPE_CHECKING:  # pragma: no cover
-    from ..speculators import SpeculatorsDraftConfig
+    from ..format import SpeculatorsDraftConfig
     from ..verifier import Verifier
 
 __all__ = ["DraftProposal", "BlockOutput", "Drafter", "VocabMap", "read_tensors", "open_verifier",
-           "typed_config", "SUPPORTED_DTYPES"]
+           "SUPPORTED_DTYPES"]
 
 SUPPORTED_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
@@ -206,17 +206,6 @@ def open_verifier(verifier: Verifier | str | Path | None) -> Verifier | None:
     return resolve_verifier(str(verifier))
 
 
-def typed_config(cfg: Any, source: str) -> SpeculatorsDraftConfig:
-    """The typed Speculators config of ``cfg`` (a parsed ``config.json`` or already typed).
-
-    Raises:
-        InvalidInputError, UnsupportedFormatError: see :func:`specconv.speculators.parse_config`.
-    """
-    from ..speculators import SpeculatorsDraftConfig, parse_config
-
-    return cfg if isinstance(cfg, SpeculatorsDraftConfig) else parse_config(cfg, source=f"{source}/config.json")
-
-
 def _need_verifier(verifier: Verifier | None, what: str) -> Verifier:
     if verifier is None:
         raise InvalidInputError(f"the drafter needs the verifier's {what} but no verifier was given",
@@ -267,7 +256,7 @@ class Drafter(nn.Module):
         mask_token_id, sample_from_anchor (P-EAGLE: False), vocab_size (``Vt``),
         draft_vocab_size (``Vd``), hidden_size (``H``), aux_hidden_size (``Ht``:
         ``target_hidden_size`` or ``H``; ``aux_hidden`` is ``[1, T, A*Ht]``), config
-        (the typed :class:`~specconv.speculators.SpeculatorsDraftConfig`).
+        (the typed :class:`~specconv.format.SpeculatorsDraftConfig`).
     """
 
     algorithm: str = ""
@@ -438,10 +427,9 @@ def refuse_unused(w: WeightTaker) -> None:
         f"{', '.join(left[:8])}{' ...' if len(left) > 8 else ''}")
 
 
-def speculative_tokens(cfg: SpeculatorsDraftConfig) -> int | None:
-    """``proposal_methods[0].speculative_tokens`` when the file states it, else None."""
-    first = cfg.speculators_config.proposal_methods[0]
-    return first.speculative_tokens if "speculative_tokens" in first.model_fields_set else None
+def speculative_tokens(cfg: SpeculatorsDraftConfig) -> int:
+    """``proposal_methods[0].speculative_tokens`` as the typed config reads it."""
+    return cfg.speculative_tokens
 
 
 def target_hidden(cfg: SpeculatorsDraftConfig, hidden: int, source: str) -> int:
@@ -456,8 +444,8 @@ def target_hidden(cfg: SpeculatorsDraftConfig, hidden: int, source: str) -> int:
 
 
 def require_int(cfg: SpeculatorsDraftConfig, key: str, source: str, *, minimum: int = 0) -> int:
-    """An integer key the file must state explicitly (no class default is used)."""
-    v = getattr(cfg, key, None) if key in cfg.model_fields_set else None
+    """An integer key of the typed config (its parser decides defaults); None or too small raises."""
+    v = getattr(cfg, key, None)
     if not isinstance(v, int) or isinstance(v, bool) or v < minimum:
         raise InvalidInputError(f"{source}: {key!r} must be an integer >= {minimum}, got {v!r}",
                                 code="config_key")

@@ -32,7 +32,7 @@ from .base import (BlockOutput, Drafter, aux_ids_from_config, build_embedding, b
 from .layers import DecoderLayer, LayerSpec, layer_spec_of, Linear, RMSNorm, Rotary, WeightTaker, attend
 
 if TYPE_CHECKING:  # pragma: no cover
-    from ..speculators import DFlashConfig
+    from ..format import DFlashConfig
     from ..verifier import Verifier
 
 __all__ = ["DFlashDrafter"]
@@ -44,7 +44,7 @@ class DFlashDrafter(Drafter):
     algorithm = "dflash"
 
     def __init__(self, config: DFlashConfig, w: WeightTaker, verifier: Verifier | None, source: str):
-        from ..speculators import expected_speculative_tokens
+        from ..format import expected_speculative_tokens
 
         super().__init__(config, source)
         spec = layer_spec_of(config, source)
@@ -69,7 +69,7 @@ class DFlashDrafter(Drafter):
         st = speculative_tokens(config)
         if st is not None and st != self.num_draft_tokens:
             warnings.warn(f"{source}: speculative_tokens {st} != {self.num_draft_tokens} implied "
-                          "by block_size/sample_from_anchor (specconv.speculators.expected_speculative_tokens)",
+                          "by block_size/sample_from_anchor (specconv.format.expected_speculative_tokens)",
                           stacklevel=2)
         A = len(self.aux_layer_ids)
         Ht = self.aux_hidden_size = target_hidden(config, H, source)

@@ -33,7 +33,7 @@ from .dflash import DFlashDrafter
 from .layers import Linear, WeightTaker, sample_rows
 
 if TYPE_CHECKING:  # pragma: no cover
-    from ..speculators import DSparkConfig
+    from ..format import DSparkConfig
     from ..verifier import Verifier
 
 __all__ = ["DSparkDrafter"]

@@ -29,7 +29,7 @@ from torch import nn
 from ..errors import InvalidInputError, UnsupportedFormatError
 
 if TYPE_CHECKING:  # pragma: no cover
-    from ..speculators import SpeculatorsDraftConfig
+    from ..format import SpeculatorsDraftConfig
 
 __all__ = [
     "RMSNorm",
@@ -168,7 +168,7 @@ class Rotary(nn.Module):
             params.update(rs)
         if isinstance(rp, Mapping):
             params.update(rp)
-        from ..speculators import _rope_theta_of  # the one rope-θ reader (positive numbers only)
+        from ..format import rope_theta_of as _rope_theta_of  # the one rope-θ reader
 
         theta = _rope_theta_of({"rope_parameters": params, "rope_theta": cfg.get("rope_theta")})
         if theta is None:

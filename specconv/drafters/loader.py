@@ -1,55 +1,50 @@
 """``load_drafter``: build a reference drafter from a Speculators-format directory.
 
-Reads ``config.json`` into the typed config (:func:`specconv.speculators.parse_config`) and
-the drafter's safetensors through :func:`specconv.tensors.open_store`; takes ``embed_tokens``
-/ ``lm_head`` from the :class:`specconv.verifier.Verifier` where the format lets the drafter
-omit them (DFlash/DSpark full vocab, as speculators ``src/speculators/model.py::
-load_verifier_weights`` does; the LM head falls back to the verifier's tied embedding).
+Reads ``config.json`` through the typed config (:func:`specconv.format.load_config`, the
+only parser of a Speculators ``config.json``), hands that typed config to the drafter, and
+reads the drafter's safetensors through :func:`specconv.tensors.open_store`; takes
+``embed_tokens`` / ``lm_head`` from the :class:`specconv.verifier.Verifier` where the format
+lets the drafter omit them (DFlash/DSpark full vocabulary; the LM head falls back to the
+verifier's tied embedding, as speculators ``src/speculators/model.py::load_verifier_weights``
+does).
 """
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
-from ..errors import InvalidInputError, UnsupportedFormatError
-from .base import Drafter, check_dtype, open_verifier, read_tensors, refuse_unused, typed_config
+from ..format import SpeculatorsDraftConfig, load_config
+from .base import Drafter, check_dtype, open_verifier, read_tensors, refuse_unused
 from .layers import WeightTaker
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ..verifier import Verifier
 
 __all__ = ["load_drafter", "read_drafter_config"]
 
 
-def read_drafter_config(speculators_dir: str | Path) -> dict:
-    """Parse ``<dir>/config.json`` and check the Speculators envelope.
+def read_drafter_config(speculators_dir: str | Path) -> SpeculatorsDraftConfig:
+    """Read and validate ``<dir>/config.json`` as a typed Speculators config.
+
+    Args:
+        speculators_dir: a Speculators-format directory.
+
+    Returns:
+        :class:`~specconv.format.PEagleConfig`, :class:`~specconv.format.DFlashConfig` or
+        :class:`~specconv.format.DSparkConfig`.
 
     Raises:
-        InvalidInputError: missing/invalid JSON, a top-level ``model_type``-only config
-            without ``speculators_model_type``.
+        InvalidInputError: missing/invalid JSON, a config without
+            ``speculators_model_type``, or a missing/invalid key (named with the file).
         UnsupportedFormatError: an algorithm other than peagle/dflash/dspark.
     """
-    p = Path(speculators_dir) / "config.json"
-    if not p.is_file():
-        raise InvalidInputError(f"{p}: not found (expected a Speculators-format directory)")
-    try:
-        cfg = json.loads(p.read_text())
-    except json.JSONDecodeError as e:
-        raise InvalidInputError(f"{p}: invalid JSON ({e})") from e
-    if not isinstance(cfg, dict):
-        raise InvalidInputError(f"{p}: expected a JSON object")
-    algo = cfg.get("speculators_model_type")
-    if algo is None:
-        raise InvalidInputError(f"{p}: 'speculators_model_type' is missing (not a Speculators "
-                                "config)", code="config_key")
-    if algo not in ("peagle", "dflash", "dspark"):
-        raise UnsupportedFormatError(
-            f"{p}: speculators_model_type {algo!r} has no reference drafter "
-            "(peagle, dflash, dspark)", format_id=f"speculators-{algo}")
-    return cfg
+    return load_config(Path(speculators_dir) / "config.json")
 
 
-def load_drafter(speculators_dir: str | Path, verifier_dir: str | Path | None = None, *,
+def load_drafter(speculators_dir: str | Path, verifier_dir: Verifier | str | Path | None = None, *,
                  dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu"
                  ) -> Drafter:
     """Load a Speculators-format drafter as a reference PyTorch module.
@@ -57,7 +52,8 @@ def load_drafter(speculators_dir: str | Path, verifier_dir: str | Path | None = 
     Args:
         speculators_dir: directory with ``config.json`` + ``model.safetensors`` (or an
             index + shards).
-        verifier_dir: the verifier's local HF directory; needed when the drafter omits
+        verifier_dir: the :class:`~specconv.verifier.Verifier`, or its local directory / Hub
+            id (resolved with :func:`specconv.verifier.resolve_verifier`); needed when the drafter omits
             ``embed_tokens`` / ``lm_head`` (DFlash/DSpark full vocab) or when P-EAGLE's
             ``eagle_aux_hidden_state_layer_ids`` is null.
         dtype: ``torch.float32`` | ``torch.bfloat16`` | ``torch.float16``; every float
@@ -77,17 +73,17 @@ def load_drafter(speculators_dir: str | Path, verifier_dir: str | Path | None = 
     """
     check_dtype(dtype)
     d = Path(speculators_dir)
-    cfg = read_drafter_config(d)
+    typed = read_drafter_config(d)  # every key as the typed config reads it (defaults, legacy rule)
     w = WeightTaker(read_tensors(d), source=str(d))
     verifier = open_verifier(verifier_dir)
-    algo = cfg["speculators_model_type"]
+    algo = typed.speculators_model_type
     if algo == "peagle":
         from .peagle import PEagleDrafter as cls
     elif algo == "dflash":
         from .dflash import DFlashDrafter as cls
     else:
         from .dspark import DSparkDrafter as cls
-    model = cls(typed_config(cfg, str(d)), w, verifier, str(d))
+    model = cls(typed, w, verifier, str(d))
     refuse_unused(w)
     model = model.to(device=device)
     for p in model.parameters():

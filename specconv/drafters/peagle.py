@@ -35,7 +35,7 @@ from .base import (BlockOutput, Drafter, aux_ids_from_config, build_embedding, b
 from .layers import DecoderLayer, LayerSpec, layer_spec_of, Linear, RMSNorm, Rotary, WeightTaker, attend
 
 if TYPE_CHECKING:  # pragma: no cover
-    from ..speculators import PEagleConfig
+    from ..format import PEagleConfig
     from ..verifier import Verifier
 
 __all__ = ["PEagleDrafter"]
