@@ -46,27 +46,7 @@ def resolve_source(spec: str, *, subfolder: str | None = None, revision: str | N
         raise UsageError(f"--subfolder {subfolder!r} must be a relative path inside SRC (no '..', not absolute)")
     p = Path(spec).expanduser()
     if not p.exists():
-        from . import hub
-
-        if not hub.is_hub_id(spec):
-            raise InvalidInputError(f"source {spec!r} does not exist (and is not a Hub repo id)", code="source_not_found")
-        # never pickled weights / training state; but the small side files converters read or
-        # detect by name: vocab maps (d2t/t2d .npy/.pt), NeMo eagle_meta.pt, MiMo mask_embedding.pt
-        patterns = ["*.json", "*.safetensors", "*.txt", "*.md", "*.npy", "*d2t.pt", "*t2d.pt",
-                    "*eagle_meta.pt", "*mask_embedding.pt"]
-        if subfolder:
-            patterns = [f"{subfolder}/{x}" for x in patterns]
-        try:
-            if headers_only and not hub.is_offline():
-                p = hub.header_snapshot(spec, revision=revision, allow_patterns=patterns, endpoint_url=endpoint)
-            else:
-                p = hub.download_snapshot(spec, revision=revision, allow_patterns=patterns, endpoint_url=endpoint)
-        except Exception as e:  # noqa: BLE001 - mapped by the Hub error table
-            what = f"{subfolder}/ (config, safetensors)" if subfolder else "the checkpoint (config, safetensors)"
-            err = hub.hub_error(what, spec, e, code="source_not_found",
-                                hint=None if "/" in spec else f"no local path {spec!r} exists either")
-            err.message = "source: " + err.message
-            raise err from e
+        p = _hub_source(spec, subfolder, revision, headers_only, endpoint)
     if subfolder:
         p = p / subfolder
         if not p.is_dir():
@@ -74,6 +54,31 @@ def resolve_source(spec: str, *, subfolder: str | None = None, revision: str | N
     if p.is_file():
         p = p.parent
     return p
+
+
+def _hub_source(spec: str, subfolder: str | None, revision: str | None, headers_only: bool,
+                endpoint: str | None) -> Path:
+    """The Hub snapshot (or headers-only view) of ``spec`` for :func:`resolve_source`."""
+    from . import hub
+
+    if not hub.is_hub_id(spec):
+        raise InvalidInputError(f"source {spec!r} does not exist (and is not a Hub repo id)", code="source_not_found")
+    # never pickled weights / training state; but the small side files converters read or
+    # detect by name: vocab maps (d2t/t2d .npy/.pt), NeMo eagle_meta.pt, MiMo mask_embedding.pt
+    patterns = ["*.json", "*.safetensors", "*.txt", "*.md", "*.npy", "*d2t.pt", "*t2d.pt",
+                "*eagle_meta.pt", "*mask_embedding.pt"]
+    if subfolder:
+        patterns = [f"{subfolder}/{x}" for x in patterns]
+    try:
+        if headers_only and not hub.is_offline():
+            return hub.header_snapshot(spec, revision=revision, allow_patterns=patterns, endpoint_url=endpoint)
+        return hub.download_snapshot(spec, revision=revision, allow_patterns=patterns, endpoint_url=endpoint)
+    except Exception as e:  # noqa: BLE001 - mapped by the Hub error table
+        what = f"{subfolder}/ (config, safetensors)" if subfolder else "the checkpoint (config, safetensors)"
+        err = hub.hub_error(what, spec, e, code="source_not_found",
+                            hint=None if "/" in spec else f"no local path {spec!r} exists either")
+        err.message = "source: " + err.message
+        raise err from e
 
 
 def select_checkpoint(path: Path, choice: str | None = None) -> tuple[Path, str | None]:

@@ -312,21 +312,10 @@ def header_snapshot(repo_id: str, *, revision: str | None = None, allow_patterns
     paths = [f.path for f in hf.list_repo_tree(repo_id, recursive=True, revision=sha) if hasattr(f, "size")]
     if allow_patterns is not None:
         paths = [p for p in paths if any(fnmatch.fnmatch(p, pat) for pat in allow_patterns)]
-    small = [p for p in paths if not p.endswith(".safetensors")]
     root.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{sha}.", dir=root.parent))
     try:
-        if small:
-            snap = Path(hf.snapshot_download(repo_id, revision=sha, allow_patterns=small))
-            for p in small:
-                (tmp / p).parent.mkdir(parents=True, exist_ok=True)
-                shutil.copyfile(snap / p, tmp / p)
-        for p in paths:
-            if p.endswith(".safetensors"):
-                _write_header_stub(tmp / p, safetensors_header(repo_id, p, revision=sha, endpoint_url=endpoint_url))
-        (tmp / HEADERS_ONLY_MARKER).parent.mkdir(parents=True, exist_ok=True)
-        (tmp / HEADERS_ONLY_MARKER).write_text(json.dumps(
-            {"repo_id": repo_id, "commit": sha, "tensor_data": "not downloaded (sparse zeros)"}, indent=1) + "\n")
+        _fill_header_view(tmp, hf, repo_id, sha, paths, endpoint_url)
         try:
             os.replace(tmp, root)
         except OSError:  # a concurrent run finished first
@@ -335,6 +324,22 @@ def header_snapshot(repo_id: str, *, revision: str | None = None, allow_patterns
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return root
+
+
+def _fill_header_view(tmp: Path, hf: Any, repo_id: str, sha: str, paths: list[str], endpoint_url: str | None) -> None:
+    """Write ``paths`` of ``repo_id@sha`` into ``tmp``: small files whole, safetensors as header stubs."""
+    small = [p for p in paths if not p.endswith(".safetensors")]
+    if small:
+        snap = Path(hf.snapshot_download(repo_id, revision=sha, allow_patterns=small))
+        for p in small:
+            (tmp / p).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(snap / p, tmp / p)
+    for p in paths:
+        if p.endswith(".safetensors"):
+            _write_header_stub(tmp / p, safetensors_header(repo_id, p, revision=sha, endpoint_url=endpoint_url))
+    (tmp / HEADERS_ONLY_MARKER).parent.mkdir(parents=True, exist_ok=True)
+    (tmp / HEADERS_ONLY_MARKER).write_text(json.dumps(
+        {"repo_id": repo_id, "commit": sha, "tensor_data": "not downloaded (sparse zeros)"}, indent=1) + "\n")
 
 
 # -------------------------------------------------------------------- error table

@@ -323,26 +323,28 @@ def resolve_verifier(spec: str, *, name: str | None = None, revision: str | None
         raise InvalidInputError("--verifier is empty: give a local directory or a Hub repo id", code="verifier_not_found")
     p = Path(spec).expanduser()
     if p.exists():
-        if p.is_file():
-            p = p.parent
-        cfg_path = p / "config.json"
-        if not cfg_path.is_file():
-            raise InvalidInputError(f"verifier dir {p} has no config.json", code="verifier_config")
-        raw = _read_json(cfg_path)
-        v = Verifier(
-            spec=spec,
-            name_or_path=name or str(p.resolve()),
-            local_dir=p,
-            config=unwrap_text_config(raw),
-            raw_config=raw,
-        )
-        v.check_loadable()
-        return v
-    if not is_hub_id(spec):
+        v = _local_verifier(spec, p.parent if p.is_file() else p, name)
+    elif not is_hub_id(spec):
         raise InvalidInputError(
             f"verifier {spec!r} is neither an existing directory nor a Hub repo id (namespace/name)",
             code="verifier_not_found",
         )
+    else:
+        v = _hub_verifier(spec, name, revision, endpoint)
+    v.check_loadable()
+    return v
+
+
+def _local_verifier(spec: str, p: Path, name: str | None) -> Verifier:
+    cfg_path = p / "config.json"
+    if not cfg_path.is_file():
+        raise InvalidInputError(f"verifier dir {p} has no config.json", code="verifier_config")
+    raw = _read_json(cfg_path)
+    return Verifier(spec=spec, name_or_path=name or str(p.resolve()), local_dir=p,
+                    config=unwrap_text_config(raw), raw_config=raw)
+
+
+def _hub_verifier(spec: str, name: str | None, revision: str | None, endpoint: str | None) -> Verifier:
     try:
         cfg_file = _hub.download_file(spec, "config.json", revision=revision, endpoint_url=endpoint)
     except Exception as e:  # noqa: BLE001 - network, offline mode, missing repo: the Hub error table
@@ -351,15 +353,6 @@ def resolve_verifier(spec: str, *, name: str | None = None, revision: str | None
         err.message = "verifier: " + err.message
         raise err from e
     raw = _read_json(Path(cfg_file))
-    v = Verifier(
-        spec=spec,
-        name_or_path=name or spec,
-        local_dir=Path(cfg_file).parent,
-        config=unwrap_text_config(raw),
-        raw_config=raw,
-        hub_id=spec,
-        revision=revision,
-        endpoint=endpoint,
-    )
-    v.check_loadable()
-    return v
+    return Verifier(spec=spec, name_or_path=name or spec, local_dir=Path(cfg_file).parent,
+                    config=unwrap_text_config(raw), raw_config=raw, hub_id=spec, revision=revision,
+                    endpoint=endpoint)
