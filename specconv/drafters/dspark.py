@@ -96,6 +96,22 @@ class DSparkDrafter(DFlashDrafter):
             e = torch.sigmoid(self.gate_proj(torch.cat([out_k, e], dim=-1))) * e
         return self.markov_w2(e)
 
+    def _slot_step(self, out_k: torch.Tensor, row: torch.Tensor, prev: torch.Tensor, temperature: float,
+                   generator: torch.Generator | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """One sequential slot: Markov-biased logits ``[Vd]``, the pick, the confidence logit (fp32) or None."""
+        e = None
+        if self.markov_w1 is not None:
+            e = self.markov_w1[prev]
+            row = row + self._markov_bias(out_k, e)
+        y = sample_rows(row[None], temperature, generator)[0]
+        conf = None
+        if self.confidence_proj is not None:
+            feat = torch.cat([out_k, e], dim=-1) if self.confidence_with_markov else out_k
+            w_ = self.confidence_proj.weight.to(torch.float32)
+            b_ = self.confidence_proj.bias.to(torch.float32)
+            conf = (feat.to(torch.float32) @ w_[0]) + b_[0]
+        return row, y, conf
+
     @torch.no_grad()
     def forward_block(self, context_tokens: torch.Tensor, aux_hidden: torch.Tensor, *,
                       temperature: float = 0.0, generator: torch.Generator | None = None,
@@ -125,23 +141,13 @@ class DSparkDrafter(DFlashDrafter):
         rows, picks, conf_logits = [], [], []
         prev = anchor
         for s in range(N):
-            k = int(slots[s])
-            out_k = hidden[k]
             if prev_tokens is not None:
                 prev = prev_tokens[s]
-            row = logits[k]
-            e = None
-            if self.markov_w1 is not None:
-                e = self.markov_w1[prev]
-                row = row + self._markov_bias(out_k, e)
-            y = sample_rows(row[None], temperature, generator)[0]
-            if self.confidence_proj is not None:
-                feat = torch.cat([out_k, e], dim=-1) if self.confidence_with_markov else out_k
-                w_ = self.confidence_proj.weight.to(torch.float32)
-                b_ = self.confidence_proj.bias.to(torch.float32)
-                conf_logits.append((feat.to(torch.float32) @ w_[0]) + b_[0])
+            row, y, conf = self._slot_step(hidden[int(slots[s])], logits[int(slots[s])], prev, temperature, generator)
             rows.append(row)
             picks.append(y)
+            if conf is not None:
+                conf_logits.append(conf)
             prev = self.vocab.to_target_ids(y)
         draft_logits = torch.stack(rows)
         draft_ids = torch.stack(picks)

@@ -185,34 +185,12 @@ class Rotary(nn.Module):
             )
         self.theta = float(theta)
         self.rope_type = str(rope_type)
-        dim = head_dim
         inv_freq = 1.0 / (
-            self.theta ** (torch.arange(0, dim, 2, dtype=torch.int64).to(torch.float32) / dim)
+            self.theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).to(torch.float32) / head_dim)
         )
-        scaling = 1.0
-        if self.rope_type == "default":
-            pass
-        elif self.rope_type == "linear":
-            inv_freq = inv_freq / float(params["factor"])
-        elif self.rope_type == "llama3":
-            factor = float(params["factor"])
-            lo = float(params["low_freq_factor"])
-            hi = float(params["high_freq_factor"])
-            old = float(params["original_max_position_embeddings"])
-            lo_wl, hi_wl = old / lo, old / hi
-            wavelen = 2 * math.pi / inv_freq
-            inv_l = torch.where(wavelen > lo_wl, inv_freq / factor, inv_freq)
-            smooth = (old / wavelen - lo) / (hi - lo)
-            smoothed = (1 - smooth) * inv_l / factor + smooth * inv_l
-            medium = ~(wavelen < hi_wl) * ~(wavelen > lo_wl)
-            inv_freq = torch.where(medium, smoothed, inv_l)
-        else:
-            raise UnsupportedFormatError(
-                f"{source}: rope_type {self.rope_type!r} is not supported by the reference "
-                "drafters (default, linear, llama3)"
-            )
-        self.register_buffer("inv_freq", inv_freq, persistent=False)
-        self.attention_scaling = scaling
+        self.register_buffer("inv_freq", _scaled_inv_freq(inv_freq, self.rope_type, params, source),
+                             persistent=False)
+        self.attention_scaling = 1.0
 
     def forward(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """``positions``: LongTensor ``[S]`` → ``(cos, sin)`` each ``[S, head_dim]`` in ``dtype``."""
@@ -221,6 +199,34 @@ class Rotary(nn.Module):
         cos = emb.cos() * self.attention_scaling
         sin = emb.sin() * self.attention_scaling
         return cos.to(dtype), sin.to(dtype)
+
+
+def _scaled_inv_freq(inv_freq: torch.Tensor, rope_type: str, params: Mapping, source: str) -> torch.Tensor:
+    """Apply a rope type's frequency scaling (transformers ``modeling_rope_utils``).
+
+    Raises:
+        UnsupportedFormatError: a rope type other than ``default`` / ``linear`` / ``llama3``.
+    """
+    if rope_type == "default":
+        return inv_freq
+    if rope_type == "linear":
+        return inv_freq / float(params["factor"])
+    if rope_type == "llama3":
+        factor = float(params["factor"])
+        lo = float(params["low_freq_factor"])
+        hi = float(params["high_freq_factor"])
+        old = float(params["original_max_position_embeddings"])
+        lo_wl, hi_wl = old / lo, old / hi
+        wavelen = 2 * math.pi / inv_freq
+        inv_l = torch.where(wavelen > lo_wl, inv_freq / factor, inv_freq)
+        smooth = (old / wavelen - lo) / (hi - lo)
+        smoothed = (1 - smooth) * inv_l / factor + smooth * inv_l
+        medium = ~(wavelen < hi_wl) * ~(wavelen > lo_wl)
+        return torch.where(medium, smoothed, inv_l)
+    raise UnsupportedFormatError(
+        f"{source}: rope_type {rope_type!r} is not supported by the reference "
+        "drafters (default, linear, llama3)"
+    )
 
 
 def attend(
