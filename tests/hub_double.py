@@ -131,12 +131,11 @@ class _Handler(BaseHTTPRequestHandler):
         for k, v in (headers or {}).items():
             self.send_header(k, v)
         self.send_header("Content-Length", str(len(body) if content_length is None else content_length))
+        # counted before the bytes leave, so a client that has read them sees the count
+        self._req.status, self._req.body_bytes = status, (len(body) if self.command != "HEAD" else 0)
         self.end_headers()
-        sent = 0
         if self.command != "HEAD" and body:
             self.wfile.write(body)
-            sent = len(body)
-        self._req.status, self._req.body_bytes = status, sent
 
     def _json(self, obj, status: int = 200, headers: dict[str, str] | None = None) -> None:
         self._send(status, json.dumps(obj).encode(), {"Content-Type": "application/json", **(headers or {})})
@@ -172,6 +171,7 @@ class _Handler(BaseHTTPRequestHandler):
     def _dispatch(self) -> None:
         path = urlsplit(self.path).path
         self._req = Request(self.command, path, self.headers.get("Range"))
+        self.double.record(self._req)  # visible at once; status and bytes filled in by _send
         try:
             if path == _API + "/agent-harnesses":
                 self._json({"standardEnvVars": [], "harnesses": {}})
@@ -183,8 +183,8 @@ class _Handler(BaseHTTPRequestHandler):
                 self._resolve(unquote(m.group(1)), unquote(m.group(2)), unquote(m.group(3)))
             else:
                 self._error(404, None, f"no route {self.command} {path}")
-        finally:
-            self.double.record(self._req)
+        except (BrokenPipeError, ConnectionResetError):  # the client went away
+            pass
 
     def _revision(self, repo_id: str, rev: str) -> None:
         repo = self._repo(repo_id)
