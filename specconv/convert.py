@@ -27,12 +27,25 @@ _EPOCH_STEP = re.compile(r"epoch_?(\d+)_step_?(\d+)")
 _STEP = re.compile(r"(?:.*[-_])?step_?(\d+)")
 
 
-def resolve_source(spec: str, *, subfolder: str | None = None, revision: str | None = None) -> Path:
+def resolve_source(spec: str, *, subfolder: str | None = None, revision: str | None = None,
+                   headers_only: bool = False, endpoint: str | None = None) -> Path:
     """A local dir, or a Hub id downloaded with only ``*.json``, safetensors, indexes, text and
     the named side files (vocab maps, ``eagle_meta.pt``, ``mask_embedding.pt``).
 
+    Args:
+        spec: local path or Hub repo id.
+        subfolder: ``--subfolder`` inside the source.
+        revision: Hub branch, tag or commit.
+        headers_only: for a Hub id while online, read only the safetensors headers (range
+            requests; :func:`specconv.hub.header_snapshot`) instead of downloading tensor data.
+            For detection and header checks only (``inspect`` without a verifier): the data
+            of such a view is zeros. Offline, the Hub cache is used as it is.
+        endpoint: ``--endpoint`` (None: ``HF_ENDPOINT`` at call time, else the default).
+
     Raises:
+        UsageError: empty ``spec``, bad ``--subfolder``.
         InvalidInputError: neither an existing path nor a reachable Hub repo.
+        HubAuthError, TransientRemoteError, RemoteNotFoundError: see :mod:`specconv.hub`.
     """
     if not spec or not spec.strip():
         raise UsageError("SRC is empty: give a checkpoint directory or a Hub repo id")
@@ -40,27 +53,7 @@ def resolve_source(spec: str, *, subfolder: str | None = None, revision: str | N
         raise UsageError(f"--subfolder {subfolder!r} must be a relative path inside SRC (no '..', not absolute)")
     p = Path(spec).expanduser()
     if not p.exists():
-        from .verifier import is_hub_id
-
-        if not is_hub_id(spec):
-            raise InvalidInputError(f"source {spec!r} does not exist (and is not a Hub repo id)", code="source_not_found")
-        from huggingface_hub import snapshot_download
-
-        # never pickled weights / training state; but the small side files converters read or
-        # detect by name: vocab maps (d2t/t2d .npy/.pt), NeMo eagle_meta.pt, MiMo mask_embedding.pt
-        patterns = ["*.json", "*.safetensors", "*.txt", "*.md", "*.npy", "*d2t.pt", "*t2d.pt",
-                    "*eagle_meta.pt", "*mask_embedding.pt"]
-        if subfolder:
-            patterns = [f"{subfolder}/{x}" for x in patterns]
-        try:
-            p = Path(snapshot_download(spec, revision=revision, allow_patterns=patterns))
-        except Exception as e:
-            from .verifier import hub_error
-
-            what = f"{subfolder}/ (config, safetensors)" if subfolder else "the checkpoint (config, safetensors)"
-            err = hub_error(what, spec, e, code="source_not_found")
-            err.message = "source: " + err.message
-            raise err from e
+        p = _hub_source(spec, subfolder, revision, headers_only, endpoint)
     if subfolder:
         p = p / subfolder
         if not p.is_dir():
@@ -68,6 +61,31 @@ def resolve_source(spec: str, *, subfolder: str | None = None, revision: str | N
     if p.is_file():
         p = p.parent
     return p
+
+
+def _hub_source(spec: str, subfolder: str | None, revision: str | None, headers_only: bool,
+                endpoint: str | None) -> Path:
+    """The Hub snapshot (or headers-only view) of ``spec`` for :func:`resolve_source`."""
+    from . import hub
+
+    if not hub.is_hub_id(spec):
+        raise InvalidInputError(f"source {spec!r} does not exist (and is not a Hub repo id)", code="source_not_found")
+    # never pickled weights / training state; but the small side files converters read or
+    # detect by name: vocab maps (d2t/t2d .npy/.pt), NeMo eagle_meta.pt, MiMo mask_embedding.pt
+    patterns = ["*.json", "*.safetensors", "*.txt", "*.md", "*.npy", "*d2t.pt", "*t2d.pt",
+                "*eagle_meta.pt", "*mask_embedding.pt"]
+    if subfolder:
+        patterns = [f"{subfolder}/{x}" for x in patterns]
+    try:
+        if headers_only and not hub.is_offline():
+            return hub.header_snapshot(spec, revision=revision, allow_patterns=patterns, endpoint_url=endpoint)
+        return hub.download_snapshot(spec, revision=revision, allow_patterns=patterns, endpoint_url=endpoint)
+    except Exception as e:  # noqa: BLE001 - mapped by the Hub error table
+        what = f"{subfolder}/ (config, safetensors)" if subfolder else "the checkpoint (config, safetensors)"
+        err = hub.hub_error(what, spec, e, code="source_not_found",
+                            hint=None if "/" in spec else f"no local path {spec!r} exists either")
+        err.message = "source: " + err.message
+        raise err from e
 
 
 def select_checkpoint(path: Path, choice: str | None = None) -> tuple[Path, str | None]:
@@ -122,11 +140,12 @@ def _descend(p: Path) -> Path:
     return p
 
 
-def open_source(spec: str, *, subfolder: str | None = None, checkpoint: str | None = None, revision: str | None = None):
+def open_source(spec: str, *, subfolder: str | None = None, checkpoint: str | None = None, revision: str | None = None,
+                headers_only: bool = False):
     """Resolve and open a source; returns ``(SourceInfo, selection note)``."""
     from specconv.converters import SourceInfo
 
-    path = resolve_source(spec, subfolder=subfolder, revision=revision)
+    path = resolve_source(spec, subfolder=subfolder, revision=revision, headers_only=headers_only)
     path, note = select_checkpoint(path, checkpoint)
     return SourceInfo.open(path), note
 
@@ -176,10 +195,15 @@ def inspect_source(spec: str, *, verifier: str | None = None, verifier_name: str
 
 
 def _inspect(spec: str, verifier: str | None, verifier_name: str | None, kw: dict[str, Any]) -> dict[str, Any]:
+    from . import hub
     from .speculators import lint_dir
 
-    src, note = open_source(spec, subfolder=kw.get("subfolder"), checkpoint=kw.get("checkpoint"), revision=kw.get("revision"))
-    out: dict[str, Any] = {"path": str(src.path), "selected": note, "findings": []}
+    before = hub.bytes_downloaded()
+    # without a verifier nothing reads tensor data: a Hub source is read headers-only
+    src, note = open_source(spec, subfolder=kw.get("subfolder"), checkpoint=kw.get("checkpoint"), revision=kw.get("revision"),
+                            headers_only=not verifier)
+    out: dict[str, Any] = {"path": str(src.path), "selected": note, "findings": [],
+                           "bytes_downloaded": hub.bytes_downloaded() - before}
     try:
         cls = detect(src)
     except UnsupportedFormatError as e:

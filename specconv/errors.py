@@ -15,6 +15,7 @@ Exit codes (stable, documented in README.md and docs/cli.md):
 6   Hub conflict (revision moved, tag exists, ...)
 7   transient remote failure after retries
 8   post-publish verification failed
+9   remote Hub repo or revision not found
 ==  =======================================================
 """
 
@@ -28,6 +29,7 @@ EXIT_HUB_AUTH = 5
 EXIT_HUB_CONFLICT = 6
 EXIT_TRANSIENT = 7
 EXIT_POST_PUBLISH = 8
+EXIT_REMOTE_NOT_FOUND = 9
 
 EXIT_CODES: dict[int, str] = {
     EXIT_OK: "ok",
@@ -38,6 +40,7 @@ EXIT_CODES: dict[int, str] = {
     EXIT_HUB_CONFLICT: "Hub conflict",
     EXIT_TRANSIENT: "transient remote failure after retries",
     EXIT_POST_PUBLISH: "post-publish verification failed",
+    EXIT_REMOTE_NOT_FOUND: "remote repo or revision not found",
 }
 
 
@@ -124,3 +127,10 @@ class TransientRemoteError(SpecconvError):
 class PostPublishError(SpecconvError):
     exit_code = EXIT_POST_PUBLISH
     code = "post_publish"
+
+
+class RemoteNotFoundError(SpecconvError):
+    """A Hub repo or revision does not exist (or is private and not visible) (exit 9)."""
+
+    exit_code = EXIT_REMOTE_NOT_FOUND
+    code = "remote_not_found"

@@ -1,38 +1,45 @@
-"""Verifier access: config and the few tensors a conversion needs, local or from the Hub.
+"""The verifier: its config and the few tensors a conversion or a drafter needs, local or Hub.
 
-``--verifier`` is a local directory or a Hub repo id. From the Hub only ``config.json``,
-the safetensors index and — on demand — the shards holding the tensors a converter asks
-for (embedding, LM head, final norm) are fetched, through ``huggingface_hub`` so its
-cache and ``HF_HUB_OFFLINE`` are respected. Multimodal verifiers are unwrapped
-(``text_config`` / ``llm_config`` / ``language_config``).
+One class, :class:`Verifier`, serves convert (converters ask for tensor names and headers),
+the reference drafters (:meth:`Verifier.embedding` / :meth:`Verifier.lm_head` tensors) and
+validate. ``--verifier`` is a local directory or a Hub repo id. From the Hub only
+``config.json``, the safetensors index and — on demand — the shards holding the tensors
+asked for are fetched, through :mod:`specconv.hub` (so the Hub cache and
+``HF_HUB_OFFLINE`` are respected). Multimodal verifiers are unwrapped (``text_config`` /
+``llm_config`` / ``language_config``).
 
-Facts used (speculators_format.md §2.2, §7.3): ``hidden_size`` must equal the draft's;
-aux ids must lie in ``[0, num_hidden_layers]``; the draft's target vocab must equal
-``vocab_size``; the mask token must be ``< vocab_size``.
+The embedding / LM head / final-norm names are the ones speculators' verifier loader
+resolves (speculators ``src/speculators/utils/loading.py``, ``_WEIGHT_ALIASES`` + shortest
+suffix match, called from ``src/speculators/model.py::load_verifier_weights``); a verifier
+whose tensors have other names (GPT-2's ``transformer.wte`` / ``ln_f``) is refused when it
+is resolved, naming what it has. The lint (:func:`specconv.format.lint`, fed by
+:meth:`Verifier.facts`) checks the draft against it: ``hidden_size`` equals the draft's; aux
+ids lie in ``[0, num_hidden_layers]``; the draft's target vocab equals ``vocab_size``; the
+mask token is ``< vocab_size``.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from . import hub as _hub
 from .errors import InvalidInputError
+from .hub import hub_error, is_hub_id
 
 _TEXT_CONFIG_KEYS = ("text_config", "llm_config", "language_config")
-_HUB_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,95}/[A-Za-z0-9][A-Za-z0-9._-]{0,95}$")
 
-EMBED_SUFFIXES = ("embed_tokens.weight", "tok_embeddings.weight", "wte.weight", "llm.embed.weight")
-LM_HEAD_SUFFIXES = ("lm_head.weight", "output.weight")
-NORM_SUFFIXES = ("model.norm.weight", "norm.weight", "norm_f.weight", "ln_f.weight")
-
-
-def is_hub_id(spec: str) -> bool:
-    """True when ``spec`` looks like ``owner/name`` and is not an existing local path."""
-    return bool(_HUB_ID_RE.match(spec)) and not os.path.exists(spec)
+# speculators ``src/speculators/utils/loading.py`` (``_WEIGHT_ALIASES``), in its order
+EMBED_SUFFIXES = ("embed_tokens.weight", "tok_embeddings.weight", "llm.embed.weight", "backbone.embeddings.weight")
+LM_HEAD_SUFFIXES = ("lm_head.weight", "output.weight", "llm.unembed.weight")
+NORM_SUFFIXES = ("model.norm.weight", "llm.norm.weight", "backbone.norm_f.weight", "norm.weight")
+_ROLE_SUFFIXES = {"embed": EMBED_SUFFIXES, "lm_head": LM_HEAD_SUFFIXES, "norm": NORM_SUFFIXES}
+_ROLE_WORDS = {"embed": "input embedding", "lm_head": "LM head", "norm": "final norm"}
+_NOT_TEXT = re.compile(r"(vision|visual|mtp|audio)")
+_PER_LAYER = re.compile(r"(?:^|\.)(?:layers?|h|blocks?)\.\d+\.")
 
 
 def unwrap_text_config(cfg: dict[str, Any]) -> dict[str, Any]:
@@ -67,8 +74,10 @@ class Verifier:
     raw_config: dict[str, Any]
     hub_id: str | None = None
     revision: str | None = None
+    endpoint: str | None = None
     _store: Any = field(default=None, repr=False)
     _weight_map: dict[str, str] | None = field(default=None, repr=False)
+    _tensors: dict[str, Any] = field(default_factory=dict, repr=False)
 
     # ---- facts -----------------------------------------------------------------
     def _int(self, key: str) -> int:
@@ -125,15 +134,13 @@ class Verifier:
 
     def _hub_weight_map(self) -> dict[str, str]:
         if self._weight_map is None:
-            from huggingface_hub import hf_hub_download
-            from huggingface_hub.errors import EntryNotFoundError
-
             try:
-                idx = hf_hub_download(self.hub_id, "model.safetensors.index.json", revision=self.revision)
-            except EntryNotFoundError:  # also LocalEntryNotFoundError: not in the offline cache
+                idx = _hub.download_file(self.hub_id, "model.safetensors.index.json", revision=self.revision,
+                                         endpoint_url=self.endpoint)
+            except Exception as e:  # noqa: BLE001 - mapped by the Hub error table
+                if not _hub.is_missing_entry(e):  # network, auth (a missing file: single-file checkpoint)
+                    raise hub_error("model.safetensors.index.json", self.hub_id, e, code="verifier_not_found") from e
                 idx = None
-            except Exception as e:  # network, auth
-                raise hub_error("model.safetensors.index.json", self.hub_id, e, code="verifier_not_found") from e
             if idx is not None:
                 try:
                     with open(idx, encoding="utf-8") as f:
@@ -142,11 +149,19 @@ class Verifier:
                 except (OSError, ValueError, RecursionError, KeyError, TypeError) as e:
                     raise InvalidInputError(f"cannot read the weight map of {idx} (verifier {self.hub_id}): "
                                             f"{type(e).__name__}: {e}", code="verifier_config") from e
-            else:
-                # single-file checkpoint: read its header only after download
+            elif not _hub.is_offline():  # single-file checkpoint: its header, by range requests
                 try:
-                    p = hf_hub_download(self.hub_id, "model.safetensors", revision=self.revision)
-                except Exception as e:
+                    meta = _hub.safetensors_header(self.hub_id, "model.safetensors", revision=self.revision,
+                                                   endpoint_url=self.endpoint)
+                except Exception as e:  # noqa: BLE001 - mapped by the Hub error table
+                    raise hub_error("model.safetensors / model.safetensors.index.json", self.hub_id, e,
+                                    code="verifier_tensor_missing") from e
+                self._weight_map = {str(n): "model.safetensors" for n in meta.tensors}
+            else:  # offline: the cached file's header
+                try:
+                    p = _hub.download_file(self.hub_id, "model.safetensors", revision=self.revision,
+                                           endpoint_url=self.endpoint)
+                except Exception as e:  # noqa: BLE001 - mapped by the Hub error table
                     raise hub_error("model.safetensors / model.safetensors.index.json", self.hub_id, e,
                                     code="verifier_tensor_missing") from e
                 from .tensors import TensorStore
@@ -166,83 +181,113 @@ class Verifier:
     def find_tensor(self, role: str) -> str | None:
         """Name of the verifier tensor playing ``role`` (``embed``, ``lm_head``, ``norm``).
 
-        Matching is by exact name, then shortest suffix match (as speculators'
-        ``convert/utils.py`` does). ``lm_head`` falls back to the embedding when the
-        verifier ties them. Returns ``None`` when absent.
+        Matching is speculators' (``src/speculators/utils/loading.py::_resolve_key``): each
+        alias in turn, exact name then the shortest name ending in it; vision / audio /
+        MTP towers and per-layer norms are skipped (they share the suffixes). ``lm_head``
+        falls back to the embedding when the verifier ties them.
+
+        Args:
+            role: ``"embed"``, ``"lm_head"`` or ``"norm"``.
+
+        Returns:
+            The tensor name, or ``None`` when the verifier has none under these names.
+
+        Raises:
+            SpecconvError: the verifier's tensor names cannot be listed (Hub file missing).
         """
-        suffixes = {"embed": EMBED_SUFFIXES, "lm_head": LM_HEAD_SUFFIXES, "norm": NORM_SUFFIXES}[role]
         names = self._names()
-        for suf in suffixes:
-            hits = [n for n in names if n == suf or n.endswith("." + suf) or n.endswith(suf)]
-            # skip vision towers / draft heads of multimodal verifiers
-            hits = [n for n in hits if not re.search(r"(vision|visual|mtp|audio)", n)]
+        for suf in _ROLE_SUFFIXES[role]:
+            hits = [n for n in names if n.endswith(suf) and not _NOT_TEXT.search(n)]
             if role == "norm":
-                hits = [n for n in hits if not re.search(r"layers?\.\d+\.", n)]
+                hits = [n for n in hits if not _PER_LAYER.search(n)]
             if hits:
-                return min(hits, key=len)
+                return suf if suf in hits else min(hits, key=len)
         if role == "lm_head" and self.tie_word_embeddings:
             return self.find_tensor("embed")
         return None
+
+    def check_loadable(self) -> None:
+        """Refuse a verifier whose embedding / LM head / final norm have names consumers cannot load.
+
+        speculators loads these three from the verifier by the names of
+        :data:`EMBED_SUFFIXES` / :data:`LM_HEAD_SUFFIXES` / :data:`NORM_SUFFIXES`; a
+        GPT-2-style checkpoint (``transformer.wte`` / ``transformer.ln_f``) has none of
+        them, so a conversion for it could never be validated or loaded. Skipped when the
+        tensor names cannot be listed here (a config-only dir, Hub weights not cached):
+        converters that need a tensor then fail naming it.
+
+        Raises:
+            InvalidInputError: ``verifier_tensor_names``; the message lists the roles not
+                found and the verifier's non-layer tensor names.
+        """
+        from .errors import SpecconvError
+
+        try:
+            names = self._names()
+        except SpecconvError:
+            return
+        if not names:
+            return
+        missing = [r for r in ("embed", "lm_head", "norm") if self.find_tensor(r) is None]
+        if not missing:
+            return
+        looked = "; ".join(f"{_ROLE_WORDS[r]}: *{', *'.join(_ROLE_SUFFIXES[r])}" for r in missing)
+        found = [n for n in names if not _PER_LAYER.search(n)]
+        raise InvalidInputError(
+            f"verifier {self.spec!r} has no {', '.join(_ROLE_WORDS[r] for r in missing)} under a name "
+            f"speculators' verifier loader resolves (looked for {looked}); its non-layer tensors are: "
+            f"{', '.join(found[:12]) or 'none'}{' ...' if len(found) > 12 else ''}",
+            code="verifier_tensor_names",
+            hint="use a verifier checkpoint with Llama/Qwen-style names (model.embed_tokens, model.norm, lm_head)")
+
+    def read_tensor(self, name: str):
+        """The verifier tensor ``name`` as a torch tensor (read once, then cached).
+
+        Raises:
+            InvalidInputError: no such tensor; its Hub shard cannot be had.
+            MissingExtraError: torch is not installed (``pip install 'specconv[validate]'``).
+        """
+        if name not in self._tensors:
+            from .extras import require
+
+            require("torch", "validate", feature="reading verifier tensors")
+            if self.hub_id is None:
+                self._tensors[name] = self.store().read_tensor(name)
+            else:
+                from .tensors import TensorStore
+
+                self._tensors[name] = TensorStore.open(self.tensor_info(name).file).read_tensor(name)
+        return self._tensors[name]
+
+    def _role_tensor(self, role: str):
+        name = self.find_tensor(role)
+        if name is None:
+            raise InvalidInputError(f"verifier {self.spec!r} has no {_ROLE_WORDS[role]} "
+                                    f"(*{', *'.join(_ROLE_SUFFIXES[role])})", code="missing_tensor")
+        return self.read_tensor(name)
+
+    def embedding(self):
+        """``[Vt, H]`` input embedding (the checkpoint's dtype)."""
+        return self._role_tensor("embed")
+
+    def lm_head(self):
+        """``[Vt, H]`` LM head; the embedding (same tensor object) when the verifier ties them."""
+        return self._role_tensor("lm_head")
 
     def tensor_info(self, name: str):
         """TensorInfo of a verifier tensor, downloading only its shard from the Hub."""
         if self.hub_id is None:
             return self.store().info(name)
-        from huggingface_hub import hf_hub_download
-
         from .tensors import TensorStore
 
         shard = self._hub_weight_map().get(name)
         if shard is None:
             raise InvalidInputError(f"verifier {self.hub_id} has no tensor {name!r}")
         try:
-            p = hf_hub_download(self.hub_id, shard, revision=self.revision)
-        except Exception as e:  # not cached (offline), network, auth
+            p = _hub.download_file(self.hub_id, shard, revision=self.revision, endpoint_url=self.endpoint)
+        except Exception as e:  # noqa: BLE001 - mapped by the Hub error table  # not cached (offline), network, auth
             raise hub_error(f"shard {shard} (holding {name})", self.hub_id, e, code="verifier_tensor_missing") from e
         return TensorStore.open(p).info(name)
-
-
-def hub_unavailable(what: str, repo: str, e: Exception) -> str:
-    """Message for a Hub file that could not be had.
-
-    In offline mode (``HF_HUB_OFFLINE=1``, read by ``huggingface_hub.constants``) a file
-    missing from the local cache raises ``LocalEntryNotFoundError`` whose own text blames
-    the network; say instead that it is not cached and where the cache is.
-    """
-    from huggingface_hub import constants
-    from huggingface_hub import errors as hf_errors
-
-    incomplete = getattr(hf_errors, "IncompleteSnapshotError", ())  # its own message lists the missing files
-    if (constants.is_offline_mode() and isinstance(e, hf_errors.LocalEntryNotFoundError)
-            and not isinstance(e, incomplete)):
-        return (f"{what} of {repo!r} is not in the local Hugging Face cache ({constants.HF_HUB_CACHE}) "
-                "and offline mode (HF_HUB_OFFLINE=1) forbids downloading it")
-    return f"cannot fetch {what} of {repo!r} from the Hub: {type(e).__name__}: {e}"
-
-
-def hub_error(what: str, repo: str, e: Exception, *, code: str, hint: str | None = None):
-    """The project error for a failed Hub download, with the documented exit code.
-
-    * 401/403 or a gated repo → :class:`HubAuthError` (exit 5);
-    * 429/5xx, or a connection failure while online (huggingface_hub reports it as
-      ``LocalEntryNotFoundError`` after its own retries) → :class:`TransientRemoteError` (7);
-    * anything else (missing repo/file, not cached in offline mode) → ``InvalidInputError`` (3).
-    """
-    from huggingface_hub import constants
-    from huggingface_hub import errors as hf_errors
-
-    from .errors import HubAuthError, TransientRemoteError
-
-    msg = hub_unavailable(what, repo, e)
-    status = getattr(getattr(e, "response", None), "status_code", None)
-    if isinstance(e, hf_errors.GatedRepoError) or status in (401, 403):
-        return HubAuthError(msg, code="hub_auth", hint="log in with `hf auth login` or set HF_TOKEN")
-    transient_http = isinstance(e, hf_errors.HfHubHTTPError) and status is not None and (status == 429 or status >= 500)
-    offline_miss = isinstance(e, hf_errors.LocalEntryNotFoundError) and not constants.is_offline_mode()
-    incomplete = getattr(hf_errors, "IncompleteSnapshotError", ())
-    if transient_http or (offline_miss and not isinstance(e, incomplete)) or isinstance(e, (ConnectionError, TimeoutError)):
-        return TransientRemoteError(msg, code="hub_unreachable", hint=hint)
-    return InvalidInputError(msg, code=code, hint=hint)
 
 
 def _read_json(p: Path) -> dict[str, Any]:
@@ -256,55 +301,58 @@ def _read_json(p: Path) -> dict[str, Any]:
     return d
 
 
-def resolve_verifier(spec: str, *, name: str | None = None, revision: str | None = None) -> Verifier:
+def resolve_verifier(spec: str, *, name: str | None = None, revision: str | None = None,
+                     endpoint: str | None = None) -> Verifier:
     """Resolve ``--verifier`` (local dir or Hub id) and read its config.
 
     Args:
         spec: local directory (containing ``config.json``) or Hub repo id.
         name: ``--verifier-name``: the Hub id to record when ``spec`` is local.
         revision: Hub revision for Hub ids.
+        endpoint: ``--endpoint`` for Hub ids (None: ``HF_ENDPOINT`` at call time, else the default).
+
+    Returns:
+        The :class:`Verifier`, already checked by :meth:`Verifier.check_loadable`.
 
     Raises:
-        InvalidInputError: no config, unreadable config, Hub id not reachable.
+        InvalidInputError: no config, unreadable config, Hub id not reachable, tensor
+            names no consumer loads.
+        HubAuthError, TransientRemoteError, RemoteNotFoundError: see :mod:`specconv.hub`.
     """
     if not spec or not spec.strip():
         raise InvalidInputError("--verifier is empty: give a local directory or a Hub repo id", code="verifier_not_found")
     p = Path(spec).expanduser()
     if p.exists():
-        if p.is_file():
-            p = p.parent
-        cfg_path = p / "config.json"
-        if not cfg_path.is_file():
-            raise InvalidInputError(f"verifier dir {p} has no config.json", code="verifier_config")
-        raw = _read_json(cfg_path)
-        return Verifier(
-            spec=spec,
-            name_or_path=name or str(p.resolve()),
-            local_dir=p,
-            config=unwrap_text_config(raw),
-            raw_config=raw,
-        )
-    if not is_hub_id(spec):
+        v = _local_verifier(spec, p.parent if p.is_file() else p, name)
+    elif not is_hub_id(spec):
         raise InvalidInputError(
-            f"verifier {spec!r} is neither an existing directory nor a Hub repo id (owner/name)",
+            f"verifier {spec!r} is neither an existing directory nor a Hub repo id (namespace/name)",
             code="verifier_not_found",
         )
-    from huggingface_hub import hf_hub_download
+    else:
+        v = _hub_verifier(spec, name, revision, endpoint)
+    v.check_loadable()
+    return v
 
+
+def _local_verifier(spec: str, p: Path, name: str | None) -> Verifier:
+    cfg_path = p / "config.json"
+    if not cfg_path.is_file():
+        raise InvalidInputError(f"verifier dir {p} has no config.json", code="verifier_config")
+    raw = _read_json(cfg_path)
+    return Verifier(spec=spec, name_or_path=name or str(p.resolve()), local_dir=p,
+                    config=unwrap_text_config(raw), raw_config=raw)
+
+
+def _hub_verifier(spec: str, name: str | None, revision: str | None, endpoint: str | None) -> Verifier:
     try:
-        cfg_file = hf_hub_download(spec, "config.json", revision=revision)
-    except Exception as e:  # network, offline mode, missing repo
+        cfg_file = _hub.download_file(spec, "config.json", revision=revision, endpoint_url=endpoint)
+    except Exception as e:  # noqa: BLE001 - network, offline mode, missing repo: the Hub error table
         err = hub_error("config.json", spec, e, code="verifier_not_found",
                         hint="pass a local verifier directory with --verifier and its Hub id with --verifier-name")
         err.message = "verifier: " + err.message
         raise err from e
     raw = _read_json(Path(cfg_file))
-    return Verifier(
-        spec=spec,
-        name_or_path=name or spec,
-        local_dir=Path(cfg_file).parent,
-        config=unwrap_text_config(raw),
-        raw_config=raw,
-        hub_id=spec,
-        revision=revision,
-    )
+    return Verifier(spec=spec, name_or_path=name or spec, local_dir=Path(cfg_file).parent,
+                    config=unwrap_text_config(raw), raw_config=raw, hub_id=spec, revision=revision,
+                    endpoint=endpoint)

@@ -7,7 +7,7 @@ from huggingface_hub import constants
 from huggingface_hub import errors as hf
 
 from specconv.errors import HubAuthError, InvalidInputError, TransientRemoteError
-from specconv.verifier import hub_error
+from specconv.hub import hub_error
 
 httpx = pytest.importorskip("httpx2")  # the HTTP client huggingface_hub 2.x builds its errors on
 

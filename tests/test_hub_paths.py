@@ -15,7 +15,8 @@ and ``HF_HUB_OFFLINE=1`` + ``HF_HUB_CACHE`` are set in the environment *and* on
 ``huggingface_hub.constants`` (which reads them once, at import). Nothing touches the network:
 offline mode makes huggingface_hub raise before any request.
 
-Every ``hf_hub_download`` / ``snapshot_download`` call is recorded, and verifier shards that a
+Every ``specconv.hub.download_file`` / ``download_snapshot`` call (specconv's only way to
+``hf_hub_download`` / ``snapshot_download``) is recorded, and verifier shards that a
 conversion must not need are left out of the cache entirely, so reading one would fail.
 """
 
@@ -90,10 +91,7 @@ class FakeHub:
 
 @pytest.fixture
 def hub(tmp_path, monkeypatch):
-    import huggingface_hub
     import huggingface_hub.constants as constants
-    from huggingface_hub import file_download
-    from huggingface_hub import snapshot_download as real_snapshot
 
     cache = tmp_path / "hf-cache"
     cache.mkdir()
@@ -102,7 +100,9 @@ def hub(tmp_path, monkeypatch):
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
     monkeypatch.setattr(constants, "HF_HUB_CACHE", str(cache))
     fake = FakeHub(cache)
-    real_file = file_download.hf_hub_download
+    from specconv import hub as spec_hub
+
+    real_file, real_snapshot = spec_hub.download_file, spec_hub.download_snapshot
 
     def spy_file(repo_id, filename, *a, **kw):
         fake.calls.append(("file", repo_id, filename))
@@ -112,9 +112,9 @@ def hub(tmp_path, monkeypatch):
         fake.calls.append(("snapshot", repo_id, json.dumps(kw.get("allow_patterns"))))
         return real_snapshot(repo_id, *a, **kw)
 
-    # specconv imports these lazily (`from huggingface_hub import ...` inside functions)
-    monkeypatch.setattr(huggingface_hub, "hf_hub_download", spy_file)
-    monkeypatch.setattr(huggingface_hub, "snapshot_download", spy_snapshot)
+    # every Hub call of specconv goes through specconv.hub (looked up at call time)
+    monkeypatch.setattr(spec_hub, "download_file", spy_file)
+    monkeypatch.setattr(spec_hub, "download_snapshot", spy_snapshot)
     # Hub ids are told from local paths by os.path.exists: run where no `owner/...` dir exists
     work = tmp_path / "cwd"
     work.mkdir()

@@ -1,15 +1,19 @@
 """Reference PyTorch drafters for Speculators-format P-EAGLE / DFlash / DSpark dirs.
 
-One small module per algorithm runs one drafting step exactly as
-speculators_format.md §3.3 / §4.3 / §5.3 describe. Public API::
+One small module per algorithm runs one drafting step as speculators 0.9.0
+(``src/speculators/models/{peagle,dflash,dspark}/``) and vLLM
+(``vllm/model_executor/models/{llama_eagle3,qwen3_dflash,qwen3_dspark}.py``) do; each
+module's docstring spells out its step. Public API::
 
     from specconv.drafters import load_drafter
-    drafter = load_drafter(spec_dir, verifier_dir, dtype=torch.float32, device="cpu")
+    drafter = load_drafter(spec_dir, verifier, dtype=torch.float32, device="cpu")  # Verifier or dir
     prop = drafter.propose(context_tokens[1, T+1], aux_hidden[1, T, A*H], temperature=0.0)
     prop.tokens  # LongTensor[k] target ids; prop.logits [k, Vt]; prop.confidence [k] | None
     out = drafter.forward_block(...)  # BlockOutput: per-slot draft/target logits, hidden
 
-Importing this package imports torch; the CLI must import it lazily.
+Importing this package does not import torch; the first attribute access does (and
+without torch raises :class:`specconv.extras.MissingExtraError` naming
+``pip install 'specconv[validate]'``).
 """
 
 from __future__ import annotations
@@ -47,6 +51,9 @@ def __getattr__(name: str) -> Any:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     import importlib
 
+    from ..extras import require
+
+    require("torch", "validate", feature="the reference drafters (specconv.drafters)")
     return getattr(importlib.import_module(f"{__name__}.{mod}"), name)
 
 

@@ -1,8 +1,13 @@
 """Drafter base class, result types, draft-vocabulary mapping and weight loading.
 
-Shared by the P-EAGLE, DFlash and DSpark reference drafters. Facts from
-speculators_format.md: §2.2 (aux ids), §2.3 (``d2t`` offsets: ``target = draft + d2t``),
-§3.3 / §4.3 / §5.3 (one drafting step), §6 (which tensors may be omitted).
+Shared by the P-EAGLE, DFlash and DSpark reference drafters, which take the typed
+Speculators config (:mod:`specconv.format`) and the one :class:`specconv.verifier.Verifier`
+(for the embedding / LM head a drafter may omit). Facts: aux ids in the speculators /
+vLLM capture convention (speculators ``src/speculators/models/eagle3/core.py``, vLLM
+``vllm/model_executor/models/llama_eagle3.py``); ``d2t`` holds offsets, ``target = draft +
+d2t`` (vLLM ``vllm/model_executor/models/llama_eagle3.py``, ``combine_hidden_states`` /
+``compute_logits``); a full-vocabulary DFlash / DSpark drafter may omit ``embed_tokens`` and
+``lm_head``, which then come from the verifier (``docs/validate.md``, structure gate).
 
 The drafters keep **no KV cache**: every :meth:`Drafter.propose` call recomputes the
 whole drafting pass from the accepted context it is given. The drafters are tiny, the
@@ -12,12 +17,10 @@ cache-cropping state to get wrong.
 
 from __future__ import annotations
 
-import json
 import warnings
-from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
@@ -25,8 +28,12 @@ from torch import nn
 from ..errors import InvalidInputError, UnsupportedFormatError, UsageError
 from .layers import Linear, WeightTaker, sample_rows
 
-__all__ = ["DraftProposal", "BlockOutput", "Drafter", "VocabMap", "read_tensors",
-           "VerifierWeights", "SUPPORTED_DTYPES"]
+if TYPE_CHECKING:  # pragma: no cover
+    from ..format import SpeculatorsDraftConfig
+    from ..verifier import Verifier
+
+__all__ = ["DraftProposal", "BlockOutput", "Drafter", "VocabMap", "read_tensors", "open_verifier",
+           "SUPPORTED_DTYPES"]
 
 SUPPORTED_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
@@ -98,7 +105,7 @@ class BlockOutput:
 
 
 class VocabMap(nn.Module):
-    """Draft→target vocabulary mapping (speculators_format.md §2.3).
+    """Draft→target vocabulary mapping (vLLM ``vllm/model_executor/models/llama_eagle3.py``).
 
     ``d2t`` holds offsets: ``target_id = draft_id + d2t[draft_id]``. With ``Vd == Vt``
     (no pruning) the map is the identity.
@@ -160,146 +167,50 @@ class VocabMap(nn.Module):
 
 
 def read_tensors(path: str | Path, names: list[str] | None = None) -> dict[str, torch.Tensor]:
-    """Read tensors from a checkpoint dir/file.
-
-    Uses :func:`specconv.tensors.open_store` (the project's loader) when importable, else
-    falls back to ``safetensors`` (``model.safetensors``, an index + shards, or a single
-    ``*.safetensors``).
+    """Read tensors from a checkpoint dir/file through :func:`specconv.tensors.open_store`.
 
     Args:
         path: directory or weight file.
         names: only these (must exist); None = all.
 
+    Returns:
+        name → tensor (the dtype on disk).
+
     Raises:
         InvalidInputError: no weights / unknown tensor name (names the path).
     """
-    try:
-        from ..tensors import open_store
-    except ImportError:  # pragma: no cover - project loader always present in-tree
-        open_store = None
-    if open_store is not None:
-        store = open_store(path)
-        wanted = store.names() if names is None else names
-        for n in wanted:
-            if n not in store:
-                raise InvalidInputError(f"{path}: tensor {n!r} not found", code="missing_tensor")
-        return {n: store.read_tensor(n) for n in wanted}
-    return _read_safetensors_fallback(Path(path), names)  # pragma: no cover
+    from ..tensors import open_store
+
+    store = open_store(path)
+    wanted = store.names() if names is None else names
+    for n in wanted:
+        if n not in store:
+            raise InvalidInputError(f"{path}: tensor {n!r} not found", code="missing_tensor")
+    return {n: store.read_tensor(n) for n in wanted}
 
 
-def _read_safetensors_fallback(p: Path, names: list[str] | None) -> dict[str, torch.Tensor]:  # pragma: no cover
-    from safetensors import safe_open
+def open_verifier(verifier: Verifier | str | Path | None) -> Verifier | None:
+    """The :class:`~specconv.verifier.Verifier` for a drafter (None stays None).
 
-    files: list[Path]
-    if p.is_file():
-        files = [p]
-    elif (p / "model.safetensors").is_file():
-        files = [p / "model.safetensors"]
-    elif (p / "model.safetensors.index.json").is_file():
-        wm = json.loads((p / "model.safetensors.index.json").read_text())["weight_map"]
-        files = sorted({p / f for f in wm.values()})
-    else:
-        files = sorted(p.glob("*.safetensors"))
-        if len(files) != 1:
-            raise InvalidInputError(f"{p}: expected one safetensors weight file")
-    out: dict[str, torch.Tensor] = {}
-    for f in files:
-        with safe_open(str(f), "pt") as sf:
-            for k in sf.keys():
-                if names is None or k in names:
-                    out[k] = sf.get_tensor(k)
-    if names is not None:
-        missing = sorted(set(names) - set(out))
-        if missing:
-            raise InvalidInputError(f"{p}: tensors not found: {missing}")
-    return out
+    Args:
+        verifier: a resolved ``Verifier``, or a local directory / Hub id for
+            :func:`specconv.verifier.resolve_verifier`.
 
-
-class VerifierWeights:
-    """Lazy access to the verifier's embedding / LM head (HF checkpoint dir).
-
-    Lookup (as speculators ``utils/loading.py`` and specconv.verifier): exact
-    ``model.embed_tokens.weight`` / ``lm_head.weight``, then the shortest name ending in
-    ``embed_tokens.weight`` / ``lm_head.weight``; the LM head falls back to the embedding
-    for tied verifiers (SmolLM2 is tied).
+    Raises:
+        InvalidInputError: see :func:`specconv.verifier.resolve_verifier`.
     """
+    from ..verifier import Verifier, resolve_verifier
 
-    _EMBED = ("model.embed_tokens.weight", "embed_tokens.weight", "tok_embeddings.weight")
-    _HEAD = ("lm_head.weight", "output.weight")
+    if verifier is None or isinstance(verifier, Verifier):
+        return verifier
+    return resolve_verifier(str(verifier))
 
-    def __init__(self, verifier_dir: str | Path | None):
-        self.dir = Path(verifier_dir) if verifier_dir is not None else None
-        self._store: Any = None
-        self._names: list[str] | None = None
-        self._cache: dict[str, torch.Tensor] = {}
 
-    def _ensure(self, what: str) -> None:
-        if self.dir is None:
-            raise InvalidInputError(
-                f"the drafter needs the verifier's {what} but no verifier_dir was given",
-                code="verifier_required")
-        if self._names is None:
-            try:
-                from ..tensors import open_store
-                self._store = open_store(self.dir)
-                self._names = self._store.names()
-            except ImportError:  # pragma: no cover
-                from safetensors import safe_open
-                self._store = None
-                self._names = []
-                for f in sorted(self.dir.glob("*.safetensors")):
-                    with safe_open(str(f), "pt") as sf:
-                        self._names.extend(sf.keys())
-
-    def _find(self, candidates: tuple[str, ...]) -> str | None:
-        assert self._names is not None
-        names = set(self._names)
-        for c in candidates:
-            if c in names:
-                return c
-        for c in candidates:
-            m = [n for n in self._names if n.endswith(c)]
-            if m:
-                return min(m, key=len)
-        return None
-
-    def _read(self, name: str) -> torch.Tensor:
-        # cached: a tied verifier's embedding and LM head are one read, one tensor
-        if name not in self._cache:
-            if self._store is not None:
-                self._cache[name] = self._store.read_tensor(name)
-            else:  # pragma: no cover
-                self._cache[name] = read_tensors(self.dir, [name])[name]
-        return self._cache[name]
-
-    def config(self) -> dict:
-        """The verifier's ``config.json`` (text config unwrapped)."""
-        if self.dir is None or not (self.dir / "config.json").is_file():
-            raise InvalidInputError("verifier config.json is needed but missing",
-                                    code="verifier_required")
-        cfg = json.loads((self.dir / "config.json").read_text())
-        for key in ("text_config", "llm_config", "language_config"):
-            sub = cfg.get(key)
-            if isinstance(sub, dict) and "hidden_size" in sub:
-                return sub
-        return cfg
-
-    def embedding(self) -> torch.Tensor:
-        """``[Vt, H]`` verifier input embedding."""
-        self._ensure("embedding")
-        name = self._find(self._EMBED)
-        if name is None:
-            raise InvalidInputError(f"{self.dir}: no embed_tokens.weight in the verifier",
-                                    code="missing_tensor")
-        return self._read(name)
-
-    def lm_head(self) -> torch.Tensor:
-        """``[Vt, H]`` verifier LM head (the embedding when tied)."""
-        self._ensure("LM head")
-        name = self._find(self._HEAD)
-        if name is None:
-            return self.embedding()
-        return self._read(name)
+def _need_verifier(verifier: Verifier | None, what: str) -> Verifier:
+    if verifier is None:
+        raise InvalidInputError(f"the drafter needs the verifier's {what} but no verifier was given",
+                                code="verifier_required")
+    return verifier
 
 
 def check_dtype(dtype: torch.dtype) -> None:
@@ -307,24 +218,26 @@ def check_dtype(dtype: torch.dtype) -> None:
         raise UsageError(f"dtype {dtype} is not supported (float32, bfloat16, float16)")
 
 
-def aux_ids_from_config(cfg: Mapping, key: str, verifier: VerifierWeights | None,
-                        source: str) -> list[int]:
-    """Aux hidden-state layer ids (speculators/vLLM capture convention, §2.2).
+def aux_ids_from_config(cfg: SpeculatorsDraftConfig, verifier: Verifier | None, source: str) -> list[int]:
+    """Aux hidden-state layer ids (speculators / vLLM capture convention: 0 = embeddings).
 
-    ``eagle_aux_hidden_state_layer_ids: null`` (P-EAGLE) resolves to
-    ``[2, n//2, n-3]`` from the verifier's ``num_hidden_layers`` as speculators does.
+    ``eagle_aux_hidden_state_layer_ids: null`` (P-EAGLE) resolves to ``[2, n//2, n-3]``
+    from the verifier's ``num_hidden_layers``, as speculators'
+    ``src/speculators/models/eagle3/core.py`` does.
+
+    Raises:
+        InvalidInputError: ids absent (and not derivable), empty or negative.
     """
-    ids = cfg.get(key)
+    key = "eagle_aux_hidden_state_layer_ids" if cfg.algorithm == "peagle" else "aux_hidden_state_layer_ids"
+    ids = cfg.aux_layer_ids
     if ids is None:
-        if key == "eagle_aux_hidden_state_layer_ids" and verifier is not None and verifier.dir:
-            n = verifier.config().get("num_hidden_layers")
-            if isinstance(n, int):
-                warnings.warn(f"{source}: {key} is null; using speculators' default "
-                              f"[2, {n // 2}, {n - 3}] from the verifier", stacklevel=3)
-                return [2, n // 2, n - 3]
+        if cfg.algorithm == "peagle" and verifier is not None:
+            n = verifier.num_hidden_layers
+            warnings.warn(f"{source}: {key} is null; using speculators' default "
+                          f"[2, {n // 2}, {n - 3}] from the verifier", stacklevel=3)
+            return [2, n // 2, n - 3]
         raise InvalidInputError(f"{source}: {key!r} is required", code="config_key")
-    if (not isinstance(ids, list) or not ids
-            or not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in ids)):
+    if not ids or any(i < 0 for i in ids):
         raise InvalidInputError(f"{source}: {key!r} must be a non-empty list of ints >= 0, "
                                 f"got {ids!r}", code="config_key")
     return list(ids)
@@ -343,14 +256,14 @@ class Drafter(nn.Module):
         mask_token_id, sample_from_anchor (P-EAGLE: False), vocab_size (``Vt``),
         draft_vocab_size (``Vd``), hidden_size (``H``), aux_hidden_size (``Ht``:
         ``target_hidden_size`` or ``H``; ``aux_hidden`` is ``[1, T, A*Ht]``), config
-        (the raw config dict).
+        (the typed :class:`~specconv.format.SpeculatorsDraftConfig`).
     """
 
     algorithm: str = ""
 
-    def __init__(self, config: Mapping, source: str):
+    def __init__(self, config: SpeculatorsDraftConfig, source: str):
         super().__init__()
-        self.config = dict(config)
+        self.config = config
         self.source = source
         self.block_size = 0
         self.num_draft_tokens = 0
@@ -439,10 +352,12 @@ class Drafter(nn.Module):
                              confidence=out.confidence)
 
 
-def build_lm_head(w: WeightTaker, verifier: VerifierWeights, *, vocab_size: int,
+def build_lm_head(w: WeightTaker, verifier: Verifier | None, *, vocab_size: int,
                   draft_vocab_size: int, hidden: int, algorithm: str) -> Linear:
     """``lm_head.weight [Vd, H]`` from the drafter dir, else (full vocab only) the
-    verifier's head (tied → embedding). Pruned drafts must ship it (§6)."""
+    verifier's head (tied → embedding). Pruned drafts must ship it (speculators
+    ``src/speculators/model.py::load_verifier_weights`` would slice the verifier's head by
+    ``t2d``; vLLM reads the drafter's own)."""
     if w.has("lm_head.weight"):
         return Linear(w.take("lm_head.weight", (draft_vocab_size, hidden)))
     if draft_vocab_size != vocab_size:
@@ -450,7 +365,7 @@ def build_lm_head(w: WeightTaker, verifier: VerifierWeights, *, vocab_size: int,
             f"{w.source}: lm_head.weight is required for a pruned draft vocabulary "
             f"({algorithm}, draft_vocab_size {draft_vocab_size} < vocab_size {vocab_size})",
             code="missing_tensor")
-    head = verifier.lm_head()
+    head = _need_verifier(verifier, "LM head").lm_head()
     if tuple(head.shape) != (vocab_size, hidden):
         raise InvalidInputError(
             f"verifier LM head has shape {tuple(head.shape)}, expected ({vocab_size}, {hidden})",
@@ -458,12 +373,12 @@ def build_lm_head(w: WeightTaker, verifier: VerifierWeights, *, vocab_size: int,
     return Linear(head)
 
 
-def build_embedding(w: WeightTaker, verifier: VerifierWeights, *, vocab_size: int,
+def build_embedding(w: WeightTaker, verifier: Verifier | None, *, vocab_size: int,
                     hidden: int) -> torch.Tensor:
     """``embed_tokens.weight [Vt, H]`` from the drafter dir, else the verifier's."""
     if w.has("embed_tokens.weight"):
         return w.take("embed_tokens.weight", (vocab_size, hidden))
-    emb = verifier.embedding()
+    emb = _need_verifier(verifier, "embedding").embedding()
     if tuple(emb.shape) != (vocab_size, hidden):
         raise InvalidInputError(
             f"verifier embedding has shape {tuple(emb.shape)}, expected ({vocab_size}, {hidden})",
@@ -512,27 +427,25 @@ def refuse_unused(w: WeightTaker) -> None:
         f"{', '.join(left[:8])}{' ...' if len(left) > 8 else ''}")
 
 
-def speculative_tokens(cfg: Mapping) -> int | None:
-    try:
-        v = cfg["speculators_config"]["proposal_methods"][0]["speculative_tokens"]
-    except (KeyError, IndexError, TypeError):
-        return None
-    return v if isinstance(v, int) and not isinstance(v, bool) else None
+def speculative_tokens(cfg: SpeculatorsDraftConfig) -> int:
+    """``proposal_methods[0].speculative_tokens`` as the typed config reads it."""
+    return cfg.speculative_tokens
 
 
-def target_hidden(cfg: Mapping, hidden: int, source: str) -> int:
+def target_hidden(cfg: SpeculatorsDraftConfig, hidden: int, source: str) -> int:
     """``target_hidden_size`` (verifier width of each aux chunk), default ``H``."""
-    v = cfg.get("target_hidden_size")
+    v = cfg.target_hidden_size
     if v is None:
         return hidden
-    if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
+    if v <= 0:
         raise InvalidInputError(f"{source}: target_hidden_size must be a positive integer or "
                                 f"null, got {v!r}", code="config_key")
     return v
 
 
-def require_int(cfg: Mapping, key: str, source: str, *, minimum: int = 0) -> int:
-    v = cfg.get(key)
+def require_int(cfg: SpeculatorsDraftConfig, key: str, source: str, *, minimum: int = 0) -> int:
+    """An integer key of the typed config (its parser decides defaults); None or too small raises."""
+    v = getattr(cfg, key, None)
     if not isinstance(v, int) or isinstance(v, bool) or v < minimum:
         raise InvalidInputError(f"{source}: {key!r} must be an integer >= {minimum}, got {v!r}",
                                 code="config_key")

@@ -1,7 +1,8 @@
 """Reference DFlash drafter (``speculators_model_type: "dflash"``).
 
-One drafting step, speculators_format.md §4.3 (speculators 0.9.0
-``models/dflash/{core,attention,model_definitions}.py``; z-lab ``dflash/model.py``):
+One drafting step (speculators 0.9.0 ``src/speculators/models/dflash/{core,attention,
+model_definitions}.py``; z-lab ``dflash/model.py``; vLLM
+``vllm/model_executor/models/qwen3_dflash.py``):
 
 1. context features ``c_i = hidden_norm(fc(g_i))`` for the ``T`` accepted positions
    (RoPE positions ``0..T-1``), shared by every layer;
@@ -21,15 +22,18 @@ No KV cache: the context is recomputed on every call.
 from __future__ import annotations
 
 import warnings
-from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
 import torch
 
 from ..errors import InvalidInputError
-from .base import (BlockOutput, Drafter, VerifierWeights, aux_ids_from_config, build_embedding,
-                   build_lm_head, build_vocab, require_int, speculative_tokens,
-                   target_hidden)
+from .base import (BlockOutput, Drafter, aux_ids_from_config, build_embedding, build_lm_head, build_vocab,
+                   require_int, speculative_tokens, target_hidden)
 from .layers import DecoderLayer, LayerSpec, layer_spec_of, Linear, RMSNorm, Rotary, WeightTaker, attend
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ..format import DFlashConfig
+    from ..verifier import Verifier
 
 __all__ = ["DFlashDrafter"]
 
@@ -39,10 +43,12 @@ class DFlashDrafter(Drafter):
 
     algorithm = "dflash"
 
-    def __init__(self, config: Mapping, w: WeightTaker, verifier: VerifierWeights, source: str):
+    def __init__(self, config: DFlashConfig, w: WeightTaker, verifier: Verifier | None, source: str):
+        from ..format import expected_speculative_tokens
+
         super().__init__(config, source)
         spec = layer_spec_of(config, source)
-        tl = config["transformer_layer_config"]
+        tl = config.transformer_layer_config
         self.spec = spec
         H = spec.hidden_size
         self.hidden_size = H
@@ -53,18 +59,17 @@ class DFlashDrafter(Drafter):
         if self.mask_token_id >= self.vocab_size:
             raise InvalidInputError(f"{source}: mask_token_id {self.mask_token_id} >= vocab_size "
                                     f"{self.vocab_size}", code="config_key")
-        self.sample_from_anchor = bool(config.get("sample_from_anchor", self._default_sfa()))
-        self.sliding_window_non_causal = bool(config.get("sliding_window_non_causal", False))
-        self.aux_layer_ids = aux_ids_from_config(config, "aux_hidden_state_layer_ids", verifier,
-                                                 source)
+        self.sample_from_anchor = bool(config.sample_from_anchor)  # class default: DFlash False, DSpark True
+        self.sliding_window_non_causal = bool(config.sliding_window_non_causal)
+        self.aux_layer_ids = aux_ids_from_config(config, verifier, source)
         if self.block_size < 2 and not self.sample_from_anchor:
             raise InvalidInputError(f"{source}: block_size must be >= 2 when sample_from_anchor "
                                     "is false", code="config_key")
-        self.num_draft_tokens = self.block_size if self.sample_from_anchor else self.block_size - 1
+        self.num_draft_tokens = int(expected_speculative_tokens(config))  # B or B-1 by sample_from_anchor
         st = speculative_tokens(config)
         if st is not None and st != self.num_draft_tokens:
             warnings.warn(f"{source}: speculative_tokens {st} != {self.num_draft_tokens} implied "
-                          "by block_size/sample_from_anchor (speculators_format.md §8.4 item 7)",
+                          "by block_size/sample_from_anchor (specconv.format.expected_speculative_tokens)",
                           stacklevel=2)
         A = len(self.aux_layer_ids)
         Ht = self.aux_hidden_size = target_hidden(config, H, source)
@@ -84,12 +89,9 @@ class DFlashDrafter(Drafter):
                                  draft_vocab_size=self.draft_vocab_size)
         self.rotary = Rotary(tl, spec.head_dim, source=f"{source}: transformer_layer_config")
 
-    def _default_sfa(self) -> bool:
-        return False  # DFlash default (speculators DFlashSpeculatorConfig)
-
     # -- masks ------------------------------------------------------------------------
     def layer_mask(self, layer: int, ctx_len: int, device: torch.device) -> torch.Tensor:
-        """Bool ``[B, T+B]`` visibility for block queries of layer ``layer`` (§4.3)."""
+        """Bool ``[B, T+B]`` visibility for block queries of layer ``layer`` (step 3 above)."""
         B = self.block_size
         if not self.spec.is_swa(layer):
             return torch.ones(B, ctx_len + B, dtype=torch.bool, device=device)

@@ -1,7 +1,8 @@
 """Reference DSpark drafter (``speculators_model_type: "dspark"``).
 
-speculators_format.md §5.3 (speculators 0.9.0 ``models/dspark/{core,model_definitions}.py``):
-the DFlash backbone (§4.3) gives ``out_k = norm(h)`` and base logits ``z_k`` for the ``B``
+Speculators 0.9.0 ``src/speculators/models/dspark/{core,model_definitions}.py`` (vLLM
+``vllm/model_executor/models/qwen3_dspark.py``): the DFlash backbone
+(:mod:`specconv.drafters.dflash`) gives ``out_k = norm(h)`` and base logits ``z_k`` for the ``B``
 slots; then a **sequential** stage over the ``N`` draft slots ``s`` (slot ``k = s`` when
 ``sample_from_anchor``, else ``k = s + 1``; ``N = B`` or ``B - 1``):
 
@@ -22,14 +23,18 @@ slots; then a **sequential** stage over the ``N`` draft slots ``s`` (slot ``k = 
 from __future__ import annotations
 
 import warnings
-from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
 import torch
 
 from ..errors import InvalidInputError, UnsupportedFormatError
-from .base import BlockOutput, VerifierWeights
+from .base import BlockOutput
 from .dflash import DFlashDrafter
 from .layers import Linear, WeightTaker, sample_rows
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ..format import DSparkConfig
+    from ..verifier import Verifier
 
 __all__ = ["DSparkDrafter"]
 
@@ -39,15 +44,15 @@ class DSparkDrafter(DFlashDrafter):
 
     algorithm = "dspark"
 
-    def __init__(self, config: Mapping, w: WeightTaker, verifier: VerifierWeights, source: str):
+    def __init__(self, config: DSparkConfig, w: WeightTaker, verifier: Verifier | None, source: str):
         super().__init__(config, w, verifier, source)
         H, Vt, Vd = self.hidden_size, self.vocab_size, self.draft_vocab_size
-        rank = config.get("markov_rank", 256)
-        if not isinstance(rank, int) or isinstance(rank, bool) or rank < 0:
+        rank = config.markov_rank
+        if rank < 0:
             raise InvalidInputError(f"{source}: markov_rank must be an integer >= 0, got {rank!r}",
                                     code="config_key")
         self.markov_rank = rank
-        self.markov_head_type = str(config.get("markov_head_type", "vanilla"))
+        self.markov_head_type = str(config.markov_head_type)
         if self.markov_head_type == "rnn":
             raise UnsupportedFormatError(
                 f"{source}: markov_head_type 'rnn' is not supported (training-only recurrent "
@@ -65,8 +70,8 @@ class DSparkDrafter(DFlashDrafter):
             if self.markov_head_type == "gated":
                 self.gate_proj = Linear(w.take("markov_head.gate_proj.weight", (rank, H + rank)),
                                         w.take("markov_head.gate_proj.bias", (rank,)))
-        enabled = bool(config.get("enable_confidence_head", True))
-        self.confidence_with_markov = bool(config.get("confidence_head_with_markov", True))
+        enabled = bool(config.enable_confidence_head)
+        self.confidence_with_markov = bool(config.confidence_head_with_markov)
         self.confidence_proj: Linear | None = None
         if enabled:
             if self.confidence_with_markov and rank == 0:
@@ -85,14 +90,27 @@ class DSparkDrafter(DFlashDrafter):
             w.ignore("confidence_head.proj.weight")
             w.ignore("confidence_head.proj.bias")
 
-    def _default_sfa(self) -> bool:
-        return True  # DSpark default (speculators DSparkSpeculatorConfig)
-
     def _markov_bias(self, out_k: torch.Tensor, e: torch.Tensor) -> torch.Tensor:
         assert self.markov_w2 is not None
         if self.gate_proj is not None:
             e = torch.sigmoid(self.gate_proj(torch.cat([out_k, e], dim=-1))) * e
         return self.markov_w2(e)
+
+    def _slot_step(self, out_k: torch.Tensor, row: torch.Tensor, prev: torch.Tensor, temperature: float,
+                   generator: torch.Generator | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """One sequential slot: Markov-biased logits ``[Vd]``, the pick, the confidence logit (fp32) or None."""
+        e = None
+        if self.markov_w1 is not None:
+            e = self.markov_w1[prev]
+            row = row + self._markov_bias(out_k, e)
+        y = sample_rows(row[None], temperature, generator)[0]
+        conf = None
+        if self.confidence_proj is not None:
+            feat = torch.cat([out_k, e], dim=-1) if self.confidence_with_markov else out_k
+            w_ = self.confidence_proj.weight.to(torch.float32)
+            b_ = self.confidence_proj.bias.to(torch.float32)
+            conf = (feat.to(torch.float32) @ w_[0]) + b_[0]
+        return row, y, conf
 
     @torch.no_grad()
     def forward_block(self, context_tokens: torch.Tensor, aux_hidden: torch.Tensor, *,
@@ -123,23 +141,13 @@ class DSparkDrafter(DFlashDrafter):
         rows, picks, conf_logits = [], [], []
         prev = anchor
         for s in range(N):
-            k = int(slots[s])
-            out_k = hidden[k]
             if prev_tokens is not None:
                 prev = prev_tokens[s]
-            row = logits[k]
-            e = None
-            if self.markov_w1 is not None:
-                e = self.markov_w1[prev]
-                row = row + self._markov_bias(out_k, e)
-            y = sample_rows(row[None], temperature, generator)[0]
-            if self.confidence_proj is not None:
-                feat = torch.cat([out_k, e], dim=-1) if self.confidence_with_markov else out_k
-                w_ = self.confidence_proj.weight.to(torch.float32)
-                b_ = self.confidence_proj.bias.to(torch.float32)
-                conf_logits.append((feat.to(torch.float32) @ w_[0]) + b_[0])
+            row, y, conf = self._slot_step(hidden[int(slots[s])], logits[int(slots[s])], prev, temperature, generator)
             rows.append(row)
             picks.append(y)
+            if conf is not None:
+                conf_logits.append(conf)
             prev = self.vocab.to_target_ids(y)
         draft_logits = torch.stack(rows)
         draft_ids = torch.stack(picks)

@@ -20,12 +20,16 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from ..errors import InvalidInputError, UnsupportedFormatError
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ..format import SpeculatorsDraftConfig
 
 __all__ = [
     "RMSNorm",
@@ -164,12 +168,14 @@ class Rotary(nn.Module):
             params.update(rs)
         if isinstance(rp, Mapping):
             params.update(rp)
-        theta = params.get("rope_theta", cfg.get("rope_theta"))
+        from ..format import rope_theta_of as _rope_theta_of  # the one rope-θ reader
+
+        theta = _rope_theta_of({"rope_parameters": params, "rope_theta": cfg.get("rope_theta")})
         if theta is None:
             raise InvalidInputError(
                 f"{source}: no rope_theta (looked in rope_parameters.rope_theta and rope_theta)",
                 code="rope_theta",
-                hint="write rope_theta explicitly (speculators_format.md §2.1)",
+                hint="write rope_theta explicitly: vLLM's DFlash layer and transformers default it differently",
             )
         rope_type = params.get("rope_type", params.get("type", "default")) or "default"
         prf = params.get("partial_rotary_factor", cfg.get("partial_rotary_factor", 1.0))
@@ -179,34 +185,12 @@ class Rotary(nn.Module):
             )
         self.theta = float(theta)
         self.rope_type = str(rope_type)
-        dim = head_dim
         inv_freq = 1.0 / (
-            self.theta ** (torch.arange(0, dim, 2, dtype=torch.int64).to(torch.float32) / dim)
+            self.theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).to(torch.float32) / head_dim)
         )
-        scaling = 1.0
-        if self.rope_type == "default":
-            pass
-        elif self.rope_type == "linear":
-            inv_freq = inv_freq / float(params["factor"])
-        elif self.rope_type == "llama3":
-            factor = float(params["factor"])
-            lo = float(params["low_freq_factor"])
-            hi = float(params["high_freq_factor"])
-            old = float(params["original_max_position_embeddings"])
-            lo_wl, hi_wl = old / lo, old / hi
-            wavelen = 2 * math.pi / inv_freq
-            inv_l = torch.where(wavelen > lo_wl, inv_freq / factor, inv_freq)
-            smooth = (old / wavelen - lo) / (hi - lo)
-            smoothed = (1 - smooth) * inv_l / factor + smooth * inv_l
-            medium = ~(wavelen < hi_wl) * ~(wavelen > lo_wl)
-            inv_freq = torch.where(medium, smoothed, inv_l)
-        else:
-            raise UnsupportedFormatError(
-                f"{source}: rope_type {self.rope_type!r} is not supported by the reference "
-                "drafters (default, linear, llama3)"
-            )
-        self.register_buffer("inv_freq", inv_freq, persistent=False)
-        self.attention_scaling = scaling
+        self.register_buffer("inv_freq", _scaled_inv_freq(inv_freq, self.rope_type, params, source),
+                             persistent=False)
+        self.attention_scaling = 1.0
 
     def forward(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """``positions``: LongTensor ``[S]`` → ``(cos, sin)`` each ``[S, head_dim]`` in ``dtype``."""
@@ -215,6 +199,34 @@ class Rotary(nn.Module):
         cos = emb.cos() * self.attention_scaling
         sin = emb.sin() * self.attention_scaling
         return cos.to(dtype), sin.to(dtype)
+
+
+def _scaled_inv_freq(inv_freq: torch.Tensor, rope_type: str, params: Mapping, source: str) -> torch.Tensor:
+    """Apply a rope type's frequency scaling (transformers ``modeling_rope_utils``).
+
+    Raises:
+        UnsupportedFormatError: a rope type other than ``default`` / ``linear`` / ``llama3``.
+    """
+    if rope_type == "default":
+        return inv_freq
+    if rope_type == "linear":
+        return inv_freq / float(params["factor"])
+    if rope_type == "llama3":
+        factor = float(params["factor"])
+        lo = float(params["low_freq_factor"])
+        hi = float(params["high_freq_factor"])
+        old = float(params["original_max_position_embeddings"])
+        lo_wl, hi_wl = old / lo, old / hi
+        wavelen = 2 * math.pi / inv_freq
+        inv_l = torch.where(wavelen > lo_wl, inv_freq / factor, inv_freq)
+        smooth = (old / wavelen - lo) / (hi - lo)
+        smoothed = (1 - smooth) * inv_l / factor + smooth * inv_l
+        medium = ~(wavelen < hi_wl) * ~(wavelen > lo_wl)
+        return torch.where(medium, smoothed, inv_l)
+    raise UnsupportedFormatError(
+        f"{source}: rope_type {rope_type!r} is not supported by the reference "
+        "drafters (default, linear, llama3)"
+    )
 
 
 def attend(
@@ -242,16 +254,14 @@ def attend(
     return out.transpose(0, 1).reshape(out.shape[1], -1)
 
 
-def layer_spec_of(config: Mapping, source: str) -> "LayerSpec":
-    """The :class:`LayerSpec` of a Speculators config's ``transformer_layer_config``.
+def layer_spec_of(config: "SpeculatorsDraftConfig", source: str) -> "LayerSpec":
+    """The :class:`LayerSpec` of a typed Speculators config's ``transformer_layer_config``.
 
     Raises:
-        InvalidInputError: the key is missing or not an object.
+        InvalidInputError: a shape key is missing or not a positive integer.
+        UnsupportedFormatError: an activation or attention variant the drafters lack.
     """
-    tl = config.get("transformer_layer_config")
-    if not isinstance(tl, Mapping):
-        raise InvalidInputError(f"{source}: 'transformer_layer_config' is required", code="config_key")
-    return LayerSpec(tl, source=f"{source}: transformer_layer_config")
+    return LayerSpec(config.transformer_layer_config, source=f"{source}: transformer_layer_config")
 
 
 class LayerSpec:

@@ -1,22 +1,27 @@
 """``load_drafter``: build a reference drafter from a Speculators-format directory.
 
 Reads ``config.json`` through the typed config (:func:`specconv.format.load_config`, the
-only parser of a Speculators ``config.json``) and the drafter's safetensors through
-:func:`specconv.tensors.open_store`; takes ``embed_tokens`` / ``lm_head`` from the
-verifier directory where the format lets the drafter omit them (DFlash/DSpark full
-vocabulary; the LM head falls back to the verifier's tied embedding; see
-``docs/formats.md``).
+only parser of a Speculators ``config.json``), hands that typed config to the drafter, and
+reads the drafter's safetensors through :func:`specconv.tensors.open_store`; takes
+``embed_tokens`` / ``lm_head`` from the :class:`specconv.verifier.Verifier` where the format
+lets the drafter omit them (DFlash/DSpark full vocabulary; the LM head falls back to the
+verifier's tied embedding, as speculators ``src/speculators/model.py::load_verifier_weights``
+does).
 """
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
-from ..format import SpeculatorsDraftConfig, config_to_dict, load_config
-from .base import Drafter, VerifierWeights, check_dtype, read_tensors, refuse_unused
+from ..format import SpeculatorsDraftConfig, load_config
+from .base import Drafter, check_dtype, open_verifier, read_tensors, refuse_unused
 from .layers import WeightTaker
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ..verifier import Verifier
 
 __all__ = ["load_drafter", "read_drafter_config"]
 
@@ -39,7 +44,7 @@ def read_drafter_config(speculators_dir: str | Path) -> SpeculatorsDraftConfig:
     return load_config(Path(speculators_dir) / "config.json")
 
 
-def load_drafter(speculators_dir: str | Path, verifier_dir: str | Path | None = None, *,
+def load_drafter(speculators_dir: str | Path, verifier_dir: Verifier | str | Path | None = None, *,
                  dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu"
                  ) -> Drafter:
     """Load a Speculators-format drafter as a reference PyTorch module.
@@ -47,7 +52,8 @@ def load_drafter(speculators_dir: str | Path, verifier_dir: str | Path | None = 
     Args:
         speculators_dir: directory with ``config.json`` + ``model.safetensors`` (or an
             index + shards).
-        verifier_dir: the verifier's local HF directory; needed when the drafter omits
+        verifier_dir: the :class:`~specconv.verifier.Verifier`, or its local directory / Hub
+            id (resolved with :func:`specconv.verifier.resolve_verifier`); needed when the drafter omits
             ``embed_tokens`` / ``lm_head`` (DFlash/DSpark full vocab) or when P-EAGLE's
             ``eagle_aux_hidden_state_layer_ids`` is null.
         dtype: ``torch.float32`` | ``torch.bfloat16`` | ``torch.float16``; every float
@@ -67,10 +73,9 @@ def load_drafter(speculators_dir: str | Path, verifier_dir: str | Path | None = 
     """
     check_dtype(dtype)
     d = Path(speculators_dir)
-    typed = read_drafter_config(d)
-    cfg = config_to_dict(typed)  # every key as the typed config reads it (defaults, legacy rule)
+    typed = read_drafter_config(d)  # every key as the typed config reads it (defaults, legacy rule)
     w = WeightTaker(read_tensors(d), source=str(d))
-    verifier = VerifierWeights(verifier_dir)
+    verifier = open_verifier(verifier_dir)
     algo = typed.speculators_model_type
     if algo == "peagle":
         from .peagle import PEagleDrafter as cls
@@ -78,7 +83,7 @@ def load_drafter(speculators_dir: str | Path, verifier_dir: str | Path | None = 
         from .dflash import DFlashDrafter as cls
     else:
         from .dspark import DSparkDrafter as cls
-    model = cls(cfg, w, verifier, str(d))
+    model = cls(typed, w, verifier, str(d))
     refuse_unused(w)
     model = model.to(device=device)
     for p in model.parameters():

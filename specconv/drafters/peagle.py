@@ -1,8 +1,8 @@
 """Reference P-EAGLE drafter (``speculators_model_type: "peagle"``).
 
-One drafting step, speculators_format.md §3.3 (speculators 0.9.0
-``models/peagle/core.py`` + ``models/eagle3/{core,model_definitions}.py``; vLLM eagle3
-with ``parallel_drafting``). All ``K`` drafts come from one pass over:
+One drafting step (speculators 0.9.0 ``src/speculators/models/peagle/core.py`` +
+``src/speculators/models/eagle3/{core,model_definitions}.py``; vLLM
+``vllm/model_executor/models/llama_eagle3.py`` with ``parallel_drafting``). All ``K`` drafts come from one pass over:
 
 * ``T`` context entries ``i = 0..T-1``: token ``t_{i+1}`` (the last one is the bonus
   token) with verifier feature ``g_i``, at RoPE position ``i``;
@@ -25,15 +25,18 @@ No KV cache: context entries are recomputed on every call.
 from __future__ import annotations
 
 import warnings
-from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
 import torch
 
 from ..errors import InvalidInputError, UnsupportedFormatError, UsageError
-from .base import (BlockOutput, Drafter, VerifierWeights, aux_ids_from_config, build_embedding,
-                   build_lm_head, build_vocab, require_int, speculative_tokens,
-                   target_hidden)
+from .base import (BlockOutput, Drafter, aux_ids_from_config, build_embedding, build_lm_head, build_vocab,
+                   require_int, speculative_tokens, target_hidden)
 from .layers import DecoderLayer, LayerSpec, layer_spec_of, Linear, RMSNorm, Rotary, WeightTaker, attend
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ..format import PEagleConfig
+    from ..verifier import Verifier
 
 __all__ = ["PEagleDrafter"]
 
@@ -43,40 +46,17 @@ class PEagleDrafter(Drafter):
 
     algorithm = "peagle"
 
-    def __init__(self, config: Mapping, w: WeightTaker, verifier: VerifierWeights, source: str):
+    def __init__(self, config: PEagleConfig, w: WeightTaker, verifier: Verifier | None, source: str):
         super().__init__(config, source)
         spec = layer_spec_of(config, source)
-        tl = config["transformer_layer_config"]
         if spec.model_type not in ("llama", "qwen3"):
             raise UnsupportedFormatError(
                 f"{source}: P-EAGLE transformer_layer_config.model_type must be 'llama' or "
                 f"'qwen3' (speculators and vLLM know only these), got {spec.model_type!r}")
         self.spec = spec
         H = spec.hidden_size
-        self.hidden_size = H
-        self.vocab_size = spec.vocab_size
-        self.draft_vocab_size = require_int(config, "draft_vocab_size", source, minimum=1)
-        self.mask_token_id = require_int(config, "mask_token_id", source)
-        if self.mask_token_id >= self.vocab_size:
-            raise InvalidInputError(f"{source}: mask_token_id {self.mask_token_id} >= vocab_size "
-                                    f"{self.vocab_size}", code="config_key")
-        self.aux_layer_ids = aux_ids_from_config(config, "eagle_aux_hidden_state_layer_ids",
-                                                 verifier, source)
-        st = speculative_tokens(config)
-        if st is None or st < 1:
-            raise InvalidInputError(
-                f"{source}: speculators_config.proposal_methods[0].speculative_tokens is "
-                "required for P-EAGLE (number of depths K)", code="config_key")
-        self.num_draft_tokens = st
-        self.norm_before_residual = bool(config.get("norm_before_residual", False))
-        norm_before_fc = bool(config.get("norm_before_fc", False))
-        fc_norm = bool(config.get("fc_norm", False))
-        if norm_before_fc and fc_norm:
-            raise InvalidInputError(f"{source}: norm_before_fc and fc_norm are mutually exclusive",
-                                    code="config_key")
-        A = len(self.aux_layer_ids)
-        Ht = self.aux_hidden_size = target_hidden(config, H, source)
-        qk_norm = spec.model_type == "qwen3"
+        norm_before_fc, fc_norm = self._read_config(config, verifier, source)
+        A, Ht = len(self.aux_layer_ids), self.aux_hidden_size
 
         self.embed_tokens = torch.nn.Parameter(
             build_embedding(w, verifier, vocab_size=self.vocab_size, hidden=H),
@@ -84,12 +64,7 @@ class PEagleDrafter(Drafter):
         if not w.has("embed_tokens.weight"):
             warnings.warn(f"{source}: P-EAGLE without embed_tokens.weight; using the verifier's "
                           "embedding (P-EAGLE normally trains its own)", stacklevel=2)
-        self.fc = Linear(w.take("fc.weight", (H, A * Ht)))
-        self.input_norm = (RMSNorm(w.take("input_norm.weight", (A * Ht,)), spec.eps)
-                           if norm_before_fc else None)
-        self.fc_norm = (torch.nn.ModuleList(
-            [RMSNorm(w.take(f"fc_norm.{i}.weight", (Ht,)), spec.eps) for i in range(A)])
-            if fc_norm else None)
+        self._take_fc(w, norm_before_fc, fc_norm)
         if not w.has("mask_hidden"):
             raise InvalidInputError(
                 f"{source}: mask_hidden is required for P-EAGLE (speculators would "
@@ -98,7 +73,7 @@ class PEagleDrafter(Drafter):
             w.take("mask_hidden", (1, 1, A * Ht)).reshape(A * Ht), requires_grad=False)
         self.hidden_norm = RMSNorm(w.take("layers.0.hidden_norm.weight", (H,)), spec.eps)
         self.layers = torch.nn.ModuleList(
-            [DecoderLayer(w, i, spec, qk_norm=qk_norm, attn_in=2 * H if i == 0 else None)
+            [DecoderLayer(w, i, spec, qk_norm=spec.model_type == "qwen3", attn_in=2 * H if i == 0 else None)
              for i in range(spec.num_layers)])
         self.norm = RMSNorm(w.take("norm.weight", (H,)), spec.eps)
         self.lm_head = build_lm_head(w, verifier, vocab_size=self.vocab_size,
@@ -106,9 +81,42 @@ class PEagleDrafter(Drafter):
                                      algorithm=self.algorithm)
         self.vocab = build_vocab(w, vocab_size=self.vocab_size,
                                  draft_vocab_size=self.draft_vocab_size)
-        self.rotary = Rotary(tl, spec.head_dim, source=f"{source}: transformer_layer_config")
+        self.rotary = Rotary(config.transformer_layer_config, spec.head_dim,
+                             source=f"{source}: transformer_layer_config")
         self.block_size = self.num_draft_tokens
         self.sample_from_anchor = False
+
+    def _read_config(self, config: PEagleConfig, verifier: Verifier | None, source: str) -> tuple[bool, bool]:
+        """Set the scalar attributes from the typed config; return ``(norm_before_fc, fc_norm)``."""
+        self.hidden_size = self.spec.hidden_size
+        self.vocab_size = self.spec.vocab_size
+        self.draft_vocab_size = require_int(config, "draft_vocab_size", source, minimum=1)
+        self.mask_token_id = require_int(config, "mask_token_id", source)
+        if self.mask_token_id >= self.vocab_size:
+            raise InvalidInputError(f"{source}: mask_token_id {self.mask_token_id} >= vocab_size "
+                                    f"{self.vocab_size}", code="config_key")
+        self.aux_layer_ids = aux_ids_from_config(config, verifier, source)
+        st = speculative_tokens(config)
+        if st < 1:
+            raise InvalidInputError(
+                f"{source}: speculators_config.proposal_methods[0].speculative_tokens must be >= 1 "
+                f"for P-EAGLE (number of depths K), got {st}", code="config_key")
+        self.num_draft_tokens = st
+        self.norm_before_residual = bool(config.norm_before_residual)
+        norm_before_fc, fc_norm = bool(config.norm_before_fc), bool(config.fc_norm)
+        if norm_before_fc and fc_norm:
+            raise InvalidInputError(f"{source}: norm_before_fc and fc_norm are mutually exclusive",
+                                    code="config_key")
+        self.aux_hidden_size = target_hidden(config, self.hidden_size, source)
+        return norm_before_fc, fc_norm
+
+    def _take_fc(self, w: WeightTaker, norm_before_fc: bool, fc_norm: bool) -> None:
+        """``fc`` and its optional input norm (whole width) or per-chunk ``fc_norm``."""
+        H, A, Ht, eps = self.hidden_size, len(self.aux_layer_ids), self.aux_hidden_size, self.spec.eps
+        self.fc = Linear(w.take("fc.weight", (H, A * Ht)))
+        self.input_norm = RMSNorm(w.take("input_norm.weight", (A * Ht,)), eps) if norm_before_fc else None
+        self.fc_norm = (torch.nn.ModuleList([RMSNorm(w.take(f"fc_norm.{i}.weight", (Ht,)), eps) for i in range(A)])
+                        if fc_norm else None)
 
     # -- pieces -------------------------------------------------------------------------
     def prep_fc(self, x: torch.Tensor) -> torch.Tensor:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -186,21 +185,7 @@ class VerifierFacts:
         return out
 
 
-def is_hub_repo_id(name: str | None) -> bool:
-    """Whether ``name`` looks like a Hub repo id (``name`` or ``namespace/name``).
-
-    Mirrors ``huggingface_hub.utils.validate_repo_id`` (huggingface_hub
-    ``src/huggingface_hub/utils/_validators.py``: 1–96 chars of ``[A-Za-z0-9-_.]``, at
-    most one ``/``, no ``--``/``..``, no leading/trailing ``-``/``.``, not ending in
-    ``.git``) without importing it, and additionally rejects anything that exists as a
-    local path (vLLM 0.33 does the same). Moves to :mod:`specconv.hub`.
-    """
-    if not name or len(name) > 96 or name.count("/") > 1:
-        return False
-    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.\-]*(/[A-Za-z0-9][A-Za-z0-9_.\-]*)?", name):
-        return False
-    if "--" in name or ".." in name or name.endswith(".git"):
-        return False
-    if any(part.endswith(("-", ".")) for part in name.split("/")):
-        return False
-    return not os.path.exists(name)
+# The one Hub-repo-id predicate lives in the Hub module (a bare ``name`` or
+# ``namespace/name``, never an existing local path); re-exported under its historical name.
+# specconv.hub imports nothing beyond the standard library and specconv.errors at import time.
+from ..hub import is_hub_id as is_hub_repo_id  # noqa: E402

@@ -1,0 +1,454 @@
+"""The one module that talks to the Hugging Face Hub.
+
+Every ``huggingface_hub`` call of specconv lives here (a test scans ``specconv/`` and
+``converters/`` for any other import of it). It provides:
+
+* :func:`api` — the one ``HfApi(endpoint, token)`` factory. The endpoint is ``--endpoint``
+  when given, else ``HF_ENDPOINT`` read **at call time** (``huggingface_hub.constants``
+  reads it once, at import), else the library default; the token is the explicit one, else
+  ``HF_TOKEN`` at call time, else whatever ``hf auth login`` stored. The token is never
+  logged or put into an error message.
+* :func:`download_file` / :func:`download_snapshot` — cache-aware downloads (the Hub cache
+  and ``HF_HUB_OFFLINE`` are respected, as huggingface_hub ``file_download.py`` /
+  ``_snapshot_download.py`` implement them).
+* :func:`header_snapshot` — a repo's small files plus its safetensors *headers* (HTTP range
+  reads, huggingface_hub ``HfApi.parse_safetensors_file_metadata``), for ``inspect`` without
+  downloading tensor data; :func:`bytes_downloaded` counts every byte the client received
+  (a response event hook on huggingface_hub's shared ``httpx2`` client).
+* :func:`is_hub_id` — the one Hub-repo-id predicate.
+* :data:`HUB_ERROR_RULES` / :func:`hub_error` — the one ordered table mapping
+  huggingface_hub exceptions to specconv errors (exit codes) with hints, modelled on the
+  ``hf`` CLI's ``CLI_ERROR_MAPPINGS`` (huggingface_hub ``src/huggingface_hub/cli/_errors.py``):
+  subclasses before their bases, first match wins.
+
+Importing this module does not import huggingface_hub (``specconv --help`` stays fast);
+each function imports it when called.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import json
+import os
+import re
+import shutil
+import struct
+import tempfile
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from .errors import HubAuthError, InvalidInputError, RemoteNotFoundError, SpecconvError, TransientRemoteError
+
+if TYPE_CHECKING:  # pragma: no cover
+    from huggingface_hub import HfApi
+
+__all__ = ["HEADERS_ONLY_MARKER", "HUB_ERROR_RULES", "HubErrorRule", "api", "bytes_downloaded", "cache_dir",
+           "download_file", "download_snapshot", "endpoint", "header_snapshot", "hub_error", "is_hub_id",
+           "is_missing_entry", "is_offline", "safetensors_header", "token"]
+
+_REPO_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.\-]*(/[A-Za-z0-9][A-Za-z0-9_.\-]*)?")
+
+
+# ------------------------------------------------------------------------ identity
+def is_hub_id(name: str | None) -> bool:
+    """Whether ``name`` is a Hub repo id (``namespace/name`` or a bare ``name``) and no local path.
+
+    Decision: a bare ``name`` (``gpt2``) counts, because the Hub, huggingface_hub's
+    ``validate_repo_id`` (``src/huggingface_hub/utils/_validators.py``) and vLLM all accept
+    one; a string that exists as a local path never counts (vLLM 0.33 decides local vs
+    remote the same way). The character rules mirror ``validate_repo_id`` (1–96 chars of
+    ``[A-Za-z0-9-_.]``, at most one ``/``, no ``--`` or ``..``, no part ending in ``-`` or
+    ``.``, not ending in ``.git``) without importing huggingface_hub;
+    ``tests/test_hub_module.py`` cross-checks the two.
+
+    Args:
+        name: a ``SRC`` / ``--verifier`` value or a recorded ``name_or_path``.
+
+    Returns:
+        True for a syntactically valid repo id that is not an existing path.
+    """
+    if not name or len(name) > 96 or name.count("/") > 1 or not _REPO_ID_RE.fullmatch(name):
+        return False
+    if "--" in name or ".." in name or name.endswith(".git"):
+        return False
+    if any(part.endswith(("-", ".")) for part in name.split("/")):
+        return False
+    return not os.path.exists(name)
+
+
+# ----------------------------------------------------------------------- settings
+def endpoint(explicit: str | None = None) -> str | None:
+    """The Hub endpoint: ``explicit`` (``--endpoint``), else ``HF_ENDPOINT`` now, else None.
+
+    None lets huggingface_hub use its default (``https://huggingface.co``).
+    """
+    value = explicit or os.environ.get("HF_ENDPOINT") or None
+    return value.rstrip("/") if value else None
+
+
+def token(explicit: str | None = None) -> str | None:
+    """The Hub token: ``explicit``, else ``HF_TOKEN`` now, else None (huggingface_hub's stored login)."""
+    return explicit or os.environ.get("HF_TOKEN") or None
+
+
+def is_offline() -> bool:
+    """Whether huggingface_hub is in offline mode (``HF_HUB_OFFLINE``, read at its import)."""
+    from huggingface_hub import constants
+
+    return bool(constants.is_offline_mode())
+
+
+def cache_dir() -> str:
+    """huggingface_hub's cache directory (``HF_HUB_CACHE``, default ``~/.cache/huggingface/hub``)."""
+    from huggingface_hub import constants
+
+    return str(constants.HF_HUB_CACHE)
+
+
+def api(endpoint_url: str | None = None, token_value: str | None = None) -> HfApi:
+    """The one ``HfApi`` factory: explicit endpoint and token, resolved at call time.
+
+    Args:
+        endpoint_url: ``--endpoint``; None → ``HF_ENDPOINT`` → library default.
+        token_value: explicit token; None → ``HF_TOKEN`` → stored login.
+
+    Returns:
+        ``huggingface_hub.HfApi`` tagged ``library_name="specconv"``.
+    """
+    from huggingface_hub import HfApi
+
+    from . import __version__
+
+    _install_byte_counter()
+    return HfApi(endpoint=endpoint(endpoint_url), token=token(token_value),
+                 library_name="specconv", library_version=__version__)
+
+
+# ---------------------------------------------------------------------- downloads
+def download_file(repo_id: str, filename: str, *, revision: str | None = None,
+                  endpoint_url: str | None = None) -> Path:
+    """Download (or find in the cache) one file of a model repo.
+
+    Args:
+        repo_id: ``namespace/name``.
+        filename: path inside the repo.
+        revision: branch, tag or commit; None = ``main``.
+        endpoint_url: ``--endpoint`` (see :func:`endpoint`).
+
+    Returns:
+        The file's path inside the Hub cache snapshot.
+
+    Raises:
+        Whatever huggingface_hub raises (map it with :func:`hub_error`): e.g.
+        ``LocalEntryNotFoundError`` when offline and not cached, ``EntryNotFoundError``
+        when the repo has no such file.
+    """
+    return Path(api(endpoint_url).hf_hub_download(repo_id, filename, revision=revision))
+
+
+def download_snapshot(repo_id: str, *, revision: str | None = None, allow_patterns: list[str] | None = None,
+                      endpoint_url: str | None = None) -> Path:
+    """Download (or find in the cache) the files of a model repo matching ``allow_patterns``.
+
+    Args:
+        repo_id: ``namespace/name``.
+        revision: branch, tag or commit; None = ``main``.
+        allow_patterns: fnmatch globs (huggingface_hub ``filter_repo_objects``); None = all.
+        endpoint_url: ``--endpoint`` (see :func:`endpoint`).
+
+    Returns:
+        The snapshot directory inside the Hub cache.
+
+    Raises:
+        Whatever huggingface_hub raises (map it with :func:`hub_error`), e.g.
+        ``IncompleteSnapshotError`` when offline and the cached tree lists missing files.
+    """
+    return Path(api(endpoint_url).snapshot_download(repo_id, revision=revision, allow_patterns=allow_patterns))
+
+
+def is_missing_entry(e: BaseException) -> bool:
+    """Whether ``e`` says a file is absent (from the repo, or from the cache when offline or unreachable).
+
+    ``huggingface_hub.errors.EntryNotFoundError`` covers both ``RemoteEntryNotFoundError``
+    and ``LocalEntryNotFoundError``; callers probing optional files (an index) use this.
+    """
+    from huggingface_hub import errors as hf_errors
+
+    return isinstance(e, hf_errors.EntryNotFoundError)
+
+
+# ------------------------------------------------------------- bytes downloaded
+_COUNT_LOCK = threading.Lock()
+_COUNT = {"bytes": 0, "installed": False}
+
+
+def _counting_stream(inner: Any) -> Any:
+    """Wrap a response body stream (an ``httpx2.SyncByteStream``) so every chunk is counted."""
+    import httpx2
+
+    class CountingStream(httpx2.SyncByteStream):
+        def __iter__(self):
+            for chunk in inner:
+                with _COUNT_LOCK:
+                    _COUNT["bytes"] += len(chunk)
+                yield chunk
+
+        def close(self) -> None:
+            inner.close()
+
+    return CountingStream()
+
+
+def _count_response(response: Any) -> None:
+    response.stream = _counting_stream(response.stream)
+
+
+def _install_byte_counter() -> None:
+    """Add the counting response hook to huggingface_hub's shared client (once per process)."""
+    with _COUNT_LOCK:
+        if _COUNT["installed"]:
+            return
+        _COUNT["installed"] = True
+    from huggingface_hub import set_client_factory
+    from huggingface_hub.utils import _http  # default_client_factory is not re-exported
+
+    def factory():
+        client = _http.default_client_factory()
+        hooks = dict(client.event_hooks)
+        hooks["response"] = [*hooks.get("response", []), _count_response]
+        client.event_hooks = hooks
+        return client
+
+    set_client_factory(factory)
+
+
+def bytes_downloaded() -> int:
+    """Body bytes huggingface_hub's client has received in this process (as sent, before decoding)."""
+    with _COUNT_LOCK:
+        return int(_COUNT["bytes"])
+
+
+# ------------------------------------------------------------ headers-only reads
+#: Written inside a :func:`header_snapshot` dir (under ``.cache/``, which source listings skip).
+HEADERS_ONLY_MARKER = ".cache/specconv-headers-only.json"
+
+
+def _write_header_stub(path: Path, meta: Any) -> None:
+    """A safetensors file with the remote header and a sparse (all-zero, unallocated) data area.
+
+    Only headers may be read from it: the tensor bytes were never downloaded.
+    """
+    header: dict[str, Any] = {"__metadata__": dict(meta.metadata)} if meta.metadata else {}
+    for name, t in meta.tensors.items():
+        header[name] = {"dtype": t.dtype, "shape": list(t.shape), "data_offsets": list(t.data_offsets)}
+    raw = json.dumps(header, separators=(",", ":")).encode("utf-8")
+    raw += b" " * (-len(raw) % 8)
+    data_len = max((t.data_offsets[1] for t in meta.tensors.values()), default=0)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(raw)))
+        f.write(raw)
+        f.truncate(8 + len(raw) + data_len)
+
+
+def safetensors_header(repo_id: str, filename: str, *, revision: str | None = None,
+                       endpoint_url: str | None = None) -> Any:
+    """The header of one remote safetensors file, read with HTTP range requests (no tensor data).
+
+    Args:
+        repo_id: ``namespace/name``.
+        filename: the ``.safetensors`` path in the repo.
+        revision: branch, tag or commit; None = ``main``.
+        endpoint_url: ``--endpoint`` (see :func:`endpoint`).
+
+    Returns:
+        ``huggingface_hub.utils.SafetensorsFileMetadata``: ``tensors`` maps each name to
+        ``(dtype, shape, data_offsets)``; ``metadata`` is the ``__metadata__`` dict.
+
+    Raises:
+        Whatever huggingface_hub raises (map it with :func:`hub_error`), e.g.
+        ``SafetensorsParsingError`` for a corrupt header.
+    """
+    return api(endpoint_url).parse_safetensors_file_metadata(repo_id, filename, revision=revision)
+
+
+def _headers_dir(repo_id: str, sha: str) -> Path:
+    from .offline import cache_dir as specconv_cache
+
+    return specconv_cache() / "hub-headers" / ("models--" + repo_id.replace("/", "--")) / sha
+
+
+def header_snapshot(repo_id: str, *, revision: str | None = None, allow_patterns: list[str] | None = None,
+                    endpoint_url: str | None = None) -> Path:
+    """A local view of a Hub repo for headers-only inspection; downloads no tensor data.
+
+    Files matching ``allow_patterns`` are fetched as :func:`download_snapshot` would, except
+    ``*.safetensors``: of those only the header is read (HTTP range requests through
+    huggingface_hub) and written as a sparse stub of the right shape. The view lives under
+    ``$SPECCONV_CACHE/hub-headers/models--ORG--NAME/<commit>/`` and carries
+    :data:`HEADERS_ONLY_MARKER`; reading tensor data from it gives zeros, so it is for
+    detection and header checks only (``specconv inspect``), never for a conversion.
+
+    Args:
+        repo_id: ``namespace/name``.
+        revision: branch, tag or commit; None = ``main``.
+        allow_patterns: fnmatch globs over repo paths; None = all files.
+        endpoint_url: ``--endpoint`` (see :func:`endpoint`).
+
+    Returns:
+        The view's root directory (repo paths below it).
+
+    Raises:
+        Whatever huggingface_hub raises (map it with :func:`hub_error`).
+    """
+    hf = api(endpoint_url)
+    sha = hf.model_info(repo_id, revision=revision).sha
+    root = _headers_dir(repo_id, sha)
+    if (root / HEADERS_ONLY_MARKER).is_file():
+        return root
+    paths = [f.path for f in hf.list_repo_tree(repo_id, recursive=True, revision=sha) if hasattr(f, "size")]
+    if allow_patterns is not None:
+        paths = [p for p in paths if any(fnmatch.fnmatch(p, pat) for pat in allow_patterns)]
+    root.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{sha}.", dir=root.parent))
+    try:
+        _fill_header_view(tmp, hf, repo_id, sha, paths, endpoint_url)
+        try:
+            os.replace(tmp, root)
+        except OSError:  # a concurrent run finished first
+            shutil.rmtree(tmp, ignore_errors=True)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return root
+
+
+def _fill_header_view(tmp: Path, hf: Any, repo_id: str, sha: str, paths: list[str], endpoint_url: str | None) -> None:
+    """Write ``paths`` of ``repo_id@sha`` into ``tmp``: small files whole, safetensors as header stubs."""
+    small = [p for p in paths if not p.endswith(".safetensors")]
+    if small:
+        snap = Path(hf.snapshot_download(repo_id, revision=sha, allow_patterns=small))
+        for p in small:
+            (tmp / p).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(snap / p, tmp / p)
+    for p in paths:
+        if p.endswith(".safetensors"):
+            _write_header_stub(tmp / p, safetensors_header(repo_id, p, revision=sha, endpoint_url=endpoint_url))
+    (tmp / HEADERS_ONLY_MARKER).parent.mkdir(parents=True, exist_ok=True)
+    (tmp / HEADERS_ONLY_MARKER).write_text(json.dumps(
+        {"repo_id": repo_id, "commit": sha, "tensor_data": "not downloaded (sparse zeros)"}, indent=1) + "\n")
+
+
+# -------------------------------------------------------------------- error table
+def _status(e: BaseException) -> int | None:
+    return getattr(getattr(e, "response", None), "status_code", None)
+
+
+@dataclass(frozen=True)
+class HubErrorRule:
+    """One row of :data:`HUB_ERROR_RULES`.
+
+    Attributes:
+        exc: class name in ``huggingface_hub.errors`` (or a builtin exception name).
+        error: the specconv error class raised (its ``exit_code`` is the process exit).
+        code: the error's stable slug; None keeps the caller's code (e.g. ``source_not_found``).
+        hint: what the user can do, or None.
+        when: extra condition on the exception (status code, offline mode), or None.
+    """
+
+    exc: str
+    error: type[SpecconvError]
+    code: str | None
+    hint: str | None = None
+    when: Callable[[BaseException], bool] | None = None
+
+    def matches(self, e: BaseException) -> bool:
+        """Whether ``e`` is an instance of :attr:`exc` and satisfies :attr:`when`."""
+        from huggingface_hub import errors as hf_errors
+
+        cls = getattr(hf_errors, self.exc, None) or _BUILTIN.get(self.exc)
+        return cls is not None and isinstance(e, cls) and (self.when is None or self.when(e))
+
+
+def _transport_error() -> type[BaseException]:
+    try:  # huggingface_hub 2.x sends its requests with httpx2
+        import httpx2
+
+        return httpx2.TransportError
+    except ImportError:  # pragma: no cover - huggingface_hub >= 2.4 depends on it
+        return ConnectionError
+
+
+_BUILTIN: dict[str, Any] = {"ConnectionError": ConnectionError, "TimeoutError": TimeoutError}
+_LOGIN = "log in with `hf auth login` or set HF_TOKEN"
+_OFFLINE = "unset HF_HUB_OFFLINE to download it, or fill the cache first (`hf download REPO`)"
+_PRIVATE = "check the repo id; if the repo is private, set HF_TOKEN to a token that can read it"
+
+#: Ordered: the first matching row decides. Subclasses come before their bases, as in
+#: the ``hf`` CLI's ``CLI_ERROR_MAPPINGS`` (GatedRepoError before RepositoryNotFoundError,
+#: IncompleteSnapshotError before LocalEntryNotFoundError, OfflineModeIsEnabled before
+#: ConnectionError). Exit codes: 5 auth, 7 transient, 9 repo/revision not found, 3 otherwise.
+HUB_ERROR_RULES: tuple[HubErrorRule, ...] = (
+    HubErrorRule("OfflineModeIsEnabled", InvalidInputError, None, _OFFLINE),
+    HubErrorRule("GatedRepoError", HubAuthError, "hub_gated",
+                 "request access on the repo's Hub page, then " + _LOGIN),
+    HubErrorRule("RepositoryNotFoundError", RemoteNotFoundError, "hub_repo_not_found", _PRIVATE),
+    HubErrorRule("RevisionNotFoundError", RemoteNotFoundError, "hub_revision_not_found",
+                 "check --revision (a branch, tag or commit of the repo)"),
+    HubErrorRule("LocalTokenNotFoundError", HubAuthError, "hub_auth", _LOGIN),
+    HubErrorRule("RemoteEntryNotFoundError", InvalidInputError, None),
+    HubErrorRule("IncompleteSnapshotError", InvalidInputError, None, _OFFLINE),
+    HubErrorRule("LocalEntryNotFoundError", InvalidInputError, None, _OFFLINE, when=lambda e: is_offline()),
+    # online: huggingface_hub reports a connection failure (after its own retries) this way
+    HubErrorRule("LocalEntryNotFoundError", TransientRemoteError, "hub_unreachable",
+                 "check the network / HF_ENDPOINT and retry"),
+    HubErrorRule("EntryNotFoundError", InvalidInputError, None),
+    HubErrorRule("HfHubHTTPError", HubAuthError, "hub_auth", _LOGIN, when=lambda e: _status(e) in (401, 403)),
+    HubErrorRule("HfHubHTTPError", TransientRemoteError, "hub_unreachable", "the Hub is overloaded or down; retry later",
+                 when=lambda e: (_status(e) or 0) == 429 or (_status(e) or 0) >= 500),
+    HubErrorRule("HfHubHTTPError", InvalidInputError, None),
+    HubErrorRule("TransportError", TransientRemoteError, "hub_unreachable", "check the network / HF_ENDPOINT and retry"),
+    HubErrorRule("ConnectionError", TransientRemoteError, "hub_unreachable", "check the network / HF_ENDPOINT and retry"),
+    HubErrorRule("TimeoutError", TransientRemoteError, "hub_unreachable", "check the network / HF_ENDPOINT and retry"),
+)
+
+
+def _describe(what: str, repo: str, e: BaseException) -> str:
+    """Message for a Hub file that could not be had.
+
+    In offline mode a file missing from the cache raises ``LocalEntryNotFoundError`` whose
+    own text blames the network; say instead that it is not cached and where the cache is.
+    ``IncompleteSnapshotError``'s own message lists the missing files, so it is kept.
+    """
+    from huggingface_hub import errors as hf_errors
+
+    if (is_offline() and isinstance(e, hf_errors.LocalEntryNotFoundError)
+            and not isinstance(e, hf_errors.IncompleteSnapshotError)):
+        return (f"{what} of {repo!r} is not in the local Hugging Face cache ({cache_dir()}) "
+                "and offline mode (HF_HUB_OFFLINE=1) forbids downloading it")
+    return f"cannot fetch {what} of {repo!r} from the Hub: {type(e).__name__}: {e}"
+
+
+def hub_error(what: str, repo: str, e: BaseException, *, code: str, hint: str | None = None) -> SpecconvError:
+    """The project error for a failed Hub call, chosen by :data:`HUB_ERROR_RULES`.
+
+    Args:
+        what: the thing that was wanted (``"config.json"``, ``"shard X (holding Y)"``).
+        repo: the repo id.
+        e: the exception huggingface_hub (or its HTTP client) raised.
+        code: slug for rows that keep the caller's code (``verifier_not_found`` ...).
+        hint: the caller's hint; used when the matching row has none, and for exit-3 rows.
+
+    Returns:
+        A :class:`~specconv.errors.SpecconvError` subclass instance (not raised).
+    """
+    _BUILTIN["TransportError"] = _transport_error()
+    msg = _describe(what, repo, e)
+    for rule in HUB_ERROR_RULES:
+        if rule.matches(e):
+            row_hint = hint if rule.error is InvalidInputError and hint else (rule.hint or hint)
+            return rule.error(msg, code=rule.code or code, hint=row_hint)
+    return InvalidInputError(msg, code=code, hint=hint)
