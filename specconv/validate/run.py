@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..errors import InvalidInputError, UsageError
-from .backend import BACKENDS, Progress, ValidationRun, get_backend
+from .backend import BACKENDS, DRAFTER_LOADERS, Progress, ValidationRun, get_backend
 from .gates import GATE_ORDER, GateResult, skipped
 from .torch_backend import PARITY_SEQUENCES, plan_placement  # noqa: F401  (re-exported)
 
@@ -49,6 +49,9 @@ class ValidateOptions:
         seed: prompt-independent RNG seed (bootstrap, sampling).
         confidence_threshold: DSpark truncated-run threshold (None disables that run).
         vllm_port: port for ``--backend vllm``.
+        drafter_backend: how the torch harness runs the drafter under test (a key of
+            :data:`specconv.validate.backend.DRAFTER_LOADERS`; ``torch`` = the reference
+            drafters of :mod:`specconv.drafters`).
     """
 
     source: str | None = None
@@ -64,6 +67,7 @@ class ValidateOptions:
     seed: int = 0
     confidence_threshold: float | None = DSPARK_CONFIDENCE_THRESHOLD
     vllm_port: int = 8011
+    drafter_backend: str = "torch"
 
 
 def select_prompts(spec: str, n: int | None) -> list:
@@ -199,6 +203,8 @@ def _check_inputs(drafter_dir: str | Path, opts: ValidateOptions) -> Path:
         raise UsageError("--temperature must be >= 0")
     if opts.backend not in BACKENDS:
         raise UsageError(f"unknown backend {opts.backend!r}")
+    if opts.drafter_backend not in DRAFTER_LOADERS:
+        raise UsageError(f"unknown drafter backend {opts.drafter_backend!r} (known: {', '.join(DRAFTER_LOADERS)})")
     torch_dtype(opts.dtype)
     return d
 
