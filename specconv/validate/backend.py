@@ -24,7 +24,7 @@ if TYPE_CHECKING:
     import torch
 
     from ..drafters.base import DraftProposal
-    from ..speculators import SpeculatorsDraftConfig
+    from ..format import SpeculatorsDraftConfig
     from ..verifier import Verifier
     from .gates import GateResult
     from .run import ValidateOptions

@@ -118,15 +118,11 @@ def prepare_source(source: str, verifier_spec: str, drafter_dir: Path, workdir: 
     Returns:
         ``{"kind", "format", "path" (source dir), "converted" (Speculators dir)}``.
     """
-    from ..speculators import load_config
+    from ..format import speculators_model_type_of
 
     p = Path(source)
-    if (p / "config.json").is_file():
-        try:
-            load_config(p)  # the typed parser: a valid Speculators config is used as is
-            return {"kind": "speculators", "format": "speculators", "path": str(p), "converted": str(p)}
-        except InvalidInputError:
-            pass  # not a (valid) Speculators config: the converter registry decides
+    if speculators_model_type_of(p) is not None:
+        return {"kind": "speculators", "format": "speculators", "path": str(p), "converted": str(p)}
     from ..convert import convert
 
     out = workdir / "source-converted"
@@ -235,7 +231,7 @@ def _source_step(run: ValidationRun, workdir: Path) -> None:
     """``--source``: make it loadable (convert afresh) and parse its typed config."""
     if not run.options.source:
         return
-    from ..speculators import load_config
+    from ..format import load_config
 
     run.progress("converting source", 0, 1)
     run.source = prepare_source(run.options.source, run.verifier_spec, run.drafter_dir, workdir)
