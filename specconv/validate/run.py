@@ -45,13 +45,13 @@ class ValidateOptions:
         dtype: ``float32`` | ``bfloat16`` | ``float16`` for verifier and drafter.
         min_tau: optional τ floor for G3.
         backend: ``torch`` (this harness) | ``vllm``.
+        drafter_backend: how the torch harness runs the drafter under test (a key of
+            :data:`specconv.validate.backend.DRAFTER_LOADERS`; ``torch`` = the reference
+            drafters of :mod:`specconv.drafters`).
         attn_implementation: verifier attention (``sdpa`` | ``eager``).
         seed: prompt-independent RNG seed (bootstrap, sampling).
         confidence_threshold: DSpark truncated-run threshold (None disables that run).
         vllm_port: port for ``--backend vllm``.
-        drafter_backend: how the torch harness runs the drafter under test (a key of
-            :data:`specconv.validate.backend.DRAFTER_LOADERS`; ``torch`` = the reference
-            drafters of :mod:`specconv.drafters`).
     """
 
     source: str | None = None
@@ -63,11 +63,11 @@ class ValidateOptions:
     dtype: str = "float32"
     min_tau: float | None = None
     backend: str = "torch"
+    drafter_backend: str = "torch"
     attn_implementation: str = "sdpa"
     seed: int = 0
     confidence_threshold: float | None = DSPARK_CONFIDENCE_THRESHOLD
     vllm_port: int = 8011
-    drafter_backend: str = "torch"
 
 
 def select_prompts(spec: str, n: int | None) -> list:
