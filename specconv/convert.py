@@ -196,7 +196,7 @@ def inspect_source(spec: str, *, verifier: str | None = None, verifier_name: str
 
 def _inspect(spec: str, verifier: str | None, verifier_name: str | None, kw: dict[str, Any]) -> dict[str, Any]:
     from . import hub
-    from .speculators import lint_dir
+    from .format import lint_dir
 
     before = hub.bytes_downloaded()
     # without a verifier nothing reads tensor data: a Hub source is read headers-only
@@ -242,7 +242,7 @@ def summarize_plan(plan: "ConversionPlan") -> dict[str, Any]:
     dropped tensors, layer ids, notes."""
     from collections import Counter
 
-    from .speculators import config_to_dict
+    from .format import config_to_dict
 
     fates = Counter(t.fate for t in plan.tensors)
     casts = Counter(f"{t.src_dtype}->{t.dtype}" for t in plan.tensors if t.cast)
@@ -341,7 +341,7 @@ def _supported_converter(src: "SourceInfo", opts: "ConvertOptions") -> type["Con
 def _linted_plan(cls: type["Converter"], src: "SourceInfo", v: "Verifier", opts: "ConvertOptions",
                  note: str | None) -> "ConversionPlan":
     """Plan the conversion and lint the planned config + tensors; lint errors refuse it."""
-    from .speculators import lint
+    from .format import lint
 
     plan = cls().plan(src, v, opts)
     if note:

@@ -1,8 +1,8 @@
 """``specconv.json``: the typed record every stage reads and extends.
 
 A drafter directory written by specconv carries one ``specconv.json``. Each stage owns
-one section and reads the sections of the stages before it (data flows one way, see
-``docs/architecture.md`` when present and ``docs/cli.md``):
+one section and reads the sections of the stages before it (data flows one way; the
+layout is also described in ``README.md``, "Output"):
 
 ===============  =========================  =================================================
 key              written by                 content

@@ -79,7 +79,7 @@ def render(result: Any, output_format: str) -> None:
 
 
 def emit(result: dict, output_format: str, human: Callable[[dict], str] | None = None) -> None:
-    """Print a plain dict result (``formats``) in the selected format."""
+    """Print a plain dict result in the selected format (commands without a typed result)."""
     if output_format == "json" or human is None:
         click.echo(dumps(result))
     else:

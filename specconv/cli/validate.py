@@ -51,30 +51,23 @@ def _progress():
 
 
 def _require_speculators_dir(d: Path) -> None:
-    """Refuse (exit 3, nothing written) a DIR that is not a Speculators-format directory.
+    """Refuse (exit 3, nothing written) a DIR that is not a Speculators-format directory
+    (``specconv.format.speculators_model_type_of``; a Speculators config with an invalid
+    value is let through: G1 structure reports it, exit 4)."""
+    from specconv.errors import InvalidInputError
+    from specconv.format import read_config, speculators_model_type_of
 
-    Read through the typed parser (``specconv.speculators.load_config``). A config that
-    is a Speculators config but has an invalid value (or an unknown algorithm) is let
-    through: G1 structure reports it (exit 4).
-    """
-    from specconv.errors import InvalidInputError, UnsupportedFormatError
-    from specconv.speculators import load_config
-
-    try:
-        load_config(d)
-    except UnsupportedFormatError:
+    if speculators_model_type_of(d) is not None:
         return
+    try:
+        read_config(d)
     except InvalidInputError as e:
-        if "invalid Speculators" in e.message:
-            return
-        missing = "speculators_model_type" in e.message
-        raise InvalidInputError(
-            f"{d} is not a Speculators-format directory (config.json has no speculators_model_type)" if missing
-            else f"{d}: cannot read config.json ({e.message})",
-            code="not_speculators_dir",
-            hint=f"convert it first: specconv convert {d} --verifier V -o OUT, then validate OUT with --source {d}"
-            if missing else None,
-        ) from e
+        raise InvalidInputError(f"{d}: cannot read config.json ({e.message})", code="not_speculators_dir") from e
+    raise InvalidInputError(
+        f"{d} is not a Speculators-format directory (config.json has no speculators_model_type)",
+        code="not_speculators_dir",
+        hint=f"convert it first: specconv convert {d} --verifier V -o OUT, then validate OUT with --source {d}",
+    )
 
 
 @click.command("validate")

@@ -24,7 +24,7 @@ if TYPE_CHECKING:
     import torch
 
     from ..drafters.base import DraftProposal
-    from ..speculators import SpeculatorsDraftConfig
+    from ..format import SpeculatorsDraftConfig
     from ..verifier import Verifier
     from .gates import GateResult
     from .run import ValidateOptions
@@ -129,6 +129,35 @@ class VllmBackend:
         run.results.append(skipped("lossless", "--backend vllm: losslessness runs in the torch harness"))
         copy_top(rep, vm)
         rep["summary"] = summary(vm)
+
+
+#: drafter backend name → "module:function" loading a :class:`DrafterBackend` as
+#: ``load(drafter_dir, verifier_dir, *, dtype, device)``; ``ValidateOptions.drafter_backend``
+#: picks one (the torch harness runs the verifier either way)
+DRAFTER_LOADERS = {
+    "torch": "specconv.drafters:load_drafter",
+}
+
+
+def load_drafter_backend(name: str, drafter_dir: Path, verifier_dir: Path, *, dtype: Any, device: str) -> DrafterBackend:
+    """Load the drafter under test with the drafter backend registered as ``name``.
+
+    Args:
+        name: a key of :data:`DRAFTER_LOADERS`.
+        drafter_dir: the Speculators directory. verifier_dir: the verifier's local dir
+            (embedding / LM head the drafter may borrow).
+        dtype: ``torch.dtype`` of the run. device: ``cpu`` | ``cuda[:i]``.
+
+    Raises:
+        UsageError: unknown drafter backend.
+    """
+    from ..errors import UsageError
+
+    target = DRAFTER_LOADERS.get(name)
+    if target is None:
+        raise UsageError(f"unknown drafter backend {name!r} (known: {', '.join(DRAFTER_LOADERS)})")
+    mod, fn = target.split(":")
+    return getattr(importlib.import_module(mod), fn)(drafter_dir, verifier_dir, dtype=dtype, device=device)
 
 
 #: ``--backend`` name → "module:class" (imported on use: the torch backend imports torch)

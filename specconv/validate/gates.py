@@ -96,7 +96,7 @@ def gate_structure(drafter_dir: str | Path, verifier, *, source_config=None) -> 
         ``details["findings"]``.
     """
     from ..errors import SpecconvError
-    from ..speculators import lint_dir, load_config
+    from ..format import lint_dir, load_config
     from ..tensors import TensorStore
 
     d = Path(drafter_dir)
@@ -136,7 +136,7 @@ def _lint_step(res: GateResult, findings) -> None:
 
 def _accounting_step(res: GateResult, cfg, store) -> set[str]:
     """Every tensor in the directory is one the format defines for this config."""
-    from ..speculators import expected_tensors
+    from ..format import expected_tensors
 
     algo = cfg.speculators_model_type
     res.details["algorithm"] = algo

@@ -149,51 +149,54 @@ def compute_metrics(
     """
     acc = [_get(s, "accepted") for r in requests for s in _draft_steps(r)]
     ks = [_get(s, "k") for r in requests for s in _draft_steps(r)]
-    counts = counts_from_steps(acc, ks, k)
-    m = metrics_from_counts(**counts)
-    hist = [0] * (k + 1)
-    for a in acc:
-        hist[min(a, k)] += 1
-    per_req = []
-    for r in requests:
-        ds = _draft_steps(r)
-        tau_r = 1.0 + sum(_get(s, "accepted") for s in ds) / len(ds) if ds else None
-        per_req.append(
-            {
-                "prompt_id": _get(r, "prompt_id"),
-                "tau": tau_r,
-                "num_drafts": len(ds),
-                "output_tokens": len(_get(r, "output_ids")),
-                "stopped": bool(_get(r, "stopped")),
-            }
-        )
-    taus = [p["tau"] for p in per_req if p["tau"] is not None]
+    m = metrics_from_counts(**counts_from_steps(acc, ks, k))
+    hist = [sum(1 for a in acc if min(a, k) == i) for i in range(k + 1)]
+    per_req = [_per_request(r) for r in requests]
     ci = bootstrap_ci(requests, n_boot=n_boot, seed=seed)
-    all_steps = [s for r in requests for s in _steps(r)]
-    tpot = _tpot_ms(requests)
-    tpot_ar = _tpot_ms(baseline) if baseline else None
     m.update(
         {
             "k": k,
             "tau_pooled": m["acceptance_length"],
-            "tau_request_mean": _mean(taus),
+            "tau_request_mean": _mean([p["tau"] for p in per_req if p["tau"] is not None]),
             "tau_ci95": ci,
             "tau_ci95_half_width": (ci[1] - ci[0]) / 2 if ci else None,
             "histogram": hist,
             "n_requests": len(requests),
             "n_output_tokens": sum(len(_get(r, "output_ids")) for r in requests),
-            "draft_ms": _mean([_get(s, "draft_ms") for s in all_steps if _get(s, "k") > 0]),
-            "verify_ms": _mean([_get(s, "verify_ms") for s in all_steps]),
-            "ttft_ms": _mean([_get(r, "ttft_ms") for r in requests]),
-            "tpot_ms": tpot,
-            "tpot_ar_ms": tpot_ar,
-            "speedup": (tpot_ar / tpot) if (tpot and tpot_ar) else None,
+            **_timings(requests, baseline),
             "per_request": per_req,
             "convention": "vLLM: tau = 1 + accepted/num_drafts (bonus included); "
             "a_t = tokens emitted per step - 1 (capped at stop token / max tokens)",
         }
     )
     return m
+
+
+def _per_request(r) -> dict:
+    """One request's τ (None without drafts), drafts, output tokens, stop."""
+    ds = _draft_steps(r)
+    return {
+        "prompt_id": _get(r, "prompt_id"),
+        "tau": 1.0 + sum(_get(s, "accepted") for s in ds) / len(ds) if ds else None,
+        "num_drafts": len(ds),
+        "output_tokens": len(_get(r, "output_ids")),
+        "stopped": bool(_get(r, "stopped")),
+    }
+
+
+def _timings(requests: Sequence[Any], baseline: Sequence[Any] | None) -> dict:
+    """Mean draft / verify ms per step, TTFT, TPOT (spec and plain) and the speedup (ms)."""
+    all_steps = [s for r in requests for s in _steps(r)]
+    tpot = _tpot_ms(requests)
+    tpot_ar = _tpot_ms(baseline) if baseline else None
+    return {
+        "draft_ms": _mean([_get(s, "draft_ms") for s in all_steps if _get(s, "k") > 0]),
+        "verify_ms": _mean([_get(s, "verify_ms") for s in all_steps]),
+        "ttft_ms": _mean([_get(r, "ttft_ms") for r in requests]),
+        "tpot_ms": tpot,
+        "tpot_ar_ms": tpot_ar,
+        "speedup": (tpot_ar / tpot) if (tpot and tpot_ar) else None,
+    }
 
 
 
@@ -229,17 +232,7 @@ def calibration(requests: Sequence[Any], *, n_bins: int = 10) -> dict | None:
     if not pairs:
         return None
     n = len(pairs)
-    bins = []
-    ece = 0.0
-    for b in range(n_bins):
-        lo, hi = b / n_bins, (b + 1) / n_bins
-        sel = [(c, o) for c, o in pairs if (lo <= c < hi) or (b == n_bins - 1 and c == 1.0)]
-        if not sel:
-            continue
-        mc = sum(c for c, _ in sel) / len(sel)
-        mo = sum(o for _, o in sel) / len(sel)
-        ece += len(sel) / n * abs(mc - mo)
-        bins.append({"lo": lo, "hi": hi, "n": len(sel), "mean_confidence": mc, "observed": mo})
+    bins, ece = _calibration_bins(pairs, n_bins)
     return {
         "n": n,
         "mean_abs_error": sum(abs(c - o) for c, o in pairs) / n,
@@ -249,6 +242,23 @@ def calibration(requests: Sequence[Any], *, n_bins: int = 10) -> dict | None:
         "bins": bins,
         "cumprod_bias": _mean(bias),
     }
+
+
+def _calibration_bins(pairs: list[tuple[float, float]], n_bins: int) -> tuple[list[dict], float]:
+    """Equal-width confidence bins (the last one includes 1.0) and the expected calibration
+    error: Σ_bins (n_bin / n)·|mean confidence − observed acceptance|."""
+    n = len(pairs)
+    bins, ece = [], 0.0
+    for b in range(n_bins):
+        lo, hi = b / n_bins, (b + 1) / n_bins
+        sel = [(c, o) for c, o in pairs if (lo <= c < hi) or (b == n_bins - 1 and c == 1.0)]
+        if not sel:
+            continue
+        mc = sum(c for c, _ in sel) / len(sel)
+        mo = sum(o for _, o in sel) / len(sel)
+        ece += len(sel) / n * abs(mc - mo)
+        bins.append({"lo": lo, "hi": hi, "n": len(sel), "mean_confidence": mc, "observed": mo})
+    return bins, ece
 
 
 def summary(metrics: dict) -> dict:

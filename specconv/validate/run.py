@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..errors import InvalidInputError, UsageError
-from .backend import BACKENDS, Progress, ValidationRun, get_backend
+from .backend import BACKENDS, DRAFTER_LOADERS, Progress, ValidationRun, get_backend
 from .gates import GATE_ORDER, GateResult, skipped
 from .torch_backend import PARITY_SEQUENCES, plan_placement  # noqa: F401  (re-exported)
 
@@ -45,6 +45,9 @@ class ValidateOptions:
         dtype: ``float32`` | ``bfloat16`` | ``float16`` for verifier and drafter.
         min_tau: optional τ floor for G3.
         backend: ``torch`` (this harness) | ``vllm``.
+        drafter_backend: how the torch harness runs the drafter under test (a key of
+            :data:`specconv.validate.backend.DRAFTER_LOADERS`; ``torch`` = the reference
+            drafters of :mod:`specconv.drafters`).
         attn_implementation: verifier attention (``sdpa`` | ``eager``).
         seed: prompt-independent RNG seed (bootstrap, sampling).
         confidence_threshold: DSpark truncated-run threshold (None disables that run).
@@ -60,6 +63,7 @@ class ValidateOptions:
     dtype: str = "float32"
     min_tau: float | None = None
     backend: str = "torch"
+    drafter_backend: str = "torch"
     attn_implementation: str = "sdpa"
     seed: int = 0
     confidence_threshold: float | None = DSPARK_CONFIDENCE_THRESHOLD
@@ -114,15 +118,11 @@ def prepare_source(source: str, verifier_spec: str, drafter_dir: Path, workdir: 
     Returns:
         ``{"kind", "format", "path" (source dir), "converted" (Speculators dir)}``.
     """
-    from ..speculators import load_config
+    from ..format import speculators_model_type_of
 
     p = Path(source)
-    if (p / "config.json").is_file():
-        try:
-            load_config(p)  # the typed parser: a valid Speculators config is used as is
-            return {"kind": "speculators", "format": "speculators", "path": str(p), "converted": str(p)}
-        except InvalidInputError:
-            pass  # not a (valid) Speculators config: the converter registry decides
+    if speculators_model_type_of(p) is not None:
+        return {"kind": "speculators", "format": "speculators", "path": str(p), "converted": str(p)}
     from ..convert import convert
 
     out = workdir / "source-converted"
@@ -199,6 +199,8 @@ def _check_inputs(drafter_dir: str | Path, opts: ValidateOptions) -> Path:
         raise UsageError("--temperature must be >= 0")
     if opts.backend not in BACKENDS:
         raise UsageError(f"unknown backend {opts.backend!r}")
+    if opts.drafter_backend not in DRAFTER_LOADERS:
+        raise UsageError(f"unknown drafter backend {opts.drafter_backend!r} (known: {', '.join(DRAFTER_LOADERS)})")
     torch_dtype(opts.dtype)
     return d
 
@@ -229,7 +231,7 @@ def _source_step(run: ValidationRun, workdir: Path) -> None:
     """``--source``: make it loadable (convert afresh) and parse its typed config."""
     if not run.options.source:
         return
-    from ..speculators import load_config
+    from ..format import load_config
 
     run.progress("converting source", 0, 1)
     run.source = prepare_source(run.options.source, run.verifier_spec, run.drafter_dir, workdir)

@@ -136,7 +136,7 @@ class TorchBackend:
         """Place, then load the drafter and the verifier runner; render the prompts."""
         import torch
 
-        from ..drafters import load_drafter
+        from .backend import load_drafter_backend
         from .report import device_info, torch_backend_flags
         from .verifier_runner import VerifierRunner, resolve_device, torch_dtype
 
@@ -147,7 +147,7 @@ class TorchBackend:
         rep.update(device=device_info(device), placement=placement, torch_backends=torch_backend_flags(),
                    attn_implementation=opts.attn_implementation)
         run.progress("loading drafter", 0, 1)
-        drafter = load_drafter(run.drafter_dir, v.local_dir, dtype=dt, device=device)
+        drafter = load_drafter_backend(opts.drafter_backend, run.drafter_dir, v.local_dir, dtype=dt, device=device)
         rep.update(algorithm=drafter.algorithm, k=int(drafter.num_draft_tokens),
                    block_size=getattr(drafter, "block_size", None), aux_layer_ids=list(drafter.aux_layer_ids))
         run.progress("loading verifier", 0, 1)

@@ -102,6 +102,38 @@ def _decoder_parts(model) -> tuple[Any, Any, Any]:
     return embed, layers, norm
 
 
+def _load_model(verifier: str | Path, *, device: str, dtype, attn_implementation: str, device_map: str | None,
+                local_files_only: bool):
+    """``AutoModelForCausalLM.from_pretrained`` in eval mode, on ``device`` (or placed by
+    ``device_map``).
+
+    Raises:
+        InvalidInputError: bad attention implementation, ``device_map`` without CUDA, or
+            the checkpoint cannot be loaded.
+    """
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    if attn_implementation not in ("eager", "sdpa"):
+        raise InvalidInputError(f"attention implementation must be eager or sdpa, not {attn_implementation!r}")
+    kwargs: dict[str, Any] = {
+        "dtype": torch_dtype(dtype),
+        "attn_implementation": attn_implementation,
+        "local_files_only": local_files_only,
+    }
+    if device_map is not None:
+        if not torch.cuda.is_available():
+            raise InvalidInputError("device_map='auto' needs CUDA; use --device cpu")
+        kwargs["device_map"] = device_map
+    try:
+        model = AutoModelForCausalLM.from_pretrained(str(verifier), **kwargs)
+    except (OSError, ValueError) as e:
+        raise InvalidInputError(f"cannot load verifier {verifier}: {e}") from e
+    if device_map is None:
+        model = model.to(device)
+    return model.eval()
+
+
 class VerifierRunner:
     """A loaded verifier plus aux-hidden-state capture and KV-cache helpers.
 
@@ -162,28 +194,10 @@ class VerifierRunner:
         Raises:
             InvalidInputError: the verifier cannot be loaded (message names the path).
         """
-        import torch
-        from transformers import AutoModelForCausalLM, AutoTokenizer
+        from transformers import AutoTokenizer
 
-        if attn_implementation not in ("eager", "sdpa"):
-            raise InvalidInputError(f"attention implementation must be eager or sdpa, not {attn_implementation!r}")
-        tdt = torch_dtype(dtype)
-        kwargs: dict[str, Any] = {
-            "dtype": tdt,
-            "attn_implementation": attn_implementation,
-            "local_files_only": local_files_only,
-        }
-        if device_map is not None:
-            if not torch.cuda.is_available():
-                raise InvalidInputError("device_map='auto' needs CUDA; use --device cpu")
-            kwargs["device_map"] = device_map
-        try:
-            model = AutoModelForCausalLM.from_pretrained(str(verifier), **kwargs)
-        except (OSError, ValueError) as e:
-            raise InvalidInputError(f"cannot load verifier {verifier}: {e}") from e
-        if device_map is None:
-            model = model.to(device)
-        model.eval()
+        model = _load_model(verifier, device=device, dtype=dtype, attn_implementation=attn_implementation,
+                            device_map=device_map, local_files_only=local_files_only)
         try:
             tok = AutoTokenizer.from_pretrained(str(verifier), local_files_only=local_files_only)
         except (OSError, ValueError) as e:
