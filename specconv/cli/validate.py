@@ -40,6 +40,10 @@ def _human(r: dict) -> str:
             lines.append(f"      warning: {w}")
         if g.get("skipped_reason"):
             lines.append(f"      ({g['skipped_reason']})")
+    vl = r.get("vllm_load")
+    if vl:
+        lines.append(f"vllm load: {'ok' if vl['ok'] else 'FAILED'}  ({vl.get('distribution')} {vl.get('vllm')}, "
+                     f"{vl.get('model_class')})" + "".join(f"\n      error:   {e}" for e in vl["errors"][:5]))
     files = r.get("report_files") or {}
     if files:
         lines.append(f"report:    {files.get('json')}")
@@ -119,6 +123,9 @@ def _require_speculators_dir(d: Path) -> None:
 @click.option("--attn-implementation", type=click.Choice(["sdpa", "eager"]), default="sdpa", show_default=True,
               help="Verifier attention kernels.")
 @click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--vllm-load-check", is_flag=True,
+              help="Also load DIR with vLLM's own loader (strict; separate vLLM venv, see docs/validate.md).")
+@click.option("--vllm-python", metavar="PATH", help="vLLM interpreter [default: $SPECCONV_VLLM_PYTHON, else .venv-vllm].")
 @output_format_option
 @run_command
 def validate_cmd(
@@ -136,6 +143,8 @@ def validate_cmd(
     backend: str,
     attn_implementation: str,
     seed: int,
+    vllm_load_check: bool,
+    vllm_python: str | None,
     output_format: str,
 ) -> None:
     """Validate the Speculators drafter in DIR against its verifier.
@@ -151,6 +160,10 @@ def validate_cmd(
     from specconv.validate.run import ValidateOptions, failed_gates, validate_drafter
 
     _require_speculators_dir(drafter_dir)
+    if vllm_load_check:  # no interpreter: exit 3 before any work
+        from specconv.vllm_check import find_vllm_python
+
+        find_vllm_python(vllm_python)
     opts = ValidateOptions(
         source=source,
         prompts=prompts,
@@ -191,6 +204,11 @@ def validate_cmd(
     except OSError as e:  # read-only drafter dir: the report files still exist
         log.warning("could not record the validation summary in %s/specconv.json: %s", drafter_dir, e)
     failed = failed_gates(report)
+    if vllm_load_check:
+        from specconv.vllm_check import load_check_dir
+
+        report["vllm_load"] = load_check_dir(drafter_dir, verifier, python=vllm_python)
+        failed += [] if report["vllm_load"]["ok"] else ["vllm_load"]
     if failed:
         report["error"] = "gate_failed"
         report["exit_code"] = EXIT_GATE_FAILED

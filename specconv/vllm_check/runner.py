@@ -3,7 +3,7 @@
 Usage: ``python runner.py JOB.json RESULT.json``. Imports nothing from specconv (the
 vLLM venv does not have it). ``JOB.json``::
 
-    {"checks": [{"dir": "...", "verifier": "...", "short_form": true|false}, ...],
+    {"checks": [{"dir": "...", "verifier": "...", "short_form": true | false | "auto"}, ...],
      "dtype": "float32"}
 
 For every check it builds the engine config as ``vllm serve`` would (long form
@@ -198,6 +198,28 @@ def short_form(d: str, long_summary: dict, dtype: str) -> dict:
     return out
 
 
+def short_form_skip(cfg: dict) -> str | None:
+    """Why ``vllm serve DIR`` cannot be tried here (``short_form: "auto"``), else None.
+
+    vLLM 0.33 (``vllm/transformers_utils/config.py``) requires the recorded verifier to be
+    a remote repo id; offline it must already sit in the local Hugging Face cache.
+    """
+    name = ((cfg.get("speculators_config") or {}).get("verifier") or {}).get("name_or_path")
+    if not name:
+        return "the dir records no verifier name_or_path"
+    if os.path.exists(name):
+        return f"the recorded verifier {name!r} is a local path (vLLM 0.33 wants a Hub repo id)"
+    try:
+        from huggingface_hub import try_to_load_from_cache
+
+        hit = try_to_load_from_cache(name, "config.json")
+    except Exception as e:  # noqa: BLE001 - e.g. not a valid repo id
+        return f"the recorded verifier {name!r} is not a Hub repo id ({_err(e)})"
+    if not isinstance(hit, str):
+        return f"the recorded verifier {name!r} is not in the local Hugging Face cache (offline)"
+    return None
+
+
 # ------------------------------------------------------------------ the draft load
 _DIST_READY = False
 
@@ -331,7 +353,10 @@ def check_one(job: dict, dtype: str) -> dict:
         res["errors"].append(f"engine config (long form): {_err(e)}")
         res["traceback"] = traceback.format_exc()[-4000:]
         return _done(res, t0)
-    if job.get("short_form"):
+    skip = short_form_skip(cfg) if job.get("short_form") == "auto" else None
+    if skip:
+        res["short_form"] = {"ok": None, "skipped": skip}
+    elif job.get("short_form"):
         res["short_form"] = short_form(d, res["long_form"]["config"], dtype)
         if not res["short_form"]["ok"]:
             res["errors"].append(f"engine config (short form): {res['short_form']['error']}")
