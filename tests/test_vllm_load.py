@@ -67,6 +67,7 @@ def _speculators_family(root: Path, v: Path, vl: Path) -> dict[str, Path]:
     pytest.importorskip("speculators")
     out = {}
     blocks = {"dflash": fp.build_speculators_block(v, root / "ref" / "dflash", "dflash"),
+              "dflash_pruned": fp.build_speculators_block(v, root / "ref" / "dfp", "dflash", vd=64, seed=2),
               "dspark_sfa": fp.build_speculators_block(v, root / "ref" / "sfa", "dspark", vd=64, sample_from_anchor=True),
               "dspark_1n": fp.build_speculators_block(v, root / "ref" / "1n", "dspark", sample_from_anchor=False, seed=1)}
     for name, ref in blocks.items():
@@ -123,13 +124,16 @@ def _broken(root: Path, good: dict[str, Path]) -> dict[str, Path]:
     import torch
 
     df, pe, ds = good["dflash/zlab_dflash"], good["peagle/aws_peagle"], good["dspark/speculators_trainer_dspark_sfa"]
+    dfp = good["dflash/speculators_trainer_dflash_pruned"]
     return {
         "missing_tensor": _copy_edit(df, root / "missing", drop=["layers.0.mlp.down_proj.weight"]),
         "missing_qkv_shard": _copy_edit(df, root / "shard", drop=["layers.1.self_attn.k_proj.weight"]),
         "unknown_tensor": _copy_edit(df, root / "unknown", add={"layers.0.self_attn.extra.weight": torch.zeros(4, 4)}),
-        "misshapen_tensor": _copy_edit(df, root / "shape", reshape={"layers.0.mlp.up_proj.weight": (96, 64)}),
+        "misshapen_fused_tensor": _copy_edit(df, root / "shape", reshape={"layers.0.mlp.up_proj.weight": (96, 64)}),
+        "misshapen_tensor": _copy_edit(df, root / "shape2", reshape={"layers.1.self_attn.o_proj.weight": (64, 32)}),
         "pruned_peagle_without_d2t": _copy_edit(pe, root / "nod2t", drop=["d2t"]),
         "pruned_dspark_without_lm_head": _copy_edit(ds, root / "nohead", drop=["lm_head.weight"]),
+        "pruned_dflash_without_lm_head": _copy_edit(dfp, root / "nohead_df", drop=["lm_head.weight"]),
         "aux_beyond_verifier": _copy_edit(df, root / "aux", config={"aux_hidden_state_layer_ids": [1, 3, 9]}),
     }
 
@@ -148,7 +152,7 @@ def _subprocess_env(home: Path) -> dict[str, str | None]:
     at import) then uses ``HOME/.cache/huggingface/hub``."""
     env: dict[str, str | None] = {"HOME": str(home), "HF_HUB_OFFLINE": "1"}
     env.update(dict.fromkeys(("HF_HOME", "HF_HUB_CACHE", "XDG_CACHE_HOME", "HUGGINGFACE_HUB_CACHE",
-                              "TRANSFORMERS_CACHE")))
+                              "TRANSFORMERS_CACHE", "VLLM_CACHE_ROOT")))
     return env
 
 
@@ -170,7 +174,11 @@ def checked(tmp_path_factory, tiny_verifier_dir, tiny_llama_verifier_dir, tiny_h
     verifier_of["other_hidden_size"] = tiny_hidden32_dir
     checks = [LoadCheck(str(d), str(verifier_of[n]), short_form=(n in good)) for n, d in dirs.items()]
     home = _home_with_cache(root / "home", {fd.HUB: v, LLAMA_HUB: vl, SMOL_HUB: smollm2_dir})
+    import time as _t
+    t0 = _t.monotonic()
     result = run_load_checks(checks, python=VLLM_PY, env=_subprocess_env(home))
+    if os.environ.get("H4_DUMP"):
+        Path(os.environ["H4_DUMP"]).write_text(json.dumps({"wall": _t.monotonic() - t0, **result}, indent=1, default=str))
     assert len(result["results"]) == len(checks)
     by_name = {n: (dirs[n], r) for n, r in zip(dirs, result["results"])}
     return {"good": sorted(good), "broken": sorted(broken) + ["other_hidden_size"], "by_name": by_name,
@@ -241,10 +249,14 @@ def test_environment_is_recorded(checked):
 @pytest.mark.parametrize("name,needle", [
     ("missing_tensor", "did not fill: model.layers.0.mlp.down_proj.weight"),
     ("missing_qkv_shard", "model.layers.1.self_attn.qkv_proj.weight (shards loaded ['q', 'v']"),
-    ("unknown_tensor", "get_model()"),
-    ("misshapen_tensor", "get_model()"),
-    ("pruned_peagle_without_d2t", "draft_id_to_target_id"),
-    ("pruned_dspark_without_lm_head", "did not fill: lm_head.weight"),
+    ("unknown_tensor", "no module or parameter named 'layers.0.self_attn.extra'"),  # vLLM's own refusal
+    ("misshapen_fused_tensor", "loading model.layers.0.mlp.gate_up_proj.weight (shard 1) (256, 64) from a "
+                               "checkpoint tensor of shape (96, 64)"),
+    ("misshapen_tensor", "loading model.layers.1.self_attn.o_proj.weight (64, 64) from a checkpoint tensor of "
+                         "shape (64, 32)"),
+    ("pruned_peagle_without_d2t", "did not fill: draft_id_to_target_id"),
+    ("pruned_dspark_without_lm_head", "must include lm_head weights"),  # vLLM's own refusal
+    ("pruned_dflash_without_lm_head", "did not fill: lm_head.weight"),
     ("aux_beyond_verifier", "outside the verifier's [0, 6]"),
     ("other_hidden_size", "verifier hidden size 32"),
 ])
