@@ -21,7 +21,6 @@ import fixtures_dspark as fs
 import fixtures_peagle as fp
 from test_hub_paths import FakeHub
 
-pytestmark = pytest.mark.vllm
 
 REPO = Path(__file__).resolve().parents[1]
 LLAMA_HUB = "org/tiny-llama"
@@ -39,9 +38,15 @@ def _vllm_python() -> Path | None:
 
 
 VLLM_PY = _vllm_python()
-if VLLM_PY is None:
-    pytest.skip("no vLLM loader venv (.venv-vllm or $SPECCONV_VLLM_PYTHON): build it with `make vllm-venv`",
-                allow_module_level=True)
+#: Tests that run vLLM: skipped (with this reason) where the loader venv is absent.
+needs_vllm = [pytest.mark.vllm, pytest.mark.skipif(
+    VLLM_PY is None, reason="no vLLM loader venv (.venv-vllm or $SPECCONV_VLLM_PYTHON): build it with `make vllm-venv`")]
+
+
+def _mark(fn):
+    for m in needs_vllm:
+        fn = m(fn)
+    return fn
 
 
 # ------------------------------------------------------------------ fixtures: conversions
@@ -190,6 +195,7 @@ def _summary(r: dict) -> str:
 
 
 # ------------------------------------------------------------------ good dirs
+@_mark
 def test_every_conversion_fixture_loads_in_vllm(checked):
     algos = {n.split("/")[0] for n in checked["good"]}
     assert algos == {"dflash", "dspark", "peagle"}
@@ -197,6 +203,7 @@ def test_every_conversion_fixture_loads_in_vllm(checked):
     assert not failed, failed
 
 
+@_mark
 @pytest.mark.parametrize("algo,classes", [("dflash", {"DFlashQwen3ForCausalLM"}), ("dspark", {"Qwen3DSparkForCausalLM"}),
                                           ("peagle", {"Eagle3LlamaForCausalLM", "Eagle3Qwen3ForCausalLM"})])
 def test_vllm_builds_the_algorithm_class_and_fills_every_parameter(checked, algo, classes):
@@ -216,16 +223,23 @@ def test_vllm_builds_the_algorithm_class_and_fills_every_parameter(checked, algo
             assert spec["parallel_drafting"] is True
 
 
+@_mark
 def test_short_form_resolves_the_verifier_from_the_default_hf_cache(checked):
     """``vllm serve DIR``: vLLM reads the verifier Hub id from DIR and finds it offline."""
     for n in checked["good"]:
         r = checked["by_name"][n][1]
         sf = r["short_form"]
         assert sf["ok"] is True, (n, sf)
-        assert ".cache/huggingface/hub/models--" in sf["config"]["model"] or "/" in sf["config"]["model"], sf
-        assert sf["config"]["method"] == r["long_form"]["config"]["method"]
+        d = checked["by_name"][n][0]
+        name = json.loads((d / "config.json").read_text())["speculators_config"]["verifier"]["name_or_path"]
+        assert sf["config"]["model"] == name and name in (fd.HUB, LLAMA_HUB, SMOL_HUB), (n, sf)
+        # the Hub id resolved (offline) to the same verifier the long form was given
+        assert sf["config"]["verifier_facts"] == r["verifier_facts"], (n, sf)
+        for k in ("method", "num_speculative_tokens", "draft_model", "parallel_drafting"):
+            assert sf["config"][k] == r["long_form"]["config"][k], (n, k)
 
 
+@_mark
 def test_bundled_smollm2_drafter_loads_against_the_real_verifier(checked):
     r = checked["by_name"]["dflash/bundled_smollm2"][1]
     assert r["ok"] and r["model_class"] == "DFlashQwen3ForCausalLM", _summary(r)
@@ -234,6 +248,7 @@ def test_bundled_smollm2_drafter_loads_against_the_real_verifier(checked):
     assert set(r["weights"]["shared"]) >= {"model.embed_tokens.weight", "lm_head.weight"}
 
 
+@_mark
 def test_environment_is_recorded(checked):
     env = checked["env"]
     assert env["vllm"] == "0.33.0" and env["distribution"] == "vllm"
@@ -246,6 +261,7 @@ def test_environment_is_recorded(checked):
 
 
 # ------------------------------------------------------------------ broken variants
+@_mark
 @pytest.mark.parametrize("name,needle", [
     ("missing_tensor", "did not fill: model.layers.0.mlp.down_proj.weight"),
     ("missing_qkv_shard", "model.layers.1.self_attn.qkv_proj.weight (shards loaded ['q', 'v']"),
@@ -264,3 +280,74 @@ def test_strict_check_catches_broken_variant(checked, name, needle):
     r = checked["by_name"][name][1]
     assert r["ok"] is False, _summary(r)
     assert any(needle in e for e in r["errors"]), _summary(r)
+
+
+# ------------------------------------------------------------------ the CLI
+def test_missing_interpreter_is_exit_3(tmp_path, monkeypatch):
+    """No vLLM venv: a clear error (exit 3) before any gate runs; nothing recorded."""
+    from click.testing import CliRunner
+
+    from specconv.cli.main import cli
+
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "config.json").write_text(json.dumps({"speculators_model_type": "dflash"}))
+    monkeypatch.setenv("SPECCONV_VLLM_PYTHON", str(tmp_path / "nope" / "python"))
+    r = CliRunner().invoke(cli, ["validate", str(out), "--verifier", "x", "--vllm-load-check", "--format", "json"])
+    assert r.exit_code == 3, r.output
+    obj = json.loads(r.stdout)
+    assert obj["error"] == "vllm_python_missing" and "nope/python" in obj["message"]
+    assert "SPECCONV_VLLM_PYTHON" in obj["hint"]
+    assert not (out / "specconv.json").exists()
+    r = CliRunner().invoke(cli, ["validate", str(out), "--verifier", "x", "--vllm-load-check",
+                                 "--vllm-python", str(tmp_path / "also-nope"), "--format", "json"])
+    assert r.exit_code == 3 and "also-nope" in json.loads(r.stdout)["message"]
+
+
+@_mark
+def test_validate_vllm_load_check_records_in_specconv_json(tmp_path, smollm2_dir):
+    """``specconv validate DIR --vllm-load-check`` on a tiny verifier with SmolLM2's tokenizer."""
+    pytest.importorskip("dflash")
+    from click.testing import CliRunner
+    from test_validate_cli import _build
+
+    from specconv.cli.main import cli
+
+    tiny = _build(tmp_path / "t", smollm2_dir)
+    before = json.loads((tiny["spec"] / "specconv.json").read_text())
+    args = ["validate", str(tiny["spec"]), "--verifier", str(tiny["verifier"]), "--prompts", str(tiny["prompts"]),
+            "--num-prompts", "1", "--max-new-tokens", "4", "--report-dir", str(tmp_path / "rep"),
+            "--vllm-load-check", "--vllm-python", str(VLLM_PY), "--format", "json"]
+    r = CliRunner().invoke(cli, args, catch_exceptions=False)
+    assert r.exit_code == 0, r.output
+    vl = json.loads(r.stdout)["vllm_load"]
+    assert vl["ok"] is True and vl["model_class"] == "DFlashQwen3ForCausalLM", vl
+    assert (vl["distribution"], vl["vllm"]) == ("vllm", "0.33.0") and vl["torch"].startswith("2.13.0")
+    assert vl["forms"]["long"] is True and vl["forms"]["short_skipped"]  # local verifier: no Hub id to resolve
+    after = json.loads((tiny["spec"] / "specconv.json").read_text())
+    assert after["validation"]["vllm_load"] == vl
+    assert after["validation"]["gates"]  # the gates' summary is kept beside it
+    assert {k: v for k, v in after.items() if k != "validation"} == {k: v for k, v in before.items()
+                                                                      if k != "validation"}
+
+
+def test_interpreter_lookup_order(tmp_path, monkeypatch):
+    import specconv.vllm_check as vc
+    from specconv.errors import InvalidInputError
+
+    venv = tmp_path / "venv"
+    (venv / "bin").mkdir(parents=True)
+    (venv / "bin" / "python").write_text("")
+    env_py = tmp_path / "env-python"
+    env_py.write_text("")
+    monkeypatch.setattr(vc, "DEFAULT_VENV", venv)
+    monkeypatch.delenv(vc.ENV_PYTHON, raising=False)
+    assert vc.find_vllm_python() == venv / "bin" / "python"
+    monkeypatch.setenv(vc.ENV_PYTHON, str(env_py))
+    assert vc.find_vllm_python() == env_py
+    assert vc.find_vllm_python(venv / "bin" / "python") == venv / "bin" / "python"  # the flag wins
+    monkeypatch.delenv(vc.ENV_PYTHON)
+    monkeypatch.setattr(vc, "DEFAULT_VENV", tmp_path / "absent")
+    with pytest.raises(InvalidInputError, match="no vLLM interpreter") as e:
+        vc.find_vllm_python()
+    assert e.value.exit_code == 3 and "make vllm-venv" in e.value.hint

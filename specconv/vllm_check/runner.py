@@ -207,7 +207,9 @@ def summarise_config(vc) -> dict:
 def short_form(d: str, long_summary: dict, dtype: str) -> dict:
     """``vllm serve DIR``: vLLM reads the verifier's Hub id from the dir and resolves it."""
     try:
-        s = summarise_config(build_config(d, None, dtype))
+        vc = build_config(d, None, dtype)
+        s = summarise_config(vc)
+        s["verifier_facts"] = verifier_facts(vc)
     except Exception as e:  # noqa: BLE001 - reported, not raised
         return {"ok": False, "error": _err(e)}
     diff = {k: (s[k], long_summary[k]) for k in ("method", "num_speculative_tokens", "draft_model", "parallel_drafting")
