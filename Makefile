@@ -34,6 +34,7 @@ VLLM_LOADER := vllm==0.33.0
 help:
 	@echo "make demo   # venv + install + convert and validate the bundled trained drafter"
 	@echo "make test   # venv + install + the full test suite"
+	@echo "make vllm-venv  # the vLLM 0.33 loader venv .venv-vllm (make test builds it; docs/validate.md)"
 	@echo "make bench  # convert-vs-cp benchmark (generates a 0.94 GB input)"
 
 $(STAMP): pyproject.toml Makefile

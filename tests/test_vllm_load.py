@@ -179,11 +179,7 @@ def checked(tmp_path_factory, tiny_verifier_dir, tiny_llama_verifier_dir, tiny_h
     verifier_of["other_hidden_size"] = tiny_hidden32_dir
     checks = [LoadCheck(str(d), str(verifier_of[n]), short_form=(n in good)) for n, d in dirs.items()]
     home = _home_with_cache(root / "home", {fd.HUB: v, LLAMA_HUB: vl, SMOL_HUB: smollm2_dir})
-    import time as _t
-    t0 = _t.monotonic()
     result = run_load_checks(checks, python=VLLM_PY, env=_subprocess_env(home))
-    if os.environ.get("H4_DUMP"):
-        Path(os.environ["H4_DUMP"]).write_text(json.dumps({"wall": _t.monotonic() - t0, **result}, indent=1, default=str))
     assert len(result["results"]) == len(checks)
     by_name = {n: (dirs[n], r) for n, r in zip(dirs, result["results"])}
     return {"good": sorted(good), "broken": sorted(broken) + ["other_hidden_size"], "by_name": by_name,
