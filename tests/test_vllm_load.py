@@ -322,6 +322,7 @@ def test_validate_vllm_load_check_records_in_specconv_json(tmp_path, smollm2_dir
     assert vl["forms"]["long"] is True and vl["forms"]["short_skipped"]  # local verifier: no Hub id to resolve
     after = json.loads((tiny["spec"] / "specconv.json").read_text())
     assert after["validation"]["vllm_load"] == vl
+    assert json.loads((tmp_path / "rep" / "validation.json").read_text())["vllm_load"] == vl
     assert after["validation"]["gates"]  # the gates' summary is kept beside it
     assert {k: v for k, v in after.items() if k != "validation"} == {k: v for k, v in before.items()
                                                                       if k != "validation"}

@@ -179,6 +179,10 @@ def validate_cmd(
     )
     with _progress() as cb:
         report = validate_drafter(drafter_dir, verifier, opts, progress=cb)
+    if vllm_load_check:  # vLLM's own loader, in its own interpreter (specconv/vllm_check)
+        from specconv.vllm_check import run_load_checks_for_dir
+
+        report["vllm_load"] = run_load_checks_for_dir(drafter_dir, verifier, python=vllm_python)
     out_dir = report_dir or (Path.cwd() / "specconv-validation" / drafter_dir.resolve().name)
     files = write_report(report, out_dir)
     report["report_files"] = files
@@ -205,9 +209,10 @@ def validate_cmd(
         log.warning("could not record the validation summary in %s/specconv.json: %s", drafter_dir, e)
     failed = failed_gates(report)
     if vllm_load_check:
-        from specconv.vllm_check import load_check_dir
+        from specconv.vllm_check import record_vllm_load
 
-        report["vllm_load"] = load_check_dir(drafter_dir, verifier, python=vllm_python)
+        with contextlib.suppress(OSError):  # read-only drafter dir: the report files still have it
+            record_vllm_load(drafter_dir, report["vllm_load"])
         failed += [] if report["vllm_load"]["ok"] else ["vllm_load"]
     if failed:
         report["error"] = "gate_failed"

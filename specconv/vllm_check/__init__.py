@@ -11,7 +11,6 @@ Only stdlib is imported here, so ``specconv --help`` stays torch-free.
 from __future__ import annotations
 
 import json
-import logging
 import os
 import subprocess
 import tempfile
@@ -19,8 +18,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from specconv.errors import InvalidInputError
-
-log = logging.getLogger("specconv")
 
 #: Environment variable naming the vLLM interpreter (same meaning as ``--vllm-python``).
 ENV_PYTHON = "SPECCONV_VLLM_PYTHON"
@@ -170,16 +167,15 @@ def record_vllm_load(drafter_dir: str | os.PathLike, payload: dict) -> Path:
     return p
 
 
-def load_check_dir(drafter_dir: str | os.PathLike, verifier: str, *, python: str | None = None) -> dict:
-    """``specconv validate --vllm-load-check``: check one dir, record and return its payload."""
-    result = run_load_checks([LoadCheck(str(drafter_dir), verifier)], python=python)
-    payload = record_payload(result)
-    try:
-        record_vllm_load(drafter_dir, payload)
-    except OSError as e:  # a read-only dir: the result is still returned
-        log.warning("could not record validation.vllm_load in %s/specconv.json: %s", drafter_dir, e)
-    return payload
+def run_load_checks_for_dir(drafter_dir: str | os.PathLike, verifier: str, *, python: str | None = None) -> dict:
+    """``specconv validate --vllm-load-check``: check one dir, return its
+    ``validation.vllm_load`` payload (see :func:`record_payload`; not recorded here).
+
+    Raises:
+        InvalidInputError: no vLLM interpreter, or the runner could not start.
+    """
+    return record_payload(run_load_checks([LoadCheck(str(drafter_dir), verifier)], python=python))
 
 
-__all__ = ["ENV_PYTHON", "LoadCheck", "find_vllm_python", "load_check_dir", "record_payload",
-           "record_vllm_load", "run_load_checks", "subprocess_env"]
+__all__ = ["ENV_PYTHON", "LoadCheck", "find_vllm_python", "record_payload",
+           "record_vllm_load", "run_load_checks", "run_load_checks_for_dir", "subprocess_env"]
