@@ -64,6 +64,10 @@ def _dflash_family(root: Path, v: Path) -> dict[str, Path]:
     for name, make in (("deepspec_dspark", fs.make_deepspec_dspark), ("specforge_dspark", fs.make_specforge_dspark),
                        ("modelopt_dspark", fs.make_modelopt_dspark)):
         out[f"dspark/{name}"] = _convert(make(root / "src" / name, v), v, root / "out" / name, fd.HUB)
+    for strategy in ("dflash", "dspark"):  # SpecForge training_state.pt, with both opt-ins
+        ckpt, draft_cfg = fs.make_specforge_training(root / "runs" / strategy, v, strategy=strategy)
+        out[f"{strategy}/specforge_training"] = _convert(ckpt, v, root / "out" / f"sft_{strategy}", fd.HUB,
+                                                         allow_unpickle=True, draft_config=draft_cfg)
     return out
 
 
