@@ -131,13 +131,14 @@ def run_load_checks(
 
 def record_payload(result: dict, index: int = 0) -> dict:
     """The ``validation.vllm_load`` section of ``specconv.json`` for one checked dir:
-    ``{ok, distribution, vllm, torch, transformers, stubs, model_class, forms, errors,
-    warnings, missing, shared}``."""
+    ``{ok, distribution, vllm, torch, transformers, stubs, patches, model_class,
+    speculative_config, forms, errors, warnings, missing, shared}``."""
     env, r = result["env"], result["results"][index]
     w = r.get("weights") or {}
     return {
         "ok": r["ok"], "distribution": env.get("distribution"), "vllm": env.get("vllm"), "torch": env.get("torch"),
         "transformers": env.get("transformers"), "stubs": [s["name"] for s in env.get("stubs", [])],
+        "patches": env.get("patches", []),
         "model_class": r.get("model_class"), "speculative_config": r.get("speculative_config"),
         "forms": {"long": (r.get("long_form") or {}).get("ok", False),
                   "short": (r.get("short_form") or {}).get("ok"),
