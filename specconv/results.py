@@ -281,6 +281,7 @@ class ValidationReport(StageResult):
             "temperature": r.get("temperature"),
             "source_acceptance_length": (r.get("source_metrics") or {}).get("acceptance_length"),
             "specconv_version": r.get("specconv_version"),
+            **({"vllm_load": r["vllm_load"]} if r.get("vllm_load") else {}),
         }
 
     def human(self) -> str:
@@ -304,6 +305,10 @@ class ValidationReport(StageResult):
             lines += [f"      warning: {w}" for w in g["warnings"][:3]]
             if g.get("skipped_reason"):
                 lines.append(f"      ({g['skipped_reason']})")
+        vl = r.get("vllm_load")
+        if vl:
+            lines.append(f"vllm load: {'ok' if vl['ok'] else 'FAILED'}  ({vl.get('distribution')} {vl.get('vllm')}, "
+                         f"{vl.get('model_class')})" + "".join(f"\n      error:   {e}" for e in vl["errors"][:5]))
         files = r.get("report_files") or {}
         if files:
             lines.append(f"report:    {files.get('json')}")

@@ -89,6 +89,9 @@ def _require_speculators_dir(d: Path) -> None:
 @click.option("--attn-implementation", type=click.Choice(["sdpa", "eager"]), default="sdpa", show_default=True,
               help="Verifier attention kernels.")
 @click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--vllm-load-check", is_flag=True,
+              help="Also load DIR with vLLM's own loader (strict; separate vLLM venv, see docs/validate.md).")
+@click.option("--vllm-python", metavar="PATH", help="vLLM interpreter [default: $SPECCONV_VLLM_PYTHON, else .venv-vllm].")
 @output_format_option
 @run_command
 def validate_cmd(
@@ -106,6 +109,8 @@ def validate_cmd(
     backend: str,
     attn_implementation: str,
     seed: int,
+    vllm_load_check: bool,
+    vllm_python: str | None,
     output_format: str,
 ):
     """Validate the Speculators drafter in DIR against its verifier.
@@ -121,15 +126,26 @@ def validate_cmd(
     from specconv.validate.run import ValidateOptions, validate_drafter
 
     _require_speculators_dir(drafter_dir)
+    if vllm_load_check:  # no interpreter: exit 3 before any work
+        from specconv.vllm_check import find_vllm_python
+
+        find_vllm_python(vllm_python)
     opts = ValidateOptions(source=source, prompts=prompts, num_prompts=num_prompts, max_new_tokens=max_new_tokens,
                            temperature=temperature, device=device, dtype=dtype, min_tau=min_tau, backend=backend,
                            attn_implementation=attn_implementation, seed=seed)
     with _progress() as cb:
         report = validate_drafter(drafter_dir, verifier, opts, progress=cb)
+    if vllm_load_check:  # vLLM's own loader, in its own interpreter (specconv/vllm_check)
+        from specconv.vllm_check import run_load_checks_for_dir
+
+        report["vllm_load"] = run_load_checks_for_dir(drafter_dir, verifier, python=vllm_python)
+        report["passed"] = bool(report["passed"]) and report["vllm_load"]["ok"]
     out_dir = report_dir or (Path.cwd() / "specconv-validation" / drafter_dir.resolve().name)
     report.report_files = write_report(report, out_dir)
     _record(drafter_dir, report)
     failed = report.failed_gates()
+    if vllm_load_check and not report["vllm_load"]["ok"]:
+        failed.append("vllm_load")
     if failed:
         report["error"] = "gate_failed"
         report["exit_code"] = EXIT_GATE_FAILED

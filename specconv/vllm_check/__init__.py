@@ -1,0 +1,182 @@
+"""vLLM as a real consumer: load Speculators dirs with vLLM's own loader (specconv side).
+
+vLLM does not install next to specconv (it pins another torch), so the check runs
+``runner.py`` (this package) in a separate vLLM interpreter — by default the repo's
+``.venv-vllm`` built by ``make vllm-venv`` (see docs/validate.md, "vLLM loader check").
+Several dirs are checked in ONE subprocess: vLLM's import costs ~10–40 s, each dir ~1 s.
+
+Only stdlib is imported here, so ``specconv --help`` stays torch-free.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from specconv.errors import InvalidInputError
+
+#: Environment variable naming the vLLM interpreter (same meaning as ``--vllm-python``).
+ENV_PYTHON = "SPECCONV_VLLM_PYTHON"
+RUNNER = Path(__file__).with_name("runner.py")
+#: The repo-local loader venv (``make vllm-venv``); used when nothing else is named.
+DEFAULT_VENV = Path(__file__).resolve().parents[2] / ".venv-vllm"
+
+
+@dataclass(frozen=True)
+class LoadCheck:
+    """One dir to load.
+
+    Attributes:
+        dir: the Speculators-format drafter dir.
+        verifier: local verifier dir or Hub id (the long form's ``--model``).
+        short_form: also build ``vllm serve DIR`` (True), never (False), or only when the
+            recorded verifier id is in the local Hugging Face cache (``"auto"``).
+    """
+
+    dir: str
+    verifier: str
+    short_form: bool | str = "auto"
+
+
+def find_vllm_python(explicit: str | os.PathLike | None = None) -> Path:
+    """The vLLM interpreter: ``explicit``, else ``$SPECCONV_VLLM_PYTHON``, else the repo's
+    ``.venv-vllm/bin/python``.
+
+    Raises:
+        InvalidInputError: (exit 3) none of them names an existing file.
+    """
+    named = explicit or os.environ.get(ENV_PYTHON)
+    if named:
+        p = Path(named).expanduser()
+        if not p.is_file():
+            raise InvalidInputError(f"vLLM interpreter {p} does not exist", code="vllm_python_missing",
+                                    hint=f"pass --vllm-python PATH or set {ENV_PYTHON} to a venv's bin/python")
+        return p
+    p = DEFAULT_VENV / "bin" / "python"
+    if p.is_file():
+        return p
+    raise InvalidInputError(
+        "no vLLM interpreter: --vllm-load-check needs vLLM in a separate venv", code="vllm_python_missing",
+        hint=f"build it with `make vllm-venv` ({DEFAULT_VENV}), or pass --vllm-python PATH / set {ENV_PYTHON}",
+    )
+
+
+def subprocess_env(extra: dict[str, str | None] | None = None) -> dict[str, str]:
+    """The runner's environment: offline, CPU target, one thread, plus ``extra`` (a None
+    value removes that variable)."""
+    env = dict(os.environ)
+    env.update({"VLLM_TARGET_DEVICE": "cpu", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
+                "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1"})
+    env.setdefault("OMP_NUM_THREADS", "1")
+    for k, v in (extra or {}).items():
+        if v is None:
+            env.pop(k, None)
+        else:
+            env[k] = v
+    return env
+
+
+def run_load_checks(
+    checks: list[LoadCheck],
+    *,
+    python: str | os.PathLike | None = None,
+    env: dict[str, str | None] | None = None,
+    dtype: str = "float32",
+    timeout: float = 900.0,
+) -> dict:
+    """Load every dir of ``checks`` with vLLM in ONE subprocess.
+
+    Args:
+        checks: dirs (and their verifiers) to load.
+        python: the vLLM interpreter (see :func:`find_vllm_python`).
+        env: extra environment for the subprocess (e.g. ``HOME`` of an offline HF cache;
+            None unsets a variable).
+        dtype: vLLM ``--dtype`` for both configs.
+        timeout: seconds before the subprocess is killed.
+
+    Returns:
+        ``{"env": {distribution, vllm, torch, transformers, python, stubs, import_seconds},
+        "results": [one dict per check: ok, errors, warnings, algorithm, model_class,
+        speculative_config, long_form, short_form, weights {loaded, missing, partial,
+        shared}, verifier_facts, seconds]}``.
+
+    Raises:
+        InvalidInputError: no interpreter, or the runner failed before checking anything
+            (its stderr tail is in the message).
+    """
+    py = find_vllm_python(python)
+    job = {"dtype": dtype, "checks": [{"dir": str(Path(c.dir).resolve()), "verifier": str(c.verifier),
+                                       "short_form": c.short_form} for c in checks]}
+    with tempfile.TemporaryDirectory(prefix="specconv-vllm-") as tmp:
+        job_path, out_path = Path(tmp) / "job.json", Path(tmp) / "result.json"
+        job_path.write_text(json.dumps(job), encoding="utf-8")
+        try:
+            proc = subprocess.run([str(py), str(RUNNER), str(job_path), str(out_path)], env=subprocess_env(env),
+                                  stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                  timeout=timeout, text=True, errors="replace", cwd=tmp)
+        except subprocess.TimeoutExpired as e:
+            raise InvalidInputError(f"vLLM loader check timed out after {timeout:.0f} s", code="vllm_check_failed") from e
+        result = json.loads(out_path.read_text(encoding="utf-8")) if out_path.is_file() else None
+    if result is None or "fatal" in result:
+        why = (result or {}).get("fatal") or f"exit status {proc.returncode}"
+        raise InvalidInputError(f"vLLM loader check could not run with {py}: {why}\n{proc.stdout[-3000:]}",
+                                code="vllm_check_failed")
+    result["log_tail"] = proc.stdout[-4000:]
+    return result
+
+
+def record_payload(result: dict, index: int = 0) -> dict:
+    """The ``validation.vllm_load`` section of ``specconv.json`` for one checked dir:
+    ``{ok, distribution, vllm, torch, transformers, stubs, patches, model_class,
+    speculative_config, forms, errors, warnings, missing, shared}``."""
+    env, r = result["env"], result["results"][index]
+    w = r.get("weights") or {}
+    return {
+        "ok": r["ok"], "distribution": env.get("distribution"), "vllm": env.get("vllm"), "torch": env.get("torch"),
+        "transformers": env.get("transformers"), "stubs": [s["name"] for s in env.get("stubs", [])],
+        "patches": env.get("patches", []),
+        "model_class": r.get("model_class"), "speculative_config": r.get("speculative_config"),
+        "forms": {"long": (r.get("long_form") or {}).get("ok", False),
+                  "short": (r.get("short_form") or {}).get("ok"),
+                  "short_skipped": (r.get("short_form") or {}).get("skipped")},
+        "errors": r.get("errors", []), "warnings": r.get("warnings", []),
+        "missing": w.get("missing", []), "shared": sorted(w.get("shared", {})),
+    }
+
+
+def record_vllm_load(drafter_dir: str | os.PathLike, payload: dict) -> Path:
+    """Set ``validation.vllm_load`` in ``DIR/specconv.json`` (other keys kept; atomic).
+
+    Raises:
+        InvalidInputError: the existing file is not a JSON object.
+        OSError: the dir is not writable.
+    """
+    p = Path(drafter_dir) / "specconv.json"
+    data = json.loads(p.read_text(encoding="utf-8")) if p.is_file() else {}
+    if not isinstance(data, dict) or not isinstance(data.get("validation", {}), dict):
+        raise InvalidInputError(f"{p}: not a JSON object with a 'validation' object; not overwriting it")
+    data.setdefault("validation", {})["vllm_load"] = payload
+    fd, tmp = tempfile.mkstemp(prefix=".specconv.json.", dir=p.parent)
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        f.write(json.dumps(data, indent=2, sort_keys=True) + "\n")
+    os.chmod(tmp, 0o644)
+    os.replace(tmp, p)
+    return p
+
+
+def run_load_checks_for_dir(drafter_dir: str | os.PathLike, verifier: str, *, python: str | None = None) -> dict:
+    """``specconv validate --vllm-load-check``: check one dir, return its
+    ``validation.vllm_load`` payload (see :func:`record_payload`; not recorded here).
+
+    Raises:
+        InvalidInputError: no vLLM interpreter, or the runner could not start.
+    """
+    return record_payload(run_load_checks([LoadCheck(str(drafter_dir), verifier)], python=python))
+
+
+__all__ = ["ENV_PYTHON", "LoadCheck", "find_vllm_python", "record_payload",
+           "record_vllm_load", "run_load_checks", "run_load_checks_for_dir", "subprocess_env"]
