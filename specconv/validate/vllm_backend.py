@@ -351,9 +351,11 @@ class VllmServer:
                 p.wait(timeout=wait)
             except subprocess.TimeoutExpired:
                 continue
+            t0 = time.monotonic()  # the leader is gone: give its children (engine core) 5 s
+            while _group_alive(p.pid) and time.monotonic() - t0 < 5.0:
+                time.sleep(0.2)
             if not _group_alive(p.pid):
                 break
-            time.sleep(1)
 
     def metrics_text(self) -> str:
         """The ``/metrics`` page (Prometheus text)."""
