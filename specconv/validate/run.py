@@ -51,7 +51,9 @@ class ValidateOptions:
         attn_implementation: verifier attention (``sdpa`` | ``eager``).
         seed: prompt-independent RNG seed (bootstrap, sampling).
         confidence_threshold: DSpark truncated-run threshold (None disables that run).
-        vllm_port: port for ``--backend vllm``.
+        vllm_port: port for ``--backend vllm`` (a free one is used when it is busy).
+        vllm_python: interpreter of the vLLM venv for ``--backend vllm`` (None: see
+            :func:`specconv.validate.vllm_backend.resolve_vllm_python`).
     """
 
     source: str | None = None
@@ -68,6 +70,7 @@ class ValidateOptions:
     seed: int = 0
     confidence_threshold: float | None = DSPARK_CONFIDENCE_THRESHOLD
     vllm_port: int = 8011
+    vllm_python: str | None = None
 
 
 def select_prompts(spec: str, n: int | None) -> list:

