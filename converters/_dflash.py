@@ -106,8 +106,9 @@ def plan_dflash_family(
     conv_ids = c.zlab_to_speculators_ids(
         src, layout.ids, layout.ids_key, opts, verifier, findings, allow_minus_one=layout.allow_minus_one
     )
-    lcfg = c.layer_config(src, cfg, model_type="qwen3", extra_drop=layout.layer_drop)
-    c.check_verifier_shape(src, verifier, lcfg["hidden_size"], lcfg["vocab_size"])
+    lcfg = c.layer_config(src, cfg, model_type="qwen3", extra_drop=layout.layer_drop, findings=findings)
+    c.check_verifier_shape(src, verifier, lcfg["hidden_size"], lcfg["vocab_size"], findings)
+    c.kv_page_finding(lcfg, verifier, findings)
     if mask >= lcfg["vocab_size"]:
         raise InvalidInputError(f"mask token id {mask} ({mask_where}) ≥ vocab_size {lcfg['vocab_size']}")
     swnc = True if layout.force_non_causal else c.dflash_causality(src, lcfg, findings)

@@ -473,6 +473,8 @@ class _Found:
     where: str  # human label
     source_name: str | None = None  # tensor name in the source store
     src_dtype: str | None = None
+    file: str = ""  # the file (or dir) holding it: named by errors about this mapping
+    generated: bool = False  # built by a documented rule, not read
 
 
 def _bytes_plan(out: str, arr: "np.ndarray", dtype: str, fate: str, origin: str, source: str | None, src_dtype: str, note: str) -> TensorPlan:
@@ -486,6 +488,185 @@ def _bytes_plan(out: str, arr: "np.ndarray", dtype: str, fate: str, origin: str,
     )
 
 
+def _find_mappings(src: "SourceInfo", opts: "ConvertOptions", res: VocabResult, d2t_names: Iterable[str],
+                   t2d_names: Iterable[str], extra: Mapping[str, Any] | None, extra_label: str,
+                   side_files: bool) -> dict[str, _Found]:
+    """d2t/t2d from the weights, ``extra``, side files, then ``--vocab-mapping`` (must agree)."""
+    import numpy as np
+
+    Vd = res.draft_vocab_size
+    names = set(src.tensor_names())
+    found: dict[str, _Found] = {}
+    for role, cands in (("d2t", tuple(d2t_names)), ("t2d", tuple(t2d_names))):
+        n = next((n for n in cands if n in names), None)
+        if n is not None:
+            found[role] = _Found(as_array((src.store, n), what=f"{src.path}:{n}"), f"tensor {n}", n,
+                                 src.store.info(n).dtype, str(src.path))
+            res.consumed.add(n)
+    for role in ("d2t", "t2d"):
+        if role not in found and extra and extra.get(role) is not None:
+            found[role] = _Found(as_array(extra[role], what=f"{extra_label}:{role}"), f"{extra_label} ({role})",
+                                 file=extra_label or str(src.path))
+    if side_files:
+        for role, p in find_side_files(src.path, Vd).items():
+            if role not in found:
+                found[role] = _Found(read_mapping_file(p, role=role)[role], f"side file {p.name}", file=str(p))
+    if opts.vocab_mapping is None:
+        return found
+    flag = read_mapping_file(opts.vocab_mapping, draft_vocab_size=Vd)
+    for role, arr in flag.items():
+        if role not in found:
+            found[role] = _Found(arr, f"--vocab-mapping {Path(opts.vocab_mapping).name}", file=str(opts.vocab_mapping))
+            continue
+        have = found[role].value
+        if have.shape != arr.shape or not np.array_equal(have.astype(np.int64), arr.astype(np.int64)):
+            raise InvalidInputError(
+                f"--vocab-mapping {opts.vocab_mapping}: its {role} differs from the checkpoint's {found[role].where}",
+                code="conflicting_vocab_mapping",
+            )
+        res.notes.append(f"--vocab-mapping {role} agrees with the checkpoint's {found[role].where}")
+    return found
+
+
+def _identity(src: "SourceInfo", res: VocabResult, found: dict[str, _Found]) -> VocabResult:
+    """Full (``Vd == V``) or padded (``Vd > V``) vocabulary: identity mapping tensors dropped
+    with a reason, anything else refused."""
+    import numpy as np
+
+    from specconv.speculators import Finding
+
+    V, Vd = res.vocab_size, res.draft_vocab_size
+    label = ("full vocabulary (draft_vocab_size == vocab_size)" if Vd == V
+             else f"padded vocabulary (draft_vocab_size {Vd} > vocab_size {V})")
+    for role, f in found.items():
+        v = f.value
+        if role == "d2t":
+            identity = v.shape[0] == Vd and not v.astype(np.int64).any()
+            what = "all-zero d2t (identity offsets)"
+        else:
+            identity = v.shape[0] == V and bool(_as_bool(v, "t2d").all())
+            what = "all-true t2d"
+        if not identity:
+            raise InvalidInputError(
+                f"{f.file}: {label} but {f.where} is not the identity mapping; Speculators has no way to store a "
+                "permuted/partial full vocabulary",
+                code="vocab_map_invalid",
+            )
+        reason = f"{what} with a {label}: no mapping needed (speculators writes d2t/t2d only when Vd < V)"
+        if f.source_name:
+            res.dropped.append(DroppedTensor(f.source_name, reason))
+        else:
+            res.notes.append(f"{f.where} ignored: {reason}")
+    if Vd > V:
+        res.findings.append(Finding("info", "vocab-padded",
+                                    f"draft_vocab_size {Vd} > vocab_size {V}: padded vocabulary, identity mapping",
+                                    "draft_vocab_size"))
+    return res
+
+
+def _logical_identity(res: VocabResult, logical: int) -> dict[str, _Found]:
+    """``logical ≤ Vd < V``: the draft covers the verifier's whole logical vocabulary (the rest
+    of ``V`` is embedding padding), so the mapping is the identity on the first ``Vd`` ids."""
+    import numpy as np
+
+    from specconv.speculators import Finding
+
+    V, Vd = res.vocab_size, res.draft_vocab_size
+    t2d = np.zeros(V, dtype=np.bool_)
+    t2d[:Vd] = True
+    res.findings.append(Finding(
+        "info", "vocab-logical-identity",
+        f"draft_vocab_size {Vd} ≥ the verifier's logical vocab_size {logical} (its {V} embedding rows are padded): "
+        f"identity mapping written (d2t zeros, t2d true for ids < {Vd})", "draft_vocab_size",
+    ))
+    label = f"identity over the logical vocabulary ({logical})"
+    return {"d2t": _Found(np.zeros(Vd, dtype=np.int64), label, generated=True),
+            "t2d": _Found(t2d, label, generated=True)}
+
+
+def _drop_default_t2d(res: VocabResult, t2d_f: _Found | None) -> "tuple[_Found | None, np.ndarray | None]":
+    """SpecForge initialises t2d to all-true and only overwrites it when a mapping is loaded:
+    with ``Vd < V`` it carries no information (it cannot mark exactly Vd ids)."""
+    from specconv.speculators import Finding
+
+    if t2d_f is None:
+        return None, None
+    t2d_arr = _as_bool(t2d_f.value, f"t2d ({t2d_f.where})")
+    V, Vd = res.vocab_size, res.draft_vocab_size
+    if not (t2d_arr.shape[0] == V and bool(t2d_arr.all())):
+        return t2d_f, t2d_arr
+    msg = (f"{t2d_f.where} is all-true (an untouched default) although the vocabulary is pruned "
+           f"({Vd} < {V}); it is ignored and t2d is rebuilt from d2t")
+    res.findings.append(Finding("warning", "t2d-default-all-true", msg, "t2d"))
+    if t2d_f.source_name:
+        res.dropped.append(DroppedTensor(t2d_f.source_name, "all-true default t2d with a pruned vocabulary; rebuilt from d2t"))
+    return None, None
+
+
+def _t2d_plan(res: VocabResult, t2d_f: _Found | None, t2d_arr: "np.ndarray") -> TensorPlan:
+    V = res.vocab_size
+    if t2d_f is not None and t2d_f.generated:
+        return _bytes_plan("t2d", t2d_arr, "BOOL", "generated", "generated", None, "BOOL", t2d_f.where)
+    if t2d_f is None:
+        res.notes.append("t2d rebuilt from d2t")
+        return _bytes_plan("t2d", t2d_arr, "BOOL", "generated", "generated", None, "BOOL",
+                           "rebuilt from d2t (t2d[i + d2t[i]] = True); source had no t2d")
+    if t2d_f.source_name and t2d_f.src_dtype == "BOOL":
+        return TensorPlan(out="t2d", fate="copied", origin="source", source=t2d_f.source_name, shape=(V,),
+                          dtype="BOOL", src_dtype="BOOL")
+    note = f"from {t2d_f.where}" + (f", converted {t2d_f.src_dtype} → BOOL"
+                                    if t2d_f.src_dtype and t2d_f.src_dtype != "BOOL" else "")
+    return _bytes_plan("t2d", t2d_arr, "BOOL", "copied", "source", t2d_f.source_name or t2d_f.where,
+                       t2d_f.src_dtype or "BOOL", note)
+
+
+def _d2t_plan(res: VocabResult, d2t_f: _Found, reading: D2TReading) -> TensorPlan:
+    Vd, d2t = res.draft_vocab_size, reading.offsets
+    if d2t_f.generated:
+        return _bytes_plan("d2t", d2t, "I64", "generated", "generated", None, "I64", d2t_f.where)
+    if reading.form == "offsets" and d2t_f.source_name and d2t_f.src_dtype == "I64":
+        return TensorPlan(out="d2t", fate="copied", origin="source", source=d2t_f.source_name, shape=(Vd,),
+                          dtype="I64", src_dtype="I64")
+    if reading.form == "absolute":
+        return _bytes_plan("d2t", d2t, "I64", "generated", "generated", d2t_f.source_name, d2t_f.src_dtype or "I64",
+                           f"converted from absolute target ids ({d2t_f.where}) to offsets")
+    note = f"from {d2t_f.where}" + (f", converted {d2t_f.src_dtype} → I64"
+                                    if d2t_f.src_dtype and d2t_f.src_dtype != "I64" else "")
+    return _bytes_plan("d2t", d2t, "I64", "copied", "source", d2t_f.source_name or d2t_f.where,
+                       d2t_f.src_dtype or "I64", note)
+
+
+def _pruned(src: "SourceInfo", res: VocabResult, found: dict[str, _Found], extra_label: str) -> VocabResult:
+    """``Vd < V``: d2t normalised to offsets, t2d checked or rebuilt, both planned. Errors name
+    the file the mapping came from (the checkpoint, a side file or ``--vocab-mapping``)."""
+    from specconv.speculators import Finding
+
+    V, Vd = res.vocab_size, res.draft_vocab_size
+    d2t_f = found.get("d2t")
+    if d2t_f is None:
+        raise InvalidInputError(
+            f"{src.path}: pruned draft vocabulary (draft_vocab_size {Vd} < vocab_size {V}) but no d2t mapping was found "
+            "(looked at the weights" + (f", {extra_label}" if extra_label else "") + ", d2t.npy beside the checkpoint and --vocab-mapping)",
+            code="vocab_map_missing",
+            hint="pass the mapping the drafter was trained with: --vocab-mapping FILE (.pt/.npy/.safetensors with d2t[/t2d])",
+        )
+    t2d_f, t2d_arr = _drop_default_t2d(res, found.get("t2d"))
+    files = [f.file for f in (d2t_f, t2d_f) if f is not None and f.file]
+    where = " and ".join(dict.fromkeys(files)) or str(src.path)
+    reading = normalise_d2t(d2t_f.value, t2d_arr, V, Vd, where=where)
+    if reading.form == "absolute":
+        res.findings.append(Finding("warning", "d2t-absolute-ids", f"{d2t_f.where}: {reading.message}", "d2t"))
+    elif reading.ambiguous_but_offsets:
+        res.findings.append(Finding("info", "d2t-form-unconfirmed", f"{d2t_f.where}: {reading.message}", "d2t"))
+    if t2d_arr is None:
+        t2d_arr = t2d_from_d2t(reading.offsets, V)
+    check_mapping(reading.offsets, t2d_arr, V, Vd, where=where)
+    res.tensors = [_d2t_plan(res, d2t_f, reading), _t2d_plan(res, t2d_f, t2d_arr)]
+    res.d2t, res.t2d = reading.offsets, t2d_arr
+    res.notes.insert(0, f"vocab mapping: d2t from {d2t_f.where}" + (f", t2d from {t2d_f.where}" if t2d_f else ""))
+    return res
+
+
 def resolve_vocab(
     src: "SourceInfo",
     opts: "ConvertOptions",
@@ -497,6 +678,7 @@ def resolve_vocab(
     extra: Mapping[str, Any] | None = None,
     extra_label: str = "",
     side_files: bool = True,
+    logical_vocab_size: int | None = None,
 ) -> VocabResult:
     """Decide the vocabulary mapping of a conversion and plan the ``d2t``/``t2d`` outputs.
 
@@ -510,6 +692,8 @@ def resolve_vocab(
     * ``Vd > V`` (padded) and ``Vd == V`` (full): no mapping is written; source mapping
       tensors are dropped with a reason when they are the identity (all-zero d2t, all-true
       t2d — SpecForge P-EAGLE's default), refused otherwise.
+    * ``logical_vocab_size ≤ Vd < V`` (the verifier's embedding is padded past its logical
+      vocabulary) and no mapping anywhere: the identity on the first ``Vd`` ids is written.
     * ``Vd < V``: ``d2t`` is normalised (:func:`normalise_d2t`), ``t2d`` rebuilt from it
       when absent (fate ``generated``), everything validated (:func:`check_mapping`).
       Unchanged I64 ``d2t`` / BOOL ``t2d`` from the weights are ``copied``; other dtypes
@@ -517,123 +701,17 @@ def resolve_vocab(
 
     Raises:
         InvalidInputError: missing mapping for a pruned draft (``vocab_map_missing``), a
-            contradiction between locations, or an invalid/ambiguous mapping.
+            contradiction between locations, or an invalid/ambiguous mapping (naming the
+            file it came from).
     """
-    import numpy as np
-
-    from specconv.speculators import Finding
-
     V, Vd = int(vocab_size), int(draft_vocab_size)
     res = VocabResult(kind="pruned" if Vd < V else ("full" if Vd == V else "padded"), vocab_size=V, draft_vocab_size=Vd)
-    names = set(src.tensor_names())
-    found: dict[str, _Found] = {}
-    for role, cands in (("d2t", tuple(d2t_names)), ("t2d", tuple(t2d_names))):
-        for n in cands:
-            if n in names:
-                info = src.store.info(n)
-                found[role] = _Found(as_array((src.store, n), what=f"{src.path}:{n}"), f"tensor {n}", n, info.dtype)
-                res.consumed.add(n)
-                break
-    for role in ("d2t", "t2d"):
-        if role not in found and extra and extra.get(role) is not None:
-            found[role] = _Found(as_array(extra[role], what=f"{extra_label}:{role}"), f"{extra_label} ({role})")
-    if side_files:
-        for role, p in find_side_files(src.path, Vd).items():
-            if role not in found:
-                found[role] = _Found(read_mapping_file(p, role=role)[role], f"side file {p.name}")
-    if opts.vocab_mapping is not None:
-        flag = read_mapping_file(opts.vocab_mapping, draft_vocab_size=Vd)
-        for role, arr in flag.items():
-            if role in found:
-                have = found[role].value
-                if have.shape != arr.shape or not np.array_equal(have.astype(np.int64), arr.astype(np.int64)):
-                    raise InvalidInputError(
-                        f"--vocab-mapping {opts.vocab_mapping}: its {role} differs from the checkpoint's {found[role].where}",
-                        code="conflicting_vocab_mapping",
-                    )
-                res.notes.append(f"--vocab-mapping {role} agrees with the checkpoint's {found[role].where}")
-            else:
-                found[role] = _Found(arr, f"--vocab-mapping {Path(opts.vocab_mapping).name}")
-
-    d2t_f, t2d_f = found.get("d2t"), found.get("t2d")
-
-    # ---- full / padded vocab: identity, no mapping -----------------------------
+    found = _find_mappings(src, opts, res, d2t_names, t2d_names, extra, extra_label, side_files)
     if Vd >= V:
-        label = "full vocabulary (draft_vocab_size == vocab_size)" if Vd == V else f"padded vocabulary (draft_vocab_size {Vd} > vocab_size {V})"
-        for role, f in (("d2t", d2t_f), ("t2d", t2d_f)):
-            if f is None:
-                continue
-            v = f.value
-            if role == "d2t":
-                identity = v.shape[0] == Vd and not v.astype(np.int64).any()
-                what = "all-zero d2t (identity offsets)"
-            else:
-                identity = v.shape[0] == V and bool(_as_bool(v, "t2d").all())
-                what = "all-true t2d"
-            if not identity:
-                raise InvalidInputError(
-                    f"{src.path}: {label} but {f.where} is not the identity mapping; Speculators has no way to store a "
-                    "permuted/partial full vocabulary",
-                    code="vocab_map_invalid",
-                )
-            reason = f"{what} with a {label}: no mapping needed (speculators writes d2t/t2d only when Vd < V)"
-            if f.source_name:
-                res.dropped.append(DroppedTensor(f.source_name, reason))
-            else:
-                res.notes.append(f"{f.where} ignored: {reason}")
-        if Vd > V:
-            res.findings.append(Finding("info", "vocab-padded",
-                                        f"draft_vocab_size {Vd} > vocab_size {V}: padded vocabulary, identity mapping", "draft_vocab_size"))
-        return res
-
-    # ---- pruned -----------------------------------------------------------------
-    if d2t_f is None:
-        raise InvalidInputError(
-            f"{src.path}: pruned draft vocabulary (draft_vocab_size {Vd} < vocab_size {V}) but no d2t mapping was found "
-            "(looked at the weights" + (f", {extra_label}" if extra_label else "") + ", d2t.npy beside the checkpoint and --vocab-mapping)",
-            code="vocab_map_missing",
-            hint="pass the mapping the drafter was trained with: --vocab-mapping FILE (.pt/.npy/.safetensors with d2t[/t2d])",
-        )
-    where = str(src.path)
-    t2d_arr = None if t2d_f is None else _as_bool(t2d_f.value, f"t2d ({t2d_f.where})")
-    if t2d_arr is not None and t2d_arr.shape[0] == V and bool(t2d_arr.all()):
-        # SpecForge initialises t2d to all-true and only overwrites it when a mapping is
-        # loaded: with Vd < V it carries no information (it cannot mark exactly Vd ids).
-        msg = (f"{t2d_f.where} is all-true (an untouched default) although the vocabulary is pruned "
-               f"({Vd} < {V}); it is ignored and t2d is rebuilt from d2t")
-        res.findings.append(Finding("warning", "t2d-default-all-true", msg, "t2d"))
-        if t2d_f.source_name:
-            res.dropped.append(DroppedTensor(t2d_f.source_name, "all-true default t2d with a pruned vocabulary; rebuilt from d2t"))
-        t2d_f, t2d_arr = None, None
-    reading = normalise_d2t(d2t_f.value, t2d_arr, V, Vd, where=where)
-    if reading.form == "absolute":
-        res.findings.append(Finding("warning", "d2t-absolute-ids", f"{d2t_f.where}: {reading.message}", "d2t"))
-    elif reading.ambiguous_but_offsets:
-        res.findings.append(Finding("info", "d2t-form-unconfirmed", f"{d2t_f.where}: {reading.message}", "d2t"))
-    d2t = reading.offsets
-    if t2d_arr is None:
-        t2d_arr = t2d_from_d2t(d2t, V)
-        t2d_plan = _bytes_plan("t2d", t2d_arr, "BOOL", "generated", "generated", None, "BOOL",
-                               f"rebuilt from d2t (t2d[i + d2t[i]] = True); source had no t2d")
-        res.notes.append("t2d rebuilt from d2t")
-    elif t2d_f.source_name and t2d_f.src_dtype == "BOOL":
-        t2d_plan = TensorPlan(out="t2d", fate="copied", origin="source", source=t2d_f.source_name, shape=(V,), dtype="BOOL", src_dtype="BOOL")
-    else:
-        note = f"from {t2d_f.where}" + (f", converted {t2d_f.src_dtype} → BOOL" if t2d_f.src_dtype and t2d_f.src_dtype != "BOOL" else "")
-        t2d_plan = _bytes_plan("t2d", t2d_arr, "BOOL", "copied", "source", t2d_f.source_name or t2d_f.where, t2d_f.src_dtype or "BOOL", note)
-    check_mapping(d2t, t2d_arr, V, Vd, where=where)
-    if reading.form == "offsets" and d2t_f.source_name and d2t_f.src_dtype == "I64":
-        d2t_plan = TensorPlan(out="d2t", fate="copied", origin="source", source=d2t_f.source_name, shape=(Vd,), dtype="I64", src_dtype="I64")
-    elif reading.form == "absolute":
-        d2t_plan = _bytes_plan("d2t", d2t, "I64", "generated", "generated", d2t_f.source_name, d2t_f.src_dtype or "I64",
-                               f"converted from absolute target ids ({d2t_f.where}) to offsets")
-    else:
-        note = f"from {d2t_f.where}" + (f", converted {d2t_f.src_dtype} → I64" if d2t_f.src_dtype and d2t_f.src_dtype != "I64" else "")
-        d2t_plan = _bytes_plan("d2t", d2t, "I64", "copied", "source", d2t_f.source_name or d2t_f.where, d2t_f.src_dtype or "I64", note)
-    res.d2t, res.t2d = d2t, t2d_arr
-    res.tensors = [d2t_plan, t2d_plan]
-    res.notes.insert(0, f"vocab mapping: d2t from {d2t_f.where}" + (f", t2d from {t2d_f.where}" if t2d_f else ""))
-    return res
+        return _identity(src, res, found)
+    if not found and logical_vocab_size is not None and logical_vocab_size <= Vd:
+        found = _logical_identity(res, logical_vocab_size)
+    return _pruned(src, res, found, extra_label)
 
 
 def merge_vocab(plans: list[TensorPlan], dropped: list[DroppedTensor], vocab: VocabResult) -> tuple[list[TensorPlan], list[DroppedTensor]]:

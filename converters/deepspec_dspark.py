@@ -18,7 +18,7 @@ DSpark bodies are refused (``converters/refusals.py``).
 
 from __future__ import annotations
 
-from specconv.errors import InvalidInputError, UnsupportedFormatError
+from specconv.errors import InvalidInputError
 
 from . import _common as c
 from ._dflash import DFlashLayout, plan_dflash_family
@@ -32,6 +32,7 @@ from ._dspark import (
     require_type,
 )
 from .base import Converter, SourceInfo, register
+from .deepspec_dflash import refuse_attn_output_gate
 
 #: What only DeepSpec's own save_pretrained writes: the anchor sampler's budget and the
 #: frozen embedding copy. A ``Qwen3DSparkModel`` without them may be an SGLang-normalised
@@ -119,12 +120,7 @@ class DeepSpecDSpark(Converter):
         return "Qwen3DSparkModel" in src.architectures and src.cfg("markov_rank") != 0
 
     def plan(self, src, verifier, opts):
-        if src.cfg("attn_output_gate"):
-            raise UnsupportedFormatError(
-                f"{src.path}/config.json: attn_output_gate=true adds gated-attention weights that the Speculators "
-                "DSpark body (a plain Qwen3 layer) cannot hold; the conversion would not be faithful",
-                format_id=self.format_id,
-            )
+        refuse_attn_output_gate(src, self.format_id, "DSpark")
         heads = deepspec_heads(src)
         sfa, sfa_source, extra = deepspec_layout_sfa(src, opts)
         layout = DFlashLayout(

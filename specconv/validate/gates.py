@@ -82,6 +82,19 @@ def _verifier_tensor(verifier, role: str):
     return name, TensorStore.open(info.file).read_tensor(name)
 
 
+def _lm_head_frozen(drafter_dir: Path) -> bool:
+    """Whether the conversion record says the source format freezes the P-EAGLE LM head
+    (a ``lm-head-frozen`` finding, written by ``converters/_peagle.py``)."""
+    import json
+
+    try:
+        rec = json.loads((Path(drafter_dir) / "specconv.json").read_text())
+    except (OSError, ValueError):
+        return False
+    sec = rec.get("conversion", rec) if isinstance(rec, dict) else {}
+    return any(isinstance(f, dict) and f.get("code") == "lm-head-frozen" for f in (sec.get("findings") or []))
+
+
 def gate_structure(drafter_dir: str | Path, verifier, *, source_config=None) -> GateResult:
     """G1: lint, tensor accounting, verifier-supplied tensors, vocab map, aux ids.
 
@@ -168,7 +181,13 @@ def gate_structure(drafter_dir: str | Path, verifier, *, source_config=None) -> 
         if not same and tuple(got.shape) == tuple(expect.shape):
             diff = float((got.float() - expect.float()).abs().max())
         checks[tname] = {"compared": True, "verifier_tensor": vname, "equal": same, "max_abs_diff": diff}
-        if not same:
+        if not same and algo == "peagle" and not _lm_head_frozen(d):  # EAGLE-3 lineage may train its head
+            res.warnings.append(
+                f"{tname} differs from the verifier's {vname} (max |Δ| = {diff}); the source format is not known to "
+                "freeze it (specconv.json has no lm-head-frozen finding): vLLM uses this file's head, speculators "
+                "may reload the verifier's"
+            )
+        elif not same:
             res.errors.append(
                 f"{tname} differs from the verifier's {vname} (max |Δ| = {diff}); the format "
                 "requires the verifier's tensor here (random or stale weights?)"
