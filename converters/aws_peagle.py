@@ -47,7 +47,6 @@ class AWSPEagle(Converter):
         "or `--speculative-tokens`; `norm_before_residual` from config or flag; llama unless q/k norms (→ qwen3)"
     )
     spec_ref = "external_formats.md §11 (F9)"
-    priority = 500
 
     @classmethod
     def detect(cls, src: SourceInfo) -> bool:

@@ -55,7 +55,6 @@ class DeepSpecDFlash(Converter):
         "`attn_output_gate: true` refused"
     )
     spec_ref = "external_formats.md §9 (F7)"
-    priority = 150
 
     @classmethod
     def detect(cls, src: SourceInfo) -> bool:

@@ -113,7 +113,6 @@ class DeepSpecDSpark(Converter):
         "`embed_tokens`/`lm_head` copies kept; `attn_output_gate: true` refused"
     )
     spec_ref = "external_formats.md §9 (F7)"
-    priority = 150
 
     @classmethod
     def detect(cls, src: SourceInfo) -> bool:

@@ -25,7 +25,6 @@ class ModelOptDFlash(Converter):
         "`use_swa` without `layer_types` is refused"
     )
     spec_ref = "external_formats.md §7 (F5)"
-    priority = 240
 
     @classmethod
     def detect(cls, src: SourceInfo) -> bool:

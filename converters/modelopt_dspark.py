@@ -107,7 +107,6 @@ class ModelOptDSpark(Converter):
         "(z-lab-compatible per ModelOpt — warning)"
     )
     spec_ref = "external_formats.md §7 (F5)"
-    priority = 165
 
     @classmethod
     def detect(cls, src: SourceInfo) -> bool:

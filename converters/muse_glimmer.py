@@ -32,7 +32,6 @@ class MuseGlimmerDFlash(Converter):
         "ids +1; `sliding_window_non_causal: true` (every layer non-causal); 1+N layout"
     )
     spec_ref = "external_formats.md §3 (F1b)"
-    priority = 200
 
     @classmethod
     def detect(cls, src: SourceInfo) -> bool:

@@ -20,7 +20,6 @@ class NeMoDFlash(Converter):
     detection = "`architectures[0] == Qwen3DFlashDraftModel` with `dflash_config`"
     mapping = "as z-lab DFlash; `dflash_config.causal: true` (JetSpec) refused; `visual_fusion.*` refused by name"
     spec_ref = "external_formats.md §8 (F6)"
-    priority = 230
 
     @classmethod
     def detect(cls, src: SourceInfo) -> bool:

@@ -47,7 +47,6 @@ class NeMoPEagle(Converter):
         "mapping from `eagle_meta.pt` when the weights lack it; sharded `model/consolidated/` dirs accepted"
     )
     spec_ref = "external_formats.md §8 (F6)"
-    priority = 225
 
     @classmethod
     def detect(cls, src: SourceInfo) -> bool:

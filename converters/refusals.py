@@ -5,20 +5,10 @@ Each class is a registered :class:`~specconv.converters.base.Converter` with
 ``specconv convert`` refuses it before touching any tensor, and ``specconv formats`` /
 ``docs/formats.md`` list it. Detection looks only at ``config.json`` (and, for DeepSeek-V4,
 ``inference/config.json``), file names and tensor headers (names, dtypes) — never tensor
-data. Priorities place each refusal ahead of the supported format it would otherwise be
-mistaken for (lower runs first):
-
-==========  ====================================================================
-priority    what
-==========  ====================================================================
-15 – 25     target checkpoints (DeepSeek-V4), quantized drafters, no draft body
-100 – 120   architecture-level refusals (DFlash2, Domino, Gemma4/MLA DSpark)
-180 – 190   ``dflash_config`` variants that look like F1 (Laguna, MiMo, JetSpec)
-590 – 600   EAGLE+Medusa parallel heads, EAGLE-3 (after the P-EAGLE sources)
-==========  ====================================================================
-
-Supported formats sit at 10 (Speculators dirs), 150–170 (DSpark/DeepSpec), 200–300
-(DFlash family) and the P-EAGLE sources.
+data. Each refusal is listed in the detection routes ahead of the supported format it
+would otherwise be mistaken for; the routes and their order live in
+:mod:`specconv.converters.dispatch` (``ROUTES``), rendered into ``docs/formats.md``
+("Detection order") by ``specconv formats --markdown``.
 """
 
 from __future__ import annotations
@@ -74,7 +64,6 @@ class DeepSeekV4DSpark(Converter):
         "Speculators has no MLA DSpark type (serve it with vLLM's deepseek_v4 DSpark path)"
     )
     spec_ref = "external_formats.md §10 (F8)"
-    priority = 15
 
     @classmethod
     def detect(cls, src: SourceInfo) -> bool:
@@ -117,7 +106,6 @@ class QuantizedDrafter(Converter):
         "(e.g. ModelOpt / TensorRT-LLM)"
     )
     spec_ref = "external_formats.md §16 (quantization), §7 (F5)"
-    priority = 5  # before every supported format, speculators trainer dirs included
 
     @classmethod
     def detect(cls, src: SourceInfo) -> bool:
@@ -160,7 +148,6 @@ class NoDraftBody(Converter):
         "--checkpoint)"
     )
     spec_ref = "external_formats.md §16 (step 8)"
-    priority = 25
 
     @classmethod
     def detect(cls, src: SourceInfo) -> bool:
@@ -193,7 +180,6 @@ class DFlash2(Converter):
         "(never downgraded to plain DFlash)"
     )
     spec_ref = "external_formats.md §4 (F2)"
-    priority = 100
 
     @classmethod
     def detect(cls, src: SourceInfo) -> bool:
@@ -217,7 +203,6 @@ class Domino(Converter):
         "(or vLLM) counterpart"
     )
     spec_ref = "external_formats.md §6.3, §6.4, §7"
-    priority = 105
 
     @classmethod
     def detect(cls, src: SourceInfo) -> bool:
@@ -236,7 +221,6 @@ class Gemma4DSpark(Converter):
         "while the Speculators DSpark body is a Qwen3 layer"
     )
     spec_ref = "external_formats.md §9 (F7)"
-    priority = 110
 
     @classmethod
     def detect(cls, src: SourceInfo) -> bool:
@@ -261,7 +245,6 @@ class MLADSpark(Converter):
         "body is a GQA/MHA Qwen3 layer; speculators RFC #1052 is open)"
     )
     spec_ref = "external_formats.md §6.3, §17 q5"
-    priority = 112
 
     @classmethod
     def detect(cls, src: SourceInfo) -> bool:
@@ -294,7 +277,6 @@ class LagunaDFlash(Converter):
         "Speculators dflash body cannot express; dropping them loads but collapses acceptance (ROCmFPX PR #48: 0.28)"
     )
     spec_ref = "external_formats.md §5 (F3)"
-    priority = 180
 
     @classmethod
     def detect(cls, src: SourceInfo) -> bool:
@@ -320,7 +302,6 @@ class MiMoDFlash(Converter):
         "replaces the verifier's mask-token row; the Speculators dflash format has neither"
     )
     spec_ref = "external_formats.md §3 (F1, MiMo), §16 step 4"
-    priority = 185
 
     @classmethod
     def detect(cls, src: SourceInfo) -> bool:
@@ -345,7 +326,6 @@ class CausalDFlash(Converter):
         "always bidirectional in the block, so the converted drafter would not behave as trained"
     )
     spec_ref = "external_formats.md §8 (F6, JetSpec)"
-    priority = 190
 
     @classmethod
     def detect(cls, src: SourceInfo) -> bool:
@@ -384,7 +364,6 @@ class EagleMedusaParallelHeads(Converter):
         "P-EAGLE; Speculators has no type for it — deploy it with ModelOpt / TensorRT-LLM"
     )
     spec_ref = "external_formats.md §7 (F5, EAGLE3)"
-    priority = 590
 
     @classmethod
     def detect(cls, src: SourceInfo) -> bool:
@@ -410,7 +389,6 @@ class Eagle3(Converter):
         "`speculators convert --algorithm eagle3` (speculators' EAGLE-3 converter)"
     )
     spec_ref = "external_formats.md §14 (F12)"
-    priority = 600
 
     @classmethod
     def detect(cls, src: SourceInfo) -> bool:

@@ -25,7 +25,6 @@ class SpecForgeDFlash(Converter):
     detection = "F1 config in a dir named `epoch_E_step_S` or beside `training_state.pt`"
     mapping = "as z-lab DFlash; `training_state.pt` (optimizer pickle) is never read and not carried"
     spec_ref = "external_formats.md §6.2 (F4)"
-    priority = 250
 
     @classmethod
     def detect(cls, src: SourceInfo) -> bool:

@@ -116,7 +116,6 @@ class SpecForgeDSpark(Converter):
         "`confidence_head_alpha` (training only) noted"
     )
     spec_ref = "external_formats.md §6.3–§6.5 (F4)"
-    priority = 170
 
     @classmethod
     def detect(cls, src: SourceInfo) -> bool:

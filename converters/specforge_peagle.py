@@ -35,7 +35,6 @@ class SpecForgePEagle(Converter):
         "default) dropped when `Vd == V`; tensor names unchanged (`midlayer.*` → `layers.0.*` if present)"
     )
     spec_ref = "external_formats.md §6.3–§6.5 (F4)"
-    priority = 220
 
     @classmethod
     def detect(cls, src: SourceInfo) -> bool:

@@ -162,7 +162,6 @@ class SpecForgeTraining(Converter):
         "or opt in with --allow-unpickle --draft-config CFG for a file you trust"
     )
     spec_ref = "external_formats.md §6.1 (F4)"
-    priority = 700
 
     @classmethod
     def detect(cls, src: SourceInfo) -> bool:

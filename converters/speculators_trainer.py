@@ -558,7 +558,6 @@ class SpeculatorsEarlyPEagle(_SpeculatorsTrainer):
         "(trained depths, must agree); COD keys dropped; otherwise as speculators_peagle"
     )
     spec_ref = "external_formats.md §12 (F10)"
-    priority = 10
 
     @classmethod
     def detect(cls, src: SourceInfo) -> bool:
@@ -586,7 +585,6 @@ class SpeculatorsPEagle(_SpeculatorsTrainer):
     algorithm = "peagle"
     title = "Speculators-format dir (speculators trainer output or a conversion) — P-EAGLE"
     detection = "`speculators_model_type: peagle` (trainer `save_path/<epoch>/` dirs or a published dir)"
-    priority = 11
 
     @classmethod
     def detect(cls, src: SourceInfo) -> bool:
@@ -599,7 +597,6 @@ class SpeculatorsDFlash(_SpeculatorsTrainer):
     algorithm = "dflash"
     title = "Speculators-format dir (speculators trainer output or a conversion) — DFlash"
     detection = "`speculators_model_type: dflash`"
-    priority = 12
 
 
 @register
@@ -608,7 +605,6 @@ class SpeculatorsDSpark(_SpeculatorsTrainer):
     algorithm = "dspark"
     title = "Speculators-format dir (speculators trainer output or a conversion) — DSpark"
     detection = "`speculators_model_type: dspark`"
-    priority = 13
 
 
 @register
@@ -618,7 +614,6 @@ class SpeculatorsOther(Converter):
     title = "speculators drafter of another algorithm"
     detection = "`speculators_model_type` not in {peagle, dflash, dspark} (eagle3, mtp, dflash2, xpress, …)"
     spec_ref = "external_formats.md §16 rule 1"
-    priority = 14
     supported = False
     refusal = (
         "specconv targets peagle, dflash and dspark; this directory is already a Speculators drafter of another "

@@ -41,7 +41,6 @@ class ZlabDFlash(Converter):
         "`speculative_tokens = B−1`); tensor names unchanged"
     )
     spec_ref = "external_formats.md §3 (F1)"
-    priority = 300
 
     @classmethod
     def detect(cls, src: SourceInfo) -> bool:
