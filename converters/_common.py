@@ -170,28 +170,35 @@ def zlab_to_speculators_ids(
     else:
         rule = "+1 (z-lab 0-based layer outputs → speculators capture ids)" + ("; -1 (embeddings) → 0" if allow_minus_one else "")
         conv = LayerIdConversion(key, "z-lab", list(ids), converted, rule)
-    s_ids = conv.speculators_ids
-    origin = "--aux-layer-ids" if opts.aux_layer_ids is not None else key
+    _check_converted_ids(conv.speculators_ids, "--aux-layer-ids" if opts.aux_layer_ids is not None else key,
+                         verifier, findings)
+    return conv
+
+
+def _check_converted_ids(s_ids: list[int], origin: str, verifier: Any, findings: list) -> None:
+    """Non-empty, distinct, inside ``[0, n]`` of the verifier; capturing ``n`` is noted."""
+    from specconv.speculators import Finding
+
     if not s_ids:
         raise InvalidInputError(f"aux layer ids (from {origin}) are empty")
     if len(set(s_ids)) != len(s_ids):
         raise InvalidInputError(f"aux layer ids {s_ids} (from {origin}) are not distinct")
-    if verifier is not None:
-        n = verifier.num_hidden_layers
-        out = [i for i in s_ids if not 0 <= i <= n]
-        if out:
-            raise InvalidInputError(
-                f"aux layer ids {out} (speculators convention, from {origin}) "
-                f"are outside [0, {n}] for the verifier's {n} layers",
-                code="layer_ids_out_of_range",
-            )
-        if n in s_ids:
-            findings.append(Finding(
-                "info", "aux-includes-last-layer",
-                f"aux id {n} (the verifier's final pre-norm hidden state) is kept; vLLM can capture it",
-                "aux_hidden_state_layer_ids",
-            ))
-    return conv
+    if verifier is None:
+        return
+    n = verifier.num_hidden_layers
+    out = [i for i in s_ids if not 0 <= i <= n]
+    if out:
+        raise InvalidInputError(
+            f"aux layer ids {out} (speculators convention, from {origin}) "
+            f"are outside [0, {n}] for the verifier's {n} layers",
+            code="layer_ids_out_of_range",
+        )
+    if n in s_ids:
+        findings.append(Finding(
+            "info", "aux-includes-last-layer",
+            f"aux id {n} (the verifier's final pre-norm hidden state) is kept; vLLM can capture it",
+            "aux_hidden_state_layer_ids",
+        ))
 
 
 def require_layer_types_for_swa(src: SourceInfo) -> None:
@@ -426,7 +433,6 @@ def tensor_plan(
     rename = rename or (lambda n: n)
     drop = {**RECOMPUTED, **(drop or {})}
     refuse = refuse or {}
-    reshape = reshape or {}
     plans: list[TensorPlan] = []
     dropped: list[DroppedTensor] = []
     refused: list[str] = []
@@ -447,24 +453,33 @@ def tensor_plan(
         if out in seen:
             raise InvalidInputError(f"tensors {seen[out]!r} and {name!r} both map to {out!r}")
         seen[out] = name
-        info = src.store.info(name)
-        shape = tuple(info.shape)
-        fate = "copied" if out == name else "renamed"
-        if out in reshape and tuple(reshape[out]) != shape:
-            new = tuple(reshape[out])
-            if math.prod(new) != math.prod(shape):
-                raise InvalidInputError(f"cannot reshape {name} {list(shape)} to {list(new)}")
-            shape, fate = new, "reshaped"
-        dt = out_dtype(info.dtype, opts)
-        plans.append(TensorPlan(out=out, fate=fate, origin="source", source=name, shape=shape, dtype=dt, src_dtype=info.dtype))
+        plans.append(_source_plan(src, opts, name, out, (reshape or {}).get(out)))
     if refused:
-        title = f" ({format_title})" if format_title else ""
-        raise UnsupportedFormatError(
-            f"{len(refused)} source tensor(s){title} cannot be converted faithfully and are refused: "
-            + "; ".join(refused[:20]) + (" ..." if len(refused) > 20 else ""),
-            code="refused_tensors",
-        )
+        raise _refused(refused, format_title)
     return plans, dropped
+
+
+def _refused(refused: list[str], format_title: str) -> UnsupportedFormatError:
+    title = f" ({format_title})" if format_title else ""
+    return UnsupportedFormatError(
+        f"{len(refused)} source tensor(s){title} cannot be converted faithfully and are refused: "
+        + "; ".join(refused[:20]) + (" ..." if len(refused) > 20 else ""),
+        code="refused_tensors",
+    )
+
+
+def _source_plan(src: SourceInfo, opts: ConvertOptions, name: str, out: str, new_shape: Any) -> TensorPlan:
+    """One accepted source tensor: copied, renamed, or reshaped (same bytes) to ``new_shape``."""
+    info = src.store.info(name)
+    shape = tuple(info.shape)
+    fate = "copied" if out == name else "renamed"
+    if new_shape is not None and tuple(new_shape) != shape:
+        new = tuple(new_shape)
+        if math.prod(new) != math.prod(shape):
+            raise InvalidInputError(f"cannot reshape {name} {list(shape)} to {list(new)}")
+        shape, fate = new, "reshaped"
+    return TensorPlan(out=out, fate=fate, origin="source", source=name, shape=shape,
+                      dtype=out_dtype(info.dtype, opts), src_dtype=info.dtype)
 
 
 def get(plans: list[TensorPlan], out: str) -> TensorPlan | None:

@@ -71,6 +71,59 @@ def speculators_envelope(algorithm: str, k: int, verifier: Any) -> dict[str, Any
     }
 
 
+def _refuse_scaling(conv: Any, src: SourceInfo, cfg: dict[str, Any]) -> None:
+    """Embedding / logit rescaling keys with a non-neutral value have no Speculators equivalent."""
+    from specconv.errors import UnsupportedFormatError
+
+    for key in SCALING_KEYS:
+        for where, v in ((key, cfg.get(key)), (f"dflash_config.{key}", src.dflash_config.get(key))):
+            if v is not None and v not in (1, 1.0):
+                raise UnsupportedFormatError(
+                    f"{src.path}/config.json: {where}={v!r} rescales embeddings or logits; the Speculators "
+                    "DFlash format has no equivalent, so the conversion would not be faithful",
+                    format_id=conv.format_id,
+                )
+
+
+def _check_verifier_copies(plans: list, lcfg: dict[str, Any]) -> None:
+    """Shipped ``embed_tokens`` / ``lm_head`` must be ``[V, H]`` (the verifier's, kept)."""
+    for name in ("embed_tokens.weight", "lm_head.weight"):
+        p = c.get(plans, name)
+        if p is not None:
+            want = (lcfg["vocab_size"], lcfg["hidden_size"])
+            if tuple(p.shape) != want:
+                raise InvalidInputError(f"{p.source} has shape {list(p.shape)}, expected {list(want)}")
+            p.note = "shipped by the source; equals the verifier's (vLLM shares it when equal)"
+
+
+def _layout_k(conv: Any, opts: ConvertOptions, layout: DFlashLayout, block: int) -> tuple[bool, int]:
+    """``(sample_from_anchor, speculative_tokens)`` of the layout; flags may only agree."""
+    sfa = layout.sample_from_anchor
+    if opts.sample_from_anchor is not None and opts.sample_from_anchor != sfa:
+        raise InvalidInputError(
+            f"--{'no-' if not opts.sample_from_anchor else ''}sample-from-anchor contradicts the {conv.title} layout "
+            f"({'anchor-first' if sfa else '1+N'}: {layout.sfa_source})",
+            code="conflicting_layout",
+        )
+    k = block if sfa else block - 1
+    if opts.speculative_tokens is not None and opts.speculative_tokens != k:
+        raise InvalidInputError(
+            f"--speculative-tokens {opts.speculative_tokens} contradicts block_size {block} with "
+            f"sample_from_anchor={str(sfa).lower()} (needs {k})",
+            code="conflicting_speculative_tokens",
+        )
+    return sfa, k
+
+
+def _dflash_layer_config(src: SourceInfo, cfg: dict[str, Any], layout: DFlashLayout, verifier: Any,
+                         findings: list) -> dict[str, Any]:
+    """The Qwen3 ``transformer_layer_config``, checked against the verifier."""
+    lcfg = c.layer_config(src, cfg, model_type="qwen3", extra_drop=layout.layer_drop, findings=findings)
+    c.check_verifier_shape(src, verifier, lcfg["hidden_size"], lcfg["vocab_size"], findings)
+    c.kv_page_finding(lcfg, verifier, findings)
+    return lcfg
+
+
 def plan_dflash_family(
     conv: Any,
     src: SourceInfo,
@@ -86,87 +139,40 @@ def plan_dflash_family(
     Raises:
         InvalidInputError / UnsupportedFormatError with the key, tensor or flag at fault.
     """
-    from specconv.speculators import make_config
-
-    from specconv.errors import UnsupportedFormatError
-    from specconv.speculators import Finding
+    from specconv.speculators import Finding, make_config
 
     cfg = src.config or {}
     findings: list = [Finding(lvl, code, msg, None) for lvl, code, msg in layout.extra_findings]
-    for key in SCALING_KEYS:
-        for where, v in ((key, cfg.get(key)), (f"dflash_config.{key}", src.dflash_config.get(key))):
-            if v is not None and v not in (1, 1.0):
-                raise UnsupportedFormatError(
-                    f"{src.path}/config.json: {where}={v!r} rescales embeddings or logits; the Speculators "
-                    "DFlash format has no equivalent, so the conversion would not be faithful",
-                    format_id=conv.format_id,
-                )
+    _refuse_scaling(conv, src, cfg)
     block = c.resolve_block_size(src, layout.block_nested if layout.block_nested is not None else src.dflash_config)
     mask, mask_where = c.resolve_mask_token(src, opts, layout.mask_locations, verifier, findings)
     conv_ids = c.zlab_to_speculators_ids(
         src, layout.ids, layout.ids_key, opts, verifier, findings, allow_minus_one=layout.allow_minus_one
     )
-    lcfg = c.layer_config(src, cfg, model_type="qwen3", extra_drop=layout.layer_drop, findings=findings)
-    c.check_verifier_shape(src, verifier, lcfg["hidden_size"], lcfg["vocab_size"], findings)
-    c.kv_page_finding(lcfg, verifier, findings)
+    lcfg = _dflash_layer_config(src, cfg, layout, verifier, findings)
     if mask >= lcfg["vocab_size"]:
         raise InvalidInputError(f"mask token id {mask} ({mask_where}) ≥ vocab_size {lcfg['vocab_size']}")
     swnc = True if layout.force_non_causal else c.dflash_causality(src, lcfg, findings)
-
     accept = c.DFLASH_BODY + c.VERIFIER_COPIES + layout.extra_accept
     plans, dropped = c.tensor_plan(
         src, opts, accept=accept, rename=layout.rename, drop=layout.drop, refuse=layout.refuse, format_title=conv.title
     )
     c.check_fc_width(src, plans, len(conv_ids.speculators_ids), lcfg["hidden_size"], conv_ids.source_key or "--aux-layer-ids")
     c.check_layers(src, plans, lcfg["num_hidden_layers"])
-    for name in ("embed_tokens.weight", "lm_head.weight"):
-        p = c.get(plans, name)
-        if p is not None:
-            want = (lcfg["vocab_size"], lcfg["hidden_size"])
-            if tuple(p.shape) != want:
-                raise InvalidInputError(f"{p.source} has shape {list(p.shape)}, expected {list(want)}")
-            p.note = "shipped by the source; equals the verifier's (vLLM shares it when equal)"
-
-    sfa = layout.sample_from_anchor
-    if opts.sample_from_anchor is not None and opts.sample_from_anchor != sfa:
-        raise InvalidInputError(
-            f"--{'no-' if not opts.sample_from_anchor else ''}sample-from-anchor contradicts the {conv.title} layout "
-            f"({'anchor-first' if sfa else '1+N'}: {layout.sfa_source})",
-            code="conflicting_layout",
-        )
-    k = block if sfa else block - 1
-    if opts.speculative_tokens is not None and opts.speculative_tokens != k:
-        raise InvalidInputError(
-            f"--speculative-tokens {opts.speculative_tokens} contradicts block_size {block} with "
-            f"sample_from_anchor={str(sfa).lower()} (needs {k})",
-            code="conflicting_speculative_tokens",
-        )
+    _check_verifier_copies(plans, lcfg)
+    sfa, k = _layout_k(conv, opts, layout, block)
     body_dtype = c.source_dtype(src, [p.source for p in plans if p.source])
     fields = dict(
-        speculators_version=SPECULATORS_FORMAT_VERSION,
-        dtype=c.dtype_name(c.out_dtype(body_dtype, opts)),
-        draft_vocab_size=lcfg["vocab_size"],
-        target_hidden_size=None,
-        mask_token_id=mask,
-        aux_hidden_state_layer_ids=conv_ids.speculators_ids,
-        block_size=block,
-        sample_from_anchor=sfa,
-        sliding_window_non_causal=swnc,
-        transformer_layer_config=lcfg,
+        speculators_version=SPECULATORS_FORMAT_VERSION, dtype=c.dtype_name(c.out_dtype(body_dtype, opts)),
+        draft_vocab_size=lcfg["vocab_size"], target_hidden_size=None, mask_token_id=mask,
+        aux_hidden_state_layer_ids=conv_ids.speculators_ids, block_size=block, sample_from_anchor=sfa,
+        sliding_window_non_causal=swnc, transformer_layer_config=lcfg,
         speculators_config=speculators_envelope(algorithm, k, verifier),
     )
     fields.update(extra_fields or {})
-    config = make_config(algorithm, **fields)
     return ConversionPlan(
-        format_id=conv.format_id,
-        algorithm=algorithm,
-        config=config,
-        tensors=plans,
-        dropped=dropped,
-        source_dir=src.path,
-        source_files=[src.path / f for f in src.files],
-        findings=findings,
-        layer_ids=conv_ids,
-        options=opts.to_dict(),
+        format_id=conv.format_id, algorithm=algorithm, config=make_config(algorithm, **fields), tensors=plans,
+        dropped=dropped, source_dir=src.path, source_files=[src.path / f for f in src.files], findings=findings,
+        layer_ids=conv_ids, options=opts.to_dict(),
         notes=[f"mask_token_id from {mask_where}", f"sample_from_anchor={str(sfa).lower()} ({layout.sfa_source})"],
     )

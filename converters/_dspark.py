@@ -122,29 +122,7 @@ def check_head_tensors(src: SourceInfo, plan: ConversionPlan, heads: DSparkHeads
     """
     have = {t.out: t for t in plan.tensors}
     r, H, V = heads.markov_rank, hidden, vocab
-    want: dict[str, tuple[int, ...]] = {}
-    forbid: dict[str, str] = {}
-    if r > 0:
-        want["markov_head.markov_w1.weight"] = (V, r)
-        want["markov_head.markov_w2.weight"] = (V, r)
-        if heads.markov_head_type == "gated":
-            want["markov_head.gate_proj.weight"] = (r, H + r)
-            want["markov_head.gate_proj.bias"] = (r,)
-        else:
-            forbid[r"markov_head\.gate_proj\..*"] = f"markov_head_type={heads.markov_head_type}"
-        if heads.markov_head_type == "rnn":
-            want["markov_head.joint_proj.weight"] = (3 * r, 2 * r + H)
-            want["markov_head.joint_proj.bias"] = (3 * r,)
-        else:
-            forbid[r"markov_head\.joint_proj\..*"] = f"markov_head_type={heads.markov_head_type}"
-    else:
-        forbid[r"markov_head\..*"] = "markov_rank=0"
-    if heads.enable_confidence_head:
-        width = H + (r if heads.confidence_head_with_markov else 0)
-        want["confidence_head.proj.weight"] = (1, width)
-        want["confidence_head.proj.bias"] = (1,)
-    else:
-        forbid[r"confidence_head\..*"] = "enable_confidence_head=false"
+    want, forbid = _expected_heads(heads, H, V)
     for name, shape in want.items():
         t = have.get(name)
         if t is None:
@@ -177,6 +155,35 @@ def check_head_tensors(src: SourceInfo, plan: ConversionPlan, heads: DSparkHeads
             )
 
 
+def _expected_heads(heads: DSparkHeads, H: int, V: int) -> tuple[dict[str, tuple[int, ...]], dict[str, str]]:
+    """``(name → shape the config needs, regex → why such tensors must be absent)``."""
+    r = heads.markov_rank
+    want: dict[str, tuple[int, ...]] = {}
+    forbid: dict[str, str] = {}
+    if r > 0:
+        want["markov_head.markov_w1.weight"] = (V, r)
+        want["markov_head.markov_w2.weight"] = (V, r)
+        if heads.markov_head_type == "gated":
+            want["markov_head.gate_proj.weight"] = (r, H + r)
+            want["markov_head.gate_proj.bias"] = (r,)
+        else:
+            forbid[r"markov_head\.gate_proj\..*"] = f"markov_head_type={heads.markov_head_type}"
+        if heads.markov_head_type == "rnn":
+            want["markov_head.joint_proj.weight"] = (3 * r, 2 * r + H)
+            want["markov_head.joint_proj.bias"] = (3 * r,)
+        else:
+            forbid[r"markov_head\.joint_proj\..*"] = f"markov_head_type={heads.markov_head_type}"
+    else:
+        forbid[r"markov_head\..*"] = "markov_rank=0"
+    if heads.enable_confidence_head:
+        width = H + (r if heads.confidence_head_with_markov else 0)
+        want["confidence_head.proj.weight"] = (1, width)
+        want["confidence_head.proj.bias"] = (1,)
+    else:
+        forbid[r"confidence_head\..*"] = "enable_confidence_head=false"
+    return want, forbid
+
+
 def finish_plan(plan: ConversionPlan, heads: DSparkHeads, extra_notes: list[str] = ()) -> ConversionPlan:
     """Record where the head fields came from in the plan notes."""
     plan.notes.extend(heads.notes())
@@ -205,7 +212,7 @@ def maybe_prune(conv: Any, plan: ConversionPlan, src: SourceInfo, verifier: Any,
         return plan
     from specconv.speculators import Finding
 
-    from ._vocab import read_mapping_file, resolve_vocab, slice_rows_plan
+    from ._vocab import read_mapping_file, resolve_vocab
 
     lcfg = plan.config.transformer_layer_config
     V = int(lcfg["vocab_size"])
@@ -222,6 +229,21 @@ def maybe_prune(conv: Any, plan: ConversionPlan, src: SourceInfo, verifier: Any,
         return plan
     if vocab.t2d is not None and vocab.d2t is None:  # pragma: no cover - resolve_vocab always sets d2t
         raise InvalidInputError("--vocab-mapping: pruned vocabulary without d2t")
+    plan.tensors = _pruned_tensors(plan, src, verifier, vocab, Vd)
+    plan.config = plan.config.model_copy(update={"draft_vocab_size": Vd})
+    plan.findings.append(Finding(
+        "warning", "dspark-vocab-pruned",
+        f"{conv.title} was trained with the full vocabulary ({V}); --vocab-mapping restricts its proposals to "
+        f"{Vd} tokens (markov_w2 and lm_head rows sliced by t2d)", "draft_vocab_size",
+    ))
+    return plan
+
+
+def _pruned_tensors(plan: ConversionPlan, src: SourceInfo, verifier: Any, vocab: Any, Vd: int) -> list:
+    """``markov_w2`` and ``lm_head`` rows of the draft tokens (the verifier's head when the
+    source ships none), plus the ``d2t``/``t2d`` plans."""
+    from ._vocab import slice_rows_plan
+
     tensors = []
     have_lm_head = False
     for t in plan.tensors:
@@ -235,19 +257,12 @@ def maybe_prune(conv: Any, plan: ConversionPlan, src: SourceInfo, verifier: Any,
         tensors.append(t)
     if not have_lm_head:
         tensors.append(_verifier_lm_head_rows(verifier, vocab, plan.config.dtype))
-    plan.tensors = [t for t in tensors if t.out not in ("d2t", "t2d")] + list(vocab.tensors)
-    plan.config = plan.config.model_copy(update={"draft_vocab_size": Vd})
-    plan.findings.append(Finding(
-        "warning", "dspark-vocab-pruned",
-        f"{conv.title} was trained with the full vocabulary ({V}); --vocab-mapping restricts its proposals to "
-        f"{Vd} tokens (markov_w2 and lm_head rows sliced by t2d)", "draft_vocab_size",
-    ))
-    return plan
+    return [t for t in tensors if t.out not in ("d2t", "t2d")] + list(vocab.tensors)
 
 
 def _verifier_lm_head_rows(verifier: Any, vocab: Any, dtype_name: str | None) -> Any:
     """``lm_head.weight [Vd, H]`` = the verifier's LM head rows selected by ``t2d``."""
-    from ._common import DTYPE_FLAG
+    from ._common import DTYPE_FLAG, FLOAT_DTYPES
     from ._vocab import slice_rows_plan
 
     if verifier is None:
@@ -262,7 +277,7 @@ def _verifier_lm_head_rows(verifier: Any, vocab: Any, dtype_name: str | None) ->
 
         store = TensorStore.open(verifier.tensor_info(name).file)
     info = store.info(name)
-    out_dtype = DTYPE_FLAG.get(dtype_name or "", info.dtype) if info.dtype in ("BF16", "F16", "F32") else info.dtype
+    out_dtype = DTYPE_FLAG.get(dtype_name or "", info.dtype) if info.dtype in FLOAT_DTYPES else info.dtype
     t = slice_rows_plan(store, name, "lm_head.weight", vocab, dtype=out_dtype,
                         note="the verifier's LM head rows of the draft tokens (t2d order)")
     t.origin = "verifier"

@@ -116,6 +116,21 @@ def _int_list(src: SourceInfo, key: str, v: Any) -> list[int]:
     return list(v)
 
 
+def _missing_aux_ids(src: SourceInfo, layout: PEagleLayout) -> InvalidInputError:
+    looked = ", ".join(k for k, _ in layout.aux_locations) or "nothing"
+    unknown = [f"{k}={v!r}" for k, v in layout.aux_unknown if v is not None]
+    extra = (f"; found {', '.join(unknown)} but its layer-index convention is not known for this producer, "
+             "so it is not used") if unknown else ""
+    return InvalidInputError(
+        f"{src.path}/config.json records no aux hidden-state layer ids (looked at {looked}){extra}. "
+        "They are a training-time choice and are never defaulted (e.g. to [2, n//2, n-3])",
+        code="missing_layer_ids",
+        hint="pass the ids the drafter was trained with, in the speculators/vLLM capture convention "
+             "(0 = embeddings, n = final pre-norm hidden state): --aux-layer-ids 2,15,28 "
+             "— or add eagle_config.eagle_aux_hidden_state_layer_ids to the source config.json",
+    )
+
+
 def resolve_aux_ids(src: SourceInfo, opts: ConvertOptions, layout: PEagleLayout, verifier: Any, findings: list) -> LayerIdConversion:
     """Aux ids from the checkpoint (EAGLE-3 convention = Speculators ids) or ``--aux-layer-ids``.
 
@@ -137,18 +152,7 @@ def resolve_aux_ids(src: SourceInfo, opts: ConvertOptions, layout: PEagleLayout,
             ))
         conv = LayerIdConversion(key, "override", ids, ovr, "explicit --aux-layer-ids (speculators convention)")
     elif ids is None:
-        looked = ", ".join(k for k, _ in layout.aux_locations) or "nothing"
-        unknown = [f"{k}={v!r}" for k, v in layout.aux_unknown if v is not None]
-        extra = (f"; found {', '.join(unknown)} but its layer-index convention is not known for this producer, "
-                 "so it is not used") if unknown else ""
-        raise InvalidInputError(
-            f"{src.path}/config.json records no aux hidden-state layer ids (looked at {looked}){extra}. "
-            "They are a training-time choice and are never defaulted (e.g. to [2, n//2, n-3])",
-            code="missing_layer_ids",
-            hint="pass the ids the drafter was trained with, in the speculators/vLLM capture convention "
-                 "(0 = embeddings, n = final pre-norm hidden state): --aux-layer-ids 2,15,28 "
-                 "— or add eagle_config.eagle_aux_hidden_state_layer_ids to the source config.json",
-        )
+        raise _missing_aux_ids(src, layout)
     else:
         conv = LayerIdConversion(key, "speculators", ids, list(ids),
                                  "EAGLE-3 capture convention = speculators aux ids (unchanged)")
@@ -188,6 +192,17 @@ def _resolve_flag(src: SourceInfo, key: str, cfg_val: Any, flag_val: bool | None
             hint=f"pass --{flag} or --no-{flag} (how the drafter was trained)",
         )
     return None, ""
+
+
+def _norm_before_residual(src: SourceInfo, cfg: dict[str, Any], opts: ConvertOptions) -> tuple[bool, str]:
+    """From the config or ``--(no-)norm-before-residual``; never guessed."""
+    nbr, where = _resolve_flag(
+        src, "norm_before_residual", cfg.get("norm_before_residual"), opts.norm_before_residual, "norm-before-residual",
+        required=True,
+        why="vLLM's speculators reader defaults it to false for peagle but true for eagle3 and the speculators "
+            "trainer defaults to true, so it cannot be guessed",
+    )
+    return bool(nbr), where
 
 
 def _in_dim(plans: list[TensorPlan], name: str) -> int | None:
@@ -446,6 +461,15 @@ def _peagle_layer_config(src: SourceInfo, cfg: dict[str, Any], layout: PEagleLay
     return lcfg
 
 
+def _peagle_config(fields: dict[str, Any]) -> Any:
+    """The typed ``peagle`` config; the wrapper keys every P-EAGLE output shares are fixed here
+    (``target_hidden_size`` none: equal to the verifier's; trainable embedding)."""
+    from specconv.speculators import make_config
+
+    return make_config("peagle", speculators_version=SPECULATORS_FORMAT_VERSION, target_hidden_size=None,
+                       embed_requires_grad=True, **fields)
+
+
 def plan_peagle_family(conv: Any, src: SourceInfo, verifier: Any, opts: ConvertOptions, layout: PEagleLayout) -> ConversionPlan:
     """Build the Speculators ``peagle`` plan for a P-EAGLE source.
 
@@ -456,7 +480,7 @@ def plan_peagle_family(conv: Any, src: SourceInfo, verifier: Any, opts: ConvertO
         UnsupportedFormatError: tensors with no Speculators equivalent (listed), or a draft
             hidden size different from the verifier's (``target_hidden_size``).
     """
-    from specconv.speculators import Finding, make_config
+    from specconv.speculators import Finding
 
     cfg = src.config or {}
     findings: list = [Finding(lvl, code, msg, None) for lvl, code, msg in layout.findings]
@@ -470,37 +494,30 @@ def plan_peagle_family(conv: Any, src: SourceInfo, verifier: Any, opts: ConvertO
     plans, dropped = _plan_tensors(conv, src, opts, layout, A, H)
     _check_body(src, plans, L, A, H, ids.source_key or "--aux-layer-ids")
     model_type = _model_type(src, cfg, plans, L, findings)
-    nbr, nbr_where = _resolve_flag(
-        src, "norm_before_residual", cfg.get("norm_before_residual"), opts.norm_before_residual, "norm-before-residual",
-        required=True,
-        why="vLLM's speculators reader defaults it to false for peagle but true for eagle3 and the speculators "
-            "trainer defaults to true, so it cannot be guessed",
-    )
+    nbr, nbr_where = _norm_before_residual(src, cfg, opts)
     has_input_norm, has_fc_norm = norm_flags_from_tensors(src, cfg, plans, A)
     plans, dropped, vocab, Vd = _vocab(src, opts, cfg, plans, dropped, layout, V, H, verifier)
     findings += vocab.findings
     notes += vocab.notes
     out_dt = c.out_dtype(c.source_dtype(src, [p.source for p in plans if p.origin == "source" and p.source in src.store]),
                          opts)
-    had_head = c.get(plans, "lm_head.weight") is not None
-    _head_and_embedding(src, verifier, plans, V, Vd, H, out_dt, findings)
-    if had_head:
+    if c.get(plans, "lm_head.weight") is not None:
         findings.append(lm_head_finding(conv.format_id, conv.title))
+    _head_and_embedding(src, verifier, plans, V, Vd, H, out_dt, findings)
     k, trained = _speculative_tokens(src, opts, layout, notes)
     lcfg = _peagle_layer_config(src, cfg, layout, model_type, L, A, notes, findings)
     c.kv_page_finding(lcfg, verifier, findings)
     fields: dict[str, Any] = dict(
-        speculators_version=SPECULATORS_FORMAT_VERSION, dtype=c.dtype_name(out_dt), draft_vocab_size=Vd,
-        target_hidden_size=None, mask_token_id=mask, eagle_aux_hidden_state_layer_ids=ids.speculators_ids,
-        norm_before_residual=nbr, norm_before_fc=has_input_norm, fc_norm=has_fc_norm,
-        norm_output=bool(cfg.get("norm_output", False)), embed_requires_grad=True, transformer_layer_config=lcfg,
+        dtype=c.dtype_name(out_dt), draft_vocab_size=Vd, mask_token_id=mask,
+        eagle_aux_hidden_state_layer_ids=ids.speculators_ids, norm_before_residual=nbr, norm_before_fc=has_input_norm,
+        fc_norm=has_fc_norm, norm_output=bool(cfg.get("norm_output", False)), transformer_layer_config=lcfg,
         speculators_config=speculators_envelope("peagle", k, verifier),
     )
     if trained is not None:
         fields["num_depths"] = trained
     notes[:0] = [f"mask_token_id from {mask_where}", f"norm_before_residual from {nbr_where}"]
     return ConversionPlan(
-        format_id=conv.format_id, algorithm="peagle", config=make_config("peagle", **fields), tensors=plans,
+        format_id=conv.format_id, algorithm="peagle", config=_peagle_config(fields), tensors=plans,
         dropped=dropped, source_dir=src.path, source_files=[src.path / f for f in src.files], findings=findings,
         layer_ids=ids, options=opts.to_dict(), notes=notes,
     )
