@@ -417,8 +417,8 @@ def tensor_plan(
     reshape: dict[str, tuple[int, ...]] | None = None,
     format_title: str = "",
 ) -> tuple[list[TensorPlan], list[DroppedTensor]]:
-    """Plan every source tensor: accepted (copied/renamed/reshaped), dropped with a reason,
-    or refused by name. Anything unmatched is refused — nothing is dropped silently.
+    """Plan every source tensor: accepted, dropped with a reason, or refused by name
+    (anything unmatched is refused — nothing is dropped silently).
 
     Args:
         accept: regexes (full match, on the *output* name after ``rename``).
@@ -430,9 +430,7 @@ def tensor_plan(
     Raises:
         UnsupportedFormatError: one or more tensors refused (all are listed).
     """
-    rename = rename or (lambda n: n)
-    drop = {**RECOMPUTED, **(drop or {})}
-    refuse = refuse or {}
+    rename, drop, refuse = rename or (lambda n: n), {**RECOMPUTED, **(drop or {})}, refuse or {}
     plans: list[TensorPlan] = []
     dropped: list[DroppedTensor] = []
     refused: list[str] = []

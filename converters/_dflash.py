@@ -134,11 +134,8 @@ def plan_dflash_family(
     algorithm: str = "dflash",
     extra_fields: dict[str, Any] | None = None,
 ) -> ConversionPlan:
-    """Build the plan for a DFlash-family source.
-
-    Raises:
-        InvalidInputError / UnsupportedFormatError with the key, tensor or flag at fault.
-    """
+    """Build the plan for a DFlash-family source (raises ``InvalidInputError`` /
+    ``UnsupportedFormatError`` naming the key, tensor or flag at fault)."""
     from specconv.speculators import Finding, make_config
 
     cfg = src.config or {}

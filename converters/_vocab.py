@@ -31,6 +31,7 @@ Public API: :func:`as_array`, :func:`t2d_from_d2t`, :func:`check_mapping`,
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -38,6 +39,8 @@ from typing import TYPE_CHECKING, Any, Iterable, Literal, Mapping
 
 from specconv.errors import InvalidInputError
 from specconv.plan import DroppedTensor, TensorPlan
+
+from ._vocab_io import D2T_KEYS, SIDE_FILES, T2D_KEYS, as_array, find_side_files, read_mapping_file
 
 if TYPE_CHECKING:  # pragma: no cover
     import numpy as np
@@ -48,50 +51,14 @@ if TYPE_CHECKING:  # pragma: no cover
 #: :func:`merge_vocab` replaces their plans with :attr:`VocabResult.tensors`).
 VOCAB_PATTERNS = (r"d2t", r"t2d")
 
-#: Names a mapping file may use for each tensor (vLLM renames ``d2t`` to
-#: ``draft_id_to_target_id`` at load; some dumps keep that name).
-D2T_KEYS = ("d2t", "draft_id_to_target_id")
-T2D_KEYS = ("t2d", "target_id_to_draft_id")
-
-#: Side files looked for beside a checkpoint. speculators' trainer caches the mapping in
-#: its data dir as ``d2t-{Vd}.npy`` / ``t2d-{Vd}.npy`` (``train/cli.py``) and takes
-#: ``--d2t-path``/``--t2d-path`` ``.npy`` files; plain ``d2t.npy``/``t2d.npy`` are also used.
-SIDE_FILES = {"d2t": ("d2t.npy", "d2t.pt"), "t2d": ("t2d.npy", "t2d.pt")}
-
 EAGLE_222 = "SafeAILab/EAGLE #222"
 
 
-# --------------------------------------------------------------------------- arrays
-def as_array(x: Any, *, what: str = "tensor") -> "np.ndarray":
-    """Return ``x`` as a 1-D numpy array.
-
-    Args:
-        x: a numpy array, a torch tensor, a list, or a ``(TensorStore, name)`` pair
-            (the tensor is read from the store).
-        what: label used in error messages.
-
-    Raises:
-        InvalidInputError: ``x`` is not 1-D or is a float tensor.
-    """
-    import numpy as np
-
-    if isinstance(x, tuple) and len(x) == 2 and hasattr(x[0], "read_tensor"):
-        store, name = x
-        info = store.info(name)
-        try:
-            arr = store.read_numpy(name)
-        except ValueError:
-            arr = store.read_tensor(name).numpy()
-        what = f"{what} ({name}, {info.dtype})"
-    elif hasattr(x, "detach") and hasattr(x, "numpy"):  # torch.Tensor
-        arr = x.detach().cpu().numpy()
-    else:
-        arr = np.asarray(x)
-    if arr.ndim != 1:
-        raise InvalidInputError(f"{what} must be 1-D, got shape {list(arr.shape)}", code="vocab_map_invalid")
-    if arr.dtype.kind == "f":
-        raise InvalidInputError(f"{what} must be an integer or bool tensor, got {arr.dtype}", code="vocab_map_invalid")
-    return arr
+__all__ = [
+    "D2T_KEYS", "SIDE_FILES", "T2D_KEYS", "VOCAB_PATTERNS", "D2TReading", "VocabResult", "as_array", "check_mapping",
+    "find_side_files", "merge_vocab", "normalise_d2t", "read_mapping_file", "resolve_vocab", "slice_rows_plan",
+    "t2d_from_d2t",
+]
 
 
 def _as_bool(t2d: "np.ndarray", what: str) -> "np.ndarray":
@@ -224,16 +191,7 @@ def normalise_d2t(d2t: Any, t2d: Any | None, vocab_size: int, draft_vocab_size: 
     t = None if t2d is None else _as_bool(as_array(t2d, what="t2d"), "t2d")
     pre = f"{where}: " if where else ""
     vd = d.shape[0]
-    if vd != draft_vocab_size:
-        raise InvalidInputError(f"{pre}d2t has {vd} entries but draft_vocab_size is {draft_vocab_size}", code="vocab_map_invalid")
-    if t is not None:
-        if t.shape[0] != vocab_size:
-            raise InvalidInputError(f"{pre}t2d has {t.shape[0]} entries but the target vocab_size is {vocab_size}", code="vocab_map_invalid")
-        if int(t.sum()) != vd:
-            raise InvalidInputError(
-                f"{pre}t2d marks {int(t.sum())} target ids but d2t/draft_vocab_size has {vd}", code="vocab_map_invalid"
-            )
-    idx = np.arange(vd, dtype=np.int64)
+    _check_lengths(d, t, vocab_size, draft_vocab_size, pre)
     off_probs = _offset_problems(d, vocab_size, t)
     if vd and not d.any() and vd < vocab_size and (t is None or off_probs):
         why = "no t2d confirms it" if t is None else "; ".join(off_probs)
@@ -246,25 +204,10 @@ def normalise_d2t(d2t: Any, t2d: Any | None, vocab_size: int, draft_vocab_size: 
         )
     abs_probs = _target_problems(d, vocab_size, t, "d2t[i] (as absolute ids)")
     if not off_probs:
-        if t is None and not abs_probs:
-            if vd >= 2 and bool(np.all(np.diff(d) > 0)):
-                raise InvalidInputError(
-                    f"{pre}d2t is strictly increasing and valid both as offsets and as absolute target ids; "
-                    "producers sort the draft vocabulary, so offsets normally repeat while absolute ids always "
-                    "increase — without t2d the two readings cannot be told apart",
-                    code="vocab_map_ambiguous",
-                    hint="provide t2d (beside the checkpoint, or both tensors via --vocab-mapping FILE)",
-                )
-            return D2TReading(
-                d, "offsets",
-                "d2t is also valid read as absolute target ids; kept as offsets (the convention of speculators, "
-                "SpecForge, EAGLE and vLLM) — no t2d to confirm",
-                ambiguous_but_offsets=True,
-            )
-        return D2TReading(d, "offsets")
+        return _offsets_reading(d, t, abs_probs, pre)
     if not abs_probs:
         return D2TReading(
-            d - idx, "absolute",
+            d - np.arange(vd, dtype=np.int64), "absolute",
             f"d2t holds absolute target ids, not offsets ({off_probs[0]}); converted to offsets "
             "(target = draft + d2t[draft])",
         )
@@ -274,159 +217,40 @@ def normalise_d2t(d2t: Any, t2d: Any | None, vocab_size: int, draft_vocab_size: 
     )
 
 
-# ------------------------------------------------------------------------ side files
-def _load_pt(path: Path) -> Any:
-    import torch
-
-    try:
-        return torch.load(path, weights_only=True, map_location="cpu")
-    except Exception as e:  # UnpicklingError for non-allow-listed globals, junk files
-        from specconv.tensors import torch_load_error_detail
-
-        raise InvalidInputError(
-            f"{path}: torch.load(weights_only=True) failed ({torch_load_error_detail(e)}); "
-            "specconv never unpickles arbitrary objects — save the mapping as .npy or .safetensors",
-            code="unsafe_pickle",
-        ) from e
+def _check_lengths(d: "np.ndarray", t: "np.ndarray | None", vocab_size: int, draft_vocab_size: int, pre: str) -> None:
+    vd = d.shape[0]
+    if vd != draft_vocab_size:
+        raise InvalidInputError(f"{pre}d2t has {vd} entries but draft_vocab_size is {draft_vocab_size}", code="vocab_map_invalid")
+    if t is not None:
+        if t.shape[0] != vocab_size:
+            raise InvalidInputError(f"{pre}t2d has {t.shape[0]} entries but the target vocab_size is {vocab_size}", code="vocab_map_invalid")
+        if int(t.sum()) != vd:
+            raise InvalidInputError(
+                f"{pre}t2d marks {int(t.sum())} target ids but d2t/draft_vocab_size has {vd}", code="vocab_map_invalid"
+            )
 
 
-def _pick(d: Mapping[str, Any], keys: Iterable[str]) -> Any:
-    for k in keys:
-        if k in d:
-            return d[k]
-    # one level of nesting (e.g. {"vocab_mapping": {"d2t":..., "t2d":...}})
-    for v in d.values():
-        if isinstance(v, Mapping):
-            got = _pick(v, keys)
-            if got is not None:
-                return got
-    return None
-
-
-def read_mapping_file(path: str | Path, *, role: str | None = None, draft_vocab_size: int | None = None) -> dict[str, "np.ndarray"]:
-    """Read ``d2t``/``t2d`` from a side file (or a directory of them).
-
-    Accepted: ``.safetensors`` (tensors named ``d2t``/``t2d``), ``.pt``/``.pth``/``.bin``
-    (``torch.load(weights_only=True)``: a dict holding ``d2t``/``t2d`` — also
-    ``draft_id_to_target_id`` — or a bare tensor), ``.npz`` (arrays ``d2t``/``t2d``) and
-    ``.npy`` (one array; its role comes from ``role`` or the file name containing
-    ``d2t``/``t2d``, else from its dtype: bool → ``t2d``).
-
-    A directory is searched with :func:`find_side_files` (``d2t.npy``, ``d2t-{Vd}.npy``, …)
-    and, failing that, read as a checkpoint holding ``d2t``/``t2d`` tensors.
-
-    Returns:
-        ``{"d2t": int array, "t2d": bool/int array}`` with whichever was found.
-
-    Raises:
-        InvalidInputError: unreadable file, unknown extension, neither tensor present.
-    """
+def _offsets_reading(d: "np.ndarray", t: "np.ndarray | None", abs_probs: list[str], pre: str) -> D2TReading:
+    """Valid offsets: kept; without t2d, an equally valid strictly increasing absolute
+    reading is refused as ambiguous."""
     import numpy as np
 
-    p = Path(path)
-    if p.is_dir():
-        out: dict[str, Any] = {}
-        for r, f in find_side_files(p, draft_vocab_size).items():
-            out[r] = read_mapping_file(f, role=r)[r]
-        if not out:
-            from specconv.tensors import TensorStore
-
-            try:
-                store = TensorStore.open(p)
-            except InvalidInputError:
-                store = None
-            for r, keys in (("d2t", D2T_KEYS), ("t2d", T2D_KEYS)):
-                k = next((k for k in keys if store is not None and k in store), None)
-                if k is not None:
-                    out[r] = as_array((store, k), what=f"{p}:{k}")
-        if not out:
-            raise InvalidInputError(f"{p}: no d2t/t2d side files (d2t.npy, d2t-<Vd>.npy, t2d.npy, ...) or tensors",
-                                    code="vocab_map_invalid")
-        return out
-    if not p.is_file():
-        raise InvalidInputError(f"vocab mapping file {p} does not exist", code="vocab_map_missing")
-    name = p.name.lower()
-    out: dict[str, Any] = {}
-
-    def role_of_single(arr: Any) -> str:
-        if role:
-            return role
-        for r in ("d2t", "t2d"):
-            if r in name:
-                return r
-        a = as_array(arr, what=str(p))
-        if a.dtype == np.bool_:
-            return "t2d"
+    if t is not None or abs_probs:
+        return D2TReading(d, "offsets")
+    if d.shape[0] >= 2 and bool(np.all(np.diff(d) > 0)):
         raise InvalidInputError(
-            f"{p}: a single integer array, cannot tell whether it is d2t or t2d; name the file d2t.* / t2d.*",
-            code="vocab_map_invalid",
+            f"{pre}d2t is strictly increasing and valid both as offsets and as absolute target ids; "
+            "producers sort the draft vocabulary, so offsets normally repeat while absolute ids always "
+            "increase — without t2d the two readings cannot be told apart",
+            code="vocab_map_ambiguous",
+            hint="provide t2d (beside the checkpoint, or both tensors via --vocab-mapping FILE)",
         )
-
-    if name.endswith(".safetensors"):
-        from specconv.tensors import TensorStore
-
-        store = TensorStore.open(p)
-        for r, keys in (("d2t", D2T_KEYS), ("t2d", T2D_KEYS)):
-            k = next((k for k in keys if k in store), None)
-            if k is not None:
-                out[r] = as_array((store, k), what=f"{p}:{k}")
-    elif name.endswith((".pt", ".pth", ".bin")):
-        obj = _load_pt(p)
-        if isinstance(obj, Mapping):
-            for r, keys in (("d2t", D2T_KEYS), ("t2d", T2D_KEYS)):
-                v = _pick(obj, keys)
-                if v is not None:
-                    out[r] = as_array(v, what=f"{p}:{r}")
-        elif hasattr(obj, "numpy"):
-            out[role_of_single(obj)] = as_array(obj, what=str(p))
-        else:
-            raise InvalidInputError(f"{p}: expected a dict with d2t/t2d or a tensor, found {type(obj).__name__}", code="vocab_map_invalid")
-    elif name.endswith(".npz"):
-        try:
-            with np.load(p, allow_pickle=False) as z:
-                for r, keys in (("d2t", D2T_KEYS), ("t2d", T2D_KEYS)):
-                    k = next((k for k in keys if k in z.files), None)
-                    if k is not None:
-                        out[r] = as_array(z[k], what=f"{p}:{k}")
-        except (OSError, ValueError) as e:
-            raise InvalidInputError(f"{p}: cannot read .npz ({e})", code="vocab_map_invalid") from e
-    elif name.endswith(".npy"):
-        try:
-            arr = np.load(p, allow_pickle=False)
-        except (OSError, ValueError) as e:
-            raise InvalidInputError(f"{p}: cannot read .npy ({e})", code="vocab_map_invalid") from e
-        out[role_of_single(arr)] = as_array(arr, what=str(p))
-    else:
-        raise InvalidInputError(
-            f"{p}: unknown vocab mapping file type (expected .safetensors, .pt, .npy or .npz)", code="vocab_map_invalid"
-        )
-    if not out:
-        raise InvalidInputError(f"{p} holds neither d2t nor t2d", code="vocab_map_invalid")
-    return out
-
-
-def find_side_files(directory: Path, draft_vocab_size: int | None = None) -> dict[str, Path]:
-    """``{"d2t": path, "t2d": path}`` for side files in ``directory`` (either may be absent).
-
-    Looks for ``d2t.npy``/``d2t.pt`` (same for ``t2d``), then speculators' cached
-    ``d2t-{Vd}.npy`` — by ``draft_vocab_size`` when given, else only when exactly one
-    ``d2t-*.npy`` exists.
-    """
-    d = Path(directory)
-    found = {}
-    for role, names in SIDE_FILES.items():
-        cands = [d / n for n in names]
-        if draft_vocab_size is not None:
-            cands.append(d / f"{role}-{draft_vocab_size}.npy")
-        else:
-            cached = sorted(d.glob(f"{role}-*.npy"))
-            if len(cached) == 1:
-                cands.append(cached[0])
-        for f in cands:
-            if f.is_file():
-                found[role] = f
-                break
-    return found
+    return D2TReading(
+        d, "offsets",
+        "d2t is also valid read as absolute target ids; kept as offsets (the convention of speculators, "
+        "SpecForge, EAGLE and vLLM) — no t2d to confirm",
+        ambiguous_but_offsets=True,
+    )
 
 
 # ------------------------------------------------------------------------------ plan
@@ -725,6 +549,17 @@ def merge_vocab(plans: list[TensorPlan], dropped: list[DroppedTensor], vocab: Vo
     return kept + list(vocab.tensors), list(dropped) + list(vocab.dropped)
 
 
+def _sliced_bytes(store: Any, source: str, rows: "np.ndarray", out_dtype: str) -> bytes:
+    """Rows ``rows`` of ``source`` as ``out_dtype`` safetensors bytes (run at write time)."""
+    import torch
+
+    from specconv.tensors import tensor_to_bytes, torch_dtype
+
+    t = store.read_tensor(source)
+    sl = t.index_select(0, torch.from_numpy(rows)).to(torch_dtype(out_dtype))
+    return tensor_to_bytes(sl)[2]
+
+
 def slice_rows_plan(
     store: Any,
     source: str,
@@ -764,17 +599,8 @@ def slice_rows_plan(
     rows = vocab.target_ids().copy()
     out_dtype = dtype or info.dtype
 
-    def produce(store=store, source=source, rows=rows, out_dtype=out_dtype) -> bytes:
-        import torch
-
-        from specconv.tensors import tensor_to_bytes, torch_dtype
-
-        t = store.read_tensor(source)
-        sl = t.index_select(0, torch.from_numpy(rows)).to(torch_dtype(out_dtype))
-        return tensor_to_bytes(sl)[2]
-
     return TensorPlan(
         out=out, fate="sliced", origin="source", source=source, shape=(int(rows.shape[0]), *shape[1:]),
-        dtype=out_dtype, src_dtype=info.dtype, produce=produce,
+        dtype=out_dtype, src_dtype=info.dtype, produce=functools.partial(_sliced_bytes, store, source, rows, out_dtype),
         note=note or f"rows of the {len(rows)} draft-vocab tokens (row j = source row j + d2t[j]) of {list(shape)}",
     )
