@@ -1,6 +1,8 @@
 """Mapping helpers shared by converters (layer ids, mask token, block size, tensors).
 
-Facts: external_formats.md §1 (conventions), §3 (F1 mapping), speculators_format.md §2.
+Facts: the layer-id conventions of z-lab/dflash ``dflash/model.py`` (0-based layer outputs) and
+vLLM ``vllm/transformers_utils/configs/speculators/algos.py`` (capture ids, 0 = embeddings); the
+target keys of vllm-project/speculators ``src/speculators/models/*/config.py``.
 """
 
 from __future__ import annotations
@@ -140,7 +142,7 @@ def zlab_to_speculators_ids(
     """Convert z-lab-convention target layer ids to Speculators aux ids (+1; -1 → 0).
 
     An id equal to the verifier's last layer maps to ``num_hidden_layers`` and is **kept**
-    (unlike speculators' converter, speculators_format.md §7.5). ``--aux-layer-ids``
+    (unlike speculators' own DFlash converter, which drops it). ``--aux-layer-ids``
     overrides and is recorded. Ids are never recomputed from a formula.
     """
     from specconv.speculators import Finding
@@ -203,7 +205,8 @@ def _check_converted_ids(s_ids: list[int], origin: str, verifier: Any, findings:
 
 def require_layer_types_for_swa(src: SourceInfo) -> None:
     """ModelOpt exports: ``dflash_config.use_swa`` without ``layer_types`` cannot say which
-    layers slide (external_formats.md §7); refuse rather than guess.
+    layers slide (NVIDIA/Model-Optimizer ``modelopt/torch/export/plugins/hf_spec_export.py``);
+    refuse rather than guess.
 
     Raises:
         InvalidInputError: naming both keys.
@@ -557,7 +560,8 @@ def refuse(fmt_title: str, format_id: str, why: str) -> UnsupportedFormatError:
 
 
 def dflash_causality(src: SourceInfo, lcfg: dict[str, Any], findings: list) -> bool:
-    """Return ``sliding_window_non_causal`` for a DFlash-family source (speculators_format.md §8.4).
+    """Return ``sliding_window_non_causal`` for a DFlash-family source (vLLM
+    ``vllm/model_executor/models/qwen3_dflash.py`` applies one causality to every draft layer).
 
     z-lab semantics (``dflash/model.py``): full layers bidirectional in the block, sliding
     layers causal, unless top-level ``is_causal`` (or ``dflash_config.causal``) overrides

@@ -1,4 +1,5 @@
-"""The DFlash-family mapping shared by every DFlash source (external_formats.md §3, §9).
+"""The DFlash-family mapping shared by every DFlash source (z-lab/dflash ``dflash/model.py``,
+deepseek-ai/DeepSpec ``deepspec/modeling/dspark/qwen3/modeling.py``).
 
 Each source module only says where its keys live and how its tensors are named; this
 module turns that into a Speculators ``dflash`` (or ``dspark``) plan.
@@ -30,7 +31,7 @@ class DFlashLayout:
         rename: source tensor name → Speculators name.
         extra_accept: extra accepted output-name regexes (e.g. DSpark heads).
         drop / refuse: regex → reason.
-        sample_from_anchor: the layout's block convention (external_formats.md §1.3).
+        sample_from_anchor: the layout's block convention (1+N or anchor-first, see docs/formats.md).
         layer_drop: extra config keys not belonging to transformer_layer_config.
     """
 
@@ -53,7 +54,7 @@ class DFlashLayout:
 
 
 #: Keys that rescale embeddings/logits; Speculators has no equivalent, so a non-neutral
-#: value makes a conversion unfaithful (external_formats.md §3, Muse-Glimmer / MiMo).
+#: value makes a conversion unfaithful (Muse-Glimmer / MiMo DFlash configs).
 SCALING_KEYS = ("input_embedding_scale", "output_multiplier", "final_logit_softcapping", "attention_value_scale")
 
 

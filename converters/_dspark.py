@@ -3,7 +3,7 @@
 The three DSpark producers (DeepSpec ``Qwen3DSparkModel``, SpecForge ``DSparkDraftModel``,
 ModelOpt ``projector_type: "dspark"``) keep the same four head hyper-parameters in
 different places and under slightly different names; all of them map to the Speculators
-``dspark`` keys (speculators_format.md §5.1):
+``dspark`` keys (vllm-project/speculators ``src/speculators/models/dspark/config.py``):
 
 * ``markov_rank`` (``r``; 0 disables the Markov head),
 * ``markov_head_type`` (``vanilla`` | ``gated`` | ``rnn``),
@@ -13,7 +13,9 @@ different places and under slightly different names; all of them map to the Spec
 Whatever the config says is cross-checked against the head tensors (names after the
 source's rename, shapes from the safetensors headers) so that a config/weights
 disagreement is an error naming both, never a silently broken drafter.
-Tensor shapes: speculators_format.md §5.2; external_formats.md §6.4, §7, §9.
+Tensor shapes: speculators ``src/speculators/models/dspark/`` (target), SpecForge
+``specforge/modeling/draft/dspark.py``, NVIDIA/Model-Optimizer ``hf_spec_export.py``, DeepSpec
+``deepspec/modeling/dspark/qwen3/modeling.py`` (sources).
 """
 
 from __future__ import annotations
@@ -110,7 +112,7 @@ def _check_type(src: SourceInfo, value: Any, key: str) -> str:
 def check_head_tensors(src: SourceInfo, plan: ConversionPlan, heads: DSparkHeads, *, hidden: int, vocab: int) -> None:
     """Cross-check the head hyper-parameters against the planned head tensors.
 
-    Expected (speculators_format.md §5.2, before any vocabulary pruning):
+    Expected (speculators ``src/speculators/models/dspark/``, before any vocabulary pruning):
     ``markov_head.markov_w1.weight [V, r]``, ``markov_head.markov_w2.weight [V, r]``,
     ``markov_head.gate_proj.{weight [r, H+r], bias [r]}`` (gated),
     ``markov_head.joint_proj.{weight [3r, 2r+H], bias [3r]}`` (rnn),
@@ -195,9 +197,9 @@ def finish_plan(plan: ConversionPlan, heads: DSparkHeads, extra_notes: list[str]
 def maybe_prune(conv: Any, plan: ConversionPlan, src: SourceInfo, verifier: Any, opts: Any) -> ConversionPlan:
     """Prune a full-vocabulary DSpark plan to the draft vocabulary of ``--vocab-mapping``.
 
-    Every DSpark source format stores full-vocabulary heads (external_formats.md §6.5, §7,
-    §9). With ``--vocab-mapping`` (d2t ``[Vd]`` offsets and/or t2d ``[V]``) the output
-    becomes a pruned Speculators ``dspark`` drafter (speculators_format.md §2.3, §5.2):
+    Every DSpark source format stores full-vocabulary heads (SpecForge, ModelOpt and DeepSpec
+    exports). With ``--vocab-mapping`` (d2t ``[Vd]`` offsets and/or t2d ``[V]``) the output
+    becomes a pruned Speculators ``dspark`` drafter (speculators ``src/speculators/models/dspark/``):
     ``draft_vocab_size = Vd``; ``markov_head.markov_w2.weight`` ``[V, r] → [Vd, r]`` and
     ``lm_head.weight`` ``[V, H] → [Vd, H]`` keep the rows of the draft tokens in draft-id
     order (the source's ``lm_head`` when it ships one, else the verifier's); ``d2t``/``t2d``

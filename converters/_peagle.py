@@ -1,25 +1,25 @@
-"""The P-EAGLE mapping shared by every P-EAGLE source (external_formats.md §6, §8, §11).
+"""The P-EAGLE mapping shared by every P-EAGLE source (SpecForge, NeMo Automodel, AWS / vLLM layout).
 
 A source module says where its config keys live and how its tensors are named
 (:class:`PEagleLayout`); :func:`plan_peagle_family` turns that into a Speculators
-``peagle`` plan (speculators_format.md §3).
+``peagle`` plan (vllm-project/speculators ``src/speculators/models/peagle/``).
 
 Facts used:
 
-* Tensors (§3.2): ``embed_tokens [V,H]`` (trained; shipped), ``fc [H, A·H]``,
+* Tensors (speculators ``PEagleDraftModel``): ``embed_tokens [V,H]`` (trained; shipped), ``fc [H, A·H]``,
   ``mask_hidden [1,1,A·H]``, ``layers.0.{hidden_norm,input_layernorm,
   post_attention_layernorm}``, layer-0 ``q/k/v_proj`` take ``2H`` inputs, ``layers.N≥1``
   plain Llama/Qwen3, ``norm``, ``lm_head [Vd,H]``, ``d2t``/``t2d`` when pruned,
   optional ``input_norm`` (``norm_before_fc``) and ``fc_norm.{i}`` (``fc_norm``).
 * Aux ids in the EAGLE-3 convention (``eagle_aux_hidden_state_layer_ids``) are already
-  Speculators capture ids (external_formats.md §1.1, convention E = S) — never
+  Speculators capture ids (vLLM ``llama_eagle3.py`` reads them as capture ids) — never
   recomputed from a formula.
 * ``norm_before_residual``: vLLM's speculators reader defaults it to false for peagle
   and true for eagle3, the speculators trainer to true — so it is never guessed.
 * ``transformer_layer_config.model_type`` is ``llama`` or ``qwen3`` (per-head q/k norms);
   a Llama draft with ``A != 3`` aux layers needs ``num_aux_hidden_states: A`` for vLLM
-  (speculators_format.md §8.4 rule 2).
-* ``speculative_tokens`` = trained depths K (must not exceed them, §8.4 rule 7).
+  (vLLM ``vllm/model_executor/models/llama_eagle3.py``).
+* ``speculative_tokens`` = trained depths K (must not exceed them; the ``peagle`` lint rule in ``specconv/speculators.py``).
 """
 
 from __future__ import annotations

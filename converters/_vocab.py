@@ -1,6 +1,6 @@
 """Draft-vocabulary mapping (``d2t`` / ``t2d``): read, check, normalise, plan.
 
-Format facts (external_formats.md §1.2, speculators_format.md §2.3):
+Format facts (speculators ``src/speculators/train/vocab_mapping.py``, vLLM ``compute_logits``):
 
 * ``d2t``: int64 ``[Vd]`` holding **offsets**: ``target_id = draft_id + d2t[draft_id]``
   (speculators ``train/vocab_mapping.py``, SpecForge ``data/preprocessing.py``, vLLM
@@ -574,7 +574,7 @@ def slice_rows_plan(
     For DSpark ``markov_head.markov_w2.weight`` (``[V, r]`` in full-vocab sources →
     ``[Vd, r]``): row ``j`` of the output is source row ``j + d2t[j]`` — exactly the
     ``t2d`` rows in draft-id order. Never use it for ``markov_w1`` (indexed by target ids,
-    stays ``[V, r]``; speculators_format.md §2.3).
+    stays ``[V, r]``; speculators ``src/speculators/models/dspark/``).
 
     Args:
         store: the source :class:`~specconv.tensors.TensorStore`.

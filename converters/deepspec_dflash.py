@@ -4,7 +4,8 @@ Saved as a ``Qwen3DSparkModel`` with ``markov_rank: 0``: flat ``target_layer_ids
 (z-lab convention, ``-1`` = embeddings) and ``mask_token_id``, ``block_size`` top level,
 ANCHOR-FIRST (every slot drafts: ``sample_from_anchor: true``, ``speculative_tokens =
 block_size``; mapping it 1+N shifts every position — sglang-jax PR #1619). Ships copies
-of the verifier's ``embed_tokens``/``lm_head`` (kept). external_formats.md §9.
+of the verifier's ``embed_tokens``/``lm_head`` (kept). deepseek-ai/DeepSpec
+``deepspec/modeling/dspark/qwen3/{config,modeling}.py``.
 """
 
 from __future__ import annotations
@@ -54,7 +55,7 @@ class DeepSpecDFlash(Converter):
         "`embed_tokens`/`lm_head` copies kept; confidence-head tensors refused (no DFlash equivalent); "
         "`attn_output_gate: true` refused"
     )
-    spec_ref = "external_formats.md §9 (F7)"
+    spec_ref = "deepseek-ai/DeepSpec `deepspec/modeling/dspark/qwen3/config.py`, `modeling.py`"
 
     @classmethod
     def detect(cls, src: SourceInfo) -> bool:

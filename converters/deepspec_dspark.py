@@ -1,6 +1,6 @@
 """F7 — DeepSeek DeepSpec native DSpark (``deepseek-ai/dspark_*_block7``, ``Qwen3DSparkModel``).
 
-external_formats.md §9; DeepSpec ``deepspec/modeling/dspark/qwen3/{config,modeling}.py``
+deepseek-ai/DeepSpec ``deepspec/modeling/dspark/qwen3/{config,modeling}.py``
 (HEAD ``afdfa7c9``). The config is a deep copy of the target's ``Qwen3Config`` with flat
 top-level overrides: ``target_layer_ids`` (z-lab convention, ``-1`` = embedding output),
 ``mask_token_id``, ``block_size``, ``num_anchors`` (training only), ``markov_rank``,
@@ -112,7 +112,7 @@ class DeepSpecDSpark(Converter):
         "(the last is false when the confidence head is off, as in DeepSpec's model); head tensors cross-checked; "
         "`embed_tokens`/`lm_head` copies kept; `attn_output_gate: true` refused"
     )
-    spec_ref = "external_formats.md §9 (F7)"
+    spec_ref = "deepseek-ai/DeepSpec `deepspec/modeling/dspark/qwen3/config.py`, `modeling.py`"
 
     @classmethod
     def detect(cls, src: SourceInfo) -> bool:

@@ -1,4 +1,5 @@
-"""F4 — SpecForge DSpark HF exports (``DSparkDraftModel``). external_formats.md §6.3–§6.5.
+"""F4 — SpecForge DSpark HF exports (``DSparkDraftModel``; sgl-project/SpecForge
+``specforge/modeling/draft/dspark.py``).
 
 SpecForge (``specforge/modeling/draft/dspark.py``, HEAD ``a6b6b023``; configs
 ``configs/qwen3-8b-dspark.json``, ``glm-5.2-dspark.json``, ``kimi-k3-dspark.json``) writes
@@ -156,7 +157,7 @@ class SpecForgeDSpark(Converter):
         "`logit_head.` prefix stripped; Domino `prefix_gru`/`embed_proj` refused; `attention_mode: mla` refused; "
         "`confidence_head_alpha` (training only) noted"
     )
-    spec_ref = "external_formats.md §6.3–§6.5 (F4)"
+    spec_ref = "sgl-project/SpecForge `specforge/modeling/draft/dspark.py`"
 
     @classmethod
     def detect(cls, src: SourceInfo) -> bool:

@@ -1,6 +1,6 @@
 """F4 — SpecForge training checkpoints ``<output_dir>/<run_id>-step<N>/`` (DataFlow runtime).
 
-external_formats.md §6.1. Such a directory holds ``training_state.pt`` (a rank-0 *pickle*
+sgl-project/SpecForge ``specforge/training/checkpoint.py``. Such a directory holds ``training_state.pt`` (a rank-0 *pickle*
 that needs ``torch.load(weights_only=False)``), per-rank ``training_state_rank{r}.pt``
 (optimizer shards, RNG) and **no** ``config.json``: the drafter's architecture lives in
 the separate draft config (``configs/*.json``). ``training_state.pt`` holds
@@ -161,7 +161,7 @@ class SpecForgeTraining(Converter):
         "`python -m specforge.export.to_hf --checkpoint DIR --draft-config CFG --output-dir OUT` and convert OUT, "
         "or opt in with --allow-unpickle --draft-config CFG for a file you trust"
     )
-    spec_ref = "external_formats.md §6.1 (F4)"
+    spec_ref = "sgl-project/SpecForge `specforge/training/checkpoint.py`"
 
     @classmethod
     def detect(cls, src: SourceInfo) -> bool:

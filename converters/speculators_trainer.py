@@ -1,5 +1,5 @@
 """F11 — speculators trainer output (already the target format) and F10 — early
-speculators P-EAGLE branches. external_formats.md §12, §13, §16 rule 1.
+speculators P-EAGLE branches (vllm-project/speculators ``src/speculators/train/checkpointer.py``).
 
 "Normalise, don't convert": a ``save_path/<epoch>/`` directory written by
 ``speculators train`` (``train/checkpointer.py``; ``save_pretrained`` of the draft) is
@@ -30,7 +30,7 @@ F10 (speculators PRs #327/#343/#393/#480): ``speculators_model_type: peagle`` wi
 ``ptd_token_id`` (earlier ``unused_token_id``) instead of ``mask_token_id`` and the COD keys
 ``para_num``/``para_depths``; mapped ``ptd_token_id`` → ``mask_token_id`` and an integer
 ``para_num``/``para_depths`` → ``num_depths`` (the trained depths). Low confidence
-(external_formats.md §12): the meaning of ``para_depths`` as a depth count is inferred.
+(speculators PRs #327–#480 only): the meaning of ``para_depths`` as a depth count is inferred.
 """
 
 from __future__ import annotations
@@ -49,7 +49,7 @@ from .base import Converter, ConvertOptions, SourceInfo, register
 
 ALGORITHMS = ("peagle", "dflash", "dspark")
 
-#: Files a trainer checkpoint holds that are never published (speculators_format.md §1).
+#: Files a trainer checkpoint holds that are never published (speculators ``train/checkpointer.py``).
 TRAINING_FILES = (
     "optimizer_state_dict.pt", "scheduler_state_dict.pt", "training_state.json", "val_metrics.json",
     "train_command.txt", "run.yaml", "config.py",
@@ -71,7 +71,7 @@ LEGACY_DROP = {
 #: merged 2026-07-17; v0.6.0 predates DSpark itself, v0.7.0 — 2026-07-29 — contains both).
 DSPARK_MARKOV_FIX = "0.7.0"
 
-#: F10 mask-token aliases, in the order vLLM reads them (external_formats.md §1.4, §12).
+#: F10 mask-token aliases, in the order vLLM reads them (speculators PRs #327–#480).
 EARLY_MASK_KEYS = ("ptd_token_id", "unused_token_id")
 EARLY_DEPTH_KEYS = ("para_num", "para_depths")
 
@@ -522,7 +522,7 @@ def normalise(conv: Any, src: SourceInfo, verifier: Any, opts: ConvertOptions, *
 
 class _SpeculatorsTrainer(Converter):
     algorithm = ""
-    spec_ref = "external_formats.md §13 (F11)"
+    spec_ref = "vllm-project/speculators `src/speculators/train/checkpointer.py`, `src/speculators/models/*/config.py`"
     mapping = (
         "normalise, don't convert: tensors copied unchanged (verifier_* copies dropped), vocab mapping validated, "
         "missing `sample_from_anchor` filled by the legacy rule (K == B-1 → false, K == B → true), legacy "
@@ -557,7 +557,7 @@ class SpeculatorsEarlyPEagle(_SpeculatorsTrainer):
         "`ptd_token_id` (or `unused_token_id`) → `mask_token_id`; integer `para_num`/`para_depths` → `num_depths` "
         "(trained depths, must agree); COD keys dropped; otherwise as speculators_peagle"
     )
-    spec_ref = "external_formats.md §12 (F10)"
+    spec_ref = "vllm-project/speculators PRs #327/#343/#393/#480 (`PEagleSpeculatorConfig` with `ptd_token_id`, `para_num`)"
 
     @classmethod
     def detect(cls, src: SourceInfo) -> bool:
@@ -567,7 +567,7 @@ class SpeculatorsEarlyPEagle(_SpeculatorsTrainer):
         plan = normalise(self, src, verifier, opts, early=True)
         plan.findings.append(_finding(
             "info", "early-peagle-low-confidence",
-            "early speculators P-EAGLE layout (external_formats.md §12, low confidence): check the converted drafter "
+            "early speculators P-EAGLE layout (speculators PRs #327–#480, low confidence): check the converted drafter "
             "with `specconv validate`",
         ))
         return plan
@@ -613,7 +613,7 @@ class SpeculatorsOther(Converter):
     algorithm = "other"
     title = "speculators drafter of another algorithm"
     detection = "`speculators_model_type` not in {peagle, dflash, dspark} (eagle3, mtp, dflash2, xpress, …)"
-    spec_ref = "external_formats.md §16 rule 1"
+    spec_ref = "vllm-project/speculators `src/speculators/config.py` (`speculators_model_type` registry)"
     supported = False
     refusal = (
         "specconv targets peagle, dflash and dspark; this directory is already a Speculators drafter of another "

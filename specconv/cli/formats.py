@@ -66,7 +66,7 @@ def formats_markdown() -> str:
             f"- **{'mapping' if r['supported'] else 'refused because'}:** {_cell(r['mapping'])}",
         ]
         if r.get("spec_ref"):
-            out.append(f"- **spec:** {_cell(r['spec_ref'])}")
+            out.append(f"- **facts from:** {_cell(r['spec_ref'])}")
     return "\n".join(out) + "\n"
 
 
