@@ -351,12 +351,56 @@ def layer_config(src: SourceInfo, cfg: dict[str, Any], *, model_type: str, extra
     out.pop("rope_scaling", None)
     out["tie_word_embeddings"] = False
     _check_layer_ints(src, out)
-    out.setdefault("num_key_value_heads", out["num_attention_heads"])
-    out.setdefault("head_dim", out["hidden_size"] // out["num_attention_heads"])
-    out.setdefault("rms_norm_eps", 1e-6)
-    out.setdefault("hidden_act", "silu")
-    out.setdefault("attention_bias", False)
     return out
+
+
+def _class_default(model_type: str, key: str) -> Any:
+    from transformers import AutoConfig
+
+    return AutoConfig.for_model(model_type).to_dict().get(key)
+
+
+def complete_layer_config(src: SourceInfo, lcfg: dict[str, Any], plans: list[TensorPlan], findings: list) -> None:
+    """Fill the decoder keys a flat source config may omit, each fill a finding.
+
+    ``head_dim``, ``num_key_value_heads`` and ``attention_bias`` come from the tensors
+    (``q_proj`` / ``k_proj`` rows, ``q_proj.bias``); ``rms_norm_eps`` and ``hidden_act``
+    from transformers' config-class default for the draft's ``model_type`` — the value the
+    producer's own ``from_pretrained`` applied to the same ``config.json``.
+
+    Raises:
+        InvalidInputError: a projection's rows do not divide by the head count.
+    """
+    from specconv.speculators import Finding
+
+    filled = []
+    nq, H = lcfg["num_attention_heads"], lcfg["hidden_size"]
+    q, k = get(plans, "layers.0.self_attn.q_proj.weight"), get(plans, "layers.0.self_attn.k_proj.weight")
+    if lcfg.get("head_dim") is None:
+        if q is None:
+            lcfg["head_dim"], why = H // nq, "hidden_size / num_attention_heads (no q_proj)"
+        elif q.shape[0] % nq:
+            raise InvalidInputError(f"{q.source} has {q.shape[0]} rows, not a multiple of num_attention_heads {nq}")
+        else:
+            lcfg["head_dim"], why = q.shape[0] // nq, f"{q.source} rows / num_attention_heads"
+        filled.append(f"head_dim={lcfg['head_dim']} ({why})")
+    if lcfg.get("num_key_value_heads") is None:
+        hd = lcfg["head_dim"]
+        lcfg["num_key_value_heads"] = nq if k is None else k.shape[0] // hd
+        filled.append(f"num_key_value_heads={lcfg['num_key_value_heads']} "
+                      + ("(= num_attention_heads, no k_proj)" if k is None else f"({k.source} rows / head_dim)"))
+    if lcfg.get("attention_bias") is None:
+        lcfg["attention_bias"] = get(plans, "layers.0.self_attn.q_proj.bias") is not None
+        filled.append(f"attention_bias={str(lcfg['attention_bias']).lower()} (q_proj.bias "
+                      f"{'present' if lcfg['attention_bias'] else 'absent'})")
+    for key in ("rms_norm_eps", "hidden_act"):
+        if lcfg.get(key) is None:
+            lcfg[key] = _class_default(lcfg["model_type"], key)
+            filled.append(f"{key}={lcfg[key]!r} (transformers' {lcfg['model_type']} config default)")
+    if filled:
+        findings.append(Finding("info", "layer-config-filled",
+                                f"{src.path}/config.json omits decoder keys; filled " + "; ".join(filled),
+                                "transformer_layer_config"))
 
 
 def kv_page_finding(lcfg: dict[str, Any], verifier: Any, findings: list) -> None:

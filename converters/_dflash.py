@@ -121,7 +121,6 @@ def _dflash_layer_config(src: SourceInfo, cfg: dict[str, Any], layout: DFlashLay
     """The Qwen3 ``transformer_layer_config``, checked against the verifier."""
     lcfg = c.layer_config(src, cfg, model_type="qwen3", extra_drop=layout.layer_drop, findings=findings)
     c.check_verifier_shape(src, verifier, lcfg["hidden_size"], lcfg["vocab_size"], findings)
-    c.kv_page_finding(lcfg, verifier, findings)
     return lcfg
 
 
@@ -157,6 +156,8 @@ def plan_dflash_family(
     )
     c.check_fc_width(src, plans, len(conv_ids.speculators_ids), lcfg["hidden_size"], conv_ids.source_key or "--aux-layer-ids")
     c.check_layers(src, plans, lcfg["num_hidden_layers"])
+    c.complete_layer_config(src, lcfg, plans, findings)
+    c.kv_page_finding(lcfg, verifier, findings)
     _check_verifier_copies(plans, lcfg)
     sfa, k = _layout_k(conv, opts, layout, block)
     body_dtype = c.source_dtype(src, [p.source for p in plans if p.source])

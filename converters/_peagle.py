@@ -458,9 +458,10 @@ def _speculative_tokens(src: SourceInfo, opts: ConvertOptions, layout: PEagleLay
 
 
 def _peagle_layer_config(src: SourceInfo, cfg: dict[str, Any], layout: PEagleLayout, model_type: str, L: int, A: int,
-                         notes: list[str], findings: list) -> dict[str, Any]:
+                         plans: list[TensorPlan], notes: list[str], findings: list) -> dict[str, Any]:
     lcfg = c.layer_config(src, cfg, model_type=model_type, extra_drop=PEAGLE_NON_LAYER_KEYS + layout.layer_drop,
                           findings=findings)
+    c.complete_layer_config(src, lcfg, plans, findings)
     if "layer_types" not in lcfg and lcfg.get("sliding_window") in (None, 0) and not lcfg.get("use_sliding_window"):
         lcfg["layer_types"] = ["full_attention"] * L
     if model_type == "llama" and A != 3:
@@ -511,7 +512,7 @@ def plan_peagle_family(conv: Any, src: SourceInfo, verifier: Any, opts: ConvertO
         findings.append(lm_head_finding(conv.format_id, conv.title))
     _head_and_embedding(src, verifier, plans, V, Vd, H, out_dt, findings)
     k, trained = _speculative_tokens(src, opts, layout, notes)
-    lcfg = _peagle_layer_config(src, cfg, layout, model_type, L, A, notes, findings)
+    lcfg = _peagle_layer_config(src, cfg, layout, model_type, L, A, plans, notes, findings)
     c.kv_page_finding(lcfg, verifier, findings)
     fields: dict[str, Any] = dict(
         dtype=c.dtype_name(out_dt), draft_vocab_size=Vd, mask_token_id=mask,

@@ -182,7 +182,12 @@ def _layer_config(n: _Normalising, src: SourceInfo) -> dict[str, Any]:
         v = tlc.get(k)
         if k in tlc and (not isinstance(v, int) or isinstance(v, bool) or v <= 0):
             raise InvalidInputError(f"{n.where}: transformer_layer_config.{k} must be a positive integer, got {v!r}")
+    before = len(n.notes)
     tlc = _fill_layer_config(src, tlc, n.notes)
+    if len(n.notes) > before:  # keys to_diff_dict omitted, filled from transformers' defaults
+        from specconv.speculators import Finding
+
+        n.findings.append(Finding("info", "layer-config-filled", n.notes[-1], "transformer_layer_config"))
     before = len(n.findings)
     rp = c.resolve_rope(tlc, f"{n.where} transformer_layer_config", n.findings)
     if len(n.findings) > before:  # M-RoPE keys stripped: write the one resolved RoPE, in both forms

@@ -10,7 +10,9 @@
 * ``attn_output_gate`` on a DeepSpec DFlash (``markov_rank`` 0) is refused by name;
 * a bad ``d2t`` from ``--vocab-mapping`` names that file;
 * P-EAGLE ``lm_head``: a ``lm-head-frozen`` finding only for producers known to freeze it,
-  and ``validate``'s structure gate fails a differing head only then.
+  and ``validate``'s structure gate fails a differing head only then;
+* absent decoder keys (``head_dim``, ``num_key_value_heads``, ...) come from the tensors or
+  transformers' class default, each fill a finding.
 """
 
 from __future__ import annotations
@@ -266,3 +268,30 @@ def test_structure_gate_fails_a_differing_peagle_head_only_when_frozen(speculato
     trained = gate_structure(out, v)
     assert not any("lm_head" in e for e in trained.errors)
     assert any("lm_head.weight differs" in w and "vLLM uses this file's head" in w for w in trained.warnings)
+
+
+# ------------------------------------------------- absent decoder keys: evidence, each a finding
+def test_absent_decoder_keys_come_from_the_tensors(tiny_verifier_dir, tmp_path):
+    keys = ("head_dim", "num_key_value_heads", "attention_bias", "rms_norm_eps", "hidden_act")
+    src = make_source(tmp_path, "zlab_dflash", verifier_dir=tiny_verifier_dir,
+                      config_updates={k: DELETE for k in keys})
+    cfg = json.loads((src / "config.json").read_text())
+    assert not set(keys) & set(cfg)
+    rep = api_convert(src, tiny_verifier_dir, tmp_path / "out")
+    tlc = read(tmp_path / "out")["transformer_layer_config"]
+    # tiny verifier: 4 query heads of 16, 2 KV heads (k_proj has 32 rows) — not num_attention_heads
+    assert (tlc["head_dim"], tlc["num_key_value_heads"], tlc["attention_bias"]) == (16, 2, False)
+    assert (tlc["rms_norm_eps"], tlc["hidden_act"]) == (1e-6, "silu")
+    f = next(f for f in rep["findings"] if f["code"] == "layer-config-filled")
+    assert "k_proj.weight rows / head_dim" in f["message"] and "transformers' qwen3 config default" in f["message"]
+
+
+def test_trainer_dir_fill_is_a_finding(tiny_verifier_dir, tmp_path):
+    pytest.importorskip("speculators")
+    d = fp.build_speculators_block(tiny_verifier_dir, tmp_path / "df", "dflash")
+    cfg = json.loads((d / "config.json").read_text())
+    cfg["transformer_layer_config"].pop("rms_norm_eps", None)
+    (d / "config.json").write_text(json.dumps(cfg))
+    rep = api_convert(d, tiny_verifier_dir, dry_run=True)
+    f = next(f for f in rep["findings"] if f["code"] == "layer-config-filled")
+    assert "rms_norm_eps" in f["message"]
