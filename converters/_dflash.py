@@ -97,6 +97,16 @@ def _check_verifier_copies(plans: list, lcfg: dict[str, Any]) -> None:
             p.note = "shipped by the source; equals the verifier's (vLLM shares it when equal)"
 
 
+def _check_body(src: SourceInfo, plans: list, lcfg: dict[str, Any], conv_ids: Any, verifier: Any,
+                findings: list) -> None:
+    """``fc`` width, layer count, absent decoder keys from the tensors, KV paging, copies."""
+    c.check_fc_width(src, plans, len(conv_ids.speculators_ids), lcfg["hidden_size"], conv_ids.source_key or "--aux-layer-ids")
+    c.check_layers(src, plans, lcfg["num_hidden_layers"])
+    c.complete_layer_config(src, lcfg, plans, findings)
+    c.kv_page_finding(lcfg, verifier, findings)
+    _check_verifier_copies(plans, lcfg)
+
+
 def _layout_k(conv: Any, opts: ConvertOptions, layout: DFlashLayout, block: int) -> tuple[bool, int]:
     """``(sample_from_anchor, speculative_tokens)`` of the layout; flags may only agree."""
     sfa = layout.sample_from_anchor
@@ -154,11 +164,7 @@ def plan_dflash_family(
     plans, dropped = c.tensor_plan(
         src, opts, accept=accept, rename=layout.rename, drop=layout.drop, refuse=layout.refuse, format_title=conv.title
     )
-    c.check_fc_width(src, plans, len(conv_ids.speculators_ids), lcfg["hidden_size"], conv_ids.source_key or "--aux-layer-ids")
-    c.check_layers(src, plans, lcfg["num_hidden_layers"])
-    c.complete_layer_config(src, lcfg, plans, findings)
-    c.kv_page_finding(lcfg, verifier, findings)
-    _check_verifier_copies(plans, lcfg)
+    _check_body(src, plans, lcfg, conv_ids, verifier, findings)
     sfa, k = _layout_k(conv, opts, layout, block)
     body_dtype = c.source_dtype(src, [p.source for p in plans if p.source])
     fields = dict(
