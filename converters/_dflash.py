@@ -109,6 +109,8 @@ def _check_body(src: SourceInfo, plans: list, lcfg: dict[str, Any], conv_ids: An
 
 def _layout_k(conv: Any, opts: ConvertOptions, layout: DFlashLayout, block: int) -> tuple[bool, int]:
     """``(sample_from_anchor, speculative_tokens)`` of the layout; flags may only agree."""
+    from specconv.format import speculative_tokens_for
+
     sfa = layout.sample_from_anchor
     if opts.sample_from_anchor is not None and opts.sample_from_anchor != sfa:
         raise InvalidInputError(
@@ -116,7 +118,7 @@ def _layout_k(conv: Any, opts: ConvertOptions, layout: DFlashLayout, block: int)
             f"({'anchor-first' if sfa else '1+N'}: {layout.sfa_source})",
             code="conflicting_layout",
         )
-    k = block if sfa else block - 1
+    k = speculative_tokens_for(block, sfa)  # the K rule (specconv.format.facts)
     if opts.speculative_tokens is not None and opts.speculative_tokens != k:
         raise InvalidInputError(
             f"--speculative-tokens {opts.speculative_tokens} contradicts block_size {block} with "

@@ -298,7 +298,7 @@ def _peagle_norm_flags(n: _Normalising, src: SourceInfo, plans: list, final_ids:
     for key, have, what in (("norm_before_fc", nbf, "input_norm.weight"), ("fc_norm", fcn, "fc_norm.* tensors")):
         if key not in n.raw:
             n.raw[key] = have
-            n.findings.append(Finding("info", f"{key.replace('_', '-')}-from-tensors",
+            n.findings.append(Finding("info", "peagle-norm-flag-from-tensors",
                                       f"{key} was absent; written as {str(have).lower()} ({what} "
                                       f"{'present' if have else 'absent'})", key))
 
@@ -306,12 +306,14 @@ def _peagle_norm_flags(n: _Normalising, src: SourceInfo, plans: list, final_ids:
 def _legacy_sample_from_anchor(n: _Normalising, opts: ConvertOptions, B: int, k_file: Any) -> bool:
     """Fill an absent ``sample_from_anchor`` by the legacy rule (K == B-1 → 1+N, K == B →
     anchor-first); the flag may only agree."""
+    from specconv.format import legacy_sample_from_anchor
     from specconv.speculators import Finding
 
-    if k_file == B - 1:
-        sfa, rule = False, f"speculative_tokens {k_file} == block_size-1 → 1+N layout"
-    elif k_file == B:
-        sfa, rule = True, f"speculative_tokens {k_file} == block_size → anchor-first layout"
+    sfa = legacy_sample_from_anchor(B, k_file)  # the legacy rule (specconv.format.facts)
+    if sfa is False:
+        rule = f"speculative_tokens {k_file} == block_size-1 → 1+N layout"
+    elif sfa is True:
+        rule = f"speculative_tokens {k_file} == block_size → anchor-first layout"
     else:
         raise InvalidInputError(
             f"{n.where}: no sample_from_anchor, and speculative_tokens={k_file!r} is neither block_size-1 "
@@ -333,6 +335,7 @@ def _legacy_sample_from_anchor(n: _Normalising, opts: ConvertOptions, B: int, k_
 
 def _block_layout(n: _Normalising, opts: ConvertOptions, pm0: dict[str, Any], k_file: Any) -> None:
     """DFlash / DSpark: ``block_size``, ``sample_from_anchor`` and the K they imply."""
+    from specconv.format import speculative_tokens_for
     from specconv.speculators import Finding
 
     raw, where, findings = n.raw, n.where, n.findings
@@ -348,7 +351,7 @@ def _block_layout(n: _Normalising, opts: ConvertOptions, pm0: dict[str, Any], k_
             f"--{'' if opts.sample_from_anchor else 'no-'}sample-from-anchor contradicts the checkpoint's "
             f"sample_from_anchor={str(sfa).lower()}", code="conflicting_layout",
         )
-    exp = B if sfa else B - 1
+    exp = speculative_tokens_for(B, sfa)  # the K rule (specconv.format.facts)
     if opts.speculative_tokens is not None and opts.speculative_tokens != exp:
         raise InvalidInputError(
             f"--speculative-tokens {opts.speculative_tokens} contradicts block_size {B} with "

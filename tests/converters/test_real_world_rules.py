@@ -84,7 +84,8 @@ def test_trainer_peagle_absent_norm_flags_come_from_tensors(speculators_peagle, 
     rep = api_convert(d, tiny_llama_verifier_dir, tmp_path / "o")
     cfg = read(tmp_path / "o")
     assert cfg["norm_before_fc"] is False and cfg["fc_norm"] is False  # no input_norm / fc_norm.* tensors
-    assert {"norm-before-fc-from-tensors", "fc-norm-from-tensors"} <= codes(rep["findings"])
+    filled = [f for f in rep["findings"] if f["code"] == "peagle-norm-flag-from-tensors"]
+    assert sorted(f["key"] for f in filled) == ["fc_norm", "norm_before_fc"]
     _patch(d, norm_before_fc=True)  # contradicts the tensors (no input_norm.weight)
     with pytest.raises(InvalidInputError) as e:
         api_convert(d, tiny_llama_verifier_dir, dry_run=True)
