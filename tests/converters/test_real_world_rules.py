@@ -112,9 +112,10 @@ def _plan(src: Path, verifier: Path, **opts):
 def test_padded_verifier_vocab_is_matched_by_embedding_rows(tiny_verifier_dir, tmp_path):
     src = make_source(tmp_path, "zlab_dflash", verifier_dir=tiny_verifier_dir)  # vocab_size 256
     v = _padded_verifier(tiny_verifier_dir, tmp_path / "v", 252)
-    plan = _plan(src, v)
-    assert plan.config.transformer_layer_config["vocab_size"] == 256
-    assert "verifier-vocab-padded" in {f.code for f in plan.findings}
+    rep = api_convert(src, v, tmp_path / "out")  # converter and lint alike
+    assert read(tmp_path / "out")["transformer_layer_config"]["vocab_size"] == 256
+    assert "verifier-vocab-padded" in codes(rep["findings"], "info")
+    assert "vocab-size-mismatch" not in codes(rep["findings"])
     # a draft vocabulary matching neither the config nor the rows is still refused
     src2 = make_source(tmp_path / "b", "zlab_dflash", verifier_dir=tiny_verifier_dir, config_updates={"vocab_size": 260})
     with pytest.raises(InvalidInputError) as e:
@@ -132,13 +133,14 @@ def test_draft_vocab_covering_the_logical_vocab_is_identity(tiny_llama_verifier_
     with pytest.raises(InvalidInputError) as e:  # against the unpadded verifier: a real pruned draft
         _plan(built, tiny_llama_verifier_dir)
     assert e.value.code == "vocab_map_missing"
-    plan = _plan(built, _padded_verifier(tiny_llama_verifier_dir, tmp_path / "v", 252))
-    assert "vocab-logical-identity" in {f.code for f in plan.findings}
-    maps = {p.out: np.frombuffer(p.produce(), dtype=np.int64 if p.out == "d2t" else np.bool_)
-            for p in plan.tensors if p.out in ("d2t", "t2d")}
-    assert {p.out: p.fate for p in plan.tensors if p.out in maps} == {"d2t": "generated", "t2d": "generated"}
-    assert not maps["d2t"].any() and maps["d2t"].shape[0] == 252
-    assert maps["t2d"][:252].all() and not maps["t2d"][252:].any()
+    rep = api_convert(built, _padded_verifier(tiny_llama_verifier_dir, tmp_path / "v", 252), tmp_path / "out")
+    assert "vocab-logical-identity" in codes(rep["findings"])
+    out = fp.load_tensors(tmp_path / "out")
+    assert not out["d2t"].any() and out["d2t"].shape[0] == 252
+    assert out["t2d"][:252].all() and not out["t2d"][252:].any()
+    rec = json.loads((tmp_path / "out" / "specconv.json").read_text())
+    fates = rec.get("conversion", rec)["tensors"]
+    assert fates["d2t"]["fate"] == fates["t2d"]["fate"] == "generated"
 
 
 # ------------------------------------------------------------------------- RoPE
