@@ -191,11 +191,14 @@ class VerifierFacts:
 
 
 def _local_embedding_rows(verifier: Any) -> int | None:
-    """Rows of a local verifier's embedding (a header read); ``None`` for Hub verifiers
-    (no shard is downloaded for this) or when there is no readable embedding."""
+    """Rows of a local safetensors verifier's embedding (a header read); ``None`` for Hub
+    verifiers (no shard is downloaded for this), ``.bin`` checkpoints (never unpickled for
+    this) or when there is no readable embedding."""
     from specconv.errors import SpecconvError
 
-    if getattr(verifier, "hub_id", None) is not None:
+    d = getattr(verifier, "local_dir", None)
+    if getattr(verifier, "hub_id", None) is not None or d is None or not any(
+            (Path(d) / n).is_file() for n in ("model.safetensors", "model.safetensors.index.json")):
         return None
     try:
         name = verifier.find_tensor("embed")
