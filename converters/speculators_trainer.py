@@ -303,6 +303,42 @@ def _peagle_norm_flags(n: _Normalising, src: SourceInfo, plans: list, final_ids:
                                       f"{'present' if have else 'absent'})", key))
 
 
+#: DSpark head keys the class would otherwise default (speculators
+#: ``src/speculators/models/dspark/config.py``: markov_rank 256, vanilla, confidence head on).
+DSPARK_HEAD_KEYS = ("markov_rank", "markov_head_type", "enable_confidence_head", "confidence_head_with_markov")
+
+
+def _dspark_heads_from_tensors(n: _Normalising, src: SourceInfo, H: int) -> None:
+    """Fill absent DSpark head keys from the head tensors (never the class defaults), each
+    fill a finding: ``markov_w1 [V, r]`` gives ``r``; ``gate_proj`` / ``joint_proj`` the head
+    type; ``confidence_head.proj [1, H (+r)]`` the confidence head and its Markov input."""
+    from specconv.speculators import Finding
+
+    absent = [k for k in DSPARK_HEAD_KEYS if k not in n.raw]
+    if not absent:
+        return
+    names = set(src.tensor_names())
+    w1 = "markov_head.markov_w1.weight"
+    r = n.raw.get("markov_rank", src.shape(w1)[-1] if w1 in names else 0)
+    conf = "confidence_head.proj.weight"
+    width = src.shape(conf)[-1] if conf in names else None
+    if width is not None and width not in (H, H + r):
+        raise InvalidInputError(f"{src.path}: {conf} has width {width}; the hidden size {H} (+ markov_rank {r}) "
+                                "does not explain it", code="head_shape_mismatch")
+    told = {
+        "markov_rank": (r, f"{w1} {'columns' if w1 in names else 'absent'}"),
+        "markov_head_type": ("gated" if "markov_head.gate_proj.weight" in names else
+                             "rnn" if "markov_head.joint_proj.weight" in names else "vanilla",
+                             "gate_proj / joint_proj tensors"),
+        "enable_confidence_head": (width is not None, f"{conf} {'present' if width is not None else 'absent'}"),
+        "confidence_head_with_markov": (width is not None and r > 0 and width == H + r, f"{conf} width"),
+    }
+    for k in absent:
+        n.raw[k], why = told[k]
+        n.findings.append(Finding("info", "dspark-head-from-tensors",
+                                  f"{k} was absent; written as {n.raw[k]!r} ({why})", k))
+
+
 def _legacy_sample_from_anchor(n: _Normalising, opts: ConvertOptions, B: int, k_file: Any) -> bool:
     """Fill an absent ``sample_from_anchor`` by the legacy rule (K == B-1 → 1+N, K == B →
     anchor-first); the flag may only agree."""
@@ -508,6 +544,8 @@ def normalise(conv: Any, src: SourceInfo, verifier: Any, opts: ConvertOptions, *
         _peagle_norm_before_residual(n, opts)
     if n.algo in ("dflash", "dspark"):
         _block_layout(n, opts, pm0, k_file)
+    if n.algo == "dspark":
+        _dspark_heads_from_tensors(n, src, tlc["hidden_size"])
     final_ids, layer_ids = _aux_ids(n, opts)
     plans, dropped = _tensors(conv, n, src, opts, tlc, final_ids, verifier)
     if n.algo == "peagle":

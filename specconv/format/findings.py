@@ -170,6 +170,7 @@ _CONVERTER: dict[str, tuple[Level, str]] = {
     "top-level-model-type-removed": ("warning", "a top-level model_type was removed"),
     "vocab-padded": ("info", "draft vocab larger than the target: padded, identity mapping"),
     # converters/* (issue 8 item 4)
+    "dspark-head-from-tensors": ("info", "an absent DSpark head key was told from the head tensors"),
     "kv-page-size-mismatch": ("warning", "drafter and verifier KV widths vLLM cannot page together"),
     "layer-config-filled": ("info", "absent decoder keys filled from the tensors or transformers' class defaults"),
     "lm-head-frozen": ("info", "the source's trainer freezes lm_head: it must equal the verifier's rows"),

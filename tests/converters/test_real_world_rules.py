@@ -298,3 +298,19 @@ def test_trainer_dir_fill_is_a_finding(tiny_verifier_dir, tmp_path):
     rep = api_convert(d, tiny_verifier_dir, dry_run=True)
     f = next(f for f in rep["findings"] if f["code"] == "layer-config-filled")
     assert "rms_norm_eps" in f["message"]
+
+
+def test_trainer_dspark_absent_head_keys_come_from_tensors(tiny_verifier_dir, tmp_path):
+    pytest.importorskip("speculators")
+    d = fp.build_speculators_block(tiny_verifier_dir, tmp_path / "ds", "dspark", markov_rank=8)
+    cfg = json.loads((d / "config.json").read_text())
+    want = {k: cfg[k] for k in ("markov_rank", "markov_head_type", "enable_confidence_head",
+                                "confidence_head_with_markov")}
+    for k in want:
+        cfg.pop(k)  # as an export that left them to the class defaults (markov_rank 256, ...)
+    (d / "config.json").write_text(json.dumps(cfg))
+    rep = api_convert(d, tiny_verifier_dir, tmp_path / "out")
+    out = read(tmp_path / "out")
+    assert {k: out[k] for k in want} == want and want["markov_rank"] == 8
+    filled = [f for f in rep["findings"] if f["code"] == "dspark-head-from-tensors"]
+    assert sorted(f["key"] for f in filled) == sorted(want)
