@@ -1,6 +1,8 @@
 """Mapping helpers shared by converters (layer ids, mask token, block size, tensors).
 
-Facts: external_formats.md §1 (conventions), §3 (F1 mapping), speculators_format.md §2.
+Facts: the layer-id conventions of z-lab/dflash ``dflash/model.py`` (0-based layer outputs) and
+vLLM ``vllm/transformers_utils/configs/speculators/algos.py`` (capture ids, 0 = embeddings); the
+target keys of vllm-project/speculators ``src/speculators/models/*/config.py``.
 """
 
 from __future__ import annotations
@@ -140,7 +142,7 @@ def zlab_to_speculators_ids(
     """Convert z-lab-convention target layer ids to Speculators aux ids (+1; -1 → 0).
 
     An id equal to the verifier's last layer maps to ``num_hidden_layers`` and is **kept**
-    (unlike speculators' converter, speculators_format.md §7.5). ``--aux-layer-ids``
+    (unlike speculators' own DFlash converter, which drops it). ``--aux-layer-ids``
     overrides and is recorded. Ids are never recomputed from a formula.
     """
     from specconv.speculators import Finding
@@ -170,33 +172,41 @@ def zlab_to_speculators_ids(
     else:
         rule = "+1 (z-lab 0-based layer outputs → speculators capture ids)" + ("; -1 (embeddings) → 0" if allow_minus_one else "")
         conv = LayerIdConversion(key, "z-lab", list(ids), converted, rule)
-    s_ids = conv.speculators_ids
-    origin = "--aux-layer-ids" if opts.aux_layer_ids is not None else key
+    _check_converted_ids(conv.speculators_ids, "--aux-layer-ids" if opts.aux_layer_ids is not None else key,
+                         verifier, findings)
+    return conv
+
+
+def _check_converted_ids(s_ids: list[int], origin: str, verifier: Any, findings: list) -> None:
+    """Non-empty, distinct, inside ``[0, n]`` of the verifier; capturing ``n`` is noted."""
+    from specconv.speculators import Finding
+
     if not s_ids:
         raise InvalidInputError(f"aux layer ids (from {origin}) are empty")
     if len(set(s_ids)) != len(s_ids):
         raise InvalidInputError(f"aux layer ids {s_ids} (from {origin}) are not distinct")
-    if verifier is not None:
-        n = verifier.num_hidden_layers
-        out = [i for i in s_ids if not 0 <= i <= n]
-        if out:
-            raise InvalidInputError(
-                f"aux layer ids {out} (speculators convention, from {origin}) "
-                f"are outside [0, {n}] for the verifier's {n} layers",
-                code="layer_ids_out_of_range",
-            )
-        if n in s_ids:
-            findings.append(Finding(
-                "info", "aux-includes-last-layer",
-                f"aux id {n} (the verifier's final pre-norm hidden state) is kept; vLLM can capture it",
-                "aux_hidden_state_layer_ids",
-            ))
-    return conv
+    if verifier is None:
+        return
+    n = verifier.num_hidden_layers
+    out = [i for i in s_ids if not 0 <= i <= n]
+    if out:
+        raise InvalidInputError(
+            f"aux layer ids {out} (speculators convention, from {origin}) "
+            f"are outside [0, {n}] for the verifier's {n} layers",
+            code="layer_ids_out_of_range",
+        )
+    if n in s_ids:
+        findings.append(Finding(
+            "info", "aux-includes-last-layer",
+            f"aux id {n} (the verifier's final pre-norm hidden state) is kept; vLLM can capture it",
+            "aux_hidden_state_layer_ids",
+        ))
 
 
 def require_layer_types_for_swa(src: SourceInfo) -> None:
     """ModelOpt exports: ``dflash_config.use_swa`` without ``layer_types`` cannot say which
-    layers slide (external_formats.md §7); refuse rather than guess.
+    layers slide (NVIDIA/Model-Optimizer ``modelopt/torch/export/plugins/hf_spec_export.py``);
+    refuse rather than guess.
 
     Raises:
         InvalidInputError: naming both keys.
@@ -209,58 +219,98 @@ def require_layer_types_for_swa(src: SourceInfo) -> None:
         )
 
 
+#: M-RoPE keys (multimodal 3-D positions). vLLM's drafter classes use 1-D RoPE and reject
+#: them ("does not support M-RoPE"); text positions make the three sections equal, so
+#: the drafter's 1-D RoPE is what it computed (transformers ``modeling_rope_utils.py``).
+MROPE_KEYS = ("mrope_section", "mrope_interleaved")
+
+
+def _check_theta(where_file: str, where: str, v: Any) -> float:
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
+        raise InvalidInputError(f"{where_file}: {where} must be a positive number, got {v!r}", code="invalid_rope_theta")
+    return float(v)
+
+
 def rope_theta_of(cfg: dict[str, Any], where_file: str = "config.json") -> float | None:
-    """``rope_theta`` from ``rope_parameters`` or the top level (``None`` when absent).
+    """``rope_theta`` from ``rope_parameters`` and/or the top level (``None`` when absent).
 
     Raises:
-        InvalidInputError: present but not a positive finite number.
+        InvalidInputError: present but not a positive finite number (``invalid_rope_theta``),
+            or the two locations disagree (``conflicting_rope``).
     """
     rp = cfg.get("rope_parameters")
-    for where, v in (("rope_parameters.rope_theta", rp.get("rope_theta") if isinstance(rp, dict) else None),
-                     ("rope_theta", cfg.get("rope_theta"))):
-        if v is None:
-            continue
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
-            raise InvalidInputError(f"{where_file}: {where} must be a positive number, got {v!r}", code="invalid_rope_theta")
-        return float(v)
-    return None
+    found = [(where, _check_theta(where_file, where, v)) for where, v in (
+        ("rope_parameters.rope_theta", rp.get("rope_theta") if isinstance(rp, dict) else None),
+        ("rope_theta", cfg.get("rope_theta"))) if v is not None]
+    if len(found) == 2 and found[0][1] != found[1][1]:
+        raise InvalidInputError(
+            f"{where_file}: {found[0][0]}={found[0][1]!r} and {found[1][0]}={found[1][1]!r} disagree; "
+            "which one the drafter was trained with cannot be told", code="conflicting_rope",
+        )
+    return found[0][1] if found else None
 
 
-def layer_config(src: SourceInfo, cfg: dict[str, Any], *, model_type: str, extra_drop: Iterable[str] = ()) -> dict[str, Any]:
-    """``transformer_layer_config`` from a flat HF decoder config.
+def _rope_dict(cfg: dict[str, Any], key: str, where_file: str) -> dict[str, Any]:
+    v = cfg.get(key)
+    if v is not None and not isinstance(v, dict):
+        raise InvalidInputError(f"{where_file}: {key} must be an object or null, got {v!r}")
+    return dict(v or {})
 
-    Everything except the keys that describe the drafter wrapper is kept verbatim; RoPE
-    is normalised to transformers-5 ``rope_parameters`` with an explicit ``rope_theta``
-    (vLLM's DFlash layer falls back to 1e6 when it is missing, transformers to 1e4).
+
+def resolve_rope(cfg: dict[str, Any], where_file: str, findings: list | None = None) -> dict[str, Any] | None:
+    """One ``rope_parameters`` dict from ``rope_theta`` / ``rope_parameters`` / ``rope_scaling``.
+
+    Equal values in several places are merged; a conflict is an error. M-RoPE keys
+    (:data:`MROPE_KEYS`, ``rope_type: mrope``) are stripped with a finding.
+
+    Returns:
+        ``rope_parameters`` holding ``rope_type`` and ``rope_theta``; ``None`` when the
+        config has no rope θ anywhere.
 
     Raises:
-        InvalidInputError: no rope_theta anywhere, or a required shape key missing.
+        InvalidInputError: ``conflicting_rope`` naming both keys, or a malformed value.
     """
-    drop = NON_LAYER_KEYS | set(extra_drop)
-    out = {k: v for k, v in cfg.items() if k not in drop}
-    out["model_type"] = model_type
-    theta = rope_theta_of(cfg, f"{src.path}/config.json")
+    theta = rope_theta_of(cfg, where_file)
+    rp = _rope_dict(cfg, "rope_parameters", where_file)
+    for k, v in _rope_dict(cfg, "rope_scaling", where_file).items():
+        k = "rope_type" if k == "type" else k
+        if k in rp and rp[k] != v:
+            raise InvalidInputError(
+                f"{where_file}: rope_scaling.{k}={v!r} and rope_parameters.{k}={rp[k]!r} disagree",
+                code="conflicting_rope",
+            )
+        rp[k] = v
     if theta is None:
-        raise InvalidInputError(
-            f"{src.path}/config.json has no rope_theta (top level or rope_parameters); it is never defaulted",
-            code="missing_rope_theta",
-        )
-    if cfg.get("rope_parameters") is not None and not isinstance(cfg.get("rope_parameters"), dict):
-        raise InvalidInputError(f"{src.path}/config.json: rope_parameters must be an object or null, "
-                                f"got {cfg.get('rope_parameters')!r}")
-    rp = dict(cfg.get("rope_parameters") or {})
-    scaling = cfg.get("rope_scaling")
-    if scaling is not None and not isinstance(scaling, dict):
-        raise InvalidInputError(f"{src.path}/config.json: rope_scaling must be an object or null, got {scaling!r}")
-    if isinstance(scaling, dict):
-        rp.update({k: v for k, v in scaling.items() if k != "type"})
-        rp.setdefault("rope_type", scaling.get("rope_type") or scaling.get("type") or "default")
+        return None
+    if "rope_theta" in rp and rp["rope_theta"] != theta:
+        raise InvalidInputError(f"{where_file}: rope_scaling.rope_theta={rp['rope_theta']!r} and rope θ {theta!r} "
+                                "disagree", code="conflicting_rope")
+    _strip_mrope(rp, where_file, findings)
     rp.setdefault("rope_type", "default")
     rp["rope_theta"] = theta
-    out["rope_parameters"] = rp
-    out["rope_theta"] = theta
-    out.pop("rope_scaling", None)
-    out["tie_word_embeddings"] = False
+    return rp
+
+
+def _strip_mrope(rp: dict[str, Any], where_file: str, findings: list | None) -> None:
+    stripped = {k: rp.pop(k) for k in MROPE_KEYS if k in rp}
+    if rp.get("rope_type") == "mrope":
+        stripped["rope_type"] = rp.pop("rope_type")
+    if not stripped:
+        return
+    if findings is None:
+        raise InvalidInputError(f"{where_file}: M-RoPE keys {sorted(stripped)} in the drafter's RoPE config; "
+                                "vLLM's drafters use 1-D RoPE", code="mrope_unsupported")
+    from specconv.speculators import Finding
+
+    findings.append(Finding(
+        "warning", "mrope-stripped",
+        f"{where_file}: M-RoPE keys {stripped} removed from the drafter's RoPE config: vLLM's drafter classes use "
+        "1-D RoPE and reject them; for text positions the three M-RoPE sections are equal, so 1-D RoPE computes "
+        "the same rotation", "transformer_layer_config.rope_parameters",
+    ))
+
+
+def _check_layer_ints(src: SourceInfo, out: dict[str, Any]) -> None:
     for k in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads"):
         if not isinstance(out.get(k), int) or isinstance(out.get(k), bool):
             raise InvalidInputError(f"{src.path}/config.json: missing integer {k!r}", code="missing_key")
@@ -272,12 +322,115 @@ def layer_config(src: SourceInfo, cfg: dict[str, Any], *, model_type: str, extra
     lt = out.get("layer_types")
     if lt is not None and (not isinstance(lt, list) or not all(isinstance(t, str) for t in lt)):
         raise InvalidInputError(f"{src.path}/config.json: layer_types must be a list of strings, got {lt!r}")
-    out.setdefault("num_key_value_heads", out["num_attention_heads"])
-    out.setdefault("head_dim", out["hidden_size"] // out["num_attention_heads"])
-    out.setdefault("rms_norm_eps", 1e-6)
-    out.setdefault("hidden_act", "silu")
-    out.setdefault("attention_bias", False)
+
+
+def layer_config(src: SourceInfo, cfg: dict[str, Any], *, model_type: str, extra_drop: Iterable[str] = (),
+                 findings: list | None = None) -> dict[str, Any]:
+    """``transformer_layer_config`` from a flat HF decoder config.
+
+    Everything except the keys that describe the drafter wrapper is kept verbatim; RoPE
+    is normalised to transformers-5 ``rope_parameters`` with an explicit ``rope_theta``
+    (vLLM's DFlash layer falls back to 1e6 when it is missing, transformers to 1e4), the
+    one resolved θ written in both forms (:func:`resolve_rope`).
+
+    Raises:
+        InvalidInputError: no rope_theta anywhere, conflicting RoPE values, or a required
+            shape key missing.
+    """
+    drop = NON_LAYER_KEYS | set(extra_drop)
+    out = {k: v for k, v in cfg.items() if k not in drop}
+    out["model_type"] = model_type
+    rp = resolve_rope(cfg, f"{src.path}/config.json", findings)
+    if rp is None:
+        raise InvalidInputError(
+            f"{src.path}/config.json has no rope_theta (top level or rope_parameters); it is never defaulted",
+            code="missing_rope_theta",
+        )
+    out["rope_parameters"] = rp
+    out["rope_theta"] = rp["rope_theta"]
+    out.pop("rope_scaling", None)
+    out["tie_word_embeddings"] = False
+    _check_layer_ints(src, out)
     return out
+
+
+def _class_default(model_type: str, key: str) -> Any:
+    from transformers import AutoConfig
+
+    return AutoConfig.for_model(model_type).to_dict().get(key)
+
+
+def complete_layer_config(src: SourceInfo, lcfg: dict[str, Any], plans: list[TensorPlan], findings: list) -> None:
+    """Fill the decoder keys a flat source config may omit, each fill a finding.
+
+    ``head_dim``, ``num_key_value_heads`` and ``attention_bias`` come from the tensors
+    (``q_proj`` / ``k_proj`` rows, ``q_proj.bias``); ``rms_norm_eps`` and ``hidden_act``
+    from transformers' config-class default for the draft's ``model_type`` — the value the
+    producer's own ``from_pretrained`` applied to the same ``config.json``.
+
+    Raises:
+        InvalidInputError: a projection's rows do not divide by the head count.
+    """
+    from specconv.speculators import Finding
+
+    filled = []
+    nq, H = lcfg["num_attention_heads"], lcfg["hidden_size"]
+    q, k = get(plans, "layers.0.self_attn.q_proj.weight"), get(plans, "layers.0.self_attn.k_proj.weight")
+    if lcfg.get("head_dim") is None:
+        if q is None:
+            lcfg["head_dim"], why = H // nq, "hidden_size / num_attention_heads (no q_proj)"
+        elif q.shape[0] % nq:
+            raise InvalidInputError(f"{q.source} has {q.shape[0]} rows, not a multiple of num_attention_heads {nq}")
+        else:
+            lcfg["head_dim"], why = q.shape[0] // nq, f"{q.source} rows / num_attention_heads"
+        filled.append(f"head_dim={lcfg['head_dim']} ({why})")
+    if lcfg.get("num_key_value_heads") is None:
+        hd = lcfg["head_dim"]
+        lcfg["num_key_value_heads"] = nq if k is None else k.shape[0] // hd
+        filled.append(f"num_key_value_heads={lcfg['num_key_value_heads']} "
+                      + ("(= num_attention_heads, no k_proj)" if k is None else f"({k.source} rows / head_dim)"))
+    if lcfg.get("attention_bias") is None:
+        lcfg["attention_bias"] = get(plans, "layers.0.self_attn.q_proj.bias") is not None
+        filled.append(f"attention_bias={str(lcfg['attention_bias']).lower()} (q_proj.bias "
+                      f"{'present' if lcfg['attention_bias'] else 'absent'})")
+    for key in ("rms_norm_eps", "hidden_act"):
+        if lcfg.get(key) is None:
+            lcfg[key] = _class_default(lcfg["model_type"], key)
+            filled.append(f"{key}={lcfg[key]!r} (transformers' {lcfg['model_type']} config default)")
+    if filled:
+        findings.append(Finding("info", "layer-config-filled",
+                                f"{src.path}/config.json omits decoder keys; filled " + "; ".join(filled),
+                                "transformer_layer_config"))
+
+
+def kv_page_finding(lcfg: dict[str, Any], verifier: Any, findings: list) -> None:
+    """Warn when vLLM cannot give the drafter's and the verifier's KV cache one page size.
+
+    vLLM pages every attention layer of verifier and drafter in one KV cache; its
+    ``unify_kv_cache_spec_page_size`` (vLLM ``vllm/v1/core/kv_cache_utils.py``) grows the
+    smaller pages by whole blocks and raises ``NotImplementedError`` when the largest
+    per-token size (``num_key_value_heads × head_dim``, same dtype) is not a multiple of
+    the others — e.g. a head dim of 160 beside a verifier's 128.
+    """
+    if verifier is None:
+        return
+    vc = verifier.config
+    v_hd = vc.get("head_dim") or (vc.get("hidden_size", 0) // max(int(vc.get("num_attention_heads") or 1), 1))
+    v_kv = vc.get("num_key_value_heads") or vc.get("num_attention_heads")
+    if not all(isinstance(x, int) and x > 0 for x in (v_hd, v_kv)):
+        return
+    d = lcfg["num_key_value_heads"] * lcfg["head_dim"]
+    v = v_kv * v_hd
+    if max(d, v) % min(d, v):
+        from specconv.speculators import Finding
+
+        findings.append(Finding(
+            "warning", "kv-page-size-mismatch",
+            f"drafter KV width {lcfg['num_key_value_heads']}×{lcfg['head_dim']} = {d} per token and the verifier's "
+            f"{v_kv}×{v_hd} = {v} do not divide: vLLM's KV cache may not page them together "
+            "(unify_kv_cache_spec_page_size raises NotImplementedError unless the attention backend pads pages)",
+            "transformer_layer_config.head_dim",
+        ))
 
 
 def source_dtype(src: SourceInfo, names: Iterable[str]) -> str:
@@ -311,8 +464,8 @@ def tensor_plan(
     reshape: dict[str, tuple[int, ...]] | None = None,
     format_title: str = "",
 ) -> tuple[list[TensorPlan], list[DroppedTensor]]:
-    """Plan every source tensor: accepted (copied/renamed/reshaped), dropped with a reason,
-    or refused by name. Anything unmatched is refused — nothing is dropped silently.
+    """Plan every source tensor: accepted, dropped with a reason, or refused by name
+    (anything unmatched is refused — nothing is dropped silently).
 
     Args:
         accept: regexes (full match, on the *output* name after ``rename``).
@@ -324,10 +477,7 @@ def tensor_plan(
     Raises:
         UnsupportedFormatError: one or more tensors refused (all are listed).
     """
-    rename = rename or (lambda n: n)
-    drop = {**RECOMPUTED, **(drop or {})}
-    refuse = refuse or {}
-    reshape = reshape or {}
+    rename, drop, refuse = rename or (lambda n: n), {**RECOMPUTED, **(drop or {})}, refuse or {}
     plans: list[TensorPlan] = []
     dropped: list[DroppedTensor] = []
     refused: list[str] = []
@@ -348,31 +498,33 @@ def tensor_plan(
         if out in seen:
             raise InvalidInputError(f"tensors {seen[out]!r} and {name!r} both map to {out!r}")
         seen[out] = name
-        info = src.store.info(name)
-        shape = tuple(info.shape)
-        fate = "copied" if out == name else "renamed"
-        if out in reshape and tuple(reshape[out]) != shape:
-            new = tuple(reshape[out])
-            if _numel(new) != _numel(shape):
-                raise InvalidInputError(f"cannot reshape {name} {list(shape)} to {list(new)}")
-            shape, fate = new, "reshaped"
-        dt = out_dtype(info.dtype, opts)
-        plans.append(TensorPlan(out=out, fate=fate, origin="source", source=name, shape=shape, dtype=dt, src_dtype=info.dtype))
+        plans.append(_source_plan(src, opts, name, out, (reshape or {}).get(out)))
     if refused:
-        title = f" ({format_title})" if format_title else ""
-        raise UnsupportedFormatError(
-            f"{len(refused)} source tensor(s){title} cannot be converted faithfully and are refused: "
-            + "; ".join(refused[:20]) + (" ..." if len(refused) > 20 else ""),
-            code="refused_tensors",
-        )
+        raise _refused(refused, format_title)
     return plans, dropped
 
 
-def _numel(shape: Iterable[int]) -> int:
-    n = 1
-    for s in shape:
-        n *= int(s)
-    return n
+def _refused(refused: list[str], format_title: str) -> UnsupportedFormatError:
+    title = f" ({format_title})" if format_title else ""
+    return UnsupportedFormatError(
+        f"{len(refused)} source tensor(s){title} cannot be converted faithfully and are refused: "
+        + "; ".join(refused[:20]) + (" ..." if len(refused) > 20 else ""),
+        code="refused_tensors",
+    )
+
+
+def _source_plan(src: SourceInfo, opts: ConvertOptions, name: str, out: str, new_shape: Any) -> TensorPlan:
+    """One accepted source tensor: copied, renamed, or reshaped (same bytes) to ``new_shape``."""
+    info = src.store.info(name)
+    shape = tuple(info.shape)
+    fate = "copied" if out == name else "renamed"
+    if new_shape is not None and tuple(new_shape) != shape:
+        new = tuple(new_shape)
+        if math.prod(new) != math.prod(shape):
+            raise InvalidInputError(f"cannot reshape {name} {list(shape)} to {list(new)}")
+        shape, fate = new, "reshaped"
+    return TensorPlan(out=out, fate=fate, origin="source", source=name, shape=shape,
+                      dtype=out_dtype(info.dtype, opts), src_dtype=info.dtype)
 
 
 def get(plans: list[TensorPlan], out: str) -> TensorPlan | None:
@@ -403,7 +555,24 @@ def check_layers(src: SourceInfo, plans: list[TensorPlan], n_layers: int) -> Non
         raise InvalidInputError(f"{src.path}: no norm.weight (final norm) tensor", code="missing_tensor")
 
 
-def check_verifier_shape(src: SourceInfo, verifier: Any, hidden: int, vocab: int) -> None:
+def verifier_embedding_rows(verifier: Any) -> int | None:
+    """Rows of the verifier's input embedding (``None`` when it has none): the padded
+    vocabulary size when ``vocab_size`` in its config is the logical one."""
+    name = verifier.find_tensor("embed")
+    return None if name is None else int(verifier.tensor_info(name).shape[0])
+
+
+def check_verifier_shape(src: SourceInfo, verifier: Any, hidden: int, vocab: int, findings: list | None = None) -> None:
+    """The draft's hidden size and target vocabulary must be the verifier's.
+
+    The target vocabulary is compared with the verifier's config ``vocab_size`` and, when
+    they differ, with the rows of its embedding: a verifier whose embedding is padded past
+    its logical vocabulary (e.g. ``vocab_size`` 200058, 201024 rows) is matched by a draft
+    of 201024 (an info finding records it).
+
+    Raises:
+        InvalidInputError: ``verifier_mismatch`` naming both numbers.
+    """
     if verifier is None:
         return
     if hidden != verifier.hidden_size:
@@ -411,11 +580,23 @@ def check_verifier_shape(src: SourceInfo, verifier: Any, hidden: int, vocab: int
             f"draft hidden_size {hidden} != verifier hidden_size {verifier.hidden_size} ({verifier.spec})",
             code="verifier_mismatch",
         )
-    if vocab != verifier.vocab_size:
+    if vocab == verifier.vocab_size:
+        return
+    rows = verifier_embedding_rows(verifier)
+    if rows != vocab:
         raise InvalidInputError(
-            f"draft target vocab_size {vocab} != verifier vocab_size {verifier.vocab_size} ({verifier.spec})",
+            f"draft target vocab_size {vocab} != verifier vocab_size {verifier.vocab_size}"
+            + (f" (and its embedding's {rows} rows)" if rows is not None else "") + f" ({verifier.spec})",
             code="verifier_mismatch",
         )
+    if findings is not None:
+        from specconv.speculators import Finding
+
+        findings.append(Finding(
+            "info", "verifier-vocab-padded",
+            f"draft target vocab_size {vocab} equals the rows of the verifier's embedding; its config vocab_size "
+            f"{verifier.vocab_size} is the logical vocabulary (the embedding is padded)", "vocab_size",
+        ))
 
 
 def refuse(fmt_title: str, format_id: str, why: str) -> UnsupportedFormatError:
@@ -423,7 +604,8 @@ def refuse(fmt_title: str, format_id: str, why: str) -> UnsupportedFormatError:
 
 
 def dflash_causality(src: SourceInfo, lcfg: dict[str, Any], findings: list) -> bool:
-    """Return ``sliding_window_non_causal`` for a DFlash-family source (speculators_format.md §8.4).
+    """Return ``sliding_window_non_causal`` for a DFlash-family source (vLLM
+    ``vllm/model_executor/models/qwen3_dflash.py`` applies one causality to every draft layer).
 
     z-lab semantics (``dflash/model.py``): full layers bidirectional in the block, sliding
     layers causal, unless top-level ``is_causal`` (or ``dflash_config.causal``) overrides

@@ -1,4 +1,5 @@
-"""The DFlash-family mapping shared by every DFlash source (external_formats.md §3, §9).
+"""The DFlash-family mapping shared by every DFlash source (z-lab/dflash ``dflash/model.py``,
+deepseek-ai/DeepSpec ``deepspec/modeling/dspark/qwen3/modeling.py``).
 
 Each source module only says where its keys live and how its tensors are named; this
 module turns that into a Speculators ``dflash`` (or ``dspark``) plan.
@@ -30,7 +31,7 @@ class DFlashLayout:
         rename: source tensor name → Speculators name.
         extra_accept: extra accepted output-name regexes (e.g. DSpark heads).
         drop / refuse: regex → reason.
-        sample_from_anchor: the layout's block convention (external_formats.md §1.3).
+        sample_from_anchor: the layout's block convention (1+N or anchor-first, see docs/formats.md).
         layer_drop: extra config keys not belonging to transformer_layer_config.
     """
 
@@ -53,7 +54,7 @@ class DFlashLayout:
 
 
 #: Keys that rescale embeddings/logits; Speculators has no equivalent, so a non-neutral
-#: value makes a conversion unfaithful (external_formats.md §3, Muse-Glimmer / MiMo).
+#: value makes a conversion unfaithful (Muse-Glimmer / MiMo DFlash configs).
 SCALING_KEYS = ("input_embedding_scale", "output_multiplier", "final_logit_softcapping", "attention_value_scale")
 
 
@@ -71,28 +72,10 @@ def speculators_envelope(algorithm: str, k: int, verifier: Any) -> dict[str, Any
     }
 
 
-def plan_dflash_family(
-    conv: Any,
-    src: SourceInfo,
-    verifier: Any,
-    opts: ConvertOptions,
-    layout: DFlashLayout,
-    *,
-    algorithm: str = "dflash",
-    extra_fields: dict[str, Any] | None = None,
-) -> ConversionPlan:
-    """Build the plan for a DFlash-family source.
-
-    Raises:
-        InvalidInputError / UnsupportedFormatError with the key, tensor or flag at fault.
-    """
-    from specconv.format import make_config, speculative_tokens_for
-
+def _refuse_scaling(conv: Any, src: SourceInfo, cfg: dict[str, Any]) -> None:
+    """Embedding / logit rescaling keys with a non-neutral value have no Speculators equivalent."""
     from specconv.errors import UnsupportedFormatError
-    from specconv.speculators import Finding
 
-    cfg = src.config or {}
-    findings: list = [Finding(lvl, code, msg, None) for lvl, code, msg in layout.extra_findings]
     for key in SCALING_KEYS:
         for where, v in ((key, cfg.get(key)), (f"dflash_config.{key}", src.dflash_config.get(key))):
             if v is not None and v not in (1, 1.0):
@@ -101,23 +84,10 @@ def plan_dflash_family(
                     "DFlash format has no equivalent, so the conversion would not be faithful",
                     format_id=conv.format_id,
                 )
-    block = c.resolve_block_size(src, layout.block_nested if layout.block_nested is not None else src.dflash_config)
-    mask, mask_where = c.resolve_mask_token(src, opts, layout.mask_locations, verifier, findings)
-    conv_ids = c.zlab_to_speculators_ids(
-        src, layout.ids, layout.ids_key, opts, verifier, findings, allow_minus_one=layout.allow_minus_one
-    )
-    lcfg = c.layer_config(src, cfg, model_type="qwen3", extra_drop=layout.layer_drop)
-    c.check_verifier_shape(src, verifier, lcfg["hidden_size"], lcfg["vocab_size"])
-    if mask >= lcfg["vocab_size"]:
-        raise InvalidInputError(f"mask token id {mask} ({mask_where}) ≥ vocab_size {lcfg['vocab_size']}")
-    swnc = True if layout.force_non_causal else c.dflash_causality(src, lcfg, findings)
 
-    accept = c.DFLASH_BODY + c.VERIFIER_COPIES + layout.extra_accept
-    plans, dropped = c.tensor_plan(
-        src, opts, accept=accept, rename=layout.rename, drop=layout.drop, refuse=layout.refuse, format_title=conv.title
-    )
-    c.check_fc_width(src, plans, len(conv_ids.speculators_ids), lcfg["hidden_size"], conv_ids.source_key or "--aux-layer-ids")
-    c.check_layers(src, plans, lcfg["num_hidden_layers"])
+
+def _check_verifier_copies(plans: list, lcfg: dict[str, Any]) -> None:
+    """Shipped ``embed_tokens`` / ``lm_head`` must be ``[V, H]`` (the verifier's, kept)."""
     for name in ("embed_tokens.weight", "lm_head.weight"):
         p = c.get(plans, name)
         if p is not None:
@@ -125,6 +95,21 @@ def plan_dflash_family(
             if tuple(p.shape) != want:
                 raise InvalidInputError(f"{p.source} has shape {list(p.shape)}, expected {list(want)}")
             p.note = "shipped by the source; equals the verifier's (vLLM shares it when equal)"
+
+
+def _check_body(src: SourceInfo, plans: list, lcfg: dict[str, Any], conv_ids: Any, verifier: Any,
+                findings: list) -> None:
+    """``fc`` width, layer count, absent decoder keys from the tensors, KV paging, copies."""
+    c.check_fc_width(src, plans, len(conv_ids.speculators_ids), lcfg["hidden_size"], conv_ids.source_key or "--aux-layer-ids")
+    c.check_layers(src, plans, lcfg["num_hidden_layers"])
+    c.complete_layer_config(src, lcfg, plans, findings)
+    c.kv_page_finding(lcfg, verifier, findings)
+    _check_verifier_copies(plans, lcfg)
+
+
+def _layout_k(conv: Any, opts: ConvertOptions, layout: DFlashLayout, block: int) -> tuple[bool, int]:
+    """``(sample_from_anchor, speculative_tokens)`` of the layout; flags may only agree."""
+    from specconv.format import speculative_tokens_for
 
     sfa = layout.sample_from_anchor
     if opts.sample_from_anchor is not None and opts.sample_from_anchor != sfa:
@@ -140,32 +125,61 @@ def plan_dflash_family(
             f"sample_from_anchor={str(sfa).lower()} (needs {k})",
             code="conflicting_speculative_tokens",
         )
+    return sfa, k
+
+
+def _dflash_layer_config(src: SourceInfo, cfg: dict[str, Any], layout: DFlashLayout, verifier: Any,
+                         findings: list) -> dict[str, Any]:
+    """The Qwen3 ``transformer_layer_config``, checked against the verifier."""
+    lcfg = c.layer_config(src, cfg, model_type="qwen3", extra_drop=layout.layer_drop, findings=findings)
+    c.check_verifier_shape(src, verifier, lcfg["hidden_size"], lcfg["vocab_size"], findings)
+    return lcfg
+
+
+def plan_dflash_family(
+    conv: Any,
+    src: SourceInfo,
+    verifier: Any,
+    opts: ConvertOptions,
+    layout: DFlashLayout,
+    *,
+    algorithm: str = "dflash",
+    extra_fields: dict[str, Any] | None = None,
+) -> ConversionPlan:
+    """Build the plan for a DFlash-family source (raises ``InvalidInputError`` /
+    ``UnsupportedFormatError`` naming the key, tensor or flag at fault)."""
+    from specconv.speculators import Finding, make_config
+
+    cfg = src.config or {}
+    findings: list = [Finding(lvl, code, msg, None) for lvl, code, msg in layout.extra_findings]
+    _refuse_scaling(conv, src, cfg)
+    block = c.resolve_block_size(src, layout.block_nested if layout.block_nested is not None else src.dflash_config)
+    mask, mask_where = c.resolve_mask_token(src, opts, layout.mask_locations, verifier, findings)
+    conv_ids = c.zlab_to_speculators_ids(
+        src, layout.ids, layout.ids_key, opts, verifier, findings, allow_minus_one=layout.allow_minus_one
+    )
+    lcfg = _dflash_layer_config(src, cfg, layout, verifier, findings)
+    if mask >= lcfg["vocab_size"]:
+        raise InvalidInputError(f"mask token id {mask} ({mask_where}) ≥ vocab_size {lcfg['vocab_size']}")
+    swnc = True if layout.force_non_causal else c.dflash_causality(src, lcfg, findings)
+    accept = c.DFLASH_BODY + c.VERIFIER_COPIES + layout.extra_accept
+    plans, dropped = c.tensor_plan(
+        src, opts, accept=accept, rename=layout.rename, drop=layout.drop, refuse=layout.refuse, format_title=conv.title
+    )
+    _check_body(src, plans, lcfg, conv_ids, verifier, findings)
+    sfa, k = _layout_k(conv, opts, layout, block)
     body_dtype = c.source_dtype(src, [p.source for p in plans if p.source])
     fields = dict(
-        speculators_version=SPECULATORS_FORMAT_VERSION,
-        dtype=c.dtype_name(c.out_dtype(body_dtype, opts)),
-        draft_vocab_size=lcfg["vocab_size"],
-        target_hidden_size=None,
-        mask_token_id=mask,
-        aux_hidden_state_layer_ids=conv_ids.speculators_ids,
-        block_size=block,
-        sample_from_anchor=sfa,
-        sliding_window_non_causal=swnc,
-        transformer_layer_config=lcfg,
+        speculators_version=SPECULATORS_FORMAT_VERSION, dtype=c.dtype_name(c.out_dtype(body_dtype, opts)),
+        draft_vocab_size=lcfg["vocab_size"], target_hidden_size=None, mask_token_id=mask,
+        aux_hidden_state_layer_ids=conv_ids.speculators_ids, block_size=block, sample_from_anchor=sfa,
+        sliding_window_non_causal=swnc, transformer_layer_config=lcfg,
         speculators_config=speculators_envelope(algorithm, k, verifier),
     )
     fields.update(extra_fields or {})
-    config = make_config(algorithm, **fields)
     return ConversionPlan(
-        format_id=conv.format_id,
-        algorithm=algorithm,
-        config=config,
-        tensors=plans,
-        dropped=dropped,
-        source_dir=src.path,
-        source_files=[src.path / f for f in src.files],
-        findings=findings,
-        layer_ids=conv_ids,
-        options=opts.to_dict(),
+        format_id=conv.format_id, algorithm=algorithm, config=make_config(algorithm, **fields), tensors=plans,
+        dropped=dropped, source_dir=src.path, source_files=[src.path / f for f in src.files], findings=findings,
+        layer_ids=conv_ids, options=opts.to_dict(),
         notes=[f"mask_token_id from {mask_where}", f"sample_from_anchor={str(sfa).lower()} ({layout.sfa_source})"],
     )

@@ -3,7 +3,7 @@
 The three DSpark producers (DeepSpec ``Qwen3DSparkModel``, SpecForge ``DSparkDraftModel``,
 ModelOpt ``projector_type: "dspark"``) keep the same four head hyper-parameters in
 different places and under slightly different names; all of them map to the Speculators
-``dspark`` keys (speculators_format.md §5.1):
+``dspark`` keys (vllm-project/speculators ``src/speculators/models/dspark/config.py``):
 
 * ``markov_rank`` (``r``; 0 disables the Markov head),
 * ``markov_head_type`` (``vanilla`` | ``gated`` | ``rnn``),
@@ -13,7 +13,9 @@ different places and under slightly different names; all of them map to the Spec
 Whatever the config says is cross-checked against the head tensors (names after the
 source's rename, shapes from the safetensors headers) so that a config/weights
 disagreement is an error naming both, never a silently broken drafter.
-Tensor shapes: speculators_format.md §5.2; external_formats.md §6.4, §7, §9.
+Tensor shapes: speculators ``src/speculators/models/dspark/`` (target), SpecForge
+``specforge/modeling/draft/dspark.py``, NVIDIA/Model-Optimizer ``hf_spec_export.py``, DeepSpec
+``deepspec/modeling/dspark/qwen3/modeling.py`` (sources).
 """
 
 from __future__ import annotations
@@ -110,7 +112,7 @@ def _check_type(src: SourceInfo, value: Any, key: str) -> str:
 def check_head_tensors(src: SourceInfo, plan: ConversionPlan, heads: DSparkHeads, *, hidden: int, vocab: int) -> None:
     """Cross-check the head hyper-parameters against the planned head tensors.
 
-    Expected (speculators_format.md §5.2, before any vocabulary pruning):
+    Expected (speculators ``src/speculators/models/dspark/``, before any vocabulary pruning):
     ``markov_head.markov_w1.weight [V, r]``, ``markov_head.markov_w2.weight [V, r]``,
     ``markov_head.gate_proj.{weight [r, H+r], bias [r]}`` (gated),
     ``markov_head.joint_proj.{weight [3r, 2r+H], bias [3r]}`` (rnn),
@@ -122,29 +124,7 @@ def check_head_tensors(src: SourceInfo, plan: ConversionPlan, heads: DSparkHeads
     """
     have = {t.out: t for t in plan.tensors}
     r, H, V = heads.markov_rank, hidden, vocab
-    want: dict[str, tuple[int, ...]] = {}
-    forbid: dict[str, str] = {}
-    if r > 0:
-        want["markov_head.markov_w1.weight"] = (V, r)
-        want["markov_head.markov_w2.weight"] = (V, r)
-        if heads.markov_head_type == "gated":
-            want["markov_head.gate_proj.weight"] = (r, H + r)
-            want["markov_head.gate_proj.bias"] = (r,)
-        else:
-            forbid[r"markov_head\.gate_proj\..*"] = f"markov_head_type={heads.markov_head_type}"
-        if heads.markov_head_type == "rnn":
-            want["markov_head.joint_proj.weight"] = (3 * r, 2 * r + H)
-            want["markov_head.joint_proj.bias"] = (3 * r,)
-        else:
-            forbid[r"markov_head\.joint_proj\..*"] = f"markov_head_type={heads.markov_head_type}"
-    else:
-        forbid[r"markov_head\..*"] = "markov_rank=0"
-    if heads.enable_confidence_head:
-        width = H + (r if heads.confidence_head_with_markov else 0)
-        want["confidence_head.proj.weight"] = (1, width)
-        want["confidence_head.proj.bias"] = (1,)
-    else:
-        forbid[r"confidence_head\..*"] = "enable_confidence_head=false"
+    want, forbid = _expected_heads(heads, H, V)
     for name, shape in want.items():
         t = have.get(name)
         if t is None:
@@ -177,6 +157,35 @@ def check_head_tensors(src: SourceInfo, plan: ConversionPlan, heads: DSparkHeads
             )
 
 
+def _expected_heads(heads: DSparkHeads, H: int, V: int) -> tuple[dict[str, tuple[int, ...]], dict[str, str]]:
+    """``(name → shape the config needs, regex → why such tensors must be absent)``."""
+    r = heads.markov_rank
+    want: dict[str, tuple[int, ...]] = {}
+    forbid: dict[str, str] = {}
+    if r > 0:
+        want["markov_head.markov_w1.weight"] = (V, r)
+        want["markov_head.markov_w2.weight"] = (V, r)
+        if heads.markov_head_type == "gated":
+            want["markov_head.gate_proj.weight"] = (r, H + r)
+            want["markov_head.gate_proj.bias"] = (r,)
+        else:
+            forbid[r"markov_head\.gate_proj\..*"] = f"markov_head_type={heads.markov_head_type}"
+        if heads.markov_head_type == "rnn":
+            want["markov_head.joint_proj.weight"] = (3 * r, 2 * r + H)
+            want["markov_head.joint_proj.bias"] = (3 * r,)
+        else:
+            forbid[r"markov_head\.joint_proj\..*"] = f"markov_head_type={heads.markov_head_type}"
+    else:
+        forbid[r"markov_head\..*"] = "markov_rank=0"
+    if heads.enable_confidence_head:
+        width = H + (r if heads.confidence_head_with_markov else 0)
+        want["confidence_head.proj.weight"] = (1, width)
+        want["confidence_head.proj.bias"] = (1,)
+    else:
+        forbid[r"confidence_head\..*"] = "enable_confidence_head=false"
+    return want, forbid
+
+
 def finish_plan(plan: ConversionPlan, heads: DSparkHeads, extra_notes: list[str] = ()) -> ConversionPlan:
     """Record where the head fields came from in the plan notes."""
     plan.notes.extend(heads.notes())
@@ -188,9 +197,9 @@ def finish_plan(plan: ConversionPlan, heads: DSparkHeads, extra_notes: list[str]
 def maybe_prune(conv: Any, plan: ConversionPlan, src: SourceInfo, verifier: Any, opts: Any) -> ConversionPlan:
     """Prune a full-vocabulary DSpark plan to the draft vocabulary of ``--vocab-mapping``.
 
-    Every DSpark source format stores full-vocabulary heads (external_formats.md §6.5, §7,
-    §9). With ``--vocab-mapping`` (d2t ``[Vd]`` offsets and/or t2d ``[V]``) the output
-    becomes a pruned Speculators ``dspark`` drafter (speculators_format.md §2.3, §5.2):
+    Every DSpark source format stores full-vocabulary heads (SpecForge, ModelOpt and DeepSpec
+    exports). With ``--vocab-mapping`` (d2t ``[Vd]`` offsets and/or t2d ``[V]``) the output
+    becomes a pruned Speculators ``dspark`` drafter (speculators ``src/speculators/models/dspark/``):
     ``draft_vocab_size = Vd``; ``markov_head.markov_w2.weight`` ``[V, r] → [Vd, r]`` and
     ``lm_head.weight`` ``[V, H] → [Vd, H]`` keep the rows of the draft tokens in draft-id
     order (the source's ``lm_head`` when it ships one, else the verifier's); ``d2t``/``t2d``
@@ -205,7 +214,7 @@ def maybe_prune(conv: Any, plan: ConversionPlan, src: SourceInfo, verifier: Any,
         return plan
     from specconv.speculators import Finding
 
-    from ._vocab import read_mapping_file, resolve_vocab, slice_rows_plan
+    from ._vocab import read_mapping_file, resolve_vocab
 
     lcfg = plan.config.transformer_layer_config
     V = int(lcfg["vocab_size"])
@@ -222,6 +231,21 @@ def maybe_prune(conv: Any, plan: ConversionPlan, src: SourceInfo, verifier: Any,
         return plan
     if vocab.t2d is not None and vocab.d2t is None:  # pragma: no cover - resolve_vocab always sets d2t
         raise InvalidInputError("--vocab-mapping: pruned vocabulary without d2t")
+    plan.tensors = _pruned_tensors(plan, src, verifier, vocab, Vd)
+    plan.config = plan.config.model_copy(update={"draft_vocab_size": Vd})
+    plan.findings.append(Finding(
+        "warning", "dspark-vocab-pruned",
+        f"{conv.title} was trained with the full vocabulary ({V}); --vocab-mapping restricts its proposals to "
+        f"{Vd} tokens (markov_w2 and lm_head rows sliced by t2d)", "draft_vocab_size",
+    ))
+    return plan
+
+
+def _pruned_tensors(plan: ConversionPlan, src: SourceInfo, verifier: Any, vocab: Any, Vd: int) -> list:
+    """``markov_w2`` and ``lm_head`` rows of the draft tokens (the verifier's head when the
+    source ships none), plus the ``d2t``/``t2d`` plans."""
+    from ._vocab import slice_rows_plan
+
     tensors = []
     have_lm_head = False
     for t in plan.tensors:
@@ -235,19 +259,12 @@ def maybe_prune(conv: Any, plan: ConversionPlan, src: SourceInfo, verifier: Any,
         tensors.append(t)
     if not have_lm_head:
         tensors.append(_verifier_lm_head_rows(verifier, vocab, plan.config.dtype))
-    plan.tensors = [t for t in tensors if t.out not in ("d2t", "t2d")] + list(vocab.tensors)
-    plan.config = plan.config.model_copy(update={"draft_vocab_size": Vd})
-    plan.findings.append(Finding(
-        "warning", "dspark-vocab-pruned",
-        f"{conv.title} was trained with the full vocabulary ({V}); --vocab-mapping restricts its proposals to "
-        f"{Vd} tokens (markov_w2 and lm_head rows sliced by t2d)", "draft_vocab_size",
-    ))
-    return plan
+    return [t for t in tensors if t.out not in ("d2t", "t2d")] + list(vocab.tensors)
 
 
 def _verifier_lm_head_rows(verifier: Any, vocab: Any, dtype_name: str | None) -> Any:
     """``lm_head.weight [Vd, H]`` = the verifier's LM head rows selected by ``t2d``."""
-    from ._common import DTYPE_FLAG
+    from ._common import DTYPE_FLAG, FLOAT_DTYPES
     from ._vocab import slice_rows_plan
 
     if verifier is None:
@@ -262,7 +279,7 @@ def _verifier_lm_head_rows(verifier: Any, vocab: Any, dtype_name: str | None) ->
 
         store = TensorStore.open(verifier.tensor_info(name).file)
     info = store.info(name)
-    out_dtype = DTYPE_FLAG.get(dtype_name or "", info.dtype) if info.dtype in ("BF16", "F16", "F32") else info.dtype
+    out_dtype = DTYPE_FLAG.get(dtype_name or "", info.dtype) if info.dtype in FLOAT_DTYPES else info.dtype
     t = slice_rows_plan(store, name, "lm_head.weight", vocab, dtype=out_dtype,
                         note="the verifier's LM head rows of the draft tokens (t2d order)")
     t.origin = "verifier"

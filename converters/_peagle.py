@@ -1,29 +1,30 @@
-"""The P-EAGLE mapping shared by every P-EAGLE source (external_formats.md §6, §8, §11).
+"""The P-EAGLE mapping shared by every P-EAGLE source (SpecForge, NeMo Automodel, AWS / vLLM layout).
 
 A source module says where its config keys live and how its tensors are named
 (:class:`PEagleLayout`); :func:`plan_peagle_family` turns that into a Speculators
-``peagle`` plan (speculators_format.md §3).
+``peagle`` plan (vllm-project/speculators ``src/speculators/models/peagle/``).
 
 Facts used:
 
-* Tensors (§3.2): ``embed_tokens [V,H]`` (trained; shipped), ``fc [H, A·H]``,
+* Tensors (speculators ``PEagleDraftModel``): ``embed_tokens [V,H]`` (trained; shipped), ``fc [H, A·H]``,
   ``mask_hidden [1,1,A·H]``, ``layers.0.{hidden_norm,input_layernorm,
   post_attention_layernorm}``, layer-0 ``q/k/v_proj`` take ``2H`` inputs, ``layers.N≥1``
   plain Llama/Qwen3, ``norm``, ``lm_head [Vd,H]``, ``d2t``/``t2d`` when pruned,
   optional ``input_norm`` (``norm_before_fc``) and ``fc_norm.{i}`` (``fc_norm``).
 * Aux ids in the EAGLE-3 convention (``eagle_aux_hidden_state_layer_ids``) are already
-  Speculators capture ids (external_formats.md §1.1, convention E = S) — never
+  Speculators capture ids (vLLM ``llama_eagle3.py`` reads them as capture ids) — never
   recomputed from a formula.
 * ``norm_before_residual``: vLLM's speculators reader defaults it to false for peagle
   and true for eagle3, the speculators trainer to true — so it is never guessed.
 * ``transformer_layer_config.model_type`` is ``llama`` or ``qwen3`` (per-head q/k norms);
   a Llama draft with ``A != 3`` aux layers needs ``num_aux_hidden_states: A`` for vLLM
-  (speculators_format.md §8.4 rule 2).
-* ``speculative_tokens`` = trained depths K (must not exceed them, §8.4 rule 7).
+  (vLLM ``vllm/model_executor/models/llama_eagle3.py``).
+* ``speculative_tokens`` = trained depths K (must not exceed them; the ``peagle`` lint rule in ``specconv/speculators.py``).
 """
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
@@ -115,6 +116,21 @@ def _int_list(src: SourceInfo, key: str, v: Any) -> list[int]:
     return list(v)
 
 
+def _missing_aux_ids(src: SourceInfo, layout: PEagleLayout) -> InvalidInputError:
+    looked = ", ".join(k for k, _ in layout.aux_locations) or "nothing"
+    unknown = [f"{k}={v!r}" for k, v in layout.aux_unknown if v is not None]
+    extra = (f"; found {', '.join(unknown)} but its layer-index convention is not known for this producer, "
+             "so it is not used") if unknown else ""
+    return InvalidInputError(
+        f"{src.path}/config.json records no aux hidden-state layer ids (looked at {looked}){extra}. "
+        "They are a training-time choice and are never defaulted (e.g. to [2, n//2, n-3])",
+        code="missing_layer_ids",
+        hint="pass the ids the drafter was trained with, in the speculators/vLLM capture convention "
+             "(0 = embeddings, n = final pre-norm hidden state): --aux-layer-ids 2,15,28 "
+             "— or add eagle_config.eagle_aux_hidden_state_layer_ids to the source config.json",
+    )
+
+
 def resolve_aux_ids(src: SourceInfo, opts: ConvertOptions, layout: PEagleLayout, verifier: Any, findings: list) -> LayerIdConversion:
     """Aux ids from the checkpoint (EAGLE-3 convention = Speculators ids) or ``--aux-layer-ids``.
 
@@ -136,18 +152,7 @@ def resolve_aux_ids(src: SourceInfo, opts: ConvertOptions, layout: PEagleLayout,
             ))
         conv = LayerIdConversion(key, "override", ids, ovr, "explicit --aux-layer-ids (speculators convention)")
     elif ids is None:
-        looked = ", ".join(k for k, _ in layout.aux_locations) or "nothing"
-        unknown = [f"{k}={v!r}" for k, v in layout.aux_unknown if v is not None]
-        extra = (f"; found {', '.join(unknown)} but its layer-index convention is not known for this producer, "
-                 "so it is not used") if unknown else ""
-        raise InvalidInputError(
-            f"{src.path}/config.json records no aux hidden-state layer ids (looked at {looked}){extra}. "
-            "They are a training-time choice and are never defaulted (e.g. to [2, n//2, n-3])",
-            code="missing_layer_ids",
-            hint="pass the ids the drafter was trained with, in the speculators/vLLM capture convention "
-                 "(0 = embeddings, n = final pre-norm hidden state): --aux-layer-ids 2,15,28 "
-                 "— or add eagle_config.eagle_aux_hidden_state_layer_ids to the source config.json",
-        )
+        raise _missing_aux_ids(src, layout)
     else:
         conv = LayerIdConversion(key, "speculators", ids, list(ids),
                                  "EAGLE-3 capture convention = speculators aux ids (unchanged)")
@@ -189,27 +194,62 @@ def _resolve_flag(src: SourceInfo, key: str, cfg_val: Any, flag_val: bool | None
     return None, ""
 
 
+def _mask_token(src: SourceInfo, opts: ConvertOptions, layout: PEagleLayout, verifier: Any, findings: list,
+                V: int) -> tuple[int, str]:
+    mask, where = c.resolve_mask_token(src, opts, layout.mask_locations, verifier, findings)
+    if mask >= V:
+        raise InvalidInputError(f"mask token id {mask} ({where}) ≥ vocab_size {V}", code="mask_token_out_of_vocab")
+    return mask, where
+
+
+def _norm_before_residual(src: SourceInfo, cfg: dict[str, Any], opts: ConvertOptions) -> tuple[bool, str]:
+    """From the config or ``--(no-)norm-before-residual``; never guessed."""
+    nbr, where = _resolve_flag(
+        src, "norm_before_residual", cfg.get("norm_before_residual"), opts.norm_before_residual, "norm-before-residual",
+        required=True,
+        why="vLLM's speculators reader defaults it to false for peagle but true for eagle3 and the speculators "
+            "trainer defaults to true, so it cannot be guessed",
+    )
+    return bool(nbr), where
+
+
 def _in_dim(plans: list[TensorPlan], name: str) -> int | None:
     p = c.get(plans, name)
     return None if p is None else int(p.shape[-1])
 
 
-def plan_peagle_family(conv: Any, src: SourceInfo, verifier: Any, opts: ConvertOptions, layout: PEagleLayout) -> ConversionPlan:
-    """Build the Speculators ``peagle`` plan for a P-EAGLE source.
+#: Which P-EAGLE producers freeze the LM head during training (it then holds the
+#: verifier's rows, ``lm_head = verifier_lm_head[t2d]``), read from each trainer's code.
+#: Producers not listed train it or are not known (validate then only reports a difference).
+LM_HEAD_FROZEN = {
+    "speculators_peagle": "speculators `src/speculators/model.py` (`lm_head.weight.requires_grad = False`, rows "
+                          "loaded from the verifier by `_load_verifier_weights`)",
+}
+LM_HEAD_TRAINED = {
+    "specforge_peagle": "SpecForge `specforge/modeling/draft/peagle.py` (`lm_head` is a trainable `nn.Linear`)",
+}
 
-    Raises:
-        InvalidInputError: a missing/contradictory fact (mask id, aux ids, K,
-            norm_before_residual, vocabulary mapping, tensor shapes), naming the key,
-            tensor or flag.
-        UnsupportedFormatError: tensors with no Speculators equivalent (listed), or a draft
-            hidden size different from the verifier's (``target_hidden_size``).
-    """
-    from specconv.speculators import Finding, make_config
 
-    cfg = src.config or {}
-    findings: list = [Finding(lvl, code, msg, None) for lvl, code, msg in layout.findings]
-    notes: list[str] = list(layout.notes)
+def lm_head_finding(format_id: str, title: str) -> Any:
+    """The finding that tells ``validate`` whether this drafter's ``lm_head`` must equal the
+    verifier's rows: ``lm-head-frozen`` where the producer is known to freeze it, else
+    ``lm-head-trainable`` naming which consumer uses which head."""
+    from specconv.speculators import Finding
 
+    if format_id in LM_HEAD_FROZEN:
+        return Finding("info", "lm-head-frozen",
+                       f"{title}: the trainer freezes lm_head ({LM_HEAD_FROZEN[format_id]}); it must equal the "
+                       "verifier's rows", "lm_head.weight")
+    known = f"trains it ({LM_HEAD_TRAINED[format_id]})" if format_id in LM_HEAD_TRAINED else "may train it (not known)"
+    return Finding("info", "lm-head-trainable",
+                   f"{title} {known}: vLLM uses the file's lm_head; speculators 0.9.0 loads the file's head too "
+                   "(`from_pretrained`: checkpoint weights take precedence) but re-initialising from the verifier "
+                   "(`_load_verifier_weights(overwrite_lm_head=True)`) would replace it with the verifier's rows",
+                   "lm_head.weight")
+
+
+def _shape_keys(conv: Any, src: SourceInfo, cfg: dict[str, Any], verifier: Any, findings: list) -> tuple[int, int, int]:
+    """``(V, H, L)`` from the source config, checked against the verifier."""
     for key in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads"):
         if not isinstance(cfg.get(key), int):
             raise InvalidInputError(f"{src.path}/config.json: missing integer {key!r}", code="missing_key")
@@ -221,16 +261,12 @@ def plan_peagle_family(conv: Any, src: SourceInfo, verifier: Any, opts: ConvertO
             "P-EAGLE requires the draft and verifier hidden sizes to be equal",
             format_id=conv.format_id,
         )
-    c.check_verifier_shape(src, verifier, H, V)
+    c.check_verifier_shape(src, verifier, H, V, findings)
+    return V, H, L
 
-    mask, mask_where = c.resolve_mask_token(src, opts, layout.mask_locations, verifier, findings)
-    if mask >= V:
-        raise InvalidInputError(f"mask token id {mask} ({mask_where}) ≥ vocab_size {V}", code="mask_token_out_of_vocab")
-    ids = resolve_aux_ids(src, opts, layout, verifier, findings)
-    A = len(ids.speculators_ids)
 
-    # ---- tensors ---------------------------------------------------------------
-    drop = {**TRAINING_ONLY, **layout.drop}
+def _plan_tensors(conv: Any, src: SourceInfo, opts: ConvertOptions, layout: PEagleLayout, A: int, H: int):
+    """Tensor plans with ``mask_hidden`` reshaped to ``[1, 1, A·H]``."""
     names = src.store.names()
     mh_src = next((n for n in names if layout.rename(n) == "mask_hidden"), None)
     if mh_src is None:
@@ -240,21 +276,26 @@ def plan_peagle_family(conv: Any, src: SourceInfo, verifier: Any, opts: ConvertO
             code="missing_tensor",
         )
     mh_shape = src.shape(mh_src)
-    if c._numel(mh_shape) != A * H:
+    if math.prod(mh_shape) != A * H:
         raise InvalidInputError(
-            f"{mh_src} has shape {list(mh_shape)} ({c._numel(mh_shape)} values) but {A} aux layers × hidden {H} "
+            f"{mh_src} has shape {list(mh_shape)} ({math.prod(mh_shape)} values) but {A} aux layers × hidden {H} "
             f"needs {A * H} ([1, 1, {A * H}])",
             code="mask_hidden_shape",
         )
     plans, dropped = c.tensor_plan(
-        src, opts, accept=PEAGLE_ACCEPT, rename=layout.rename, drop=drop,
+        src, opts, accept=PEAGLE_ACCEPT, rename=layout.rename, drop={**TRAINING_ONLY, **layout.drop},
         reshape={"mask_hidden": (1, 1, A * H)}, format_title=conv.title,
     )
     mh = c.get(plans, "mask_hidden")
     if mh.fate == "reshaped":
         mh.note = f"{list(mh_shape)} → [1, 1, {A * H}] (same values)"
+    return plans, dropped
+
+
+def _check_body(src: SourceInfo, plans: list[TensorPlan], L: int, A: int, H: int, ids_key: str) -> None:
+    """Layers, ``fc``, the first layer's ``hidden_norm`` and the q/k/v input widths."""
     c.check_layers(src, plans, L)
-    c.check_fc_width(src, plans, A, H, ids.source_key or "--aux-layer-ids")
+    c.check_fc_width(src, plans, A, H, ids_key)
     for p in plans:
         m = re.fullmatch(r"layers\.(\d+)\.hidden_norm\.weight", p.out)
         if m and m.group(1) != "0":
@@ -275,6 +316,12 @@ def plan_peagle_family(conv: Any, src: SourceInfo, verifier: Any, opts: ConvertO
                     + ("(layer 0 attends over cat(embedding, fc feature) = 2·hidden)" if layer == 0 else "(hidden)"),
                     code="tensor_shape",
                 )
+
+
+def _model_type(src: SourceInfo, cfg: dict[str, Any], plans: list[TensorPlan], L: int, findings: list) -> str:
+    """``qwen3`` when the layers have per-head q/k norms (all of them), else ``llama``."""
+    from specconv.speculators import Finding
+
     has_qk_norm = any(re.fullmatch(r"layers\.\d+\.self_attn\.(q|k)_norm\.weight", p.out) for p in plans)
     model_type = "qwen3" if has_qk_norm else "llama"
     if cfg.get("model_type") not in (None, model_type):
@@ -290,36 +337,40 @@ def plan_peagle_family(conv: Any, src: SourceInfo, verifier: Any, opts: ConvertO
                 if c.get(plans, f"layers.{layer}.self_attn.{q}_norm.weight") is None:
                     raise InvalidInputError(f"{src.path}: layer {layer} lacks self_attn.{q}_norm (other layers have it)",
                                             code="missing_tensor")
+    return model_type
 
-    # ---- norm flags ------------------------------------------------------------
-    nbr, nbr_where = _resolve_flag(
-        src, "norm_before_residual", cfg.get("norm_before_residual"), opts.norm_before_residual, "norm-before-residual",
-        required=True,
-        why="vLLM's speculators reader defaults it to false for peagle but true for eagle3 and the speculators "
-            "trainer defaults to true, so it cannot be guessed",
-    )
+
+def norm_flags_from_tensors(src: SourceInfo, cfg: dict[str, Any], plans: list[TensorPlan], A: int) -> tuple[bool, bool]:
+    """``(norm_before_fc, fc_norm)`` from the tensors (``input_norm`` / ``fc_norm.{i}``);
+    a config value that contradicts them is an error."""
     has_input_norm = c.get(plans, "input_norm.weight") is not None
     has_fc_norm = any(re.fullmatch(r"fc_norm\.\d+\.weight", p.out) for p in plans)
-    nbf = cfg.get("norm_before_fc")
-    if nbf is not None and bool(nbf) != has_input_norm:
-        raise InvalidInputError(
-            f"{src.path}/config.json: norm_before_fc={str(nbf).lower()} but input_norm.weight is "
-            f"{'present' if has_input_norm else 'absent'}", code="conflicting_keys",
-        )
-    fcn = cfg.get("fc_norm")
-    if fcn is not None and bool(fcn) != has_fc_norm:
-        raise InvalidInputError(
-            f"{src.path}/config.json: fc_norm={str(fcn).lower()} but fc_norm.* tensors are "
-            f"{'present' if has_fc_norm else 'absent'}", code="conflicting_keys",
-        )
+    for key, have, what in (("norm_before_fc", has_input_norm, "input_norm.weight is"),
+                            ("fc_norm", has_fc_norm, "fc_norm.* tensors are")):
+        v = cfg.get(key)
+        if v is not None and bool(v) != have:
+            raise InvalidInputError(
+                f"{src.path}/config.json: {key}={str(v).lower()} but {what} {'present' if have else 'absent'}",
+                code="conflicting_keys",
+            )
     if has_input_norm and has_fc_norm:
         raise InvalidInputError(f"{src.path}: both input_norm (norm_before_fc) and fc_norm.* tensors; they are exclusive")
     if has_fc_norm:
         got = sorted(int(p.out.split(".")[1]) for p in plans if p.out.startswith("fc_norm."))
         if got != list(range(A)):
             raise InvalidInputError(f"{src.path}: fc_norm.* indices {got} do not match {A} aux layers", code="tensor_shape")
+    return has_input_norm, has_fc_norm
 
-    # ---- vocabulary ------------------------------------------------------------
+
+def logical_vocab(verifier: Any, V: int) -> int | None:
+    """The verifier's config ``vocab_size`` when it is below the draft's target vocab ``V``
+    (the verifier's embedding rows, checked by ``check_verifier_shape``): its logical vocabulary."""
+    return verifier.vocab_size if verifier is not None and verifier.vocab_size < V else None
+
+
+def _vocab(src: SourceInfo, opts: ConvertOptions, cfg: dict[str, Any], plans, dropped, layout: PEagleLayout,
+           V: int, H: int, verifier: Any):
+    """Draft vocabulary size (config, else the LM head's rows, else ``V``) and its mapping."""
     lm = c.get(plans, "lm_head.weight")
     if lm is not None and (len(lm.shape) != 2 or lm.shape[1] != H):
         raise InvalidInputError(f"{lm.source} has shape {list(lm.shape)}, expected [draft_vocab_size, {H}]",
@@ -332,26 +383,35 @@ def plan_peagle_family(conv: Any, src: SourceInfo, verifier: Any, opts: ConvertO
             f"{lm.source} has {lm.shape[0]} rows but config.json draft_vocab_size is {vd_cfg}", code="tensor_shape"
         )
     Vd = vd_cfg if vd_cfg is not None else (lm.shape[0] if lm is not None else V)
-    vocab = vb.resolve_vocab(src, opts, vocab_size=V, draft_vocab_size=Vd,
-                             extra=layout.vocab_extra, extra_label=layout.vocab_extra_label)
+    vocab = vb.resolve_vocab(src, opts, vocab_size=V, draft_vocab_size=Vd, extra=layout.vocab_extra,
+                             extra_label=layout.vocab_extra_label, logical_vocab_size=logical_vocab(verifier, V))
     plans, dropped = vb.merge_vocab(plans, dropped, vocab)
-    findings += vocab.findings
-    notes += vocab.notes
+    return plans, dropped, vocab, Vd
 
-    body_dtype = c.source_dtype(src, [p.source for p in plans if p.origin == "source" and p.source in src.store])
-    out_dt = c.out_dtype(body_dtype, opts)
+
+def _from_verifier(src: SourceInfo, verifier: Any, out: str, role: str, out_dt: str, note: str) -> TensorPlan:
+    name = verifier.find_tensor(role)
+    if name is None:
+        what = "LM head" if role == "lm_head" else "embedding"
+        raise InvalidInputError(f"{src.path}: no {out} and the verifier has no {what} tensor", code="missing_tensor")
+    info = verifier.tensor_info(name)
+    return TensorPlan(out, "from_verifier", "verifier", name, tuple(info.shape), out_dt, info.dtype, note=note)
+
+
+def _head_and_embedding(src: SourceInfo, verifier: Any, plans: list[TensorPlan], V: int, Vd: int, H: int,
+                        out_dt: str, findings: list) -> None:
+    """``lm_head [Vd, H]`` and ``embed_tokens [V, H]`` from the source, else the verifier's."""
+    from specconv.speculators import Finding
+
+    lm = c.get(plans, "lm_head.weight")
     if lm is None:
         if Vd != V or verifier is None:
             raise InvalidInputError(
                 f"{src.path}: no lm_head.weight; a draft-vocabulary ({Vd}) head cannot be taken from the verifier",
                 code="missing_tensor",
             )
-        name = verifier.find_tensor("lm_head")
-        if name is None:
-            raise InvalidInputError(f"{src.path}: no lm_head.weight and the verifier has no LM head tensor", code="missing_tensor")
-        info = verifier.tensor_info(name)
-        plans.append(TensorPlan("lm_head.weight", "from_verifier", "verifier", name, tuple(info.shape), out_dt, info.dtype,
-                                note="the source has no LM head: the verifier's is what the runtime shares"))
+        plans.append(_from_verifier(src, verifier, "lm_head.weight", "lm_head", out_dt,
+                                    "the source has no LM head: the verifier's is what the runtime shares"))
         findings.append(Finding("warning", "lm-head-from-verifier",
                                 "the source ships no lm_head; the verifier's LM head is written (vLLM shares it when absent)",
                                 "lm_head.weight"))
@@ -361,20 +421,17 @@ def plan_peagle_family(conv: Any, src: SourceInfo, verifier: Any, opts: ConvertO
     if emb is None:
         if verifier is None:
             raise InvalidInputError(f"{src.path}: no embed_tokens.weight", code="missing_tensor")
-        name = verifier.find_tensor("embed")
-        if name is None:
-            raise InvalidInputError(f"{src.path}: no embed_tokens.weight and the verifier has no embedding tensor",
-                                    code="missing_tensor")
-        info = verifier.tensor_info(name)
-        plans.append(TensorPlan("embed_tokens.weight", "from_verifier", "verifier", name, tuple(info.shape), out_dt, info.dtype,
-                                note="the source has no embedding: the runtime shares the verifier's"))
+        plans.append(_from_verifier(src, verifier, "embed_tokens.weight", "embed", out_dt,
+                                    "the source has no embedding: the runtime shares the verifier's"))
         findings.append(Finding("info", "embed-from-verifier",
                                 "the source ships no embed_tokens (vLLM then shares the target's); the verifier's embedding "
                                 "is written so speculators uses the same one", "embed_tokens.weight"))
     elif tuple(emb.shape) != (V, H):
         raise InvalidInputError(f"{emb.source} has shape {list(emb.shape)}, expected [{V}, {H}]", code="tensor_shape")
 
-    # ---- speculative tokens ------------------------------------------------------
+
+def _speculative_tokens(src: SourceInfo, opts: ConvertOptions, layout: PEagleLayout, notes: list[str]) -> tuple[int, int | None]:
+    """``(K, trained depths)``: K = ``--speculative-tokens`` or the trained depths (never more)."""
     trained, k_key = c.one_of(src, layout.k_locations, "trained number of depths")
     if trained is not None and (not isinstance(trained, int) or isinstance(trained, bool) or trained < 1):
         raise InvalidInputError(f"{src.path}/config.json: {k_key} must be a positive integer, got {trained!r}")
@@ -394,49 +451,82 @@ def plan_peagle_family(conv: Any, src: SourceInfo, verifier: Any, opts: ConvertO
             code="conflicting_speculative_tokens",
         )
     if k is None:
-        k = trained
-        notes.append(f"speculative_tokens = {k} (trained depths, {k_key})")
-    else:
-        notes.append(f"speculative_tokens = {k} (--speculative-tokens" + (f"; trained {trained} per {k_key})" if trained else ")"))
+        notes.append(f"speculative_tokens = {trained} (trained depths, {k_key})")
+        return trained, trained
+    notes.append(f"speculative_tokens = {k} (--speculative-tokens" + (f"; trained {trained} per {k_key})" if trained else ")"))
+    return k, trained
 
-    # ---- config ---------------------------------------------------------------
-    lcfg = c.layer_config(src, cfg, model_type=model_type, extra_drop=PEAGLE_NON_LAYER_KEYS + layout.layer_drop)
+
+def _peagle_layer_config(src: SourceInfo, cfg: dict[str, Any], layout: PEagleLayout, model_type: str, L: int, A: int,
+                         plans: list[TensorPlan], notes: list[str], findings: list) -> dict[str, Any]:
+    lcfg = c.layer_config(src, cfg, model_type=model_type, extra_drop=PEAGLE_NON_LAYER_KEYS + layout.layer_drop,
+                          findings=findings)
+    c.complete_layer_config(src, lcfg, plans, findings)
     if "layer_types" not in lcfg and lcfg.get("sliding_window") in (None, 0) and not lcfg.get("use_sliding_window"):
         lcfg["layer_types"] = ["full_attention"] * L
     if model_type == "llama" and A != 3:
         lcfg["num_aux_hidden_states"] = A
         notes.append(f"transformer_layer_config.num_aux_hidden_states = {A} (vLLM's Llama eagle3 sizes fc for 3 otherwise)")
+    return lcfg
+
+
+def _peagle_config(fields: dict[str, Any]) -> Any:
+    """The typed ``peagle`` config; the wrapper keys every P-EAGLE output shares are fixed here
+    (``target_hidden_size`` none: equal to the verifier's; trainable embedding)."""
+    from specconv.speculators import make_config
+
+    return make_config("peagle", speculators_version=SPECULATORS_FORMAT_VERSION, target_hidden_size=None,
+                       embed_requires_grad=True, **fields)
+
+
+def plan_peagle_family(conv: Any, src: SourceInfo, verifier: Any, opts: ConvertOptions, layout: PEagleLayout) -> ConversionPlan:
+    """Build the Speculators ``peagle`` plan for a P-EAGLE source.
+
+    Raises:
+        InvalidInputError: a missing/contradictory fact (mask id, aux ids, K,
+            norm_before_residual, vocabulary mapping, tensor shapes), naming the key,
+            tensor or flag.
+        UnsupportedFormatError: tensors with no Speculators equivalent (listed), or a draft
+            hidden size different from the verifier's (``target_hidden_size``).
+    """
+    from specconv.speculators import Finding
+
+    cfg = src.config or {}
+    findings: list = [Finding(lvl, code, msg, None) for lvl, code, msg in layout.findings]
+    notes: list[str] = list(layout.notes)
+    V, H, L = _shape_keys(conv, src, cfg, verifier, findings)
+    mask, mask_where = _mask_token(src, opts, layout, verifier, findings, V)
+    ids = resolve_aux_ids(src, opts, layout, verifier, findings)
+    A = len(ids.speculators_ids)
+    plans, dropped = _plan_tensors(conv, src, opts, layout, A, H)
+    _check_body(src, plans, L, A, H, ids.source_key or "--aux-layer-ids")
+    model_type = _model_type(src, cfg, plans, L, findings)
+    nbr, nbr_where = _norm_before_residual(src, cfg, opts)
+    has_input_norm, has_fc_norm = norm_flags_from_tensors(src, cfg, plans, A)
+    plans, dropped, vocab, Vd = _vocab(src, opts, cfg, plans, dropped, layout, V, H, verifier)
+    findings += vocab.findings
+    notes += vocab.notes
+    out_dt = c.out_dtype(c.source_dtype(src, [p.source for p in plans if p.origin == "source" and p.source in src.store]),
+                         opts)
+    if c.get(plans, "lm_head.weight") is not None:
+        findings.append(lm_head_finding(conv.format_id, conv.title))
+    _head_and_embedding(src, verifier, plans, V, Vd, H, out_dt, findings)
+    k, trained = _speculative_tokens(src, opts, layout, notes)
+    lcfg = _peagle_layer_config(src, cfg, layout, model_type, L, A, plans, notes, findings)
+    c.kv_page_finding(lcfg, verifier, findings)
     fields: dict[str, Any] = dict(
-        speculators_version=SPECULATORS_FORMAT_VERSION,
-        dtype=c.dtype_name(out_dt),
-        draft_vocab_size=Vd,
-        target_hidden_size=None,
-        mask_token_id=mask,
-        eagle_aux_hidden_state_layer_ids=ids.speculators_ids,
-        norm_before_residual=nbr,
-        norm_before_fc=has_input_norm,
-        fc_norm=has_fc_norm,
-        norm_output=bool(cfg.get("norm_output", False)),
-        embed_requires_grad=True,
-        transformer_layer_config=lcfg,
+        dtype=c.dtype_name(out_dt), draft_vocab_size=Vd, mask_token_id=mask,
+        eagle_aux_hidden_state_layer_ids=ids.speculators_ids, norm_before_residual=nbr, norm_before_fc=has_input_norm,
+        fc_norm=has_fc_norm, norm_output=bool(cfg.get("norm_output", False)), transformer_layer_config=lcfg,
         speculators_config=speculators_envelope("peagle", k, verifier),
     )
     if trained is not None:
         fields["num_depths"] = trained
-    config = make_config("peagle", **fields)
     notes[:0] = [f"mask_token_id from {mask_where}", f"norm_before_residual from {nbr_where}"]
     return ConversionPlan(
-        format_id=conv.format_id,
-        algorithm="peagle",
-        config=config,
-        tensors=plans,
-        dropped=dropped,
-        source_dir=src.path,
-        source_files=[src.path / f for f in src.files],
-        findings=findings,
-        layer_ids=ids,
-        options=opts.to_dict(),
-        notes=notes,
+        format_id=conv.format_id, algorithm="peagle", config=_peagle_config(fields), tensors=plans,
+        dropped=dropped, source_dir=src.path, source_files=[src.path / f for f in src.files], findings=findings,
+        layer_ids=ids, options=opts.to_dict(), notes=notes,
     )
 
 

@@ -1,6 +1,6 @@
 """Draft-vocabulary mapping (``d2t`` / ``t2d``): read, check, normalise, plan.
 
-Format facts (external_formats.md §1.2, speculators_format.md §2.3):
+Format facts (speculators ``src/speculators/train/vocab_mapping.py``, vLLM ``compute_logits``):
 
 * ``d2t``: int64 ``[Vd]`` holding **offsets**: ``target_id = draft_id + d2t[draft_id]``
   (speculators ``train/vocab_mapping.py``, SpecForge ``data/preprocessing.py``, vLLM
@@ -31,6 +31,7 @@ Public API: :func:`as_array`, :func:`t2d_from_d2t`, :func:`check_mapping`,
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -38,6 +39,8 @@ from typing import TYPE_CHECKING, Any, Iterable, Literal, Mapping
 
 from specconv.errors import InvalidInputError
 from specconv.plan import DroppedTensor, TensorPlan
+
+from ._vocab_io import D2T_KEYS, SIDE_FILES, T2D_KEYS, as_array, find_side_files, read_mapping_file
 
 if TYPE_CHECKING:  # pragma: no cover
     import numpy as np
@@ -48,50 +51,14 @@ if TYPE_CHECKING:  # pragma: no cover
 #: :func:`merge_vocab` replaces their plans with :attr:`VocabResult.tensors`).
 VOCAB_PATTERNS = (r"d2t", r"t2d")
 
-#: Names a mapping file may use for each tensor (vLLM renames ``d2t`` to
-#: ``draft_id_to_target_id`` at load; some dumps keep that name).
-D2T_KEYS = ("d2t", "draft_id_to_target_id")
-T2D_KEYS = ("t2d", "target_id_to_draft_id")
-
-#: Side files looked for beside a checkpoint. speculators' trainer caches the mapping in
-#: its data dir as ``d2t-{Vd}.npy`` / ``t2d-{Vd}.npy`` (``train/cli.py``) and takes
-#: ``--d2t-path``/``--t2d-path`` ``.npy`` files; plain ``d2t.npy``/``t2d.npy`` are also used.
-SIDE_FILES = {"d2t": ("d2t.npy", "d2t.pt"), "t2d": ("t2d.npy", "t2d.pt")}
-
 EAGLE_222 = "SafeAILab/EAGLE #222"
 
 
-# --------------------------------------------------------------------------- arrays
-def as_array(x: Any, *, what: str = "tensor") -> "np.ndarray":
-    """Return ``x`` as a 1-D numpy array.
-
-    Args:
-        x: a numpy array, a torch tensor, a list, or a ``(TensorStore, name)`` pair
-            (the tensor is read from the store).
-        what: label used in error messages.
-
-    Raises:
-        InvalidInputError: ``x`` is not 1-D or is a float tensor.
-    """
-    import numpy as np
-
-    if isinstance(x, tuple) and len(x) == 2 and hasattr(x[0], "read_tensor"):
-        store, name = x
-        info = store.info(name)
-        try:
-            arr = store.read_numpy(name)
-        except ValueError:
-            arr = store.read_tensor(name).numpy()
-        what = f"{what} ({name}, {info.dtype})"
-    elif hasattr(x, "detach") and hasattr(x, "numpy"):  # torch.Tensor
-        arr = x.detach().cpu().numpy()
-    else:
-        arr = np.asarray(x)
-    if arr.ndim != 1:
-        raise InvalidInputError(f"{what} must be 1-D, got shape {list(arr.shape)}", code="vocab_map_invalid")
-    if arr.dtype.kind == "f":
-        raise InvalidInputError(f"{what} must be an integer or bool tensor, got {arr.dtype}", code="vocab_map_invalid")
-    return arr
+__all__ = [
+    "D2T_KEYS", "SIDE_FILES", "T2D_KEYS", "VOCAB_PATTERNS", "D2TReading", "VocabResult", "as_array", "check_mapping",
+    "find_side_files", "merge_vocab", "normalise_d2t", "read_mapping_file", "resolve_vocab", "slice_rows_plan",
+    "t2d_from_d2t",
+]
 
 
 def _as_bool(t2d: "np.ndarray", what: str) -> "np.ndarray":
@@ -224,16 +191,7 @@ def normalise_d2t(d2t: Any, t2d: Any | None, vocab_size: int, draft_vocab_size: 
     t = None if t2d is None else _as_bool(as_array(t2d, what="t2d"), "t2d")
     pre = f"{where}: " if where else ""
     vd = d.shape[0]
-    if vd != draft_vocab_size:
-        raise InvalidInputError(f"{pre}d2t has {vd} entries but draft_vocab_size is {draft_vocab_size}", code="vocab_map_invalid")
-    if t is not None:
-        if t.shape[0] != vocab_size:
-            raise InvalidInputError(f"{pre}t2d has {t.shape[0]} entries but the target vocab_size is {vocab_size}", code="vocab_map_invalid")
-        if int(t.sum()) != vd:
-            raise InvalidInputError(
-                f"{pre}t2d marks {int(t.sum())} target ids but d2t/draft_vocab_size has {vd}", code="vocab_map_invalid"
-            )
-    idx = np.arange(vd, dtype=np.int64)
+    _check_lengths(d, t, vocab_size, draft_vocab_size, pre)
     off_probs = _offset_problems(d, vocab_size, t)
     if vd and not d.any() and vd < vocab_size and (t is None or off_probs):
         why = "no t2d confirms it" if t is None else "; ".join(off_probs)
@@ -246,25 +204,10 @@ def normalise_d2t(d2t: Any, t2d: Any | None, vocab_size: int, draft_vocab_size: 
         )
     abs_probs = _target_problems(d, vocab_size, t, "d2t[i] (as absolute ids)")
     if not off_probs:
-        if t is None and not abs_probs:
-            if vd >= 2 and bool(np.all(np.diff(d) > 0)):
-                raise InvalidInputError(
-                    f"{pre}d2t is strictly increasing and valid both as offsets and as absolute target ids; "
-                    "producers sort the draft vocabulary, so offsets normally repeat while absolute ids always "
-                    "increase — without t2d the two readings cannot be told apart",
-                    code="vocab_map_ambiguous",
-                    hint="provide t2d (beside the checkpoint, or both tensors via --vocab-mapping FILE)",
-                )
-            return D2TReading(
-                d, "offsets",
-                "d2t is also valid read as absolute target ids; kept as offsets (the convention of speculators, "
-                "SpecForge, EAGLE and vLLM) — no t2d to confirm",
-                ambiguous_but_offsets=True,
-            )
-        return D2TReading(d, "offsets")
+        return _offsets_reading(d, t, abs_probs, pre)
     if not abs_probs:
         return D2TReading(
-            d - idx, "absolute",
+            d - np.arange(vd, dtype=np.int64), "absolute",
             f"d2t holds absolute target ids, not offsets ({off_probs[0]}); converted to offsets "
             "(target = draft + d2t[draft])",
         )
@@ -274,159 +217,40 @@ def normalise_d2t(d2t: Any, t2d: Any | None, vocab_size: int, draft_vocab_size: 
     )
 
 
-# ------------------------------------------------------------------------ side files
-def _load_pt(path: Path) -> Any:
-    import torch
-
-    try:
-        return torch.load(path, weights_only=True, map_location="cpu")
-    except Exception as e:  # UnpicklingError for non-allow-listed globals, junk files
-        from specconv.tensors import torch_load_error_detail
-
-        raise InvalidInputError(
-            f"{path}: torch.load(weights_only=True) failed ({torch_load_error_detail(e)}); "
-            "specconv never unpickles arbitrary objects — save the mapping as .npy or .safetensors",
-            code="unsafe_pickle",
-        ) from e
+def _check_lengths(d: "np.ndarray", t: "np.ndarray | None", vocab_size: int, draft_vocab_size: int, pre: str) -> None:
+    vd = d.shape[0]
+    if vd != draft_vocab_size:
+        raise InvalidInputError(f"{pre}d2t has {vd} entries but draft_vocab_size is {draft_vocab_size}", code="vocab_map_invalid")
+    if t is not None:
+        if t.shape[0] != vocab_size:
+            raise InvalidInputError(f"{pre}t2d has {t.shape[0]} entries but the target vocab_size is {vocab_size}", code="vocab_map_invalid")
+        if int(t.sum()) != vd:
+            raise InvalidInputError(
+                f"{pre}t2d marks {int(t.sum())} target ids but d2t/draft_vocab_size has {vd}", code="vocab_map_invalid"
+            )
 
 
-def _pick(d: Mapping[str, Any], keys: Iterable[str]) -> Any:
-    for k in keys:
-        if k in d:
-            return d[k]
-    # one level of nesting (e.g. {"vocab_mapping": {"d2t":..., "t2d":...}})
-    for v in d.values():
-        if isinstance(v, Mapping):
-            got = _pick(v, keys)
-            if got is not None:
-                return got
-    return None
-
-
-def read_mapping_file(path: str | Path, *, role: str | None = None, draft_vocab_size: int | None = None) -> dict[str, "np.ndarray"]:
-    """Read ``d2t``/``t2d`` from a side file (or a directory of them).
-
-    Accepted: ``.safetensors`` (tensors named ``d2t``/``t2d``), ``.pt``/``.pth``/``.bin``
-    (``torch.load(weights_only=True)``: a dict holding ``d2t``/``t2d`` — also
-    ``draft_id_to_target_id`` — or a bare tensor), ``.npz`` (arrays ``d2t``/``t2d``) and
-    ``.npy`` (one array; its role comes from ``role`` or the file name containing
-    ``d2t``/``t2d``, else from its dtype: bool → ``t2d``).
-
-    A directory is searched with :func:`find_side_files` (``d2t.npy``, ``d2t-{Vd}.npy``, …)
-    and, failing that, read as a checkpoint holding ``d2t``/``t2d`` tensors.
-
-    Returns:
-        ``{"d2t": int array, "t2d": bool/int array}`` with whichever was found.
-
-    Raises:
-        InvalidInputError: unreadable file, unknown extension, neither tensor present.
-    """
+def _offsets_reading(d: "np.ndarray", t: "np.ndarray | None", abs_probs: list[str], pre: str) -> D2TReading:
+    """Valid offsets: kept; without t2d, an equally valid strictly increasing absolute
+    reading is refused as ambiguous."""
     import numpy as np
 
-    p = Path(path)
-    if p.is_dir():
-        out: dict[str, Any] = {}
-        for r, f in find_side_files(p, draft_vocab_size).items():
-            out[r] = read_mapping_file(f, role=r)[r]
-        if not out:
-            from specconv.tensors import TensorStore
-
-            try:
-                store = TensorStore.open(p)
-            except InvalidInputError:
-                store = None
-            for r, keys in (("d2t", D2T_KEYS), ("t2d", T2D_KEYS)):
-                k = next((k for k in keys if store is not None and k in store), None)
-                if k is not None:
-                    out[r] = as_array((store, k), what=f"{p}:{k}")
-        if not out:
-            raise InvalidInputError(f"{p}: no d2t/t2d side files (d2t.npy, d2t-<Vd>.npy, t2d.npy, ...) or tensors",
-                                    code="vocab_map_invalid")
-        return out
-    if not p.is_file():
-        raise InvalidInputError(f"vocab mapping file {p} does not exist", code="vocab_map_missing")
-    name = p.name.lower()
-    out: dict[str, Any] = {}
-
-    def role_of_single(arr: Any) -> str:
-        if role:
-            return role
-        for r in ("d2t", "t2d"):
-            if r in name:
-                return r
-        a = as_array(arr, what=str(p))
-        if a.dtype == np.bool_:
-            return "t2d"
+    if t is not None or abs_probs:
+        return D2TReading(d, "offsets")
+    if d.shape[0] >= 2 and bool(np.all(np.diff(d) > 0)):
         raise InvalidInputError(
-            f"{p}: a single integer array, cannot tell whether it is d2t or t2d; name the file d2t.* / t2d.*",
-            code="vocab_map_invalid",
+            f"{pre}d2t is strictly increasing and valid both as offsets and as absolute target ids; "
+            "producers sort the draft vocabulary, so offsets normally repeat while absolute ids always "
+            "increase — without t2d the two readings cannot be told apart",
+            code="vocab_map_ambiguous",
+            hint="provide t2d (beside the checkpoint, or both tensors via --vocab-mapping FILE)",
         )
-
-    if name.endswith(".safetensors"):
-        from specconv.tensors import TensorStore
-
-        store = TensorStore.open(p)
-        for r, keys in (("d2t", D2T_KEYS), ("t2d", T2D_KEYS)):
-            k = next((k for k in keys if k in store), None)
-            if k is not None:
-                out[r] = as_array((store, k), what=f"{p}:{k}")
-    elif name.endswith((".pt", ".pth", ".bin")):
-        obj = _load_pt(p)
-        if isinstance(obj, Mapping):
-            for r, keys in (("d2t", D2T_KEYS), ("t2d", T2D_KEYS)):
-                v = _pick(obj, keys)
-                if v is not None:
-                    out[r] = as_array(v, what=f"{p}:{r}")
-        elif hasattr(obj, "numpy"):
-            out[role_of_single(obj)] = as_array(obj, what=str(p))
-        else:
-            raise InvalidInputError(f"{p}: expected a dict with d2t/t2d or a tensor, found {type(obj).__name__}", code="vocab_map_invalid")
-    elif name.endswith(".npz"):
-        try:
-            with np.load(p, allow_pickle=False) as z:
-                for r, keys in (("d2t", D2T_KEYS), ("t2d", T2D_KEYS)):
-                    k = next((k for k in keys if k in z.files), None)
-                    if k is not None:
-                        out[r] = as_array(z[k], what=f"{p}:{k}")
-        except (OSError, ValueError) as e:
-            raise InvalidInputError(f"{p}: cannot read .npz ({e})", code="vocab_map_invalid") from e
-    elif name.endswith(".npy"):
-        try:
-            arr = np.load(p, allow_pickle=False)
-        except (OSError, ValueError) as e:
-            raise InvalidInputError(f"{p}: cannot read .npy ({e})", code="vocab_map_invalid") from e
-        out[role_of_single(arr)] = as_array(arr, what=str(p))
-    else:
-        raise InvalidInputError(
-            f"{p}: unknown vocab mapping file type (expected .safetensors, .pt, .npy or .npz)", code="vocab_map_invalid"
-        )
-    if not out:
-        raise InvalidInputError(f"{p} holds neither d2t nor t2d", code="vocab_map_invalid")
-    return out
-
-
-def find_side_files(directory: Path, draft_vocab_size: int | None = None) -> dict[str, Path]:
-    """``{"d2t": path, "t2d": path}`` for side files in ``directory`` (either may be absent).
-
-    Looks for ``d2t.npy``/``d2t.pt`` (same for ``t2d``), then speculators' cached
-    ``d2t-{Vd}.npy`` — by ``draft_vocab_size`` when given, else only when exactly one
-    ``d2t-*.npy`` exists.
-    """
-    d = Path(directory)
-    found = {}
-    for role, names in SIDE_FILES.items():
-        cands = [d / n for n in names]
-        if draft_vocab_size is not None:
-            cands.append(d / f"{role}-{draft_vocab_size}.npy")
-        else:
-            cached = sorted(d.glob(f"{role}-*.npy"))
-            if len(cached) == 1:
-                cands.append(cached[0])
-        for f in cands:
-            if f.is_file():
-                found[role] = f
-                break
-    return found
+    return D2TReading(
+        d, "offsets",
+        "d2t is also valid read as absolute target ids; kept as offsets (the convention of speculators, "
+        "SpecForge, EAGLE and vLLM) — no t2d to confirm",
+        ambiguous_but_offsets=True,
+    )
 
 
 # ------------------------------------------------------------------------------ plan
@@ -473,6 +297,8 @@ class _Found:
     where: str  # human label
     source_name: str | None = None  # tensor name in the source store
     src_dtype: str | None = None
+    file: str = ""  # the file (or dir) holding it: named by errors about this mapping
+    generated: bool = False  # built by a documented rule, not read
 
 
 def _bytes_plan(out: str, arr: "np.ndarray", dtype: str, fate: str, origin: str, source: str | None, src_dtype: str, note: str) -> TensorPlan:
@@ -486,6 +312,185 @@ def _bytes_plan(out: str, arr: "np.ndarray", dtype: str, fate: str, origin: str,
     )
 
 
+def _find_mappings(src: "SourceInfo", opts: "ConvertOptions", res: VocabResult, d2t_names: Iterable[str],
+                   t2d_names: Iterable[str], extra: Mapping[str, Any] | None, extra_label: str,
+                   side_files: bool) -> dict[str, _Found]:
+    """d2t/t2d from the weights, ``extra``, side files, then ``--vocab-mapping`` (must agree)."""
+    import numpy as np
+
+    Vd = res.draft_vocab_size
+    names = set(src.tensor_names())
+    found: dict[str, _Found] = {}
+    for role, cands in (("d2t", tuple(d2t_names)), ("t2d", tuple(t2d_names))):
+        n = next((n for n in cands if n in names), None)
+        if n is not None:
+            found[role] = _Found(as_array((src.store, n), what=f"{src.path}:{n}"), f"tensor {n}", n,
+                                 src.store.info(n).dtype, str(src.path))
+            res.consumed.add(n)
+    for role in ("d2t", "t2d"):
+        if role not in found and extra and extra.get(role) is not None:
+            found[role] = _Found(as_array(extra[role], what=f"{extra_label}:{role}"), f"{extra_label} ({role})",
+                                 file=extra_label or str(src.path))
+    if side_files:
+        for role, p in find_side_files(src.path, Vd).items():
+            if role not in found:
+                found[role] = _Found(read_mapping_file(p, role=role)[role], f"side file {p.name}", file=str(p))
+    if opts.vocab_mapping is None:
+        return found
+    flag = read_mapping_file(opts.vocab_mapping, draft_vocab_size=Vd)
+    for role, arr in flag.items():
+        if role not in found:
+            found[role] = _Found(arr, f"--vocab-mapping {Path(opts.vocab_mapping).name}", file=str(opts.vocab_mapping))
+            continue
+        have = found[role].value
+        if have.shape != arr.shape or not np.array_equal(have.astype(np.int64), arr.astype(np.int64)):
+            raise InvalidInputError(
+                f"--vocab-mapping {opts.vocab_mapping}: its {role} differs from the checkpoint's {found[role].where}",
+                code="conflicting_vocab_mapping",
+            )
+        res.notes.append(f"--vocab-mapping {role} agrees with the checkpoint's {found[role].where}")
+    return found
+
+
+def _identity(src: "SourceInfo", res: VocabResult, found: dict[str, _Found]) -> VocabResult:
+    """Full (``Vd == V``) or padded (``Vd > V``) vocabulary: identity mapping tensors dropped
+    with a reason, anything else refused."""
+    import numpy as np
+
+    from specconv.speculators import Finding
+
+    V, Vd = res.vocab_size, res.draft_vocab_size
+    label = ("full vocabulary (draft_vocab_size == vocab_size)" if Vd == V
+             else f"padded vocabulary (draft_vocab_size {Vd} > vocab_size {V})")
+    for role, f in found.items():
+        v = f.value
+        if role == "d2t":
+            identity = v.shape[0] == Vd and not v.astype(np.int64).any()
+            what = "all-zero d2t (identity offsets)"
+        else:
+            identity = v.shape[0] == V and bool(_as_bool(v, "t2d").all())
+            what = "all-true t2d"
+        if not identity:
+            raise InvalidInputError(
+                f"{f.file}: {label} but {f.where} is not the identity mapping; Speculators has no way to store a "
+                "permuted/partial full vocabulary",
+                code="vocab_map_invalid",
+            )
+        reason = f"{what} with a {label}: no mapping needed (speculators writes d2t/t2d only when Vd < V)"
+        if f.source_name:
+            res.dropped.append(DroppedTensor(f.source_name, reason))
+        else:
+            res.notes.append(f"{f.where} ignored: {reason}")
+    if Vd > V:
+        res.findings.append(Finding("info", "vocab-padded",
+                                    f"draft_vocab_size {Vd} > vocab_size {V}: padded vocabulary, identity mapping",
+                                    "draft_vocab_size"))
+    return res
+
+
+def _logical_identity(res: VocabResult, logical: int) -> dict[str, _Found]:
+    """``logical ≤ Vd < V``: the draft covers the verifier's whole logical vocabulary (the rest
+    of ``V`` is embedding padding), so the mapping is the identity on the first ``Vd`` ids."""
+    import numpy as np
+
+    from specconv.speculators import Finding
+
+    V, Vd = res.vocab_size, res.draft_vocab_size
+    t2d = np.zeros(V, dtype=np.bool_)
+    t2d[:Vd] = True
+    res.findings.append(Finding(
+        "info", "vocab-logical-identity",
+        f"draft_vocab_size {Vd} ≥ the verifier's logical vocab_size {logical} (its {V} embedding rows are padded): "
+        f"identity mapping written (d2t zeros, t2d true for ids < {Vd})", "draft_vocab_size",
+    ))
+    label = f"identity over the logical vocabulary ({logical})"
+    return {"d2t": _Found(np.zeros(Vd, dtype=np.int64), label, generated=True),
+            "t2d": _Found(t2d, label, generated=True)}
+
+
+def _drop_default_t2d(res: VocabResult, t2d_f: _Found | None) -> "tuple[_Found | None, np.ndarray | None]":
+    """SpecForge initialises t2d to all-true and only overwrites it when a mapping is loaded:
+    with ``Vd < V`` it carries no information (it cannot mark exactly Vd ids)."""
+    from specconv.speculators import Finding
+
+    if t2d_f is None:
+        return None, None
+    t2d_arr = _as_bool(t2d_f.value, f"t2d ({t2d_f.where})")
+    V, Vd = res.vocab_size, res.draft_vocab_size
+    if not (t2d_arr.shape[0] == V and bool(t2d_arr.all())):
+        return t2d_f, t2d_arr
+    msg = (f"{t2d_f.where} is all-true (an untouched default) although the vocabulary is pruned "
+           f"({Vd} < {V}); it is ignored and t2d is rebuilt from d2t")
+    res.findings.append(Finding("warning", "t2d-default-all-true", msg, "t2d"))
+    if t2d_f.source_name:
+        res.dropped.append(DroppedTensor(t2d_f.source_name, "all-true default t2d with a pruned vocabulary; rebuilt from d2t"))
+    return None, None
+
+
+def _t2d_plan(res: VocabResult, t2d_f: _Found | None, t2d_arr: "np.ndarray") -> TensorPlan:
+    V = res.vocab_size
+    if t2d_f is not None and t2d_f.generated:
+        return _bytes_plan("t2d", t2d_arr, "BOOL", "generated", "generated", None, "BOOL", t2d_f.where)
+    if t2d_f is None:
+        res.notes.append("t2d rebuilt from d2t")
+        return _bytes_plan("t2d", t2d_arr, "BOOL", "generated", "generated", None, "BOOL",
+                           "rebuilt from d2t (t2d[i + d2t[i]] = True); source had no t2d")
+    if t2d_f.source_name and t2d_f.src_dtype == "BOOL":
+        return TensorPlan(out="t2d", fate="copied", origin="source", source=t2d_f.source_name, shape=(V,),
+                          dtype="BOOL", src_dtype="BOOL")
+    note = f"from {t2d_f.where}" + (f", converted {t2d_f.src_dtype} → BOOL"
+                                    if t2d_f.src_dtype and t2d_f.src_dtype != "BOOL" else "")
+    return _bytes_plan("t2d", t2d_arr, "BOOL", "copied", "source", t2d_f.source_name or t2d_f.where,
+                       t2d_f.src_dtype or "BOOL", note)
+
+
+def _d2t_plan(res: VocabResult, d2t_f: _Found, reading: D2TReading) -> TensorPlan:
+    Vd, d2t = res.draft_vocab_size, reading.offsets
+    if d2t_f.generated:
+        return _bytes_plan("d2t", d2t, "I64", "generated", "generated", None, "I64", d2t_f.where)
+    if reading.form == "offsets" and d2t_f.source_name and d2t_f.src_dtype == "I64":
+        return TensorPlan(out="d2t", fate="copied", origin="source", source=d2t_f.source_name, shape=(Vd,),
+                          dtype="I64", src_dtype="I64")
+    if reading.form == "absolute":
+        return _bytes_plan("d2t", d2t, "I64", "generated", "generated", d2t_f.source_name, d2t_f.src_dtype or "I64",
+                           f"converted from absolute target ids ({d2t_f.where}) to offsets")
+    note = f"from {d2t_f.where}" + (f", converted {d2t_f.src_dtype} → I64"
+                                    if d2t_f.src_dtype and d2t_f.src_dtype != "I64" else "")
+    return _bytes_plan("d2t", d2t, "I64", "copied", "source", d2t_f.source_name or d2t_f.where,
+                       d2t_f.src_dtype or "I64", note)
+
+
+def _pruned(src: "SourceInfo", res: VocabResult, found: dict[str, _Found], extra_label: str) -> VocabResult:
+    """``Vd < V``: d2t normalised to offsets, t2d checked or rebuilt, both planned. Errors name
+    the file the mapping came from (the checkpoint, a side file or ``--vocab-mapping``)."""
+    from specconv.speculators import Finding
+
+    V, Vd = res.vocab_size, res.draft_vocab_size
+    d2t_f = found.get("d2t")
+    if d2t_f is None:
+        raise InvalidInputError(
+            f"{src.path}: pruned draft vocabulary (draft_vocab_size {Vd} < vocab_size {V}) but no d2t mapping was found "
+            "(looked at the weights" + (f", {extra_label}" if extra_label else "") + ", d2t.npy beside the checkpoint and --vocab-mapping)",
+            code="vocab_map_missing",
+            hint="pass the mapping the drafter was trained with: --vocab-mapping FILE (.pt/.npy/.safetensors with d2t[/t2d])",
+        )
+    t2d_f, t2d_arr = _drop_default_t2d(res, found.get("t2d"))
+    files = [f.file for f in (d2t_f, t2d_f) if f is not None and f.file]
+    where = " and ".join(dict.fromkeys(files)) or str(src.path)
+    reading = normalise_d2t(d2t_f.value, t2d_arr, V, Vd, where=where)
+    if reading.form == "absolute":
+        res.findings.append(Finding("warning", "d2t-absolute-ids", f"{d2t_f.where}: {reading.message}", "d2t"))
+    elif reading.ambiguous_but_offsets:
+        res.findings.append(Finding("info", "d2t-form-unconfirmed", f"{d2t_f.where}: {reading.message}", "d2t"))
+    if t2d_arr is None:
+        t2d_arr = t2d_from_d2t(reading.offsets, V)
+    check_mapping(reading.offsets, t2d_arr, V, Vd, where=where)
+    res.tensors = [_d2t_plan(res, d2t_f, reading), _t2d_plan(res, t2d_f, t2d_arr)]
+    res.d2t, res.t2d = reading.offsets, t2d_arr
+    res.notes.insert(0, f"vocab mapping: d2t from {d2t_f.where}" + (f", t2d from {t2d_f.where}" if t2d_f else ""))
+    return res
+
+
 def resolve_vocab(
     src: "SourceInfo",
     opts: "ConvertOptions",
@@ -497,6 +502,7 @@ def resolve_vocab(
     extra: Mapping[str, Any] | None = None,
     extra_label: str = "",
     side_files: bool = True,
+    logical_vocab_size: int | None = None,
 ) -> VocabResult:
     """Decide the vocabulary mapping of a conversion and plan the ``d2t``/``t2d`` outputs.
 
@@ -510,6 +516,8 @@ def resolve_vocab(
     * ``Vd > V`` (padded) and ``Vd == V`` (full): no mapping is written; source mapping
       tensors are dropped with a reason when they are the identity (all-zero d2t, all-true
       t2d — SpecForge P-EAGLE's default), refused otherwise.
+    * ``logical_vocab_size ≤ Vd < V`` (the verifier's embedding is padded past its logical
+      vocabulary) and no mapping anywhere: the identity on the first ``Vd`` ids is written.
     * ``Vd < V``: ``d2t`` is normalised (:func:`normalise_d2t`), ``t2d`` rebuilt from it
       when absent (fate ``generated``), everything validated (:func:`check_mapping`).
       Unchanged I64 ``d2t`` / BOOL ``t2d`` from the weights are ``copied``; other dtypes
@@ -517,123 +525,17 @@ def resolve_vocab(
 
     Raises:
         InvalidInputError: missing mapping for a pruned draft (``vocab_map_missing``), a
-            contradiction between locations, or an invalid/ambiguous mapping.
+            contradiction between locations, or an invalid/ambiguous mapping (naming the
+            file it came from).
     """
-    import numpy as np
-
-    from specconv.speculators import Finding
-
     V, Vd = int(vocab_size), int(draft_vocab_size)
     res = VocabResult(kind="pruned" if Vd < V else ("full" if Vd == V else "padded"), vocab_size=V, draft_vocab_size=Vd)
-    names = set(src.tensor_names())
-    found: dict[str, _Found] = {}
-    for role, cands in (("d2t", tuple(d2t_names)), ("t2d", tuple(t2d_names))):
-        for n in cands:
-            if n in names:
-                info = src.store.info(n)
-                found[role] = _Found(as_array((src.store, n), what=f"{src.path}:{n}"), f"tensor {n}", n, info.dtype)
-                res.consumed.add(n)
-                break
-    for role in ("d2t", "t2d"):
-        if role not in found and extra and extra.get(role) is not None:
-            found[role] = _Found(as_array(extra[role], what=f"{extra_label}:{role}"), f"{extra_label} ({role})")
-    if side_files:
-        for role, p in find_side_files(src.path, Vd).items():
-            if role not in found:
-                found[role] = _Found(read_mapping_file(p, role=role)[role], f"side file {p.name}")
-    if opts.vocab_mapping is not None:
-        flag = read_mapping_file(opts.vocab_mapping, draft_vocab_size=Vd)
-        for role, arr in flag.items():
-            if role in found:
-                have = found[role].value
-                if have.shape != arr.shape or not np.array_equal(have.astype(np.int64), arr.astype(np.int64)):
-                    raise InvalidInputError(
-                        f"--vocab-mapping {opts.vocab_mapping}: its {role} differs from the checkpoint's {found[role].where}",
-                        code="conflicting_vocab_mapping",
-                    )
-                res.notes.append(f"--vocab-mapping {role} agrees with the checkpoint's {found[role].where}")
-            else:
-                found[role] = _Found(arr, f"--vocab-mapping {Path(opts.vocab_mapping).name}")
-
-    d2t_f, t2d_f = found.get("d2t"), found.get("t2d")
-
-    # ---- full / padded vocab: identity, no mapping -----------------------------
+    found = _find_mappings(src, opts, res, d2t_names, t2d_names, extra, extra_label, side_files)
     if Vd >= V:
-        label = "full vocabulary (draft_vocab_size == vocab_size)" if Vd == V else f"padded vocabulary (draft_vocab_size {Vd} > vocab_size {V})"
-        for role, f in (("d2t", d2t_f), ("t2d", t2d_f)):
-            if f is None:
-                continue
-            v = f.value
-            if role == "d2t":
-                identity = v.shape[0] == Vd and not v.astype(np.int64).any()
-                what = "all-zero d2t (identity offsets)"
-            else:
-                identity = v.shape[0] == V and bool(_as_bool(v, "t2d").all())
-                what = "all-true t2d"
-            if not identity:
-                raise InvalidInputError(
-                    f"{src.path}: {label} but {f.where} is not the identity mapping; Speculators has no way to store a "
-                    "permuted/partial full vocabulary",
-                    code="vocab_map_invalid",
-                )
-            reason = f"{what} with a {label}: no mapping needed (speculators writes d2t/t2d only when Vd < V)"
-            if f.source_name:
-                res.dropped.append(DroppedTensor(f.source_name, reason))
-            else:
-                res.notes.append(f"{f.where} ignored: {reason}")
-        if Vd > V:
-            res.findings.append(Finding("info", "vocab-padded",
-                                        f"draft_vocab_size {Vd} > vocab_size {V}: padded vocabulary, identity mapping", "draft_vocab_size"))
-        return res
-
-    # ---- pruned -----------------------------------------------------------------
-    if d2t_f is None:
-        raise InvalidInputError(
-            f"{src.path}: pruned draft vocabulary (draft_vocab_size {Vd} < vocab_size {V}) but no d2t mapping was found "
-            "(looked at the weights" + (f", {extra_label}" if extra_label else "") + ", d2t.npy beside the checkpoint and --vocab-mapping)",
-            code="vocab_map_missing",
-            hint="pass the mapping the drafter was trained with: --vocab-mapping FILE (.pt/.npy/.safetensors with d2t[/t2d])",
-        )
-    where = str(src.path)
-    t2d_arr = None if t2d_f is None else _as_bool(t2d_f.value, f"t2d ({t2d_f.where})")
-    if t2d_arr is not None and t2d_arr.shape[0] == V and bool(t2d_arr.all()):
-        # SpecForge initialises t2d to all-true and only overwrites it when a mapping is
-        # loaded: with Vd < V it carries no information (it cannot mark exactly Vd ids).
-        msg = (f"{t2d_f.where} is all-true (an untouched default) although the vocabulary is pruned "
-               f"({Vd} < {V}); it is ignored and t2d is rebuilt from d2t")
-        res.findings.append(Finding("warning", "t2d-default-all-true", msg, "t2d"))
-        if t2d_f.source_name:
-            res.dropped.append(DroppedTensor(t2d_f.source_name, "all-true default t2d with a pruned vocabulary; rebuilt from d2t"))
-        t2d_f, t2d_arr = None, None
-    reading = normalise_d2t(d2t_f.value, t2d_arr, V, Vd, where=where)
-    if reading.form == "absolute":
-        res.findings.append(Finding("warning", "d2t-absolute-ids", f"{d2t_f.where}: {reading.message}", "d2t"))
-    elif reading.ambiguous_but_offsets:
-        res.findings.append(Finding("info", "d2t-form-unconfirmed", f"{d2t_f.where}: {reading.message}", "d2t"))
-    d2t = reading.offsets
-    if t2d_arr is None:
-        t2d_arr = t2d_from_d2t(d2t, V)
-        t2d_plan = _bytes_plan("t2d", t2d_arr, "BOOL", "generated", "generated", None, "BOOL",
-                               f"rebuilt from d2t (t2d[i + d2t[i]] = True); source had no t2d")
-        res.notes.append("t2d rebuilt from d2t")
-    elif t2d_f.source_name and t2d_f.src_dtype == "BOOL":
-        t2d_plan = TensorPlan(out="t2d", fate="copied", origin="source", source=t2d_f.source_name, shape=(V,), dtype="BOOL", src_dtype="BOOL")
-    else:
-        note = f"from {t2d_f.where}" + (f", converted {t2d_f.src_dtype} → BOOL" if t2d_f.src_dtype and t2d_f.src_dtype != "BOOL" else "")
-        t2d_plan = _bytes_plan("t2d", t2d_arr, "BOOL", "copied", "source", t2d_f.source_name or t2d_f.where, t2d_f.src_dtype or "BOOL", note)
-    check_mapping(d2t, t2d_arr, V, Vd, where=where)
-    if reading.form == "offsets" and d2t_f.source_name and d2t_f.src_dtype == "I64":
-        d2t_plan = TensorPlan(out="d2t", fate="copied", origin="source", source=d2t_f.source_name, shape=(Vd,), dtype="I64", src_dtype="I64")
-    elif reading.form == "absolute":
-        d2t_plan = _bytes_plan("d2t", d2t, "I64", "generated", "generated", d2t_f.source_name, d2t_f.src_dtype or "I64",
-                               f"converted from absolute target ids ({d2t_f.where}) to offsets")
-    else:
-        note = f"from {d2t_f.where}" + (f", converted {d2t_f.src_dtype} → I64" if d2t_f.src_dtype and d2t_f.src_dtype != "I64" else "")
-        d2t_plan = _bytes_plan("d2t", d2t, "I64", "copied", "source", d2t_f.source_name or d2t_f.where, d2t_f.src_dtype or "I64", note)
-    res.d2t, res.t2d = d2t, t2d_arr
-    res.tensors = [d2t_plan, t2d_plan]
-    res.notes.insert(0, f"vocab mapping: d2t from {d2t_f.where}" + (f", t2d from {t2d_f.where}" if t2d_f else ""))
-    return res
+        return _identity(src, res, found)
+    if not found and logical_vocab_size is not None and logical_vocab_size <= Vd:
+        found = _logical_identity(res, logical_vocab_size)
+    return _pruned(src, res, found, extra_label)
 
 
 def merge_vocab(plans: list[TensorPlan], dropped: list[DroppedTensor], vocab: VocabResult) -> tuple[list[TensorPlan], list[DroppedTensor]]:
@@ -645,6 +547,17 @@ def merge_vocab(plans: list[TensorPlan], dropped: list[DroppedTensor], vocab: Vo
     """
     kept = [p for p in plans if p.source not in vocab.consumed and p.out not in ("d2t", "t2d")]
     return kept + list(vocab.tensors), list(dropped) + list(vocab.dropped)
+
+
+def _sliced_bytes(store: Any, source: str, rows: "np.ndarray", out_dtype: str) -> bytes:
+    """Rows ``rows`` of ``source`` as ``out_dtype`` safetensors bytes (run at write time)."""
+    import torch
+
+    from specconv.tensors import tensor_to_bytes, torch_dtype
+
+    t = store.read_tensor(source)
+    sl = t.index_select(0, torch.from_numpy(rows)).to(torch_dtype(out_dtype))
+    return tensor_to_bytes(sl)[2]
 
 
 def slice_rows_plan(
@@ -661,7 +574,7 @@ def slice_rows_plan(
     For DSpark ``markov_head.markov_w2.weight`` (``[V, r]`` in full-vocab sources →
     ``[Vd, r]``): row ``j`` of the output is source row ``j + d2t[j]`` — exactly the
     ``t2d`` rows in draft-id order. Never use it for ``markov_w1`` (indexed by target ids,
-    stays ``[V, r]``; speculators_format.md §2.3).
+    stays ``[V, r]``; speculators ``src/speculators/models/dspark/``).
 
     Args:
         store: the source :class:`~specconv.tensors.TensorStore`.
@@ -686,17 +599,8 @@ def slice_rows_plan(
     rows = vocab.target_ids().copy()
     out_dtype = dtype or info.dtype
 
-    def produce(store=store, source=source, rows=rows, out_dtype=out_dtype) -> bytes:
-        import torch
-
-        from specconv.tensors import tensor_to_bytes, torch_dtype
-
-        t = store.read_tensor(source)
-        sl = t.index_select(0, torch.from_numpy(rows)).to(torch_dtype(out_dtype))
-        return tensor_to_bytes(sl)[2]
-
     return TensorPlan(
         out=out, fate="sliced", origin="source", source=source, shape=(int(rows.shape[0]), *shape[1:]),
-        dtype=out_dtype, src_dtype=info.dtype, produce=produce,
+        dtype=out_dtype, src_dtype=info.dtype, produce=functools.partial(_sliced_bytes, store, source, rows, out_dtype),
         note=note or f"rows of the {len(rows)} draft-vocab tokens (row j = source row j + d2t[j]) of {list(shape)}",
     )

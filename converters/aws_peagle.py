@@ -1,6 +1,6 @@
 """F9 — AWS P-EAGLE releases (``amazon/*-p-eagle``) and any checkpoint in vLLM's
-"eagle3 + parallel drafting" layout. external_formats.md §11 (facts marked L/M there:
-the exact AWS key names were not seen in a download, so every alternative vLLM reads is
+"eagle3 + parallel drafting" layout (vLLM ``vllm/model_executor/models/llama_eagle3.py``; the
+exact AWS key names were not seen in a download, so every alternative vLLM reads is
 accepted and contradictions are errors).
 
 What vLLM needs from such a checkpoint (``llama_eagle3.py``,
@@ -46,8 +46,7 @@ class AWSPEagle(Converter):
         "`eagle_config.eagle_aux_hidden_state_layer_ids` or `--aux-layer-ids` (never defaulted); K from `num_depths` "
         "or `--speculative-tokens`; `norm_before_residual` from config or flag; llama unless q/k norms (→ qwen3)"
     )
-    spec_ref = "external_formats.md §11 (F9)"
-    priority = 500
+    spec_ref = "vLLM `vllm/model_executor/models/llama_eagle3.py` (parallel drafting, vLLM PR #32887); amazon/*-p-eagle model cards"
 
     @classmethod
     def detect(cls, src: SourceInfo) -> bool:
@@ -73,7 +72,7 @@ class AWSPEagle(Converter):
             layer_drop=("parallel_drafting",),
             findings=[(
                 "info", "aws-layout-unverified",
-                "the AWS P-EAGLE key names are known only from vLLM's loader (external_formats.md §17 q1); "
+                "the AWS P-EAGLE key names are known only from vLLM's loader (llama_eagle3.py), not from a download; "
                 "check the converted drafter with `specconv validate`",
             )],
         )

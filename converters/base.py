@@ -175,8 +175,7 @@ class Converter:
         title: producer / where such checkpoints come from.
         detection: human summary of the detection keys (docs/formats.md).
         mapping: human summary of the mapping (docs/formats.md).
-        spec_ref: section of ``external_formats.md`` the facts come from.
-        priority: lower runs first (the §16 decision tree order).
+        spec_ref: where the format facts come from (upstream repository + path).
         supported: ``False`` for formats refused by name.
         refusal: the reason given when ``supported`` is ``False``.
     """
@@ -187,7 +186,6 @@ class Converter:
     detection: ClassVar[str]
     mapping: ClassVar[str] = ""
     spec_ref: ClassVar[str] = ""
-    priority: ClassVar[int] = 100
     supported: ClassVar[bool] = True
     refusal: ClassVar[str] = ""
 
@@ -230,5 +228,9 @@ def register(cls: type[Converter]) -> type[Converter]:
 
 
 def ordered() -> list[type[Converter]]:
-    """Registered converters in detection order (priority, then id)."""
-    return sorted(REGISTRY.values(), key=lambda c: (c.priority, c.format_id))
+    """Registered converters in listing order: as the detection routes reach them
+    (:func:`specconv.converters.dispatch.all_ids`), then any unrouted one by id."""
+    from .dispatch import all_ids
+
+    routed = [REGISTRY[i] for i in all_ids() if i in REGISTRY]
+    return routed + sorted((c for c in REGISTRY.values() if c not in routed), key=lambda c: c.format_id)

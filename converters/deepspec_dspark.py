@@ -1,6 +1,6 @@
 """F7 — DeepSeek DeepSpec native DSpark (``deepseek-ai/dspark_*_block7``, ``Qwen3DSparkModel``).
 
-external_formats.md §9; DeepSpec ``deepspec/modeling/dspark/qwen3/{config,modeling}.py``
+deepseek-ai/DeepSpec ``deepspec/modeling/dspark/qwen3/{config,modeling}.py``
 (HEAD ``afdfa7c9``). The config is a deep copy of the target's ``Qwen3Config`` with flat
 top-level overrides: ``target_layer_ids`` (z-lab convention, ``-1`` = embedding output),
 ``mask_token_id``, ``block_size``, ``num_anchors`` (training only), ``markov_rank``,
@@ -18,7 +18,7 @@ DSpark bodies are refused (``converters/refusals.py``).
 
 from __future__ import annotations
 
-from specconv.errors import InvalidInputError, UnsupportedFormatError
+from specconv.errors import InvalidInputError
 
 from . import _common as c
 from ._dflash import DFlashLayout, plan_dflash_family
@@ -32,6 +32,7 @@ from ._dspark import (
     require_type,
 )
 from .base import Converter, SourceInfo, register
+from .deepspec_dflash import refuse_attn_output_gate
 
 #: What only DeepSpec's own save_pretrained writes: the anchor sampler's budget and the
 #: frozen embedding copy. A ``Qwen3DSparkModel`` without them may be an SGLang-normalised
@@ -111,20 +112,14 @@ class DeepSpecDSpark(Converter):
         "(the last is false when the confidence head is off, as in DeepSpec's model); head tensors cross-checked; "
         "`embed_tokens`/`lm_head` copies kept; `attn_output_gate: true` refused"
     )
-    spec_ref = "external_formats.md §9 (F7)"
-    priority = 150
+    spec_ref = "deepseek-ai/DeepSpec `deepspec/modeling/dspark/qwen3/config.py`, `modeling.py`"
 
     @classmethod
     def detect(cls, src: SourceInfo) -> bool:
         return "Qwen3DSparkModel" in src.architectures and src.cfg("markov_rank") != 0
 
     def plan(self, src, verifier, opts):
-        if src.cfg("attn_output_gate"):
-            raise UnsupportedFormatError(
-                f"{src.path}/config.json: attn_output_gate=true adds gated-attention weights that the Speculators "
-                "DSpark body (a plain Qwen3 layer) cannot hold; the conversion would not be faithful",
-                format_id=self.format_id,
-            )
+        refuse_attn_output_gate(src, self.format_id, "DSpark")
         heads = deepspec_heads(src)
         sfa, sfa_source, extra = deepspec_layout_sfa(src, opts)
         layout = DFlashLayout(

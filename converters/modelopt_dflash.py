@@ -2,7 +2,8 @@
 
 ``dflash_config.projector_type: "dflash"``, top-level ``block_size``, optional SWA via
 ``sliding_window`` + ``dflash_config.{use_swa, swa_window_size, causal}``; rotary buffers
-are skipped by the exporter. external_formats.md §7 (F5).
+are skipped by the exporter. NVIDIA/Model-Optimizer
+``modelopt/torch/export/plugins/hf_spec_export.py``.
 """
 
 from __future__ import annotations
@@ -24,8 +25,7 @@ class ModelOptDFlash(Converter):
         "`specconv validate`); `dflash_config.causal: false` → `sliding_window_non_causal: true`; "
         "`use_swa` without `layer_types` is refused"
     )
-    spec_ref = "external_formats.md §7 (F5)"
-    priority = 240
+    spec_ref = "NVIDIA/Model-Optimizer `modelopt/torch/export/plugins/hf_spec_export.py`"
 
     @classmethod
     def detect(cls, src: SourceInfo) -> bool:

@@ -1,6 +1,6 @@
 """F5 — NVIDIA ModelOpt DSpark export (``modelopt/torch/export/plugins/hf_spec_export.py``).
 
-external_formats.md §7. The config is ModelOpt's DFlash export (``architectures
+NVIDIA/Model-Optimizer ``modelopt/torch/export/plugins/hf_spec_export.py``. The config is ModelOpt's DFlash export (``architectures
 ["DFlashDraftModel"]``, top-level ``block_size``, ``dflash_config.{mask_token_id,
 target_layer_ids}``) plus ``dflash_config.{projector_type: "dspark", shift_label: true,
 markov_rank, markov_head_type, use_confidence_head}`` — note ``use_confidence_head``, not
@@ -65,7 +65,7 @@ def modelopt_heads(src: SourceInfo) -> DSparkHeads:
     """Head fields from ``dflash_config`` (ModelOpt names).
 
     ``confidence_head_with_markov`` is not a ModelOpt key: ModelOpt's confidence head always
-    concatenates the Markov embedding (external_formats.md §7), so it is ``true`` whenever
+    concatenates the Markov embedding (``hf_spec_export.py``), so it is ``true`` whenever
     the head is enabled (and checked against ``confidence_proj.weight``'s width).
     """
     dc = src.dflash_config
@@ -106,8 +106,7 @@ class ModelOptDSpark(Converter):
         "(`sample_from_anchor: true`, `speculative_tokens = B`); `confidence_head_with_markov: true`; ids +1 "
         "(z-lab-compatible per ModelOpt — warning)"
     )
-    spec_ref = "external_formats.md §7 (F5)"
-    priority = 165
+    spec_ref = "NVIDIA/Model-Optimizer `modelopt/torch/export/plugins/hf_spec_export.py`"
 
     @classmethod
     def detect(cls, src: SourceInfo) -> bool:

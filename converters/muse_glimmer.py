@@ -1,4 +1,5 @@
-"""F1b — Muse-Glimmer assistant head (Meta "v1" layout). external_formats.md §3 (F1b).
+"""F1b — Muse-Glimmer assistant head (Meta "v1" layout; published ``MuseGlimmerAssistantModel``
+configs, DFlash layer of z-lab/dflash ``dflash/model.py``).
 
 Flat ``block_size`` / ``mask_token_id`` / ``target_layer_ids`` (z-lab convention);
 ``encoder.fc.*`` → ``fc.*`` and ``encoder.output_norm_enc.*`` → ``hidden_norm.*``; every
@@ -31,8 +32,7 @@ class MuseGlimmerDFlash(Converter):
         "`encoder.fc.*` → `fc.*`, `encoder.output_norm_enc.*` → `hidden_norm.*`, other `encoder.*` refused; "
         "ids +1; `sliding_window_non_causal: true` (every layer non-causal); 1+N layout"
     )
-    spec_ref = "external_formats.md §3 (F1b)"
-    priority = 200
+    spec_ref = "published `MuseGlimmerAssistantModel` configs; DFlash layer of z-lab/dflash `dflash/model.py`"
 
     @classmethod
     def detect(cls, src: SourceInfo) -> bool:

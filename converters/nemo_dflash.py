@@ -1,4 +1,5 @@
-"""F6 — NVIDIA NeMo Automodel DFlash (``Qwen3DFlashDraftModel``). external_formats.md §8.
+"""F6 — NVIDIA NeMo Automodel DFlash (``Qwen3DFlashDraftModel``; NVIDIA-NeMo/Automodel
+``draft_qwen3.py``, a copy of z-lab/dflash ``dflash/model.py``).
 
 Same tensor names as z-lab (no ``model.`` prefix, no embeddings/LM head). JetSpec drafts
 trained block-causal stamp ``dflash_config.causal: true`` and are refused; VLM variants'
@@ -19,8 +20,7 @@ class NeMoDFlash(Converter):
     title = "NeMo Automodel DFlash"
     detection = "`architectures[0] == Qwen3DFlashDraftModel` with `dflash_config`"
     mapping = "as z-lab DFlash; `dflash_config.causal: true` (JetSpec) refused; `visual_fusion.*` refused by name"
-    spec_ref = "external_formats.md §8 (F6)"
-    priority = 230
+    spec_ref = "NVIDIA-NeMo/Automodel `draft_qwen3.py` (copy of z-lab/dflash `dflash/model.py`)"
 
     @classmethod
     def detect(cls, src: SourceInfo) -> bool:

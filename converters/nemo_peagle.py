@@ -1,5 +1,5 @@
-"""F6 — NVIDIA NeMo Automodel P-EAGLE (``LlamaEagle3DraftModel`` + ``parallel_drafting: true``).
-external_formats.md §8.
+"""F6 — NVIDIA NeMo Automodel P-EAGLE (``LlamaEagle3DraftModel`` + ``parallel_drafting: true``;
+NVIDIA-NeMo/Automodel EAGLE-3 recipe, NeMo PR #2447).
 
 Checkpoints live in ``epoch_E_step_S/model/`` or ``model/consolidated/`` (the pipeline's
 ``select_checkpoint`` descends into them) with ``config.json`` and ``model.safetensors`` or
@@ -46,8 +46,7 @@ class NeMoPEagle(Converter):
         "`mask_token_id`; `num_depths` → `speculative_tokens`; `mask_hidden` `[1,A·H]` → `[1,1,A·H]`; vocab "
         "mapping from `eagle_meta.pt` when the weights lack it; sharded `model/consolidated/` dirs accepted"
     )
-    spec_ref = "external_formats.md §8 (F6)"
-    priority = 225
+    spec_ref = "NVIDIA-NeMo/Automodel EAGLE-3 / P-EAGLE recipe (`LlamaEagle3DraftModel`, NeMo PR #2447)"
 
     @classmethod
     def detect(cls, src: SourceInfo) -> bool:

@@ -1,24 +1,14 @@
-"""Formats specconv recognises and refuses by name (external_formats.md §16 and §2–§14).
+"""Formats specconv recognises and refuses by name (each class names its upstream source in ``spec_ref``).
 
 Each class is a registered :class:`~specconv.converters.base.Converter` with
 ``supported = False``: ``specconv inspect`` reports its ``format``/``refusal`` (exit 3),
 ``specconv convert`` refuses it before touching any tensor, and ``specconv formats`` /
 ``docs/formats.md`` list it. Detection looks only at ``config.json`` (and, for DeepSeek-V4,
 ``inference/config.json``), file names and tensor headers (names, dtypes) — never tensor
-data. Priorities place each refusal ahead of the supported format it would otherwise be
-mistaken for (lower runs first):
-
-==========  ====================================================================
-priority    what
-==========  ====================================================================
-15 – 25     target checkpoints (DeepSeek-V4), quantized drafters, no draft body
-100 – 120   architecture-level refusals (DFlash2, Domino, Gemma4/MLA DSpark)
-180 – 190   ``dflash_config`` variants that look like F1 (Laguna, MiMo, JetSpec)
-590 – 600   EAGLE+Medusa parallel heads, EAGLE-3 (after the P-EAGLE sources)
-==========  ====================================================================
-
-Supported formats sit at 10 (Speculators dirs), 150–170 (DSpark/DeepSpec), 200–300
-(DFlash family) and the P-EAGLE sources.
+data. Each refusal is listed in the detection routes ahead of the supported format it
+would otherwise be mistaken for; the routes and their order live in
+:mod:`specconv.converters.dispatch` (``ROUTES``), rendered into ``docs/formats.md``
+("Detection order") by ``specconv formats --markdown``.
 """
 
 from __future__ import annotations
@@ -73,8 +63,7 @@ class DeepSeekV4DSpark(Converter):
         "(mtp.* tensors, shared embed/head) and uses sparse MLA attention; it is not a standalone drafter and "
         "Speculators has no MLA DSpark type (serve it with vLLM's deepseek_v4 DSpark path)"
     )
-    spec_ref = "external_formats.md §10 (F8)"
-    priority = 15
+    spec_ref = "deepseek-ai/DeepSeek-V4-{Flash,Pro}-DSpark `inference/config.json` (`dspark_*`, `mtp.*` tensors)"
 
     @classmethod
     def detect(cls, src: SourceInfo) -> bool:
@@ -116,8 +105,7 @@ class QuantizedDrafter(Converter):
         "floating-point Qwen3/Llama decoder; convert the unquantized (bf16) drafter and quantize at deployment "
         "(e.g. ModelOpt / TensorRT-LLM)"
     )
-    spec_ref = "external_formats.md §16 (quantization), §7 (F5)"
-    priority = 5  # before every supported format, speculators trainer dirs included
+    spec_ref = "NVIDIA/Model-Optimizer `examples/speculative_decoding/scripts/export_hf_checkpoint.py` (`hf_quant_config.json`); compressed-tensors / GPTQ / AWQ tensor names"
 
     @classmethod
     def detect(cls, src: SourceInfo) -> bool:
@@ -159,8 +147,7 @@ class NoDraftBody(Converter):
         "embedding/LM head); point SRC at the directory holding the drafter's safetensors (see --subfolder, "
         "--checkpoint)"
     )
-    spec_ref = "external_formats.md §16 (step 8)"
-    priority = 25
+    spec_ref = "specconv `converters/refusals.py` (embedding / LM head / d2t / t2d only)"
 
     @classmethod
     def detect(cls, src: SourceInfo) -> bool:
@@ -192,8 +179,7 @@ class DFlash2(Converter):
         "that the Speculators dflash type cannot hold; dropping them would silently degrade the drafter "
         "(never downgraded to plain DFlash)"
     )
-    spec_ref = "external_formats.md §4 (F2)"
-    priority = 100
+    spec_ref = "vLLM `vllm/model_executor/models/qwen3_dflash2.py` (vLLM PR #52816); z-lab/Qwen3.8-27B-DFlash2"
 
     @classmethod
     def detect(cls, src: SourceInfo) -> bool:
@@ -216,8 +202,7 @@ class Domino(Converter):
         "Domino's prefix GRU and embedding-projection head (prefix_gru.*, embed_proj.*) have no Speculators "
         "(or vLLM) counterpart"
     )
-    spec_ref = "external_formats.md §6.3, §6.4, §7"
-    priority = 105
+    spec_ref = "sgl-project/SpecForge `specforge/modeling/draft/domino.py`"
 
     @classmethod
     def detect(cls, src: SourceInfo) -> bool:
@@ -235,8 +220,7 @@ class Gemma4DSpark(Converter):
         "the Gemma4 DSpark body uses Gemma4 layers (pre/post-feedforward norms, optional v_norm, k=v attention) "
         "while the Speculators DSpark body is a Qwen3 layer"
     )
-    spec_ref = "external_formats.md §9 (F7)"
-    priority = 110
+    spec_ref = "deepseek-ai/DeepSpec `deepspec/modeling/dspark/` (Gemma4 body)"
 
     @classmethod
     def detect(cls, src: SourceInfo) -> bool:
@@ -260,8 +244,7 @@ class MLADSpark(Converter):
         "multi-head latent attention (MLA) DSpark bodies have no Speculators equivalent (the Speculators DSpark "
         "body is a GQA/MHA Qwen3 layer; speculators RFC #1052 is open)"
     )
-    spec_ref = "external_formats.md §6.3, §17 q5"
-    priority = 112
+    spec_ref = "sgl-project/SpecForge `specforge/modeling/draft/dspark.py` (`attention_mode`); speculators RFC #1052"
 
     @classmethod
     def detect(cls, src: SourceInfo) -> bool:
@@ -293,8 +276,7 @@ class LagunaDFlash(Converter):
         "Laguna drafts gate attention (g_proj) and normalise each aux hidden state (aux_hidden_norms.*), which the "
         "Speculators dflash body cannot express; dropping them loads but collapses acceptance (ROCmFPX PR #48: 0.28)"
     )
-    spec_ref = "external_formats.md §5 (F3)"
-    priority = 180
+    spec_ref = "vLLM `vllm/model_executor/models/laguna_dflash.py` (vLLM PR #46853)"
 
     @classmethod
     def detect(cls, src: SourceInfo) -> bool:
@@ -319,8 +301,7 @@ class MiMoDFlash(Converter):
         "MiMo drafts add per-head attention-sink biases and/or a learned mask embedding (mask_embedding.pt) that "
         "replaces the verifier's mask-token row; the Speculators dflash format has neither"
     )
-    spec_ref = "external_formats.md §3 (F1, MiMo), §16 step 4"
-    priority = 185
+    spec_ref = "XiaomiMiMo/MiMo-V2.5-Pro-FP4-DFlash (`dflash/` subfolder, `mask_embedding.pt`)"
 
     @classmethod
     def detect(cls, src: SourceInfo) -> bool:
@@ -344,8 +325,7 @@ class CausalDFlash(Converter):
         "trained with block-causal attention inside the draft block; Speculators DFlash full-attention layers are "
         "always bidirectional in the block, so the converted drafter would not behave as trained"
     )
-    spec_ref = "external_formats.md §8 (F6, JetSpec)"
-    priority = 190
+    spec_ref = "NVIDIA-NeMo/Automodel JetSpec recipe (`dflash_config.causal: true`)"
 
     @classmethod
     def detect(cls, src: SourceInfo) -> bool:
@@ -383,8 +363,7 @@ class EagleMedusaParallelHeads(Converter):
         "EAGLE-3 with Medusa-style parallel draft heads (parallel_draft_heads.*) is ModelOpt's own scheme, not "
         "P-EAGLE; Speculators has no type for it — deploy it with ModelOpt / TensorRT-LLM"
     )
-    spec_ref = "external_formats.md §7 (F5, EAGLE3)"
-    priority = 590
+    spec_ref = "NVIDIA/Model-Optimizer `modelopt/torch/export/plugins/hf_spec_export.py` (`parallel_draft_heads.*`)"
 
     @classmethod
     def detect(cls, src: SourceInfo) -> bool:
@@ -409,8 +388,7 @@ class Eagle3(Converter):
         "EAGLE-3 is out of specconv's scope (P-EAGLE / DFlash / DSpark only); convert it with "
         "`speculators convert --algorithm eagle3` (speculators' EAGLE-3 converter)"
     )
-    spec_ref = "external_formats.md §14 (F12)"
-    priority = 600
+    spec_ref = "SafeAILab/EAGLE (`LlamaForCausalLMEagle3`); vllm-project/speculators `speculators convert --algorithm eagle3`"
 
     @classmethod
     def detect(cls, src: SourceInfo) -> bool:

@@ -3,7 +3,7 @@
 Those dirs hold a ``save_pretrained`` export (z-lab F1 config + ``model.safetensors``),
 a copy of ``dflash.py`` and ``training_state.pt`` (a pickle with args + optimizer, never
 loaded). SpecForge's ``--to hf`` export is byte-for-byte the z-lab layout and is handled
-by ``zlab_dflash``. external_formats.md §6.2–§6.3.
+by ``zlab_dflash``. sgl-project/SpecForge ``specforge/modeling/draft/dflash.py``.
 """
 
 from __future__ import annotations
@@ -24,8 +24,7 @@ class SpecForgeDFlash(Converter):
     title = "SpecForge DFlash (legacy epoch_*_step_* training dir)"
     detection = "F1 config in a dir named `epoch_E_step_S` or beside `training_state.pt`"
     mapping = "as z-lab DFlash; `training_state.pt` (optimizer pickle) is never read and not carried"
-    spec_ref = "external_formats.md §6.2 (F4)"
-    priority = 250
+    spec_ref = "sgl-project/SpecForge `specforge/modeling/draft/dflash.py` (legacy `epoch_E_step_S/` save_pretrained dirs)"
 
     @classmethod
     def detect(cls, src: SourceInfo) -> bool:

@@ -1,4 +1,5 @@
-"""F4 — SpecForge DSpark HF exports (``DSparkDraftModel``). external_formats.md §6.3–§6.5.
+"""F4 — SpecForge DSpark HF exports (``DSparkDraftModel``; sgl-project/SpecForge
+``specforge/modeling/draft/dspark.py``).
 
 SpecForge (``specforge/modeling/draft/dspark.py``, HEAD ``a6b6b023``; configs
 ``configs/qwen3-8b-dspark.json``, ``glm-5.2-dspark.json``, ``kimi-k3-dspark.json``) writes
@@ -99,6 +100,47 @@ def is_modelopt_dspark(src: SourceInfo) -> bool:
     return bool(names & {"markov_w1.weight", "markov_w2.weight", "confidence_proj.weight"})
 
 
+def specforge_layout_sfa(src: SourceInfo, opts: Any) -> tuple[bool, str, list[tuple[str, str, str]]]:
+    """Block layout: the checkpoint's ``sample_from_anchor`` (or ``shift_label``), else the
+    flag (a warning when it asks for anchor-first), else SpecForge's documented 1+N."""
+    sfa_cfg, sfa_where = hoisted(src, "sample_from_anchor")
+    if sfa_cfg is None:
+        shift, shift_where = hoisted(src, "shift_label")
+        if isinstance(shift, bool):
+            sfa_cfg, sfa_where = shift, f"{shift_where} (shift_label: true = anchor-first)"
+    if isinstance(sfa_cfg, bool):
+        return sfa_cfg, f"checkpoint {sfa_where}", []
+    if opts.sample_from_anchor is None:
+        return False, "SpecForge DSpark exports are 1+N (no sample_from_anchor key)", []
+    sfa = opts.sample_from_anchor
+    extra = [(
+        "warning", "layout-from-flag",
+        "--sample-from-anchor overrides SpecForge's documented 1+N DSpark layout (the checkpoint records "
+        "none); acceptance collapses if the drafter was trained 1+N — check with `specconv validate`",
+    )] if sfa else []
+    return sfa, "--sample-from-anchor" if sfa else "--no-sample-from-anchor", extra
+
+
+def _export_notes(src: SourceInfo, plan: Any, heads: Any) -> list[str]:
+    """Notes on the early ``logit_head.`` layout and the training-only alpha; a finding when
+    the export names a Markov head type SpecForge does not implement."""
+    from specconv.speculators import Finding
+
+    notes = []
+    if any(t.source and t.source.startswith("logit_head.") for t in plan.tensors):
+        notes.append("early SpecForge layout: logit_head. prefix stripped from the head tensors")
+    alpha, alpha_where = hoisted(src, "confidence_head_alpha")
+    if alpha is not None:
+        notes.append(f"{alpha_where}={alpha} is a training loss weight (not carried)")
+    if heads.markov_head_type != "vanilla":
+        plan.findings.append(Finding(
+            "info", "specforge-markov-type",
+            f"SpecForge implements only the vanilla Markov head; this export says {heads.markov_head_type!r}",
+            "markov_head_type",
+        ))
+    return notes
+
+
 @register
 class SpecForgeDSpark(Converter):
     format_id = "specforge_dspark"
@@ -115,8 +157,7 @@ class SpecForgeDSpark(Converter):
         "`logit_head.` prefix stripped; Domino `prefix_gru`/`embed_proj` refused; `attention_mode: mla` refused; "
         "`confidence_head_alpha` (training only) noted"
     )
-    spec_ref = "external_formats.md §6.3–§6.5 (F4)"
-    priority = 170
+    spec_ref = "sgl-project/SpecForge `specforge/modeling/draft/dspark.py`"
 
     @classmethod
     def detect(cls, src: SourceInfo) -> bool:
@@ -127,8 +168,6 @@ class SpecForgeDSpark(Converter):
         return isinstance(src.cfg("dflash_config"), dict) and src.dflash_config.get("projector_type") == "dspark" and not is_modelopt_dspark(src)
 
     def plan(self, src, verifier, opts):
-        from specconv.speculators import Finding
-
         mode, where = hoisted(src, "attention_mode")
         if mode is not None and str(mode).lower() not in ("gqa", "mha"):
             raise UnsupportedFormatError(
@@ -138,25 +177,7 @@ class SpecForgeDSpark(Converter):
             )
         heads = specforge_heads(src)
         ids, ids_key = hoisted(src, "target_layer_ids")
-        extra_findings: list[tuple[str, str, str]] = []
-        sfa_cfg, sfa_where = hoisted(src, "sample_from_anchor")
-        if sfa_cfg is None:
-            shift, shift_where = hoisted(src, "shift_label")
-            if isinstance(shift, bool):
-                sfa_cfg, sfa_where = shift, f"{shift_where} (shift_label: true = anchor-first)"
-        if isinstance(sfa_cfg, bool):
-            sfa, sfa_source = sfa_cfg, f"checkpoint {sfa_where}"
-        elif opts.sample_from_anchor is not None:
-            sfa = opts.sample_from_anchor
-            sfa_source = "--sample-from-anchor" if sfa else "--no-sample-from-anchor"
-            if sfa:
-                extra_findings.append((
-                    "warning", "layout-from-flag",
-                    "--sample-from-anchor overrides SpecForge's documented 1+N DSpark layout (the checkpoint records "
-                    "none); acceptance collapses if the drafter was trained 1+N — check with `specconv validate`",
-                ))
-        else:
-            sfa, sfa_source = False, "SpecForge DSpark exports are 1+N (no sample_from_anchor key)"
+        sfa, sfa_source, extra_findings = specforge_layout_sfa(src, opts)
         layout = DFlashLayout(
             ids_key=ids_key or "dflash_config.target_layer_ids",
             ids=ids,
@@ -173,17 +194,6 @@ class SpecForgeDSpark(Converter):
         plan = plan_dflash_family(self, src, verifier, opts, layout, algorithm="dspark", extra_fields=heads.fields())
         lcfg = plan.config.transformer_layer_config
         check_head_tensors(src, plan, heads, hidden=lcfg["hidden_size"], vocab=lcfg["vocab_size"])
-        notes = []
-        if any(t.source and t.source.startswith("logit_head.") for t in plan.tensors):
-            notes.append("early SpecForge layout: logit_head. prefix stripped from the head tensors")
-        alpha, alpha_where = hoisted(src, "confidence_head_alpha")
-        if alpha is not None:
-            notes.append(f"{alpha_where}={alpha} is a training loss weight (not carried)")
-        if heads.markov_head_type != "vanilla":
-            plan.findings.append(Finding(
-                "info", "specforge-markov-type",
-                f"SpecForge implements only the vanilla Markov head; this export says {heads.markov_head_type!r}",
-                "markov_head_type",
-            ))
+        notes = _export_notes(src, plan, heads)
         plan = maybe_prune(self, plan, src, verifier, opts)
         return finish_plan(plan, heads, notes)

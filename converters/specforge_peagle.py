@@ -1,5 +1,5 @@
 """F4 — SpecForge P-EAGLE exports (``architectures ["PEagleDraftModel"]``, SpecForge PR #575).
-external_formats.md §6.3–§6.5.
+sgl-project/SpecForge ``specforge/modeling/draft/peagle.py``.
 
 The export is a flat Llama draft config (``model_type: llama``, ``num_hidden_layers``
 4, ``draft_vocab_size``, ``norm_before_residual``) **without** the mask token id: SpecForge
@@ -34,8 +34,7 @@ class SpecForgePEagle(Converter):
         "`--aux-layer-ids`; K from `num_depths` or `--speculative-tokens`; identity `d2t`/`t2d` (the all-true "
         "default) dropped when `Vd == V`; tensor names unchanged (`midlayer.*` → `layers.0.*` if present)"
     )
-    spec_ref = "external_formats.md §6.3–§6.5 (F4)"
-    priority = 220
+    spec_ref = "sgl-project/SpecForge `specforge/modeling/draft/peagle.py` (SpecForge PR #575)"
 
     @classmethod
     def detect(cls, src: SourceInfo) -> bool:

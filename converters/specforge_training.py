@@ -1,6 +1,6 @@
 """F4 — SpecForge training checkpoints ``<output_dir>/<run_id>-step<N>/`` (DataFlow runtime).
 
-external_formats.md §6.1. Such a directory holds ``training_state.pt`` (a rank-0 *pickle*
+sgl-project/SpecForge ``specforge/training/checkpoint.py``. Such a directory holds ``training_state.pt`` (a rank-0 *pickle*
 that needs ``torch.load(weights_only=False)``), per-rank ``training_state_rank{r}.pt``
 (optimizer shards, RNG) and **no** ``config.json``: the drafter's architecture lives in
 the separate draft config (``configs/*.json``). ``training_state.pt`` holds
@@ -161,16 +161,13 @@ class SpecForgeTraining(Converter):
         "`python -m specforge.export.to_hf --checkpoint DIR --draft-config CFG --output-dir OUT` and convert OUT, "
         "or opt in with --allow-unpickle --draft-config CFG for a file you trust"
     )
-    spec_ref = "external_formats.md §6.1 (F4)"
-    priority = 700
+    spec_ref = "sgl-project/SpecForge `specforge/training/checkpoint.py`"
 
     @classmethod
     def detect(cls, src: SourceInfo) -> bool:
         return src.config is None and STATE_FILE in src.files
 
     def plan(self, src, verifier, opts):
-        from specconv.converters import detect
-
         state_path = src.path / STATE_FILE
         if not (opts.allow_unpickle and opts.draft_config):
             missing = [f for f, ok in (("--allow-unpickle", opts.allow_unpickle), ("--draft-config", opts.draft_config)) if not ok]
@@ -184,48 +181,13 @@ class SpecForgeTraining(Converter):
             )
         cfg = read_draft_config(opts.draft_config)
         state = load_training_state(state_path)
-        strategy = state.get("strategy")
-        if strategy not in STRATEGIES:
-            raise InvalidInputError(
-                f"{state_path}: unknown or missing strategy {strategy!r} (expected one of {', '.join(STRATEGIES)})",
-                code="missing_key",
-            )
-        algo = STRATEGIES[strategy]
-        if algo is None:
-            raise UnsupportedFormatError(
-                f"{state_path}: SpecForge strategy {strategy!r} has no Speculators equivalent "
-                + ("(EAGLE-3: use `speculators convert --algorithm eagle3` on a `to_hf` export)" if strategy == "eagle3"
-                   else "(Domino's GRU head cannot be expressed)"),
-                format_id="eagle3" if strategy == "eagle3" else "domino",
-            )
-        if opts.algorithm and opts.algorithm != algo:
-            raise InvalidInputError(
-                f"--algorithm {opts.algorithm} given but {state_path} was trained with strategy {strategy!r} ({algo})",
-                code="algorithm_mismatch",
-            )
+        strategy, algo = _strategy(state, state_path, opts)
         sd = draft_state_dict(state, state_path)
         tmp = materialise(sd, cfg)
         del sd
         sub = SourceInfo.open(tmp)
         weakref.finalize(sub.store, shutil.rmtree, str(tmp), True)
-        cls = detect(sub)
-        if cls is None or cls is SpecForgeTraining:
-            raise InvalidInputError(
-                f"--draft-config {opts.draft_config}: not a recognised {strategy} draft config "
-                f"(architectures={cfg.get('architectures')})",
-                code="draft_config_mismatch",
-            )
-        if not cls.supported:
-            raise UnsupportedFormatError(
-                f"{src.path} (with --draft-config {opts.draft_config}) is {cls.title} ({cls.format_id}): {cls.refusal}",
-                format_id=cls.format_id,
-            )
-        if cls.algorithm != algo:
-            raise InvalidInputError(
-                f"training strategy {strategy!r} ({algo}) but --draft-config {opts.draft_config} describes "
-                f"{cls.title} ({cls.algorithm})",
-                code="draft_config_mismatch",
-            )
+        cls = _export_converter(sub, src, opts, cfg, strategy, algo)
         plan = cls().plan(sub, verifier, opts)
         # The pipeline reads non-produced tensors from ``src.store``: point it at the
         # materialised safetensors (the training dir itself has none).
@@ -240,3 +202,54 @@ class SpecForgeTraining(Converter):
             f"draft config from --draft-config {opts.draft_config}; mapped as {cls.format_id} ({cls.title})",
         ]
         return plan
+
+
+def _strategy(state: dict[str, Any], state_path: Path, opts: Any) -> tuple[str, str]:
+    """``(strategy, target algorithm)``; EAGLE-3 / Domino strategies and ``--algorithm``
+    contradictions are refused."""
+    strategy = state.get("strategy")
+    if strategy not in STRATEGIES:
+        raise InvalidInputError(
+            f"{state_path}: unknown or missing strategy {strategy!r} (expected one of {', '.join(STRATEGIES)})",
+            code="missing_key",
+        )
+    algo = STRATEGIES[strategy]
+    if algo is None:
+        raise UnsupportedFormatError(
+            f"{state_path}: SpecForge strategy {strategy!r} has no Speculators equivalent "
+            + ("(EAGLE-3: use `speculators convert --algorithm eagle3` on a `to_hf` export)" if strategy == "eagle3"
+               else "(Domino's GRU head cannot be expressed)"),
+            format_id="eagle3" if strategy == "eagle3" else "domino",
+        )
+    if opts.algorithm and opts.algorithm != algo:
+        raise InvalidInputError(
+            f"--algorithm {opts.algorithm} given but {state_path} was trained with strategy {strategy!r} ({algo})",
+            code="algorithm_mismatch",
+        )
+    return strategy, algo
+
+
+def _export_converter(sub: SourceInfo, src: SourceInfo, opts: Any, cfg: dict[str, Any], strategy: str,
+                      algo: str) -> type[Converter]:
+    """The converter of the strategy's export format, detected on the materialised dir."""
+    from specconv.converters import detect
+
+    cls = detect(sub)
+    if cls is None or cls is SpecForgeTraining:
+        raise InvalidInputError(
+            f"--draft-config {opts.draft_config}: not a recognised {strategy} draft config "
+            f"(architectures={cfg.get('architectures')})",
+            code="draft_config_mismatch",
+        )
+    if not cls.supported:
+        raise UnsupportedFormatError(
+            f"{src.path} (with --draft-config {opts.draft_config}) is {cls.title} ({cls.format_id}): {cls.refusal}",
+            format_id=cls.format_id,
+        )
+    if cls.algorithm != algo:
+        raise InvalidInputError(
+            f"training strategy {strategy!r} ({algo}) but --draft-config {opts.draft_config} describes "
+            f"{cls.title} ({cls.algorithm})",
+            code="draft_config_mismatch",
+        )
+    return cls

@@ -1,5 +1,5 @@
 """F11 — speculators trainer output (already the target format) and F10 — early
-speculators P-EAGLE branches. external_formats.md §12, §13, §16 rule 1.
+speculators P-EAGLE branches (vllm-project/speculators ``src/speculators/train/checkpointer.py``).
 
 "Normalise, don't convert": a ``save_path/<epoch>/`` directory written by
 ``speculators train`` (``train/checkpointer.py``; ``save_pretrained`` of the draft) is
@@ -30,12 +30,14 @@ F10 (speculators PRs #327/#343/#393/#480): ``speculators_model_type: peagle`` wi
 ``ptd_token_id`` (earlier ``unused_token_id``) instead of ``mask_token_id`` and the COD keys
 ``para_num``/``para_depths``; mapped ``ptd_token_id`` → ``mask_token_id`` and an integer
 ``para_num``/``para_depths`` → ``num_depths`` (the trained depths). Low confidence
-(external_formats.md §12): the meaning of ``para_depths`` as a depth count is inferred.
+(speculators PRs #327–#480 only): the meaning of ``para_depths`` as a depth count is inferred.
 """
 
 from __future__ import annotations
 
 import copy
+import math
+from dataclasses import dataclass, field
 from typing import Any
 
 from specconv.errors import InvalidInputError
@@ -47,7 +49,7 @@ from .base import Converter, ConvertOptions, SourceInfo, register
 
 ALGORITHMS = ("peagle", "dflash", "dspark")
 
-#: Files a trainer checkpoint holds that are never published (speculators_format.md §1).
+#: Files a trainer checkpoint holds that are never published (speculators ``train/checkpointer.py``).
 TRAINING_FILES = (
     "optimizer_state_dict.pt", "scheduler_state_dict.pt", "training_state.json", "val_metrics.json",
     "train_command.txt", "run.yaml", "config.py",
@@ -69,7 +71,7 @@ LEGACY_DROP = {
 #: merged 2026-07-17; v0.6.0 predates DSpark itself, v0.7.0 — 2026-07-29 — contains both).
 DSPARK_MARKOV_FIX = "0.7.0"
 
-#: F10 mask-token aliases, in the order vLLM reads them (external_formats.md §1.4, §12).
+#: F10 mask-token aliases, in the order vLLM reads them (speculators PRs #327–#480).
 EARLY_MASK_KEYS = ("ptd_token_id", "unused_token_id")
 EARLY_DEPTH_KEYS = ("para_num", "para_depths")
 
@@ -96,22 +98,21 @@ def _version_before(v: Any, ref: str) -> bool | None:
 
 def _fill_layer_config(src: SourceInfo, tlc: dict[str, Any], notes: list[str]) -> dict[str, Any]:
     """Fill keys ``to_diff_dict`` omitted with transformers' defaults for the model type."""
-    from specconv.speculators import _rope_theta_of  # noqa: PLC0415  (private helper, same project)
-
+    where = f"{src.path}/config.json"
     missing = [k for k in REQUIRED_LAYER_KEYS if k not in tlc]
-    no_theta = _rope_theta_of(tlc) is None
+    no_theta = c.rope_theta_of(tlc, where) is None
     if not missing and not no_theta:
         return tlc
     mt = tlc.get("model_type")
     if not isinstance(mt, str):
-        raise InvalidInputError(f"{src.path}/config.json: transformer_layer_config.model_type is missing")
+        raise InvalidInputError(f"{where}: transformer_layer_config.model_type is missing")
     try:
         from transformers import AutoConfig
 
         full = AutoConfig.for_model(mt, **{k: v for k, v in tlc.items() if k != "model_type"}).to_dict()
     except Exception as e:  # unknown model type or inconsistent keys
         raise InvalidInputError(
-            f"{src.path}/config.json: transformer_layer_config lacks {missing + (['rope_theta'] if no_theta else [])} "
+            f"{where}: transformer_layer_config lacks {missing + (['rope_theta'] if no_theta else [])} "
             f"and transformers cannot rebuild a {mt!r} config to fill them ({type(e).__name__}: {e})"
         ) from e
     out = dict(tlc)
@@ -121,13 +122,13 @@ def _fill_layer_config(src: SourceInfo, tlc: dict[str, Any], notes: list[str]) -
         if k == "head_dim" and v is None:
             v = out["hidden_size"] // out["num_attention_heads"]
         if v is None:
-            raise InvalidInputError(f"{src.path}/config.json: transformer_layer_config.{k} is missing and has no default")
+            raise InvalidInputError(f"{where}: transformer_layer_config.{k} is missing and has no default")
         out[k] = v
         filled.append(f"{k}={v!r}")
     if no_theta:
-        theta = _rope_theta_of(full)
+        theta = c.rope_theta_of(full, f"transformers' {mt} defaults")
         if theta is None:
-            raise InvalidInputError(f"{src.path}/config.json: transformer_layer_config has no rope_theta and {mt} no default")
+            raise InvalidInputError(f"{where}: transformer_layer_config has no rope_theta and {mt} no default")
         rp = dict(out.get("rope_parameters") or full.get("rope_parameters") or {"rope_type": "default"})
         rp["rope_theta"] = theta
         out["rope_parameters"] = rp
@@ -139,167 +140,296 @@ def _fill_layer_config(src: SourceInfo, tlc: dict[str, Any], notes: list[str]) -
     return out
 
 
-def normalise(conv: Any, src: SourceInfo, verifier: Any, opts: ConvertOptions, *, early: bool = False) -> ConversionPlan:
-    """Plan the normalised copy of a speculators trainer checkpoint.
+@dataclass
+class _Normalising:
+    """The config being normalised and what the steps found (one conversion)."""
 
-    Raises:
-        InvalidInputError: a missing/contradictory key (mask token, block layout, aux ids,
-            speculative tokens), an invalid vocabulary mapping, or an invalid config.
-    """
-    from specconv.format import legacy_sample_from_anchor, speculative_tokens_for
-    from specconv.speculators import (
-        DSparkConfig,
-        Finding,
-        expected_speculative_tokens,
-        parse_config,
-    )
+    raw: dict[str, Any]
+    algo: str
+    where: str
+    findings: list = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
 
-    raw = copy.deepcopy(src.config or {})
-    algo = raw.get("speculators_model_type")
-    findings: list = []
-    notes: list[str] = []
-    where = f"{src.path}/config.json"
 
-    # ---- envelope ---------------------------------------------------------------
+def _envelope(n: _Normalising) -> None:
+    """Drop what hides the envelope from vLLM or nobody reads; legacy training keys."""
+    from specconv.speculators import Finding
+
+    raw = n.raw
     if "model_type" in raw:
-        findings.append(Finding("warning", "top-level-model-type-removed",
-                                f"top-level model_type={raw['model_type']!r} removed: it hides speculators_config from vLLM",
-                                "model_type"))
+        n.findings.append(Finding("warning", "top-level-model-type-removed",
+                                  f"top-level model_type={raw['model_type']!r} removed: it hides speculators_config from "
+                                  "vLLM", "model_type"))
         raw.pop("model_type")
     if "auto_map" in raw:
         raw.pop("auto_map")
-        notes.append("auto_map (and config.py) are save_pretrained artefacts nobody reads: not carried")
+        n.notes.append("auto_map (and config.py) are save_pretrained artefacts nobody reads: not carried")
     if "torch_dtype" in raw:
         raw.setdefault("dtype", raw["torch_dtype"])
         raw.pop("torch_dtype")
-    for key, why in LEGACY_DROP.get(algo, {}).items():
+    for key, why in LEGACY_DROP.get(n.algo, {}).items():
         if key in raw:
-            notes.append(f"legacy key {key}={raw.pop(key)!r} dropped: {why}")
-    tlc = raw.get("transformer_layer_config")
+            n.notes.append(f"legacy key {key}={raw.pop(key)!r} dropped: {why}")
+
+
+def _layer_config(n: _Normalising, src: SourceInfo) -> dict[str, Any]:
+    """``transformer_layer_config``: checked, omitted keys filled, RoPE checked (conflicts are
+    errors; M-RoPE keys stripped with a finding)."""
+    tlc = n.raw.get("transformer_layer_config")
     if not isinstance(tlc, dict):
-        raise InvalidInputError(f"{where}: transformer_layer_config is missing or not an object")
+        raise InvalidInputError(f"{n.where}: transformer_layer_config is missing or not an object")
     for k in ("vocab_size", "hidden_size", "num_hidden_layers"):
         v = tlc.get(k)
         if k in tlc and (not isinstance(v, int) or isinstance(v, bool) or v <= 0):
-            raise InvalidInputError(f"{where}: transformer_layer_config.{k} must be a positive integer, got {v!r}")
-    raw["transformer_layer_config"] = tlc = _fill_layer_config(src, tlc, notes)
-    V = tlc["vocab_size"]
+            raise InvalidInputError(f"{n.where}: transformer_layer_config.{k} must be a positive integer, got {v!r}")
+    before = len(n.notes)
+    tlc = _fill_layer_config(src, tlc, n.notes)
+    if len(n.notes) > before:  # keys to_diff_dict omitted, filled from transformers' defaults
+        from specconv.speculators import Finding
 
-    # ---- mask token ---------------------------------------------------------------
+        n.findings.append(Finding("info", "layer-config-filled", n.notes[-1], "transformer_layer_config"))
+    before = len(n.findings)
+    rp = c.resolve_rope(tlc, f"{n.where} transformer_layer_config", n.findings)
+    if len(n.findings) > before:  # M-RoPE keys stripped: write the one resolved RoPE, in both forms
+        tlc = {k: v for k, v in tlc.items() if k != "rope_scaling"}
+        tlc["rope_parameters"] = rp
+        if "rope_theta" in tlc:
+            tlc["rope_theta"] = rp["rope_theta"]
+    n.raw["transformer_layer_config"] = tlc
+    return tlc
+
+
+def _mask_token(n: _Normalising, src: SourceInfo, opts: ConvertOptions, verifier: Any, V: int,
+                early: bool) -> tuple[int, str]:
+    raw = n.raw
     locs = [("mask_token_id", raw.get("mask_token_id"))]
     if early:
         locs += [(k, raw.get(k)) for k in EARLY_MASK_KEYS]
-    mask, mask_where = c.resolve_mask_token(src, opts, locs, verifier, findings)
+    mask, mask_where = c.resolve_mask_token(src, opts, locs, verifier, n.findings)
     for k in EARLY_MASK_KEYS:
         if k in raw:
             raw.pop(k)
-            notes.append(f"legacy {k} → mask_token_id")
+            n.notes.append(f"legacy {k} → mask_token_id")
     raw["mask_token_id"] = mask
     if mask >= V:
-        raise InvalidInputError(f"{where}: mask token id {mask} ({mask_where}) ≥ vocab_size {V}", code="mask_token_out_of_vocab")
+        raise InvalidInputError(f"{n.where}: mask token id {mask} ({mask_where}) ≥ vocab_size {V}",
+                                code="mask_token_out_of_vocab")
+    return mask, mask_where
 
-    # ---- trained depths (P-EAGLE) -------------------------------------------------
-    sc = raw.get("speculators_config")
+
+def _proposal(n: _Normalising) -> tuple[dict[str, Any], dict[str, Any], Any]:
+    """``(speculators_config, proposal_methods[0], its speculative_tokens)``."""
+    sc = n.raw.get("speculators_config")
     if not isinstance(sc, dict) or not sc.get("proposal_methods"):
-        raise InvalidInputError(f"{where}: speculators_config.proposal_methods is missing")
+        raise InvalidInputError(f"{n.where}: speculators_config.proposal_methods is missing")
     if not isinstance(sc["proposal_methods"], list) or not isinstance(sc["proposal_methods"][0], dict):
-        raise InvalidInputError(f"{where}: speculators_config.proposal_methods must be a list of objects, "
+        raise InvalidInputError(f"{n.where}: speculators_config.proposal_methods must be a list of objects, "
                                 f"got {sc['proposal_methods']!r}")
     pm0 = sc["proposal_methods"][0]
-    k_file = pm0.get("speculative_tokens")
-    if algo == "peagle":
-        depth_locs = [("num_depths", raw.get("num_depths"))] + [(k, raw.get(k)) for k in EARLY_DEPTH_KEYS]
-        for k, v in depth_locs:
-            if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < 1):
-                raise InvalidInputError(
-                    f"{where}: {k}={v!r} is not a depth count; specconv reads it as the number of trained depths "
-                    "(external_formats.md §12, low confidence)",
-                    code="legacy_key_unknown",
-                    hint="remove the key, or pass --speculative-tokens with the trained K",
-                )
-        depths, dk = c.one_of(src, depth_locs, "trained number of depths")
-        for k in EARLY_DEPTH_KEYS:
-            if k in raw:
-                raw.pop(k)
-                notes.append(f"legacy {k} → num_depths")
-        if depths is not None:
-            raw["num_depths"] = depths
-        k = opts.speculative_tokens if opts.speculative_tokens is not None else k_file
-        if depths is not None and isinstance(k, int) and k > depths:
-            raise InvalidInputError(
-                f"speculative_tokens {k} exceeds the {depths} depths the drafter was trained with ({dk})",
-                code="conflicting_speculative_tokens",
-            )
-        if opts.speculative_tokens is not None:
-            pm0["speculative_tokens"] = opts.speculative_tokens
-            notes.append(f"speculative_tokens {k_file} → {opts.speculative_tokens} (--speculative-tokens)")
+    return sc, pm0, pm0.get("speculative_tokens")
 
-    # ---- block layout (DFlash / DSpark) --------------------------------------------
-    if algo in ("dflash", "dspark"):
-        B = raw.get("block_size")
-        if not isinstance(B, int) or isinstance(B, bool) or B < 2:
-            raise InvalidInputError(f"{where}: block_size missing or invalid ({B!r}); it is never defaulted",
-                                    code="missing_block_size")
-        sfa = raw.get("sample_from_anchor")
-        if sfa is None:
-            sfa = legacy_sample_from_anchor(B, k_file)  # the legacy rule (specconv.format.facts)
-            if sfa is False:
-                rule = f"speculative_tokens {k_file} == block_size-1 → 1+N layout"
-            elif sfa is True:
-                rule = f"speculative_tokens {k_file} == block_size → anchor-first layout"
-            else:
-                raise InvalidInputError(
-                    f"{where}: no sample_from_anchor, and speculative_tokens={k_file!r} is neither block_size-1 "
-                    f"({B - 1}, 1+N layout) nor block_size ({B}, anchor-first): the block layout cannot be told",
-                    code="missing_sample_from_anchor",
-                    hint="pass --sample-from-anchor or --no-sample-from-anchor (how the drafter was trained)",
-                )
-            if opts.sample_from_anchor is not None and opts.sample_from_anchor != sfa:
-                raise InvalidInputError(
-                    f"--{'' if opts.sample_from_anchor else 'no-'}sample-from-anchor contradicts the legacy rule "
-                    f"({rule})", code="conflicting_layout",
-                )
-            raw["sample_from_anchor"] = sfa
-            findings.append(Finding("info", "sample-from-anchor-filled",
-                                    f"sample_from_anchor was absent; written as {str(sfa).lower()} ({rule})",
-                                    "sample_from_anchor"))
-        elif opts.sample_from_anchor is not None and opts.sample_from_anchor != sfa:
-            raise InvalidInputError(
-                f"--{'' if opts.sample_from_anchor else 'no-'}sample-from-anchor contradicts the checkpoint's "
-                f"sample_from_anchor={str(sfa).lower()}", code="conflicting_layout",
-            )
-        exp = speculative_tokens_for(B, sfa)  # the K rule (specconv.format.facts)
-        if opts.speculative_tokens is not None and opts.speculative_tokens != exp:
-            raise InvalidInputError(
-                f"--speculative-tokens {opts.speculative_tokens} contradicts block_size {B} with "
-                f"sample_from_anchor={str(sfa).lower()} (needs {exp})", code="conflicting_speculative_tokens",
-            )
-        if k_file != exp:
-            findings.append(Finding("warning", "speculative-tokens-fixed",
-                                    f"speculative_tokens {k_file!r} → {exp} (block_size {B}, "
-                                    f"sample_from_anchor={str(sfa).lower()})", "speculative_tokens"))
-            pm0["speculative_tokens"] = exp
-        if algo == "dspark" and sfa:
-            before = _version_before(raw.get("speculators_version"), DSPARK_MARKOV_FIX)
-            if before is not False:
-                v = raw.get("speculators_version")
-                findings.append(Finding(
-                    "warning", "dspark-markov-misaligned",
-                    (f"written by speculators {v!r}, which predates" if before else
-                     f"speculators_version {v!r} cannot be compared, so it may predate" if v else
-                     "no speculators_version, so it may predate")
-                    + f" the DSpark Markov prev-token alignment fix (speculators PR #806, 2026-07-17; first released in "
-                    f"{DSPARK_MARKOV_FIX}): anchor-first checkpoints trained before it fed the Markov head the wrong "
-                    "previous token — expect low acceptance; re-train or check with `specconv validate`",
-                    "speculators_version",
-                ))
 
-    # ---- aux ids ----------------------------------------------------------------------
-    aux_key = "eagle_aux_hidden_state_layer_ids" if algo == "peagle" else "aux_hidden_state_layer_ids"
+def _peagle_depths(n: _Normalising, src: SourceInfo, opts: ConvertOptions, pm0: dict[str, Any], k_file: Any) -> None:
+    """Trained depths (``num_depths``, legacy ``para_num``/``para_depths``) bound K."""
+    raw, where, notes = n.raw, n.where, n.notes
+    depth_locs = [("num_depths", raw.get("num_depths"))] + [(k, raw.get(k)) for k in EARLY_DEPTH_KEYS]
+    for k, v in depth_locs:
+        if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < 1):
+            raise InvalidInputError(
+                f"{where}: {k}={v!r} is not a depth count; specconv reads it as the number of trained depths "
+                "(low confidence for the early speculators P-EAGLE keys)",
+                code="legacy_key_unknown",
+                hint="remove the key, or pass --speculative-tokens with the trained K",
+            )
+    depths, dk = c.one_of(src, depth_locs, "trained number of depths")
+    for k in EARLY_DEPTH_KEYS:
+        if k in raw:
+            raw.pop(k)
+            notes.append(f"legacy {k} → num_depths")
+    if depths is not None:
+        raw["num_depths"] = depths
+    k = opts.speculative_tokens if opts.speculative_tokens is not None else k_file
+    if depths is not None and isinstance(k, int) and k > depths:
+        raise InvalidInputError(
+            f"speculative_tokens {k} exceeds the {depths} depths the drafter was trained with ({dk})",
+            code="conflicting_speculative_tokens",
+        )
+    if opts.speculative_tokens is not None:
+        pm0["speculative_tokens"] = opts.speculative_tokens
+        notes.append(f"speculative_tokens {k_file} → {opts.speculative_tokens} (--speculative-tokens)")
+
+
+def _peagle_norm_before_residual(n: _Normalising, opts: ConvertOptions) -> None:
+    """``norm_before_residual`` from the checkpoint or ``--(no-)norm-before-residual``, never
+    the class default: speculators' config defaults it to false, its trainer CLI to true,
+    vLLM's reader to false for peagle (true for eagle3)."""
+    from specconv.speculators import Finding
+
+    v, flag = n.raw.get("norm_before_residual"), opts.norm_before_residual
+    name = f"--{'' if flag else 'no-'}norm-before-residual"
+    if v is not None and not isinstance(v, bool):
+        raise InvalidInputError(f"{n.where}: norm_before_residual must be true/false, got {v!r}")
+    if v is not None and flag is not None and v != flag:
+        raise InvalidInputError(f"{name} contradicts the checkpoint's norm_before_residual={str(v).lower()}",
+                                code="conflicting_flag")
+    if v is not None:
+        return
+    if flag is None:
+        raise InvalidInputError(
+            f"{n.where} has no norm_before_residual and --norm-before-residual/--no-norm-before-residual was not "
+            "given; speculators' config defaults it to false but its trainer to true, so it cannot be guessed",
+            code="missing_norm_before_residual",
+            hint="pass --norm-before-residual or --no-norm-before-residual (how the drafter was trained)",
+        )
+    n.raw["norm_before_residual"] = flag
+    n.findings.append(Finding("info", "norm-before-residual-from-flag",
+                              f"norm_before_residual was absent; written as {str(flag).lower()} ({name})",
+                              "norm_before_residual"))
+
+
+def _peagle_norm_flags(n: _Normalising, src: SourceInfo, plans: list, final_ids: list[int] | None) -> None:
+    """Absent ``norm_before_fc`` / ``fc_norm`` filled from the tensors (``input_norm``,
+    ``fc_norm.{i}``), each a finding; a value that contradicts them is an error."""
+    from specconv.speculators import Finding
+
+    from ._peagle import norm_flags_from_tensors
+
+    nbf, fcn = norm_flags_from_tensors(src, n.raw, plans, len(final_ids) if final_ids else 3)
+    for key, have, what in (("norm_before_fc", nbf, "input_norm.weight"), ("fc_norm", fcn, "fc_norm.* tensors")):
+        if key not in n.raw:
+            n.raw[key] = have
+            n.findings.append(Finding("info", "peagle-norm-flag-from-tensors",
+                                      f"{key} was absent; written as {str(have).lower()} ({what} "
+                                      f"{'present' if have else 'absent'})", key))
+
+
+#: DSpark head keys the class would otherwise default (speculators
+#: ``src/speculators/models/dspark/config.py``: markov_rank 256, vanilla, confidence head on).
+DSPARK_HEAD_KEYS = ("markov_rank", "markov_head_type", "enable_confidence_head", "confidence_head_with_markov")
+
+
+def _dspark_heads_from_tensors(n: _Normalising, src: SourceInfo, H: int) -> None:
+    """Fill absent DSpark head keys from the head tensors (never the class defaults), each
+    fill a finding: ``markov_w1 [V, r]`` gives ``r``; ``gate_proj`` / ``joint_proj`` the head
+    type; ``confidence_head.proj [1, H (+r)]`` the confidence head and its Markov input."""
+    from specconv.speculators import Finding
+
+    absent = [k for k in DSPARK_HEAD_KEYS if k not in n.raw]
+    if not absent:
+        return
+    names = set(src.tensor_names())
+    w1 = "markov_head.markov_w1.weight"
+    r = n.raw.get("markov_rank", src.shape(w1)[-1] if w1 in names else 0)
+    conf = "confidence_head.proj.weight"
+    width = src.shape(conf)[-1] if conf in names else None
+    if width is not None and width not in (H, H + r):
+        raise InvalidInputError(f"{src.path}: {conf} has width {width}; the hidden size {H} (+ markov_rank {r}) "
+                                "does not explain it", code="head_shape_mismatch")
+    told = {
+        "markov_rank": (r, f"{w1} {'columns' if w1 in names else 'absent'}"),
+        "markov_head_type": ("gated" if "markov_head.gate_proj.weight" in names else
+                             "rnn" if "markov_head.joint_proj.weight" in names else "vanilla",
+                             "gate_proj / joint_proj tensors"),
+        "enable_confidence_head": (width is not None, f"{conf} {'present' if width is not None else 'absent'}"),
+        "confidence_head_with_markov": (width is not None and r > 0 and width == H + r, f"{conf} width"),
+    }
+    for k in absent:
+        n.raw[k], why = told[k]
+        n.findings.append(Finding("info", "dspark-head-from-tensors",
+                                  f"{k} was absent; written as {n.raw[k]!r} ({why})", k))
+
+
+def _legacy_sample_from_anchor(n: _Normalising, opts: ConvertOptions, B: int, k_file: Any) -> bool:
+    """Fill an absent ``sample_from_anchor`` by the legacy rule (K == B-1 → 1+N, K == B →
+    anchor-first); the flag may only agree."""
+    from specconv.format import legacy_sample_from_anchor
+    from specconv.speculators import Finding
+
+    sfa = legacy_sample_from_anchor(B, k_file)  # the legacy rule (specconv.format.facts)
+    if sfa is False:
+        rule = f"speculative_tokens {k_file} == block_size-1 → 1+N layout"
+    elif sfa is True:
+        rule = f"speculative_tokens {k_file} == block_size → anchor-first layout"
+    else:
+        raise InvalidInputError(
+            f"{n.where}: no sample_from_anchor, and speculative_tokens={k_file!r} is neither block_size-1 "
+            f"({B - 1}, 1+N layout) nor block_size ({B}, anchor-first): the block layout cannot be told",
+            code="missing_sample_from_anchor",
+            hint="pass --sample-from-anchor or --no-sample-from-anchor (how the drafter was trained)",
+        )
+    if opts.sample_from_anchor is not None and opts.sample_from_anchor != sfa:
+        raise InvalidInputError(
+            f"--{'' if opts.sample_from_anchor else 'no-'}sample-from-anchor contradicts the legacy rule "
+            f"({rule})", code="conflicting_layout",
+        )
+    n.raw["sample_from_anchor"] = sfa
+    n.findings.append(Finding("info", "sample-from-anchor-filled",
+                              f"sample_from_anchor was absent; written as {str(sfa).lower()} ({rule})",
+                              "sample_from_anchor"))
+    return sfa
+
+
+def _block_layout(n: _Normalising, opts: ConvertOptions, pm0: dict[str, Any], k_file: Any) -> None:
+    """DFlash / DSpark: ``block_size``, ``sample_from_anchor`` and the K they imply."""
+    from specconv.format import speculative_tokens_for
+    from specconv.speculators import Finding
+
+    raw, where, findings = n.raw, n.where, n.findings
+    B = raw.get("block_size")
+    if not isinstance(B, int) or isinstance(B, bool) or B < 2:
+        raise InvalidInputError(f"{where}: block_size missing or invalid ({B!r}); it is never defaulted",
+                                code="missing_block_size")
+    sfa = raw.get("sample_from_anchor")
+    if sfa is None:
+        sfa = _legacy_sample_from_anchor(n, opts, B, k_file)
+    elif opts.sample_from_anchor is not None and opts.sample_from_anchor != sfa:
+        raise InvalidInputError(
+            f"--{'' if opts.sample_from_anchor else 'no-'}sample-from-anchor contradicts the checkpoint's "
+            f"sample_from_anchor={str(sfa).lower()}", code="conflicting_layout",
+        )
+    exp = speculative_tokens_for(B, sfa)  # the K rule (specconv.format.facts)
+    if opts.speculative_tokens is not None and opts.speculative_tokens != exp:
+        raise InvalidInputError(
+            f"--speculative-tokens {opts.speculative_tokens} contradicts block_size {B} with "
+            f"sample_from_anchor={str(sfa).lower()} (needs {exp})", code="conflicting_speculative_tokens",
+        )
+    if k_file != exp:
+        findings.append(Finding("warning", "speculative-tokens-fixed",
+                                f"speculative_tokens {k_file!r} → {exp} (block_size {B}, "
+                                f"sample_from_anchor={str(sfa).lower()})", "speculative_tokens"))
+        pm0["speculative_tokens"] = exp
+    if n.algo == "dspark" and sfa:
+        _dspark_markov_warning(n)
+
+
+def _dspark_markov_warning(n: _Normalising) -> None:
+    """Anchor-first DSpark written before speculators PR #806 fed the Markov head the wrong token."""
+    from specconv.speculators import Finding
+
+    v = n.raw.get("speculators_version")
+    before = _version_before(v, DSPARK_MARKOV_FIX)
+    if before is False:
+        return
+    n.findings.append(Finding(
+        "warning", "dspark-markov-misaligned",
+        (f"written by speculators {v!r}, which predates" if before else
+         f"speculators_version {v!r} cannot be compared, so it may predate" if v else
+         "no speculators_version, so it may predate")
+        + f" the DSpark Markov prev-token alignment fix (speculators PR #806, 2026-07-17; first released in "
+        f"{DSPARK_MARKOV_FIX}): anchor-first checkpoints trained before it fed the Markov head the wrong "
+        "previous token — expect low acceptance; re-train or check with `specconv validate`",
+        "speculators_version",
+    ))
+
+
+def _aux_ids(n: _Normalising, opts: ConvertOptions) -> tuple[list[int] | None, LayerIdConversion | None]:
+    """Aux ids from the checkpoint (already the speculators convention) or ``--aux-layer-ids``."""
+    raw = n.raw
+    aux_key = "eagle_aux_hidden_state_layer_ids" if n.algo == "peagle" else "aux_hidden_state_layer_ids"
     ids = raw.get(aux_key)
     if ids is not None and (not isinstance(ids, list) or not ids
                             or not all(isinstance(i, int) and not isinstance(i, bool) for i in ids)):
-        raise InvalidInputError(f"{where}: {aux_key} must be a non-empty list of integers, got {ids!r}",
+        raise InvalidInputError(f"{n.where}: {aux_key} must be a non-empty list of integers, got {ids!r}",
                                 code="layer_ids_invalid")
     if opts.aux_layer_ids is not None:
         if ids is not None and list(ids) != list(opts.aux_layer_ids):
@@ -309,50 +439,66 @@ def normalise(conv: Any, src: SourceInfo, verifier: Any, opts: ConvertOptions, *
             )
         if ids is None:
             raw[aux_key] = list(opts.aux_layer_ids)
-            notes.append(f"{aux_key} from --aux-layer-ids (absent from the checkpoint)")
+            n.notes.append(f"{aux_key} from --aux-layer-ids (absent from the checkpoint)")
     final_ids = raw.get(aux_key)
     layer_ids = LayerIdConversion(
         aux_key if ids is not None else ("--aux-layer-ids" if final_ids is not None else None),
         "speculators", ids, list(final_ids or []), "already the speculators convention (unchanged)",
     ) if final_ids is not None else None
+    return final_ids, layer_ids
 
-    # ---- tensors -----------------------------------------------------------------
-    reshape: dict[str, tuple[int, ...]] = {}
+
+def _tensors(conv: Any, n: _Normalising, src: SourceInfo, opts: ConvertOptions, tlc: dict[str, Any],
+             final_ids: list[int] | None, verifier: Any):
+    """Every tensor copied (``verifier_*`` copies dropped), the vocabulary mapping checked."""
     names = set(src.tensor_names())
     if not names:
         raise InvalidInputError(f"{src.path}: no weights (model.safetensors or shards) next to config.json",
                                 code="missing_weights")
+    reshape: dict[str, tuple[int, ...]] = {}
     H = tlc["hidden_size"]
-    if algo == "peagle" and "mask_hidden" in names:
+    if n.algo == "peagle" and "mask_hidden" in names:
         A = len(final_ids) if final_ids else 3
-        if c._numel(src.shape("mask_hidden")) == A * H:
+        if math.prod(src.shape("mask_hidden")) == A * H:
             reshape["mask_hidden"] = (1, 1, A * H)
     plans, dropped = c.tensor_plan(
         src, opts, accept=(r".+",),
         drop={r"verifier_(lm_head|norm)\.weight": "training-only verifier copy (speculators never saves it)"},
         reshape=reshape, format_title=conv.title,
     )
-    Vd = raw.get("draft_vocab_size")
+    Vd = n.raw.get("draft_vocab_size")
     if not isinstance(Vd, int):
-        raise InvalidInputError(f"{where}: draft_vocab_size missing (the class default 32000 is never assumed)",
+        raise InvalidInputError(f"{n.where}: draft_vocab_size missing (the class default 32000 is never assumed)",
                                 code="missing_key")
-    vocab = vb.resolve_vocab(src, opts, vocab_size=V, draft_vocab_size=Vd, side_files=False)
-    plans, dropped = vb.merge_vocab(plans, dropped, vocab)
-    findings += vocab.findings
-    notes += vocab.notes
-    body_dtype = c.source_dtype(src, [p.source for p in plans if p.origin == "source" and p.source in src.store])
-    raw["dtype"] = c.dtype_name(c.out_dtype(body_dtype, opts))
+    from ._peagle import logical_vocab
 
-    # ---- verifier reference ----------------------------------------------------------
+    vocab = vb.resolve_vocab(src, opts, vocab_size=tlc["vocab_size"], draft_vocab_size=Vd, side_files=False,
+                             logical_vocab_size=logical_vocab(verifier, tlc["vocab_size"]))
+    plans, dropped = vb.merge_vocab(plans, dropped, vocab)
+    n.findings += vocab.findings
+    n.notes += vocab.notes
+    body_dtype = c.source_dtype(src, [p.source for p in plans if p.origin == "source" and p.source in src.store])
+    n.raw["dtype"] = c.dtype_name(c.out_dtype(body_dtype, opts))
+    return plans, dropped
+
+
+def _verifier_ref(n: _Normalising, sc: dict[str, Any], verifier: Any) -> None:
+    """Record the verifier given on the command line (the trainer recorded its own path)."""
     old = sc["verifier"].get("name_or_path") if isinstance(sc.get("verifier"), dict) else None
     if verifier is not None:
         sc["verifier"] = {"name_or_path": verifier.name_or_path, "architectures": verifier.architectures}
         if old != verifier.name_or_path:
-            notes.append(f"speculators_config.verifier.name_or_path {old!r} → {verifier.name_or_path!r}")
-    raw.setdefault("speculators_version", "0.9.0")
+            n.notes.append(f"speculators_config.verifier.name_or_path {old!r} → {verifier.name_or_path!r}")
+    n.raw.setdefault("speculators_version", "0.9.0")
 
-    cfg = parse_config(raw, source=where)
+
+def _typed_config(n: _Normalising, plans: list) -> Any:
+    """The typed config, every field written explicitly; pruned DSpark heads checked."""
+    from specconv.speculators import DSparkConfig, expected_speculative_tokens, parse_config
+
+    cfg = parse_config(n.raw, source=n.where)
     object.__setattr__(cfg, "__pydantic_fields_set__", set(type(cfg).model_fields))
+    Vd = n.raw["draft_vocab_size"]
     if isinstance(cfg, DSparkConfig) and cfg.is_pruned:
         w2 = c.get(plans, "markov_head.markov_w2.weight")
         if w2 is not None and w2.shape[0] != Vd:
@@ -361,33 +507,68 @@ def normalise(conv: Any, src: SourceInfo, verifier: Any, opts: ConvertOptions, *
     exp = expected_speculative_tokens(cfg)
     if exp is not None and k_final != exp:  # pragma: no cover - fixed above
         raise InvalidInputError(f"speculative_tokens {k_final} != {exp}")
+    return cfg
+
+
+def _files_not_carried(n: _Normalising, src: SourceInfo) -> None:
     left = sorted(f for f in src.files if f.split("/")[-1] in TRAINING_FILES)
     if left:
-        notes.append("training files not carried (never published): " + ", ".join(left))
+        n.notes.append("training files not carried (never published): " + ", ".join(left))
     keep = {"config.json"} | {p.name for p in src.store.files}
     unknown = sorted(f for f in src.files if f not in keep and f not in left and "/" not in f)
     if unknown:
-        notes.append("other files not carried: " + ", ".join(unknown))
-    notes.insert(0, f"normalised speculators {algo} checkpoint (speculators_version {raw.get('speculators_version')!r}); "
-                    "tensors copied unchanged")
+        n.notes.append("other files not carried: " + ", ".join(unknown))
+
+
+def normalise(conv: Any, src: SourceInfo, verifier: Any, opts: ConvertOptions, *, early: bool = False) -> ConversionPlan:
+    """Plan the normalised copy of a speculators trainer checkpoint.
+
+    Steps: envelope, layer config, mask token, trained depths (P-EAGLE) or block layout
+    (DFlash / DSpark), aux ids, tensors + vocabulary, P-EAGLE norm flags, verifier
+    reference, typed config. Every absent meaning-bearing key is filled only from the
+    checkpoint's evidence, a legacy rule or a flag, each fill a finding.
+
+    Raises:
+        InvalidInputError: a missing/contradictory key (mask token, block layout, aux ids,
+            speculative tokens, norm_before_residual), an invalid vocabulary mapping, or an
+            invalid config.
+    """
+    raw = copy.deepcopy(src.config or {})
+    n = _Normalising(raw=raw, algo=raw.get("speculators_model_type"), where=f"{src.path}/config.json")
+    _envelope(n)
+    tlc = _layer_config(n, src)
+    mask, mask_where = _mask_token(n, src, opts, verifier, tlc["vocab_size"], early)
+    sc, pm0, k_file = _proposal(n)
+    if n.algo == "peagle":
+        _peagle_depths(n, src, opts, pm0, k_file)
+        _peagle_norm_before_residual(n, opts)
+    if n.algo in ("dflash", "dspark"):
+        _block_layout(n, opts, pm0, k_file)
+    if n.algo == "dspark":
+        _dspark_heads_from_tensors(n, src, tlc["hidden_size"])
+    final_ids, layer_ids = _aux_ids(n, opts)
+    plans, dropped = _tensors(conv, n, src, opts, tlc, final_ids, verifier)
+    if n.algo == "peagle":
+        _peagle_norm_flags(n, src, plans, final_ids)
+        if c.get(plans, "lm_head.weight") is not None:
+            from ._peagle import lm_head_finding
+
+            n.findings.append(lm_head_finding(conv.format_id, conv.title))
+    _verifier_ref(n, sc, verifier)
+    cfg = _typed_config(n, plans)
+    _files_not_carried(n, src)
+    n.notes.insert(0, f"normalised speculators {n.algo} checkpoint (speculators_version "
+                      f"{raw.get('speculators_version')!r}); tensors copied unchanged")
     return ConversionPlan(
-        format_id=conv.format_id,
-        algorithm=algo,
-        config=cfg,
-        tensors=plans,
-        dropped=dropped,
-        source_dir=src.path,
-        source_files=[src.path / "config.json", *src.store.files],
-        findings=findings,
-        layer_ids=layer_ids,
-        options=opts.to_dict(),
-        notes=[f"mask_token_id from {mask_where}"] + notes,
+        format_id=conv.format_id, algorithm=n.algo, config=cfg, tensors=plans, dropped=dropped,
+        source_dir=src.path, source_files=[src.path / "config.json", *src.store.files], findings=n.findings,
+        layer_ids=layer_ids, options=opts.to_dict(), notes=[f"mask_token_id from {mask_where}"] + n.notes,
     )
 
 
 class _SpeculatorsTrainer(Converter):
     algorithm = ""
-    spec_ref = "external_formats.md §13 (F11)"
+    spec_ref = "vllm-project/speculators `src/speculators/train/checkpointer.py`, `src/speculators/models/*/config.py`"
     mapping = (
         "normalise, don't convert: tensors copied unchanged (verifier_* copies dropped), vocab mapping validated, "
         "missing `sample_from_anchor` filled by the legacy rule (K == B-1 → false, K == B → true), legacy "
@@ -422,8 +603,7 @@ class SpeculatorsEarlyPEagle(_SpeculatorsTrainer):
         "`ptd_token_id` (or `unused_token_id`) → `mask_token_id`; integer `para_num`/`para_depths` → `num_depths` "
         "(trained depths, must agree); COD keys dropped; otherwise as speculators_peagle"
     )
-    spec_ref = "external_formats.md §12 (F10)"
-    priority = 10
+    spec_ref = "vllm-project/speculators PRs #327/#343/#393/#480 (`PEagleSpeculatorConfig` with `ptd_token_id`, `para_num`)"
 
     @classmethod
     def detect(cls, src: SourceInfo) -> bool:
@@ -433,7 +613,7 @@ class SpeculatorsEarlyPEagle(_SpeculatorsTrainer):
         plan = normalise(self, src, verifier, opts, early=True)
         plan.findings.append(_finding(
             "info", "early-peagle-low-confidence",
-            "early speculators P-EAGLE layout (external_formats.md §12, low confidence): check the converted drafter "
+            "early speculators P-EAGLE layout (speculators PRs #327–#480, low confidence): check the converted drafter "
             "with `specconv validate`",
         ))
         return plan
@@ -451,7 +631,6 @@ class SpeculatorsPEagle(_SpeculatorsTrainer):
     algorithm = "peagle"
     title = "Speculators-format dir (speculators trainer output or a conversion) — P-EAGLE"
     detection = "`speculators_model_type: peagle` (trainer `save_path/<epoch>/` dirs or a published dir)"
-    priority = 11
 
     @classmethod
     def detect(cls, src: SourceInfo) -> bool:
@@ -464,7 +643,6 @@ class SpeculatorsDFlash(_SpeculatorsTrainer):
     algorithm = "dflash"
     title = "Speculators-format dir (speculators trainer output or a conversion) — DFlash"
     detection = "`speculators_model_type: dflash`"
-    priority = 12
 
 
 @register
@@ -473,7 +651,6 @@ class SpeculatorsDSpark(_SpeculatorsTrainer):
     algorithm = "dspark"
     title = "Speculators-format dir (speculators trainer output or a conversion) — DSpark"
     detection = "`speculators_model_type: dspark`"
-    priority = 13
 
 
 @register
@@ -482,8 +659,7 @@ class SpeculatorsOther(Converter):
     algorithm = "other"
     title = "speculators drafter of another algorithm"
     detection = "`speculators_model_type` not in {peagle, dflash, dspark} (eagle3, mtp, dflash2, xpress, …)"
-    spec_ref = "external_formats.md §16 rule 1"
-    priority = 14
+    spec_ref = "vllm-project/speculators `src/speculators/config.py` (`speculators_model_type` registry)"
     supported = False
     refusal = (
         "specconv targets peagle, dflash and dspark; this directory is already a Speculators drafter of another "

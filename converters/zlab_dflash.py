@@ -1,5 +1,5 @@
 """F1 — z-lab DFlash v1 (``z-lab/*-DFlash*``) and trainers that copy its layout verbatim
-(SpecForge ``--to hf`` exports). external_formats.md §3; reference model code
+(SpecForge ``--to hf`` exports). Reference model code
 ``dflash/model.py`` (``DFlashDraftModel``, z-lab ``dflash`` 0.1.0).
 """
 
@@ -40,8 +40,7 @@ class ZlabDFlash(Converter):
         "or nested (must agree); mask token nested or top-level; 1+N layout (`sample_from_anchor: false`, "
         "`speculative_tokens = B−1`); tensor names unchanged"
     )
-    spec_ref = "external_formats.md §3 (F1)"
-    priority = 300
+    spec_ref = "z-lab/dflash `dflash/model.py` (`DFlashDraftModel`)"
 
     @classmethod
     def detect(cls, src: SourceInfo) -> bool:

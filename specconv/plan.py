@@ -82,7 +82,7 @@ class DroppedTensor:
 
 @dataclass
 class LayerIdConversion:
-    """How aux hidden-state layer ids were obtained (speculators_format.md §2.2)."""
+    """How aux hidden-state layer ids were obtained (vLLM ``vllm/transformers_utils/configs/speculators/algos.py``: capture ids)."""
 
     source_key: str | None  # e.g. "dflash_config.target_layer_ids"
     source_convention: str  # "z-lab" (0-based layer outputs, -1 = embeddings) | "speculators" | "override"

@@ -87,9 +87,12 @@ SHADOWED = {
 @pytest.mark.parametrize("kind,shadowed", sorted(SHADOWED.items()))
 def test_refusal_wins_over_generic_match(refusal_dirs, kind, shadowed):
     src = SourceInfo.open(refusal_dirs[kind])
-    assert REGISTRY[shadowed].detect(src), f"{shadowed} no longer matches {kind}: the priority test is vacuous"
+    assert REGISTRY[shadowed].detect(src), f"{shadowed} no longer matches {kind}: the order test is vacuous"
     fid = dict(REFUSAL_CASES)[kind]
-    assert REGISTRY[fid].priority < REGISTRY[shadowed].priority
+    from specconv.converters.dispatch import candidates
+
+    order = candidates(src)
+    assert fid in order and shadowed in order and order.index(fid) < order.index(shadowed)
     assert detect(src).format_id == fid
 
 

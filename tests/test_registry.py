@@ -102,7 +102,16 @@ def test_registry_entries_are_described():
             assert set(cls.algorithm.split("|")) <= SPECULATORS_ALGORITHMS, cls.format_id
         else:
             assert cls.refusal, cls.format_id
-    assert [c.format_id for c in ordered()] == sorted(REGISTRY, key=lambda f: (REGISTRY[f].priority, f))
+    from specconv.converters.dispatch import all_ids
+
+    assert [c.format_id for c in ordered()] == all_ids()  # listing order = the detection routes'
+
+
+def test_every_format_is_reachable_by_a_detection_route():
+    from specconv.converters.dispatch import all_ids
+
+    assert sorted(set(all_ids()) - set(REGISTRY)) == [], "routes name unregistered formats"
+    assert sorted(set(REGISTRY) - set(all_ids())) == [], "registered formats no detection route reaches"
 
 
 # --------------------------------------------------------------------------- docs

@@ -169,6 +169,17 @@ _CONVERTER: dict[str, tuple[Level, str]] = {
     "t2d-default-all-true": ("warning", "an all-true t2d with a pruned vocabulary; rebuilt from d2t"),
     "top-level-model-type-removed": ("warning", "a top-level model_type was removed"),
     "vocab-padded": ("info", "draft vocab larger than the target: padded, identity mapping"),
+    # converters/* (issue 8 item 4)
+    "dspark-head-from-tensors": ("info", "an absent DSpark head key was told from the head tensors"),
+    "kv-page-size-mismatch": ("warning", "drafter and verifier KV widths vLLM cannot page together"),
+    "layer-config-filled": ("info", "absent decoder keys filled from the tensors or transformers' class defaults"),
+    "lm-head-frozen": ("info", "the source's trainer freezes lm_head: it must equal the verifier's rows"),
+    "lm-head-trainable": ("info", "the source may train lm_head: vLLM uses the file's, speculators may reload"),
+    "mrope-stripped": ("warning", "M-RoPE keys removed: vLLM's drafters use 1-D RoPE"),
+    "norm-before-residual-from-flag": ("info", "norm_before_residual was absent; taken from the flag"),
+    "peagle-norm-flag-from-tensors": ("info", "an absent norm_before_fc / fc_norm was told from the tensors"),
+    "verifier-vocab-padded": ("info", "the draft vocab equals the verifier's padded embedding rows"),
+    "vocab-logical-identity": ("info", "the draft vocab covers the verifier's logical vocab: identity map"),
 }
 
 #: The finding-code registry: code → :class:`CodeInfo` (level, description, origin).

@@ -99,6 +99,8 @@ class VerifierFacts:
         is_local_path: True when ``name_or_path`` is a local directory (not a Hub id).
         added_special_tokens: id → text of the tokenizer's added special tokens (see
             :func:`read_added_special_tokens`); empty when the files are absent.
+        embedding_rows: rows of the verifier's embedding when they are known (local
+            verifiers); a draft whose vocab equals them matches a padded verifier.
     """
 
     num_hidden_layers: int
@@ -111,6 +113,7 @@ class VerifierFacts:
     name_or_path: str | None = None
     is_local_path: bool = False
     added_special_tokens: dict[int, str] = field(default_factory=dict)
+    embedding_rows: int | None = None
 
     @classmethod
     def from_hf_config(
@@ -173,6 +176,7 @@ class VerifierFacts:
             name_or_path=verifier.name_or_path,
             is_local_path=is_local_path,
             added_special_tokens=read_added_special_tokens(verifier.local_dir),
+            embedding_rows=_local_embedding_rows(verifier),
         )
 
     def special_token_ids(self) -> dict[int, str]:
@@ -183,6 +187,23 @@ class VerifierFacts:
                 if isinstance(tid, int) and not isinstance(tid, bool):
                     out.setdefault(tid, role)
         return out
+
+
+def _local_embedding_rows(verifier: Any) -> int | None:
+    """Rows of a local safetensors verifier's embedding (a header read); ``None`` for Hub
+    verifiers (no shard is downloaded for this), ``.bin`` checkpoints (never unpickled for
+    this) or when there is no readable embedding."""
+    from specconv.errors import SpecconvError
+
+    d = getattr(verifier, "local_dir", None)
+    if getattr(verifier, "hub_id", None) is not None or d is None or not any(
+            (Path(d) / n).is_file() for n in ("model.safetensors", "model.safetensors.index.json")):
+        return None
+    try:
+        name = verifier.find_tensor("embed")
+        return None if name is None else int(verifier.tensor_info(name).shape[0])
+    except SpecconvError:
+        return None
 
 
 # The one Hub-repo-id predicate lives in the Hub module (a bare ``name`` or

@@ -82,6 +82,20 @@ def _verifier_tensor(verifier, role: str):
     return name, TensorStore.open(info.file).read_tensor(name)
 
 
+def _lm_head_frozen(drafter_dir: Path) -> bool:
+    """Whether the conversion record says the source format freezes the P-EAGLE LM head
+    (a ``lm-head-frozen`` finding, written by ``converters/_peagle.py``)."""
+    from ..errors import SpecconvError
+    from ..record import read_record
+
+    try:
+        conversion = read_record(drafter_dir, missing_ok=True).conversion
+    except SpecconvError:
+        return False
+    findings = conversion.findings if conversion is not None else []
+    return any(isinstance(f, dict) and f.get("code") == "lm-head-frozen" for f in findings)
+
+
 def gate_structure(drafter_dir: str | Path, verifier, *, source_config=None) -> GateResult:
     """G1: lint, tensor accounting, verifier-supplied tensors, vocab map, aux ids.
 
@@ -112,7 +126,7 @@ def gate_structure(drafter_dir: str | Path, verifier, *, source_config=None) -> 
     _lint_step(res, findings)
     names = _accounting_step(res, cfg, store)
     t2d = store.read_tensor("t2d").bool() if "t2d" in names else None
-    _verifier_tensors_step(res, store, names, verifier, t2d)
+    _verifier_tensors_step(res, store, names, verifier, t2d, d)
     _vocab_map_step(res, store, names, t2d, int(verifier.vocab_size))
     if source_config is not None:
         src_ids = list(source_config.aux_layer_ids or [])
@@ -153,20 +167,24 @@ def _accounting_step(res: GateResult, cfg, store) -> set[str]:
     return names
 
 
-def _verifier_tensors_step(res: GateResult, store, names: set[str], verifier, t2d) -> None:
+def _verifier_tensors_step(res: GateResult, store, names: set[str], verifier, t2d, drafter_dir: Path) -> None:
     """The tensors the format takes from the verifier (``embed_tokens.weight`` for
     DFlash/DSpark, ``lm_head.weight`` full-vocab or its ``t2d`` rows) equal the verifier's."""
     roles = [("lm_head.weight", "lm_head")]
     if res.details["algorithm"] != "peagle":  # P-EAGLE trains its own embedding
         roles.insert(0, ("embed_tokens.weight", "embed"))
     checks: dict[str, Any] = {}
+    # P-EAGLE (EAGLE-3 lineage) may train its head: it must equal the verifier's only where
+    # the conversion record says the source format freezes it
+    frozen = res.details["algorithm"] != "peagle" or _lm_head_frozen(drafter_dir)
     for tname, role in roles:
         if tname in names:
-            _compare_to_verifier(res, store, tname, role, verifier, t2d, checks)
+            _compare_to_verifier(res, store, tname, role, verifier, t2d, checks, frozen)
     res.details["verifier_tensors"] = checks
 
 
-def _compare_to_verifier(res: GateResult, store, tname: str, role: str, verifier, t2d, checks: dict) -> None:
+def _compare_to_verifier(res: GateResult, store, tname: str, role: str, verifier, t2d, checks: dict,
+                         frozen: bool) -> None:
     import torch
 
     from ..errors import SpecconvError
@@ -195,7 +213,13 @@ def _compare_to_verifier(res: GateResult, store, tname: str, role: str, verifier
     if not same and tuple(got.shape) == tuple(expect.shape):
         diff = float((got.float() - expect.float()).abs().max())
     checks[tname] = {"compared": True, "verifier_tensor": vname, "equal": same, "max_abs_diff": diff}
-    if not same:
+    if not same and not frozen:
+        res.warnings.append(
+            f"{tname} differs from the verifier's {vname} (max |Δ| = {diff}); the source format is not known to "
+            "freeze it (specconv.json has no lm-head-frozen finding): vLLM uses this file's head, speculators "
+            "may reload the verifier's"
+        )
+    elif not same:
         res.errors.append(
             f"{tname} differs from the verifier's {vname} (max |Δ| = {diff}); the format "
             "requires the verifier's tensor here (random or stale weights?)"
