@@ -96,6 +96,8 @@ def _require_speculators_dir(d: Path) -> None:
 @click.option("--attn-implementation", type=click.Choice(["sdpa", "eager"]), default="sdpa", show_default=True,
               help="Verifier attention kernels.")
 @click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--drafter-cache/--no-drafter-cache", default=True, hidden=True,
+              help="Draft through the context-cached session (default) or statelessly.")
 @output_format_option
 @run_command
 def validate_cmd(
@@ -113,6 +115,7 @@ def validate_cmd(
     backend: str,
     attn_implementation: str,
     seed: int,
+    drafter_cache: bool,
     output_format: str,
 ):
     """Validate the Speculators drafter in DIR against its verifier.
@@ -130,7 +133,7 @@ def validate_cmd(
     _require_speculators_dir(drafter_dir)
     opts = ValidateOptions(source=source, prompts=prompts, num_prompts=num_prompts, max_new_tokens=max_new_tokens,
                            temperature=temperature, device=device, dtype=dtype, min_tau=min_tau, backend=backend,
-                           attn_implementation=attn_implementation, seed=seed)
+                           attn_implementation=attn_implementation, seed=seed, drafter_cache=drafter_cache)
     with _progress() as cb:
         report = validate_drafter(drafter_dir, verifier, opts, progress=cb)
     out_dir = report_dir or (Path.cwd() / "specconv-validation" / drafter_dir.resolve().name)

@@ -114,10 +114,25 @@ class DSparkDrafter(DFlashDrafter):
         tokens, g = self._check_inputs(context_tokens, aux_hidden)
         anchor = tokens[-1]
         pos, hidden, logits = self.backbone(anchor, g)
-        slots = self.draft_slot_indices(g.device)
+        return self._draft_from(anchor, pos, hidden, logits, temperature, generator,
+                                prev_tokens=prev_tokens)
+
+    def _confidence_logit(self, out_k: torch.Tensor, e: torch.Tensor | None) -> torch.Tensor:
+        """fp32 confidence-head logit of one slot (vLLM keeps this head in fp32)."""
+        assert self.confidence_proj is not None
+        feat = torch.cat([out_k, e], dim=-1) if self.confidence_with_markov else out_k
+        w_ = self.confidence_proj.weight.to(torch.float32)
+        b_ = self.confidence_proj.bias.to(torch.float32)
+        return (feat.to(torch.float32) @ w_[0]) + b_[0]
+
+    def _draft_from(self, anchor: torch.Tensor, pos: torch.Tensor, hidden: torch.Tensor,
+                    logits: torch.Tensor, temperature: float, generator: torch.Generator | None,
+                    prev_tokens: torch.Tensor | None = None) -> BlockOutput:
+        """The sequential Markov / confidence stage over the backbone's slots (module doc)."""
+        slots = self.draft_slot_indices(hidden.device)
         N = slots.numel()
         if prev_tokens is not None:
-            prev_tokens = prev_tokens.reshape(-1).to(g.device, torch.long)
+            prev_tokens = prev_tokens.reshape(-1).to(hidden.device, torch.long)
             if prev_tokens.numel() != N:
                 raise InvalidInputError(f"prev_tokens must have {N} entries")
         rows, picks, conf_logits = [], [], []
@@ -134,10 +149,7 @@ class DSparkDrafter(DFlashDrafter):
                 row = row + self._markov_bias(out_k, e)
             y = sample_rows(row[None], temperature, generator)[0]
             if self.confidence_proj is not None:
-                feat = torch.cat([out_k, e], dim=-1) if self.confidence_with_markov else out_k
-                w_ = self.confidence_proj.weight.to(torch.float32)
-                b_ = self.confidence_proj.bias.to(torch.float32)
-                conf_logits.append((feat.to(torch.float32) @ w_[0]) + b_[0])
+                conf_logits.append(self._confidence_logit(out_k, e))
             rows.append(row)
             picks.append(y)
             prev = self.vocab.to_target_ids(y)

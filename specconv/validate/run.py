@@ -49,6 +49,8 @@ class ValidateOptions:
         seed: prompt-independent RNG seed (bootstrap, sampling).
         confidence_threshold: DSpark truncated-run threshold (None disables that run).
         vllm_port: port for ``--backend vllm``.
+        drafter_cache: torch backend — draft through the context-cached session
+            (default) or statelessly (``--no-drafter-cache``); same tokens either way.
     """
 
     source: str | None = None
@@ -64,6 +66,7 @@ class ValidateOptions:
     seed: int = 0
     confidence_threshold: float | None = DSPARK_CONFIDENCE_THRESHOLD
     vllm_port: int = 8011
+    drafter_cache: bool = True
 
 
 def select_prompts(spec: str, n: int | None) -> list:
