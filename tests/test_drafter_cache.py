@@ -118,12 +118,25 @@ def _tiny_drafter(kind: str, root: Path, verifier: Path):
     return load_drafter(d, verifier, dtype=torch.float32)
 
 
+@pytest.fixture(scope="module")
+def tiny(tiny_verifier_dir, tmp_path_factory):
+    """``tiny(kind)``: the tiny drafter of ``kind``, built once per module."""
+    built: dict = {}
+
+    def get(kind: str):
+        if kind not in built:
+            built[kind] = _tiny_drafter(kind, tmp_path_factory.mktemp(kind), tiny_verifier_dir)
+        return built[kind]
+
+    return get
+
+
 TINY_PROMPTS = [("a", [5, 17, 3, 42, 8, 11, 60, 9] * 4), ("b", [7, 7, 1, 30, 99])]
 
 
 @pytest.mark.parametrize("kind", ["dflash-zlab", "dflash-swa", "dspark-deepspec", "peagle"])
-def test_cached_equals_stateless_tiny(kind, tiny_verifier_dir, tiny_runner, tmp_path):
-    drafter = _tiny_drafter(kind, tmp_path, tiny_verifier_dir)
+def test_cached_equals_stateless_tiny(kind, tiny, tiny_runner):
+    drafter = tiny(kind)
     tiny_runner.set_aux_layer_ids(drafter.aux_layer_ids)
     r0, r1, st, ca = _both(tiny_runner, drafter, TINY_PROMPTS, 24)
     _assert_same(r0, r1, st, ca, drafter.num_draft_tokens)
@@ -147,10 +160,10 @@ def _same_block(drafter, session, ctx, aux):
 
 
 @pytest.mark.parametrize("kind", ["dflash-swa", "dspark-deepspec", "peagle"])
-def test_cache_crops_to_the_accepted_context(kind, tiny_verifier_dir, tmp_path):
+def test_cache_crops_to_the_accepted_context(kind, tiny):
     """Growing context, a repeated call, a rewind after rejected drafts (shorter context),
     and — P-EAGLE, whose entries depend on tokens — a changed token inside the prefix."""
-    drafter = _tiny_drafter(kind, tmp_path, tiny_verifier_dir)
+    drafter = tiny(kind)
     ctx, aux = _inputs(drafter, 48)
     s = drafter.new_session()
     for T in (5, 9, 40, 40, 44):
@@ -168,9 +181,9 @@ def test_cache_crops_to_the_accepted_context(kind, tiny_verifier_dir, tmp_path):
         _same_block(drafter, s, ctx2[:, :31], aux[:, :30])
 
 
-def test_stateless_switch_on_real_drafters(tiny_verifier_dir, tiny_runner, tmp_path):
+def test_stateless_switch_on_real_drafters(tiny, tiny_runner):
     """``drafter_cache=False`` never opens a session; the default opens one per request."""
-    drafter = _tiny_drafter("peagle", tmp_path, tiny_verifier_dir)
+    drafter = tiny("peagle")
     tiny_runner.set_aux_layer_ids(drafter.aux_layer_ids)
     f = SessionFactory(drafter)
     run_requests(tiny_runner, f, TINY_PROMPTS, max_new_tokens=6, drafter_cache=False)

@@ -4,10 +4,10 @@ Shared by the P-EAGLE, DFlash and DSpark reference drafters. Facts from
 speculators_format.md: §2.2 (aux ids), §2.3 (``d2t`` offsets: ``target = draft + d2t``),
 §3.3 / §4.3 / §5.3 (one drafting step), §6 (which tensors may be omitted).
 
-The drafters keep **no KV cache**: every :meth:`Drafter.propose` call recomputes the
-whole drafting pass from the accepted context it is given. The drafters are tiny, the
-validation loop calls ``propose`` once per verify step, and a full recompute leaves no
-cache-cropping state to get wrong.
+:meth:`Drafter.propose` / ``forward_block`` keep **no state**: every call recomputes the
+whole drafting pass from the accepted context it is given (the path G2 parity and export
+use). ``drafter.new_session()`` (:mod:`specconv.drafters.cache`) keeps the projected
+context keys/values between calls instead; the validation loop drafts through it.
 """
 
 from __future__ import annotations
