@@ -70,12 +70,12 @@ class SessionFactory:
         return self.sessions[-1]
 
 
-def _both(runner, drafter, prompts, n):
+def _both(runner, drafter, prompts, n, **kw):
     """Decode ``prompts`` statelessly and through the cache; return results + recordings."""
     stateless = Recorder(drafter)
-    r0 = run_requests(runner, stateless, prompts, max_new_tokens=n, drafter_cache=False)
+    r0 = run_requests(runner, stateless, prompts, max_new_tokens=n, drafter_cache=False, **kw)
     cached = SessionFactory(drafter)
-    r1 = run_requests(runner, cached, prompts, max_new_tokens=n)
+    r1 = run_requests(runner, cached, prompts, max_new_tokens=n, **kw)
     return r0, r1, stateless, cached
 
 
@@ -115,7 +115,11 @@ def _tiny_drafter(kind: str, root: Path, verifier: Path):
         d = fp.build_speculators_block(verifier, root / "spec", "dflash", layers=2)
         return load_drafter(d, verifier, dtype=torch.float32)
     d = fp.build_speculators_peagle(verifier, root / "spec", layers=2)
-    return load_drafter(d, verifier, dtype=torch.float32)
+    drafter = load_drafter(d, verifier, dtype=torch.float32)
+    if kind == "peagle-swa":  # sliding window 8 on layer 1: context keys in (q_pos - 8, q_pos]
+        drafter.spec.layer_types = ["full_attention", "sliding_attention"]
+        drafter.spec.sliding_window = 8
+    return drafter
 
 
 @pytest.fixture(scope="module")
@@ -142,6 +146,17 @@ def test_cached_equals_stateless_tiny(kind, tiny, tiny_runner):
     _assert_same(r0, r1, st, ca, drafter.num_draft_tokens)
 
 
+@pytest.mark.parametrize("kind", ["dflash-swa", "dspark-deepspec", "peagle"])
+def test_cached_equals_stateless_sampled(kind, tiny, tiny_runner):
+    """T > 0 (seeded rejection sampling): random drafters get drafts accepted here, so the
+    per-position acceptance compared is not all zeros."""
+    drafter = tiny(kind)
+    tiny_runner.set_aux_layer_ids(drafter.aux_layer_ids)
+    r0, r1, st, ca = _both(tiny_runner, drafter, TINY_PROMPTS, 24, temperature=0.8, seed=3)
+    _assert_same(r0, r1, st, ca, drafter.num_draft_tokens)
+    assert compute_metrics(r1, drafter.num_draft_tokens)["acceptance_at_pos"][0] > 0
+
+
 # ------------------------------------------------------------- direct cache units
 def _inputs(drafter, T, seed=1):
     g = torch.Generator().manual_seed(seed)
@@ -159,7 +174,7 @@ def _same_block(drafter, session, ctx, aux):
     assert session.length == aux.shape[1]
 
 
-@pytest.mark.parametrize("kind", ["dflash-swa", "dspark-deepspec", "peagle"])
+@pytest.mark.parametrize("kind", ["dflash-swa", "dspark-deepspec", "peagle", "peagle-swa"])
 def test_cache_crops_to_the_accepted_context(kind, tiny):
     """Growing context, a repeated call, a rewind after rejected drafts (shorter context),
     and — P-EAGLE, whose entries depend on tokens — a changed token inside the prefix."""
@@ -173,7 +188,7 @@ def test_cache_crops_to_the_accepted_context(kind, tiny):
     _same_block(drafter, s, ctx[:, :34], aux[:, :33])
     _same_block(drafter, s, ctx[:, :21], aux[:, :20])  # a shorter context crops by itself
     assert s.cache.layers[-1].length == 20
-    if kind == "peagle":
+    if kind.startswith("peagle"):
         ctx2 = ctx.clone()
         ctx2[0, 11] = (ctx2[0, 11] + 1) % 200  # entry 10 uses t_11
         s.forward_block(ctx2[:, :31], aux[:, :30])
