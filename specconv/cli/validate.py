@@ -109,6 +109,8 @@ def _check_backend_exclusive(backend: str, onnx_path: Path | None, engine_path: 
               help="Also load DIR with vLLM's own loader (strict; separate vLLM venv, see docs/validate.md).")
 @click.option("--vllm-loader-python", metavar="PATH",
               help="vLLM 0.33 interpreter for --vllm-load-check [default: $SPECCONV_VLLM_LOADER_PYTHON, else .venv-vllm].")
+@click.option("--drafter-cache/--no-drafter-cache", default=True, hidden=True,
+              help="Draft through the context-cached session (default) or statelessly.")
 @output_format_option
 @run_command
 def validate_cmd(
@@ -131,6 +133,7 @@ def validate_cmd(
     seed: int,
     vllm_load_check: bool,
     vllm_loader_python: str | None,
+    drafter_cache: bool,
     output_format: str,
 ):
     """Validate the Speculators drafter in DIR against its verifier.
@@ -153,7 +156,8 @@ def validate_cmd(
         find_vllm_python(vllm_loader_python)
     opts = ValidateOptions(source=source, prompts=prompts, num_prompts=num_prompts, max_new_tokens=max_new_tokens,
                            temperature=temperature, device=device, dtype=dtype, min_tau=min_tau, backend=backend,
-                           vllm_python=vllm_python, attn_implementation=attn_implementation, seed=seed)
+                           vllm_python=vllm_python, attn_implementation=attn_implementation, seed=seed,
+                           drafter_cache=drafter_cache)
     with _progress() as cb:
         report = validate_drafter(drafter_dir, verifier, opts, progress=cb)
     if vllm_load_check:  # vLLM's own loader, in its own interpreter (specconv/vllm_check)

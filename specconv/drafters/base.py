@@ -9,10 +9,10 @@ d2t`` (vLLM ``vllm/model_executor/models/llama_eagle3.py``, ``combine_hidden_sta
 ``compute_logits``); a full-vocabulary DFlash / DSpark drafter may omit ``embed_tokens`` and
 ``lm_head``, which then come from the verifier (``docs/validate.md``, structure gate).
 
-The drafters keep **no KV cache**: every :meth:`Drafter.propose` call recomputes the
-whole drafting pass from the accepted context it is given. The drafters are tiny, the
-validation loop calls ``propose`` once per verify step, and a full recompute leaves no
-cache-cropping state to get wrong.
+:meth:`Drafter.propose` / ``forward_block`` keep **no state**: every call recomputes the
+whole drafting pass from the accepted context it is given (the path G2 parity and export
+use). ``drafter.new_session()`` (:mod:`specconv.drafters.cache`) keeps the projected
+context keys/values between calls instead; the validation loop drafts through it.
 """
 
 from __future__ import annotations

@@ -16,7 +16,9 @@ model_definitions}.py``; z-lab ``dflash/model.py``; vLLM
 4. ``logits = lm_head(norm(h))``; drafts from slots ``1..B-1`` (``sample_from_anchor``
    false) or ``0..B-1`` (true), mapped with ``d2t``.
 
-No KV cache: the context is recomputed on every call.
+:meth:`DFlashDrafter.forward_block` recomputes the context on every call (the stateless
+path: G2 parity, export); :meth:`DFlashDrafter.new_session` keeps the context keys/values
+between calls (:mod:`specconv.drafters.cache`, the validation loop's default).
 """
 
 from __future__ import annotations
@@ -29,7 +31,9 @@ import torch
 from ..errors import InvalidInputError
 from .base import (BlockOutput, Drafter, aux_ids_from_config, build_embedding, build_lm_head, build_vocab,
                    require_int, speculative_tokens, target_hidden)
-from .layers import DecoderLayer, LayerSpec, layer_spec_of, Linear, RMSNorm, Rotary, WeightTaker, attend
+from .cache import ContextCache, DraftSession
+from .layers import (DecoderLayer, LayerSpec, layer_spec_of, Linear, RMSNorm, Rotary, WeightTaker, attend,
+                     attend_grouped)
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..format import DFlashConfig
@@ -139,6 +143,76 @@ class DFlashDrafter(Drafter):
             h = layer.finish(h, out)
         hidden = self.norm(h)
         return blk_pos, hidden, self.lm_head(hidden)
+
+    def _extend_context(self, g: torch.Tensor, cache: "ContextCache") -> None:
+        """Project the context rows ``g[n:]`` not yet in ``cache`` (after cropping it to
+        ``T``) and commit their per-layer keys/values at RoPE positions ``n..T-1``."""
+        T = g.shape[0]
+        n = cache.reuse(T)
+        if n == T:
+            return
+        c = self.hidden_norm(self.fc(g[n:]))
+        cos, sin = self.rotary(torch.arange(n, T, device=g.device), self.dtype)
+        for buf, layer in zip(cache.layers, self.layers):
+            kc, vc = layer.self_attn.kv(c, cos, sin)
+            buf.append(kc, vc)
+
+    def cached_backbone(self, anchor: torch.Tensor, g: torch.Tensor, cache: "ContextCache"
+                        ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """:meth:`backbone` with the context keys/values kept in ``cache``.
+
+        Only the context rows new since the previous call are projected; the block's
+        keys/values are scratch rows past the cached context (never committed).
+
+        Args:
+            anchor: LongTensor scalar — the anchor token at position ``T``.
+            g: ``[T, A*H]`` aux features of positions ``0..T-1`` (rows already cached
+                must be the ones seen before).
+            cache: the session's :class:`~specconv.drafters.cache.ContextCache`.
+
+        Returns:
+            ``(positions [B], hidden [B, H], slot_logits [B, Vd])`` as :meth:`backbone`.
+        """
+        self._extend_context(g, cache)
+        dev, T, B = g.device, g.shape[0], self.block_size
+        block = torch.full((B,), self.mask_token_id, dtype=torch.long, device=dev)
+        block[0] = anchor
+        h = self.embed_tokens[block]
+        blk_pos = T + torch.arange(B, device=dev)
+        cos_b, sin_b = self.rotary(blk_pos, self.dtype)
+        for i, (buf, layer) in enumerate(zip(cache.layers, self.layers)):
+            a = layer.self_attn
+            n = layer.input_layernorm(h)
+            kb, vb = a.kv(n, cos_b, sin_b)
+            k, v = buf.with_tail(kb, vb)
+            out = attend_grouped(a.q(n, cos_b, sin_b), k, v, self.layer_mask(i, T, dev), a.scale)
+            h = layer.finish(h, out)
+        hidden = self.norm(h)
+        return blk_pos, hidden, self.lm_head(hidden)
+
+    def _draft_from(self, anchor: torch.Tensor, pos: torch.Tensor, hidden: torch.Tensor,
+                    logits: torch.Tensor, temperature: float,
+                    generator: torch.Generator | None) -> BlockOutput:
+        """Drafts from the backbone's slots (DSpark overrides: Markov / confidence heads)."""
+        slots = self.draft_slot_indices(hidden.device)
+        return self._finish(pos, hidden, logits, slots, temperature, generator)
+
+    @torch.no_grad()
+    def forward_cached(self, context_tokens: torch.Tensor, aux_hidden: torch.Tensor,
+                       cache: "ContextCache", *, temperature: float = 0.0,
+                       generator: torch.Generator | None = None) -> BlockOutput:
+        """:meth:`forward_block` through ``cache`` (use a :class:`DraftSession`).
+
+        Same arguments and :class:`BlockOutput` as :meth:`forward_block`; ``cache`` is
+        cropped / extended to the given context.
+        """
+        tokens, g = self._check_inputs(context_tokens, aux_hidden)
+        pos, hidden, logits = self.cached_backbone(tokens[-1], g, cache)
+        return self._draft_from(tokens[-1], pos, hidden, logits, temperature, generator)
+
+    def new_session(self) -> "DraftSession":
+        """A :class:`~specconv.drafters.cache.DraftSession` (context cache) for one request."""
+        return DraftSession(self)
 
     def draft_slot_indices(self, device: torch.device) -> torch.Tensor:
         start = 0 if self.sample_from_anchor else 1

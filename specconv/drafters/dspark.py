@@ -132,10 +132,17 @@ class DSparkDrafter(DFlashDrafter):
         tokens, g = self._check_inputs(context_tokens, aux_hidden)
         anchor = tokens[-1]
         pos, hidden, logits = self.backbone(anchor, g)
-        slots = self.draft_slot_indices(g.device)
+        return self._draft_from(anchor, pos, hidden, logits, temperature, generator,
+                                prev_tokens=prev_tokens)
+
+    def _draft_from(self, anchor: torch.Tensor, pos: torch.Tensor, hidden: torch.Tensor,
+                    logits: torch.Tensor, temperature: float, generator: torch.Generator | None,
+                    prev_tokens: torch.Tensor | None = None) -> BlockOutput:
+        """The sequential Markov / confidence stage over the backbone's slots (module doc)."""
+        slots = self.draft_slot_indices(hidden.device)
         N = slots.numel()
         if prev_tokens is not None:
-            prev_tokens = prev_tokens.reshape(-1).to(g.device, torch.long)
+            prev_tokens = prev_tokens.reshape(-1).to(hidden.device, torch.long)
             if prev_tokens.numel() != N:
                 raise InvalidInputError(f"prev_tokens must have {N} entries")
         rows, picks, conf_logits = [], [], []

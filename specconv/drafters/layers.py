@@ -8,7 +8,9 @@ the numerics are easy to follow and to mirror in ONNX / TensorRT exports:
 * :class:`Rotary` — neox / rotate-half RoPE with absolute positions; ``default``,
   ``linear`` and ``llama3`` rope types (transformers ``modeling_rope_utils``).
 * :func:`attend` — GQA scaled-dot-product attention with an explicit boolean mask
-  (True = visible), softmax in fp32 like transformers' ``eager_attention_forward``.
+  (True = visible), softmax in fp32 like transformers' ``eager_attention_forward``;
+  :func:`attend_grouped` — the same without repeating K/V (the cached path,
+  :mod:`specconv.drafters.cache`).
 * :class:`Attention`, :class:`MLP`, :class:`DecoderLayer` — pre-norm Llama/Qwen3 decoder
   pieces; ``q_norm``/``k_norm`` (per-head RMSNorm) only when the layer has them.
 
@@ -40,6 +42,7 @@ __all__ = [
     "DecoderLayer",
     "LayerSpec",
     "attend",
+    "attend_grouped",
     "rotate_half",
     "apply_rope",
     "sample_rows",
@@ -252,6 +255,34 @@ def attend(
     probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
     out = torch.matmul(probs, v)  # [nH, Sq, D]
     return out.transpose(0, 1).reshape(out.shape[1], -1)
+
+
+def attend_grouped(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float
+) -> torch.Tensor:
+    """:func:`attend` without materialising repeated K/V (the cached path's attention).
+
+    The ``n_rep = nH / nKV`` query heads sharing a key/value head are stacked along the
+    query axis instead of repeating ``k``/``v`` ``n_rep`` times, so a long cached
+    context is read once per step, not copied. Same arguments, result and head order as
+    :func:`attend` (equal up to float rounding).
+
+    Args:
+        q: ``[nH, Sq, D]``; k, v: ``[nKV, Sk, D]`` (may be strided views).
+        mask: bool ``[Sq, Sk]``, True = visible.
+        scale: score scale.
+
+    Returns:
+        ``[Sq, nH * D]``.
+    """
+    n_kv, (n_h, sq, d) = k.shape[0], q.shape
+    n_rep = n_h // n_kv
+    qg = q.reshape(n_kv, n_rep * sq, d)
+    scores = torch.matmul(qg, k.transpose(-1, -2)) * scale
+    scores = scores.masked_fill(~mask.repeat(n_rep, 1)[None], float("-inf"))
+    probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
+    out = torch.matmul(probs, v).reshape(n_h, sq, d)
+    return out.transpose(0, 1).reshape(sq, -1)
 
 
 def layer_spec_of(config: "SpeculatorsDraftConfig", source: str) -> "LayerSpec":

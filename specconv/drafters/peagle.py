@@ -19,7 +19,9 @@ the earlier mask entries); SWA layers restrict **context** keys to positions in
 ``q_norm``/``k_norm``; llama layers do not. ``logits = lm_head(norm(h))``; drafts from
 the bonus entry (row ``T-1``) and the mask entries, mapped with ``d2t``.
 
-No KV cache: context entries are recomputed on every call.
+:meth:`PEagleDrafter.forward_block` recomputes every context entry on every call (the
+stateless path: G2 parity, export); :meth:`PEagleDrafter.new_session` keeps the context
+entries' keys/values between calls (:mod:`specconv.drafters.cache`).
 """
 
 from __future__ import annotations
@@ -32,7 +34,9 @@ import torch
 from ..errors import InvalidInputError, UnsupportedFormatError, UsageError
 from .base import (BlockOutput, Drafter, aux_ids_from_config, build_embedding, build_lm_head, build_vocab,
                    require_int, speculative_tokens, target_hidden)
-from .layers import DecoderLayer, LayerSpec, layer_spec_of, Linear, RMSNorm, Rotary, WeightTaker, attend
+from .cache import ContextCache, DraftSession
+from .layers import (DecoderLayer, LayerSpec, layer_spec_of, Linear, RMSNorm, Rotary, WeightTaker, attend,
+                     attend_grouped)
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..format import PEagleConfig
@@ -130,18 +134,24 @@ class PEagleDrafter(Drafter):
 
     def attention_mask(self, layer: int, ctx_len: int, device: torch.device) -> torch.Tensor:
         """Bool ``[S, S]`` over ``T`` context entries then ``K-1`` mask entries."""
+        return self.attention_mask_rows(layer, ctx_len, 0, device)
+
+    def attention_mask_rows(self, layer: int, ctx_len: int, start: int,
+                            device: torch.device) -> torch.Tensor:
+        """Rows ``start..S-1`` of :meth:`attention_mask`: bool ``[S - start, S]``
+        (the cached path computes only the queries from entry ``start`` on)."""
         T, M = ctx_len, self.num_draft_tokens - 1
         S = T + M
         idx = torch.arange(S, device=device)
         pos = torch.where(idx < T, idx, T - 1 + (idx - T + 1))
         depth = torch.where(idx < T, torch.zeros_like(idx), idx - T + 1)
         anchor = pos - depth  # context: own position; mask entries: T-1
-        qa, ka = anchor[:, None], anchor[None, :]
-        qd, kd = depth[:, None], depth[None, :]
+        qa, ka = anchor[start:, None], anchor[None, :]
+        qd, kd = depth[start:, None], depth[None, :]
         ctx_key = (kd == 0) & (ka <= qa)
         if self.spec.is_swa(layer):
             W = self.spec.sliding_window
-            ctx_key = ctx_key & (ka > pos[:, None] - W)
+            ctx_key = ctx_key & (ka > pos[start:, None] - W)
         same_rollout = (qa == ka) & (kd <= qd)
         return ctx_key | same_rollout
 
@@ -196,3 +206,69 @@ class PEagleDrafter(Drafter):
         logits = self.lm_head(hidden)
         slots = torch.arange(T - 1, T + M, device=dev)
         return self._finish(positions, hidden, logits, slots, temperature, generator)
+
+    # -- cached path (specconv.drafters.cache) -------------------------------------------
+    def _entries(self, tokens: torch.Tensor, g: torch.Tensor, start: int
+                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Entries ``start..T+K-2``: ``(embed [R, H], fc(prep(x)) [R, H], positions [R])``."""
+        T, M, dev = g.shape[0], self.num_draft_tokens - 1, g.device
+        ent_tokens = torch.cat([tokens[1 + start:],
+                                torch.full((M,), self.mask_token_id, dtype=torch.long, device=dev)])
+        x = torch.cat([g[start:], self.mask_hidden[None].expand(M, -1)], dim=0)
+        positions = torch.cat([torch.arange(start, T, device=dev),
+                               T - 1 + torch.arange(1, M + 1, device=dev)])
+        return self.embed_tokens[ent_tokens], self.prep_fc(x), positions
+
+    @staticmethod
+    def _cached_attend(att, buf, n_in: torch.Tensor, new_ctx: int, cos: torch.Tensor,
+                       sin: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """Commit the ``new_ctx`` context rows' keys/values to ``buf``, put the mask rows'
+        after them as scratch, attend the rows' queries over cached + new keys."""
+        k, v = att.kv(n_in, cos, sin)
+        buf.append(k[:, :new_ctx], v[:, :new_ctx])
+        kk, vv = buf.with_tail(k[:, new_ctx:], v[:, new_ctx:])
+        return attend_grouped(att.q(n_in, cos, sin), kk, vv, mask, att.scale)
+
+    @torch.no_grad()
+    def forward_cached(self, context_tokens: torch.Tensor, aux_hidden: torch.Tensor,
+                       cache: "ContextCache", *, temperature: float = 0.0,
+                       generator: torch.Generator | None = None) -> BlockOutput:
+        """:meth:`forward_block` through ``cache`` (use a :class:`DraftSession`).
+
+        Context entries attend causally among themselves, so their per-layer keys/values
+        are cached; only entries from the first new (or changed-token) one on, and
+        always the bonus entry ``T-1``, are run through the layers.
+
+        Returns:
+            :class:`BlockOutput` of the rows computed: context entries ``n..T-1`` then
+            the ``K-1`` mask entries; ``draft_slots`` index those rows.
+
+        Raises:
+            UsageError: ``T == 0``.
+        """
+        tokens, g = self._check_inputs(context_tokens, aux_hidden)
+        T = g.shape[0]
+        if T < 1:
+            raise UsageError("P-EAGLE needs at least one context position (T >= 1)")
+        dev = g.device
+        n = cache.reuse(T, tokens[1:], keep=T - 1)
+        e, f, positions = self._entries(tokens, g, n)
+        cos, sin = self.rotary(positions, self.dtype)
+        layer0, new_ctx = self.layers[0], T - n
+        b_in = self.hidden_norm(f)
+        n_in = torch.cat([layer0.input_layernorm(e), b_in], dim=-1)
+        out = self._cached_attend(layer0.self_attn, cache.layers[0], n_in, new_ctx, cos, sin,
+                                  self.attention_mask_rows(0, T, n, dev))
+        h = layer0.finish(b_in if self.norm_before_residual else f, out)
+        for i in range(1, len(self.layers)):
+            layer = self.layers[i]
+            out = self._cached_attend(layer.self_attn, cache.layers[i], layer.input_layernorm(h),
+                                      new_ctx, cos, sin, self.attention_mask_rows(i, T, n, dev))
+            h = layer.finish(h, out)
+        hidden = self.norm(h)
+        slots = torch.arange(new_ctx - 1, hidden.shape[0], device=dev)
+        return self._finish(positions, hidden, self.lm_head(hidden), slots, temperature, generator)
+
+    def new_session(self) -> "DraftSession":
+        """A :class:`~specconv.drafters.cache.DraftSession` (context cache) for one request."""
+        return DraftSession(self)

@@ -36,6 +36,10 @@ Progress = Callable[[str, int, int], None]
 class DrafterBackend(Protocol):
     """One drafting step from the accepted context (no KV cache).
 
+    A backend may also offer ``new_session()`` returning a per-request object with the
+    same ``propose`` that keeps state between steps (the reference drafters' context
+    cache, :mod:`specconv.drafters.cache`); the loop uses it unless told not to.
+
     Attributes:
         algorithm: ``peagle`` | ``dflash`` | ``dspark``.
         num_draft_tokens: ``k`` drafts per :meth:`propose`.

@@ -27,6 +27,11 @@ Bookkeeping per step: ``k`` (drafts verified; fewer than the drafter's k near th
 ``max_new_tokens`` cap), ``accepted`` = tokens emitted − 1 (z-lab's ``produced − 1``,
 i.e. capped by the stop token / length), draft and verify wall time in ms (CUDA is
 synchronised before each clock read).
+
+By default the drafter drafts through a per-request context cache
+(``drafter.new_session()``, :mod:`specconv.drafters.cache`) so a step's cost does not
+grow with the context; ``drafter_cache=False`` (``--no-drafter-cache``) calls the
+stateless ``propose`` every step.
 """
 
 from __future__ import annotations
@@ -205,6 +210,7 @@ def speculative_generate(
     generator=None,
     confidence_threshold: float | None = None,
     prompt_id: str = "",
+    drafter_cache: bool = True,
 ) -> RequestResult:
     """Decode one request with speculative decoding (or plainly with ``drafter=None``).
 
@@ -223,6 +229,10 @@ def speculative_generate(
             cumulative confidence product is ≥ this value (vLLM-style dynamic draft
             length). ``None`` verifies the full block (the lossless G3 run).
         prompt_id: recorded in the result.
+        drafter_cache: draft through a context-cached session (``drafter.new_session()``,
+            :mod:`specconv.drafters.cache`) when the drafter offers one — a step's cost
+            then does not grow with the context; ``False`` calls the stateless
+            ``drafter.propose`` (full recompute) every step. Both give the same tokens.
 
     Returns:
         :class:`RequestResult`.
@@ -234,6 +244,8 @@ def speculative_generate(
     k = _check_request(verifier, drafter, prompt_ids, max_new_tokens, num_draft_tokens, prompt_id)
     cfg = _loop_config(verifier, drafter, temperature, stop_token_ids, generator, confidence_threshold)
     st, ttft_ms = _prefill(verifier, prompt_ids, cfg, capture=drafter is not None)
+    if drafter is not None and drafter_cache and callable(getattr(drafter, "new_session", None)):
+        drafter = drafter.new_session()  # one context cache per request
     decode_t0 = time.perf_counter()
     while not st.stopped and len(st.out_ids) < max_new_tokens:
         budget = max_new_tokens - len(st.out_ids)
@@ -384,12 +396,14 @@ def run_requests(
     confidence_threshold: float | None = None,
     num_draft_tokens: int | None = None,
     on_done: Callable[[int, RequestResult], Any] | None = None,
+    drafter_cache: bool = True,
 ) -> list[RequestResult]:
     """Run :func:`speculative_generate` over ``prompts`` ([(id, token ids)]).
 
     For T > 0 each request gets its own ``torch.Generator`` seeded with ``seed + i`` on
     the verifier's device, so runs are reproducible. ``on_done(i, result)`` is called
-    after each request (progress reporting).
+    after each request (progress reporting). ``drafter_cache`` as in
+    :func:`speculative_generate`.
     """
     import torch
 
@@ -410,6 +424,7 @@ def run_requests(
             confidence_threshold=confidence_threshold,
             num_draft_tokens=num_draft_tokens,
             prompt_id=str(pid),
+            drafter_cache=drafter_cache,
         )
         results.append(r)
         if on_done is not None:

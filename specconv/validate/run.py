@@ -54,6 +54,8 @@ class ValidateOptions:
         vllm_port: port for ``--backend vllm`` (a free one is used when it is busy).
         vllm_python: interpreter of the vLLM venv for ``--backend vllm`` (None: see
             :func:`specconv.validate.vllm_backend.resolve_vllm_python`).
+        drafter_cache: torch backend — draft through the context-cached session
+            (default) or statelessly (``--no-drafter-cache``); same tokens either way.
     """
 
     source: str | None = None
@@ -71,6 +73,7 @@ class ValidateOptions:
     confidence_threshold: float | None = DSPARK_CONFIDENCE_THRESHOLD
     vllm_port: int = 8011
     vllm_python: str | None = None
+    drafter_cache: bool = True
 
 
 def select_prompts(spec: str, n: int | None) -> list:

@@ -116,7 +116,7 @@ class _Harness:
         prog(name, 0, n)
         return run_requests(self.runner, drafter, self.rendered, max_new_tokens=opts.max_new_tokens,
                             temperature=opts.temperature, stop_token_ids=self.stops, seed=opts.seed,
-                            on_done=lambda i, _r: prog(name, i + 1, n), **kw)
+                            on_done=lambda i, _r: prog(name, i + 1, n), drafter_cache=opts.drafter_cache, **kw)
 
 
 class TorchBackend:

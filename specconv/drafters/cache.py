@@ -1,0 +1,204 @@
+"""Drafter context cache: the projected context K/V kept between drafting steps.
+
+The stateless path (:meth:`Drafter.forward_block` / :meth:`Drafter.propose`) projects
+all ``T`` context positions through every layer's ``k_proj``/``v_proj`` on every call,
+so one step costs ``O(T)`` projections. A :class:`DraftSession` keeps, per draft layer,
+the roped keys and values of the context rows already seen; each call projects only
+the rows that are new since the previous call (the tokens the verifier just accepted)
+and crops the cache when the caller's context is shorter than, or diverges from, what
+is cached (a rewind after rejected drafts). The block / mask rows of a step are written
+past the committed length as scratch and never committed, so after every call the
+cache holds exactly the accepted context.
+
+Which rows are cacheable (``docs/validate.md``):
+
+* DFlash / DSpark: context keys/values are ``k_proj``/``v_proj`` of
+  ``hidden_norm(fc(g_i))`` at RoPE position ``i`` — they depend on the features only.
+* P-EAGLE: context entries attend causally among themselves, so entry ``i``'s keys and
+  values at every layer depend on ``t_1..t_{i+1}`` and ``g_0..g_i`` only; the cache
+  also remembers the entry tokens and crops at the first one that changed.
+
+Contract: the features of a kept prefix must be the ones seen before (the validation
+loop only appends; features are not compared, that would cost ``O(T)``).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+
+from .base import BlockOutput, DraftProposal
+
+if TYPE_CHECKING:
+    from .base import Drafter
+
+__all__ = ["KVBuffer", "ContextCache", "DraftSession"]
+
+
+class KVBuffer:
+    """Keys and values of one draft layer: ``[nKV, capacity, D]`` with a committed length.
+
+    Capacity grows by doubling, so appending ``s`` rows copies ``O(s)`` amortised;
+    :meth:`with_tail` writes uncommitted scratch rows (a step's block / mask rows) past
+    the committed length and returns views, so no ``torch.cat`` of the context is made.
+    """
+
+    def __init__(self) -> None:
+        self.k: torch.Tensor | None = None
+        self.v: torch.Tensor | None = None
+        self.length = 0
+
+    def _reserve(self, like: torch.Tensor, rows: int) -> None:
+        cap = 0 if self.k is None else self.k.shape[1]
+        if rows <= cap:
+            return
+        new_cap = max(rows, 2 * cap, 64)
+        shape = (like.shape[0], new_cap, like.shape[2])
+        k = like.new_empty(shape)
+        v = like.new_empty(shape)
+        if self.k is not None and self.v is not None and self.length:
+            k[:, : self.length] = self.k[:, : self.length]
+            v[:, : self.length] = self.v[:, : self.length]
+        self.k, self.v = k, v
+
+    def append(self, k: torch.Tensor, v: torch.Tensor) -> None:
+        """Commit rows ``k, v [nKV, s, D]`` after the current length."""
+        s = k.shape[1]
+        if s == 0:
+            return
+        self._reserve(k, self.length + s)
+        assert self.k is not None and self.v is not None
+        self.k[:, self.length: self.length + s] = k
+        self.v[:, self.length: self.length + s] = v
+        self.length += s
+
+    def with_tail(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Committed rows followed by scratch rows ``k, v [nKV, s, D]`` (not committed).
+
+        Returns:
+            Views ``(K, V)`` each ``[nKV, length + s, D]``; valid until the next write.
+        """
+        s = k.shape[1]
+        self._reserve(k, self.length + s)
+        assert self.k is not None and self.v is not None
+        end = self.length + s
+        self.k[:, self.length: end] = k
+        self.v[:, self.length: end] = v
+        return self.k[:, :end], self.v[:, :end]
+
+    def crop(self, n: int) -> None:
+        """Keep the first ``n`` committed rows (no-op when ``n >= length``)."""
+        self.length = max(0, min(self.length, int(n)))
+
+
+class ContextCache:
+    """Per-layer :class:`KVBuffer` s plus the entry tokens the cached rows depend on.
+
+    Args:
+        num_layers: draft decoder layers.
+    """
+
+    def __init__(self, num_layers: int) -> None:
+        self.layers = [KVBuffer() for _ in range(num_layers)]
+        self.tokens: torch.Tensor | None = None  # P-EAGLE entry tokens of the cached rows
+
+    @property
+    def length(self) -> int:
+        """Cached context positions (rows committed in every layer)."""
+        return self.layers[0].length if self.layers else 0
+
+    def crop(self, n: int) -> None:
+        """Drop cached rows from position ``n`` on (a rewind after rejected drafts)."""
+        for buf in self.layers:
+            buf.crop(n)
+        if self.tokens is not None:
+            self.tokens = self.tokens[: self.length]
+
+    def reuse(self, ctx_len: int, entry_tokens: torch.Tensor | None = None, *,
+              keep: int | None = None) -> int:
+        """Crop to what is still valid for a call with ``ctx_len`` context rows.
+
+        Args:
+            ctx_len: ``T`` context rows of the call.
+            entry_tokens: LongTensor ``[T]`` — the token each context row depends on
+                (P-EAGLE ``t_{i+1}``); the cache is cropped at the first row whose token
+                differs from the cached one. ``None``: rows depend on features only.
+            keep: at most this many rows are kept (P-EAGLE recomputes row ``T-1``,
+                whose final hidden state drafts depth 1).
+
+        Returns:
+            The first row the call must compute (= the cache length after cropping).
+        """
+        n = min(self.length, ctx_len, ctx_len if keep is None else keep)
+        if entry_tokens is not None and self.tokens is not None and n:
+            diff = (self.tokens[:n] != entry_tokens[:n]).nonzero()
+            if diff.numel():
+                n = int(diff[0, 0])
+        self.crop(n)
+        if entry_tokens is not None:
+            self.tokens = entry_tokens[:ctx_len].clone()
+        return n
+
+
+class DraftSession:
+    """A drafter plus its :class:`ContextCache` for one request (the cached path).
+
+    Has the :class:`specconv.validate.backend.DrafterBackend` surface (``propose`` and
+    the ``algorithm`` / ``num_draft_tokens`` / ``aux_layer_ids`` attributes), so the
+    validation loop drives it like the stateless drafter. Open one per request with
+    ``drafter.new_session()``; the results equal the stateless path's up to float
+    rounding (fp32: same greedy tokens; ``tests/test_drafter_cache.py``).
+    """
+
+    def __init__(self, drafter: "Drafter") -> None:
+        self.drafter = drafter
+        self.cache = ContextCache(len(drafter.layers))  # type: ignore[arg-type]
+        self.algorithm = drafter.algorithm
+        self.num_draft_tokens = drafter.num_draft_tokens
+        self.aux_layer_ids = list(drafter.aux_layer_ids)
+
+    @property
+    def length(self) -> int:
+        """Context positions held in the cache."""
+        return self.cache.length
+
+    @property
+    def device(self) -> torch.device:
+        return self.drafter.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.drafter.dtype
+
+    def crop(self, n: int) -> None:
+        """Forget cached context from position ``n`` on."""
+        self.cache.crop(n)
+
+    @torch.no_grad()
+    def forward_block(self, context_tokens: torch.Tensor, aux_hidden: torch.Tensor, *,
+                      temperature: float = 0.0, generator: torch.Generator | None = None
+                      ) -> BlockOutput:
+        """:meth:`Drafter.forward_block` through the cache (same arguments).
+
+        Returns:
+            :class:`BlockOutput` of the rows computed this call: the ``B`` block slots
+            (DFlash/DSpark) or the new context entries then the mask entries (P-EAGLE;
+            ``draft_slots`` index those rows).
+        """
+        return self.drafter.forward_cached(context_tokens, aux_hidden, self.cache,  # type: ignore[attr-defined]
+                                           temperature=temperature, generator=generator)
+
+    @torch.no_grad()
+    def propose(self, context_tokens: torch.Tensor, aux_hidden: torch.Tensor, *,
+                temperature: float = 0.0, generator: torch.Generator | None = None
+                ) -> DraftProposal:
+        """:meth:`Drafter.propose` through the cache (same arguments and result).
+
+        Raises:
+            UsageError: wrong shapes.
+        """
+        out = self.forward_block(context_tokens, aux_hidden, temperature=temperature,
+                                 generator=generator)
+        return DraftProposal(tokens=out.tokens, logits=out.target_logits,
+                             confidence=out.confidence)
