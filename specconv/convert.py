@@ -234,6 +234,7 @@ def convert(
     max_shard_size: int | None = None,
     overwrite: bool = False,
     dry_run: bool = False,
+    allow_nonfinite: bool = False,
 ) -> dict[str, Any]:
     """Convert ``source`` to a Speculators dir at ``output``.
 
@@ -293,8 +294,10 @@ def convert(
         return report
     if output is None:
         raise UsageError("-o/--output is required unless --dry-run")
-    record = write_plan(plan, Path(output), source_store=src.store, verifier=v, max_shard_size=max_shard_size, overwrite=overwrite)
+    record = write_plan(plan, Path(output), source_store=src.store, verifier=v, max_shard_size=max_shard_size, overwrite=overwrite,
+                        allow_nonfinite=allow_nonfinite)
     report["files"] = record["output_files"]
+    report["findings"] = [f.to_dict() for f in plan.findings]  # + findings of the write (e.g. nonfinite-weights)
     return report
 
 

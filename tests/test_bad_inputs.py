@@ -395,6 +395,7 @@ def test_failed_rename_restores_previous_output(tmp_path, tiny_verifier_dir, mon
         return real(a, b, *r, **k)
 
     monkeypatch.setattr(os, "rename", failing)
+    monkeypatch.setattr("specconv.outdir.exchange", lambda a, b: False)  # the two-rename fallback
     code, obj, _ = convert(make_source(tmp_path), tiny_verifier_dir, out, "--overwrite")
     assert code == 3 and "cross-device" in obj["message"]
     assert sha_tree(out) == before and leftovers(tmp_path) == []

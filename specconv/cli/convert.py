@@ -103,12 +103,13 @@ class _AlgoChoice(click.Choice):
 @click.option("--max-shard-size", callback=_size, help="Shard above this size (e.g. 5GB); default: one model.safetensors.")
 @click.option("--overwrite", is_flag=True, help="Replace an existing output directory (atomically).")
 @click.option("--dry-run", is_flag=True, help="Plan and lint only; write nothing.")
+@click.option("--allow-nonfinite", is_flag=True, help="Convert even if a tensor holds NaN/Inf (recorded as a finding).")
 @output_format_option
 @run_command
 def convert_cmd(src: str, verifier: str, verifier_name, output, algorithm, mask_token_id, aux_layer_ids,
                 speculative_tokens, sample_from_anchor, norm_before_residual, vocab_mapping, draft_config,
                 allow_unpickle, checkpoint, subfolder, revision, dtype, max_shard_size, overwrite, dry_run,
-                output_format) -> None:
+                output_format, allow_nonfinite=False) -> None:
     """Convert the drafter checkpoint SRC into a Speculators-format directory.
 
     SRC is a local dir or a Hub id. Every source tensor is mapped or refused by name; every
@@ -126,5 +127,6 @@ def convert_cmd(src: str, verifier: str, verifier_name, output, algorithm, mask_
         allow_unpickle=allow_unpickle, checkpoint=checkpoint, algorithm=algorithm, norm_before_residual=norm_before_residual,
     )
     r = convert(src, verifier=verifier, output=output, options=opts, verifier_name=verifier_name, subfolder=subfolder,
-                revision=revision, max_shard_size=max_shard_size, overwrite=overwrite, dry_run=dry_run)
+                revision=revision, max_shard_size=max_shard_size, overwrite=overwrite, dry_run=dry_run,
+                allow_nonfinite=allow_nonfinite)
     emit(r, output_format, _human)

@@ -285,7 +285,7 @@ def _write_one(path: Path, ordered: list[OutTensor]) -> None:
     try:
         engine = _ENGINE.get()
         if engine is not None:
-            engine.write_file(fd, path.name, _header_bytes(ordered), ordered)
+            engine.write_file(fd, tmp, path.name, _header_bytes(ordered), ordered)
         else:
             _write_all(fd, _header_bytes(ordered))
             _write_tensors(fd, ordered)
