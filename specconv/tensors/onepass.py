@@ -32,7 +32,7 @@ from .scan import NonFinite, itemsize, scan_bytes, scannable
 from .write import OutTensor, _copy_range, _produced_bytes
 
 #: Bytes per read in the cold copy (two such buffers are live at a time).
-CHUNK = 8 * 1024 * 1024
+CHUNK = 4 * 1024 * 1024
 
 
 @dataclass

@@ -25,6 +25,9 @@ NONFINITE_BITS: dict[str, tuple[str, int, int]] = {
     "F8_E4M3": ("u1", 0x7F, 0x7F),
 }
 
+#: Elements per numpy step of the scan (bounds its temporaries to ~3 bytes x this).
+_BLOCK = 1 << 18
+
 #: Element size of each scanned dtype.
 _ITEMSIZE = {"F16": 2, "BF16": 2, "F32": 4, "F64": 8, "F8_E5M2": 1, "F8_E4M3": 1}
 
@@ -80,13 +83,16 @@ def scan_bytes(data: Any, dtype: str, elem_offset: int = 0) -> tuple[int, int | 
 
     view, mask, value = spec
     bits = np.frombuffer(data, dtype=np.dtype(view))
-    if bits.size == 0:
-        return 0, None
-    hit = np.bitwise_and(bits, np.array(mask, dtype=bits.dtype)) == np.array(value, dtype=bits.dtype)
-    count = int(np.count_nonzero(hit))
-    if not count:
-        return 0, None
-    return count, elem_offset + int(np.argmax(hit))
+    m, v = np.array(mask, dtype=bits.dtype), np.array(value, dtype=bits.dtype)
+    count, first = 0, None
+    for lo in range(0, bits.size, _BLOCK):  # bounded temporaries (peak RSS), not one per chunk
+        hit = np.bitwise_and(bits[lo:lo + _BLOCK], m) == v
+        n = int(np.count_nonzero(hit))
+        if n:
+            if first is None:
+                first = elem_offset + lo + int(np.argmax(hit))
+            count += n
+    return count, first
 
 
 def unravel(flat: int, shape: tuple[int, ...]) -> list[int]:
