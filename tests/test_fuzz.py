@@ -28,7 +28,7 @@ from specconv.tensors import DTYPE_SIZES, OutTensor, open_store, write_safetenso
 
 ROOT = Path(__file__).resolve().parents[1]
 
-settings.register_profile("ci", deadline=None, derandomize=True, print_blob=True,
+settings.register_profile("ci", deadline=None, derandomize=True, print_blob=True, database=None,
                           suppress_health_check=list(HealthCheck))
 settings.register_profile("slow", deadline=None, print_blob=True, suppress_health_check=list(HealthCheck))
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))

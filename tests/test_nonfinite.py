@@ -198,3 +198,15 @@ def test_conversion_records_the_same_digests_cold_and_warm(tmp_path, tiny_verifi
     entry = json.loads(fresh_cache.read_text())[os.path.realpath(src / "model.safetensors")]
     assert entry["sha256"] == recs[0]["model.safetensors"] and BODY in entry["scan"]
     assert HUB
+
+
+def test_convert_help_imports_no_registry_numpy_or_pydantic():
+    import subprocess
+    import sys
+
+    code = ("import sys\nfrom specconv.cli.main import cli\ntry:\n    cli(['convert', '--help'], prog_name='specconv')\n"
+            "except SystemExit:\n    pass\n"
+            "print('IMPORTED', sorted(m for m in ('specconv.converters', 'numpy', 'pydantic', 'rich', 'torch')"
+            " if m in sys.modules), file=sys.stderr)\n")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert "IMPORTED []" in p.stderr, p.stderr

@@ -80,13 +80,16 @@ class _AlgoChoice(click.Choice):
     def choices(self, value):
         pass
 
+    def get_metavar(self, param, ctx=None):  # --help must not import the converter registry
+        return "ALGORITHM"
+
 
 @click.command("convert")
 @click.argument("src")
 @click.option("--verifier", required=True, help="Verifier: local dir or Hub id.")
 @click.option("--verifier-name", help="Hub id to record as verifier.name_or_path when --verifier is local.")
 @click.option("-o", "--output", type=click.Path(path_type=Path), help="Output directory (written atomically).")
-@click.option("--algorithm", type=_AlgoChoice(), help="Refuse unless the detected source has this target algorithm.")
+@click.option("--algorithm", type=_AlgoChoice(), help="Refuse unless the detected source has this target algorithm (dflash, dspark, peagle: see `specconv formats`).")
 @click.option("--mask-token-id", type=int, help="Mask token the drafter was trained with (when the checkpoint lacks it).")
 @click.option("--aux-layer-ids", callback=_ids, help="Override aux layer ids (speculators convention: 0 = embeddings), e.g. 2,15,28.")
 @click.option("--speculative-tokens", type=int, help="Drafts per step (P-EAGLE trained K when the config lacks it).")
