@@ -18,7 +18,6 @@ import struct
 from pathlib import Path
 
 import numpy as np
-import pytest
 from hypothesis import HealthCheck, assume, event, example, given, settings
 from hypothesis import strategies as st
 

@@ -34,6 +34,10 @@ Sharded checkpoints follow transformers (``transformers/utils/hub.py``,
 
 from __future__ import annotations
 
+# Every name the former single module had, private helpers included, stays importable
+# from here (F401 re-exports). To monkeypatch the writer's internals (``_write_one``,
+# ``_copy_range``, chunk sizes) patch them in :mod:`specconv.tensors.write`, where they
+# are looked up.
 from .dtypes import (
     _DTYPE_RANK,
     _NUMPY_NAMES,

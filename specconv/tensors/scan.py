@@ -1,9 +1,9 @@
 """Non-finite (NaN / ±Inf) scan of raw tensor bytes, on the bits (numpy, no torch).
 
 A float is non-finite exactly when all its exponent bits are set (IEEE 754; bf16 is the
-top half of an f32). The scan therefore masks the exponent of each element viewed as an
-unsigned integer of the same width and compares, so it works for BF16 and F8 too, which
-numpy has no float type for. ``F8_E4M3`` (the ``fn`` variant torch and safetensors use,
+top half of an f32), i.e. when its bits without the sign bit, read as an unsigned
+integer of the same width, reach the all-ones-exponent pattern. The scan clears the sign
+bit and compares, so it works for BF16 and F8 too, which numpy has no float type for. ``F8_E4M3`` (the ``fn`` variant torch and safetensors use,
 ``torch.float8_e4m3fn``) has no infinities; its only NaN is ``S.1111.111``.
 
 numpy's element-wise kernels release the GIL on large arrays, so scans of different
@@ -15,14 +15,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-#: dtype -> (unsigned view, mask, value): non-finite where ``bits & mask == value``.
-NONFINITE_BITS: dict[str, tuple[str, int, int]] = {
-    "F16": ("<u2", 0x7C00, 0x7C00),
-    "BF16": ("<u2", 0x7F80, 0x7F80),
-    "F32": ("<u4", 0x7F800000, 0x7F800000),
-    "F64": ("<u8", 0x7FF0000000000000, 0x7FF0000000000000),
-    "F8_E5M2": ("u1", 0x7C, 0x7C),
-    "F8_E4M3": ("u1", 0x7F, 0x7F),
+#: dtype -> (unsigned view of the same width, threshold): an element is non-finite
+#: exactly when its bits without the sign bit are >= the threshold (exponent all ones;
+#: for ``F8_E4M3`` the single NaN pattern ``.1111.111``, the top of its range).
+NONFINITE_BITS: dict[str, tuple[str, int]] = {
+    "F16": ("<u2", 0x7C00),
+    "BF16": ("<u2", 0x7F80),
+    "F32": ("<u4", 0x7F800000),
+    "F64": ("<u8", 0x7FF0000000000000),
+    "F8_E5M2": ("u1", 0x7C),
+    "F8_E4M3": ("u1", 0x7F),
 }
 
 #: Elements per numpy step of the scan (bounds its temporaries to ~3 bytes x this).
@@ -81,17 +83,22 @@ def scan_bytes(data: Any, dtype: str, elem_offset: int = 0) -> tuple[int, int | 
         return 0, None
     import numpy as np
 
-    view, mask, value = spec
+    view, threshold = spec
     bits = np.frombuffer(data, dtype=np.dtype(view))
-    m, v = np.array(mask, dtype=bits.dtype), np.array(value, dtype=bits.dtype)
+    nosign = np.array((1 << (8 * bits.dtype.itemsize - 1)) - 1, dtype=bits.dtype)
+    thr = np.array(threshold, dtype=bits.dtype)
+    tmp = np.empty(min(bits.size, _BLOCK), dtype=bits.dtype)  # bounded temporaries (peak RSS)
     count, first = 0, None
-    for lo in range(0, bits.size, _BLOCK):  # bounded temporaries (peak RSS), not one per chunk
-        hit = np.bitwise_and(bits[lo:lo + _BLOCK], m) == v
-        n = int(np.count_nonzero(hit))
-        if n:
-            if first is None:
-                first = elem_offset + lo + int(np.argmax(hit))
-            count += n
+    for lo in range(0, bits.size, _BLOCK):
+        blk = bits[lo:lo + _BLOCK]
+        t = tmp[: blk.size]
+        np.bitwise_and(blk, nosign, out=t)
+        if t.max() < thr:  # the common case: two fast passes, no boolean array
+            continue
+        hit = t >= thr
+        count += int(np.count_nonzero(hit))
+        if first is None:
+            first = elem_offset + lo + int(np.argmax(hit))
     return count, first
 
 

@@ -207,11 +207,9 @@ def write_safetensors(
 ) -> list[str]:
     """Write tensors as safetensors, streaming, deterministic and optionally sharded.
 
-    Tensors go to shards greedily in sorted-name order; each file has the layout of
-    ``safetensors.torch.save(..., metadata={"format": "pt"})`` (header padded to 8 bytes,
-    data by descending dtype then name), so identical input gives identical bytes.
-    ``src`` tensors are copied by byte range, ``produce()`` tensors materialised one at
-    a time; each file is written to a ``.tmp`` name and renamed when complete.
+    Shards are filled greedily in sorted-name order; each file has the layout of
+    ``safetensors.torch.save(..., metadata={"format": "pt"})``, so identical input gives
+    identical bytes. Each file is written to a ``.tmp`` name, renamed when complete.
 
     Args:
         out_dir: target directory (created if missing).
