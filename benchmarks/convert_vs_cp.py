@@ -330,8 +330,7 @@ def _measure(cmds: dict[str, tuple[list[str], dict]], work: Path, repeats: int) 
     run_measured(first_warm, work / "prime.log", {"SPECCONV_CACHE": str(work / "cache")})  # fill the cache
     for i in range(repeats):
         for which in names[i % len(names):] + names[: i % len(names)]:
-            for d in ("cp-out", "convert-out"):
-                shutil.rmtree(work / d, ignore_errors=True)
+            shutil.rmtree(work / ("convert-out" if which.startswith("convert") else "cp-out"), ignore_errors=True)
             os.sync()
             cmd, env = cmds[which]
             r = run_measured(cmd, work / f"{which}.log", env)
