@@ -240,9 +240,9 @@ def write_safetensors(
             engine.begin(n)
         for fname, shard in zip(names, shards):
             _write_one(out / fname, _layout(shard))
+    finally:
         if engine is not None:
             engine.finish()
-    finally:
         _ENGINE.reset(token)
     if n == 1:
         return names
