@@ -79,11 +79,21 @@ def _lock_free(lock: Path) -> bool:
         os.close(fd)
 
 
-def _pid_alive(tag: str) -> bool:
+#: A temp dir whose name carries no pid (an older specconv's) counts as stale only after this long.
+_NO_PID_STALE_S = 24 * 3600
+
+
+def _pid_alive(tag: str, d: Path) -> bool:
+    """Whether the conversion that named its dir ``tag`` may still be running."""
     try:
         pid = int(tag.split("-", 1)[0])
     except ValueError:
-        return False
+        import time
+
+        try:
+            return time.time() - d.stat().st_mtime < _NO_PID_STALE_S
+        except OSError:
+            return False
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -112,7 +122,7 @@ def clean_stale(out_dir: Path) -> list[str]:
                 continue
             tag = d.name[len(f".{name}.{kind}-"):]
             lock = parent / f".{name}.tmp-{tag}.lock"
-            if not (_lock_free(lock) if lock.exists() else not _pid_alive(tag)):
+            if not (_lock_free(lock) if lock.exists() else not _pid_alive(tag, d)):
                 continue
             if kind == "old" and not out_dir.exists() and not out_dir.is_symlink():
                 os.rename(d, out_dir)

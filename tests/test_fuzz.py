@@ -18,6 +18,7 @@ import struct
 from pathlib import Path
 
 import numpy as np
+import pytest
 from hypothesis import HealthCheck, assume, event, example, given, settings
 from hypothesis import strategies as st
 
@@ -213,19 +214,36 @@ KEYS, ARCHS = _harvest()
 VALUE = JSON | st.sampled_from(ARCHS or ["X"]) | st.lists(st.sampled_from(ARCHS or ["X"]), max_size=2) | st.integers(-3, 300)
 
 
-@st.composite
-def sources(draw):
-    fmt = draw(st.sampled_from(FORMATS))
-    cfg = source_config(fmt)
+@pytest.fixture(scope="module")
+def bases(tiny_verifier_dir, tmp_path_factory):
+    """(label, config, tensors) to mutate: every DFlash fixture layout, a P-EAGLE drafter
+    saved by speculators 0.9.0 and the bundled Speculators-format DFlash example."""
+    from safetensors.torch import load_file
+
+    from fixtures_peagle import build_speculators_peagle
+
+    out = [(fmt, source_config(fmt), source_tensors(fmt)) for fmt in FORMATS]
+    pe = build_speculators_peagle(tiny_verifier_dir, tmp_path_factory.mktemp("peagle") / "pe")
+    out.append(("speculators_peagle", json.loads((pe / "config.json").read_text()),
+                load_file(str(pe / "model.safetensors"))))
+    ex = ROOT / "examples" / "smollm2-dflash-b8"
+    out.append(("speculators_dflash", json.loads((ex / "config.json").read_text()), load_file(str(ex / "model.safetensors"))))
+    return out
+
+
+def _mutate(draw, base) -> tuple[str, dict, dict, bool]:
+    label, cfg, tensors = base
+    cfg, tensors = json.loads(json.dumps(cfg)), dict(tensors)
     for _ in range(draw(st.integers(0, 4))):
         op = draw(st.sampled_from(["set", "del", "nest"]))
+        nested = [k for k, v in cfg.items() if isinstance(v, dict)]
         if op == "set":
             cfg[draw(st.sampled_from(KEYS) | st.sampled_from(sorted(cfg)))] = draw(VALUE)
         elif op == "del" and cfg:
             cfg.pop(draw(st.sampled_from(sorted(cfg))), None)
-        elif isinstance(cfg.get("dflash_config"), dict):
-            cfg["dflash_config"][draw(st.sampled_from(KEYS))] = draw(VALUE)
-    tensors = source_tensors(fmt)
+        elif nested:
+            sub = cfg[draw(st.sampled_from(sorted(nested)))]
+            sub[draw(st.sampled_from(KEYS) | st.sampled_from(sorted(sub) or KEYS))] = draw(VALUE)
     names = sorted(tensors)
     for n in draw(st.lists(st.sampled_from(names), max_size=3, unique=True)):
         if draw(st.booleans()):
@@ -233,7 +251,7 @@ def sources(draw):
         else:
             tensors[n.replace("layers.", draw(st.sampled_from(["layers.", "model.layers.", "midlayer.", "x."])))] = \
                 tensors.pop(n)
-    return fmt, cfg, tensors, draw(st.booleans())
+    return label, cfg, tensors, draw(st.integers(0, 9)) > 0
 
 
 def _leftovers(parent: Path) -> list[str]:
@@ -241,13 +259,14 @@ def _leftovers(parent: Path) -> list[str]:
 
 
 @examples(25)
-@given(src=sources())
-def test_detection_and_conversion_fail_cleanly(src, tmp_path, tiny_verifier_dir):
+@given(data=st.data())
+def test_detection_and_conversion_fail_cleanly(data, bases, tmp_path, tiny_verifier_dir):
     from safetensors.torch import save_file
 
     from specconv.convert import convert, inspect_source
 
-    fmt, cfg, tensors, as_text = src
+    fmt, cfg, tensors, as_text = _mutate(data.draw, data.draw(st.sampled_from(bases)))
+    event(f"base {fmt}")
     d = _fresh(tmp_path, fmt)
     (d / "config.json").write_text(json.dumps(cfg) if as_text else json.dumps(cfg)[:-1])  # some truncated
     if tensors:

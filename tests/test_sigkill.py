@@ -152,3 +152,26 @@ def test_sigkill_during_overwrite_swap(hook, tmp_path, tiny_verifier_dir):
     assert p.returncode == 0, p.stderr
     assert json.loads(p.stdout)["output"] == str(out) and (out / "specconv.json").is_file()
     assert _hidden(parent) == []
+
+
+def test_clean_stale_rules(tmp_path):
+    from specconv.outdir import OutputTemp
+
+    out = tmp_path / "out"
+    live = OutputTemp(out)  # held lock: a concurrent conversion (flock conflicts across open files)
+    dead = tmp_path / ".out.tmp-999999999-abcd1234"  # no such pid, no lock file: stale
+    dead.mkdir()
+    legacy = tmp_path / ".out.tmp-k3j4h5g6"  # an older specconv's name, no pid: kept while recent
+    legacy.mkdir()
+    orphan = tmp_path / ".out.tmp-999999998-ffff.lock"  # lock file whose dir is gone
+    orphan.write_text("")
+    old = tmp_path / ".out.old-999999997-0000"  # a previous output parked by a killed fallback swap
+    old.mkdir()
+    (old / "notes.txt").write_text("previous\n")
+    removed = clean_stale(out)
+    assert sorted(removed) == [old.name, dead.name]
+    assert (out / "notes.txt").read_text() == "previous\n"  # restored, since out was missing
+    assert live.path.is_dir() and live.lock.exists() and legacy.is_dir() and not orphan.exists()
+    live.release()
+    assert not live.path.exists() and not live.lock.exists()
+    assert clean_stale(out) == [] and legacy.is_dir()
