@@ -55,6 +55,8 @@ def _sha256(path: Path) -> str:
 
 
 _HASH_CACHE: dict[str, Any] | None = None
+#: Above this many entries, saving the cache drops those whose file no longer exists.
+_CACHE_PRUNE_ABOVE = 256
 _SHA256_HEX = frozenset("0123456789abcdef")
 
 
@@ -106,6 +108,9 @@ def _hash_cache() -> dict[str, Any]:
 def _save_hash_cache() -> None:
     if _HASH_CACHE is None or os.environ.get("SPECCONV_HASH_CACHE", "1") == "0":
         return
+    if len(_HASH_CACHE) > _CACHE_PRUNE_ABOVE:  # forget files that are gone (temp checkpoints)
+        for k in [k for k in _HASH_CACHE if not os.path.exists(k)]:
+            del _HASH_CACHE[k]
     try:
         p = _hash_cache_path()
         tmp = p.with_name(f".{p.name}.{os.getpid()}")

@@ -210,3 +210,16 @@ def test_convert_help_imports_no_registry_numpy_or_pydantic():
             " if m in sys.modules), file=sys.stderr)\n")
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert "IMPORTED []" in p.stderr, p.stderr
+
+
+def test_cache_forgets_deleted_files(tmp_path, fresh_cache, monkeypatch):
+    import specconv.writer as w
+
+    monkeypatch.setattr(w, "_CACHE_PRUNE_ABOVE", 1)
+    keep = tmp_path / "keep.bin"
+    keep.write_bytes(b"k")
+    w._hash_cache().update({str(keep): {"stat": [1, 2, 3], "sha256": "0" * 64},
+                            str(tmp_path / "gone.bin"): {"stat": [1, 2, 3], "sha256": "1" * 64}})
+    fresh_cache.parent.mkdir(parents=True, exist_ok=True)
+    w._save_hash_cache()
+    assert sorted(json.loads(fresh_cache.read_text())) == [str(keep)]
