@@ -138,7 +138,7 @@ def test_cold_warm_and_legacy_give_the_same_bytes(tmp_path, monkeypatch, chunk):
     warm = CopyPass({f: SourceFile(f, want_sha256=True, sha256=sf.sha256, scans=sf.scans)}, outs, hash_output=True)
     write_safetensors(tmp_path / "warm", outs, engine=warm)
     assert (tmp_path / "warm" / "model.safetensors").read_bytes() == legacy
-    assert warm.stats == {"streamed": 0, "ranges": 0, "kernel": 4}  # copy_file_range path
+    assert warm.stats == {"streamed": 0, "ranges": 0, "kernel": 2}  # copy_file_range, adjacent ranges joined
     assert warm.output_sha256 == cold.output_sha256
     assert {k: (v.count, v.first) for k, v in warm.nonfinite.items()} == {"d.f16": (1, 966), "gen": (4, 0)}
 

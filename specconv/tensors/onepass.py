@@ -133,14 +133,47 @@ class CopyPass:
         for t in ordered:
             pos[t.name], off = off, off + t.nbytes
         done: set[str] = set()
+        run: list[Any] | None = None  # pending warm [file, start, length, out pos]: one kernel copy
         for t in ordered:
             if t.name in done:
                 continue
+            if self._warm(t):
+                if run and run[0] == t.src.file and run[1] + run[2] == t.src.start and run[3] + run[2] == pos[t.name]:
+                    run[2] += t.nbytes
+                else:
+                    self._kernel_copy(fd, run, out_hash)
+                    run = [t.src.file, t.src.start, t.nbytes, pos[t.name]]
+                continue
+            self._kernel_copy(fd, run, out_hash)
+            run = None
             done |= self._write_tensor(fd, t, pos, out_hash)
+        self._kernel_copy(fd, run, out_hash)
         if out_hash is not None:
             self.output_sha256[name] = _file_sha256(tmp) if out_hash.broken else out_hash.h.hexdigest()
 
-    # ---- one tensor (or one whole streamed source file)
+    # ---- warm tensors: results from the cache, bytes copied kernel-side
+    def _warm(self, t: OutTensor) -> bool:
+        """True (and the cached scan recorded) when ``t`` needs no user-space read."""
+        if t.src is None or t.src.start is None:
+            return False
+        sf = self.files[t.src.file]
+        cached = sf.scans.get(t.src.name)
+        if sf.needs_read or (cached is None and scannable(t.dtype)):
+            return False
+        if cached is not None:
+            self._record(t, cached[0], cached[1])
+        return True
+
+    def _kernel_copy(self, fd: int, run: list[Any] | None, out_hash: Any) -> None:
+        if not run:
+            return
+        os.lseek(fd, run[3], os.SEEK_SET)
+        _copy_range(run[0], run[1], run[2], fd)
+        if out_hash:
+            out_hash.broken = True
+        self.stats["kernel"] += 1
+
+    # ---- one cold tensor (or one whole streamed source file)
     def _write_tensor(self, fd: int, t: OutTensor, pos: dict[str, int], out_hash: Any) -> set[str]:
         if t.src is None or t.src.start is None:
             data = _produced_bytes(t)
@@ -157,16 +190,6 @@ class CopyPass:
             sf.sha256 = h.hexdigest()
             self.stats["streamed"] += 1
             return {p.t.name for p in pieces if p.pos is not None}
-        cached = sf.scans.get(t.src.name)
-        if cached is not None or not scannable(t.dtype):
-            if cached is not None:
-                self._record(t, cached[0], cached[1])
-            os.lseek(fd, pos[t.name], os.SEEK_SET)
-            _copy_range(t.src.file, t.src.start, t.nbytes, fd)
-            if out_hash:
-                out_hash.broken = True
-            self.stats["kernel"] += 1
-            return {t.name}
         self._stream(fd, sf.path, t.src.start, t.src.end, [_Piece(t, t.src.start, t.src.end, pos[t.name])],
                      None, out_hash)
         self.stats["ranges"] += 1
