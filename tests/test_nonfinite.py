@@ -117,9 +117,11 @@ def _mixed_store(d: Path):
     return open_store(d), sd
 
 
+@pytest.mark.parametrize("kernel", [True, False], ids=["copy_file_range", "pwrite"])
 @pytest.mark.parametrize("chunk", [1000, 1 << 20])
-def test_cold_warm_and_legacy_give_the_same_bytes(tmp_path, monkeypatch, chunk):
+def test_cold_warm_and_legacy_give_the_same_bytes(tmp_path, monkeypatch, chunk, kernel):
     monkeypatch.setattr(onepass, "CHUNK", chunk)  # 1000: chunks end inside tensors (odd element counts)
+    monkeypatch.setattr(onepass, "_CFR_OK", [kernel and onepass._CFR_OK[0]])  # the cold write: kernel or pwrite
     st, sd = _mixed_store(tmp_path)
     f = st.files[0]
     outs = [OutTensor(i.name, i.dtype, i.shape, src=i) for i in st.infos()]
