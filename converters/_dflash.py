@@ -86,7 +86,7 @@ def plan_dflash_family(
     Raises:
         InvalidInputError / UnsupportedFormatError with the key, tensor or flag at fault.
     """
-    from specconv.speculators import make_config
+    from specconv.format import make_config, speculative_tokens_for
 
     from specconv.errors import UnsupportedFormatError
     from specconv.speculators import Finding
@@ -133,7 +133,7 @@ def plan_dflash_family(
             f"({'anchor-first' if sfa else '1+N'}: {layout.sfa_source})",
             code="conflicting_layout",
         )
-    k = block if sfa else block - 1
+    k = speculative_tokens_for(block, sfa)  # the K rule (specconv.format.facts)
     if opts.speculative_tokens is not None and opts.speculative_tokens != k:
         raise InvalidInputError(
             f"--speculative-tokens {opts.speculative_tokens} contradicts block_size {block} with "

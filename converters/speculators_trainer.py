@@ -146,6 +146,7 @@ def normalise(conv: Any, src: SourceInfo, verifier: Any, opts: ConvertOptions, *
         InvalidInputError: a missing/contradictory key (mask token, block layout, aux ids,
             speculative tokens), an invalid vocabulary mapping, or an invalid config.
     """
+    from specconv.format import legacy_sample_from_anchor, speculative_tokens_for
     from specconv.speculators import (
         DSparkConfig,
         Finding,
@@ -241,10 +242,11 @@ def normalise(conv: Any, src: SourceInfo, verifier: Any, opts: ConvertOptions, *
                                     code="missing_block_size")
         sfa = raw.get("sample_from_anchor")
         if sfa is None:
-            if k_file == B - 1:
-                sfa, rule = False, f"speculative_tokens {k_file} == block_size-1 → 1+N layout"
-            elif k_file == B:
-                sfa, rule = True, f"speculative_tokens {k_file} == block_size → anchor-first layout"
+            sfa = legacy_sample_from_anchor(B, k_file)  # the legacy rule (specconv.format.facts)
+            if sfa is False:
+                rule = f"speculative_tokens {k_file} == block_size-1 → 1+N layout"
+            elif sfa is True:
+                rule = f"speculative_tokens {k_file} == block_size → anchor-first layout"
             else:
                 raise InvalidInputError(
                     f"{where}: no sample_from_anchor, and speculative_tokens={k_file!r} is neither block_size-1 "
@@ -266,7 +268,7 @@ def normalise(conv: Any, src: SourceInfo, verifier: Any, opts: ConvertOptions, *
                 f"--{'' if opts.sample_from_anchor else 'no-'}sample-from-anchor contradicts the checkpoint's "
                 f"sample_from_anchor={str(sfa).lower()}", code="conflicting_layout",
             )
-        exp = B if sfa else B - 1
+        exp = speculative_tokens_for(B, sfa)  # the K rule (specconv.format.facts)
         if opts.speculative_tokens is not None and opts.speculative_tokens != exp:
             raise InvalidInputError(
                 f"--speculative-tokens {opts.speculative_tokens} contradicts block_size {B} with "

@@ -111,21 +111,11 @@ class Verifier:
         return {k: one(k) for k in ("bos_token_id", "eos_token_id", "pad_token_id")}
 
     def facts(self):
-        """Return :class:`specconv.speculators.VerifierFacts` for the lint."""
-        from .speculators import VerifierFacts
+        """Return :class:`specconv.format.VerifierFacts` for the lint (every eos id of a
+        list, and the tokenizer's added special tokens when the files are present)."""
+        from .format import VerifierFacts
 
-        st = self.special_token_ids()
-        return VerifierFacts(
-            num_hidden_layers=self.num_hidden_layers,
-            hidden_size=self.hidden_size,
-            vocab_size=self.vocab_size,
-            architectures=self.architectures,
-            bos_token_id=st["bos_token_id"],
-            eos_token_id=st["eos_token_id"],
-            pad_token_id=st["pad_token_id"],
-            name_or_path=self.name_or_path,
-            is_local_path=not is_hub_id(self.name_or_path),
-        )
+        return VerifierFacts.from_verifier(self, is_local_path=not is_hub_id(self.name_or_path))
 
     # ---- tensors ---------------------------------------------------------------
     def _names(self) -> list[str]:

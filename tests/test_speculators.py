@@ -1,8 +1,9 @@
-"""Tests for specconv.speculators: typed config, deterministic dump/load, servability lint.
+"""Tests for specconv.format (via the specconv.speculators shim): typed config,
+deterministic dump/load, servability lint.
 
-The three example configs are the tiny validated examples of
-shared/reference/speculators_format.md §3.4 (P-EAGLE), §4.4 (DFlash) and §5.4 (DSpark);
-the good tensor lists are the ones that document gives for them.
+The three example configs are tiny P-EAGLE, DFlash and DSpark drafts whose configs load in
+speculators 0.9.0 (``test_dumped_config_parses_in_speculators``); the good tensor lists are
+the tensors speculators saves for them (``src/speculators/models/{peagle,dflash,dspark}/core.py``).
 """
 
 from __future__ import annotations
@@ -115,7 +116,7 @@ def _layer_tensors(i: int, d_in: int, qk_norm: bool = True) -> dict:
 
 
 def good_tensors(algo: str) -> dict[str, tuple[tuple[int, ...], str]]:
-    """Tensor name -> (shape, dtype) as listed in speculators_format.md for each example."""
+    """Tensor name -> (shape, dtype) speculators saves for each example."""
     if algo == "peagle":
         shapes = {"embed_tokens.weight": (256, 64), "fc.weight": (64, 192),
                   "mask_hidden": (1, 1, 192), "norm.weight": (64,), "lm_head.weight": (256, 64),

@@ -1,51 +1,42 @@
 """``load_drafter``: build a reference drafter from a Speculators-format directory.
 
-Reads ``config.json`` (speculators_format.md §2) and the drafter's safetensors through
+Reads ``config.json`` through the typed config (:func:`specconv.format.load_config`, the
+only parser of a Speculators ``config.json``) and the drafter's safetensors through
 :func:`specconv.tensors.open_store`; takes ``embed_tokens`` / ``lm_head`` from the
-verifier directory where the format lets the drafter omit them (§6: DFlash/DSpark full
-vocab; the LM head falls back to the verifier's tied embedding).
+verifier directory where the format lets the drafter omit them (DFlash/DSpark full
+vocabulary; the LM head falls back to the verifier's tied embedding; see
+``docs/formats.md``).
 """
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import torch
 
-from ..errors import InvalidInputError, UnsupportedFormatError
+from ..format import SpeculatorsDraftConfig, config_to_dict, load_config
 from .base import Drafter, VerifierWeights, check_dtype, read_tensors, refuse_unused
 from .layers import WeightTaker
 
 __all__ = ["load_drafter", "read_drafter_config"]
 
 
-def read_drafter_config(speculators_dir: str | Path) -> dict:
-    """Parse ``<dir>/config.json`` and check the Speculators envelope.
+def read_drafter_config(speculators_dir: str | Path) -> SpeculatorsDraftConfig:
+    """Read and validate ``<dir>/config.json`` as a typed Speculators config.
+
+    Args:
+        speculators_dir: a Speculators-format directory.
+
+    Returns:
+        :class:`~specconv.format.PEagleConfig`, :class:`~specconv.format.DFlashConfig` or
+        :class:`~specconv.format.DSparkConfig`.
 
     Raises:
-        InvalidInputError: missing/invalid JSON, a top-level ``model_type``-only config
-            without ``speculators_model_type``.
+        InvalidInputError: missing/invalid JSON, a config without
+            ``speculators_model_type``, or a missing/invalid key (named with the file).
         UnsupportedFormatError: an algorithm other than peagle/dflash/dspark.
     """
-    p = Path(speculators_dir) / "config.json"
-    if not p.is_file():
-        raise InvalidInputError(f"{p}: not found (expected a Speculators-format directory)")
-    try:
-        cfg = json.loads(p.read_text())
-    except json.JSONDecodeError as e:
-        raise InvalidInputError(f"{p}: invalid JSON ({e})") from e
-    if not isinstance(cfg, dict):
-        raise InvalidInputError(f"{p}: expected a JSON object")
-    algo = cfg.get("speculators_model_type")
-    if algo is None:
-        raise InvalidInputError(f"{p}: 'speculators_model_type' is missing (not a Speculators "
-                                "config)", code="config_key")
-    if algo not in ("peagle", "dflash", "dspark"):
-        raise UnsupportedFormatError(
-            f"{p}: speculators_model_type {algo!r} has no reference drafter "
-            "(peagle, dflash, dspark)", format_id=f"speculators-{algo}")
-    return cfg
+    return load_config(Path(speculators_dir) / "config.json")
 
 
 def load_drafter(speculators_dir: str | Path, verifier_dir: str | Path | None = None, *,
@@ -76,10 +67,11 @@ def load_drafter(speculators_dir: str | Path, verifier_dir: str | Path | None = 
     """
     check_dtype(dtype)
     d = Path(speculators_dir)
-    cfg = read_drafter_config(d)
+    typed = read_drafter_config(d)
+    cfg = config_to_dict(typed)  # every key as the typed config reads it (defaults, legacy rule)
     w = WeightTaker(read_tensors(d), source=str(d))
     verifier = VerifierWeights(verifier_dir)
-    algo = cfg["speculators_model_type"]
+    algo = typed.speculators_model_type
     if algo == "peagle":
         from .peagle import PEagleDrafter as cls
     elif algo == "dflash":

@@ -1,0 +1,88 @@
+"""Building a typed Speculators config from parts (:func:`make_config`)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from pydantic import ValidationError
+
+from ..errors import InvalidInputError
+from .facts import speculative_tokens_for, speculators_envelope
+from .schema import SpeculatorsDraftConfig, config_class, validation_message
+
+__all__ = ["make_config"]
+
+_LIST_KEYS = ("aux_hidden_state_layer_ids", "eagle_aux_hidden_state_layer_ids", "architectures")
+
+
+def _default_speculative_tokens(algorithm: str, cls: type[SpeculatorsDraftConfig], data: Mapping[str, Any]) -> int:
+    if algorithm == "peagle":
+        raise InvalidInputError(
+            "make_config: speculative_tokens is required for peagle "
+            "(it must not exceed the number of depths trained; it cannot be derived)"
+        )
+    block = data.get("block_size", cls.model_fields["block_size"].default)
+    sfa = data.get("sample_from_anchor", cls.model_fields["sample_from_anchor"].default)
+    return speculative_tokens_for(block, sfa)
+
+
+def _fields(tlc: Mapping[str, Any], fields: Mapping[str, Any], algorithm: str) -> dict[str, Any]:
+    data: dict[str, Any] = {"speculators_model_type": algorithm, "transformer_layer_config": dict(tlc), **fields}
+    data.setdefault("draft_vocab_size", tlc.get("vocab_size"))
+    for key in _LIST_KEYS:
+        if isinstance(data.get(key), tuple):
+            data[key] = list(data[key])
+    return data
+
+
+def make_config(
+    algorithm: str,
+    *,
+    transformer_layer_config: Mapping[str, Any],
+    verifier_name_or_path: str | None = None,
+    verifier_architectures: list[str] | tuple[str, ...] | None = None,
+    speculative_tokens: int | None = None,
+    **fields: Any,
+) -> SpeculatorsDraftConfig:
+    """Build a config for ``algorithm`` with the speculators defaults filled in.
+
+    ``draft_vocab_size`` defaults to ``transformer_layer_config["vocab_size"]`` (no
+    pruning); ``architectures`` to ``[ARCHITECTURES[algorithm]]``; ``speculators_config``
+    is built from the ``verifier_*`` arguments and ``speculative_tokens`` (default for
+    DFlash/DSpark: the K rule :func:`specconv.format.facts.speculative_tokens_for`) unless
+    passed in ``fields``. All fields count as explicitly set (they are all written by
+    :func:`specconv.format.dump_config`).
+
+    Args:
+        algorithm: ``"peagle"``, ``"dflash"`` or ``"dspark"``.
+        transformer_layer_config: draft decoder config dict.
+        verifier_name_or_path: Hub repo id of the verifier (recorded as
+            ``speculators_config.verifier.name_or_path``).
+        verifier_architectures: the verifier's ``architectures``.
+        speculative_tokens: K; required for P-EAGLE (≤ trained depths).
+        **fields: any other top-level key (e.g. ``mask_token_id``, ``block_size``,
+            ``aux_hidden_state_layer_ids``, ``dtype``); unknown keys are kept as extras.
+
+    Returns:
+        The validated config.
+
+    Raises:
+        InvalidInputError: a value is invalid, or P-EAGLE without ``speculative_tokens``.
+        UnsupportedFormatError: unknown algorithm.
+    """
+    cls = config_class(algorithm)
+    data = _fields(transformer_layer_config, fields, algorithm)
+    if "speculators_config" not in data:
+        k = speculative_tokens if speculative_tokens is not None else _default_speculative_tokens(algorithm, cls, data)
+        data["speculators_config"] = speculators_envelope(algorithm, k, verifier_name_or_path, verifier_architectures)
+    try:
+        cfg = cls.model_validate(data)
+    except ValidationError as err:
+        text, key = validation_message(err)
+        raise InvalidInputError(
+            f"make_config({algorithm}): {text}", hint=f"fix key {key!r}" if key else None
+        ) from None
+    # everything is written by dump_config, so nothing is "implicit"
+    object.__setattr__(cfg, "__pydantic_fields_set__", set(type(cfg).model_fields))
+    return cfg

@@ -1,0 +1,120 @@
+"""The lint rule registry: rules are plain functions registered by :func:`rule`.
+
+A rule gets a :class:`LintContext` and returns ``None`` (silent), one ``(message, key)``
+hit or a list of them; its code and level are fixed on the decorator and must match the
+finding-code registry :data:`specconv.format.findings.CODES`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import Literal, NamedTuple, Union
+
+from ..findings import CODES, Finding, Level
+from ..schema import SpeculatorsDraftConfig, resolve_layer_types
+from ..tensors import TensorSpec, expected_tensors
+from ..verifier_facts import VerifierFacts
+
+__all__ = ["RULES", "Hit", "LintContext", "Rule", "rule", "run_rules"]
+
+Hit = tuple[str, Union[str, None]]
+RuleResult = Union[Hit, list[Hit], None]
+Needs = Literal["config", "tensors", "verifier", "serve_method"]
+
+
+@dataclass
+class LintContext:
+    """Inputs of one lint run plus views several rules share.
+
+    Attributes:
+        cfg: the draft config.
+        tensors: ``name -> (shape, safetensors dtype)``, or ``None`` (tensor rules skipped).
+        verifier: verifier facts, or ``None`` (verifier rules skipped).
+        serve_method: the ``method`` of the vLLM ``--speculative-config`` to be used, or
+            ``None``.
+    """
+
+    cfg: SpeculatorsDraftConfig
+    tensors: Mapping[str, tuple[tuple[int, ...], str]] | None = None
+    verifier: VerifierFacts | None = None
+    serve_method: str | None = None
+    _cache: dict = field(default_factory=dict, repr=False)
+
+    @property
+    def algo(self) -> str:
+        """``speculators_model_type``."""
+        return self.cfg.speculators_model_type
+
+    @property
+    def layer(self) -> dict:
+        """``transformer_layer_config``."""
+        return self.cfg.transformer_layer_config
+
+    @cached_property
+    def names(self) -> set[str]:
+        """Tensor names (empty without tensors)."""
+        return set(self.tensors or {})
+
+    @cached_property
+    def expected(self) -> dict[str, TensorSpec]:
+        """:func:`specconv.format.expected_tensors` of the config."""
+        return expected_tensors(self.cfg)
+
+    @cached_property
+    def layer_types(self) -> list[str]:
+        """Per-layer attention kinds (:func:`specconv.format.resolve_layer_types`)."""
+        return resolve_layer_types(self.layer)
+
+
+class Rule(NamedTuple):
+    """One registered rule."""
+
+    code: str
+    level: Level
+    needs: tuple[Needs, ...]
+    fn: Callable[[LintContext], RuleResult]
+
+
+#: Every rule, in registration (report) order.
+RULES: list[Rule] = []
+
+
+def rule(code: str, level: Level, *, needs: tuple[Needs, ...] = ()) -> Callable:
+    """Register a lint rule.
+
+    Args:
+        code: its finding code (a key of :data:`~specconv.format.findings.CODES`).
+        level: the finding level; must equal the registry's level for ``code``.
+        needs: inputs besides the config the rule needs (``"tensors"``, ``"verifier"``,
+            ``"serve_method"``); the rule is skipped when one is missing.
+
+    Raises:
+        ValueError: ``code`` is unregistered or registered with another level.
+    """
+    info = CODES.get(code)
+    if info is None or info.level != level:
+        raise ValueError(f"lint rule {code!r} ({level}) does not match the finding-code registry ({info})")
+
+    def deco(fn: Callable[[LintContext], RuleResult]) -> Callable[[LintContext], RuleResult]:
+        RULES.append(Rule(code, level, tuple(needs), fn))
+        return fn
+
+    return deco
+
+
+def _has(ctx: LintContext, need: Needs) -> bool:
+    return {"tensors": ctx.tensors, "verifier": ctx.verifier, "serve_method": ctx.serve_method}.get(need) is not None
+
+
+def run_rules(ctx: LintContext) -> list[Finding]:
+    """Run every registered rule whose inputs are present; findings in rule order."""
+    out: list[Finding] = []
+    for r in RULES:
+        if not all(_has(ctx, n) for n in r.needs):
+            continue
+        res = r.fn(ctx)
+        hits = [] if res is None else [res] if isinstance(res, tuple) else res
+        out.extend(Finding(r.level, r.code, message, key) for message, key in hits)
+    return out

@@ -1,0 +1,629 @@
+"""Typed Speculators ``config.json`` models (P-EAGLE, DFlash, DSpark) and their reader.
+
+This is the only parser of a Speculators ``config.json`` in specconv
+(:func:`read_config`, :func:`load_config`, :func:`parse_config`). It imports only pydantic
+and the standard library, and builds each pydantic schema on first use
+(``defer_build``), so ``specconv --help`` and ``specconv convert`` start fast.
+
+Format facts: speculators 0.9.0 ``src/speculators/config.py`` and
+``src/speculators/models/{peagle,dflash,dspark}/config.py``; vLLM 0.33
+``vllm/transformers_utils/configs/speculators/algos.py`` (what vLLM reads);
+``docs/formats.md`` for the user-facing summary.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, ClassVar, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
+
+from ..errors import InvalidInputError, UnsupportedFormatError
+from .facts import (
+    ALGORITHMS,
+    ARCHITECTURES,
+    MAX_DRAFT_LAYERS,
+    NEVER_WRITTEN,
+    SPECULATORS_VERSION,
+    legacy_sample_from_anchor,
+    speculative_tokens_for,
+)
+
+__all__ = [
+    "BlockDraftConfig",
+    "DFlashConfig",
+    "DSparkConfig",
+    "GreedyProposal",
+    "PEagleConfig",
+    "SpeculatorsDraftConfig",
+    "SpeculatorsSection",
+    "VerifierRef",
+    "config_class",
+    "config_to_dict",
+    "dump_config",
+    "effective_window",
+    "expected_speculative_tokens",
+    "load_config",
+    "parse_config",
+    "read_config",
+    "resolve_layer_types",
+    "rope_theta_of",
+    "speculators_model_type_of",
+    "validation_message",
+]
+
+#: Integer keys ``transformer_layer_config`` must carry, besides an explicit rope θ.
+_LAYER_KEYS_INT = (
+    "vocab_size",
+    "hidden_size",
+    "intermediate_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "head_dim",
+)
+
+
+class _Model(BaseModel):
+    """Shared pydantic settings: unknown keys are kept so legacy keys round-trip."""
+
+    model_config = ConfigDict(extra="allow", validate_assignment=False, defer_build=True)
+
+
+class GreedyProposal(_Model):
+    """One entry of ``speculators_config.proposal_methods`` (speculators
+    ``src/speculators/proposals/greedy.py``).
+
+    vLLM reads only ``proposal_methods[0].speculative_tokens`` (→
+    ``num_speculative_tokens``). Bounds are not enforced here so that the lint can report
+    them; speculators itself requires ``speculative_tokens >= 1``,
+    ``verifier_accept_k >= 1`` and ``accept_tolerance >= 0``.
+    """
+
+    proposal_type: Literal["greedy"] = "greedy"
+    speculative_tokens: int = 5
+    verifier_accept_k: int = 1
+    accept_tolerance: float = 0.0
+
+
+class VerifierRef(_Model):
+    """``speculators_config.verifier``: the verifier the draft was trained against.
+
+    ``name_or_path`` should be a Hub repo id (vLLM 0.33 ``vllm serve <dir>`` rejects local
+    paths; ``docs/formats.md``); ``architectures`` is copied from the verifier's config.json.
+    """
+
+    name_or_path: str | None
+    architectures: list[str]
+
+
+class SpeculatorsSection(_Model):
+    """``speculators_config`` (speculators ``src/speculators/config.py: SpeculatorsConfig``)."""
+
+    algorithm: str
+    proposal_methods: list[GreedyProposal] = Field(min_length=1)
+    default_proposal_method: str = "greedy"
+    verifier: VerifierRef
+
+    @model_validator(mode="after")
+    def _default_method_exists(self) -> SpeculatorsSection:
+        types = [p.proposal_type for p in self.proposal_methods]
+        if self.default_proposal_method not in types:
+            raise ValueError(
+                f"default_proposal_method {self.default_proposal_method!r} must equal the "
+                f"proposal_type of one of proposal_methods {types}"
+            )
+        return self
+
+
+def _check_positive_ints(prefix: str, value: Mapping[str, Any]) -> None:
+    for key in _LAYER_KEYS_INT:
+        if key not in value:
+            raise ValueError(f"{prefix}.{key}: missing")
+        v = value[key]
+        if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
+            raise ValueError(f"{prefix}.{key}: must be a positive integer, got {v!r}")
+        if key == "num_hidden_layers" and v > MAX_DRAFT_LAYERS:  # the lint enumerates every layer's tensors
+            raise ValueError(f"{prefix}.{key}: {v} draft layers is not a drafter (at most {MAX_DRAFT_LAYERS})")
+
+
+def _check_layer_config(value: dict[str, Any]) -> dict[str, Any]:
+    """Validate the keys of ``transformer_layer_config`` that the lint and vLLM rely on.
+
+    Raises:
+        ValueError: naming the full dotted key that is missing or has the wrong type.
+    """
+    prefix = "transformer_layer_config"
+    mt = value.get("model_type")
+    if not isinstance(mt, str) or not mt:
+        raise ValueError(f"{prefix}.model_type: missing or not a non-empty string")
+    _check_positive_ints(prefix, value)
+    eps = value.get("rms_norm_eps")
+    if "rms_norm_eps" not in value:
+        raise ValueError(f"{prefix}.rms_norm_eps: missing")
+    if isinstance(eps, bool) or not isinstance(eps, (int, float)) or eps <= 0:
+        raise ValueError(f"{prefix}.rms_norm_eps: must be a positive number, got {eps!r}")
+    if rope_theta_of(value) is None:
+        raise ValueError(
+            f"{prefix}.rope_parameters.rope_theta: missing (write rope θ explicitly, as "
+            "`rope_theta` or `rope_parameters.rope_theta`: vLLM's DFlash layer falls back "
+            "to 1e6 while transformers' Qwen3 default is 1e4)"
+        )
+    lt = value.get("layer_types")
+    if lt is not None and (not isinstance(lt, list) or not all(isinstance(t, str) for t in lt)):
+        raise ValueError(f"{prefix}.layer_types: must be a list of strings, got {lt!r}")
+    return value
+
+
+def rope_theta_of(layer_cfg: Mapping[str, Any]) -> float | None:
+    """Return the explicit rope θ (``rope_parameters.rope_theta`` or ``rope_theta``).
+
+    Args:
+        layer_cfg: a ``transformer_layer_config`` (or HF config) mapping.
+
+    Returns:
+        θ as a float, or ``None`` when neither key holds a positive number.
+    """
+    for src in (layer_cfg.get("rope_parameters"), layer_cfg):
+        if isinstance(src, Mapping):
+            t = src.get("rope_theta")
+            if isinstance(t, (int, float)) and not isinstance(t, bool) and t > 0:
+                return float(t)
+    return None
+
+
+class SpeculatorsDraftConfig(_Model):
+    """Common envelope of a Speculators ``config.json`` (speculators ``src/speculators/config.py``).
+
+    Subclasses add the per-algorithm keys. Unknown keys are preserved in ``model_extra``
+    and written back by :func:`dump_config` (except a top-level ``model_type`` or
+    ``auto_map``, which are never written).
+
+    Attributes:
+        speculators_model_type: ``"peagle"`` | ``"dflash"`` | ``"dspark"``; the
+            discriminator speculators and vLLM switch on.
+        speculators_version: informational; never validated by speculators or vLLM.
+        architectures: the draft model class (``ARCHITECTURES[algorithm]``).
+        dtype: float dtype of the tensors on disk (e.g. ``"bfloat16"``); informational.
+        tie_word_embeddings: always ``False`` in speculators drafts.
+        draft_vocab_size: ``Vd``; equal to ``transformer_layer_config.vocab_size`` (Vt)
+            means no vocabulary pruning.
+        target_hidden_size: vLLM-only fc input hint; keep ``None``.
+        mask_token_id: target-vocab id fed to the masked slots; required by vLLM for all
+            three algorithms.
+        transformer_layer_config: HF decoder config dict of the draft layers, containing
+            ``model_type`` and an explicit rope θ.
+        speculators_config: algorithm, proposal methods and verifier reference.
+    """
+
+    algorithm: ClassVar[str] = ""
+
+    speculators_model_type: str
+    speculators_version: str = SPECULATORS_VERSION
+    architectures: list[str] = Field(default_factory=list)
+    dtype: str | None = None
+    tie_word_embeddings: bool = False
+    draft_vocab_size: int
+    target_hidden_size: int | None = None
+    mask_token_id: int | None = None
+    transformer_layer_config: dict[str, Any]
+    speculators_config: SpeculatorsSection
+
+    @field_validator("transformer_layer_config", mode="after")
+    @classmethod
+    def _validate_layer_config(cls, value: dict[str, Any]) -> dict[str, Any]:
+        return _check_layer_config(value)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _default_architectures(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "architectures" not in data and cls.algorithm:
+            data = {**data, "architectures": [ARCHITECTURES[cls.algorithm]]}
+        return data
+
+    # ---- convenience views (not fields; never serialized) -------------------------
+
+    @property
+    def vocab_size(self) -> int:
+        """Target/verifier vocabulary ``Vt`` (``transformer_layer_config.vocab_size``)."""
+        return int(self.transformer_layer_config["vocab_size"])
+
+    @property
+    def hidden_size(self) -> int:
+        """Draft hidden size ``H`` (must equal the verifier's)."""
+        return int(self.transformer_layer_config["hidden_size"])
+
+    @property
+    def num_layers(self) -> int:
+        """Number of draft decoder layers ``L``."""
+        return int(self.transformer_layer_config["num_hidden_layers"])
+
+    @property
+    def rope_theta(self) -> float:
+        """The explicit rope θ of the draft layers."""
+        theta = rope_theta_of(self.transformer_layer_config)
+        if theta is None:
+            raise InvalidInputError("transformer_layer_config: no explicit rope_theta")
+        return theta
+
+    @property
+    def is_pruned(self) -> bool:
+        """True when the draft vocabulary is a pruned subset (``Vd < Vt``)."""
+        return self.draft_vocab_size < self.vocab_size
+
+    @property
+    def speculative_tokens(self) -> int:
+        """``proposal_methods[0].speculative_tokens`` (what vLLM uses as K)."""
+        return self.speculators_config.proposal_methods[0].speculative_tokens
+
+    @property
+    def aux_layer_ids(self) -> list[int] | None:
+        """Aux hidden-state layer ids in the speculators/vLLM capture convention
+        (id ``ℓ`` = the verifier's residual stream after ``ℓ`` decoder layers)."""
+        raise NotImplementedError
+
+    @property
+    def num_aux(self) -> int | None:
+        """``A``: number of aux layers (P-EAGLE: 3 when the ids are ``null``)."""
+        ids = self.aux_layer_ids
+        return len(ids) if ids else None
+
+
+class PEagleConfig(SpeculatorsDraftConfig):
+    """P-EAGLE draft config (speculators ``src/speculators/models/peagle/config.py``, a
+    subclass of the EAGLE-3 config).
+
+    Attributes:
+        eagle_aux_hidden_state_layer_ids: aux ids; ``None`` means 3 aux inputs resolved
+            from the verifier as ``[2, n//2, n-3]`` — write them explicitly.
+        norm_before_residual: first layer uses the normalised fc feature as residual
+            (config default false, trainer default true; vLLM default false).
+        norm_before_fc: RMSNorm over the ``A·H`` concat before ``fc`` (``input_norm``).
+        fc_norm: per-chunk RMSNorm before ``fc``; not forwarded by vLLM.
+        norm_output: EAGLE-3.1 option, unused by P-EAGLE.
+        embed_requires_grad: training-only (P-EAGLE trains its embeddings).
+    """
+
+    algorithm: ClassVar[str] = "peagle"
+
+    speculators_model_type: Literal["peagle"] = "peagle"
+    eagle_aux_hidden_state_layer_ids: list[int] | None = None
+    norm_before_residual: bool = False
+    norm_before_fc: bool = False
+    fc_norm: bool = False
+    norm_output: bool = False
+    embed_requires_grad: bool = True
+
+    @property
+    def aux_layer_ids(self) -> list[int] | None:
+        return self.eagle_aux_hidden_state_layer_ids
+
+    @property
+    def num_aux(self) -> int:
+        ids = self.eagle_aux_hidden_state_layer_ids
+        return len(ids) if ids else 3
+
+
+class BlockDraftConfig(SpeculatorsDraftConfig):
+    """Keys shared by the block drafters DFlash and DSpark (speculators
+    ``src/speculators/models/dflash/config.py``).
+
+    A file without ``sample_from_anchor`` is read with the documented legacy rule
+    (:func:`specconv.format.facts.legacy_sample_from_anchor`): ``K == B - 1`` → false,
+    ``K == B`` → true; the key still counts as absent (``model_fields_set``) and
+    :attr:`sample_from_anchor_from_legacy` says the rule was applied. When K decides
+    nothing the class default stays and the lint reports the mismatch.
+
+    Attributes:
+        aux_hidden_state_layer_ids: aux ids; effectively required.
+        block_size: ``B`` query slots per drafting pass, anchor included.
+        sample_from_anchor: false → slot 0 is the bonus token, ``B-1`` drafts;
+            true → all ``B`` slots predict.
+        sliding_window_non_causal: speculators: SWA layers are bidirectional inside the
+            block; vLLM >= 0.27 (DFlash only): ``causal = not flag`` for *every* layer.
+    """
+
+    aux_hidden_state_layer_ids: list[int] | None = None
+    block_size: int = 8
+    sample_from_anchor: bool = False
+    sliding_window_non_causal: bool = False
+
+    _sfa_legacy: bool = PrivateAttr(default=False)
+
+    @model_validator(mode="after")
+    def _legacy_sample_from_anchor(self) -> BlockDraftConfig:
+        if "sample_from_anchor" not in self.model_fields_set:
+            sfa = legacy_sample_from_anchor(self.block_size, self.speculative_tokens)
+            if sfa is not None:
+                self.sample_from_anchor = sfa
+                self.__pydantic_fields_set__.discard("sample_from_anchor")  # still absent from the file
+                self._sfa_legacy = True
+        return self
+
+    @property
+    def sample_from_anchor_from_legacy(self) -> bool:
+        """True when ``sample_from_anchor`` was absent and told by the legacy rule."""
+        return self._sfa_legacy
+
+    @property
+    def aux_layer_ids(self) -> list[int] | None:
+        return self.aux_hidden_state_layer_ids
+
+
+class DFlashConfig(BlockDraftConfig):
+    """DFlash draft config (speculators ``src/speculators/models/dflash/config.py``)."""
+
+    algorithm: ClassVar[str] = "dflash"
+
+    speculators_model_type: Literal["dflash"] = "dflash"
+
+
+class DSparkConfig(BlockDraftConfig):
+    """DSpark draft config (speculators ``src/speculators/models/dspark/config.py``).
+
+    Attributes:
+        sample_from_anchor: default **true** here (DeepSpec convention) but vLLM's
+            updater defaults to false when absent — always written.
+        markov_rank: ``r``; 0 disables the Markov head in speculators (vLLM always
+            builds it).
+        markov_head_type: ``"vanilla"`` | ``"gated"`` | ``"rnn"``; vLLM: vanilla only.
+        enable_confidence_head: per-position acceptance-probability head.
+        confidence_head_with_markov: confidence input ``cat(out, markov_w1[prev])``;
+            requires ``markov_rank > 0``.
+    """
+
+    algorithm: ClassVar[str] = "dspark"
+
+    speculators_model_type: Literal["dspark"] = "dspark"
+    sample_from_anchor: bool = True
+    markov_rank: int = 256
+    markov_head_type: Literal["vanilla", "gated", "rnn"] = "vanilla"
+    enable_confidence_head: bool = True
+    confidence_head_with_markov: bool = True
+
+
+_CLASSES: dict[str, type[SpeculatorsDraftConfig]] = {
+    "peagle": PEagleConfig,
+    "dflash": DFlashConfig,
+    "dspark": DSparkConfig,
+}
+
+
+def config_class(algorithm: str) -> type[SpeculatorsDraftConfig]:
+    """Return the config class for ``algorithm`` (``peagle``/``dflash``/``dspark``).
+
+    Raises:
+        UnsupportedFormatError: for any other ``speculators_model_type``.
+    """
+    try:
+        return _CLASSES[algorithm]
+    except KeyError:
+        raise UnsupportedFormatError(
+            f"speculators_model_type {algorithm!r} is not supported by specconv "
+            f"(supported: {', '.join(ALGORITHMS)})",
+            format_id=f"speculators-{algorithm}",
+        ) from None
+
+
+def expected_speculative_tokens(cfg: SpeculatorsDraftConfig) -> int | None:
+    """Number of drafts per pass the trained layout produces (the K rule,
+    :func:`specconv.format.facts.speculative_tokens_for`).
+
+    DFlash and DSpark: ``B`` when ``sample_from_anchor`` else ``B-1``. P-EAGLE: ``None``
+    — K must not exceed the number of depths trained, which the config does not record.
+
+    Args:
+        cfg: a loaded or constructed config.
+
+    Returns:
+        The expected ``speculative_tokens``, or ``None`` when it cannot be derived.
+    """
+    if isinstance(cfg, BlockDraftConfig):
+        return speculative_tokens_for(cfg.block_size, cfg.sample_from_anchor)
+    return None
+
+
+def resolve_layer_types(layer_cfg: Mapping[str, Any]) -> list[str]:
+    """Per-layer attention kinds of the draft as speculators and vLLM will build them.
+
+    ``layer_types`` when present; otherwise transformers' Qwen3Config rule
+    (``sliding_attention`` for layers ``i >= max_window_layers`` when
+    ``use_sliding_window`` and ``sliding_window`` are set), all ``full_attention`` for
+    other model types.
+
+    Args:
+        layer_cfg: the ``transformer_layer_config`` dict.
+
+    Returns:
+        A list of ``"full_attention"`` / ``"sliding_attention"`` (other strings are
+        passed through unchanged) of length ``num_hidden_layers`` when derived.
+    """
+    lt = layer_cfg.get("layer_types")
+    if isinstance(lt, list):
+        return list(lt)
+    n = int(layer_cfg.get("num_hidden_layers", 0))
+    window = effective_window(layer_cfg)
+    mwl = layer_cfg.get("max_window_layers", 28)
+    if layer_cfg.get("model_type") == "qwen3" and window is not None:
+        return ["sliding_attention" if i >= mwl else "full_attention" for i in range(n)]
+    return ["full_attention"] * n
+
+
+def effective_window(layer_cfg: Mapping[str, Any]) -> int | None:
+    """``sliding_window`` as the HF config class will see it (transformers
+    ``models/qwen3/configuration_qwen3.py`` nulls it unless ``use_sliding_window``; its
+    default when the key is absent is 4096)."""
+    if layer_cfg.get("model_type") == "qwen3":
+        if not layer_cfg.get("use_sliding_window", False):
+            return None
+        return layer_cfg.get("sliding_window", 4096)
+    return layer_cfg.get("sliding_window")
+
+
+# ----------------------------------------------------------------------------------
+# Reading and writing
+# ----------------------------------------------------------------------------------
+
+
+def _one_error(e: Mapping[str, Any]) -> tuple[str, str | None]:
+    loc = ".".join(str(p) for p in e.get("loc", ()))
+    msg = e.get("msg", "invalid")
+    if msg.startswith("Value error, "):
+        msg = msg[len("Value error, ") :]
+    if loc and msg.startswith(loc + "."):  # our own messages already start with the dotted key
+        text, key = msg, msg.split(":", 1)[0]
+    else:
+        key = loc or None
+        text = f"{loc}: {msg}" if loc else msg
+    if e.get("type") == "missing":
+        text = f"{loc}: missing"
+    return text, key
+
+
+def validation_message(err: ValidationError, limit: int = 8) -> tuple[str, str | None]:
+    """Render a pydantic error as ``key: reason`` lines; return (text, first key)."""
+    lines: list[str] = []
+    first_key = None
+    for e in err.errors()[:limit]:
+        text, key = _one_error(e)
+        lines.append(text)
+        first_key = first_key or key
+    more = len(err.errors()) - limit
+    if more > 0:
+        lines.append(f"... and {more} more")
+    return "; ".join(lines), first_key
+
+
+def parse_config(data: Mapping[str, Any], *, source: str = "config.json") -> SpeculatorsDraftConfig:
+    """Validate a parsed ``config.json`` mapping into the right config class.
+
+    Types are checked strictly (JSON types: ``8`` is not ``"8"``, ``0`` is not ``false``).
+
+    Args:
+        data: the decoded JSON object.
+        source: file name used in error messages.
+
+    Returns:
+        A :class:`PEagleConfig`, :class:`DFlashConfig` or :class:`DSparkConfig`.
+
+    Raises:
+        InvalidInputError: a key is missing or invalid; the message names the dotted key
+            and ``source``.
+        UnsupportedFormatError: ``speculators_model_type`` is not one of the algorithms.
+    """
+    if not isinstance(data, Mapping):
+        raise InvalidInputError(f"{source}: top level must be a JSON object")
+    if "speculators_model_type" not in data:
+        raise InvalidInputError(
+            f"{source}: key 'speculators_model_type' is missing: not a Speculators config",
+            hint="convert the checkpoint first (`specconv convert`)",
+            code="config_key",
+        )
+    algo = data["speculators_model_type"]
+    cls = config_class(algo if isinstance(algo, str) else repr(algo))
+    try:
+        return cls.model_validate(dict(data), strict=True)
+    except ValidationError as err:
+        text, key = validation_message(err)
+        raise InvalidInputError(
+            f"{source}: invalid Speculators {algo} config: {text}",
+            hint=f"fix key {key!r}" if key else None,
+        ) from None
+
+
+def _config_path(path: str | os.PathLike[str]) -> Path:
+    p = Path(path)
+    return p / "config.json" if p.is_dir() else p
+
+
+def read_config(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """Read the JSON object of a Speculators ``config.json`` (no schema check).
+
+    Use :func:`load_config` for the typed config; this is for callers that need the raw
+    object too (e.g. to hash it or show it).
+
+    Args:
+        path: draft directory containing ``config.json``, or the JSON file.
+
+    Raises:
+        InvalidInputError: the file is missing, is not JSON, or is not a JSON object.
+    """
+    cfg_path = _config_path(path)
+    if not cfg_path.is_file():
+        raise InvalidInputError(f"{cfg_path}: config.json not found")
+    try:
+        data = json.loads(cfg_path.read_text(encoding="utf-8"))
+    except (OSError, ValueError, RecursionError) as exc:  # UnicodeDecodeError, JSONDecodeError, nesting
+        raise InvalidInputError(f"{cfg_path}: cannot read JSON: {exc}") from None
+    if not isinstance(data, dict):
+        raise InvalidInputError(f"{cfg_path}: top level must be a JSON object")
+    return data
+
+
+def speculators_model_type_of(path: str | os.PathLike[str]) -> str | None:
+    """``speculators_model_type`` of a directory's ``config.json``, without a schema check.
+
+    For callers that must tell a Speculators directory from a source checkpoint before
+    choosing what to do with it (validate a drafter dir, or convert a source first).
+
+    Args:
+        path: a directory containing ``config.json``, or the JSON file.
+
+    Returns:
+        The value when ``config.json`` is a JSON object with a string
+        ``speculators_model_type`` (any algorithm, supported or not); ``None`` when the
+        file is absent, unreadable, not an object, or has no such key.
+    """
+    try:
+        data = read_config(path)
+    except InvalidInputError:
+        return None
+    algo = data.get("speculators_model_type")
+    return algo if isinstance(algo, str) else None
+
+
+def load_config(path: str | os.PathLike[str]) -> SpeculatorsDraftConfig:
+    """Read a Speculators ``config.json`` (a directory or the file itself).
+
+    Args:
+        path: draft directory containing ``config.json``, or the JSON file.
+
+    Returns:
+        The typed config (see :func:`parse_config`).
+
+    Raises:
+        InvalidInputError: the file is missing, is not JSON, or a key is missing or
+            invalid (the message names the key and the file).
+        UnsupportedFormatError: another ``speculators_model_type``.
+    """
+    return parse_config(read_config(path), source=str(_config_path(path)))
+
+
+def config_to_dict(cfg: SpeculatorsDraftConfig) -> dict[str, Any]:
+    """Plain-JSON dict of ``cfg`` with every field written explicitly.
+
+    Extra (legacy) keys are kept; a top-level ``model_type`` and ``auto_map`` are dropped
+    (a top-level ``model_type`` breaks vLLM's speculators detection).
+    """
+    d = cfg.model_dump(mode="json")
+    for key in NEVER_WRITTEN:
+        d.pop(key, None)
+    return d
+
+
+def dump_config(cfg: SpeculatorsDraftConfig) -> bytes:
+    """Deterministic ``config.json`` bytes: sorted keys, indent 2, trailing newline, UTF-8.
+
+    Every meaning-bearing key (``mask_token_id``, ``block_size``, ``sample_from_anchor``,
+    ``sliding_window_non_causal``, aux ids, ``norm_before_residual``,
+    ``draft_vocab_size``, rope θ, ``speculative_tokens`` ...) is written explicitly;
+    never a top-level ``model_type`` or ``auto_map``.
+
+    Raises:
+        ValueError: a value is not representable in strict JSON (NaN/inf).
+    """
+    text = json.dumps(config_to_dict(cfg), sort_keys=True, indent=2, allow_nan=False)
+    return (text + "\n").encode("utf-8")

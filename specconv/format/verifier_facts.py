@@ -1,0 +1,206 @@
+"""What the lint needs to know about the verifier (:class:`VerifierFacts`).
+
+The special-token facts come from the verifier's ``config.json`` (``bos``/``eos``/``pad``
+ids, ``eos`` possibly a list) and, when the verifier directory has them, from the added
+special tokens of ``tokenizer_config.json`` (``added_tokens_decoder``) and
+``tokenizer.json`` (``added_tokens``) as transformers writes them (transformers
+``tokenization_utils_base.py``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..errors import InvalidInputError
+
+__all__ = ["VerifierFacts", "is_hub_repo_id", "read_added_special_tokens"]
+
+_SPECIAL_KEYS = ("bos_token_id", "eos_token_id", "pad_token_id")
+#: tokenizer files larger than this are not read for added tokens (a guard, not a limit
+#: real tokenizers reach: Qwen3's tokenizer.json is about 11 MB).
+_MAX_TOKENIZER_BYTES = 64 * 1024 * 1024
+
+
+def _int_id(v: Any) -> int | None:
+    if isinstance(v, str) and v.isdigit():
+        v = int(v)
+    return v if isinstance(v, int) and not isinstance(v, bool) else None
+
+
+def _load_json(path: Path) -> Any:
+    try:
+        if not path.is_file() or path.stat().st_size > _MAX_TOKENIZER_BYTES:
+            return None
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError, RecursionError):  # unreadable tokenizer files only lose this check
+        return None
+
+
+def _added_from_config(data: Any) -> dict[int, str]:
+    out: dict[int, str] = {}
+    table = data.get("added_tokens_decoder") if isinstance(data, Mapping) else None
+    for tid, entry in (table or {}).items():
+        i = _int_id(tid)
+        if i is not None and isinstance(entry, Mapping) and entry.get("special"):
+            out[i] = str(entry.get("content", ""))
+    return out
+
+
+def _added_from_tokenizer(data: Any) -> dict[int, str]:
+    out: dict[int, str] = {}
+    entries = data.get("added_tokens") if isinstance(data, Mapping) else None
+    for entry in entries if isinstance(entries, list) else []:
+        if isinstance(entry, Mapping) and entry.get("special"):
+            i = _int_id(entry.get("id"))
+            if i is not None:
+                out[i] = str(entry.get("content", ""))
+    return out
+
+
+def read_added_special_tokens(verifier_dir: str | os.PathLike[str] | None) -> dict[int, str]:
+    """Added special tokens of a verifier directory: id → token text.
+
+    Reads ``tokenizer_config.json`` (``added_tokens_decoder`` entries with
+    ``"special": true``) and ``tokenizer.json`` (``added_tokens`` with
+    ``"special": true``); a missing or unreadable file contributes nothing.
+
+    Args:
+        verifier_dir: the verifier's local directory (a Hub snapshot for Hub ids), or
+            ``None``.
+
+    Returns:
+        Mapping token id → content (e.g. ``{0: "<|endoftext|>", 1: "<|im_start|>"}``).
+    """
+    if verifier_dir is None:
+        return {}
+    d = Path(verifier_dir)
+    out = _added_from_tokenizer(_load_json(d / "tokenizer.json"))
+    out.update(_added_from_config(_load_json(d / "tokenizer_config.json")))
+    return dict(sorted(out.items()))
+
+
+@dataclass
+class VerifierFacts:
+    """What the lint needs to know about the verifier.
+
+    Attributes:
+        num_hidden_layers: verifier decoder layers ``n`` (aux ids must lie in ``[0, n]``).
+        hidden_size: verifier ``H`` (must equal the draft's).
+        vocab_size: verifier vocabulary ``Vt``.
+        architectures: the verifier's ``architectures``.
+        bos_token_id, eos_token_id, pad_token_id: special ids (``eos`` may be a list);
+            ``None`` when unknown.
+        name_or_path: the id/path the verifier was resolved from.
+        is_local_path: True when ``name_or_path`` is a local directory (not a Hub id).
+        added_special_tokens: id → text of the tokenizer's added special tokens (see
+            :func:`read_added_special_tokens`); empty when the files are absent.
+    """
+
+    num_hidden_layers: int
+    hidden_size: int
+    vocab_size: int
+    architectures: list[str] = field(default_factory=list)
+    bos_token_id: int | None = None
+    eos_token_id: int | list[int] | None = None
+    pad_token_id: int | None = None
+    name_or_path: str | None = None
+    is_local_path: bool = False
+    added_special_tokens: dict[int, str] = field(default_factory=dict)
+
+    @classmethod
+    def from_hf_config(
+        cls,
+        config: Mapping[str, Any],
+        *,
+        name_or_path: str | None = None,
+        is_local_path: bool = False,
+        tokenizer_dir: str | os.PathLike[str] | None = None,
+    ) -> VerifierFacts:
+        """Build facts from a verifier ``config.json`` dict (``text_config`` unwrapped).
+
+        Args:
+            config: the verifier's config as on disk.
+            name_or_path: recorded id/path.
+            is_local_path: whether ``name_or_path`` is a local directory.
+            tokenizer_dir: directory holding the tokenizer files, if any.
+
+        Raises:
+            InvalidInputError: ``num_hidden_layers``, ``hidden_size`` or ``vocab_size``
+                is missing.
+        """
+        text = config.get("text_config") if isinstance(config.get("text_config"), Mapping) else None
+        src = text or config
+
+        def pick(key: str) -> Any:
+            v = src.get(key)
+            return config.get(key) if v is None else v
+
+        missing = [k for k in ("num_hidden_layers", "hidden_size", "vocab_size") if pick(k) is None]
+        if missing:
+            raise InvalidInputError(f"verifier config.json: missing {', '.join(missing)}")
+        return cls(
+            num_hidden_layers=int(pick("num_hidden_layers")),
+            hidden_size=int(pick("hidden_size")),
+            vocab_size=int(pick("vocab_size")),
+            architectures=list(config.get("architectures") or []),
+            **{k: pick(k) for k in _SPECIAL_KEYS},
+            name_or_path=name_or_path,
+            is_local_path=is_local_path,
+            added_special_tokens=read_added_special_tokens(tokenizer_dir),
+        )
+
+    @classmethod
+    def from_verifier(cls, verifier: Any, *, is_local_path: bool) -> VerifierFacts:
+        """Build facts from a resolved :class:`specconv.verifier.Verifier`.
+
+        Special ids are read whole from its (unwrapped, then raw) config, so an ``eos``
+        list keeps every id; the added special tokens come from its local directory.
+        """
+        def pick(key: str) -> Any:
+            return verifier.config.get(key, verifier.raw_config.get(key))
+
+        return cls(
+            num_hidden_layers=verifier.num_hidden_layers,
+            hidden_size=verifier.hidden_size,
+            vocab_size=verifier.vocab_size,
+            architectures=verifier.architectures,
+            **{k: pick(k) for k in _SPECIAL_KEYS},
+            name_or_path=verifier.name_or_path,
+            is_local_path=is_local_path,
+            added_special_tokens=read_added_special_tokens(verifier.local_dir),
+        )
+
+    def special_token_ids(self) -> dict[int, str]:
+        """Map special token id → role (``bos``/``eos``/``pad``; every id of an eos list)."""
+        out: dict[int, str] = {}
+        for role, v in (("bos", self.bos_token_id), ("eos", self.eos_token_id), ("pad", self.pad_token_id)):
+            for tid in v if isinstance(v, (list, tuple)) else [v]:
+                if isinstance(tid, int) and not isinstance(tid, bool):
+                    out.setdefault(tid, role)
+        return out
+
+
+def is_hub_repo_id(name: str | None) -> bool:
+    """Whether ``name`` looks like a Hub repo id (``name`` or ``namespace/name``).
+
+    Mirrors ``huggingface_hub.utils.validate_repo_id`` (huggingface_hub
+    ``src/huggingface_hub/utils/_validators.py``: 1–96 chars of ``[A-Za-z0-9-_.]``, at
+    most one ``/``, no ``--``/``..``, no leading/trailing ``-``/``.``, not ending in
+    ``.git``) without importing it, and additionally rejects anything that exists as a
+    local path (vLLM 0.33 does the same). Moves to :mod:`specconv.hub`.
+    """
+    if not name or len(name) > 96 or name.count("/") > 1:
+        return False
+    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.\-]*(/[A-Za-z0-9][A-Za-z0-9_.\-]*)?", name):
+        return False
+    if "--" in name or ".." in name or name.endswith(".git"):
+        return False
+    if any(part.endswith(("-", ".")) for part in name.split("/")):
+        return False
+    return not os.path.exists(name)
