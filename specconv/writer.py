@@ -292,7 +292,7 @@ def _nonfinite_check(plan: ConversionPlan, outs: list, engine: Any, allow: bool)
         raise InvalidInputError("non-finite weights: " + "; ".join(parts) +
                                 ". Pass --allow-nonfinite to convert anyway (recorded as a finding).",
                                 code="nonfinite_weights")
-    from .speculators import Finding
+    from .format.findings import Finding
 
     for name, part in zip(sorted(engine.nonfinite), parts):
         plan.findings.append(Finding("warning", "nonfinite-weights",
