@@ -281,6 +281,7 @@ def convert(
     max_shard_size: int | None = None,
     overwrite: bool = False,
     dry_run: bool = False,
+    allow_nonfinite: bool = False,
 ) -> "ConversionResult":
     """Convert ``source`` to a Speculators dir at ``output``.
 
@@ -316,8 +317,9 @@ def convert(
         raise UsageError("-o/--output is required unless --dry-run")
     ref = source_ref(source, src.path, subfolder=subfolder, revision=revision)
     record = write_plan(plan, Path(output), source_store=src.store, verifier=v, max_shard_size=max_shard_size,
-                        overwrite=overwrite, source_ref=ref)
+                        overwrite=overwrite, source_ref=ref, allow_nonfinite=allow_nonfinite)
     result.files = record.conversion.output_files
+    result.findings = [f.to_dict() for f in plan.findings]  # + findings of the write (e.g. nonfinite-weights)
     return result
 
 

@@ -176,12 +176,14 @@ class InspectResult(StageResult):
     reason: str | None = None
     title: str | None = None
     plan: dict[str, Any] | None = None
+    nonfinite: list[dict[str, Any]] | None = None
 
     def exit_status(self) -> int:
-        """3 when the source is not supported or lint reports an error, else 0."""
+        """3 when the source is not supported, lint reports an error or ``--scan`` found
+        NaN/Inf, else 0."""
         from .errors import EXIT_INVALID_INPUT
 
-        bad = not self.supported or any(f["level"] == "error" for f in self.findings)
+        bad = not self.supported or any(f["level"] == "error" for f in self.findings) or bool(self.nonfinite)
         return EXIT_INVALID_INPUT if bad else 0
 
     def human(self) -> str:
@@ -207,6 +209,9 @@ class InspectResult(StageResult):
         if self.findings:
             lines.append(f"lint:      {errors} error(s), {len(self.findings) - errors} other finding(s)")
         lines += [f"  {f['level']:7} [{f['code']}] {f['message']}" for f in self.findings]
+        if self.nonfinite is not None:
+            lines.append(f"scan:      {len(self.nonfinite)} tensor(s) with NaN/Inf")
+            lines += [f"  {n['tensor']}: {n['count']} of {n['numel']}, first at {n['first_index']}" for n in self.nonfinite]
         return "\n".join(lines)
 
 

@@ -11,14 +11,11 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
-import errno
-import hashlib
 import json
+import math
 import os
 import platform
-import shutil
 import signal
-import tempfile
 import threading
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -44,6 +41,9 @@ def _sha256(path: Path) -> str:
     """
     from .tensors import sha256_file
 
+    blob = hub_blob_sha256(path)
+    if blob is not None:
+        return blob
     if os.environ.get("SPECCONV_HASH_CACHE", "1") == "0":
         return sha256_file(path)
     st = os.stat(path)
@@ -59,6 +59,36 @@ def _sha256(path: Path) -> str:
 
 
 _HASH_CACHE: dict[str, Any] | None = None
+#: Above this many entries, saving the cache drops those whose file no longer exists.
+_CACHE_PRUNE_ABOVE = 256
+_SHA256_HEX = frozenset("0123456789abcdef")
+
+
+def hub_blob_sha256(path: Path) -> str | None:
+    """The sha256 of a Hub-cache file, read from its blob name, or ``None``.
+
+    huggingface_hub stores a snapshot file as a symlink into ``blobs/``; an LFS file's
+    blob is named by the sha256 of its content (a plain git file's by its 40-hex git
+    sha1), and huggingface_hub checks that digest on download
+    (``huggingface_hub/file_download.py``), so hashing it again would only repeat it.
+    """
+    if not os.path.islink(path):
+        return None
+    real = Path(os.path.realpath(path))
+    name = real.name
+    if real.parent.name == "blobs" and len(name) == 64 and set(name) <= _SHA256_HEX:
+        return name
+    return None
+
+
+def _cache_hit(path: Path) -> tuple[list[int], dict[str, Any]]:
+    """``(stat stamp, cached entry or {})`` of one file; the entry only when the stamp matches."""
+    st = os.stat(path)
+    stamp = [st.st_size, st.st_mtime_ns, st.st_ino]
+    if os.environ.get("SPECCONV_HASH_CACHE", "1") == "0":
+        return stamp, {}
+    hit = _hash_cache().get(os.path.realpath(path))
+    return stamp, (hit if isinstance(hit, dict) and hit.get("stat") == stamp else {})
 
 
 def _hash_cache_path() -> Path:
@@ -82,6 +112,9 @@ def _hash_cache() -> dict[str, Any]:
 def _save_hash_cache() -> None:
     if _HASH_CACHE is None or os.environ.get("SPECCONV_HASH_CACHE", "1") == "0":
         return
+    if len(_HASH_CACHE) > _CACHE_PRUNE_ABOVE:  # forget files that are gone (temp checkpoints)
+        for k in [k for k in _HASH_CACHE if not os.path.exists(k)]:
+            del _HASH_CACHE[k]
     try:
         p = _hash_cache_path()
         tmp = p.with_name(f".{p.name}.{os.getpid()}")
@@ -183,30 +216,34 @@ def build_record(plan: ConversionPlan, verifier: "Verifier | None", source_hashe
                                           conversion=conversion)
 
 
-def hash_sources(plan: ConversionPlan) -> "concurrent.futures.Future[dict[str, str]]":
+def _source_key(plan: ConversionPlan, p: Path) -> str:
+    """A source file's name in the record, as the user sees it: Hub snapshots are symlinks
+    into blobs/, so the unresolved path relative to the source dir is tried first, then
+    the resolved one, then an absolute path."""
+    root = Path(plan.source_dir).resolve()
+    aroot = Path(os.path.abspath(plan.source_dir))
+    rp, ap = Path(p).resolve(), Path(os.path.abspath(p))
+    if aroot in ap.parents:
+        return str(ap.relative_to(aroot))
+    if root in rp.parents:
+        return str(rp.relative_to(root))
+    return str(rp)
+
+
+def hash_sources(plan: ConversionPlan, skip: frozenset[str] = frozenset()
+                 ) -> "concurrent.futures.Future[dict[str, str]]":
     """Start hashing every source file in a background thread (hashlib releases the GIL),
-    so it overlaps the tensor copy instead of adding to it. The thread is a daemon: an
-    interrupted conversion exits at once instead of waiting for a large source to be hashed."""
+    so it overlaps the tensor copy instead of adding to it. Files whose real path is in
+    ``skip`` are left out (the copy pass hashes them as it reads them). The thread is a
+    daemon: an interrupted conversion exits at once instead of waiting for a large
+    source to be hashed."""
     fut: concurrent.futures.Future[dict[str, str]] = concurrent.futures.Future()
 
     def run() -> dict[str, str]:
-        # Name files as the user sees them: Hub snapshots are symlinks into blobs/, so
-        # try the unresolved path first, then the resolved one, then an absolute path.
-        root = Path(plan.source_dir).resolve()
-        aroot = Path(os.path.abspath(plan.source_dir))
         out = {}
         for p in sorted(plan.source_files):
-            if not p.is_file():
-                continue
-            rp, ap = Path(p).resolve(), Path(os.path.abspath(p))
-            if aroot in ap.parents:
-                key = str(ap.relative_to(aroot))
-            elif root in rp.parents:
-                key = str(rp.relative_to(root))
-            else:
-                key = str(rp)
-            out[key] = _sha256(p)
-        _save_hash_cache()
+            if p.is_file() and os.path.realpath(p) not in skip:
+                out[_source_key(plan, p)] = _sha256(p)
         return out
 
     def target() -> None:
@@ -218,6 +255,75 @@ def hash_sources(plan: ConversionPlan) -> "concurrent.futures.Future[dict[str, s
     fut.set_running_or_notify_cancel()
     threading.Thread(target=target, name="specconv-hash", daemon=True).start()
     return fut
+
+
+def _copy_engine(plan: ConversionPlan, outs: list, hash_output: bool) -> tuple[Any, dict[str, list[int]]]:
+    """The cold/warm copy engine, told what the cache already knows about each weight file.
+
+    Returns:
+        (engine, ``{real path: stat stamp}`` taken before the copy, for the cache update).
+    """
+    from .tensors.onepass import CopyPass, SourceFile
+
+    provenance = {os.path.realpath(p) for p in plan.source_files}
+    files, stamps = {}, {}
+    for f in {t.src.file for t in outs if t.src is not None and t.src.start is not None}:
+        key = os.path.realpath(f)
+        stamps[key], hit = _cache_hit(f)
+        sha = hub_blob_sha256(f) or (hit.get("sha256") if isinstance(hit.get("sha256"), str) else None)
+        scans = hit.get("scan") if isinstance(hit.get("scan"), dict) else {}
+        files[f] = SourceFile(f, want_sha256=key in provenance, sha256=sha, scans=dict(scans))
+    return CopyPass(files, outs, hash_output=hash_output), stamps
+
+
+def _remember(engine: Any, stamps: dict[str, list[int]]) -> dict[str, str]:
+    """Store the pass's digests and scan results in the hash cache; return the digests
+    of the files it hashed, by real path."""
+    cache = _hash_cache() if os.environ.get("SPECCONV_HASH_CACHE", "1") != "0" else {}
+    digests = {}
+    for f, sf in engine.files.items():
+        key = os.path.realpath(f)
+        if sf.want_sha256 and sf.sha256:
+            digests[key] = sf.sha256
+        if key not in stamps:
+            continue
+        entry = {"stat": stamps[key], "scan": sf.scans}
+        if sf.sha256 and hub_blob_sha256(f) is None:
+            entry["sha256"] = sf.sha256
+        elif isinstance(cache.get(key), dict) and isinstance(cache[key].get("sha256"), str):
+            entry["sha256"] = cache[key]["sha256"]
+        cache[key] = entry
+    return digests
+
+
+def _nonfinite_check(plan: ConversionPlan, outs: list, engine: Any, allow: bool) -> None:
+    """Refuse (exit 3) or, with ``allow``, record a finding for every tensor holding NaN/Inf.
+
+    Raises:
+        InvalidInputError: ``nonfinite_weights``, naming each tensor, its count and the
+            first index (in the source tensor's shape).
+    """
+    from .tensors.scan import unravel
+
+    if not engine.nonfinite:
+        return
+    by_name = {t.name: t for t in outs}
+    parts = []
+    for name in sorted(engine.nonfinite):
+        nf, t = engine.nonfinite[name], by_name[name]
+        shape = t.src.shape if t.src is not None else t.shape
+        where = f" (source {t.src.name!r} in {Path(t.src.file).name})" if t.src is not None else ""
+        parts.append(f"{name!r}{where}: {nf.count} NaN/Inf value(s) of {math.prod(shape)}, "
+                     f"first at index {unravel(nf.first or 0, tuple(shape))}")
+    if not allow:
+        raise InvalidInputError("non-finite weights: " + "; ".join(parts) +
+                                ". Pass --allow-nonfinite to convert anyway (recorded as a finding).",
+                                code="nonfinite_weights")
+    from .format.findings import Finding
+
+    for name, part in zip(sorted(engine.nonfinite), parts):
+        plan.findings.append(Finding("warning", "nonfinite-weights",
+                                     f"converted with --allow-nonfinite: {part}", key=name))
 
 
 def _fix_mode(path: Path) -> None:
@@ -238,9 +344,19 @@ def write_plan(
     max_shard_size: int | None = None,
     overwrite: bool = False,
     source_ref: dict[str, Any] | None = None,
+    allow_nonfinite: bool = False,
+    hash_output: bool = False,
+    output_sha256: dict[str, str] | None = None,
 ) -> "SpecconvRecord":
     """Write ``plan`` to ``out_dir`` atomically; return the ``specconv.json`` record
     (``source_ref``: how the record names the source, see :func:`build_record`).
+
+    Every weight byte is read once (:mod:`specconv.tensors.onepass`): a cold source is
+    hashed, scanned for NaN/Inf and written from one buffer; a warm one (digest and scan
+    cached by size, mtime and inode) is copied kernel-side. NaN/Inf in any output tensor
+    fails (exit 3) unless ``allow_nonfinite``, which records a ``nonfinite-weights``
+    finding. With ``hash_output`` the sha256 of each written safetensors file is put
+    into ``output_sha256`` (file name -> hex digest) when that dict is given.
 
     The output is written to a hidden temp dir next to ``out_dir`` and renamed into place;
     an error, Ctrl-C, SIGTERM or SIGHUP removes the temp dir and leaves any previous output
@@ -252,26 +368,56 @@ def write_plan(
             input (source, verifier, side file), or its parent is a file.
         OSError: writing failed (disk full, read-only, ...); nothing is left behind.
     """
-    from .speculators import dump_config
-    from .tensors import write_safetensors
+    from .outdir import OutputTemp, clean_stale
 
     out_dir = Path(out_dir)
     _check_output(out_dir, plan, verifier, overwrite)
     with _Interrupts() as interrupts:
         out_dir.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.tmp-", dir=out_dir.parent))
+        clean_stale(out_dir)
+        tmp = OutputTemp(out_dir)
         try:
-            hashes_future = hash_sources(plan)
-            files = write_safetensors(tmp, _out_tensors(plan, source_store, verifier), max_shard_size=max_shard_size)
-            (tmp / "config.json").write_bytes(dump_config(plan.config))
-            record = build_record(plan, verifier, hashes_future.result(), sorted(["config.json", *files, SPECCONV_JSON]),
-                                  out_dir=out_dir, source_ref=source_ref)
-            (tmp / SPECCONV_JSON).write_text(record.to_json())
-            _fix_mode(tmp)
-            _move_into_place(tmp, out_dir, overwrite, interrupts)
+            record = _write_tmp(tmp.path, plan, source_store, verifier, max_shard_size=max_shard_size,
+                                allow_nonfinite=allow_nonfinite, hash_output=hash_output,
+                                output_sha256=output_sha256, out_dir=out_dir, source_ref=source_ref)
+            _fix_mode(tmp.path)
+            with interrupts.deferred():
+                _move_into_place(tmp, out_dir, overwrite)
         finally:
-            if tmp.exists():
-                shutil.rmtree(tmp, ignore_errors=True)
+            tmp.release()
+    return record
+
+
+def _move_into_place(tmp: Any, out_dir: Path, overwrite: bool) -> None:
+    from .outdir import move_into_place
+
+    move_into_place(tmp, out_dir, overwrite)
+
+
+def _write_tmp(tmp: Path, plan: ConversionPlan, source_store: Any, verifier: Any, *, max_shard_size: int | None,
+               allow_nonfinite: bool, hash_output: bool, output_sha256: dict[str, str] | None, out_dir: Path,
+               source_ref: dict[str, Any] | None) -> "SpecconvRecord":
+    """Write weights, config and record into ``tmp``; return the record."""
+    from .speculators import dump_config
+    from .tensors import write_safetensors
+
+    outs = _out_tensors(plan, source_store, verifier)
+    engine, stamps = _copy_engine(plan, outs, hash_output)
+    streamed = frozenset(os.path.realpath(f) for f, sf in engine.files.items() if sf.needs_read)
+    hashes_future = hash_sources(plan, skip=streamed)
+    files = write_safetensors(tmp, outs, max_shard_size=max_shard_size, engine=engine)
+    digests = _remember(engine, stamps)
+    hashes = hashes_future.result()
+    hashes.update({_source_key(plan, p): digests[os.path.realpath(p)] for p in plan.source_files
+                   if os.path.realpath(p) in streamed and os.path.realpath(p) in digests})
+    _save_hash_cache()
+    _nonfinite_check(plan, outs, engine, allow_nonfinite)
+    if output_sha256 is not None:
+        output_sha256.update(engine.output_sha256)
+    (tmp / "config.json").write_bytes(dump_config(plan.config))
+    record = build_record(plan, verifier, dict(sorted(hashes.items())), sorted(["config.json", *files, SPECCONV_JSON]),
+                          out_dir=out_dir, source_ref=source_ref)
+    (tmp / SPECCONV_JSON).write_text(record.to_json())
     return record
 
 
@@ -309,38 +455,6 @@ def _check_output(out_dir: Path, plan: ConversionPlan, verifier: Any, overwrite:
                 raise InvalidInputError(f"cannot create output {out_dir}: {parent} is not a directory",
                                         code="output_unwritable")
             break
-
-
-def _move_into_place(tmp: Path, out_dir: Path, overwrite: bool, interrupts: "_Interrupts") -> None:
-    """Rename the finished temp dir to ``out_dir``; an existing output (``overwrite``) is
-    swapped out and removed only once the new one is in place, else restored."""
-    old: Path | None = None
-    swapped = False
-    try:
-        with interrupts.deferred():
-            if out_dir.exists() and not overwrite:  # created meanwhile (another conversion)
-                raise InvalidInputError(f"output {out_dir} appeared while converting; pass --overwrite to replace it",
-                                        code="output_exists")
-            if overwrite and out_dir.exists():
-                old = out_dir.parent / f".{out_dir.name}.old-{os.getpid()}"
-                try:
-                    os.replace(out_dir, old)
-                except FileNotFoundError:  # removed meanwhile
-                    old = None
-            try:
-                os.rename(tmp, out_dir)
-            except OSError as e:
-                if old is not None:
-                    os.replace(old, out_dir)  # put the previous output back
-                    old = None
-                if e.errno in (errno.EEXIST, errno.ENOTEMPTY):
-                    raise InvalidInputError(f"output {out_dir} appeared while converting (another conversion?); "
-                                            "nothing was replaced", code="output_exists") from e
-                raise
-            swapped = True
-    finally:
-        if swapped and old is not None:
-            shutil.rmtree(old, ignore_errors=True)
 
 
 class _Interrupts(contextlib.AbstractContextManager):

@@ -322,7 +322,7 @@ def test_write_failure_is_clean(tmp_path, tiny_verifier_dir, monkeypatch):
 
 
 def test_ctrl_c_mid_write_leaves_nothing(tmp_path, tiny_verifier_dir, monkeypatch):
-    import specconv.tensors as t
+    import specconv.tensors.write as t
 
     out = tmp_path / "out"
     before = _precious(out)
@@ -340,7 +340,7 @@ def test_ctrl_c_mid_write_leaves_nothing(tmp_path, tiny_verifier_dir, monkeypatc
 
 _SIGTERM_MID_WRITE = """
 import os, signal, sys
-import specconv.tensors as t
+import specconv.tensors.write as t
 real = t._write_one
 def killed(path, ordered):
     real(path, ordered[:1])
@@ -395,6 +395,7 @@ def test_failed_rename_restores_previous_output(tmp_path, tiny_verifier_dir, mon
         return real(a, b, *r, **k)
 
     monkeypatch.setattr(os, "rename", failing)
+    monkeypatch.setattr("specconv.outdir.exchange", lambda a, b: False)  # the two-rename fallback
     code, obj, _ = convert(make_source(tmp_path), tiny_verifier_dir, out, "--overwrite")
     assert code == 3 and "cross-device" in obj["message"]
     assert sha_tree(out) == before and leftovers(tmp_path) == []

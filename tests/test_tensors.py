@@ -14,6 +14,7 @@ import torch
 from safetensors.torch import load_file, save, save_file
 
 from specconv import tensors as T
+from specconv.tensors import write as TW
 from specconv.errors import InvalidInputError, UsageError
 from specconv.tensors import (
     DTYPE_SIZES,
@@ -383,8 +384,8 @@ def test_byte_identical_rerun(tmp_path):
 
 @pytest.mark.parametrize("method", ["copy_file_range", "sendfile", "readwrite", None])
 def test_copy_larger_than_chunk(tmp_path, monkeypatch, method):
-    monkeypatch.setattr(T, "COPY_CHUNK_SIZE", 1000)
-    monkeypatch.setattr(T, "KERNEL_COPY_CHUNK", 1000)
+    monkeypatch.setattr(TW, "COPY_CHUNK_SIZE", 1000)
+    monkeypatch.setattr(TW, "KERNEL_COPY_CHUNK", 1000)
     g = torch.Generator().manual_seed(9)
     big = torch.randn(3, 1234, generator=g)  # 14,808 bytes: 15 chunks
     save_file({"big": big, "a": torch.ones(3)}, str(tmp_path / "model.safetensors"))
@@ -411,8 +412,8 @@ def test_adjacent_source_ranges_are_copied_in_one_call(tmp_path, monkeypatch):
     save_file(sd, str(tmp_path / "model.safetensors"))
     st = open_store(tmp_path)
     calls = []
-    orig = T._copy_range
-    monkeypatch.setattr(T, "_copy_range",
+    orig = TW._copy_range
+    monkeypatch.setattr(TW, "_copy_range",
                         lambda *a, **k: calls.append(a[:3]) or orig(*a, **k))
     write_safetensors(tmp_path / "o", _copy_all(st))
     # same layout as the source: the whole data section is one range

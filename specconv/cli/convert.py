@@ -57,13 +57,16 @@ class _AlgoChoice(click.Choice):
     def choices(self, value):
         pass
 
+    def get_metavar(self, param, ctx=None):  # --help must not import the converter registry
+        return "ALGORITHM"
+
 
 @click.command("convert")
 @click.argument("src")
 @verifier_option()
 @verifier_name_option()
 @click.option("-o", "--output", type=click.Path(path_type=Path), help="Output directory (written atomically).")
-@click.option("--algorithm", type=_AlgoChoice(), help="Refuse unless the detected source has this target algorithm.")
+@click.option("--algorithm", type=_AlgoChoice(), help="Refuse unless the detected source has this target algorithm (dflash, dspark, peagle: see `specconv formats`).")
 @click.option("--mask-token-id", type=int, help="Mask token the drafter was trained with (when the checkpoint lacks it).")
 @click.option("--aux-layer-ids", callback=_ids, help="Override aux layer ids (speculators convention: 0 = embeddings), e.g. 2,15,28.")
 @click.option("--speculative-tokens", type=int, help="Drafts per step (P-EAGLE trained K when the config lacks it).")
@@ -80,12 +83,13 @@ class _AlgoChoice(click.Choice):
 @click.option("--max-shard-size", callback=_size, help="Shard above this size (e.g. 5GB); default: one model.safetensors.")
 @click.option("--overwrite", is_flag=True, help="Replace an existing output directory (atomically).")
 @click.option("--dry-run", is_flag=True, help="Plan and lint only; write nothing.")
+@click.option("--allow-nonfinite", is_flag=True, help="Convert even if a tensor holds NaN/Inf (recorded as a finding).")
 @output_format_option
 @run_command
 def convert_cmd(src: str, verifier: str, verifier_name, output, algorithm, mask_token_id, aux_layer_ids,
                 speculative_tokens, sample_from_anchor, norm_before_residual, vocab_mapping, draft_config,
                 allow_unpickle, checkpoint, subfolder, revision, dtype, max_shard_size, overwrite, dry_run,
-                output_format):
+                output_format, allow_nonfinite):
     """Convert the drafter checkpoint SRC into a Speculators-format directory.
 
     SRC is a local dir or a Hub id. Every source tensor is mapped or refused by name; every
@@ -103,4 +107,5 @@ def convert_cmd(src: str, verifier: str, verifier_name, output, algorithm, mask_
         allow_unpickle=allow_unpickle, checkpoint=checkpoint, algorithm=algorithm, norm_before_residual=norm_before_residual,
     )
     return convert(src, verifier=verifier, output=output, options=opts, verifier_name=verifier_name, subfolder=subfolder,
-                   revision=revision, max_shard_size=max_shard_size, overwrite=overwrite, dry_run=dry_run)
+                   revision=revision, max_shard_size=max_shard_size, overwrite=overwrite, dry_run=dry_run,
+                   allow_nonfinite=allow_nonfinite)

@@ -1,0 +1,211 @@
+"""safetensors dtype facts, torch/numpy dtype maps, raw-byte casts and size parsing.
+
+Dtype sizes and order follow safetensors' Rust ``Dtype`` enum
+(``huggingface/safetensors`` ``safetensors/src/tensor.rs``). torch is imported lazily.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Iterable
+from typing import TYPE_CHECKING
+
+from ..errors import InvalidInputError, UsageError
+
+if TYPE_CHECKING:  # pragma: no cover
+    import torch
+
+#: Bytes per element of each safetensors dtype string (safetensors ``Dtype::size``).
+DTYPE_SIZES: dict[str, int] = {
+    "BOOL": 1,
+    "U8": 1,
+    "I8": 1,
+    "I16": 2,
+    "U16": 2,
+    "F16": 2,
+    "BF16": 2,
+    "I32": 4,
+    "U32": 4,
+    "F32": 4,
+    "I64": 8,
+    "U64": 8,
+    "F64": 8,
+    "F8_E4M3": 1,
+    "F8_E5M2": 1,
+}
+
+# Order of safetensors' Rust ``Dtype`` enum (derive(Ord)); the library writes tensors
+# by descending rank then name. Checked against safetensors 0.8.0's ``save``.
+_DTYPE_RANK: dict[str, int] = {
+    d: i
+    for i, d in enumerate(
+        ["BOOL", "U8", "I8", "F8_E5M2", "F8_E4M3", "I16", "U16", "F16", "BF16",
+         "I32", "U32", "F32", "F64", "I64", "U64"]
+    )
+}
+
+def _torch_dtype_map() -> dict[str, "torch.dtype"]:
+    import torch
+
+    m = {
+        "BOOL": torch.bool,
+        "U8": torch.uint8,
+        "I8": torch.int8,
+        "I16": torch.int16,
+        "F16": torch.float16,
+        "BF16": torch.bfloat16,
+        "I32": torch.int32,
+        "F32": torch.float32,
+        "I64": torch.int64,
+        "F64": torch.float64,
+        "F8_E4M3": torch.float8_e4m3fn,
+        "F8_E5M2": torch.float8_e5m2,
+    }
+    for name, attr in (("U16", "uint16"), ("U32", "uint32"), ("U64", "uint64")):
+        if hasattr(torch, attr):
+            m[name] = getattr(torch, attr)
+    return m
+
+
+def torch_dtype(dtype: str) -> "torch.dtype":
+    """Map a safetensors dtype string (``"BF16"``) to the torch dtype (imports torch).
+
+    Raises:
+        InvalidInputError: unknown dtype, or one this torch build lacks.
+    """
+    m = _torch_dtype_map()
+    if dtype not in m:
+        raise InvalidInputError(f"dtype {dtype!r} has no torch equivalent here")
+    return m[dtype]
+
+
+def safetensors_dtype(dt: "torch.dtype") -> str:
+    """Map a torch dtype to its safetensors dtype string (``torch.bfloat16`` -> ``"BF16"``).
+
+    Raises:
+        InvalidInputError: a torch dtype safetensors cannot store (complex, ...).
+    """
+    for k, v in _torch_dtype_map().items():
+        if v == dt:
+            return k
+    raise InvalidInputError(f"torch dtype {dt} cannot be stored in safetensors")
+
+
+_NUMPY_NAMES = {
+    "BOOL": "bool", "U8": "uint8", "I8": "int8", "I16": "<i2", "U16": "<u2",
+    "F16": "<f2", "I32": "<i4", "U32": "<u4", "F32": "<f4", "I64": "<i8",
+    "U64": "<u8", "F64": "<f8",
+}
+
+
+def _numel(shape: Iterable[int]) -> int:
+    return math.prod(shape)
+
+
+def _nbytes(dtype: str, shape: Iterable[int]) -> int:
+    return _numel(shape) * DTYPE_SIZES[dtype]
+
+
+# --------------------------------------------------------------------------- casts
+
+def tensor_to_bytes(t: "torch.Tensor") -> tuple[str, tuple[int, ...], bytes]:
+    """Serialise a torch tensor to ``(safetensors dtype, shape, raw little-endian bytes)``.
+
+    Works for every dtype in :data:`DTYPE_SIZES`, BF16 and F8 included (the data is
+    viewed as ``uint8``; numpy never sees the float type). Non-contiguous or non-CPU
+    tensors are copied first.
+
+    Raises:
+        InvalidInputError: a dtype safetensors cannot store.
+    """
+    import torch
+
+    dtype = safetensors_dtype(t.dtype)
+    shape = tuple(int(d) for d in t.shape)
+    t = t.detach()
+    if t.device.type != "cpu":
+        t = t.cpu()
+    t = t.contiguous()
+    if t.numel() == 0:
+        return dtype, shape, b""
+    flat = t.reshape(-1)
+    if flat.dtype != torch.uint8:
+        flat = flat.view(torch.uint8)
+    return dtype, shape, flat.numpy().tobytes()
+
+
+def cast_bytes(raw: bytes, src_dtype: str, dst_dtype: str, shape: Iterable[int]) -> bytes:
+    """Cast raw tensor bytes between safetensors dtypes with torch's ``Tensor.to`` rules.
+
+    Args:
+        raw: ``numel(shape) * DTYPE_SIZES[src_dtype]`` little-endian bytes.
+        src_dtype, dst_dtype: safetensors dtype strings, e.g. ``"BF16"`` -> ``"F32"``.
+        shape: the tensor shape.
+
+    Returns:
+        ``numel(shape) * DTYPE_SIZES[dst_dtype]`` bytes (``raw`` itself when the dtypes
+        are equal).
+
+    Raises:
+        InvalidInputError: unknown dtype or ``raw`` of the wrong length.
+    """
+    shape = tuple(shape)
+    for d in (src_dtype, dst_dtype):
+        if d not in DTYPE_SIZES:
+            raise InvalidInputError(f"cast: unknown dtype {d!r}")
+    need = _nbytes(src_dtype, shape)
+    if len(raw) != need:
+        raise InvalidInputError(
+            f"cast: {len(raw)} bytes given, {src_dtype} {list(shape)} needs {need}"
+        )
+    if src_dtype == dst_dtype:
+        return bytes(raw)
+    if need == 0:
+        return b""
+    import torch
+
+    t = torch.frombuffer(bytearray(raw), dtype=torch_dtype(src_dtype)).reshape(shape)
+    return tensor_to_bytes(t.to(torch_dtype(dst_dtype)))[2]
+
+
+# ------------------------------------------------------------------------- helpers
+
+_SIZE_UNITS = {
+    "": 1, "B": 1,
+    "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
+    "K": 10**3, "M": 10**6, "G": 10**9, "T": 10**12,
+    "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40,
+}
+_SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([A-Za-z]*)\s*$")
+
+
+def parse_size(size: int | str) -> int:
+    """Parse a size such as ``"5GB"``, ``"500MB"``, ``"2GiB"``, ``"1.5G"`` or an int.
+
+    Decimal units are powers of 10 and ``*iB`` powers of 2, as transformers'
+    ``convert_file_size_to_int``.
+
+    Returns:
+        Bytes, > 0.
+
+    Raises:
+        UsageError: unparsable, unknown unit, or not positive.
+    """
+    if isinstance(size, bool):
+        raise UsageError(f"invalid size {size!r}")
+    if isinstance(size, int):
+        value = size
+    else:
+        m = _SIZE_RE.match(str(size))
+        unit = m.group(2).upper() if m else None
+        if not m or unit not in _SIZE_UNITS:
+            raise UsageError(
+                f"invalid size {size!r}: use bytes or a number with KB/MB/GB/TB or "
+                "KiB/MiB/GiB/TiB, e.g. 5GB"
+            )
+        value = int(float(m.group(1)) * _SIZE_UNITS[unit])
+    if value <= 0:
+        raise UsageError(f"invalid size {size!r}: must be positive")
+    return value
+

@@ -1,0 +1,383 @@
+"""The cold copy: read every source byte once, hash, scan and write it from one buffer.
+
+``copy_file_range`` never brings bytes into user space, so it cannot hash or scan them.
+A *cold* conversion (no cached hash / scan for a source file) instead reads each source
+file sequentially into two reused buffers (one being filled while the other is used)
+and, from each chunk, in worker threads that release the GIL:
+
+* updates the file's provenance sha256 (``hashlib`` releases the GIL above 2 KiB);
+* scans the float tensors in it for NaN/±Inf on raw bits (:mod:`.scan`, numpy);
+* writes the tensor bytes the output needs at their output offsets
+  (``copy_file_range`` of the just-read range, so the kernel copies from page cache;
+  ``pwrite`` of the buffer where the filesystem refuses it);
+* when asked, feeds the output file's sha256 (in output order; if the pieces do not
+  arrive in order the written file is hashed once more at the end, from page cache).
+
+A file whose sha256 is already known (the hash cache, or a Hub LFS blob named by its
+sha256) but whose tensors were never scanned is read only over those tensors' ranges. A
+*warm* file (sha256 and scan results known) keeps the kernel-side ``copy_file_range``.
+Peak user memory is two chunks (:data:`CHUNK`) whatever the checkpoint size.
+"""
+
+from __future__ import annotations
+
+import bisect
+import concurrent.futures as cf
+import hashlib
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..errors import InvalidInputError
+from .scan import NonFinite, itemsize, scan_bytes, scannable
+from .write import OutTensor, _copy_range, _produced_bytes
+
+#: Bytes per read in the cold copy (two such buffers are live at a time).
+CHUNK = 4 * 1024 * 1024
+
+
+@dataclass
+class SourceFile:
+    """What is known about one source (or verifier) weight file before the copy.
+
+    Attributes:
+        path: the file.
+        want_sha256: whether its whole-file sha256 is wanted (a provenance source file).
+        sha256: hex digest when already known (cache or Hub blob name), else ``None``.
+        scans: cached ``{tensor name: [count, first flat index]}`` scan results.
+    """
+
+    path: Path
+    want_sha256: bool = False
+    sha256: str | None = None
+    scans: dict[str, list[Any]] = field(default_factory=dict)
+
+    @property
+    def needs_read(self) -> bool:
+        """True when the whole file must be streamed to learn its sha256."""
+        return self.want_sha256 and self.sha256 is None
+
+
+@dataclass
+class _Piece:
+    """One output tensor whose bytes come from a source byte range."""
+
+    t: OutTensor
+    start: int
+    end: int
+    pos: int | None  # output offset in the file being written; None: another shard
+
+
+class _OrderedHash:
+    """sha256 of an output file fed with (offset, bytes) pieces; breaks on a gap."""
+
+    def __init__(self) -> None:
+        self.h = hashlib.sha256()
+        self.next = 0
+        self.broken = False
+
+    def feed(self, offset: int, data: Any) -> None:
+        if self.broken or offset != self.next:
+            self.broken = True
+            return
+        self.h.update(data)
+        self.next += memoryview(data).nbytes
+
+
+class CopyPass:
+    """Engine for :func:`specconv.tensors.write_safetensors` (``engine=``).
+
+    Args:
+        files: what is known per source file (missing files are treated as unknown).
+        outs: every output tensor of the conversion (all shards), so a streamed source
+            file scans the tensors of later shards too.
+        hash_output: also compute each output file's sha256 (:attr:`output_sha256`).
+        threads: worker threads (hash, scan, write, output hash run in parallel).
+
+    After the write: :attr:`nonfinite` (output name -> :class:`NonFinite`, non-zero
+    only), :attr:`files` (with sha256 and scans filled in), :attr:`output_sha256`.
+    """
+
+    def __init__(self, files: dict[Path, SourceFile], outs: list[OutTensor], *,
+                 hash_output: bool = False, threads: int = 4) -> None:
+        self.files = dict(files)
+        self.hash_output = hash_output
+        self.threads = threads
+        self.nonfinite: dict[str, NonFinite] = {}
+        self.output_sha256: dict[str, str] = {}
+        self.stats = {"streamed": 0, "ranges": 0, "kernel": 0}
+        self._by_file: dict[Path, list[OutTensor]] = {}
+        for t in outs:
+            if t.src is not None and t.src.start is not None:
+                self._by_file.setdefault(t.src.file, []).append(t)
+                self.files.setdefault(t.src.file, SourceFile(t.src.file))
+        self._pool: cf.ThreadPoolExecutor | None = None
+        self._src_fd = -1
+
+    # ---- write_safetensors hooks
+    def begin(self, n_files: int) -> None:
+        """Called once before the first output file is written."""
+        self._pool = cf.ThreadPoolExecutor(self.threads, thread_name_prefix="specconv-copy")
+
+    def finish(self) -> None:
+        """Called once after the last output file is written."""
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+            self._pool = None
+
+    def write_file(self, fd: int, tmp: Path, name: str, header: bytes, ordered: list[OutTensor]) -> None:
+        """Write one output file (``header`` then ``ordered`` data) to ``fd``."""
+        out_hash = _OrderedHash() if self.hash_output else None
+        _pwrite_all(fd, header, 0)
+        if out_hash:
+            out_hash.feed(0, header)
+        pos, off = {}, len(header)
+        for t in ordered:
+            pos[t.name], off = off, off + t.nbytes
+        done: set[str] = set()
+        run: list[Any] | None = None  # pending warm [file, start, length, out pos]: one kernel copy
+        for t in ordered:
+            if t.name in done:
+                continue
+            if self._warm(t):
+                if run and run[0] == t.src.file and run[1] + run[2] == t.src.start and run[3] + run[2] == pos[t.name]:
+                    run[2] += t.nbytes
+                else:
+                    self._kernel_copy(fd, run, out_hash)
+                    run = [t.src.file, t.src.start, t.nbytes, pos[t.name]]
+                continue
+            self._kernel_copy(fd, run, out_hash)
+            run = None
+            done |= self._write_tensor(fd, t, pos, out_hash)
+        self._kernel_copy(fd, run, out_hash)
+        if out_hash is not None:
+            self.output_sha256[name] = _file_sha256(tmp) if out_hash.broken else out_hash.h.hexdigest()
+
+    # ---- warm tensors: results from the cache, bytes copied kernel-side
+    def _warm(self, t: OutTensor) -> bool:
+        """True (and the cached scan recorded) when ``t`` needs no user-space read."""
+        if t.src is None or t.src.start is None:
+            return False
+        sf = self.files[t.src.file]
+        cached = sf.scans.get(t.src.name)
+        if sf.needs_read or (cached is None and scannable(t.dtype)):
+            return False
+        if cached is not None:
+            self._record(t, cached[0], cached[1])
+        return True
+
+    def _kernel_copy(self, fd: int, run: list[Any] | None, out_hash: Any) -> None:
+        if not run:
+            return
+        os.lseek(fd, run[3], os.SEEK_SET)
+        _copy_range(run[0], run[1], run[2], fd)
+        if out_hash:
+            out_hash.broken = True
+        self.stats["kernel"] += 1
+
+    # ---- one cold tensor (or one whole streamed source file)
+    def _write_tensor(self, fd: int, t: OutTensor, pos: dict[str, int], out_hash: Any) -> set[str]:
+        if t.src is None or t.src.start is None:
+            data = _produced_bytes(t)
+            self._record(t, *scan_bytes(data, t.dtype))
+            _pwrite_all(fd, data, pos[t.name])
+            if out_hash:
+                out_hash.feed(pos[t.name], data)
+            return {t.name}
+        sf = self.files[t.src.file]
+        if sf.needs_read:
+            pieces = [_Piece(u, u.src.start, u.src.end, pos.get(u.name)) for u in self._by_file[sf.path]]
+            h = hashlib.sha256()
+            self._stream(fd, sf.path, 0, os.stat(sf.path).st_size, pieces, h, out_hash)
+            sf.sha256 = h.hexdigest()
+            self.stats["streamed"] += 1
+            return {p.t.name for p in pieces if p.pos is not None}
+        self._stream(fd, sf.path, t.src.start, t.src.end, [_Piece(t, t.src.start, t.src.end, pos[t.name])],
+                     None, out_hash)
+        self.stats["ranges"] += 1
+        return {t.name}
+
+    def _record(self, t: OutTensor, count: int, first: int | None) -> None:
+        if t.src is not None and t.src.start is not None and scannable(t.dtype):
+            self.files[t.src.file].scans[t.src.name] = [count, first]
+        if count:
+            self.nonfinite[t.name] = NonFinite(count, first)
+
+    # ---- the read loop
+    def _stream(self, fd: int, path: Path, lo: int, hi: int, pieces: list[_Piece], h: Any, out_hash: Any) -> None:
+        """Read ``path[lo:hi]`` once; hash it (``h``), scan and write the ``pieces``."""
+        pieces = sorted(pieces, key=lambda p: p.start)
+        acc = {p.t.name: NonFinite() for p in pieces}
+        bufs = [bytearray(min(CHUNK, max(hi - lo, 1))) for _ in range(2)]
+        try:
+            src_fd = os.open(path, os.O_RDONLY)
+        except OSError as e:
+            raise InvalidInputError(f"{path}: cannot read: {e.strerror or e}") from e
+        pending: list[cf.Future] = []
+        self._src_fd = src_fd
+        try:
+            off, i = lo, 0
+            while off < hi:
+                end = _chunk_end(off, hi, pieces, len(bufs[0]))
+                mv = memoryview(bufs[i % 2])[: end - off]
+                if os.preadv(src_fd, [mv], off) != end - off:
+                    raise InvalidInputError(f"{path}: ended before byte {end} while copying (file truncated?)")
+                _wait(pending)
+                pending = self._submit(fd, mv, off, end, pieces, acc, h, out_hash)
+                off, i = end, i + 1
+            _wait(pending)
+        finally:
+            for f in pending:
+                f.cancel()
+            cf.wait(pending)
+            os.close(src_fd)
+        for p in pieces:
+            self._record(p.t, acc[p.t.name].count, acc[p.t.name].first)
+
+    def _submit(self, fd: int, mv: memoryview, off: int, end: int, pieces: list[_Piece],
+                acc: dict[str, NonFinite], h: Any, out_hash: Any) -> list[cf.Future]:
+        """Start the jobs for one chunk ``[off, end)`` held in ``mv``."""
+        assert self._pool is not None
+        here = _overlaps(pieces, off, end)
+        jobs = [self._pool.submit(h.update, mv)] if h is not None else []
+        scans = [(p, a, b) for p, a, b in here if scannable(p.t.dtype)]
+        if scans:
+            jobs.append(self._pool.submit(_scan_job, mv, off, scans, acc))
+        writes = [(p, a, b) for p, a, b in here if p.pos is not None]
+        if writes:
+            jobs.append(self._pool.submit(_write_job, fd, mv, off, writes, out_hash, self._src_fd))
+        return jobs
+
+
+def _overlaps(pieces: list[_Piece], off: int, end: int) -> list[tuple[_Piece, int, int]]:
+    """The ``(piece, a, b)`` with ``[a, b)`` = piece range ∩ ``[off, end)``, non-empty."""
+    starts = [p.start for p in pieces]
+    k = max(bisect.bisect_right(starts, off) - 1, 0)
+    while k > 0 and pieces[k - 1].end > off:  # identical ranges (one source, two outputs)
+        k -= 1
+    out = []
+    while k < len(pieces) and pieces[k].start < end:
+        p = pieces[k]
+        a, b = max(off, p.start), min(end, p.end)
+        if a < b:
+            out.append((p, a, b))
+        k += 1
+    return out
+
+
+def _chunk_end(off: int, hi: int, pieces: list[_Piece], chunk: int) -> int:
+    """End of the chunk starting at ``off``: at most ``chunk`` bytes, never splitting an
+    element of the tensor it ends in (so every scanned slice holds whole elements)."""
+    end = min(off + chunk, hi)
+    if end == hi:
+        return end
+    for p, a, b in _overlaps(pieces, end - 1, end):
+        es = itemsize(p.t.dtype)
+        cut = p.start + ((end - p.start) // es) * es
+        if cut > off:
+            end = cut
+    return end
+
+
+def _scan_job(mv: memoryview, off: int, scans: list, acc: dict[str, NonFinite]) -> None:
+    for p, a, b in scans:
+        es = itemsize(p.t.dtype)
+        count, first = scan_bytes(mv[a - off: b - off], p.t.dtype, (a - p.start) // es)
+        acc[p.t.name].add(count, first)
+
+
+def _write_job(fd: int, mv: memoryview, off: int, writes: list, out_hash: Any, src_fd: int) -> None:
+    """Write the chunk's pieces at their output offsets: ``copy_file_range`` from the
+    source (its pages were just read, so the kernel copies from page cache), ``pwrite``
+    of the buffer where the kernel refuses. Measured on this project's ext4 VM, 0.94 GB:
+    read + copy_file_range per chunk 1.2-1.3 s, read + pwrite 3.8-6.9 s."""
+    for p, a, b in writes:
+        dst = p.pos + (a - p.start)
+        if not _kernel_piece(src_fd, fd, a, dst, b - a):
+            _pwrite_all(fd, mv[a - off: b - off], dst)
+        if out_hash is not None:
+            out_hash.feed(dst, mv[a - off: b - off])
+
+
+_CFR_OK = [hasattr(os, "copy_file_range")]
+
+
+def _kernel_piece(src_fd: int, dst_fd: int, src_off: int, dst_off: int, n: int) -> bool:
+    """``copy_file_range`` of ``n`` bytes at explicit offsets; False (nothing or a prefix
+    copied, to be redone by ``pwrite``) when the kernel or filesystem refuses."""
+    if not _CFR_OK[0]:
+        return False
+    done = 0
+    try:
+        while done < n:
+            k = os.copy_file_range(src_fd, dst_fd, n - done, src_off + done, dst_off + done)
+            if k == 0:
+                return False
+            done += k
+    except OSError:
+        _CFR_OK[0] = False
+        return False
+    return True
+
+
+def _wait(jobs: list[cf.Future]) -> None:
+    for f in jobs:
+        f.result()
+
+
+def _pwrite_all(fd: int, data: Any, offset: int) -> None:
+    mv = memoryview(data).cast("B")
+    while mv:
+        n = os.pwrite(fd, mv, offset)
+        mv, offset = mv[n:], offset + n
+
+
+def _file_sha256(path: Path) -> str:
+    from .write import sha256_file
+
+    return sha256_file(path, chunk_size=CHUNK)
+
+
+def scan_store(store: Any) -> dict[str, NonFinite]:
+    """Scan every float tensor of a :class:`~specconv.tensors.TensorStore` for NaN/±Inf.
+
+    Each weight file is read once, sequentially, over the span of its float tensors, in
+    :data:`CHUNK` pieces (same engine as the cold copy, nothing written).
+
+    Returns:
+        ``{tensor name: NonFinite}`` for the tensors that hold any (empty when clean).
+
+    Raises:
+        InvalidInputError: a weight file cannot be read or ended early.
+    """
+    outs = [OutTensor(i.name, i.dtype, i.shape, src=i) for i in store.infos() if scannable(i.dtype)]
+    eng = CopyPass({}, outs, threads=2)
+    found: dict[str, NonFinite] = {}
+    eng.begin(0)
+    try:
+        for f, ts in eng._by_file.items():
+            pieces = [_Piece(t, t.src.start, t.src.end, None) for t in ts]
+            lo, hi = min(p.start for p in pieces), max(p.end for p in pieces)
+            if hi > lo:
+                eng._stream(-1, f, lo, hi, pieces, None, None)
+        for t in outs:
+            if t.src.start is None:  # .bin: bytes from the weights-only loader
+                eng._record(t, *scan_bytes(t.src.loader(), t.dtype))
+    finally:
+        eng.finish()
+    found.update(eng.nonfinite)
+    return found
+
+
+def scan_report(store: Any) -> list[dict[str, Any]]:
+    """:func:`scan_store` as JSON-ready rows ``{"tensor", "dtype", "count", "numel",
+    "first_index"}``, sorted by tensor name (first_index in the tensor's shape)."""
+    from .scan import unravel
+
+    rows = []
+    for name, nf in sorted(scan_store(store).items()):
+        info = store.info(name)
+        rows.append({"tensor": name, "dtype": info.dtype, "count": nf.count, "numel": info.numel,
+                     "first_index": unravel(nf.first or 0, tuple(info.shape))})
+    return rows

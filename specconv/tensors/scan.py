@@ -1,0 +1,116 @@
+"""Non-finite (NaN / ±Inf) scan of raw tensor bytes, on the bits (numpy, no torch).
+
+A float is non-finite exactly when all its exponent bits are set (IEEE 754; bf16 is the
+top half of an f32), i.e. when its bits without the sign bit, read as an unsigned
+integer of the same width, reach the all-ones-exponent pattern. The scan clears the sign
+bit and compares, so it works for BF16 and F8 too, which numpy has no float type for. ``F8_E4M3`` (the ``fn`` variant torch and safetensors use,
+``torch.float8_e4m3fn``) has no infinities; its only NaN is ``S.1111.111``.
+
+numpy's element-wise kernels release the GIL on large arrays, so scans of different
+chunks run in parallel threads with hashing and writing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+#: dtype -> (unsigned view of the same width, threshold): an element is non-finite
+#: exactly when its bits without the sign bit are >= the threshold (exponent all ones;
+#: for ``F8_E4M3`` the single NaN pattern ``.1111.111``, the top of its range).
+NONFINITE_BITS: dict[str, tuple[str, int]] = {
+    "F16": ("<u2", 0x7C00),
+    "BF16": ("<u2", 0x7F80),
+    "F32": ("<u4", 0x7F800000),
+    "F64": ("<u8", 0x7FF0000000000000),
+    "F8_E5M2": ("u1", 0x7C),
+    "F8_E4M3": ("u1", 0x7F),
+}
+
+#: Elements per numpy step of the scan (bounds its temporaries to ~3 bytes x this).
+_BLOCK = 1 << 18
+
+#: Element size of each scanned dtype.
+_ITEMSIZE = {"F16": 2, "BF16": 2, "F32": 4, "F64": 8, "F8_E5M2": 1, "F8_E4M3": 1}
+
+
+def scannable(dtype: str) -> bool:
+    """Whether ``dtype`` (a safetensors dtype string) can hold NaN/Inf at all."""
+    return dtype in NONFINITE_BITS
+
+
+@dataclass
+class NonFinite:
+    """Non-finite values found in one tensor.
+
+    Attributes:
+        count: number of NaN/±Inf elements.
+        first: flat (row-major) index of the first one; ``None`` when ``count == 0``.
+    """
+
+    count: int = 0
+    first: int | None = None
+
+    def add(self, count: int, first: int | None) -> None:
+        """Merge the result of a later chunk of the same tensor (``first`` already absolute)."""
+        if count:
+            self.count += count
+            if self.first is None or (first is not None and first < self.first):
+                self.first = first
+
+    def to_list(self) -> list[Any]:
+        """``[count, first]`` (JSON form, used by the scan cache)."""
+        return [self.count, self.first]
+
+
+def scan_bytes(data: Any, dtype: str, elem_offset: int = 0) -> tuple[int, int | None]:
+    """Count NaN/±Inf in raw little-endian tensor bytes.
+
+    Args:
+        data: a bytes-like object holding whole elements of ``dtype``.
+        dtype: safetensors dtype string; non-float dtypes give ``(0, None)``.
+        elem_offset: flat index of the first element of ``data`` in its tensor (added to
+            the returned first index).
+
+    Returns:
+        ``(count, first flat index or None)``.
+
+    Raises:
+        ValueError: ``data`` does not hold a whole number of elements.
+    """
+    spec = NONFINITE_BITS.get(dtype)
+    if spec is None:
+        return 0, None
+    import numpy as np
+
+    view, threshold = spec
+    bits = np.frombuffer(data, dtype=np.dtype(view))
+    nosign = np.array((1 << (8 * bits.dtype.itemsize - 1)) - 1, dtype=bits.dtype)
+    thr = np.array(threshold, dtype=bits.dtype)
+    tmp = np.empty(min(bits.size, _BLOCK), dtype=bits.dtype)  # bounded temporaries (peak RSS)
+    count, first = 0, None
+    for lo in range(0, bits.size, _BLOCK):
+        blk = bits[lo:lo + _BLOCK]
+        t = tmp[: blk.size]
+        np.bitwise_and(blk, nosign, out=t)
+        if t.max() < thr:  # the common case: two fast passes, no boolean array
+            continue
+        hit = t >= thr
+        count += int(np.count_nonzero(hit))
+        if first is None:
+            first = elem_offset + lo + int(np.argmax(hit))
+    return count, first
+
+
+def unravel(flat: int, shape: tuple[int, ...]) -> list[int]:
+    """Row-major multi-index of flat index ``flat`` in ``shape`` (``[]`` for a scalar)."""
+    out = []
+    for d in reversed(shape):
+        out.append(flat % d if d else 0)
+        flat = flat // d if d else 0
+    return out[::-1]
+
+
+def itemsize(dtype: str) -> int:
+    """Element size of a scanned dtype (1 for dtypes that are not scanned)."""
+    return _ITEMSIZE.get(dtype, 1)

@@ -1,0 +1,406 @@
+"""Lazy, read-only checkpoint store: safetensors by byte range, ``.bin`` weights-only."""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from ..errors import InvalidInputError
+from .dtypes import _NUMPY_NAMES, safetensors_dtype, tensor_to_bytes, torch_dtype
+from .header import (
+    SAFE_WEIGHTS_INDEX_NAME,
+    SAFE_WEIGHTS_NAME,
+    WEIGHTS_INDEX_NAME,
+    WEIGHTS_NAME,
+    TensorInfo,
+    _load_index,
+    _read_safetensors_header,
+)
+
+if TYPE_CHECKING:  # pragma: no cover
+    import numpy as np
+    import torch
+
+# --------------------------------------------------------------------- .bin loading
+
+#: torch's own wrapper text around a weights-only refusal (it advises weights_only=False,
+#: which specconv never does, so it is not echoed).
+_TORCH_LOAD_BOILERPLATE = ("Weights only load failed", "Please file an issue", "Check the documentation",
+                           "In PyTorch 2.6", "Re-running `torch.load`")
+
+
+def torch_load_error_detail(e: BaseException) -> str:
+    """One line saying why ``torch.load(weights_only=True)`` failed (e.g. ``UnpicklingError:
+    Trying to load unsupported GLOBAL posix.system ...``), without torch's boilerplate."""
+    lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
+    useful = [ln for ln in lines if not ln.startswith(_TORCH_LOAD_BOILERPLATE)]
+    line = useful[0] if useful else (lines[0] if lines else "")
+    line = re.sub(r"^.*WeightsUnpickler error:\s*", "", line)
+    return f"{type(e).__name__}: {line[:300]}"
+
+
+def _torch_load_weights_only(path: Path) -> dict[str, Any]:
+    """``torch.load`` with ``weights_only=True`` (never a full unpickle).
+
+    ``mmap=True`` is used for the zip format; legacy (pre-1.6) files cannot be
+    memory-mapped, so they are read weights-only without mmap.
+
+    Raises:
+        InvalidInputError: the file needs arbitrary unpickling (refused) or is not a
+            torch checkpoint at all.
+    """
+    import zipfile
+
+    import torch
+
+    try:
+        if zipfile.is_zipfile(path):
+            obj = torch.load(path, weights_only=True, mmap=True, map_location="cpu")
+        else:
+            obj = torch.load(path, weights_only=True, map_location="cpu")
+    except OSError as e:
+        raise InvalidInputError(f"{path}: cannot read: {e.strerror or e}") from e
+    except Exception as e:  # UnpicklingError, RuntimeError, EOFError... for junk files
+        raise _torch_load_refusal(path, e) from e
+    if not isinstance(obj, dict):
+        raise InvalidInputError(
+            f"{path}: expected a state dict (name -> tensor), found {type(obj).__name__}"
+        )
+    for k, v in obj.items():
+        if not isinstance(k, str):
+            raise InvalidInputError(
+                f"{path}: key {k!r} is a {type(k).__name__}, not a tensor name; expected a flat "
+                "state dict (name -> tensor)"
+            )
+        if not isinstance(v, torch.Tensor):
+            raise InvalidInputError(
+                f"{path}: entry {k!r} is a {type(v).__name__}, not a tensor; expected a "
+                "flat state dict (a training checkpoint? extract its model state dict)"
+            )
+    return obj
+
+
+def _torch_load_refusal(path: Path, e: Exception) -> InvalidInputError:
+    """The error for a failed weights-only load: ``unsafe_pickle`` when torch's allow-list
+    blocked a global, a generic corrupt-file error otherwise."""
+    import pickle
+
+    low = str(e).lower()
+    if isinstance(e, pickle.UnpicklingError) and (
+        "unsupported global" in low or "unsupported class" in low or "is blocked" in low
+    ):
+        return InvalidInputError(
+            f"{path}: needs arbitrary unpickling (it references code outside the "
+            "tensor allow-list), which specconv refuses to execute; only "
+            "torch.load(weights_only=True) is used. Convert it to safetensors in a "
+            f"trusted environment. ({torch_load_error_detail(e)})",
+            code="unsafe_pickle",
+        )
+    return InvalidInputError(
+        f"{path}: torch.load(weights_only=True) failed: the file is corrupt or needs "
+        f"arbitrary unpickling, which specconv refuses ({torch_load_error_detail(e)})"
+    )
+
+
+# ---------------------------------------------------------------------- TensorStore
+
+def _check_weight_map(expected: dict[str, str], infos: dict, root: Path, index_path: Path) -> None:
+    """Every name in an index's ``weight_map`` must be in the shard the index names.
+
+    Raises:
+        InvalidInputError: naming the index, the tensor and the shard.
+    """
+    for name, shard in expected.items():
+        info = infos.get(name)
+        if info is None or info.file != root / shard:
+            raise InvalidInputError(
+                f"{index_path}: weight_map says {name!r} is in {shard}, but that "
+                "shard has no such tensor"
+            )
+
+
+class TensorStore:
+    """Lazy, read-only view of one checkpoint's tensors.
+
+    Opening reads only headers (safetensors) or memory-maps the pickle archive
+    weights-only (``.bin``); tensor data is read on demand by byte range.
+
+    Attributes:
+        path: the path the store was opened from.
+        files: the weight files (shards) in use, in name order.
+        format: ``"safetensors"`` or ``"bin"``.
+        metadata: the first safetensors file's ``__metadata__`` (``{}`` for ``.bin``).
+    """
+
+    def __init__(
+        self,
+        path: Path,
+        infos: dict[str, TensorInfo],
+        files: list[Path],
+        fmt: str,
+        metadata: dict[str, str] | None = None,
+        tensors: dict[str, Any] | None = None,
+    ):
+        self.path = path
+        self._infos = infos
+        self.files = files
+        self.format = fmt
+        self.metadata = metadata or {}
+        self._tensors = tensors  # .bin only: name -> mmap-backed torch.Tensor
+
+    # ---- opening
+    @classmethod
+    def open(cls, path: str | os.PathLike) -> "TensorStore":
+        """Open a checkpoint directory or weight file.
+
+        Accepted, in this order of preference for a directory: ``model.safetensors``;
+        ``model.safetensors.index.json`` + shards; exactly one other ``*.safetensors``;
+        ``pytorch_model.bin``; ``pytorch_model.bin.index.json`` + shards. A file path
+        may be a ``.safetensors`` file, a ``*.index.json`` or a ``.bin``/``.pt``/``.pth``.
+        ``.bin`` files are loaded only with ``torch.load(weights_only=True, mmap=True)``.
+
+        Raises:
+            InvalidInputError: no weights found, ambiguous ``*.safetensors`` files,
+                corrupt headers, an index naming a missing shard or a tensor its shard
+                lacks, duplicate names across shards, or a pickle needing code
+                execution. The message names the file.
+        """
+        p = Path(path)
+        if p.is_dir():
+            return cls._open_dir(p)
+        if not p.exists():
+            raise InvalidInputError(f"{p}: no such file or directory")
+        name = p.name
+        if name.endswith(".index.json"):
+            if name.endswith(".bin.index.json"):
+                return cls._open_bin_index(p)
+            return cls._open_safetensors_index(p)
+        if name.endswith(".safetensors"):
+            return cls._open_safetensors_files(p, [p])
+        if name.endswith((".bin", ".pt", ".pth")):
+            return cls._open_bin_files(p, [p])
+        raise InvalidInputError(
+            f"{p}: not a weight file (.safetensors, .bin, .pt, .pth or *.index.json)"
+        )
+
+    @classmethod
+    def _open_dir(cls, d: Path) -> "TensorStore":
+        if (d / SAFE_WEIGHTS_NAME).is_file():
+            return cls._open_safetensors_files(d, [d / SAFE_WEIGHTS_NAME])
+        if (d / SAFE_WEIGHTS_INDEX_NAME).is_file():
+            return cls._open_safetensors_index(d / SAFE_WEIGHTS_INDEX_NAME, root=d)
+        others = sorted(d.glob("*.safetensors"))
+        if len(others) == 1:
+            return cls._open_safetensors_files(d, others)
+        if len(others) > 1:
+            raise InvalidInputError(
+                f"{d}: {len(others)} *.safetensors files "
+                f"({', '.join(o.name for o in others[:5])}{', ...' if len(others) > 5 else ''}) "
+                f"but no {SAFE_WEIGHTS_INDEX_NAME}; cannot tell which to use"
+            )
+        if (d / WEIGHTS_NAME).is_file():
+            return cls._open_bin_files(d, [d / WEIGHTS_NAME])
+        if (d / WEIGHTS_INDEX_NAME).is_file():
+            return cls._open_bin_index(d / WEIGHTS_INDEX_NAME, root=d)
+        raise InvalidInputError(
+            f"{d}: no weights found (expected {SAFE_WEIGHTS_NAME}, {SAFE_WEIGHTS_INDEX_NAME}, "
+            f"a single *.safetensors, {WEIGHTS_NAME} or {WEIGHTS_INDEX_NAME})"
+        )
+
+    @classmethod
+    def _open_safetensors_files(
+        cls, root: Path, files: list[Path], expected: dict[str, str] | None = None,
+        index_path: Path | None = None,
+    ) -> "TensorStore":
+        infos: dict[str, TensorInfo] = {}
+        first_meta: dict[str, str] | None = None
+        for f in files:
+            got, meta = _read_safetensors_header(f)
+            if first_meta is None:
+                first_meta = meta
+            for name, info in got.items():
+                if name in infos:
+                    raise InvalidInputError(
+                        f"tensor {name!r} appears in two shards: {infos[name].file.name} "
+                        f"and {f.name} (in {root})"
+                    )
+                infos[name] = info
+        if expected is not None:
+            _check_weight_map(expected, infos, root, index_path)
+            infos = {n: infos[n] for n in expected}
+        return cls(root, infos, list(files), "safetensors", first_meta)
+
+    @classmethod
+    def _shards_from_index(cls, index: Path, root: Path) -> tuple[dict[str, str], list[Path]]:
+        wm = _load_index(index)
+        shards = sorted(set(wm.values()))
+        paths = []
+        for s in shards:
+            sp = root / s
+            if not sp.is_file():
+                raise InvalidInputError(
+                    f"{index}: shard {s} listed in weight_map is missing from {root}"
+                )
+            paths.append(sp)
+        return wm, paths
+
+    @classmethod
+    def _open_safetensors_index(cls, index: Path, root: Path | None = None) -> "TensorStore":
+        root = root or index.parent
+        wm, paths = cls._shards_from_index(index, root)
+        return cls._open_safetensors_files(root, paths, expected=wm, index_path=index)
+
+    @classmethod
+    def _open_bin_files(
+        cls, root: Path, files: list[Path], expected: dict[str, str] | None = None,
+        index_path: Path | None = None,
+    ) -> "TensorStore":
+        tensors: dict[str, Any] = {}
+        infos: dict[str, TensorInfo] = {}
+        for f in files:
+            sd = _torch_load_weights_only(f)
+            for name, t in sd.items():
+                if name in tensors:
+                    raise InvalidInputError(
+                        f"tensor {name!r} appears in two shards: {infos[name].file.name} "
+                        f"and {f.name} (in {root})"
+                    )
+                tensors[name] = t
+                infos[name] = TensorInfo(
+                    name, safetensors_dtype(t.dtype), tuple(t.shape), f, None, None,
+                    loader=_BinLoader(tensors, name),
+                )
+        if expected is not None:
+            _check_weight_map(expected, infos, root, index_path)
+            infos = {n: infos[n] for n in expected}
+            tensors = {n: tensors[n] for n in expected}
+            for n, i in infos.items():  # rebind loaders to the filtered dict
+                infos[n] = TensorInfo(i.name, i.dtype, i.shape, i.file, None, None,
+                                      loader=_BinLoader(tensors, n))
+        return cls(root, infos, list(files), "bin", {}, tensors)
+
+    @classmethod
+    def _open_bin_index(cls, index: Path, root: Path | None = None) -> "TensorStore":
+        root = root or index.parent
+        wm, paths = cls._shards_from_index(index, root)
+        return cls._open_bin_files(root, paths, expected=wm, index_path=index)
+
+    # ---- queries
+    def names(self) -> list[str]:
+        """All tensor names, sorted."""
+        return sorted(self._infos)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._infos
+
+    def __len__(self) -> int:
+        return len(self._infos)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.names())
+
+    def info(self, name: str) -> TensorInfo:
+        """Return the :class:`TensorInfo` of ``name``.
+
+        Raises:
+            InvalidInputError: no tensor of that name (the message names the checkpoint).
+        """
+        try:
+            return self._infos[name]
+        except KeyError:
+            raise InvalidInputError(f"{self.path}: no tensor named {name!r}") from None
+
+    def infos(self) -> list[TensorInfo]:
+        """All :class:`TensorInfo` objects, sorted by name."""
+        return [self._infos[n] for n in self.names()]
+
+    def total_bytes(self) -> int:
+        """Sum of all tensors' ``nbytes``."""
+        return sum(i.nbytes for i in self._infos.values())
+
+    # ---- data
+    def read_bytes(self, name: str) -> bytes:
+        """Raw little-endian bytes of tensor ``name`` (row-major, ``nbytes`` long).
+
+        For safetensors only the tensor's byte range is read (no torch import).
+
+        Raises:
+            InvalidInputError: unknown name, or the file was truncated since opening.
+        """
+        info = self.info(name)
+        if info.start is None:
+            assert info.loader is not None
+            return info.loader()
+        return _read_range(info.file, info.start, info.nbytes)
+
+    def read_tensor(self, name: str) -> "torch.Tensor":
+        """Tensor ``name`` as a CPU ``torch.Tensor`` of its stored dtype and shape."""
+        import torch
+
+        info = self.info(name)
+        if self._tensors is not None:
+            return self._tensors[name]
+        raw = self.read_bytes(name)
+        if info.nbytes == 0:
+            return torch.empty(info.shape, dtype=torch_dtype(info.dtype))
+        return torch.frombuffer(bytearray(raw), dtype=torch_dtype(info.dtype)).reshape(
+            info.shape
+        )
+
+    def read_numpy(self, name: str) -> "np.ndarray":
+        """Tensor ``name`` as a numpy array (not for BF16/F8, which numpy lacks).
+
+        Raises:
+            InvalidInputError: unknown name.
+            ValueError: BF16 or F8 dtypes (use :meth:`read_tensor`).
+        """
+        import numpy as np
+
+        info = self.info(name)
+        if info.dtype not in _NUMPY_NAMES:
+            raise ValueError(
+                f"tensor {name!r} is {info.dtype}, which numpy cannot represent; "
+                "use read_tensor()"
+            )
+        return np.frombuffer(self.read_bytes(name), dtype=np.dtype(_NUMPY_NAMES[info.dtype])
+                             ).reshape(info.shape).copy()
+
+    def __repr__(self) -> str:
+        return (f"TensorStore({str(self.path)!r}, format={self.format!r}, "
+                f"tensors={len(self)}, files={len(self.files)})")
+
+
+class _BinLoader:
+    """Callable giving a ``.bin`` tensor's raw bytes (kept lightweight, no closure)."""
+
+    __slots__ = ("_tensors", "_name")
+
+    def __init__(self, tensors: dict[str, Any], name: str):
+        self._tensors = tensors
+        self._name = name
+
+    def __call__(self) -> bytes:
+        return tensor_to_bytes(self._tensors[self._name])[2]
+
+
+def open_store(path: str | os.PathLike) -> TensorStore:
+    """Shorthand for :meth:`TensorStore.open`."""
+    return TensorStore.open(path)
+
+
+def _read_range(path: Path, start: int, length: int) -> bytes:
+    try:
+        with open(path, "rb") as f:
+            f.seek(start)
+            data = f.read(length)
+    except OSError as e:
+        raise InvalidInputError(f"{path}: cannot read: {e.strerror or e}") from e
+    if len(data) != length:
+        raise InvalidInputError(
+            f"{path}: wanted {length} bytes at offset {start}, got {len(data)} (file truncated?)"
+        )
+    return data
+
