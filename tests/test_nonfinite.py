@@ -86,7 +86,7 @@ def test_allow_nonfinite_converts_and_records(tmp_path, tiny_verifier_dir, fresh
     out = tmp_path / "out"
     code, rep, err = cli_convert(src, tiny_verifier_dir, out, "--allow-nonfinite")
     assert code == 0, err
-    for findings in (rep["findings"], read(out, "specconv.json")["findings"]):
+    for findings in (rep["findings"], read(out, "specconv.json")["conversion"]["findings"]):
         f = [x for x in findings if x["code"] == "nonfinite-weights"]
         assert len(f) == 1 and f[0]["key"] == BODY and "first at index [0, 0]" in f[0]["message"]
     got = load_file(str(out / "model.safetensors"))
@@ -193,7 +193,7 @@ def test_conversion_records_the_same_digests_cold_and_warm(tmp_path, tiny_verifi
     for i in range(2):
         code, _, err = cli_convert(src, tiny_verifier_dir, tmp_path / f"o{i}")
         assert code == 0, err
-        recs.append(read(tmp_path / f"o{i}", "specconv.json")["source"]["files"])
+        recs.append(read(tmp_path / f"o{i}", "specconv.json")["conversion"]["source"]["files"])
     assert recs[0] == recs[1] and recs[0]["model.safetensors"] == sha256_file(src / "model.safetensors")
     assert recs[0]["config.json"] == sha256_file(src / "config.json")
     assert (tmp_path / "o0" / "model.safetensors").read_bytes() == (tmp_path / "o1" / "model.safetensors").read_bytes()
