@@ -31,6 +31,11 @@ def _human(r: dict) -> str:
             lines.append(f"τ source:  {r['source_metrics']['acceptance_length']:.3f}")
         if r.get("speedup"):
             lines.append(f"TPOT:      {r['tpot_ms']:.1f} ms spec / {r['tpot_ar_ms']:.1f} ms plain  (speedup {r['speedup']:.2f}×)")
+    ox = r.get("onnx")
+    if ox:
+        lines.append(f"ONNX:      τ {ox['onnx']['acceptance_length']:.3f} (ORT) vs {ox['torch']['acceptance_length']:.3f} (torch); "
+                     f"tokens identical {ox['tokens_identical']}; draft mismatches {ox['drafts']['mismatches']} "
+                     f"(near-tie {ox['drafts']['near_tie_mismatches']}, near-ties {ox['drafts']['near_ties']})")
     lines.append("gates:")
     for g in r.get("gate_results", []):
         lines.append(f"  {g['name']:<11} {g['status']}")
@@ -119,6 +124,7 @@ def _require_speculators_dir(d: Path) -> None:
 @click.option("--attn-implementation", type=click.Choice(["sdpa", "eager"]), default="sdpa", show_default=True,
               help="Verifier attention kernels.")
 @click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--onnx", "onnx_path", help="Also run the loop with this exported graph (ONNX Runtime) as the drafter.")
 @output_format_option
 @run_command
 def validate_cmd(
@@ -137,6 +143,7 @@ def validate_cmd(
     attn_implementation: str,
     seed: int,
     output_format: str,
+    onnx_path: str | None = None,
 ) -> None:
     """Validate the Speculators drafter in DIR against its verifier.
 
@@ -151,7 +158,12 @@ def validate_cmd(
     from specconv.validate.run import ValidateOptions, failed_gates, validate_drafter
 
     _require_speculators_dir(drafter_dir)
+    if onnx_path and backend != "torch":
+        from specconv.errors import UsageError
+
+        raise UsageError("--onnx runs in the torch harness; it cannot be combined with --backend vllm")
     opts = ValidateOptions(
+        onnx=onnx_path,
         source=source,
         prompts=prompts,
         num_prompts=num_prompts,

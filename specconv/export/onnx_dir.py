@@ -185,8 +185,12 @@ def export_onnx_dir(drafter_dir: str | Path, out: str | Path | None = None, *,
         graphs["fp32/" + GRAPH_NAME] = _export_one(ref32, "float32", tmp / "fp32" / GRAPH_NAME, s, work, check)
         if dtype == "float32":
             graphs[GRAPH_NAME] = graphs["fp32/" + GRAPH_NAME]
-            for f in ("", ".data"):
-                shutil.copyfile(tmp / "fp32" / (GRAPH_NAME + f), tmp / (GRAPH_NAME + f))
+            for f in ("", ".data"):  # the fp32 twin is the graph: hard link, else copy
+                src, dst = tmp / "fp32" / (GRAPH_NAME + f), tmp / (GRAPH_NAME + f)
+                try:
+                    os.link(src, dst)
+                except OSError:
+                    shutil.copyfile(src, dst)
         else:
             del ref32
             refd = load_reference(d, vdir, getattr(torch, dtype))
@@ -198,11 +202,12 @@ def export_onnx_dir(drafter_dir: str | Path, out: str | Path | None = None, *,
             raise GateFailedError(f"ONNX parity failed: {json.dumps(result['parity'])[:800]}",
                                   hint="inspect with --no-check (writes the graphs without the gate)")
         (tmp / META_NAME).write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")
+        _public_modes(tmp)
         _move(tmp, out_dir, overwrite)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    result["files"] = sorted(meta["files"])
+    result["files"] = sorted([*meta["files"], META_NAME])
     try:
         record_export(d, result)
     except OSError as e:  # read-only drafter dir: the export itself is complete
@@ -250,6 +255,14 @@ def _result(meta: dict, graphs: dict, out_dir: Path, check: bool) -> dict:
             "dynamic": meta["dynamic"], "block_size": meta["block_size"],
             "census": meta["graphs"][GRAPH_NAME]["census"], "parity": parity,
             "parity_passed": passed, "checked": check, "created": meta["created"]}
+
+
+def _public_modes(tmp: Path) -> None:
+    """mkdtemp makes the dir 0700: give the output ordinary modes (umask applied)."""
+    umask = os.umask(0)
+    os.umask(umask)
+    for p in [tmp, *tmp.rglob("*")]:
+        os.chmod(p, (0o777 if p.is_dir() else 0o666) & ~umask)
 
 
 def _move(tmp: Path, out_dir: Path, overwrite: bool) -> None:

@@ -108,7 +108,8 @@ def export_graph(wrapper, example: tuple[torch.Tensor, ...], out_path: Path,
 
 
 def prepare_for_tensorrt(src: Path, dst: Path) -> dict:
-    """Constant-fold, check the graph and the TensorRT rules, mark attention decomposable.
+    """Constant-fold, deduplicate identical weights, check the graph and the TensorRT
+    rules, mark attention decomposable.
 
     Writes ``dst`` with its weights in ``dst.name + ".data"``. ``onnx.checker`` rejects
     the custom ``TRT_decomposable`` attribute ("Unrecognized attribute" with onnx
@@ -128,6 +129,8 @@ def prepare_for_tensorrt(src: Path, dst: Path) -> dict:
 
     model = ir.load(str(src))
     onnxscript.optimizer.fold_constants(model)
+    # a tied verifier's embedding reaches the graph twice (Gather + LM head): keep one
+    _dedupe_initializers(model)
     onnxscript.optimizer.remove_unused_nodes(model)
     _check_rules(model)
     folded = dst.with_name("folded-" + dst.name)
@@ -143,6 +146,26 @@ def prepare_for_tensorrt(src: Path, dst: Path) -> dict:
     for f in (folded, folded.with_name(folded.name + ".data")):
         f.unlink(missing_ok=True)
     return {"attention_nodes": n_attn, "folded": True, "checked": "before TRT_decomposable"}
+
+
+def _dedupe_initializers(model, min_size: int = 1024) -> int:
+    """Point every use of a weight to one initializer per identical (dtype, shape, bytes)."""
+    import numpy as np
+
+    seen: dict[tuple, object] = {}
+    dropped = 0
+    for name, value in list(model.graph.initializers.items()):
+        cv = value.const_value
+        if cv is None or cv.size < min_size or value.is_graph_input():
+            continue
+        digest = hashlib.sha256(np.ascontiguousarray(cv.numpy()).tobytes()).hexdigest()
+        key = (str(cv.dtype), tuple(cv.shape), digest)
+        keep = seen.setdefault(key, value)
+        if keep is not value:
+            value.replace_all_uses_with(keep)
+            model.graph.initializers.pop(name)
+            dropped += 1
+    return dropped
 
 
 def _subgraph_ops(node) -> set[str]:

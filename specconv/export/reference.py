@@ -35,6 +35,8 @@ class DrafterParts:
         draft_to_target: int64 ``[Vd]`` target id of each draft id, or None (identity).
         swa: per layer, the sliding window (None = full attention).
         non_causal_swa: DFlash ``sliding_window_non_causal``.
+        tied_head: the LM head weight *is* the embedding (tied verifier): the graph
+            stores it once.
         extra: algorithm-specific pieces (P-EAGLE: ``mask_hidden``, ``prep_fc``,
             ``norm_before_residual``; DSpark: ``markov_w1``, ``markov_bias``,
             ``confidence_proj``, ``confidence_with_markov``).
@@ -60,6 +62,7 @@ class DrafterParts:
     draft_to_target: torch.Tensor | None
     swa: list[int | None]
     non_causal_swa: bool = False
+    tied_head: bool = False
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -91,14 +94,17 @@ def parts_of(drafter) -> DrafterParts:
     n_layers = len(drafter.layers)
     swa = [spec.sliding_window if spec.is_swa(i) else None for i in range(n_layers)]
     vocab = drafter.vocab
-    common = dict(
+    lm_head = drafter.lm_head
+    # a tied verifier's embedding doubles as the LM head: one weight in the graph
+    tied = lm_head.weight.data_ptr() == drafter.embed_tokens.data_ptr() and lm_head.bias is None
+    common = dict(tied_head=tied,
         algorithm=drafter.algorithm, block_size=int(drafter.block_size),
         num_draft_tokens=int(drafter.num_draft_tokens), mask_token_id=int(drafter.mask_token_id),
         vocab_size=int(drafter.vocab_size), draft_vocab_size=int(drafter.draft_vocab_size),
         hidden_size=int(drafter.hidden_size),
         aux_width=len(drafter.aux_layer_ids) * int(drafter.aux_hidden_size),
         aux_layer_ids=list(drafter.aux_layer_ids), embed=drafter.embed_tokens, fc=drafter.fc,
-        hidden_norm=drafter.hidden_norm, norm=drafter.norm, lm_head=drafter.lm_head,
+        hidden_norm=drafter.hidden_norm, norm=drafter.norm, lm_head=lm_head,
         layers=drafter.layers, rotary=drafter.rotary,
         draft_to_target=None if vocab.identity else vocab.draft_to_target, swa=swa)
     if drafter.algorithm == "peagle":

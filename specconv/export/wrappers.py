@@ -141,6 +141,18 @@ class StepWrapper(nn.Module):
     def dtype(self) -> torch.dtype:
         return self.p.embed.dtype
 
+    def _embed(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.p.embed[ids.to(torch.int64)]
+
+    def _lm_head(self, h: torch.Tensor) -> torch.Tensor:
+        """LM head. Tied verifier: ``linear`` on a 2-D view, which the exporter emits as
+        ``Gemm(transB=1)`` on the embedding itself, so the graph stores the weight once
+        (a 3-D ``linear`` becomes ``MatMul`` with a folded, second, transposed copy)."""
+        if not self.p.tied_head:
+            return self.p.lm_head(h)
+        flat = torch.nn.functional.linear(h.reshape(-1, h.shape[-1]), self.p.embed)
+        return flat.reshape(*h.shape[:-1], flat.shape[-1])
+
     def _to_target(self, ids: torch.Tensor) -> torch.Tensor:
         return ids if self.d2t_ids is None else self.d2t_ids[ids]
 
@@ -155,7 +167,7 @@ class StepWrapper(nn.Module):
         """DFlash backbone over the block: ``norm(h)`` ``[B, S, H]``."""
         p = self.p
         c = p.hidden_norm(p.fc(aux))
-        h = p.embed[block_ids.to(torch.int64)]
+        h = self._embed(block_ids)
         cos_c, sin_c = _rope(p.rotary, ctx_pos, self.dtype)
         cos_b, sin_b = _rope(p.rotary, blk_pos, self.dtype)
         S = block_ids.shape[1]
@@ -213,7 +225,7 @@ class StepWrapper(nn.Module):
     def _dflash(self, aux, block_ids, ctx_pos, blk_pos, ctx_valid, noise):
         p = self.p
         hidden = self._dflash_hidden(aux, block_ids, ctx_pos, blk_pos, ctx_valid)
-        logits = p.lm_head(hidden)[:, p.draft_slots[0]:p.draft_slots[-1] + 1]
+        logits = self._lm_head(hidden)[:, p.draft_slots[0]:p.draft_slots[-1] + 1]
         if p.algorithm == "dspark":
             return self._dspark(hidden, logits, block_ids, noise)
         scores = logits.to(torch.float32)
@@ -253,7 +265,7 @@ class StepWrapper(nn.Module):
         B, C = ctx_ids.shape
         M = block_ids.shape[1]
         x = torch.cat([aux, p.extra["mask_hidden"].expand(B, M, -1)], dim=1)
-        e = p.embed[torch.cat([ctx_ids, block_ids], dim=1).to(torch.int64)]
+        e = self._embed(torch.cat([ctx_ids, block_ids], dim=1))
         f = p.extra["prep_fc"](x)
         pos = torch.cat([ctx_pos, blk_pos], dim=1)
         cos, sin = _rope(p.rotary, pos, self.dtype)
@@ -274,7 +286,7 @@ class StepWrapper(nn.Module):
             kk, vv = _kv(a, nn_, cos, sin)
             mask = self._peagle_mask(i, ctx_pos, blk_pos, ctx_valid)
             h = lay.finish(h, _attend(_q(a, nn_, cos, sin), kk, vv, mask, a.scale, self.onnx_attention))
-        logits = p.lm_head(p.norm(h[:, C - 1:]))  # bonus entry (last column) + mask entries
+        logits = self._lm_head(p.norm(h[:, C - 1:]))  # bonus entry (last column) + mask entries
         scores = logits.to(torch.float32)
         if noise is not None:
             scores = scores + noise

@@ -62,6 +62,7 @@ class ValidateOptions:
     seed: int = 0
     confidence_threshold: float | None = DSPARK_CONFIDENCE_THRESHOLD
     vllm_port: int = 8011
+    onnx: str | None = None  # --onnx PATH: also run the loop with ONNX Runtime drafting
 
 
 def select_prompts(spec: str, n: int | None) -> list:
@@ -375,6 +376,10 @@ def validate_drafter(
         spec = run("speculative decode", drafter)
         metrics = compute_metrics(spec, k, baseline=plain, seed=opts.seed)
         report["metrics"] = metrics
+        if opts.onnx:  # ONNX Runtime as the drafter, side by side with the torch run
+            from ..export.ort_validate import onnx_acceptance
+
+            report["onnx"] = onnx_acceptance(opts.onnx, d, drafter, run, spec, plain, k, opts)
         _copy_top(report, metrics)
 
         source_metrics = None
@@ -412,7 +417,12 @@ def validate_drafter(
             report["dspark"] = _dspark_extras(spec, run, drafter, opts)
         report["summary"] = summary(metrics)
         runner.close()
-        return _finish(report, results)
+        _finish(report, results)
+        if opts.onnx:
+            from ..export.ort_validate import apply_onnx_gate
+
+            apply_onnx_gate(report)
+        return report
 
 
 def _copy_top(report: dict, metrics: dict) -> None:
