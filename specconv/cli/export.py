@@ -56,7 +56,7 @@ def export_group() -> None:
 @click.option("--sampling-noise/--no-sampling-noise", default=False, show_default=True,
               help="Add a sampling_noise input (Gumbel-max sampling with caller-supplied noise).")
 @click.option("--max-batch", type=click.IntRange(min=1), default=8, show_default=True)
-@click.option("--max-context", type=click.IntRange(min=2), default=4096, show_default=True,
+@click.option("--max-context", type=click.IntRange(min=4), default=4096, show_default=True,
               help="Longest context the graph accepts (a longer prompt is refused, exit 3).")
 @click.option("--overwrite", is_flag=True, help="Replace an existing output dir.")
 @click.option("--no-check", is_flag=True, help="Skip the ONNX Runtime parity check.")

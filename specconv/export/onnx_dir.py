@@ -102,15 +102,29 @@ def _baked_from_verifier(d: Path, parts) -> list[str]:
     return baked
 
 
+def _example(parts, settings):
+    """Export example: batch 2, context ``min(7, max_context)`` (≥ 3, ≠ batch: no axis
+    specialises or merges with another)."""
+    import torch
+
+    from .wrappers import batch_inputs
+
+    C = min(7, settings.max_context)
+    g = torch.Generator().manual_seed(0)
+    reqs = [(torch.randint(0, parts.vocab_size, (T + 1,), generator=g), torch.randn(T, parts.aux_width, generator=g))
+            for T in (2, C)]
+    return batch_inputs(parts, reqs, sampling_noise=settings.sampling_noise)
+
+
 def _export_one(drafter, dtype: str, dst: Path, settings, workdir: Path, check: bool) -> dict:
     """Export the drafter at ``dtype`` to ``dst`` and (unless not ``check``) run parity."""
     from .onnx_export import export_graph, io_spec
-    from .parity import check_parity, parity_inputs
+    from .parity import check_parity
     from .wrappers import OUTPUT_CHOICES, make_wrapper
 
     kw = dict(top_k=settings.top_k, sampling_noise=settings.sampling_noise)
     wrapper = make_wrapper(drafter, outputs=settings.outputs, onnx_attention=True, **kw)
-    example = parity_inputs(wrapper.p, sampling_noise=settings.sampling_noise)[1]
+    example = _example(wrapper.p, settings)
     log.info("exporting %s graph (%s) ...", dtype, dst)
     info = export_graph(wrapper, example, dst, settings, workdir)
     info.update(io_spec(dst))
@@ -118,7 +132,8 @@ def _export_one(drafter, dtype: str, dst: Path, settings, workdir: Path, check: 
         ref = make_wrapper(drafter, outputs=OUTPUT_CHOICES, **kw)
         log.info("parity of the %s graph ...", dtype)
         info["parity"] = check_parity(dst, ref, wrapper.output_names, wrapper.input_names, dtype,
-                                      sampling_noise=settings.sampling_noise)
+                                      sampling_noise=settings.sampling_noise,
+                                      max_context=settings.max_context)
     return info
 
 
@@ -158,8 +173,8 @@ def export_onnx_dir(drafter_dir: str | Path, out: str | Path | None = None, *,
         raise UsageError(f"--dtype must be one of {', '.join(DTYPES)}")
     if s.opset not in (23, 24):
         raise UsageError("--opset must be 23 or 24")
-    if s.max_batch < 1 or s.max_context < 2 or s.top_k < 1:
-        raise UsageError("--max-batch >= 1, --max-context >= 2 and --top-k >= 1 are required")
+    if s.max_batch < 1 or s.max_context < 4 or s.top_k < 1:
+        raise UsageError("--max-batch >= 1, --max-context >= 4 and --top-k >= 1 are required")
     out_dir = Path(out) if out is not None else d / "onnx"
     _check_output(out_dir, d, overwrite)
     vspec = verifier or default_verifier(d)

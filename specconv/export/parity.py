@@ -22,8 +22,10 @@ TOLERANCES = {"float32": (1e-3, 1e-3), "float16": (5e-2, None), "bfloat16": (1e-
 _REFERENCE_EVALUATOR_MAX_PARAMS = 2_000_000
 
 
-def parity_inputs(parts, *, sampling_noise: bool, seed: int = 0) -> list[tuple[torch.Tensor, ...]]:
-    """Two input sets: batch 1 (context 12) and a left-padded batch 3 (contexts 3/17/30).
+def parity_inputs(parts, *, sampling_noise: bool, seed: int = 0,
+                  max_context: int = 4096) -> list[tuple[torch.Tensor, ...]]:
+    """Two input sets: batch 1 (context 12) and a left-padded batch 3 (contexts 3/17/30),
+    lengths capped at ``max_context``.
 
     Aux hidden states are Gaussian with a few large outlier channels (real aux states
     have them, validation.md); ids are uniform over the vocabulary.
@@ -35,6 +37,7 @@ def parity_inputs(parts, *, sampling_noise: bool, seed: int = 0) -> list[tuple[t
     for lengths in ((12,), (3, 17, 30)):
         reqs = []
         for T in lengths:
+            T = min(T, max_context)
             aux = torch.randn(T, parts.aux_width, generator=g)
             aux[:, :: max(1, parts.aux_width // 8)] *= 20.0
             reqs.append((torch.randint(0, parts.vocab_size, (T + 1,), generator=g), aux))
@@ -79,9 +82,14 @@ def _session(ort, model):
 
 def run_reference(path: Path, names: list[str], inputs: tuple[torch.Tensor, ...]):
     """Run a graph with ``onnx.reference.ReferenceEvaluator`` (bf16-capable, slow)."""
+    import onnx
     from onnx.reference import ReferenceEvaluator
 
-    ev = ReferenceEvaluator(str(path))
+    from .onnx_export import _strip_trt_attributes
+
+    m = onnx.load(str(path))  # small graphs only (weights in memory)
+    _strip_trt_attributes(m)  # the evaluator, like ORT, rejects TRT_decomposable
+    ev = ReferenceEvaluator(m)
     return ev.run(None, {n: _np(t) for n, t in zip(names, inputs)})
 
 
@@ -118,7 +126,7 @@ def compare(ref: dict[str, torch.Tensor], got: dict[str, np.ndarray], atol: floa
 
 
 def check_parity(path: Path, wrapper_all, output_names: list[str], input_names: list[str],
-                 dtype: str, *, sampling_noise: bool) -> dict:
+                 dtype: str, *, sampling_noise: bool, max_context: int = 4096) -> dict:
     """Parity of the graph at ``path`` with ``wrapper_all`` (eager, every output).
 
     Returns:
@@ -136,11 +144,18 @@ def check_parity(path: Path, wrapper_all, output_names: list[str], input_names: 
         runtime = "onnx-reference-evaluator"
     sess = ort_session(path) if runtime == "onnxruntime-cpu" else None
     cases = []
-    for inputs in parity_inputs(wrapper_all.p, sampling_noise=sampling_noise):
+    for inputs in parity_inputs(wrapper_all.p, sampling_noise=sampling_noise, max_context=max_context):
         with torch.no_grad():
             ref = dict(zip(wrapper_all.output_names, wrapper_all(*inputs)))
-        raw = (run_ort(path, input_names, inputs, sess) if sess is not None
-               else run_reference(path, input_names, inputs))
+        if sess is not None:
+            raw = run_ort(path, input_names, inputs, sess)
+        else:
+            try:
+                raw = run_reference(path, input_names, inputs)
+            except (TypeError, ValueError, NotImplementedError) as e:  # evaluator op gaps
+                return {"runtime": runtime, "dtype": dtype, "passed": None,
+                        "skipped": f"the ONNX reference evaluator cannot run this graph "
+                                   f"({type(e).__name__}: {str(e)[:200]}); checked by the fp32 twin"}
         got = dict(zip(output_names, raw))
         c = compare(ref, got, atol)
         c["shape"] = {"batch": int(inputs[0].shape[0]), "context": int(inputs[0].shape[1])}
