@@ -191,9 +191,14 @@ class ComparingDrafter:
         for a in ("algorithm", "block_size", "num_draft_tokens", "aux_layer_ids", "device", "dtype"):
             setattr(self, a, getattr(primary, a))
         self.steps = self.drafts = self.mismatches = self.near_ties = self.near_tie_mismatches = 0
+        self.primary_ms: list[float] = []  # the loop's draft_ms also counts the comparison
 
     def propose(self, context_tokens, aux_hidden, *, temperature: float = 0.0, generator=None):
+        import time
+
+        t0 = time.perf_counter()
         prop = self.primary.propose(context_tokens, aux_hidden, temperature=temperature, generator=generator)
+        self.primary_ms.append((time.perf_counter() - t0) * 1e3)
         if temperature <= 0:
             ref = self.reference.propose(context_tokens.to(self.reference.device),
                                          aux_hidden.to(self.reference.device, self.reference.dtype))
@@ -210,4 +215,5 @@ class ComparingDrafter:
     def counts(self) -> dict:
         return {"steps": self.steps, "drafts": self.drafts, "mismatches": self.mismatches,
                 "near_ties": self.near_ties, "near_tie_mismatches": self.near_tie_mismatches,
-                "near_tie_margin": self.margin}
+                "near_tie_margin": self.margin,
+                "primary_draft_ms_median": float(np.median(self.primary_ms)) if self.primary_ms else None}

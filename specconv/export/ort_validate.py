@@ -53,6 +53,8 @@ def onnx_acceptance(onnx_path: str, drafter_dir, drafter, run, spec_results, pla
 
     return {"graph": str(ort.path), "graph_dtype": ort.graph_dtype, "torch": side(m_t), "onnx": side(m_o),
             "drafts": counts, "tokens_identical": same_tokens, "tau_equal": tau_equal, "passed": passed,
+            "timing_note": "onnx.draft_ms / tpot_ms include the per-step torch comparison; "
+                           "drafts.primary_draft_ms_median is ONNX Runtime alone",
             "rule": "greedy: tokens identical, drafts identical outside near-ties (torch top-1/top-2 "
                     f"margin < {NEAR_TIE_MARGIN}), tau equal when no near-tie difference"}
 
