@@ -27,8 +27,13 @@ def _cli(*args):
     return r.exit_code, json.loads(r.stdout) if r.stdout.strip() else None
 
 
+_EXPORTED: dict = {}  # one set of exports per session, shared with test_build_engine.py
+
+
 @pytest.fixture(scope="module")
 def exported(tmp_path_factory, verifier_dir):  # noqa: F811
+    if _EXPORTED:
+        return _EXPORTED
     root = tmp_path_factory.mktemp("export")
     n = torch.get_num_threads()
     torch.set_num_threads(1)
@@ -48,6 +53,7 @@ def exported(tmp_path_factory, verifier_dir):  # noqa: F811
         out["peagle"] = (root / "peagle-qwen3-pruned", export_onnx_dir(
             root / "peagle-qwen3-pruned", verifier=str(verifier_dir), dtype="float32",
             settings=ExportSettings(max_context=16)))
+        _EXPORTED.update(out)
         return out
     finally:
         torch.set_num_threads(n)
