@@ -221,3 +221,42 @@ def test_rtx_ahead_of_time_build_on_cpu(onnx_dir):
     man = json.loads((onnx_dir / "trt" / "manifest.json").read_text())
     assert man["variants"][0]["plan_sha256"] == res["plan_sha256"]
     assert man["variants"][0]["target_compute_capabilities"] == ["8.9"]
+
+
+@pytest.mark.gpu
+def test_real_tensorrt_build_load_and_run_matches_ort(onnx_dir):
+    """GPU + full TensorRT only (never run in CI; docs/engines.md says where it ran)."""
+    if not torch.cuda.is_available():  # before any TensorRT object (CPU: segfault)
+        pytest.skip("no CUDA GPU")
+    trt = pytest.importorskip("tensorrt")
+    r = CliRunner().invoke(cli, ["build-engine", str(onnx_dir), "--profile", "batch=1:1:2,context=1:8:16",
+                                 "--format", "json"])
+    assert r.exit_code == 0, r.output
+    res = json.loads(r.stdout)
+    plan = (onnx_dir / "trt" / res["key"] / "drafter.plan").read_bytes()
+    runtime = trt.Runtime(trt.Logger(trt.Logger.WARNING))
+    eng = runtime.deserialize_cuda_engine(plan)
+    assert eng is not None
+    from specconv.export.parity import parity_inputs, run_ort
+    from specconv.export.reference import load_reference, parts_of
+
+    meta = json.loads((onnx_dir / "onnx" / "onnx_meta.json").read_text())
+    g = meta["graphs"]["drafter.onnx"]
+    names = [i["name"] for i in g["inputs"]]
+    parts = parts_of(load_reference(onnx_dir, None))
+    inputs = parity_inputs(parts, sampling_noise=False, max_context=16)[0]
+    want = run_ort(onnx_dir / "onnx" / "drafter.onnx", names, inputs)
+    ctx = eng.create_execution_context()
+    dev = [t.cuda().contiguous() for t in inputs]
+    for n, t in zip(names, dev):
+        ctx.set_input_shape(n, tuple(t.shape))
+        ctx.set_tensor_address(n, t.data_ptr())
+    dmap = {trt.int32: torch.int32, trt.float32: torch.float32, trt.int64: torch.int64}
+    outs = {}
+    for o in g["outputs"]:
+        n = o["name"]
+        outs[n] = torch.empty(tuple(ctx.get_tensor_shape(n)), dtype=dmap[eng.get_tensor_dtype(n)], device="cuda")
+        ctx.set_tensor_address(n, outs[n].data_ptr())
+    assert ctx.execute_async_v3(torch.cuda.current_stream().cuda_stream)
+    torch.cuda.synchronize()
+    assert (outs["draft_ids"].cpu().numpy() == want[0]).all()
