@@ -316,7 +316,19 @@ def build_engine_dir(drafter_dir: str | Path, onnx_path: str | Path | None, opts
         raise InvalidInputError(f"{out} exists; pass --overwrite to replace it", code="output_exists")
     cache_in = Path(opts.timing_cache).read_bytes() if opts.timing_cache and Path(opts.timing_cache).is_file() else None
     plan, cache_out, _lines = build_plan(trt, graph, opts, shapes, dtype, cache_in)
-    build = {
+    build = _build_record(key, opts, version, trt, gpu, dtype, shapes, rel, sha256_file(graph), plan)
+    _write_variant(d / "trt", key, plan, build, cache_out, opts)
+    if cache_out is not None:
+        Path(opts.timing_cache).write_bytes(cache_out)
+    manifest = _update_manifest(d / "trt", build)
+    return {**build, "path": str(out), "manifest": str(d / "trt" / "manifest.json"),
+            "variants": [v["key"] for v in manifest["variants"]]}
+
+
+def _build_record(key: str, opts: BuildOptions, version: str, trt, gpu: dict | None, dtype: str,
+                  shapes: dict, rel: str, onnx_sha: str, plan: bytes) -> dict:
+    """The ``build.json`` content (GPU fields null for a CPU build)."""
+    return {
         "format": "specconv-trt-build", "key": key, "builder": opts.builder,
         "trt_version": version, "cuda": gpu["cuda"] if gpu else None,
         "cuda_major": _cuda_major(trt, gpu), "driver": gpu["driver"] if gpu else None,
@@ -328,17 +340,10 @@ def build_engine_dir(drafter_dir: str | Path, onnx_path: str | Path | None, opts
         "builder_optimization_level": opts.builder_opt_level,
         "flags": {"strongly_typed": True, "tf32": dtype != "float32"},
         "profiles": [{n: {"min": list(s[0]), "opt": list(s[1]), "max": list(s[2])} for n, s in shapes.items()}],
-        "onnx": rel, "onnx_sha256": sha256_file(graph), "plan_sha256": _sha(plan),
-        "plan_bytes": len(plan),
+        "onnx": rel, "onnx_sha256": onnx_sha, "plan_sha256": _sha(plan), "plan_bytes": len(plan),
         "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         "specconv_version": _specconv_version(),
     }
-    _write_variant(d / "trt", key, plan, build, cache_out, opts)
-    if cache_out is not None:
-        Path(opts.timing_cache).write_bytes(cache_out)
-    manifest = _update_manifest(d / "trt", build)
-    return {**build, "path": str(out), "manifest": str(d / "trt" / "manifest.json"),
-            "variants": [v["key"] for v in manifest["variants"]]}
 
 
 def _specconv_version() -> str:

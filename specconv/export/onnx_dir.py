@@ -163,18 +163,13 @@ def export_onnx_dir(drafter_dir: str | Path, out: str | Path | None = None, *,
     """
     import torch
 
-    from .onnx_export import ExportSettings, sha256_file
+    from .onnx_export import ExportSettings
     from .reference import load_reference, parts_of
 
     d = Path(drafter_dir)
     _check_dir(d)
     s = settings or ExportSettings()
-    if dtype not in DTYPES:
-        raise UsageError(f"--dtype must be one of {', '.join(DTYPES)}")
-    if s.opset not in (23, 24):
-        raise UsageError("--opset must be 23 or 24")
-    if s.max_batch < 1 or s.max_context < 4 or s.top_k < 1:
-        raise UsageError("--max-batch >= 1, --max-context >= 4 and --top-k >= 1 are required")
+    _check_settings(s, dtype)
     out_dir = Path(out) if out is not None else d / "onnx"
     _check_output(out_dir, d, overwrite)
     vspec = verifier or default_verifier(d)
@@ -185,33 +180,13 @@ def export_onnx_dir(drafter_dir: str | Path, out: str | Path | None = None, *,
         vdir = resolve_verifier(vspec).local_dir
     ref32 = load_reference(d, vdir, torch.float32)
     parts = parts_of(ref32)
-    if "ids" not in s.outputs:
-        raise UsageError("--outputs must include ids")
     if s.top_k > parts.draft_vocab_size:
         raise UsageError(f"--top-k {s.top_k} exceeds the draft vocabulary ({parts.draft_vocab_size})")
-    baked = _baked_from_verifier(d, parts)
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.tmp-", dir=out_dir.parent))
     try:
-        work = tmp / ".work"
-        (tmp / "fp32").mkdir(parents=True)
-        work.mkdir()
-        graphs: dict[str, Any] = {}
-        graphs["fp32/" + GRAPH_NAME] = _export_one(ref32, "float32", tmp / "fp32" / GRAPH_NAME, s, work, check)
-        if dtype == "float32":
-            graphs[GRAPH_NAME] = graphs["fp32/" + GRAPH_NAME]
-            for f in ("", ".data"):  # the fp32 twin is the graph: hard link, else copy
-                src, dst = tmp / "fp32" / (GRAPH_NAME + f), tmp / (GRAPH_NAME + f)
-                try:
-                    os.link(src, dst)
-                except OSError:
-                    shutil.copyfile(src, dst)
-        else:
-            del ref32
-            refd = load_reference(d, vdir, getattr(torch, dtype))
-            graphs[GRAPH_NAME] = _export_one(refd, dtype, tmp / GRAPH_NAME, s, work, check)
-        shutil.rmtree(work)
-        meta = _meta(d, parts, s, dtype, graphs, baked, vspec, tmp)
+        graphs = _export_graphs(tmp, d, vdir, ref32, s, dtype, check)
+        meta = _meta(d, parts, s, dtype, graphs, _baked_from_verifier(d, parts), vspec, tmp)
         result = _result(meta, graphs, out_dir, check)
         if check and result["parity_passed"] is False:
             raise GateFailedError(f"ONNX parity failed: {json.dumps(result['parity'])[:800]}",
@@ -228,6 +203,43 @@ def export_onnx_dir(drafter_dir: str | Path, out: str | Path | None = None, *,
     except OSError as e:  # read-only drafter dir: the export itself is complete
         log.warning("could not record the export in %s/specconv.json: %s", d, e)
     return result
+
+
+def _check_settings(s, dtype: str) -> None:
+    if dtype not in DTYPES:
+        raise UsageError(f"--dtype must be one of {', '.join(DTYPES)}")
+    if s.opset not in (23, 24):
+        raise UsageError("--opset must be 23 or 24")
+    if s.max_batch < 1 or s.max_context < 4 or s.top_k < 1:
+        raise UsageError("--max-batch >= 1, --max-context >= 4 and --top-k >= 1 are required")
+    if "ids" not in s.outputs:
+        raise UsageError("--outputs must include ids")
+
+
+def _export_graphs(tmp: Path, d: Path, vdir, ref32, s, dtype: str, check: bool) -> dict[str, Any]:
+    """The fp32 twin, then the graph at ``dtype`` (a hard link to the twin for fp32)."""
+    import torch
+
+    from .reference import load_reference
+
+    work = tmp / ".work"
+    (tmp / "fp32").mkdir(parents=True)
+    work.mkdir()
+    graphs: dict[str, Any] = {}
+    graphs["fp32/" + GRAPH_NAME] = _export_one(ref32, "float32", tmp / "fp32" / GRAPH_NAME, s, work, check)
+    if dtype == "float32":
+        graphs[GRAPH_NAME] = graphs["fp32/" + GRAPH_NAME]
+        for f in ("", ".data"):  # the fp32 twin is the graph: hard link, else copy
+            src, dst = tmp / "fp32" / (GRAPH_NAME + f), tmp / (GRAPH_NAME + f)
+            try:
+                os.link(src, dst)
+            except OSError:
+                shutil.copyfile(src, dst)
+    else:
+        refd = load_reference(d, vdir, getattr(torch, dtype))
+        graphs[GRAPH_NAME] = _export_one(refd, dtype, tmp / GRAPH_NAME, s, work, check)
+    shutil.rmtree(work)
+    return graphs
 
 
 def _meta(d: Path, parts, s, dtype: str, graphs: dict, baked: list[str], vspec, tmp: Path) -> dict:
