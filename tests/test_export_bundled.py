@@ -1,6 +1,7 @@
 """The bundled trained drafter (examples/smollm2-dflash-b8, z-lab DFlash) converted against
 the real SmolLM2 verifier, exported to ONNX and run as the drafter of the acceptance loop
-with ONNX Runtime: fp32 greedy tokens identical to the torch run, τ equal."""
+with ONNX Runtime: fp32 greedy tokens identical to the torch run, τ equal; then its graph
+is compiled ahead of time by TensorRT-RTX on the CPU (``build-engine --builder rtx``)."""
 
 from __future__ import annotations
 
@@ -56,5 +57,17 @@ def test_bundled_drafter_export_and_validate_onnx(tmp_path, smollm2_dir):
             assert ox["tau_equal"] and ox["onnx"]["acceptance_length"] == ox["torch"]["acceptance_length"]
         assert ox["torch"]["acceptance_length"] > 1.0
         assert rep["gates"]["onnx"] is True and rep["passed"] is True
+        try:
+            import tensorrt_rtx  # noqa: F401
+        except ImportError:
+            return  # the trt-rtx extra is optional; tests/test_build_engine.py says so too
+        if torch.cuda.is_available():
+            return
+        code, eng = _invoke("build-engine", str(out), "--builder", "rtx", "--compute-capability", "8.9",
+                            "--profile", "batch=1:1:2,context=1:64:256")
+        assert code == 0, eng
+        plan = out / "trt" / eng["key"] / "drafter.plan"
+        assert plan.stat().st_size > 1_000_000 and eng["variants"] == [eng["key"]]
+        assert json.loads((out / "trt" / "manifest.json").read_text())["variants"][0]["plan_sha256"] == eng["plan_sha256"]
     finally:
         torch.set_num_threads(n)
