@@ -96,7 +96,9 @@ def parts_of(drafter) -> DrafterParts:
     vocab = drafter.vocab
     lm_head = drafter.lm_head
     # a tied verifier's embedding doubles as the LM head: one weight in the graph
-    tied = lm_head.weight.data_ptr() == drafter.embed_tokens.data_ptr() and lm_head.bias is None
+    emb, w = drafter.embed_tokens, lm_head.weight
+    tied = lm_head.bias is None and w.shape == emb.shape and (
+        w.data_ptr() == emb.data_ptr() or bool(torch.equal(w, emb)))  # a dtype cast un-shares them
     common = dict(tied_head=tied,
         algorithm=drafter.algorithm, block_size=int(drafter.block_size),
         num_draft_tokens=int(drafter.num_draft_tokens), mask_token_id=int(drafter.mask_token_id),
