@@ -191,3 +191,26 @@ def test_parity_failure_is_exit_4_and_writes_nothing(exported, tmp_path, monkeyp
                      "-o", str(out))
     assert code == 4 and res["error"] == "gate_failed"
     assert not out.exists() and list(tmp_path.iterdir()) == []
+
+
+def test_ort_drafter_samples_with_gumbel_noise(exported):
+    """T > 0: noise drawn from the generator, picks distributed as softmax(logits / T)."""
+    from specconv.errors import UsageError
+    from specconv.export.ort_drafter import OrtDrafter
+
+    d, _ = exported["dflash"]
+    od = OrtDrafter(d / "onnx", d, dtype="float32")
+    g = torch.Generator().manual_seed(0)
+    tok, aux = torch.randint(0, 60, (1, 6), generator=g), torch.randn(1, 5, 96, generator=g)
+    T = 1.5
+    probs = torch.softmax(od.propose(tok, aux).logits[0] / T, -1)
+    n = 400
+    counts = torch.zeros_like(probs)
+    for _ in range(n):
+        counts[int(od.propose(tok, aux, temperature=T, generator=g).tokens[0])] += 1
+    assert float(counts.sum()) == n and bool((counts[probs == 0] == 0).all())  # never outside the draft vocab
+    assert 0.5 * float((counts / n - probs).abs().sum()) < 0.12  # total variation
+    pd, _ = exported["peagle"]
+    with pytest.raises(UsageError, match="--sampling-noise"):
+        OrtDrafter(pd / "onnx", pd, dtype="float32").propose(torch.zeros(1, 4, dtype=torch.long),
+                                                             torch.zeros(1, 3, 96), temperature=1.0)
