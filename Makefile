@@ -47,7 +47,7 @@ $(STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
 	$(PIP) install -q torch==2.13.0
-	$(PIP) install -q -e '.[torch,test]'
+	$(PIP) install -q -e '.[torch,test,onnx,trt-rtx]'
 	$(PIP) install -q $(PEER_DEPS)
 	$(PIP) install -q --no-deps $(PEERS)
 	touch $(STAMP)

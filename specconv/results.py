@@ -303,6 +303,12 @@ class ValidationReport(StageResult):
                          f"T={r.get('temperature')}")
         if r.get("acceptance_length") is not None:
             lines += _tau_lines(r)
+        ox = r.get("onnx")
+        if ox:
+            lines.append(f"ONNX:      τ {ox['onnx']['acceptance_length']:.3f} (ORT) vs {ox['torch']['acceptance_length']:.3f} "
+                         f"(torch); tokens identical {ox['tokens_identical']}; draft mismatches "
+                         f"{ox['drafts']['mismatches']} (near-tie {ox['drafts']['near_tie_mismatches']}, "
+                         f"near-ties {ox['drafts']['near_ties']})")
         lines.append("gates:")
         for g in r.get("gate_results", []):
             lines.append(f"  {g['name']:<11} {g['status']}")

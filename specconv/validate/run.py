@@ -74,6 +74,7 @@ class ValidateOptions:
     vllm_port: int = 8011
     vllm_python: str | None = None
     drafter_cache: bool = True
+    onnx: str | None = None  # --onnx PATH: also run the loop with ONNX Runtime drafting
 
 
 def select_prompts(spec: str, n: int | None) -> list:
@@ -191,7 +192,12 @@ def validate_drafter(
         if _structure_step(run):
             _prompts_step(run)
             get_backend(opts.backend).run(run)
-    return _finish(run.report, run.results)
+    report = _finish(run.report, run.results)
+    if opts.onnx:  # the ORT-drafted loop joins the gates (specconv/export/ort_validate.py)
+        from ..export.ort_validate import apply_onnx_gate
+
+        apply_onnx_gate(report)
+    return report
 
 
 def _check_inputs(drafter_dir: str | Path, opts: ValidateOptions) -> Path:

@@ -170,6 +170,10 @@ class TorchBackend:
         spec = h.decode("speculative decode", h.drafter)
         metrics = compute_metrics(spec, k, baseline=plain, seed=opts.seed)
         run.report["metrics"] = metrics
+        if opts.onnx:  # ONNX Runtime as the drafter, side by side with the torch run
+            from ..export.ort_validate import onnx_acceptance
+
+            run.report["onnx"] = onnx_acceptance(opts.onnx, run.drafter_dir, h.drafter, h.decode, spec, plain, k, opts)
         copy_top(run.report, metrics)
         source_metrics = self._source_gates(h, plain)
         run.results.append(gate_acceptance(metrics, source_metrics=source_metrics, min_tau=opts.min_tau))

@@ -1,0 +1,81 @@
+"""``specconv export onnx DIR``: ONNX graphs of one drafting step (docs/engines.md)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from .common import emit, output_format_option, run_command
+
+_OUTPUTS = ("ids", "logprobs", "topk", "logits", "confidence")
+
+
+def _human(r: dict) -> str:
+    lines = [f"exported:  {r['output']}  ({r['algorithm']}, {r['dtype']}, opset {r['opset']}, "
+             f"block {r['block_size']})",
+             f"dynamic:   batch 1..{r['dynamic']['batch']['max']}, context 1..{r['dynamic']['context']['max']}",
+             f"verifier weights baked in: {'yes' if r['contains_verifier_weights'] else 'no'}"]
+    for name, p in (r.get("parity") or {}).items():
+        if not p:
+            continue
+        if p.get("passed") is None:
+            lines.append(f"parity {name}: skipped ({p.get('skipped')})")
+        else:
+            lines.append(f"parity {name}: {'ok' if p['passed'] else 'FAILED'} ({p['runtime']}, "
+                         f"top-1 {p['top1']:.3f}, max |Δ| {p['max_abs']:.2e})")
+    if not r.get("checked"):
+        lines.append("parity: not checked (--no-check)")
+    return "\n".join(lines)
+
+
+def _parse_outputs(value: str) -> tuple[str, ...]:
+    items = tuple(x.strip() for x in value.split(",") if x.strip())
+    bad = [x for x in items if x not in _OUTPUTS]
+    if bad or not items:
+        raise click.BadParameter(f"choose from {','.join(_OUTPUTS)} (got {value!r})", param_hint="--outputs")
+    return items
+
+
+@click.group("export")
+def export_group() -> None:
+    """Export a Speculators drafter to deployment formats."""
+
+
+@export_group.command("onnx")
+@click.argument("drafter_dir", metavar="DIR", type=click.Path(file_okay=False, path_type=Path))
+@click.option("-o", "--output", type=click.Path(file_okay=False, path_type=Path),
+              help="Output dir [default: DIR/onnx].")
+@click.option("--verifier", help="Verifier dir or Hub id [default: the one in DIR/specconv.json].")
+@click.option("--dtype", type=click.Choice(["float32", "float16", "bfloat16"]), default="float16",
+              show_default=True, help="Dtype of drafter.onnx (an fp32 twin is always written under fp32/).")
+@click.option("--opset", type=click.Choice(["23", "24"]), default="23", show_default=True)
+@click.option("--outputs", default="ids,logprobs", show_default=True,
+              help="Comma list of ids,logprobs,topk,logits,confidence (ids required).")
+@click.option("--top-k", type=click.IntRange(min=1), default=4, show_default=True, help="k of the topk outputs.")
+@click.option("--sampling-noise/--no-sampling-noise", default=False, show_default=True,
+              help="Add a sampling_noise input (Gumbel-max sampling with caller-supplied noise).")
+@click.option("--max-batch", type=click.IntRange(min=1), default=8, show_default=True)
+@click.option("--max-context", type=click.IntRange(min=4), default=4096, show_default=True,
+              help="Longest context the graph accepts (a longer prompt is refused, exit 3).")
+@click.option("--overwrite", is_flag=True, help="Replace an existing output dir.")
+@click.option("--no-check", is_flag=True, help="Skip the ONNX Runtime parity check.")
+@output_format_option
+@run_command
+def onnx_cmd(drafter_dir: Path, output: Path | None, verifier: str | None, dtype: str, opset: str,
+             outputs: str, top_k: int, sampling_noise: bool, max_batch: int, max_context: int,
+             overwrite: bool, no_check: bool, output_format: str) -> None:
+    """Export one drafting step of the drafter in DIR as ONNX (TensorRT-ready).
+
+    Writes drafter.onnx + drafter.onnx.data, the fp32 twin under fp32/ and onnx_meta.json,
+    checks parity with ONNX Runtime (exit 4 when it fails, nothing written) and records
+    the result under "export" in DIR/specconv.json.
+    """
+    from specconv.export.onnx_dir import export_onnx_dir
+    from specconv.export.onnx_export import ExportSettings
+
+    settings = ExportSettings(opset=int(opset), max_batch=max_batch, max_context=max_context,
+                              outputs=_parse_outputs(outputs), top_k=top_k, sampling_noise=sampling_noise)
+    result = export_onnx_dir(drafter_dir, output, verifier=verifier, dtype=dtype, settings=settings,
+                             overwrite=overwrite, check=not no_check)
+    emit(result, output_format, _human)

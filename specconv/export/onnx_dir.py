@@ -1,0 +1,335 @@
+"""``specconv export onnx DIR``: a Speculators dir → ``onnx/`` (graph, fp32 twin, meta).
+
+Layout written (via a temp dir renamed at the end)::
+
+    OUT/drafter.onnx, OUT/drafter.onnx.data     graph at --dtype (TensorRT-prepared)
+    OUT/fp32/drafter.onnx, .../drafter.onnx.data fp32 twin (CPU numerics)
+    OUT/onnx_meta.json                          versions, I/O, ranges, sha256s
+
+The export section of ``DIR/specconv.json`` records the result and the parity numbers.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import logging
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from ..errors import GateFailedError, InvalidInputError, UsageError
+
+log = logging.getLogger("specconv.export")
+
+__all__ = ["export_onnx_dir", "META_NAME", "DTYPES", "drafter_file_hashes"]
+
+META_NAME = "onnx_meta.json"
+GRAPH_NAME = "drafter.onnx"
+DTYPES = ("float32", "float16", "bfloat16")
+
+
+def _read_json(p: Path) -> dict:
+    try:
+        d = json.loads(p.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        raise InvalidInputError(f"{p}: cannot read ({e})", code="not_speculators_dir") from e
+    if not isinstance(d, dict):
+        raise InvalidInputError(f"{p}: not a JSON object", code="not_speculators_dir")
+    return d
+
+
+def _check_dir(d: Path) -> dict:
+    cfg = _read_json(d / "config.json") if (d / "config.json").is_file() else None
+    if cfg is None or "speculators_model_type" not in cfg:
+        raise InvalidInputError(
+            f"{d} is not a Speculators-format directory (no config.json with speculators_model_type)",
+            code="not_speculators_dir", hint=f"convert it first: specconv convert {d} --verifier V -o OUT")
+    return cfg
+
+
+def default_verifier(d: Path) -> str | None:
+    """The verifier recorded in ``DIR/specconv.json`` (its ``spec``, else ``name_or_path``)."""
+    p = d / "specconv.json"
+    if not p.is_file():
+        return None
+    v = _read_json(p).get("verifier") or {}
+    return v.get("spec") or v.get("name_or_path")
+
+
+def drafter_file_hashes(d: Path) -> dict[str, str]:
+    """sha256 of the drafter files an export reads (config + weights + index)."""
+    from .onnx_export import sha256_file
+
+    names = sorted(p.name for p in d.iterdir() if p.is_file() and (
+        p.name == "config.json" or p.name.endswith(".safetensors") or p.name.endswith(".safetensors.index.json")))
+    return {n: sha256_file(d / n) for n in names}
+
+
+def _check_output(out: Path, d: Path, overwrite: bool) -> None:
+    if out.resolve() == d.resolve() or out.resolve() in d.resolve().parents:
+        raise InvalidInputError(f"output {out} must not be the drafter dir or contain it", code="output_is_input")
+    if out.exists() and not overwrite:
+        raise InvalidInputError(f"output {out} exists; pass --overwrite to replace it", code="output_exists")
+    if out.exists() and not out.is_dir():
+        raise InvalidInputError(f"output {out} exists and is not a directory", code="output_exists")
+
+
+def _library_versions() -> dict[str, str | None]:
+    from importlib.metadata import PackageNotFoundError, version
+
+    out: dict[str, str | None] = {}
+    for pkg in ("specconv", "torch", "onnx", "onnxscript", "onnx-ir", "onnxruntime"):
+        try:
+            out[pkg] = version(pkg)
+        except PackageNotFoundError:
+            out[pkg] = None
+    return out
+
+
+def _baked_from_verifier(d: Path, parts) -> list[str]:
+    """Which verifier tensors the graph bakes in (the drafter dir lacks them)."""
+    from ..tensors import open_store
+
+    names = set(open_store(d).names())
+    baked = []
+    if "embed_tokens.weight" not in names:
+        baked.append("embed_tokens")
+    if "lm_head.weight" not in names:
+        baked.append("lm_head")
+    return baked
+
+
+def _example(parts, settings):
+    """Export example: batch 2, context ``min(7, max_context)`` (≥ 3, ≠ batch: no axis
+    specialises or merges with another)."""
+    import torch
+
+    from .wrappers import batch_inputs
+
+    C = min(7, settings.max_context)
+    g = torch.Generator().manual_seed(0)
+    reqs = [(torch.randint(0, parts.vocab_size, (T + 1,), generator=g), torch.randn(T, parts.aux_width, generator=g))
+            for T in (2, C)]
+    return batch_inputs(parts, reqs, sampling_noise=settings.sampling_noise)
+
+
+def _export_one(drafter, dtype: str, dst: Path, settings, workdir: Path, check: bool) -> dict:
+    """Export the drafter at ``dtype`` to ``dst`` and (unless not ``check``) run parity."""
+    from .onnx_export import export_graph, io_spec
+    from .parity import check_parity
+    from .wrappers import OUTPUT_CHOICES, make_wrapper
+
+    kw = dict(top_k=settings.top_k, sampling_noise=settings.sampling_noise)
+    wrapper = make_wrapper(drafter, outputs=settings.outputs, onnx_attention=True, **kw)
+    example = _example(wrapper.p, settings)
+    log.info("exporting %s graph (%s) ...", dtype, dst)
+    info = export_graph(wrapper, example, dst, settings, workdir)
+    info.update(io_spec(dst))
+    if check:
+        ref = make_wrapper(drafter, outputs=OUTPUT_CHOICES, **kw)
+        log.info("parity of the %s graph ...", dtype)
+        info["parity"] = check_parity(dst, ref, wrapper.output_names, wrapper.input_names, dtype,
+                                      sampling_noise=settings.sampling_noise,
+                                      max_context=settings.max_context)
+    return info
+
+
+def export_onnx_dir(drafter_dir: str | Path, out: str | Path | None = None, *,
+                    verifier: str | None = None, dtype: str = "float16", settings=None,
+                    overwrite: bool = False, check: bool = True) -> dict:
+    """Export a Speculators drafter dir to ONNX (graph at ``dtype`` + fp32 twin + meta).
+
+    Args:
+        drafter_dir: Speculators-format dir (P-EAGLE, DFlash or DSpark).
+        out: output dir (default ``DIR/onnx``).
+        verifier: verifier dir or Hub id (default: the one in ``DIR/specconv.json``);
+            needed when the drafter borrows the verifier's embedding / LM head.
+        dtype: ``float32`` | ``float16`` | ``bfloat16`` of the main graph.
+        settings: :class:`~specconv.export.onnx_export.ExportSettings`.
+        overwrite: replace an existing output.
+        check: run parity (ONNX Runtime / reference evaluator vs the torch wrapper).
+
+    Returns:
+        The result object (also the ``export.onnx`` section of ``DIR/specconv.json``).
+
+    Raises:
+        InvalidInputError: not a Speculators dir, missing verifier, export/check failure,
+            existing output without ``overwrite``.
+        UsageError: bad settings.
+        GateFailedError: parity failed (nothing written).
+    """
+    import torch
+
+    from .onnx_export import ExportSettings
+    from .reference import load_reference, parts_of
+
+    d = Path(drafter_dir)
+    _check_dir(d)
+    s = settings or ExportSettings()
+    _check_settings(s, dtype)
+    out_dir = Path(out) if out is not None else d / "onnx"
+    _check_output(out_dir, d, overwrite)
+    vspec = verifier or default_verifier(d)
+    vdir = None
+    if vspec:
+        from ..verifier import resolve_verifier
+
+        vdir = resolve_verifier(vspec).local_dir
+    ref32 = load_reference(d, vdir, torch.float32)
+    parts = parts_of(ref32)
+    if s.top_k > parts.draft_vocab_size:
+        raise UsageError(f"--top-k {s.top_k} exceeds the draft vocabulary ({parts.draft_vocab_size})")
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.tmp-", dir=out_dir.parent))
+    try:
+        graphs = _export_graphs(tmp, d, vdir, ref32, s, dtype, check)
+        meta = _meta(d, parts, s, dtype, graphs, _baked_from_verifier(d, parts), vspec, tmp)
+        result = _result(meta, graphs, out_dir, check)
+        if check and result["parity_passed"] is False:
+            raise GateFailedError(f"ONNX parity failed: {json.dumps(result['parity'])[:800]}",
+                                  hint="inspect with --no-check (writes the graphs without the gate)")
+        (tmp / META_NAME).write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")
+        _public_modes(tmp)
+        _move(tmp, out_dir, overwrite)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    result["files"] = sorted([*meta["files"], META_NAME])
+    try:
+        record_export(d, result)
+    except OSError as e:  # read-only drafter dir: the export itself is complete
+        log.warning("could not record the export in %s/specconv.json: %s", d, e)
+    return result
+
+
+def _check_settings(s, dtype: str) -> None:
+    if dtype not in DTYPES:
+        raise UsageError(f"--dtype must be one of {', '.join(DTYPES)}")
+    if s.opset not in (23, 24):
+        raise UsageError("--opset must be 23 or 24")
+    if s.max_batch < 1 or s.max_context < 4 or s.top_k < 1:
+        raise UsageError("--max-batch >= 1, --max-context >= 4 and --top-k >= 1 are required")
+    if "ids" not in s.outputs:
+        raise UsageError("--outputs must include ids")
+
+
+def _export_graphs(tmp: Path, d: Path, vdir, ref32, s, dtype: str, check: bool) -> dict[str, Any]:
+    """The fp32 twin, then the graph at ``dtype`` (a hard link to the twin for fp32)."""
+    import torch
+
+    from .reference import load_reference
+
+    work = tmp / ".work"
+    (tmp / "fp32").mkdir(parents=True)
+    work.mkdir()
+    graphs: dict[str, Any] = {}
+    graphs["fp32/" + GRAPH_NAME] = _export_one(ref32, "float32", tmp / "fp32" / GRAPH_NAME, s, work, check)
+    if dtype == "float32":
+        graphs[GRAPH_NAME] = graphs["fp32/" + GRAPH_NAME]
+        for f in ("", ".data"):  # the fp32 twin is the graph: hard link, else copy
+            src, dst = tmp / "fp32" / (GRAPH_NAME + f), tmp / (GRAPH_NAME + f)
+            try:
+                os.link(src, dst)
+            except OSError:
+                shutil.copyfile(src, dst)
+    else:
+        refd = load_reference(d, vdir, getattr(torch, dtype))
+        graphs[GRAPH_NAME] = _export_one(refd, dtype, tmp / GRAPH_NAME, s, work, check)
+    shutil.rmtree(work)
+    return graphs
+
+
+def _meta(d: Path, parts, s, dtype: str, graphs: dict, baked: list[str], vspec, tmp: Path) -> dict:
+    from .onnx_export import sha256_file
+
+    files = sorted(str(p.relative_to(tmp)) for p in tmp.rglob("*") if p.is_file())
+    main = graphs[GRAPH_NAME]
+    return {
+        "format": "specconv-onnx-drafter", "format_version": 1,
+        "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "algorithm": parts.algorithm, "io_contract": "stateless-v1",
+        "dtype": dtype, "opset": main["opset"], "ir_version": main["ir_version"],
+        "versions": _library_versions(),
+        "block_size": parts.block_size, "num_draft_tokens": parts.num_draft_tokens,
+        "draft_slots": parts.draft_slots, "mask_token_id": parts.mask_token_id,
+        "aux_layer_ids": parts.aux_layer_ids, "aux_width": parts.aux_width,
+        "vocab_size": parts.vocab_size, "draft_vocab_size": parts.draft_vocab_size,
+        "padding": "left", "outputs": list(s.outputs), "top_k": s.top_k if "topk" in s.outputs else None,
+        "sampling_noise": s.sampling_noise,
+        "dynamic": {"batch": {"min": 1, "max": s.max_batch}, "context": {"min": 1, "max": s.max_context}},
+        "graphs": {k: {"dtype": "float32" if k.startswith("fp32/") else dtype,
+                       "inputs": g["inputs"], "outputs": g["outputs"], "census": g["census"],
+                       "attention_nodes": g["attention_nodes"]} for k, g in graphs.items()},
+        "files": {f: sha256_file(tmp / f) for f in files},
+        "drafter_files": drafter_file_hashes(d),
+        "verifier": vspec,
+        "contains_verifier_weights": bool(baked), "verifier_weights": baked,
+    }
+
+
+def _result(meta: dict, graphs: dict, out_dir: Path, check: bool) -> dict:
+    parity = {k: g.get("parity") for k, g in graphs.items()} if check else None
+    passed = None
+    if check:
+        flags = [p["passed"] for p in parity.values() if p and p.get("passed") is not None]
+        passed = all(flags) if flags else None
+    return {"output": str(out_dir), "algorithm": meta["algorithm"], "dtype": meta["dtype"],
+            "opset": meta["opset"], "ir_version": meta["ir_version"],
+            "contains_verifier_weights": meta["contains_verifier_weights"],
+            "dynamic": meta["dynamic"], "block_size": meta["block_size"],
+            "census": meta["graphs"][GRAPH_NAME]["census"], "parity": parity,
+            "parity_passed": passed, "checked": check, "created": meta["created"]}
+
+
+def _public_modes(tmp: Path) -> None:
+    """mkdtemp makes the dir 0700: give the output ordinary modes (umask applied)."""
+    umask = os.umask(0)
+    os.umask(umask)
+    for p in [tmp, *tmp.rglob("*")]:
+        os.chmod(p, (0o777 if p.is_dir() else 0o666) & ~umask)
+
+
+def _move(tmp: Path, out_dir: Path, overwrite: bool) -> None:
+    old = None
+    if out_dir.exists():
+        if not overwrite:
+            raise InvalidInputError(f"output {out_dir} appeared while exporting", code="output_exists")
+        old = out_dir.parent / f".{out_dir.name}.old-{os.getpid()}"
+        os.replace(out_dir, old)
+    try:
+        os.replace(tmp, out_dir)
+    except BaseException:
+        if old is not None:
+            os.replace(old, out_dir)
+        raise
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def record_export(d: Path, payload: dict, key: str = "onnx") -> None:
+    """Set ``export.<key>`` in ``DIR/specconv.json`` (read-modify-write, atomic).
+
+    The one place the export writes the record (to be replaced by
+    ``specconv.record.update_record``).
+
+    Raises:
+        InvalidInputError: the existing file is not a JSON object.
+    """
+    p = d / "specconv.json"
+    data: dict = _read_json(p) if p.is_file() else {}
+    section = data.get("export") if isinstance(data.get("export"), dict) else {}
+    section[key] = payload
+    data["export"] = section
+    fd, tmpf = tempfile.mkstemp(prefix=".specconv.json.", dir=d)
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(json.dumps(data, indent=2, sort_keys=True, default=str) + "\n")
+        os.chmod(tmpf, 0o644)
+        os.replace(tmpf, p)
+    except BaseException:
+        if os.path.exists(tmpf):
+            os.unlink(tmpf)
+        raise
