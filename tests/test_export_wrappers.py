@@ -41,7 +41,8 @@ def verifier_dir(tmp_path_factory):
     (d / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLM"], "hidden_size": H,
                                                "num_hidden_layers": 6, "vocab_size": VT,
                                                "tie_word_embeddings": True}))
-    save_file({"model.embed_tokens.weight": torch.randn(VT, H, generator=g)}, str(d / "model.safetensors"))
+    save_file({"model.embed_tokens.weight": torch.randn(VT, H, generator=g), "model.norm.weight": torch.ones(H)},
+              str(d / "model.safetensors"))
     return d
 
 
