@@ -326,6 +326,15 @@ def as_record_path(value: str | None, base: str | os.PathLike) -> str | None:
     return value
 
 
+def resolve_record_path(value: str | None, base: str | os.PathLike) -> str | None:
+    """The inverse of :func:`as_record_path`: a recorded path that exists relative to
+    ``base`` (the drafter dir) as an absolute path; anything else (a Hub id) unchanged."""
+    if value is None:
+        return None
+    p = Path(base) / value
+    return str(p.resolve()) if not os.path.isabs(value) and p.exists() else value
+
+
 def file_hashes(drafter_dir: str | os.PathLike, names: list[str] | None = None) -> dict[str, str]:
     """sha256 of the files a drafter dir is made of: ``config.json``, every
     ``*.safetensors`` and ``model.safetensors.index.json`` (or ``names``).

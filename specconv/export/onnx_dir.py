@@ -51,12 +51,15 @@ def _check_dir(d: Path) -> dict:
 
 
 def default_verifier(d: Path) -> str | None:
-    """The verifier recorded in ``DIR/specconv.json`` (its ``spec``, else ``name_or_path``)."""
-    p = d / "specconv.json"
-    if not p.is_file():
+    """The verifier recorded in ``DIR/specconv.json`` (its ``spec``, else ``name_or_path``;
+    a local one is recorded relative to DIR)."""
+    from ..record import read_record, resolve_record_path
+
+    conv = read_record(d, missing_ok=True).conversion
+    v = conv.verifier if conv is not None else None
+    if v is None:
         return None
-    v = _read_json(p).get("verifier") or {}
-    return v.get("spec") or v.get("name_or_path")
+    return resolve_record_path(v.spec or v.name_or_path, d)
 
 
 def drafter_file_hashes(d: Path) -> dict[str, str]:
