@@ -478,15 +478,17 @@ class RemoteFile:
 
 
 def publish_error(what: str, repo: str, e: BaseException) -> SpecconvError:
-    """The project error for a failed upload-side call: 412 / 409 → conflict (exit 6),
+    """The project error for a failed upload-side call: 412 (``parent_commit_moved``) / 409 → conflict (exit 6),
     401 / 403 → auth (exit 5, huggingface_hub reports a 401 on a repo URL as
     ``RepositoryNotFoundError``), else :func:`hub_error`."""
     from .errors import HubConflictError
 
     status = _status(e)
-    if status in (409, 412):
-        return HubConflictError(f"{what} on {repo!r}: the Hub answered {status} (someone else changed it)",
-                                code="hub_conflict")
+    if status == 412:
+        return HubConflictError(f"{what} on {repo!r}: the branch head moved since the plan (HTTP 412)",
+                                code="parent_commit_moved", hint="re-run: the push re-plans against the new head")
+    if status == 409:
+        return HubConflictError(f"{what} on {repo!r}: the Hub answered 409 (it exists already)", code="hub_conflict")
     if status in (401, 403):
         return HubAuthError(f"{what} on {repo!r}: the Hub refused the credentials (HTTP {status})",
                             code="hub_auth", hint="set HF_TOKEN to a token with write access to the repo")

@@ -18,9 +18,11 @@ COMMANDS = {
     "convert": "convert:convert_cmd",
     "formats": "formats:formats_cmd",
     "validate": "validate:validate_cmd",
+    "push": "push:push_cmd",
+    "release": "release:release_cmd",
 }
 
-EPILOG = "Exit codes: " + ", ".join(f"{k} {v}" for k, v in sorted(EXIT_CODES.items()))
+EPILOG = "Exit codes: " + ", ".join(f"{k} {v}" for k, v in sorted(EXIT_CODES.items())) + ", 10 dry-run would change"
 
 
 class LazyGroup(click.Group):
