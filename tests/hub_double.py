@@ -126,6 +126,8 @@ class HubDouble:
     lfs: dict[str, bytes] = field(default_factory=dict)
     #: injected faults: [method, path regex, status, remaining count (-1 = forever)]
     faults: list[list] = field(default_factory=list)
+    #: paths whose committed bytes the double alters (a corrupted remote, for verification tests)
+    corrupt: set[str] = field(default_factory=set)
     _lock: threading.Lock = field(default_factory=threading.RLock)
     _server: ThreadingHTTPServer | None = None
 

@@ -183,6 +183,8 @@ def commit(h, body: bytes, repo_id: str, rev: str) -> None:
         files = dict(repo.commits[base])
         if not _apply(h, files, lines):
             return
+        for path in h.double.corrupt & set(files):  # a storage fault: the Hub keeps other bytes
+            files[path] = files[path] + b"\n"
         oid = _commit_oid(base, files, header.get("summary", ""))
         repo.commits[oid] = files
         pr_url = _advance(repo, rev, oid, create_pr, header, f"{_url(h)}/{repo_id}")

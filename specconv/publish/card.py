@@ -161,6 +161,6 @@ def render_card(d: Path, rec: Any, payload: Payload, repo_id: str, *, plot: bool
 
 
 def _templates() -> Path:
-    import templates
+    from specconv import templates
 
     return Path(templates.__file__).parent
