@@ -47,7 +47,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
 __all__ = ["HEADERS_ONLY_MARKER", "HUB_ERROR_RULES", "HubErrorRule", "RemoteFile", "api", "bytes_downloaded",
            "cache_dir", "check_card", "commit", "create_branch", "create_tag", "ensure_repo", "open_pull_request",
-           "publish_error", "read_remote_file", "refs", "remote_files", "repo_state",
+           "publish_error", "quiet_progress", "read_remote_file", "refs", "remote_files", "repo_state",
            "download_file", "download_snapshot", "endpoint", "header_snapshot", "hub_error", "is_hub_id",
            "is_missing_entry", "is_offline", "safetensors_header", "token"]
 
@@ -624,3 +624,10 @@ def read_remote_file(hf: HfApi, repo_id: str, path: str, revision: str) -> bytes
         return Path(hf.hf_hub_download(repo_id, path, revision=revision)).read_bytes()
     except hf_errors.EntryNotFoundError:
         return None
+
+
+def quiet_progress() -> None:
+    """Turn huggingface_hub's tqdm bars off (stderr is not a terminal: logs only)."""
+    from huggingface_hub.utils import disable_progress_bars
+
+    disable_progress_bars()

@@ -128,6 +128,8 @@ class HubDouble:
     faults: list[list] = field(default_factory=list)
     #: paths whose committed bytes the double alters (a corrupted remote, for verification tests)
     corrupt: set[str] = field(default_factory=set)
+    #: set by :meth:`stop`: requests hanging on a status-0 fault return
+    released: threading.Event = field(default_factory=threading.Event)
     _lock: threading.Lock = field(default_factory=threading.RLock)
     _server: ThreadingHTTPServer | None = None
 
@@ -166,7 +168,7 @@ class HubDouble:
 
     def fault(self, method: str, path_regex: str, status: int, count: int = 1) -> None:
         """Answer the next ``count`` requests matching ``method`` + ``path_regex`` (re.search)
-        with ``status`` (-1: every one, forever)."""
+        with ``status`` (``count=-1``: every one, forever; ``status=0``: hang without answering)."""
         with self._lock:
             self.faults.append([method, path_regex, status, count])
 
@@ -189,6 +191,7 @@ class HubDouble:
         return self
 
     def stop(self) -> None:
+        self.released.set()
         if self._server is not None:
             self._server.shutdown()
             self._server.server_close()
@@ -279,7 +282,10 @@ class _Handler(BaseHTTPRequestHandler):
         self.double.record(self._req)  # visible at once; status and bytes filled in by _send
         try:
             body = self._body()
-            if (fault := self.double.take_fault(self.command, path)) is not None:
+            if (fault := self.double.take_fault(self.command, path)) == 0:  # hang: a client killed mid-request
+                self.double.released.wait(30)
+                self.close_connection = True
+            elif fault is not None:
                 self._error(fault, None, f"injected fault {fault}", {"Retry-After": "0"} if fault == 429 else None)
             elif self.command in ("POST", "PUT", "DELETE") and not path.startswith(("/lfs-upload/", "/lfs-verify/")) \
                     and not self._authorized():  # LFS hrefs are pre-signed storage URLs, as on the Hub

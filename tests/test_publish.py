@@ -229,3 +229,86 @@ def test_card_is_deterministic_and_valid(drafter, tmp_path):
     meta = check_card(a.files["README.md"].decode())
     assert meta["library_name"] == "speculators" and {"dflash", "speculative-decoding", "vllm"} <= set(meta["tags"])
     assert meta["base_model"] == "HuggingFaceTB/SmolLM2-135M-Instruct" and meta["license"] == "other"
+
+
+def test_killed_upload_leaves_nothing_and_a_rerun_completes(drafter, double, tmp_path):
+    repo_id = "specconv-test/killed"
+    double.fault("POST", repo_id + r"/commit/", 0)  # the commit request hangs: kill the client there
+    cwd = tmp_path / "cwd"
+    cwd.mkdir()
+    proc = subprocess.Popen([sys.executable, "-m", "specconv.cli.main", "push", str(drafter), "--repo-id", repo_id],
+                            cwd=cwd, env=_env(tmp_path, double), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 120
+        while not _commits([r for r in double.requests if repo_id in r.path]) and time.monotonic() < deadline:
+            assert proc.poll() is None, "push ended before its commit"
+            time.sleep(0.05)
+    finally:
+        proc.kill()
+        proc.wait()
+    repo = double.repos[repo_id]
+    assert set(repo.files) == {".gitattributes"}  # nothing half-committed is visible
+    n = len(double.requests)
+    code, out, text = _cli(tmp_path, double, "push", drafter, "--repo-id", repo_id)
+    assert code == 0 and out["status"] == "published", text[-2000:]
+    assert "model.safetensors" in repo.files
+    # the weights reached the storage before the kill: the re-run does not send them again
+    assert not [r for r in double.requests[n:] if r.method == "PUT" and r.request_bytes > 1_000_000]
+
+
+def test_delete_stale_removes_only_files_specconv_owned(drafter, double, tmp_path):
+    repo_id = "specconv-test/stale"
+    (drafter / "NOTES.txt").write_text("old\n")
+    code, out, _ = _cli(tmp_path, double, "push", drafter, "--repo-id", repo_id, "--allow-unvalidated")
+    assert code == 0, out
+    repo = double.repos[repo_id]
+    head = repo.sha
+    repo.commits["f" * 40] = {**repo.files, "foreign.txt": b"not specconv's\n"}  # someone else's file
+    repo.branches["main"] = "f" * 40
+    (drafter / "NOTES.txt").unlink()
+    code, out, _ = _cli(tmp_path, double, "push", drafter, "--repo-id", repo_id, "--delete-stale")
+    assert code == 0 and {"path": "NOTES.txt", "action": "delete"}.items() <= next(
+        f for f in out["files"] if f["path"] == "NOTES.txt").items(), out
+    assert "NOTES.txt" not in repo.files and "foreign.txt" in repo.files and repo.sha != head
+    assert ".gitattributes" in repo.files
+
+
+def test_bad_repo_id_is_a_usage_error(drafter, double, tmp_path):
+    n = len(double.requests)
+    code, out, _ = _cli(tmp_path, double, "push", drafter, "--repo-id", "bad--id/x")
+    assert code == 2 and out["error"] == "usage", out
+    assert len(double.requests) == n
+
+
+def test_release_with_a_failed_gate_publishes_nothing(double, tmp_path, smollm2_dir):
+    code, out, text = _cli(tmp_path, double, "release", EXAMPLE, "--verifier", smollm2_dir, "--verifier-name",
+                           "HuggingFaceTB/SmolLM2-135M-Instruct", "--repo-id", "specconv-test/gated",
+                           "--work-dir", tmp_path / "w", "--min-tau", "7.5", *TINY)
+    assert code == 4, text[-2000:]
+    assert out["failed_step"] == "validate" and [s["step"] for s in out["steps"]] == ["convert", "validate"]
+    assert out["steps"][1]["status"] == "failed" and out["steps"][0]["duration_s"] >= 0
+    assert "specconv-test/gated" not in double.repos
+
+
+def test_onnx_files_need_a_passed_export_check_and_the_verifier_weights_flag(drafter):
+    from specconv.errors import GateFailedError
+    from specconv.publish.card import render_card
+    from specconv.publish.payload import collect
+    from specconv.record import update_record
+    from specconv.tensors import sha256_file
+
+    (drafter / "onnx").mkdir()
+    (drafter / "onnx" / "drafter.onnx").write_bytes(b"\x08\x07fake-onnx-graph")
+    (drafter / "onnx" / "onnx_meta.json").write_text(json.dumps({"contains_verifier_weights": True}))
+    with pytest.raises(GateFailedError) as e:
+        collect(drafter)
+    assert e.value.code == "ungated_file"
+    update_record(drafter, "export", {"onnx": {"passed": True, "contains_verifier_weights": True,
+                                               "files": {"drafter.onnx": sha256_file(drafter / "onnx" / "drafter.onnx")}}})
+    with pytest.raises(GateFailedError) as e:
+        collect(drafter)
+    assert e.value.code == "contains_verifier_weights" and e.value.exit_code == 4
+    p, rec = collect(drafter, allow_verifier_weights=True)
+    assert {"onnx/drafter.onnx", "onnx/onnx_meta.json"} <= set(p.files) and p.contains_verifier_weights
+    card = render_card(drafter, rec, p, REPO, plot=False)
+    assert "## Engines" in card and "`onnx/drafter.onnx` | ONNX" in card and "contains_verifier_weights" in card

@@ -174,13 +174,23 @@ def push(d: Path, opts: PushOptions) -> PushResult:
         HubAuthError (5), HubConflictError (6), TransientRemoteError (7),
         PostPublishError (8), RemoteNotFoundError (9).
     """
+    import sys
+
     from .. import hub
 
+    if "/" not in opts.repo_id or not hub.is_hub_id(opts.repo_id):
+        from ..errors import UsageError
+
+        raise UsageError(f"--repo-id {opts.repo_id!r} is not a Hub repo id ORG/NAME")
     p = build_payload(Path(d), opts)
     hf = hub.api(opts.endpoint)
+    if not sys.stderr.isatty():
+        hub.quiet_progress()
     for attempt in range(opts.max_retries + 1):
         try:
-            return _attempt(hf, p, opts)
+            result = _attempt(hf, p, opts)
+            _record_publish(Path(d), result)
+            return result
         except (TransientRemoteError, HubConflictError) as e:
             retryable = isinstance(e, TransientRemoteError) or e.code == "parent_commit_moved"
             if not retryable or attempt >= opts.max_retries:
@@ -191,6 +201,19 @@ def push(d: Path, opts: PushOptions) -> PushResult:
             log.warning("%s; re-planning and retrying in %.3fs (%d/%d)", e.message, wait, attempt + 1, opts.max_retries)
             time.sleep(wait)
     raise AssertionError("unreachable")  # pragma: no cover
+
+
+def _record_publish(d: Path, r: PushResult) -> None:
+    """The ``publish`` section of the local ``specconv.json`` (never part of what is pushed)."""
+    if r["status"] == "dry_run":
+        return
+    from ..record import update_record
+
+    try:
+        update_record(d, "publish", {k: r.get(k) for k in ("repo_id", "revision", "commit_oid", "commit_url",
+                                                            "pr_url", "tag", "status")})
+    except (OSError, SpecconvError) as e:  # a read-only dir: the push itself succeeded
+        log.warning("could not record the push in %s/specconv.json: %s", d, e)
 
 
 def _result(p: Payload, opts: PushOptions, rows: list[dict], **kw: Any) -> PushResult:
