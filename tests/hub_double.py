@@ -128,6 +128,8 @@ class HubDouble:
     faults: list[list] = field(default_factory=list)
     #: paths whose committed bytes the double alters (a corrupted remote, for verification tests)
     corrupt: set[str] = field(default_factory=set)
+    #: the next ``race`` commits are preceded by another writer's commit on the same branch
+    race: int = 0
     #: set by :meth:`stop`: requests hanging on a status-0 fault return
     released: threading.Event = field(default_factory=threading.Event)
     _lock: threading.Lock = field(default_factory=threading.RLock)

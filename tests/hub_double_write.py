@@ -175,6 +175,12 @@ def commit(h, body: bytes, repo_id: str, rev: str) -> None:
     header = lines[0]["value"]
     create_pr = bool(h._query.get("create_pr"))
     with h.double._lock:
+        if h.double.race > 0 and not create_pr:  # another writer commits first: the head moves
+            h.double.race -= 1
+            moved = {**repo.commits[head], "other-writer.txt": b"committed concurrently\n"}
+            head = _commit_oid(head, moved, "concurrent commit")
+            repo.commits[head] = moved
+            _advance(repo, rev, head, False, {}, "")
         parent = header.get("parentCommit")
         if parent and not create_pr and not head.startswith(parent):
             h._error(412, None, "A commit has happened since. Please refresh and try again.")

@@ -195,10 +195,16 @@ def test_transient_faults_then_success_and_forever(drafter, double, tmp_path):
     double.fault("POST", r"specconv-test/flaky/commit/", 503, count=2)
     code, out, text = _cli(tmp_path, double, "push", drafter, "--repo-id", "specconv-test/flaky")
     assert code == 0 and out["status"] == "published", text[-2000:]
-    double.fault("POST", r"specconv-test/flaky/commit/", 412, count=1)  # head moved: re-plan
+    double.fault("POST", r"specconv-test/flaky/commit/", 429, count=1)
+    double.race = 1  # another writer commits between our plan and our commit: 412, re-plan, retry
     (drafter / "NOTES.txt").write_text("x\n")
+    n = len(double.requests)
     code, out, text = _cli(tmp_path, double, "push", drafter, "--repo-id", "specconv-test/flaky", "--allow-unvalidated")
     assert code == 0 and out["status"] == "published", text[-2000:]
+    statuses = [r.status for r in _commits(double.requests[n:])]
+    assert statuses == [429, 412, 200], statuses
+    repo = double.repos["specconv-test/flaky"]
+    assert repo.files["NOTES.txt"] == b"x\n" and "other-writer.txt" in repo.files  # theirs kept, ours on top
     (drafter / "NOTES.txt").write_text("y\n")
     double.fault("POST", r"specconv-test/flaky/commit/", 500, count=-1)
     t0 = time.monotonic()
