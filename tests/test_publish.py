@@ -318,3 +318,22 @@ def test_onnx_files_need_a_passed_export_check_and_the_verifier_weights_flag(dra
     assert {"onnx/drafter.onnx", "onnx/onnx_meta.json"} <= set(p.files) and p.contains_verifier_weights
     card = render_card(drafter, rec, p, REPO, plot=False)
     assert "## Engines" in card and "`onnx/drafter.onnx` | ONNX" in card and "contains_verifier_weights" in card
+
+
+def test_release_dry_run_plans_without_writing(double, tmp_path, smollm2_dir):
+    n = len(double.requests)
+    code, out, text = _cli(tmp_path, double, "release", EXAMPLE, "--verifier", smollm2_dir, "--verifier-name",
+                           "HuggingFaceTB/SmolLM2-135M-Instruct", "--repo-id", "specconv-test/planned",
+                           "--work-dir", tmp_path / "w", "--dry-run", "--detailed-exitcode", *TINY)
+    assert code == 10, text[-2000:]
+    assert out["status"] == "dry_run" and [s["status"] for s in out["steps"]] == ["ok", "ok", "ok"]
+    assert {f["action"] for f in out["push"]["files"]} == {"add"}
+    assert not [r for r in double.requests[n:] if r.is_write] and "specconv-test/planned" not in double.repos
+
+
+def test_push_imports_no_torch(drafter):
+    code = ("import sys; from pathlib import Path; from specconv.publish.push import build_payload, PushOptions; "
+            f"build_payload(Path({str(drafter)!r}), PushOptions(repo_id='a/b')); "
+            "print([m for m in ('torch', 'transformers') if m in sys.modules])")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and r.stdout.strip() == "[]", r.stdout + r.stderr
