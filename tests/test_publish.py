@@ -91,6 +91,7 @@ def test_release_end_to_end_publishes_and_writes_github_outputs(released, double
     # the card's numbers are the record's
     rec = json.loads((released["drafter"] / "specconv.json").read_text())["validation"]
     card = repo.files["README.md"].decode()
+    assert (released["drafter"] / "README.md").read_text() == card  # the local card is the published one
     assert f"| acceptance length τ | {rec['acceptance_length']:.3f} (95% CI [{rec['tau_ci95'][0]:.3f}" in card
     assert ", ".join(f"{x:.3f}" for x in rec["acceptance_at_pos"]) in card
     assert f"{rec['parity_kl_max']:.2e}" in card and "library_name: speculators" in card

@@ -133,12 +133,25 @@ def release(src: str, opts: ReleaseOptions, push_opts: PushOptions) -> ReleaseRe
                         dry_run=push_opts.dry_run, exit_code=0)
     res["convert"] = _step(res, "convert", lambda: _convert(src, opts, drafter))
     res["validate"] = _step(res, "validate", lambda: _validate(src, opts, drafter, work / "report"))
+    _local_card(drafter, push_opts)
     pushed: PushResult = _step(res, "push", lambda: push(drafter, push_opts))
     res["push"] = pushed.to_dict()
     res.update(status=pushed["status"], exit_code=pushed.exit_status(), commit_oid=pushed.get("commit_oid"),
                commit_url=pushed.get("commit_url"), pr_url=pushed.get("pr_url"))
     _github(res)
     return res
+
+
+def _local_card(drafter: Path, push_opts: PushOptions) -> None:
+    """Refresh the drafter dir's own ``README.md`` with the validated card (push regenerates
+    it anyway; ``README.md`` is a derived file, exempt from the gates)."""
+    from ..record import atomic_write
+    from .push import build_payload
+
+    try:
+        atomic_write(drafter / "README.md", bytes(build_payload(drafter, push_opts).files["README.md"]))
+    except SpecconvError as e:  # e.g. an ungated extra file: the push step reports it with its exit code
+        del e
 
 
 def _github(res: ReleaseResult) -> None:
