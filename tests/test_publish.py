@@ -338,3 +338,22 @@ def test_push_imports_no_torch(drafter):
             "print([m for m in ('torch', 'transformers') if m in sys.modules])")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0 and r.stdout.strip() == "[]", r.stdout + r.stderr
+
+
+def test_report_inside_the_dir_is_left_out_and_other_files_are_ungated(drafter):
+    from specconv.errors import GateFailedError
+    from specconv.publish.payload import collect
+    from specconv.record import read_record, update_record
+
+    section = read_record(drafter).validation.model_dump(exclude_unset=True)
+    update_record(drafter, "validation", {**section, "report": "rep/validation.json"})
+    (drafter / "rep").mkdir()
+    for n in ("validation.json", "validation.md", "acceptance.png"):
+        (drafter / "rep" / n).write_text("timings, /home/someone\n")
+    p, _ = collect(drafter)
+    assert not [f for f in p.files if f.startswith("rep/")]
+    (drafter / "rep" / "other.txt").write_text("x\n")
+    with pytest.raises(GateFailedError) as e:
+        collect(drafter)
+    assert e.value.code == "ungated_file" and "--exclude" in e.value.hint
+    assert "rep/other.txt" not in collect(drafter, exclude=("rep/other.txt",))[0].files

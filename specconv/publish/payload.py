@@ -79,6 +79,16 @@ def _local_files(d: Path, include: tuple[str, ...], exclude: tuple[str, ...]) ->
     return out
 
 
+def _report_files(rec: Any) -> set[str]:
+    """The validation report's files when it lies inside the drafter dir: they hold timings
+    and host paths, and the card and the published record carry their numbers instead."""
+    rel = rec.validation.report if rec.validation is not None else None
+    if not rel or rel.startswith(".."):
+        return set()
+    folder = Path(rel).parent.as_posix()
+    return {(f"{folder}/{n}" if folder != "." else n) for n in ("validation.json", "validation.md", "acceptance.png")}
+
+
 def _not_validated(msg: str, code: str = "not_validated") -> GateFailedError:
     return GateFailedError(msg, code=code, hint="run `specconv validate DIR --verifier V` first, "
                                                 "or pass --allow-unvalidated (recorded in the card)")
@@ -149,7 +159,7 @@ def collect(d: Path, *, include: tuple[str, ...] = (), exclude: tuple[str, ...] 
     rec = read_record(d, missing_ok=True)
     if rec.conversion is None and not allow_unvalidated:
         raise _not_validated(f"{d}: no specconv.json record (convert it with specconv first)")
-    rels = _local_files(d, include, exclude)
+    rels = [r for r in _local_files(d, include, exclude) if r not in _report_files(rec)]
     core = [r for r in rels if r in _WEIGHTS or ("/" not in r and r.endswith(".safetensors"))]
     p = Payload()
     _check_validated(d, rec, core, allow_unvalidated, p)
@@ -163,7 +173,9 @@ def collect(d: Path, *, include: tuple[str, ...] = (), exclude: tuple[str, ...] 
             if ".fp32." in rel and rel.startswith("onnx/"):
                 continue
             if not allow_unvalidated:
-                raise _not_validated(f"{rel}: not covered by a validation or export check", code="ungated_file")
+                raise GateFailedError(f"{rel}: not covered by a validation or export check", code="ungated_file",
+                                      hint="leave it out with --exclude GLOB, or pass --allow-unvalidated "
+                                           "(listed in the card)")
             p.unvalidated.append(rel)
         p.add(rel, d / rel)
     return p, rec
