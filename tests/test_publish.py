@@ -301,22 +301,33 @@ def test_onnx_files_need_a_passed_export_check_and_the_verifier_weights_flag(dra
     from specconv.errors import GateFailedError
     from specconv.publish.card import render_card
     from specconv.publish.payload import collect
-    from specconv.record import update_record
+    from specconv.record import read_record, update_record
     from specconv.tensors import sha256_file
 
-    (drafter / "onnx").mkdir()
-    (drafter / "onnx" / "drafter.onnx").write_bytes(b"\x08\x07fake-onnx-graph")
-    (drafter / "onnx" / "onnx_meta.json").write_text(json.dumps({"contains_verifier_weights": True}))
-    with pytest.raises(GateFailedError) as e:
+    (drafter / "onnx" / "fp32").mkdir(parents=True)
+    graph = drafter / "onnx" / "drafter.onnx"
+    graph.write_bytes(b"\x08\x07fake-onnx-graph")
+    (drafter / "onnx" / "fp32" / "drafter.onnx").write_bytes(b"\x08\x07fp32-twin")
+    validated = read_record(drafter).validation.files
+    meta = {"files": {"drafter.onnx": sha256_file(graph), "fp32/drafter.onnx": "0" * 64},
+            "drafter_files": validated, "contains_verifier_weights": True}
+    (drafter / "onnx" / "onnx_meta.json").write_text(json.dumps(meta))
+    with pytest.raises(GateFailedError) as e:  # no export check recorded
         collect(drafter)
     assert e.value.code == "ungated_file"
-    update_record(drafter, "export", {"onnx": {"passed": True, "contains_verifier_weights": True,
-                                               "files": {"drafter.onnx": sha256_file(drafter / "onnx" / "drafter.onnx")}}})
+    update_record(drafter, "export", {"onnx": {"parity_passed": True, "checked": True,
+                                               "contains_verifier_weights": True}})
     with pytest.raises(GateFailedError) as e:
         collect(drafter)
     assert e.value.code == "contains_verifier_weights" and e.value.exit_code == 4
     p, rec = collect(drafter, allow_verifier_weights=True)
     assert {"onnx/drafter.onnx", "onnx/onnx_meta.json"} <= set(p.files) and p.contains_verifier_weights
+    assert not [f for f in p.files if f.startswith("onnx/fp32/")]  # the fp32 twin stays local
+    graph.write_bytes(b"changed after export")
+    with pytest.raises(GateFailedError) as e:
+        collect(drafter, allow_verifier_weights=True)
+    assert e.value.code == "ungated_file"
+    graph.write_bytes(b"\x08\x07fake-onnx-graph")
     card = render_card(drafter, rec, p, REPO, plot=False)
     assert "## Engines" in card and "`onnx/drafter.onnx` | ONNX" in card and "contains_verifier_weights" in card
 

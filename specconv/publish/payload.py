@@ -3,8 +3,8 @@ derived from its ``specconv.json`` (regenerated on every push, byte-deterministi
 
 Gating (exit 4, ``GateFailedError``): the record must hold a passed ``validation`` whose
 sha256 of every validated file (``config.json``, the safetensors shards, the index) equals
-the bytes being pushed. ``onnx/`` needs a passed export check in the record's ``export``
-section whose sha256s match; ``trt/<key>/`` needs its ``build.json``. Other files need
+the bytes being pushed. ``onnx/`` needs a passed export check (``export.onnx`` in the record,
+sha256s in ``onnx/onnx_meta.json``, see :func:`_onnx_ok`); ``trt/<key>/`` needs its ``build.json``. Other files need
 ``--allow-unvalidated`` (recorded in the card).
 """
 
@@ -120,18 +120,31 @@ def _check_validated(d: Path, rec: Any, names: list[str], allow: bool, p: Payloa
 
 
 def _onnx_ok(d: Path, rec: Any, rel: str, allow_vw: bool, p: Payload) -> bool:
-    """An ``onnx/`` file is pushable with a passed export check (``export.onnx``) of its bytes;
-    engines holding verifier weights need ``--allow-verifier-weights``."""
+    """An ``onnx/`` file is pushable with a passed export check of these bytes.
+
+    The export stage (``specconv/export/onnx_dir.py``) writes ``onnx/onnx_meta.json`` with
+    ``files`` (sha256 of every file under ``onnx/``) and ``drafter_files`` (sha256 of the
+    drafter files it read), and records ``export.onnx`` (``parity_passed``,
+    ``contains_verifier_weights``) in ``specconv.json``. Required here: a passed parity
+    check, the file's sha256 equal to the meta's, and ``drafter_files`` equal to the
+    validated files. The fp32 twin (``onnx/fp32/``) stays local. Graphs holding verifier
+    tensors need ``--allow-verifier-weights``.
+    """
     from ..tensors import sha256_file
 
-    meta_path = d / "onnx" / "onnx_meta.json"
-    meta = json.loads(meta_path.read_text()) if meta_path.is_file() else {}
-    export = (rec.export.model_dump() if rec.export is not None else {}).get("onnx") or {}
-    if rel == "onnx/onnx_meta.json":
-        return bool(export.get("passed"))
-    if ".fp32." in rel:  # the fp32 twin stays local unless included explicitly
+    if rel.startswith("onnx/fp32/"):
         return False
-    if not export.get("passed") or (export.get("files") or meta.get("files") or {}).get(rel[5:]) != sha256_file(d / rel):
+    meta_path = d / "onnx" / "onnx_meta.json"
+    try:
+        meta = json.loads(meta_path.read_text()) if meta_path.is_file() else {}
+    except (OSError, ValueError):
+        meta = {}
+    export = (rec.export.model_dump() if rec.export is not None else {}).get("onnx") or {}
+    validated = (rec.validation.files or {}) if rec.validation is not None else {}
+    passed = bool(export.get("parity_passed") or export.get("passed"))
+    if not passed or (meta.get("drafter_files") and meta["drafter_files"] != validated):
+        return False
+    if rel != "onnx/onnx_meta.json" and (meta.get("files") or {}).get(rel[len("onnx/"):]) != sha256_file(d / rel):
         return False
     if meta.get("contains_verifier_weights") or export.get("contains_verifier_weights"):
         if not allow_vw:
@@ -170,7 +183,7 @@ def collect(d: Path, *, include: tuple[str, ...] = (), exclude: tuple[str, ...] 
               else rel.startswith("trt/") and (d / Path(rel).parts[0] / Path(rel).parts[1] / "build.json").is_file()
               if rel.count("/") >= 2 else False)
         if not ok:
-            if ".fp32." in rel and rel.startswith("onnx/"):
+            if rel.startswith("onnx/fp32/"):  # the fp32 twin is not pushed by default
                 continue
             if not allow_unvalidated:
                 raise GateFailedError(f"{rel}: not covered by a validation or export check", code="ungated_file",
