@@ -45,7 +45,9 @@ from .errors import HubAuthError, InvalidInputError, RemoteNotFoundError, Specco
 if TYPE_CHECKING:  # pragma: no cover
     from huggingface_hub import HfApi
 
-__all__ = ["HEADERS_ONLY_MARKER", "HUB_ERROR_RULES", "HubErrorRule", "api", "bytes_downloaded", "cache_dir",
+__all__ = ["HEADERS_ONLY_MARKER", "HUB_ERROR_RULES", "HubErrorRule", "RemoteFile", "api", "bytes_downloaded",
+           "cache_dir", "check_card", "commit", "create_branch", "create_tag", "ensure_repo", "open_pull_request",
+           "publish_error", "quiet_progress", "read_remote_file", "refs", "remote_files", "repo_state",
            "download_file", "download_snapshot", "endpoint", "header_snapshot", "hub_error", "is_hub_id",
            "is_missing_entry", "is_offline", "safetensors_header", "token"]
 
@@ -452,3 +454,180 @@ def hub_error(what: str, repo: str, e: BaseException, *, code: str, hint: str | 
             row_hint = hint if rule.error is InvalidInputError and hint else (rule.hint or hint)
             return rule.error(msg, code=rule.code or code, hint=row_hint)
     return InvalidInputError(msg, code=code, hint=hint)
+
+
+# --------------------------------------------------------------------- publishing
+# Upload-side calls for ``specconv push`` / ``release`` (specconv/publish/). Each takes the
+# ``HfApi`` made by :func:`api`; huggingface_hub types stay in this module.
+
+@dataclass(frozen=True)
+class RemoteFile:
+    """One file of a remote tree (huggingface_hub ``RepoFile``).
+
+    Attributes:
+        path: path in the repo.
+        size: bytes.
+        blob_id: git blob sha1 (of the LFS pointer for LFS files).
+        sha256: the content sha256 for LFS files, None for regular git files.
+    """
+
+    path: str
+    size: int
+    blob_id: str
+    sha256: str | None
+
+
+def publish_error(what: str, repo: str, e: BaseException) -> SpecconvError:
+    """The project error for a failed upload-side call: 412 (``parent_commit_moved``) / 409 → conflict (exit 6),
+    401 / 403 → auth (exit 5, huggingface_hub reports a 401 on a repo URL as
+    ``RepositoryNotFoundError``), else :func:`hub_error`."""
+    from .errors import HubConflictError
+
+    status = _status(e)
+    if status == 412:
+        return HubConflictError(f"{what} on {repo!r}: the branch head moved since the plan (HTTP 412)",
+                                code="parent_commit_moved", hint="re-run: the push re-plans against the new head")
+    if status == 409:
+        return HubConflictError(f"{what} on {repo!r}: the Hub answered 409 (it exists already)", code="hub_conflict")
+    if status in (401, 403):
+        return HubAuthError(f"{what} on {repo!r}: the Hub refused the credentials (HTTP {status})",
+                            code="hub_auth", hint="set HF_TOKEN to a token with write access to the repo")
+    return hub_error(what, repo, e, code="hub_error")
+
+
+def repo_state(hf: HfApi, repo_id: str, revision: str) -> tuple[str, bool] | None:
+    """``(head commit, private)`` of ``repo_id`` at ``revision``; None when the repo does not exist.
+
+    Raises:
+        huggingface_hub errors other than "repository not found" (``RevisionNotFoundError``...).
+    """
+    from huggingface_hub import errors as hf_errors
+
+    try:
+        info = hf.model_info(repo_id, revision=revision)
+    except hf_errors.RevisionNotFoundError:
+        raise
+    except hf_errors.RepositoryNotFoundError as e:
+        if _status(e) in (401, 403):
+            raise
+        return None
+    return str(info.sha), bool(info.private)
+
+
+def ensure_repo(hf: HfApi, repo_id: str, private: bool | None) -> bool:
+    """``create_repo(exist_ok=True)`` then the repo's actual visibility (``private`` is
+    ignored by the Hub for an existing repo, so callers compare the returned value).
+
+    Returns:
+        Whether the repo is private.
+    """
+    hf.create_repo(repo_id, private=private, exist_ok=True)
+    return bool(hf.model_info(repo_id).private)
+
+
+def remote_files(hf: HfApi, repo_id: str, revision: str) -> dict[str, RemoteFile]:
+    """Every file of ``repo_id`` at ``revision`` (``list_repo_tree(recursive=True)``)."""
+    out: dict[str, RemoteFile] = {}
+    for f in hf.list_repo_tree(repo_id, revision=revision, recursive=True):
+        if hasattr(f, "size"):
+            lfs = getattr(f, "lfs", None)
+            out[f.path] = RemoteFile(f.path, int(f.size), str(f.blob_id), lfs.sha256 if lfs else None)
+    return out
+
+
+def refs(hf: HfApi, repo_id: str) -> dict[str, dict[str, str]]:
+    """``{"branches": {name: commit}, "tags": {name: commit}}`` (``list_repo_refs``)."""
+    r = hf.list_repo_refs(repo_id)
+    return {"branches": {b.name: b.target_commit for b in r.branches},
+            "tags": {t.name: t.target_commit for t in r.tags}}
+
+
+def create_branch(hf: HfApi, repo_id: str, branch: str) -> None:
+    """Create ``branch`` from ``main`` (``create_branch``; exists → 409)."""
+    hf.create_branch(repo_id, branch=branch)
+
+
+def commit(hf: HfApi, repo_id: str, adds: dict[str, bytes | Path], deletes: list[str], *, message: str,
+           description: str, revision: str, parent_commit: str) -> tuple[str, str]:
+    """One atomic ``create_commit`` guarded by ``parent_commit`` (HTTP 412 when the head moved).
+
+    Args:
+        adds: path in repo → bytes or a local file.
+        deletes: paths in repo to delete.
+        revision: branch or ``refs/pr/N``.
+        parent_commit: the head the plan was made against.
+
+    Returns:
+        ``(commit oid, commit url)``; when every addition is already there byte for byte,
+        huggingface_hub creates no commit and returns the current head.
+    """
+    from huggingface_hub import CommitOperationAdd, CommitOperationDelete
+
+    ops: list[Any] = [CommitOperationAdd(path_in_repo=p, path_or_fileobj=src if isinstance(src, bytes) else str(src))
+                      for p, src in sorted(adds.items())]
+    ops += [CommitOperationDelete(path_in_repo=p) for p in sorted(deletes)]
+    info = hf.create_commit(repo_id, ops, commit_message=message, commit_description=description,
+                            revision=revision, parent_commit=parent_commit)
+    return str(info.oid), str(info.commit_url)
+
+
+def create_tag(hf: HfApi, repo_id: str, tag: str, revision: str, *, replace: bool) -> None:
+    """Tag ``revision``; with ``replace`` delete an existing tag of that name first."""
+    if replace:
+        hf.delete_tag(repo_id, tag=tag)
+    hf.create_tag(repo_id, tag=tag, revision=revision, tag_message=f"specconv release {tag}")
+
+
+def open_pull_request(hf: HfApi, repo_id: str, *, title: str, dry_run: bool = False) -> tuple[int | None, bool]:
+    """The open pull request titled ``title`` (one specconv opened: the title carries its
+    marker), reused; else a new one (``create_pull_request``; none when ``dry_run``).
+
+    Returns:
+        ``(PR number, reused)``; the number is None on a dry run that would open one.
+    """
+    for d in hf.get_repo_discussions(repo_id, discussion_type="pull_request", discussion_status="open"):
+        if d.title == title:
+            return int(d.num), True
+    if dry_run:
+        return None, False
+    pr = hf.create_pull_request(repo_id, title=title, description="Opened by specconv push.")
+    return int(pr.num), False
+
+
+def check_card(content: str) -> dict[str, Any]:
+    """Parse a model card with huggingface_hub's card tools (``ModelCard`` +
+    ``ModelCardData``, ``src/huggingface_hub/repocard.py`` / ``repocard_data.py``), locally.
+
+    Returns:
+        The metadata as a dict.
+
+    Raises:
+        InvalidInputError: the YAML front matter is missing or invalid.
+    """
+    from huggingface_hub import ModelCard
+
+    try:
+        card = ModelCard(content, ignore_metadata_errors=False)
+    except Exception as e:  # ValueError from the YAML/metadata parser
+        raise InvalidInputError(f"model card metadata invalid: {e}", code="bad_card") from e
+    meta = card.data.to_dict()
+    if not meta:
+        raise InvalidInputError("model card has no YAML metadata", code="bad_card")
+    return meta
+
+
+def read_remote_file(hf: HfApi, repo_id: str, path: str, revision: str) -> bytes | None:
+    """The bytes of one remote file (through the Hub cache); None when the repo has no such file."""
+    from huggingface_hub import errors as hf_errors
+
+    try:
+        return Path(hf.hf_hub_download(repo_id, path, revision=revision)).read_bytes()
+    except hf_errors.EntryNotFoundError:
+        return None
+
+
+def quiet_progress() -> None:
+    """Turn huggingface_hub's tqdm bars off (stderr is not a terminal: logs only)."""
+    from huggingface_hub.utils import disable_progress_bars
+
+    disable_progress_bars()

@@ -20,9 +20,11 @@ COMMANDS = {
     "validate": "validate:validate_cmd",
     "export": "export:export_group",
     "build-engine": "build_engine:build_engine_cmd",
+    "push": "push:push_cmd",
+    "release": "release:release_cmd",
 }
 
-EPILOG = "Exit codes: " + ", ".join(f"{k} {v}" for k, v in sorted(EXIT_CODES.items()))
+EPILOG = "Exit codes: " + ", ".join(f"{k} {v}" for k, v in sorted(EXIT_CODES.items())) + ", 10 dry-run would change"
 
 
 class LazyGroup(click.Group):

@@ -1,0 +1,166 @@
+"""The model card (``README.md``) of a published drafter, rendered from
+``templates/model_card.md.j2`` with Jinja2 and checked with huggingface_hub's card tools
+(through :func:`specconv.hub.check_card`).
+
+Everything in it comes from the drafter's ``config.json`` and ``specconv.json`` (the
+validation numbers from its ``validation`` section, parity / losslessness from the
+validation report when the record names a readable one), so the bytes are deterministic:
+no dates, no host paths, sorted keys.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+from .payload import Payload
+
+#: the speculative-config ``method`` vLLM expects per algorithm (vLLM
+#: ``vllm/transformers_utils/configs/speculators/algos.py``)
+_SERVE_METHOD = {"dflash": "dflash", "eagle3": "eagle3", "peagle": "eagle3", "dspark": "dflash", "eagle": "eagle"}
+_ALGO_NAME = {"dflash": "DFlash", "peagle": "P-EAGLE", "dspark": "DSpark", "eagle3": "EAGLE-3"}
+_VLLM_RANGE = "≥ 0.33 (the version specconv's loader check targets, see docs/architecture.md)"
+_PERMISSIVE = ("apache-2.0", "mit", "bsd-3-clause", "bsd-2-clause")
+
+
+def _front_matter_license(path: Path) -> str | None:
+    readme = path / "README.md"
+    if not readme.is_file():
+        return None
+    m = re.search(r"^---\n(.*?)\n---", readme.read_text(encoding="utf-8", errors="replace"), re.S)
+    lic = m and re.search(r"^license:\s*(\S+)", m.group(1), re.M)
+    return lic.group(1).strip("'\"") if lic else None
+
+
+def choose_license(d: Path, rec: Any) -> tuple[str, str]:
+    """The card's license: never looser than the source's and the verifier's.
+
+    Read from the YAML of the source's and the verifier's ``README.md`` when the record's
+    relative paths reach them. Equal → that license; different, or a non-permissive one
+    among several → ``other``; none known → ``other``.
+
+    Returns:
+        ``(license id, note for the card)``.
+    """
+    conv = rec.conversion
+    found: dict[str, str] = {}
+    for what, rel in (("source", conv and conv.source and conv.source.path),
+                      ("verifier", conv and conv.verifier and conv.verifier.spec)):
+        if rel and not Path(rel).is_absolute() and (d / rel).is_dir():
+            lic = _front_matter_license(d / rel)
+            if lic:
+                found[what] = lic
+    if not found:
+        return "other", "neither the source's nor the verifier's license could be read: check both before use"
+    licenses = set(found.values())
+    note = ", ".join(f"{k}: {v}" for k, v in sorted(found.items()))
+    if len(licenses) == 1 and len(found) == 2:
+        return licenses.pop(), note
+    if len(found) == 1 and licenses <= set(_PERMISSIVE):
+        return "other", note + "; the other license is unknown"
+    return "other", note + "; the stricter terms apply"
+
+
+def _report(d: Path, rec: Any) -> dict[str, Any]:
+    rel = rec.validation.report if rec.validation else None
+    path = d / rel if rel else None
+    if path and path.is_file():
+        try:
+            return json.loads(path.read_text())
+        except (OSError, json.JSONDecodeError):
+            return {}
+    return {}
+
+
+def _fmt(x: Any, nd: int = 3) -> str:
+    return f"{x:.{nd}f}" if isinstance(x, (int, float)) else str(x)
+
+
+def validation_context(d: Path, rec: Any) -> dict[str, Any] | None:
+    """The card's validation table values, from the record (parity and losslessness from
+    the record's ``parity`` / ``lossless`` keys, else the report it names)."""
+    v = rec.validation
+    if v is None or v.passed is None:
+        return None
+    extra = v.model_dump()
+    rep = _report(d, rec)
+    parity = extra.get("parity_kl_max")
+    if parity is None:
+        gr = next((g for g in rep.get("gate_results", []) if g.get("name") == "parity"), None)
+        parity = gr and (gr.get("details") or {}).get("kl_max")
+    lossless = extra.get("lossless_exact_match")
+    if lossless is None:
+        lossless = (rep.get("lossless") or {}).get("exact_match")
+    ci = extra.get("tau_ci95")
+    prompts = extra.get("prompts") or {}
+    return {"tau": _fmt(v.acceptance_length), "ci": f"[{_fmt(ci[0])}, {_fmt(ci[1])}]" if ci else None,
+            "source_tau": _fmt(extra["source_acceptance_length"]) if extra.get("source_acceptance_length") else None,
+            "per_position": ", ".join(_fmt(x) for x in extra.get("acceptance_at_pos") or []) or "n/a",
+            "gates": sorted((v.gates or {}).items()), "parity": f"{parity:.2e}" if isinstance(parity, float) else parity,
+            "lossless": _fmt(lossless) if lossless is not None else None,
+            "backend": extra.get("backend", "torch"), "dtype": extra.get("dtype"),
+            "temperature": extra.get("temperature"), "prompts_n": prompts.get("n"),
+            "prompts_set": prompts.get("set"), "max_new_tokens": extra.get("max_new_tokens"),
+            "passed": bool(v.passed)}
+
+
+def _metadata(rec: Any, repo_id: str, license_id: str, verifier: str) -> str:
+    conv = rec.conversion
+    algo = (conv.algorithm if conv else None) or "speculator"
+    meta: dict[str, Any] = {"license": license_id, "library_name": "speculators", "base_model": verifier,
+                            "tags": sorted({algo, "speculative-decoding", "vllm", "speculators", "specconv"})}
+    if conv and conv.source and conv.source.hub_id:
+        meta["source_model"] = conv.source.hub_id
+    import yaml
+
+    return yaml.safe_dump(meta, sort_keys=True, allow_unicode=True)
+
+
+def render_card(d: Path, rec: Any, payload: Payload, repo_id: str, *, plot: bool) -> str:
+    """The README.md text for drafter dir ``d`` published as ``repo_id``.
+
+    Raises:
+        InvalidInputError: the rendered metadata does not parse (``hub.check_card``).
+    """
+    import jinja2
+
+    from .. import __version__, hub
+
+    cfg = json.loads((d / "config.json").read_text())
+    sc = cfg.get("speculators_config") or {}
+    methods = sc.get("proposal_methods") or [{}]
+    conv = rec.conversion
+    verifier = (sc.get("verifier") or {}).get("name_or_path") or "unknown"
+    algo = sc.get("algorithm") or (conv.algorithm if conv else "unknown")
+    license_id, license_note = choose_license(d, rec)
+    engines = sorted((p, "TensorRT engine" if p.startswith("trt/") else "ONNX") for p in payload.files
+                     if p.startswith(("onnx/", "trt/")) and p.endswith((".onnx", ".plan", ".engine")))
+    val = validation_context(d, rec)
+    ctx = dict(metadata_yaml=_metadata(rec, repo_id, license_id, verifier), title=repo_id.split("/")[-1],
+               algorithm=algo, algorithm_name=_ALGO_NAME.get(algo, algo), verifier=verifier,
+               verifier_url=f"https://huggingface.co/{verifier}", k=methods[0].get("speculative_tokens"),
+               block_size=cfg.get("block_size", "n/a"), aux_layer_ids=cfg.get("aux_hidden_state_layer_ids") or [],
+               layout=[(k, json.dumps(cfg[k])) for k in ("sample_from_anchor", "norm_before_residual",
+                                                       "sliding_window_non_causal", "mask_token_id") if k in cfg],
+               vllm_range=_VLLM_RANGE, repo_id=repo_id, serve_method=_SERVE_METHOD.get(algo, algo),
+               validation=val, validation_status="Passed" if val and val["passed"] else "FAILED",
+               plot=plot, unvalidated=sorted(payload.unvalidated), engines=engines,
+               contains_verifier_weights=payload.contains_verifier_weights,
+               source_format=(conv.format if conv else None) or "unknown",
+               source_repo=conv.source.hub_id if conv and conv.source else None,
+               source_revision=conv.source.revision if conv and conv.source else None,
+               source_files=sorted((conv.source.files or {}).items()) if conv and conv.source else [],
+               specconv_version=rec.specconv_version or __version__, license=license_id, license_note=license_note)
+    env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(_templates())), keep_trailing_newline=True,
+                             undefined=jinja2.StrictUndefined, autoescape=False)
+    text = env.get_template("model_card.md.j2").render(**ctx)
+    hub.check_card(text)
+    return text
+
+
+def _templates() -> Path:
+    from specconv import templates
+
+    return Path(templates.__file__).parent

@@ -1,0 +1,336 @@
+"""``specconv push``: publish a validated drafter directory as one atomic Hub commit.
+
+Steps (huggingface_hub calls through :mod:`specconv.hub`): gate and collect the files
+(:mod:`.payload`), render the card; ``create_repo(exist_ok=True)`` and check the
+visibility (mismatch → exit 6); resolve the target (``--branch``, created from ``main``
+when missing, or a reused specconv PR ``refs/pr/N``); plan the local files against the
+remote tree; one ``create_commit`` guarded by ``parent_commit`` (412 → re-plan);
+transient 5xx/429 retried with exponential backoff (``SPECCONV_HUB_RETRY_DELAY`` seconds,
+default 2) up to ``--max-retries`` (then exit 7); tag through ``list_repo_refs`` (a tag
+is never moved without ``--force-tag``, exit 6); verify the remote checksums (exit 8).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ..errors import HubConflictError, PostPublishError, SpecconvError, TransientRemoteError
+from .payload import MANIFEST, Payload, collect, derived_files
+
+log = logging.getLogger("specconv")
+
+#: exit status of ``--dry-run --detailed-exitcode`` when something would change
+EXIT_WOULD_CHANGE = 10
+PR_TITLE = "[specconv] publish {repo}"
+
+
+@dataclass
+class PushOptions:
+    """The ``specconv push`` flags (see ``docs/cli.md``)."""
+
+    repo_id: str
+    endpoint: str | None = None
+    private: bool | None = None
+    branch: str | None = None
+    create_pr: bool = False
+    tag: str | None = None
+    force_tag: bool = False
+    commit_message: str | None = None
+    include: tuple[str, ...] = ()
+    exclude: tuple[str, ...] = ()
+    delete_stale: bool = False
+    max_retries: int = 3
+    dry_run: bool = False
+    detailed_exitcode: bool = False
+    verify: bool = True
+    allow_unvalidated: bool = False
+    allow_verifier_weights: bool = False
+
+
+class PushResult(dict):
+    """The ``specconv.publish/v1`` result object (one JSON object with ``--format json``)."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return dict(self)
+
+    def exit_status(self) -> int:
+        return EXIT_WOULD_CHANGE if self.get("would_change") and self.get("detailed_exitcode") else 0
+
+    def human(self) -> str:
+        lines = [f"{self['status']}: {self['repo_id']}@{self['revision']}"
+                 + (f" commit {self['commit_oid']}" if self.get("commit_oid") else "")]
+        lines += [f"  {f['action']:9} {f['path']}" for f in self["files"] if f["action"] != "unchanged"]
+        if self.get("pr_url"):
+            lines.append(f"  pull request: {self['pr_url']}")
+        if self.get("tag"):
+            lines.append(f"  tag: {self['tag']}")
+        return "\n".join(lines)
+
+
+def build_payload(d: Path, opts: PushOptions) -> Payload:
+    """Gate and collect ``d``'s files, then add the regenerated card, record, plot, manifest."""
+    from .card import render_card
+
+    p, rec = collect(d, include=opts.include, exclude=opts.exclude, allow_unvalidated=opts.allow_unvalidated,
+                     allow_verifier_weights=opts.allow_verifier_weights)
+    plot = _plot(rec)
+    derived_files(p, rec, render_card(d, rec, p, opts.repo_id, plot=plot is not None), plot)
+    return p
+
+
+def _plot(rec: Any) -> bytes | None:
+    """The acceptance plot regenerated from the record's per-position acceptance (PNG bytes)."""
+    v = rec.validation
+    pos = v.model_dump().get("acceptance_at_pos") if v is not None else None
+    if not pos:
+        return None
+    import tempfile
+
+    from ..validate.report import plot_acceptance
+
+    with tempfile.TemporaryDirectory(prefix="specconv-plot-") as tmp:
+        out = plot_acceptance({"acceptance_at_pos": pos, "acceptance_length": v.acceptance_length},
+                              Path(tmp) / "acceptance.png")
+        return out.read_bytes() if out else None
+
+
+def git_blob_sha1(data: bytes) -> str:
+    """The git blob id the Hub reports for a regular file (``blob <len>\\0`` + bytes)."""
+    return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
+
+
+def _same(p: Payload, path: str, remote: Any) -> bool:
+    if remote is None:
+        return False
+    if remote.sha256 is not None:
+        return remote.sha256 == p.sha256[path]
+    src = p.files[path]
+    return git_blob_sha1(src if isinstance(src, bytes) else src.read_bytes()) == remote.blob_id
+
+
+def plan(p: Payload, remote: dict[str, Any], owned: list[str], delete_stale: bool) -> list[dict[str, Any]]:
+    """One entry per file: ``add`` / ``update`` / ``unchanged`` / ``delete`` (stale specconv-owned
+    remote files, only with ``--delete-stale``; ``.gitattributes`` never)."""
+    rows = [{"path": path, "size": p.size(path), "sha256": p.sha256[path],
+             "action": "unchanged" if _same(p, path, remote.get(path)) else ("update" if path in remote else "add")}
+            for path in sorted(p.files)]
+    if delete_stale:
+        rows += [{"path": path, "size": remote[path].size, "sha256": remote[path].sha256, "action": "delete"}
+                 for path in sorted(set(owned) - set(p.files)) if path in remote and path != ".gitattributes"]
+    return rows
+
+
+def _owned(hf: Any, repo_id: str, head: str, remote: dict[str, Any]) -> list[str]:
+    """Paths the remote ``specconv-manifest.json`` says specconv wrote."""
+    import json
+
+    from .. import hub
+
+    if MANIFEST not in remote:
+        return []
+    raw = hub.read_remote_file(hf, repo_id, MANIFEST, head)
+    try:
+        return sorted((json.loads(raw or b"{}").get("files") or {}))
+    except ValueError:
+        return []
+
+
+def _delay(attempt: int) -> float:
+    base = float(os.environ.get("SPECCONV_HUB_RETRY_DELAY", "2"))
+    return base * (2 ** attempt)
+
+
+def _call(what: str, repo_id: str, fn, *a, **kw):
+    """Run one Hub call; huggingface_hub errors become project errors (exit codes)."""
+    from .. import hub
+
+    try:
+        return fn(*a, **kw)
+    except SpecconvError:
+        raise
+    except ValueError as e:  # invalid README metadata, bad parent commit (raised before any upload)
+        from ..errors import InvalidInputError
+
+        raise InvalidInputError(f"{what} on {repo_id!r}: {e}", code="hub_rejected") from e
+    except Exception as e:  # noqa: BLE001 - mapped by the one Hub error table
+        raise hub.publish_error(what, repo_id, e) from e
+
+
+def push(d: Path, opts: PushOptions) -> PushResult:
+    """Publish drafter dir ``d`` to ``opts.repo_id``.
+
+    Returns:
+        :class:`PushResult`: ``status`` (``published`` | ``unchanged`` | ``pr_opened`` |
+        ``dry_run``), ``commit_oid``, ``commit_url``, ``pr_url``, ``files`` (the plan), ...
+
+    Raises:
+        GateFailedError: not validated / modified after validation (exit 4).
+        HubAuthError (5), HubConflictError (6), TransientRemoteError (7),
+        PostPublishError (8), RemoteNotFoundError (9).
+    """
+    import sys
+
+    from .. import hub
+
+    if "/" not in opts.repo_id or not hub.is_hub_id(opts.repo_id):
+        from ..errors import UsageError
+
+        raise UsageError(f"--repo-id {opts.repo_id!r} is not a Hub repo id ORG/NAME")
+    p = build_payload(Path(d), opts)
+    hf = hub.api(opts.endpoint)
+    if not sys.stderr.isatty():
+        hub.quiet_progress()
+    for attempt in range(opts.max_retries + 1):
+        try:
+            result = _attempt(hf, p, opts)
+            _record_publish(Path(d), result)
+            return result
+        except (TransientRemoteError, HubConflictError) as e:
+            retryable = isinstance(e, TransientRemoteError) or e.code == "parent_commit_moved"
+            if not retryable or attempt >= opts.max_retries:
+                if isinstance(e, TransientRemoteError):
+                    e.message += f" (after {attempt + 1} attempt(s))"
+                raise
+            wait = _delay(attempt) if isinstance(e, TransientRemoteError) else 0.0
+            log.warning("%s; re-planning and retrying in %.3fs (%d/%d)", e.message, wait, attempt + 1, opts.max_retries)
+            time.sleep(wait)
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+def _record_publish(d: Path, r: PushResult) -> None:
+    """The ``publish`` section of the local ``specconv.json`` (never part of what is pushed)."""
+    if r["status"] == "dry_run":
+        return
+    from ..record import update_record
+
+    try:
+        update_record(d, "publish", {k: r.get(k) for k in ("repo_id", "revision", "commit_oid", "commit_url",
+                                                            "pr_url", "tag", "status")})
+    except (OSError, SpecconvError) as e:  # a read-only dir: the push itself succeeded
+        log.warning("could not record the push in %s/specconv.json: %s", d, e)
+
+
+def _result(p: Payload, opts: PushOptions, rows: list[dict], **kw: Any) -> PushResult:
+    from .. import hub
+
+    changes = [r for r in rows if r["action"] != "unchanged"]
+    return PushResult(schema="specconv.publish/v1", repo_id=opts.repo_id, repo_type="model",
+                      endpoint=hub.endpoint(opts.endpoint) or "https://huggingface.co", files=rows,
+                      bytes_to_upload=sum(r["size"] for r in changes if r["action"] != "delete"),
+                      would_change=bool(changes), detailed_exitcode=opts.detailed_exitcode,
+                      warnings=sorted(set(p.warnings)), tag=opts.tag, **kw)
+
+
+def _target(hf: Any, opts: PushOptions) -> tuple[str, int | None, bool]:
+    """``(revision to commit to, PR number, PR reused)``: ``main``, ``--branch`` (created from
+    ``main`` when missing, not on a dry run) or the open specconv PR's ``refs/pr/N``."""
+    from .. import hub
+
+    repo = opts.repo_id
+    if opts.create_pr:
+        num, reused = _call("finding the pull request", repo, hub.open_pull_request, hf, repo,
+                            title=PR_TITLE.format(repo=repo), dry_run=opts.dry_run)
+        return (f"refs/pr/{num}" if num else "main"), num, reused
+    if opts.branch and opts.branch != "main":
+        branches = _call("listing refs", repo, hub.refs, hf, repo)["branches"]
+        if opts.branch not in branches:
+            if opts.dry_run:
+                return "main", None, False
+            _call("creating the branch", repo, hub.create_branch, hf, repo, opts.branch)
+        return opts.branch, None, False
+    return "main", None, False
+
+
+def _check_visibility(private: bool, opts: PushOptions) -> None:
+    if opts.private is not None and private != opts.private:
+        have, want = ("private" if private else "public"), ("private" if opts.private else "public")
+        raise HubConflictError(f"{opts.repo_id} exists and is {have}, but --{want} was asked",
+                               code="visibility_mismatch",
+                               hint="change the repo's visibility on the Hub, or drop the flag")
+
+
+def _check_tag(hf: Any, opts: PushOptions, head: str, changes: bool) -> str | None:
+    """The commit the tag points at now; a tag elsewhere is a conflict without ``--force-tag``."""
+    from .. import hub
+
+    if not opts.tag:
+        return None
+    cur = _call("listing refs", opts.repo_id, hub.refs, hf, opts.repo_id)["tags"].get(opts.tag)
+    if cur is not None and (changes or cur != head) and not opts.force_tag:
+        raise HubConflictError(f"tag {opts.tag} already points at {cur[:12]} of {opts.repo_id}",
+                               code="tag_exists", hint="pass --force-tag to move it, or choose a new version")
+    return cur
+
+
+def _verify(hf: Any, p: Payload, opts: PushOptions, oid: str) -> bool:
+    """Compare the remote tree at ``oid`` with the local bytes (sha256 for LFS files, git blob
+    sha1 for regular ones, as huggingface_hub ``verify_repo_checksums`` does)."""
+    from .. import hub
+
+    remote = _call("verifying", opts.repo_id, hub.remote_files, hf, opts.repo_id, oid)
+    bad = [path for path in sorted(p.files) if not _same(p, path, remote.get(path))]
+    if bad:
+        raise PostPublishError(f"{opts.repo_id}@{oid[:12]}: remote checksum differs from the local file for "
+                               + ", ".join(bad), code="checksum_mismatch",
+                               hint="re-run the push; if it persists, inspect the files on the Hub")
+    return True
+
+
+def _dry_run(hf: Any, p: Payload, opts: PushOptions, state: tuple[str, bool] | None) -> PushResult:
+    """The plan, from reads only (no write request)."""
+    from .. import hub
+
+    if state is None:
+        rows = plan(p, {}, [], False)
+        return _result(p, opts, rows, status="dry_run", private=opts.private, revision=opts.branch or "main",
+                       parent_commit=None, commit_oid=None, commit_url=None, pr_url=None, pr_revision=None,
+                       verified=None, repo_exists=False)
+    _check_visibility(state[1], opts)
+    revision, num, _ = _target(hf, opts)
+    head = _call("reading the repo", opts.repo_id, hub.repo_state, hf, opts.repo_id, revision)[0]
+    remote = _call("listing files", opts.repo_id, hub.remote_files, hf, opts.repo_id, head)
+    rows = plan(p, remote, _owned(hf, opts.repo_id, head, remote), opts.delete_stale)
+    _check_tag(hf, opts, head, any(r["action"] != "unchanged" for r in rows))
+    return _result(p, opts, rows, status="dry_run", private=state[1], revision=revision, parent_commit=head,
+                   commit_oid=None, commit_url=None, pr_url=None, pr_revision=f"refs/pr/{num}" if num else None,
+                   verified=None, repo_exists=True)
+
+
+def _attempt(hf: Any, p: Payload, opts: PushOptions) -> PushResult:
+    """One plan + commit + tag + verify round (re-run from the top after a 412 or a 5xx)."""
+    from .. import hub
+
+    repo = opts.repo_id
+    state = _call("reading the repo", repo, hub.repo_state, hf, repo, "main")
+    if opts.dry_run:
+        return _dry_run(hf, p, opts, state)
+    private = _call("creating the repo", repo, hub.ensure_repo, hf, repo, opts.private)
+    _check_visibility(private, opts)
+    revision, num, _ = _target(hf, opts)
+    head = _call("reading the repo", repo, hub.repo_state, hf, repo, revision)[0]
+    remote = _call("listing files", repo, hub.remote_files, hf, repo, head)
+    rows = plan(p, remote, _owned(hf, repo, head, remote), opts.delete_stale)
+    changed = [r for r in rows if r["action"] != "unchanged"]
+    tag_at = _check_tag(hf, opts, head, bool(changed))
+    base = (hub.endpoint(opts.endpoint) or "https://huggingface.co") + f"/{repo}"
+    oid, url = head, f"{base}/commit/{head}"
+    if changed:
+        adds = {r["path"]: p.files[r["path"]] for r in changed if r["action"] != "delete"}
+        deletes = [r["path"] for r in changed if r["action"] == "delete"]
+        message = opts.commit_message or (f"specconv: release {opts.tag}" if opts.tag else "specconv: publish drafter")
+        oid, url = _call("committing", repo, hub.commit, hf, repo, adds, deletes, message=message,
+                         description=f"Published by specconv push ({len(adds)} file(s), {len(deletes)} deletion(s)).",
+                         revision=revision, parent_commit=head)
+    if opts.tag and tag_at != oid:
+        _call("tagging", repo, hub.create_tag, hf, repo, opts.tag, oid, replace=tag_at is not None)
+    verified = _verify(hf, p, opts, oid) if opts.verify else None
+    status = "unchanged" if oid == head else ("pr_opened" if num else "published")
+    return _result(p, opts, rows, status=status, private=private, revision=revision, parent_commit=head,
+                   commit_oid=oid, commit_url=url, pr_url=f"{base}/discussions/{num}" if num else None,
+                   pr_revision=f"refs/pr/{num}" if num else None, verified=verified, repo_exists=True)

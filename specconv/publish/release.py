@@ -1,0 +1,171 @@
+"""``specconv release``: convert → validate (gates) → push, for CI.
+
+The stage functions are called directly (``specconv.convert.convert``,
+``specconv.validate.run.validate_drafter``, :func:`specconv.publish.push.push`), never
+the CLI. The run stops at the first failed step with that step's exit code; the result
+records every step with its duration. In GitHub Actions (``GITHUB_OUTPUT`` /
+``GITHUB_STEP_SUMMARY`` set) it writes ``commit_oid``, ``commit_url``, ``pr_url`` and a
+summary table. ONNX export / engine builds are not part of this stage yet.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+from ..errors import GateFailedError, SpecconvError
+from .push import PushOptions, PushResult, push
+
+
+@dataclass
+class ReleaseOptions:
+    """The release-only flags (push flags are a :class:`PushOptions`)."""
+
+    verifier: str
+    verifier_name: str | None = None
+    work_dir: Path | None = None
+    min_tau: float | None = None
+    max_parity_kl: float | None = None
+    prompts: str = "eval"
+    num_prompts: int = 12
+    max_new_tokens: int = 64
+    device: str = "auto"
+
+
+class ReleaseResult(dict):
+    """``{"schema": "specconv.release/v1", "status", "steps": [...], "push": {...}}``."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return dict(self)
+
+    def exit_status(self) -> int:
+        return int(self.get("exit_code") or 0)
+
+    def human(self) -> str:
+        rows = [f"{s['step']:9} {s['status']:7} {s['duration_s']:.2f}s" for s in self["steps"]]
+        return "\n".join([f"release {self['status']}", *rows])
+
+
+def _step(res: ReleaseResult, name: str, fn: Callable[[], Any]) -> Any:
+    """Run one step, record its status and duration; a failure stops the release."""
+    t0 = time.perf_counter()
+    entry: dict[str, Any] = {"step": name, "status": "running"}
+    res["steps"].append(entry)
+    try:
+        out = fn()
+    except SpecconvError as e:
+        entry.update(status="failed", exit_code=e.exit_code, error=e.code, message=e.message,
+                     duration_s=round(time.perf_counter() - t0, 3))
+        res.update(status="failed", failed_step=name, exit_code=e.exit_code, error=e.code, message=e.message)
+        e.result = res
+        _github(res)
+        raise
+    entry.update(status="ok", exit_code=0, duration_s=round(time.perf_counter() - t0, 3))
+    return out
+
+
+def _convert(src: str, opts: ReleaseOptions, out: Path) -> dict[str, Any]:
+    from ..convert import convert
+
+    r = convert(src, verifier=opts.verifier, verifier_name=opts.verifier_name, output=out, overwrite=True)
+    return {"format": r.format, "algorithm": r.algorithm, "files": list(r.files or [])}
+
+
+def _validate(src: str, opts: ReleaseOptions, drafter: Path, report_dir: Path) -> dict[str, Any]:
+    """The gates on the converted drafter (with ``--source`` = SRC for parity), the report
+    written next to the drafter, the summary recorded in its ``specconv.json``."""
+    from ..record import file_hashes, relative_to_dir, update_record
+    from ..validate.report import write_report
+    from ..validate.run import ValidateOptions, validate_drafter
+
+    vo = ValidateOptions(source=src, prompts=opts.prompts, num_prompts=opts.num_prompts,
+                         max_new_tokens=opts.max_new_tokens, min_tau=opts.min_tau, device=opts.device)
+    report = validate_drafter(drafter, opts.verifier, vo)
+    report.report_files = write_report(report, report_dir)
+    summary = report.record_summary()
+    summary.pop("verifier", None)  # a local path; the record's conversion section names the verifier
+    summary["report"] = relative_to_dir(report.report_files["json"], drafter)
+    summary["files"] = file_hashes(drafter)
+    kl = _parity_kl(report)
+    if kl is not None:
+        summary["parity_kl_max"] = kl
+    lossless = (report.get("lossless") or {}).get("exact_match")
+    if lossless is not None:
+        summary["lossless_exact_match"] = lossless
+    update_record(drafter, "validation", summary)
+    failed = report.failed_gates()
+    if opts.max_parity_kl is not None and (kl is None or kl > opts.max_parity_kl):
+        failed.append(f"parity (max KL {kl} > --max-parity-kl {opts.max_parity_kl})")
+    if failed:
+        raise GateFailedError("validation gate(s) failed: " + ", ".join(failed))
+    return {"acceptance_length": report.get("acceptance_length"), "tau_ci95": report.get("tau_ci95"),
+            "gates": report.get("gates"), "parity_kl_max": kl}
+
+
+def _parity_kl(report: Any) -> float | None:
+    gr = next((g for g in report.get("gate_results") or [] if g.get("name") == "parity"), None)
+    return (gr.get("details") or {}).get("kl_max") if gr else None
+
+
+def release(src: str, opts: ReleaseOptions, push_opts: PushOptions) -> ReleaseResult:
+    """Convert ``src``, validate it against ``opts.verifier``, push it.
+
+    Args:
+        src: source checkpoint (any convertible format).
+        opts: :class:`ReleaseOptions`.
+        push_opts: :class:`PushOptions` (``dry_run`` plans the push without writing).
+
+    Returns:
+        :class:`ReleaseResult` with every step's status and duration and the push result.
+
+    Raises:
+        SpecconvError: the first failed step's error (its ``result`` is the release record).
+    """
+    import tempfile
+
+    work = Path(opts.work_dir) if opts.work_dir else Path(tempfile.mkdtemp(prefix="specconv-release-"))
+    work.mkdir(parents=True, exist_ok=True)
+    drafter = work / "drafter"
+    res = ReleaseResult(schema="specconv.release/v1", status="running", steps=[], repo_id=push_opts.repo_id,
+                        dry_run=push_opts.dry_run, exit_code=0)
+    res["convert"] = _step(res, "convert", lambda: _convert(src, opts, drafter))
+    res["validate"] = _step(res, "validate", lambda: _validate(src, opts, drafter, work / "report"))
+    _local_card(drafter, push_opts)
+    pushed: PushResult = _step(res, "push", lambda: push(drafter, push_opts))
+    res["push"] = pushed.to_dict()
+    res.update(status=pushed["status"], exit_code=pushed.exit_status(), commit_oid=pushed.get("commit_oid"),
+               commit_url=pushed.get("commit_url"), pr_url=pushed.get("pr_url"))
+    _github(res)
+    return res
+
+
+def _local_card(drafter: Path, push_opts: PushOptions) -> None:
+    """Refresh the drafter dir's own ``README.md`` with the validated card (push regenerates
+    it anyway; ``README.md`` is a derived file, exempt from the gates)."""
+    from ..record import atomic_write
+    from .push import build_payload
+
+    try:
+        atomic_write(drafter / "README.md", bytes(build_payload(drafter, push_opts).files["README.md"]))
+    except SpecconvError as e:  # e.g. an ungated extra file: the push step reports it with its exit code
+        del e
+
+
+def _github(res: ReleaseResult) -> None:
+    """Append outputs to ``$GITHUB_OUTPUT`` and a table to ``$GITHUB_STEP_SUMMARY`` when set."""
+    out, summary = os.environ.get("GITHUB_OUTPUT"), os.environ.get("GITHUB_STEP_SUMMARY")
+    if out:
+        with open(out, "a", encoding="utf-8") as f:
+            for k in ("commit_oid", "commit_url", "pr_url"):
+                f.write(f"{k}={res.get(k) or ''}\n")
+    if summary:
+        lines = [f"### specconv release `{res['repo_id']}`: {res['status']}", "", "| step | status | seconds |",
+                 "|---|---|---|"]
+        lines += [f"| {s['step']} | {s['status']} | {s.get('duration_s', 0):.1f} |" for s in res["steps"]]
+        if res.get("commit_url"):
+            lines += ["", f"commit: {res['commit_url']}"]
+        with open(summary, "a", encoding="utf-8") as f:
+            f.write("\n".join(lines) + "\n")
