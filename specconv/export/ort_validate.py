@@ -64,5 +64,5 @@ def apply_onnx_gate(report: dict) -> None:
     res = report.get("onnx")
     if not res or res.get("passed") is None:
         return
-    report.setdefault("gates", {})["onnx"] = bool(res["passed"])
+    report["gates"] = {**(report.get("gates") or {}), "onnx": bool(res["passed"])}
     report["passed"] = bool(report.get("passed", True)) and bool(res["passed"])
