@@ -104,7 +104,7 @@ def resolve_mask_token(
     checkpoint, or when the id is outside the verifier vocab. Warns (finding) when it equals
     the verifier's bos/eos/pad token.
     """
-    from specconv.speculators import Finding
+    from specconv.format import Finding
 
     ckpt, where = one_of(src, locations, "mask token id")
     if ckpt is not None and opts.mask_token_id is not None and ckpt != opts.mask_token_id:
@@ -145,7 +145,7 @@ def zlab_to_speculators_ids(
     (unlike speculators' own DFlash converter, which drops it). ``--aux-layer-ids``
     overrides and is recorded. Ids are never recomputed from a formula.
     """
-    from specconv.speculators import Finding
+    from specconv.format import Finding
 
     if ids is not None:
         if not isinstance(ids, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in ids) or not ids:
@@ -179,7 +179,7 @@ def zlab_to_speculators_ids(
 
 def _check_converted_ids(s_ids: list[int], origin: str, verifier: Any, findings: list) -> None:
     """Non-empty, distinct, inside ``[0, n]`` of the verifier; capturing ``n`` is noted."""
-    from specconv.speculators import Finding
+    from specconv.format import Finding
 
     if not s_ids:
         raise InvalidInputError(f"aux layer ids (from {origin}) are empty")
@@ -300,7 +300,7 @@ def _strip_mrope(rp: dict[str, Any], where_file: str, findings: list | None) -> 
     if findings is None:
         raise InvalidInputError(f"{where_file}: M-RoPE keys {sorted(stripped)} in the drafter's RoPE config; "
                                 "vLLM's drafters use 1-D RoPE", code="mrope_unsupported")
-    from specconv.speculators import Finding
+    from specconv.format import Finding
 
     findings.append(Finding(
         "warning", "mrope-stripped",
@@ -371,7 +371,7 @@ def complete_layer_config(src: SourceInfo, lcfg: dict[str, Any], plans: list[Ten
     Raises:
         InvalidInputError: a projection's rows do not divide by the head count.
     """
-    from specconv.speculators import Finding
+    from specconv.format import Finding
 
     filled = []
     nq, H = lcfg["num_attention_heads"], lcfg["hidden_size"]
@@ -422,7 +422,7 @@ def kv_page_finding(lcfg: dict[str, Any], verifier: Any, findings: list) -> None
     d = lcfg["num_key_value_heads"] * lcfg["head_dim"]
     v = v_kv * v_hd
     if max(d, v) % min(d, v):
-        from specconv.speculators import Finding
+        from specconv.format import Finding
 
         findings.append(Finding(
             "warning", "kv-page-size-mismatch",
@@ -590,7 +590,7 @@ def check_verifier_shape(src: SourceInfo, verifier: Any, hidden: int, vocab: int
             code="verifier_mismatch",
         )
     if findings is not None:
-        from specconv.speculators import Finding
+        from specconv.format import Finding
 
         findings.append(Finding(
             "info", "verifier-vocab-padded",
@@ -612,7 +612,7 @@ def dflash_causality(src: SourceInfo, lcfg: dict[str, Any], findings: list) -> b
     *all* layers. ``true`` overrides → refuse (JetSpec-style causal DFlash has no Speculators
     equivalent: speculators' full layers are always bidirectional).
     """
-    from specconv.speculators import Finding
+    from specconv.format import Finding
 
     causal, where = one_of(src, [("is_causal", src.cfg("is_causal")), ("dflash_config.causal", src.dflash_config.get("causal"))], "causality")
     if causal is not None and not isinstance(causal, bool):

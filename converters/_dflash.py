@@ -148,7 +148,7 @@ def plan_dflash_family(
 ) -> ConversionPlan:
     """Build the plan for a DFlash-family source (raises ``InvalidInputError`` /
     ``UnsupportedFormatError`` naming the key, tensor or flag at fault)."""
-    from specconv.speculators import Finding, make_config
+    from specconv.format import Finding, make_config
 
     cfg = src.config or {}
     findings: list = [Finding(lvl, code, msg, None) for lvl, code, msg in layout.extra_findings]

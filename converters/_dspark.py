@@ -212,7 +212,7 @@ def maybe_prune(conv: Any, plan: ConversionPlan, src: SourceInfo, verifier: Any,
     """
     if opts.vocab_mapping is None:
         return plan
-    from specconv.speculators import Finding
+    from specconv.format import Finding
 
     from ._vocab import read_mapping_file, resolve_vocab
 

@@ -138,7 +138,7 @@ def resolve_aux_ids(src: SourceInfo, opts: ConvertOptions, layout: PEagleLayout,
         InvalidInputError: no ids anywhere (``missing_layer_ids``, naming both options),
             disagreeing locations, duplicates, or ids outside ``[0, n]`` of the verifier.
     """
-    from specconv.speculators import Finding
+    from specconv.format import Finding
 
     ids, key = c.one_of(src, layout.aux_locations, "aux layer ids")
     if ids is not None:
@@ -234,7 +234,7 @@ def lm_head_finding(format_id: str, title: str) -> Any:
     """The finding that tells ``validate`` whether this drafter's ``lm_head`` must equal the
     verifier's rows: ``lm-head-frozen`` where the producer is known to freeze it, else
     ``lm-head-trainable`` naming which consumer uses which head."""
-    from specconv.speculators import Finding
+    from specconv.format import Finding
 
     if format_id in LM_HEAD_FROZEN:
         return Finding("info", "lm-head-frozen",
@@ -320,7 +320,7 @@ def _check_body(src: SourceInfo, plans: list[TensorPlan], L: int, A: int, H: int
 
 def _model_type(src: SourceInfo, cfg: dict[str, Any], plans: list[TensorPlan], L: int, findings: list) -> str:
     """``qwen3`` when the layers have per-head q/k norms (all of them), else ``llama``."""
-    from specconv.speculators import Finding
+    from specconv.format import Finding
 
     has_qk_norm = any(re.fullmatch(r"layers\.\d+\.self_attn\.(q|k)_norm\.weight", p.out) for p in plans)
     model_type = "qwen3" if has_qk_norm else "llama"
@@ -401,7 +401,7 @@ def _from_verifier(src: SourceInfo, verifier: Any, out: str, role: str, out_dt: 
 def _head_and_embedding(src: SourceInfo, verifier: Any, plans: list[TensorPlan], V: int, Vd: int, H: int,
                         out_dt: str, findings: list) -> None:
     """``lm_head [Vd, H]`` and ``embed_tokens [V, H]`` from the source, else the verifier's."""
-    from specconv.speculators import Finding
+    from specconv.format import Finding
 
     lm = c.get(plans, "lm_head.weight")
     if lm is None:
@@ -473,7 +473,7 @@ def _peagle_layer_config(src: SourceInfo, cfg: dict[str, Any], layout: PEagleLay
 def _peagle_config(fields: dict[str, Any]) -> Any:
     """The typed ``peagle`` config; the wrapper keys every P-EAGLE output shares are fixed here
     (``target_hidden_size`` none: equal to the verifier's; trainable embedding)."""
-    from specconv.speculators import make_config
+    from specconv.format import make_config
 
     return make_config("peagle", speculators_version=SPECULATORS_FORMAT_VERSION, target_hidden_size=None,
                        embed_requires_grad=True, **fields)
@@ -489,7 +489,7 @@ def plan_peagle_family(conv: Any, src: SourceInfo, verifier: Any, opts: ConvertO
         UnsupportedFormatError: tensors with no Speculators equivalent (listed), or a draft
             hidden size different from the verifier's (``target_hidden_size``).
     """
-    from specconv.speculators import Finding
+    from specconv.format import Finding
 
     cfg = src.config or {}
     findings: list = [Finding(lvl, code, msg, None) for lvl, code, msg in layout.findings]

@@ -357,7 +357,7 @@ def _identity(src: "SourceInfo", res: VocabResult, found: dict[str, _Found]) -> 
     with a reason, anything else refused."""
     import numpy as np
 
-    from specconv.speculators import Finding
+    from specconv.format import Finding
 
     V, Vd = res.vocab_size, res.draft_vocab_size
     label = ("full vocabulary (draft_vocab_size == vocab_size)" if Vd == V
@@ -393,7 +393,7 @@ def _logical_identity(res: VocabResult, logical: int) -> dict[str, _Found]:
     of ``V`` is embedding padding), so the mapping is the identity on the first ``Vd`` ids."""
     import numpy as np
 
-    from specconv.speculators import Finding
+    from specconv.format import Finding
 
     V, Vd = res.vocab_size, res.draft_vocab_size
     t2d = np.zeros(V, dtype=np.bool_)
@@ -411,7 +411,7 @@ def _logical_identity(res: VocabResult, logical: int) -> dict[str, _Found]:
 def _drop_default_t2d(res: VocabResult, t2d_f: _Found | None) -> "tuple[_Found | None, np.ndarray | None]":
     """SpecForge initialises t2d to all-true and only overwrites it when a mapping is loaded:
     with ``Vd < V`` it carries no information (it cannot mark exactly Vd ids)."""
-    from specconv.speculators import Finding
+    from specconv.format import Finding
 
     if t2d_f is None:
         return None, None
@@ -463,7 +463,7 @@ def _d2t_plan(res: VocabResult, d2t_f: _Found, reading: D2TReading) -> TensorPla
 def _pruned(src: "SourceInfo", res: VocabResult, found: dict[str, _Found], extra_label: str) -> VocabResult:
     """``Vd < V``: d2t normalised to offsets, t2d checked or rebuilt, both planned. Errors name
     the file the mapping came from (the checkpoint, a side file or ``--vocab-mapping``)."""
-    from specconv.speculators import Finding
+    from specconv.format import Finding
 
     V, Vd = res.vocab_size, res.draft_vocab_size
     d2t_f = found.get("d2t")

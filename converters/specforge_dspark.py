@@ -124,7 +124,7 @@ def specforge_layout_sfa(src: SourceInfo, opts: Any) -> tuple[bool, str, list[tu
 def _export_notes(src: SourceInfo, plan: Any, heads: Any) -> list[str]:
     """Notes on the early ``logit_head.`` layout and the training-only alpha; a finding when
     the export names a Markov head type SpecForge does not implement."""
-    from specconv.speculators import Finding
+    from specconv.format import Finding
 
     notes = []
     if any(t.source and t.source.startswith("logit_head.") for t in plan.tensors):

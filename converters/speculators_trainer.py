@@ -153,7 +153,7 @@ class _Normalising:
 
 def _envelope(n: _Normalising) -> None:
     """Drop what hides the envelope from vLLM or nobody reads; legacy training keys."""
-    from specconv.speculators import Finding
+    from specconv.format import Finding
 
     raw = n.raw
     if "model_type" in raw:
@@ -185,7 +185,7 @@ def _layer_config(n: _Normalising, src: SourceInfo) -> dict[str, Any]:
     before = len(n.notes)
     tlc = _fill_layer_config(src, tlc, n.notes)
     if len(n.notes) > before:  # keys to_diff_dict omitted, filled from transformers' defaults
-        from specconv.speculators import Finding
+        from specconv.format import Finding
 
         n.findings.append(Finding("info", "layer-config-filled", n.notes[-1], "transformer_layer_config"))
     before = len(n.findings)
@@ -263,7 +263,7 @@ def _peagle_norm_before_residual(n: _Normalising, opts: ConvertOptions) -> None:
     """``norm_before_residual`` from the checkpoint or ``--(no-)norm-before-residual``, never
     the class default: speculators' config defaults it to false, its trainer CLI to true,
     vLLM's reader to false for peagle (true for eagle3)."""
-    from specconv.speculators import Finding
+    from specconv.format import Finding
 
     v, flag = n.raw.get("norm_before_residual"), opts.norm_before_residual
     name = f"--{'' if flag else 'no-'}norm-before-residual"
@@ -290,7 +290,7 @@ def _peagle_norm_before_residual(n: _Normalising, opts: ConvertOptions) -> None:
 def _peagle_norm_flags(n: _Normalising, src: SourceInfo, plans: list, final_ids: list[int] | None) -> None:
     """Absent ``norm_before_fc`` / ``fc_norm`` filled from the tensors (``input_norm``,
     ``fc_norm.{i}``), each a finding; a value that contradicts them is an error."""
-    from specconv.speculators import Finding
+    from specconv.format import Finding
 
     from ._peagle import norm_flags_from_tensors
 
@@ -312,7 +312,7 @@ def _dspark_heads_from_tensors(n: _Normalising, src: SourceInfo, H: int) -> None
     """Fill absent DSpark head keys from the head tensors (never the class defaults), each
     fill a finding: ``markov_w1 [V, r]`` gives ``r``; ``gate_proj`` / ``joint_proj`` the head
     type; ``confidence_head.proj [1, H (+r)]`` the confidence head and its Markov input."""
-    from specconv.speculators import Finding
+    from specconv.format import Finding
 
     absent = [k for k in DSPARK_HEAD_KEYS if k not in n.raw]
     if not absent:
@@ -343,7 +343,7 @@ def _legacy_sample_from_anchor(n: _Normalising, opts: ConvertOptions, B: int, k_
     """Fill an absent ``sample_from_anchor`` by the legacy rule (K == B-1 → 1+N, K == B →
     anchor-first); the flag may only agree."""
     from specconv.format import legacy_sample_from_anchor
-    from specconv.speculators import Finding
+    from specconv.format import Finding
 
     sfa = legacy_sample_from_anchor(B, k_file)  # the legacy rule (specconv.format.facts)
     if sfa is False:
@@ -372,7 +372,7 @@ def _legacy_sample_from_anchor(n: _Normalising, opts: ConvertOptions, B: int, k_
 def _block_layout(n: _Normalising, opts: ConvertOptions, pm0: dict[str, Any], k_file: Any) -> None:
     """DFlash / DSpark: ``block_size``, ``sample_from_anchor`` and the K they imply."""
     from specconv.format import speculative_tokens_for
-    from specconv.speculators import Finding
+    from specconv.format import Finding
 
     raw, where, findings = n.raw, n.where, n.findings
     B = raw.get("block_size")
@@ -404,7 +404,7 @@ def _block_layout(n: _Normalising, opts: ConvertOptions, pm0: dict[str, Any], k_
 
 def _dspark_markov_warning(n: _Normalising) -> None:
     """Anchor-first DSpark written before speculators PR #806 fed the Markov head the wrong token."""
-    from specconv.speculators import Finding
+    from specconv.format import Finding
 
     v = n.raw.get("speculators_version")
     before = _version_before(v, DSPARK_MARKOV_FIX)
@@ -494,7 +494,7 @@ def _verifier_ref(n: _Normalising, sc: dict[str, Any], verifier: Any) -> None:
 
 def _typed_config(n: _Normalising, plans: list) -> Any:
     """The typed config, every field written explicitly; pruned DSpark heads checked."""
-    from specconv.speculators import DSparkConfig, expected_speculative_tokens, parse_config
+    from specconv.format import DSparkConfig, expected_speculative_tokens, parse_config
 
     cfg = parse_config(n.raw, source=n.where)
     object.__setattr__(cfg, "__pydantic_fields_set__", set(type(cfg).model_fields))
@@ -620,7 +620,7 @@ class SpeculatorsEarlyPEagle(_SpeculatorsTrainer):
 
 
 def _finding(level: str, code: str, msg: str):
-    from specconv.speculators import Finding
+    from specconv.format import Finding
 
     return Finding(level, code, msg, None)
 

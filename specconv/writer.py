@@ -398,7 +398,7 @@ def _write_tmp(tmp: Path, plan: ConversionPlan, source_store: Any, verifier: Any
                allow_nonfinite: bool, hash_output: bool, output_sha256: dict[str, str] | None, out_dir: Path,
                source_ref: dict[str, Any] | None) -> "SpecconvRecord":
     """Write weights, config and record into ``tmp``; return the record."""
-    from .speculators import dump_config
+    from .format import dump_config
     from .tensors import write_safetensors
 
     outs = _out_tensors(plan, source_store, verifier)

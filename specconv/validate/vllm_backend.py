@@ -82,7 +82,7 @@ def build_serve_command(
     Raises:
         InvalidInputError: unreadable config or unknown algorithm.
     """
-    from ..speculators import is_hub_repo_id, load_config
+    from ..format import is_hub_repo_id, load_config
 
     d = Path(drafter_dir)
     cfg = load_config(d)
