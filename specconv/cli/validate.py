@@ -145,8 +145,6 @@ def validate_cmd(
     validation.md and acceptance.png and records a summary under "validation" in
     DIR/specconv.json. Exit 4 when a gate fails.
     """
-    from specconv.errors import EXIT_GATE_FAILED, GateFailedError
-    from specconv.validate.report import write_report
     from specconv.validate.run import ValidateOptions, validate_drafter
 
     _check_backend_exclusive(backend, onnx_path, engine_path)
@@ -157,8 +155,8 @@ def validate_cmd(
         find_vllm_python(vllm_loader_python)
     opts = ValidateOptions(source=source, prompts=prompts, num_prompts=num_prompts, max_new_tokens=max_new_tokens,
                            temperature=temperature, device=device, dtype=dtype, min_tau=min_tau, backend=backend,
-                           vllm_python=vllm_python, onnx=str(onnx_path) if onnx_path else None, attn_implementation=attn_implementation, seed=seed,
-                           drafter_cache=drafter_cache)
+                           vllm_python=vllm_python, onnx=str(onnx_path) if onnx_path else None,
+                           attn_implementation=attn_implementation, seed=seed, drafter_cache=drafter_cache)
     with _progress() as cb:
         report = validate_drafter(drafter_dir, verifier, opts, progress=cb)
     if vllm_load_check:  # vLLM's own loader, in its own interpreter (specconv/vllm_check)
@@ -166,11 +164,20 @@ def validate_cmd(
 
         report["vllm_load"] = run_load_checks_for_dir(drafter_dir, verifier, python=vllm_loader_python)
         report["passed"] = bool(report["passed"]) and report["vllm_load"]["ok"]
+    return _finish(drafter_dir, report, report_dir)
+
+
+def _finish(drafter_dir: Path, report, report_dir: Path | None):
+    """Write the report files, record the validation section; exit 4 when a gate (or the
+    vLLM load check) failed."""
+    from specconv.errors import EXIT_GATE_FAILED, GateFailedError
+    from specconv.validate.report import write_report
+
     out_dir = report_dir or (Path.cwd() / "specconv-validation" / drafter_dir.resolve().name)
     report.report_files = write_report(report, out_dir)
     _record(drafter_dir, report)
     failed = report.failed_gates()
-    if vllm_load_check and not report["vllm_load"]["ok"]:
+    if report.get("vllm_load") and not report["vllm_load"]["ok"]:
         failed.append("vllm_load")
     if failed:
         report["error"] = "gate_failed"
