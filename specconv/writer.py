@@ -14,7 +14,6 @@ import contextlib
 import json
 import math
 import os
-import platform
 import signal
 import threading
 from pathlib import Path
@@ -125,16 +124,11 @@ def _save_hash_cache() -> None:
 
 
 def library_versions() -> dict[str, str]:
-    """Versions of the libraries that shape the output (recorded in specconv.json)."""
-    import importlib.metadata as md
+    """Versions of the libraries that shape the output (recorded in specconv.json; the
+    ones not installed are left out)."""
+    from .versions import library_versions as versions
 
-    out = {"specconv": __version__, "python": platform.python_version()}
-    for dist in ("safetensors", "pydantic", "huggingface_hub", "torch"):
-        try:
-            out[dist] = md.version(dist)
-        except md.PackageNotFoundError:
-            pass
-    return out
+    return {k: v for k, v in versions(("safetensors", "pydantic", "huggingface_hub", "torch")).items() if v}
 
 
 def _out_tensors(plan: ConversionPlan, source_store: Any, verifier: Any) -> list:

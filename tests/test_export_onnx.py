@@ -19,7 +19,8 @@ from test_export_wrappers import make_case, verifier_dir  # noqa: E402,F401
 from specconv.cli.main import cli  # noqa: E402
 from specconv.errors import InvalidInputError  # noqa: E402
 from specconv.export.onnx_dir import export_onnx_dir  # noqa: E402
-from specconv.export.onnx_export import ExportSettings, sha256_file  # noqa: E402
+from specconv.export.onnx_export import ExportSettings  # noqa: E402
+from specconv.tensors import sha256_file  # noqa: E402
 
 
 def _cli(*args):

@@ -289,7 +289,7 @@ def build_engine_dir(drafter_dir: str | Path, onnx_path: str | Path | None, opts
             foreign graph, parse/build failures, an existing variant without overwrite.
         UsageError: bad profile / flags.
     """
-    from .onnx_export import sha256_file
+    from ..tensors import sha256_file
     from .ort_drafter import _check_files, resolve_graph
 
     d = Path(drafter_dir)

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import GateFailedError, InvalidInputError, UsageError
+from ..versions import library_versions
 
 log = logging.getLogger("specconv.export")
 
@@ -42,12 +43,13 @@ def _read_json(p: Path) -> dict:
 
 
 def _check_dir(d: Path) -> dict:
-    cfg = _read_json(d / "config.json") if (d / "config.json").is_file() else None
-    if cfg is None or "speculators_model_type" not in cfg:
+    from ..format import speculators_model_type_of
+
+    if speculators_model_type_of(d) is None:
         raise InvalidInputError(
             f"{d} is not a Speculators-format directory (no config.json with speculators_model_type)",
             code="not_speculators_dir", hint=f"convert it first: specconv convert {d} --verifier V -o OUT")
-    return cfg
+    return _read_json(d / "config.json")
 
 
 def default_verifier(d: Path) -> str | None:
@@ -63,12 +65,11 @@ def default_verifier(d: Path) -> str | None:
 
 
 def drafter_file_hashes(d: Path) -> dict[str, str]:
-    """sha256 of the drafter files an export reads (config + weights + index)."""
-    from .onnx_export import sha256_file
+    """sha256 of the drafter files an export reads (config + weights + index): the same
+    set the validation section records (:func:`specconv.record.file_hashes`)."""
+    from ..record import file_hashes
 
-    names = sorted(p.name for p in d.iterdir() if p.is_file() and (
-        p.name == "config.json" or p.name.endswith(".safetensors") or p.name.endswith(".safetensors.index.json")))
-    return {n: sha256_file(d / n) for n in names}
+    return file_hashes(d)
 
 
 def _check_output(out: Path, d: Path, overwrite: bool) -> None:
@@ -78,18 +79,6 @@ def _check_output(out: Path, d: Path, overwrite: bool) -> None:
         raise InvalidInputError(f"output {out} exists; pass --overwrite to replace it", code="output_exists")
     if out.exists() and not out.is_dir():
         raise InvalidInputError(f"output {out} exists and is not a directory", code="output_exists")
-
-
-def _library_versions() -> dict[str, str | None]:
-    from importlib.metadata import PackageNotFoundError, version
-
-    out: dict[str, str | None] = {}
-    for pkg in ("specconv", "torch", "onnx", "onnxscript", "onnx-ir", "onnxruntime"):
-        try:
-            out[pkg] = version(pkg)
-        except PackageNotFoundError:
-            out[pkg] = None
-    return out
 
 
 def _baked_from_verifier(d: Path, parts) -> list[str]:
@@ -246,7 +235,7 @@ def _export_graphs(tmp: Path, d: Path, vdir, ref32, s, dtype: str, check: bool) 
 
 
 def _meta(d: Path, parts, s, dtype: str, graphs: dict, baked: list[str], vspec, tmp: Path) -> dict:
-    from .onnx_export import sha256_file
+    from ..tensors import sha256_file
 
     files = sorted(str(p.relative_to(tmp)) for p in tmp.rglob("*") if p.is_file())
     main = graphs[GRAPH_NAME]
@@ -255,7 +244,7 @@ def _meta(d: Path, parts, s, dtype: str, graphs: dict, baked: list[str], vspec, 
         "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         "algorithm": parts.algorithm, "io_contract": "stateless-v1",
         "dtype": dtype, "opset": main["opset"], "ir_version": main["ir_version"],
-        "versions": _library_versions(),
+        "versions": library_versions(("torch", "onnx", "onnxscript", "onnx-ir", "onnxruntime")),
         "block_size": parts.block_size, "num_draft_tokens": parts.num_draft_tokens,
         "draft_slots": parts.draft_slots, "mask_token_id": parts.mask_token_id,
         "aux_layer_ids": parts.aux_layer_ids, "aux_width": parts.aux_width,
@@ -313,26 +302,15 @@ def _move(tmp: Path, out_dir: Path, overwrite: bool) -> None:
 
 
 def record_export(d: Path, payload: dict, key: str = "onnx") -> None:
-    """Set ``export.<key>`` in ``DIR/specconv.json`` (read-modify-write, atomic).
-
-    The one place the export writes the record (to be replaced by
-    ``specconv.record.update_record``).
+    """Set ``export.<key>`` in ``DIR/specconv.json`` (other export keys, e.g. ``trt``, kept;
+    atomic, through :func:`specconv.record.update_record`).
 
     Raises:
-        InvalidInputError: the existing file is not a JSON object.
+        InvalidInputError: the existing file is not a valid record.
     """
-    p = d / "specconv.json"
-    data: dict = _read_json(p) if p.is_file() else {}
-    section = data.get("export") if isinstance(data.get("export"), dict) else {}
+    from ..record import read_record, update_record
+
+    current = read_record(d, missing_ok=True).export
+    section = current.model_dump() if current is not None else {}
     section[key] = payload
-    data["export"] = section
-    fd, tmpf = tempfile.mkstemp(prefix=".specconv.json.", dir=d)
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(json.dumps(data, indent=2, sort_keys=True, default=str) + "\n")
-        os.chmod(tmpf, 0o644)
-        os.replace(tmpf, p)
-    except BaseException:
-        if os.path.exists(tmpf):
-            os.unlink(tmpf)
-        raise
+    update_record(d, "export", section)

@@ -29,7 +29,7 @@ from ..errors import InvalidInputError
 
 log = logging.getLogger("specconv.export")
 
-__all__ = ["export_graph", "prepare_for_tensorrt", "check_graph", "op_census", "sha256_file",
+__all__ = ["export_graph", "prepare_for_tensorrt", "check_graph", "op_census",
            "ExportSettings", "CONTEXT_INPUTS"]
 
 #: wrapper inputs whose axis 1 is the (dynamic) context length
@@ -55,15 +55,6 @@ class ExportSettings:
         self.outputs = tuple(outputs)
         self.top_k = int(top_k)
         self.sampling_noise = bool(sampling_noise)
-
-
-def sha256_file(p: Path) -> str:
-    """Hex sha256 of a file (streamed)."""
-    h = hashlib.sha256()
-    with open(p, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def _dynamic_shapes(names: list[str], max_batch: int, max_context: int):

@@ -59,7 +59,7 @@ def resolve_graph(path: str | Path, dtype: str | None = None) -> tuple[Path, Pat
 
 def _check_files(graph: Path, meta_dir: Path, meta: dict, drafter_dir: Path | None) -> str:
     from .onnx_dir import drafter_file_hashes
-    from .onnx_export import sha256_file
+    from ..tensors import sha256_file
 
     rel = graph.relative_to(meta_dir).as_posix()
     files = meta.get("files") or {}

@@ -26,15 +26,9 @@ REPORT_PNG = "acceptance.png"
 
 def library_versions() -> dict[str, str | None]:
     """Versions of the libraries the numbers depend on (None when not installed)."""
-    import importlib.metadata as md
+    from ..versions import library_versions as versions
 
-    out: dict[str, str | None] = {"python": platform.python_version()}
-    for name in ("specconv", "torch", "transformers", "accelerate", "safetensors", "numpy", "vllm", "dflash", "speculators"):
-        try:
-            out[name] = md.version(name)
-        except md.PackageNotFoundError:
-            out[name] = None
-    return out
+    return versions(("torch", "transformers", "accelerate", "safetensors", "numpy", "vllm", "dflash", "speculators"))
 
 
 def torch_backend_flags() -> dict[str, Any]:

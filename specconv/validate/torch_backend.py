@@ -28,11 +28,10 @@ log = logging.getLogger("specconv.validate")
 #: Prompts used for the G2 parity sequences (the first N of the run).
 PARITY_SEQUENCES = 8
 
-_FLOAT_DTYPES = ("F32", "F16", "BF16", "F64", "F8_E4M3", "F8_E5M2")
-
-
 def _float_numel(store) -> int:
-    return sum(i.numel for i in store.infos() if i.dtype in _FLOAT_DTYPES)
+    from ..format.facts import FLOAT_DTYPES
+
+    return sum(i.numel for i in store.infos() if i.dtype in FLOAT_DTYPES)
 
 
 def plan_placement(verifier, drafter_dir: Path, device: str, dtype: str) -> dict:

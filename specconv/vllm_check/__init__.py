@@ -148,26 +148,6 @@ def record_payload(result: dict, index: int = 0) -> dict:
     }
 
 
-def record_vllm_load(drafter_dir: str | os.PathLike, payload: dict) -> Path:
-    """Set ``validation.vllm_load`` in ``DIR/specconv.json`` (other keys kept; atomic).
-
-    Raises:
-        InvalidInputError: the existing file is not a JSON object.
-        OSError: the dir is not writable.
-    """
-    p = Path(drafter_dir) / "specconv.json"
-    data = json.loads(p.read_text(encoding="utf-8")) if p.is_file() else {}
-    if not isinstance(data, dict) or not isinstance(data.get("validation", {}), dict):
-        raise InvalidInputError(f"{p}: not a JSON object with a 'validation' object; not overwriting it")
-    data.setdefault("validation", {})["vllm_load"] = payload
-    fd, tmp = tempfile.mkstemp(prefix=".specconv.json.", dir=p.parent)
-    with os.fdopen(fd, "w", encoding="utf-8") as f:
-        f.write(json.dumps(data, indent=2, sort_keys=True) + "\n")
-    os.chmod(tmp, 0o644)
-    os.replace(tmp, p)
-    return p
-
-
 def run_load_checks_for_dir(drafter_dir: str | os.PathLike, verifier: str, *, python: str | None = None) -> dict:
     """``specconv validate --vllm-load-check``: check one dir, return its
     ``validation.vllm_load`` payload (see :func:`record_payload`; not recorded here).
@@ -179,4 +159,4 @@ def run_load_checks_for_dir(drafter_dir: str | os.PathLike, verifier: str, *, py
 
 
 __all__ = ["ENV_PYTHON", "LoadCheck", "find_vllm_python", "record_payload",
-           "record_vllm_load", "run_load_checks", "run_load_checks_for_dir", "subprocess_env"]
+           "run_load_checks", "run_load_checks_for_dir", "subprocess_env"]
