@@ -308,9 +308,9 @@ def record_export(d: Path, payload: dict, key: str = "onnx") -> None:
     Raises:
         InvalidInputError: the existing file is not a valid record.
     """
-    from ..record import read_record, update_record
+    from ..record import as_record_path, read_record, update_record
 
     current = read_record(d, missing_ok=True).export
     section = current.model_dump() if current is not None else {}
-    section[key] = payload
+    section[key] = {**payload, "output": as_record_path(payload.get("output"), d)}  # relative to DIR
     update_record(d, "export", section)

@@ -30,10 +30,6 @@ NONFINITE_BITS: dict[str, tuple[str, int]] = {
 #: Elements per numpy step of the scan (bounds its temporaries to ~3 bytes x this).
 _BLOCK = 1 << 18
 
-#: Element size of each scanned dtype.
-_ITEMSIZE = {"F16": 2, "BF16": 2, "F32": 4, "F64": 8, "F8_E5M2": 1, "F8_E4M3": 1}
-
-
 def scannable(dtype: str) -> bool:
     """Whether ``dtype`` (a safetensors dtype string) can hold NaN/Inf at all."""
     return dtype in NONFINITE_BITS
@@ -113,4 +109,6 @@ def unravel(flat: int, shape: tuple[int, ...]) -> list[int]:
 
 def itemsize(dtype: str) -> int:
     """Element size of a scanned dtype (1 for dtypes that are not scanned)."""
-    return _ITEMSIZE.get(dtype, 1)
+    from .dtypes import DTYPE_SIZES
+
+    return DTYPE_SIZES[dtype] if dtype in NONFINITE_BITS else 1
