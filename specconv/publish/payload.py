@@ -62,6 +62,22 @@ class Payload:
         return len(src) if isinstance(src, bytes) else src.stat().st_size
 
 
+def _trt_ok(d: Path, rel: str) -> bool:
+    """``trt/<key>/*`` needs ``trt/<key>/build.json``; ``trt/manifest.json`` (written by
+    build-engine) needs the ``build.json`` of every variant it lists."""
+    parts = Path(rel).parts
+    if len(parts) >= 3:
+        return (d / parts[0] / parts[1] / "build.json").is_file()
+    if rel != "trt/manifest.json":
+        return False
+    try:
+        variants = json.loads((d / rel).read_text(encoding="utf-8")).get("variants") or []
+        keys = [v["key"] for v in variants]
+    except (OSError, ValueError, AttributeError, KeyError, TypeError):
+        return False
+    return bool(keys) and all((d / "trt" / k / "build.json").is_file() for k in keys)
+
+
 def _local_files(d: Path, include: tuple[str, ...], exclude: tuple[str, ...]) -> list[str]:
     """Relative POSIX paths of the files under ``d`` (hidden entries skipped), filtered by globs."""
     out = []
@@ -180,8 +196,7 @@ def collect(d: Path, *, include: tuple[str, ...] = (), exclude: tuple[str, ...] 
         if rel in core:
             continue
         ok = (_onnx_ok(d, rec, rel, allow_verifier_weights, p) if rel.startswith("onnx/")
-              else rel.startswith("trt/") and (d / Path(rel).parts[0] / Path(rel).parts[1] / "build.json").is_file()
-              if rel.count("/") >= 2 else False)
+              else _trt_ok(d, rel) if rel.startswith("trt/") else False)
         if not ok:
             if rel.startswith("onnx/fp32/"):  # the fp32 twin is not pushed by default
                 continue

@@ -293,7 +293,7 @@ def _dry_run(hf: Any, p: Payload, opts: PushOptions, state: tuple[str, bool] | N
                        verified=None, repo_exists=False)
     _check_visibility(state[1], opts)
     revision, num, _ = _target(hf, opts)
-    head = _call("reading the repo", opts.repo_id, hub.repo_state, hf, opts.repo_id, revision)[0]
+    head = _call("the repo state", opts.repo_id, hub.repo_state, hf, opts.repo_id, revision)[0]
     remote = _call("listing files", opts.repo_id, hub.remote_files, hf, opts.repo_id, head)
     rows = plan(p, remote, _owned(hf, opts.repo_id, head, remote), opts.delete_stale)
     _check_tag(hf, opts, head, any(r["action"] != "unchanged" for r in rows))
@@ -307,13 +307,13 @@ def _attempt(hf: Any, p: Payload, opts: PushOptions) -> PushResult:
     from .. import hub
 
     repo = opts.repo_id
-    state = _call("reading the repo", repo, hub.repo_state, hf, repo, "main")
+    state = _call("the repo state", repo, hub.repo_state, hf, repo, "main")
     if opts.dry_run:
         return _dry_run(hf, p, opts, state)
     private = _call("creating the repo", repo, hub.ensure_repo, hf, repo, opts.private)
     _check_visibility(private, opts)
     revision, num, _ = _target(hf, opts)
-    head = _call("reading the repo", repo, hub.repo_state, hf, repo, revision)[0]
+    head = _call("the repo state", repo, hub.repo_state, hf, repo, revision)[0]
     remote = _call("listing files", repo, hub.remote_files, hf, repo, head)
     rows = plan(p, remote, _owned(hf, repo, head, remote), opts.delete_stale)
     changed = [r for r in rows if r["action"] != "unchanged"]
