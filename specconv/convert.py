@@ -319,6 +319,9 @@ def convert(
     record = write_plan(plan, Path(output), source_store=src.store, verifier=v, max_shard_size=max_shard_size,
                         overwrite=overwrite, source_ref=ref, allow_nonfinite=allow_nonfinite)
     result.files = record.conversion.output_files
+    from .writer import verifier_bytes_needed
+
+    result.verifier_bytes_read, result.verifier_bytes_needed = v.bytes_read, verifier_bytes_needed(plan)
     result.findings = [f.to_dict() for f in plan.findings]  # + findings of the write (e.g. nonfinite-weights)
     return result
 
