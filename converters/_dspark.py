@@ -272,12 +272,7 @@ def _verifier_lm_head_rows(verifier: Any, vocab: Any, dtype_name: str | None) ->
     name = verifier.find_tensor("lm_head")
     if name is None:
         raise InvalidInputError(f"verifier {verifier.spec} has no LM head (or tied embedding) tensor", code="verifier_tensor_missing")
-    if getattr(verifier, "hub_id", None) is None:
-        store = verifier.store()
-    else:
-        from specconv.tensors import TensorStore
-
-        store = TensorStore.open(verifier.tensor_info(name).file)
+    store = verifier.tensor_store(name)
     info = store.info(name)
     out_dtype = DTYPE_FLAG.get(dtype_name or "", info.dtype) if info.dtype in FLOAT_DTYPES else info.dtype
     t = slice_rows_plan(store, name, "lm_head.weight", vocab, dtype=out_dtype,

@@ -550,13 +550,11 @@ def merge_vocab(plans: list[TensorPlan], dropped: list[DroppedTensor], vocab: Vo
 
 
 def _sliced_bytes(store: Any, source: str, rows: "np.ndarray", out_dtype: str) -> bytes:
-    """Rows ``rows`` of ``source`` as ``out_dtype`` safetensors bytes (run at write time)."""
-    import torch
-
+    """Rows ``rows`` of ``source`` as ``out_dtype`` safetensors bytes (run at write time);
+    only those rows are read (:meth:`~specconv.tensors.TensorStore.read_rows`)."""
     from specconv.tensors import tensor_to_bytes, torch_dtype
 
-    t = store.read_tensor(source)
-    sl = t.index_select(0, torch.from_numpy(rows)).to(torch_dtype(out_dtype))
+    sl = store.read_rows(source, rows).to(torch_dtype(out_dtype))
     return tensor_to_bytes(sl)[2]
 
 

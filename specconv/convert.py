@@ -318,9 +318,18 @@ def convert(
     ref = source_ref(source, src.path, subfolder=subfolder, revision=revision)
     record = write_plan(plan, Path(output), source_store=src.store, verifier=v, max_shard_size=max_shard_size,
                         overwrite=overwrite, source_ref=ref, allow_nonfinite=allow_nonfinite)
-    result.files = record.conversion.output_files
-    result.findings = [f.to_dict() for f in plan.findings]  # + findings of the write (e.g. nonfinite-weights)
+    _written(result, record, plan, v)
     return result
+
+
+def _written(result: "ConversionResult", record: Any, plan: "ConversionPlan", v: "Verifier") -> None:
+    """Fill in what the write did: files, findings (+ the write's, e.g. nonfinite-weights)
+    and the verifier bytes read / needed."""
+    from .writer import verifier_bytes_needed
+
+    result.files = record.conversion.output_files
+    result.findings = [f.to_dict() for f in plan.findings]
+    result.verifier_bytes_read, result.verifier_bytes_needed = v.bytes_read, verifier_bytes_needed(plan)
 
 
 def _supported_converter(src: "SourceInfo", opts: "ConvertOptions") -> type["Converter"]:

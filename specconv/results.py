@@ -124,6 +124,10 @@ class ConversionResult(StageResult):
         plan: the plan summary (``specconv.convert.summarize_plan``).
         findings: converter + lint findings (``{level, code, key, message}``).
         files: files written (set only when written).
+        verifier_bytes_read: tensor-data bytes read from the verifier's weight files
+            (``Verifier.bytes_read``; headers not counted; set only when written).
+        verifier_bytes_needed: bytes of verifier tensors the output holds (embedding,
+            LM head or its ``t2d`` rows, final norm), in the verifier's dtype.
     """
 
     format: str
@@ -134,6 +138,8 @@ class ConversionResult(StageResult):
     plan: dict[str, Any] = Field(default_factory=dict)
     findings: list[dict[str, Any]] = Field(default_factory=list)
     files: list[str] | None = None
+    verifier_bytes_read: int | None = None
+    verifier_bytes_needed: int | None = None
 
     def human(self) -> str:
         p = self.plan

@@ -78,6 +78,8 @@ class Verifier:
     _store: Any = field(default=None, repr=False)
     _weight_map: dict[str, str] | None = field(default=None, repr=False)
     _tensors: dict[str, Any] = field(default_factory=dict, repr=False)
+    _shard_stores: dict[str, Any] = field(default_factory=dict, repr=False)
+    _copied_bytes: int = field(default=0, repr=False)
 
     # ---- facts -----------------------------------------------------------------
     def _int(self, key: str) -> int:
@@ -251,13 +253,41 @@ class Verifier:
             from .extras import require
 
             require("torch", "validate", feature="reading verifier tensors")
-            if self.hub_id is None:
-                self._tensors[name] = self.store().read_tensor(name)
-            else:
-                from .tensors import TensorStore
-
-                self._tensors[name] = TensorStore.open(self.tensor_info(name).file).read_tensor(name)
+            self._tensors[name] = self.tensor_store(name).read_tensor(name)
         return self._tensors[name]
+
+    def tensor_store(self, name: str):
+        """The :class:`~specconv.tensors.TensorStore` holding tensor ``name``: the local
+        checkpoint's, or (Hub) its shard's, opened once; reads through it are counted in
+        :attr:`bytes_read`.
+
+        Raises:
+            InvalidInputError: no such tensor; its Hub shard cannot be had.
+        """
+        if self.hub_id is None:
+            return self.store()
+        path = str(self.tensor_info(name).file)
+        if path not in self._shard_stores:
+            from .tensors import TensorStore
+
+            self._shard_stores[path] = TensorStore.open(path)
+        return self._shard_stores[path]
+
+    def read_bytes(self, name: str) -> bytes:
+        """Raw bytes of verifier tensor ``name`` (counted in :attr:`bytes_read`)."""
+        return self.tensor_store(name).read_bytes(name)
+
+    def add_bytes_read(self, n: int) -> None:
+        """Count ``n`` bytes of the verifier's tensor data read outside its stores (the
+        writer's copy engine copying a verifier tensor into the output)."""
+        self._copied_bytes += int(n)
+
+    @property
+    def bytes_read(self) -> int:
+        """Tensor-data bytes read from the verifier's weight files so far (headers and
+        ``config.json`` not counted): its stores' reads plus the copy engine's."""
+        stores = list(self._shard_stores.values()) + ([self._store] if self._store is not None else [])
+        return self._copied_bytes + sum(getattr(st, "bytes_read", 0) for st in stores)
 
     def _role_tensor(self, role: str):
         name = self.find_tensor(role)

@@ -141,9 +141,8 @@ def _out_tensors(plan: ConversionPlan, source_store: Any, verifier: Any) -> list
             continue
         info = (verifier.tensor_info(t.source) if t.origin == "verifier" else source_store.info(t.source))
         if t.cast:
-            def produce(info=info, t=t, store=(None if t.origin == "verifier" else source_store)):
-                raw = (store.read_bytes(info.name) if store is not None else _read_range(info))
-                return cast_bytes(raw, t.src_dtype, t.dtype, t.shape)
+            def produce(info=info, t=t, store=(verifier if t.origin == "verifier" else source_store)):
+                return cast_bytes(store.read_bytes(info.name), t.src_dtype, t.dtype, t.shape)
 
             outs.append(OutTensor(name=t.out, dtype=t.dtype, shape=t.shape, produce=produce))
         else:
@@ -151,10 +150,21 @@ def _out_tensors(plan: ConversionPlan, source_store: Any, verifier: Any) -> list
     return outs
 
 
-def _read_range(info: Any) -> bytes:
-    with open(info.file, "rb") as f:
-        f.seek(info.start)
-        return f.read(info.end - info.start)
+def _count_verifier_copies(plan: ConversionPlan, verifier: Any, engine: Any) -> None:
+    """Add the copy engine's reads of the verifier's weight files to ``verifier.bytes_read``."""
+    if verifier is None or not hasattr(verifier, "add_bytes_read"):
+        return
+    vfiles = {os.path.realpath(verifier.tensor_info(t.source).file) for t in plan.tensors
+              if t.origin == "verifier" and t.produce is None and not t.cast}
+    verifier.add_bytes_read(sum(n for f, n in engine.bytes_read.items() if os.path.realpath(f) in vfiles))
+
+
+def verifier_bytes_needed(plan: ConversionPlan) -> int:
+    """Bytes of verifier tensor data the output holds, in the verifier's dtype: the
+    embedding / LM head (its ``t2d`` rows when pruned) / final norm taken from it."""
+    from .tensors import DTYPE_SIZES
+
+    return sum(math.prod(t.shape) * DTYPE_SIZES.get(t.src_dtype, 1) for t in plan.tensors if t.origin == "verifier")
 
 
 #: ConvertOptions fields that hold a local path (recorded relative to the drafter dir)
@@ -400,6 +410,7 @@ def _write_tmp(tmp: Path, plan: ConversionPlan, source_store: Any, verifier: Any
     streamed = frozenset(os.path.realpath(f) for f, sf in engine.files.items() if sf.needs_read)
     hashes_future = hash_sources(plan, skip=streamed)
     files = write_safetensors(tmp, outs, max_shard_size=max_shard_size, engine=engine)
+    _count_verifier_copies(plan, verifier, engine)
     digests = _remember(engine, stamps)
     hashes = hashes_future.result()
     hashes.update({_source_key(plan, p): digests[os.path.realpath(p)] for p in plan.source_files

@@ -107,6 +107,8 @@ class CopyPass:
         self.nonfinite: dict[str, NonFinite] = {}
         self.output_sha256: dict[str, str] = {}
         self.stats = {"streamed": 0, "ranges": 0, "kernel": 0}
+        #: bytes read from each source file (user-space reads and kernel copies alike)
+        self.bytes_read: dict[Path, int] = {}
         self._by_file: dict[Path, list[OutTensor]] = {}
         for t in outs:
             if t.src is not None and t.src.start is not None:
@@ -172,6 +174,7 @@ class CopyPass:
             return
         os.lseek(fd, run[3], os.SEEK_SET)
         _copy_range(run[0], run[1], run[2], fd)
+        self.bytes_read[run[0]] = self.bytes_read.get(run[0], 0) + run[2]
         if out_hash:
             out_hash.broken = True
         self.stats["kernel"] += 1
@@ -209,6 +212,7 @@ class CopyPass:
         """Read ``path[lo:hi]`` once; hash it (``h``), scan and write the ``pieces``."""
         pieces = sorted(pieces, key=lambda p: p.start)
         acc = {p.t.name: NonFinite() for p in pieces}
+        self.bytes_read[path] = self.bytes_read.get(path, 0) + max(hi - lo, 0)
         bufs = [bytearray(min(CHUNK, max(hi - lo, 1))) for _ in range(2)]
         try:
             src_fd = os.open(path, os.O_RDONLY)

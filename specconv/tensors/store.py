@@ -150,6 +150,8 @@ class TensorStore:
         self.format = fmt
         self.metadata = metadata or {}
         self._tensors = tensors  # .bin only: name -> mmap-backed torch.Tensor
+        #: tensor-data bytes read through this store (headers not counted)
+        self.bytes_read = 0
 
     # ---- opening
     @classmethod
@@ -331,6 +333,7 @@ class TensorStore:
             InvalidInputError: unknown name, or the file was truncated since opening.
         """
         info = self.info(name)
+        self.bytes_read += info.nbytes
         if info.start is None:
             assert info.loader is not None
             return info.loader()
@@ -342,6 +345,7 @@ class TensorStore:
 
         info = self.info(name)
         if self._tensors is not None:
+            self.bytes_read += info.nbytes
             return self._tensors[name]
         raw = self.read_bytes(name)
         if info.nbytes == 0:
@@ -349,6 +353,44 @@ class TensorStore:
         return torch.frombuffer(bytearray(raw), dtype=torch_dtype(info.dtype)).reshape(
             info.shape
         )
+
+    def read_rows(self, name: str, rows: "np.ndarray") -> "torch.Tensor":
+        """Rows ``rows`` (along dim 0, in the given order) of tensor ``name``, reading only them.
+
+        A safetensors tensor is read as the contiguous runs of distinct rows, each with
+        one ``pread`` into one buffer, so a ``[Vd, H]`` selection of a ``[V, H]`` LM head
+        reads ``Vd·H`` elements, not ``V·H``; ``.bin`` tensors are indexed in memory.
+
+        Args:
+            name: a tensor of rank >= 1.
+            rows: int ``[n]`` row indices in ``[0, shape[0])`` (repeats allowed).
+
+        Returns:
+            ``[n, *shape[1:]]`` tensor of the stored dtype.
+
+        Raises:
+            InvalidInputError: unknown name, a row out of range, or a truncated file.
+        """
+        import numpy as np
+        import torch
+
+        info = self.info(name)
+        rows = np.asarray(rows, dtype=np.int64)
+        if not info.shape or (rows.size and (rows.min() < 0 or rows.max() >= info.shape[0])):
+            raise InvalidInputError(f"{self.path}: rows of {name!r} {list(info.shape)} out of range")
+        if info.start is None:
+            return self.read_tensor(name).index_select(0, torch.from_numpy(rows))
+        uniq = np.unique(rows)
+        row_bytes = info.nbytes // info.shape[0] if info.shape[0] else 0
+        buf = bytearray(int(uniq.size) * row_bytes)
+        _read_runs(info.file, info.start, row_bytes, uniq, memoryview(buf))
+        self.bytes_read += len(buf)
+        shape = (int(uniq.size), *info.shape[1:])
+        if not buf:
+            got = torch.empty(shape, dtype=torch_dtype(info.dtype))
+        else:
+            got = torch.frombuffer(buf, dtype=torch_dtype(info.dtype)).reshape(shape)
+        return got.index_select(0, torch.from_numpy(np.searchsorted(uniq, rows)))
 
     def read_numpy(self, name: str) -> "np.ndarray":
         """Tensor ``name`` as a numpy array (not for BF16/F8, which numpy lacks).
@@ -404,3 +446,29 @@ def _read_range(path: Path, start: int, length: int) -> bytes:
         )
     return data
 
+
+
+def _read_runs(path: Path, start: int, row_bytes: int, uniq: "np.ndarray", out: memoryview) -> None:
+    """Read the rows ``uniq`` (sorted, distinct) of a row-major tensor at ``start`` into
+    ``out``, one ``pread`` per run of consecutive rows."""
+    import numpy as np
+
+    if not uniq.size or not row_bytes:
+        return
+    breaks = np.flatnonzero(np.diff(uniq) != 1) + 1
+    firsts = np.concatenate([[0], breaks])
+    lasts = np.concatenate([breaks, [uniq.size]])
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError as e:
+        raise InvalidInputError(f"{path}: cannot read: {e.strerror or e}") from e
+    try:
+        for a, b in zip(firsts.tolist(), lasts.tolist()):
+            mv, off = out[a * row_bytes: b * row_bytes], start + int(uniq[a]) * row_bytes
+            while mv:
+                n = os.preadv(fd, [mv], off)
+                if n <= 0:
+                    raise InvalidInputError(f"{path}: ended before byte {off} (file truncated?)")
+                mv, off = mv[n:], off + n
+    finally:
+        os.close(fd)
