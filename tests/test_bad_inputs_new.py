@@ -102,3 +102,16 @@ def test_filters_that_drop_only_extra_files_still_plan(converted, double, tmp_pa
     assert code == 0, out
     paths = {f["path"] for f in out["files"]}
     assert "model.safetensors" in paths and "config.json" in paths and "notes.txt" not in paths
+
+
+def test_release_never_replaces_a_foreign_work_dir_drafter(double, tmp_path, smollm2_dir, converted):
+    from specconv.publish.release import _check_replaceable
+
+    keep = tmp_path / "work" / "drafter" / "keep.txt"
+    keep.parent.mkdir(parents=True)
+    keep.write_text("mine\n")
+    code, out = _run("release", EXAMPLE, "--verifier", smollm2_dir, "--repo-id", "specconv-test/rel",
+                     "--work-dir", tmp_path / "work", "--dry-run", env=_hub_env(double))
+    assert code == 3 and out["error"] == "output_exists" and out["failed_step"] == "convert", out
+    assert keep.read_text() == "mine\n" and sorted(p.name for p in keep.parent.iterdir()) == ["keep.txt"]
+    _check_replaceable(converted)  # an earlier conversion is replaced (CI re-runs into one work dir)
