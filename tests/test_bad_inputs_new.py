@@ -115,3 +115,14 @@ def test_release_never_replaces_a_foreign_work_dir_drafter(double, tmp_path, smo
     assert code == 3 and out["error"] == "output_exists" and out["failed_step"] == "convert", out
     assert keep.read_text() == "mine\n" and sorted(p.name for p in keep.parent.iterdir()) == ["keep.txt"]
     _check_replaceable(converted)  # an earlier conversion is replaced (CI re-runs into one work dir)
+
+
+@pytest.mark.parametrize("spec", [",", "batch=1:2:8,", "batch=1:1:1,batch=1:2:2", "context=1:8:64,,batch=1:1:1"])
+def test_profile_with_empty_or_repeated_entries_is_a_usage_error(spec):
+    from specconv.errors import UsageError
+    from specconv.export.engine import parse_profile
+
+    dynamic = {"batch": {"min": 1, "max": 8}, "context": {"min": 1, "max": 64}}
+    with pytest.raises(UsageError):
+        parse_profile(spec, dynamic)
+    assert parse_profile("", dynamic) == parse_profile(None, dynamic) == {"batch": (1, 4, 8), "context": (1, 64, 64)}
