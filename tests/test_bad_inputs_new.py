@@ -126,3 +126,20 @@ def test_profile_with_empty_or_repeated_entries_is_a_usage_error(spec):
     with pytest.raises(UsageError):
         parse_profile(spec, dynamic)
     assert parse_profile("", dynamic) == parse_profile(None, dynamic) == {"batch": (1, 4, 8), "context": (1, 64, 64)}
+
+
+def test_relative_vllm_interpreters_resolve_to_absolute_paths(tmp_path, monkeypatch):
+    """A bare relative --vllm-python / --vllm-loader-python was looked up on PATH by the
+    subprocess ("No such file or directory" for an existing file)."""
+    from specconv.errors import InvalidInputError
+    from specconv.validate.vllm_backend import resolve_vllm_python
+    from specconv.vllm_check import find_vllm_python
+
+    monkeypatch.chdir(tmp_path)
+    py = tmp_path / "mypython"
+    py.write_text("#!/bin/sh\n")
+    py.chmod(0o755)
+    with pytest.raises(InvalidInputError, match="does not exist"):
+        find_vllm_python("nopython")
+    assert resolve_vllm_python("mypython") == str(py)
+    assert find_vllm_python("mypython") == py
