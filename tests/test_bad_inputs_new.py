@@ -143,3 +143,21 @@ def test_relative_vllm_interpreters_resolve_to_absolute_paths(tmp_path, monkeypa
         find_vllm_python("nopython")
     assert resolve_vllm_python("mypython") == str(py)
     assert find_vllm_python("mypython") == py
+
+
+def test_validate_refuses_a_foreign_onnx_graph_before_anything_runs(converted, tmp_path):
+    """The graph's drafter check ran only after the whole torch loop (minutes with the
+    default prompts); it now runs first — here before the (absent) verifier is even resolved."""
+    import hashlib
+
+    onnx = tmp_path / "onnx"
+    (onnx / "fp32").mkdir(parents=True)
+    files = {}
+    for rel, data in (("fp32/drafter.onnx", b"graph"), ("fp32/drafter.onnx.data", b"weights")):
+        (onnx / rel).write_bytes(data)
+        files[rel] = hashlib.sha256(data).hexdigest()
+    (onnx / "onnx_meta.json").write_text(json.dumps({"files": files, "drafter_files": {"config.json": "0" * 64}}))
+    code, out = _run("validate", converted, "--verifier", tmp_path / "no-verifier", "--onnx", onnx,
+                     "--dtype", "float32", "--report-dir", tmp_path / "rep")
+    assert code == 3 and out["error"] == "onnx_other_drafter", out
+    assert not (tmp_path / "rep").exists()
