@@ -37,6 +37,22 @@ def push_options(f):
     return f
 
 
+def _check_tag_is_version(tag: str) -> None:
+    """``--tag`` must be a version (``vX.Y.Z``, PEP 440 after an optional ``v``), checked before
+    anything is converted or committed: a tag the Hub refuses after the commit would leave a
+    published but untagged release."""
+    from packaging.version import InvalidVersion, Version
+
+    from specconv.errors import UsageError
+
+    try:
+        Version(tag[1:] if tag[:1] in "vV" else tag)
+    except InvalidVersion:
+        raise UsageError(f"--tag {tag!r} is not a version (e.g. v1.2.3)") from None
+    if tag != tag.strip() or not tag[-1:].isalnum():
+        raise UsageError(f"--tag {tag!r} is not a version (e.g. v1.2.3)")
+
+
 def make_options(kw: dict):
     """``PushOptions`` from the click parameters (consumes the push keys of ``kw``)."""
     from specconv.errors import UsageError
@@ -48,6 +64,8 @@ def make_options(kw: dict):
         raise UsageError("--detailed-exitcode needs --dry-run")
     if o.force_tag and not o.tag:
         raise UsageError("--force-tag needs --tag")
+    if o.tag is not None:
+        _check_tag_is_version(o.tag)
     if o.create_pr and o.branch:
         raise UsageError("--create-pr opens a pull request against main; drop --branch")
     return o

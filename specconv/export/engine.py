@@ -73,15 +73,18 @@ def parse_profile(spec: str | None, dynamic: dict) -> dict[str, tuple[int, int, 
     Missing axes default to ``1 : min(max, 4 | 1024) : max``.
 
     Raises:
-        UsageError: unknown axis, malformed triple, ``min <= opt <= max`` violated, or a
+        UsageError: unknown or repeated axis (an empty entry is an unknown axis ``''``),
+            malformed triple, ``min <= opt <= max`` violated, or a
             bound outside the graph's range (``onnx_meta.json`` ``dynamic``).
     """
     out: dict[str, tuple[int, int, int]] = {}
-    for part in [p for p in (spec or "").split(",") if p.strip()]:
+    for part in (spec.split(",") if spec and spec.strip() else []):
         name, _, val = part.partition("=")
         name = name.strip()
         if name not in AXES:
             raise UsageError(f"--profile: unknown axis {name!r} (batch, context)")
+        if name in out:
+            raise UsageError(f"--profile: axis {name!r} given twice")
         try:
             lo, opt, hi = (int(x) for x in val.split(":"))
         except ValueError as e:

@@ -171,6 +171,20 @@ def _onnx_ok(d: Path, rec: Any, rel: str, allow_vw: bool, p: Payload) -> bool:
     return True
 
 
+def _check_filters_keep_drafter(d: Path, core: list[str], include: tuple[str, ...], exclude: tuple[str, ...]) -> None:
+    """``--include`` / ``--exclude`` may leave out extra files, never the drafter itself
+    (config, weights, index): that would publish a card without a loadable model (exit 2)."""
+    if not (include or exclude):
+        return
+    every = [r for r in _local_files(d, (), ()) if r in _WEIGHTS or ("/" not in r and r.endswith(".safetensors"))]
+    dropped = sorted(set(every) - set(core))
+    if dropped:
+        from ..errors import UsageError
+
+        raise UsageError(f"--include/--exclude leave out the drafter's own file(s) {', '.join(dropped)}; "
+                         "a drafter is pushed whole", code="filter_drops_drafter")
+
+
 def collect(d: Path, *, include: tuple[str, ...] = (), exclude: tuple[str, ...] = (), allow_unvalidated: bool = False,
             allow_verifier_weights: bool = False) -> tuple[Payload, Any]:
     """The pushable files of drafter dir ``d`` (derived files not yet added).
@@ -190,6 +204,7 @@ def collect(d: Path, *, include: tuple[str, ...] = (), exclude: tuple[str, ...] 
         raise _not_validated(f"{d}: no specconv.json record (convert it with specconv first)")
     rels = [r for r in _local_files(d, include, exclude) if r not in _report_files(rec)]
     core = [r for r in rels if r in _WEIGHTS or ("/" not in r and r.endswith(".safetensors"))]
+    _check_filters_keep_drafter(d, core, include, exclude)
     p = Payload()
     _check_validated(d, rec, core, allow_unvalidated, p)
     for rel in rels:

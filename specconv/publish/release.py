@@ -67,9 +67,27 @@ def _step(res: ReleaseResult, name: str, fn: Callable[[], Any]) -> Any:
     return out
 
 
+def _check_replaceable(out: Path) -> None:
+    """A re-run replaces ``WORK/drafter`` only when it is an earlier specconv conversion;
+    anything else there is the user's and is never deleted (exit 3)."""
+    from ..errors import InvalidInputError, SpecconvError
+    from ..record import read_record
+
+    if not out.exists() and not out.is_symlink():
+        return
+    try:
+        ours = out.is_dir() and read_record(out).conversion is not None
+    except SpecconvError:
+        ours = False
+    if not ours:
+        raise InvalidInputError(f"{out} exists and is not a specconv conversion; not replacing it",
+                                code="output_exists", hint="choose another --work-dir or remove it")
+
+
 def _convert(src: str, opts: ReleaseOptions, out: Path) -> dict[str, Any]:
     from ..convert import convert
 
+    _check_replaceable(out)
     r = convert(src, verifier=opts.verifier, verifier_name=opts.verifier_name, output=out, overwrite=True)
     return {"format": r.format, "algorithm": r.algorithm, "files": list(r.files or [])}
 

@@ -214,6 +214,11 @@ def _check_inputs(drafter_dir: str | Path, opts: ValidateOptions) -> Path:
     if opts.drafter_backend not in DRAFTER_LOADERS:
         raise UsageError(f"unknown drafter backend {opts.drafter_backend!r} (known: {', '.join(DRAFTER_LOADERS)})")
     torch_dtype(opts.dtype)
+    if opts.onnx:  # a missing / corrupt / foreign graph is refused before the torch run, not after it
+        from ..export.ort_drafter import _check_files, resolve_graph
+
+        graph, meta_dir, meta = resolve_graph(opts.onnx, opts.dtype)
+        _check_files(graph, meta_dir, meta, d)
     return d
 
 

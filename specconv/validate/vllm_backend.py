@@ -196,7 +196,7 @@ def resolve_vllm_python(explicit: str | Path | None = None) -> str:
     if named:
         if not Path(named).is_file():
             raise InvalidInputError(f"vLLM interpreter {named} does not exist", code="vllm_python_missing")
-        return str(named)
+        return str(Path(named).absolute())  # a bare relative name would be looked up on PATH
     default = _repo_root() / DEFAULT_VENV / "bin" / "python"
     if default.is_file():
         return str(default)

@@ -55,7 +55,7 @@ def find_vllm_python(explicit: str | os.PathLike | None = None) -> Path:
         if not p.is_file():
             raise InvalidInputError(f"vLLM interpreter {p} does not exist", code="vllm_python_missing",
                                     hint=f"pass --vllm-loader-python PATH or set {ENV_PYTHON} to a venv's bin/python")
-        return p
+        return p.absolute()  # a bare relative name would be looked up on PATH
     p = DEFAULT_VENV / "bin" / "python"
     if p.is_file():
         return p
