@@ -317,6 +317,7 @@ def build_engine_dir(drafter_dir: str | Path, onnx_path: str | Path | None, opts
     cache_in = Path(opts.timing_cache).read_bytes() if opts.timing_cache and Path(opts.timing_cache).is_file() else None
     plan, cache_out, _lines = build_plan(trt, graph, opts, shapes, dtype, cache_in)
     build = _build_record(key, opts, version, trt, gpu, dtype, shapes, rel, sha256_file(graph), plan)
+    build.update(_provenance(meta, g))  # validate --engine checks DIR against these
     _write_variant(d / "trt", key, plan, build, cache_out, opts)
     if cache_out is not None:
         Path(opts.timing_cache).write_bytes(cache_out)
@@ -344,6 +345,16 @@ def _build_record(key: str, opts: BuildOptions, version: str, trt, gpu: dict | N
         "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         "specconv_version": _specconv_version(),
     }
+
+
+def _provenance(meta: dict, g: dict) -> dict:
+    """The drafter files the graph was exported from and the graph facts the engine's
+    runner needs (``specconv.export.engine_drafter``)."""
+    keys = ("algorithm", "block_size", "num_draft_tokens", "aux_layer_ids", "mask_token_id",
+            "draft_vocab_size", "dynamic")
+    return {"drafter_files": meta.get("drafter_files"),
+            "drafter_meta": {**{k: meta.get(k) for k in keys}, "inputs": g.get("inputs"),
+                             "outputs": g.get("outputs")}}
 
 
 def _specconv_version() -> str:
