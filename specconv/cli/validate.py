@@ -79,6 +79,20 @@ def _check_backend_exclusive(backend: str, onnx_path: Path | None, engine_path: 
         raise UsageError(f"{' and '.join(given)} are mutually exclusive: validate one runtime at a time")
 
 
+def _preflight(drafter_dir: Path, engine_path: Path | None, vllm_load_check: bool, loader_python: str | None) -> None:
+    """Refusals (exit 3) before any model is loaded: every ``--engine`` check, done before
+    any TensorRT object exists (``specconv.export.engine_drafter.preflight_engine``), and
+    the ``--vllm-load-check`` interpreter."""
+    if engine_path:
+        from specconv.export.engine_drafter import preflight_engine
+
+        preflight_engine(engine_path, drafter_dir)
+    if vllm_load_check:
+        from specconv.vllm_check import find_vllm_python
+
+        find_vllm_python(loader_python)
+
+
 @click.command("validate")
 @click.argument("drafter_dir", metavar="DIR", type=click.Path(file_okay=False, path_type=Path))
 @verifier_option(help="Verifier: local HF dir or Hub id (from the local cache).")
@@ -148,14 +162,7 @@ def validate_cmd(
 
     _check_backend_exclusive(backend, onnx_path, engine_path)
     _require_speculators_dir(drafter_dir)
-    if engine_path:  # every --engine refusal (exit 3) before any model or TensorRT object is loaded
-        from specconv.export.engine_drafter import preflight_engine
-
-        preflight_engine(engine_path, drafter_dir)
-    if vllm_load_check:  # no interpreter: exit 3 before any work
-        from specconv.vllm_check import find_vllm_python
-
-        find_vllm_python(vllm_loader_python)
+    _preflight(drafter_dir, engine_path, vllm_load_check, vllm_loader_python)
     opts = ValidateOptions(source=source, prompts=prompts, num_prompts=num_prompts, max_new_tokens=max_new_tokens,
                            temperature=temperature, device=device, dtype=dtype, min_tau=min_tau, backend=backend,
                            vllm_python=vllm_python, onnx=str(onnx_path) if onnx_path else None,
