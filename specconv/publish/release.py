@@ -74,6 +74,9 @@ def _convert(src: str, opts: ReleaseOptions, out: Path) -> dict[str, Any]:
     from ..convert import convert
 
     r = convert(src, verifier=opts.verifier, verifier_name=opts.verifier_name, output=out, overwrite=True)
+    from .card import refresh_local_card
+
+    refresh_local_card(out)
     return {"format": r.format, "algorithm": r.algorithm, "files": list(r.files or [])}
 
 
