@@ -141,11 +141,14 @@ def _descend(p: Path) -> Path:
 
 
 def open_source(spec: str, *, subfolder: str | None = None, checkpoint: str | None = None, revision: str | None = None,
-                headers_only: bool = False):
-    """Resolve and open a source; returns ``(SourceInfo, selection note)``."""
+                headers_only: bool = False, endpoint: str | None = None):
+    """Resolve and open a source; returns ``(SourceInfo, selection note)``.
+
+    ``endpoint``: ``--endpoint`` for a Hub id (None: ``HF_ENDPOINT`` at call time).
+    """
     from specconv.converters import SourceInfo
 
-    path = resolve_source(spec, subfolder=subfolder, revision=revision, headers_only=headers_only)
+    path = resolve_source(spec, subfolder=subfolder, revision=revision, headers_only=headers_only, endpoint=endpoint)
     path, note = select_checkpoint(path, checkpoint)
     return SourceInfo.open(path), note
 
@@ -182,7 +185,7 @@ def inspect_source(spec: str, *, verifier: str | None = None, verifier_name: str
     Args:
         spec: local dir or Hub id. verifier / verifier_name: with a verifier the
             conversion plan is dry-run too. ``kw``: ``subfolder``, ``checkpoint``,
-            ``revision``, ``options`` (ConvertOptions).
+            ``revision``, ``endpoint`` (Hub endpoint), ``options`` (ConvertOptions).
 
     Returns:
         :class:`~specconv.results.InspectResult`: ``format`` (registry id), ``algorithm``,
@@ -201,7 +204,7 @@ def _inspect(spec: str, verifier: str | None, verifier_name: str | None, kw: dic
     before = hub.bytes_downloaded()
     # without a verifier nothing reads tensor data: a Hub source is read headers-only
     src, note = open_source(spec, subfolder=kw.get("subfolder"), checkpoint=kw.get("checkpoint"), revision=kw.get("revision"),
-                            headers_only=not verifier)
+                            headers_only=not verifier, endpoint=kw.get("endpoint"))
     out: dict[str, Any] = {"path": str(src.path), "selected": note, "findings": [],
                            "bytes_downloaded": hub.bytes_downloaded() - before}
     try:
@@ -220,7 +223,7 @@ def _inspect(spec: str, verifier: str | None, verifier_name: str | None, kw: dic
     if verifier:
         from .verifier import resolve_verifier
 
-        v = resolve_verifier(verifier, name=verifier_name)
+        v = resolve_verifier(verifier, name=verifier_name, endpoint=kw.get("endpoint"))
     if cls.format_id.startswith("speculators") and cls.supported:
         out["findings"] = [f.to_dict() for f in lint_dir(src.path, v.facts() if v else None)]
     if cls.supported and v is not None:
@@ -281,9 +284,9 @@ def convert(
     max_shard_size: int | None = None,
     overwrite: bool = False,
     dry_run: bool = False,
-    allow_nonfinite: bool = False,
+    allow_nonfinite: bool = False, endpoint: str | None = None,
 ) -> "ConversionResult":
-    """Convert ``source`` to a Speculators dir at ``output``.
+    """Convert ``source`` to a Speculators dir at ``output`` (Hub reads go to ``endpoint``, else ``HF_ENDPOINT``).
 
     Returns:
         :class:`~specconv.results.ConversionResult`: ``format``, ``algorithm``,
@@ -300,9 +303,9 @@ def convert(
     from .verifier import resolve_verifier
 
     opts = options or ConvertOptions()
-    src, note = open_source(source, subfolder=subfolder, checkpoint=opts.checkpoint, revision=revision)
+    src, note = open_source(source, subfolder=subfolder, checkpoint=opts.checkpoint, revision=revision, endpoint=endpoint)
     cls = _supported_converter(src, opts)
-    v = resolve_verifier(verifier, name=verifier_name, revision=None)
+    v = resolve_verifier(verifier, name=verifier_name, revision=None, endpoint=endpoint)
     log.info("detected %s (%s); verifier %s", cls.format_id, cls.algorithm, v.name_or_path)
     plan = _linted_plan(cls, src, v, opts, note)
     result = ConversionResult.of(dict(format=plan.format_id, algorithm=plan.algorithm, source=str(src.path),

@@ -46,10 +46,10 @@ def _env(tmp: Path, double: HubDouble) -> dict[str, str]:
     return env
 
 
-def _cli(tmp: Path, double: HubDouble, *argv) -> tuple[int, dict | None, str]:
+def _cli(tmp: Path, double: HubDouble, *argv, env: dict[str, str] | None = None) -> tuple[int, dict | None, str]:
     (tmp / "cwd").mkdir(exist_ok=True)
     r = subprocess.run([sys.executable, "-m", "specconv.cli.main", *map(str, argv), "--format", "json"],
-                       cwd=tmp / "cwd", env=_env(tmp, double), capture_output=True, text=True, timeout=300)
+                       cwd=tmp / "cwd", env=env or _env(tmp, double), capture_output=True, text=True, timeout=300)
     return r.returncode, (json.loads(r.stdout) if r.stdout.strip() else None), r.stderr
 
 
@@ -137,3 +137,27 @@ def test_hub_verifier_names_come_from_a_header_range_read(double, tmp_path, tiny
     assert any(r.path.endswith("/config.json") for r in v_gets)
     cfg = json.loads((out / "config.json").read_text())
     assert cfg["speculators_config"]["verifier"]["name_or_path"] == "owner/verifier"
+
+
+def test_endpoint_option_without_hf_endpoint(double, tmp_path, tiny_verifier_dir):
+    """``--endpoint`` on inspect and convert reaches the source and the Hub verifier with HF_ENDPOINT unset."""
+    double.add_repo("owner/verifier", {n: (tiny_verifier_dir / n).read_bytes()
+                                       for n in ("config.json", "model.safetensors")})
+    env = _env(tmp_path, double)
+    del env["HF_ENDPOINT"]
+    code, rep, err = _cli(tmp_path, double, "inspect", REPO, "--endpoint", double.url, env=env)
+    assert code == 0, (rep, err)
+    assert (rep["format"], rep["supported"]) == ("zlab_dflash", True) and rep["bytes_downloaded"] > 0
+    n = len(double.requests)
+    out = tmp_path / "out"
+    code, rep, err = _cli(tmp_path, double, "convert", REPO, "--verifier", "owner/verifier", "--endpoint", double.url,
+                          "-o", out, env=env)
+    assert code == 0, (rep, err)
+    assert any(r.path.startswith("/owner/verifier/") for r in double.requests[n:])
+    assert json.loads((out / "config.json").read_text())["speculators_config"]["verifier"]["name_or_path"] == \
+        "owner/verifier"
+    # without --endpoint and HF_ENDPOINT the default endpoint is used: the offline double sees nothing new
+    n = len(double.requests)
+    env["HF_HUB_OFFLINE"] = "1"
+    code, rep, err = _cli(tmp_path, double, "inspect", "other/absent", env=env)
+    assert code != 0 and len(double.requests) == n

@@ -368,3 +368,87 @@ def test_report_inside_the_dir_is_left_out_and_other_files_are_ungated(drafter):
         collect(drafter)
     assert e.value.code == "ungated_file" and "--exclude" in e.value.hint
     assert "rep/other.txt" not in collect(drafter, exclude=("rep/other.txt",))[0].files
+
+
+def test_build_engine_that_cannot_be_built_exits_3_before_writing(tmp_path, monkeypatch, smollm2_dir):
+    from specconv.errors import InvalidInputError
+    from specconv.publish import release_export
+    from specconv.publish.push import PushOptions
+    from specconv.publish.release import ReleaseOptions, release
+
+    monkeypatch.setattr(release_export, "engine_unavailable", lambda builder="rtx": "no CUDA GPU (test)")
+    opts = ReleaseOptions(verifier=str(smollm2_dir), work_dir=tmp_path / "w", export_onnx=True, build_engine="always")
+    with pytest.raises(InvalidInputError) as e:
+        release(str(EXAMPLE), opts, PushOptions(repo_id=REPO))
+    assert e.value.exit_code == 3 and "no CUDA GPU (test)" in e.value.message
+    assert [(s["step"], s["status"]) for s in e.value.result["steps"]] == [("preflight", "failed")]
+    assert not (tmp_path / "w").exists()  # nothing written
+
+
+def test_build_engine_if_available_records_the_skip(tmp_path, monkeypatch):
+    from specconv.publish import release_export
+    from specconv.publish.release import ReleaseOptions, ReleaseResult, _engines
+
+    monkeypatch.setattr(release_export, "engine_unavailable", lambda builder="rtx": "no CUDA GPU (test)")
+    res = ReleaseResult(steps=[])
+    _engines(res, ReleaseOptions(verifier="v", build_engine="if-available"), tmp_path, tmp_path)
+    assert res["engine"] == {"skipped": "no CUDA GPU (test)"}
+    assert res["steps"][-1]["step"] == "engine" and res["steps"][-1]["status"] == "skipped"
+    assert res["steps"][-1]["reason"] == "no CUDA GPU (test)"
+    assert not (tmp_path / "trt").exists()
+    # the real check names the missing module or the missing GPU on a machine that cannot build
+    import importlib.util
+
+    if importlib.util.find_spec("tensorrt_rtx") is None:
+        assert "tensorrt_rtx" in release_export.engine_unavailable("rtx")
+
+
+@pytest.fixture(scope="module")
+def released_onnx(double, tmp_path_factory, smollm2_dir):
+    tmp = tmp_path_factory.mktemp("release-onnx")
+    code, out, text = _cli(tmp, double, "release", EXAMPLE, "--verifier", smollm2_dir, "--verifier-name",
+                           "HuggingFaceTB/SmolLM2-135M-Instruct", "--repo-id", "specconv-test/with-onnx",
+                           "--work-dir", tmp / "work", "--export-onnx", "--build-engine=if-available",
+                           "--allow-verifier-weights", *TINY)
+    return {"code": code, "out": out, "text": text, "work": tmp / "work", "drafter": tmp / "work" / "drafter"}
+
+
+def test_release_with_export_onnx_pushes_onnx(released_onnx, double):
+    from specconv.publish.release_export import engine_unavailable
+
+    assert released_onnx["code"] == 0, released_onnx["text"][-3000:]
+    out, d = released_onnx["out"], released_onnx["drafter"]
+    steps = {s["step"]: s["status"] for s in out["steps"]}
+    assert list(steps) == ["preflight", "convert", "validate", "export", "engine", "push"]
+    assert steps["engine"] == ("skipped" if engine_unavailable() else "ok")
+    assert out["export"]["reused"] is False and out["export"]["parity_passed"] is True
+    repo = double.repos["specconv-test/with-onnx"]
+    assert repo.files["onnx/drafter.onnx"] == (d / "onnx" / "drafter.onnx").read_bytes()
+    assert "onnx/onnx_meta.json" in repo.files and not [f for f in repo.files if f.startswith("onnx/fp32/")]
+    assert "## Engines" in repo.files["README.md"].decode()
+
+
+def test_unchanged_drafter_reuses_the_earlier_export(released_onnx, tmp_path):
+    import shutil
+
+    from specconv.publish.release_export import _reuse, export_step, keep_previous_export
+    from specconv.record import read_record
+
+    assert released_onnx["code"] == 0, released_onnx["text"][-2000:]
+    work = tmp_path / "work"
+    shutil.copytree(released_onnx["work"], work)
+    d = work / "drafter"
+    graph = (d / "onnx" / "drafter.onnx").read_bytes()
+    section = read_record(d).export.model_dump()["onnx"]
+    keep_previous_export(d, work)  # what a re-run does before re-converting
+    assert not (d / "onnx").exists()
+    r = export_step(d, work, "unused: nothing is exported")
+    assert r["reused"] is True and (d / "onnx" / "drafter.onnx").read_bytes() == graph
+    assert read_record(d).export.model_dump()["onnx"] == section
+    # other drafter bytes: the earlier export is not re-used
+    keep_previous_export(d, work)
+    meta = work / ".previous-export" / "onnx" / "onnx_meta.json"
+    m = json.loads(meta.read_text())
+    m["drafter_files"] = {k: "0" * 64 for k in m["drafter_files"]}
+    meta.write_text(json.dumps(m))
+    assert _reuse(d, work) is None

@@ -7,7 +7,7 @@ from pathlib import Path
 import click
 
 from .common import run_command
-from .options import (checkpoint_option, output_format_option, revision_option, subfolder_option, verifier_name_option,
+from .options import (checkpoint_option, endpoint_option, output_format_option, revision_option, subfolder_option, verifier_name_option,
                       verifier_option)
 
 
@@ -78,6 +78,7 @@ class _AlgoChoice(click.Choice):
 @checkpoint_option
 @subfolder_option
 @revision_option
+@endpoint_option
 @click.option("--dtype", type=click.Choice(["keep", "bfloat16", "float16", "float32"]), default="keep", show_default=True,
               help="Cast float tensors.")
 @click.option("--max-shard-size", callback=_size, help="Shard above this size (e.g. 5GB); default: one model.safetensors.")
@@ -88,7 +89,7 @@ class _AlgoChoice(click.Choice):
 @run_command
 def convert_cmd(src: str, verifier: str, verifier_name, output, algorithm, mask_token_id, aux_layer_ids,
                 speculative_tokens, sample_from_anchor, norm_before_residual, vocab_mapping, draft_config,
-                allow_unpickle, checkpoint, subfolder, revision, dtype, max_shard_size, overwrite, dry_run,
+                allow_unpickle, checkpoint, subfolder, revision, endpoint, dtype, max_shard_size, overwrite, dry_run,
                 output_format, allow_nonfinite):
     """Convert the drafter checkpoint SRC into a Speculators-format directory.
 
@@ -106,6 +107,12 @@ def convert_cmd(src: str, verifier: str, verifier_name, output, algorithm, mask_
         sample_from_anchor=sample_from_anchor, vocab_mapping=vocab_mapping, draft_config=draft_config,
         allow_unpickle=allow_unpickle, checkpoint=checkpoint, algorithm=algorithm, norm_before_residual=norm_before_residual,
     )
-    return convert(src, verifier=verifier, output=output, options=opts, verifier_name=verifier_name, subfolder=subfolder,
-                   revision=revision, max_shard_size=max_shard_size, overwrite=overwrite, dry_run=dry_run,
-                   allow_nonfinite=allow_nonfinite)
+    result = convert(src, verifier=verifier, output=output, options=opts, verifier_name=verifier_name,
+                     subfolder=subfolder, revision=revision, max_shard_size=max_shard_size, overwrite=overwrite,
+                     dry_run=dry_run, allow_nonfinite=allow_nonfinite, endpoint=endpoint)
+    if not dry_run:  # the card, from the record just written (jinja2 imported only now)
+        from specconv.publish.card import list_card_in_record, refresh_local_card
+
+        if refresh_local_card(Path(output)) is not None:
+            result.files = list_card_in_record(Path(output))
+    return result

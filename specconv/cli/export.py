@@ -78,4 +78,8 @@ def onnx_cmd(drafter_dir: Path, output: Path | None, verifier: str | None, dtype
                               outputs=_parse_outputs(outputs), top_k=top_k, sampling_noise=sampling_noise)
     result = export_onnx_dir(drafter_dir, output, verifier=verifier, dtype=dtype, settings=settings,
                              overwrite=overwrite, check=not no_check)
+    if output is None:  # onnx/ inside the drafter dir: its card lists the engines
+        from specconv.publish.card import refresh_local_card
+
+        refresh_local_card(drafter_dir)
     emit(result, output_format, _human)

@@ -7,14 +7,14 @@ from pathlib import Path
 import click
 
 from .common import run_command
-from .options import output_format_option
+from .options import endpoint_option, output_format_option
 
 
 def push_options(f):
     """The publish flags shared by ``push`` and ``release``."""
     opts = [
         click.option("--repo-id", required=True, help="Target Hub repo ORG/NAME (created when missing)."),
-        click.option("--endpoint", envvar="HF_ENDPOINT", help="Hub endpoint [env HF_ENDPOINT, read at call time]."),
+        endpoint_option,
         click.option("--private/--public", "private", default=None, help="Visibility; an existing repo of the other kind is a conflict (exit 6)."),
         click.option("--branch", help="Target branch (created from main when missing)."),
         click.option("--create-pr", is_flag=True, help="Commit to a pull request (an open specconv PR is reused)."),

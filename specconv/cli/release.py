@@ -23,11 +23,15 @@ from .push import make_options, push_options
 @click.option("--num-prompts", type=click.IntRange(min=1), default=12, show_default=True)
 @click.option("--max-new-tokens", type=click.IntRange(min=1), default=64, show_default=True)
 @click.option("--device", default="auto", show_default=True)
+@click.option("--export-onnx", is_flag=True, help="After validate, export onnx/ (re-used when the drafter bytes are unchanged).")
+@click.option("--build-engine", type=click.Choice(["always", "if-available"]), is_flag=False, flag_value="always",
+              default=None, help="With --export-onnx: build a --builder rtx engine (exit 3 up front when it cannot be "
+              "built here); --build-engine=if-available records the skip instead.")
 @push_options
 @output_format_option
 @run_command
 def release_cmd(src: str, verifier: str, verifier_name, work_dir, min_tau, max_parity_kl, prompts, num_prompts,
-                max_new_tokens, device, output_format: str, **kw):
+                max_new_tokens, device, export_onnx, build_engine, output_format: str, **kw):
     """Convert SRC, validate it against the verifier (gates), then push it.
 
     Stops at the first failed step with its exit code; prints a record of every step
@@ -38,5 +42,6 @@ def release_cmd(src: str, verifier: str, verifier_name, work_dir, min_tau, max_p
 
     opts = ReleaseOptions(verifier=verifier, verifier_name=verifier_name, work_dir=work_dir, min_tau=min_tau,
                           max_parity_kl=max_parity_kl, prompts=prompts, num_prompts=num_prompts,
-                          max_new_tokens=max_new_tokens, device=device)
+                          max_new_tokens=max_new_tokens, device=device, export_onnx=export_onnx,
+                          build_engine=build_engine)
     return release(src, opts, make_options(kw))

@@ -187,6 +187,9 @@ def _finish(drafter_dir: Path, report, report_dir: Path | None):
     out_dir = report_dir or (Path.cwd() / "specconv-validation" / drafter_dir.resolve().name)
     report.report_files = write_report(report, out_dir)
     _record(drafter_dir, report)
+    from specconv.publish.card import refresh_local_card
+
+    refresh_local_card(drafter_dir)  # the card's validation table, from the record just written
     failed = report.failed_gates()
     if report.get("vllm_load") and not report["vllm_load"]["ok"]:
         failed.append("vllm_load")

@@ -164,3 +164,66 @@ def _templates() -> Path:
     from specconv import templates
 
     return Path(templates.__file__).parent
+
+
+def write_local_card(d: Path, repo_id: str | None = None) -> Path:
+    """Render the card into drafter dir ``d``'s own ``README.md`` from its record.
+
+    Called at convert time and refreshed after validate and export (the published card is
+    re-rendered by push anyway; ``README.md`` is a derived file, exempt from the gates).
+    Deterministic: the same record and files give the same bytes.
+
+    Args:
+        d: the drafter dir (holds ``config.json`` and ``specconv.json``).
+        repo_id: the Hub id to name in the card (default: the dir's name).
+
+    Returns:
+        The path of ``README.md``.
+
+    Raises:
+        InvalidInputError: unreadable record, or metadata that does not parse.
+    """
+    from ..record import atomic_write, read_record
+
+    d = Path(d)
+    rec = read_record(d)
+    p = Payload()
+    for f in sorted(x for sub in ("onnx", "trt") if (d / sub).is_dir() for x in (d / sub).rglob("*") if x.is_file()):
+        rel = f.relative_to(d).as_posix()
+        if not rel.startswith("onnx/fp32/"):  # the fp32 twin stays local, as in push
+            p.files[rel] = f
+    export = (rec.export.model_dump() if rec.export is not None else {}).get("onnx") or {}
+    p.contains_verifier_weights = bool(export.get("contains_verifier_weights"))
+    text = render_card(d, rec, p, repo_id or d.name, plot=False)
+    atomic_write(d / "README.md", text.encode("utf-8"))
+    return d / "README.md"
+
+
+def refresh_local_card(d: Path) -> Path | None:
+    """:func:`write_local_card` for a dir specconv converted (its record has a conversion
+    section; other dirs are left alone), logging (not raising) when the card cannot be
+    rendered: the stage that called it has succeeded."""
+    import logging
+
+    from ..errors import SpecconvError
+    from ..record import read_record
+
+    try:
+        if read_record(Path(d), missing_ok=True).conversion is None:
+            return None
+        return write_local_card(d)
+    except (SpecconvError, ImportError, OSError, ValueError) as e:
+        logging.getLogger(__name__).warning("could not render %s/README.md: %s", d, e)
+        return None
+
+
+def list_card_in_record(d: Path) -> list[str]:
+    """Add ``README.md`` to the conversion section's ``output_files`` (convert time: the card
+    is one of the files the conversion wrote). Returns the new list."""
+    from ..record import read_record, update_record
+
+    conv = read_record(Path(d)).conversion
+    files = sorted({*conv.output_files, "README.md"})
+    if files != list(conv.output_files):
+        update_record(Path(d), "conversion", conv.model_copy(update={"output_files": files}))
+    return files

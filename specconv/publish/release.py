@@ -5,7 +5,8 @@ The stage functions are called directly (``specconv.convert.convert``,
 the CLI. The run stops at the first failed step with that step's exit code; the result
 records every step with its duration. In GitHub Actions (``GITHUB_OUTPUT`` /
 ``GITHUB_STEP_SUMMARY`` set) it writes ``commit_oid``, ``commit_url``, ``pr_url`` and a
-summary table. ONNX export / engine builds are not part of this stage yet.
+summary table. ``--export-onnx`` / ``--build-engine`` add the steps of
+:mod:`specconv.publish.release_export` between validate and push.
 """
 
 from __future__ import annotations
@@ -33,6 +34,8 @@ class ReleaseOptions:
     num_prompts: int = 12
     max_new_tokens: int = 64
     device: str = "auto"
+    export_onnx: bool = False
+    build_engine: str | None = None  # None | "always" | "if-available"
 
 
 class ReleaseResult(dict):
@@ -89,6 +92,9 @@ def _convert(src: str, opts: ReleaseOptions, out: Path) -> dict[str, Any]:
 
     _check_replaceable(out)
     r = convert(src, verifier=opts.verifier, verifier_name=opts.verifier_name, output=out, overwrite=True)
+    from .card import refresh_local_card
+
+    refresh_local_card(out)
     return {"format": r.format, "algorithm": r.algorithm, "files": list(r.files or [])}
 
 
@@ -144,13 +150,20 @@ def release(src: str, opts: ReleaseOptions, push_opts: PushOptions) -> ReleaseRe
     """
     import tempfile
 
+    res = ReleaseResult(schema="specconv.release/v1", status="running", steps=[], repo_id=push_opts.repo_id,
+                        dry_run=push_opts.dry_run, exit_code=0)
+    if opts.build_engine:
+        _step(res, "preflight", lambda: _preflight(opts))  # exit 3 before anything is written
     work = Path(opts.work_dir) if opts.work_dir else Path(tempfile.mkdtemp(prefix="specconv-release-"))
     work.mkdir(parents=True, exist_ok=True)
     drafter = work / "drafter"
-    res = ReleaseResult(schema="specconv.release/v1", status="running", steps=[], repo_id=push_opts.repo_id,
-                        dry_run=push_opts.dry_run, exit_code=0)
+    if opts.export_onnx:
+        from .release_export import keep_previous_export
+
+        keep_previous_export(drafter, work)
     res["convert"] = _step(res, "convert", lambda: _convert(src, opts, drafter))
     res["validate"] = _step(res, "validate", lambda: _validate(src, opts, drafter, work / "report"))
+    _engines(res, opts, drafter, work)
     _local_card(drafter, push_opts)
     pushed: PushResult = _step(res, "push", lambda: push(drafter, push_opts))
     res["push"] = pushed.to_dict()
@@ -158,6 +171,34 @@ def release(src: str, opts: ReleaseOptions, push_opts: PushOptions) -> ReleaseRe
                commit_url=pushed.get("commit_url"), pr_url=pushed.get("pr_url"))
     _github(res)
     return res
+
+
+def _preflight(opts: ReleaseOptions) -> None:
+    """Refuse (exit 3) an engine that cannot be built here, before anything is written."""
+    from ..errors import UsageError
+
+    if opts.build_engine and not opts.export_onnx:
+        raise UsageError("--build-engine needs --export-onnx (the engine is built from onnx/)")
+    if opts.build_engine == "always":
+        from ..errors import InvalidInputError
+        from .release_export import engine_unavailable
+
+        reason = engine_unavailable()
+        if reason is not None:
+            raise InvalidInputError(f"--build-engine: {reason}", code="engine_unavailable",
+                                    hint="--build-engine=if-available records the skip and releases without it")
+
+
+def _engines(res: ReleaseResult, opts: ReleaseOptions, drafter: Path, work: Path) -> None:
+    """The ``export`` and ``engine`` steps when asked; a skipped engine is recorded as such."""
+    from .release_export import engine_step, export_step
+
+    if opts.export_onnx:
+        res["export"] = _step(res, "export", lambda: export_step(drafter, work, opts.verifier))
+    if opts.build_engine:
+        res["engine"] = _step(res, "engine", lambda: engine_step(drafter, opts.build_engine))
+        if res["engine"].get("skipped"):
+            res["steps"][-1].update(status="skipped", reason=res["engine"]["skipped"])
 
 
 def _local_card(drafter: Path, push_opts: PushOptions) -> None:

@@ -1,0 +1,121 @@
+"""The export / engine steps of ``specconv release`` (``--export-onnx``, ``--build-engine``).
+
+The ONNX export is :func:`specconv.export.onnx_dir.export_onnx_dir` into ``DRAFTER/onnx``;
+the engine is :func:`specconv.export.engine.build_engine_dir` with ``--builder rtx``
+(``docs/engines.md``). Whether an engine can be built here is decided before anything is
+written (:func:`engine_unavailable`). An earlier export in the work dir is kept across the
+re-conversion and re-used when its ``onnx_meta.json`` ``drafter_files`` sha256s equal the
+new drafter's (same input, same bytes).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+#: the builder a release uses (TensorRT-RTX: one engine per GPU generation, ``docs/engines.md``)
+RELEASE_BUILDER = "rtx"
+_MODULES = {"tensorrt": "tensorrt", "rtx": "tensorrt_rtx"}
+
+
+def engine_unavailable(builder: str = RELEASE_BUILDER) -> str | None:
+    """Why an engine cannot be built on this machine, or None when it can.
+
+    Checks that the builder's Python module is importable (without importing it) and that a
+    CUDA GPU is present: ``--builder tensorrt`` always needs one, and ``rtx`` without a GPU
+    needs explicit ``--compute-capability`` targets, which ``release`` does not take.
+
+    Args:
+        builder: ``tensorrt`` | ``rtx``.
+
+    Returns:
+        A one-line reason (str) or None.
+    """
+    mod = _MODULES[builder]
+    if importlib.util.find_spec(mod) is None:
+        return f"--builder {builder}: the Python module {mod!r} is not installed"
+    from ..export.engine import gpu_info
+
+    if gpu_info() is None:
+        return f"--builder {builder}: no CUDA GPU found (torch.cuda)"
+    return None
+
+
+def _prev_dir(work: Path) -> Path:
+    return work / ".previous-export"
+
+
+def keep_previous_export(drafter: Path, work: Path) -> None:
+    """Move ``drafter/onnx`` and its ``export`` record section aside before the drafter is
+    re-converted (the conversion replaces the dir)."""
+    from ..record import read_record
+
+    prev = _prev_dir(work)
+    if prev.exists():
+        shutil.rmtree(prev)
+    if not (drafter / "onnx" / "onnx_meta.json").is_file():
+        return
+    export = read_record(drafter, missing_ok=True).export
+    prev.mkdir(parents=True)
+    (prev / "export.json").write_text(json.dumps(export.model_dump() if export is not None else {}))
+    shutil.move(str(drafter / "onnx"), str(prev / "onnx"))
+
+
+def _reuse(drafter: Path, work: Path) -> dict[str, Any] | None:
+    """Put the earlier export back when it was made from these exact drafter files."""
+    from ..record import file_hashes, update_record
+
+    prev = _prev_dir(work)
+    meta_path = prev / "onnx" / "onnx_meta.json"
+    if not meta_path.is_file():
+        return None
+    meta = json.loads(meta_path.read_text())
+    section = json.loads((prev / "export.json").read_text())
+    if meta.get("drafter_files") != file_hashes(drafter) or not (section.get("onnx") or {}):
+        return None
+    shutil.move(str(prev / "onnx"), str(drafter / "onnx"))
+    update_record(drafter, "export", {"onnx": section["onnx"]})
+    return section["onnx"]
+
+
+def export_step(drafter: Path, work: Path, verifier: str) -> dict[str, Any]:
+    """``--export-onnx``: re-use the earlier export of the same drafter bytes, else export.
+
+    Returns:
+        ``{"reused": bool, "contains_verifier_weights": bool, "parity_passed": ...}``.
+
+    Raises:
+        InvalidInputError / GateFailedError: from :func:`~specconv.export.onnx_dir.export_onnx_dir`.
+    """
+    try:
+        section = _reuse(drafter, work)
+        reused = section is not None
+        if section is None:
+            from ..export.onnx_dir import export_onnx_dir
+
+            section = export_onnx_dir(drafter, verifier=verifier, overwrite=True)
+            section = section.to_dict() if hasattr(section, "to_dict") else dict(section)
+    finally:
+        shutil.rmtree(_prev_dir(work), ignore_errors=True)
+    return {"reused": reused, "contains_verifier_weights": bool(section.get("contains_verifier_weights")),
+            "parity_passed": section.get("parity_passed")}
+
+
+def engine_step(drafter: Path, mode: str) -> dict[str, Any]:
+    """``--build-engine`` (``always``) or ``--build-engine=if-available``: build one
+    ``--builder rtx`` engine under ``drafter/trt/<key>/``; ``if-available`` returns
+    ``{"skipped": reason}`` when :func:`engine_unavailable` says no."""
+    reason = engine_unavailable()
+    if reason is not None:
+        if mode == "if-available":
+            return {"skipped": reason}
+        from ..errors import InvalidInputError
+
+        raise InvalidInputError(f"--build-engine: {reason}", code="engine_unavailable")
+    from ..export.engine import BuildOptions, build_engine_dir
+
+    built = build_engine_dir(drafter, None, BuildOptions(builder=RELEASE_BUILDER, overwrite=True))
+    return {"path": str(Path(built["path"]).relative_to(drafter)) if built.get("path") else None}
