@@ -315,7 +315,7 @@ def test_write_failure_is_clean(tmp_path, tiny_verifier_dir, monkeypatch):
     def full(*a, **k):
         raise OSError(errno.ENOSPC, "No space left on device", str(tmp_path / ".out.tmp-x" / "config.json"))
 
-    monkeypatch.setattr("specconv.speculators.dump_config", full)
+    monkeypatch.setattr("specconv.format.dump_config", full)
     code, obj, _ = convert(make_source(tmp_path), tiny_verifier_dir, out, "--overwrite")
     assert code == 3 and "No space left" in obj["message"], obj
     assert sha_tree(out) == before and leftovers(tmp_path) == []
@@ -415,7 +415,7 @@ def test_two_converts_into_one_output(tmp_path, tiny_verifier_dir):
         obj = json.loads(so)
         assert rc == 0 or obj["error"] == "output_exists"
     assert any(rc == 0 for rc, _, _ in results)
-    assert sorted(p.name for p in out.iterdir()) == ["config.json", "model.safetensors", "specconv.json"]
+    assert sorted(p.name for p in out.iterdir()) == ["README.md", "config.json", "model.safetensors", "specconv.json"]
     assert leftovers(tmp_path) == []
 
 

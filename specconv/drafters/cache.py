@@ -24,14 +24,9 @@ loop only appends; features are not compared, that would cost ``O(T)``).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import torch
 
-from .base import BlockOutput, DraftProposal
-
-if TYPE_CHECKING:
-    from .base import Drafter
+from .base import BlockOutput, Drafter
 
 __all__ = ["KVBuffer", "ContextCache", "DraftSession"]
 
@@ -189,16 +184,6 @@ class DraftSession:
         return self.drafter.forward_cached(context_tokens, aux_hidden, self.cache,  # type: ignore[attr-defined]
                                            temperature=temperature, generator=generator)
 
-    @torch.no_grad()
-    def propose(self, context_tokens: torch.Tensor, aux_hidden: torch.Tensor, *,
-                temperature: float = 0.0, generator: torch.Generator | None = None
-                ) -> DraftProposal:
-        """:meth:`Drafter.propose` through the cache (same arguments and result).
-
-        Raises:
-            UsageError: wrong shapes.
-        """
-        out = self.forward_block(context_tokens, aux_hidden, temperature=temperature,
-                                 generator=generator)
-        return DraftProposal(tokens=out.tokens, logits=out.target_logits,
-                             confidence=out.confidence)
+    #: :meth:`Drafter.propose` through the cache (same arguments and result): it only
+    #: calls ``self.forward_block``.
+    propose = Drafter.propose

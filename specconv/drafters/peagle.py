@@ -155,6 +155,13 @@ class PEagleDrafter(Drafter):
         same_rollout = (qa == ka) & (kd <= qd)
         return ctx_key | same_rollout
 
+    def _context(self, context_tokens: torch.Tensor, aux_hidden: torch.Tensor):
+        """Checked ``(tokens [T+1], features [T, A*H], T)``; ``UsageError`` when ``T == 0``."""
+        tokens, g = self._check_inputs(context_tokens, aux_hidden)
+        if g.shape[0] < 1:
+            raise UsageError("P-EAGLE needs at least one context position (T >= 1)")
+        return tokens, g, g.shape[0]
+
     @torch.no_grad()
     def forward_block(self, context_tokens: torch.Tensor, aux_hidden: torch.Tensor, *,
                       temperature: float = 0.0, generator: torch.Generator | None = None,
@@ -176,10 +183,7 @@ class PEagleDrafter(Drafter):
         Raises:
             UsageError: ``T == 0``.
         """
-        tokens, g = self._check_inputs(context_tokens, aux_hidden)
-        T = g.shape[0]
-        if T < 1:
-            raise UsageError("P-EAGLE needs at least one context position (T >= 1)")
+        tokens, g, T = self._context(context_tokens, aux_hidden)
         K = self.num_draft_tokens
         dev, dt = g.device, self.dtype
         M = K - 1
@@ -246,10 +250,7 @@ class PEagleDrafter(Drafter):
         Raises:
             UsageError: ``T == 0``.
         """
-        tokens, g = self._check_inputs(context_tokens, aux_hidden)
-        T = g.shape[0]
-        if T < 1:
-            raise UsageError("P-EAGLE needs at least one context position (T >= 1)")
+        tokens, g, T = self._context(context_tokens, aux_hidden)
         dev = g.device
         n = cache.reuse(T, tokens[1:], keep=T - 1)
         e, f, positions = self._entries(tokens, g, n)
