@@ -12,6 +12,7 @@ import re
 from typing import Any, Callable, Iterable
 
 from specconv.errors import InvalidInputError, UnsupportedFormatError
+from specconv.format import names
 from specconv.plan import DroppedTensor, LayerIdConversion, TensorPlan
 
 from .base import ConvertOptions, SourceInfo
@@ -21,22 +22,12 @@ INT32_MAX = 2**31 - 1
 DTYPE_FLAG = {"bfloat16": "BF16", "float16": "F16", "float32": "F32"}
 
 #: Qwen3-style decoder layer tensors shared by DFlash, DSpark and P-EAGLE bodies.
-LAYER_PATTERNS = (
-    r"layers\.\d+\.(input_layernorm|post_attention_layernorm|hidden_norm)\.weight",
-    r"layers\.\d+\.self_attn\.(q|k|v|o)_proj\.(weight|bias)",
-    r"layers\.\d+\.self_attn\.(q|k)_norm\.weight",
-    r"layers\.\d+\.mlp\.(gate|up|down)_proj\.weight",
-)
-DFLASH_BODY = LAYER_PATTERNS + (r"fc\.weight", r"hidden_norm\.weight", r"norm\.weight")
+# The output tensor names live with the target format (specconv/format/names.py).
+LAYER_PATTERNS = names.LAYER_PATTERNS
+DFLASH_BODY = names.BLOCK_BODY_PATTERNS
 #: Present in some sources; identical to the verifier's (full vocab) — kept, vLLM shares them.
-VERIFIER_COPIES = (r"embed_tokens\.weight", r"lm_head\.weight")
-DSPARK_HEADS = (
-    r"markov_head\.markov_w1\.weight",
-    r"markov_head\.markov_w2\.weight",
-    r"markov_head\.gate_proj\.(weight|bias)",
-    r"markov_head\.joint_proj\.(weight|bias)",
-    r"confidence_head\.proj\.(weight|bias)",
-)
+VERIFIER_COPIES = names.VERIFIER_SHARED_PATTERNS
+DSPARK_HEADS = names.DSPARK_HEAD_PATTERNS
 #: Buffers recomputed from the config at load time (never trained).
 RECOMPUTED = {r"(.*\.)?rotary_emb\.inv_freq": "RoPE inverse frequencies are recomputed from rope_theta"}
 

@@ -11,12 +11,11 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from specconv.errors import InvalidInputError
+from specconv.format.facts import SPECULATORS_VERSION as SPECULATORS_FORMAT_VERSION
 from specconv.plan import ConversionPlan
 
 from . import _common as c
 from .base import ConvertOptions, SourceInfo
-
-SPECULATORS_FORMAT_VERSION = "0.9.0"
 
 
 @dataclass
@@ -59,17 +58,10 @@ SCALING_KEYS = ("input_embedding_scale", "output_multiplier", "final_logit_softc
 
 
 def speculators_envelope(algorithm: str, k: int, verifier: Any) -> dict[str, Any]:
-    return {
-        "algorithm": algorithm,
-        "proposal_methods": [
-            {"proposal_type": "greedy", "speculative_tokens": k, "verifier_accept_k": 1, "accept_tolerance": 0.0}
-        ],
-        "default_proposal_method": "greedy",
-        "verifier": {
-            "name_or_path": verifier.name_or_path if verifier is not None else None,
-            "architectures": verifier.architectures if verifier is not None else [],
-        },
-    }
+    """The ``speculators_config`` envelope for ``verifier`` (:func:`specconv.format.facts.speculators_envelope`)."""
+    from specconv.format.facts import speculators_envelope as envelope
+
+    return envelope(algorithm, k, getattr(verifier, "name_or_path", None), getattr(verifier, "architectures", None))
 
 
 def _refuse_scaling(conv: Any, src: SourceInfo, cfg: dict[str, Any]) -> None:

@@ -29,6 +29,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
+from specconv.format import names
 from specconv.errors import InvalidInputError, UnsupportedFormatError
 from specconv.plan import ConversionPlan, LayerIdConversion, TensorPlan
 
@@ -38,15 +39,7 @@ from ._dflash import SPECULATORS_FORMAT_VERSION, speculators_envelope
 from .base import ConvertOptions, SourceInfo
 
 #: Output-name patterns a P-EAGLE draft may hold (besides the mapping tensors).
-PEAGLE_ACCEPT = c.LAYER_PATTERNS + (
-    r"fc\.weight",
-    r"norm\.weight",
-    r"embed_tokens\.weight",
-    r"lm_head\.weight",
-    r"mask_hidden",
-    r"input_norm\.weight",
-    r"fc_norm\.\d+\.weight",
-) + vb.VOCAB_PATTERNS
+PEAGLE_ACCEPT = names.PEAGLE_PATTERNS
 
 #: Training-only tensors some exports keep (speculators excludes them on save).
 TRAINING_ONLY = {

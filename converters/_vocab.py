@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterable, Literal, Mapping
 
 from specconv.errors import InvalidInputError
+from specconv.format.names import VOCAB_MAP_PATTERNS
 from specconv.plan import DroppedTensor, TensorPlan
 
 from ._vocab_io import D2T_KEYS, SIDE_FILES, T2D_KEYS, as_array, find_side_files, read_mapping_file
@@ -49,7 +50,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
 #: accept-patterns for the mapping tensors (add to ``tensor_plan(accept=...)``, then
 #: :func:`merge_vocab` replaces their plans with :attr:`VocabResult.tensors`).
-VOCAB_PATTERNS = (r"d2t", r"t2d")
+VOCAB_PATTERNS = VOCAB_MAP_PATTERNS  # the target format's names (specconv/format/names.py)
 
 EAGLE_222 = "SafeAILab/EAGLE #222"
 

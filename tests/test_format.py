@@ -22,7 +22,7 @@ from specconv.format import (
     speculative_tokens_for,
     speculators_envelope,
 )
-from specconv.format.lint import RULES
+from specconv.format.rules import RULES
 
 ROOT = Path(__file__).resolve().parents[1]
 KEBAB = re.compile(r"^[a-z0-9]+(-[a-z0-9]+)+$")
@@ -78,7 +78,7 @@ def test_every_lint_code_has_a_rule():
 
 
 def test_rule_decorator_refuses_a_level_the_registry_does_not_say():
-    from specconv.format.lint.registry import rule
+    from specconv.format.rules.registry import rule
 
     with pytest.raises(ValueError, match="registry"):
         rule("speculative-tokens-mismatch", "warning")
@@ -183,3 +183,31 @@ def test_docs_findings_md_is_the_registry():
 
     doc = (ROOT / "docs" / "findings.md").read_text(encoding="utf-8")
     assert doc == codes_markdown(), "regenerate docs/findings.md (see codes_markdown's docstring)"
+
+
+@pytest.mark.parametrize("algo", ["peagle", "dflash", "dspark"])
+def test_expected_tensor_names_are_the_names_converters_accept(algo):
+    """One description of the target's tensor names: every tensor ``expected_tensors``
+    lists for a config matches the patterns the converters accept for that algorithm
+    (``specconv/format/names.py``)."""
+    import re
+
+    from test_speculators import EXAMPLES
+
+    from specconv.format import expected_tensors, parse_config
+    from specconv.format.names import name_patterns
+
+    pats = name_patterns(algo)
+    names = list(expected_tensors(parse_config(EXAMPLES[algo])))
+    assert names and all(any(re.fullmatch(p, n) for p in pats) for n in names), names
+
+
+
+def test_format_package_loads_names_on_first_use():
+    """The converter registry imports the tensor-name patterns without pydantic."""
+    import subprocess
+    import sys
+
+    code = "import sys, specconv.converters, specconv.format.names; print('pydantic' in sys.modules)"
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert r.stdout.strip() == "False"

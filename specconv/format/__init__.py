@@ -5,49 +5,63 @@ Modules: :mod:`.facts` (the K rule, the legacy ``sample_from_anchor`` rule, the
 ``speculators_config`` envelope, version, algorithms, layer-0 input width),
 :mod:`.schema` (typed configs, the only ``config.json`` parser), :mod:`.construct`
 (:func:`make_config`), :mod:`.verifier_facts`, :mod:`.tensors` (expected tensors with
-shapes), :mod:`.findings` (the finding-code registry) and :mod:`.lint` (rules registered
-by decorator). Imports only pydantic and the standard library (tensor headers are read
-lazily in :func:`lint_dir`), so the CLI can import it without torch.
+shapes), :mod:`.findings` (the finding-code registry) and :mod:`.rules` (the lint: rules registered
+by decorator), :mod:`.names` (the tensor-name patterns converters accept). The names below
+are loaded on first use (PEP 562), so importing :mod:`.names` or :mod:`.facts` alone costs no
+pydantic; the package imports only pydantic and the standard library, never torch.
 """
 
 from __future__ import annotations
 
-from .construct import make_config
-from .facts import (
-    ALGORITHMS,
-    ARCHITECTURES,
-    SERVE_METHODS,
-    SPECULATORS_VERSION,
-    aux_ids_key,
-    layer0_input_width,
-    legacy_sample_from_anchor,
-    speculative_tokens_for,
-    speculators_envelope,
-)
-from .findings import CODES, LINT_RULES, CodeInfo, Finding, Level, finding, has_errors, sort_findings
-from .lint import lint, lint_dir
-from .schema import (
-    BlockDraftConfig,
-    DFlashConfig,
-    DSparkConfig,
-    GreedyProposal,
-    PEagleConfig,
-    SpeculatorsDraftConfig,
-    SpeculatorsSection,
-    VerifierRef,
-    config_class,
-    config_to_dict,
-    dump_config,
-    expected_speculative_tokens,
-    load_config,
-    parse_config,
-    read_config,
-    resolve_layer_types,
-    rope_theta_of,
-    speculators_model_type_of,
-)
-from .tensors import TensorSpec, expected_tensors
-from .verifier_facts import VerifierFacts, is_hub_repo_id, read_added_special_tokens
+import importlib
+from typing import Any
+
+#: public name → the submodule that defines it
+_EXPORTS: dict[str, str] = {
+    "ALGORITHMS": "facts",
+    "ARCHITECTURES": "facts",
+    "BlockDraftConfig": "schema",
+    "CODES": "findings",
+    "CodeInfo": "findings",
+    "DFlashConfig": "schema",
+    "DSparkConfig": "schema",
+    "Finding": "findings",
+    "GreedyProposal": "schema",
+    "LINT_RULES": "findings",
+    "Level": "findings",
+    "PEagleConfig": "schema",
+    "SERVE_METHODS": "facts",
+    "SPECULATORS_VERSION": "facts",
+    "SpeculatorsDraftConfig": "schema",
+    "SpeculatorsSection": "schema",
+    "TensorSpec": "tensors",
+    "VerifierFacts": "verifier_facts",
+    "VerifierRef": "schema",
+    "aux_ids_key": "facts",
+    "config_class": "schema",
+    "config_to_dict": "schema",
+    "dump_config": "schema",
+    "expected_speculative_tokens": "schema",
+    "expected_tensors": "tensors",
+    "finding": "findings",
+    "has_errors": "findings",
+    "is_hub_repo_id": "verifier_facts",
+    "layer0_input_width": "facts",
+    "legacy_sample_from_anchor": "facts",
+    "lint": "rules",
+    "lint_dir": "rules",
+    "load_config": "schema",
+    "make_config": "construct",
+    "parse_config": "schema",
+    "read_added_special_tokens": "verifier_facts",
+    "read_config": "schema",
+    "resolve_layer_types": "schema",
+    "rope_theta_of": "schema",
+    "sort_findings": "findings",
+    "speculative_tokens_for": "facts",
+    "speculators_envelope": "facts",
+    "speculators_model_type_of": "schema",
+}
 
 __all__ = [
     "ALGORITHMS",
@@ -94,3 +108,17 @@ __all__ = [
     "speculators_model_type_of",
     "speculators_envelope",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    """Load ``name`` from its submodule on first use (module ``__getattr__``, PEP 562)."""
+    mod = _EXPORTS.get(name)
+    if mod is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{mod}", __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_EXPORTS])

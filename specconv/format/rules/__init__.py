@@ -1,7 +1,7 @@
 """The servability lint of a Speculators draft: what speculators and vLLM need to load
 and serve it faithfully.
 
-Rules are registered by decorator (:func:`specconv.format.lint.registry.rule`) in
+Rules are registered by decorator (:func:`specconv.format.rules.registry.rule`) in
 :mod:`.envelope_rules`, :mod:`.layout_rules` and :mod:`.tensor_rules`; :func:`lint` and
 :func:`lint_dir` run the registry. Codes, levels and descriptions:
 :data:`specconv.format.findings.CODES`.
