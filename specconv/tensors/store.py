@@ -225,10 +225,7 @@ class TensorStore:
                 first_meta = meta
             for name, info in got.items():
                 if name in infos:
-                    raise InvalidInputError(
-                        f"tensor {name!r} appears in two shards: {infos[name].file.name} "
-                        f"and {f.name} (in {root})"
-                    )
+                    raise _in_two_shards(name, infos[name].file, f, root)
                 infos[name] = info
         if expected is not None:
             _check_weight_map(expected, infos, root, index_path)
@@ -266,10 +263,7 @@ class TensorStore:
             sd = _torch_load_weights_only(f)
             for name, t in sd.items():
                 if name in tensors:
-                    raise InvalidInputError(
-                        f"tensor {name!r} appears in two shards: {infos[name].file.name} "
-                        f"and {f.name} (in {root})"
-                    )
+                    raise _in_two_shards(name, infos[name].file, f, root)
                 tensors[name] = t
                 infos[name] = TensorInfo(
                     name, safetensors_dtype(t.dtype), tuple(t.shape), f, None, None,
@@ -472,3 +466,8 @@ def _read_runs(path: Path, start: int, row_bytes: int, uniq: "np.ndarray", out: 
                 mv, off = mv[n:], off + n
     finally:
         os.close(fd)
+
+
+def _in_two_shards(name: str, first: Path, second: Path, root: Path) -> InvalidInputError:
+    """The error for a tensor that two shards of one checkpoint both hold."""
+    return InvalidInputError(f"tensor {name!r} appears in two shards: {first.name} and {second.name} (in {root})")
