@@ -1,7 +1,7 @@
 """The conversion pipeline: resolve source → detect → plan → lint → write.
 
 ``inspect_source`` and ``convert`` are what the CLI calls; nothing here knows any source
-format (that lives in ``converters/``), and nothing here writes outside the writer.
+format (that lives in ``specconv/converters/``), and nothing here writes outside the writer.
 """
 
 from __future__ import annotations

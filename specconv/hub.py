@@ -1,7 +1,7 @@
 """The one module that talks to the Hugging Face Hub.
 
 Every ``huggingface_hub`` call of specconv lives here (a test scans ``specconv/`` and
-``converters/`` for any other import of it). It provides:
+``specconv/converters/`` for any other import of it). It provides:
 
 * :func:`api` — the one ``HfApi(endpoint, token)`` factory. The endpoint is ``--endpoint``
   when given, else ``HF_ENDPOINT`` read **at call time** (``huggingface_hub.constants``

@@ -1,6 +1,6 @@
 """The one in-memory description of a conversion: :class:`ConversionPlan`.
 
-A converter (``converters/<format>.py``) never writes files: it looks at the source's
+A converter (``specconv/converters/<format>.py``) never writes files: it looks at the source's
 ``config.json`` and tensor *names/shapes* and returns a plan — the typed target config,
 one :class:`TensorPlan` per output tensor (where its bytes come from and what happens to
 them), the source tensors deliberately dropped (each with a reason), layer-id conversion

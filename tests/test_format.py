@@ -30,7 +30,7 @@ LEVELS = {"error", "warning", "info"}
 
 
 def _sources() -> list[Path]:
-    return sorted([*(ROOT / "specconv").rglob("*.py"), *(ROOT / "converters").rglob("*.py")])
+    return sorted((ROOT / "specconv").rglob("*.py"))
 
 
 def _str(node: ast.AST) -> str | None:

@@ -75,12 +75,12 @@ def _build_wheel(tmp: Path) -> tuple[Path, Path]:
     for name in ("pyproject.toml", "setup.py", "README.md", "LICENSE"):
         if (ROOT / name).exists():
             shutil.copy2(ROOT / name, src / name) if src.exists() else (src.mkdir(), shutil.copy2(ROOT / name, src / name))
-    for name in ("specconv", "converters", "templates"):
-        shutil.copytree(ROOT / name, src / name, ignore=ignore)
+    shutil.copytree(ROOT / "specconv", src / "specconv", ignore=ignore)
     # a template in a sub-folder and one with another suffix: package data must take both
-    (src / "templates" / "_probe").mkdir()
-    (src / "templates" / "_probe" / "probe.md.j2").write_text("probe {{ name | default('x') }}\n")
-    (src / "templates" / "probe.yml").write_text("on: {{ event }}\n")
+    templates = src / "specconv" / "templates"
+    (templates / "_probe").mkdir()
+    (templates / "_probe" / "probe.md.j2").write_text("probe {{ name | default('x') }}\n")
+    (templates / "probe.yml").write_text("on: {{ event }}\n")
     subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
                     "-w", str(tmp / "dist"), str(src)], check=True, capture_output=True, timeout=180)
     (wheel,) = (tmp / "dist").glob("specconv-*.whl")
@@ -136,10 +136,9 @@ def test_wheel_in_fresh_venv_imports_renders_and_converts(tmp_path, tiny_verifie
     import zipfile
 
     names = zipfile.ZipFile(wheel).namelist()
-    want_pkgs = (_package_dirs(src / "specconv", "specconv") | _package_dirs(src / "converters", "specconv.converters")
-                 | _package_dirs(src / "templates", "specconv.templates"))
+    want_pkgs = _package_dirs(src / "specconv", "specconv")
     assert {n.rsplit("/", 1)[0].replace("/", ".") for n in names if n.endswith("/__init__.py")} == want_pkgs
-    want_templates = _templates(src / "templates")
+    want_templates = _templates(src / "specconv" / "templates")
     assert {"_probe/probe.md.j2", "probe.yml"} <= want_templates
     assert {n[len("specconv/templates/"):] for n in names if n.startswith("specconv/templates/")
             and not n.endswith("__init__.py")} == want_templates
@@ -155,9 +154,7 @@ def test_wheel_in_fresh_venv_imports_renders_and_converts(tmp_path, tiny_verifie
     got = json.loads(r.stdout)
     expected_mods = {m for m in want_pkgs} | {
         ("specconv." + ".".join(p.with_suffix("").relative_to(src / "specconv").parts)) for p in (src / "specconv").rglob("*.py")
-        if p.name != "__init__.py" and p.name != "__main__.py"} | {
-        ("specconv.converters." + ".".join(p.with_suffix("").relative_to(src / "converters").parts))
-        for p in (src / "converters").rglob("*.py") if p.name != "__init__.py"}
+        if p.name != "__init__.py" and p.name != "__main__.py"}
     assert expected_mods - {"specconv"} <= set(got["modules"]), sorted(expected_mods - set(got["modules"]))
     assert got["templates"]["_probe/probe.md.j2"] == "probe specconv\n" and set(got["templates"]) == want_templates
 

@@ -170,7 +170,7 @@ _CONVERTER: dict[str, tuple[Level, str]] = {
     "t2d-default-all-true": ("warning", "an all-true t2d with a pruned vocabulary; rebuilt from d2t"),
     "top-level-model-type-removed": ("warning", "a top-level model_type was removed"),
     "vocab-padded": ("info", "draft vocab larger than the target: padded, identity mapping"),
-    # converters/* (issue 8 item 4)
+    # specconv/converters/* (issue 8 item 4)
     "dspark-head-from-tensors": ("info", "an absent DSpark head key was told from the head tensors"),
     "kv-page-size-mismatch": ("warning", "drafter and verifier KV widths vLLM cannot page together"),
     "layer-config-filled": ("info", "absent decoder keys filled from the tensors or transformers' class defaults"),

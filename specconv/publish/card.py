@@ -1,5 +1,5 @@
 """The model card (``README.md``) of a published drafter, rendered from
-``templates/model_card.md.j2`` with Jinja2 and checked with huggingface_hub's card tools
+``specconv/templates/model_card.md.j2`` with Jinja2 and checked with huggingface_hub's card tools
 (through :func:`specconv.hub.check_card`).
 
 Everything in it comes from the drafter's ``config.json`` and ``specconv.json`` (the

@@ -84,7 +84,7 @@ def _verifier_tensor(verifier, role: str):
 
 def _lm_head_frozen(drafter_dir: Path) -> bool:
     """Whether the conversion record says the source format freezes the P-EAGLE LM head
-    (a ``lm-head-frozen`` finding, written by ``converters/_peagle.py``)."""
+    (a ``lm-head-frozen`` finding, written by ``specconv/converters/_peagle.py``)."""
     from ..errors import SpecconvError
     from ..record import read_record
 

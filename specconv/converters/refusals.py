@@ -147,7 +147,7 @@ class NoDraftBody(Converter):
         "embedding/LM head); point SRC at the directory holding the drafter's safetensors (see --subfolder, "
         "--checkpoint)"
     )
-    spec_ref = "specconv `converters/refusals.py` (embedding / LM head / d2t / t2d only)"
+    spec_ref = "specconv `specconv/converters/refusals.py` (embedding / LM head / d2t / t2d only)"
 
     @classmethod
     def detect(cls, src: SourceInfo) -> bool:

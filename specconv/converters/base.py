@@ -1,6 +1,6 @@
 """Converter base class, source description and the registry decorator.
 
-Adding a source format = one module in ``converters/`` with one class decorated by
+Adding a source format = one module in ``specconv/converters/`` with one class decorated by
 :func:`register` (llama.cpp's ``ModelBase.register`` / optimum's
 ``register_tasks_manager_onnx`` pattern) + one fixture + one row generated into
 ``docs/formats.md``. Detection sees only ``config.json``, tensor names/shapes and file

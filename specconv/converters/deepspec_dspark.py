@@ -13,7 +13,7 @@ target's ``embed_tokens``/``lm_head`` ``[V, H]``; they are kept (vLLM shares the
 equal, speculators 0.9.0 reloads them from the verifier).
 
 The DeepSpec *DFlash* release (``markov_rank: 0``) is ``deepspec_dflash``; Gemma4 and MLA
-DSpark bodies are refused (``converters/refusals.py``).
+DSpark bodies are refused (``specconv/converters/refusals.py``).
 """
 
 from __future__ import annotations

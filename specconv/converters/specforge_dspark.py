@@ -18,7 +18,7 @@ declare the head keys at the top level instead (both are read; they must agree).
   ``markov_head.*``, ``logit_head.confidence_head.*`` → ``confidence_head.*``);
   ``prefix_gru.*`` / ``embed_proj.*`` (Domino's GRU head) have no Speculators equivalent
   and are refused.
-* ``attention_mode: "mla"`` is refused (``converters/refusals.py`` detects it first).
+* ``attention_mode: "mla"`` is refused (``specconv/converters/refusals.py`` detects it first).
 * ``confidence_head_alpha`` is a training loss weight: recorded in the notes, not carried.
 * Full vocabulary (``markov_w2 [V, r]``); ``--vocab-mapping`` prunes (``_dspark.maybe_prune``).
 """

@@ -143,7 +143,7 @@ def routes_markdown() -> list[str]:
         "## Detection order",
         "",
         "A source is tried only against the candidates its discriminators select (generated from",
-        "`converters/dispatch.py`); the first whose detection matches wins. Lists are concatenated",
+        "`specconv/converters/dispatch.py`); the first whose detection matches wins. Lists are concatenated",
         "in the order of the rows: first, then `speculators_model_type` (alone, when present),",
         "otherwise checkpoint refusals, `projector_type`, `architectures[0]`, markers, last.",
         "",
