@@ -98,6 +98,15 @@ class UnsupportedFormatError(InvalidInputError):
         self.format_id = format_id
 
 
+class CastOverflowError(InvalidInputError):
+    """A ``--dtype`` cast would turn finite source values into ±inf (exit 3).
+
+    Never covered by ``--allow-nonfinite``: the values are the cast's, not the source's.
+    """
+
+    code = "cast_overflow"
+
+
 class GateFailedError(SpecconvError):
     """A validation gate (structure, parity, acceptance, losslessness) failed (exit 4).
 

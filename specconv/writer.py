@@ -142,7 +142,8 @@ def _out_tensors(plan: ConversionPlan, source_store: Any, verifier: Any) -> list
         info = (verifier.tensor_info(t.source) if t.origin == "verifier" else source_store.info(t.source))
         if t.cast:
             def produce(info=info, t=t, store=(verifier if t.origin == "verifier" else source_store)):
-                return cast_bytes(store.read_bytes(info.name), t.src_dtype, t.dtype, t.shape)
+                name = f"{t.out!r} ({t.origin} tensor {info.name!r} in {Path(info.file).name})"
+                return cast_bytes(store.read_bytes(info.name), t.src_dtype, t.dtype, t.shape, name=name)
 
             outs.append(OutTensor(name=t.out, dtype=t.dtype, shape=t.shape, produce=produce))
         else:

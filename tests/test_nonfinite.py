@@ -225,3 +225,69 @@ def test_cache_forgets_deleted_files(tmp_path, fresh_cache, monkeypatch):
     fresh_cache.parent.mkdir(parents=True, exist_ok=True)
     w._save_hash_cache()
     assert sorted(json.loads(fresh_cache.read_text())) == [str(keep)]
+
+
+# ---- a --dtype cast that overflows is the cast's fault, never the weights' (issue 14 item 6)
+def _big_source(root: Path, value: float, dtype: str = "bfloat16") -> Path:
+    """A finite source whose BODY[1, 3] is ``value`` (finite in ``dtype``)."""
+    src = make_source(root, dtype=dtype)
+    sd = load_file(str(src / "model.safetensors"))
+    sd[BODY][1, 3] = value
+    assert torch.isfinite(sd[BODY]).all()
+    save_file(sd, str(src / "model.safetensors"), metadata={"format": "pt"})
+    return src
+
+
+@pytest.mark.parametrize("allow", [False, True], ids=["plain", "allow-nonfinite"])
+def test_cast_overflow_is_refused_and_not_blamed_on_the_source(tmp_path, tiny_verifier_dir, fresh_cache, allow):
+    src = _big_source(tmp_path / "s", 70000.0)  # bf16 70144: finite; float16 tops out at 65504
+    out = tmp_path / "out"
+    code, obj, _ = cli_convert(src, tiny_verifier_dir, out, "--dtype", "float16", *(["--allow-nonfinite"] * allow))
+    assert code == 3 and obj["error"] == "cast_overflow", obj
+    msg = obj["message"]
+    assert BODY in msg and "max |value| 70144" in msg and "65504" in msg and "keep bfloat16" in msg, msg
+    assert "Pass --allow-nonfinite" not in msg and "non-finite weights" not in msg
+    assert not out.exists() and [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []
+
+
+def test_cast_overflow_names_a_dtype_that_holds_it(tmp_path, tiny_verifier_dir, fresh_cache):
+    src = _big_source(tmp_path / "s", 1e5, dtype="float32")
+    code, obj, _ = cli_convert(src, tiny_verifier_dir, tmp_path / "out", "--dtype", "float16")
+    assert code == 3 and obj["error"] == "cast_overflow", obj
+    assert "keep float32 (--dtype keep), or --dtype bfloat16, which holds it" in obj["message"], obj["message"]
+
+
+def test_cast_rounding_to_the_limit_is_no_overflow(tmp_path, tiny_verifier_dir, fresh_cache):
+    src = _big_source(tmp_path / "s", 65500.0, dtype="float32")  # rounds to 65504, finite
+    out = tmp_path / "out"
+    code, _, err = cli_convert(src, tiny_verifier_dir, out, "--dtype", "float16")
+    assert code == 0, err
+    assert float(load_file(str(out / "model.safetensors"))[BODY][1, 3]) == 65504.0
+
+
+def test_source_nonfinite_through_a_cast_stays_allowable(tmp_path, tiny_verifier_dir, fresh_cache):
+    src = _nan_source(tmp_path / "s")  # NaN at [1, 3], -inf at [-1, -1] in the bf16 source
+    code, obj, _ = cli_convert(src, tiny_verifier_dir, tmp_path / "refused", "--dtype", "float16")
+    assert code == 3 and obj["error"] == "nonfinite_weights" and "2 NaN/Inf" in obj["message"], obj
+    out = tmp_path / "out"
+    code, rep, err = cli_convert(src, tiny_verifier_dir, out, "--dtype", "float16", "--allow-nonfinite")
+    assert code == 0, err
+    assert [f["key"] for f in rep["findings"] if f["code"] == "nonfinite-weights"] == [BODY]
+    got = load_file(str(out / "model.safetensors"))[BODY]
+    assert got.dtype == torch.float16 and torch.isnan(got[1, 3]) and torch.isneginf(got[-1, -1])
+    assert int((~torch.isfinite(got)).sum()) == 2
+
+
+def test_cast_tensor_counts_on_both_sides():
+    from specconv.errors import CastOverflowError
+    from specconv.tensors import cast_bytes, cast_tensor
+
+    t = torch.tensor([1.0, float("nan"), float("-inf"), -3e5], dtype=torch.float32)
+    with pytest.raises(CastOverflowError, match=r"max \|value\| 300000 .* 65504 \(1 value\(s\)"):
+        cast_tensor(t, "F16", name="w")
+    ok = cast_tensor(t[:3], "F16")  # the source's own NaN/-inf carry over
+    assert torch.isnan(ok[1]) and torch.isneginf(ok[2])
+    raw = tensor_to_bytes(torch.tensor([7e4], dtype=torch.bfloat16))[2]
+    with pytest.raises(CastOverflowError, match="^x: casting BF16 to F16"):
+        cast_bytes(raw, "BF16", "F16", (1,), name="x")
+    assert cast_bytes(raw, "BF16", "F32", (1,)) == tensor_to_bytes(torch.tensor([70144.0]))[2]

@@ -553,9 +553,9 @@ def merge_vocab(plans: list[TensorPlan], dropped: list[DroppedTensor], vocab: Vo
 def _sliced_bytes(store: Any, source: str, rows: "np.ndarray", out_dtype: str) -> bytes:
     """Rows ``rows`` of ``source`` as ``out_dtype`` safetensors bytes (run at write time);
     only those rows are read (:meth:`~specconv.tensors.TensorStore.read_rows`)."""
-    from specconv.tensors import tensor_to_bytes, torch_dtype
+    from specconv.tensors import cast_tensor, tensor_to_bytes
 
-    sl = store.read_rows(source, rows).to(torch_dtype(out_dtype))
+    sl = cast_tensor(store.read_rows(source, rows), out_dtype, name=f"rows of {source!r} in {Path(store.info(source).file).name}")
     return tensor_to_bytes(sl)[2]
 
 

@@ -135,13 +135,15 @@ def tensor_to_bytes(t: "torch.Tensor") -> tuple[str, tuple[int, ...], bytes]:
     return dtype, shape, flat.numpy().tobytes()
 
 
-def cast_bytes(raw: bytes, src_dtype: str, dst_dtype: str, shape: Iterable[int]) -> bytes:
-    """Cast raw tensor bytes between safetensors dtypes with torch's ``Tensor.to`` rules.
+def cast_bytes(raw: bytes, src_dtype: str, dst_dtype: str, shape: Iterable[int], *, name: str = "tensor") -> bytes:
+    """Cast raw tensor bytes between safetensors dtypes with torch's ``Tensor.to`` rules,
+    refusing a cast that overflows (:func:`cast_tensor`).
 
     Args:
         raw: ``numel(shape) * DTYPE_SIZES[src_dtype]`` little-endian bytes.
         src_dtype, dst_dtype: safetensors dtype strings, e.g. ``"BF16"`` -> ``"F32"``.
         shape: the tensor shape.
+        name: how error messages name the tensor.
 
     Returns:
         ``numel(shape) * DTYPE_SIZES[dst_dtype]`` bytes (``raw`` itself when the dtypes
@@ -149,6 +151,7 @@ def cast_bytes(raw: bytes, src_dtype: str, dst_dtype: str, shape: Iterable[int])
 
     Raises:
         InvalidInputError: unknown dtype or ``raw`` of the wrong length.
+        CastOverflowError: the cast would make finite source values non-finite.
     """
     shape = tuple(shape)
     for d in (src_dtype, dst_dtype):
@@ -166,7 +169,65 @@ def cast_bytes(raw: bytes, src_dtype: str, dst_dtype: str, shape: Iterable[int])
     import torch
 
     t = torch.frombuffer(bytearray(raw), dtype=torch_dtype(src_dtype)).reshape(shape)
-    return tensor_to_bytes(t.to(torch_dtype(dst_dtype)))[2]
+    return tensor_to_bytes(cast_tensor(t, dst_dtype, name=name))[2]
+
+
+def _nonfinite(t: "torch.Tensor") -> int:
+    """NaN/±Inf count of ``t``, on its raw bits (:func:`specconv.tensors.scan.scan_bytes`)."""
+    import torch
+
+    from .scan import scan_bytes
+
+    if t.numel() == 0:
+        return 0
+    flat = t.detach().cpu().contiguous().reshape(-1)
+    return scan_bytes(flat.view(torch.uint8).numpy(), safetensors_dtype(t.dtype))[0]
+
+
+def cast_tensor(t: "torch.Tensor", dst_dtype: str, *, name: str = "tensor") -> "torch.Tensor":
+    """``t.to(dst_dtype)`` (a safetensors dtype string), refusing values the cast creates.
+
+    The source and the result are scanned separately on their raw bits (in memory: the
+    bytes are read once): NaN/±Inf already in the source carry over (the writer's scan
+    reports them, ``--allow-nonfinite`` may accept them), but a finite source value the
+    target dtype cannot hold (bf16 70000 -> f16 inf) is an error, whatever the flags.
+    Counting, not comparing the maximum with the target's limit, keeps values that round
+    down to it (f16: up to 65519.99) legal.
+
+    Raises:
+        CastOverflowError: naming ``name``, the source's max finite |value|, the target
+            dtype's largest finite value and the dtypes that hold the tensor.
+    """
+    out = t.to(torch_dtype(dst_dtype))
+    if out.dtype == t.dtype:
+        return out
+    created = _nonfinite(out) - _nonfinite(t)
+    if created > 0:
+        raise _overflow_error(t, dst_dtype, name, created)
+    return out
+
+
+def _overflow_error(t: "torch.Tensor", dst_dtype: str, name: str, created: int) -> Exception:
+    import torch
+
+    from ..errors import CastOverflowError
+
+    def label(d: str) -> str:  # the --dtype spelling: torch's dtype name
+        return str(torch_dtype(d)).removeprefix("torch.")
+
+    src_dtype = safetensors_dtype(t.dtype)
+    x = t.double()
+    peak = float(x[torch.isfinite(x)].abs().max())
+    limit = float(torch.finfo(torch_dtype(dst_dtype)).max)
+    others = [d for d in ("BF16", "F16", "F32") if d not in (src_dtype, dst_dtype)
+              and _nonfinite(t.to(torch_dtype(d))) <= _nonfinite(t)]
+    also = "".join(f", or --dtype {label(d)}, which holds it" for d in others)
+    return CastOverflowError(
+        f"{name}: casting {src_dtype} to {dst_dtype} overflows: max |value| {peak:.7g} is above "
+        f"{label(dst_dtype)}'s largest finite value {limit:.7g} ({created} value(s) would become ±inf, "
+        f"which the source does not hold; --allow-nonfinite never covers them): keep {label(src_dtype)} "
+        f"(--dtype keep){also}"
+    )
 
 
 # ------------------------------------------------------------------------- helpers
