@@ -76,7 +76,7 @@ def _commits(reqs) -> list:
 def test_release_end_to_end_publishes_and_writes_github_outputs(released, double):
     assert released["code"] == 0, released["text"][-3000:]
     out = released["out"]
-    assert [s["step"] for s in out["steps"]] == ["convert", "validate", "push"]
+    assert [s["step"] for s in out["steps"]] == ["preflight", "convert", "validate", "push"]
     assert all(s["status"] == "ok" and s["duration_s"] >= 0 for s in out["steps"])
     assert out["status"] == "published" and out["push"]["verified"] is True
     repo = double.repos[REPO]
@@ -292,8 +292,8 @@ def test_release_with_a_failed_gate_publishes_nothing(double, tmp_path, smollm2_
                            "HuggingFaceTB/SmolLM2-135M-Instruct", "--repo-id", "specconv-test/gated",
                            "--work-dir", tmp_path / "w", "--min-tau", "7.5", *TINY)
     assert code == 4, text[-2000:]
-    assert out["failed_step"] == "validate" and [s["step"] for s in out["steps"]] == ["convert", "validate"]
-    assert out["steps"][1]["status"] == "failed" and out["steps"][0]["duration_s"] >= 0
+    assert out["failed_step"] == "validate" and [s["step"] for s in out["steps"]] == ["preflight", "convert", "validate"]
+    assert out["steps"][2]["status"] == "failed" and out["steps"][1]["duration_s"] >= 0
     assert "specconv-test/gated" not in double.repos
 
 
@@ -338,7 +338,7 @@ def test_release_dry_run_plans_without_writing(double, tmp_path, smollm2_dir):
                            "HuggingFaceTB/SmolLM2-135M-Instruct", "--repo-id", "specconv-test/planned",
                            "--work-dir", tmp_path / "w", "--dry-run", "--detailed-exitcode", *TINY)
     assert code == 10, text[-2000:]
-    assert out["status"] == "dry_run" and [s["status"] for s in out["steps"]] == ["ok", "ok", "ok"]
+    assert out["status"] == "dry_run" and [s["status"] for s in out["steps"]] == ["ok", "ok", "ok", "ok"]
     assert {f["action"] for f in out["push"]["files"]} == {"add"}
     assert not [r for r in double.requests[n:] if r.is_write] and "specconv-test/planned" not in double.repos
 
@@ -377,7 +377,8 @@ def test_build_engine_that_cannot_be_built_exits_3_before_writing(tmp_path, monk
     from specconv.publish.release import ReleaseOptions, release
 
     monkeypatch.setattr(release_export, "engine_unavailable", lambda builder="rtx": "no CUDA GPU (test)")
-    opts = ReleaseOptions(verifier=str(smollm2_dir), work_dir=tmp_path / "w", export_onnx=True, build_engine="always")
+    opts = ReleaseOptions(verifier=str(smollm2_dir), verifier_name="HuggingFaceTB/SmolLM2-135M-Instruct",
+                          work_dir=tmp_path / "w", export_onnx=True, build_engine="always")
     with pytest.raises(InvalidInputError) as e:
         release(str(EXAMPLE), opts, PushOptions(repo_id=REPO))
     assert e.value.exit_code == 3 and "no CUDA GPU (test)" in e.value.message
@@ -452,3 +453,60 @@ def test_unchanged_drafter_reuses_the_earlier_export(released_onnx, tmp_path):
     m["drafter_files"] = {k: "0" * 64 for k in m["drafter_files"]}
     meta.write_text(json.dumps(m))
     assert _reuse(d, work) is None
+
+
+# ---- a verifier named by a local path is never published (issue 14 item 7)
+@pytest.fixture(scope="module")
+def local_named(double, tmp_path_factory, smollm2_dir):
+    """The bundled drafter converted WITHOUT --verifier-name (config.json records the
+    verifier's local path, as convert does for a local --verifier) and validated: every
+    gate but the verifier's name passes."""
+    tmp = tmp_path_factory.mktemp("local-named")
+    d = tmp / "drafter"
+    code, _, text = _cli(tmp, double, "convert", EXAMPLE, "--verifier", smollm2_dir, "-o", d)
+    assert code == 0, text[-2000:]
+    code, _, text = _cli(tmp, double, "validate", d, "--verifier", smollm2_dir, *TINY)
+    assert code == 0, text[-2000:]
+    return d
+
+
+def test_push_refuses_a_verifier_named_by_a_local_path(local_named, double, tmp_path, smollm2_dir):
+    from specconv.record import read_record
+
+    local = str(Path(smollm2_dir).resolve())
+    assert json.loads((local_named / "config.json").read_text())["speculators_config"]["verifier"]["name_or_path"] == local
+    assert read_record(local_named).validation.passed
+    n = len(double.requests)
+    for extra in ((), ("--dry-run",), ("--allow-unvalidated",)):
+        code, out, _ = _cli(tmp_path, double, "push", local_named, "--repo-id", "specconv-test/local-verifier", *extra)
+        assert code == 4 and out["error"] == "verifier_not_hub_id", (extra, out)
+        assert local in out["message"] and "base_model" in out["message"] and "vllm serve ORG/NAME" in out["message"]
+        assert "--verifier-name ORG/NAME" in out["hint"] and "then validate" in out["hint"]
+    assert len(double.requests) == n  # refused before any network use
+    assert "specconv-test/local-verifier" not in double.repos
+
+
+@pytest.mark.parametrize("dry_run", [False, True], ids=["push", "dry-run"])
+def test_release_refuses_a_local_verifier_before_converting(double, tmp_path, smollm2_dir, dry_run):
+    n = len(double.requests)
+    code, out, text = _cli(tmp_path, double, "release", EXAMPLE, "--verifier", smollm2_dir,
+                           "--repo-id", "specconv-test/local-release", "--work-dir", tmp_path / "w",
+                           *(["--dry-run"] if dry_run else []), *TINY)
+    assert code == 4 and out["error"] == "verifier_not_hub_id" and out["failed_step"] == "preflight", text[-2000:]
+    assert [(s["step"], s["status"]) for s in out["steps"]] == [("preflight", "failed")]
+    assert str(Path(smollm2_dir)) in out["message"] and "--verifier-name ORG/NAME" in out["hint"]
+    assert not (tmp_path / "w" / "drafter").exists()  # nothing converted
+    assert len(double.requests) == n and "specconv-test/local-release" not in double.repos
+
+
+def test_release_preflight_takes_the_name_the_conversion_would_record(tmp_path, smollm2_dir):
+    from specconv.errors import GateFailedError
+    from specconv.publish.release import ReleaseOptions, _preflight
+
+    _preflight(ReleaseOptions(verifier=str(smollm2_dir), verifier_name="HuggingFaceTB/SmolLM2-135M-Instruct"))
+    _preflight(ReleaseOptions(verifier="HuggingFaceTB/SmolLM2-135M-Instruct"))  # a Hub id is recorded as given
+    for bad in (ReleaseOptions(verifier=str(smollm2_dir)), ReleaseOptions(verifier="org/v", verifier_name="./here"),
+                ReleaseOptions(verifier=str(smollm2_dir), verifier_name=str(tmp_path))):
+        with pytest.raises(GateFailedError) as e:
+            _preflight(bad)
+        assert e.value.code == "verifier_not_hub_id" and e.value.exit_code == 4

@@ -15,7 +15,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from .payload import Payload
+from .payload import Payload, published_verifier
 
 #: the speculative-config ``method`` vLLM expects per algorithm (vLLM
 #: ``vllm/transformers_utils/configs/speculators/algos.py``)
@@ -132,7 +132,7 @@ def render_card(d: Path, rec: Any, payload: Payload, repo_id: str, *, plot: bool
     sc = cfg.get("speculators_config") or {}
     methods = sc.get("proposal_methods") or [{}]
     conv = rec.conversion
-    verifier = (sc.get("verifier") or {}).get("name_or_path") or "unknown"
+    verifier = published_verifier(cfg) or "unknown"
     algo = sc.get("algorithm") or (conv.algorithm if conv else "unknown")
     license_id, license_note = choose_license(d, rec)
     engines = sorted((p, "TensorRT engine" if p.startswith("trt/") else "ONNX") for p in payload.files

@@ -1,7 +1,8 @@
 """What ``specconv push`` publishes: the validated files of a drafter directory plus files
 derived from its ``specconv.json`` (regenerated on every push, byte-deterministic).
 
-Gating (exit 4, ``GateFailedError``): the record must hold a passed ``validation`` whose
+Gating (exit 4, ``GateFailedError``): ``config.json`` must name its verifier by a Hub repo id
+(:func:`check_verifier_hub_id`); the record must hold a passed ``validation`` whose
 sha256 of every validated file (``config.json``, the safetensors shards, the index) equals
 the bytes being pushed. ``onnx/`` needs a passed export check (``export.onnx`` in the record,
 sha256s in ``onnx/onnx_meta.json``, see :func:`_onnx_ok`); ``trt/<key>/`` needs its ``build.json``. Other files need
@@ -105,6 +106,52 @@ def _report_files(rec: Any) -> set[str]:
     return {(f"{folder}/{n}" if folder != "." else n) for n in ("validation.json", "validation.md", "acceptance.png")}
 
 
+def published_verifier(cfg: dict[str, Any]) -> str | None:
+    """The verifier a drafter's parsed ``config.json`` names
+    (``speculators_config.verifier.name_or_path``): what the published config, the card's
+    ``base_model`` and ``vllm serve ORG/NAME`` use. ``None`` when absent."""
+    sc = cfg.get("speculators_config") if isinstance(cfg, dict) else None
+    v = sc.get("verifier") if isinstance(sc, dict) else None
+    name = v.get("name_or_path") if isinstance(v, dict) else None
+    return name if isinstance(name, str) and name else None
+
+
+def check_verifier_hub_id(name: str | None, where: str, hint: str) -> None:
+    """Refuse to publish a drafter whose verifier is not named by a Hub repo id (exit 4).
+
+    A local path in ``speculators_config.verifier.name_or_path`` is a machine path on the
+    Hub: the card's ``base_model`` carries it and vLLM 0.33 ``vllm serve ORG/NAME`` rejects
+    it (the verifier must be a remote repo id there). The one predicate is
+    :func:`specconv.hub.is_hub_id`. No flag waives it.
+
+    Args:
+        name: the verifier name the drafter records (or would record).
+        where: what holds it, for the message (a file, or the release options).
+        hint: how to fix it from where the user stands.
+
+    Raises:
+        GateFailedError: ``verifier_not_hub_id``.
+    """
+    from .. import hub
+
+    if hub.is_hub_id(name):
+        return
+    raise GateFailedError(f"{where}: the verifier {name!r} is a local path or no Hub repo id; published, the config "
+                          "and the card's base_model would carry it and vLLM 0.33 `vllm serve ORG/NAME` needs the "
+                          "verifier's Hub id there", code="verifier_not_hub_id", hint=hint)
+
+
+def _check_config_verifier(d: Path) -> None:
+    """:func:`check_verifier_hub_id` on ``d/config.json`` (exit 3 when it does not parse)."""
+    try:
+        cfg = json.loads((d / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        raise InvalidInputError(f"{d / 'config.json'}: cannot read: {e}", code="not_speculators_dir") from e
+    check_verifier_hub_id(published_verifier(cfg), f"{d / 'config.json'} speculators_config.verifier.name_or_path",
+                          "convert again with --verifier-name ORG/NAME (the verifier's Hub id), then validate; "
+                          "editing config.json would rightly count as modified after validation")
+
+
 def _not_validated(msg: str, code: str = "not_validated") -> GateFailedError:
     return GateFailedError(msg, code=code, hint="run `specconv validate DIR --verifier V` first, "
                                                 "or pass --allow-unvalidated (recorded in the card)")
@@ -193,12 +240,14 @@ def collect(d: Path, *, include: tuple[str, ...] = (), exclude: tuple[str, ...] 
         ``(payload, record)``.
 
     Raises:
-        GateFailedError: not validated, modified after validation, an ungated file
-            without ``--allow-unvalidated``, or verifier weights without the flag (exit 4).
+        GateFailedError: a verifier not named by a Hub id, not validated, modified after
+            validation, an ungated file without ``--allow-unvalidated``, or verifier weights
+            without the flag (exit 4).
         InvalidInputError: ``d`` is no drafter directory (exit 3).
     """
     if not (d / "config.json").is_file():
         raise InvalidInputError(f"{d} is not a drafter directory (no config.json)", code="not_speculators_dir")
+    _check_config_verifier(d)
     rec = read_record(d, missing_ok=True)
     if rec.conversion is None and not allow_unvalidated:
         raise _not_validated(f"{d}: no specconv.json record (convert it with specconv first)")

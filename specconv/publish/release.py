@@ -60,9 +60,10 @@ def _step(res: ReleaseResult, name: str, fn: Callable[[], Any]) -> Any:
     try:
         out = fn()
     except SpecconvError as e:
-        entry.update(status="failed", exit_code=e.exit_code, error=e.code, message=e.message,
+        hint = {"hint": e.hint} if e.hint else {}
+        entry.update(status="failed", exit_code=e.exit_code, error=e.code, message=e.message, **hint,
                      duration_s=round(time.perf_counter() - t0, 3))
-        res.update(status="failed", failed_step=name, exit_code=e.exit_code, error=e.code, message=e.message)
+        res.update(status="failed", failed_step=name, exit_code=e.exit_code, error=e.code, message=e.message, **hint)
         e.result = res
         _github(res)
         raise
@@ -152,8 +153,7 @@ def release(src: str, opts: ReleaseOptions, push_opts: PushOptions) -> ReleaseRe
 
     res = ReleaseResult(schema="specconv.release/v1", status="running", steps=[], repo_id=push_opts.repo_id,
                         dry_run=push_opts.dry_run, exit_code=0)
-    if opts.build_engine:
-        _step(res, "preflight", lambda: _preflight(opts))  # exit 3 before anything is written
+    _step(res, "preflight", lambda: _preflight(opts))  # exit 3 / 4 before anything is written
     work = Path(opts.work_dir) if opts.work_dir else Path(tempfile.mkdtemp(prefix="specconv-release-"))
     work.mkdir(parents=True, exist_ok=True)
     drafter = work / "drafter"
@@ -174,8 +174,15 @@ def release(src: str, opts: ReleaseOptions, push_opts: PushOptions) -> ReleaseRe
 
 
 def _preflight(opts: ReleaseOptions) -> None:
-    """Refuse (exit 3) an engine that cannot be built here, before anything is written."""
+    """Refuse, before anything is converted or written: a verifier the conversion would not
+    record by a Hub id (exit 4; push would refuse the drafter), an engine that cannot be
+    built here (exit 3)."""
     from ..errors import UsageError
+    from .payload import check_verifier_hub_id
+
+    check_verifier_hub_id(opts.verifier_name or opts.verifier, "--verifier-name / --verifier",
+                          "pass --verifier-name ORG/NAME, the verifier's Hub id (a local --verifier is recorded "
+                          "by its path otherwise)")
 
     if opts.build_engine and not opts.export_onnx:
         raise UsageError("--build-engine needs --export-onnx (the engine is built from onnx/)")
