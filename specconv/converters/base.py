@@ -165,8 +165,50 @@ class SourceInfo:
         return d if isinstance(d, dict) else {}
 
 
+def refuse_unsupported_layer_keys(src: SourceInfo, format_id: str, *, cfg: dict[str, Any] | None = None,
+                                  file: Path | str | None = None) -> None:
+    """The one layer-key rule, on the source config as read (before any converter drops,
+    hoists or copies a key): a truthy :data:`specconv.format.facts.UNSUPPORTED_LAYER_KEYS`
+    at the top level, in ``dflash_config``, ``dspark_config`` or ``transformer_layer_config``
+    refuses the conversion. Every converter's ``plan`` runs it first on ``src.config``
+    (:class:`Converter`); ``cfg`` / ``file`` name another config the source is read with
+    (SpecForge's ``--draft-config``).
+
+    Raises:
+        UnsupportedFormatError: ``unsupported_layer_key``, naming each key, where it sat and
+            the config file.
+    """
+    from specconv.format.facts import unsupported_layer_keys
+
+    hits = unsupported_layer_keys(src.config if cfg is None else cfg)
+    if hits:
+        keys = ", ".join(f"{where}={value!r}" for where, value in hits)
+        raise UnsupportedFormatError(
+            f"{file or src.path / 'config.json'}: {keys}: gated attention (an output gate with its own weights) has no place in "
+            "a Speculators / vLLM drafter layer (a plain Llama / Qwen3 layer); the conversion would not be faithful",
+            format_id=format_id, code="unsupported_layer_key",
+        )
+
+
+def _refusing_layer_keys(plan: Any) -> Any:
+    """Wrap a converter's ``plan`` so that :func:`refuse_unsupported_layer_keys` runs first."""
+    import functools
+
+    @functools.wraps(plan)
+    def checked(self: "Converter", src: SourceInfo, verifier: Any, opts: "ConvertOptions") -> ConversionPlan:
+        refuse_unsupported_layer_keys(src, self.format_id)
+        return plan(self, src, verifier, opts)
+
+    checked.checks_layer_keys = True  # type: ignore[attr-defined]
+    return checked
+
+
 class Converter:
     """One source format. Subclasses set the class attributes and implement ``plan``.
+
+    Every subclass's ``plan`` is wrapped (``__init_subclass__``) to apply the one rule all
+    converters share on the source config, :func:`refuse_unsupported_layer_keys`, before
+    anything else: a key a converter drops would be invisible to the lint of its output.
 
     Class attributes:
         format_id: stable registry id (``zlab_dflash``, ``deepspec_dspark``, ...).
@@ -188,6 +230,12 @@ class Converter:
     spec_ref: ClassVar[str] = ""
     supported: ClassVar[bool] = True
     refusal: ClassVar[str] = ""
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        own = cls.__dict__.get("plan")
+        if own is not None and not getattr(own, "checks_layer_keys", False):
+            cls.plan = _refusing_layer_keys(own)  # type: ignore[method-assign]
 
     @classmethod
     def detect(cls, src: SourceInfo) -> bool:  # pragma: no cover - abstract

@@ -10,26 +10,8 @@ of the verifier's ``embed_tokens``/``lm_head`` (kept). deepseek-ai/DeepSpec
 
 from __future__ import annotations
 
-from specconv.errors import UnsupportedFormatError
-
 from ._dflash import DFlashLayout, plan_dflash_family
 from .base import Converter, SourceInfo, register
-
-
-def refuse_attn_output_gate(src: SourceInfo, format_id: str, body: str = "DFlash") -> None:
-    """DeepSpec ``attn_output_gate: true`` (gated attention output, DeepSpec
-    ``deepspec/modeling/dspark/qwen3/modeling.py``) has no place in the Speculators
-    DFlash/DSpark body, a plain Qwen3 layer.
-
-    Raises:
-        UnsupportedFormatError: naming the key.
-    """
-    if src.cfg("attn_output_gate"):
-        raise UnsupportedFormatError(
-            f"{src.path}/config.json: attn_output_gate=true adds gated-attention weights that the Speculators "
-            f"{body} body (a plain Qwen3 layer) cannot hold; the conversion would not be faithful",
-            format_id=format_id,
-        )
 
 
 def deepspec_layout(src: SourceInfo) -> DFlashLayout:
@@ -52,8 +34,7 @@ class DeepSpecDFlash(Converter):
     detection = "`architectures[0] == Qwen3DSparkModel` and `markov_rank == 0`"
     mapping = (
         "ids: -1 → 0, others +1; anchor-first (`sample_from_anchor: true`, `speculative_tokens = block_size`); "
-        "`embed_tokens`/`lm_head` copies kept; confidence-head tensors refused (no DFlash equivalent); "
-        "`attn_output_gate: true` refused"
+        "`embed_tokens`/`lm_head` copies kept; confidence-head tensors refused (no DFlash equivalent)"
     )
     spec_ref = "deepseek-ai/DeepSpec `deepspec/modeling/dspark/qwen3/config.py`, `modeling.py`"
 
@@ -62,7 +43,6 @@ class DeepSpecDFlash(Converter):
         return "Qwen3DSparkModel" in src.architectures and src.cfg("markov_rank") == 0
 
     def plan(self, src, verifier, opts):
-        refuse_attn_output_gate(src, self.format_id)
         layout = deepspec_layout(src)
         layout.refuse = {
             r"confidence_head\..*": "DeepSpec DFlash with a confidence head has no Speculators dflash equivalent",

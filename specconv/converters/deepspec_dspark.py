@@ -32,7 +32,6 @@ from ._dspark import (
     require_type,
 )
 from .base import Converter, SourceInfo, register
-from .deepspec_dflash import refuse_attn_output_gate
 
 #: What only DeepSpec's own save_pretrained writes: the anchor sampler's budget and the
 #: frozen embedding copy. A ``Qwen3DSparkModel`` without them may be an SGLang-normalised
@@ -110,7 +109,7 @@ class DeepSpecDSpark(Converter):
         "ids: -1 → 0, others +1; anchor-first (`sample_from_anchor: true`, `speculative_tokens = block_size`); "
         "`markov_rank`/`markov_head_type`/`enable_confidence_head`/`confidence_head_with_markov` copied "
         "(the last is false when the confidence head is off, as in DeepSpec's model); head tensors cross-checked; "
-        "`embed_tokens`/`lm_head` copies kept; `attn_output_gate: true` refused"
+        "`embed_tokens`/`lm_head` copies kept"
     )
     spec_ref = "deepseek-ai/DeepSpec `deepspec/modeling/dspark/qwen3/config.py`, `modeling.py`"
 
@@ -119,7 +118,6 @@ class DeepSpecDSpark(Converter):
         return "Qwen3DSparkModel" in src.architectures and src.cfg("markov_rank") != 0
 
     def plan(self, src, verifier, opts):
-        refuse_attn_output_gate(src, self.format_id, "DSpark")
         heads = deepspec_heads(src)
         sfa, sfa_source, extra = deepspec_layout_sfa(src, opts)
         layout = DFlashLayout(

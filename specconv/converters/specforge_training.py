@@ -30,7 +30,7 @@ from typing import Any
 
 from specconv.errors import InvalidInputError, UnsupportedFormatError
 
-from .base import Converter, SourceInfo, register
+from .base import Converter, SourceInfo, refuse_unsupported_layer_keys, register
 
 STATE_FILE = "training_state.pt"
 #: SpecForge strategy → Speculators algorithm (None: no Speculators equivalent).
@@ -180,6 +180,7 @@ class SpecForgeTraining(Converter):
                 code="needs_export",
             )
         cfg = read_draft_config(opts.draft_config)
+        refuse_unsupported_layer_keys(src, self.format_id, cfg=cfg, file=opts.draft_config)  # before unpickling
         state = load_training_state(state_path)
         strategy, algo = _strategy(state, state_path, opts)
         sd = draft_state_dict(state, state_path)

@@ -29,6 +29,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..errors import InvalidInputError, UnsupportedFormatError
+from ..format.facts import unsupported_layer_keys
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..format import SpeculatorsDraftConfig
@@ -325,14 +326,13 @@ class LayerSpec:
         act = cfg.get("hidden_act", "silu")
         if act not in ("silu", "swish"):
             raise UnsupportedFormatError(f"{source}: hidden_act {act!r} is not supported (silu only)")
-        for gate_key in ("attn_output_gate", "use_gated_attention", "gated_attention",
-                         "headwise_attn_output_gate", "elementwise_attn_output_gate"):
-            if cfg.get(gate_key):
-                raise UnsupportedFormatError(
-                    f"{source}: gated attention ({gate_key}=true) is not supported by the "
-                    "Speculators drafters (no speculators/vLLM counterpart)",
-                    format_id="gated_attention",
-                )
+        gated = unsupported_layer_keys(cfg)  # the one key set convert refuses too
+        if gated:
+            raise UnsupportedFormatError(
+                f"{source}: gated attention ({', '.join(f'{k}={v!r}' for k, v in gated)}) is not supported by "
+                "the Speculators drafters (no speculators/vLLM counterpart)",
+                format_id="gated_attention",
+            )
         lt = cfg.get("layer_types")
         if lt is None:
             lt = ["full_attention"] * self.num_layers

@@ -10,7 +10,7 @@ in ``docs/formats.md``.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 __all__ = [
@@ -23,11 +23,14 @@ __all__ = [
     "NEVER_WRITTEN",
     "SERVE_METHODS",
     "SPECULATORS_VERSION",
+    "LAYER_KEY_SCOPES",
+    "UNSUPPORTED_LAYER_KEYS",
     "aux_ids_key",
     "layer0_input_width",
     "legacy_sample_from_anchor",
     "speculative_tokens_for",
     "speculators_envelope",
+    "unsupported_layer_keys",
 ]
 
 #: Algorithms (``speculators_model_type`` values) specconv writes and reads.
@@ -61,6 +64,46 @@ MAX_DRAFT_LAYERS = 1024
 
 #: safetensors dtype strings of float tensors.
 FLOAT_DTYPES: frozenset[str] = frozenset({"F16", "BF16", "F32", "F64", "F8_E4M3", "F8_E5M2"})
+
+#: Layer-architecture keys no Speculators drafter (speculators 0.9.0, vLLM 0.33) implements:
+#: a gate on the attention output, with extra weights a plain Llama / Qwen3 layer cannot
+#: hold — DeepSpec's ``attn_output_gate`` (``deepspec/modeling/dspark/qwen3/modeling.py``),
+#: the head-wise / element-wise spellings of the gated-attention Qwen variants, and two
+#: generic names. Set (truthy) anywhere a converter reads layer keys, they are refused at
+#: convert (:func:`unsupported_layer_keys`); the reference drafters refuse them in
+#: ``transformer_layer_config`` (``specconv/drafters/layers.py``).
+UNSUPPORTED_LAYER_KEYS: tuple[str, ...] = (
+    "attn_output_gate", "use_gated_attention", "gated_attention",
+    "headwise_attn_output_gate", "elementwise_attn_output_gate",
+)
+
+#: Where a config holds layer-architecture keys: the top level (``""``, flat HF decoder
+#: configs), the DFlash / DSpark drafter blocks and a Speculators-style layer config.
+LAYER_KEY_SCOPES: tuple[str, ...] = ("", "dflash_config", "dspark_config", "transformer_layer_config")
+
+
+def unsupported_layer_keys(cfg: Mapping[str, Any] | None) -> list[tuple[str, Any]]:
+    """The :data:`UNSUPPORTED_LAYER_KEYS` set in ``cfg``, in every :data:`LAYER_KEY_SCOPES`.
+
+    A converter drops or re-nests keys (``dflash_config`` is hoisted, DeepSpec's keys are
+    filtered), so a key checked only in the written config would be invisible to the lint;
+    this runs on the source config as read.
+
+    Args:
+        cfg: a parsed config (``None``: nothing to check).
+
+    Returns:
+        ``[(dotted location, value)]`` of every truthy one, e.g.
+        ``[("dflash_config.attn_output_gate", True)]`` (empty when none).
+    """
+    hits: list[tuple[str, Any]] = []
+    for scope in LAYER_KEY_SCOPES:
+        block = cfg.get(scope) if scope and isinstance(cfg, Mapping) else cfg
+        if not isinstance(block, Mapping):
+            continue
+        hits += [(f"{scope}.{k}" if scope else k, block[k]) for k in UNSUPPORTED_LAYER_KEYS if block.get(k)]
+    return hits
+
 
 #: config ``dtype`` value → safetensors dtype string.
 CONFIG_DTYPE_TO_ST: dict[str, str] = {
