@@ -110,7 +110,8 @@ def test_release_never_replaces_a_foreign_work_dir_drafter(double, tmp_path, smo
     keep = tmp_path / "work" / "drafter" / "keep.txt"
     keep.parent.mkdir(parents=True)
     keep.write_text("mine\n")
-    code, out = _run("release", EXAMPLE, "--verifier", smollm2_dir, "--repo-id", "specconv-test/rel",
+    code, out = _run("release", EXAMPLE, "--verifier", smollm2_dir, "--verifier-name",
+                     "HuggingFaceTB/SmolLM2-135M-Instruct", "--repo-id", "specconv-test/rel",
                      "--work-dir", tmp_path / "work", "--dry-run", env=_hub_env(double))
     assert code == 3 and out["error"] == "output_exists" and out["failed_step"] == "convert", out
     assert keep.read_text() == "mine\n" and sorted(p.name for p in keep.parent.iterdir()) == ["keep.txt"]
