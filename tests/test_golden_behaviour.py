@@ -105,6 +105,8 @@ def test_diff_names_each_changed_key():
     assert ".gone: missing now (golden 1)" in lines and ".new: new key (now 2)" in lines
     assert capture.diff({"a": 1}, {"a": 1.0}) == ['.a: golden 1 ≠ now 1.0']  # types count
     assert capture.diff(golden, json.loads(json.dumps(golden))) == []
+    card = capture.diff({"md": ["# t", "| a | 1 |", "end"]}, {"md": ["# t", "| a | 2 |", "end"]})
+    assert ".md: -| a | 1 |" in card and ".md: +| a | 2 |" in card  # a card diffs as text, line by line
 
 
 def test_normaliser_replaces_only_run_specific_values(tmp_path):

@@ -23,6 +23,7 @@ Rewriting is a deliberate act: run it only after an intended behaviour change, t
 from __future__ import annotations
 
 import argparse
+import difflib
 import json
 import shutil
 import sys
@@ -111,6 +112,8 @@ def diff(golden: Any, now: Any, path: str = "") -> list[str]:
             out += diff(golden[k], now[k], f"{path}.{k}")
         return out
     if isinstance(golden, list) and isinstance(now, list):
+        if golden != now and golden and now and all(isinstance(x, str) for x in golden + now):
+            return _text_diff(golden, now, where)
         out = []
         for i, (a, b) in enumerate(zip(golden, now)):
             out += diff(a, b, f"{path}[{i}]")
@@ -122,6 +125,12 @@ def diff(golden: Any, now: Any, path: str = "") -> list[str]:
     if type(golden) is not type(now) or golden != now:
         return [f"{where}: golden {_short(golden)} ≠ now {_short(now)}"]
     return []
+
+
+def _text_diff(golden: list[str], now: list[str], where: str) -> list[str]:
+    """Lines of text (a card): a unified diff, ``-`` golden / ``+`` now."""
+    body = difflib.unified_diff(golden, now, "golden", "now", n=1, lineterm="")
+    return [f"{where}: {ln}" for ln in list(body)[2:]]
 
 
 def _short(v: Any, n: int = 160) -> str:
