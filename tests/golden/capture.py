@@ -18,6 +18,12 @@ Usage (from the repo root)::
 
 Rewriting is a deliberate act: run it only after an intended behaviour change, then review
 ``git diff tests/golden/data`` line by line and commit it with the change that caused it.
+
+Inputs are built by the suite's own builders, imported (not copied): ``conftest``
+(``make_tiny_verifier``), ``fixtures_dflash`` / ``fixtures_dspark`` / ``fixtures_peagle``,
+``test_bad_inputs`` / ``test_bad_inputs_new`` (helpers and ``parametrize`` lists),
+``test_validate_cli._build``, ``hub_double``. When tests move, update those imports in
+``golden/*.py`` only; the golden files must not change.
 """
 
 from __future__ import annotations

@@ -2,8 +2,10 @@
 "files written" recorder and the output-file reader.
 
 Layout under the root (stable, so the relative paths specconv records are too):
-``verifiers/<kind>/`` (tiny random verifiers, ``tests/conftest.make_tiny_verifier``),
-``shared/<name>/`` (inputs several cases share), ``<group>/<case>/`` (one dir per case).
+``verifiers/smollm2/`` (symlinks to the real SmolLM2 verifier's files), ``shared/<name>/``
+(inputs several cases share: ``verifier-qwen3`` / ``verifier-llama`` from
+``tests/conftest.make_tiny_verifier``, speculators-built drafters, the validate set),
+``<group>/<case>/`` (one fresh dir per case), ``cwd/`` (the working dir of every call).
 """
 
 from __future__ import annotations
