@@ -157,7 +157,9 @@ def test_validate_refuses_a_foreign_onnx_graph_before_anything_runs(converted, t
     for rel, data in (("fp32/drafter.onnx", b"graph"), ("fp32/drafter.onnx.data", b"weights")):
         (onnx / rel).write_bytes(data)
         files[rel] = hashlib.sha256(data).hexdigest()
-    (onnx / "onnx_meta.json").write_text(json.dumps({"files": files, "drafter_files": {"config.json": "0" * 64}}))
+    (onnx / "onnx_meta.json").write_text(json.dumps({"format": "specconv-onnx-drafter", "format_version": 2,
+                                                     "graphs": {"fp32/drafter.onnx": {"dtype": "float32"}},
+                                                     "files": files, "drafter_files": {"config.json": "0" * 64}}))
     code, out = _run("validate", converted, "--verifier", tmp_path / "no-verifier", "--onnx", onnx,
                      "--dtype", "float32", "--report-dir", tmp_path / "rep")
     assert code == 3 and out["error"] == "onnx_other_drafter", out

@@ -1,6 +1,7 @@
 """``specconv build-engine``: builder logic against a fake ``tensorrt`` module (exact
-calls), the missing-GPU / missing-TensorRT exits, and a real TensorRT-RTX ahead-of-time
-build on the CPU (when the ``trt-rtx`` extra is installed)."""
+calls, the in-memory TensorRT attributes), the missing-GPU / missing-TensorRT / version-1
+exits, and a real TensorRT-RTX ahead-of-time build on the CPU (when the ``trt-rtx`` extra
+is installed)."""
 
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ from specconv.cli.main import cli  # noqa: E402
 from specconv.errors import InvalidInputError, UsageError  # noqa: E402
 from specconv.export import engine  # noqa: E402
 from specconv.export.engine import BuildOptions, build_engine_dir, parse_profile, profile_shapes  # noqa: E402
+from specconv.tensors import sha256_file  # noqa: E402
 
 GPU = {"name": "Fake H100", "compute_capability": "9.0", "cuda": "13.0", "driver": "580.1"}
 DYN = {"batch": {"min": 1, "max": 8}, "context": {"min": 1, "max": 4096}}
@@ -41,8 +43,8 @@ def fake_trt(calls: list, *, parse_ok=True, plan=b"PLAN-BYTES", version="11.4.0"
             calls.append(("OnnxParser", ()))
             self.num_errors = 0 if parse_ok else 1
 
-        def parse_from_file(self, path):
-            calls.append(("parse_from_file", (path,)))
+        def parse(self, model, path=None):  # OnnxParser.parse(model: buffer, path: str = None)
+            calls.append(("parse", (bytes(model), path)))
             return parse_ok
 
         def get_error(self, i):
@@ -134,7 +136,25 @@ def test_fake_tensorrt_build_calls_layout_and_manifest(onnx_dir, monkeypatch, tm
     key = "trt11.4.0-cu13-sm90-fp32-ampere_plus-vc"
     assert res["key"] == key
     names = [c[0] for c in calls]
-    assert names.index("Builder") < names.index("create_network") < names.index("parse_from_file")
+    assert names.index("Builder") < names.index("create_network") < names.index("parse")
+    # the parsed bytes are the shipped graph plus TRT_decomposable=1 on every Attention node,
+    # read with the graph's own path (external data beside it); the file itself is unchanged
+    import onnx
+
+    graph = onnx_dir / "onnx" / "drafter.onnx"
+    (model, path), = [c[1] for c in calls if c[0] == "parse"]
+    assert path == str(graph.resolve())
+    parsed, shipped = onnx.load_from_string(model), onnx.load(str(graph), load_external_data=False)
+    attn = [n for n in parsed.graph.node if n.op_type == "Attention"]
+    assert len(attn) == 2 and all({a.name: a.i for a in n.attribute}["TRT_decomposable"] == 1 for n in attn)
+    for n in shipped.graph.node:
+        assert "TRT_decomposable" not in [a.name for a in n.attribute]
+    for n in parsed.graph.node:  # nothing else differs
+        n.ClearField("attribute")
+    for n in shipped.graph.node:
+        n.ClearField("attribute")
+    assert parsed == shipped
+    assert sha256_file(graph) == json.loads((onnx_dir / "onnx" / "onnx_meta.json").read_text())["files"]["drafter.onnx"]
     assert ("create_network", (1 << 0,)) in calls  # STRONGLY_TYPED
     assert ("clear_flag", (0,)) in calls  # TF32 off for an fp32 engine
     assert ("set_flag", (1,)) in calls  # VERSION_COMPATIBLE
@@ -149,6 +169,8 @@ def test_fake_tensorrt_build_calls_layout_and_manifest(onnx_dir, monkeypatch, tm
     out = onnx_dir / "trt" / key
     assert (out / "drafter.plan").read_bytes() == b"PLAN-BYTES"
     build = json.loads((out / "build.json").read_text())
+    assert build["onnx_in_memory"]["attributes"] == [
+        {"op_type": "Attention", "name": "TRT_decomposable", "value": 1, "count": 2}]
     assert build["gpu"] == "Fake H100" and build["compute_capability"] == "9.0" and build["driver"] == "580.1"
     assert build["profiles"][0]["ctx_valid"] == {"min": [1, 1], "opt": [2, 8], "max": [4, 16]}
     assert build["plan_sha256"] == __import__("hashlib").sha256(b"PLAN-BYTES").hexdigest()
@@ -206,8 +228,23 @@ def test_truncated_or_foreign_onnx_is_refused(onnx_dir, exported, monkeypatch): 
     assert calls == [] and not (onnx_dir / "trt").exists()
 
 
+def test_version_1_export_is_refused_before_any_tensorrt_object(onnx_dir, monkeypatch):
+    monkeypatch.setattr(engine, "gpu_info", lambda: GPU)
+    meta_p = onnx_dir / "onnx" / "onnx_meta.json"
+    meta_p.write_text(json.dumps({**json.loads(meta_p.read_text()), "format_version": 1}))
+    calls: list = []
+    with pytest.raises(InvalidInputError, match="re-export with `specconv export onnx`") as e:
+        build_engine_dir(onnx_dir, None, BuildOptions(), trt_module=fake_trt(calls))
+    assert e.value.code == "onnx_format_version" and e.value.exit_code == 3 and calls == []
+    r = CliRunner().invoke(cli, ["build-engine", str(onnx_dir), "--builder", "rtx", "--compute-capability", "8.9",
+                                 "--format", "json"])
+    assert r.exit_code == 3 and json.loads(r.stdout)["error"] == "onnx_format_version"
+    assert not (onnx_dir / "trt").exists()
+
+
 def test_rtx_ahead_of_time_build_on_cpu(onnx_dir):
-    """Real TensorRT-RTX: parses and compiles the exported graph without a GPU."""
+    """Real TensorRT-RTX: parses and compiles the exported fp32 graph without a GPU. An fp32
+    attention has no dedicated kernel: the build needs the in-memory TRT_decomposable."""
     pytest.importorskip("tensorrt_rtx")
     if torch.cuda.is_available():
         pytest.skip("checks the CPU path")
@@ -221,6 +258,11 @@ def test_rtx_ahead_of_time_build_on_cpu(onnx_dir):
     man = json.loads((onnx_dir / "trt" / "manifest.json").read_text())
     assert man["variants"][0]["plan_sha256"] == res["plan_sha256"]
     assert man["variants"][0]["target_compute_capabilities"] == ["8.9"]
+    build = json.loads((onnx_dir / "trt" / res["key"] / "build.json").read_text())
+    assert build["onnx_in_memory"]["attributes"] == [
+        {"op_type": "Attention", "name": "TRT_decomposable", "value": 1, "count": 2}]
+    meta = json.loads((onnx_dir / "onnx" / "onnx_meta.json").read_text())
+    assert build["onnx_sha256"] == meta["files"]["drafter.onnx"] == sha256_file(onnx_dir / "onnx" / "drafter.onnx")
 
 
 @pytest.mark.gpu

@@ -35,12 +35,13 @@ def test_bundled_drafter_export_and_validate_onnx(tmp_path, smollm2_dir):
         code, res = _invoke("convert", str(TRAINED), "--verifier", str(smollm2_dir), "--verifier-name",
                             "HuggingFaceTB/SmolLM2-135M-Instruct", "-o", str(out))
         assert code == 0, res
-        # verifier taken from the record; fp32 only (the twin is the graph)
+        # verifier taken from the record; fp32: one graph, written once (no fp32/ twin)
         code, exp = _invoke("export", "onnx", str(out), "--dtype", "float32", "--outputs", "ids,logprobs,logits")
         assert code == 0, exp
         assert exp["contains_verifier_weights"] is True  # full-vocab DFlash: SmolLM2's tied embedding baked in
         assert exp["census"]["Attention"] == 2 and exp["census"]["RMSNormalization"] >= 5
-        p32 = exp["parity"]["fp32/drafter.onnx"]
+        p32 = exp["parity"]["drafter.onnx"]
+        assert list(exp["parity"]) == ["drafter.onnx"] and not (out / "onnx" / "fp32").exists()
         assert p32["passed"] and p32["top1"] == 1.0 and p32["max_abs"] <= 1e-3
         data = out / "onnx" / "drafter.onnx.data"
         assert data.stat().st_size < 1.2 * 49152 * 576 * 4 + 20e6  # the tied weight is stored once
@@ -69,5 +70,7 @@ def test_bundled_drafter_export_and_validate_onnx(tmp_path, smollm2_dir):
         plan = out / "trt" / eng["key"] / "drafter.plan"
         assert plan.stat().st_size > 1_000_000 and eng["variants"] == [eng["key"]]
         assert json.loads((out / "trt" / "manifest.json").read_text())["variants"][0]["plan_sha256"] == eng["plan_sha256"]
+        assert eng["onnx_in_memory"]["attributes"] == [
+            {"op_type": "Attention", "name": "TRT_decomposable", "value": 1, "count": 2}]
     finally:
         torch.set_num_threads(n)

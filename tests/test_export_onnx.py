@@ -1,5 +1,6 @@
 """``specconv export onnx`` on tiny DFlash / DSpark / P-EAGLE dirs (real torch.onnx dynamo
-export, onnx checker, ONNX Runtime parity), the ORT drafter's refusals, bad inputs."""
+export, onnx checker and ONNX Runtime on the shipped files, ONNX Runtime parity), the ORT
+drafter's refusals (version-1 exports included), bad inputs."""
 
 from __future__ import annotations
 
@@ -64,10 +65,14 @@ def _graph(d):
     return onnx.load(str(d / "onnx" / "drafter.onnx"), load_external_data=False)
 
 
+def _meta(d):
+    return json.loads((d / "onnx" / "onnx_meta.json").read_text())
+
+
 @pytest.mark.parametrize("algo", ["dflash", "dspark", "peagle"])
 def test_graph_census_and_tensorrt_rules(exported, algo):
     d, res = exported[algo]
-    for rel in ("drafter.onnx", "fp32/drafter.onnx"):
+    for rel in _meta(d)["graphs"]:
         m = onnx.load(str(d / "onnx" / rel), load_external_data=False)
         ops = [n.op_type for n in m.graph.node]
         assert ops.count("Attention") == 2  # one per draft layer
@@ -77,7 +82,7 @@ def test_graph_census_and_tensorrt_rules(exported, algo):
         for n in m.graph.node:
             if n.op_type == "Attention":
                 attrs = {a.name: a.i for a in n.attribute}
-                assert attrs["TRT_decomposable"] == 1
+                assert "TRT_decomposable" not in attrs  # TensorRT-only: build-engine sets it in memory
                 assert attrs.get("is_causal", 0) == 0  # explicit masks instead
     ins = {i.name: i.type.tensor_type for i in _graph(d).graph.input}
     assert ins["block_ids"].elem_type == onnx.TensorProto.INT32
@@ -88,7 +93,8 @@ def test_graph_census_and_tensorrt_rules(exported, algo):
 
 def test_meta_hashes_versions_and_record(exported):
     d, res = exported["dflash"]
-    meta = json.loads((d / "onnx" / "onnx_meta.json").read_text())
+    meta = _meta(d)
+    assert meta["format"] == "specconv-onnx-drafter" and meta["format_version"] == 2
     assert meta["opset"] == 23 and meta["ir_version"] >= 10 and meta["dtype"] == "float16"
     assert set(meta["versions"]) >= {"torch", "onnx", "onnxscript", "onnxruntime", "specconv"}
     assert meta["block_size"] == 4 and meta["num_draft_tokens"] == 3
@@ -105,15 +111,94 @@ def test_meta_hashes_versions_and_record(exported):
     assert meta["graphs"]["fp32/drafter.onnx"]["dtype"] == "float32"
     rec = json.loads((d / "specconv.json").read_text())["export"]["onnx"]
     assert rec["parity_passed"] is True and rec["dtype"] == "float16"
-    p_meta = json.loads((exported["peagle"][0] / "onnx" / "onnx_meta.json").read_text())
+    p_meta = _meta(exported["peagle"][0])
     assert p_meta["contains_verifier_weights"] is False and p_meta["dynamic"]["context"]["max"] == 16
+    # --dtype float32: one graph, written once (no fp32/ twin, no link, no copy)
+    assert set(p_meta["files"]) == {"drafter.onnx", "drafter.onnx.data"}
+    assert list(p_meta["graphs"]) == ["drafter.onnx"] and p_meta["graphs"]["drafter.onnx"]["dtype"] == "float32"
+
+
+def _run_feeds(g: dict, meta: dict, batch: int = 2, ctx: int = 5) -> dict:
+    """ONNX Runtime feeds built from the meta's I/O spec: random aux states, token 0, real
+    positions, every context entry valid, zero noise."""
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    dims = {"batch": batch, "context": ctx}
+    feeds = {}
+    for i in g["inputs"]:
+        shape = [dims[x] if isinstance(x, str) else x for x in i["shape"]]
+        if i["name"] == "ctx_position_ids":
+            feeds[i["name"]] = np.broadcast_to(np.arange(ctx, dtype=np.int32), shape).copy()
+        elif i["name"] == "block_position_ids":
+            feeds[i["name"]] = np.broadcast_to(ctx + np.arange(shape[1], dtype=np.int32), shape).copy()
+        elif i["dtype"] == "bool":
+            feeds[i["name"]] = np.ones(shape, dtype=bool)
+        elif i["name"] == "aux_hidden":
+            feeds[i["name"]] = rng.standard_normal(shape).astype(i["dtype"])
+        else:
+            feeds[i["name"]] = np.zeros(shape, dtype=i["dtype"])
+    return feeds
+
+
+@pytest.mark.parametrize("algo", ["dflash", "dspark", "peagle"])
+def test_shipped_graphs_are_standard_onnx(exported, algo):
+    """Every file under onnx/ as shipped: onnx.checker's full check passes, ONNX Runtime loads
+    and runs it as written, no file has a second hard link and no file is a copy of another."""
+    import hashlib
+
+    import numpy as np
+    import onnxruntime as ort
+
+    d, _ = exported[algo]
+    meta = _meta(d)
+    files = [p for p in (d / "onnx").rglob("*") if p.is_file()]
+    assert sorted(p.relative_to(d / "onnx").as_posix() for p in files) == sorted([*meta["files"], "onnx_meta.json"])
+    assert [p.name for p in files if p.stat().st_nlink != 1] == []
+    digests = [hashlib.sha256(p.read_bytes()).hexdigest() for p in files]
+    assert len(set(digests)) == len(digests)  # no second copy of a graph or its weights
+    for rel, g in meta["graphs"].items():
+        path = str(d / "onnx" / rel)
+        onnx.checker.check_model(path, full_check=True)
+        sess = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
+        outs = dict(zip([o.name for o in sess.get_outputs()], sess.run(None, _run_feeds(g, meta))))
+        assert list(outs) == [o["name"] for o in g["outputs"]]
+        ids = outs["draft_ids"]
+        assert ids.shape == (2, meta["num_draft_tokens"]) and ids.dtype == np.int32
+        assert ((0 <= ids) & (ids < meta["vocab_size"])).all()
+        assert np.isfinite(outs["draft_logprobs"]).all() and (outs["draft_logprobs"] <= 1e-3).all()
+
+
+def _version_1(src, dst):
+    """A copy of export dir ``src`` whose onnx_meta.json says format_version 1."""
+    shutil.copytree(src, dst)
+    m = json.loads((dst / "onnx_meta.json").read_text())
+    (dst / "onnx_meta.json").write_text(json.dumps({**m, "format_version": 1}))
+    return dst
+
+
+def test_version_1_export_is_refused_by_validate_onnx(exported, tmp_path):
+    from specconv.export.ort_drafter import OrtDrafter
+
+    d, _ = exported["peagle"]
+    old = _version_1(d / "onnx", tmp_path / "onnx")
+    for path in (old, old / "drafter.onnx"):
+        with pytest.raises(InvalidInputError, match="re-export with `specconv export onnx`") as e:
+            OrtDrafter(path, d, dtype="float32")
+        assert e.value.code == "onnx_format_version" and e.value.exit_code == 3
+    # the CLI refuses it before anything runs (the verifier is not even resolved)
+    code, res = _cli("validate", str(d), "--verifier", str(tmp_path / "no-verifier"), "--onnx", str(old),
+                     "--dtype", "float32", "--report-dir", str(tmp_path / "rep"))
+    assert code == 3 and res["error"] == "onnx_format_version", res
+    assert "re-export with `specconv export onnx`" in res["message"]
+    assert not (tmp_path / "rep").exists()
 
 
 @pytest.mark.parametrize("algo", ["dflash", "dspark", "peagle"])
 def test_parity_with_onnx_runtime(exported, algo):
     _d, res = exported[algo]
-    p32 = res["parity"]["fp32/drafter.onnx"]
-    assert p32["passed"] and p32["runtime"] == "onnxruntime-cpu"
+    p32 = res["parity"]["fp32/drafter.onnx" if algo == "dflash" else "drafter.onnx"]  # float32: one graph
+    assert p32["passed"] and p32["runtime"] == "onnxruntime-cpu" and p32["dtype"] == "float32"
     assert p32["top1"] == 1.0 and p32["max_abs"] <= 1e-3
     assert [c["shape"]["batch"] for c in p32["cases"]] == [1, 3]
     if algo == "dflash":  # fp16 main graph vs torch fp16
@@ -145,7 +230,7 @@ def test_ort_drafter_refuses_long_context_truncated_and_foreign_graphs(exported,
     from specconv.export.ort_drafter import OrtDrafter
 
     pd, _ = exported["peagle"]
-    od = OrtDrafter(pd / "onnx" / "fp32" / "drafter.onnx", pd)
+    od = OrtDrafter(pd / "onnx" / "drafter.onnx", pd)
     with pytest.raises(InvalidInputError, match="exceeds the graph's max context 16") as e:
         od.propose(torch.zeros(1, 18, dtype=torch.long), torch.zeros(1, 17, 96))
     assert e.value.exit_code == 3
@@ -154,7 +239,7 @@ def test_ort_drafter_refuses_long_context_truncated_and_foreign_graphs(exported,
     assert e.value.code == "onnx_other_drafter"
     bad = tmp_path / "onnx"
     shutil.copytree(pd / "onnx", bad)
-    data = bad / "fp32" / "drafter.onnx.data"
+    data = bad / "drafter.onnx.data"
     data.write_bytes(data.read_bytes()[:1000])
     with pytest.raises(InvalidInputError) as e:
         OrtDrafter(bad, pd, dtype="float32")

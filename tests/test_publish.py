@@ -297,8 +297,9 @@ def test_release_with_a_failed_gate_publishes_nothing(double, tmp_path, smollm2_
     assert "specconv-test/gated" not in double.repos
 
 
-def test_onnx_files_need_a_passed_export_check_and_the_verifier_weights_flag(drafter):
-    from specconv.errors import GateFailedError
+def test_onnx_files_need_a_passed_export_check_and_the_verifier_weights_flag(drafter, double, tmp_path):
+    from specconv.errors import GateFailedError, InvalidInputError
+    from specconv.export.onnx_dir import META_FORMAT, META_FORMAT_VERSION
     from specconv.publish.card import render_card
     from specconv.publish.payload import collect
     from specconv.record import read_record, update_record
@@ -309,7 +310,8 @@ def test_onnx_files_need_a_passed_export_check_and_the_verifier_weights_flag(dra
     graph.write_bytes(b"\x08\x07fake-onnx-graph")
     (drafter / "onnx" / "fp32" / "drafter.onnx").write_bytes(b"\x08\x07fp32-twin")
     validated = read_record(drafter).validation.files
-    meta = {"files": {"drafter.onnx": sha256_file(graph), "fp32/drafter.onnx": "0" * 64},
+    meta = {"format": META_FORMAT, "format_version": META_FORMAT_VERSION,
+            "files": {"drafter.onnx": sha256_file(graph), "fp32/drafter.onnx": "0" * 64},
             "drafter_files": validated, "contains_verifier_weights": True}
     (drafter / "onnx" / "onnx_meta.json").write_text(json.dumps(meta))
     with pytest.raises(GateFailedError) as e:  # no export check recorded
@@ -330,6 +332,17 @@ def test_onnx_files_need_a_passed_export_check_and_the_verifier_weights_flag(dra
     graph.write_bytes(b"\x08\x07fake-onnx-graph")
     card = render_card(drafter, rec, p, REPO, plot=False)
     assert "## Engines" in card and "`onnx/drafter.onnx` | ONNX" in card and "contains_verifier_weights" in card
+    # an export of format version 1 (TensorRT attributes in the file) is refused: re-export
+    (drafter / "onnx" / "onnx_meta.json").write_text(json.dumps({**meta, "format_version": 1}))
+    with pytest.raises(InvalidInputError, match="re-export with `specconv export onnx`") as e:
+        collect(drafter, allow_verifier_weights=True)
+    assert e.value.code == "onnx_format_version" and e.value.exit_code == 3
+    n = len(double.requests)
+    code, out, text = _cli(tmp_path, double, "push", drafter, "--repo-id", "specconv-test/v1-onnx",
+                           "--allow-verifier-weights")
+    assert code == 3 and out["error"] == "onnx_format_version", text[-2000:]
+    assert "re-export with `specconv export onnx`" in out["message"]
+    assert "specconv-test/v1-onnx" not in double.repos and not [r for r in double.requests[n:] if r.is_write]
 
 
 def test_release_dry_run_plans_without_writing(double, tmp_path, smollm2_dir):
@@ -510,3 +523,34 @@ def test_release_preflight_takes_the_name_the_conversion_would_record(tmp_path, 
         with pytest.raises(GateFailedError) as e:
             _preflight(bad)
         assert e.value.code == "verifier_not_hub_id" and e.value.exit_code == 4
+
+
+def test_version_1_earlier_export_is_not_reused(released_onnx, tmp_path, monkeypatch):
+    """An earlier export of format version 1 is refused for re-use (the reason says to
+    re-export) and the drafter is exported again."""
+    import shutil
+
+    from specconv.errors import InvalidInputError
+    from specconv.export import onnx_dir
+    from specconv.publish.release_export import _reuse, export_step, keep_previous_export
+
+    assert released_onnx["code"] == 0, released_onnx["text"][-2000:]
+    work = tmp_path / "work"
+    shutil.copytree(released_onnx["work"], work)
+    d = work / "drafter"
+    keep_previous_export(d, work)
+    meta = work / ".previous-export" / "onnx" / "onnx_meta.json"
+    meta.write_text(json.dumps({**json.loads(meta.read_text()), "format_version": 1}))  # same drafter bytes
+    with pytest.raises(InvalidInputError, match="re-export with `specconv export onnx`"):
+        _reuse(d, work)
+    exports = []
+
+    def fake_export(drafter, **kw):  # the real export is covered by test_release_with_export_onnx_pushes_onnx
+        exports.append((drafter, kw))
+        return {"contains_verifier_weights": True, "parity_passed": True}
+
+    monkeypatch.setattr(onnx_dir, "export_onnx_dir", fake_export)
+    r = export_step(d, work, "V")
+    assert r["reused"] is False and "re-export with `specconv export onnx`" in r["reuse_refused"]
+    assert exports == [(d, {"verifier": "V", "overwrite": True})] and r["parity_passed"] is True
+    assert not (d / "onnx").exists() and not (work / ".previous-export").exists()  # v1 graphs not put back

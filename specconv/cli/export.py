@@ -48,7 +48,7 @@ def export_group() -> None:
               help="Output dir [default: DIR/onnx].")
 @click.option("--verifier", help="Verifier dir or Hub id [default: the one in DIR/specconv.json].")
 @click.option("--dtype", type=click.Choice(["float32", "float16", "bfloat16"]), default="float16",
-              show_default=True, help="Dtype of drafter.onnx (an fp32 twin is always written under fp32/).")
+              show_default=True, help="Dtype of drafter.onnx (float16/bfloat16: an fp32 twin is also written under fp32/).")
 @click.option("--opset", type=click.Choice(["23", "24"]), default="23", show_default=True)
 @click.option("--outputs", default="ids,logprobs", show_default=True,
               help="Comma list of ids,logprobs,topk,logits,confidence (ids required).")
@@ -67,9 +67,10 @@ def onnx_cmd(drafter_dir: Path, output: Path | None, verifier: str | None, dtype
              overwrite: bool, no_check: bool, output_format: str) -> None:
     """Export one drafting step of the drafter in DIR as ONNX (TensorRT-ready).
 
-    Writes drafter.onnx + drafter.onnx.data, the fp32 twin under fp32/ and onnx_meta.json,
-    checks parity with ONNX Runtime (exit 4 when it fails, nothing written) and records
-    the result under "export" in DIR/specconv.json.
+    Writes drafter.onnx + drafter.onnx.data (standard ONNX), for float16/bfloat16 the fp32
+    twin under fp32/, and onnx_meta.json; checks parity with ONNX Runtime on the written
+    graphs (exit 4 when it fails, nothing written) and records the result under "export"
+    in DIR/specconv.json.
     """
     from specconv.export.onnx_dir import export_onnx_dir
     from specconv.export.onnx_export import ExportSettings

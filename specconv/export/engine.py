@@ -8,6 +8,16 @@ optimization profile over the dynamic ``batch`` / ``context`` axes, ``TF32`` cle
 fp32 validation engines. API names: NVIDIA TensorRT Python API reference
 (``IBuilder``, ``IBuilderConfig``, ``OnnxParser``).
 
+The shipped graph is standard ONNX. TensorRT-only attributes (:data:`TENSORRT_ATTRIBUTES`)
+are set in memory: the graph's proto is loaded without its external data, the attributes
+are set, and the bytes are parsed with ``OnnxParser.parse(model, path)``, ``path`` being the
+graph file: the parser reads external data relative to that file's directory
+(onnx/onnx-tensorrt ``NvOnnxParser.h``, ``IParser::parse``'s ``model_path``; the Python
+binding ``parse(model, path=None)`` in NVIDIA/TensorRT ``python/src/parsers/pyOnnx.cpp``;
+``WeightsContext::parseExternalWeights`` in onnx-tensorrt ``WeightsContext.cpp`` replaces
+the part after the path's last ``/`` with the tensor's ``location``). TensorRT-RTX 1.7 has
+the same ``parse(model, path)``.
+
 Layout (docs/engines.md)::
 
     DIR/trt/manifest.json                         every variant
@@ -34,10 +44,16 @@ from typing import Any
 from ..errors import InvalidInputError, UsageError
 
 __all__ = ["BuildOptions", "parse_profile", "profile_shapes", "build_engine_dir", "gpu_info",
-           "variant_key", "import_builder"]
+           "variant_key", "import_builder", "tensorrt_model", "TENSORRT_ATTRIBUTES"]
 
 AXES = ("batch", "context")
 _DTYPE_TAG = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16"}
+#: TensorRT-only node attributes ``(op type, attribute, value)``, set in memory on the
+#: parsed proto and never written to the shipped graph (``onnx.checker`` and ONNX Runtime
+#: refuse unknown attributes). The onnx-tensorrt ``Attention`` importer reads
+#: ``TRT_decomposable`` (default 0) and marks the ``IAttention`` decomposable; without it an
+#: attention with no fused kernel (e.g. fp32) fails to build (docs/engines.md).
+TENSORRT_ATTRIBUTES = (("Attention", "TRT_decomposable", 1),)
 
 
 @dataclass
@@ -227,9 +243,40 @@ def _failing_layer(lines: list[str]) -> str | None:
     return None
 
 
-def build_plan(trt, onnx_path: Path, opts: BuildOptions, shapes: dict, dtype: str,
+def tensorrt_model(onnx_path: Path) -> tuple[bytes, list[dict]]:
+    """The serialized graph TensorRT parses: the proto of ``onnx_path`` (external data not
+    loaded) with :data:`TENSORRT_ATTRIBUTES` set on every default-domain node of their op
+    type. The file itself is not changed.
+
+    Returns:
+        ``(model bytes, [{"op_type", "name", "value", "count"}, ...])``.
+
+    Raises:
+        MissingExtraError: the ``onnx`` package is not installed (exit 2).
+    """
+    from ..extras import require
+
+    onnx = require("onnx", "onnx", feature="specconv build-engine")
+    model = onnx.load(str(onnx_path), load_external_data=False)
+    applied = []
+    for op_type, name, value in TENSORRT_ATTRIBUTES:
+        count = 0
+        for node in model.graph.node:
+            if node.op_type != op_type or node.domain not in ("", "ai.onnx"):
+                continue
+            keep = [a for a in node.attribute if a.name != name]
+            del node.attribute[:]
+            node.attribute.extend([*keep, onnx.helper.make_attribute(name, value)])
+            count += 1
+        applied.append({"op_type": op_type, "name": name, "value": value, "count": count})
+    return model.SerializeToString(), applied
+
+
+def build_plan(trt, model: bytes, onnx_path: Path, opts: BuildOptions, shapes: dict, dtype: str,
                cache_bytes: bytes | None) -> tuple[bytes, bytes | None, list[str]]:
-    """Parse ``onnx_path`` and build a serialized plan.
+    """Parse ``model`` (:func:`tensorrt_model` of ``onnx_path``) and build a serialized plan.
+
+    The parser reads external data beside ``onnx_path`` (``OnnxParser.parse(model, path)``).
 
     Returns:
         ``(plan bytes, timing cache bytes or None, log lines)``.
@@ -247,7 +294,7 @@ def build_plan(trt, onnx_path: Path, opts: BuildOptions, shapes: dict, dtype: st
         flags = 1 << int(strongly)
     network = builder.create_network(flags)
     parser = trt.OnnxParser(network, logger)
-    if not parser.parse_from_file(str(onnx_path)):
+    if not parser.parse(model, str(Path(onnx_path).resolve())):
         errs = [str(parser.get_error(i)) for i in range(parser.num_errors)]
         raise InvalidInputError(f"the TensorRT ONNX parser rejected {onnx_path}: " + "; ".join(errs[:5]),
                                 code="trt_parse_failed")
@@ -279,7 +326,9 @@ def build_engine_dir(drafter_dir: str | Path, onnx_path: str | Path | None, opts
     Args:
         drafter_dir: the Speculators dir (holds ``onnx/`` and gets ``trt/``).
         onnx_path: graph (default ``DIR/onnx/drafter.onnx``); checked against its
-            ``onnx_meta.json`` (sha256) before anything is built.
+            ``onnx_meta.json`` (format version, sha256) before anything is built. The
+            TensorRT-only attributes are set in memory (:func:`tensorrt_model`) and
+            recorded in ``build.json`` under ``onnx_in_memory``.
         opts: :class:`BuildOptions` (``profile`` as given on the CLI, parsed here).
         trt_module: the TensorRT module to use (tests inject a fake); default imports it
             after the GPU check.
@@ -293,19 +342,13 @@ def build_engine_dir(drafter_dir: str | Path, onnx_path: str | Path | None, opts
         UsageError: bad profile / flags.
     """
     from ..tensors import sha256_file
-    from .ort_drafter import _check_files, resolve_graph
 
     d = Path(drafter_dir)
-    graph, meta_dir, meta = resolve_graph(onnx_path or d / "onnx" / "drafter.onnx")
-    rel = _check_files(graph, meta_dir, meta, d)
-    g = meta["graphs"][rel]
+    graph, rel, meta, g = _graph_of(d, onnx_path)
     dtype, provenance = g["dtype"], _provenance(meta, g)  # validate --engine checks DIR against it
+    model, attributes = tensorrt_model(graph)
     gpu = gpu_info()
-    if opts.builder == "tensorrt" and gpu is None:  # before any TensorRT object exists
-        raise InvalidInputError("--builder tensorrt needs a CUDA GPU and none was found (torch.cuda)",
-                                code="gpu_missing", hint="build on a GPU machine, or --builder rtx for a CPU build")
-    if opts.builder == "rtx" and gpu is None and not opts.compute_capabilities:
-        raise UsageError("--builder rtx without a GPU needs --compute-capability (e.g. 8.9,12.0)")
+    _check_builder(opts, gpu)  # before any TensorRT object exists
     trt = trt_module if trt_module is not None else import_builder(opts.builder)
     prof = parse_profile(opts.profile, meta["dynamic"])
     shapes = profile_shapes(g["inputs"], prof)
@@ -318,14 +361,41 @@ def build_engine_dir(drafter_dir: str | Path, onnx_path: str | Path | None, opts
     if out.exists() and not opts.overwrite:
         raise InvalidInputError(f"{out} exists; pass --overwrite to replace it", code="output_exists")
     cache_in = Path(opts.timing_cache).read_bytes() if opts.timing_cache and Path(opts.timing_cache).is_file() else None
-    plan, cache_out, _lines = build_plan(trt, graph, opts, shapes, dtype, cache_in)
-    build = {**_build_record(key, opts, version, trt, gpu, dtype, shapes, rel, sha256_file(graph), plan), **provenance}
+    plan, cache_out, _lines = build_plan(trt, model, graph, opts, shapes, dtype, cache_in)
+    build = {**_build_record(key, opts, version, trt, gpu, dtype, shapes, rel, sha256_file(graph), plan),
+             **provenance, "onnx_in_memory": _in_memory_record(attributes)}
     _write_variant(d / "trt", key, plan, build, cache_out, opts)
     if cache_out is not None:
         Path(opts.timing_cache).write_bytes(cache_out)
     manifest = _update_manifest(d / "trt", build)
     return {**build, "path": str(out), "manifest": str(d / "trt" / "manifest.json"),
             "variants": [v["key"] for v in manifest["variants"]]}
+
+
+def _graph_of(d: Path, onnx_path: str | Path | None) -> tuple[Path, str, dict, dict]:
+    """``(graph path, its path in the meta dir, meta, the meta's graph entry)``, after the
+    format-version and sha256 checks (:func:`~.ort_drafter.resolve_graph`)."""
+    from .ort_drafter import _check_files, resolve_graph
+
+    graph, meta_dir, meta = resolve_graph(onnx_path or d / "onnx" / "drafter.onnx")
+    rel = _check_files(graph, meta_dir, meta, d)
+    return graph, rel, meta, meta["graphs"][rel]
+
+
+def _check_builder(opts: BuildOptions, gpu: dict | None) -> None:
+    """Refuse a build this machine cannot do, before any TensorRT object exists."""
+    if opts.builder == "tensorrt" and gpu is None:
+        raise InvalidInputError("--builder tensorrt needs a CUDA GPU and none was found (torch.cuda)",
+                                code="gpu_missing", hint="build on a GPU machine, or --builder rtx for a CPU build")
+    if opts.builder == "rtx" and gpu is None and not opts.compute_capabilities:
+        raise UsageError("--builder rtx without a GPU needs --compute-capability (e.g. 8.9,12.0)")
+
+
+def _in_memory_record(attributes: list[dict]) -> dict:
+    """``build.json``'s ``onnx_in_memory``: the TensorRT-only attributes set on the parsed
+    proto (name, op type, count) and how the parser was called."""
+    return {"attributes": attributes, "parse": "OnnxParser.parse(model bytes, path=the ONNX file)",
+            "onnx_file_changed": False}
 
 
 def _build_record(key: str, opts: BuildOptions, version: str, trt, gpu: dict | None, dtype: str,

@@ -2,11 +2,15 @@
 
 Layout written (via a temp dir renamed at the end)::
 
-    OUT/drafter.onnx, OUT/drafter.onnx.data     graph at --dtype (TensorRT-prepared)
-    OUT/fp32/drafter.onnx, .../drafter.onnx.data fp32 twin (CPU numerics)
-    OUT/onnx_meta.json                          versions, I/O, ranges, sha256s
+    OUT/drafter.onnx, OUT/drafter.onnx.data     graph at --dtype (standard ONNX)
+    OUT/fp32/drafter.onnx, .../drafter.onnx.data fp32 twin (CPU numerics; float16 / bfloat16 only)
+    OUT/onnx_meta.json                          format version, versions, I/O, ranges, sha256s
 
-The export section of ``DIR/specconv.json`` records the result and the parity numbers.
+Every graph is written once: ``--dtype float32`` writes only ``OUT/drafter.onnx`` (it is its
+own fp32 graph). Graphs are standard ONNX (``onnx.checker`` full check, ONNX Runtime load
+them as written); the TensorRT-only attributes are added in memory by ``build-engine``
+(:mod:`.engine`). The export section of ``DIR/specconv.json`` records the result and the
+parity numbers.
 """
 
 from __future__ import annotations
@@ -25,11 +29,50 @@ from ..versions import library_versions
 
 log = logging.getLogger("specconv.export")
 
-__all__ = ["export_onnx_dir", "META_NAME", "DTYPES", "drafter_file_hashes"]
+__all__ = ["export_onnx_dir", "META_NAME", "META_FORMAT", "META_FORMAT_VERSION", "DTYPES",
+           "drafter_file_hashes", "check_meta_format", "graph_for_dtype"]
 
 META_NAME = "onnx_meta.json"
+#: ``onnx_meta.json``'s ``format`` and the one ``format_version`` every reader accepts
+#: (``validate --onnx``, ``build-engine``, ``push``, ``release``'s re-use), through
+#: :func:`check_meta_format`. Version 2: standard ONNX graphs (no TensorRT-only
+#: attributes in the file), each graph written once (no fp32 twin for ``--dtype float32``).
+META_FORMAT = "specconv-onnx-drafter"
+META_FORMAT_VERSION = 2
 GRAPH_NAME = "drafter.onnx"
+#: the fp32 twin of a float16 / bfloat16 export
+TWIN_NAME = "fp32/" + GRAPH_NAME
 DTYPES = ("float32", "float16", "bfloat16")
+
+
+def check_meta_format(meta: Any, where: str | Path) -> None:
+    """Refuse an ``onnx_meta.json`` that is not :data:`META_FORMAT` version
+    :data:`META_FORMAT_VERSION`.
+
+    Args:
+        meta: the parsed ``onnx_meta.json``.
+        where: its path (for the message).
+
+    Raises:
+        InvalidInputError: another format or format version (``onnx_format_version``,
+            exit 3); the message says to re-export.
+    """
+    fmt = meta.get("format") if isinstance(meta, dict) else None
+    version = meta.get("format_version") if isinstance(meta, dict) else None
+    if fmt == META_FORMAT and version == META_FORMAT_VERSION:
+        return
+    raise InvalidInputError(
+        f"{where}: ONNX export format {fmt!r} version {version!r}; this specconv reads "
+        f"{META_FORMAT!r} version {META_FORMAT_VERSION} (standard ONNX graphs, TensorRT attributes "
+        "added by build-engine); re-export with `specconv export onnx`",
+        code="onnx_format_version", hint="specconv export onnx DIR --overwrite")
+
+
+def graph_for_dtype(meta: dict, dtype: str | None) -> str:
+    """The graph of an export dir (relative path) to run at ``dtype``: the one whose
+    recorded dtype is ``dtype`` (``drafter.onnx`` or the fp32 twin), else ``drafter.onnx``."""
+    graphs = meta.get("graphs") or {}
+    return next((rel for rel, g in sorted(graphs.items()) if (g or {}).get("dtype") == dtype), GRAPH_NAME)
 
 
 def _read_json(p: Path) -> dict:
@@ -132,7 +175,7 @@ def _export_one(drafter, dtype: str, dst: Path, settings, workdir: Path, check: 
 def export_onnx_dir(drafter_dir: str | Path, out: str | Path | None = None, *,
                     verifier: str | None = None, dtype: str = "float16", settings=None,
                     overwrite: bool = False, check: bool = True) -> dict:
-    """Export a Speculators drafter dir to ONNX (graph at ``dtype`` + fp32 twin + meta).
+    """Export a Speculators drafter dir to ONNX (graph at ``dtype``, fp32 twin if not fp32, meta).
 
     Args:
         drafter_dir: Speculators-format dir (P-EAGLE, DFlash or DSpark).
@@ -209,25 +252,20 @@ def _check_settings(s, dtype: str) -> None:
 
 
 def _export_graphs(tmp: Path, d: Path, vdir, ref32, s, dtype: str, check: bool) -> dict[str, Any]:
-    """The fp32 twin, then the graph at ``dtype`` (a hard link to the twin for fp32)."""
+    """The graph at ``dtype``; for float16 / bfloat16 first the fp32 twin under ``fp32/``.
+    Each graph is written once (float32: ``drafter.onnx`` alone, no link, no copy)."""
     import torch
 
     from .reference import load_reference
 
     work = tmp / ".work"
-    (tmp / "fp32").mkdir(parents=True)
-    work.mkdir()
+    work.mkdir(parents=True)
     graphs: dict[str, Any] = {}
-    graphs["fp32/" + GRAPH_NAME] = _export_one(ref32, "float32", tmp / "fp32" / GRAPH_NAME, s, work, check)
     if dtype == "float32":
-        graphs[GRAPH_NAME] = graphs["fp32/" + GRAPH_NAME]
-        for f in ("", ".data"):  # the fp32 twin is the graph: hard link, else copy
-            src, dst = tmp / "fp32" / (GRAPH_NAME + f), tmp / (GRAPH_NAME + f)
-            try:
-                os.link(src, dst)
-            except OSError:
-                shutil.copyfile(src, dst)
+        graphs[GRAPH_NAME] = _export_one(ref32, "float32", tmp / GRAPH_NAME, s, work, check)
     else:
+        (tmp / "fp32").mkdir()
+        graphs[TWIN_NAME] = _export_one(ref32, "float32", tmp / TWIN_NAME, s, work, check)
         refd = load_reference(d, vdir, getattr(torch, dtype))
         graphs[GRAPH_NAME] = _export_one(refd, dtype, tmp / GRAPH_NAME, s, work, check)
     shutil.rmtree(work)
@@ -240,7 +278,7 @@ def _meta(d: Path, parts, s, dtype: str, graphs: dict, baked: list[str], vspec, 
     files = sorted(str(p.relative_to(tmp)) for p in tmp.rglob("*") if p.is_file())
     main = graphs[GRAPH_NAME]
     return {
-        "format": "specconv-onnx-drafter", "format_version": 1,
+        "format": META_FORMAT, "format_version": META_FORMAT_VERSION,
         "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         "algorithm": parts.algorithm, "io_contract": "stateless-v1",
         "dtype": dtype, "opset": main["opset"], "ir_version": main["ir_version"],
@@ -252,7 +290,7 @@ def _meta(d: Path, parts, s, dtype: str, graphs: dict, baked: list[str], vspec, 
         "padding": "left", "outputs": list(s.outputs), "top_k": s.top_k if "topk" in s.outputs else None,
         "sampling_noise": s.sampling_noise,
         "dynamic": {"batch": {"min": 1, "max": s.max_batch}, "context": {"min": 1, "max": s.max_context}},
-        "graphs": {k: {"dtype": "float32" if k.startswith("fp32/") else dtype,
+        "graphs": {k: {"dtype": "float32" if k == TWIN_NAME else dtype,
                        "inputs": g["inputs"], "outputs": g["outputs"], "census": g["census"],
                        "attention_nodes": g["attention_nodes"]} for k, g in graphs.items()},
         "files": {f: sha256_file(tmp / f) for f in files},

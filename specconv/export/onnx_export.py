@@ -3,15 +3,18 @@
 Pipeline (per graph): the wrapper of :mod:`.wrappers` with ``onnx_attention=True`` →
 ``torch.onnx.export(..., dynamo=True, opset_version=23|24, external_data=True)`` (batch and
 context dynamic, block static) → :func:`prepare_for_tensorrt` (constant folding with
-onnxscript's optimizer, ``TRT_decomposable=1`` on every ``Attention`` node, refusal of
-``If``/``Loop``/``Scan`` around attention, of ``CumProd`` and of non-default domains) →
-``onnx.checker.check_model(path, full_check=True)`` and strict shape inference on the
-file path (external data: no 2 GB protobuf limit).
+onnxscript's optimizer, refusal of ``If``/``Loop``/``Scan`` around attention, of
+``CumProd`` and of non-default domains) → ``onnx.checker.check_model(path,
+full_check=True)`` and strict shape inference on the written file's path (external data:
+no 2 GB protobuf limit).
+
+The written graph is standard ONNX and is the file that ships: the checker, the parity
+check and ``validate --onnx`` read it as written. TensorRT-only attributes
+(``TRT_decomposable`` on ``Attention``), which ``onnx.checker`` and ONNX Runtime refuse,
+are never written; ``build-engine`` sets them in memory (:mod:`.engine`).
 
 Facts: torch 2.13's default opset is 20, which decomposes attention; opset 23 keeps
-``Attention`` / ``RMSNormalization`` / ``RotaryEmbedding`` (docs/engines.md); the
-onnx-tensorrt importer reads ``TRT_decomposable`` (NVIDIA/TensorRT
-``parsers/onnx/onnxOpImporters.cpp``, the ``Attention`` importer).
+``Attention`` / ``RMSNormalization`` / ``RotaryEmbedding`` (docs/engines.md).
 """
 
 from __future__ import annotations
@@ -99,16 +102,15 @@ def export_graph(wrapper, example: tuple[torch.Tensor, ...], out_path: Path,
 
 
 def prepare_for_tensorrt(src: Path, dst: Path) -> dict:
-    """Constant-fold, deduplicate identical weights, check the graph and the TensorRT
-    rules, mark attention decomposable.
+    """Constant-fold, deduplicate identical weights, check the TensorRT rules, write the
+    graph and check the written file.
 
-    Writes ``dst`` with its weights in ``dst.name + ".data"``. ``onnx.checker`` rejects
-    the custom ``TRT_decomposable`` attribute ("Unrecognized attribute" with onnx
-    1.23), so the full check runs on the folded graph *before* the attribute is set;
-    the attribute is the only difference between the checked graph and ``dst``.
+    Writes ``dst`` with its weights in ``dst.name + ".data"`` (standard ONNX: no
+    TensorRT-only attribute; ``build-engine`` adds those in memory), then runs
+    :func:`check_graph` on ``dst`` itself.
 
     Returns:
-        ``{"attention_nodes": n, "folded": True, "checked": "before TRT_decomposable"}``.
+        ``{"attention_nodes": n, "folded": True, "checked": "..."}``.
 
     Raises:
         InvalidInputError: ``If``/``Loop``/``Scan`` holding an ``Attention``, a
@@ -124,19 +126,13 @@ def prepare_for_tensorrt(src: Path, dst: Path) -> dict:
     _dedupe_initializers(model)
     onnxscript.optimizer.remove_unused_nodes(model)
     _check_rules(model)
-    folded = dst.with_name("folded-" + dst.name)
-    ir.save(model, str(folded), external_data=folded.name + ".data")
-    check_graph(folded)
-    n_attn = 0
-    for node in model.graph.all_nodes():
-        if node.op_type == "Attention" and node.domain in ("", "ai.onnx"):
-            node.attributes["TRT_decomposable"] = ir.AttrInt64("TRT_decomposable", 1)
-            n_attn += 1
+    n_attn = sum(1 for node in model.graph.all_nodes()
+                 if node.op_type == "Attention" and node.domain in ("", "ai.onnx"))
     ir.save(model, str(dst), external_data=dst.name + ".data")
     del model
-    for f in (folded, folded.with_name(folded.name + ".data")):
-        f.unlink(missing_ok=True)
-    return {"attention_nodes": n_attn, "folded": True, "checked": "before TRT_decomposable"}
+    check_graph(dst)
+    return {"attention_nodes": n_attn, "folded": True,
+            "checked": "onnx.checker full check and strict shape inference on the written file"}
 
 
 def _dedupe_initializers(model, min_size: int = 1024) -> int:
@@ -229,39 +225,3 @@ def io_spec(path: Path) -> dict:
     return {"opset": max(o.version for o in m.opset_import if o.domain in ("", "ai.onnx")),
             "ir_version": m.ir_version, "inputs": [one(v) for v in m.graph.input],
             "outputs": [one(v) for v in m.graph.output]}
-
-
-def _strip_trt_attributes(m) -> None:
-    for node in m.graph.node:
-        keep = [a for a in node.attribute if a.name != "TRT_decomposable"]
-        if len(keep) != len(node.attribute):
-            del node.attribute[:]
-            node.attribute.extend(keep)
-
-
-def ort_model(path: Path):
-    """What to hand ONNX Runtime for a prepared graph: ``(model, cleanup)``.
-
-    ONNX Runtime 1.32 (like ``onnx.checker``) refuses the custom ``TRT_decomposable``
-    attribute ("Unrecognized attribute: TRT_decomposable for operator Attention") and
-    refuses external data outside the model's own directory (symlinks included). So the
-    attribute is stripped from the graph proto, which is written as a hidden sibling
-    file next to the original (same weights file, nothing large copied); ``cleanup()``
-    removes it once the session exists. In a read-only directory the graph is loaded
-    with its weights into memory instead (``model`` is then bytes; < 2 GB only).
-
-    Returns:
-        ``(str path or bytes, cleanup callable)``.
-    """
-    import onnx
-
-    m = onnx.load(str(path), load_external_data=False)
-    _strip_trt_attributes(m)
-    sib = path.with_name(f".{path.stem}.ort-{os.getpid()}.onnx")
-    try:
-        onnx.save(m, str(sib))
-    except OSError:
-        full = onnx.load(str(path))
-        _strip_trt_attributes(full)
-        return full.SerializeToString(), (lambda: None)
-    return str(sib), (lambda: sib.unlink(missing_ok=True))

@@ -27,34 +27,38 @@ _NP_DTYPES = {"float32": np.float32, "float16": np.float16}
 
 
 def resolve_graph(path: str | Path, dtype: str | None = None) -> tuple[Path, Path, dict]:
-    """Find the graph, its meta dir and meta for ``--onnx PATH``.
+    """Find the graph, its meta dir and meta for ``--onnx PATH`` (also ``build-engine``).
 
     Args:
         path: a ``drafter.onnx`` file, or an export dir (``onnx/``): then the graph whose
-            dtype is ``dtype`` (``fp32/drafter.onnx`` for float32) is used.
+            dtype is ``dtype`` (:func:`~.onnx_dir.graph_for_dtype`: ``drafter.onnx`` of a
+            float32 export, else the fp32 twin ``fp32/drafter.onnx``) is used.
         dtype: the run dtype (directory form only).
 
     Returns:
         ``(graph path, meta dir, meta dict)``.
 
     Raises:
-        InvalidInputError: no graph / no ``onnx_meta.json`` / unreadable meta.
+        InvalidInputError: no graph / no ``onnx_meta.json`` / unreadable meta / a meta of
+            another format version (:func:`~.onnx_dir.check_meta_format`).
     """
+    from .onnx_dir import META_NAME, check_meta_format, graph_for_dtype
+
     p = Path(path)
-    if p.is_dir():
-        p = p / ("fp32/drafter.onnx" if dtype == "float32" else "drafter.onnx")
-    if not p.is_file():
-        raise InvalidInputError(f"--onnx {path}: no ONNX graph at {p}", code="onnx_not_found")
-    for meta_dir in (p.parent, p.parent.parent):
-        m = meta_dir / "onnx_meta.json"
-        if m.is_file():
-            try:
-                meta = json.loads(m.read_text())
-            except ValueError as e:
-                raise InvalidInputError(f"{m}: invalid JSON ({e})", code="onnx_meta") from e
-            return p, meta_dir, meta
-    raise InvalidInputError(f"--onnx {path}: no onnx_meta.json next to the graph (export it with "
-                            "specconv export onnx)", code="onnx_meta")
+    meta_dir = next((m for m in ((p,) if p.is_dir() else (p.parent, p.parent.parent))
+                     if (m / META_NAME).is_file()), None)
+    if meta_dir is None:
+        raise InvalidInputError(f"--onnx {path}: no onnx_meta.json next to the graph (export it with "
+                                "specconv export onnx)", code="onnx_meta")
+    try:
+        meta = json.loads((meta_dir / META_NAME).read_text())
+    except ValueError as e:
+        raise InvalidInputError(f"{meta_dir / META_NAME}: invalid JSON ({e})", code="onnx_meta") from e
+    check_meta_format(meta, meta_dir / META_NAME)
+    graph = p / graph_for_dtype(meta, dtype) if p.is_dir() else p
+    if not graph.is_file():
+        raise InvalidInputError(f"--onnx {path}: no ONNX graph at {graph}", code="onnx_not_found")
+    return graph, meta_dir, meta
 
 
 def _check_files(graph: Path, meta_dir: Path, meta: dict, drafter_dir: Path | None) -> str:

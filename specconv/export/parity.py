@@ -60,36 +60,23 @@ def run_ort(path: Path, names: list[str], inputs: tuple[torch.Tensor, ...], sess
 
 
 def ort_session(path: Path):
-    """An ONNX Runtime CPU session (threads = torch's intra-op threads) of a prepared graph
-    (``TRT_decomposable`` stripped in a scratch copy: :func:`~.onnx_export.ort_loadable`)."""
+    """An ONNX Runtime CPU session (threads = torch's intra-op threads) of the graph file at
+    ``path``, loaded as written (its external data beside it)."""
     import onnxruntime as ort
 
-    from .onnx_export import ort_model
-
-    model, cleanup = ort_model(Path(path))
-    try:
-        return _session(ort, model)
-    finally:
-        cleanup()
-
-
-def _session(ort, model):
     so = ort.SessionOptions()
     so.intra_op_num_threads = max(1, torch.get_num_threads())
     so.log_severity_level = 3
-    return ort.InferenceSession(model, so, providers=["CPUExecutionProvider"])
+    return ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
 
 
 def run_reference(path: Path, names: list[str], inputs: tuple[torch.Tensor, ...]):
-    """Run a graph with ``onnx.reference.ReferenceEvaluator`` (bf16-capable, slow)."""
+    """Run the graph file at ``path`` with ``onnx.reference.ReferenceEvaluator``
+    (bf16-capable, slow; weights loaded into memory, small graphs only)."""
     import onnx
     from onnx.reference import ReferenceEvaluator
 
-    from .onnx_export import _strip_trt_attributes
-
-    m = onnx.load(str(path))  # small graphs only (weights in memory)
-    _strip_trt_attributes(m)  # the evaluator, like ORT, rejects TRT_decomposable
-    ev = ReferenceEvaluator(m)
+    ev = ReferenceEvaluator(onnx.load(str(path)))  # the file's graph and its external data
     return ev.run(None, {n: _np(t) for n, t in zip(names, inputs)})
 
 

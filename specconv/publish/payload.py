@@ -192,16 +192,26 @@ def _onnx_ok(d: Path, rec: Any, rel: str, allow_vw: bool, p: Payload) -> bool:
     check, the file's sha256 equal to the meta's, and ``drafter_files`` equal to the
     validated files. The fp32 twin (``onnx/fp32/``) stays local. Graphs holding verifier
     tensors need ``--allow-verifier-weights``.
+
+    Raises:
+        InvalidInputError: a meta of another format version (exit 3, "re-export";
+            :func:`specconv.export.onnx_dir.check_meta_format`).
+        GateFailedError: verifier tensors without ``--allow-verifier-weights``.
     """
+    from ..export.onnx_dir import check_meta_format
     from ..tensors import sha256_file
 
     if rel.startswith("onnx/fp32/"):
         return False
     meta_path = d / "onnx" / "onnx_meta.json"
-    try:
-        meta = json.loads(meta_path.read_text()) if meta_path.is_file() else {}
-    except (OSError, ValueError):
-        meta = {}
+    meta: Any = {}
+    if meta_path.is_file():
+        try:
+            meta = json.loads(meta_path.read_text())
+        except (OSError, ValueError):
+            meta = {}  # unreadable: no file under onnx/ is covered
+        else:
+            check_meta_format(meta, meta_path)
     export = (rec.export.model_dump() if rec.export is not None else {}).get("onnx") or {}
     validated = (rec.validation.files or {}) if rec.validation is not None else {}
     passed = bool(export.get("parity_passed") or export.get("passed"))

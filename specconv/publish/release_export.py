@@ -4,17 +4,22 @@ The ONNX export is :func:`specconv.export.onnx_dir.export_onnx_dir` into ``DRAFT
 the engine is :func:`specconv.export.engine.build_engine_dir` with ``--builder rtx``
 (``docs/engines.md``). Whether an engine can be built here is decided before anything is
 written (:func:`engine_unavailable`). An earlier export in the work dir is kept across the
-re-conversion and re-used when its ``onnx_meta.json`` ``drafter_files`` sha256s equal the
-new drafter's (same input, same bytes).
+re-conversion and re-used when its ``onnx_meta.json`` is of the current format version
+and its ``drafter_files`` sha256s equal the new drafter's (same input, same bytes); an
+export of another format version is not re-used (the message says why) and the drafter is
+exported again.
 """
 
 from __future__ import annotations
 
 import importlib.util
 import json
+import logging
 import shutil
 from pathlib import Path
 from typing import Any
+
+log = logging.getLogger("specconv.release")
 
 #: the builder a release uses (TensorRT-RTX: one engine per GPU generation, ``docs/engines.md``)
 RELEASE_BUILDER = "rtx"
@@ -65,7 +70,16 @@ def keep_previous_export(drafter: Path, work: Path) -> None:
 
 
 def _reuse(drafter: Path, work: Path) -> dict[str, Any] | None:
-    """Put the earlier export back when it was made from these exact drafter files."""
+    """Put the earlier export back when it was made from these exact drafter files.
+
+    Returns:
+        The earlier ``export.onnx`` section, or None (no earlier export, other drafter bytes).
+
+    Raises:
+        InvalidInputError: the earlier export is of another format version
+            (:func:`specconv.export.onnx_dir.check_meta_format`); it is left aside.
+    """
+    from ..export.onnx_dir import check_meta_format
     from ..record import file_hashes, update_record
 
     prev = _prev_dir(work)
@@ -73,6 +87,7 @@ def _reuse(drafter: Path, work: Path) -> dict[str, Any] | None:
     if not meta_path.is_file():
         return None
     meta = json.loads(meta_path.read_text())
+    check_meta_format(meta, meta_path)
     section = json.loads((prev / "export.json").read_text())
     if meta.get("drafter_files") != file_hashes(drafter) or not (section.get("onnx") or {}):
         return None
@@ -84,14 +99,25 @@ def _reuse(drafter: Path, work: Path) -> dict[str, Any] | None:
 def export_step(drafter: Path, work: Path, verifier: str) -> dict[str, Any]:
     """``--export-onnx``: re-use the earlier export of the same drafter bytes, else export.
 
+    An earlier export of another format version is refused for re-use (a warning and
+    ``reuse_refused`` in the result say so) and the drafter is exported again.
+
     Returns:
-        ``{"reused": bool, "contains_verifier_weights": bool, "parity_passed": ...}``.
+        ``{"reused": bool, "contains_verifier_weights": bool, "parity_passed": ...}``
+        (+ ``reuse_refused``: the reason, when an earlier export was refused).
 
     Raises:
         InvalidInputError / GateFailedError: from :func:`~specconv.export.onnx_dir.export_onnx_dir`.
     """
+    from ..errors import InvalidInputError
+
+    refused = None
     try:
-        section = _reuse(drafter, work)
+        try:
+            section = _reuse(drafter, work)
+        except InvalidInputError as e:
+            refused, section = e.message, None
+            log.warning("not re-using the earlier ONNX export: %s; exporting again", e.message)
         reused = section is not None
         if section is None:
             from ..export.onnx_dir import export_onnx_dir
@@ -100,8 +126,9 @@ def export_step(drafter: Path, work: Path, verifier: str) -> dict[str, Any]:
             section = section.to_dict() if hasattr(section, "to_dict") else dict(section)
     finally:
         shutil.rmtree(_prev_dir(work), ignore_errors=True)
-    return {"reused": reused, "contains_verifier_weights": bool(section.get("contains_verifier_weights")),
-            "parity_passed": section.get("parity_passed")}
+    out = {"reused": reused, "contains_verifier_weights": bool(section.get("contains_verifier_weights")),
+           "parity_passed": section.get("parity_passed")}
+    return {**out, "reuse_refused": refused} if refused else out
 
 
 def engine_step(drafter: Path, mode: str) -> dict[str, Any]:
