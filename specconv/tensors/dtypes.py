@@ -45,8 +45,22 @@ _DTYPE_RANK: dict[str, int] = {
     )
 }
 
+
+def import_torch():
+    """torch, for the tensor paths that need it (``.bin`` / ``.pt`` checkpoints, casts of
+    ``convert --dtype``, tensors handed to the drafters).
+
+    Raises:
+        MissingExtraError: torch is not installed (exit 2, ``pip install 'specconv[validate]'``).
+    """
+    from ..extras import require
+
+    return require("torch", "validate",
+                   feature="reading or casting tensors with torch (.bin / .pt checkpoints, convert --dtype)")
+
+
 def _torch_dtype_map() -> dict[str, "torch.dtype"]:
-    import torch
+    torch = import_torch()
 
     m = {
         "BOOL": torch.bool,
@@ -119,7 +133,7 @@ def tensor_to_bytes(t: "torch.Tensor") -> tuple[str, tuple[int, ...], bytes]:
     Raises:
         InvalidInputError: a dtype safetensors cannot store.
     """
-    import torch
+    torch = import_torch()
 
     dtype = safetensors_dtype(t.dtype)
     shape = tuple(int(d) for d in t.shape)
@@ -163,7 +177,7 @@ def cast_bytes(raw: bytes, src_dtype: str, dst_dtype: str, shape: Iterable[int])
         return bytes(raw)
     if need == 0:
         return b""
-    import torch
+    torch = import_torch()
 
     t = torch.frombuffer(bytearray(raw), dtype=torch_dtype(src_dtype)).reshape(shape)
     return tensor_to_bytes(t.to(torch_dtype(dst_dtype)))[2]
