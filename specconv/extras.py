@@ -48,9 +48,15 @@ class MissingExtraError(UsageError):
     code = "missing_extra"
 
 
+#: Extras whose packages come from another index too (the TensorRT libraries are not on PyPI).
+EXTRA_INDEX = {"tensorrt": "https://pypi.nvidia.com"}
+
+
 def install_line(extra: str) -> str:
-    """The shell line that installs ``extra`` (``pip install 'specconv[onnx]'``)."""
-    return f"pip install 'specconv[{extra}]'"
+    """The shell line that installs ``extra`` (``pip install 'specconv[onnx]'``; for
+    ``tensorrt`` with NVIDIA's ``--extra-index-url``)."""
+    index = f" --extra-index-url {EXTRA_INDEX[extra]}" if extra in EXTRA_INDEX else ""
+    return f"pip install 'specconv[{extra}]'{index}"
 
 
 def require(module: str, extra: str, *, feature: str) -> ModuleType:

@@ -185,8 +185,10 @@ def _preflight(opts: ReleaseOptions) -> None:
         require_extra("onnx", feature="specconv release --export-onnx")
     if opts.build_engine == "always":
         from ..errors import InvalidInputError
-        from .release_export import engine_unavailable
+        from ..export.engine import import_builder
+        from .release_export import RELEASE_BUILDER, engine_unavailable
 
+        import_builder(RELEASE_BUILDER, feature="specconv release --build-engine")  # not installed: exit 2
         reason = engine_unavailable()
         if reason is not None:
             raise InvalidInputError(f"--build-engine: {reason}", code="engine_unavailable",
