@@ -8,7 +8,7 @@ Exit codes (stable, documented in README.md and docs/cli.md):
 
 ==  =======================================================
 0   ok
-2   usage error (bad flag or argument; click's own code)
+2   usage error (bad flag or argument), missing optional package
 3   invalid or unsupported input (unknown / refused format, bad checkpoint)
 4   a validation gate failed
 5   Hub authentication / authorisation failure

@@ -6,6 +6,14 @@ optional package lazily calls :func:`require` instead of a bare ``import``, so a
 ran ``pip install specconv`` gets one clear line instead of a ``ModuleNotFoundError``::
 
     torch = require("torch", "validate", feature="specconv validate")
+
+Modules of an extra's own room (``specconv.validate``, ``specconv.drafters``,
+``specconv.export``) import them directly; the room's entry point requires them first,
+and the CLI turns any ``ModuleNotFoundError`` for a module of :data:`OPTIONAL_MODULES`
+into the same error (:func:`missing_extra_error`), so a missing optional package is exit 2
+with the install line, never a traceback. ``tests/test_packaging.py`` checks every
+import in ``specconv/`` against ``pyproject.toml`` (statically) and runs the wheel in
+venvs holding only ``specconv``'s, and ``specconv[validate]``'s, dependency closure.
 """
 
 from __future__ import annotations
@@ -15,10 +23,20 @@ from types import ModuleType
 
 from .errors import UsageError
 
-__all__ = ["EXTRAS", "MissingExtraError", "install_line", "require"]
+__all__ = ["EXTRAS", "OPTIONAL_MODULES", "MissingExtraError", "install_line", "missing_extra_error", "require",
+           "require_extra"]
 
 #: The extras ``pyproject.toml`` declares (``tests/test_packaging.py`` keeps the two equal).
 EXTRAS = ("validate", "vllm", "onnx", "tensorrt", "trt-rtx", "test")
+
+#: Top-level import name -> the extra whose ``pyproject.toml`` list installs it, for every
+#: optional package specconv's own interpreter imports (``tests/test_packaging.py`` checks
+#: each against pyproject.toml and the installed distributions).
+OPTIONAL_MODULES = {
+    "torch": "validate", "transformers": "validate", "accelerate": "validate", "matplotlib": "validate",
+    "onnx": "onnx", "onnxscript": "onnx", "onnx_ir": "onnx", "onnxruntime": "onnx", "ml_dtypes": "onnx",
+    "tensorrt": "tensorrt", "tensorrt_rtx": "trt-rtx",
+}
 
 
 class MissingExtraError(UsageError):
@@ -30,9 +48,15 @@ class MissingExtraError(UsageError):
     code = "missing_extra"
 
 
+#: Extras whose packages come from another index too (the TensorRT libraries are not on PyPI).
+EXTRA_INDEX = {"tensorrt": "https://pypi.nvidia.com"}
+
+
 def install_line(extra: str) -> str:
-    """The shell line that installs ``extra`` (``pip install 'specconv[onnx]'``)."""
-    return f"pip install 'specconv[{extra}]'"
+    """The shell line that installs ``extra`` (``pip install 'specconv[onnx]'``; for
+    ``tensorrt`` with NVIDIA's ``--extra-index-url``)."""
+    index = f" --extra-index-url {EXTRA_INDEX[extra]}" if extra in EXTRA_INDEX else ""
+    return f"pip install 'specconv[{extra}]'{index}"
 
 
 def require(module: str, extra: str, *, feature: str) -> ModuleType:
@@ -56,9 +80,43 @@ def require(module: str, extra: str, *, feature: str) -> ModuleType:
     try:
         return importlib.import_module(module)
     except ImportError as e:
-        missing = getattr(e, "name", None) or module
-        raise MissingExtraError(
-            f"{feature} needs the Python package {missing!r}, which is not installed: "
-            f"{install_line(extra)}",
-            hint=install_line(extra),
-        ) from e
+        raise _missing(getattr(e, "name", None) or module, extra, feature) from e
+
+
+def require_extra(extra: str, *, feature: str) -> None:
+    """:func:`require` every module :data:`OPTIONAL_MODULES` maps to ``extra`` (``onnx``: onnx,
+    onnxscript, onnx_ir, onnxruntime, ml_dtypes), before a command starts work that wraps
+    library errors (a missing module would otherwise surface as that command's own error).
+
+    Raises:
+        MissingExtraError: one of them is not installed (exit 2).
+        ValueError: ``extra`` is not a declared extra, or no module maps to it.
+    """
+    modules = [m for m, e in OPTIONAL_MODULES.items() if e == extra]
+    if not modules:
+        raise ValueError(f"no module of OPTIONAL_MODULES belongs to extra {extra!r}")
+    for module in modules:
+        require(module, extra, feature=feature)
+
+
+def _missing(module: str, extra: str, feature: str) -> MissingExtraError:
+    return MissingExtraError(
+        f"{feature} needs the Python package {module!r}, which is not installed: {install_line(extra)}",
+        hint=install_line(extra),
+    )
+
+
+def missing_extra_error(e: ImportError, *, feature: str) -> MissingExtraError | None:
+    """The :class:`MissingExtraError` for a ``ModuleNotFoundError`` of a top-level module of
+    :data:`OPTIONAL_MODULES` (``No module named 'torch'`` -> ``specconv[validate]``), or None
+    for any other error (another module, or a package that is there but broken: the caller
+    re-raises it).
+
+    Args:
+        e: the error (its ``name`` is the module that could not be found).
+        feature: what needed it, for the message (``"specconv export onnx"``).
+    """
+    name = getattr(e, "name", None)
+    if not isinstance(e, ModuleNotFoundError) or name not in OPTIONAL_MODULES:
+        return None
+    return _missing(name, OPTIONAL_MODULES[name], feature)

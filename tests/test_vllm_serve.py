@@ -69,7 +69,7 @@ def _opts(**kw):
 
 
 def _convert(source: Path, out: Path, smollm2_dir: Path, **options) -> Path:
-    from converters.base import ConvertOptions
+    from specconv.converters.base import ConvertOptions
     from specconv.convert import convert
 
     convert(str(source), verifier=str(smollm2_dir), output=out, verifier_name=SMOLLM2_HUB_ID,

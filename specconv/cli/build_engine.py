@@ -40,7 +40,7 @@ def build_engine_cmd(drafter_dir: Path, onnx_path: Path | None, builder: str, pr
                      output_format: str) -> None:
     """Build DIR/trt/<key>/drafter.plan + build.json and update DIR/trt/manifest.json.
 
-    Exit 3 when TensorRT (or, for --builder tensorrt, a CUDA GPU) is missing.
+    Exit 2 when TensorRT is not installed, 3 when --builder tensorrt finds no CUDA GPU.
     """
     from specconv.export.engine import BuildOptions, build_engine_dir
 

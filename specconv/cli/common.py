@@ -119,6 +119,17 @@ def _exit(code: int) -> None:
     ctx.exit(code)
 
 
+def _missing_extra(e: ModuleNotFoundError) -> SpecconvError:
+    """The exit-2 error for a missing optional package; any other missing module re-raises."""
+    from ..extras import missing_extra_error
+
+    ctx = click.get_current_context(silent=True)
+    err = missing_extra_error(e, feature=ctx.command_path if ctx is not None else "specconv")
+    if err is None:
+        raise e
+    return err
+
+
 def run_command(fn: Callable[..., Any]) -> Callable[..., None]:
     """Decorator: run a command body, render its result, map errors to exit codes.
 
@@ -127,7 +138,8 @@ def run_command(fn: Callable[..., Any]) -> Callable[..., None]:
     ``None`` (it printed itself). Errors are printed here: a
     :class:`~specconv.errors.SpecconvError` as its JSON object on stdout with ``--format
     json`` (its ``result`` instead when it carries one) plus a one-line message on
-    stderr; ``OSError`` as exit 3; Ctrl-C as exit 130.
+    stderr; a missing optional package (``specconv.extras.OPTIONAL_MODULES``) as exit 2
+    with its ``pip install 'specconv[EXTRA]'`` line; ``OSError`` as exit 3; Ctrl-C as exit 130.
     """
 
     @functools.wraps(fn)
@@ -141,6 +153,8 @@ def run_command(fn: Callable[..., Any]) -> Callable[..., None]:
                 code = result.exit_status() if hasattr(result, "exit_status") else 0
         except SpecconvError as e:
             code = _error_object(e, fmt)
+        except ModuleNotFoundError as e:  # an optional package not installed: exit 2 + the install line
+            code = _error_object(_missing_extra(e), fmt)
         except OSError as e:  # the environment, not a bug: disk full, read-only output, permissions
             where = f": {e.filename}" if e.filename else ""
             code = _plain_error("os_error", f"{e.strerror or e}{where}", EXIT_INVALID_INPUT, fmt)

@@ -72,6 +72,9 @@ def onnx_cmd(drafter_dir: Path, output: Path | None, verifier: str | None, dtype
     graphs (exit 4 when it fails, nothing written) and records the result under "export"
     in DIR/specconv.json.
     """
+    from specconv.extras import require_extra
+
+    require_extra("onnx", feature="specconv export onnx")  # export errors would wrap a missing module (exit 3)
     from specconv.export.onnx_dir import export_onnx_dir
     from specconv.export.onnx_export import ExportSettings
 

@@ -345,10 +345,21 @@ def layer_config(src: SourceInfo, cfg: dict[str, Any], *, model_type: str, extra
     return out
 
 
-def _class_default(model_type: str, key: str) -> Any:
-    from transformers import AutoConfig
+def auto_config() -> Any:
+    """transformers' ``AutoConfig`` (its config classes hold the defaults a producer's
+    ``from_pretrained`` applied to a ``config.json`` that omits keys).
 
-    return AutoConfig.for_model(model_type).to_dict().get(key)
+    Raises:
+        MissingExtraError: transformers is not installed (exit 2, ``pip install 'specconv[validate]'``).
+    """
+    from specconv.extras import require
+
+    return require("transformers", "validate", feature="filling omitted decoder-config keys from transformers' "
+                   "config defaults").AutoConfig
+
+
+def _class_default(model_type: str, key: str) -> Any:
+    return auto_config().for_model(model_type).to_dict().get(key)
 
 
 def complete_layer_config(src: SourceInfo, lcfg: dict[str, Any], plans: list[TensorPlan], findings: list) -> None:

@@ -64,7 +64,9 @@ def as_array(x: Any, *, what: str = "tensor") -> "np.ndarray":
 
 # ------------------------------------------------------------------------ side files
 def _load_pt(path: Path) -> Any:
-    import torch
+    from specconv.tensors.dtypes import import_torch
+
+    torch = import_torch()
 
     try:
         return torch.load(path, weights_only=True, map_location="cpu")

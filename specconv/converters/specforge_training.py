@@ -64,8 +64,9 @@ def load_training_state(path: Path) -> dict[str, Any]:
     Raises:
         InvalidInputError: unreadable pickle (missing classes, corrupt file) or not a dict.
     """
-    import torch
+    from specconv.tensors.dtypes import import_torch
 
+    torch = import_torch()
     try:
         try:
             state = torch.load(path, map_location="cpu", weights_only=False, mmap=True)
@@ -95,8 +96,9 @@ def draft_state_dict(state: dict[str, Any], path: Path) -> dict[str, Any]:
         InvalidInputError: no ``draft_state_dict``, non-tensor entries, or two keys that
             collide after stripping.
     """
-    import torch
+    from specconv.tensors.dtypes import import_torch
 
+    torch = import_torch()
     sd = state.get("draft_state_dict")
     if not isinstance(sd, dict) or not sd:
         raise InvalidInputError(

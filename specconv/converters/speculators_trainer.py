@@ -106,10 +106,9 @@ def _fill_layer_config(src: SourceInfo, tlc: dict[str, Any], notes: list[str]) -
     mt = tlc.get("model_type")
     if not isinstance(mt, str):
         raise InvalidInputError(f"{where}: transformer_layer_config.model_type is missing")
+    auto_config = c.auto_config()  # outside the try: a missing transformers is exit 2, not a bad input
     try:
-        from transformers import AutoConfig
-
-        full = AutoConfig.for_model(mt, **{k: v for k, v in tlc.items() if k != "model_type"}).to_dict()
+        full = auto_config.for_model(mt, **{k: v for k, v in tlc.items() if k != "model_type"}).to_dict()
     except Exception as e:  # unknown model type or inconsistent keys
         raise InvalidInputError(
             f"{where}: transformer_layer_config lacks {missing + (['rope_theta'] if no_theta else [])} "

@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import datetime as _dt
 import hashlib
-import importlib
 import json
 import os
 import re
@@ -155,22 +154,24 @@ def gpu_info() -> dict | None:
             "cuda": torch.version.cuda, "driver": driver}
 
 
-def import_builder(builder: str):
-    """Import ``tensorrt`` or ``tensorrt_rtx``.
+def import_builder(builder: str, *, feature: str | None = None):
+    """Import ``tensorrt`` (``--builder tensorrt``) or ``tensorrt_rtx`` (``rtx``), the builders'
+    and the engines' runtime module.
 
     Raises:
-        InvalidInputError: not installed (exit 3; names the extra to install).
+        MissingExtraError: not installed (exit 2, slug ``tensorrt_missing``; the hint is the
+            ``pip install 'specconv[tensorrt|trt-rtx]'`` line).
     """
-    mod, extra = ("tensorrt", "tensorrt") if builder == "tensorrt" else ("tensorrt_rtx", "trt-rtx")
+    from ..extras import MissingExtraError, require
+
+    feature = feature or f"--builder {builder}"
     try:
-        return importlib.import_module(mod)
-    except ImportError as e:
-        raise InvalidInputError(
-            f"--builder {builder}: the Python module {mod!r} is not installed ({e})",
-            code="tensorrt_missing",
-            hint=f"pip install 'specconv[{extra}]'" + (
-                " --extra-index-url https://pypi.nvidia.com (the TensorRT libs are not on PyPI)"
-                if builder == "tensorrt" else "")) from e
+        if builder == "tensorrt":
+            return require("tensorrt", "tensorrt", feature=feature)
+        return require("tensorrt_rtx", "trt-rtx", feature=feature)
+    except MissingExtraError as e:
+        e.code = "tensorrt_missing"
+        raise
 
 
 def _cuda_major(trt, gpu: dict | None) -> str:

@@ -15,7 +15,6 @@ Layout read (docs/engines.md): ``DIR/trt/<key>/drafter.plan`` + ``build.json``.
 
 from __future__ import annotations
 
-import importlib
 import json
 import types
 from pathlib import Path
@@ -27,7 +26,6 @@ from ..errors import InvalidInputError
 __all__ = ["EngineDrafter", "preflight_engine", "resolve_engine", "check_versions", "run_engine",
            "cuda_available"]
 
-_MODULES = {"tensorrt": ("tensorrt", "tensorrt"), "rtx": ("tensorrt_rtx", "trt-rtx")}
 
 
 def cuda_available() -> bool:
@@ -65,17 +63,12 @@ def import_runtime(builder: str):
     """Import the runtime module for a build (``tensorrt`` or ``tensorrt_rtx``).
 
     Raises:
-        InvalidInputError: not installed (exit 3, names the extra).
+        MissingExtraError: not installed (exit 2, slug ``tensorrt_missing``, names the extra).
     """
-    mod, extra = _MODULES.get(builder, _MODULES["tensorrt"])
-    try:
-        return importlib.import_module(mod)
-    except ImportError as e:
-        raise InvalidInputError(
-            f"--engine: the engine was built with {builder!r} and the Python module {mod!r} is not "
-            f"installed ({e})", code="tensorrt_missing",
-            hint=f"pip install 'specconv[{extra}]'" + (" --extra-index-url https://pypi.nvidia.com"
-                                                        if builder == "tensorrt" else "")) from e
+    from .engine import import_builder
+
+    builder = builder if builder == "rtx" else "tensorrt"
+    return import_builder(builder, feature=f"--engine (an engine built with {builder!r})")
 
 
 def _ver(v: str) -> tuple[int, ...]:

@@ -153,7 +153,7 @@ def release(src: str, opts: ReleaseOptions, push_opts: PushOptions) -> ReleaseRe
 
     res = ReleaseResult(schema="specconv.release/v1", status="running", steps=[], repo_id=push_opts.repo_id,
                         dry_run=push_opts.dry_run, exit_code=0)
-    _step(res, "preflight", lambda: _preflight(opts))  # exit 3 / 4 before anything is written
+    _step(res, "preflight", lambda: _preflight(opts))  # exit 2 / 3 / 4 before anything is written
     work = Path(opts.work_dir) if opts.work_dir else Path(tempfile.mkdtemp(prefix="specconv-release-"))
     work.mkdir(parents=True, exist_ok=True)
     drafter = work / "drafter"
@@ -175,9 +175,10 @@ def release(src: str, opts: ReleaseOptions, push_opts: PushOptions) -> ReleaseRe
 
 def _preflight(opts: ReleaseOptions) -> None:
     """Refuse, before anything is converted or written: a verifier the conversion would not
-    record by a Hub id (exit 4; push would refuse the drafter), an engine that cannot be
-    built here (exit 3)."""
+    record by a Hub id (exit 4; push would refuse the drafter), an ONNX export without the
+    ``onnx`` extra (exit 2) and an engine that cannot be built here (exit 3)."""
     from ..errors import UsageError
+    from ..extras import require_extra
     from .payload import check_verifier_hub_id
 
     check_verifier_hub_id(opts.verifier_name or opts.verifier, "--verifier-name / --verifier",
@@ -186,10 +187,14 @@ def _preflight(opts: ReleaseOptions) -> None:
 
     if opts.build_engine and not opts.export_onnx:
         raise UsageError("--build-engine needs --export-onnx (the engine is built from onnx/)")
+    if opts.export_onnx:
+        require_extra("onnx", feature="specconv release --export-onnx")
     if opts.build_engine == "always":
         from ..errors import InvalidInputError
-        from .release_export import engine_unavailable
+        from ..export.engine import import_builder
+        from .release_export import RELEASE_BUILDER, engine_unavailable
 
+        import_builder(RELEASE_BUILDER, feature="specconv release --build-engine")  # not installed: exit 2
         reason = engine_unavailable()
         if reason is not None:
             raise InvalidInputError(f"--build-engine: {reason}", code="engine_unavailable",

@@ -45,8 +45,22 @@ _DTYPE_RANK: dict[str, int] = {
     )
 }
 
+
+def import_torch():
+    """torch, for the tensor paths that need it (``.bin`` / ``.pt`` checkpoints, casts of
+    ``convert --dtype``, tensors handed to the drafters).
+
+    Raises:
+        MissingExtraError: torch is not installed (exit 2, ``pip install 'specconv[validate]'``).
+    """
+    from ..extras import require
+
+    return require("torch", "validate",
+                   feature="reading or casting tensors with torch (.bin / .pt checkpoints, convert --dtype)")
+
+
 def _torch_dtype_map() -> dict[str, "torch.dtype"]:
-    import torch
+    torch = import_torch()
 
     m = {
         "BOOL": torch.bool,
@@ -119,7 +133,7 @@ def tensor_to_bytes(t: "torch.Tensor") -> tuple[str, tuple[int, ...], bytes]:
     Raises:
         InvalidInputError: a dtype safetensors cannot store.
     """
-    import torch
+    torch = import_torch()
 
     dtype = safetensors_dtype(t.dtype)
     shape = tuple(int(d) for d in t.shape)
@@ -166,7 +180,7 @@ def cast_bytes(raw: bytes, src_dtype: str, dst_dtype: str, shape: Iterable[int],
         return bytes(raw)
     if need == 0:
         return b""
-    import torch
+    torch = import_torch()
 
     t = torch.frombuffer(bytearray(raw), dtype=torch_dtype(src_dtype)).reshape(shape)
     return tensor_to_bytes(cast_tensor(t, dst_dtype, name=name))[2]
@@ -174,14 +188,12 @@ def cast_bytes(raw: bytes, src_dtype: str, dst_dtype: str, shape: Iterable[int],
 
 def _nonfinite(t: "torch.Tensor") -> int:
     """NaN/±Inf count of ``t``, on its raw bits (:func:`specconv.tensors.scan.scan_bytes`)."""
-    import torch
-
     from .scan import scan_bytes
 
     if t.numel() == 0:
         return 0
     flat = t.detach().cpu().contiguous().reshape(-1)
-    return scan_bytes(flat.view(torch.uint8).numpy(), safetensors_dtype(t.dtype))[0]
+    return scan_bytes(flat.view(import_torch().uint8).numpy(), safetensors_dtype(t.dtype))[0]
 
 
 def cast_tensor(t: "torch.Tensor", dst_dtype: str, *, name: str = "tensor") -> "torch.Tensor":
@@ -208,9 +220,9 @@ def cast_tensor(t: "torch.Tensor", dst_dtype: str, *, name: str = "tensor") -> "
 
 
 def _overflow_error(t: "torch.Tensor", dst_dtype: str, name: str, created: int) -> Exception:
-    import torch
-
     from ..errors import CastOverflowError
+
+    torch = import_torch()
 
     def label(d: str) -> str:  # the --dtype spelling: torch's dtype name
         return str(torch_dtype(d)).removeprefix("torch.")

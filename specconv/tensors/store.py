@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..errors import InvalidInputError
-from .dtypes import _NUMPY_NAMES, safetensors_dtype, tensor_to_bytes, torch_dtype
+from .dtypes import _NUMPY_NAMES, import_torch, safetensors_dtype, tensor_to_bytes, torch_dtype
 from .header import (
     SAFE_WEIGHTS_INDEX_NAME,
     SAFE_WEIGHTS_NAME,
@@ -54,8 +54,7 @@ def _torch_load_weights_only(path: Path) -> dict[str, Any]:
     """
     import zipfile
 
-    import torch
-
+    torch = import_torch()
     try:
         if zipfile.is_zipfile(path):
             obj = torch.load(path, weights_only=True, mmap=True, map_location="cpu")
@@ -335,7 +334,7 @@ class TensorStore:
 
     def read_tensor(self, name: str) -> "torch.Tensor":
         """Tensor ``name`` as a CPU ``torch.Tensor`` of its stored dtype and shape."""
-        import torch
+        torch = import_torch()
 
         info = self.info(name)
         if self._tensors is not None:
@@ -366,8 +365,8 @@ class TensorStore:
             InvalidInputError: unknown name, a row out of range, or a truncated file.
         """
         import numpy as np
-        import torch
 
+        torch = import_torch()
         info = self.info(name)
         rows = np.asarray(rows, dtype=np.int64)
         if not info.shape or (rows.size and (rows.min() < 0 or rows.max() >= info.shape[0])):

@@ -206,9 +206,15 @@ def validate_drafter(
 
 
 def _check_inputs(drafter_dir: str | Path, opts: ValidateOptions) -> Path:
-    """Options that cannot work: refused before anything is read."""
+    """Options that cannot work, and missing extras: refused before anything is read."""
+    from ..extras import require, require_extra
     from .verifier_runner import torch_dtype
 
+    require("torch", "validate", feature="specconv validate")  # G1 reads tensors with torch (every backend)
+    if opts.backend != "vllm":  # the torch backend runs the verifier with transformers
+        require("transformers", "validate", feature="specconv validate")
+    if opts.onnx:
+        require_extra("onnx", feature="specconv validate --onnx")
     d = Path(drafter_dir)
     if not d.is_dir():
         raise InvalidInputError(f"drafter dir {d} does not exist")

