@@ -3,6 +3,7 @@ after validate (the τ row) — through the real CLI on the bundled drafter and 
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -52,3 +53,85 @@ def test_convert_writes_the_card_and_validate_refreshes_it(tmp_path, smollm2_dir
     refreshed = (out / "README.md").read_text()
     assert f"| acceptance length τ | {tau:.3f}" in refreshed, refreshed
     assert _front_matter(refreshed)["base_model"] == VERIFIER
+
+
+@pytest.fixture(scope="module")
+def cards(tmp_path_factory, tiny_verifier_dir, tiny_llama_verifier_dir) -> dict[str, Path]:
+    """One conversion per algorithm (verifier recorded as the Hub id ``org/verifier``), its
+    card written as ``specconv convert`` writes it."""
+    pytest.importorskip("speculators")
+    import fixtures_dflash as fd
+    import fixtures_dspark as fs
+    import fixtures_peagle as fp
+
+    from specconv.publish.card import refresh_local_card
+
+    root = tmp_path_factory.mktemp("cards")
+    v, vl = tiny_verifier_dir, tiny_llama_verifier_dir
+    peagle = fp.build_speculators_peagle(vl, root / "ref" / "peagle")
+    sources = {"dflash": (fd.make_source(root / "src", "zlab_dflash", verifier_dir=v), v, {}),
+               "dspark": (fs.make_deepspec_dspark(root / "src" / "dspark", v), v, {}),
+               "peagle": (fp.to_aws(peagle, root / "src" / "aws"), vl, {"speculative_tokens": 4})}
+    out = {}
+    for algo, (src, ver, opts) in sources.items():
+        d = root / "out" / algo
+        fd.api_convert(src, ver, d, name="org/verifier", **opts)
+        assert refresh_local_card(d) == d / "README.md"
+        out[algo] = d
+    return out
+
+
+def _k(d: Path) -> int:
+    return json.loads((d / "config.json").read_text())["speculators_config"]["proposal_methods"][0]["speculative_tokens"]
+
+
+#: What serves each algorithm in vLLM 0.33 (``vllm/config/speculative.py``: methods
+#: ``eagle3``/``dflash``/``dspark``; ``vllm/transformers_utils/configs/speculators/base.py``:
+#: P-EAGLE is ``eagle3`` with parallel drafting). The loader and serving tests give vLLM these
+#: same cards (tests/test_vllm_load.py, tests/test_vllm_serve.py).
+SERVES = {"dflash": {"method": "dflash"}, "dspark": {"method": "dspark"},
+          "peagle": {"method": "eagle3", "parallel_drafting": True}}
+
+
+@pytest.mark.parametrize("algo", sorted(SERVES))
+def test_the_card_serve_commands_serve_the_algorithm(cards, algo):
+    from card_commands import launch_commands
+
+    from specconv.validate.vllm_backend import build_serve_command
+
+    d = cards[algo]
+    forms = launch_commands(d / "README.md")
+    assert forms["short"] == ["vllm", "serve", d.name]
+    long = forms["long"]
+    assert long[:3] == ["vllm", "serve", "org/verifier"] and long[3] == "--speculative-config" and len(long) == 5
+    spec = json.loads(long[4])
+    assert spec == {"model": d.name, "num_speculative_tokens": _k(d), **SERVES[algo]}
+    # --backend vllm runs the same command for a local verifier (only model and verifier differ)
+    local = build_serve_command(d, "/models/verifier")
+    assert local[:4] == ["vllm", "serve", "/models/verifier", "--speculative-config"]
+    assert json.loads(local[4]) == {**spec, "model": str(d.resolve())}
+
+
+def test_a_local_verifier_path_is_quoted_and_never_linked(tmp_path, tiny_verifier_dir):
+    """A verifier recorded as a local path with spaces: one shell word in the card, no Hub link,
+    no ``base_model``, no short form (vLLM 0.33 refuses a local verifier there)."""
+    import shutil
+
+    import fixtures_dflash as fd
+
+    from card_commands import launch_commands
+    from specconv.hub import check_card
+    from specconv.publish.card import refresh_local_card
+
+    verifier = tmp_path / "my models" / "verifier v1"
+    shutil.copytree(tiny_verifier_dir, verifier)
+    d = tmp_path / "my drafter"
+    fd.api_convert(fd.make_source(tmp_path / "src", "zlab_dflash", verifier_dir=verifier), verifier, d, name=None)
+    text = refresh_local_card(d).read_text()
+    forms = launch_commands(text)
+    assert "short" not in forms
+    assert forms["long"][2] == str(verifier.resolve())
+    assert json.loads(forms["long"][4])["model"] == "my drafter"
+    assert "huggingface.co//" not in text and f"huggingface.co/{verifier.resolve()}" not in text
+    assert "base_model" not in _front_matter(text)
+    check_card(text)  # what push runs on the card it publishes
