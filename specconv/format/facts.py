@@ -4,7 +4,7 @@ Every other module (the typed configs, the converters, the lint, the reference d
 takes these from here instead of restating them. Sources: speculators 0.9.0
 ``src/speculators/config.py``, ``src/speculators/models/{peagle,dflash,dspark}/config.py``
 and ``src/speculators/proposals/greedy.py``; vLLM 0.33
-``vllm/transformers_utils/configs/speculators/algos.py``. The rules are explained for users
+``vllm/transformers_utils/configs/speculators/{algos,base}.py`` and ``vllm/config/speculative.py``. The rules are explained for users
 in ``docs/formats.md``.
 """
 
@@ -21,6 +21,7 @@ __all__ = [
     "FLOAT_DTYPES",
     "MAX_DRAFT_LAYERS",
     "NEVER_WRITTEN",
+    "SERVE_CONFIGS",
     "SERVE_METHODS",
     "SPECULATORS_VERSION",
     "LAYER_KEY_SCOPES",
@@ -28,6 +29,7 @@ __all__ = [
     "aux_ids_key",
     "layer0_input_width",
     "legacy_sample_from_anchor",
+    "speculative_config",
     "speculative_tokens_for",
     "speculators_envelope",
     "unsupported_layer_keys",
@@ -47,10 +49,22 @@ ARCHITECTURES: dict[str, str] = {
     "dspark": "DSparkDraftModel",
 }
 
-#: The ``method`` of vLLM's ``--speculative-config`` that serves each algorithm (vLLM
-#: ``vllm/config/speculative.py``); P-EAGLE runs as ``eagle3`` with
-#: ``"parallel_drafting": true``.
-SERVE_METHODS: dict[str, str] = {"peagle": "eagle3", "dflash": "dflash", "dspark": "dspark"}
+#: How vLLM serves each algorithm: the keys of ``--speculative-config`` besides ``model`` and
+#: ``num_speculative_tokens`` (the one table of serve facts; the card, the lint, ``--backend
+#: vllm`` and the vLLM loader check's job file are built from it). vLLM 0.33
+#: ``vllm/config/speculative.py`` (``SpeculativeMethod``: ``eagle3``, ``dflash``, ``dspark``;
+#: there is no ``peagle`` method) and
+#: ``vllm/transformers_utils/configs/speculators/base.py`` (``build_vllm_speculative_config``:
+#: ``peagle`` → ``eagle3`` + ``"parallel_drafting": true``, the other names kept). vLLM accepts
+#: a wrong method without a word and builds another draft model.
+SERVE_CONFIGS: dict[str, dict[str, Any]] = {
+    "peagle": {"method": "eagle3", "parallel_drafting": True},
+    "dflash": {"method": "dflash"},
+    "dspark": {"method": "dspark"},
+}
+
+#: algorithm → the ``method`` alone (a view of :data:`SERVE_CONFIGS`).
+SERVE_METHODS: dict[str, str] = {algo: c["method"] for algo, c in SERVE_CONFIGS.items()}
 
 #: ``speculators_version`` written into every config (the reference release).
 SPECULATORS_VERSION = "0.9.0"
@@ -153,6 +167,29 @@ def legacy_sample_from_anchor(block_size: int, speculative_tokens: Any) -> bool 
         if speculative_tokens == speculative_tokens_for(block_size, sfa):
             return sfa
     return None
+
+
+def speculative_config(algorithm: str, model: str, speculative_tokens: int) -> dict[str, Any]:
+    """vLLM's ``--speculative-config`` object that serves a drafter (:data:`SERVE_CONFIGS`).
+
+    Args:
+        algorithm: ``speculators_model_type`` of the draft.
+        model: the drafter as vLLM is to find it (Hub id or local dir).
+        speculative_tokens: K (``proposal_methods[0].speculative_tokens``).
+
+    Returns:
+        ``{"model", "method", "num_speculative_tokens", ...extra keys}`` in that order.
+
+    Raises:
+        InvalidInputError: an algorithm vLLM has no method for.
+    """
+    if algorithm not in SERVE_CONFIGS:
+        from ..errors import InvalidInputError
+
+        raise InvalidInputError(f"no vLLM method for speculators_model_type {algorithm!r} "
+                                f"(known: {', '.join(SERVE_CONFIGS)})")
+    extra = dict(SERVE_CONFIGS[algorithm])
+    return {"model": model, "method": extra.pop("method"), "num_speculative_tokens": int(speculative_tokens), **extra}
 
 
 def speculators_envelope(

@@ -17,11 +17,7 @@ from typing import Any
 
 from .payload import Payload, published_verifier
 
-#: the speculative-config ``method`` vLLM expects per algorithm (vLLM
-#: ``vllm/transformers_utils/configs/speculators/algos.py``)
-_SERVE_METHOD = {"dflash": "dflash", "eagle3": "eagle3", "peagle": "eagle3", "dspark": "dflash", "eagle": "eagle"}
 _ALGO_NAME = {"dflash": "DFlash", "peagle": "P-EAGLE", "dspark": "DSpark", "eagle3": "EAGLE-3"}
-_VLLM_RANGE = "≥ 0.33 (the version specconv's loader check targets, see docs/architecture.md)"
 _PERMISSIVE = ("apache-2.0", "mit", "bsd-3-clause", "bsd-2-clause")
 
 
@@ -106,11 +102,45 @@ def validation_context(d: Path, rec: Any) -> dict[str, Any] | None:
             "passed": bool(v.passed)}
 
 
+def vllm_checked(rec: Any) -> str:
+    """The card's vLLM row: what vLLM did with these files, from the record's
+    ``validation.vllm_load`` / ``vllm_serve`` (``specconv.results.vllm_summaries``), else
+    ``not checked by vLLM``."""
+    v = rec.validation
+    done = []
+    load = v and v.vllm_load
+    if load and load.version:
+        done.append(f"loaded by `{load.distribution}` {load.version} (`specconv validate --vllm-load-check`)")
+    serve = v and v.vllm_serve
+    if serve and serve.version:
+        done.append(f"served by `{serve.distribution}` {serve.version}, τ {_fmt(serve.tau)} "
+                    "(`specconv validate --backend vllm`)")
+    return "; ".join(done) or "not checked by vLLM"
+
+
+def launch_commands(verifier: str, repo_id: str, algo: str, k: Any) -> tuple[str | None, str | None]:
+    """The card's ``vllm serve`` lines, shell-quoted (:mod:`specconv.format.serve`):
+    ``(short form, long form)``. The short form only for a Hub verifier (vLLM 0.33 refuses a
+    local one there); no long form for an algorithm vLLM has no method for."""
+    from .. import hub
+    from ..format.facts import SERVE_CONFIGS
+    from ..format.serve import long_form_argv, shell_command, short_form_argv
+
+    short = shell_command(short_form_argv(repo_id)) if hub.is_hub_id(verifier) else None
+    if algo not in SERVE_CONFIGS or not isinstance(k, int):
+        return short, None
+    return short, shell_command(long_form_argv(verifier, repo_id, algo, k))
+
+
 def _metadata(rec: Any, repo_id: str, license_id: str, verifier: str) -> str:
+    from .. import hub
+
     conv = rec.conversion
     algo = (conv.algorithm if conv else None) or "speculator"
-    meta: dict[str, Any] = {"license": license_id, "library_name": "speculators", "base_model": verifier,
+    meta: dict[str, Any] = {"license": license_id, "library_name": "speculators",
                             "tags": sorted({algo, "speculative-decoding", "vllm", "speculators", "specconv"})}
+    if hub.is_hub_id(verifier):  # the Hub reads base_model as a repo id, never a path
+        meta["base_model"] = verifier
     if conv and conv.source and conv.source.hub_id:
         meta["source_model"] = conv.source.hub_id
     import yaml
@@ -138,13 +168,15 @@ def render_card(d: Path, rec: Any, payload: Payload, repo_id: str, *, plot: bool
     engines = sorted((p, "TensorRT engine" if p.startswith("trt/") else "ONNX") for p in payload.files
                      if p.startswith(("onnx/", "trt/")) and p.endswith((".onnx", ".plan", ".engine")))
     val = validation_context(d, rec)
+    k = methods[0].get("speculative_tokens")
+    short_form, long_form = launch_commands(verifier, repo_id, algo, k)
     ctx = dict(metadata_yaml=_metadata(rec, repo_id, license_id, verifier), title=repo_id.split("/")[-1],
                algorithm=algo, algorithm_name=_ALGO_NAME.get(algo, algo), verifier=verifier,
-               verifier_url=f"https://huggingface.co/{verifier}", k=methods[0].get("speculative_tokens"),
+               verifier_url=f"https://huggingface.co/{verifier}" if hub.is_hub_id(verifier) else None, k=k,
                block_size=cfg.get("block_size", "n/a"), aux_layer_ids=cfg.get("aux_hidden_state_layer_ids") or [],
-               layout=[(k, json.dumps(cfg[k])) for k in ("sample_from_anchor", "norm_before_residual",
-                                                       "sliding_window_non_causal", "mask_token_id") if k in cfg],
-               vllm_range=_VLLM_RANGE, repo_id=repo_id, serve_method=_SERVE_METHOD.get(algo, algo),
+               layout=[(key, json.dumps(cfg[key])) for key in ("sample_from_anchor", "norm_before_residual",
+                                                             "sliding_window_non_causal", "mask_token_id") if key in cfg],
+               vllm_checked=vllm_checked(rec), short_form=short_form, long_form=long_form,
                validation=val, validation_status="Passed" if val and val["passed"] else "FAILED",
                plot=plot, unvalidated=sorted(payload.unvalidated), engines=engines,
                contains_verifier_weights=payload.contains_verifier_weights,

@@ -120,12 +120,12 @@ class VllmBackend:
     def run(self, run: ValidationRun) -> None:
         from .gates import gate_acceptance, skipped
         from .metrics import summary
-        from .vllm_backend import run_vllm_validation
+        from .vllm_backend import run_vllm_validation, serve_summary
 
         vm = run_vllm_validation(run.drafter_dir, run.verifier, run.prompts, run.options)
         rep = run.report
         rep["device"] = vm.pop("device", {"device": "cuda"})
-        rep["vllm"] = vm.pop("server", {})
+        rep["vllm_serve"] = {**serve_summary(vm), "server": vm.pop("server", {})}
         rep["metrics"] = vm
         rep["k"] = len(vm.get("acceptance_at_pos") or [])
         run.results.append(skipped("parity", "--backend vllm: parity runs in the torch harness"))

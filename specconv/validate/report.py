@@ -25,10 +25,12 @@ REPORT_PNG = "acceptance.png"
 
 
 def library_versions() -> dict[str, str | None]:
-    """Versions of the libraries the numbers depend on (None when not installed)."""
+    """Versions of the libraries the numbers depend on (None when not installed). vLLM is
+    not among them: it runs in its own venv, and what ran is reported as ``vllm_load`` /
+    ``vllm_serve``."""
     from ..versions import library_versions as versions
 
-    return versions(("torch", "transformers", "accelerate", "safetensors", "numpy", "vllm", "dflash", "speculators"))
+    return versions(("torch", "transformers", "accelerate", "safetensors", "numpy", "dflash", "speculators"))
 
 
 def torch_backend_flags() -> dict[str, Any]:

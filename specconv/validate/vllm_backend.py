@@ -2,8 +2,8 @@
 
 * command line — for a **local** verifier the long form
   ``vllm serve <verifier> --speculative-config '{"model": <drafter dir>, "method": …,
-  "num_speculative_tokens": K}'`` with ``method`` = ``eagle3`` + ``"parallel_drafting":
-  true`` for P-EAGLE, ``dflash`` for DFlash, ``dspark`` for DSpark, and K =
+  "num_speculative_tokens": K, …}'`` of :func:`specconv.format.serve.long_form_argv` (the
+  model card's; the method and its flags are ``specconv.format.facts.SERVE_CONFIGS``'s), K =
   ``proposal_methods[0].speculative_tokens``; the short form ``vllm serve <drafter dir>``
   only when the recorded ``verifier.name_or_path`` is a Hub repo id and that id is what
   was passed as ``--verifier`` (vLLM ``vllm/transformers_utils/config.py``,
@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import re
 import subprocess
 import time
@@ -51,14 +52,11 @@ _LINE = re.compile(r"^(?P<name>[A-Za-z_:][A-Za-z0-9_:]*)(?:\{(?P<labels>.*)\})?\
 _LABEL = re.compile(r'([A-Za-z_][A-Za-z0-9_]*)="((?:[^"\\]|\\.)*)"')
 
 
-def vllm_method(algorithm: str) -> dict[str, Any]:
-    """``--speculative-config`` method keys for a Speculators algorithm (vLLM maps ``peagle`` to
-    ``eagle3`` + ``parallel_drafting``: ``vllm/transformers_utils/configs/speculators/algos.py``)."""
-    if algorithm == "peagle":
-        return {"method": "eagle3", "parallel_drafting": True}
-    if algorithm in ("dflash", "dspark"):
-        return {"method": algorithm}
-    raise InvalidInputError(f"no vLLM method for speculators_model_type {algorithm!r}")
+def harness_args(port: int, *, dtype: str | None = None, seed: int = 0) -> list[str]:
+    """The server options specconv adds to a ``vllm serve`` command: ``--served-model-name``,
+    ``--port``, ``--seed`` and ``--dtype`` (None = vLLM's default, the target's dtype)."""
+    args = ["--served-model-name", SERVED_NAME, "--port", str(port), "--seed", str(seed)]
+    return args + (["--dtype", dtype] if dtype else [])
 
 
 def build_serve_command(
@@ -70,7 +68,8 @@ def build_serve_command(
     seed: int = 0,
     extra_args: Sequence[str] = (),
 ) -> list[str]:
-    """Build the ``vllm serve`` argv for a Speculators drafter.
+    """Build the ``vllm serve`` argv for a Speculators drafter (the long form from
+    :func:`specconv.format.serve.long_form_argv`, the card's).
 
     Args:
         drafter_dir: the Speculators directory.
@@ -84,23 +83,16 @@ def build_serve_command(
         InvalidInputError: unreadable config or unknown algorithm.
     """
     from ..format import is_hub_repo_id, load_config
+    from ..format.serve import long_form_argv, short_form_argv
 
     d = Path(drafter_dir)
     cfg = load_config(d)
-    algo = cfg.speculators_model_type
-    k = int(cfg.speculative_tokens)
     recorded = cfg.speculators_config.verifier.name_or_path
-    short = bool(recorded) and is_hub_repo_id(recorded) and verifier_spec == recorded
-    if short:
-        cmd = ["vllm", "serve", str(d)]
+    if bool(recorded) and is_hub_repo_id(recorded) and verifier_spec == recorded:
+        cmd = short_form_argv(str(d))
     else:
-        spec_cfg = {"model": str(d.resolve()), **vllm_method(algo), "num_speculative_tokens": k}
-        cmd = ["vllm", "serve", str(verifier_spec), "--speculative-config", json.dumps(spec_cfg, sort_keys=True)]
-    cmd += ["--served-model-name", SERVED_NAME, "--port", str(port), "--seed", str(seed)]
-    if dtype:
-        cmd += ["--dtype", dtype]
-    cmd += list(extra_args)
-    return cmd
+        cmd = long_form_argv(str(verifier_spec), str(d.resolve()), cfg.speculators_model_type, cfg.speculative_tokens)
+    return cmd + harness_args(port, dtype=dtype, seed=seed) + list(extra_args)
 
 
 def parse_spec_counters(text: str) -> dict[str, Any]:
@@ -490,7 +482,8 @@ def vllm_versions(python: str) -> dict:
 
 
 def run_vllm_validation(drafter_dir: Path, verifier: Any, prompts: Sequence[Any], opts: Any, *,
-                        startup_timeout: float | None = None, extra_args: Sequence[str] = ()) -> dict:
+                        startup_timeout: float | None = None, extra_args: Sequence[str] = (),
+                        serve_cmd: Sequence[str] | None = None, env: dict[str, str] | None = None) -> dict:
     """Serve ``drafter_dir`` with vLLM, send ``prompts`` through the OpenAI API, return metrics.
 
     The server runs with the interpreter of :func:`resolve_vllm_python`
@@ -508,6 +501,9 @@ def run_vllm_validation(drafter_dir: Path, verifier: Any, prompts: Sequence[Any]
             ``temperature``, ``seed``, ``dtype``; optional ``vllm_python``, ``vllm_port``).
         startup_timeout: seconds to wait for health (default :data:`STARTUP_TIMEOUT_S`).
         extra_args: appended to the server argv.
+        serve_cmd: ``vllm serve MODEL ARGS…`` to run instead of :func:`build_serve_command`'s
+            (e.g. a model card's long form); :func:`harness_args` are appended.
+        env: extra environment for the server (e.g. ``HF_HUB_CACHE``).
 
     Returns:
         The metrics of :func:`metrics_from_vllm` plus ``n_requests``, ``n_served``,
@@ -521,39 +517,70 @@ def run_vllm_validation(drafter_dir: Path, verifier: Any, prompts: Sequence[Any]
     """
     python = resolve_vllm_python(getattr(opts, "vllm_python", None))
     port = free_port(getattr(opts, "vllm_port", None))
-    cmd = build_serve_command(drafter_dir, verifier.spec, port=port, dtype=opts.dtype, seed=opts.seed,
-                              extra_args=extra_args)
-    argv = server_argv(cmd, python)
-    with VllmServer(argv, startup_timeout=startup_timeout or STARTUP_TIMEOUT_S) as srv:
+    if serve_cmd is None:
+        cmd = build_serve_command(drafter_dir, verifier.spec, port=port, dtype=opts.dtype, seed=opts.seed)
+    else:
+        cmd = [*serve_cmd, *harness_args(port, dtype=opts.dtype, seed=opts.seed)]
+    argv = server_argv([*cmd, *extra_args], python)
+    srv = VllmServer(argv, env=server_env({**os.environ, **(env or {})}),
+                     startup_timeout=startup_timeout or STARTUP_TIMEOUT_S)
+    reqs, before, after, version = _serve(srv, prompts, opts)
+    m = metrics_from_vllm(before, after)
+    m.update(_served_details(reqs, python, {"command": argv, "log": srv.log_path, "startup_s": srv.startup_s,
+                                            "versions": {**vllm_versions(python), "vllm.__version__": version}}))
+    return m
+
+
+def _serve(srv: VllmServer, prompts: Sequence[Any], opts: Any) -> tuple[list[dict], dict, dict, str | None]:
+    """Start ``srv``, send every prompt, stop it: ``(requests, counters before, counters
+    after, vllm.__version__)``.
+
+    Raises:
+        ServerFailed: the server failed, or a request was not served.
+    """
+    with srv:
         version = _get(srv.base + "/version", 10)[1]
         before = parse_spec_counters(srv.metrics_text())
         reqs = [chat_request(srv.base, p, opts) for p in prompts]
         after = _scrape_settled(srv)
-        startup_s, log_path = srv.startup_s, srv.log_path
-    served = [r for r in reqs if r["ok"]]
-    if len(served) < len(reqs):
-        bad = [f"{r['prompt_id']}: {r['error']}" for r in reqs if not r["ok"]]
-        raise ServerFailed(f"vLLM served {len(served)} of {len(reqs)} requests: " + "; ".join(bad[:3]),
-                           log_path=log_path)
-    m = metrics_from_vllm(before, after)
-    toks = sum(r.get("completion_tokens") or 0 for r in served)
-    wall = sum(r["wall_s"] for r in served)
+    bad = [f"{r['prompt_id']}: {r['error']}" for r in reqs if not r["ok"]]
+    if bad:
+        raise ServerFailed(f"vLLM served {len(reqs) - len(bad)} of {len(reqs)} requests: " + "; ".join(bad[:3]),
+                           log_path=srv.log_path)
+    return reqs, before, after, _version(version)
+
+
+def _version(body: str) -> str | None:
+    """``vllm.__version__`` from the body of the server's ``/version``."""
     try:
-        vllm_version = json.loads(version).get("version") if version else None
+        return json.loads(body).get("version") if body else None
     except ValueError:
-        vllm_version = None
-    m.update({
-        "n_requests": len(prompts),
-        "n_served": len(served),
+        return None
+
+
+def _served_details(reqs: list[dict], python: str, server: dict) -> dict:
+    """The keys :func:`run_vllm_validation` adds to the metrics (all requests served)."""
+    toks = sum(r.get("completion_tokens") or 0 for r in reqs)
+    wall = sum(r["wall_s"] for r in reqs)
+    return {
+        "n_requests": len(reqs),
+        "n_served": len(reqs),
         "requests": reqs,
         "n_output_tokens": toks,
         "request_ms_per_token": (wall * 1e3 / toks) if toks else None,
         "device": {"device": "vllm", "vllm_python": python},
-        "server": {"command": argv, "log": log_path, "startup_s": startup_s,
-                   "versions": {**vllm_versions(python), "vllm.__version__": vllm_version}},
+        "server": server,
         "convention": "vLLM counters: tau = 1 + accepted/num_drafts",
-    })
-    return m
+    }
+
+
+def serve_summary(metrics: dict) -> dict:
+    """``vllm_serve`` of the report and the record: ``{distribution, version, tau}`` of a
+    :func:`run_vllm_validation` that served every request (``version``: the server's
+    ``/version``, else the distribution's; ``tau``: pooled τ from vLLM's counters)."""
+    v = (metrics.get("server") or {}).get("versions") or {}
+    return {"distribution": v.get("distribution"), "version": v.get("vllm.__version__") or v.get("vllm"),
+            "tau": metrics.get("acceptance_length")}
 
 
 def token_agreement(a: Sequence[Sequence[int]], b: Sequence[Sequence[int]]) -> dict:

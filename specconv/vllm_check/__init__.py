@@ -5,7 +5,10 @@ vLLM does not install next to specconv (it pins another torch), so the check run
 ``.venv-vllm`` built by ``make vllm-venv`` (see docs/validate.md, "vLLM loader check").
 Several dirs are checked in ONE subprocess: vLLM's import costs ~10–40 s, each dir ~1 s.
 
-Only stdlib is imported here, so ``specconv --help`` stays torch-free.
+The runner imports nothing from specconv, so every specconv fact it needs travels in its
+job file: the ``--speculative-config`` text of each dir (the model card's, or the same text
+built by :mod:`specconv.format.serve` from the one serve table). Only stdlib is imported at
+module level, so ``specconv --help`` stays torch-free.
 """
 
 from __future__ import annotations
@@ -35,11 +38,30 @@ class LoadCheck:
         verifier: local verifier dir or Hub id (the long form's ``--model``).
         short_form: also build ``vllm serve DIR`` (True), never (False), or only when the
             recorded verifier id is in the local Hugging Face cache (``"auto"``).
+        speculative_config: the long form's ``--speculative-config`` value, JSON text as a
+            user passes it (e.g. copied from the model card); the runner replaces only its
+            ``model`` by ``dir``. None: :func:`speculative_config_for` of ``dir``.
     """
 
     dir: str
     verifier: str
     short_form: bool | str = "auto"
+    speculative_config: str | None = None
+
+
+def speculative_config_for(drafter_dir: str | os.PathLike) -> str:
+    """The ``--speculative-config`` text that serves ``drafter_dir`` (what its model card
+    prints, :func:`specconv.format.serve.speculative_config_json`; ``model`` = the dir).
+
+    Raises:
+        InvalidInputError: unreadable config.json or an algorithm vLLM has no method for.
+    """
+    from specconv.format import load_config
+    from specconv.format.serve import speculative_config_json
+
+    d = Path(drafter_dir)
+    cfg = load_config(d)
+    return speculative_config_json(cfg.speculators_model_type, str(d.resolve()), cfg.speculative_tokens)
 
 
 def find_vllm_python(explicit: str | os.PathLike | None = None) -> Path:
@@ -101,16 +123,18 @@ def run_load_checks(
     Returns:
         ``{"env": {distribution, vllm, torch, transformers, python, stubs, import_seconds},
         "results": [one dict per check: ok, errors, warnings, algorithm, model_class,
-        speculative_config, long_form, short_form, weights {loaded, missing, partial,
-        shared}, verifier_facts, seconds]}``.
+        speculative_config (what vLLM was given), vllm_reading (vLLM's own reading of the
+        dir), long_form (its ``config``: the method, parallel_drafting, K and draft dir vLLM
+        resolved), short_form, weights {loaded, missing, partial, shared}, verifier_facts,
+        seconds]}``.
 
     Raises:
-        InvalidInputError: no interpreter, or the runner failed before checking anything
-            (its stderr tail is in the message).
+        InvalidInputError: no interpreter, a dir whose config cannot be read (when its
+            ``speculative_config`` is not given), or the runner failed before checking
+            anything (its stderr tail is in the message).
     """
     py = find_vllm_python(python)
-    job = {"dtype": dtype, "checks": [{"dir": str(Path(c.dir).resolve()), "verifier": str(c.verifier),
-                                       "short_form": c.short_form} for c in checks]}
+    job = {"dtype": dtype, "checks": [_job_check(c) for c in checks]}
     with tempfile.TemporaryDirectory(prefix="specconv-vllm-") as tmp:
         job_path, out_path = Path(tmp) / "job.json", Path(tmp) / "result.json"
         job_path.write_text(json.dumps(job), encoding="utf-8")
@@ -129,17 +153,27 @@ def run_load_checks(
     return result
 
 
+def _job_check(c: LoadCheck) -> dict:
+    """One check of the runner's job file (every specconv fact it needs is in it)."""
+    return {"dir": str(Path(c.dir).resolve()), "verifier": str(c.verifier), "short_form": c.short_form,
+            "speculative_config": c.speculative_config or speculative_config_for(c.dir)}
+
+
 def record_payload(result: dict, index: int = 0) -> dict:
-    """The ``validation.vllm_load`` section of ``specconv.json`` for one checked dir:
-    ``{ok, distribution, vllm, torch, transformers, stubs, patches, model_class,
-    speculative_config, forms, errors, warnings, missing, shared}``."""
+    """The ``vllm_load`` of ``validation.json`` and ``--format json`` for one checked dir:
+    ``{ok, distribution, version, torch, transformers, stubs, patches, model_class,
+    speculative_config, resolved {method, parallel_drafting}, forms, errors, warnings,
+    missing, shared}`` (``specconv.json`` keeps ``{distribution, version}`` of a passed
+    check: :func:`specconv.results.vllm_summaries`)."""
     env, r = result["env"], result["results"][index]
     w = r.get("weights") or {}
+    resolved = (r.get("long_form") or {}).get("config") or {}
     return {
-        "ok": r["ok"], "distribution": env.get("distribution"), "vllm": env.get("vllm"), "torch": env.get("torch"),
+        "ok": r["ok"], "distribution": env.get("distribution"), "version": env.get("vllm"), "torch": env.get("torch"),
         "transformers": env.get("transformers"), "stubs": [s["name"] for s in env.get("stubs", [])],
         "patches": env.get("patches", []),
         "model_class": r.get("model_class"), "speculative_config": r.get("speculative_config"),
+        "resolved": {k: resolved.get(k) for k in ("method", "parallel_drafting")},
         "forms": {"long": (r.get("long_form") or {}).get("ok", False),
                   "short": (r.get("short_form") or {}).get("ok"),
                   "short_skipped": (r.get("short_form") or {}).get("skipped")},
@@ -149,8 +183,8 @@ def record_payload(result: dict, index: int = 0) -> dict:
 
 
 def run_load_checks_for_dir(drafter_dir: str | os.PathLike, verifier: str, *, python: str | None = None) -> dict:
-    """``specconv validate --vllm-load-check``: check one dir, return its
-    ``validation.vllm_load`` payload (see :func:`record_payload`; not recorded here).
+    """``specconv validate --vllm-load-check``: check one dir, return its ``vllm_load``
+    payload (see :func:`record_payload`; not recorded here).
 
     Raises:
         InvalidInputError: no vLLM interpreter, or the runner could not start.
@@ -158,5 +192,5 @@ def run_load_checks_for_dir(drafter_dir: str | os.PathLike, verifier: str, *, py
     return record_payload(run_load_checks([LoadCheck(str(drafter_dir), verifier)], python=python))
 
 
-__all__ = ["ENV_PYTHON", "LoadCheck", "find_vllm_python", "record_payload",
-           "run_load_checks", "run_load_checks_for_dir", "subprocess_env"]
+__all__ = ["ENV_PYTHON", "LoadCheck", "find_vllm_python", "record_payload", "run_load_checks",
+           "run_load_checks_for_dir", "speculative_config_for", "subprocess_env"]

@@ -1,18 +1,24 @@
 """vLLM loader check — the script that runs INSIDE the vLLM interpreter (a subprocess).
 
 Usage: ``python runner.py JOB.json RESULT.json``. Imports nothing from specconv (the
-vLLM venv does not have it). ``JOB.json``::
+vLLM venv does not have it), so specconv's serve facts arrive in the job file: each check
+carries the ``--speculative-config`` text a user passes (the model card's). ``JOB.json``::
 
-    {"checks": [{"dir": "...", "verifier": "...", "short_form": true | false | "auto"}, ...],
+    {"checks": [{"dir": "...", "verifier": "...", "short_form": true | false | "auto",
+                 "speculative_config": "{\"model\": ..., \"method\": ..., ...}"}, ...],
      "dtype": "float32"}
 
 For every check it builds the engine config as ``vllm serve`` would (long form
-``--model VERIFIER --speculative-config {...}``; short form ``vllm serve DIR`` when
-asked), loads the draft with vLLM's own ``get_model()`` and compares the parameters the
-weight loader actually filled with the model's parameters. vLLM facts used here:
+``--model VERIFIER --speculative-config TEXT`` with only ``model`` replaced by the dir;
+short form ``vllm serve DIR`` when asked), reports the method and ``parallel_drafting``
+vLLM resolved, loads the draft with vLLM's own ``get_model()`` and compares the parameters
+the weight loader actually filled with the model's parameters. vLLM facts used here:
 
-* ``vllm/transformers_utils/configs/speculators/algos.py``: peagle → ``eagle3`` with
-  ``parallel_drafting``; dflash and dspark keep their names.
+* ``vllm/transformers_utils/configs/speculators/base.py``
+  (``SpeculatorsConfig.build_vllm_speculative_config``): vLLM's own reading of a
+  Speculators dir (peagle → ``eagle3`` with ``parallel_drafting``; dflash and dspark keep
+  their names). The given text must agree with it: vLLM 0.33 accepts any method without a
+  word (``vllm/config/speculative.py``) and builds another draft.
 * ``vllm/model_executor/model_loader/default_loader.py``: the strict check only runs when
   ``model.load_weights`` returns a set; the DFlash/DSpark/EAGLE-3 draft classes return
   None, so a missing tensor is accepted silently — hence the recording below.
@@ -35,8 +41,6 @@ import tempfile
 import time
 import traceback
 
-#: Speculators algorithm → (vLLM method, extra speculative-config keys).
-VLLM_METHOD = {"peagle": ("eagle3", {"parallel_drafting": True}), "dflash": ("dflash", {}), "dspark": ("dspark", {})}
 #: Draft classes vLLM 0.33 uses for each algorithm (``vllm/model_executor/models/registry.py``).
 EXPECTED_CLASSES = {
     "peagle": {"Eagle3LlamaForCausalLM", "Eagle3Qwen3ForCausalLM"},
@@ -179,12 +183,37 @@ def install_recorder() -> None:
 
 
 # ------------------------------------------------------------------ engine configs
-def speculative_config(d: str, cfg: dict) -> dict:
-    """The ``--speculative-config`` of the long form for the Speculators dir ``d``."""
-    algo = cfg["speculators_model_type"]
-    method, extra = VLLM_METHOD[algo]
-    k = cfg["speculators_config"]["proposal_methods"][0]["speculative_tokens"]
-    return {"model": d, "method": method, "num_speculative_tokens": int(k), **extra}
+def given_speculative_config(d: str, text: str) -> dict:
+    """The check's ``--speculative-config`` text as vLLM's CLI parses it (JSON), with only
+    ``model`` replaced by the dir ``d``."""
+    spec = json.loads(text)
+    if not isinstance(spec, dict):
+        raise ValueError(f"--speculative-config is not a JSON object: {text[:200]}")
+    return {**spec, "model": d}
+
+
+def vllm_reading(cfg: dict, spec: dict) -> tuple[dict | None, str | None]:
+    """vLLM's own ``speculative_config`` for the dir's ``config.json`` and the disagreement of
+    ``spec`` (method, ``num_speculative_tokens``, ``parallel_drafting``) with it.
+
+    Returns:
+        ``(vLLM's dict or None when this vLLM has no such reader, error text or None)``.
+    """
+    try:
+        from vllm.transformers_utils.configs.speculators.base import SpeculatorsConfig
+
+        own = SpeculatorsConfig.build_vllm_speculative_config(cfg)
+    except (ImportError, AttributeError):
+        return None, None
+    keys = ("method", "num_speculative_tokens", "parallel_drafting")
+    want = {k: own.get(k, False if k == "parallel_drafting" else None) for k in keys}
+    got = {k: spec.get(k, False if k == "parallel_drafting" else None) for k in keys}
+    diff = [f"{k} {got[k]!r} (vLLM's reading: {want[k]!r})" for k in keys if got[k] != want[k]]
+    if not diff:
+        return own, None
+    return own, ("--speculative-config disagrees with vLLM's own reading of the dir "
+                 "(SpeculatorsConfig.build_vllm_speculative_config): " + ", ".join(diff)
+                 + "; vLLM would serve another drafter than the dir holds")
 
 
 def build_config(model: str, spec: dict | None, dtype: str):
@@ -369,7 +398,10 @@ def check_one(job: dict, dtype: str) -> dict:
             cfg = json.load(f)
         res["algorithm"] = algo = cfg["speculators_model_type"]
         os.environ["VLLM_USE_V2_MODEL_RUNNER"] = V2_RUNNER.get(algo, "0")
-        res["speculative_config"] = spec = speculative_config(d, cfg)
+        res["speculative_config"] = spec = given_speculative_config(d, job["speculative_config"])
+        res["vllm_reading"], disagreement = vllm_reading(cfg, spec)
+        if disagreement:
+            res["errors"].append(disagreement)
         vc = build_config(job["verifier"], spec, dtype)
         res["long_form"] = {"ok": True, "config": summarise_config(vc)}
     except Exception as e:  # noqa: BLE001 - one dir's failure is its result

@@ -2,13 +2,15 @@
 
 Facts: speculators 0.9.0 ``src/speculators/config.py``; vLLM 0.33
 ``vllm/transformers_utils/configs/speculators/algos.py`` and ``vllm/config/speculative.py``
-(what vLLM reads and defaults); ``docs/formats.md``.
+(what vLLM reads and defaults); ``docs/formats.md``. The serve method is
+:data:`specconv.format.facts.SERVE_CONFIGS`'s.
 """
 
 from __future__ import annotations
 
 from ..facts import ARCHITECTURES, SERVE_METHODS
 from ..schema import BlockDraftConfig, expected_speculative_tokens
+from ..serve import long_form_argv, shell_command
 from ..verifier_facts import is_hub_repo_id
 from .registry import Hit, LintContext, rule
 
@@ -35,13 +37,8 @@ IMPLICIT_KEYS: dict[str, list[tuple[str, bool, str]]] = {
 
 
 def serve_hint(ctx: LintContext) -> str:
-    """The long-form ``vllm serve`` command line for the draft."""
-    extra = ', "parallel_drafting": true' if ctx.algo == "peagle" else ""
-    return (
-        "vllm serve <verifier> --speculative-config "
-        f'\'{{"model": "<draft_dir>", "method": "{SERVE_METHODS[ctx.algo]}", '
-        f'"num_speculative_tokens": {ctx.cfg.speculative_tokens}{extra}}}\''
-    )
+    """The long-form ``vllm serve`` command line for the draft (:mod:`specconv.format.serve`)."""
+    return shell_command(long_form_argv("<verifier>", "<draft_dir>", ctx.algo, ctx.cfg.speculative_tokens), wrap=False)
 
 
 @rule("top-level-model-type", "error")
