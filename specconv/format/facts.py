@@ -13,6 +13,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from .algorithms import ALGORITHMS as _ALGORITHMS
+from .algorithms import algorithm as _algorithm
+
 __all__ = [
     "ALGORITHMS",
     "ARCHITECTURES",
@@ -30,24 +33,19 @@ __all__ = [
     "speculators_envelope",
 ]
 
-#: Algorithms (``speculators_model_type`` values) specconv writes and reads.
-ALGORITHMS: tuple[str, ...] = ("peagle", "dflash", "dspark")
+#: Algorithms (``speculators_model_type`` values) specconv writes and reads, from their
+#: descriptions (:mod:`.algorithms`, the one owner of per-algorithm facts).
+ALGORITHMS: tuple[str, ...] = tuple(_ALGORITHMS)
 
 #: The block drafters: one pass fills ``block_size`` query slots.
-BLOCK_ALGORITHMS: frozenset[str] = frozenset({"dflash", "dspark"})
+BLOCK_ALGORITHMS: frozenset[str] = frozenset(a.name for a in _ALGORITHMS.values() if a.block_drafter)
 
 #: ``architectures`` that speculators' ``save_pretrained`` writes (the pydantic defaults
 #: such as ``PEagleSpeculator`` are never seen on disk).
-ARCHITECTURES: dict[str, str] = {
-    "peagle": "PEagleDraftModel",
-    "dflash": "DFlashDraftModel",
-    "dspark": "DSparkDraftModel",
-}
+ARCHITECTURES: dict[str, str] = {a.name: a.architecture for a in _ALGORITHMS.values()}
 
-#: The ``method`` of vLLM's ``--speculative-config`` that serves each algorithm (vLLM
-#: ``vllm/config/speculative.py``); P-EAGLE runs as ``eagle3`` with
-#: ``"parallel_drafting": true``.
-SERVE_METHODS: dict[str, str] = {"peagle": "eagle3", "dflash": "dflash", "dspark": "dspark"}
+#: The ``method`` of vLLM's ``--speculative-config`` that serves each algorithm.
+SERVE_METHODS: dict[str, str] = {a.name: a.vllm.method for a in _ALGORITHMS.values()}
 
 #: ``speculators_version`` written into every config (the reference release).
 SPECULATORS_VERSION = "0.9.0"
@@ -152,14 +150,12 @@ def speculators_envelope(
 
 
 def aux_ids_key(algorithm: str) -> str:
-    """Name of the aux hidden-state layer-id key for ``algorithm``."""
-    return "eagle_aux_hidden_state_layer_ids" if algorithm == "peagle" else "aux_hidden_state_layer_ids"
+    """Name of the aux hidden-state layer-id key for ``algorithm`` (its description's)."""
+    return _algorithm(algorithm).aux_ids_key
 
 
 def layer0_input_width(algorithm: str, hidden_size: int) -> int:
-    """Input width of layer 0's q/k/v projections.
-
-    P-EAGLE's first layer attends over ``cat(embedding, fc(aux))`` (``2·H``, speculators
-    ``models/peagle/core.py``); DFlash and DSpark layers take ``H``.
-    """
-    return 2 * hidden_size if algorithm == "peagle" else hidden_size
+    """Input width of layer 0's q/k/v projections (:meth:`.algorithms.Algorithm.layer0_input_width`:
+    P-EAGLE's first layer attends over ``cat(embedding, fc(aux))``, ``2·H``, speculators
+    ``models/peagle/core.py``; DFlash and DSpark layers take ``H``)."""
+    return _algorithm(algorithm).layer0_input_width(hidden_size)
