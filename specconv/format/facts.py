@@ -13,6 +13,9 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from .algorithms import ALGORITHMS as _ALGORITHMS
+from .algorithms import algorithm as _algorithm
+
 __all__ = [
     "ALGORITHMS",
     "ARCHITECTURES",
@@ -35,33 +38,23 @@ __all__ = [
     "unsupported_layer_keys",
 ]
 
-#: Algorithms (``speculators_model_type`` values) specconv writes and reads.
-ALGORITHMS: tuple[str, ...] = ("peagle", "dflash", "dspark")
+#: Algorithms (``speculators_model_type`` values) specconv writes and reads, from their
+#: descriptions (:mod:`.algorithms`, the one owner of per-algorithm facts).
+ALGORITHMS: tuple[str, ...] = tuple(_ALGORITHMS)
 
 #: The block drafters: one pass fills ``block_size`` query slots.
-BLOCK_ALGORITHMS: frozenset[str] = frozenset({"dflash", "dspark"})
+BLOCK_ALGORITHMS: frozenset[str] = frozenset(a.name for a in _ALGORITHMS.values() if a.block_drafter)
 
 #: ``architectures`` that speculators' ``save_pretrained`` writes (the pydantic defaults
 #: such as ``PEagleSpeculator`` are never seen on disk).
-ARCHITECTURES: dict[str, str] = {
-    "peagle": "PEagleDraftModel",
-    "dflash": "DFlashDraftModel",
-    "dspark": "DSparkDraftModel",
-}
+ARCHITECTURES: dict[str, str] = {a.name: a.architecture for a in _ALGORITHMS.values()}
 
 #: How vLLM serves each algorithm: the keys of ``--speculative-config`` besides ``model`` and
-#: ``num_speculative_tokens`` (the one table of serve facts; the card, the lint, ``--backend
-#: vllm`` and the vLLM loader check's job file are built from it). vLLM 0.33
-#: ``vllm/config/speculative.py`` (``SpeculativeMethod``: ``eagle3``, ``dflash``, ``dspark``;
-#: there is no ``peagle`` method) and
-#: ``vllm/transformers_utils/configs/speculators/base.py`` (``build_vllm_speculative_config``:
-#: ``peagle`` → ``eagle3`` + ``"parallel_drafting": true``, the other names kept). vLLM accepts
-#: a wrong method without a word and builds another draft model.
+#: ``num_speculative_tokens``, from the descriptions' :class:`.algorithms.VllmFacts` (the one
+#: owner of the serve facts; the card, the lint, ``--backend vllm`` and the vLLM loader
+#: check's job file are built from it).
 SERVE_CONFIGS: dict[str, dict[str, Any]] = {
-    "peagle": {"method": "eagle3", "parallel_drafting": True},
-    "dflash": {"method": "dflash"},
-    "dspark": {"method": "dspark"},
-}
+    a.name: {"method": a.vllm.method, **dict(a.vllm.flags)} for a in _ALGORITHMS.values()}
 
 #: algorithm → the ``method`` alone (a view of :data:`SERVE_CONFIGS`).
 SERVE_METHODS: dict[str, str] = {algo: c["method"] for algo, c in SERVE_CONFIGS.items()}
@@ -188,8 +181,7 @@ def speculative_config(algorithm: str, model: str, speculative_tokens: int) -> d
 
         raise InvalidInputError(f"no vLLM method for speculators_model_type {algorithm!r} "
                                 f"(known: {', '.join(SERVE_CONFIGS)})")
-    extra = dict(SERVE_CONFIGS[algorithm])
-    return {"model": model, "method": extra.pop("method"), "num_speculative_tokens": int(speculative_tokens), **extra}
+    return _algorithm(algorithm).vllm.speculative_config(model, speculative_tokens)
 
 
 def speculators_envelope(
@@ -232,14 +224,12 @@ def speculators_envelope(
 
 
 def aux_ids_key(algorithm: str) -> str:
-    """Name of the aux hidden-state layer-id key for ``algorithm``."""
-    return "eagle_aux_hidden_state_layer_ids" if algorithm == "peagle" else "aux_hidden_state_layer_ids"
+    """Name of the aux hidden-state layer-id key for ``algorithm`` (its description's)."""
+    return _algorithm(algorithm).aux_ids_key
 
 
 def layer0_input_width(algorithm: str, hidden_size: int) -> int:
-    """Input width of layer 0's q/k/v projections.
-
-    P-EAGLE's first layer attends over ``cat(embedding, fc(aux))`` (``2·H``, speculators
-    ``models/peagle/core.py``); DFlash and DSpark layers take ``H``.
-    """
-    return 2 * hidden_size if algorithm == "peagle" else hidden_size
+    """Input width of layer 0's q/k/v projections (:meth:`.algorithms.Algorithm.layer0_input_width`:
+    P-EAGLE's first layer attends over ``cat(embedding, fc(aux))``, ``2·H``, speculators
+    ``models/peagle/core.py``; DFlash and DSpark layers take ``H``)."""
+    return _algorithm(algorithm).layer0_input_width(hidden_size)

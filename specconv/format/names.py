@@ -44,10 +44,11 @@ PEAGLE_PATTERNS: tuple[str, ...] = LAYER_PATTERNS + (
 
 
 def name_patterns(algorithm: str) -> tuple[str, ...]:
-    """Every output-name pattern of ``algorithm`` (``peagle`` | ``dflash`` | ``dspark``).
+    """Every output-name pattern of ``algorithm`` (its description's ``tensor_patterns``).
 
     Raises:
         KeyError: an unknown algorithm.
     """
-    block = BLOCK_BODY_PATTERNS + VERIFIER_SHARED_PATTERNS + VOCAB_MAP_PATTERNS
-    return {"peagle": PEAGLE_PATTERNS, "dflash": block, "dspark": block + DSPARK_HEAD_PATTERNS}[algorithm]
+    from .algorithms import ALGORITHMS
+
+    return ALGORITHMS[algorithm].tensor_patterns

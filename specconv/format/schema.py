@@ -385,27 +385,15 @@ class DSparkConfig(BlockDraftConfig):
     confidence_head_with_markov: bool = True
 
 
-_CLASSES: dict[str, type[SpeculatorsDraftConfig]] = {
-    "peagle": PEagleConfig,
-    "dflash": DFlashConfig,
-    "dspark": DSparkConfig,
-}
-
-
 def config_class(algorithm: str) -> type[SpeculatorsDraftConfig]:
-    """Return the config class for ``algorithm`` (``peagle``/``dflash``/``dspark``).
+    """Return the config class for ``algorithm`` (its description's ``config_class``).
 
     Raises:
         UnsupportedFormatError: for any other ``speculators_model_type``.
     """
-    try:
-        return _CLASSES[algorithm]
-    except KeyError:
-        raise UnsupportedFormatError(
-            f"speculators_model_type {algorithm!r} is not supported by specconv "
-            f"(supported: {', '.join(ALGORITHMS)})",
-            format_id=f"speculators-{algorithm}",
-        ) from None
+    from .algorithms import algorithm as describe
+
+    return describe(algorithm).config_type()
 
 
 def expected_speculative_tokens(cfg: SpeculatorsDraftConfig) -> int | None:

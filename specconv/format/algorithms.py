@@ -1,0 +1,360 @@
+"""One description per algorithm: everything specconv knows about P-EAGLE, DFlash and DSpark.
+
+Each :class:`Algorithm` owns the facts that used to be spread over the code as
+``if algorithm == "dspark"`` switches: the architecture name written into ``config.json``,
+the display name, the typed config class and the reference drafter class (as dotted
+paths, imported on use: this module is standard library only, so the converter registry
+and ``specconv --help`` stay light), the shape of the drafting step (block drafter or
+parallel drafting, the DSpark Markov head), the aux-id key, the tensor-name patterns, the
+serve facts per engine (vLLM today; SGLang and llama.cpp are described by the same
+objects), the export I/O contract and the parity tolerances.
+
+Code elsewhere asks the description (``algorithm(cfg.speculators_model_type).vllm.method``)
+and never compares an algorithm's name: ``tests/format/test_algorithms.py`` fails on a string
+constant equal to an algorithm name in a comparison, a dict key, a ``match`` case or a
+set / tuple / list outside this module. Subprocess runners that import nothing from
+specconv (the vLLM loader check) receive :meth:`Algorithm.job_facts` in their job file.
+
+Adding an algorithm = one :class:`Algorithm` in :data:`ALGORITHMS`, its config class in
+:mod:`.schema` and its drafter in :mod:`specconv.drafters` (``docs/architecture.md``).
+
+Sources: speculators 0.9.0 ``src/speculators/models/{peagle,dflash,dspark}/`` (configs,
+architectures, tensor names); vLLM 0.33 ``vllm/config/speculative.py`` (``method``),
+``vllm/transformers_utils/configs/speculators/algos.py`` (how a Speculators config maps to
+a speculative config), ``vllm/model_executor/models/registry.py`` (draft classes).
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any
+
+from . import names as _names
+
+__all__ = [
+    "ALGORITHMS",
+    "Algorithm",
+    "ExportFacts",
+    "ImplicitKey",
+    "LlamaCppFacts",
+    "PARITY_TOLERANCES",
+    "ParityTolerance",
+    "SglangFacts",
+    "VllmFacts",
+    "algorithm",
+    "algorithm_names",
+    "find_algorithm",
+    "import_object",
+]
+
+
+def import_object(dotted: str) -> Any:
+    """Import ``"package.module:attribute"`` (the dotted paths the descriptions hold)."""
+    mod, _, attr = dotted.partition(":")
+    return getattr(importlib.import_module(mod), attr)
+
+
+@dataclass(frozen=True)
+class ParityTolerance:
+    """G2 parity thresholds for one dtype (``docs/validate.md``, "Parity tolerances").
+
+    Attributes:
+        max_abs: max |Δlogit| allowed (None: not gated at this dtype).
+        cosine_min: minimum per-row cosine similarity of the logits.
+        top1_min: minimum top-1 agreement over rows whose top-1/top-2 margin > ``margin``.
+        mean_kl_max: maximum mean KL(p_ref ‖ p_test) per row (nats).
+        margin: top-1/top-2 logit margin under which a row is a near tie (not counted).
+    """
+
+    max_abs: float | None
+    cosine_min: float
+    top1_min: float
+    mean_kl_max: float
+    margin: float
+
+    def as_dict(self) -> dict[str, float | None]:
+        """The row as the report records it (``details.tolerances`` of G2)."""
+        return {"max_abs": self.max_abs, "cosine_min": self.cosine_min, "top1_min": self.top1_min,
+                "mean_kl_max": self.mean_kl_max, "margin": self.margin}
+
+
+#: The parity table every algorithm uses today (one row per run dtype).
+PARITY_TOLERANCES: Mapping[str, ParityTolerance] = MappingProxyType({
+    "float32": ParityTolerance(max_abs=1e-4, cosine_min=0.999999, top1_min=1.0, mean_kl_max=1e-8, margin=1e-3),
+    "float16": ParityTolerance(max_abs=None, cosine_min=0.9999, top1_min=0.99, mean_kl_max=1e-3, margin=0.1),
+    "bfloat16": ParityTolerance(max_abs=None, cosine_min=0.999, top1_min=0.98, mean_kl_max=5e-3, margin=0.5),
+})
+
+
+@dataclass(frozen=True)
+class VllmFacts:
+    """How vLLM serves the algorithm from a Speculators dir.
+
+    vLLM 0.33 ``vllm/config/speculative.py`` (``SpeculativeMethod``: ``eagle3``, ``dflash``,
+    ``dspark``; there is no ``peagle`` method) and
+    ``vllm/transformers_utils/configs/speculators/base.py`` (``build_vllm_speculative_config``:
+    ``peagle`` → ``eagle3`` + ``"parallel_drafting": true``, the other names kept). vLLM accepts
+    a wrong method without a word and builds another draft model.
+
+    Attributes:
+        method: the ``method`` of ``--speculative-config``.
+        flags: extra ``--speculative-config`` keys, in order (P-EAGLE:
+            ``parallel_drafting: true``; vLLM accepts a wrong or missing flag silently).
+        draft_classes: the draft model classes vLLM 0.33 builds for it
+            (``vllm/model_executor/models/registry.py``), what the loader check asserts.
+        v2_model_runner: vLLM 0.33 needs ``VLLM_USE_V2_MODEL_RUNNER=1`` at config level
+            (DSpark) or refuses the algorithm under it (P-EAGLE, DFlash: ``0``).
+        sample_from_anchor: what vLLM does with ``sample_from_anchor: true``:
+            ``"rejected"`` (DFlash), ``"supported"`` (DSpark, vLLM ≥ 0.27) or
+            ``"not-applicable"`` (P-EAGLE has no block).
+    """
+
+    method: str
+    flags: tuple[tuple[str, Any], ...] = ()
+    draft_classes: tuple[str, ...] = ()
+    v2_model_runner: bool = False
+    sample_from_anchor: str = "not-applicable"
+
+    def speculative_config(self, model: str, num_speculative_tokens: int) -> dict[str, Any]:
+        """The ``--speculative-config`` object for a draft at ``model`` (dir or Hub id)."""
+        return {"model": model, "method": self.method, "num_speculative_tokens": int(num_speculative_tokens),
+                **dict(self.flags)}
+
+
+@dataclass(frozen=True)
+class SglangFacts:
+    """How SGLang serves the algorithm (SGLang 0.5.23 ``srt/speculative/spec_info.py``,
+    ``srt/models/registry.py``; ``docs/engines.md``).
+
+    Attributes:
+        speculative_algorithm: ``--speculative-algorithm`` value, or None when SGLang cannot
+            serve the algorithm faithfully.
+        architecture: the ``architectures[0]`` SGLang's registry maps to its draft class.
+        refusal: why SGLang cannot serve it (None when it can).
+    """
+
+    speculative_algorithm: str | None = None
+    architecture: str | None = None
+    refusal: str | None = None
+
+
+@dataclass(frozen=True)
+class LlamaCppFacts:
+    """How llama.cpp serves the algorithm as a GGUF drafter (llama.cpp
+    ``common/speculative.cpp``, ``src/models/dflash.cpp``).
+
+    Attributes:
+        gguf_architecture: ``general.architecture`` of the drafter GGUF, or None.
+        refusal: why llama.cpp cannot represent it (None when it can).
+    """
+
+    gguf_architecture: str | None = None
+    refusal: str | None = None
+
+
+@dataclass(frozen=True)
+class ExportFacts:
+    """The exported drafting step's I/O contract (``docs/engines.md``, "I/O contract").
+
+    Attributes:
+        inputs: graph input names in positional order (``sampling_noise`` optional, last).
+        context_ids: the step reads the token of every context entry (``context_ids``).
+        block_rows: what the static ``block_ids`` axis holds: ``"block"`` (the ``B`` block
+            slots, anchor first) or ``"mask-depths"`` (P-EAGLE's ``K - 1`` mask entries).
+        confidence_output: a ``confidence`` output exists when the drafter has the head.
+    """
+
+    inputs: tuple[str, ...]
+    context_ids: bool
+    block_rows: str
+    confidence_output: bool = False
+
+
+@dataclass(frozen=True)
+class ImplicitKey:
+    """A config key whose absence means different things to speculators and vLLM.
+
+    Attributes:
+        key: the config key. agreed: speculators and vLLM default alike. why: the defaults.
+    """
+
+    key: str
+    agreed: bool
+    why: str
+
+
+@dataclass(frozen=True)
+class Algorithm:
+    """Everything specconv knows about one drafting algorithm.
+
+    Attributes:
+        name: ``speculators_model_type`` (``peagle`` | ``dflash`` | ``dspark``).
+        display_name: how cards and reports name it.
+        architecture: the ``architectures[0]`` speculators' ``save_pretrained`` writes.
+        config_class: dotted path of the typed config (:mod:`specconv.format.schema`).
+        drafter_class: dotted path of the reference drafter (:mod:`specconv.drafters`).
+        block_drafter: one pass fills ``block_size`` query slots (the K rule applies).
+        parallel_drafting: one pass drafts ``K`` depths from mask entries (P-EAGLE).
+        markov_head: a sequential Markov / confidence stage follows the backbone (DSpark).
+        aux_ids_key: the config key of the aux hidden-state layer ids.
+        aux_ids_default_from_verifier: a null aux-id list means speculators' default
+            ``[2, n//2, n-3]`` from the verifier (else the key is required).
+        layer0_width_factor: layer 0's q/k/v input width in units of ``hidden_size``
+            (P-EAGLE attends over ``cat(embedding, fc(aux))``: 2).
+        layer_model_types: ``transformer_layer_config.model_type`` values vLLM builds.
+        qk_norm_always: layers carry per-head q/k norms whatever the model type
+            (else only Qwen3 layers do).
+        trains_embedding: the drafter trains its own embedding (not the verifier's).
+        mask_hidden: the drafter holds a learned ``mask_hidden`` vector.
+        tensor_patterns: full-match regexes of every tensor the drafter may hold.
+        implicit_keys: keys whose absence speculators and vLLM read differently.
+        vllm, sglang, llamacpp: serve facts per engine.
+        export: the exported step's I/O contract.
+        parity: G2 tolerances per dtype.
+    """
+
+    name: str
+    display_name: str
+    architecture: str
+    config_class: str
+    drafter_class: str
+    block_drafter: bool
+    parallel_drafting: bool
+    markov_head: bool
+    aux_ids_key: str
+    aux_ids_default_from_verifier: bool
+    layer0_width_factor: int
+    layer_model_types: tuple[str, ...]
+    qk_norm_always: bool
+    trains_embedding: bool
+    mask_hidden: bool
+    tensor_patterns: tuple[str, ...]
+    implicit_keys: tuple[ImplicitKey, ...]
+    vllm: VllmFacts
+    export: ExportFacts
+    sglang: SglangFacts = field(default_factory=SglangFacts)
+    llamacpp: LlamaCppFacts = field(default_factory=LlamaCppFacts)
+    parity: Mapping[str, ParityTolerance] = field(default_factory=lambda: PARITY_TOLERANCES)
+
+    def config_type(self) -> type:
+        """The typed config class (imports pydantic)."""
+        return import_object(self.config_class)
+
+    def drafter_type(self) -> type:
+        """The reference drafter class (imports torch)."""
+        return import_object(self.drafter_class)
+
+    def layer0_input_width(self, hidden_size: int) -> int:
+        """Input width of layer 0's q/k/v projections."""
+        return self.layer0_width_factor * int(hidden_size)
+
+    def parity_tolerance(self, dtype: str) -> ParityTolerance:
+        """G2's row for ``dtype`` (the float32 row for an unknown dtype)."""
+        return self.parity.get(dtype) or self.parity["float32"]
+
+    def job_facts(self) -> dict[str, Any]:
+        """The facts a subprocess runner needs, as plain JSON (it imports nothing from specconv)."""
+        return {"algorithm": self.name, "display_name": self.display_name,
+                "vllm": {"method": self.vllm.method, "flags": dict(self.vllm.flags),
+                         "draft_classes": list(self.vllm.draft_classes),
+                         "v2_model_runner": self.vllm.v2_model_runner}}
+
+
+_BLOCK_INPUTS = ("aux_hidden", "block_ids", "ctx_position_ids", "block_position_ids", "ctx_valid")
+_BLOCK_PATTERNS = _names.BLOCK_BODY_PATTERNS + _names.VERIFIER_SHARED_PATTERNS + _names.VOCAB_MAP_PATTERNS
+
+PEAGLE = Algorithm(
+    name="peagle", display_name="P-EAGLE", architecture="PEagleDraftModel",
+    config_class="specconv.format.schema:PEagleConfig", drafter_class="specconv.drafters.peagle:PEagleDrafter",
+    block_drafter=False, parallel_drafting=True, markov_head=False,
+    aux_ids_key="eagle_aux_hidden_state_layer_ids", aux_ids_default_from_verifier=True,
+    layer0_width_factor=2, layer_model_types=("llama", "qwen3"), qk_norm_always=False,
+    trains_embedding=True, mask_hidden=True, tensor_patterns=_names.PEAGLE_PATTERNS,
+    implicit_keys=(
+        ImplicitKey("norm_before_residual", False,
+                    "the speculators trainer defaults to true, the config class and vLLM to false"),
+    ),
+    # vLLM maps speculators' peagle to eagle3 with parallel drafting
+    # (vllm/transformers_utils/configs/speculators/algos.py)
+    vllm=VllmFacts(method="eagle3", flags=(("parallel_drafting", True),),
+                   draft_classes=("Eagle3LlamaForCausalLM", "Eagle3Qwen3ForCausalLM"), v2_model_runner=False),
+    sglang=SglangFacts(refusal=(
+        "SGLang has no parallel drafting (sgl-project/sglang#23171); loaded as EAGLE3 it would silently "
+        "drop mask_hidden and q_norm/k_norm, replace the trained embedding by the target's and draft "
+        "sequentially")),
+    llamacpp=LlamaCppFacts(refusal="llama.cpp has no parallel drafting (P-EAGLE drafts K depths in one pass)"),
+    export=ExportFacts(inputs=("aux_hidden", "context_ids", "block_ids", "ctx_position_ids",
+                               "block_position_ids", "ctx_valid"), context_ids=True, block_rows="mask-depths"),
+)
+
+DFLASH = Algorithm(
+    name="dflash", display_name="DFlash", architecture="DFlashDraftModel",
+    config_class="specconv.format.schema:DFlashConfig", drafter_class="specconv.drafters.dflash:DFlashDrafter",
+    block_drafter=True, parallel_drafting=False, markov_head=False,
+    aux_ids_key="aux_hidden_state_layer_ids", aux_ids_default_from_verifier=False,
+    layer0_width_factor=1, layer_model_types=("qwen3",), qk_norm_always=True,
+    trains_embedding=False, mask_hidden=False, tensor_patterns=_BLOCK_PATTERNS,
+    implicit_keys=(
+        ImplicitKey("block_size", False, "the config default is 8, the trainer default 16"),
+        ImplicitKey("sample_from_anchor", True, "speculators and vLLM both default to false"),
+        ImplicitKey("sliding_window_non_causal", True, "speculators and vLLM both default to false"),
+    ),
+    vllm=VllmFacts(method="dflash", draft_classes=("DFlashQwen3ForCausalLM",), v2_model_runner=False,
+                   sample_from_anchor="rejected"),
+    sglang=SglangFacts(speculative_algorithm="DFLASH", architecture="DFlashDraftModel"),
+    llamacpp=LlamaCppFacts(gguf_architecture="dflash"),
+    export=ExportFacts(inputs=_BLOCK_INPUTS, context_ids=False, block_rows="block"),
+)
+
+DSPARK = Algorithm(
+    name="dspark", display_name="DSpark", architecture="DSparkDraftModel",
+    config_class="specconv.format.schema:DSparkConfig", drafter_class="specconv.drafters.dspark:DSparkDrafter",
+    block_drafter=True, parallel_drafting=False, markov_head=True,
+    aux_ids_key="aux_hidden_state_layer_ids", aux_ids_default_from_verifier=False,
+    layer0_width_factor=1, layer_model_types=("qwen3",), qk_norm_always=True,
+    trains_embedding=False, mask_hidden=False, tensor_patterns=_BLOCK_PATTERNS + _names.DSPARK_HEAD_PATTERNS,
+    implicit_keys=(
+        ImplicitKey("block_size", False, "the config default is 8"),
+        ImplicitKey("sample_from_anchor", False, "speculators defaults to true, vLLM's updater to false"),
+        ImplicitKey("markov_rank", False, "speculators defaults to 256; vLLM copies it only when set"),
+        ImplicitKey("enable_confidence_head", False, "speculators defaults to true, vLLM to false"),
+        ImplicitKey("confidence_head_with_markov", False, "speculators defaults to true, vLLM to false"),
+    ),
+    vllm=VllmFacts(method="dspark", draft_classes=("Qwen3DSparkForCausalLM",), v2_model_runner=True,
+                   sample_from_anchor="supported"),
+    sglang=SglangFacts(speculative_algorithm="DSPARK", architecture="DSparkDraftModel"),
+    llamacpp=LlamaCppFacts(gguf_architecture="dflash"),
+    export=ExportFacts(inputs=_BLOCK_INPUTS, context_ids=False, block_rows="block", confidence_output=True),
+)
+
+#: ``speculators_model_type`` → description, in the order specconv lists algorithms.
+ALGORITHMS: Mapping[str, Algorithm] = MappingProxyType({a.name: a for a in (PEAGLE, DFLASH, DSPARK)})
+
+
+def algorithm_names() -> tuple[str, ...]:
+    """Every algorithm's ``speculators_model_type``, in listing order."""
+    return tuple(ALGORITHMS)
+
+
+def find_algorithm(name: Any) -> Algorithm | None:
+    """The description named ``name``, or None (any value: a config may hold anything)."""
+    return ALGORITHMS.get(name) if isinstance(name, str) else None
+
+
+def algorithm(name: Any) -> Algorithm:
+    """The description named ``name``.
+
+    Raises:
+        UnsupportedFormatError: ``name`` is not an algorithm specconv writes and reads.
+    """
+    found = find_algorithm(name)
+    if found is None:
+        from ..errors import UnsupportedFormatError
+
+        raise UnsupportedFormatError(
+            f"speculators_model_type {name!r} is not supported by specconv "
+            f"(supported: {', '.join(ALGORITHMS)})", format_id=f"speculators-{name}")
+    return found
