@@ -12,16 +12,24 @@ the output path holds either the complete previous output or the complete new on
 the exchange is unavailable the previous output is first renamed to
 ``.<out>.old-<pid>-<rand>`` (covered by the same lock); a run killed between the two
 renames leaves it there and the next run puts it back before doing anything else.
+
+What ``--overwrite`` may replace is decided here, once, for every command that replaces a
+directory (:func:`check_replaceable`): nothing, an empty directory, or specconv's own output
+of the same kind (:data:`KINDS`) holding only what its record lists. Anything else is refused
+(exit 3) before anything is moved or deleted, naming the path and what was found.
 """
 
 from __future__ import annotations
 
 import errno
+import json
 import os
 import shutil
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
-from .errors import InvalidInputError
+from .errors import InvalidInputError, SpecconvError
 
 _AT_FDCWD = -100
 _RENAME_EXCHANGE = 2
@@ -56,7 +64,9 @@ class OutputTemp:
     def release(self) -> None:
         """Remove the temp dir (and a left-over ``old``), then the lock file; unlock."""
         for d in (self.path, self.old):
-            if d.exists():
+            if d.is_symlink():  # a replaced symlink output: the link goes, its target stays
+                d.unlink()
+            elif d.exists():
                 shutil.rmtree(d, ignore_errors=True)
         self.lock.unlink(missing_ok=True)
         os.close(self._fd)
@@ -159,21 +169,24 @@ def exchange(a: Path, b: Path) -> bool:
     raise OSError(err, os.strerror(err), str(a))
 
 
-def move_into_place(tmp: OutputTemp, out_dir: Path, overwrite: bool) -> None:
+def move_into_place(tmp: OutputTemp, out_dir: Path, overwrite: bool, kind: str) -> None:
     """Put the finished ``tmp.path`` at ``out_dir`` (call with signals deferred).
 
-    Without ``overwrite`` a plain rename; with it, an atomic exchange with the existing
-    output (which then sits in ``tmp.path`` and is removed by :meth:`OutputTemp.release`),
-    or the two-rename fallback that restores the previous output on failure.
+    Without ``overwrite`` a plain rename; with it, :func:`check_replaceable` (``kind``) once
+    more, on what is there now, then an atomic exchange with the existing output (which then
+    sits in ``tmp.path`` and is removed by :meth:`OutputTemp.release`), or the two-rename
+    fallback that restores the previous output on failure.
 
     Raises:
         InvalidInputError: ``output_exists`` when ``out_dir`` appeared meanwhile without
-            ``overwrite`` (nothing replaced).
+            ``overwrite``, or is not replaceable (nothing replaced).
         OSError: the rename failed; the previous output is back in place.
     """
-    if out_dir.exists() and not overwrite:  # created meanwhile (another conversion)
-        raise InvalidInputError(f"output {out_dir} appeared while converting; pass --overwrite to replace it",
+    if out_dir.exists() and not overwrite:  # created meanwhile (another run)
+        raise InvalidInputError(f"output {out_dir} appeared while writing; pass --overwrite to replace it",
                                 code="output_exists")
+    if overwrite:
+        check_replaceable(out_dir, kind)  # what is there now, not what was there at the start
     if overwrite and out_dir.exists() and exchange(tmp.path, out_dir):
         return
     moved = False
@@ -189,6 +202,181 @@ def move_into_place(tmp: OutputTemp, out_dir: Path, overwrite: bool) -> None:
         if moved:
             os.replace(tmp.old, out_dir)  # put the previous output back
         if e.errno in (errno.EEXIST, errno.ENOTEMPTY):
-            raise InvalidInputError(f"output {out_dir} appeared while converting (another conversion?); "
+            raise InvalidInputError(f"output {out_dir} appeared while writing (another run?); "
                                     "nothing was replaced", code="output_exists") from e
         raise
+
+
+# --------------------------------------------------------------- what --overwrite may replace
+_Listing = "dict[str, str | None] | None"
+
+
+@dataclass(frozen=True)
+class OutputKind:
+    """A kind of directory specconv writes, and so may replace (one :data:`KINDS` entry).
+
+    Attributes:
+        name: what messages call it (``conversion``).
+        record: the file inside that marks the kind (always an allowed entry).
+        format: the record's ``format`` value (None: ``listed`` alone decides).
+        listed: ``(dir, record JSON object) →`` the other entries the record lists (relative
+            POSIX path → None for a file, or the :data:`KINDS` key a sub-directory is judged
+            as), or None when the record does not describe this kind; may raise
+            :class:`~specconv.errors.SpecconvError` for an unreadable record. Listed entries
+            may be absent.
+    """
+
+    name: str
+    record: str
+    format: str | None
+    listed: Callable[[Path, dict], _Listing]
+
+
+def _conversion(d: Path, raw: dict) -> _Listing:
+    """``specconv.json`` with a conversion section: its ``output_files``, the local card and
+    the ``onnx/`` and ``trt/`` that export and build-engine add (judged as their own kinds)."""
+    from .record import read_record
+
+    conv = read_record(d).conversion
+    if conv is None:
+        return None
+    return {**dict.fromkeys(conv.output_files), "README.md": None, "onnx": "onnx", "trt": "engines"}
+
+
+def _files(d: Path, rec: dict) -> _Listing:
+    """A record whose ``files`` (a list, or a dict keyed by path) names every file beside it."""
+    files = rec.get("files")
+    if not isinstance(files, (list, dict)) or not all(isinstance(f, str) for f in files):
+        return None
+    return dict.fromkeys(files)
+
+
+#: an engine variant's files before its build.json recorded them (``files``)
+_VARIANT_FILES_UNRECORDED = ("drafter.plan", "timing.cache")
+
+
+def _engine(d: Path, rec: dict) -> _Listing:
+    return _files(d, rec) if "files" in rec else dict.fromkeys(_VARIANT_FILES_UNRECORDED)
+
+
+def _engines(d: Path, rec: dict) -> _Listing:
+    """``trt/``: every variant the manifest lists (each judged as an engine variant)."""
+    variants = rec.get("variants")
+    if not isinstance(variants, list) or not all(isinstance(v, dict) and isinstance(v.get("key"), str)
+                                                 for v in variants):
+        return None
+    return {v["key"]: "engine" for v in variants}
+
+
+#: every kind of directory specconv replaces: key → what marks it and what it may hold
+KINDS: dict[str, OutputKind] = {
+    "conversion": OutputKind("conversion", "specconv.json", None, _conversion),
+    "onnx": OutputKind("ONNX export", "onnx_meta.json", "specconv-onnx-drafter", _files),
+    "engine": OutputKind("engine variant", "build.json", "specconv-trt-build", _engine),
+    "engines": OutputKind("engine dir (trt/)", "manifest.json", "specconv-trt-manifest", _engines),
+}
+
+
+def _listing(d: Path, kind: OutputKind) -> tuple[_Listing, str]:
+    """(the entries ``d``'s record lists, "") or (None, why ``d`` is not this kind)."""
+    p = d / kind.record
+    if p.is_symlink():
+        return None, f"{kind.record} is a symlink"
+    if not p.is_file():
+        return None, f"no {kind.record}"
+    try:
+        rec = json.loads(p.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError) as e:
+        return None, f"{kind.record} is not readable JSON ({e})"
+    if not isinstance(rec, dict):
+        return None, f"{kind.record} is not a JSON object"
+    if kind.format is not None and rec.get("format") != kind.format:
+        return None, f"{kind.record} has format {rec.get('format')!r}, not {kind.format!r}"
+    try:
+        listed = kind.listed(d, rec)
+    except SpecconvError as e:
+        return None, e.message
+    if listed is None:
+        return None, f"{kind.record} does not describe a specconv {kind.name}"
+    return {**listed, kind.record: None}, ""
+
+
+def _entries(d: Path) -> list[str]:
+    """The names in ``d``, directories with a trailing ``/``."""
+    return [e.name + ("/" if e.is_dir(follow_symlinks=False) else "") for e in _scan(d)]
+
+
+def _scan(d: Path) -> list[os.DirEntry]:
+    return sorted(os.scandir(d), key=lambda e: e.name)
+
+
+def _judge(d: Path, kind: OutputKind) -> tuple[str, list[str]]:
+    """("", []) when ``d`` may be replaced as ``kind``; else (why it is not that kind at all,
+    what it holds) or ("", the entries its record does not list, relative to ``d``)."""
+    found = _entries(d)
+    if not found:
+        return "", []
+    listed, why = _listing(d, kind)
+    if listed is None:
+        return why, found
+    parents = {"/".join(p.split("/")[:i]) for p in listed for i in range(1, p.count("/") + 1)}
+    return "", _unlisted(d, listed, parents, "")
+
+
+def _unlisted(d: Path, listed: dict[str, str | None], parents: set[str], rel: str) -> list[str]:
+    """The entries under ``d`` (relative path ``rel``) that ``listed`` does not name."""
+    out = []
+    for e in _scan(d):
+        r = rel + e.name
+        if e.is_dir(follow_symlinks=False) and listed.get(r) is not None:  # its own kind
+            why, found = _judge(Path(e.path), KINDS[listed[r]])
+            out += [f"{r}/ (not a specconv {KINDS[listed[r]].name}: {why})"] if why else [f"{r}/{f}" for f in found]
+        elif e.is_dir(follow_symlinks=False) and r in parents:
+            out += _unlisted(Path(e.path), listed, parents, r + "/")
+        elif e.is_dir(follow_symlinks=False):
+            out.append(r + "/")
+        elif r not in listed or listed[r] is not None:
+            out.append(r)
+    return out
+
+
+def _some(names: list[str], n: int = 8) -> str:
+    more = f" and {len(names) - n} more" if len(names) > n else ""
+    return ", ".join(names[:n]) + more
+
+
+def check_replaceable(path: str | os.PathLike, kind: str) -> None:
+    """Refuse to replace ``path`` unless specconv wrote it (the one rule of ``--overwrite``).
+
+    Replaceable: a missing path, an empty directory, or specconv's own output of ``kind``
+    (a :data:`KINDS` key) holding nothing its record does not list (a listed sub-directory
+    of another kind, e.g. a conversion's ``onnx/``, is judged by that kind's rule). A
+    symlink is judged by the directory it points to. ``'.'``, ``'..'`` and ``'/'`` are
+    refused by name. Reads only; call it before anything is moved or deleted.
+
+    Raises:
+        InvalidInputError: exit 3, ``output_exists``; the message names ``path`` (and a
+            symlink's target) and what was found there.
+    """
+    path = Path(path)
+    if path.name in ("", ".", ".."):
+        raise InvalidInputError(f"output {str(path)!r} must name a directory to create (not '.', '..' or '/')",
+                                code="output_exists")
+    if not path.exists() and not path.is_symlink():
+        return
+    shown = f"{path} (a symlink to {os.path.realpath(path)})" if path.is_symlink() else str(path)
+    if not path.is_dir():
+        raise InvalidInputError(f"output {shown} exists and is not a directory; refusing to replace it",
+                                code="output_exists")
+    k = KINDS[kind]
+    why, found = _judge(path.resolve(), k)
+    if why:
+        raise InvalidInputError(
+            f"refusing to replace {shown}: it is not empty and not a specconv {k.name} ({why}); "
+            f"it holds {_some(found)}; nothing was touched", code="output_exists",
+            hint="choose an output that does not exist, is empty or holds specconv's own output")
+    if found:
+        raise InvalidInputError(
+            f"refusing to replace {shown}: it holds what specconv did not write (its {k.record} does not "
+            f"list it): {_some(found)}; nothing was touched", code="output_exists",
+            hint="move those files out of the directory, or choose another output")

@@ -396,7 +396,7 @@ def write_plan(
 def _move_into_place(tmp: Any, out_dir: Path, overwrite: bool) -> None:
     from .outdir import move_into_place
 
-    move_into_place(tmp, out_dir, overwrite)
+    move_into_place(tmp, out_dir, overwrite, "conversion")
 
 
 def _write_tmp(tmp: Path, plan: ConversionPlan, source_store: Any, verifier: Any, *, max_shard_size: int | None,
@@ -428,16 +428,14 @@ def _write_tmp(tmp: Path, plan: ConversionPlan, source_store: Any, verifier: Any
 
 
 def _check_output(out_dir: Path, plan: ConversionPlan, verifier: Any, overwrite: bool) -> None:
-    """Refuse outputs that would clobber a non-directory or delete an input on replace."""
-    if out_dir.name in ("", ".", ".."):
-        raise InvalidInputError(f"output {str(out_dir)!r} must name a directory to create (not '.', '..' or '/')",
-                                code="output_exists")
-    if out_dir.exists() or out_dir.is_symlink():
-        if not out_dir.is_dir():
-            raise InvalidInputError(f"output {out_dir} exists and is not a directory; refusing to replace it",
-                                    code="output_exists")
-        if not overwrite:
-            raise InvalidInputError(f"output {out_dir} exists; pass --overwrite to replace it", code="output_exists")
+    """Refuse outputs that would clobber a non-directory, delete an input or replace a
+    directory specconv did not write (:func:`specconv.outdir.check_replaceable`)."""
+    from .outdir import check_replaceable
+
+    if out_dir.name in ("", ".", "..") or not out_dir.is_dir():
+        check_replaceable(out_dir, "conversion")  # refuses '.', '..', '/' and a non-directory
+    if (out_dir.exists() or out_dir.is_symlink()) and not overwrite:
+        raise InvalidInputError(f"output {out_dir} exists; pass --overwrite to replace it", code="output_exists")
     out_res = out_dir.resolve()
     src_res = Path(plan.source_dir).resolve()
     if out_res == src_res or src_res in out_res.parents:
@@ -455,6 +453,8 @@ def _check_output(out_dir: Path, plan: ConversionPlan, verifier: Any, overwrite:
                     f"output {out_dir} is or contains the {what} {p}: writing there would replace an input",
                     code="output_is_input",
                 )
+    if overwrite:
+        check_replaceable(out_dir, "conversion")
     for parent in out_dir.absolute().parents:
         if parent.exists():
             if not parent.is_dir():

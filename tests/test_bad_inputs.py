@@ -262,6 +262,13 @@ def _precious(d: Path) -> dict[str, str]:
     return sha_tree(d)
 
 
+def _earlier_output(d: Path, verifier: Path) -> dict[str, str]:
+    """A real earlier conversion (of another source) at ``d``: what --overwrite may replace."""
+    code, obj, _ = convert(make_source(d.parent / "earlier-src", seed=1), verifier, d)
+    assert code == 0, obj
+    return sha_tree(d)
+
+
 def test_output_is_an_existing_file(tmp_path, tiny_verifier_dir):
     f = tmp_path / "afile"
     f.write_text("precious\n")
@@ -295,7 +302,7 @@ def test_overwrite_never_replaces_an_input(tmp_path, tiny_verifier_dir):
 
 def test_overwrite_keeps_existing_output_when_conversion_fails(tmp_path, tiny_verifier_dir):
     out = tmp_path / "out"
-    before = _precious(out)
+    before = _earlier_output(out, tiny_verifier_dir)
     bad = edit_config(make_source(tmp_path / "bad"), lambda c: c.__setitem__("num_attention_heads", 0))
     code, obj, _ = convert(bad, tiny_verifier_dir, out, "--overwrite")
     assert code == 3 and sha_tree(out) == before
@@ -310,7 +317,7 @@ def test_write_failure_is_clean(tmp_path, tiny_verifier_dir, monkeypatch):
     import errno
 
     out = tmp_path / "out"
-    before = _precious(out)
+    before = _earlier_output(out, tiny_verifier_dir)
 
     def full(*a, **k):
         raise OSError(errno.ENOSPC, "No space left on device", str(tmp_path / ".out.tmp-x" / "config.json"))
@@ -325,7 +332,7 @@ def test_ctrl_c_mid_write_leaves_nothing(tmp_path, tiny_verifier_dir, monkeypatc
     import specconv.tensors.write as t
 
     out = tmp_path / "out"
-    before = _precious(out)
+    before = _earlier_output(out, tiny_verifier_dir)
     real = t._write_one
 
     def interrupted(path, ordered):
@@ -355,7 +362,7 @@ main()
 
 def test_sigterm_mid_write_removes_temp_dir(tmp_path, tiny_verifier_dir):
     out = tmp_path / "out"
-    before = _precious(out)
+    before = _earlier_output(out, tiny_verifier_dir)
     src = make_source(tmp_path)
     p = subprocess.run([PY, "-c", _SIGTERM_MID_WRITE, "convert", str(src), "--verifier", str(tiny_verifier_dir),
                         "--verifier-name", HUB, "-o", str(out), "--overwrite", "--format", "json"],
@@ -386,7 +393,7 @@ def test_failed_rename_restores_previous_output(tmp_path, tiny_verifier_dir, mon
     import errno
 
     out = tmp_path / "out"
-    before = _precious(out)
+    before = _earlier_output(out, tiny_verifier_dir)
     real = os.rename
 
     def failing(a, b, *r, **k):

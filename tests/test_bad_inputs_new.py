@@ -105,7 +105,7 @@ def test_filters_that_drop_only_extra_files_still_plan(converted, double, tmp_pa
 
 
 def test_release_never_replaces_a_foreign_work_dir_drafter(double, tmp_path, smollm2_dir, converted):
-    from specconv.publish.release import _check_replaceable
+    from specconv.outdir import check_replaceable
 
     keep = tmp_path / "work" / "drafter" / "keep.txt"
     keep.parent.mkdir(parents=True)
@@ -115,7 +115,7 @@ def test_release_never_replaces_a_foreign_work_dir_drafter(double, tmp_path, smo
                      "--work-dir", tmp_path / "work", "--dry-run", env=_hub_env(double))
     assert code == 3 and out["error"] == "output_exists" and out["failed_step"] == "convert", out
     assert keep.read_text() == "mine\n" and sorted(p.name for p in keep.parent.iterdir()) == ["keep.txt"]
-    _check_replaceable(converted)  # an earlier conversion is replaced (CI re-runs into one work dir)
+    check_replaceable(converted, "conversion")  # an earlier conversion is replaced (CI re-runs into one work dir)
 
 
 @pytest.mark.parametrize("spec", [",", "batch=1:2:8,", "batch=1:1:1,batch=1:2:2", "context=1:8:64,,batch=1:1:1"])

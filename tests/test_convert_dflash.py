@@ -462,9 +462,17 @@ def test_existing_output_needs_overwrite(tiny_verifier_dir, tmp_path):
     code, rep, _ = cli_convert(src, tiny_verifier_dir, out)
     assert code == 3 and rep["error"] == "output_exists"
     assert sorted(p.name for p in out.iterdir()) == ["keep.txt"] and (out / "keep.txt").read_text() == "mine"
+    code, rep, _ = cli_convert(src, tiny_verifier_dir, out, "--overwrite")  # not specconv's: never replaced
+    assert code == 3 and rep["error"] == "output_exists" and "keep.txt" in rep["message"]
+    assert sorted(p.name for p in out.iterdir()) == ["keep.txt"] and (out / "keep.txt").read_text() == "mine"
+    (out / "keep.txt").unlink()
+    code, rep, err = cli_convert(src, tiny_verifier_dir, out)  # into the empty dir: still needs --overwrite
+    assert code == 3 and rep["error"] == "output_exists"
     code, rep, err = cli_convert(src, tiny_verifier_dir, out, "--overwrite")
     assert code == 0, err
-    assert not (out / "keep.txt").exists() and (out / "config.json").is_file()
+    assert (out / "config.json").is_file()
+    code, rep, err = cli_convert(src, tiny_verifier_dir, out, "--overwrite")  # its own earlier output
+    assert code == 0, err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out", "zlab_dflash"]
 
 
@@ -476,9 +484,9 @@ def test_failing_write_leaves_nothing(existing, tiny_verifier_dir, tmp_path, mon
     parent = tmp_path / "outs"
     parent.mkdir()
     out = parent / "out"
-    if existing:
-        out.mkdir()
-        (out / "keep.txt").write_text("mine")
+    if existing:  # an earlier conversion (of another source): what --overwrite may replace
+        api_convert(make_source(tmp_path / "earlier", seed=1), tiny_verifier_dir, out)
+        before = sha_tree(out)
     real = tensors_mod.write_safetensors
 
     def broken(d, *a, **k):
@@ -490,7 +498,7 @@ def test_failing_write_leaves_nothing(existing, tiny_verifier_dir, tmp_path, mon
         api_convert(src, tiny_verifier_dir, out, overwrite=existing)
     left = sorted(p.name for p in parent.iterdir())
     if existing:
-        assert left == ["out"] and sorted(p.name for p in out.iterdir()) == ["keep.txt"]
+        assert left == ["out"] and sha_tree(out) == before
     else:
         assert left == []
 

@@ -130,8 +130,10 @@ def test_sigkill_mid_copy_then_next_run_cleans_and_succeeds(big, tmp_path):
 def test_sigkill_during_overwrite_swap(hook, tmp_path, tiny_verifier_dir):
     src = make_source(tmp_path / "src")
     out = tmp_path / "outs" / "out"
-    out.mkdir(parents=True)
-    (out / "notes.txt").write_text("previous output\n")
+    out.parent.mkdir()
+    earlier = subprocess.run(_cmd("none", make_source(tmp_path / "earlier", seed=1), tiny_verifier_dir, out),
+                             env=_env(tmp_path / "cache"), capture_output=True, text=True, timeout=120)
+    assert earlier.returncode == 0, earlier.stderr  # the previous output: specconv's own (what --overwrite replaces)
     before = sha_tree(out)
     p = subprocess.run(_cmd(hook, src, tiny_verifier_dir, out, "--overwrite"), env=_env(tmp_path / "cache"),
                        capture_output=True, text=True, timeout=120)
@@ -140,7 +142,7 @@ def test_sigkill_during_overwrite_swap(hook, tmp_path, tiny_verifier_dir):
     if hook == "kill-before-exchange":
         assert sha_tree(out) == before  # the previous output, untouched
     elif hook == "kill-after-exchange":
-        assert (out / "specconv.json").is_file() and not (out / "notes.txt").exists()  # complete new one
+        assert (out / "specconv.json").is_file() and sha_tree(out) != before  # complete new one
         old = [parent / n for n in _hidden(parent) if not n.endswith(".lock")]
         assert len(old) == 1 and sha_tree(old[0]) == before  # previous one in the dead run's temp dir
     else:  # two renames, killed between them: the previous output waits in .old-, restored first

@@ -31,7 +31,8 @@ def _human(r: dict) -> str:
 @click.option("--builder-opt-level", type=click.IntRange(0, 5), help="0-5 (TensorRT's default when unset).")
 @click.option("--compute-capability", "ccs", help="TensorRT-RTX targets, comma list (e.g. 8.9,12.0).")
 @click.option("--workspace-mb", type=click.IntRange(min=64), default=4096, show_default=True)
-@click.option("--overwrite", is_flag=True, help="Replace an existing variant.")
+@click.option("--overwrite", is_flag=True, help="Replace an existing variant dir that is empty or an earlier "
+              "specconv build; anything else is refused (exit 3).")
 @output_format_option
 @run_command
 def build_engine_cmd(drafter_dir: Path, onnx_path: Path | None, builder: str, profile: str | None,

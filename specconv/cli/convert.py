@@ -82,7 +82,8 @@ class _AlgoChoice(click.Choice):
 @click.option("--dtype", type=click.Choice(["keep", "bfloat16", "float16", "float32"]), default="keep", show_default=True,
               help="Cast float tensors; a cast that overflows (a value the dtype cannot hold) is refused (exit 3).")
 @click.option("--max-shard-size", callback=_size, help="Shard above this size (e.g. 5GB); default: one model.safetensors.")
-@click.option("--overwrite", is_flag=True, help="Replace an existing output directory (atomically).")
+@click.option("--overwrite", is_flag=True, help="Replace an existing output directory (atomically) that is empty or an "
+              "earlier specconv conversion; anything else is refused (exit 3).")
 @click.option("--dry-run", is_flag=True, help="Plan and lint only; write nothing.")
 @click.option("--allow-nonfinite", is_flag=True,
               help="Convert even if a source tensor holds NaN/Inf (recorded as a finding); never covers ±inf "

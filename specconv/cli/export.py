@@ -58,7 +58,8 @@ def export_group() -> None:
 @click.option("--max-batch", type=click.IntRange(min=1), default=8, show_default=True)
 @click.option("--max-context", type=click.IntRange(min=4), default=4096, show_default=True,
               help="Longest context the graph accepts (a longer prompt is refused, exit 3).")
-@click.option("--overwrite", is_flag=True, help="Replace an existing output dir.")
+@click.option("--overwrite", is_flag=True, help="Replace an existing output dir that is empty or an earlier "
+              "specconv export; anything else is refused (exit 3).")
 @click.option("--no-check", is_flag=True, help="Skip the ONNX Runtime parity check.")
 @output_format_option
 @run_command

@@ -34,13 +34,13 @@ import hashlib
 import json
 import os
 import re
-import shutil
 import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from ..errors import InvalidInputError, UsageError
+from ..outdir import KINDS
 
 __all__ = ["BuildOptions", "parse_profile", "profile_shapes", "build_engine_dir", "gpu_info",
            "variant_key", "import_builder", "tensorrt_model", "TENSORRT_ATTRIBUTES"]
@@ -359,8 +359,7 @@ def build_engine_dir(drafter_dir: str | Path, onnx_path: str | Path | None, opts
                       targets=opts.compute_capabilities or ([gpu["compute_capability"]] if gpu else None),
                       ampere_plus=opts.hardware_compat == "ampere+", vc=opts.version_compatible)
     out = d / "trt" / key
-    if out.exists() and not opts.overwrite:
-        raise InvalidInputError(f"{out} exists; pass --overwrite to replace it", code="output_exists")
+    _check_target(out, opts.overwrite)
     cache_in = Path(opts.timing_cache).read_bytes() if opts.timing_cache and Path(opts.timing_cache).is_file() else None
     plan, cache_out, _lines = build_plan(trt, model, graph, opts, shapes, dtype, cache_in)
     build = {**_build_record(key, opts, version, trt, gpu, dtype, shapes, rel, sha256_file(graph), plan),
@@ -399,11 +398,21 @@ def _in_memory_record(attributes: list[dict]) -> dict:
             "onnx_file_changed": False}
 
 
+def _check_target(out: Path, overwrite: bool) -> None:
+    """An existing ``trt/<key>/`` needs ``overwrite`` and must be specconv's own variant or
+    empty (:func:`specconv.outdir.check_replaceable`); checked before anything is built."""
+    from ..outdir import check_replaceable
+
+    if out.exists() and not overwrite:
+        raise InvalidInputError(f"{out} exists; pass --overwrite to replace it", code="output_exists")
+    check_replaceable(out, "engine")
+
+
 def _build_record(key: str, opts: BuildOptions, version: str, trt, gpu: dict | None, dtype: str,
                   shapes: dict, rel: str, onnx_sha: str, plan: bytes) -> dict:
     """The ``build.json`` content (GPU fields null for a CPU build)."""
     return {
-        "format": "specconv-trt-build", "key": key, "builder": opts.builder,
+        "format": KINDS["engine"].format, "key": key, "builder": opts.builder,
         "trt_version": version, "cuda": gpu["cuda"] if gpu else None,
         "cuda_major": _cuda_major(trt, gpu), "driver": gpu["driver"] if gpu else None,
         "gpu": gpu["name"] if gpu else None,
@@ -438,26 +447,29 @@ def _specconv_version() -> str:
 
 def _write_variant(trt_dir: Path, key: str, plan: bytes, build: dict, cache: bytes | None,
                    opts: BuildOptions) -> None:
+    """Write ``trt_dir/key/`` through a locked temp dir swapped into place
+    (:mod:`specconv.outdir`); ``build.json`` lists the variant's files (``files``)."""
+    from ..outdir import OutputTemp, clean_stale, move_into_place
+
     trt_dir.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{key}.tmp-", dir=trt_dir))
+    dst = trt_dir / key
+    clean_stale(dst)
+    tmp = OutputTemp(dst)
     try:
-        (tmp / "drafter.plan").write_bytes(plan)
-        (tmp / "build.json").write_text(json.dumps(build, indent=2, sort_keys=True) + "\n")
-        if cache is not None:
-            (tmp / "timing.cache").write_bytes(cache)
-        os.chmod(tmp, 0o755)
-        dst = trt_dir / key
-        if dst.exists():
-            shutil.rmtree(dst)
-        os.replace(tmp, dst)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+        files = {"drafter.plan": plan, **({"timing.cache": cache} if cache is not None else {})}
+        build["files"] = sorted([*files, KINDS["engine"].record])
+        for name, data in files.items():
+            (tmp.path / name).write_bytes(data)
+        (tmp.path / KINDS["engine"].record).write_text(json.dumps(build, indent=2, sort_keys=True) + "\n")
+        os.chmod(tmp.path, 0o755)
+        move_into_place(tmp, dst, opts.overwrite, "engine")
+    finally:
+        tmp.release()
 
 
 def _update_manifest(trt_dir: Path, build: dict) -> dict:
     p = trt_dir / "manifest.json"
-    data: dict[str, Any] = {"format": "specconv-trt-manifest", "format_version": 1, "variants": []}
+    data: dict[str, Any] = {"format": KINDS["engines"].format, "format_version": 1, "variants": []}
     if p.is_file():
         try:
             data = json.loads(p.read_text())

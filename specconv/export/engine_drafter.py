@@ -54,7 +54,9 @@ def resolve_engine(path: str | Path) -> tuple[Path, dict]:
     except (OSError, ValueError) as e:
         raise InvalidInputError(f"--engine {path}: cannot read {bj} ({e}); build the engine with "
                                 "specconv build-engine", code="engine_build_json") from e
-    if not isinstance(build, dict) or build.get("format") != "specconv-trt-build":
+    from ..outdir import KINDS
+
+    if not isinstance(build, dict) or build.get("format") != KINDS["engine"].format:
         raise InvalidInputError(f"{bj}: not a specconv build.json", code="engine_build_json")
     return plan, build
 

@@ -20,11 +20,11 @@ import json
 import logging
 import os
 import shutil
-import tempfile
 from pathlib import Path
 from typing import Any
 
 from ..errors import GateFailedError, InvalidInputError, UsageError
+from ..outdir import KINDS, OutputTemp, check_replaceable, clean_stale, move_into_place
 from ..versions import library_versions
 
 log = logging.getLogger("specconv.export")
@@ -32,12 +32,12 @@ log = logging.getLogger("specconv.export")
 __all__ = ["export_onnx_dir", "META_NAME", "META_FORMAT", "META_FORMAT_VERSION", "DTYPES",
            "drafter_file_hashes", "check_meta_format", "graph_for_dtype"]
 
-META_NAME = "onnx_meta.json"
-#: ``onnx_meta.json``'s ``format`` and the one ``format_version`` every reader accepts
-#: (``validate --onnx``, ``build-engine``, ``push``, ``release``'s re-use), through
-#: :func:`check_meta_format`. Version 2: standard ONNX graphs (no TensorRT-only
-#: attributes in the file), each graph written once (no fp32 twin for ``--dtype float32``).
-META_FORMAT = "specconv-onnx-drafter"
+#: the record of an export dir and its ``format`` (owned by :data:`specconv.outdir.KINDS`)
+META_NAME, META_FORMAT = KINDS["onnx"].record, KINDS["onnx"].format
+#: the one ``format_version`` every reader accepts (``validate --onnx``, ``build-engine``,
+#: ``push``, ``release``'s re-use), through :func:`check_meta_format`. Version 2: standard
+#: ONNX graphs (no TensorRT-only attributes in the file), each graph written once (no fp32
+#: twin for ``--dtype float32``).
 META_FORMAT_VERSION = 2
 GRAPH_NAME = "drafter.onnx"
 #: the fp32 twin of a float16 / bfloat16 export
@@ -116,12 +116,13 @@ def drafter_file_hashes(d: Path) -> dict[str, str]:
 
 
 def _check_output(out: Path, d: Path, overwrite: bool) -> None:
+    """Refuse an output that is or holds the drafter dir, exists without ``overwrite``, or
+    is not replaceable (:func:`specconv.outdir.check_replaceable`, kind ``onnx``)."""
     if out.resolve() == d.resolve() or out.resolve() in d.resolve().parents:
         raise InvalidInputError(f"output {out} must not be the drafter dir or contain it", code="output_is_input")
     if out.exists() and not overwrite:
         raise InvalidInputError(f"output {out} exists; pass --overwrite to replace it", code="output_exists")
-    if out.exists() and not out.is_dir():
-        raise InvalidInputError(f"output {out} exists and is not a directory", code="output_exists")
+    check_replaceable(out, "onnx")
 
 
 def _baked_from_verifier(d: Path, parts) -> list[str]:
@@ -218,20 +219,20 @@ def export_onnx_dir(drafter_dir: str | Path, out: str | Path | None = None, *,
     if s.top_k > parts.draft_vocab_size:
         raise UsageError(f"--top-k {s.top_k} exceeds the draft vocabulary ({parts.draft_vocab_size})")
     out_dir.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.tmp-", dir=out_dir.parent))
+    clean_stale(out_dir)
+    tmp = OutputTemp(out_dir)
     try:
-        graphs = _export_graphs(tmp, d, vdir, ref32, s, dtype, check)
-        meta = _meta(d, parts, s, dtype, graphs, _baked_from_verifier(d, parts), vspec, tmp)
+        graphs = _export_graphs(tmp.path, d, vdir, ref32, s, dtype, check)
+        meta = _meta(d, parts, s, dtype, graphs, _baked_from_verifier(d, parts), vspec, tmp.path)
         result = _result(meta, graphs, out_dir, check)
         if check and result["parity_passed"] is False:
             raise GateFailedError(f"ONNX parity failed: {json.dumps(result['parity'])[:800]}",
                                   hint="inspect with --no-check (writes the graphs without the gate)")
-        (tmp / META_NAME).write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")
-        _public_modes(tmp)
-        _move(tmp, out_dir, overwrite)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+        (tmp.path / META_NAME).write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")
+        _public_modes(tmp.path)
+        move_into_place(tmp, out_dir, overwrite, "onnx")
+    finally:
+        tmp.release()
     result["files"] = sorted([*meta["files"], META_NAME])
     try:
         record_export(d, result)
@@ -320,23 +321,6 @@ def _public_modes(tmp: Path) -> None:
     os.umask(umask)
     for p in [tmp, *tmp.rglob("*")]:
         os.chmod(p, (0o777 if p.is_dir() else 0o666) & ~umask)
-
-
-def _move(tmp: Path, out_dir: Path, overwrite: bool) -> None:
-    old = None
-    if out_dir.exists():
-        if not overwrite:
-            raise InvalidInputError(f"output {out_dir} appeared while exporting", code="output_exists")
-        old = out_dir.parent / f".{out_dir.name}.old-{os.getpid()}"
-        os.replace(out_dir, old)
-    try:
-        os.replace(tmp, out_dir)
-    except BaseException:
-        if old is not None:
-            os.replace(old, out_dir)
-        raise
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True)
 
 
 def record_export(d: Path, payload: dict, key: str = "onnx") -> None:

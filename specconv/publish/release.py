@@ -71,27 +71,18 @@ def _step(res: ReleaseResult, name: str, fn: Callable[[], Any]) -> Any:
     return out
 
 
-def _check_replaceable(out: Path) -> None:
-    """A re-run replaces ``WORK/drafter`` only when it is an earlier specconv conversion;
-    anything else there is the user's and is never deleted (exit 3)."""
-    from ..errors import InvalidInputError, SpecconvError
-    from ..record import read_record
-
-    if not out.exists() and not out.is_symlink():
-        return
-    try:
-        ours = out.is_dir() and read_record(out).conversion is not None
-    except SpecconvError:
-        ours = False
-    if not ours:
-        raise InvalidInputError(f"{out} exists and is not a specconv conversion; not replacing it",
-                                code="output_exists", hint="choose another --work-dir or remove it")
-
-
-def _convert(src: str, opts: ReleaseOptions, out: Path) -> dict[str, Any]:
+def _convert(src: str, opts: ReleaseOptions, out: Path, work: Path) -> dict[str, Any]:
+    """Re-convert into ``WORK/drafter``: replaced only when :func:`specconv.outdir.check_replaceable`
+    says it is specconv's own conversion (checked before anything there is moved or deleted;
+    ``--export-onnx`` then keeps its earlier ``onnx/`` aside for re-use)."""
     from ..convert import convert
+    from ..outdir import check_replaceable
 
-    _check_replaceable(out)
+    check_replaceable(out, "conversion")
+    if opts.export_onnx:
+        from .release_export import keep_previous_export
+
+        keep_previous_export(out, work)
     r = convert(src, verifier=opts.verifier, verifier_name=opts.verifier_name, output=out, overwrite=True)
     from .card import refresh_local_card
 
@@ -157,11 +148,7 @@ def release(src: str, opts: ReleaseOptions, push_opts: PushOptions) -> ReleaseRe
     work = Path(opts.work_dir) if opts.work_dir else Path(tempfile.mkdtemp(prefix="specconv-release-"))
     work.mkdir(parents=True, exist_ok=True)
     drafter = work / "drafter"
-    if opts.export_onnx:
-        from .release_export import keep_previous_export
-
-        keep_previous_export(drafter, work)
-    res["convert"] = _step(res, "convert", lambda: _convert(src, opts, drafter))
+    res["convert"] = _step(res, "convert", lambda: _convert(src, opts, drafter, work))
     res["validate"] = _step(res, "validate", lambda: _validate(src, opts, drafter, work / "report"))
     _engines(res, opts, drafter, work)
     _local_card(drafter, push_opts)

@@ -55,7 +55,8 @@ def _prev_dir(work: Path) -> Path:
 
 def keep_previous_export(drafter: Path, work: Path) -> None:
     """Move ``drafter/onnx`` and its ``export`` record section aside before the drafter is
-    re-converted (the conversion replaces the dir)."""
+    re-converted (the conversion replaces the dir). Call it only after
+    :func:`specconv.outdir.check_replaceable` has accepted ``drafter`` as a conversion."""
     from ..record import read_record
 
     prev = _prev_dir(work)
