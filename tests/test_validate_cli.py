@@ -16,6 +16,8 @@ pytest.importorskip("dflash")
 
 from click.testing import CliRunner  # noqa: E402
 
+from tests.tolerances import lossless_near_ties  # noqa: E402
+
 
 def _build(root: Path, smollm2: Path) -> dict[str, Path]:
     """Tiny Llama verifier (vocab 49,152 so SmolLM2's tokenizer/chat template apply),
@@ -93,7 +95,7 @@ def test_validate_json_report_all_gates(tiny, tmp_path):
     parity = next(g for g in out["gate_results"] if g["name"] == "parity")
     assert parity["details"]["reference"].startswith("zlab-dflash")
     assert parity["details"]["max_abs"] < 1e-4
-    assert out["lossless"]["exact_match"] == 1.0
+    lossless_near_ties(out["lossless"], what="validate")  # equal, or apart only at near-ties
     # report files
     on_disk = json.loads((rep_dir / "validation.json").read_text())
     assert on_disk["acceptance_length"] == out["acceptance_length"]
