@@ -110,6 +110,32 @@ def test_validate_json_report_all_gates(tiny, tmp_path):
             assert after[k] == v
 
 
+def test_source_changed_since_convert_is_exit_3_before_any_gate(tiny, tmp_path):
+    """A --source whose bytes differ from the sha256 recorded at convert is refused up front
+    (exit 3, both hashes named), not left to fail G2 against other weights (issue 14 item 10)."""
+    from safetensors.torch import load_file, save_file
+
+    from specconv.tensors import sha256_file
+
+    src = tmp_path / "retrained"
+    shutil.copytree(tiny["zlab"], src)
+    t = load_file(str(src / "model.safetensors"))
+    t["fc.weight"] = t["fc.weight"] + 0.01  # the same layout, other weights
+    save_file(t, str(src / "model.safetensors"), metadata={"format": "pt"})
+    recorded = json.loads((tiny["spec"] / "specconv.json").read_text())["conversion"]["source"]["files"]
+    before = (tiny["spec"] / "specconv.json").read_bytes()
+    r = _run([tiny["spec"], "--verifier", tiny["verifier"], "--source", src, "--prompts", tiny["prompts"],
+              "--num-prompts", 1, "--max-new-tokens", 4, "--report-dir", tmp_path / "rep", "--format", "json"])
+    assert r.exit_code == 3, r.output
+    out = json.loads(r.stdout)
+    assert out["error"] == "source_changed"
+    msg = out["message"]
+    assert "model.safetensors" in msg and "config.json" not in msg  # only the file that changed
+    assert recorded["model.safetensors"] in msg and sha256_file(src / "model.safetensors") in msg
+    assert (tiny["spec"] / "specconv.json").read_bytes() == before  # nothing recorded
+    assert not (tmp_path / "rep").exists()
+
+
 def _copy_with(tiny, tmp_path, extra: dict[str, torch.Tensor]) -> Path:
     from safetensors.torch import load_file, save_file
 
