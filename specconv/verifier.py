@@ -112,15 +112,6 @@ class Verifier:
         v = self.config.get("tie_word_embeddings", self.raw_config.get("tie_word_embeddings"))
         return bool(v) if v is not None else False
 
-    def special_token_ids(self) -> dict[str, int | None]:
-        def one(k: str) -> int | None:
-            v = self.config.get(k, self.raw_config.get(k))
-            if isinstance(v, list):
-                v = v[0] if v else None
-            return v if isinstance(v, int) else None
-
-        return {k: one(k) for k in ("bos_token_id", "eos_token_id", "pad_token_id")}
-
     def facts(self):
         """Return :class:`specconv.format.VerifierFacts` for the lint (every eos id of a
         list, and the tokenizer's added special tokens when the files are present)."""

@@ -22,6 +22,7 @@ from specconv.validate.verifier_runner import VerifierRunner  # noqa: E402
 from tests import fixtures_dflash as fd  # noqa: E402
 from tests import fixtures_dspark as fs  # noqa: E402
 from tests import fixtures_peagle as fp  # noqa: E402
+from tests.tolerances import assert_close, assert_logits_match  # noqa: E402
 
 BUNDLED = Path(__file__).resolve().parents[1] / "examples" / "smollm2-dflash-b8"
 
@@ -79,21 +80,30 @@ def _both(runner, drafter, prompts, n, **kw):
     return r0, r1, stateless, cached
 
 
-def _assert_same(r0, r1, stateless, cached, k):
+def _assert_same(r0, r1, stateless, cached, k, *, greedy=True):
+    """The cached path proposes what the stateless one does (logits within the fp32
+    tolerance, ids equal outside near-ties, ``tests/tolerances.py``); then the two loops
+    are the same loop: same outputs, acceptance and τ. A greedy near-tie difference
+    legitimately forks the trajectories: it is reported and the rest is not compared.
+    Sampled draws (T > 0) use the same seeded generator on logits within tolerance: a
+    draw flips only when its uniform lands within ~1e-6 of a CDF boundary, so they stay exact."""
+    for s in cached.sessions:  # after every step the cache holds exactly the accepted context
+        assert s.lengths == [t for t, _, _ in s.calls]
+    calls1 = [c for s in cached.sessions for c in s.calls]
+    assert stateless.calls and calls1
+    for i, ((t0, tok0, lg0), (t1, tok1, lg1)) in enumerate(zip(stateless.calls, calls1)):
+        assert t0 == t1
+        if not greedy:
+            assert_close(lg1, lg0, what=f"proposal {i} logits")
+            assert tok0 == tok1, f"proposal {i}: sampled drafts differ"
+        elif assert_logits_match(lg1, lg0, actual_ids=tok1, expected_ids=tok0, what=f"proposal {i}"):
+            return  # the loops fork at a near-tie (reported)
+    assert len(calls1) == len(stateless.calls)
     assert [r.output_ids for r in r0] == [r.output_ids for r in r1]
     assert [[s.accepted for s in r.steps] for r in r0] == [[s.accepted for s in r.steps] for r in r1]
     m0, m1 = compute_metrics(r0, k), compute_metrics(r1, k)
     assert m0["acceptance_length"] == m1["acceptance_length"]
     assert m0["acceptance_at_pos"] == m1["acceptance_at_pos"]
-    calls1 = [c for s in cached.sessions for c in s.calls]
-    assert len(calls1) == len(stateless.calls) > 0
-    for (t0, tok0, lg0), (t1, tok1, lg1) in zip(stateless.calls, calls1):
-        assert t0 == t1 and tok0 == tok1
-        fin = torch.isfinite(lg0)
-        assert torch.equal(fin, torch.isfinite(lg1))
-        assert torch.allclose(lg0[fin], lg1[fin], atol=1e-4, rtol=1e-4)
-    for s in cached.sessions:  # after every step the cache holds exactly the accepted context
-        assert s.lengths == [t for t, _, _ in s.calls]
 
 
 # ------------------------------------------------------------------- tiny drafters
@@ -153,7 +163,7 @@ def test_cached_equals_stateless_sampled(kind, tiny, tiny_runner):
     drafter = tiny(kind)
     tiny_runner.set_aux_layer_ids(drafter.aux_layer_ids)
     r0, r1, st, ca = _both(tiny_runner, drafter, TINY_PROMPTS, 24, temperature=0.8, seed=3)
-    _assert_same(r0, r1, st, ca, drafter.num_draft_tokens)
+    _assert_same(r0, r1, st, ca, drafter.num_draft_tokens, greedy=False)
     assert compute_metrics(r1, drafter.num_draft_tokens)["acceptance_at_pos"][0] > 0
 
 
@@ -167,10 +177,10 @@ def _inputs(drafter, T, seed=1):
 def _same_block(drafter, session, ctx, aux):
     a = drafter.forward_block(ctx, aux)
     b = session.forward_block(ctx, aux)
-    assert a.tokens.tolist() == b.tokens.tolist()
-    assert torch.allclose(a.draft_logits, b.draft_logits, atol=1e-4, rtol=1e-4)
+    assert_logits_match(b.target_logits, a.target_logits, actual_ids=b.tokens, expected_ids=a.tokens,
+                        what=f"cached block at T={aux.shape[1]}")
     if a.confidence is not None:
-        assert torch.allclose(a.confidence, b.confidence, atol=1e-5)
+        assert_close(b.confidence, a.confidence, what=f"cached confidence at T={aux.shape[1]}")
     assert session.length == aux.shape[1]
 
 

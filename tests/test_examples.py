@@ -231,12 +231,19 @@ def test_committed_drafters_have_zlab_layout(d):
 
 
 def test_random_control_is_the_seeded_producer_output(tmp_path):
+    """Byte-identical on the CPU kernels that wrote it; elsewhere (another ATen capability
+    draws normal_ differently) equal up to the RNG kernel's rounding (tests/tolerances.py)."""
     pytest.importorskip("dflash.model")
+    from safetensors.torch import load_file
     from zlab_dflash import make_zlab_dflash
+
+    from tests.tolerances import assert_same_draws
 
     info = json.loads((RANDOM / "fixture.json").read_text())
     out = make_zlab_dflash(tmp_path / "r", **info["producer_kwargs"])
-    assert (out / "model.safetensors").read_bytes() == (RANDOM / "model.safetensors").read_bytes()
+    if (out / "model.safetensors").read_bytes() != (RANDOM / "model.safetensors").read_bytes():
+        assert_same_draws(load_file(str(out / "model.safetensors")), load_file(str(RANDOM / "model.safetensors")),
+                          what="random control")
 
 
 def test_training_json_records_recipe_and_tau():
@@ -274,6 +281,8 @@ def test_zlab_forward_on_saved_checkpoint_matches_training_forward():
     from safetensors.torch import load_file
     from train_dflash import TrainDFlash, build_blocks
 
+    from tests.tolerances import assert_close, assert_ids_match
+
     zl = dm.DFlashDraftModel.from_pretrained(str(TRAINED), dtype=torch.float32).eval()
     sd = {k: v.float() for k, v in load_file(str(TRAINED / "model.safetensors")).items()}
     tm = TrainDFlash(sd, zl.config)
@@ -295,8 +304,8 @@ def test_zlab_forward_on_saved_checkpoint_matches_training_forward():
             )
             ref = zl.compute_logits(ref_h, head)[0]
             got = got_logits[i * B : (i + 1) * B]
-            assert torch.allclose(got, ref, atol=1e-3, rtol=1e-4), (got - ref).abs().max()
-            assert torch.equal(got[1:].argmax(-1), ref[1:].argmax(-1))
+            assert_close(got, ref, what=f"anchor {a} logits")
+            assert_ids_match(got[1:].argmax(-1), ref[1:].argmax(-1), ref[1:], what=f"anchor {a} drafts")
 
 
 @pytest.mark.slow
@@ -307,18 +316,24 @@ def test_trained_drafter_beats_random_in_zlab_loop():
     from train_dflash import load_verifier, patch_cpu_timer
 
     from specconv.prompts import load_prompts, render
+    from tests.tolerances import assert_same_greedy, greedy_result
 
     patch_cpu_timer()
     target, tok = load_verifier()
     ids = torch.tensor([render(load_prompts("eval", 1)[0], tok)])
+    P = ids.shape[1]
     with torch.inference_mode():
         ref = target.generate(ids, max_new_tokens=32, do_sample=False, pad_token_id=2)
+        ref_logits = target(ref).logits[0, P - 1 : -1].float()  # the logits that picked ref[P:]
     taus = {}
     for name, d in (("trained", TRAINED), ("random", RANDOM)):
         m = dm.DFlashDraftModel.from_pretrained(str(d), dtype=torch.float32).eval()
         res = dm.dflash_generate(m, target, ids, 32, [tok.eos_token_id], return_stats=True)
+        assert torch.equal(res.output_ids[0, :P], ids[0])
         n = min(res.output_ids.shape[1], ref.shape[1])
-        assert torch.equal(res.output_ids[0, :n], ref[0, :n])  # greedy speculative == greedy
+        # greedy speculative == greedy (two decode paths: equal up to a verifier near-tie)
+        assert_same_greedy(res.output_ids[0, P:n].tolist(),
+                           greedy_result(ref[0, P:n].tolist(), ref_logits[: n - P]), what=name)
         acc = res.acceptance_lengths
         taus[name] = sum(acc) / len(acc)
     assert taus["random"] < 1.05

@@ -1,9 +1,11 @@
 """Export wrappers (specconv.export.wrappers) vs the reference drafters, eager, CPU.
 
-The wrapper of each algorithm must reproduce ``Drafter.forward_block`` bit for bit at
-batch 1 (no padding), and each row of a left-padded batch of 2 or 4 must equal its
-batch-1 result (same argmax; logits within 1e-6 relative to their magnitude: padding
-changes the GEMM shapes, so the last ulp may differ) with nothing NaN.
+The wrapper of each algorithm must reproduce ``Drafter.forward_block`` at batch 1 (no
+padding), and each row of a left-padded batch of 2 or 4 must reproduce its batch-1 result
+with nothing NaN. The wrapper is a second compute path (batched GEMMs, its own attention
+formula; padding changes the GEMM shapes), so floats agree within the fp32 tolerance and
+ids exactly except at near-ties (``tests/tolerances.py``); never bit for bit, which differs
+between CPUs (an AMD EPYC failed it).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from test_drafters import H, VT, make_dflash, make_peagle  # noqa: E402
 
 from specconv.drafters import load_drafter  # noqa: E402
 from specconv.export.wrappers import OUTPUT_CHOICES, batch_inputs, make_wrapper  # noqa: E402
+from tests.tolerances import assert_close, assert_ids_match, assert_logits_match  # noqa: E402
 
 CASES = {
     "dflash": dict(kind="dflash"),
@@ -68,20 +71,23 @@ def _run(w, reqs):
 
 
 @pytest.mark.parametrize("name", sorted(CASES))
-def test_wrapper_equals_forward_block_bit_for_bit(name, tmp_path, verifier_dir):
+def test_wrapper_matches_forward_block(name, tmp_path, verifier_dir):
     dr = make_case(name, tmp_path, verifier_dir)
     w = make_wrapper(dr, outputs=OUTPUT_CHOICES, top_k=3)
-    for tok, aux in _requests(w.p.aux_width)[:2]:
+    for i, (tok, aux) in enumerate(_requests(w.p.aux_width)[:2]):
+        what = f"{name} request {i}"
         ref = dr.forward_block(tok[None], aux[None])
         out = _run(w, [(tok, aux)])
         assert out["draft_ids"].dtype == torch.int32
-        assert torch.equal(out["draft_ids"][0].long(), ref.tokens)  # target ids, d2t applied
-        assert torch.equal(out["logits"][0], ref.target_logits.float())
+        target = ref.target_logits.float()
+        # target ids (d2t applied); the -inf outside a pruned draft vocab must match exactly
+        assert_logits_match(out["logits"][0], target, actual_ids=out["draft_ids"][0],
+                            expected_ids=ref.tokens, what=f"{what} logits / draft_ids")
+        assert_ids_match(out["topk_ids"][0, :, 0], ref.tokens, target, what=f"{what} top-1 of topk_ids")
         lp = torch.log_softmax(ref.draft_logits.float(), -1).gather(-1, ref.draft_ids[:, None])[:, 0]
-        assert torch.equal(out["draft_logprobs"][0], lp)
-        assert torch.equal(out["topk_ids"][0, :, 0].long(), ref.tokens)
-        if ref.confidence is not None:  # fp32 head; a [1, F] @ [F] vs [F] @ [F] reduction
-            torch.testing.assert_close(out["confidence"][0], ref.confidence, atol=1e-6, rtol=0)
+        assert_close(out["draft_logprobs"][0], lp, what=f"{what} draft_logprobs")
+        if ref.confidence is not None:
+            assert_close(out["confidence"][0], ref.confidence, what=f"{what} confidence")
 
 
 @pytest.mark.parametrize("name", sorted(CASES))
@@ -95,12 +101,8 @@ def test_padded_batch_rows_equal_batch_one(name, batch, tmp_path, verifier_dir):
         assert not torch.isnan(t.float()).any()
     for b, req in enumerate(reqs):
         one = _run(w, [req])
-        assert torch.equal(full["draft_ids"][b], one["draft_ids"][0])
-        ref, got = one["logits"][0], full["logits"][b]
-        assert torch.equal(torch.isinf(ref), torch.isinf(got))
-        fin = torch.isfinite(ref)
-        scale = ref[fin].abs().max()
-        assert (got[fin] - ref[fin]).abs().max() <= 1e-6 * scale
+        assert_logits_match(full["logits"][b], one["logits"][0], actual_ids=full["draft_ids"][b],
+                            expected_ids=one["draft_ids"][0], what=f"{name} batch {batch} row {b}")
 
 
 @pytest.mark.parametrize("name", ["dflash-swa-pruned", "dspark", "peagle-qwen3-pruned"])
@@ -111,9 +113,8 @@ def test_onnx_attention_path_matches_reference(name, tmp_path, verifier_dir):
     onnx_w = make_wrapper(dr, outputs=OUTPUT_CHOICES, onnx_attention=True)
     reqs = _requests(ref_w.p.aux_width)
     a, b = _run(ref_w, reqs), _run(onnx_w, reqs)
-    assert torch.equal(a["draft_ids"], b["draft_ids"])
-    fin = torch.isfinite(a["logits"])
-    assert (a["logits"][fin] - b["logits"][fin]).abs().max() < 1e-4
+    assert_logits_match(b["logits"], a["logits"], actual_ids=b["draft_ids"], expected_ids=a["draft_ids"],
+                        what=f"{name} onnx attention")
 
 
 def test_sampling_noise_steers_the_pick(tmp_path, verifier_dir):

@@ -9,12 +9,15 @@ with exit code 4.
 from __future__ import annotations
 
 import json
+import warnings
 from pathlib import Path
 
 import pytest
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("dflash")
+
+from tests.tolerances import NearTieWarning  # noqa: E402
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 TRAINED = EXAMPLES / "smollm2-dflash-b8"
@@ -68,8 +71,13 @@ def test_trained_drafter_converted_tau_equals_source_tau(trained_run):
     out, tmp, (code, rep) = trained_run
     assert code == 0, rep
     assert rep["gates"] == {"structure": True, "parity": True, "acceptance": True, "lossless": True}
-    # fp32, same loop, same prompts: the converted drafter accepts exactly what the source does
-    assert rep["acceptance_length"] == pytest.approx(rep["source_metrics"]["acceptance_length"], abs=1e-9)
+    # fp32, same loop, same prompts: the converted drafter accepts exactly what the source does,
+    # unless the two forwards' rounding flipped a draft at a near-tie, which forks that request's
+    # decode; then τ stays within G3's relative bound (2 %) and the fork is reported
+    tau, tau_src = rep["acceptance_length"], rep["source_metrics"]["acceptance_length"]
+    if tau != pytest.approx(tau_src, abs=1e-9):
+        assert abs(tau - tau_src) <= 0.02 * tau_src
+        warnings.warn(NearTieWarning(f"converted τ {tau} != source τ {tau_src}: a draft near-tie forked a decode"))
     assert rep["acceptance_length"] > 1.0
     assert len(rep["acceptance_at_pos"]) == 7 and rep["acceptance_at_pos"][0] > 0
     for name in ("validation.json", rep["plot"]):

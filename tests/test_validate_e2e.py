@@ -10,6 +10,8 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("dflash")
 
+from tests.tolerances import lossless_near_ties  # noqa: E402
+
 
 @pytest.fixture
 def one_thread():
@@ -43,8 +45,8 @@ def test_validate_smollm2_zlab_dflash(tmp_path, smollm2_dir, one_thread):
     assert out["k"] == 7 and out["aux_layer_ids"] == [2, 15, 28]
     # random-init drafter: the harness must see it as (nearly) useless
     assert out["acceptance_length"] < 1.1
-    assert out["lossless"]["exact_match"] == 1.0
+    lossless_near_ties(out["lossless"], what="validate")  # equal, or apart only at near-ties
     parity = next(g for g in out["gate_results"] if g["name"] == "parity")["details"]
     assert parity["aux_layer_ids"] == {"reference": [2, 15, 28], "converted": [2, 15, 28]}
-    assert parity["top1_agree_all"] == 1.0
+    assert parity["top1_agree"] == 1.0  # every clear-margin slot; near-ties may differ (G2's rule)
     assert out["stop_token_ids"] == [2]

@@ -290,3 +290,29 @@ def test_write_report_files(tmp_path):
     assert "| structure | passed |" in md and "| 1 | 0.300 | 0.300 |" in md and "acceptance.png" in md
     assert json.loads(Path(files["json"]).read_text())["plot"] == "acceptance.png"
     assert Path(files["plot"]).stat().st_size > 1000
+
+
+def test_source_record_check_on_a_speculators_source(tmp_path):
+    """A Speculators --source is used as it is: the recorded file names are hashed there;
+    a drafter without recorded hashes is reported as not checked."""
+    from specconv.errors import InvalidInputError
+    from specconv.tensors import sha256_file
+    from specconv.validate.run import check_source_unchanged
+
+    src, drafter = tmp_path / "src", tmp_path / "drafter"
+    src.mkdir()
+    drafter.mkdir()
+    (src / "config.json").write_text('{"speculators_model_type": "dflash"}')
+    files = {"config.json": sha256_file(src / "config.json")}
+    (drafter / "specconv.json").write_text(json.dumps({"schema_version": 1, "conversion": {"source": {"files": files}}}))
+    source = {"kind": "speculators", "format": "speculators", "path": str(src), "converted": str(src)}
+    assert check_source_unchanged(drafter, source) == {"matches_record": True, "files": 1}
+    (src / "config.json").write_text('{"speculators_model_type": "dflash", "block_size": 8}')
+    with pytest.raises(InvalidInputError, match="config.json: recorded " + files["config.json"]) as e:
+        check_source_unchanged(drafter, source)
+    assert e.value.code == "source_changed" and sha256_file(src / "config.json") in str(e.value)
+    (src / "config.json").unlink()
+    with pytest.raises(InvalidInputError, match="now absent"):
+        check_source_unchanged(drafter, source)
+    (drafter / "specconv.json").unlink()
+    assert check_source_unchanged(drafter, source)["matches_record"] is None

@@ -87,16 +87,15 @@ def resolve_block_size(src: SourceInfo, nested: dict[str, Any] | None = None) ->
 
 
 def resolve_mask_token(
-    src: SourceInfo, opts: ConvertOptions, locations: list[tuple[str, Any]], verifier: Any, findings: list
+    src: SourceInfo, opts: ConvertOptions, locations: list[tuple[str, Any]], verifier: Any
 ) -> tuple[int, str]:
     """Mask token id from the checkpoint (all locations must agree) or ``--mask-token-id``.
 
     Returns ``(id, where)``. Raises when absent everywhere, when the flag contradicts the
-    checkpoint, or when the id is outside the verifier vocab. Warns (finding) when it equals
-    the verifier's bos/eos/pad token.
+    checkpoint, or when the id is outside the verifier vocab. An id equal to a verifier
+    special token (bos, every eos id, pad, the tokenizer's added special tokens) is the
+    lint's ``mask-token-special`` warning on the planned config, reported once.
     """
-    from specconv.format import Finding
-
     ckpt, where = one_of(src, locations, "mask token id")
     if ckpt is not None and opts.mask_token_id is not None and ckpt != opts.mask_token_id:
         raise InvalidInputError(
@@ -113,17 +112,11 @@ def resolve_mask_token(
         )
     if not isinstance(mask, int) or isinstance(mask, bool) or mask < 0:
         raise InvalidInputError(f"mask token id must be a non-negative integer, got {mask!r} ({where})")
-    if verifier is not None:
-        if mask >= verifier.vocab_size:
-            raise InvalidInputError(
-                f"mask token id {mask} ({where}) is outside the verifier vocab ({verifier.vocab_size})",
-                code="mask_token_out_of_vocab",
-            )
-        for k, v in verifier.special_token_ids().items():
-            if v is not None and v == mask:
-                findings.append(
-                    Finding("warning", "mask-token-is-special", f"mask token {mask} equals the verifier's {k}", "mask_token_id")
-                )
+    if verifier is not None and mask >= verifier.vocab_size:
+        raise InvalidInputError(
+            f"mask token id {mask} ({where}) is outside the verifier vocab ({verifier.vocab_size})",
+            code="mask_token_out_of_vocab",
+        )
     return mask, where
 
 
@@ -133,7 +126,8 @@ def zlab_to_speculators_ids(
     """Convert z-lab-convention target layer ids to Speculators aux ids (+1; -1 → 0).
 
     An id equal to the verifier's last layer maps to ``num_hidden_layers`` and is **kept**
-    (unlike speculators' own DFlash converter, which drops it). ``--aux-layer-ids``
+    (unlike speculators' own DFlash converter, which drops it; speculators_format.md §7.5);
+    which engines can serve it is the lint's ``aux-ids-final-hidden-state``. ``--aux-layer-ids``
     overrides and is recorded. Ids are never recomputed from a formula.
     """
     from specconv.format import Finding
@@ -163,15 +157,14 @@ def zlab_to_speculators_ids(
     else:
         rule = "+1 (z-lab 0-based layer outputs → speculators capture ids)" + ("; -1 (embeddings) → 0" if allow_minus_one else "")
         conv = LayerIdConversion(key, "z-lab", list(ids), converted, rule)
-    _check_converted_ids(conv.speculators_ids, "--aux-layer-ids" if opts.aux_layer_ids is not None else key,
-                         verifier, findings)
+    _check_converted_ids(conv.speculators_ids, "--aux-layer-ids" if opts.aux_layer_ids is not None else key, verifier)
     return conv
 
 
-def _check_converted_ids(s_ids: list[int], origin: str, verifier: Any, findings: list) -> None:
-    """Non-empty, distinct, inside ``[0, n]`` of the verifier; capturing ``n`` is noted."""
-    from specconv.format import Finding
-
+def _check_converted_ids(s_ids: list[int], origin: str, verifier: Any) -> None:
+    """Non-empty, distinct, inside ``[0, n]`` of the verifier. Capturing ``n`` (the final
+    pre-norm hidden state; only some engine versions serve it) is the lint's
+    ``aux-ids-final-hidden-state`` warning on the planned config."""
     if not s_ids:
         raise InvalidInputError(f"aux layer ids (from {origin}) are empty")
     if len(set(s_ids)) != len(s_ids):
@@ -186,12 +179,6 @@ def _check_converted_ids(s_ids: list[int], origin: str, verifier: Any, findings:
             f"are outside [0, {n}] for the verifier's {n} layers",
             code="layer_ids_out_of_range",
         )
-    if n in s_ids:
-        findings.append(Finding(
-            "info", "aux-includes-last-layer",
-            f"aux id {n} (the verifier's final pre-norm hidden state) is kept; vLLM can capture it",
-            "aux_hidden_state_layer_ids",
-        ))
 
 
 def require_layer_types_for_swa(src: SourceInfo) -> None:

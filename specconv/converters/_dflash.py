@@ -146,7 +146,7 @@ def plan_dflash_family(
     findings: list = [Finding(lvl, code, msg, None) for lvl, code, msg in layout.extra_findings]
     _refuse_scaling(conv, src, cfg)
     block = c.resolve_block_size(src, layout.block_nested if layout.block_nested is not None else src.dflash_config)
-    mask, mask_where = c.resolve_mask_token(src, opts, layout.mask_locations, verifier, findings)
+    mask, mask_where = c.resolve_mask_token(src, opts, layout.mask_locations, verifier)
     conv_ids = c.zlab_to_speculators_ids(
         src, layout.ids, layout.ids_key, opts, verifier, findings, allow_minus_one=layout.allow_minus_one
     )

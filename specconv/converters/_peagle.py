@@ -187,9 +187,8 @@ def _resolve_flag(src: SourceInfo, key: str, cfg_val: Any, flag_val: bool | None
     return None, ""
 
 
-def _mask_token(src: SourceInfo, opts: ConvertOptions, layout: PEagleLayout, verifier: Any, findings: list,
-                V: int) -> tuple[int, str]:
-    mask, where = c.resolve_mask_token(src, opts, layout.mask_locations, verifier, findings)
+def _mask_token(src: SourceInfo, opts: ConvertOptions, layout: PEagleLayout, verifier: Any, V: int) -> tuple[int, str]:
+    mask, where = c.resolve_mask_token(src, opts, layout.mask_locations, verifier)
     if mask >= V:
         raise InvalidInputError(f"mask token id {mask} ({where}) ≥ vocab_size {V}", code="mask_token_out_of_vocab")
     return mask, where
@@ -488,7 +487,7 @@ def plan_peagle_family(conv: Any, src: SourceInfo, verifier: Any, opts: ConvertO
     findings: list = [Finding(lvl, code, msg, None) for lvl, code, msg in layout.findings]
     notes: list[str] = list(layout.notes)
     V, H, L = _shape_keys(conv, src, cfg, verifier, findings)
-    mask, mask_where = _mask_token(src, opts, layout, verifier, findings, V)
+    mask, mask_where = _mask_token(src, opts, layout, verifier, V)
     ids = resolve_aux_ids(src, opts, layout, verifier, findings)
     A = len(ids.speculators_ids)
     plans, dropped = _plan_tensors(conv, src, opts, layout, A, H)

@@ -203,7 +203,7 @@ def normalise_d2t(d2t: Any, t2d: Any | None, vocab_size: int, draft_vocab_size: 
             code="vocab_map_all_zero",
             hint="pass the mapping the drafter was trained with: --vocab-mapping FILE (.pt/.npy/.safetensors with d2t/t2d)",
         )
-    abs_probs = _target_problems(d, vocab_size, t, "d2t[i] (as absolute ids)")
+    abs_probs = _target_problems(d, vocab_size, t, "d2t[i]")
     if not off_probs:
         return _offsets_reading(d, t, abs_probs, pre)
     if not abs_probs:

@@ -204,7 +204,7 @@ def _mask_token(n: _Normalising, src: SourceInfo, opts: ConvertOptions, verifier
     locs = [("mask_token_id", raw.get("mask_token_id"))]
     if early:
         locs += [(k, raw.get(k)) for k in EARLY_MASK_KEYS]
-    mask, mask_where = c.resolve_mask_token(src, opts, locs, verifier, n.findings)
+    mask, mask_where = c.resolve_mask_token(src, opts, locs, verifier)
     for k in EARLY_MASK_KEYS:
         if k in raw:
             raw.pop(k)

@@ -147,7 +147,6 @@ _DIR: dict[str, tuple[Level, str]] = {
 
 _CONVERTER: dict[str, tuple[Level, str]] = {
     "aux-ids-override": ("warning", "--aux-layer-ids replaced the ids the source records"),
-    "aux-includes-last-layer": ("info", "an aux id is the verifier's final pre-norm hidden state"),
     "aws-layout-unverified": ("info", "the AWS P-EAGLE key names are known only from vLLM's loader"),
     "d2t-absolute-ids": ("warning", "the source d2t looks like absolute target ids, not offsets"),
     "d2t-form-unconfirmed": ("info", "the d2t form (offsets or ids) could not be confirmed"),
@@ -158,7 +157,6 @@ _CONVERTER: dict[str, tuple[Level, str]] = {
     "jetspec-unstamped": ("info", "a NeMo DFlash without the JetSpec dflash_config.causal stamp"),
     "layout-from-flag": ("warning", "the block layout comes from a flag; the checkpoint lacks its keys"),
     "lm-head-from-verifier": ("warning", "lm_head taken from the verifier"),
-    "mask-token-is-special": ("warning", "the mask token equals a verifier special token"),
     "mixed-attention-layers": ("warning", "the source mixes full and sliding-window layers"),
     "modelopt-layer-id-convention": ("warning", "ModelOpt target_layer_ids read as z-lab 0-based ids (disputed)"),
     "nonfinite-weights": ("warning", "a tensor holds NaN/Inf; converted only because of --allow-nonfinite"),

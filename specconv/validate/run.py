@@ -138,6 +138,61 @@ def prepare_source(source: str, verifier_spec: str, drafter_dir: Path, workdir: 
     return {"kind": "converted", "format": rep.get("format"), "path": rep.get("source") or str(p), "converted": str(out)}
 
 
+def check_source_unchanged(drafter_dir: Path, source: dict) -> dict:
+    """``--source`` must be the checkpoint ``drafter_dir`` was converted from: the sha256 of
+    every source file recorded in its ``specconv.json`` (``conversion.source.files``) must
+    equal the source's now, else G2 and G3 would compare the drafter with other weights.
+
+    Args:
+        drafter_dir: the drafter under validation.
+        source: :func:`prepare_source`'s result (a fresh conversion records the source's
+            hashes; a Speculators dir used as it is gets the recorded files hashed).
+
+    Returns:
+        ``{"matches_record": True, "files": n}``, or ``{"matches_record": None, "why": ...}``
+        when the drafter records no source hashes (nothing to compare with).
+
+    Raises:
+        InvalidInputError: ``source_changed`` (exit 3), naming each differing file with the
+            recorded and the current sha256.
+    """
+    from ..record import read_record
+
+    try:
+        conv = read_record(drafter_dir, missing_ok=True).conversion
+    except InvalidInputError:
+        conv = None
+    recorded = dict(conv.source.files) if conv is not None and conv.source else {}
+    if not recorded:
+        return {"matches_record": None, "why": f"{drafter_dir}/specconv.json records no source sha256"}
+    current = _source_hashes(source, recorded)
+    diffs = [f"{n}: recorded {recorded.get(n) or 'no such file'}, now {current.get(n) or 'absent'}"
+             for n in sorted(set(recorded) | set(current)) if recorded.get(n) != current.get(n)]
+    if diffs:
+        raise InvalidInputError(
+            f"--source {source['path']} is not the checkpoint {drafter_dir} was converted from: "
+            f"{len(diffs)} source file(s) differ from the sha256 recorded in its specconv.json "
+            f"(conversion.source.files) — {'; '.join(diffs[:4])}{'; …' if len(diffs) > 4 else ''}. "
+            "G2 parity and G3 would compare the drafter with other weights",
+            code="source_changed",
+            hint="pass the checkpoint the drafter was converted from, or convert this source again and validate that output",
+        )
+    return {"matches_record": True, "files": len(recorded)}
+
+
+def _source_hashes(source: dict, recorded: dict[str, str]) -> dict[str, str]:
+    """sha256 of the source's files now: from the fresh conversion's record, or (a
+    Speculators dir used as it is) of the recorded file names that exist in it."""
+    from ..record import read_record
+    from ..tensors import sha256_file
+
+    if source["kind"] == "converted":
+        conv = read_record(source["converted"]).conversion
+        return dict(conv.source.files) if conv is not None else {}
+    d = Path(source["path"])
+    return {n: sha256_file(d / n) for n in recorded if (d / n).is_file()}
+
+
 def failed_gates(report) -> list[str]:
     """Names of the gates that ran and failed (a report model or its dict)."""
     return [k for k, v in (report.get("gates") or {}).items() if v is False]
@@ -263,6 +318,7 @@ def _source_step(run: ValidationRun, workdir: Path) -> None:
 
     run.progress("converting source", 0, 1)
     run.source = prepare_source(run.options.source, run.verifier_spec, run.drafter_dir, workdir)
+    run.source["record_check"] = check_source_unchanged(run.drafter_dir, run.source)
     run.source_config = load_config(run.source["converted"])
     run.report["source"] = run.source
 
