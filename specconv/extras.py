@@ -19,6 +19,7 @@ venvs holding only ``specconv``'s, and ``specconv[validate]``'s, dependency clos
 from __future__ import annotations
 
 import importlib
+import importlib.util
 from types import ModuleType
 
 from .errors import UsageError
@@ -84,9 +85,11 @@ def require(module: str, extra: str, *, feature: str) -> ModuleType:
 
 
 def require_extra(extra: str, *, feature: str) -> None:
-    """:func:`require` every module :data:`OPTIONAL_MODULES` maps to ``extra`` (``onnx``: onnx,
-    onnxscript, onnx_ir, onnxruntime, ml_dtypes), before a command starts work that wraps
-    library errors (a missing module would otherwise surface as that command's own error).
+    """Check that every module :data:`OPTIONAL_MODULES` maps to ``extra`` (``onnx``: onnx,
+    onnxscript, onnx_ir, onnxruntime, ml_dtypes) is installed, before a command starts work
+    that wraps library errors (a missing module would otherwise surface as that command's
+    own error). Found without importing (``importlib.util.find_spec``): a preflight must not
+    pay the imports nor their side effects (ONNX Runtime writes a device id under ``$HOME``).
 
     Raises:
         MissingExtraError: one of them is not installed (exit 2).
@@ -95,8 +98,11 @@ def require_extra(extra: str, *, feature: str) -> None:
     modules = [m for m, e in OPTIONAL_MODULES.items() if e == extra]
     if not modules:
         raise ValueError(f"no module of OPTIONAL_MODULES belongs to extra {extra!r}")
+    if extra not in EXTRAS:
+        raise ValueError(f"unknown extra {extra!r} (declared: {', '.join(EXTRAS)})")
     for module in modules:
-        require(module, extra, feature=feature)
+        if importlib.util.find_spec(module) is None:
+            raise _missing(module, extra, feature)
 
 
 def _missing(module: str, extra: str, feature: str) -> MissingExtraError:

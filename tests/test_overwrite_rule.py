@@ -218,7 +218,7 @@ def exported(tmp_path_factory, drafter, verifier_dir) -> Path:
     (d / "onnx").mkdir()
     code, obj = _cli("export", "onnx", d, "--verifier", verifier_dir, *EXPORT_ARGS, "--overwrite")
     assert code == 0, obj
-    assert (d / "onnx" / "onnx_meta.json").is_file() and (d / "onnx" / "fp32" / "drafter.onnx").is_file()
+    assert (d / "onnx" / "onnx_meta.json").is_file() and (d / "onnx" / "drafter.onnx").is_file()
     return d
 
 
@@ -249,8 +249,10 @@ def test_export_refuses_what_is_not_its_own_export(tmp_path, project, drafter, c
     else:
         out = target = tmp_path / "o"
         shutil.copytree(request.getfixturevalue("exported") / "onnx", out)
-        found = "notes.txt" if how == "export + user file" else "fp32/notes.txt"
-        (out / found).write_text("mine\n")
+        name = "notes.txt" if how == "export + user file" else "fp32/notes.txt"
+        (out / name).parent.mkdir(exist_ok=True)  # a float32 export has no fp32/ twin: the user made it
+        (out / name).write_text("mine\n")
+        found = "notes.txt" if how == "export + user file" else "fp32/"  # the unlisted entry is named
     before = snapshot(target)
     code, obj = _cli("export", "onnx", drafter, "-o", out, *EXPORT_ARGS, "--overwrite")
     _refused(code, obj, out, found)
@@ -346,7 +348,8 @@ def double():
 
 def _release(double, smollm2_dir, work: Path, *extra) -> tuple[int, dict]:
     env = {"HF_ENDPOINT": double.url, "HF_TOKEN": TOKEN, "HF_HUB_DISABLE_XET": "1"}
-    return _cli("release", EXAMPLE, "--verifier", smollm2_dir, "--repo-id", "specconv-test/overwrite",
+    return _cli("release", EXAMPLE, "--verifier", smollm2_dir, "--verifier-name", "HuggingFaceTB/SmolLM2-135M-Instruct",
+                "--repo-id", "specconv-test/overwrite",
                 "--work-dir", work, "--dry-run", *extra, env=env)
 
 
