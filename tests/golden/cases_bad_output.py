@@ -49,7 +49,7 @@ def overwrite_never_replaces_an_input(ws: Workspace, d: Path) -> dict[str, Any]:
 def overwrite_keeps_output_on_failure(ws: Workspace, d: Path) -> dict[str, Any]:
     t = tbi()
     out = d / "out"
-    t._precious(out)
+    t._earlier_output(out, ws.verifier("qwen3"))  # what --overwrite may replace
     bad = t.edit_config(source(d / "bad"), lambda c: c.__setitem__("num_attention_heads", 0))
     rec = {"bad_config": convert(ws, d, bad, "--overwrite", out=out)}
     trunc = source(d / "trunc")
@@ -63,7 +63,7 @@ def write_failure(ws: Workspace, d: Path) -> dict[str, Any]:
     def full(*a, **k):
         raise OSError(errno.ENOSPC, "No space left on device", str(d / ".out.tmp-x" / "config.json"))
 
-    tbi()._precious(d / "out")
+    tbi()._earlier_output(d / "out", ws.verifier("qwen3"))  # what --overwrite may replace
     src = source(d / "src")
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr("specconv.format.dump_config", full)
@@ -79,7 +79,7 @@ def ctrl_c_mid_write(ws: Workspace, d: Path) -> dict[str, Any]:
         real(path, ordered[:1])
         raise KeyboardInterrupt
 
-    tbi()._precious(d / "out")
+    tbi()._earlier_output(d / "out", ws.verifier("qwen3"))  # what --overwrite may replace
     src = source(d / "src")
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(t, "_write_one", interrupted)
@@ -110,7 +110,7 @@ def failed_rename(ws: Workspace, d: Path) -> dict[str, Any]:
             raise OSError(errno.EXDEV, "Invalid cross-device link", str(a))
         return real(a, b, *r, **k)
 
-    tbi()._precious(out)
+    tbi()._earlier_output(out, ws.verifier("qwen3"))  # what --overwrite may replace
     src = source(d / "src")
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(os, "rename", failing)
