@@ -170,13 +170,16 @@ def _accounting_step(res: GateResult, cfg, store) -> set[str]:
 def _verifier_tensors_step(res: GateResult, store, names: set[str], verifier, t2d, drafter_dir: Path) -> None:
     """The tensors the format takes from the verifier (``embed_tokens.weight`` for
     DFlash/DSpark, ``lm_head.weight`` full-vocab or its ``t2d`` rows) equal the verifier's."""
+    from ..format.algorithms import algorithm
+
+    alg = algorithm(res.details["algorithm"])
     roles = [("lm_head.weight", "lm_head")]
-    if res.details["algorithm"] != "peagle":  # P-EAGLE trains its own embedding
+    if not alg.trains_embedding:  # else the drafter trains its own embedding
         roles.insert(0, ("embed_tokens.weight", "embed"))
     checks: dict[str, Any] = {}
-    # P-EAGLE (EAGLE-3 lineage) may train its head: it must equal the verifier's only where
-    # the conversion record says the source format freezes it
-    frozen = res.details["algorithm"] != "peagle" or _lm_head_frozen(drafter_dir)
+    # a head that may be trained (P-EAGLE, EAGLE-3 lineage) must equal the verifier's only
+    # where the conversion record says the source format freezes it
+    frozen = not alg.lm_head_may_train or _lm_head_frozen(drafter_dir)
     for tname, role in roles:
         if tname in names:
             _compare_to_verifier(res, store, tname, role, verifier, t2d, checks, frozen)

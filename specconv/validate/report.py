@@ -22,6 +22,9 @@ log = logging.getLogger("specconv.validate")
 REPORT_JSON = "validation.json"
 REPORT_MD = "validation.md"
 REPORT_PNG = "acceptance.png"
+#: z-lab's reference package (``pip install dflash``, ``validate/zlab_reference.py``): a
+#: package name that happens to spell an algorithm's, recorded with the library versions.
+ZLAB_PACKAGE = "dflash"
 
 
 def library_versions() -> dict[str, str | None]:
@@ -30,7 +33,7 @@ def library_versions() -> dict[str, str | None]:
     ``vllm_serve``."""
     from ..versions import library_versions as versions
 
-    return versions(("torch", "transformers", "accelerate", "safetensors", "numpy", "dflash", "speculators"))
+    return versions(("torch", "transformers", "accelerate", "safetensors", "numpy", ZLAB_PACKAGE, "speculators"))
 
 
 def torch_backend_flags() -> dict[str, Any]:

@@ -161,6 +161,7 @@ class TorchBackend:
 
     def _gates(self, h: _Harness) -> None:
         """Decode plainly and speculatively, then G2 (with a source), G3, G4, extras."""
+        from ..format import algorithm
         from .gates import gate_acceptance
         from .metrics import compute_metrics, summary
 
@@ -182,7 +183,7 @@ class TorchBackend:
         source_metrics = self._source_gates(h, plain)
         run.results.append(gate_acceptance(metrics, source_metrics=source_metrics, min_tau=opts.min_tau))
         run.results.append(self._lossless(h, spec, plain))
-        if h.drafter.algorithm == "dspark":
+        if algorithm(h.drafter.algorithm).markov_head:  # DSpark: confidence-head extras
             run.report["dspark"] = _dspark_extras(spec, h)
         run.report["summary"] = summary(metrics)
 

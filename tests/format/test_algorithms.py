@@ -35,11 +35,6 @@ ALLOWED: dict[str, int] = {
     "specconv/format/rules/layout_rules.py": 6,
     "specconv/format/rules/tensor_rules.py": 1,
     "specconv/format/tensors.py": 1,
-    "specconv/publish/card.py": 3,
-    "specconv/validate/gates.py": 2,
-    "specconv/validate/report.py": 1,
-    "specconv/validate/torch_backend.py": 1,
-    "specconv/vllm_check/runner.py": 6,
 }
 
 
