@@ -30,11 +30,6 @@ ALLOWED: dict[str, int] = {
     "specconv/export/ort_drafter.py": 1,
     "specconv/export/reference.py": 2,
     "specconv/export/wrappers.py": 6,
-    "specconv/format/construct.py": 1,
-    "specconv/format/rules/envelope_rules.py": 6,
-    "specconv/format/rules/layout_rules.py": 6,
-    "specconv/format/rules/tensor_rules.py": 1,
-    "specconv/format/tensors.py": 1,
 }
 
 
