@@ -18,6 +18,13 @@ from typing import Any, ClassVar
 from specconv.errors import InvalidInputError, UnsupportedFormatError
 from specconv.plan import ConversionPlan
 
+#: ``dflash_config.projector_type`` values: the drafter a ModelOpt export (NVIDIA/Model-Optimizer
+#: ``modelopt/torch/export/plugins/hf_spec_export.py``), a SpecForge DSpark or a Domino config
+#: holds. Source facts that happen to spell algorithm names: compared against these constants.
+PROJECTOR_DFLASH = "dflash"
+PROJECTOR_DSPARK = "dspark"
+PROJECTOR_DOMINO = "domino"
+
 #: Registered converter classes, in registration order (see :func:`ordered`).
 REGISTRY: dict[str, type["Converter"]] = {}
 
@@ -163,6 +170,11 @@ class SourceInfo:
     def dflash_config(self) -> dict[str, Any]:
         d = self.cfg("dflash_config")
         return d if isinstance(d, dict) else {}
+
+    @property
+    def projector_type(self) -> Any:
+        """``dflash_config.projector_type`` as read (None when absent; see :data:`PROJECTOR_DFLASH`)."""
+        return self.dflash_config.get("projector_type")
 
 
 def refuse_unsupported_layer_keys(src: SourceInfo, format_id: str, *, cfg: dict[str, Any] | None = None,

@@ -33,8 +33,15 @@ from specconv.errors import InvalidInputError, UnsupportedFormatError
 from .base import Converter, SourceInfo, refuse_unsupported_layer_keys, register
 
 STATE_FILE = "training_state.pt"
+#: SpecForge's ``strategy`` values (``specforge/training/checkpoint.py``): source facts, named once.
+STRATEGY_DFLASH = "dflash"
+STRATEGY_DSPARK = "dspark"
+STRATEGY_PEAGLE = "peagle"
+STRATEGY_EAGLE3 = "eagle3"
+STRATEGY_DOMINO = "domino"
 #: SpecForge strategy → Speculators algorithm (None: no Speculators equivalent).
-STRATEGIES: dict[str, str | None] = {"dflash": "dflash", "dspark": "dspark", "peagle": "peagle", "eagle3": None, "domino": None}
+STRATEGIES: dict[str, str | None] = {STRATEGY_DFLASH: "dflash", STRATEGY_DSPARK: "dspark", STRATEGY_PEAGLE: "peagle",
+                                     STRATEGY_EAGLE3: None, STRATEGY_DOMINO: None}
 PREFIXES = ("draft_model.", "_orig_mod.", "module.")
 
 
@@ -220,9 +227,9 @@ def _strategy(state: dict[str, Any], state_path: Path, opts: Any) -> tuple[str, 
     if algo is None:
         raise UnsupportedFormatError(
             f"{state_path}: SpecForge strategy {strategy!r} has no Speculators equivalent "
-            + ("(EAGLE-3: use `speculators convert --algorithm eagle3` on a `to_hf` export)" if strategy == "eagle3"
-               else "(Domino's GRU head cannot be expressed)"),
-            format_id="eagle3" if strategy == "eagle3" else "domino",
+            + ("(EAGLE-3: use `speculators convert --algorithm eagle3` on a `to_hf` export)"
+               if strategy == STRATEGY_EAGLE3 else "(Domino's GRU head cannot be expressed)"),
+            format_id=strategy,
         )
     if opts.algorithm and opts.algorithm != algo:
         raise InvalidInputError(

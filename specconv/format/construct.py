@@ -28,9 +28,9 @@ def _default_speculative_tokens(algorithm: str, cls: type[SpeculatorsDraftConfig
     return speculative_tokens_for(block, sample_from_anchor)
 
 
-def _fields(tlc: Mapping[str, Any], fields: Mapping[str, Any], algorithm: str) -> dict[str, Any]:
-    data: dict[str, Any] = {"speculators_model_type": algorithm, "transformer_layer_config": dict(tlc), **fields}
-    data.setdefault("draft_vocab_size", tlc.get("vocab_size"))
+def _fields(layer_config: Mapping[str, Any], fields: Mapping[str, Any], algorithm: str) -> dict[str, Any]:
+    data: dict[str, Any] = {"speculators_model_type": algorithm, "transformer_layer_config": dict(layer_config), **fields}
+    data.setdefault("draft_vocab_size", layer_config.get("vocab_size"))
     for key in _LIST_KEYS:
         if isinstance(data.get(key), tuple):
             data[key] = list(data[key])

@@ -17,14 +17,6 @@ OWNER = REPO / "specconv" / "format" / "algorithms.py"
 #: file → name constants still compared there. Shrink-only: every entry goes to zero as the
 #: switch moves into the description (issue 15 item 1); a stale count fails too.
 ALLOWED: dict[str, int] = {
-    "specconv/converters/__init__.py": 3,
-    "specconv/converters/dispatch.py": 5,
-    "specconv/converters/modelopt_dflash.py": 1,
-    "specconv/converters/refusals.py": 1,
-    "specconv/converters/specforge_dspark.py": 2,
-    "specconv/converters/specforge_training.py": 3,
-    "specconv/converters/speculators_trainer.py": 15,
-    "specconv/converters/zlab_dflash.py": 1,
     "specconv/drafters/base.py": 2,
     "specconv/drafters/loader.py": 2,
     "specconv/export/ort_drafter.py": 1,
