@@ -28,7 +28,7 @@ from typing import Any
 
 from . import hub as _hub
 from .errors import InvalidInputError
-from .hub import hub_error, is_hub_id
+from .hub import is_hub_id
 
 _TEXT_CONFIG_KEYS = ("text_config", "llm_config", "language_config")
 
@@ -40,6 +40,8 @@ _ROLE_SUFFIXES = {"embed": EMBED_SUFFIXES, "lm_head": LM_HEAD_SUFFIXES, "norm": 
 _ROLE_WORDS = {"embed": "input embedding", "lm_head": "LM head", "norm": "final norm"}
 _NOT_TEXT = re.compile(r"(vision|visual|mtp|audio)")
 _PER_LAYER = re.compile(r"(?:^|\.)(?:layers?|h|blocks?)\.\d+\.")
+#: How a failed read of a single-file Hub checkpoint names it.
+_SINGLE_FILE = _hub.Wanted("model.safetensors / model.safetensors.index.json", code="verifier_tensor_missing")
 
 
 def unwrap_text_config(cfg: dict[str, Any]) -> dict[str, Any]:
@@ -136,13 +138,10 @@ class Verifier:
 
     def _hub_weight_map(self) -> dict[str, str]:
         if self._weight_map is None:
-            try:
-                idx = _hub.download_file(self.hub_id, "model.safetensors.index.json", revision=self.revision,
-                                         endpoint_url=self.endpoint)
-            except Exception as e:  # noqa: BLE001 - mapped by the Hub error table
-                if not _hub.is_missing_entry(e):  # network, auth (a missing file: single-file checkpoint)
-                    raise hub_error("model.safetensors.index.json", self.hub_id, e, code="verifier_not_found") from e
-                idx = None
+            # absent (or not cached offline): a single-file checkpoint
+            idx = _hub.download_file(self.hub_id, "model.safetensors.index.json", revision=self.revision,
+                                     endpoint_url=self.endpoint, missing_ok=True,
+                                     wanted=_hub.Wanted("model.safetensors.index.json", code="verifier_not_found"))
             if idx is not None:
                 try:
                     with open(idx, encoding="utf-8") as f:
@@ -152,20 +151,12 @@ class Verifier:
                     raise InvalidInputError(f"cannot read the weight map of {idx} (verifier {self.hub_id}): "
                                             f"{type(e).__name__}: {e}", code="verifier_config") from e
             elif not _hub.is_offline():  # single-file checkpoint: its header, by range requests
-                try:
-                    meta = _hub.safetensors_header(self.hub_id, "model.safetensors", revision=self.revision,
-                                                   endpoint_url=self.endpoint)
-                except Exception as e:  # noqa: BLE001 - mapped by the Hub error table
-                    raise hub_error("model.safetensors / model.safetensors.index.json", self.hub_id, e,
-                                    code="verifier_tensor_missing") from e
+                meta = _hub.safetensors_header(self.hub_id, "model.safetensors", revision=self.revision,
+                                               endpoint_url=self.endpoint, wanted=_SINGLE_FILE)
                 self._weight_map = {str(n): "model.safetensors" for n in meta.tensors}
             else:  # offline: the cached file's header
-                try:
-                    p = _hub.download_file(self.hub_id, "model.safetensors", revision=self.revision,
-                                           endpoint_url=self.endpoint)
-                except Exception as e:  # noqa: BLE001 - mapped by the Hub error table
-                    raise hub_error("model.safetensors / model.safetensors.index.json", self.hub_id, e,
-                                    code="verifier_tensor_missing") from e
+                p = _hub.download_file(self.hub_id, "model.safetensors", revision=self.revision,
+                                       endpoint_url=self.endpoint, wanted=_SINGLE_FILE)
                 from .tensors import TensorStore
 
                 st = TensorStore.open(p)
@@ -313,10 +304,8 @@ class Verifier:
         shard = self._hub_weight_map().get(name)
         if shard is None:
             raise InvalidInputError(f"verifier {self.hub_id} has no tensor {name!r}")
-        try:
-            p = _hub.download_file(self.hub_id, shard, revision=self.revision, endpoint_url=self.endpoint)
-        except Exception as e:  # noqa: BLE001 - mapped by the Hub error table  # not cached (offline), network, auth
-            raise hub_error(f"shard {shard} (holding {name})", self.hub_id, e, code="verifier_tensor_missing") from e
+        p = _hub.download_file(self.hub_id, shard, revision=self.revision, endpoint_url=self.endpoint,
+                               wanted=_hub.Wanted(f"shard {shard} (holding {name})", code="verifier_tensor_missing"))
         return TensorStore.open(p).info(name)
 
 
@@ -375,13 +364,9 @@ def _local_verifier(spec: str, p: Path, name: str | None) -> Verifier:
 
 
 def _hub_verifier(spec: str, name: str | None, revision: str | None, endpoint: str | None) -> Verifier:
-    try:
-        cfg_file = _hub.download_file(spec, "config.json", revision=revision, endpoint_url=endpoint)
-    except Exception as e:  # noqa: BLE001 - network, offline mode, missing repo: the Hub error table
-        err = hub_error("config.json", spec, e, code="verifier_not_found",
-                        hint="pass a local verifier directory with --verifier and its Hub id with --verifier-name")
-        err.message = "verifier: " + err.message
-        raise err from e
+    cfg_file = _hub.download_file(spec, "config.json", revision=revision, endpoint_url=endpoint, wanted=_hub.Wanted(
+        "config.json", code="verifier_not_found", role="verifier",
+        hint="pass a local verifier directory with --verifier and its Hub id with --verifier-name"))
     raw = _read_json(Path(cfg_file))
     return Verifier(spec=spec, name_or_path=name or spec, local_dir=Path(cfg_file).parent,
                     config=unwrap_text_config(raw), raw_config=raw, hub_id=spec, revision=revision,
