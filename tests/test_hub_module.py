@@ -69,13 +69,14 @@ def test_repo_id_predicate_agrees_with_huggingface_hub(name, tmp_path, monkeypat
 
 
 def test_repo_id_predicate_refuses_existing_paths_and_is_the_one_predicate(tmp_path, monkeypatch):
-    from specconv import speculators, verifier
+    from specconv import format as speculators_format
+    from specconv import verifier
 
     monkeypatch.chdir(tmp_path)
     (tmp_path / "org").mkdir()
     (tmp_path / "org" / "model").mkdir()
     assert not hub.is_hub_id("org/model") and hub.is_hub_id("org/other")
-    assert speculators.is_hub_repo_id is hub.is_hub_id
+    assert speculators_format.is_hub_repo_id is hub.is_hub_id
     assert verifier.is_hub_id is hub.is_hub_id
 
 

@@ -19,7 +19,7 @@ Facts used:
 * ``transformer_layer_config.model_type`` is ``llama`` or ``qwen3`` (per-head q/k norms);
   a Llama draft with ``A != 3`` aux layers needs ``num_aux_hidden_states: A`` for vLLM
   (vLLM ``vllm/model_executor/models/llama_eagle3.py``).
-* ``speculative_tokens`` = trained depths K (must not exceed them; the ``peagle`` lint rule in ``specconv/speculators.py``).
+* ``speculative_tokens`` = trained depths K (must not exceed them; the ``peagle-depths-exceeded`` lint rule in ``specconv/format/rules/``).
 """
 
 from __future__ import annotations

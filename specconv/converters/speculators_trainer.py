@@ -75,7 +75,7 @@ DSPARK_MARKOV_FIX = "0.7.0"
 EARLY_MASK_KEYS = ("ptd_token_id", "unused_token_id")
 EARLY_DEPTH_KEYS = ("para_num", "para_depths")
 
-#: ``transformer_layer_config`` keys the typed config requires (specconv.speculators).
+#: ``transformer_layer_config`` keys the typed config requires (specconv.format).
 REQUIRED_LAYER_KEYS = (
     "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
     "num_key_value_heads", "head_dim", "rms_norm_eps",

@@ -36,7 +36,7 @@ import os
 import re
 import shutil
 import tempfile
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -475,8 +475,3 @@ def _update_manifest(trt_dir: Path, build: dict) -> dict:
     os.chmod(tmp, 0o644)
     os.replace(tmp, p)
     return data
-
-
-def options_dict(opts: BuildOptions) -> dict:
-    """JSON-able options (for reports)."""
-    return asdict(opts)
