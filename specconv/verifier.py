@@ -28,7 +28,9 @@ from typing import Any
 
 from . import hub as _hub
 from .errors import InvalidInputError
+from .fileio import read_json_object
 from .hub import is_hub_id
+from .values import is_int
 
 _TEXT_CONFIG_KEYS = ("text_config", "llm_config", "language_config")
 
@@ -86,7 +88,7 @@ class Verifier:
     # ---- facts -----------------------------------------------------------------
     def _int(self, key: str) -> int:
         v = self.config.get(key)
-        if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
+        if not is_int(v, minimum=1):
             raise InvalidInputError(
                 f"verifier config {self.spec!r} has no positive integer {key!r} (got {v!r})",
                 code="verifier_config",
@@ -309,15 +311,9 @@ class Verifier:
         return TensorStore.open(p).info(name)
 
 
-def _read_json(p: Path) -> dict[str, Any]:
-    try:
-        with open(p, encoding="utf-8") as f:
-            d = json.load(f)
-    except (OSError, ValueError, RecursionError) as e:  # JSONDecodeError, UnicodeDecodeError, nesting
-        raise InvalidInputError(f"cannot read verifier config {p}: {e}", code="verifier_config") from e
-    if not isinstance(d, dict):
-        raise InvalidInputError(f"verifier config {p} is not a JSON object", code="verifier_config")
-    return d
+def _read_config(p: Path) -> dict[str, Any]:
+    return read_json_object(p, code="verifier_config", unreadable="cannot read verifier config {path}: {error}",
+                            not_object="verifier config {path} is not a JSON object")
 
 
 def resolve_verifier(spec: str, *, name: str | None = None, revision: str | None = None,
@@ -358,7 +354,7 @@ def _local_verifier(spec: str, p: Path, name: str | None) -> Verifier:
     cfg_path = p / "config.json"
     if not cfg_path.is_file():
         raise InvalidInputError(f"verifier dir {p} has no config.json", code="verifier_config")
-    raw = _read_json(cfg_path)
+    raw = _read_config(cfg_path)
     return Verifier(spec=spec, name_or_path=name or str(p.resolve()), local_dir=p,
                     config=unwrap_text_config(raw), raw_config=raw)
 
@@ -367,7 +363,7 @@ def _hub_verifier(spec: str, name: str | None, revision: str | None, endpoint: s
     cfg_file = _hub.download_file(spec, "config.json", revision=revision, endpoint_url=endpoint, wanted=_hub.Wanted(
         "config.json", code="verifier_not_found", role="verifier",
         hint="pass a local verifier directory with --verifier and its Hub id with --verifier-name"))
-    raw = _read_json(Path(cfg_file))
+    raw = _read_config(Path(cfg_file))
     return Verifier(spec=spec, name_or_path=name or spec, local_dir=Path(cfg_file).parent,
                     config=unwrap_text_config(raw), raw_config=raw, hub_id=spec, revision=revision,
                     endpoint=endpoint)

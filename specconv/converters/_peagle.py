@@ -32,6 +32,7 @@ from typing import Any, Callable, Mapping
 from specconv.format import names
 from specconv.errors import InvalidInputError, UnsupportedFormatError
 from specconv.plan import ConversionPlan, LayerIdConversion, TensorPlan
+from specconv.values import is_int
 
 from . import _common as c
 from . import _vocab as vb
@@ -104,7 +105,7 @@ class PEagleLayout:
 
 
 def _int_list(src: SourceInfo, key: str, v: Any) -> list[int]:
-    if not isinstance(v, list) or not v or not all(isinstance(i, int) and not isinstance(i, bool) for i in v):
+    if not isinstance(v, list) or not v or not all(is_int(i) for i in v):
         raise InvalidInputError(f"{src.path}/config.json: {key} must be a non-empty list of integers, got {v!r}")
     return list(v)
 
@@ -426,7 +427,7 @@ def _head_and_embedding(src: SourceInfo, verifier: Any, plans: list[TensorPlan],
 def _speculative_tokens(src: SourceInfo, opts: ConvertOptions, layout: PEagleLayout, notes: list[str]) -> tuple[int, int | None]:
     """``(K, trained depths)``: K = ``--speculative-tokens`` or the trained depths (never more)."""
     trained, k_key = c.one_of(src, layout.k_locations, "trained number of depths")
-    if trained is not None and (not isinstance(trained, int) or isinstance(trained, bool) or trained < 1):
+    if trained is not None and not is_int(trained, minimum=1):
         raise InvalidInputError(f"{src.path}/config.json: {k_key} must be a positive integer, got {trained!r}")
     k = opts.speculative_tokens
     if k is not None and k < 1:

@@ -205,7 +205,7 @@ def write_report(report, report_dir: str | Path) -> dict[str, str]:
     Returns:
         ``{"json": path, "markdown": path, "plot": path | None}``.
     """
-    from ..record import atomic_write
+    from ..fileio import atomic_write
     from ..results import jsonable
 
     d = Path(report_dir)
