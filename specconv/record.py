@@ -222,8 +222,8 @@ def _load_raw(path: Path) -> dict[str, Any] | None:
     """The JSON object in ``path`` (None when missing); a non-object is refused."""
     if not path.is_file():
         return None
-    return read_json_object(path, code="bad_specconv_json", unreadable="{path}: invalid JSON ({error}); not overwriting it",
-                            not_object="{path}: not a JSON object; not overwriting it")
+    return read_json_object(path, code="bad_specconv_json", not_object="{path}: not a JSON object; not overwriting it",
+                            unreadable="{path}: invalid JSON ({error}); not overwriting it")
 
 
 def _validate(data: dict[str, Any], path: Path) -> SpecconvRecord:

@@ -141,28 +141,28 @@ class Verifier:
     def _hub_weight_map(self) -> dict[str, str]:
         if self._weight_map is None:
             # absent (or not cached offline): a single-file checkpoint
-            idx = _hub.download_file(self.hub_id, "model.safetensors.index.json", revision=self.revision,
-                                     endpoint_url=self.endpoint, missing_ok=True,
-                                     wanted=_hub.Wanted("model.safetensors.index.json", code="verifier_not_found"))
-            if idx is not None:
+            index_name = "model.safetensors.index.json"
+            index_file = _hub.download_file(self.hub_id, index_name, revision=self.revision, missing_ok=True,
+                                            endpoint_url=self.endpoint,
+                                            wanted=_hub.Wanted(index_name, code="verifier_not_found"))
+            if index_file is not None:
                 try:
-                    with open(idx, encoding="utf-8") as f:
-                        wm = json.load(f)["weight_map"]
-                    self._weight_map = {str(k): str(v) for k, v in dict(wm).items()}
+                    with open(index_file, encoding="utf-8") as f:
+                        weight_map = json.load(f)["weight_map"]
+                    self._weight_map = {str(k): str(v) for k, v in dict(weight_map).items()}
                 except (OSError, ValueError, RecursionError, KeyError, TypeError) as e:
-                    raise InvalidInputError(f"cannot read the weight map of {idx} (verifier {self.hub_id}): "
+                    raise InvalidInputError(f"cannot read the weight map of {index_file} (verifier {self.hub_id}): "
                                             f"{type(e).__name__}: {e}", code="verifier_config") from e
             elif not _hub.is_offline():  # single-file checkpoint: its header, by range requests
                 meta = _hub.safetensors_header(self.hub_id, "model.safetensors", revision=self.revision,
                                                endpoint_url=self.endpoint, wanted=_SINGLE_FILE)
                 self._weight_map = {str(n): "model.safetensors" for n in meta.tensors}
             else:  # offline: the cached file's header
-                p = _hub.download_file(self.hub_id, "model.safetensors", revision=self.revision,
-                                       endpoint_url=self.endpoint, wanted=_SINGLE_FILE)
+                single_file = _hub.download_file(self.hub_id, "model.safetensors", revision=self.revision,
+                                                 endpoint_url=self.endpoint, wanted=_SINGLE_FILE)
                 from .tensors import TensorStore
 
-                st = TensorStore.open(p)
-                self._weight_map = {n: "model.safetensors" for n in st.names()}
+                self._weight_map = {n: "model.safetensors" for n in TensorStore.open(single_file).names()}
         return self._weight_map
 
     def store(self):
@@ -306,9 +306,10 @@ class Verifier:
         shard = self._hub_weight_map().get(name)
         if shard is None:
             raise InvalidInputError(f"verifier {self.hub_id} has no tensor {name!r}")
-        p = _hub.download_file(self.hub_id, shard, revision=self.revision, endpoint_url=self.endpoint,
-                               wanted=_hub.Wanted(f"shard {shard} (holding {name})", code="verifier_tensor_missing"))
-        return TensorStore.open(p).info(name)
+        shard_file = _hub.download_file(self.hub_id, shard, revision=self.revision, endpoint_url=self.endpoint,
+                                        wanted=_hub.Wanted(f"shard {shard} (holding {name})",
+                                                           code="verifier_tensor_missing"))
+        return TensorStore.open(shard_file).info(name)
 
 
 def _read_config(p: Path) -> dict[str, Any]:

@@ -307,8 +307,9 @@ def _attempt(hf: Any, p: Payload, opts: PushOptions) -> PushResult:
         adds = {r["path"]: p.files[r["path"]] for r in changed if r["action"] != "delete"}
         deletes = [r["path"] for r in changed if r["action"] == "delete"]
         message = opts.commit_message or (f"specconv: release {opts.tag}" if opts.tag else "specconv: publish drafter")
-        oid, url = hub.commit(hf, repo, adds, deletes, message=message, revision=revision, parent_commit=head,
-                              description=f"Published by specconv push ({len(adds)} file(s), {len(deletes)} deletion(s)).")
+        description = f"Published by specconv push ({len(adds)} file(s), {len(deletes)} deletion(s))."
+        oid, url = hub.commit(hf, repo, adds, deletes, message=message, description=description, revision=revision,
+                              parent_commit=head)
     if opts.tag and tag_at != oid:
         hub.create_tag(hf, repo, opts.tag, oid, replace=tag_at is not None)
     verified = _verify(hf, p, opts, oid) if opts.verify else None
