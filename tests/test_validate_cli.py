@@ -215,7 +215,7 @@ def _random_speculators_dir(out: Path, algorithm: str, verifier: Path, **fields)
     """A random-weight Speculators dir built from the config's expected tensor list."""
     from safetensors.torch import load_file, save_file
 
-    from specconv.speculators import dump_config, expected_tensors, make_config
+    from specconv.format import dump_config, expected_tensors, make_config
 
     layer = {
         "model_type": "qwen3", "vocab_size": 49152, "hidden_size": 64, "intermediate_size": 128,

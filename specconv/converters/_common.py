@@ -14,6 +14,7 @@ from typing import Any, Callable, Iterable
 from specconv.errors import InvalidInputError, UnsupportedFormatError
 from specconv.format import names
 from specconv.plan import DroppedTensor, LayerIdConversion, TensorPlan
+from specconv.values import is_int
 
 from .base import ConvertOptions, SourceInfo
 
@@ -74,10 +75,10 @@ def resolve_block_size(src: SourceInfo, nested: dict[str, Any] | None = None) ->
             f"{src.path}/config.json has no block_size (top level or dflash_config); it is never defaulted",
             code="missing_block_size",
         )
-    if not isinstance(v, int) or isinstance(v, bool) or v < 2:
+    if not is_int(v, minimum=2):
         raise InvalidInputError(f"{src.path}/config.json: block_size must be an integer ≥ 2, got {v!r}")
     limit = src.cfg("max_position_embeddings")
-    limit = limit if isinstance(limit, int) and not isinstance(limit, bool) and limit > 0 else INT32_MAX
+    limit = limit if is_int(limit, minimum=1) else INT32_MAX
     if v > min(limit, INT32_MAX):
         raise InvalidInputError(
             f"{src.path}/config.json: block_size {v} exceeds "
@@ -110,7 +111,7 @@ def resolve_mask_token(
             code="missing_mask_token",
             hint="pass the id the drafter was trained with: --mask-token-id N",
         )
-    if not isinstance(mask, int) or isinstance(mask, bool) or mask < 0:
+    if not is_int(mask, minimum=0):
         raise InvalidInputError(f"mask token id must be a non-negative integer, got {mask!r} ({where})")
     if verifier is not None and mask >= verifier.vocab_size:
         raise InvalidInputError(
@@ -133,7 +134,7 @@ def zlab_to_speculators_ids(
     from specconv.format import Finding
 
     if ids is not None:
-        if not isinstance(ids, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in ids) or not ids:
+        if not isinstance(ids, list) or not all(is_int(i) for i in ids) or not ids:
             raise InvalidInputError(f"{src.path}/config.json: {key} must be a non-empty list of integers, got {ids!r}")
         lo = -1 if allow_minus_one else 0
         bad = [i for i in ids if i < lo]
@@ -290,12 +291,12 @@ def _strip_mrope(rp: dict[str, Any], where_file: str, findings: list | None) -> 
 
 def _check_layer_ints(src: SourceInfo, out: dict[str, Any]) -> None:
     for k in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads"):
-        if not isinstance(out.get(k), int) or isinstance(out.get(k), bool):
+        if not is_int(out.get(k)):
             raise InvalidInputError(f"{src.path}/config.json: missing integer {k!r}", code="missing_key")
     for k in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
               "num_key_value_heads", "head_dim"):
         v = out.get(k)
-        if k in out and v is not None and (not isinstance(v, int) or isinstance(v, bool) or v <= 0):
+        if k in out and v is not None and not is_int(v, minimum=1):
             raise InvalidInputError(f"{src.path}/config.json: {k} must be a positive integer, got {v!r}", code="invalid_key")
     lt = out.get("layer_types")
     if lt is not None and (not isinstance(lt, list) or not all(isinstance(t, str) for t in lt)):

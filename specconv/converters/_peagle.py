@@ -19,7 +19,7 @@ Facts used:
 * ``transformer_layer_config.model_type`` is ``llama`` or ``qwen3`` (per-head q/k norms);
   a Llama draft with ``A != 3`` aux layers needs ``num_aux_hidden_states: A`` for vLLM
   (vLLM ``vllm/model_executor/models/llama_eagle3.py``).
-* ``speculative_tokens`` = trained depths K (must not exceed them; the ``peagle`` lint rule in ``specconv/speculators.py``).
+* ``speculative_tokens`` = trained depths K (must not exceed them; the ``peagle-depths-exceeded`` lint rule in ``specconv/format/rules/``).
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ from typing import Any, Callable, Mapping
 from specconv.format import names
 from specconv.errors import InvalidInputError, UnsupportedFormatError
 from specconv.plan import ConversionPlan, LayerIdConversion, TensorPlan
+from specconv.values import is_int
 
 from . import _common as common
 from ._vocab import merge_vocab, resolve_vocab
@@ -104,7 +105,7 @@ class PEagleLayout:
 
 
 def _int_list(src: SourceInfo, key: str, v: Any) -> list[int]:
-    if not isinstance(v, list) or not v or not all(isinstance(i, int) and not isinstance(i, bool) for i in v):
+    if not isinstance(v, list) or not v or not all(is_int(i) for i in v):
         raise InvalidInputError(f"{src.path}/config.json: {key} must be a non-empty list of integers, got {v!r}")
     return list(v)
 
@@ -425,7 +426,7 @@ def _head_and_embedding(src: SourceInfo, verifier: Any, plans: list[TensorPlan],
 def _speculative_tokens(src: SourceInfo, opts: ConvertOptions, layout: PEagleLayout, notes: list[str]) -> tuple[int, int | None]:
     """``(K, trained depths)``: K = ``--speculative-tokens`` or the trained depths (never more)."""
     trained, k_key = common.one_of(src, layout.k_locations, "trained number of depths")
-    if trained is not None and (not isinstance(trained, int) or isinstance(trained, bool) or trained < 1):
+    if trained is not None and not is_int(trained, minimum=1):
         raise InvalidInputError(f"{src.path}/config.json: {k_key} must be a positive integer, got {trained!r}")
     k = opts.speculative_tokens
     if k is not None and k < 1:

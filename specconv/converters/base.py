@@ -9,13 +9,13 @@ names — never tensor data.
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
 from specconv.errors import InvalidInputError, UnsupportedFormatError
+from specconv.fileio import read_json_object
 from specconv.plan import ConversionPlan
 
 #: ``dflash_config.projector_type`` values: the drafter a ModelOpt export (NVIDIA/Model-Optimizer
@@ -110,12 +110,8 @@ class SourceInfo:
         cfg = None
         cfg_path = path / "config.json"
         if cfg_path.is_file():
-            try:
-                cfg = json.loads(cfg_path.read_bytes().decode("utf-8"))
-            except (OSError, ValueError, RecursionError) as e:  # JSONDecodeError, UnicodeDecodeError, nesting
-                raise InvalidInputError(f"cannot parse {cfg_path}: {e}") from e
-            if not isinstance(cfg, dict):
-                raise InvalidInputError(f"{cfg_path} is not a JSON object")
+            cfg = read_json_object(cfg_path, unreadable="cannot parse {path}: {error}",
+                                   not_object="{path} is not a JSON object")
             try:
                 key = _non_finite(cfg)
             except RecursionError:

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from specconv.errors import InvalidInputError, UnsupportedFormatError
+from specconv.fileio import read_json_object
 
 from .base import Converter, SourceInfo, refuse_unsupported_layer_keys, register
 
@@ -129,13 +130,8 @@ def read_draft_config(p: Path) -> dict[str, Any]:
     p = Path(p)
     if p.is_dir():
         p = p / "config.json"
-    try:
-        cfg = json.loads(p.read_text(encoding="utf-8"))
-    except (OSError, ValueError, RecursionError) as e:  # UnicodeDecodeError, JSONDecodeError, nesting
-        raise InvalidInputError(f"--draft-config {p}: cannot read JSON ({e})") from e
-    if not isinstance(cfg, dict):
-        raise InvalidInputError(f"--draft-config {p} is not a JSON object")
-    return cfg
+    return read_json_object(p, unreadable="--draft-config {path}: cannot read JSON ({error})",
+                            not_object="--draft-config {path} is not a JSON object")
 
 
 def materialise(sd: dict[str, Any], cfg: dict[str, Any]) -> Path:

@@ -44,6 +44,7 @@ from specconv.errors import InvalidInputError
 from specconv.format.algorithms import Algorithm, find_algorithm
 from specconv.format.algorithms import algorithm as describe
 from specconv.plan import ConversionPlan, LayerIdConversion
+from specconv.values import is_int
 
 from . import _common as common
 from ._vocab import merge_vocab, resolve_vocab
@@ -73,7 +74,7 @@ DSPARK_MARKOV_FIX = "0.7.0"
 EARLY_MASK_KEYS = ("ptd_token_id", "unused_token_id")
 EARLY_DEPTH_KEYS = ("para_num", "para_depths")
 
-#: ``transformer_layer_config`` keys the typed config requires (specconv.speculators).
+#: ``transformer_layer_config`` keys the typed config requires (specconv.format).
 REQUIRED_LAYER_KEYS = (
     "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
     "num_key_value_heads", "head_dim", "rms_norm_eps",
@@ -179,7 +180,7 @@ def _layer_config(n: _Normalising, src: SourceInfo) -> dict[str, Any]:
         raise InvalidInputError(f"{n.where}: transformer_layer_config is missing or not an object")
     for k in ("vocab_size", "hidden_size", "num_hidden_layers"):
         v = layer_config.get(k)
-        if k in layer_config and (not isinstance(v, int) or isinstance(v, bool) or v <= 0):
+        if k in layer_config and not is_int(v, minimum=1):
             raise InvalidInputError(f"{n.where}: transformer_layer_config.{k} must be a positive integer, got {v!r}")
     before = len(n.notes)
     layer_config = _fill_layer_config(src, layer_config, n.notes)
@@ -233,7 +234,7 @@ def _peagle_depths(n: _Normalising, src: SourceInfo, opts: ConvertOptions, pm0: 
     raw, where, notes = n.raw, n.where, n.notes
     depth_locs = [("num_depths", raw.get("num_depths"))] + [(k, raw.get(k)) for k in EARLY_DEPTH_KEYS]
     for k, v in depth_locs:
-        if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < 1):
+        if v is not None and not is_int(v, minimum=1):
             raise InvalidInputError(
                 f"{where}: {k}={v!r} is not a depth count; specconv reads it as the number of trained depths "
                 "(low confidence for the early speculators P-EAGLE keys)",
@@ -375,7 +376,7 @@ def _block_layout(n: _Normalising, opts: ConvertOptions, pm0: dict[str, Any], k_
 
     raw, where, findings = n.raw, n.where, n.findings
     B = raw.get("block_size")
-    if not isinstance(B, int) or isinstance(B, bool) or B < 2:
+    if not is_int(B, minimum=2):
         raise InvalidInputError(f"{where}: block_size missing or invalid ({B!r}); it is never defaulted",
                                 code="missing_block_size")
     sample_from_anchor = raw.get("sample_from_anchor")
@@ -427,7 +428,7 @@ def _aux_ids(n: _Normalising, opts: ConvertOptions) -> tuple[list[int] | None, L
     aux_key = n.alg.aux_ids_key
     ids = raw.get(aux_key)
     if ids is not None and (not isinstance(ids, list) or not ids
-                            or not all(isinstance(i, int) and not isinstance(i, bool) for i in ids)):
+                            or not all(is_int(i) for i in ids)):
         raise InvalidInputError(f"{n.where}: {aux_key} must be a non-empty list of integers, got {ids!r}",
                                 code="layer_ids_invalid")
     if opts.aux_layer_ids is not None:

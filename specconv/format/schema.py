@@ -23,6 +23,8 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError,
 
 from ..errors import InvalidInputError, UnsupportedFormatError
 from .algorithms import algorithm as describe
+from ..fileio import read_json_object
+from ..values import is_int
 from .facts import (
     MAX_DRAFT_LAYERS,
     NEVER_WRITTEN,
@@ -123,7 +125,7 @@ def _check_positive_ints(prefix: str, value: Mapping[str, Any]) -> None:
         if key not in value:
             raise ValueError(f"{prefix}.{key}: missing")
         v = value[key]
-        if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
+        if not is_int(v, minimum=1):
             raise ValueError(f"{prefix}.{key}: must be a positive integer, got {v!r}")
         if key == "num_hidden_layers" and v > MAX_DRAFT_LAYERS:  # the lint enumerates every layer's tensors
             raise ValueError(f"{prefix}.{key}: {v} draft layers is not a drafter (at most {MAX_DRAFT_LAYERS})")
@@ -539,13 +541,8 @@ def read_config(path: str | os.PathLike[str]) -> dict[str, Any]:
     cfg_path = _config_path(path)
     if not cfg_path.is_file():
         raise InvalidInputError(f"{cfg_path}: config.json not found")
-    try:
-        data = json.loads(cfg_path.read_text(encoding="utf-8"))
-    except (OSError, ValueError, RecursionError) as exc:  # UnicodeDecodeError, JSONDecodeError, nesting
-        raise InvalidInputError(f"{cfg_path}: cannot read JSON: {exc}") from None
-    if not isinstance(data, dict):
-        raise InvalidInputError(f"{cfg_path}: top level must be a JSON object")
-    return data
+    return read_json_object(cfg_path, unreadable="{path}: cannot read JSON: {error}",
+                            not_object="{path}: top level must be a JSON object")
 
 
 def speculators_model_type_of(path: str | os.PathLike[str]) -> str | None:

@@ -216,7 +216,8 @@ def write_local_card(d: Path, repo_id: str | None = None) -> Path:
     Raises:
         InvalidInputError: unreadable record, or metadata that does not parse.
     """
-    from ..record import atomic_write, read_record
+    from ..fileio import atomic_write
+    from ..record import read_record
 
     d = Path(d)
     rec = read_record(d)

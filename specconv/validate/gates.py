@@ -1,6 +1,6 @@
 """The four validation gates, in order (``docs/validate.md``, "What it does").
 
-* **G1 structure** — the Speculators lint (:func:`specconv.speculators.lint_dir`) has no
+* **G1 structure** — the Speculators lint (:func:`specconv.format.lint_dir`) has no
   error; every tensor in the directory is one the format defines for this config; the
   tensors the format takes from the verifier (``embed_tokens.weight`` for DFlash/DSpark,
   ``lm_head.weight`` full-vocab or ``verifier_lm_head[t2d]`` when pruned) equal the
@@ -102,7 +102,7 @@ def gate_structure(drafter_dir: str | Path, verifier, *, source_config=None) -> 
     Args:
         drafter_dir: the Speculators directory under test.
         verifier: a :class:`specconv.verifier.Verifier` (``resolve_verifier``).
-        source_config: optional :class:`~specconv.speculators.SpeculatorsDraftConfig`
+        source_config: optional :class:`~specconv.format.SpeculatorsDraftConfig`
             of the source converted afresh; its aux ids must equal the directory's.
 
     Returns:

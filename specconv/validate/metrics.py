@@ -87,12 +87,6 @@ def _get(obj, name):
     return obj[name] if isinstance(obj, dict) else getattr(obj, name)
 
 
-def pooled_tau(requests: Sequence[Any]) -> float:
-    """Pooled τ of a list of :class:`~specconv.validate.loop.RequestResult` (or dicts)."""
-    a = [_get(s, "accepted") for r in requests for s in _draft_steps(r)]
-    return 1.0 + sum(a) / len(a) if a else 1.0
-
-
 def bootstrap_ci(requests: Sequence[Any], *, n_boot: int = 1000, seed: int = 0, level: float = 0.95) -> list[float] | None:
     """Percentile bootstrap CI of pooled τ, resampling requests with replacement.
 

@@ -208,7 +208,7 @@ def write_report(report, report_dir: str | Path) -> dict[str, str]:
     Returns:
         ``{"json": path, "markdown": path, "plot": path | None}``.
     """
-    from ..record import atomic_write
+    from ..fileio import atomic_write
     from ..results import jsonable
 
     d = Path(report_dir)
@@ -224,17 +224,3 @@ def write_report(report, report_dir: str | Path) -> dict[str, str]:
     atomic_write(d / REPORT_JSON, (json.dumps(report, indent=2, sort_keys=True, default=jsonable) + "\n").encode())
     files["json"] = str(d / REPORT_JSON)
     return files
-
-
-def record_in_specconv_json(drafter_dir: str | Path, summary: dict) -> Path:
-    """Set the ``validation`` section of ``<drafter_dir>/specconv.json``.
-
-    Through :func:`specconv.record.update_record` (atomic; other keys kept; a missing
-    file is created with only this section).
-
-    Raises:
-        InvalidInputError: the existing file is not a JSON object.
-    """
-    from ..record import update_record
-
-    return update_record(drafter_dir, "validation", summary)
