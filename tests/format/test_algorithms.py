@@ -27,7 +27,6 @@ ALLOWED: dict[str, int] = {
     "specconv/converters/zlab_dflash.py": 1,
     "specconv/drafters/base.py": 2,
     "specconv/drafters/loader.py": 2,
-    "specconv/export/ort_drafter.py": 1,
     "specconv/export/reference.py": 2,
     "specconv/export/wrappers.py": 6,
     "specconv/format/construct.py": 1,
