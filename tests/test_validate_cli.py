@@ -257,7 +257,7 @@ def test_drafter_backend_seam_runs_the_registered_loader(tiny, tmp_path, monkeyp
         return runtimes.load_torch(drafter_dir, verifier, path=path, dtype=dtype, device=device)
 
     monkeypatch.setattr(sys.modules[__name__], "spy_loader", spy_loader, raising=False)
-    monkeypatch.setitem(runtimes.RUNTIMES, "spy", runtimes.Runtime("spy", "spy", f"{__name__}:spy_loader"))
+    monkeypatch.setitem(runtimes.RUNTIMES, "spy", runtimes.Runtime("spy", f"{__name__}:spy_loader"))
     opts = ValidateOptions(prompts=str(tiny["prompts"]), num_prompts=2, max_new_tokens=6, drafter_backend="spy")
     rep = validate_drafter(tiny["spec"], str(tiny["verifier"]), opts)
     assert calls == [(tiny["spec"], Verifier, None, "float32", rep["device"]["device"])]

@@ -2,16 +2,11 @@
 ``tensorrt`` in :data:`specconv.validate.runtimes.RUNTIMES`: :func:`load`, :func:`preflight_engine`).
 
 :func:`preflight_engine` does every refusal before a TensorRT object exists (TensorRT
-segfaults after a CUDA initialisation failure on a CPU machine): no CUDA GPU, no
-``tensorrt`` / ``tensorrt_rtx`` module, a TensorRT version or compute-capability mismatch
-with ``build.json`` (unless the build was version-compatible / hardware-compatible), a
-plan whose sha256 differs from ``build.json``, an engine built from another drafter.
-:class:`EngineDrafter` then deserializes the plan and runs it with torch CUDA tensors
-through the name-based I/O API of TensorRT 10.15+ / 11.x (``set_input_shape``,
+segfaults after a CUDA initialisation failure on a CPU machine; the list: docs/engines.md).
+:class:`EngineDrafter` then deserializes ``DIR/trt/<key>/drafter.plan`` and runs it with torch
+CUDA tensors through the name-based I/O API of TensorRT 10.15+ / 11.x (``set_input_shape``,
 ``set_tensor_address``, ``execute_async_v3``; NVIDIA TensorRT Python API reference,
-``IExecutionContext``), with the feeds of every exported step (:func:`.graph_drafter.step_feeds`).
-
-Layout read (docs/engines.md): ``DIR/trt/<key>/drafter.plan`` + ``build.json``.
+``IExecutionContext``), fed like every exported step (:meth:`.graph_drafter.GraphDrafter.feeds`).
 """
 
 from __future__ import annotations
@@ -23,7 +18,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from ..errors import InvalidInputError
-from .graph_drafter import GraphDrafter, StepFacts
+from .graph_drafter import GraphDrafter
 
 if TYPE_CHECKING:
     from ..verifier import Verifier
@@ -258,14 +253,14 @@ def deserialize(trt, plan: Path, build: dict):
     return runtime, engine
 
 
-def _step_facts(build: dict, drafter_dir: Path) -> StepFacts:
+def _read_graph_facts(drafter: GraphDrafter, build: dict, drafter_dir: Path) -> None:
     """The facts of the graph the engine was built from (``build.json`` ``drafter_meta``, else
     ``DIR/onnx/onnx_meta.json``), bounded by the engine profile's context."""
     meta_p = drafter_dir / "onnx" / "onnx_meta.json"
     try:
         meta = build.get("drafter_meta") or json.loads(meta_p.read_text())
         io = meta if build.get("drafter_meta") else meta["graphs"][build["onnx"]]
-        return StepFacts.of(meta, io, max_context=_profile_max_context(build, int(meta["dynamic"]["context"]["max"])))
+        drafter._read_facts(meta, io, _profile_max_context(build, int(meta["dynamic"]["context"]["max"])))
     except (OSError, ValueError, KeyError) as e:
         raise InvalidInputError(f"--engine: the graph facts are neither in build.json nor in {meta_p} ({e})",
                                 code="engine_build_json") from e
@@ -304,7 +299,7 @@ class EngineDrafter(GraphDrafter):
 
     def __init__(self, path: str | Path, drafter_dir: str | Path):
         plan, build, trt = preflight_engine(path, drafter_dir)
-        self.facts = _step_facts(build, Path(drafter_dir))
+        _read_graph_facts(self, build, Path(drafter_dir))
         self.path, self.build, self.trt = plan, build, trt
         self.graph_dtype = str(build["dtype"])
         self.device = torch.device("cuda")

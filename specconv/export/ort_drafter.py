@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from ..errors import InvalidInputError
-from .graph_drafter import GraphDrafter, StepFacts
+from .graph_drafter import GraphDrafter
 
 if TYPE_CHECKING:
     from ..verifier import Verifier
@@ -137,7 +137,7 @@ class OrtDrafter(GraphDrafter):
         if self.graph_dtype not in _NP_DTYPES:
             raise InvalidInputError(f"{graph}: ONNX Runtime (CPU) cannot run a {self.graph_dtype} graph; "
                                     "use the fp32 twin (fp32/drafter.onnx)", code="onnx_dtype")
-        self.facts = StepFacts.of(meta, g)
+        self._read_facts(meta, g)
         self.device = torch.device("cpu")
         self.dtype = getattr(torch, self.graph_dtype)
         from .parity import ort_session
@@ -155,4 +155,4 @@ class OrtDrafter(GraphDrafter):
     def _run(self, feeds: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         arrays = {n: t.numpy() for n, t in feeds.items()}
         arrays["aux_hidden"] = arrays["aux_hidden"].astype(_NP_DTYPES[self.graph_dtype])
-        return {n: torch.from_numpy(v) for n, v in zip(self.facts.output_names, self.session.run(None, arrays))}
+        return {n: torch.from_numpy(v) for n, v in zip(self.output_names, self.session.run(None, arrays))}

@@ -262,16 +262,9 @@ def _calibration_bins(pairs: list[tuple[float, float]], n_bins: int) -> tuple[li
 
 
 def kl_rows(ref, test):
-    """KL(p_ref ‖ p_test) per row, nats, in float64: in float32 the rounding of log_softmax
-    over a large vocab alone gives |KL| ~ 1e-8, the size of G2's fp32 tolerance.
-
-    Args:
-        ref, test: float tensors ``[rows, V]`` (logits; ``-inf`` outside a pruned vocab).
-
-    Returns:
-        float64 ``[rows]``, ≥ 0: entries without reference mass contribute 0; a ``-inf``
-        test logit where the reference has mass counts as ``-1e30`` (a huge KL).
-    """
+    """KL(p_ref ‖ p_test) per row of logits ``[rows, V]``, nats, float64 (in float32 the rounding
+    of log_softmax over a large vocab alone gives |KL| ~ 1e-8, G2's fp32 tolerance); a ``-inf``
+    test logit where the reference has mass counts as ``-1e30``."""
     import torch
 
     lp_r = torch.log_softmax(ref.double(), -1)

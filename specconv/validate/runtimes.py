@@ -54,10 +54,10 @@ class CompareRule:
 
 @dataclass(frozen=True)
 class Runtime:
-    """One registered runtime.
+    """One registered runtime (its name is its :data:`RUNTIMES` key).
 
     Attributes:
-        name: the registry key. display: how reports and progress name it.
+        display: how reports and progress name it.
         loader: ``"module:function"`` called as ``load(drafter_dir, verifier, *, path, dtype,
             device)`` (``path``: the graph / engine or None; ``dtype``: the run dtype name).
         key: a compared runtime's CLI flag without dashes, report object and gate name.
@@ -67,7 +67,6 @@ class Runtime:
         rule: its pass rule against the torch reference (None: the reference itself).
     """
 
-    name: str
     display: str
     loader: str
     key: str | None = None
@@ -82,12 +81,11 @@ class Runtime:
 
 
 RUNTIMES: dict[str, Runtime] = {
-    "torch": Runtime("torch", "torch reference", "specconv.validate.runtimes:load_torch"),
-    "onnx": Runtime("onnx", "ONNX Runtime", "specconv.export.ort_drafter:load", key="onnx", side="onnx",
-                    preflight="specconv.export.ort_drafter:preflight",
-                    rule=CompareRule(identical_tokens=True)),
-    "tensorrt": Runtime("tensorrt", "TensorRT engine", "specconv.export.engine_drafter:load", key="engine",
-                        side="engine_run", preflight="specconv.export.engine_drafter:preflight_engine",
+    "torch": Runtime("torch reference", "specconv.validate.runtimes:load_torch"),
+    "onnx": Runtime("ONNX Runtime", "specconv.export.ort_drafter:load", key="onnx", side="onnx",
+                    preflight="specconv.export.ort_drafter:preflight", rule=CompareRule(identical_tokens=True)),
+    "tensorrt": Runtime("TensorRT engine", "specconv.export.engine_drafter:load", key="engine", side="engine_run",
+                        preflight="specconv.export.engine_drafter:preflight_engine",
                         rule=CompareRule(tau_rel_tol=0.03, kl=True)),
 }
 

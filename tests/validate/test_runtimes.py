@@ -49,10 +49,10 @@ def load_perturbed(drafter_dir, verifier, *, path, dtype, device):
 @pytest.fixture
 def registered(monkeypatch):
     """Two runtimes from this file in the registry, with the ONNX Runtime rule (+ KL)."""
-    monkeypatch.setitem(RUNTIMES, "same", Runtime("same", "same", f"{__name__}:load_same", key="same",
+    monkeypatch.setitem(RUNTIMES, "same", Runtime("same", f"{__name__}:load_same", key="same",
                                                   side="same_run", rule=CompareRule(identical_tokens=True)))
     monkeypatch.setitem(RUNTIMES, "perturbed", Runtime(
-        "perturbed", "perturbed", f"{__name__}:load_perturbed", key="perturbed", side="perturbed_run",
+        "perturbed", f"{__name__}:load_perturbed", key="perturbed", side="perturbed_run",
         rule=CompareRule(identical_tokens=True, kl=True)))
 
 
@@ -122,10 +122,10 @@ def test_every_registered_dotted_path_resolves():
     pytest.importorskip("torch")
     from specconv.format.algorithms import import_object
 
-    for rt in RUNTIMES.values():
-        assert callable(import_object(rt.loader)), rt.name
-        assert rt.preflight is None or callable(import_object(rt.preflight)), rt.name
-        assert (rt.rule is None) == (rt.key is None) == (rt.side is None), rt.name
+    for name, rt in RUNTIMES.items():
+        assert callable(import_object(rt.loader)), name
+        assert rt.preflight is None or callable(import_object(rt.preflight)), name
+        assert (rt.rule is None) == (rt.key is None) == (rt.side is None), name
     assert RUNTIMES["torch"].rule is None  # the reference
 
 
