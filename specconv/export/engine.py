@@ -375,11 +375,11 @@ def build_engine_dir(drafter_dir: str | Path, onnx_path: str | Path | None, opts
 
 def _graph_of(d: Path, onnx_path: str | Path | None) -> tuple[Path, str, dict, dict]:
     """``(graph path, its path in the meta dir, meta, the meta's graph entry)``, after the
-    format-version and sha256 checks (:func:`~.ort_drafter.resolve_graph`)."""
-    from .ort_drafter import _check_files, resolve_graph
+    format-version and sha256 checks (:func:`~.ort_drafter.resolve_graph`, :func:`~.ort_drafter.check_graph`)."""
+    from .ort_drafter import check_graph, resolve_graph
 
     graph, meta_dir, meta = resolve_graph(onnx_path or d / "onnx" / "drafter.onnx")
-    rel = _check_files(graph, meta_dir, meta, d)
+    rel = check_graph(graph, meta_dir, meta, d)
     return graph, rel, meta, meta["graphs"][rel]
 
 

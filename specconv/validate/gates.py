@@ -26,6 +26,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
+from .metrics import kl_rows
+
 log = logging.getLogger("specconv.validate")
 
 GATE_ORDER = ("structure", "parity", "acceptance", "lossless")
@@ -276,7 +278,7 @@ def compare_logits(ref, test, *, margin: float) -> dict:
     absd = (r0 - t0).abs()
     max_abs_row = absd.max(-1).values
     cos = torch.nn.functional.cosine_similarity(r0, t0, dim=-1)
-    kl = _kl_rows(ref, test)
+    kl = kl_rows(ref, test)
     eq, marg, overlap = _top_k_agreement(ref, test)
     clear = marg > margin
     n_clear = int(clear.sum())
@@ -317,18 +319,6 @@ def _top_k_agreement(ref, test):
         for a, b in zip(top_r.indices, top_t.indices)
     ]
     return eq, marg, overlap
-
-
-def _kl_rows(ref, test):
-    """KL(p_ref ‖ p_test) per row, in float64: in float32 the rounding of log_softmax over
-    a large vocab alone gives |KL| ~ 1e-8, the size of the fp32 tolerance."""
-    import torch
-
-    lp_r = torch.log_softmax(ref.double(), -1)
-    lp_t = torch.log_softmax(test.double(), -1)
-    pr = lp_r.exp()
-    lp_t = torch.where(torch.isfinite(lp_t), lp_t, torch.full_like(lp_t, -1e30))
-    return torch.where(pr > 0, pr * (lp_r - lp_t), torch.zeros_like(pr)).sum(-1).clamp_min(0)
 
 
 def _aux_union(ids_a: Sequence[int], ids_b: Sequence[int]) -> list[int]:

@@ -255,6 +255,19 @@ def _calibration_bins(pairs: list[tuple[float, float]], n_bins: int) -> tuple[li
     return bins, ece
 
 
+def kl_rows(ref, test):
+    """KL(p_ref ‖ p_test) per row of logits ``[rows, V]``, nats, float64 (in float32 the rounding
+    of log_softmax over a large vocab alone gives |KL| ~ 1e-8, G2's fp32 tolerance); a ``-inf``
+    test logit where the reference has mass counts as ``-1e30``."""
+    import torch
+
+    lp_r = torch.log_softmax(ref.double(), -1)
+    lp_t = torch.log_softmax(test.double(), -1)
+    pr = lp_r.exp()
+    lp_t = torch.where(torch.isfinite(lp_t), lp_t, torch.full_like(lp_t, -1e30))
+    return torch.where(pr > 0, pr * (lp_r - lp_t), torch.zeros_like(pr)).sum(-1).clamp_min(0)
+
+
 def summary(metrics: dict) -> dict:
     """The short summary recorded in ``specconv.json`` / shown to humans."""
     keys = (
