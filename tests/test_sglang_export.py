@@ -337,3 +337,16 @@ def test_validate_refuses_an_unservable_drafter_before_any_gate(dflash, tmp_path
                    "--report-dir", tmp_path / "rep")
     assert code == 3 and r["error"] == "sglang_aux_id_final_state"
     assert not (tmp_path / "rep").exists()
+
+
+def test_a_serve_line_with_a_mode_sglang_does_not_know_fails_the_check():
+    """The judge of a load: a resolved value that differs, or a ragged-verify mode SGLang's own
+    enum does not hold (the runner parses the line), fails an otherwise strict load."""
+    from specconv.sglang_check import judge
+
+    run = {"ok": True, "architecture": "DFlashDraftModel", "resolved": {"mask_token_id": 16}}
+    assert judge({}, run, {"mask_token_id": 16, "architecture": "DFlashDraftModel"}, {})["ok"]
+    assert not judge({}, run, {"mask_token_id": 17}, {})["ok"]
+    bad = {**run, "serve_args": {"ragged_verify_mode": "compactt", "ragged_verify_mode_known": False}}
+    assert judge({}, bad, {"mask_token_id": 16}, {})["mismatches"] == [
+        "SGLANG_RAGGED_VERIFY_MODE 'compactt' is no mode SGLang knows"]

@@ -112,6 +112,9 @@ def judge(env: dict[str, Any], r: dict[str, Any], expected: dict[str, Any], file
     seen = {**resolved, "architecture": r.get("architecture")}
     mismatches = [f"{k}: SGLang resolved {seen.get(k)!r}, the Speculators dir says {v!r}"
                   for k, v in sorted(expected.items()) if seen.get(k) != v] if r.get("resolved") else []
+    serve = r.get("serve_args") or {}
+    if serve and not serve.get("ragged_verify_mode_known"):
+        mismatches.append(f"SGLANG_RAGGED_VERIFY_MODE {serve.get('ragged_verify_mode')!r} is no mode SGLang knows")
     out = {"ok": bool(r.get("ok")) and not mismatches, "distribution": env.get("distribution"),
            "version": env.get("sglang"), "torch": env.get("torch"), "transformers": env.get("transformers"),
            "python": env.get("python"), "stubs": [s["name"] for s in env.get("stubs", []) if s.get("used")],
