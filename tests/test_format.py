@@ -108,20 +108,10 @@ def test_format_package_size_limits():
 
 
 def test_no_citations_of_files_outside_the_repo():
-    files = [*(ROOT / "specconv" / "format").rglob("*.py"), ROOT / "specconv" / "speculators.py",
-             ROOT / "specconv" / "drafters" / "loader.py"]
+    files = [*(ROOT / "specconv" / "format").rglob("*.py"), ROOT / "specconv" / "drafters" / "loader.py"]
     for path in files:
         text = path.read_text(encoding="utf-8")
         assert "speculators_format.md" not in text and "§" not in text, path
-
-
-def test_speculators_shim_has_no_logic():
-    tree = ast.parse((ROOT / "specconv" / "speculators.py").read_text(encoding="utf-8"))
-    for node in tree.body:
-        ok = isinstance(node, (ast.Import, ast.ImportFrom)) or (
-            isinstance(node, ast.Expr) and _str(node.value) is not None) or (
-            isinstance(node, ast.Assign) and [t.id for t in node.targets] == ["__all__"])
-        assert ok, ast.dump(node)[:120]
 
 
 # ---------------------------------------------------------------- the K rule, written once
@@ -195,9 +185,9 @@ def test_expected_tensor_names_are_the_names_converters_accept(algo):
     from test_speculators import EXAMPLES
 
     from specconv.format import expected_tensors, parse_config
-    from specconv.format.names import name_patterns
+    from specconv.format.algorithms import ALGORITHMS
 
-    pats = name_patterns(algo)
+    pats = ALGORITHMS[algo].tensor_patterns
     names = list(expected_tensors(parse_config(EXAMPLES[algo])))
     assert names and all(any(re.fullmatch(p, n) for p in pats) for n in names), names
 

@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from specconv import hub
-from specconv.errors import HubAuthError, InvalidInputError, RemoteNotFoundError, TransientRemoteError
+from specconv.errors import (HubAuthError, HubConflictError, InvalidInputError, RemoteNotFoundError,
+                             TransientRemoteError)
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -68,13 +69,14 @@ def test_repo_id_predicate_agrees_with_huggingface_hub(name, tmp_path, monkeypat
 
 
 def test_repo_id_predicate_refuses_existing_paths_and_is_the_one_predicate(tmp_path, monkeypatch):
-    from specconv import speculators, verifier
+    from specconv import format as speculators_format
+    from specconv import verifier
 
     monkeypatch.chdir(tmp_path)
     (tmp_path / "org").mkdir()
     (tmp_path / "org" / "model").mkdir()
     assert not hub.is_hub_id("org/model") and hub.is_hub_id("org/other")
-    assert speculators.is_hub_repo_id is hub.is_hub_id
+    assert speculators_format.is_hub_repo_id is hub.is_hub_id
     assert verifier.is_hub_id is hub.is_hub_id
 
 
@@ -98,19 +100,141 @@ def _resp(status: int):
     return httpx2.Response(status, request=httpx2.Request("GET", "https://huggingface.co/api/models/o/r"))
 
 
-def test_error_table_is_ordered_subclass_first():
+@pytest.mark.parametrize("writes", [False, True], ids=["download", "upload"])
+def test_error_table_is_ordered_subclass_first(writes):
+    """The rows a call sees (upload-side calls: the ``writes`` rows first) never put a base
+    class, unconditionally, before one of its subclasses."""
     from huggingface_hub import errors as hf
 
-    cls = [getattr(hf, r.exc, None) or {"ConnectionError": ConnectionError, "TimeoutError": TimeoutError}.get(r.exc)
-           for r in hub.HUB_ERROR_RULES]
-    for i, r in enumerate(hub.HUB_ERROR_RULES):
+    rows = [r for r in hub.HUB_ERROR_RULES if writes or not r.writes]
+    assert rows == sorted(rows, key=lambda r: not r.writes)  # the writes rows are a prefix
+    builtin = {"ConnectionError": ConnectionError, "TimeoutError": TimeoutError, "ValueError": ValueError}
+    cls = [getattr(hf, r.exc, None) or builtin.get(r.exc) for r in rows]
+    for i, r in enumerate(rows):
         if r.exc == "TransportError":
             continue
         assert cls[i] is not None, r.exc
         for j in range(i):
-            if cls[j] is None or hub.HUB_ERROR_RULES[j].when is not None:
+            if cls[j] is None or rows[j].when is not None:
                 continue
-            assert not issubclass(cls[i], cls[j]), f"{r.exc} is shadowed by {hub.HUB_ERROR_RULES[j].exc}"
+            if issubclass(cls[i], cls[j]):  # shadowed on purpose only by the upload-side ValueError row
+                assert rows[j].writes and rows[j].exc == "ValueError", f"{r.exc} is shadowed by {rows[j].exc}"
+
+
+@pytest.mark.parametrize("make, writes, cls, exit_code, code, words", [
+    (lambda: __import__("huggingface_hub").errors.HfHubHTTPError("moved", response=_resp(412)), True,
+     HubConflictError, 6, "parent_commit_moved", "branch head moved"),
+    (lambda: __import__("huggingface_hub").errors.HfHubHTTPError("exists", response=_resp(409)), True,
+     HubConflictError, 6, "hub_conflict", "409"),
+    # huggingface_hub reports a 401 on a repo URL as "not found": for a write it is the credentials
+    (lambda: __import__("huggingface_hub").errors.RepositoryNotFoundError("nope", response=_resp(401)), True,
+     HubAuthError, 5, "hub_auth", "refused the credentials (HTTP 401)"),
+    (lambda: __import__("huggingface_hub").errors.RepositoryNotFoundError("nope", response=_resp(401)), False,
+     RemoteNotFoundError, 9, "hub_repo_not_found", "cannot fetch"),
+    (lambda: __import__("huggingface_hub").errors.BadRequestError("bad", response=_resp(400)), True,
+     InvalidInputError, 3, "hub_rejected", "committing on 'o/r': bad"),
+    (lambda: ValueError("invalid metadata"), True, InvalidInputError, 3, "hub_rejected", "invalid metadata"),
+    (lambda: ValueError("invalid metadata"), False, InvalidInputError, 3, "x_code", "cannot fetch"),
+    (lambda: __import__("huggingface_hub").errors.HfHubHTTPError("server", response=_resp(503)), True,
+     TransientRemoteError, 7, "hub_unreachable", "cannot fetch"),
+])
+def test_error_table_upload_rows(make, writes, cls, exit_code, code, words):
+    """The upload-side rows (once ``publish_error``) live in the same table, before the shared ones."""
+    err = hub.hub_error("committing", "o/r", make(), code="x_code", writes=writes)
+    assert type(err) is cls and err.exit_code == exit_code and err.code == code
+    assert words in err.message
+
+
+def test_hub_functions_raise_mapped_errors(tmp_path, monkeypatch):
+    """A download names what the caller wanted (role prefix, slug, hint); an absent optional
+    file is None; an upload-side call maps the 412 of its one ``create_commit``."""
+    from huggingface_hub import constants
+    from huggingface_hub import errors as hf
+
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path))
+    wanted = hub.Wanted("config.json", code="verifier_not_found", hint="pass a local dir", role="verifier")
+    with pytest.raises(InvalidInputError) as e:
+        hub.download_file("o/r", "config.json", wanted=wanted)
+    assert e.value.code == "verifier_not_found" and e.value.message.startswith("verifier: config.json of 'o/r'")
+    assert e.value.hint == "pass a local dir" and isinstance(e.value.__cause__, hf.LocalEntryNotFoundError)
+    assert hub.download_file("o/r", "model.safetensors.index.json", missing_ok=True) is None
+
+    class Refusing:
+        def create_commit(self, *a, **kw):
+            raise hf.HfHubHTTPError("moved", response=_resp(412))
+
+    with pytest.raises(HubConflictError) as e:
+        hub.commit(Refusing(), "o/r", {"a": b"x"}, [], message="m", description="d", revision="main",
+                   parent_commit="0" * 40)
+    assert e.value.code == "parent_commit_moved" and e.value.message.startswith("committing on 'o/r'")
+
+
+def _hub_names(tree: ast.Module) -> tuple[set[str], set[str]]:
+    """(names bound to the ``specconv.hub`` module, names imported from it) in one module."""
+    modules, members = set(), set()
+    for n in ast.walk(tree):
+        if isinstance(n, ast.ImportFrom) and (n.module or "").split(".")[-1] == "hub" and (
+                n.level or (n.module or "").startswith("specconv")):
+            members |= {a.asname or a.name for a in n.names}
+        elif isinstance(n, ast.ImportFrom) and (n.level or n.module == "specconv"):
+            modules |= {a.asname or a.name for a in n.names if a.name == "hub"}
+    return modules, members
+
+
+def _calls_hub(node: ast.AST, modules: set[str], members: set[str]) -> bool:
+    for c in ast.walk(node):
+        if isinstance(c, ast.Call):
+            f = c.func
+            if isinstance(f, ast.Attribute) and isinstance(f.value, ast.Name) and f.value.id in modules:
+                return True
+            if isinstance(f, ast.Name) and f.id in members:
+                return True
+    return False
+
+
+def _broad(handler: ast.ExceptHandler) -> bool:
+    types = handler.type.elts if isinstance(handler.type, ast.Tuple) else [handler.type]
+    return handler.type is None or any(isinstance(t, ast.Name) and t.id in ("Exception", "BaseException")
+                                       for t in types)
+
+
+def hub_calls_under_broad_except(path: Path) -> list[int]:
+    """Lines of ``try`` blocks in ``path`` that catch a bare ``Exception`` / ``BaseException`` /
+    everything and either call into ``specconv.hub`` or sit in a module that imports it (a
+    Hub function handed to a wrapper, ``_call(what, repo, hub.refs, ...)``, is a call too)."""
+    tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    modules, members = _hub_names(tree)
+    return [t.lineno for t in ast.walk(tree) if isinstance(t, ast.Try) and any(_broad(h) for h in t.handlers)
+            and (modules or members or any(_calls_hub(stmt, modules, members) for stmt in t.body))]
+
+
+def test_hub_errors_are_mapped_only_at_the_hub_boundary():
+    """Nothing outside ``specconv/hub.py`` catches a bare ``Exception`` around a Hub call, and
+    no module that imports the Hub module catches one at all: ``hub.py`` raises specconv
+    errors from its one table (issue 15 item 5)."""
+    files = sorted((ROOT / "specconv").rglob("*.py"))
+    offenders = {str(f.relative_to(ROOT)): ln for f in files if f.name != "hub.py" or f.parent.name != "specconv"
+                 if (ln := hub_calls_under_broad_except(f))}
+    assert offenders == {}
+
+
+def test_the_boundary_scan_sees_a_wrapped_hub_call(tmp_path):
+    """The scan flags the shape the call sites had before (a try around ``hub.x`` / an
+    imported Hub function, caught as ``Exception``) and passes a narrow catch."""
+    bad = tmp_path / "bad.py"
+    bad.write_text("from . import hub as _hub\nfrom .hub import download_file\n"
+                   "def f():\n    try:\n        _hub.download_file('o/r', 'x')\n    except Exception:\n        raise\n"
+                   "def g():\n    try:\n        download_file('o/r', 'x')\n    except:\n        raise\n"
+                   "def h():\n    try:\n        _hub.download_file('o/r', 'x')\n    except OSError:\n        raise\n")
+    assert hub_calls_under_broad_except(bad) == [4, 9]
+    wrapper = tmp_path / "wrapper.py"  # push's former _call: the Hub function is an argument
+    wrapper.write_text("def _call(fn, *a):\n    try:\n        return fn(*a)\n    except Exception:\n        raise\n"
+                       "def push(hf):\n    from .. import hub\n    return _call(hub.refs, hf)\n")
+    assert hub_calls_under_broad_except(wrapper) == [2]
+    elsewhere = tmp_path / "elsewhere.py"  # no Hub import: a broad catch there is another room's business
+    elsewhere.write_text("def f(g):\n    try:\n        g()\n    except Exception:\n        pass\n")
+    assert hub_calls_under_broad_except(elsewhere) == []
 
 
 @pytest.mark.parametrize("make, cls, exit_code, code", [

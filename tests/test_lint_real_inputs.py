@@ -132,11 +132,12 @@ def test_k_larger_than_the_block_is_an_error(converted, facts, tmp_path, algo):
 
 @pytest.mark.parametrize("algo,wrong", [("dflash", "eagle3"), ("dspark", "dflash"), ("peagle", "dflash")])
 def test_wrong_serve_method_is_an_error(converted, facts, algo, wrong):
-    from specconv.format import SERVE_METHODS, lint_dir
+    from specconv.format import algorithm, lint_dir
 
+    method = algorithm(algo).vllm.method
     hits = [f for f in lint_dir(converted[algo], facts, serve_method=wrong) if f.code == "serve-method-mismatch"]
-    assert hits and hits[0].level == "error" and SERVE_METHODS[algo] in hits[0].message
-    assert "serve-method-mismatch" not in _codes(lint_dir(converted[algo], facts, serve_method=SERVE_METHODS[algo]))
+    assert hits and hits[0].level == "error" and method in hits[0].message
+    assert "serve-method-mismatch" not in _codes(lint_dir(converted[algo], facts, serve_method=method))
 
 
 def test_aux_id_beyond_the_verifier_is_an_error(converted, facts, tmp_path):

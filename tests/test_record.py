@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 
 import pytest
 
@@ -31,6 +32,11 @@ def test_unknown_sections_and_keys_round_trip(tmp_path):
 
 
 def test_update_replaces_one_section_atomically(tmp_path, monkeypatch):
+    fresh = tmp_path / "fresh"  # no record yet: one holding only this section
+    fresh.mkdir()
+    update_record(fresh, "validation", {"passed": True})
+    assert json.loads((fresh / "specconv.json").read_text()) == {"validation": {"passed": True}}
+    shutil.rmtree(fresh)
     _write(tmp_path, {"schema_version": 1, "conversion": {"format": "x"}, "validation": {"old": 1}})
     update_record(tmp_path, "validation", ValidationSection(passed=True, gates={"structure": True}))
     after = json.loads((tmp_path / "specconv.json").read_text())

@@ -1,4 +1,4 @@
-"""Tests for specconv.format (via the specconv.speculators shim): typed config,
+"""Tests for specconv.format: typed config,
 deterministic dump/load, servability lint.
 
 The three example configs are tiny P-EAGLE, DFlash and DSpark drafts whose configs load in
@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from specconv.errors import InvalidInputError, UnsupportedFormatError
-from specconv.speculators import (
+from specconv.format import (
     LINT_RULES,
     DFlashConfig,
     DSparkConfig,
@@ -339,18 +339,6 @@ def test_hub_repo_id_rules(tmp_path):
     d = tmp_path / "local"
     d.mkdir()
     assert not is_hub_repo_id(str(d))
-
-
-def test_verifier_facts_from_hf_config():
-    vf = VerifierFacts.from_hf_config(
-        {"architectures": ["X"], "text_config": {"num_hidden_layers": 30, "hidden_size": 576,
-                                                 "vocab_size": 49152, "eos_token_id": 2},
-         "bos_token_id": 1},
-        name_or_path="org/x")
-    assert (vf.num_hidden_layers, vf.hidden_size, vf.vocab_size) == (30, 576, 49152)
-    assert vf.special_token_ids() == {1: "bos", 2: "eos"}
-    with pytest.raises(InvalidInputError, match="hidden_size"):
-        VerifierFacts.from_hf_config({"num_hidden_layers": 2, "vocab_size": 3})
 
 
 # ------------------------------------------------------------------ lint

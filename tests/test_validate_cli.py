@@ -215,7 +215,7 @@ def _random_speculators_dir(out: Path, algorithm: str, verifier: Path, **fields)
     """A random-weight Speculators dir built from the config's expected tensor list."""
     from safetensors.torch import load_file, save_file
 
-    from specconv.speculators import dump_config, expected_tensors, make_config
+    from specconv.format import dump_config, expected_tensors, make_config
 
     layer = {
         "model_type": "qwen3", "vocab_size": 49152, "hidden_size": 64, "intermediate_size": 128,
@@ -270,26 +270,25 @@ def test_validate_peagle_and_dspark_run(tiny, tmp_path, algorithm, fields, k):
 
 
 def test_drafter_backend_seam_runs_the_registered_loader(tiny, tmp_path, monkeypatch):
-    """The torch harness loads the drafter under test through DRAFTER_LOADERS (the seam an
-    exported-engine backend plugs into): a registered loader is used, an unknown name is a
-    usage error before anything is read."""
+    """The torch harness loads the drafter under test through the runtime registry
+    (``specconv.validate.runtimes.RUNTIMES``): a registered loader is used and gets the
+    run's one resolved Verifier; an unknown name is a usage error before anything is read."""
     from specconv.errors import UsageError
-    from specconv.validate import backend
+    from specconv.validate import runtimes
     from specconv.validate.run import ValidateOptions, validate_drafter
+    from specconv.verifier import Verifier
 
     calls = []
 
-    def spy_loader(drafter_dir, verifier_dir, *, dtype, device):
-        from specconv.drafters import load_drafter
-
-        calls.append((Path(drafter_dir), dtype, device))
-        return load_drafter(drafter_dir, verifier_dir, dtype=dtype, device=device)
+    def spy_loader(drafter_dir, verifier, *, path, dtype, device):
+        calls.append((Path(drafter_dir), type(verifier), path, dtype, device))
+        return runtimes.load_torch(drafter_dir, verifier, path=path, dtype=dtype, device=device)
 
     monkeypatch.setattr(sys.modules[__name__], "spy_loader", spy_loader, raising=False)
-    monkeypatch.setitem(backend.DRAFTER_LOADERS, "spy", f"{__name__}:spy_loader")
+    monkeypatch.setitem(runtimes.RUNTIMES, "spy", runtimes.Runtime("spy", f"{__name__}:spy_loader"))
     opts = ValidateOptions(prompts=str(tiny["prompts"]), num_prompts=2, max_new_tokens=6, drafter_backend="spy")
     rep = validate_drafter(tiny["spec"], str(tiny["verifier"]), opts)
-    assert calls == [(tiny["spec"], torch.float32, rep["device"]["device"])]
+    assert calls == [(tiny["spec"], Verifier, None, "float32", rep["device"]["device"])]
     assert rep.gates["structure"] and rep.gates["lossless"] and rep.num_drafts > 0
     with pytest.raises(UsageError, match="drafter backend"):
         validate_drafter(tiny["spec"], str(tiny["verifier"]), ValidateOptions(drafter_backend="nope"))

@@ -21,7 +21,8 @@ from specconv.cli.main import cli  # noqa: E402
 from specconv.errors import InvalidInputError  # noqa: E402
 from specconv.export import engine, engine_drafter as ed  # noqa: E402
 from specconv.export.engine import BuildOptions, build_engine_dir  # noqa: E402
-from specconv.export.engine_validate import apply_engine_gate, kl_rows  # noqa: E402
+from specconv.validate.metrics import kl_rows  # noqa: E402
+from specconv.validate.runtimes import RUNTIMES, judge  # noqa: E402
 
 KEY = "trt11.4.0-cu13-sm90-fp32"
 
@@ -192,13 +193,15 @@ def test_run_engine_binds_inputs_before_sizing_outputs():
         ed.run_engine(trt, Eng(), Ctx(), {"aux_hidden": feeds["aux_hidden"]}, 0, device="cpu")
 
 
-def test_kl_and_gate():
+def test_kl_and_the_engine_rule():
     ref = torch.tensor([[2.0, 0.0, float("-inf")], [0.0, 0.0, 0.0]])
-    assert torch.allclose(kl_rows(ref, ref), torch.zeros(2), atol=1e-7)
+    assert torch.allclose(kl_rows(ref, ref), torch.zeros(2, dtype=torch.float64), atol=1e-7)
     assert (kl_rows(ref, torch.tensor([[0.0, 2.0, float("-inf")], [0.0, 0.0, 0.0]]))[0] > 0.5).item()
-    rep = {"passed": True, "gates": {"G3": True}, "engine": {"passed": False}}
-    apply_engine_gate(rep)
-    assert rep["passed"] is False and rep["gates"] == {"G3": True, "engine": False}
+    rule, counts = RUNTIMES["tensorrt"].rule, {"mismatches": 3, "near_tie_mismatches": 0}
+    verdict, passed, errors = judge(rule, 2.0, 2.05, counts, False, 0.0)  # tokens and drafts are not gated
+    assert passed is True and errors == [] and verdict == {"tau_rel_diff": pytest.approx(0.025)}
+    verdict, passed, errors = judge(rule, 2.0, 1.9, counts, True, 1.0)  # any temperature
+    assert passed is False and "5.0% from torch tau 2 (> 3%)" in errors[0]
 
 
 @pytest.mark.gpu

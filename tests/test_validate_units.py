@@ -27,7 +27,7 @@ LAYER = {
 
 
 def _write_cfg(d: Path, algorithm: str, verifier: str, **fields) -> Path:
-    from specconv.speculators import dump_config, make_config
+    from specconv.format import dump_config, make_config
 
     d.mkdir(parents=True, exist_ok=True)
     cfg = make_config(algorithm, transformer_layer_config=LAYER, verifier_name_or_path=verifier,
@@ -253,25 +253,6 @@ def test_vllm_backend_real_run(tmp_path, smollm2_dir):  # pragma: no cover - nee
 
 
 # ------------------------------------------------------------------------------ report
-
-
-def test_record_in_specconv_json_keeps_other_keys(tmp_path):
-    from specconv.errors import InvalidInputError
-    from specconv.validate.report import record_in_specconv_json
-
-    p = tmp_path / "specconv.json"
-    p.write_text(json.dumps({"format": "zlab_dflash", "validation": {"old": 1}}))
-    record_in_specconv_json(tmp_path, {"acceptance_length": 1.5})
-    d = json.loads(p.read_text())
-    assert d == {"format": "zlab_dflash", "validation": {"acceptance_length": 1.5}}
-    fresh = tmp_path / "fresh"
-    fresh.mkdir()
-    record_in_specconv_json(fresh, {"x": 2})
-    assert json.loads((fresh / "specconv.json").read_text()) == {"validation": {"x": 2}}
-    p.write_text("[1, 2]")
-    with pytest.raises(InvalidInputError):
-        record_in_specconv_json(tmp_path, {"x": 1})
-    assert p.read_text() == "[1, 2]"
 
 
 def test_write_report_files(tmp_path):

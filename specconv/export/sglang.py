@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import InvalidInputError
+from ..values import is_int
 
 __all__ = ["LAUNCHER", "TARGET_SUPPLIED", "SglangLayout", "launch_argv", "launch_command", "layer_causality",
            "sglang_layout"]
@@ -162,7 +163,7 @@ def _check_servable(alg: Any, cfg: Any, raw: Mapping[str, Any], names: Sequence[
             raise _refuse("sglang_missing_key", f"config.json has no {key}: SGLang requires it and the Speculators "
                           "default is not guessed; write it explicitly", hint=f"add \"{key}\" to config.json and validate")
     for key in facts.positive_keys:
-        if not int(getattr(cfg, key)) > 0:
+        if not is_int(getattr(cfg, key), minimum=1):
             raise _refuse("sglang_key_not_positive", f"{key} is {getattr(cfg, key)}: SGLang requires {key} > 0 "
                           "(srt/models/dspark.py)")
     if cfg.target_hidden_size is not None and cfg.target_hidden_size != cfg.hidden_size:

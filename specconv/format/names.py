@@ -41,14 +41,3 @@ PEAGLE_PATTERNS: tuple[str, ...] = LAYER_PATTERNS + (
     r"input_norm\.weight",
     r"fc_norm\.\d+\.weight",
 ) + VOCAB_MAP_PATTERNS
-
-
-def name_patterns(algorithm: str) -> tuple[str, ...]:
-    """Every output-name pattern of ``algorithm`` (its description's ``tensor_patterns``).
-
-    Raises:
-        KeyError: an unknown algorithm.
-    """
-    from .algorithms import ALGORITHMS
-
-    return ALGORITHMS[algorithm].tensor_patterns

@@ -129,13 +129,12 @@ def judge(env: dict[str, Any], r: dict[str, Any], expected: dict[str, Any], file
 
 def _meta(d: Path) -> dict[str, Any]:
     from specconv.export.sglang_dir import FORMAT, META_NAME
+    from specconv.fileio import read_json_object
 
     p = d / META_NAME
-    try:
-        meta = json.loads(p.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as e:
-        raise InvalidInputError(f"{p}: not an SGLang export written by specconv ({e})", code="not_sglang_export") from e
-    if not isinstance(meta, dict) or meta.get("format") != FORMAT:
+    meta = read_json_object(p, code="not_sglang_export",
+                            unreadable="{path}: not an SGLang export written by specconv ({error})")
+    if meta.get("format") != FORMAT:
         raise InvalidInputError(f"{p}: format is not {FORMAT!r}", code="not_sglang_export")
     return meta
 

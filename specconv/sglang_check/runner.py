@@ -53,13 +53,18 @@ import time
 import traceback
 import types
 
-#: ``architectures[0]`` → (kind, ``ServerArgs.speculative_algorithm``), ``srt/models/registry.py``: ``block``
-#: (a DFlash block draft), ``markov`` (a DSpark block draft with its Markov head), ``eagle3``.
+#: SGLang's draft-model families: its model modules ``srt/models/dflash.py``, ``dspark.py``,
+#: ``llama_eagle3.py`` (SGLang's names, reported as ``family``; this script imports nothing
+#: from specconv).
+FAMILY_DFLASH = "dflash"
+FAMILY_DSPARK = "dspark"
+FAMILY_EAGLE3 = "eagle3"
+#: ``architectures[0]`` → (family, ``ServerArgs.speculative_algorithm``), ``srt/models/registry.py``.
 DRAFT_CLASSES = {
-    "DFlashDraftModel": ("block", None),
-    "Qwen3DSparkModel": ("markov", None),
-    "DSparkDraftModel": ("markov", None),
-    "LlamaForCausalLMEagle3": ("eagle3", "EAGLE3"),
+    "DFlashDraftModel": (FAMILY_DFLASH, None),
+    "Qwen3DSparkModel": (FAMILY_DSPARK, None),
+    "DSparkDraftModel": (FAMILY_DSPARK, None),
+    "LlamaForCausalLMEagle3": (FAMILY_EAGLE3, "EAGLE3"),
 }
 #: The ``vllm._custom_ops`` functions SGLang's layers import off CUDA (never called by a load).
 VLLM_OPS = ("rotary_embedding", "rms_norm", "fused_add_rms_norm")
@@ -338,7 +343,7 @@ def verifier_layers(sa) -> int:
 
 
 # ------------------------------------------------------------------ resolved values
-def resolved_block_values(hf_config, model, kind: str, n_target: int) -> dict:
+def resolved_block_values(hf_config, model, family: str, n_target: int) -> dict:
     """What SGLang resolved for a DFlash / DSpark draft (the worker's rules).
 
     ``captured_layer_ids``: SGLang ids (= the output of that 0-based verifier layer; the
@@ -354,7 +359,7 @@ def resolved_block_values(hf_config, model, kind: str, n_target: int) -> dict:
     out = {"block_size": int(model.block_size), "block_size_in_config": cfg.block_size,
            "mask_token": cfg.mask_token, "mask_token_id": cfg.mask_token_id, "num_target_layers": cfg.num_target_layers,
            **_layer_attention(model)}
-    if kind == "markov":
+    if family == FAMILY_DSPARK:
         markov = _markov_values(hf_config, model)
         own = markov.pop("target_layer_ids")
         ids = own if own is not None else ids
@@ -469,8 +474,8 @@ def _load_one(job: dict, d: str, dtype: str, res: dict) -> None:
             arch = (json.load(f).get("architectures") or [None])[0]
         if arch not in DRAFT_CLASSES:
             raise ValueError(f"architectures[0] {arch!r} is not an SGLang draft class ({', '.join(DRAFT_CLASSES)})")
-        kind, algorithm = DRAFT_CLASSES[arch]
-        res.update(architecture=arch, kind=kind, speculative_algorithm=algorithm)
+        family, algorithm = DRAFT_CLASSES[arch]
+        res.update(architecture=arch, family=family, speculative_algorithm=algorithm)
         sa = server_args(d, job["verifier"], algorithm, dtype)
         publish_and_init(sa)
         n_target = verifier_layers(sa)
@@ -486,8 +491,8 @@ def _load_one(job: dict, d: str, dtype: str, res: dict) -> None:
     res["class"] = type(model).__name__
     res["sglang"], res["stubs_used"] = SGLANG_VERSION, [s["name"] for s in STUBS.report() if s["used"]]
     try:
-        res["resolved"] = (resolved_eagle3_values(mc.hf_config, n_target) if kind == "eagle3"
-                           else resolved_block_values(mc.hf_config, model, kind, n_target))
+        res["resolved"] = (resolved_eagle3_values(mc.hf_config, n_target) if family == FAMILY_EAGLE3
+                           else resolved_block_values(mc.hf_config, model, family, n_target))
     except Exception as e:  # noqa: BLE001
         return _fail(res, "SGLang draft config", e)
     res.update(strict_compare(model, RECORDER, job.get("target_supplied") or ()))
