@@ -145,7 +145,7 @@ class ModelOptDSpark(Converter):
         ))
         plan = plan_dflash_family(self, src, verifier, opts, layout, algorithm="dspark", extra_fields=heads.fields())
         lcfg = plan.config.transformer_layer_config
-        check_head_tensors(src, plan, heads, hidden=lcfg["hidden_size"], vocab=lcfg["vocab_size"])
+        check_head_tensors(src, plan, heads, hidden=lcfg.hidden_size, vocab=lcfg.vocab_size)
         renamed = sorted(t.source for t in plan.tensors if t.fate == "renamed" and not re.match(r"layers\.", t.source or ""))
         notes = [f"ModelOpt top-level head tensors renamed: {', '.join(renamed)}"] if renamed else []
         plan = maybe_prune(self, plan, src, verifier, opts)
