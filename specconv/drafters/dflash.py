@@ -43,11 +43,11 @@ if TYPE_CHECKING:  # pragma: no cover
 __all__ = ["DFlashDrafter"]
 
 
-def _with_context(context_kv: tuple[torch.Tensor, torch.Tensor], kb: torch.Tensor, vb: torch.Tensor
+def _with_context(context_kv: tuple[torch.Tensor, torch.Tensor], block_k: torch.Tensor, block_v: torch.Tensor
                   ) -> tuple[torch.Tensor, torch.Tensor]:
     """Context keys/values followed by the block's (the stateless step's :data:`~.layers.Keys`)."""
-    kc, vc = context_kv
-    return torch.cat([kc, kb], dim=2), torch.cat([vc, vb], dim=2)
+    context_k, context_v = context_kv
+    return torch.cat([context_k, block_k], dim=2), torch.cat([context_v, block_v], dim=2)
 
 
 class DFlashDrafter(Drafter):
@@ -115,11 +115,11 @@ class DFlashDrafter(Drafter):
 
     def _backbone(self, batch: StepBatch, attention: Attend, all_rows: bool) -> StepOutput:
         """The stateless block pass: every layer projects the whole context."""
-        c = self.hidden_norm(self.fc(batch.aux_hidden))
+        context = self.hidden_norm(self.fc(batch.aux_hidden))
         cos, sin = self.rotary(batch.ctx_position_ids, self.dtype)
 
         def keys(i: int) -> Keys:
-            return partial(_with_context, self.layers[i].self_attn.kv(c, cos, sin))
+            return partial(_with_context, self.layers[i].self_attn.kv(context, cos, sin))
 
         hidden = self._block_pass(batch, keys, attention)
         return StepOutput(positions=batch.block_position_ids, hidden=hidden, slot_logits=self._logits(hidden),
@@ -133,10 +133,10 @@ class DFlashDrafter(Drafter):
         n = cache.reuse(T)
         if n == T:
             return
-        c = self.hidden_norm(self.fc(g[None, n:]))
+        context = self.hidden_norm(self.fc(g[None, n:]))
         cos, sin = self.rotary(torch.arange(n, T, device=g.device)[None], self.dtype)
         for buf, layer in zip(cache.layers, self.layers):
-            buf.append(*layer.self_attn.kv(c, cos, sin))
+            buf.append(*layer.self_attn.kv(context, cos, sin))
 
     @torch.no_grad()
     def forward_cached(self, context_tokens: torch.Tensor, aux_hidden: torch.Tensor,

@@ -148,13 +148,13 @@ def check_parity(path: Path, wrapper_all, output_names: list[str], input_names: 
                         "skipped": f"the ONNX reference evaluator cannot run this graph "
                                    f"({type(e).__name__}: {str(e)[:200]}); checked by the fp32 twin"}
         got = dict(zip(output_names, raw))
-        c = compare(ref, got, atol)
-        c["shape"] = {"batch": int(inputs[0].shape[0]), "context": int(inputs[0].shape[1])}
-        cases.append(c)
-    ok_top1 = all(c["mismatches"] == (0 if gate else c["near_tie_mismatches"]) for c in cases)
-    worst = max(max(c["max_abs"].values(), default=0.0) for c in cases)
+        case = compare(ref, got, atol)
+        case["shape"] = {"batch": int(inputs[0].shape[0]), "context": int(inputs[0].shape[1])}
+        cases.append(case)
+    ok_top1 = all(case["mismatches"] == (0 if gate else case["near_tie_mismatches"]) for case in cases)
+    worst = max(max(case["max_abs"].values(), default=0.0) for case in cases)
     passed = ok_top1 and (gate is None or worst <= gate)
     return {"runtime": runtime, "dtype": dtype, "cases": cases, "max_abs": worst,
-            "top1": min(c["top1"] for c in cases), "passed": bool(passed),
+            "top1": min(case["top1"] for case in cases), "passed": bool(passed),
             "tolerance": {"max_abs": gate, "near_tie_margin": 2 * atol,
                           "top1": "100%" if gate else "100% outside near-ties"}}
