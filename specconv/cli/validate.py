@@ -79,14 +79,10 @@ def _check_backend_exclusive(backend: str, onnx_path: Path | None, engine_path: 
         raise UsageError(f"{' and '.join(given)} are mutually exclusive: validate one runtime at a time")
 
 
-def _preflight(drafter_dir: Path, engine_path: Path | None, vllm_load_check: bool, loader_python: str | None) -> None:
-    """Refusals (exit 3) before any model is loaded: every ``--engine`` check, done before
-    any TensorRT object exists (``specconv.export.engine_drafter.preflight_engine``), and
-    the ``--vllm-load-check`` interpreter."""
-    if engine_path:
-        from specconv.export.engine_drafter import preflight_engine
-
-        preflight_engine(engine_path, drafter_dir)
+def _preflight(vllm_load_check: bool, loader_python: str | None) -> None:
+    """Refusals (exit 3) before any model is loaded: the ``--vllm-load-check`` interpreter
+    (a runtime's refusals, e.g. every ``--engine`` check before any TensorRT object exists,
+    are ``validate_drafter``'s: ``specconv.validate.runtimes.check_runtime``)."""
     if vllm_load_check:
         from specconv.vllm_check import find_vllm_python
 
@@ -159,14 +155,15 @@ def validate_cmd(
     DIR/specconv.json. Exit 4 when a gate fails.
     """
     from specconv.validate.run import ValidateOptions, validate_drafter
+    from specconv.validate.runtimes import runtime_from_flags
 
     _check_backend_exclusive(backend, onnx_path, engine_path)
     _require_speculators_dir(drafter_dir)
-    _preflight(drafter_dir, engine_path, vllm_load_check, vllm_loader_python)
+    _preflight(vllm_load_check, vllm_loader_python)
+    runtime, runtime_path = runtime_from_flags({"onnx": onnx_path, "engine": engine_path})
     opts = ValidateOptions(source=source, prompts=prompts, num_prompts=num_prompts, max_new_tokens=max_new_tokens,
                            temperature=temperature, device=device, dtype=dtype, min_tau=min_tau, backend=backend,
-                           vllm_python=vllm_python, onnx=str(onnx_path) if onnx_path else None,
-                           engine=str(engine_path) if engine_path else None,
+                           vllm_python=vllm_python, runtime=runtime, runtime_path=runtime_path,
                            attn_implementation=attn_implementation, seed=seed, drafter_cache=drafter_cache)
     with _progress() as cb:
         report = validate_drafter(drafter_dir, verifier, opts, progress=cb)

@@ -17,8 +17,7 @@ pytest.importorskip("speculators")
 
 from speculators.models.dflash.attention import create_anchor_block_mask_mod  # noqa: E402
 from speculators.models.peagle.attention import create_peagle_mask_mod  # noqa: E402
-from test_drafters import H, make_dflash, make_peagle  # noqa: E402
-from test_export_wrappers import verifier_dir  # noqa: E402,F401  (a fixture)
+from test_drafters import H, make_dflash, make_peagle, verifier_dir  # noqa: E402,F401  (verifier_dir: a fixture)
 
 from specconv.drafters import load_drafter  # noqa: E402
 from specconv.drafters.step import StepBatch, batch_inputs  # noqa: E402
