@@ -53,20 +53,21 @@ def _median_ms(fn, reps: int) -> float:
 def step_points(spec_dir: Path, verifier: Path, reps: int) -> list[dict]:
     import torch
 
+    from specconv.drafters import load_drafter
+    from specconv.drafters.step import batch_inputs
     from specconv.export.parity import ort_session
-    from specconv.export.reference import load_reference
-    from specconv.export.wrappers import batch_inputs, make_wrapper
+    from specconv.export.wrappers import make_wrapper
 
-    drafter = load_reference(spec_dir, verifier)
+    drafter = load_drafter(spec_dir, verifier)
     wrapper = make_wrapper(drafter, outputs=("ids", "logprobs"))
     sess = ort_session(spec_dir / "onnx" / "fp32" / "drafter.onnx")
     g = torch.Generator().manual_seed(0)
     points = []
     for ctx in (64, 256, 1024):
         for batch in (1, 4):
-            reqs = [(torch.randint(0, wrapper.p.vocab_size, (ctx + 1,), generator=g),
-                     torch.randn(ctx, wrapper.p.aux_width, generator=g)) for _ in range(batch)]
-            inputs = batch_inputs(wrapper.p, reqs)
+            reqs = [(torch.randint(0, wrapper.shape.vocab_size, (ctx + 1,), generator=g),
+                     torch.randn(ctx, wrapper.shape.aux_width, generator=g)) for _ in range(batch)]
+            inputs = batch_inputs(wrapper.shape, reqs)
             feeds = {n: t.numpy() for n, t in zip(wrapper.input_names, inputs)}
             with torch.inference_mode():
                 t_ms = _median_ms(lambda: wrapper(*inputs), reps)

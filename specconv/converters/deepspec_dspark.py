@@ -134,7 +134,7 @@ class DeepSpecDSpark(Converter):
         )
         plan = plan_dflash_family(self, src, verifier, opts, layout, algorithm="dspark", extra_fields=heads.fields())
         layer_config = plan.config.transformer_layer_config
-        check_head_tensors(src, plan, heads, hidden=layer_config["hidden_size"], vocab=layer_config["vocab_size"])
+        check_head_tensors(src, plan, heads, hidden=layer_config.hidden_size, vocab=layer_config.vocab_size)
         notes = []
         if src.cfg("num_anchors") is not None:
             notes.append(f"num_anchors={src.cfg('num_anchors')} is DeepSpec's training anchor budget (not carried)")

@@ -145,7 +145,7 @@ class ModelOptDSpark(Converter):
         ))
         plan = plan_dflash_family(self, src, verifier, opts, layout, algorithm="dspark", extra_fields=heads.fields())
         layer_config = plan.config.transformer_layer_config
-        check_head_tensors(src, plan, heads, hidden=layer_config["hidden_size"], vocab=layer_config["vocab_size"])
+        check_head_tensors(src, plan, heads, hidden=layer_config.hidden_size, vocab=layer_config.vocab_size)
         renamed = sorted(t.source for t in plan.tensors if t.fate == "renamed" and not re.match(r"layers\.", t.source or ""))
         notes = [f"ModelOpt top-level head tensors renamed: {', '.join(renamed)}"] if renamed else []
         plan = maybe_prune(self, plan, src, verifier, opts)

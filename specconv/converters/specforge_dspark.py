@@ -193,7 +193,7 @@ class SpecForgeDSpark(Converter):
         )
         plan = plan_dflash_family(self, src, verifier, opts, layout, algorithm="dspark", extra_fields=heads.fields())
         layer_config = plan.config.transformer_layer_config
-        check_head_tensors(src, plan, heads, hidden=layer_config["hidden_size"], vocab=layer_config["vocab_size"])
+        check_head_tensors(src, plan, heads, hidden=layer_config.hidden_size, vocab=layer_config.vocab_size)
         notes = _export_notes(src, plan, heads)
         plan = maybe_prune(self, plan, src, verifier, opts)
         return finish_plan(plan, heads, notes)

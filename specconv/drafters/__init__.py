@@ -3,10 +3,13 @@
 One small module per algorithm runs one drafting step as speculators 0.9.0
 (``src/speculators/models/{peagle,dflash,dspark}/``) and vLLM
 (``vllm/model_executor/models/{llama_eagle3,qwen3_dflash,qwen3_dspark}.py``) do; each
-module's docstring spells out its step. Public API::
+module's docstring spells out its step, written once: ``Drafter.step`` over the export
+I/O contract (:mod:`.step`), which ``forward_block`` runs at batch 1, the export wrapper
+batched, and the context-cached session (:mod:`.cache`) with the context keys/values kept.
+Public API::
 
     from specconv.drafters import load_drafter
-    drafter = load_drafter(spec_dir, verifier, dtype=torch.float32, device="cpu")  # Verifier or dir
+    drafter = load_drafter(spec_dir, verifier, config=typed, dtype=torch.float32, device="cpu")
     prop = drafter.propose(context_tokens[1, T+1], aux_hidden[1, T, A*H], temperature=0.0)
     prop.tokens  # LongTensor[k] target ids; prop.logits [k, Vt]; prop.confidence [k] | None
     out = drafter.forward_block(...)  # BlockOutput: per-slot draft/target logits, hidden
@@ -22,7 +25,6 @@ from typing import Any
 
 __all__ = [
     "load_drafter",
-    "read_drafter_config",
     "Drafter",
     "DraftProposal",
     "BlockOutput",
@@ -34,7 +36,6 @@ __all__ = [
 
 _WHERE = {
     "load_drafter": "loader",
-    "read_drafter_config": "loader",
     "Drafter": "base",
     "DraftProposal": "base",
     "BlockOutput": "base",

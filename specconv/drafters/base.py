@@ -2,17 +2,21 @@
 
 Shared by the P-EAGLE, DFlash and DSpark reference drafters, which take the typed
 Speculators config (:mod:`specconv.format`) and the one :class:`specconv.verifier.Verifier`
-(for the embedding / LM head a drafter may omit). Facts: aux ids in the speculators /
-vLLM capture convention (speculators ``src/speculators/models/eagle3/core.py``, vLLM
-``vllm/model_executor/models/llama_eagle3.py``); ``d2t`` holds offsets, ``target = draft +
+(for the embedding / LM head a drafter may omit), and read every per-algorithm fact from
+the algorithm's description (:mod:`specconv.format.algorithms`). Facts: aux ids in the
+speculators / vLLM capture convention (speculators ``src/speculators/models/eagle3/core.py``,
+vLLM ``vllm/model_executor/models/llama_eagle3.py``); ``d2t`` holds offsets, ``target = draft +
 d2t`` (vLLM ``vllm/model_executor/models/llama_eagle3.py``, ``combine_hidden_states`` /
 ``compute_logits``); a full-vocabulary DFlash / DSpark drafter may omit ``embed_tokens`` and
 ``lm_head``, which then come from the verifier (``docs/validate.md``, structure gate).
 
-:meth:`Drafter.propose` / ``forward_block`` keep **no state**: every call recomputes the
-whole drafting pass from the accepted context it is given (the path G2 parity and export
-use). ``drafter.new_session()`` (:mod:`specconv.drafters.cache`) keeps the projected
-context keys/values between calls instead; the validation loop drafts through it.
+Each drafter has **one** drafting step, :meth:`Drafter.step`: batched, over the export I/O
+contract (:mod:`specconv.drafters.step`). :meth:`Drafter.propose` / ``forward_block`` run
+it at batch 1 and keep **no state**: every call recomputes the whole drafting pass from the
+accepted context it is given (the path G2 parity uses); the export wrapper
+(:mod:`specconv.export.wrappers`) runs it batched. ``drafter.new_session()``
+(:mod:`specconv.drafters.cache`) keeps the projected context keys/values between calls
+instead and runs the same layers and heads; the validation loop drafts through it.
 """
 
 from __future__ import annotations
@@ -20,20 +24,22 @@ from __future__ import annotations
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
 
 from ..errors import InvalidInputError, UnsupportedFormatError, UsageError
-from .layers import Linear, WeightTaker, sample_rows
+from ..format.algorithms import Algorithm, algorithm
+from .layers import DecoderLayer, Linear, RMSNorm, Rotary, WeightTaker, attend, check_layers
+from .step import StepBatch, StepOutput, StepShape, request_inputs, sample_pick
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..format import SpeculatorsDraftConfig
     from ..verifier import Verifier
+    from .step import Pick
 
-__all__ = ["DraftProposal", "BlockOutput", "Drafter", "VocabMap", "read_tensors", "open_verifier",
-           "SUPPORTED_DTYPES"]
+__all__ = ["DraftProposal", "BlockOutput", "Drafter", "VocabMap", "open_verifier", "SUPPORTED_DTYPES"]
 
 SUPPORTED_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
@@ -150,38 +156,15 @@ class VocabMap(nn.Module):
         """Map draft-vocab ids (any shape) to target ids."""
         if self.draft_to_target is None:
             return draft_ids
-        return self.draft_to_target.to(draft_ids.device)[draft_ids]
+        return self.draft_to_target[draft_ids]
 
     def to_target_logits(self, logits: torch.Tensor) -> torch.Tensor:
         """Scatter ``[..., Vd]`` logits into ``[..., Vt]`` (``-inf`` elsewhere)."""
         if self.draft_to_target is None:
             return logits
         out = logits.new_full((*logits.shape[:-1], self.target_vocab_size), float("-inf"))
-        out[..., self.draft_to_target.to(logits.device)] = logits
+        out[..., self.draft_to_target] = logits
         return out
-
-
-def read_tensors(path: str | Path, names: list[str] | None = None) -> dict[str, torch.Tensor]:
-    """Read tensors from a checkpoint dir/file through :func:`specconv.tensors.open_store`.
-
-    Args:
-        path: directory or weight file.
-        names: only these (must exist); None = all.
-
-    Returns:
-        name → tensor (the dtype on disk).
-
-    Raises:
-        InvalidInputError: no weights / unknown tensor name (names the path).
-    """
-    from ..tensors import open_store
-
-    store = open_store(path)
-    wanted = store.names() if names is None else names
-    for n in wanted:
-        if n not in store:
-            raise InvalidInputError(f"{path}: tensor {n!r} not found", code="missing_tensor")
-    return {n: store.read_tensor(n) for n in wanted}
 
 
 def open_verifier(verifier: Verifier | str | Path | None) -> Verifier | None:
@@ -213,20 +196,20 @@ def check_dtype(dtype: torch.dtype) -> None:
         raise UsageError(f"dtype {dtype} is not supported (float32, bfloat16, float16)")
 
 
-def aux_ids_from_config(cfg: SpeculatorsDraftConfig, verifier: Verifier | None, source: str) -> list[int]:
+def aux_ids_from_config(cfg: SpeculatorsDraftConfig, alg: Algorithm, verifier: Verifier | None,
+                        source: str) -> list[int]:
     """Aux hidden-state layer ids (speculators / vLLM capture convention: 0 = embeddings).
 
-    ``eagle_aux_hidden_state_layer_ids: null`` (P-EAGLE) resolves to ``[2, n//2, n-3]``
-    from the verifier's ``num_hidden_layers``, as speculators'
-    ``src/speculators/models/eagle3/core.py`` does.
+    A null list resolves to ``[2, n//2, n-3]`` from the verifier's ``num_hidden_layers``
+    where the description says so (``aux_ids_default_from_verifier``: P-EAGLE), as
+    speculators' ``src/speculators/models/eagle3/core.py`` does.
 
     Raises:
         InvalidInputError: ids absent (and not derivable), empty or negative.
     """
-    key = "eagle_aux_hidden_state_layer_ids" if cfg.algorithm == "peagle" else "aux_hidden_state_layer_ids"
-    ids = cfg.aux_layer_ids
+    key, ids = alg.aux_ids_key, cfg.aux_layer_ids
     if ids is None:
-        if cfg.algorithm == "peagle" and verifier is not None:
+        if alg.aux_ids_default_from_verifier and verifier is not None:
             n = verifier.num_hidden_layers
             warnings.warn(f"{source}: {key} is null; using speculators' default "
                           f"[2, {n // 2}, {n - 3}] from the verifier", stacklevel=3)
@@ -239,10 +222,15 @@ def aux_ids_from_config(cfg: SpeculatorsDraftConfig, verifier: Verifier | None, 
 
 
 class Drafter(nn.Module):
-    """Base class of the reference drafters (one drafting step, no KV cache).
+    """Base class of the reference drafters: the weights every algorithm shares and the one
+    drafting step (:meth:`step`) the stateless, cached and exported paths run.
+
+    Subclasses take their own weights (``fc``, ``hidden_norm``, heads) after this
+    constructor and implement :meth:`_backbone` (the step's layers) and, for a sequential
+    head stage, :meth:`_draft`.
 
     Attributes:
-        algorithm: ``"peagle"`` | ``"dflash"`` | ``"dspark"``.
+        algorithm: ``speculators_model_type``; ``alg`` its description.
         block_size: ``B`` (DFlash/DSpark); P-EAGLE: ``K`` (entries drafted per pass).
         num_draft_tokens: ``k`` drafts returned per :meth:`propose` (``B-1``/``B`` by
             ``sample_from_anchor``; P-EAGLE: ``speculative_tokens``).
@@ -252,35 +240,76 @@ class Drafter(nn.Module):
         draft_vocab_size (``Vd``), hidden_size (``H``), aux_hidden_size (``Ht``:
         ``target_hidden_size`` or ``H``; ``aux_hidden`` is ``[1, T, A*Ht]``), config
         (the typed :class:`~specconv.format.SpeculatorsDraftConfig`).
+        windows: per draft layer, its sliding window or None (full attention).
+        tied_head: the LM head weight is the embedding (a tied verifier's): the logits are
+            one GEMM on the embedding (an export stores it once).
+
+    Raises:
+        InvalidInputError / UnsupportedFormatError: see :func:`specconv.drafters.load_drafter`.
     """
 
     algorithm: str = ""
 
-    def __init__(self, config: SpeculatorsDraftConfig, source: str):
+    def __init__(self, config: SpeculatorsDraftConfig, w: WeightTaker, verifier: Verifier | None, source: str):
         super().__init__()
-        self.config = config
-        self.source = source
-        self.block_size = 0
-        self.num_draft_tokens = 0
-        self.aux_layer_ids: list[int] = []
-        self.mask_token_id = 0
+        alg = self.alg = algorithm(config.speculators_model_type)
+        layer = config.transformer_layer_config
+        self.config, self.source = config, source
+        if not alg.qk_norm_always and layer.model_type not in alg.layer_model_types:  # the model type picks the layer
+            raise UnsupportedFormatError(
+                f"{source}: {alg.display_name} transformer_layer_config.model_type must be one of "
+                f"{list(alg.layer_model_types)} (speculators and vLLM know only these), got {layer.model_type!r}")
+        self.windows = check_layers(layer, f"{source}: transformer_layer_config")
+        H = self.hidden_size = layer.hidden_size
+        self.vocab_size = layer.vocab_size
+        self.draft_vocab_size = require_int(config, "draft_vocab_size", source, minimum=1)
+        self.mask_token_id = require_int(config, "mask_token_id", source)
+        if self.mask_token_id >= self.vocab_size:
+            raise InvalidInputError(f"{source}: mask_token_id {self.mask_token_id} >= vocab_size "
+                                    f"{self.vocab_size}", code="config_key")
+        self.aux_layer_ids = aux_ids_from_config(config, alg, verifier, source)
+        self.aux_hidden_size = target_hidden(config, H, source)
+        self.block_size = self.num_draft_tokens = 0
         self.sample_from_anchor = False
-        self.vocab_size = 0
-        self.draft_vocab_size = 0
-        self.hidden_size = 0
-        self.aux_hidden_size = 0  # verifier hidden size per aux layer (target_hidden_size or H)
+        self.tied_head = False
+        self.embed_tokens = nn.Parameter(build_embedding(w, verifier, vocab_size=self.vocab_size, hidden=H),
+                                         requires_grad=False)
+        qk_norm = alg.qk_norm_always or layer.model_type == "qwen3"
+        self.layers = nn.ModuleList([DecoderLayer(w, i, layer, qk_norm=qk_norm,
+                                                  attn_in=alg.layer0_input_width(H) if i == 0 else H)
+                                     for i in range(layer.num_hidden_layers)])
+        self.norm = RMSNorm(w.take("norm.weight", (H,)), layer.rms_norm_eps)
+        self.lm_head = build_lm_head(w, verifier, vocab_size=self.vocab_size, draft_vocab_size=self.draft_vocab_size,
+                                     hidden=H, algorithm=alg.name)
+        self.vocab = build_vocab(w, vocab_size=self.vocab_size, draft_vocab_size=self.draft_vocab_size)
+        self.rotary = Rotary(layer.rope(), layer.head_dim, source=f"{source}: transformer_layer_config")
 
     # -- helpers --------------------------------------------------------------------
     @property
     def dtype(self) -> torch.dtype:
-        return next(p for p in self.parameters() if p.is_floating_point()).dtype
+        return self.embed_tokens.dtype
 
     @property
     def device(self) -> torch.device:
-        return next(self.parameters()).device
+        return self.embed_tokens.device
+
+    @property
+    def shape(self) -> StepShape:
+        """The step's static shape (what building its inputs needs)."""
+        return StepShape(algorithm=self.algorithm, block_size=int(self.block_size),
+                         num_draft_tokens=int(self.num_draft_tokens), mask_token_id=int(self.mask_token_id),
+                         vocab_size=int(self.vocab_size), draft_vocab_size=int(self.draft_vocab_size),
+                         aux_width=len(self.aux_layer_ids) * int(self.aux_hidden_size),
+                         draft_slots=self.draft_slots, dtype=self.dtype)
+
+    @property
+    def draft_slots(self) -> tuple[int, ...]:
+        """Block rows the drafts come from (block drafters; P-EAGLE: none, its draft rows follow the context)."""
+        return ()
 
     def _check_inputs(self, context_tokens: torch.Tensor, aux_hidden: torch.Tensor
                       ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(tokens [T+1], features [T, A·Ht])`` on the drafter's device and dtype."""
         if context_tokens.dim() == 1:
             context_tokens = context_tokens[None]
         if aux_hidden.dim() == 2:
@@ -297,28 +326,100 @@ class Drafter(nn.Module):
                 f"{aux_hidden.shape[1]} positions; expected T+1 tokens for T positions")
         return context_tokens[0].to(self.device, torch.long), aux_hidden[0].to(self.device, self.dtype)
 
-    def _embed(self, tokens: torch.Tensor) -> torch.Tensor:
-        return self.embed_tokens[tokens]  # type: ignore[index]
+    def _request(self, tokens: torch.Tensor, g: torch.Tensor) -> StepBatch:
+        """The step's batch-1 inputs of one request checked by :meth:`_check_inputs`."""
+        return request_inputs(self.shape, tokens, g)
 
-    def _finish(self, positions: torch.Tensor, hidden: torch.Tensor, slot_logits: torch.Tensor,
-                draft_slots: torch.Tensor, temperature: float,
-                generator: torch.Generator | None) -> BlockOutput:
-        draft_logits = slot_logits[draft_slots]
-        draft_ids = sample_rows(draft_logits, temperature, generator)
-        return BlockOutput(
-            positions=positions, hidden=hidden, slot_logits=slot_logits,
-            draft_slots=draft_slots, draft_logits=draft_logits,
-            target_logits=self.vocab.to_target_logits(draft_logits),
-            draft_ids=draft_ids, tokens=self.vocab.to_target_ids(draft_ids))
+    def _embed(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.embed_tokens[ids.to(torch.int64)]
 
-    # -- API ------------------------------------------------------------------------
-    def forward_block(self, context_tokens: torch.Tensor, aux_hidden: torch.Tensor, *,
-                      temperature: float = 0.0, generator: torch.Generator | None = None,
-                      **kwargs: Any) -> BlockOutput:  # pragma: no cover - abstract
+    def _logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """LM head of ``hidden [B, R, H]`` → ``[B, R, Vd]``. Tied: ``linear`` on a 2-D view of
+        the embedding itself, which the exporter emits as ``Gemm(transB=1)`` (a 3-D ``linear``
+        becomes ``MatMul`` with a folded, second, transposed copy of the weight)."""
+        if not self.tied_head:
+            return self.lm_head(hidden)
+        flat = torch.nn.functional.linear(hidden.reshape(-1, hidden.shape[-1]), self.embed_tokens)
+        return flat.reshape(*hidden.shape[:-1], flat.shape[-1])
+
+    def tie_head(self) -> None:
+        """Set :attr:`tied_head` when the LM head weight is the embedding (after a dtype cast
+        too, which un-shares their storage)."""
+        emb, head = self.embed_tokens, self.lm_head
+        self.tied_head = head.bias is None and head.weight.shape == emb.shape and (
+            head.weight.data_ptr() == emb.data_ptr() or bool(torch.equal(head.weight, emb)))
+
+    # -- the drafting step ------------------------------------------------------------
+    def _backbone(self, batch: StepBatch, attention, all_rows: bool) -> StepOutput:  # pragma: no cover - abstract
         raise NotImplementedError
 
-    def forward(self, *args: Any, **kwargs: Any) -> BlockOutput:
-        return self.forward_block(*args, **kwargs)
+    def _draft(self, out: StepOutput, batch: StepBatch, pick: Pick, confidence: bool,
+               prev_tokens: torch.Tensor | None) -> StepOutput:
+        """Pick the drafts from rows ``first_row..`` (independent rows; DSpark overrides)."""
+        if prev_tokens is not None:
+            raise UsageError(f"prev_tokens: {self.alg.display_name} has no Markov head to condition")
+        first = out.first_row
+        out.draft_logits = out.slot_logits[:, first:first + int(self.num_draft_tokens)]
+        out.draft_ids = pick(out.draft_logits, None)
+        return out
+
+    def step(self, batch: StepBatch, *, pick: Pick | None = None, attention=attend, all_rows: bool = False,
+             confidence: bool = True, prev_tokens: torch.Tensor | None = None) -> StepOutput:
+        """One batched drafting step (the export I/O contract, :mod:`specconv.drafters.step`).
+
+        Args:
+            batch: the step's inputs (left-padded).
+            pick: how drafts are picked (default greedy); :func:`~.step.noise_pick` /
+                :func:`~.step.sample_pick`.
+            attention: :func:`~.layers.attend` (eager) or the exporter's attention op.
+            all_rows: run the LM head on every row (P-EAGLE's context entries too), not
+                only the rows the drafts come from.
+            confidence: compute a confidence head where the drafter has one.
+            prev_tokens: DSpark teacher forcing: int ``[B, N]`` target ids as ``prev_s``.
+
+        Returns:
+            :class:`~.step.StepOutput`.
+        """
+        out = self._backbone(batch, attention, all_rows)
+        return self._draft(out, batch, pick or sample_pick(0.0, None), confidence, prev_tokens)
+
+    def _block_output(self, out: StepOutput) -> BlockOutput:
+        """Row 0 of a step's output as a :class:`BlockOutput`."""
+        first, cl = out.first_row, out.confidence_logits
+        draft_logits, draft_ids = out.draft_logits[0], out.draft_ids[0]
+        return BlockOutput(
+            positions=out.positions[0].long(), hidden=out.hidden[0], slot_logits=out.slot_logits[0],
+            draft_slots=torch.arange(first, first + draft_ids.shape[0], device=draft_ids.device),
+            draft_logits=draft_logits, target_logits=self.vocab.to_target_logits(draft_logits),
+            draft_ids=draft_ids, tokens=self.vocab.to_target_ids(draft_ids),
+            confidence_logits=None if cl is None else cl[0], confidence=None if cl is None else torch.sigmoid(cl[0]))
+
+    # -- API ------------------------------------------------------------------------
+    @torch.no_grad()
+    def forward_block(self, context_tokens: torch.Tensor, aux_hidden: torch.Tensor, *,
+                      temperature: float = 0.0, generator: torch.Generator | None = None,
+                      prev_tokens: torch.Tensor | None = None) -> BlockOutput:
+        """One drafting pass at batch 1 (:meth:`step`), every row through the LM head.
+
+        Args:
+            context_tokens, aux_hidden, temperature, generator: as :meth:`propose`; a
+                sequential head (DSpark) samples inside its loop, so each slot conditions on
+                the token actually drawn.
+            prev_tokens: DSpark only: LongTensor ``[N]`` of target ids to use as ``prev_s``
+                (teacher forcing, as in training); default: anchor, then own picks.
+
+        Returns:
+            :class:`BlockOutput` (``S`` rows: DFlash/DSpark the ``B`` block slots; P-EAGLE
+            the ``T`` context entries then the ``K-1`` mask entries).
+
+        Raises:
+            UsageError: wrong shapes; ``prev_tokens`` for a drafter without a Markov head.
+        """
+        prev = None if prev_tokens is None else prev_tokens.reshape(1, -1).to(self.device, torch.long)
+        out = self.step(self._request(*self._check_inputs(context_tokens, aux_hidden)),
+                        pick=sample_pick(temperature, generator),
+                        all_rows=True, prev_tokens=prev)
+        return self._block_output(out)
 
     @torch.no_grad()
     def propose(self, context_tokens: torch.Tensor, aux_hidden: torch.Tensor, *,
@@ -420,11 +521,6 @@ def refuse_unused(w: WeightTaker) -> None:
     raise UnsupportedFormatError(
         f"{w.source}: unexpected tensors the drafter cannot use: "
         f"{', '.join(left[:8])}{' ...' if len(left) > 8 else ''}")
-
-
-def speculative_tokens(cfg: SpeculatorsDraftConfig) -> int:
-    """``proposal_methods[0].speculative_tokens`` as the typed config reads it."""
-    return cfg.speculative_tokens
 
 
 def target_hidden(cfg: SpeculatorsDraftConfig, hidden: int, source: str) -> int:

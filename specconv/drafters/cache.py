@@ -32,7 +32,7 @@ __all__ = ["KVBuffer", "ContextCache", "DraftSession"]
 
 
 class KVBuffer:
-    """Keys and values of one draft layer: ``[nKV, capacity, D]`` with a committed length.
+    """Keys and values of one draft layer: ``[1, nKV, capacity, D]`` with a committed length.
 
     Capacity grows by doubling, so appending ``s`` rows copies ``O(s)`` amortised;
     :meth:`with_tail` writes uncommitted scratch rows (a step's block / mask rows) past
@@ -45,42 +45,41 @@ class KVBuffer:
         self.length = 0
 
     def _reserve(self, like: torch.Tensor, rows: int) -> None:
-        cap = 0 if self.k is None else self.k.shape[1]
+        cap = 0 if self.k is None else self.k.shape[2]
         if rows <= cap:
             return
         new_cap = max(rows, 2 * cap, 64)
-        shape = (like.shape[0], new_cap, like.shape[2])
+        shape = (*like.shape[:2], new_cap, like.shape[3])
         k = like.new_empty(shape)
         v = like.new_empty(shape)
         if self.k is not None and self.v is not None and self.length:
-            k[:, : self.length] = self.k[:, : self.length]
-            v[:, : self.length] = self.v[:, : self.length]
+            k[:, :, : self.length] = self.k[:, :, : self.length]
+            v[:, :, : self.length] = self.v[:, :, : self.length]
         self.k, self.v = k, v
 
-    def append(self, k: torch.Tensor, v: torch.Tensor) -> None:
-        """Commit rows ``k, v [nKV, s, D]`` after the current length."""
-        s = k.shape[1]
-        if s == 0:
-            return
-        self._reserve(k, self.length + s)
+    def _write(self, k: torch.Tensor, v: torch.Tensor) -> int:
+        """Write rows ``k, v [1, nKV, s, D]`` after the committed length; return the end."""
+        end = self.length + k.shape[2]
+        self._reserve(k, end)
         assert self.k is not None and self.v is not None
-        self.k[:, self.length: self.length + s] = k
-        self.v[:, self.length: self.length + s] = v
-        self.length += s
+        self.k[:, :, self.length: end] = k
+        self.v[:, :, self.length: end] = v
+        return end
+
+    def append(self, k: torch.Tensor, v: torch.Tensor) -> None:
+        """Commit rows ``k, v [1, nKV, s, D]`` after the current length."""
+        if k.shape[2]:
+            self.length = self._write(k, v)
 
     def with_tail(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Committed rows followed by scratch rows ``k, v [nKV, s, D]`` (not committed).
+        """Committed rows followed by scratch rows ``k, v [1, nKV, s, D]`` (not committed).
 
         Returns:
-            Views ``(K, V)`` each ``[nKV, length + s, D]``; valid until the next write.
+            Views ``(K, V)`` each ``[1, nKV, length + s, D]``; valid until the next write.
         """
-        s = k.shape[1]
-        self._reserve(k, self.length + s)
+        end = self._write(k, v)
         assert self.k is not None and self.v is not None
-        end = self.length + s
-        self.k[:, self.length: end] = k
-        self.v[:, self.length: end] = v
-        return self.k[:, :end], self.v[:, :end]
+        return self.k[:, :, :end], self.v[:, :, :end]
 
     def crop(self, n: int) -> None:
         """Keep the first ``n`` committed rows (no-op when ``n >= length``)."""

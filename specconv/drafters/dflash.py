@@ -16,30 +16,38 @@ model_definitions}.py``; z-lab ``dflash/model.py``; vLLM
 4. ``logits = lm_head(norm(h))``; drafts from slots ``1..B-1`` (``sample_from_anchor``
    false) or ``0..B-1`` (true), mapped with ``d2t``.
 
-:meth:`DFlashDrafter.forward_block` recomputes the context on every call (the stateless
-path: G2 parity, export); :meth:`DFlashDrafter.new_session` keeps the context keys/values
-between calls (:mod:`specconv.drafters.cache`, the validation loop's default).
+:meth:`DFlashDrafter.step` (batched; ``forward_block`` at batch 1, the export wrapper
+batched) projects the context on every call; :meth:`DFlashDrafter.new_session` keeps the
+context keys/values between calls (:mod:`specconv.drafters.cache`, the validation loop's
+default) and runs the same block pass (:meth:`_block_pass`) over them.
 """
 
 from __future__ import annotations
 
 import warnings
+from functools import partial
 from typing import TYPE_CHECKING
 
 import torch
 
 from ..errors import InvalidInputError
-from .base import (BlockOutput, Drafter, aux_ids_from_config, build_embedding, build_lm_head, build_vocab,
-                   require_int, speculative_tokens, target_hidden)
+from .base import BlockOutput, Drafter, require_int
 from .cache import ContextCache, DraftSession
-from .layers import (DecoderLayer, LayerSpec, layer_spec_of, Linear, RMSNorm, Rotary, WeightTaker, attend,
-                     attend_grouped)
+from .layers import Attend, Keys, Linear, RMSNorm, WeightTaker, attend_grouped
+from .step import StepBatch, StepOutput, sample_pick
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..format import DFlashConfig
     from ..verifier import Verifier
 
 __all__ = ["DFlashDrafter"]
+
+
+def _with_context(context_kv: tuple[torch.Tensor, torch.Tensor], block_k: torch.Tensor, block_v: torch.Tensor
+                  ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Context keys/values followed by the block's (the stateless step's :data:`~.layers.Keys`)."""
+    context_k, context_v = context_kv
+    return torch.cat([context_k, block_k], dim=2), torch.cat([context_v, block_v], dim=2)
 
 
 class DFlashDrafter(Drafter):
@@ -50,191 +58,105 @@ class DFlashDrafter(Drafter):
     def __init__(self, config: DFlashConfig, w: WeightTaker, verifier: Verifier | None, source: str):
         from ..format import expected_speculative_tokens
 
-        super().__init__(config, source)
-        spec = layer_spec_of(config, source)
-        tl = config.transformer_layer_config
-        self.spec = spec
-        H = spec.hidden_size
-        self.hidden_size = H
-        self.vocab_size = spec.vocab_size
-        self.draft_vocab_size = require_int(config, "draft_vocab_size", source, minimum=1)
+        super().__init__(config, w, verifier, source)
         self.block_size = require_int(config, "block_size", source, minimum=1)
-        self.mask_token_id = require_int(config, "mask_token_id", source)
-        if self.mask_token_id >= self.vocab_size:
-            raise InvalidInputError(f"{source}: mask_token_id {self.mask_token_id} >= vocab_size "
-                                    f"{self.vocab_size}", code="config_key")
         self.sample_from_anchor = bool(config.sample_from_anchor)  # class default: DFlash False, DSpark True
         self.sliding_window_non_causal = bool(config.sliding_window_non_causal)
-        self.aux_layer_ids = aux_ids_from_config(config, verifier, source)
         if self.block_size < 2 and not self.sample_from_anchor:
             raise InvalidInputError(f"{source}: block_size must be >= 2 when sample_from_anchor "
                                     "is false", code="config_key")
         self.num_draft_tokens = int(expected_speculative_tokens(config))  # B or B-1 by sample_from_anchor
-        st = speculative_tokens(config)
-        if st is not None and st != self.num_draft_tokens:
+        st = config.speculative_tokens
+        if st != self.num_draft_tokens:
             warnings.warn(f"{source}: speculative_tokens {st} != {self.num_draft_tokens} implied "
                           "by block_size/sample_from_anchor (specconv.format.expected_speculative_tokens)",
                           stacklevel=2)
-        A = len(self.aux_layer_ids)
-        Ht = self.aux_hidden_size = target_hidden(config, H, source)
+        H, A, eps = self.hidden_size, len(self.aux_layer_ids), config.transformer_layer_config.rms_norm_eps
+        self.fc = Linear(w.take("fc.weight", (H, A * self.aux_hidden_size)))
+        self.hidden_norm = RMSNorm(w.take("hidden_norm.weight", (H,)), eps)
 
-        self.embed_tokens = torch.nn.Parameter(
-            build_embedding(w, verifier, vocab_size=self.vocab_size, hidden=H),
-            requires_grad=False)
-        self.fc = Linear(w.take("fc.weight", (H, A * Ht)))
-        self.hidden_norm = RMSNorm(w.take("hidden_norm.weight", (H,)), spec.eps)
-        self.layers = torch.nn.ModuleList(
-            [DecoderLayer(w, i, spec, qk_norm=True) for i in range(spec.num_layers)])
-        self.norm = RMSNorm(w.take("norm.weight", (H,)), spec.eps)
-        self.lm_head = build_lm_head(w, verifier, vocab_size=self.vocab_size,
-                                     draft_vocab_size=self.draft_vocab_size, hidden=H,
-                                     algorithm=self.algorithm)
-        self.vocab = build_vocab(w, vocab_size=self.vocab_size,
-                                 draft_vocab_size=self.draft_vocab_size)
-        self.rotary = Rotary(tl, spec.head_dim, source=f"{source}: transformer_layer_config")
+    @property
+    def draft_slots(self) -> tuple[int, ...]:
+        """Block slots the drafts come from: ``1..B-1``, or ``0..B-1`` with ``sample_from_anchor``."""
+        return tuple(range(0 if self.sample_from_anchor else 1, self.block_size))
 
     # -- masks ------------------------------------------------------------------------
-    def layer_mask(self, layer: int, ctx_len: int, device: torch.device) -> torch.Tensor:
-        """Bool ``[B, T+B]`` visibility for block queries of layer ``layer`` (step 3 above)."""
-        B = self.block_size
-        if not self.spec.is_swa(layer):
-            return torch.ones(B, ctx_len + B, dtype=torch.bool, device=device)
-        W = self.spec.sliding_window
-        ctx_pos = torch.arange(ctx_len, device=device)
-        ctx_vis = (ctx_pos >= ctx_len - W)[None, :].expand(B, ctx_len)  # anchor a = ctx_len
-        if self.sliding_window_non_causal:
-            blk_vis = torch.ones(B, B, dtype=torch.bool, device=device)
-        else:
-            j = torch.arange(B, device=device)
-            blk_vis = j[None, :] <= j[:, None]
-        return torch.cat([ctx_vis, blk_vis], dim=1)
+    def block_mask(self, layer: int, batch: StepBatch) -> torch.Tensor:
+        """Bool ``[B, S, C+S]``: the block queries of layer ``layer`` over ``[context, block]``
+        keys (step 3 above; padding columns of the context are never visible)."""
+        W = self.windows[layer]
+        ctx_pos, blk_pos = batch.ctx_position_ids, batch.block_position_ids
+        S = batch.block_ids.shape[1]
+        ctx_vis = batch.ctx_valid[:, None, :].expand(-1, S, -1)
+        blk = torch.ones(S, S, dtype=torch.bool, device=ctx_pos.device)
+        if W is not None:
+            anchor = blk_pos[:, :1, None]  # a = T: context keys at positions >= a - W
+            ctx_vis = ctx_vis & (ctx_pos[:, None, :] >= anchor - W)
+            if not self.sliding_window_non_causal:
+                blk = torch.tril(blk)
+        blk_vis = blk[None].expand(ctx_pos.shape[0], -1, -1)
+        return torch.cat([ctx_vis, blk_vis], dim=2)
 
-    # -- forward ----------------------------------------------------------------------
-    def backbone(self, anchor: torch.Tensor, g: torch.Tensor
-                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Run the block.
+    # -- the block pass ---------------------------------------------------------------
+    def _block_pass(self, batch: StepBatch, keys, attention: Attend) -> torch.Tensor:
+        """The block through every layer → ``norm(h)`` ``[B, S, H]``.
 
         Args:
-            anchor: LongTensor scalar — the bonus/anchor token (target id) at position ``T``.
-            g: ``[T, A*H]`` aux features of positions ``0..T-1``.
-
-        Returns:
-            ``(positions [B], hidden = norm(h) [B, H], slot_logits [B, Vd])``.
+            batch: the step's inputs (the block rows; the context axis for the masks).
+            keys: ``keys(i)`` → layer ``i``'s :data:`~.layers.Keys` (context keys/values
+                followed by the block's: the stateless step's, or the cache's).
+            attention: :func:`~.layers.attend`, :func:`~.layers.attend_grouped` or ONNX's.
         """
-        dev, dt = g.device, self.dtype
-        T, B = g.shape[0], self.block_size
-        c = self.hidden_norm(self.fc(g))
-        block = torch.full((B,), self.mask_token_id, dtype=torch.long, device=dev)
-        block[0] = anchor
-        h = self.embed_tokens[block]
-        ctx_pos = torch.arange(T, device=dev)
-        blk_pos = T + torch.arange(B, device=dev)
-        cos_c, sin_c = self.rotary(ctx_pos, dt)
-        cos_b, sin_b = self.rotary(blk_pos, dt)
+        h = self._embed(batch.block_ids)
+        cos, sin = self.rotary(batch.block_position_ids, self.dtype)
         for i, layer in enumerate(self.layers):
-            a = layer.self_attn
-            n = layer.input_layernorm(h)
-            q = a.q(n, cos_b, sin_b)
-            kc, vc = a.kv(c, cos_c, sin_c)
-            kb, vb = a.kv(n, cos_b, sin_b)
-            k = torch.cat([kc, kb], dim=1)
-            v = torch.cat([vc, vb], dim=1)
-            out = attend(q, k, v, self.layer_mask(i, T, dev), a.scale)
-            h = layer.finish(h, out)
-        hidden = self.norm(h)
-        return blk_pos, hidden, self.lm_head(hidden)
+            h = layer.attend(layer.input_layernorm(h), h, cos, sin, keys(i), self.block_mask(i, batch), attention)
+        return self.norm(h)
 
-    def _extend_context(self, g: torch.Tensor, cache: "ContextCache") -> None:
+    def _backbone(self, batch: StepBatch, attention: Attend, all_rows: bool) -> StepOutput:
+        """The stateless block pass: every layer projects the whole context."""
+        context = self.hidden_norm(self.fc(batch.aux_hidden))
+        cos, sin = self.rotary(batch.ctx_position_ids, self.dtype)
+
+        def keys(i: int) -> Keys:
+            return partial(_with_context, self.layers[i].self_attn.kv(context, cos, sin))
+
+        hidden = self._block_pass(batch, keys, attention)
+        return StepOutput(positions=batch.block_position_ids, hidden=hidden, slot_logits=self._logits(hidden),
+                          first_row=self.draft_slots[0])
+
+    # -- cached path (specconv.drafters.cache) -------------------------------------------
+    def _extend_context(self, g: torch.Tensor, cache: ContextCache) -> None:
         """Project the context rows ``g[n:]`` not yet in ``cache`` (after cropping it to
         ``T``) and commit their per-layer keys/values at RoPE positions ``n..T-1``."""
         T = g.shape[0]
         n = cache.reuse(T)
         if n == T:
             return
-        c = self.hidden_norm(self.fc(g[n:]))
-        cos, sin = self.rotary(torch.arange(n, T, device=g.device), self.dtype)
+        context = self.hidden_norm(self.fc(g[None, n:]))
+        cos, sin = self.rotary(torch.arange(n, T, device=g.device)[None], self.dtype)
         for buf, layer in zip(cache.layers, self.layers):
-            kc, vc = layer.self_attn.kv(c, cos, sin)
-            buf.append(kc, vc)
-
-    def cached_backbone(self, anchor: torch.Tensor, g: torch.Tensor, cache: "ContextCache"
-                        ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """:meth:`backbone` with the context keys/values kept in ``cache``.
-
-        Only the context rows new since the previous call are projected; the block's
-        keys/values are scratch rows past the cached context (never committed).
-
-        Args:
-            anchor: LongTensor scalar — the anchor token at position ``T``.
-            g: ``[T, A*H]`` aux features of positions ``0..T-1`` (rows already cached
-                must be the ones seen before).
-            cache: the session's :class:`~specconv.drafters.cache.ContextCache`.
-
-        Returns:
-            ``(positions [B], hidden [B, H], slot_logits [B, Vd])`` as :meth:`backbone`.
-        """
-        self._extend_context(g, cache)
-        dev, T, B = g.device, g.shape[0], self.block_size
-        block = torch.full((B,), self.mask_token_id, dtype=torch.long, device=dev)
-        block[0] = anchor
-        h = self.embed_tokens[block]
-        blk_pos = T + torch.arange(B, device=dev)
-        cos_b, sin_b = self.rotary(blk_pos, self.dtype)
-        for i, (buf, layer) in enumerate(zip(cache.layers, self.layers)):
-            a = layer.self_attn
-            n = layer.input_layernorm(h)
-            kb, vb = a.kv(n, cos_b, sin_b)
-            k, v = buf.with_tail(kb, vb)
-            out = attend_grouped(a.q(n, cos_b, sin_b), k, v, self.layer_mask(i, T, dev), a.scale)
-            h = layer.finish(h, out)
-        hidden = self.norm(h)
-        return blk_pos, hidden, self.lm_head(hidden)
-
-    def _draft_from(self, anchor: torch.Tensor, pos: torch.Tensor, hidden: torch.Tensor,
-                    logits: torch.Tensor, temperature: float,
-                    generator: torch.Generator | None) -> BlockOutput:
-        """Drafts from the backbone's slots (DSpark overrides: Markov / confidence heads)."""
-        slots = self.draft_slot_indices(hidden.device)
-        return self._finish(pos, hidden, logits, slots, temperature, generator)
+            buf.append(*layer.self_attn.kv(context, cos, sin))
 
     @torch.no_grad()
     def forward_cached(self, context_tokens: torch.Tensor, aux_hidden: torch.Tensor,
-                       cache: "ContextCache", *, temperature: float = 0.0,
+                       cache: ContextCache, *, temperature: float = 0.0,
                        generator: torch.Generator | None = None) -> BlockOutput:
         """:meth:`forward_block` through ``cache`` (use a :class:`DraftSession`).
 
-        Same arguments and :class:`BlockOutput` as :meth:`forward_block`; ``cache`` is
-        cropped / extended to the given context.
+        Only the context rows new since the previous call are projected; the block's
+        keys/values are scratch rows past the cached context (never committed). Same
+        arguments and :class:`BlockOutput` as :meth:`forward_block`; ``cache`` is cropped /
+        extended to the given context (rows already cached must be the ones seen before).
         """
         tokens, g = self._check_inputs(context_tokens, aux_hidden)
-        pos, hidden, logits = self.cached_backbone(tokens[-1], g, cache)
-        return self._draft_from(tokens[-1], pos, hidden, logits, temperature, generator)
+        self._extend_context(g, cache)
+        batch = self._request(tokens, g)
+        hidden = self._block_pass(batch, lambda i: cache.layers[i].with_tail, attend_grouped)
+        out = StepOutput(positions=batch.block_position_ids, hidden=hidden, slot_logits=self._logits(hidden),
+                         first_row=self.draft_slots[0])
+        return self._block_output(self._draft(out, batch, sample_pick(temperature, generator), True, None))
 
-    def new_session(self) -> "DraftSession":
+    def new_session(self) -> DraftSession:
         """A :class:`~specconv.drafters.cache.DraftSession` (context cache) for one request."""
         return DraftSession(self)
-
-    def draft_slot_indices(self, device: torch.device) -> torch.Tensor:
-        start = 0 if self.sample_from_anchor else 1
-        return torch.arange(start, self.block_size, device=device)
-
-    @torch.no_grad()
-    def forward_block(self, context_tokens: torch.Tensor, aux_hidden: torch.Tensor, *,
-                      temperature: float = 0.0, generator: torch.Generator | None = None,
-                      ) -> BlockOutput:
-        """One DFlash drafting pass.
-
-        Args:
-            context_tokens: LongTensor ``[1, T+1]`` (only the anchor ``[0, T]`` is used).
-            aux_hidden: ``[1, T, A*H]`` aux features of positions ``0..T-1``.
-            temperature, generator: as :meth:`Drafter.propose`; slots are drawn
-                independently.
-
-        Returns:
-            :class:`BlockOutput` with ``S = B`` rows; drafts from slots ``1..B-1`` or
-            ``0..B-1``.
-        """
-        tokens, g = self._check_inputs(context_tokens, aux_hidden)
-        pos, hidden, logits = self.backbone(tokens[-1], g)
-        slots = self.draft_slot_indices(g.device)
-        return self._finish(pos, hidden, logits, slots, temperature, generator)

@@ -28,13 +28,14 @@ from typing import TYPE_CHECKING
 import torch
 
 from ..errors import InvalidInputError, UnsupportedFormatError
-from .base import BlockOutput
 from .dflash import DFlashDrafter
-from .layers import Linear, WeightTaker, sample_rows
+from .layers import Linear, WeightTaker
+from .step import StepBatch, StepOutput
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..format import DSparkConfig
     from ..verifier import Verifier
+    from .step import Pick
 
 __all__ = ["DSparkDrafter"]
 
@@ -57,9 +58,6 @@ class DSparkDrafter(DFlashDrafter):
             raise UnsupportedFormatError(
                 f"{source}: markov_head_type 'rnn' is not supported (training-only recurrent "
                 "head; vLLM implements vanilla only)", format_id="dspark_rnn")
-        if self.markov_head_type not in ("vanilla", "gated"):
-            raise UnsupportedFormatError(
-                f"{source}: unknown markov_head_type {self.markov_head_type!r}")
         self.markov_w1: torch.nn.Parameter | None = None
         self.markov_w2: Linear | None = None
         self.gate_proj: Linear | None = None
@@ -96,71 +94,40 @@ class DSparkDrafter(DFlashDrafter):
             e = torch.sigmoid(self.gate_proj(torch.cat([out_k, e], dim=-1))) * e
         return self.markov_w2(e)
 
-    def _slot_step(self, out_k: torch.Tensor, row: torch.Tensor, prev: torch.Tensor, temperature: float,
-                   generator: torch.Generator | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-        """One sequential slot: Markov-biased logits ``[Vd]``, the pick, the confidence logit (fp32) or None."""
-        e = None
-        if self.markov_w1 is not None:
-            e = self.markov_w1[prev]
-            row = row + self._markov_bias(out_k, e)
-        y = sample_rows(row[None], temperature, generator)[0]
-        conf = None
-        if self.confidence_proj is not None:
-            feat = torch.cat([out_k, e], dim=-1) if self.confidence_with_markov else out_k
-            w_ = self.confidence_proj.weight.to(torch.float32)
-            b_ = self.confidence_proj.bias.to(torch.float32)
-            conf = (feat.to(torch.float32) @ w_[0]) + b_[0]
-        return row, y, conf
+    def _confidence_logit(self, out_k: torch.Tensor, e: torch.Tensor | None) -> torch.Tensor:
+        """``proj(cat(out_k, e))`` or ``proj(out_k)`` in fp32 (vLLM keeps this head in fp32) → ``[B]``."""
+        assert self.confidence_proj is not None
+        feat = torch.cat([out_k, e], dim=-1) if self.confidence_with_markov else out_k
+        w_ = self.confidence_proj.weight.to(torch.float32)
+        b_ = self.confidence_proj.bias.to(torch.float32)
+        return (feat.to(torch.float32) @ w_[0]) + b_[0]
 
-    @torch.no_grad()
-    def forward_block(self, context_tokens: torch.Tensor, aux_hidden: torch.Tensor, *,
-                      temperature: float = 0.0, generator: torch.Generator | None = None,
-                      prev_tokens: torch.Tensor | None = None) -> BlockOutput:
-        """One DSpark drafting pass (backbone + sequential Markov / confidence heads).
+    def _draft(self, out: StepOutput, batch: StepBatch, pick: Pick, confidence: bool,
+               prev_tokens: torch.Tensor | None) -> StepOutput:
+        """The sequential Markov / confidence stage over the draft slots (module doc); the
+        batch's anchor ``block_ids[:, 0]`` is ``prev_0``, ``prev_tokens [B, N]`` forces them.
 
-        Args:
-            context_tokens: LongTensor ``[1, T+1]`` (only the anchor ``[0, T]`` is used).
-            aux_hidden: ``[1, T, A*H]``.
-            temperature, generator: as :meth:`Drafter.propose`; sampling happens inside
-                the sequential loop so each slot conditions on the token actually drawn.
-            prev_tokens: optional LongTensor ``[N]`` of target ids to use as ``prev_s``
-                (teacher forcing, as in training); default: anchor, then own picks.
-
-        Returns:
-            :class:`BlockOutput`; ``draft_logits`` are the Markov-biased logits.
+        Raises:
+            InvalidInputError: ``prev_tokens`` without ``N`` entries per row.
         """
-        tokens, g = self._check_inputs(context_tokens, aux_hidden)
-        anchor = tokens[-1]
-        pos, hidden, logits = self.backbone(anchor, g)
-        return self._draft_from(anchor, pos, hidden, logits, temperature, generator,
-                                prev_tokens=prev_tokens)
-
-    def _draft_from(self, anchor: torch.Tensor, pos: torch.Tensor, hidden: torch.Tensor,
-                    logits: torch.Tensor, temperature: float, generator: torch.Generator | None,
-                    prev_tokens: torch.Tensor | None = None) -> BlockOutput:
-        """The sequential Markov / confidence stage over the backbone's slots (module doc)."""
-        slots = self.draft_slot_indices(hidden.device)
-        N = slots.numel()
-        if prev_tokens is not None:
-            prev_tokens = prev_tokens.reshape(-1).to(hidden.device, torch.long)
-            if prev_tokens.numel() != N:
-                raise InvalidInputError(f"prev_tokens must have {N} entries")
-        rows, picks, conf_logits = [], [], []
-        prev = anchor
+        N, first = int(self.num_draft_tokens), out.first_row
+        if prev_tokens is not None and prev_tokens.shape[-1] != N:
+            raise InvalidInputError(f"prev_tokens must have {N} entries")
+        prev = batch.block_ids[:, 0].to(torch.int64)
+        rows, picks, confs = [], [], []
         for s in range(N):
             if prev_tokens is not None:
-                prev = prev_tokens[s]
-            row, y, conf = self._slot_step(hidden[int(slots[s])], logits[int(slots[s])], prev, temperature, generator)
+                prev = prev_tokens[:, s]
+            out_k, row, e = out.hidden[:, first + s], out.slot_logits[:, first + s], None
+            if self.markov_w1 is not None:
+                e = self.markov_w1[prev]
+                row = row + self._markov_bias(out_k, e)
+            y = pick(row, s)
+            if confidence and self.confidence_proj is not None:
+                confs.append(self._confidence_logit(out_k, e))
             rows.append(row)
             picks.append(y)
-            if conf is not None:
-                conf_logits.append(conf)
             prev = self.vocab.to_target_ids(y)
-        draft_logits = torch.stack(rows)
-        draft_ids = torch.stack(picks)
-        cl = torch.stack(conf_logits) if conf_logits else None
-        return BlockOutput(
-            positions=pos, hidden=hidden, slot_logits=logits, draft_slots=slots,
-            draft_logits=draft_logits, target_logits=self.vocab.to_target_logits(draft_logits),
-            draft_ids=draft_ids, tokens=self.vocab.to_target_ids(draft_ids),
-            confidence_logits=cl, confidence=torch.sigmoid(cl) if cl is not None else None)
+        out.draft_logits, out.draft_ids = torch.stack(rows, dim=1), torch.stack(picks, dim=1)
+        out.confidence_logits = torch.stack(confs, dim=1) if confs else None
+        return out

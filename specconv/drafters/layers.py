@@ -12,8 +12,14 @@ the numerics are easy to follow and to mirror in ONNX / TensorRT exports:
   :func:`attend_grouped` — the same without repeating K/V (the cached path,
   :mod:`specconv.drafters.cache`).
 * :class:`Attention`, :class:`MLP`, :class:`DecoderLayer` — pre-norm Llama/Qwen3 decoder
-  pieces; ``q_norm``/``k_norm`` (per-head RMSNorm) only when the layer has them.
+  pieces built from the typed :class:`~specconv.format.schema.TransformerLayerConfig`;
+  ``q_norm``/``k_norm`` (per-head RMSNorm) only when the layer has them;
+  :meth:`DecoderLayer.attend` is one layer of every drafting path (the caller says which
+  keys / values the rows attend over: the stateless step's, or the context cache's).
+* :func:`check_layers` — the layer variants the drafters refuse, and each layer's window.
 
+Every tensor carries a leading batch axis: rows are ``[B, S, ·]``, heads ``[B, n, S, D]``
+(the export I/O contract's layout; the stateless and the cached path run at ``B = 1``).
 Weights are held as frozen ``nn.Parameter`` so ``Module.to(dtype, device)`` works; the
 drafters are inference-only.
 """
@@ -21,8 +27,8 @@ drafters are inference-only.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
@@ -32,7 +38,13 @@ from ..errors import InvalidInputError, UnsupportedFormatError
 from ..format.facts import unsupported_layer_keys
 
 if TYPE_CHECKING:  # pragma: no cover
-    from ..format import SpeculatorsDraftConfig
+    from ..format.schema import TransformerLayerConfig
+
+#: ``(queries [B, nH, Sq, D], keys / values [B, nKV, Sk, D], bool mask [B, Sq, Sk], scale)``
+#: → ``[B, Sq, nH·D]``: :func:`attend`, :func:`attend_grouped` or the export's ONNX op.
+Attend = Callable[..., torch.Tensor]
+#: ``(keys, values)`` of the rows themselves → what they attend over (context + own rows).
+Keys = Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
 
 __all__ = [
     "RMSNorm",
@@ -41,11 +53,12 @@ __all__ = [
     "Attention",
     "MLP",
     "DecoderLayer",
-    "LayerSpec",
     "attend",
     "attend_grouped",
     "rotate_half",
     "apply_rope",
+    "check_layers",
+    "merge_heads",
     "sample_rows",
     "WeightTaker",
 ]
@@ -140,45 +153,36 @@ def rotate_half(x: torch.Tensor) -> torch.Tensor:
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Apply RoPE. ``x``: ``[heads, S, D]``; ``cos``/``sin``: ``[S, D]`` in x's dtype."""
+    """Apply RoPE. ``x``: ``[B, heads, S, D]``; ``cos``/``sin``: ``[B, 1, S, D]`` in x's dtype."""
     return x * cos + rotate_half(x) * sin
 
 
 class Rotary(nn.Module):
-    """Rotary embedding tables from a draft ``transformer_layer_config``.
+    """Rotary embedding tables from the rope parameters of a ``transformer_layer_config``.
 
-    ``rope_theta`` is read from ``rope_parameters.rope_theta`` (transformers 5) or a
-    top-level ``rope_theta`` (older dumps); rope type from ``rope_parameters.rope_type``
-    or ``rope_scaling.rope_type``/``type``. Supported: ``default``, ``linear``,
-    ``llama3`` (formulas as transformers ``modeling_rope_utils``).
+    Args:
+        rope: :meth:`TransformerLayerConfig.rope` (``rope_theta``, ``rope_type`` and the
+            type's parameters in one mapping). Supported types: ``default``, ``linear``,
+            ``llama3`` (formulas as transformers ``modeling_rope_utils``).
+        head_dim: ``D``.
+        source: names the config in errors.
 
     Raises:
+        InvalidInputError: no rope θ.
         UnsupportedFormatError: other rope types or ``partial_rotary_factor != 1``.
     """
 
-    def __init__(self, cfg: Mapping, head_dim: int, source: str = "transformer_layer_config"):
+    def __init__(self, rope: Mapping[str, Any], head_dim: int, source: str = "transformer_layer_config"):
         super().__init__()
-        rp = cfg.get("rope_parameters")
-        if isinstance(rp, Mapping) and any(isinstance(v, Mapping) for v in rp.values()):
-            # per-layer-type nested dicts (Laguna): speculators flattens to sliding_attention
-            rp = rp.get("sliding_attention") or next(v for v in rp.values() if isinstance(v, Mapping))
-        rs = cfg.get("rope_scaling")
-        params: dict = {}
-        if isinstance(rs, Mapping):
-            params.update(rs)
-        if isinstance(rp, Mapping):
-            params.update(rp)
-        from ..format import rope_theta_of as _rope_theta_of  # the one rope-θ reader
-
-        theta = _rope_theta_of({"rope_parameters": params, "rope_theta": cfg.get("rope_theta")})
+        theta = rope.get("rope_theta")
         if theta is None:
             raise InvalidInputError(
                 f"{source}: no rope_theta (looked in rope_parameters.rope_theta and rope_theta)",
                 code="rope_theta",
                 hint="write rope_theta explicitly: vLLM's DFlash layer and transformers default it differently",
             )
-        rope_type = params.get("rope_type", params.get("type", "default")) or "default"
-        prf = params.get("partial_rotary_factor", cfg.get("partial_rotary_factor", 1.0))
+        rope_type = rope.get("rope_type", rope.get("type", "default")) or "default"
+        prf = rope.get("partial_rotary_factor", 1.0)
         if prf not in (None, 1, 1.0):
             raise UnsupportedFormatError(
                 f"{source}: partial_rotary_factor={prf} is not supported by the reference drafters"
@@ -188,17 +192,18 @@ class Rotary(nn.Module):
         inv_freq = 1.0 / (
             self.theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).to(torch.float32) / head_dim)
         )
-        self.register_buffer("inv_freq", _scaled_inv_freq(inv_freq, self.rope_type, params, source),
+        self.register_buffer("inv_freq", _scaled_inv_freq(inv_freq, self.rope_type, rope, source),
                              persistent=False)
         self.attention_scaling = 1.0
 
     def forward(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        """``positions``: LongTensor ``[S]`` → ``(cos, sin)`` each ``[S, head_dim]`` in ``dtype``."""
-        freqs = positions.to(torch.float32)[:, None] * self.inv_freq.to(torch.float32)[None, :]
+        """``positions``: int ``[B, S]`` → ``(cos, sin)`` each ``[B, 1, S, head_dim]`` in ``dtype``
+        (the head axis inserted, ready for :func:`apply_rope`)."""
+        freqs = positions.to(torch.float32)[..., None] * self.inv_freq.to(torch.float32)
         emb = torch.cat((freqs, freqs), dim=-1)
         cos = emb.cos() * self.attention_scaling
         sin = emb.sin() * self.attention_scaling
-        return cos.to(dtype), sin.to(dtype)
+        return cos.to(dtype)[:, None], sin.to(dtype)[:, None]
 
 
 def _scaled_inv_freq(inv_freq: torch.Tensor, rope_type: str, params: Mapping, source: str) -> torch.Tensor:
@@ -229,29 +234,33 @@ def _scaled_inv_freq(inv_freq: torch.Tensor, rope_type: str, params: Mapping, so
     )
 
 
+def merge_heads(out: torch.Tensor) -> torch.Tensor:
+    """``[B, nH, S, D]`` → ``[B, S, nH·D]`` (heads concatenated, ready for ``o_proj``)."""
+    return out.transpose(1, 2).reshape(out.shape[0], out.shape[2], -1)
+
+
 def attend(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float
 ) -> torch.Tensor:
-    """GQA attention with an explicit boolean mask.
+    """GQA attention with an explicit boolean mask (the stateless step's formula).
 
     Args:
-        q: ``[nH, Sq, D]``; k, v: ``[nKV, Sk, D]`` (``nH % nKV == 0``).
-        mask: bool ``[Sq, Sk]``, True = key visible to the query. Every row must see at
+        q: ``[B, nH, Sq, D]``; k, v: ``[B, nKV, Sk, D]`` (``nH % nKV == 0``).
+        mask: bool ``[B, Sq, Sk]``, True = key visible to the query. Every row must see at
             least one key.
         scale: score scale (``D ** -0.5``).
 
     Returns:
-        ``[Sq, nH * D]`` (heads concatenated, ready for ``o_proj``).
+        ``[B, Sq, nH * D]``.
     """
-    n_rep = q.shape[0] // k.shape[0]
+    n_rep = q.shape[1] // k.shape[1]
     if n_rep > 1:
-        k = k.repeat_interleave(n_rep, dim=0)
-        v = v.repeat_interleave(n_rep, dim=0)
+        k = k.repeat_interleave(n_rep, dim=1)
+        v = v.repeat_interleave(n_rep, dim=1)
     scores = torch.matmul(q, k.transpose(-1, -2)) * scale
-    scores = scores.masked_fill(~mask[None], float("-inf"))
+    scores = scores.masked_fill(~mask[:, None], float("-inf"))
     probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
-    out = torch.matmul(probs, v)  # [nH, Sq, D]
-    return out.transpose(0, 1).reshape(out.shape[1], -1)
+    return merge_heads(torch.matmul(probs, v))
 
 
 def attend_grouped(
@@ -262,106 +271,67 @@ def attend_grouped(
     The ``n_rep = nH / nKV`` query heads sharing a key/value head are stacked along the
     query axis instead of repeating ``k``/``v`` ``n_rep`` times, so a long cached
     context is read once per step, not copied. Same arguments, result and head order as
-    :func:`attend` (equal up to float rounding).
+    :func:`attend` (equal up to float rounding); ``k``/``v`` may be strided views.
+    """
+    (b, n_h, sq, d), n_kv = q.shape, k.shape[1]
+    n_rep = n_h // n_kv
+    qg = q.reshape(b, n_kv, n_rep * sq, d)
+    scores = torch.matmul(qg, k.transpose(-1, -2)) * scale
+    scores = scores.masked_fill(~mask.repeat(1, n_rep, 1)[:, None], float("-inf"))
+    probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
+    return merge_heads(torch.matmul(probs, v).reshape(b, n_h, sq, d))
+
+
+def check_layers(layer: TransformerLayerConfig, source: str) -> list[int | None]:
+    """Refuse the layer variants the drafters lack; return each layer's sliding window.
 
     Args:
-        q: ``[nH, Sq, D]``; k, v: ``[nKV, Sk, D]`` (may be strided views).
-        mask: bool ``[Sq, Sk]``, True = visible.
-        scale: score scale.
+        layer: the typed ``transformer_layer_config``.
+        source: names the config in errors.
 
     Returns:
-        ``[Sq, nH * D]``.
-    """
-    n_kv, (n_h, sq, d) = k.shape[0], q.shape
-    n_rep = n_h // n_kv
-    qg = q.reshape(n_kv, n_rep * sq, d)
-    scores = torch.matmul(qg, k.transpose(-1, -2)) * scale
-    scores = scores.masked_fill(~mask.repeat(n_rep, 1)[None], float("-inf"))
-    probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
-    out = torch.matmul(probs, v).reshape(n_h, sq, d)
-    return out.transpose(0, 1).reshape(sq, -1)
-
-
-def layer_spec_of(config: "SpeculatorsDraftConfig", source: str) -> "LayerSpec":
-    """The :class:`LayerSpec` of a typed Speculators config's ``transformer_layer_config``.
+        Per draft layer, its window ``W`` or None (full attention), as speculators and vLLM
+        build the layers (:meth:`TransformerLayerConfig.layer_window`).
 
     Raises:
-        InvalidInputError: a shape key is missing or not a positive integer.
-        UnsupportedFormatError: an activation or attention variant the drafters lack.
+        InvalidInputError: heads not a multiple of the key/value heads, or ``layer_types``
+            not one entry per layer.
+        UnsupportedFormatError: an activation other than SiLU, gated attention, or a layer
+            type other than full / sliding attention.
     """
-    return LayerSpec(config.transformer_layer_config, source=f"{source}: transformer_layer_config")
-
-
-class LayerSpec:
-    """Shapes and options of one draft decoder layer (from ``transformer_layer_config``)."""
-
-    def __init__(self, cfg: Mapping, source: str = "transformer_layer_config"):
-        def req(key: str) -> int:
-            v = cfg.get(key)
-            if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
-                raise InvalidInputError(
-                    f"{source}: {key!r} must be a positive integer (got {v!r})", code="config_key"
-                )
-            return v
-
-        self.hidden_size = req("hidden_size")
-        self.intermediate_size = req("intermediate_size")
-        self.num_layers = req("num_hidden_layers")
-        self.num_heads = req("num_attention_heads")
-        self.num_kv_heads = cfg.get("num_key_value_heads") or self.num_heads
-        if self.num_heads % self.num_kv_heads:
-            raise InvalidInputError(
-                f"{source}: num_attention_heads {self.num_heads} is not a multiple of "
-                f"num_key_value_heads {self.num_kv_heads}", code="config_key")
-        self.head_dim = cfg.get("head_dim") or self.hidden_size // self.num_heads
-        self.vocab_size = req("vocab_size")
-        self.eps = float(cfg.get("rms_norm_eps", 1e-6))
-        self.attention_bias = bool(cfg.get("attention_bias", False))
-        self.mlp_bias = bool(cfg.get("mlp_bias", False))
-        self.model_type = cfg.get("model_type")
-        act = cfg.get("hidden_act", "silu")
-        if act not in ("silu", "swish"):
-            raise UnsupportedFormatError(f"{source}: hidden_act {act!r} is not supported (silu only)")
-        gated = unsupported_layer_keys(cfg)  # the one key set convert refuses too
-        if gated:
-            raise UnsupportedFormatError(
-                f"{source}: gated attention ({', '.join(f'{k}={v!r}' for k, v in gated)}) is not supported by "
-                "the Speculators drafters (no speculators/vLLM counterpart)",
-                format_id="gated_attention",
-            )
-        lt = cfg.get("layer_types")
-        if lt is None:
-            lt = ["full_attention"] * self.num_layers
-        if not isinstance(lt, list) or len(lt) != self.num_layers:
-            raise InvalidInputError(
-                f"{source}: layer_types must list one entry per draft layer "
-                f"({self.num_layers}), got {lt!r}", code="config_key")
-        for t in lt:
-            if t not in ("full_attention", "sliding_attention"):
-                raise UnsupportedFormatError(f"{source}: layer type {t!r} is not supported")
-        self.layer_types: list[str] = list(lt)
-        sw = cfg.get("sliding_window")
-        self.sliding_window: int | None = int(sw) if sw else None
-        self.scale = self.head_dim ** -0.5
-
-    def is_swa(self, layer: int) -> bool:
-        """True when layer ``layer`` is a sliding-window layer with a window set.
-
-        A ``sliding_attention`` layer with ``sliding_window: null`` attends like a full
-        layer (what speculators' mask builder does).
-        """
-        return self.layer_types[layer] == "sliding_attention" and self.sliding_window is not None
+    if layer.num_attention_heads % layer.num_key_value_heads:
+        raise InvalidInputError(
+            f"{source}: num_attention_heads {layer.num_attention_heads} is not a multiple of "
+            f"num_key_value_heads {layer.num_key_value_heads}", code="config_key")
+    if layer.hidden_act not in ("silu", "swish"):
+        raise UnsupportedFormatError(f"{source}: hidden_act {layer.hidden_act!r} is not supported (silu only)")
+    gated = unsupported_layer_keys(layer.written())  # the one key set convert refuses too
+    if gated:
+        raise UnsupportedFormatError(
+            f"{source}: gated attention ({', '.join(f'{k}={v!r}' for k, v in gated)}) is not supported by "
+            "the Speculators drafters (no speculators/vLLM counterpart)",
+            format_id="gated_attention",
+        )
+    kinds = layer.resolved_layer_types
+    if len(kinds) != layer.num_hidden_layers:
+        raise InvalidInputError(
+            f"{source}: layer_types must list one entry per draft layer "
+            f"({layer.num_hidden_layers}), got {layer.layer_types!r}", code="config_key")
+    for kind in kinds:
+        if kind not in ("full_attention", "sliding_attention"):
+            raise UnsupportedFormatError(f"{source}: layer type {kind!r} is not supported")
+    return [layer.layer_window(i) for i in range(layer.num_hidden_layers)]
 
 
 class Attention(nn.Module):
     """q/k/v/o projections (+ optional per-head ``q_norm``/``k_norm``)."""
 
-    def __init__(self, w: WeightTaker, prefix: str, spec: LayerSpec, *, in_features: int,
+    def __init__(self, w: WeightTaker, prefix: str, layer: TransformerLayerConfig, *, in_features: int,
                  qk_norm: bool):
         super().__init__()
-        H, D = spec.hidden_size, spec.head_dim
-        hq, hkv = spec.num_heads * D, spec.num_kv_heads * D
-        b = spec.attention_bias
+        H, D, eps = layer.hidden_size, layer.head_dim, layer.rms_norm_eps
+        hq, hkv = layer.num_attention_heads * D, layer.num_key_value_heads * D
+        b = layer.attention_bias
 
         def lin(name: str, out: int, inp: int) -> Linear:
             return Linear(w.take(f"{prefix}.{name}.weight", (out, inp)),
@@ -371,36 +341,34 @@ class Attention(nn.Module):
         self.k_proj = lin("k_proj", hkv, in_features)
         self.v_proj = lin("v_proj", hkv, in_features)
         self.o_proj = lin("o_proj", H, hq)
-        self.q_norm = RMSNorm(w.take(f"{prefix}.q_norm.weight", (D,)), spec.eps) if qk_norm else None
-        self.k_norm = RMSNorm(w.take(f"{prefix}.k_norm.weight", (D,)), spec.eps) if qk_norm else None
+        self.q_norm = RMSNorm(w.take(f"{prefix}.q_norm.weight", (D,)), eps) if qk_norm else None
+        self.k_norm = RMSNorm(w.take(f"{prefix}.k_norm.weight", (D,)), eps) if qk_norm else None
         self.head_dim = D
-        self.scale = spec.scale
+        self.scale = D ** -0.5
+
+    def _heads(self, proj: Linear, norm: RMSNorm | None, x: torch.Tensor) -> torch.Tensor:
+        """``x [B, S, in]`` → ``[B, heads, S, D]`` (per-head norm when present)."""
+        y = proj(x).view(x.shape[0], x.shape[1], -1, self.head_dim)
+        if norm is not None:
+            y = norm(y)
+        return y.transpose(1, 2)
 
     def q(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        """``x [S, in]`` → roped queries ``[nH, S, D]``."""
-        q = self.q_proj(x).view(x.shape[0], -1, self.head_dim)
-        if self.q_norm is not None:
-            q = self.q_norm(q)
-        return apply_rope(q.transpose(0, 1), cos, sin)
+        """``x [B, S, in]`` → roped queries ``[B, nH, S, D]``."""
+        return apply_rope(self._heads(self.q_proj, self.q_norm, x), cos, sin)
 
     def kv(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """``x [S, in]`` → roped keys and values, each ``[nKV, S, D]``."""
-        k = self.k_proj(x).view(x.shape[0], -1, self.head_dim)
-        if self.k_norm is not None:
-            k = self.k_norm(k)
-        v = self.v_proj(x).view(x.shape[0], -1, self.head_dim)
-        return apply_rope(k.transpose(0, 1), cos, sin), v.transpose(0, 1)
-
-    def out(self, attn: torch.Tensor) -> torch.Tensor:
-        return self.o_proj(attn)
+        """``x [B, S, in]`` → roped keys and values, each ``[B, nKV, S, D]``."""
+        k = self._heads(self.k_proj, self.k_norm, x)
+        return apply_rope(k, cos, sin), self._heads(self.v_proj, None, x)
 
 
 class MLP(nn.Module):
     """SiLU-gated MLP ``down(silu(gate(x)) * up(x))``."""
 
-    def __init__(self, w: WeightTaker, prefix: str, spec: LayerSpec):
+    def __init__(self, w: WeightTaker, prefix: str, layer: TransformerLayerConfig):
         super().__init__()
-        H, inter, b = spec.hidden_size, spec.intermediate_size, spec.mlp_bias
+        H, inter, b = layer.hidden_size, layer.intermediate_size, layer.mlp_bias
 
         def lin(name: str, out: int, inp: int) -> Linear:
             return Linear(w.take(f"{prefix}.{name}.weight", (out, inp)),
@@ -416,33 +384,33 @@ class MLP(nn.Module):
 
 class DecoderLayer(nn.Module):
     """Pre-norm decoder layer weights: ``input_layernorm``, ``self_attn``,
-    ``post_attention_layernorm``, ``mlp``. The algorithms drive the attention themselves
-    (their key/value sets differ), then call :meth:`finish`."""
+    ``post_attention_layernorm``, ``mlp``. The algorithms say what the layer's rows attend
+    over (their key/value sets differ) through :meth:`attend`."""
 
-    def __init__(self, w: WeightTaker, idx: int, spec: LayerSpec, *, qk_norm: bool,
-                 attn_in: int | None = None):
+    def __init__(self, w: WeightTaker, idx: int, layer: TransformerLayerConfig, *, qk_norm: bool,
+                 attn_in: int):
         super().__init__()
         p = f"layers.{idx}"
-        H = spec.hidden_size
-        self.input_layernorm = RMSNorm(w.take(f"{p}.input_layernorm.weight", (H,)), spec.eps)
-        self.post_attention_layernorm = RMSNorm(
-            w.take(f"{p}.post_attention_layernorm.weight", (H,)), spec.eps)
-        self.self_attn = Attention(w, f"{p}.self_attn", spec, in_features=attn_in or H,
-                                   qk_norm=qk_norm)
-        self.mlp = MLP(w, f"{p}.mlp", spec)
+        H, eps = layer.hidden_size, layer.rms_norm_eps
+        self.input_layernorm = RMSNorm(w.take(f"{p}.input_layernorm.weight", (H,)), eps)
+        self.post_attention_layernorm = RMSNorm(w.take(f"{p}.post_attention_layernorm.weight", (H,)), eps)
+        self.self_attn = Attention(w, f"{p}.self_attn", layer, in_features=attn_in, qk_norm=qk_norm)
+        self.mlp = MLP(w, f"{p}.mlp", layer)
 
-    def finish(self, residual: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
-        """``h = residual + o_proj(attn)``; ``h + mlp(post_attention_layernorm(h))``."""
-        h = residual + self.self_attn.out(attn)
+    def attend(self, x: torch.Tensor, residual: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+               keys: Keys, mask: torch.Tensor, attention: Attend) -> torch.Tensor:
+        """One layer over rows ``x [B, S, in]`` (already normed): queries, keys and values
+        from ``x``, attention over ``keys(k, v)`` with ``mask [B, S, Sk]``, then
+        ``h = residual + o_proj(attn)`` and ``h + mlp(post_attention_layernorm(h))``."""
+        a = self.self_attn
+        k, v = keys(*a.kv(x, cos, sin))
+        h = residual + a.o_proj(attention(a.q(x, cos, sin), k, v, mask, a.scale))
         return h + self.mlp(self.post_attention_layernorm(h))
 
-    def standard(self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                 mask: torch.Tensor) -> torch.Tensor:
-        """Ordinary self-attention layer over ``h [S, H]`` with mask ``[S, S]``."""
-        n = self.input_layernorm(h)
-        a = self.self_attn
-        k, v = a.kv(n, cos, sin)
-        return self.finish(h, attend(a.q(n, cos, sin), k, v, mask, a.scale))
+
+def own_keys(k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """:data:`Keys` of rows that attend over themselves only (P-EAGLE's stateless step)."""
+    return k, v
 
 
 def sample_rows(logits: torch.Tensor, temperature: float,

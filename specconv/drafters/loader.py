@@ -1,12 +1,13 @@
 """``load_drafter``: build a reference drafter from a Speculators-format directory.
 
-Reads ``config.json`` through the typed config (:func:`specconv.format.load_config`, the
-only parser of a Speculators ``config.json``), hands that typed config to the drafter, and
-reads the drafter's safetensors through :func:`specconv.tensors.open_store`; takes
-``embed_tokens`` / ``lm_head`` from the :class:`specconv.verifier.Verifier` where the format
-lets the drafter omit them (DFlash/DSpark full vocabulary; the LM head falls back to the
-verifier's tied embedding, as speculators ``src/speculators/model.py::load_verifier_weights``
-does).
+Takes the run's resolved :class:`specconv.verifier.Verifier` and, when the caller has it,
+the typed config it already parsed (:func:`specconv.format.load_config`, the only parser of
+a Speculators ``config.json``; parsed here otherwise), builds the drafter class the
+algorithm's description names, and reads the drafter's safetensors through
+:func:`specconv.tensors.open_store`; ``embed_tokens`` / ``lm_head`` come from the verifier
+where the format lets the drafter omit them (DFlash/DSpark full vocabulary; the LM head
+falls back to the verifier's tied embedding, as speculators
+``src/speculators/model.py::load_verifier_weights`` does).
 """
 
 from __future__ import annotations
@@ -17,45 +18,31 @@ from typing import TYPE_CHECKING
 import torch
 
 from ..format import SpeculatorsDraftConfig, load_config
-from .base import Drafter, check_dtype, open_verifier, read_tensors, refuse_unused
+from ..format.algorithms import algorithm
+from ..tensors import open_store
+from .base import Drafter, check_dtype, open_verifier, refuse_unused
 from .layers import WeightTaker
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..verifier import Verifier
 
-__all__ = ["load_drafter", "read_drafter_config"]
+__all__ = ["load_drafter"]
 
 
-def read_drafter_config(speculators_dir: str | Path) -> SpeculatorsDraftConfig:
-    """Read and validate ``<dir>/config.json`` as a typed Speculators config.
-
-    Args:
-        speculators_dir: a Speculators-format directory.
-
-    Returns:
-        :class:`~specconv.format.PEagleConfig`, :class:`~specconv.format.DFlashConfig` or
-        :class:`~specconv.format.DSparkConfig`.
-
-    Raises:
-        InvalidInputError: missing/invalid JSON, a config without
-            ``speculators_model_type``, or a missing/invalid key (named with the file).
-        UnsupportedFormatError: an algorithm other than peagle/dflash/dspark.
-    """
-    return load_config(Path(speculators_dir) / "config.json")
-
-
-def load_drafter(speculators_dir: str | Path, verifier_dir: Verifier | str | Path | None = None, *,
-                 dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu"
-                 ) -> Drafter:
+def load_drafter(drafter_dir: str | Path, verifier: Verifier | str | Path | None = None, *,
+                 config: SpeculatorsDraftConfig | None = None, dtype: torch.dtype = torch.float32,
+                 device: str | torch.device = "cpu") -> Drafter:
     """Load a Speculators-format drafter as a reference PyTorch module.
 
     Args:
-        speculators_dir: directory with ``config.json`` + ``model.safetensors`` (or an
+        drafter_dir: directory with ``config.json`` + ``model.safetensors`` (or an
             index + shards).
-        verifier_dir: the :class:`~specconv.verifier.Verifier`, or its local directory / Hub
-            id (resolved with :func:`specconv.verifier.resolve_verifier`); needed when the drafter omits
-            ``embed_tokens`` / ``lm_head`` (DFlash/DSpark full vocab) or when P-EAGLE's
-            ``eagle_aux_hidden_state_layer_ids`` is null.
+        verifier: the run's :class:`~specconv.verifier.Verifier` (or, for a one-off load,
+            its local directory / Hub id, resolved once here); needed when the drafter
+            omits ``embed_tokens`` / ``lm_head`` (DFlash/DSpark full vocab) or when
+            P-EAGLE's ``eagle_aux_hidden_state_layer_ids`` is null.
+        config: the typed config of ``drafter_dir/config.json`` when the caller parsed it
+            already (not parsed again); None reads it.
         dtype: ``torch.float32`` | ``torch.bfloat16`` | ``torch.float16``; every float
             weight is cast to it and the forward computes in it (RMSNorm variance and
             softmax in fp32, as transformers; DSpark confidence head in fp32, as vLLM).
@@ -72,21 +59,15 @@ def load_drafter(speculators_dir: str | Path, verifier_dir: Verifier | str | Pat
         UsageError: unsupported dtype.
     """
     check_dtype(dtype)
-    d = Path(speculators_dir)
-    typed = read_drafter_config(d)  # every key as the typed config reads it (defaults, legacy rule)
-    w = WeightTaker(read_tensors(d), source=str(d))
-    verifier = open_verifier(verifier_dir)
-    algo = typed.speculators_model_type
-    if algo == "peagle":
-        from .peagle import PEagleDrafter as cls
-    elif algo == "dflash":
-        from .dflash import DFlashDrafter as cls
-    else:
-        from .dspark import DSparkDrafter as cls
-    model = cls(typed, w, verifier, str(d))
+    d = Path(drafter_dir)
+    typed = config if config is not None else load_config(d)
+    store = open_store(d)
+    w = WeightTaker({n: store.read_tensor(n) for n in store.names()}, source=str(d))
+    model = algorithm(typed.speculators_model_type).drafter_type()(typed, w, open_verifier(verifier), str(d))
     refuse_unused(w)
     model = model.to(device=device)
     for p in model.parameters():
         if p.is_floating_point():
             p.data = p.data.to(dtype)
+    model.tie_head()
     return model.eval()

@@ -13,15 +13,16 @@ Per entry: ``e = embed_tokens[token]``, ``f = fc(prep(x))`` (``prep`` = ``input_
 if ``norm_before_fc``, per-chunk ``fc_norm`` if ``fc_norm``, else identity). Layer 0
 attends with ``q,k,v = proj(cat(input_layernorm(e), hidden_norm(f)))`` and residual
 ``hidden_norm(f)`` (``norm_before_residual``) or ``f``; layers >= 1 are standard
-pre-norm decoder layers. Attention is causal (a mask entry sees every context entry and
-the earlier mask entries); SWA layers restrict **context** keys to positions in
-``(q_pos - W, q_pos]`` (speculators ``peagle/attention.py``). qwen3 layers have per-head
-``q_norm``/``k_norm``; llama layers do not. ``logits = lm_head(norm(h))``; drafts from
-the bonus entry (row ``T-1``) and the mask entries, mapped with ``d2t``.
+pre-norm decoder layers. Attention follows speculators ``peagle/attention.py``: an entry
+sees the context entries anchored at or before its own anchor (SWA layers: only those in
+``(q_pos - W, q_pos]``) and the earlier entries of its own rollout. qwen3 layers have
+per-head ``q_norm``/``k_norm``; llama layers do not. ``logits = lm_head(norm(h))``; drafts
+from the bonus entry (row ``T-1``) and the mask entries, mapped with ``d2t``.
 
-:meth:`PEagleDrafter.forward_block` recomputes every context entry on every call (the
-stateless path: G2 parity, export); :meth:`PEagleDrafter.new_session` keeps the context
-entries' keys/values between calls (:mod:`specconv.drafters.cache`).
+:meth:`PEagleDrafter.step` (batched; ``forward_block`` at batch 1, the export wrapper
+batched) runs every context entry on every call; :meth:`PEagleDrafter.new_session` keeps
+the context entries' keys/values between calls (:mod:`specconv.drafters.cache`) and runs
+the same entry pass (:meth:`_entry_pass`) over the new entries only.
 """
 
 from __future__ import annotations
@@ -31,12 +32,11 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from ..errors import InvalidInputError, UnsupportedFormatError, UsageError
-from .base import (BlockOutput, Drafter, aux_ids_from_config, build_embedding, build_lm_head, build_vocab,
-                   require_int, speculative_tokens, target_hidden)
-from .cache import ContextCache, DraftSession
-from .layers import (DecoderLayer, LayerSpec, layer_spec_of, Linear, RMSNorm, Rotary, WeightTaker, attend,
-                     attend_grouped)
+from ..errors import InvalidInputError, UsageError
+from .base import BlockOutput, Drafter
+from .cache import ContextCache, DraftSession, KVBuffer
+from .layers import Attend, Keys, Linear, RMSNorm, WeightTaker, attend_grouped, own_keys
+from .step import StepBatch, StepOutput, sample_pick
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..format import PEagleConfig
@@ -45,86 +45,50 @@ if TYPE_CHECKING:  # pragma: no cover
 __all__ = ["PEagleDrafter"]
 
 
+def _commit_context(buf: KVBuffer, new_ctx: int, k: torch.Tensor, v: torch.Tensor
+                    ) -> tuple[torch.Tensor, torch.Tensor]:
+    """The cached path's :data:`~.layers.Keys`: commit the first ``new_ctx`` rows' keys /
+    values, put the mask entries' after them as scratch, return cached + new."""
+    buf.append(k[:, :, :new_ctx], v[:, :, :new_ctx])
+    return buf.with_tail(k[:, :, new_ctx:], v[:, :, new_ctx:])
+
+
 class PEagleDrafter(Drafter):
     """P-EAGLE reference drafter. Build with :func:`specconv.drafters.load_drafter`."""
 
     algorithm = "peagle"
 
     def __init__(self, config: PEagleConfig, w: WeightTaker, verifier: Verifier | None, source: str):
-        super().__init__(config, source)
-        spec = layer_spec_of(config, source)
-        if spec.model_type not in ("llama", "qwen3"):
-            raise UnsupportedFormatError(
-                f"{source}: P-EAGLE transformer_layer_config.model_type must be 'llama' or "
-                f"'qwen3' (speculators and vLLM know only these), got {spec.model_type!r}")
-        self.spec = spec
-        H = spec.hidden_size
-        norm_before_fc, fc_norm = self._read_config(config, verifier, source)
-        A, Ht = len(self.aux_layer_ids), self.aux_hidden_size
-
-        self.embed_tokens = torch.nn.Parameter(
-            build_embedding(w, verifier, vocab_size=self.vocab_size, hidden=H),
-            requires_grad=False)
-        if not w.has("embed_tokens.weight"):
+        super().__init__(config, w, verifier, source)
+        st = config.speculative_tokens
+        if st < 1:
+            raise InvalidInputError(
+                f"{source}: speculators_config.proposal_methods[0].speculative_tokens must be >= 1 "
+                f"for P-EAGLE (number of depths K), got {st}", code="config_key")
+        self.block_size = self.num_draft_tokens = st
+        self.norm_before_residual = bool(config.norm_before_residual)
+        if config.norm_before_fc and config.fc_norm:
+            raise InvalidInputError(f"{source}: norm_before_fc and fc_norm are mutually exclusive",
+                                    code="config_key")
+        if self.alg.trains_embedding and not w.has("embed_tokens.weight"):
             warnings.warn(f"{source}: P-EAGLE without embed_tokens.weight; using the verifier's "
                           "embedding (P-EAGLE normally trains its own)", stacklevel=2)
-        self._take_fc(w, norm_before_fc, fc_norm)
+        H, A, Ht, eps = self.hidden_size, len(self.aux_layer_ids), self.aux_hidden_size, config.transformer_layer_config.rms_norm_eps
+        self.fc = Linear(w.take("fc.weight", (H, A * Ht)))
+        self.input_norm = RMSNorm(w.take("input_norm.weight", (A * Ht,)), eps) if config.norm_before_fc else None
+        self.fc_norm = (torch.nn.ModuleList([RMSNorm(w.take(f"fc_norm.{i}.weight", (Ht,)), eps) for i in range(A)])
+                        if config.fc_norm else None)
         if not w.has("mask_hidden"):
             raise InvalidInputError(
                 f"{source}: mask_hidden is required for P-EAGLE (speculators would "
                 "random-initialise it; vLLM refuses)", code="missing_tensor")
         self.mask_hidden = torch.nn.Parameter(
             w.take("mask_hidden", (1, 1, A * Ht)).reshape(A * Ht), requires_grad=False)
-        self.hidden_norm = RMSNorm(w.take("layers.0.hidden_norm.weight", (H,)), spec.eps)
-        self.layers = torch.nn.ModuleList(
-            [DecoderLayer(w, i, spec, qk_norm=spec.model_type == "qwen3", attn_in=2 * H if i == 0 else None)
-             for i in range(spec.num_layers)])
-        self.norm = RMSNorm(w.take("norm.weight", (H,)), spec.eps)
-        self.lm_head = build_lm_head(w, verifier, vocab_size=self.vocab_size,
-                                     draft_vocab_size=self.draft_vocab_size, hidden=H,
-                                     algorithm=self.algorithm)
-        self.vocab = build_vocab(w, vocab_size=self.vocab_size,
-                                 draft_vocab_size=self.draft_vocab_size)
-        self.rotary = Rotary(config.transformer_layer_config, spec.head_dim,
-                             source=f"{source}: transformer_layer_config")
-        self.block_size = self.num_draft_tokens
-        self.sample_from_anchor = False
-
-    def _read_config(self, config: PEagleConfig, verifier: Verifier | None, source: str) -> tuple[bool, bool]:
-        """Set the scalar attributes from the typed config; return ``(norm_before_fc, fc_norm)``."""
-        self.hidden_size = self.spec.hidden_size
-        self.vocab_size = self.spec.vocab_size
-        self.draft_vocab_size = require_int(config, "draft_vocab_size", source, minimum=1)
-        self.mask_token_id = require_int(config, "mask_token_id", source)
-        if self.mask_token_id >= self.vocab_size:
-            raise InvalidInputError(f"{source}: mask_token_id {self.mask_token_id} >= vocab_size "
-                                    f"{self.vocab_size}", code="config_key")
-        self.aux_layer_ids = aux_ids_from_config(config, verifier, source)
-        st = speculative_tokens(config)
-        if st < 1:
-            raise InvalidInputError(
-                f"{source}: speculators_config.proposal_methods[0].speculative_tokens must be >= 1 "
-                f"for P-EAGLE (number of depths K), got {st}", code="config_key")
-        self.num_draft_tokens = st
-        self.norm_before_residual = bool(config.norm_before_residual)
-        norm_before_fc, fc_norm = bool(config.norm_before_fc), bool(config.fc_norm)
-        if norm_before_fc and fc_norm:
-            raise InvalidInputError(f"{source}: norm_before_fc and fc_norm are mutually exclusive",
-                                    code="config_key")
-        self.aux_hidden_size = target_hidden(config, self.hidden_size, source)
-        return norm_before_fc, fc_norm
-
-    def _take_fc(self, w: WeightTaker, norm_before_fc: bool, fc_norm: bool) -> None:
-        """``fc`` and its optional input norm (whole width) or per-chunk ``fc_norm``."""
-        H, A, Ht, eps = self.hidden_size, len(self.aux_layer_ids), self.aux_hidden_size, self.spec.eps
-        self.fc = Linear(w.take("fc.weight", (H, A * Ht)))
-        self.input_norm = RMSNorm(w.take("input_norm.weight", (A * Ht,)), eps) if norm_before_fc else None
-        self.fc_norm = (torch.nn.ModuleList([RMSNorm(w.take(f"fc_norm.{i}.weight", (Ht,)), eps) for i in range(A)])
-                        if fc_norm else None)
+        self.hidden_norm = RMSNorm(w.take("layers.0.hidden_norm.weight", (H,)), eps)
 
     # -- pieces -------------------------------------------------------------------------
     def prep_fc(self, x: torch.Tensor) -> torch.Tensor:
-        """``fc(prep(x))`` for ``x [S, A*H]`` (aux concat or ``mask_hidden``)."""
+        """``fc(prep(x))`` for ``x [B, S, A*H]`` (aux concat or ``mask_hidden``)."""
         if self.input_norm is not None:
             x = self.input_norm(x)
         if self.fc_norm is not None:
@@ -132,110 +96,85 @@ class PEagleDrafter(Drafter):
             x = torch.cat([n(c) for n, c in zip(self.fc_norm, chunks)], dim=-1)
         return self.fc(x)
 
-    def attention_mask(self, layer: int, ctx_len: int, device: torch.device) -> torch.Tensor:
-        """Bool ``[S, S]`` over ``T`` context entries then ``K-1`` mask entries."""
-        return self.attention_mask_rows(layer, ctx_len, 0, device)
+    @staticmethod
+    def entries(batch: StepBatch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``(positions, depth, valid)`` each ``[B, C+M]`` of the context entries then the
+        mask entries (depth 0 = a context entry; mask entry ``j`` has depth ``j``)."""
+        B, M = batch.block_ids.shape
+        pos = torch.cat([batch.ctx_position_ids, batch.block_position_ids], dim=1)
+        depth = torch.cat([torch.zeros_like(batch.ctx_position_ids),
+                           torch.arange(1, M + 1, dtype=pos.dtype, device=pos.device).expand(B, M)], dim=1)
+        valid = torch.cat([batch.ctx_valid, torch.ones(B, M, dtype=torch.bool, device=pos.device)], dim=1)
+        return pos, depth, valid
 
-    def attention_mask_rows(self, layer: int, ctx_len: int, start: int,
-                            device: torch.device) -> torch.Tensor:
-        """Rows ``start..S-1`` of :meth:`attention_mask`: bool ``[S - start, S]``
-        (the cached path computes only the queries from entry ``start`` on)."""
-        T, M = ctx_len, self.num_draft_tokens - 1
-        S = T + M
-        idx = torch.arange(S, device=device)
-        pos = torch.where(idx < T, idx, T - 1 + (idx - T + 1))
-        depth = torch.where(idx < T, torch.zeros_like(idx), idx - T + 1)
+    def entry_mask(self, layer: int, pos: torch.Tensor, depth: torch.Tensor, valid: torch.Tensor,
+                   q_from: int = 0) -> torch.Tensor:
+        """Bool ``[B, R - q_from, R]``: queries from entry ``q_from`` on over every entry
+        (speculators ``peagle/attention.py``: a context key anchored at or before the query's
+        anchor, inside the window on SWA layers, or an earlier entry of the query's own
+        rollout; padding keys never, and every row sees itself, so padding rows stay finite)."""
+        W = self.windows[layer]
         anchor = pos - depth  # context: own position; mask entries: T-1
-        qa, ka = anchor[start:, None], anchor[None, :]
-        qd, kd = depth[start:, None], depth[None, :]
+        qa, ka = anchor[:, q_from:, None], anchor[:, None, :]
+        qd, kd = depth[:, q_from:, None], depth[:, None, :]
         ctx_key = (kd == 0) & (ka <= qa)
-        if self.spec.is_swa(layer):
-            W = self.spec.sliding_window
-            ctx_key = ctx_key & (ka > pos[start:, None] - W)
-        same_rollout = (qa == ka) & (kd <= qd)
-        return ctx_key | same_rollout
+        if W is not None:
+            ctx_key = ctx_key & (ka > pos[:, q_from:, None] - W)
+        idx = torch.arange(pos.shape[1], device=pos.device)
+        own = idx[q_from:, None] == idx[None, :]
+        return (valid[:, None, :] & (ctx_key | ((qa == ka) & (kd <= qd)))) | own
 
-    def _context(self, context_tokens: torch.Tensor, aux_hidden: torch.Tensor):
-        """Checked ``(tokens [T+1], features [T, A*H], T)``; ``UsageError`` when ``T == 0``."""
-        tokens, g = self._check_inputs(context_tokens, aux_hidden)
-        if g.shape[0] < 1:
-            raise UsageError("P-EAGLE needs at least one context position (T >= 1)")
-        return tokens, g, g.shape[0]
-
-    @torch.no_grad()
-    def forward_block(self, context_tokens: torch.Tensor, aux_hidden: torch.Tensor, *,
-                      temperature: float = 0.0, generator: torch.Generator | None = None,
-                      ) -> BlockOutput:
-        """One P-EAGLE drafting pass (all ``K`` depths at once).
+    def _entry_pass(self, batch: StepBatch, q_from: int, keys, attention: Attend
+                    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Entries ``q_from..`` through every layer → ``(h [B, R - q_from, H] before the
+        final norm, their positions [B, R - q_from])``.
 
         Args:
-            context_tokens: LongTensor ``[1, T+1]`` — ``t_0..t_T`` with ``t_T`` the bonus
-                token; entry ``i`` uses ``t_{i+1}``.
-            aux_hidden: ``[1, T, A*H]`` — ``g_0..g_{T-1}`` (``T >= 1``).
-            temperature, generator: as :meth:`Drafter.propose` (depths drawn
-                independently).
-
-        Returns:
-            :class:`BlockOutput` with ``S = T + K - 1`` rows (every context entry, then the
-            mask entries); ``draft_slots = [T-1, T, ..., T+K-2]`` so ``draft_logits[d]``
-            is depth ``d``.
-
-        Raises:
-            UsageError: ``T == 0``.
+            batch: the step's inputs (every entry: the masks see them all).
+            q_from: the first entry computed (the cached path: the first new one).
+            keys: ``keys(i)`` → layer ``i``'s :data:`~.layers.Keys` (own keys only, or
+                committed through the cache).
+            attention: :func:`~.layers.attend`, :func:`~.layers.attend_grouped` or ONNX's.
         """
-        tokens, g, T = self._context(context_tokens, aux_hidden)
-        K = self.num_draft_tokens
-        dev, dt = g.device, self.dtype
-        M = K - 1
-        ent_tokens = torch.cat([tokens[1:], torch.full((M,), self.mask_token_id, dtype=torch.long,
-                                                       device=dev)])
-        x = torch.cat([g, self.mask_hidden[None].expand(M, -1)], dim=0)
-        e = self.embed_tokens[ent_tokens]
-        f = self.prep_fc(x)
-        positions = torch.cat([torch.arange(T, device=dev), T - 1 + torch.arange(1, K, device=dev)])
-        cos, sin = self.rotary(positions, dt)
-
+        pos, depth, valid = self.entries(batch)
+        new = batch.context_from(q_from)
+        B, M = new.block_ids.shape
+        e = self._embed(torch.cat([new.context_ids, new.block_ids], dim=1))
+        f = self.prep_fc(torch.cat([new.aux_hidden, self.mask_hidden.expand(B, M, -1)], dim=1))
+        cos, sin = self.rotary(pos[:, q_from:], self.dtype)
         layer0 = self.layers[0]
-        a_in = layer0.input_layernorm(e)
         b_in = self.hidden_norm(f)
-        residual = b_in if self.norm_before_residual else f
-        n = torch.cat([a_in, b_in], dim=-1)
-        att = layer0.self_attn
-        k, v = att.kv(n, cos, sin)
-        out = attend(att.q(n, cos, sin), k, v, self.attention_mask(0, T, dev), att.scale)
-        h = layer0.finish(residual, out)
+        x = torch.cat([layer0.input_layernorm(e), b_in], dim=-1)
+        h = layer0.attend(x, b_in if self.norm_before_residual else f, cos, sin, keys(0),
+                          self.entry_mask(0, pos, depth, valid, q_from), attention)
         for i in range(1, len(self.layers)):
-            h = self.layers[i].standard(h, cos, sin, self.attention_mask(i, T, dev))
-        hidden = self.norm(h)
-        logits = self.lm_head(hidden)
-        slots = torch.arange(T - 1, T + M, device=dev)
-        return self._finish(positions, hidden, logits, slots, temperature, generator)
+            layer = self.layers[i]
+            h = layer.attend(layer.input_layernorm(h), h, cos, sin, keys(i),
+                             self.entry_mask(i, pos, depth, valid, q_from), attention)
+        return h, pos[:, q_from:]
+
+    def _backbone(self, batch: StepBatch, attention: Attend, all_rows: bool) -> StepOutput:
+        """The stateless entry pass; the LM head runs on the bonus entry (the last context
+        column) and the mask entries, or on every entry (``all_rows``)."""
+        h, pos = self._entry_pass(batch, 0, lambda i: own_keys, attention)
+        C = batch.aux_hidden.shape[1]
+        first = 0 if all_rows else C - 1
+        hidden = self.norm(h[:, first:])
+        return StepOutput(positions=pos[:, first:], hidden=hidden, slot_logits=self._logits(hidden),
+                          first_row=C - 1 - first)
+
+    def _check_inputs(self, context_tokens: torch.Tensor, aux_hidden: torch.Tensor
+                      ) -> tuple[torch.Tensor, torch.Tensor]:
+        """As :meth:`Drafter._check_inputs`; ``UsageError`` when ``T == 0``."""
+        tokens, g = super()._check_inputs(context_tokens, aux_hidden)
+        if g.shape[0] < 1:
+            raise UsageError("P-EAGLE needs at least one context position (T >= 1)")
+        return tokens, g
 
     # -- cached path (specconv.drafters.cache) -------------------------------------------
-    def _entries(self, tokens: torch.Tensor, g: torch.Tensor, start: int
-                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Entries ``start..T+K-2``: ``(embed [R, H], fc(prep(x)) [R, H], positions [R])``."""
-        T, M, dev = g.shape[0], self.num_draft_tokens - 1, g.device
-        ent_tokens = torch.cat([tokens[1 + start:],
-                                torch.full((M,), self.mask_token_id, dtype=torch.long, device=dev)])
-        x = torch.cat([g[start:], self.mask_hidden[None].expand(M, -1)], dim=0)
-        positions = torch.cat([torch.arange(start, T, device=dev),
-                               T - 1 + torch.arange(1, M + 1, device=dev)])
-        return self.embed_tokens[ent_tokens], self.prep_fc(x), positions
-
-    @staticmethod
-    def _cached_attend(att, buf, n_in: torch.Tensor, new_ctx: int, cos: torch.Tensor,
-                       sin: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        """Commit the ``new_ctx`` context rows' keys/values to ``buf``, put the mask rows'
-        after them as scratch, attend the rows' queries over cached + new keys."""
-        k, v = att.kv(n_in, cos, sin)
-        buf.append(k[:, :new_ctx], v[:, :new_ctx])
-        kk, vv = buf.with_tail(k[:, new_ctx:], v[:, new_ctx:])
-        return attend_grouped(att.q(n_in, cos, sin), kk, vv, mask, att.scale)
-
     @torch.no_grad()
     def forward_cached(self, context_tokens: torch.Tensor, aux_hidden: torch.Tensor,
-                       cache: "ContextCache", *, temperature: float = 0.0,
+                       cache: ContextCache, *, temperature: float = 0.0,
                        generator: torch.Generator | None = None) -> BlockOutput:
         """:meth:`forward_block` through ``cache`` (use a :class:`DraftSession`).
 
@@ -250,26 +189,19 @@ class PEagleDrafter(Drafter):
         Raises:
             UsageError: ``T == 0``.
         """
-        tokens, g, T = self._context(context_tokens, aux_hidden)
-        dev = g.device
+        tokens, g = self._check_inputs(context_tokens, aux_hidden)
+        T = g.shape[0]
         n = cache.reuse(T, tokens[1:], keep=T - 1)
-        e, f, positions = self._entries(tokens, g, n)
-        cos, sin = self.rotary(positions, self.dtype)
-        layer0, new_ctx = self.layers[0], T - n
-        b_in = self.hidden_norm(f)
-        n_in = torch.cat([layer0.input_layernorm(e), b_in], dim=-1)
-        out = self._cached_attend(layer0.self_attn, cache.layers[0], n_in, new_ctx, cos, sin,
-                                  self.attention_mask_rows(0, T, n, dev))
-        h = layer0.finish(b_in if self.norm_before_residual else f, out)
-        for i in range(1, len(self.layers)):
-            layer = self.layers[i]
-            out = self._cached_attend(layer.self_attn, cache.layers[i], layer.input_layernorm(h),
-                                      new_ctx, cos, sin, self.attention_mask_rows(i, T, n, dev))
-            h = layer.finish(h, out)
-        hidden = self.norm(h)
-        slots = torch.arange(new_ctx - 1, hidden.shape[0], device=dev)
-        return self._finish(positions, hidden, self.lm_head(hidden), slots, temperature, generator)
+        batch = self._request(tokens, g)
 
-    def new_session(self) -> "DraftSession":
+        def keys(i: int) -> Keys:
+            return lambda k, v: _commit_context(cache.layers[i], T - n, k, v)
+
+        h, pos = self._entry_pass(batch, n, keys, attend_grouped)
+        hidden = self.norm(h)
+        out = StepOutput(positions=pos, hidden=hidden, slot_logits=self._logits(hidden), first_row=T - n - 1)
+        return self._block_output(self._draft(out, batch, sample_pick(temperature, generator), True, None))
+
+    def new_session(self) -> DraftSession:
         """A :class:`~specconv.drafters.cache.DraftSession` (context cache) for one request."""
         return DraftSession(self)

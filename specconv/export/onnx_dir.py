@@ -20,12 +20,12 @@ import json
 import logging
 import os
 import shutil
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 from ..errors import GateFailedError, InvalidInputError, UsageError
 from ..outdir import KINDS, OutputTemp, check_replaceable, clean_stale, move_into_place
-from ..fileio import read_json_object
 from ..versions import library_versions
 
 log = logging.getLogger("specconv.export")
@@ -76,14 +76,27 @@ def graph_for_dtype(meta: dict, dtype: str | None) -> str:
     return next((rel for rel, g in sorted(graphs.items()) if (g or {}).get("dtype") == dtype), GRAPH_NAME)
 
 
-def _check_dir(d: Path) -> dict:
+def _check_dir(d: Path) -> None:
     from ..format import speculators_model_type_of
 
     if speculators_model_type_of(d) is None:
         raise InvalidInputError(
             f"{d} is not a Speculators-format directory (no config.json with speculators_model_type)",
             code="not_speculators_dir", hint=f"convert it first: specconv convert {d} --verifier V -o OUT")
-    return read_json_object(d / "config.json", code="not_speculators_dir")
+
+
+def _drafter_loader(d: Path, vspec: str | None):
+    """``load(dtype=...)``: the drafter at a torch dtype, from one resolved verifier and one
+    parse of ``d/config.json`` (however many dtypes are loaded)."""
+    from ..drafters import load_drafter
+    from ..format import load_config
+
+    ver = None
+    if vspec:
+        from ..verifier import resolve_verifier
+
+        ver = resolve_verifier(vspec)
+    return partial(load_drafter, d, ver, config=load_config(d))
 
 
 def default_verifier(d: Path) -> str | None:
@@ -116,7 +129,7 @@ def _check_output(out: Path, d: Path, overwrite: bool) -> None:
     check_replaceable(out, "onnx")
 
 
-def _baked_from_verifier(d: Path, parts) -> list[str]:
+def _baked_from_verifier(d: Path) -> list[str]:
     """Which verifier tensors the graph bakes in (the drafter dir lacks them)."""
     from ..tensors import open_store
 
@@ -129,18 +142,18 @@ def _baked_from_verifier(d: Path, parts) -> list[str]:
     return baked
 
 
-def _example(parts, settings):
+def _example(shape, settings):
     """Export example: batch 2, context ``min(7, max_context)`` (≥ 3, ≠ batch: no axis
     specialises or merges with another)."""
     import torch
 
-    from .wrappers import batch_inputs
+    from ..drafters.step import batch_inputs
 
     C = min(7, settings.max_context)
     g = torch.Generator().manual_seed(0)
-    reqs = [(torch.randint(0, parts.vocab_size, (T + 1,), generator=g), torch.randn(T, parts.aux_width, generator=g))
+    reqs = [(torch.randint(0, shape.vocab_size, (T + 1,), generator=g), torch.randn(T, shape.aux_width, generator=g))
             for T in (2, C)]
-    return batch_inputs(parts, reqs, sampling_noise=settings.sampling_noise)
+    return batch_inputs(shape, reqs, sampling_noise=settings.sampling_noise)
 
 
 def _export_one(drafter, dtype: str, dst: Path, settings, workdir: Path, check: bool) -> dict:
@@ -151,7 +164,7 @@ def _export_one(drafter, dtype: str, dst: Path, settings, workdir: Path, check: 
 
     kw = dict(top_k=settings.top_k, sampling_noise=settings.sampling_noise)
     wrapper = make_wrapper(drafter, outputs=settings.outputs, onnx_attention=True, **kw)
-    example = _example(wrapper.p, settings)
+    example = _example(wrapper.shape, settings)
     log.info("exporting %s graph (%s) ...", dtype, dst)
     info = export_graph(wrapper, example, dst, settings, workdir)
     info.update(io_spec(dst))
@@ -191,7 +204,6 @@ def export_onnx_dir(drafter_dir: str | Path, out: str | Path | None = None, *,
     import torch
 
     from .onnx_export import ExportSettings
-    from .reference import load_reference, parts_of
 
     d = Path(drafter_dir)
     _check_dir(d)
@@ -200,21 +212,17 @@ def export_onnx_dir(drafter_dir: str | Path, out: str | Path | None = None, *,
     out_dir = Path(out) if out is not None else d / "onnx"
     _check_output(out_dir, d, overwrite)
     vspec = verifier or default_verifier(d)
-    vdir = None
-    if vspec:
-        from ..verifier import resolve_verifier
-
-        vdir = resolve_verifier(vspec).local_dir
-    ref32 = load_reference(d, vdir, torch.float32)
-    parts = parts_of(ref32)
-    if s.top_k > parts.draft_vocab_size:
-        raise UsageError(f"--top-k {s.top_k} exceeds the draft vocabulary ({parts.draft_vocab_size})")
+    load = _drafter_loader(d, vspec)
+    ref32 = load(dtype=torch.float32)
+    if s.top_k > ref32.draft_vocab_size:
+        raise UsageError(f"--top-k {s.top_k} exceeds the draft vocabulary ({ref32.draft_vocab_size})")
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     clean_stale(out_dir)
     tmp = OutputTemp(out_dir)
     try:
-        graphs = _export_graphs(tmp.path, d, vdir, ref32, s, dtype, check)
-        meta = _meta(d, parts, s, dtype, graphs, _baked_from_verifier(d, parts), vspec, tmp.path)
+        graphs = _export_graphs(tmp.path, load, ref32, s, dtype, check)
+        meta = _meta(d, ref32.shape, ref32.aux_layer_ids, s, dtype, graphs, _baked_from_verifier(d), vspec,
+                     tmp.path)
         result = _result(meta, graphs, out_dir, check)
         if check and result["parity_passed"] is False:
             raise GateFailedError(f"ONNX parity failed: {json.dumps(result['parity'])[:800]}",
@@ -243,12 +251,11 @@ def _check_settings(s, dtype: str) -> None:
         raise UsageError("--outputs must include ids")
 
 
-def _export_graphs(tmp: Path, d: Path, vdir, ref32, s, dtype: str, check: bool) -> dict[str, Any]:
+def _export_graphs(tmp: Path, load, ref32, s, dtype: str, check: bool) -> dict[str, Any]:
     """The graph at ``dtype``; for float16 / bfloat16 first the fp32 twin under ``fp32/``.
-    Each graph is written once (float32: ``drafter.onnx`` alone, no link, no copy)."""
+    Each graph is written once (float32: ``drafter.onnx`` alone, no link, no copy).
+    ``load(dtype=...)`` loads the drafter at that torch dtype."""
     import torch
-
-    from .reference import load_reference
 
     work = tmp / ".work"
     work.mkdir(parents=True)
@@ -258,13 +265,14 @@ def _export_graphs(tmp: Path, d: Path, vdir, ref32, s, dtype: str, check: bool) 
     else:
         (tmp / "fp32").mkdir()
         graphs[TWIN_NAME] = _export_one(ref32, "float32", tmp / TWIN_NAME, s, work, check)
-        refd = load_reference(d, vdir, getattr(torch, dtype))
+        refd = load(dtype=getattr(torch, dtype))
         graphs[GRAPH_NAME] = _export_one(refd, dtype, tmp / GRAPH_NAME, s, work, check)
     shutil.rmtree(work)
     return graphs
 
 
-def _meta(d: Path, parts, s, dtype: str, graphs: dict, baked: list[str], vspec, tmp: Path) -> dict:
+def _meta(d: Path, shape, aux_layer_ids: list[int], s, dtype: str, graphs: dict, baked: list[str], vspec,
+          tmp: Path) -> dict:
     from ..tensors import sha256_file
 
     files = sorted(str(p.relative_to(tmp)) for p in tmp.rglob("*") if p.is_file())
@@ -272,13 +280,13 @@ def _meta(d: Path, parts, s, dtype: str, graphs: dict, baked: list[str], vspec, 
     return {
         "format": META_FORMAT, "format_version": META_FORMAT_VERSION,
         "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-        "algorithm": parts.algorithm, "io_contract": "stateless-v1",
+        "algorithm": shape.algorithm, "io_contract": "stateless-v1",
         "dtype": dtype, "opset": main["opset"], "ir_version": main["ir_version"],
         "versions": library_versions(("torch", "onnx", "onnxscript", "onnx-ir", "onnxruntime")),
-        "block_size": parts.block_size, "num_draft_tokens": parts.num_draft_tokens,
-        "draft_slots": parts.draft_slots, "mask_token_id": parts.mask_token_id,
-        "aux_layer_ids": parts.aux_layer_ids, "aux_width": parts.aux_width,
-        "vocab_size": parts.vocab_size, "draft_vocab_size": parts.draft_vocab_size,
+        "block_size": shape.block_size, "num_draft_tokens": shape.num_draft_tokens,
+        "draft_slots": list(shape.draft_slots), "mask_token_id": shape.mask_token_id,
+        "aux_layer_ids": list(aux_layer_ids), "aux_width": shape.aux_width,
+        "vocab_size": shape.vocab_size, "draft_vocab_size": shape.draft_vocab_size,
         "padding": "left", "outputs": list(s.outputs), "top_k": s.top_k if "topk" in s.outputs else None,
         "sampling_noise": s.sampling_noise,
         "dynamic": {"batch": {"min": 1, "max": s.max_batch}, "context": {"min": 1, "max": s.max_context}},

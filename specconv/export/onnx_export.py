@@ -32,11 +32,8 @@ from ..errors import InvalidInputError
 
 log = logging.getLogger("specconv.export")
 
-__all__ = ["export_graph", "prepare_for_tensorrt", "check_graph", "op_census",
-           "ExportSettings", "CONTEXT_INPUTS"]
+__all__ = ["export_graph", "prepare_for_tensorrt", "check_graph", "op_census", "ExportSettings"]
 
-#: wrapper inputs whose axis 1 is the (dynamic) context length
-CONTEXT_INPUTS = ("aux_hidden", "context_ids", "ctx_position_ids", "ctx_valid")
 _FORBIDDEN_OPS = ("CumProd",)
 _CONTROL_FLOW = ("If", "Loop", "Scan")
 
@@ -62,6 +59,8 @@ class ExportSettings:
 
 def _dynamic_shapes(names: list[str], max_batch: int, max_context: int):
     from torch.export import Dim
+
+    from ..drafters.step import CONTEXT_INPUTS
 
     batch = Dim("batch", min=1, max=max_batch)
     ctx = Dim("context", min=1, max=max_context)

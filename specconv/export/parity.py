@@ -22,15 +22,19 @@ TOLERANCES = {"float32": (1e-3, 1e-3), "float16": (5e-2, None), "bfloat16": (1e-
 _REFERENCE_EVALUATOR_MAX_PARAMS = 2_000_000
 
 
-def parity_inputs(parts, *, sampling_noise: bool, seed: int = 0,
+def parity_inputs(shape, *, sampling_noise: bool, seed: int = 0,
                   max_context: int = 4096) -> list[tuple[torch.Tensor, ...]]:
     """Two input sets: batch 1 (context 12) and a left-padded batch 3 (contexts 3/17/30),
     lengths capped at ``max_context``.
 
     Aux hidden states are Gaussian with a few large outlier channels (real aux states
     have them, validation.md); ids are uniform over the vocabulary.
+
+    Args:
+        shape: the step's :class:`~specconv.drafters.step.StepShape` (a drafter's
+            ``shape``, or :meth:`~specconv.drafters.step.StepShape.from_meta`).
     """
-    from .wrappers import batch_inputs
+    from ..drafters.step import batch_inputs
 
     g = torch.Generator().manual_seed(seed)
     sets = []
@@ -38,10 +42,10 @@ def parity_inputs(parts, *, sampling_noise: bool, seed: int = 0,
         reqs = []
         for T in lengths:
             T = min(T, max_context)
-            aux = torch.randn(T, parts.aux_width, generator=g)
-            aux[:, :: max(1, parts.aux_width // 8)] *= 20.0
-            reqs.append((torch.randint(0, parts.vocab_size, (T + 1,), generator=g), aux))
-        sets.append(batch_inputs(parts, reqs, sampling_noise=sampling_noise))
+            aux = torch.randn(T, shape.aux_width, generator=g)
+            aux[:, :: max(1, shape.aux_width // 8)] *= 20.0
+            reqs.append((torch.randint(0, shape.vocab_size, (T + 1,), generator=g), aux))
+        sets.append(batch_inputs(shape, reqs, sampling_noise=sampling_noise))
     return sets
 
 
@@ -131,7 +135,7 @@ def check_parity(path: Path, wrapper_all, output_names: list[str], input_names: 
         runtime = "onnx-reference-evaluator"
     sess = ort_session(path) if runtime == "onnxruntime-cpu" else None
     cases = []
-    for inputs in parity_inputs(wrapper_all.p, sampling_noise=sampling_noise, max_context=max_context):
+    for inputs in parity_inputs(wrapper_all.shape, sampling_noise=sampling_noise, max_context=max_context):
         with torch.no_grad():
             ref = dict(zip(wrapper_all.output_names, wrapper_all(*inputs)))
         if sess is not None:
@@ -144,13 +148,13 @@ def check_parity(path: Path, wrapper_all, output_names: list[str], input_names: 
                         "skipped": f"the ONNX reference evaluator cannot run this graph "
                                    f"({type(e).__name__}: {str(e)[:200]}); checked by the fp32 twin"}
         got = dict(zip(output_names, raw))
-        c = compare(ref, got, atol)
-        c["shape"] = {"batch": int(inputs[0].shape[0]), "context": int(inputs[0].shape[1])}
-        cases.append(c)
-    ok_top1 = all(c["mismatches"] == (0 if gate else c["near_tie_mismatches"]) for c in cases)
-    worst = max(max(c["max_abs"].values(), default=0.0) for c in cases)
+        case = compare(ref, got, atol)
+        case["shape"] = {"batch": int(inputs[0].shape[0]), "context": int(inputs[0].shape[1])}
+        cases.append(case)
+    ok_top1 = all(case["mismatches"] == (0 if gate else case["near_tie_mismatches"]) for case in cases)
+    worst = max(max(case["max_abs"].values(), default=0.0) for case in cases)
     passed = ok_top1 and (gate is None or worst <= gate)
     return {"runtime": runtime, "dtype": dtype, "cases": cases, "max_abs": worst,
-            "top1": min(c["top1"] for c in cases), "passed": bool(passed),
+            "top1": min(case["top1"] for case in cases), "passed": bool(passed),
             "tolerance": {"max_abs": gate, "near_tie_margin": 2 * atol,
                           "top1": "100%" if gate else "100% outside near-ties"}}

@@ -19,7 +19,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, model_serializer, model_validator
 
 from ..errors import InvalidInputError, UnsupportedFormatError
 from .algorithms import algorithm as describe
@@ -41,6 +41,7 @@ __all__ = [
     "PEagleConfig",
     "SpeculatorsDraftConfig",
     "SpeculatorsSection",
+    "TransformerLayerConfig",
     "VerifierRef",
     "config_class",
     "config_to_dict",
@@ -131,12 +132,16 @@ def _check_positive_ints(prefix: str, value: Mapping[str, Any]) -> None:
             raise ValueError(f"{prefix}.{key}: {v} draft layers is not a drafter (at most {MAX_DRAFT_LAYERS})")
 
 
-def _check_layer_config(value: dict[str, Any]) -> dict[str, Any]:
+def _check_layer_config(value: Any) -> Any:
     """Validate the keys of ``transformer_layer_config`` that the lint and vLLM rely on.
 
     Raises:
         ValueError: naming the full dotted key that is missing or has the wrong type.
     """
+    if isinstance(value, TransformerLayerConfig):
+        return value
+    if not isinstance(value, Mapping):
+        raise ValueError("Input should be a valid dictionary")
     prefix = "transformer_layer_config"
     mt = value.get("model_type")
     if not isinstance(mt, str) or not mt:
@@ -157,6 +162,106 @@ def _check_layer_config(value: dict[str, Any]) -> dict[str, Any]:
     if lt is not None and (not isinstance(lt, list) or not all(isinstance(t, str) for t in lt)):
         raise ValueError(f"{prefix}.layer_types: must be a list of strings, got {lt!r}")
     return value
+
+
+class TransformerLayerConfig(_Model):
+    """``transformer_layer_config``: the HF decoder config of the draft layers, typed.
+
+    The fields are the keys the drafters, the lint and vLLM read, with the defaults of the
+    format (transformers' Qwen3 / Llama config classes, which speculators and vLLM build
+    from this dict). Unknown keys are kept (``model_extra``), and the object serialises to
+    exactly the mapping it was read from (:meth:`written`), so ``config.json`` round-trips
+    byte for byte. The attention layout as speculators and vLLM build it is
+    :attr:`resolved_layer_types` / :attr:`window` / :meth:`layer_window` (the transformers
+    rules of :func:`resolve_layer_types` and :func:`effective_window`); the rope table's
+    parameters are :meth:`rope`.
+
+    Attributes:
+        model_type: ``llama`` | ``qwen3`` (vLLM builds these; the lint says which fits).
+        vocab_size: the target vocabulary ``Vt``. hidden_size: ``H``.
+        intermediate_size, num_hidden_layers, num_attention_heads, num_key_value_heads,
+        head_dim: the layer shapes (positive integers, all required).
+        rms_norm_eps: RMSNorm epsilon (required).
+        hidden_act: MLP activation (transformers' default ``silu``).
+        attention_bias, mlp_bias: q/k/v/o and MLP biases (default false).
+        layer_types: per-layer ``full_attention`` / ``sliding_attention`` as written (None:
+            absent; :attr:`resolved_layer_types` applies the default rule).
+        sliding_window: as written (None: absent or null; :attr:`window` is what layers use).
+        rope_theta, rope_parameters, rope_scaling, partial_rotary_factor: rope keys as
+            written (:meth:`rope` merges them).
+    """
+
+    model_config = ConfigDict(extra="allow", frozen=True, defer_build=True)
+
+    model_type: str
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    rms_norm_eps: float
+    hidden_act: str = "silu"
+    attention_bias: bool = False
+    mlp_bias: bool = False
+    layer_types: list[str] | None = None
+    sliding_window: int | None = None
+    rope_theta: float | int | None = None
+    rope_parameters: dict[str, Any] | None = None
+    rope_scaling: dict[str, Any] | None = None
+    partial_rotary_factor: float | int | None = None
+
+    _written: dict[str, Any] = PrivateAttr(default_factory=dict)
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _read(cls, data: Any, handler: Any) -> TransformerLayerConfig:
+        layer = handler(_check_layer_config(data))
+        if isinstance(data, Mapping):
+            layer._written = dict(data)
+        return layer
+
+    @model_serializer(mode="plain")
+    def _as_written(self) -> dict[str, Any]:
+        return dict(self._written)
+
+    def written(self) -> dict[str, Any]:
+        """The keys and values exactly as the config holds them (a copy)."""
+        return dict(self._written)
+
+    @property
+    def resolved_layer_types(self) -> list[str]:
+        """Per-layer attention kinds as speculators / vLLM build them (:func:`resolve_layer_types`)."""
+        return resolve_layer_types(self._written)
+
+    @property
+    def window(self) -> int | None:
+        """The sliding window the HF config class sees (:func:`effective_window`)."""
+        return effective_window(self._written)
+
+    def layer_window(self, layer: int) -> int | None:
+        """Sliding window of draft layer ``layer``, or None when it attends fully (a
+        ``sliding_attention`` layer without a window attends fully, as in speculators)."""
+        kind = self.resolved_layer_types[layer]
+        return self.window if kind == "sliding_attention" else None
+
+    def rope(self) -> dict[str, Any]:
+        """The rope parameters in one mapping: ``rope_scaling`` then ``rope_parameters`` (per
+        layer type nested, as Laguna writes it: speculators keeps ``sliding_attention``'s),
+        with ``rope_theta`` the explicit θ (:func:`rope_theta_of`) and ``rope_type`` /
+        ``partial_rotary_factor`` where given."""
+        rp = self.rope_parameters
+        if isinstance(rp, Mapping) and any(isinstance(v, Mapping) for v in rp.values()):
+            rp = rp.get("sliding_attention") or next(v for v in rp.values() if isinstance(v, Mapping))
+        params: dict[str, Any] = {}
+        if self.partial_rotary_factor is not None:
+            params["partial_rotary_factor"] = self.partial_rotary_factor
+        for part in (self.rope_scaling, rp):
+            if isinstance(part, Mapping):
+                params.update(part)
+        params["rope_theta"] = rope_theta_of({"rope_parameters": params, "rope_theta": self.rope_theta})
+        return params
 
 
 def rope_theta_of(layer_cfg: Mapping[str, Any]) -> float | None:
@@ -210,13 +315,8 @@ class SpeculatorsDraftConfig(_Model):
     draft_vocab_size: int
     target_hidden_size: int | None = None
     mask_token_id: int | None = None
-    transformer_layer_config: dict[str, Any]
+    transformer_layer_config: TransformerLayerConfig
     speculators_config: SpeculatorsSection
-
-    @field_validator("transformer_layer_config", mode="after")
-    @classmethod
-    def _validate_layer_config(cls, value: dict[str, Any]) -> dict[str, Any]:
-        return _check_layer_config(value)
 
     @model_validator(mode="before")
     @classmethod
@@ -230,22 +330,22 @@ class SpeculatorsDraftConfig(_Model):
     @property
     def vocab_size(self) -> int:
         """Target/verifier vocabulary ``Vt`` (``transformer_layer_config.vocab_size``)."""
-        return int(self.transformer_layer_config["vocab_size"])
+        return self.transformer_layer_config.vocab_size
 
     @property
     def hidden_size(self) -> int:
         """Draft hidden size ``H`` (must equal the verifier's)."""
-        return int(self.transformer_layer_config["hidden_size"])
+        return self.transformer_layer_config.hidden_size
 
     @property
     def num_layers(self) -> int:
         """Number of draft decoder layers ``L``."""
-        return int(self.transformer_layer_config["num_hidden_layers"])
+        return self.transformer_layer_config.num_hidden_layers
 
     @property
     def rope_theta(self) -> float:
         """The explicit rope θ of the draft layers."""
-        theta = rope_theta_of(self.transformer_layer_config)
+        theta = rope_theta_of(self.transformer_layer_config.written())
         if theta is None:
             raise InvalidInputError("transformer_layer_config: no explicit rope_theta")
         return theta

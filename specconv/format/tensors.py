@@ -49,7 +49,7 @@ class _Specs(dict):
 def _add_layer(out: _Specs, cfg: SpeculatorsDraftConfig, i: int) -> None:
     t = cfg.transformer_layer_config
     H = cfg.hidden_size
-    nH, nKV, D, I = (int(t[k]) for k in ("num_attention_heads", "num_key_value_heads", "head_dim", "intermediate_size"))
+    nH, nKV, D, I = t.num_attention_heads, t.num_key_value_heads, t.head_dim, t.intermediate_size
     Hq, Hkv = nH * D, nKV * D
     alg = describe(cfg.speculators_model_type)
     d_in = alg.layer0_input_width(H) if i == 0 else H
@@ -59,16 +59,16 @@ def _add_layer(out: _Specs, cfg: SpeculatorsDraftConfig, i: int) -> None:
     for proj, rows in (("q", Hq), ("k", Hkv), ("v", Hkv)):
         out.add(p + f"self_attn.{proj}_proj.weight", (rows, d_in))
     out.add(p + "self_attn.o_proj.weight", (H, Hq))
-    if t.get("attention_bias", False):
+    if t.attention_bias:
         for proj, rows in (("q", Hq), ("k", Hkv), ("v", Hkv), ("o", H)):
             out.add(p + f"self_attn.{proj}_proj.bias", (rows,))
-    if alg.qk_norm_always or t.get("model_type") == "qwen3":  # per-head q/k norm
+    if alg.qk_norm_always or t.model_type == "qwen3":  # per-head q/k norm
         out.add(p + "self_attn.q_norm.weight", (D,))
         out.add(p + "self_attn.k_norm.weight", (D,))
     out.add(p + "mlp.gate_proj.weight", (I, H))
     out.add(p + "mlp.up_proj.weight", (I, H))
     out.add(p + "mlp.down_proj.weight", (H, I))
-    if t.get("mlp_bias", False):
+    if t.mlp_bias:
         for proj, rows in (("gate", I), ("up", I), ("down", H)):
             out.add(p + f"mlp.{proj}_proj.bias", (rows,))
 

@@ -239,7 +239,7 @@ def _load_reference(src_info: dict, h: _Harness):
             return ref, "zlab-dflash (dflash.model.DFlashDraftModel)"
         except InvalidInputError as e:
             log.warning("z-lab reference forward unavailable (%s); using the source converted afresh", e.message)
-    drafter = load_drafter(src_info["converted"], h.run.verifier.local_dir, dtype=h.dtype, device=h.device)
+    drafter = load_drafter(src_info["converted"], h.run.verifier, dtype=h.dtype, device=h.device)
     return drafter, f"specconv drafter on {src_info['format']} source converted afresh"
 
 

@@ -151,13 +151,15 @@ def test_every_converter_applies_the_rule():
 @pytest.mark.parametrize("key", UNSUPPORTED_LAYER_KEYS)
 def test_validate_drafter_refuses_the_same_set(key):
     pytest.importorskip("torch")
-    from specconv.drafters.layers import LayerSpec
+    from specconv.drafters.layers import check_layers
+    from specconv.format.schema import TransformerLayerConfig
 
-    lcfg = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 1, "num_attention_heads": 4,
-            "vocab_size": 256}
-    LayerSpec(lcfg, source="tlc")
+    lcfg = {"model_type": "qwen3", "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 1,
+            "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16, "vocab_size": 256,
+            "rms_norm_eps": 1e-6, "rope_theta": 1e6}
+    check_layers(TransformerLayerConfig.model_validate(lcfg), "tlc")
     with pytest.raises(UnsupportedFormatError, match=f"gated attention \\({key}=True\\)"):
-        LayerSpec({**lcfg, key: True}, source="tlc")
+        check_layers(TransformerLayerConfig.model_validate({**lcfg, key: True}), "tlc")
 
 
 def test_specforge_training_names_its_draft_config(tiny_verifier_dir, tmp_path):

@@ -127,8 +127,7 @@ def _tiny_drafter(kind: str, root: Path, verifier: Path):
     d = fp.build_speculators_peagle(verifier, root / "spec", layers=2)
     drafter = load_drafter(d, verifier, dtype=torch.float32)
     if kind == "peagle-swa":  # sliding window 8 on layer 1: context keys in (q_pos - 8, q_pos]
-        drafter.spec.layer_types = ["full_attention", "sliding_attention"]
-        drafter.spec.sliding_window = 8
+        drafter.windows = [None, 8]
     return drafter
 
 

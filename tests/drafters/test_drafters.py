@@ -34,7 +34,8 @@ def _tl(num_layers=2, model_type="qwen3", layer_types=None, sliding_window=None,
          "max_position_embeddings": 256, "attention_bias": False,
          "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0},
          "layer_types": layer_types or ["full_attention"] * num_layers,
-         "sliding_window": sliding_window, "tie_word_embeddings": False}
+         "sliding_window": sliding_window, "use_sliding_window": sliding_window is not None,
+         "tie_word_embeddings": False}
     d.update(kw)
     return d
 
@@ -269,14 +270,29 @@ def test_dflash_block_causality(tmp_path, verifier_dir, non_causal):
     """Full layers: bidirectional; SWA layers: causal unless sliding_window_non_causal."""
     drafter = load_drafter(make_dflash(tmp_path / "c", layer_types=["sliding_attention"] * 2,
                                        sliding_window=16, non_causal=non_causal), verifier_dir)
-    m = drafter.layer_mask(0, 5, torch.device("cpu"))
+    tok, hs = _inputs(5)
+    m = drafter.block_mask(0, drafter._request(*drafter._check_inputs(tok, hs)))[0]
     assert m.shape == (4, 9)
     assert m[:, :5].all()
     blk = m[:, 5:]
     assert bool(blk.all()) == non_causal
     assert torch.equal(blk.tril(), torch.tril(torch.ones(4, 4, dtype=torch.bool)))
     full = load_drafter(make_dflash(tmp_path / "f"), verifier_dir)
-    assert full.layer_mask(0, 5, torch.device("cpu")).all()
+    assert full.block_mask(0, full._request(*full._check_inputs(tok, hs))).all()
+
+
+def test_swa_switched_off_attends_fully(tmp_path, verifier_dir):
+    """Qwen3 layers listed as sliding_attention with ``use_sliding_window: false`` run as full
+    attention (transformers' Qwen3Config nulls the window; speculators and vLLM build that config;
+    the lint's ``swa-disabled``)."""
+    d = make_dflash(tmp_path / "off", layer_types=["sliding_attention"] * 2, sliding_window=3,
+                    tl_extra={"use_sliding_window": False})
+    drafter = load_drafter(d, verifier_dir)
+    assert drafter.windows == [None, None]
+    tok, hs = _inputs(8)
+    far = hs.clone()
+    far[0, 0] += 5.0  # outside a 3-window: moves the drafts only because every key is visible
+    assert not torch.allclose(drafter.forward_block(tok, far).slot_logits, drafter.forward_block(tok, hs).slot_logits)
 
 
 def test_peagle_mask_entries_do_not_leak_into_context(tmp_path, verifier_dir):
@@ -290,7 +306,7 @@ def test_peagle_mask_entries_do_not_leak_into_context(tmp_path, verifier_dir):
     # one code path and shapes, masked weights exactly 0)
     assert torch.equal(a.slot_logits[:6], b.slot_logits[:6])
     assert not torch.allclose(a.slot_logits[6:], b.slot_logits[6:])
-    m = drafter.attention_mask(0, 6, torch.device("cpu"))
+    m = drafter.entry_mask(0, *drafter.entries(drafter._request(*drafter._check_inputs(tok, hs))))[0]
     assert torch.equal(m, torch.tril(torch.ones(9, 9, dtype=torch.bool)))
 
 
@@ -481,14 +497,20 @@ def test_peagle_model_type_checked(tmp_path, verifier_dir):
 def test_rope_theta_top_level_and_llama3(tmp_path, verifier_dir):
     from specconv.drafters.layers import Rotary
 
-    a = Rotary({"rope_theta": 500.0}, D)
-    b = Rotary({"rope_parameters": {"rope_type": "default", "rope_theta": 500.0}}, D)
+    from specconv.format.schema import TransformerLayerConfig
+
+    def rope(**keys):
+        tl = {k: v for k, v in _tl().items() if k != "rope_parameters"}
+        return Rotary(TransformerLayerConfig.model_validate({**tl, **keys}).rope(), D)
+
+    a = rope(rope_theta=500.0)
+    b = rope(rope_parameters={"rope_type": "default", "rope_theta": 500.0})
     assert torch.equal(a.inv_freq, b.inv_freq)
     assert torch.allclose(a.inv_freq, 1.0 / 500.0 ** (torch.arange(0, D, 2).float() / D))
     rp = {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
           "high_freq_factor": 4.0, "original_max_position_embeddings": 512}  # one medium band
-    l3 = Rotary({"rope_parameters": rp}, D)
-    plain = Rotary({"rope_theta": 500000.0}, D)
+    l3 = rope(rope_parameters=rp)
+    plain = rope(rope_theta=500000.0)
     assert l3.inv_freq[0] == plain.inv_freq[0]  # high frequencies untouched
     assert torch.isclose(l3.inv_freq[-1], plain.inv_freq[-1] / 8.0)  # low ones scaled
     # same table as transformers' llama3 rope
@@ -499,7 +521,7 @@ def test_rope_theta_top_level_and_llama3(tmp_path, verifier_dir):
     ref, scale = ROPE_INIT_FUNCTIONS["llama3"](lc, "cpu")
     assert torch.allclose(l3.inv_freq, ref) and scale == 1.0
     with pytest.raises(InvalidInputError, match="rope_theta"):
-        Rotary({"rope_parameters": {"rope_type": "default"}}, D)
+        Rotary({"rope_type": "default"}, D)
 
 
 def test_import_is_torch_free():

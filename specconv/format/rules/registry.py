@@ -56,7 +56,7 @@ class LintContext:
     @property
     def layer(self) -> dict:
         """``transformer_layer_config``."""
-        return self.cfg.transformer_layer_config
+        return self.cfg.transformer_layer_config.written()
 
     @cached_property
     def names(self) -> set[str]:
