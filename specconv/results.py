@@ -344,7 +344,9 @@ def vllm_summaries(report: dict[str, Any]) -> dict[str, Any]:
         out["vllm_load"] = {"distribution": vl.get("distribution"), "version": vl.get("version")}
     vs = report.get("vllm_serve") or {}
     if vs:
-        out["vllm_serve"] = {k: vs.get(k) for k in ("distribution", "version", "tau")}
+        from .record import VllmServeSummary
+
+        out["vllm_serve"] = {k: vs.get(k) for k in VllmServeSummary.model_fields if k in vs}
     return out
 
 

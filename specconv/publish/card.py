@@ -114,6 +114,10 @@ def vllm_checked(rec: Any) -> str:
     if serve and serve.version:
         done.append(f"served by `{serve.distribution}` {serve.version}, τ {_fmt(serve.tau)} "
                     "(`specconv validate --backend vllm`)")
+    remote = v and v.remote and v.remote.vllm_serve
+    if remote:  # a --server-url run: reported, never a gate (specconv.validate.vllm_remote.REMOTE_LABEL)
+        done.append(f"measured on a running vLLM {remote.version or '(version unknown)'}, τ {_fmt(remote.tau)} "
+                    f"(`specconv validate --server-url`: {v.remote.identity})")
     return "; ".join(done) or "not checked by vLLM"
 
 
