@@ -45,15 +45,23 @@ _SIZE_KEYS = {"tp": "tensor_parallel_size", "pp": "pipeline_parallel_size", "dp"
 
 
 class Endpoint:
-    """An OpenAI-compatible server at ``url`` (``http[s]://host:port``), with the bearer key
-    of ``--api-key-env`` when given. Its :attr:`label` is the URL without userinfo."""
+    """An OpenAI-compatible server at ``url`` (``http[s]://[user:pass@]host:port``), with the
+    bearer key of ``--api-key-env`` when given, else HTTP Basic auth from the URL's userinfo.
+    Its :attr:`label` (what messages and records show) is the URL without userinfo."""
 
     def __init__(self, url: str, api_key: str | None = None):
+        import base64
+        import urllib.parse
+
         from .vllm_server import redact_url
 
-        self.base = url.rstrip("/")
-        self.label = redact_url(self.base)
+        u = urllib.parse.urlsplit(url.rstrip("/"))
+        self.base = urllib.parse.urlunsplit((u.scheme, u.netloc.rsplit("@", 1)[-1], u.path, u.query, ""))
+        self.label = redact_url(url.rstrip("/"))
         self.headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        if u.username is not None and not api_key:
+            basic = f"{urllib.parse.unquote(u.username)}:{urllib.parse.unquote(u.password or '')}"
+            self.headers = {"Authorization": "Basic " + base64.b64encode(basic.encode()).decode()}
 
     def get(self, path: str, timeout: float = 30.0) -> str:
         """The body of ``GET path``.
