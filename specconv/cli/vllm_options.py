@@ -51,9 +51,17 @@ def vllm_serve_options(fn: Callable[..., Any]) -> Callable[..., Any]:
         values = {n: kwargs.pop(n) for n in _NAMES}
         values["vllm_args"] = tuple(values["vllm_args"] or ())
         opts = VllmServeOptions(**values)
-        check_options(kwargs["backend"], opts, kwargs.get("vllm_python"))
+        check_options(kwargs["backend"], opts, _typed("vllm_python", kwargs))
         return fn(*args, vllm_serve=opts if opts.given() else None, **kwargs)
 
     for option in reversed(_OPTIONS):
         wrapper = option(wrapper)
     return wrapper
+
+
+def _typed(name: str, kwargs: dict[str, Any]) -> Any:
+    """``kwargs[name]`` when it was given on the command line, else None (an environment
+    variable such as ``$SPECCONV_VLLM_PYTHON`` set for every run is no clash)."""
+    ctx = click.get_current_context(silent=True)
+    source = ctx.get_parameter_source(name) if ctx is not None else None
+    return kwargs.get(name) if source == click.core.ParameterSource.COMMANDLINE else None

@@ -278,7 +278,7 @@ def _check_inputs(drafter_dir: str | Path, opts: ValidateOptions) -> Path:
         raise UsageError(f"unknown backend {opts.backend!r}")
     get_runtime(opts.drafter_backend, "drafter backend")
     torch_dtype(opts.dtype)
-    check_vllm_options(opts.backend, opts.vllm, opts.vllm_python)  # exit 2 before anything starts
+    check_vllm_options(opts.backend, opts.vllm)  # exit 2 before anything starts (--vllm-python: the CLI)
     check_runtime(opts.runtime, opts.runtime_path, d, opts.dtype)  # a runtime's refusals, before any model
     return d
 

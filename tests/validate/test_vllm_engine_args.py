@@ -75,6 +75,14 @@ def test_bad_vllm_options_are_usage_errors_before_dir_is_read(tmp_path, args, me
     assert not d.exists()
 
 
+def test_vllm_python_from_the_environment_is_no_clash_with_server_url(tmp_path):
+    r = CliRunner().invoke(__import__("specconv.cli.main", fromlist=["cli"]).cli,
+                           ["validate", str(tmp_path / "x"), "--verifier", "v", "--backend", "vllm",
+                            "--server-url", "http://127.0.0.1:1", "--format", "json"],
+                           env={"SPECCONV_VLLM_PYTHON": sys.executable})
+    assert r.exit_code == 3 and json.loads(r.stdout)["error"] == "not_speculators_dir", r.output  # past the refusals
+
+
 @pytest.mark.parametrize("args", [["--tensor-parallel-size", "3"], ["--server-url", "http://h:1"],
                                   ["--vllm-arg=--enforce-eager"], ["--max-concurrency", "4"]])
 def test_serving_options_need_backend_vllm(tmp_path, args):
