@@ -309,11 +309,17 @@ def _torch_reference_outputs(run: Any) -> list[list[int]] | str:
     if why:
         return why
     run.progress("plain decode (torch reference)", 0, 1)
-    runner = VerifierRunner.load(run.verifier.local_dir, device=device, dtype=opts.dtype,
-                                 attn_implementation=opts.attn_implementation)
+    try:  # the reference is optional: a verifier transformers cannot load or render is "not checked"
+        runner = VerifierRunner.load(run.verifier.local_dir, device=device, dtype=opts.dtype,
+                                     attn_implementation=opts.attn_implementation)
+    except SpecconvError as e:
+        return f"the torch reference cannot load the verifier: {e.message}"
     try:
-        res = run_requests(runner, None, _render_all(run.prompts, runner.tokenizer), max_new_tokens=opts.max_new_tokens,
-                           temperature=0.0, stop_token_ids=runner.stop_token_ids(), seed=opts.seed)
+        rendered = _render_all(run.prompts, runner.tokenizer)
+        res = run_requests(runner, None, rendered, max_new_tokens=opts.max_new_tokens, temperature=0.0,
+                           stop_token_ids=runner.stop_token_ids(), seed=opts.seed)
+    except SpecconvError as e:
+        return f"the torch reference cannot run: {e.message}"
     finally:
         runner.close()
     return [list(r.output_ids) for r in res]
