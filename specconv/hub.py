@@ -70,7 +70,7 @@ def is_hub_id(name: str | None) -> bool:
     remote the same way). The character rules mirror ``validate_repo_id`` (1–96 chars of
     ``[A-Za-z0-9-_.]``, at most one ``/``, no ``--`` or ``..``, no part ending in ``-`` or
     ``.``, not ending in ``.git``) without importing huggingface_hub;
-    ``tests/test_hub_module.py`` cross-checks the two.
+    ``tests/hub/test_hub_module.py`` cross-checks the two.
 
     Args:
         name: a ``SRC`` / ``--verifier`` value or a recorded ``name_or_path``.

@@ -10,7 +10,7 @@ refusals, for every source without ``speculators_model_type``) and :data:`LAST`
 ``detect`` matches wins. Order exists only inside a list: a refusal is listed before the
 supported format it would otherwise be mistaken for.
 
-``docs/formats.md`` renders this table (:func:`routes_markdown`); ``tests/test_registry.py``
+``docs/formats.md`` renders this table (:func:`routes_markdown`); ``tests/converters/test_registry.py``
 checks that every registered format is reachable and every listed id registered.
 """
 

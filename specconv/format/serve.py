@@ -4,8 +4,8 @@ The ``--speculative-config`` keys come from the algorithm's description
 (:meth:`.algorithms.VllmFacts.speculative_config`); this module turns them into argv and
 into the shell text a user copies. The model card prints :func:`shell_command` of these argvs, ``--backend vllm``
 runs :func:`long_form_argv`, the lint's hints quote it, and the tests hand vLLM exactly what
-the card's text parses to with ``shlex.split`` (``tests/test_vllm_load.py``,
-``tests/test_vllm_serve.py``). Standard library only.
+the card's text parses to with ``shlex.split`` (``tests/vllm_check/test_vllm_load.py``,
+``tests/validate/test_vllm_serve.py``). Standard library only.
 """
 
 from __future__ import annotations
