@@ -270,9 +270,22 @@ def _reference_url_outputs(run: Any, url: str) -> list[list[int]]:
     return [r["output_ids"] or [] for r in reqs]
 
 
+def available_memory(meminfo: str = "/proc/meminfo") -> int:
+    """Bytes of memory a new process can use: Linux's ``MemAvailable`` (free memory plus the
+    page cache it may reclaim), else the free pages (``SC_AVPHYS_PAGES``, which leaves the
+    page cache out and reads low on a busy machine)."""
+    try:
+        for line in Path(meminfo).read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+
+
 def fits_here(verifier: Any, dtype: str, device: str) -> str | None:
     """None when the verifier's weights fit on ``device`` here (CUDA: the torch backend's
-    placement rule; CPU: 1.15 × the weights + 1 GiB ≤ available memory), else why not."""
+    placement rule; CPU: 1.15 × the weights + 1 GiB ≤ :func:`available_memory`), else why not."""
     from ..errors import SpecconvError
     from .torch_backend import _float_numel, plan_placement
 
@@ -283,7 +296,7 @@ def fits_here(verifier: Any, dtype: str, device: str) -> str | None:
             plan_placement(verifier, Path(verifier.local_dir), device, dtype)
             return None
         need = _float_numel(verifier.store()) * (4 if dtype == "float32" else 2)
-        avail = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+        avail = available_memory()
     except (SpecconvError, OSError, ValueError) as e:
         return getattr(e, "message", str(e))
     if need * 1.15 + 2**30 > avail:

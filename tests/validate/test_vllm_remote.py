@@ -245,3 +245,12 @@ def test_fingerprint_sizes_only_when_said():
     assert fingerprint_sizes("vllm-0.32.0-0123abcd") == {
         "tensor_parallel_size": None, "pipeline_parallel_size": None, "data_parallel_size": None}
     assert fingerprint_sizes(None)["tensor_parallel_size"] is None
+
+
+def test_available_memory_reads_memavailable(tmp_path):
+    from specconv.validate.vllm_remote import available_memory
+
+    info = tmp_path / "meminfo"
+    info.write_text("MemTotal:       24683584 kB\nMemFree:          900000 kB\nMemAvailable:   20341356 kB\n")
+    assert available_memory(str(info)) == 20341356 * 1024  # not MemFree: the page cache is reclaimable
+    assert available_memory(str(tmp_path / "absent")) > 0
