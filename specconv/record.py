@@ -141,13 +141,43 @@ class VllmLoadSummary(_Model):
 
 
 class VllmServeSummary(VllmLoadSummary):
-    """The vLLM server that served the prompts (``--backend vllm``).
+    """The vLLM server that served the prompts (``--backend vllm``; what ran, issue 16 item 6:
+    ``specconv.validate.vllm_backend.serving_facts``).
 
     Attributes:
         tau: pooled acceptance length from the server's spec-decode counters.
+        mode: ``owned`` (specconv started the server) | ``remote`` (``--server-url``).
+        tensor_parallel_size / pipeline_parallel_size / data_parallel_size: as started
+            (owned), or as the server's ``system_fingerprint`` says (remote; None: unsaid).
+        executor_backend: ``--distributed-executor-backend`` given (None: vLLM's choice).
+        engine_args: the words added to the server command (redacted; remote: None).
+        concurrency: requests in flight at once. other_traffic: requests / generated
+            tokens the server counted beyond the run's own. url: the remote URL (redacted).
     """
 
     tau: float | None = None
+    mode: str | None = None
+    tensor_parallel_size: int | None = None
+    pipeline_parallel_size: int | None = None
+    data_parallel_size: int | None = None
+    executor_backend: str | None = None
+    engine_args: list[str] | None = None
+    concurrency: int | None = None
+    other_traffic: dict[str, float] | None = None
+    url: str | None = None
+
+
+class RemoteValidation(_Model):
+    """The last ``validate --server-url`` run, recorded apart from the section's own gates:
+    the drafter a running server serves cannot be identified through its API, so it never
+    satisfies ``push`` / ``release`` (``identity`` says so; the card prints it)."""
+
+    passed: bool | None = None
+    gates: dict[str, bool] | None = None
+    acceptance_length: float | None = None
+    report: str | None = None
+    vllm_serve: VllmServeSummary | None = None
+    identity: str | None = None
 
 
 class ValidationSection(_Model):
@@ -163,6 +193,7 @@ class ValidationSection(_Model):
         vllm_load: set only when the run's ``--vllm-load-check`` passed.
         vllm_serve: set only when the run served the prompts with ``--backend vllm``.
             Neither set: vLLM checked nothing (``specconv.results.vllm_summaries``).
+        remote: the last ``--server-url`` run (never a gate for publishing).
     """
 
     passed: bool | None = None
@@ -172,6 +203,7 @@ class ValidationSection(_Model):
     report: str | None = None
     vllm_load: VllmLoadSummary | None = None
     vllm_serve: VllmServeSummary | None = None
+    remote: RemoteValidation | None = None
 
     @field_validator("report")
     @classmethod

@@ -344,7 +344,7 @@ def vllm_summaries(report: dict[str, Any]) -> dict[str, Any]:
         out["vllm_load"] = {"distribution": vl.get("distribution"), "version": vl.get("version")}
     vs = report.get("vllm_serve") or {}
     if vs:
-        out["vllm_serve"] = {k: vs.get(k) for k in ("distribution", "version", "tau")}
+        out["vllm_serve"] = {k: v for k, v in vs.items() if k != "server"}  # specconv.record.VllmServeSummary
     return out
 
 

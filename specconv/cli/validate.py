@@ -10,6 +10,7 @@ import click
 
 from .common import progress_enabled, run_command
 from .options import output_format_option, verifier_option
+from .vllm_options import vllm_serve_options
 
 log = logging.getLogger("specconv")
 
@@ -137,12 +138,13 @@ def _sglang_check(drafter_dir: Path, verifier: str, python: str | None):
               help="Draft through the context-cached session (default) or statelessly.")
 @output_format_option
 @run_command
+@vllm_serve_options  # inside run_command: its refusals are exit 2 before DIR is read
 def validate_cmd(drafter_dir: Path, verifier: str, source: str | None, prompts: str, num_prompts: int,
                  max_new_tokens: int, temperature: float, device: str, dtype: str, min_tau: float | None,
                  report_dir: Path | None, backend: str, vllm_python: str | None, onnx_path: Path | None,
                  engine_path: Path | None, attn_implementation: str, seed: int, vllm_load_check: bool,
                  vllm_loader_python: str | None, sglang_load_check: bool, sglang_loader_python: str | None,
-                 drafter_cache: bool, output_format: str):
+                 drafter_cache: bool, output_format: str, vllm_serve=None):  # vllm_serve: cli/vllm_options.py
     """Validate the Speculators drafter in DIR against its verifier.
 
     Gates, in order: G1 structure (lint, tensor accounting, verifier-supplied tensors),
@@ -162,7 +164,7 @@ def validate_cmd(drafter_dir: Path, verifier: str, source: str | None, prompts: 
     opts = ValidateOptions(source=source, prompts=prompts, num_prompts=num_prompts, max_new_tokens=max_new_tokens,
                            temperature=temperature, device=device, dtype=dtype, min_tau=min_tau, backend=backend,
                            vllm_python=vllm_python, runtime=runtime, runtime_path=runtime_path,
-                           attn_implementation=attn_implementation, seed=seed, drafter_cache=drafter_cache)
+                           attn_implementation=attn_implementation, seed=seed, drafter_cache=drafter_cache, vllm=vllm_serve)
     with _progress() as cb:
         report = validate_drafter(drafter_dir, verifier, opts, progress=cb)
     if vllm_load_check:  # vLLM's own loader, in its own interpreter (specconv/vllm_check)
@@ -205,6 +207,7 @@ def _record(drafter_dir: Path, report) -> None:
     """The ``validation`` section of DIR/specconv.json: the summary, the report path
     relative to DIR and the sha256 of every file validated (config, weights, index)."""
     from specconv.record import as_record_path, file_hashes, relative_to_dir, update_record
+    from specconv.validate.vllm_remote import record_section
 
     summary = report.record_summary()
     summary["verifier"] = as_record_path(summary["verifier"], drafter_dir)
@@ -212,6 +215,6 @@ def _record(drafter_dir: Path, report) -> None:
     summary["report"] = relative_to_dir(files["json"], drafter_dir) if files.get("json") else None
     try:
         summary["files"] = file_hashes(drafter_dir)
-        update_record(drafter_dir, "validation", summary)
+        update_record(drafter_dir, "validation", record_section(drafter_dir, summary))  # --server-url: apart
     except OSError as e:  # read-only drafter dir: the report files still exist
         log.warning("could not record the validation summary in %s/specconv.json: %s", drafter_dir, e)

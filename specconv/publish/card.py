@@ -112,9 +112,29 @@ def vllm_checked(rec: Any) -> str:
         done.append(f"loaded by `{load.distribution}` {load.version} (`specconv validate --vllm-load-check`)")
     serve = v and v.vllm_serve
     if serve and serve.version:
-        done.append(f"served by `{serve.distribution}` {serve.version}, τ {_fmt(serve.tau)} "
+        done.append(f"served by `{serve.distribution}` {serve.version}{_serve_setup(serve)}, τ {_fmt(serve.tau)} "
                     "(`specconv validate --backend vllm`)")
+    remote = v and v.remote and v.remote.vllm_serve
+    if remote:  # a --server-url run: reported, never a gate (specconv.validate.vllm_remote.REMOTE_LABEL)
+        done.append(f"measured on a running vLLM {remote.version or '(version unknown)'}{_serve_setup(remote)}, "
+                    f"τ {_fmt(remote.tau)} (`specconv validate --server-url`: {v.remote.identity})")
     return "; ".join(done) or "not checked by vLLM"
+
+
+def _serve_setup(s: Any) -> str:
+    """What ran (``VllmServeSummary``, issue 16 item 6) as the card's parenthesis; an unknown
+    size (a remote fingerprint that does not say) is printed as ``?``."""
+    if s.mode is None:  # recorded before these fields existed
+        return ""
+    size = lambda n: "?" if n is None else str(n)  # noqa: E731
+    parts = [s.mode, f"TP {size(s.tensor_parallel_size)} / PP {size(s.pipeline_parallel_size)} / "
+                     f"DP {size(s.data_parallel_size)}", f"executor {s.executor_backend or 'vLLM default'}",
+             f"concurrency {s.concurrency}"]
+    if s.engine_args:
+        parts.append("engine args `" + " ".join(s.engine_args) + "`")
+    extra = {k: v for k, v in (s.other_traffic or {}).items() if v}
+    parts.append("other traffic " + (", ".join(f"{k} +{v:g}" for k, v in extra.items()) if extra else "none seen"))
+    return " (" + "; ".join(parts) + ")"
 
 
 def launch_commands(verifier: str, repo_id: str, algo: str, k: Any) -> tuple[str | None, str | None]:

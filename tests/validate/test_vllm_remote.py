@@ -1,0 +1,256 @@
+"""``validate --backend vllm --server-url`` against a loopback stand-in for a running vLLM
+server (issue 16 items 2–6): it serves the real shapes — ``/v1/models`` (``id``, ``root``),
+``/version``, ``/metrics`` as Prometheus text with vLLM's own counter names (``_total`` and
+``_created`` samples, ``engine`` / ``position`` / ``finished_reason`` labels, vLLM 0.32
+``vllm/v1/spec_decode/metrics.py``, ``vllm/v1/metrics/loggers.py``) and
+``/v1/chat/completions`` with ``token_ids``, ``prompt_token_ids``, ``usage`` and
+``system_fingerprint``. The real server is in tests/validate/test_vllm_serve.py (TP 3)."""
+
+from __future__ import annotations
+
+import http.server
+import json
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+REPO = Path(__file__).resolve().parents[2]
+EXAMPLE = REPO / "examples" / "smollm2-dflash-b8"
+HUB_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"
+K = 7  # the bundled drafter's num_speculative_tokens
+OUTPUT = [504, 3060, 314, 2]
+
+
+@dataclass
+class FakeVllm:
+    """State of one stand-in server; every answer is built from it."""
+
+    root: str = HUB_ID
+    k: int = K
+    spec: bool = True
+    fingerprint: str = "vllm-0.32.0-tp3-0123abcd"
+    extra_requests: int = 0  # other traffic: requests counted per own request
+    output: list = field(default_factory=lambda: list(OUTPUT))
+    key: str | None = None
+    counters: dict = field(default_factory=lambda: {"drafts": 0, "draft_tokens": 0, "accepted": 0, "success": 0,
+                                                     "gen": 0, "pos": [0] * K})
+    seen: list = field(default_factory=list)
+
+    def metrics(self) -> str:
+        c, lab = self.counters, 'model_name="m",engine="0"'
+        lines = ["# HELP vllm:request_success_total Count of successfully processed requests.",
+                 "# TYPE vllm:request_success_total counter",
+                 f'vllm:request_success_total{{{lab},finished_reason="stop"}} {float(c["success"])}',
+                 f'vllm:request_success_total{{{lab},finished_reason="length"}} 0.0',
+                 f"vllm:generation_tokens_total{{{lab}}} {float(c['gen'])}",
+                 f"vllm:generation_tokens_created{{{lab}}} 1.7e9"]
+        if self.spec:
+            lines += [f"vllm:spec_decode_num_drafts_total{{{lab}}} {float(c['drafts'])}",
+                      f"vllm:spec_decode_num_drafts_created{{{lab}}} 1.7e9",
+                      f"vllm:spec_decode_num_draft_tokens_total{{{lab}}} {float(c['draft_tokens'])}",
+                      f"vllm:spec_decode_num_accepted_tokens_total{{{lab}}} {float(c['accepted'])}"]
+            lines += [f'vllm:spec_decode_num_accepted_tokens_per_pos_total{{{lab},position="{i}"}} {float(v)}'
+                      for i, v in enumerate(c["pos"])]
+        return "\n".join(lines) + "\n"
+
+    def complete(self, body: dict) -> dict:
+        c = self.counters
+        c["drafts"] += 3
+        c["draft_tokens"] += 3 * self.k
+        c["accepted"] += 2
+        c["pos"][0] += 2
+        c["success"] += 1 + self.extra_requests
+        c["gen"] += len(self.output) + 10 * self.extra_requests
+        return {"id": "chatcmpl-1", "object": "chat.completion", "model": body["model"],
+                "system_fingerprint": self.fingerprint, "prompt_token_ids": [1, 2, 3],
+                "choices": [{"index": 0, "message": {"role": "assistant", "content": "x"}, "finish_reason": "stop",
+                             "token_ids": list(self.output)}],
+                "usage": {"prompt_tokens": 3, "completion_tokens": len(self.output), "total_tokens": 3 + len(self.output)}}
+
+
+def _serve(state: FakeVllm):
+    class H(http.server.BaseHTTPRequestHandler):
+        def _send(self, status: int, body) -> None:
+            data = body.encode() if isinstance(body, str) else json.dumps(body).encode()
+            self.send_response(status)
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def _authorized(self) -> bool:
+            state.seen.append((self.command, self.path, self.headers.get("Authorization")))
+            if state.key and self.headers.get("Authorization") != f"Bearer {state.key}":
+                self._send(401, {"error": "Unauthorized"})
+                return False
+            return True
+
+        def do_GET(self):
+            if not self._authorized():
+                return
+            if self.path == "/v1/models":
+                self._send(200, {"object": "list", "data": [{"id": "served-name", "object": "model", "root": state.root,
+                                                             "owned_by": "vllm", "max_model_len": 2048}]})
+            elif self.path == "/version":
+                self._send(200, {"version": "0.32.0"})
+            elif self.path == "/metrics":
+                self._send(200, state.metrics())
+            else:
+                self._send(404, {"detail": "Not Found"})
+
+        def do_POST(self):
+            if not self._authorized():
+                return
+            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            self._send(200, state.complete(body))
+
+        def log_message(self, *a):
+            pass
+
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), H)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    return srv, f"http://127.0.0.1:{srv.server_address[1]}"
+
+
+@pytest.fixture
+def fake():
+    servers = []
+
+    def start(**kw) -> tuple[FakeVllm, str]:
+        state = FakeVllm(**kw)
+        srv, url = _serve(state)
+        servers.append(srv)
+        return state, url
+
+    yield start
+    for s in servers:
+        s.shutdown()
+        s.server_close()
+
+
+@pytest.fixture(scope="module")
+def converted(tmp_path_factory, smollm2_dir) -> Path:
+    from specconv.convert import convert
+
+    out = tmp_path_factory.mktemp("remote") / "dflash"
+    convert(str(EXAMPLE), verifier=str(smollm2_dir), output=out, verifier_name=HUB_ID)
+    return out
+
+
+def _validate(d: Path, verifier: Path, tmp_path: Path, *args: str, env: dict | None = None):
+    from specconv.cli.main import cli
+
+    r = CliRunner().invoke(cli, ["validate", str(d), "--verifier", str(verifier), "--backend", "vllm",
+                                 "--num-prompts", "3", "--max-new-tokens", "8", "--report-dir", str(tmp_path / "rep"),
+                                 *args, "--format", "json"], env=env)
+    return r, json.loads(r.stdout) if r.stdout.strip() else None
+
+
+def _snapshot(d: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(d.iterdir()) if p.is_file()}
+
+
+def test_server_url_run_measures_records_apart_and_redacts(fake, converted, smollm2_dir, tmp_path):
+    state, url = fake(key="sk-test-123")
+    _, ref = fake(spec=False)  # the plain reference endpoint (same greedy outputs)
+    userinfo = url.replace("http://", "http://alice:pw@")
+    r, out = _validate(converted, smollm2_dir, tmp_path, "--server-url", userinfo, "--api-key-env", "MY_KEY",
+                       "--reference-url", ref, "--max-concurrency", "2", env={"MY_KEY": "sk-test-123"})
+    assert r.exit_code == 0, r.output
+    assert out["gates"] == {"structure": True, "acceptance": True, "lossless": True}
+    # 3 drafts of K=7 per request, 2 accepted: tau = 1 + 6 / 9
+    assert out["num_drafts"] == 9 and out["acceptance_length"] == pytest.approx(1 + 6 / 9)
+    serve = {k: v for k, v in out["vllm_serve"].items() if k != "server"}
+    assert serve == {"distribution": None, "version": "0.32.0", "tau": pytest.approx(1 + 6 / 9), "mode": "remote",
+                     "tensor_parallel_size": 3, "pipeline_parallel_size": None, "data_parallel_size": None,
+                     "executor_backend": None, "engine_args": None, "concurrency": 2,
+                     "other_traffic": {"requests": 0.0, "generation_tokens": 0.0},
+                     "url": url.replace("http://", "http://***@")}
+    # requests went to the /v1/models id with the key; the warm-up came before the measured window
+    posts = [s for s in state.seen if s[0] == "POST"]
+    assert len(posts) == 4 and all(a == "Bearer sk-test-123" for _, _, a in posts)
+    rep = (tmp_path / "rep" / "validation.json").read_text()
+    rec = (converted / "specconv.json").read_text()
+    for text in (rep, rec, r.stdout, (converted / "README.md").read_text()):
+        assert "sk-test-123" not in text and "alice" not in text and ":pw@" not in text
+    v = json.loads(rec)["validation"]
+    assert v.get("passed") is None and "files" not in v  # nothing for push/release to accept
+    assert v["remote"]["vllm_serve"]["mode"] == "remote" and v["remote"]["passed"] is True
+    assert "endpoint not started by specconv; drafter identity not verified" in (converted / "README.md").read_text()
+
+
+@pytest.mark.parametrize("kw, code, message", [
+    ({"root": "Qwen/Qwen3-8B"}, "vllm_wrong_model", "serves served-name (root Qwen/Qwen3-8B), not the drafter's verifier"),
+    ({"spec": False}, "vllm_no_spec_decode", "has no vllm:spec_decode_* counters"),
+    ({"k": 4}, "vllm_wrong_k", "drafts 4 tokens per draft (12 / 3), the drafter's K is 7"),
+])
+def test_contradictions_are_exit_3_and_write_nothing(fake, converted, smollm2_dir, tmp_path, kw, code, message):
+    before = _snapshot(converted)
+    _, url = fake(**kw)
+    r, out = _validate(converted, smollm2_dir, tmp_path, "--server-url", url)
+    assert r.exit_code == 3, r.output
+    assert out["error"] == code and message in out["message"]
+    assert _snapshot(converted) == before and not (tmp_path / "rep").exists()
+
+
+def test_unreachable_url_is_exit_3(converted, smollm2_dir, tmp_path):
+    from specconv.validate.vllm_backend import free_port
+
+    before = _snapshot(converted)
+    r, out = _validate(converted, smollm2_dir, tmp_path, "--server-url", f"http://127.0.0.1:{free_port()}")
+    assert r.exit_code == 3 and out["error"] == "vllm_unreachable", r.output
+    assert _snapshot(converted) == before
+
+
+def test_missing_key_is_an_auth_refusal(fake, converted, smollm2_dir, tmp_path):
+    _, url = fake(key="k")
+    r, out = _validate(converted, smollm2_dir, tmp_path, "--server-url", url)
+    assert r.exit_code == 3 and "HTTP 401" in out["message"] and "--api-key-env" in out["hint"], r.output
+    r, out = _validate(converted, smollm2_dir, tmp_path, "--server-url", url, "--api-key-env", "UNSET_VAR_I16",
+                       env={"UNSET_VAR_I16": ""})
+    assert r.exit_code == 2 and "$UNSET_VAR_I16 is not set" in out["message"]
+
+
+def test_other_traffic_fails_g3_unless_allowed(fake, converted, smollm2_dir, tmp_path):
+    _, url = fake(extra_requests=1)
+    _, ref = fake(spec=False)
+    r, out = _validate(converted, smollm2_dir, tmp_path, "--server-url", url, "--reference-url", ref)
+    assert r.exit_code == 4, r.output
+    g3 = next(g for g in out["gate_results"] if g["name"] == "acceptance")
+    assert g3["details"]["other_traffic"] == {"requests": 3.0, "generation_tokens": 30.0}
+    assert "other traffic" in g3["errors"][0] and "--allow-shared-server" in g3["errors"][0]
+    r, out = _validate(converted, smollm2_dir, tmp_path, "--server-url", url, "--reference-url", ref,
+                       "--allow-shared-server")
+    assert r.exit_code == 0, r.output
+    assert out["vllm_serve"]["other_traffic"] == {"requests": 3.0, "generation_tokens": 30.0}
+
+
+def test_lossless_against_a_reference_that_disagrees(fake, converted, smollm2_dir, tmp_path):
+    _, url = fake()
+    _, ref = fake(spec=False, output=[504, 9, 9, 9])
+    r, out = _validate(converted, smollm2_dir, tmp_path, "--server-url", url, "--reference-url", ref)
+    assert r.exit_code == 4, r.output
+    g4 = next(g for g in out["gate_results"] if g["name"] == "lossless")
+    assert g4["details"]["agreement"] == pytest.approx(0.25) and g4["details"]["reference"] == "reference_url"
+    assert "first divergence at token 1" in g4["errors"][0]
+
+
+def test_fingerprint_sizes_only_when_said():
+    from specconv.validate.vllm_remote import fingerprint_sizes
+
+    assert fingerprint_sizes("vllm-0.32.0-tp3-pp2-0123abcd") == {
+        "tensor_parallel_size": 3, "pipeline_parallel_size": 2, "data_parallel_size": None}
+    assert fingerprint_sizes("vllm-0.32.0-0123abcd") == {
+        "tensor_parallel_size": None, "pipeline_parallel_size": None, "data_parallel_size": None}
+    assert fingerprint_sizes(None)["tensor_parallel_size"] is None
+
+
+def test_available_memory_reads_memavailable(tmp_path):
+    from specconv.validate.vllm_remote import available_memory
+
+    info = tmp_path / "meminfo"
+    info.write_text("MemTotal:       24683584 kB\nMemFree:          900000 kB\nMemAvailable:   20341356 kB\n")
+    assert available_memory(str(info)) == 20341356 * 1024  # not MemFree: the page cache is reclaimable
+    assert available_memory(str(tmp_path / "absent")) > 0
