@@ -153,8 +153,7 @@ def validate_cmd(
     report_dir: Path | None,
     backend: str,
     vllm_python: str | None,
-    llama_server: str | None,
-    verifier_gguf: str | None,
+    llama_server: str | None, verifier_gguf: str | None,
     onnx_path: Path | None,
     engine_path: Path | None,
     attn_implementation: str,
@@ -179,8 +178,7 @@ def validate_cmd(
     opts = ValidateOptions(source=source, prompts=prompts, num_prompts=num_prompts, max_new_tokens=max_new_tokens,
                            temperature=temperature, device=device, dtype=dtype, min_tau=min_tau, backend=backend,
                            vllm_python=vllm_python, llama_server=llama_server, verifier_gguf=verifier_gguf,
-                           onnx=str(onnx_path) if onnx_path else None,
-                           engine=str(engine_path) if engine_path else None,
+                           onnx=str(onnx_path) if onnx_path else None, engine=str(engine_path) if engine_path else None,
                            attn_implementation=attn_implementation, seed=seed, drafter_cache=drafter_cache)
     _preflight(drafter_dir, engine_path, vllm_load_check, vllm_loader_python, opts)
     with _progress() as cb:

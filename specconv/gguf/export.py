@@ -116,22 +116,34 @@ def export_gguf_dir(drafter_dir: str | Path, out: str | Path | None = None, *, v
     clean_stale(out_dir)
     tmp = OutputTemp(out_dir)
     try:
-        meta = _write(tmp.path, d, cfg, store, v, plan, vspec)
-        result = _result(meta, out_dir, target, trepo)
-        if check and server is not None and target is not None:
-            result["check"] = _check(tmp.path / plan.file_name, tpath, server, v, plan, target)
-            if not result["check"]["passed"]:
-                raise GateFailedError(f"llama-server check failed: {json.dumps(_brief(result['check']))}",
-                                      hint="inspect with --no-check (writes the GGUF without the gate)")
-        else:
-            result["check"] = {"skipped": _skip_reason(check, server, target)}
-        meta["check"] = _brief(result["check"])
-        (tmp.path / META_NAME).write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")
-        _public_modes(tmp.path)
+        result = _write_checked(tmp, d, cfg, store, v, plan, vspec, out_dir, (tpath, trepo, target), check, server)
         move_into_place(tmp, out_dir, overwrite, "gguf")
     finally:
         tmp.release()
     _record(d, result)
+    return result
+
+
+def _write_checked(tmp: OutputTemp, d: Path, cfg: Any, store: Any, v: Any, plan: Any, vspec: str, out_dir: Path,
+                   found: tuple, check: bool, server: Any) -> dict[str, Any]:
+    """The GGUF and ``gguf_meta.json`` in ``tmp``, served when ``check`` and a server and a target were found.
+
+    Raises:
+        GateFailedError: the check failed (exit 4; the caller's temp dir is released, nothing written).
+    """
+    tpath, trepo, target = found
+    meta = _write(tmp.path, d, cfg, store, v, plan, vspec)
+    result = _result(meta, out_dir, target, trepo)
+    if check and server is not None and target is not None:
+        result["check"] = _check(tmp.path / plan.file_name, tpath, server, v, plan, target)
+        if not result["check"]["passed"]:
+            raise GateFailedError(f"llama-server check failed: {json.dumps(_brief(result['check']))}",
+                                  hint="inspect with --no-check (writes the GGUF without the gate)")
+    else:
+        result["check"] = {"skipped": _skip_reason(check, server, target)}
+    meta["check"] = _brief(result["check"])
+    (tmp.path / META_NAME).write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")
+    _public_modes(tmp.path)
     return result
 
 
