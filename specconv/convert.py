@@ -76,16 +76,11 @@ def _hub_source(spec: str, subfolder: str | None, revision: str | None, headers_
                 "*eagle_meta.pt", "*mask_embedding.pt"]
     if subfolder:
         patterns = [f"{subfolder}/{x}" for x in patterns]
-    try:
-        if headers_only and not hub.is_offline():
-            return hub.header_snapshot(spec, revision=revision, allow_patterns=patterns, endpoint_url=endpoint)
-        return hub.download_snapshot(spec, revision=revision, allow_patterns=patterns, endpoint_url=endpoint)
-    except Exception as e:  # noqa: BLE001 - mapped by the Hub error table
-        what = f"{subfolder}/ (config, safetensors)" if subfolder else "the checkpoint (config, safetensors)"
-        err = hub.hub_error(what, spec, e, code="source_not_found",
-                            hint=None if "/" in spec else f"no local path {spec!r} exists either")
-        err.message = "source: " + err.message
-        raise err from e
+    wanted = hub.Wanted(f"{subfolder}/ (config, safetensors)" if subfolder else "the checkpoint (config, safetensors)",
+                        code="source_not_found", role="source",
+                        hint=None if "/" in spec else f"no local path {spec!r} exists either")
+    fetch = hub.header_snapshot if headers_only and not hub.is_offline() else hub.download_snapshot
+    return fetch(spec, revision=revision, allow_patterns=patterns, endpoint_url=endpoint, wanted=wanted)
 
 
 def select_checkpoint(path: Path, choice: str | None = None) -> tuple[Path, str | None]:

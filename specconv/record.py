@@ -38,13 +38,13 @@ from __future__ import annotations
 import json
 import os
 import posixpath
-import tempfile
 from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
 
 from .errors import InvalidInputError
+from .fileio import atomic_write, read_json_object
 
 #: file name inside a drafter directory
 SPECCONV_JSON = "specconv.json"
@@ -241,13 +241,8 @@ def _load_raw(path: Path) -> dict[str, Any] | None:
     """The JSON object in ``path`` (None when missing); a non-object is refused."""
     if not path.is_file():
         return None
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise InvalidInputError(f"{path}: invalid JSON ({e}); not overwriting it", code="bad_specconv_json") from e
-    if not isinstance(data, dict):
-        raise InvalidInputError(f"{path}: not a JSON object; not overwriting it", code="bad_specconv_json")
-    return data
+    return read_json_object(path, code="bad_specconv_json", not_object="{path}: not a JSON object; not overwriting it",
+                            unreadable="{path}: invalid JSON ({error}); not overwriting it")
 
 
 def _validate(data: dict[str, Any], path: Path) -> SpecconvRecord:
@@ -333,28 +328,6 @@ def update_record(drafter_dir: str | os.PathLike, section: str, payload: dict[st
     _validate(data, path)
     atomic_write(path, json.dumps(data, sort_keys=True, indent=2) + "\n")
     return path
-
-
-def atomic_write(path: Path, data: str | bytes) -> None:
-    """Write ``data`` (text as UTF-8) to ``path`` atomically: a temp file in the same dir,
-    then ``os.replace``; the file gets the mode a plain ``open(..., "w")`` would give it.
-
-    Raises:
-        OSError: the directory is not writable (no temp file is left behind).
-    """
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data.encode("utf-8") if isinstance(data, str) else data)
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
 
 
 def relative_to_dir(path: str | os.PathLike, base: str | os.PathLike) -> str:

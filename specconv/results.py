@@ -346,7 +346,7 @@ def vllm_summaries(report: dict[str, Any]) -> dict[str, Any]:
     vs = report.get("vllm_serve") or {}
     if vs:
         out["vllm_serve"] = {k: vs.get(k) for k in ("distribution", "version", "tau")}
-    ls = report.get("llamacpp_serve") or {}  # --backend llamacpp (specconv/validate/llamacpp_backend.py)
+    ls = report.get("llamacpp_serve") or {}  # --backend llamacpp (specconv/gguf/backend.py)
     if ls:
         out["llamacpp_serve"] = {k: ls.get(k) for k in ("commit", "verifier_gguf", "tau", "tau_torch", "lossless")}
     return out

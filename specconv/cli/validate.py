@@ -81,20 +81,19 @@ def _check_backend_exclusive(backend: str, onnx_path: Path | None, engine_path: 
         raise UsageError(f"{' and '.join(given)} are mutually exclusive: validate one runtime at a time")
 
 
-def _preflight(drafter_dir: Path, engine_path: Path | None, vllm_load_check: bool, loader_python: str | None,
-               opts=None) -> None:
-    """Refusals (exit 3) before any model is loaded: every ``--engine`` check, done before
-    any TensorRT object exists (``specconv.export.engine_drafter.preflight_engine``), the
-    ``--vllm-load-check`` interpreter, and ``--backend llamacpp``'s GGUF export and server
-    (``specconv.validate.llamacpp_backend.preflight``; T > 0 there is exit 2)."""
-    if opts is not None and opts.backend == "llamacpp":
-        from specconv.validate.llamacpp_backend import preflight
+def _backend_preflight(drafter_dir: Path, opts) -> None:
+    """``--backend llamacpp``'s refusals before any model is loaded: T > 0 (exit 2), no or a
+    stale ``DIR/gguf``, no llama-server (exit 3) (``specconv.gguf.backend.preflight``)."""
+    if opts.backend == "llamacpp":
+        from specconv.gguf.backend import preflight
 
         preflight(drafter_dir, opts)
-    if engine_path:
-        from specconv.export.engine_drafter import preflight_engine
 
-        preflight_engine(engine_path, drafter_dir)
+
+def _preflight(vllm_load_check: bool, loader_python: str | None) -> None:
+    """Refusals (exit 3) before any model is loaded: the ``--vllm-load-check`` interpreter
+    (a runtime's refusals, e.g. every ``--engine`` check before any TensorRT object exists,
+    are ``validate_drafter``'s: ``specconv.validate.runtimes.check_runtime``)."""
     if vllm_load_check:
         from specconv.vllm_check import find_vllm_python
 
@@ -154,12 +153,9 @@ def validate_cmd(
     backend: str,
     vllm_python: str | None,
     llama_server: str | None, verifier_gguf: str | None,
-    onnx_path: Path | None,
-    engine_path: Path | None,
-    attn_implementation: str,
-    seed: int,
-    vllm_load_check: bool,
-    vllm_loader_python: str | None,
+    onnx_path: Path | None, engine_path: Path | None,
+    attn_implementation: str, seed: int,
+    vllm_load_check: bool, vllm_loader_python: str | None,
     drafter_cache: bool,
     output_format: str,
 ):
@@ -172,15 +168,18 @@ def validate_cmd(
     DIR/specconv.json. Exit 4 when a gate fails.
     """
     from specconv.validate.run import ValidateOptions, validate_drafter
+    from specconv.validate.runtimes import runtime_from_flags
 
     _check_backend_exclusive(backend, onnx_path, engine_path)
     _require_speculators_dir(drafter_dir)
+    runtime, runtime_path = runtime_from_flags({"onnx": onnx_path, "engine": engine_path})
     opts = ValidateOptions(source=source, prompts=prompts, num_prompts=num_prompts, max_new_tokens=max_new_tokens,
                            temperature=temperature, device=device, dtype=dtype, min_tau=min_tau, backend=backend,
                            vllm_python=vllm_python, llama_server=llama_server, verifier_gguf=verifier_gguf,
-                           onnx=str(onnx_path) if onnx_path else None, engine=str(engine_path) if engine_path else None,
+                           runtime=runtime, runtime_path=runtime_path,
                            attn_implementation=attn_implementation, seed=seed, drafter_cache=drafter_cache)
-    _preflight(drafter_dir, engine_path, vllm_load_check, vllm_loader_python, opts)
+    _preflight(vllm_load_check, vllm_loader_python)
+    _backend_preflight(drafter_dir, opts)
     with _progress() as cb:
         report = validate_drafter(drafter_dir, verifier, opts, progress=cb)
     if vllm_load_check:  # vLLM's own loader, in its own interpreter (specconv/vllm_check)

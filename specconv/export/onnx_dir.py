@@ -25,6 +25,7 @@ from typing import Any
 
 from ..errors import GateFailedError, InvalidInputError, UsageError
 from ..outdir import KINDS, OutputTemp, check_replaceable, clean_stale, move_into_place
+from ..fileio import read_json_object
 from ..versions import library_versions
 
 log = logging.getLogger("specconv.export")
@@ -75,16 +76,6 @@ def graph_for_dtype(meta: dict, dtype: str | None) -> str:
     return next((rel for rel, g in sorted(graphs.items()) if (g or {}).get("dtype") == dtype), GRAPH_NAME)
 
 
-def _read_json(p: Path) -> dict:
-    try:
-        d = json.loads(p.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as e:
-        raise InvalidInputError(f"{p}: cannot read ({e})", code="not_speculators_dir") from e
-    if not isinstance(d, dict):
-        raise InvalidInputError(f"{p}: not a JSON object", code="not_speculators_dir")
-    return d
-
-
 def _check_dir(d: Path) -> dict:
     from ..format import speculators_model_type_of
 
@@ -92,7 +83,7 @@ def _check_dir(d: Path) -> dict:
         raise InvalidInputError(
             f"{d} is not a Speculators-format directory (no config.json with speculators_model_type)",
             code="not_speculators_dir", hint=f"convert it first: specconv convert {d} --verifier V -o OUT")
-    return _read_json(d / "config.json")
+    return read_json_object(d / "config.json", code="not_speculators_dir")
 
 
 def default_verifier(d: Path) -> str | None:

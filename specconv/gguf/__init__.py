@@ -18,5 +18,5 @@ A Speculators DFlash or DSpark dir becomes one ``drafter-<dtype>.gguf`` in llama
 
 The room needs the ``gguf`` extra (PyPI ``gguf``) and the ``validate`` extra (transformers for
 the tokenizer, torch for the tensors); ``validate --backend llamacpp``
-(:mod:`specconv.validate.llamacpp_backend`) runs the same check next to the torch loop.
+(:mod:`specconv.gguf.backend`) runs the same check next to the torch loop.
 """

@@ -22,6 +22,9 @@ log = logging.getLogger("specconv.validate")
 REPORT_JSON = "validation.json"
 REPORT_MD = "validation.md"
 REPORT_PNG = "acceptance.png"
+#: z-lab's reference package (``pip install dflash``, ``validate/zlab_reference.py``): a
+#: package name that happens to spell an algorithm's, recorded with the library versions.
+ZLAB_PACKAGE = "dflash"
 
 
 def library_versions() -> dict[str, str | None]:
@@ -30,7 +33,7 @@ def library_versions() -> dict[str, str | None]:
     ``vllm_serve``."""
     from ..versions import library_versions as versions
 
-    return versions(("torch", "transformers", "accelerate", "safetensors", "numpy", "dflash", "speculators"))
+    return versions(("torch", "transformers", "accelerate", "safetensors", "numpy", ZLAB_PACKAGE, "speculators"))
 
 
 def torch_backend_flags() -> dict[str, Any]:
@@ -205,7 +208,7 @@ def write_report(report, report_dir: str | Path) -> dict[str, str]:
     Returns:
         ``{"json": path, "markdown": path, "plot": path | None}``.
     """
-    from ..record import atomic_write
+    from ..fileio import atomic_write
     from ..results import jsonable
 
     d = Path(report_dir)
@@ -221,17 +224,3 @@ def write_report(report, report_dir: str | Path) -> dict[str, str]:
     atomic_write(d / REPORT_JSON, (json.dumps(report, indent=2, sort_keys=True, default=jsonable) + "\n").encode())
     files["json"] = str(d / REPORT_JSON)
     return files
-
-
-def record_in_specconv_json(drafter_dir: str | Path, summary: dict) -> Path:
-    """Set the ``validation`` section of ``<drafter_dir>/specconv.json``.
-
-    Through :func:`specconv.record.update_record` (atomic; other keys kept; a missing
-    file is created with only this section).
-
-    Raises:
-        InvalidInputError: the existing file is not a JSON object.
-    """
-    from ..record import update_record
-
-    return update_record(drafter_dir, "validation", summary)

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..errors import InvalidInputError, UsageError
-from .backend import BACKENDS, DRAFTER_LOADERS, Progress, ValidationRun, get_backend
+from .backend import BACKENDS, Progress, ValidationRun, get_backend
 from .gates import GATE_ORDER, GateResult, skipped
 from .torch_backend import PARITY_SEQUENCES, plan_placement  # noqa: F401  (re-exported)
 
@@ -45,9 +45,9 @@ class ValidateOptions:
         dtype: ``float32`` | ``bfloat16`` | ``float16`` for verifier and drafter.
         min_tau: optional τ floor for G3.
         backend: ``torch`` (this harness) | ``vllm``.
-        drafter_backend: how the torch harness runs the drafter under test (a key of
-            :data:`specconv.validate.backend.DRAFTER_LOADERS`; ``torch`` = the reference
-            drafters of :mod:`specconv.drafters`).
+        drafter_backend: the runtime that loads the drafter under test in the torch
+            harness (a key of :data:`specconv.validate.runtimes.RUNTIMES`; ``torch`` = the
+            reference drafters of :mod:`specconv.drafters`).
         attn_implementation: verifier attention (``sdpa`` | ``eager``).
         seed: prompt-independent RNG seed (bootstrap, sampling).
         confidence_threshold: DSpark truncated-run threshold (None disables that run).
@@ -56,6 +56,10 @@ class ValidateOptions:
             :func:`specconv.validate.vllm_backend.resolve_vllm_python`).
         drafter_cache: torch backend — draft through the context-cached session
             (default) or statelessly (``--no-drafter-cache``); same tokens either way.
+        runtime: a runtime compared with the torch reference on the same requests (a key
+            of :data:`~specconv.validate.runtimes.RUNTIMES`: ``onnx`` for ``--onnx``,
+            ``tensorrt`` for ``--engine``; its gate joins the others). runtime_path: the
+            exported graph / engine it runs.
     """
 
     source: str | None = None
@@ -76,8 +80,8 @@ class ValidateOptions:
     drafter_cache: bool = True
     llama_server: str | None = None  # --backend llamacpp: --llama-server FILE
     verifier_gguf: str | None = None  # --backend llamacpp: --verifier-gguf FILE
-    onnx: str | None = None  # --onnx PATH: also run the loop with ONNX Runtime drafting
-    engine: str | None = None  # --engine PATH: also run the loop with a TensorRT engine drafting
+    runtime: str | None = None
+    runtime_path: str | None = None
 
 
 def select_prompts(spec: str, n: int | None) -> list:
@@ -209,6 +213,7 @@ def _finish(report: dict, results: list[GateResult]) -> "ValidationReport":
 
     by = {g.name: g for g in results}
     ordered = [by.get(n) or skipped(n, "not reached") for n in GATE_ORDER]
+    ordered += [g for g in results if g.name not in GATE_ORDER]  # a compared runtime's gate (runtimes.py)
     report["gate_results"] = [g.to_dict() for g in ordered]
     report["gates"] = _gate_map(ordered)
     report["passed"] = all(report["gates"].values())
@@ -250,28 +255,18 @@ def validate_drafter(
         if _structure_step(run):
             _prompts_step(run)
             get_backend(opts.backend).run(run)
-    report = _finish(run.report, run.results)
-    if opts.onnx:  # the ORT-drafted loop joins the gates (specconv/export/ort_validate.py)
-        from ..export.ort_validate import apply_onnx_gate
-
-        apply_onnx_gate(report)
-    if opts.engine:  # the engine-drafted loop joins the gates (specconv/export/engine_validate.py)
-        from ..export.engine_validate import apply_engine_gate
-
-        apply_engine_gate(report)
-    return report
+    return _finish(run.report, run.results)
 
 
 def _check_inputs(drafter_dir: str | Path, opts: ValidateOptions) -> Path:
     """Options that cannot work, and missing extras: refused before anything is read."""
-    from ..extras import require, require_extra
+    from ..extras import require
+    from .runtimes import check_runtime, get_runtime
     from .verifier_runner import torch_dtype
 
     require("torch", "validate", feature="specconv validate")  # G1 reads tensors with torch (every backend)
     if opts.backend != "vllm":  # the torch backend runs the verifier with transformers
         require("transformers", "validate", feature="specconv validate")
-    if opts.onnx:
-        require_extra("onnx", feature="specconv validate --onnx")
     d = Path(drafter_dir)
     if not d.is_dir():
         raise InvalidInputError(f"drafter dir {d} does not exist")
@@ -279,14 +274,9 @@ def _check_inputs(drafter_dir: str | Path, opts: ValidateOptions) -> Path:
         raise UsageError("--temperature must be >= 0")
     if opts.backend not in BACKENDS:
         raise UsageError(f"unknown backend {opts.backend!r}")
-    if opts.drafter_backend not in DRAFTER_LOADERS:
-        raise UsageError(f"unknown drafter backend {opts.drafter_backend!r} (known: {', '.join(DRAFTER_LOADERS)})")
+    get_runtime(opts.drafter_backend, "drafter backend")
     torch_dtype(opts.dtype)
-    if opts.onnx:  # a missing / corrupt / foreign graph is refused before the torch run, not after it
-        from ..export.ort_drafter import _check_files, resolve_graph
-
-        graph, meta_dir, meta = resolve_graph(opts.onnx, opts.dtype)
-        _check_files(graph, meta_dir, meta, d)
+    check_runtime(opts.runtime, opts.runtime_path, d, opts.dtype)  # a runtime's refusals, before any model
     return d
 
 
@@ -294,6 +284,7 @@ def _start_report(run: ValidationRun) -> dict[str, Any]:
     """The report keys known before any gate ran (what, with what, which versions)."""
     from .. import __version__
     from .report import library_versions
+    from .runtimes import runtime_flags
 
     opts, v = run.options, run.verifier
     return {
@@ -307,7 +298,8 @@ def _start_report(run: ValidationRun) -> dict[str, Any]:
         "temperature": opts.temperature,
         "max_new_tokens": opts.max_new_tokens,
         "seed": opts.seed,
-        "options": asdict(opts),
+        "options": {**{k: val for k, val in asdict(opts).items() if k not in ("runtime", "runtime_path")},
+                    **runtime_flags(opts.runtime, opts.runtime_path)},  # as the CLI flags: onnx, engine
         "versions": library_versions(),
     }
 

@@ -3,7 +3,7 @@
 * ``formats``; ``push --dry-run`` (unvalidated, with ``--detailed-exitcode``, ``--tag``,
   ``--exclude``) against the loopback Hub double with the real huggingface_hub client in one
   online subprocess (:mod:`golden.online`); ``validate`` (1 prompt × 4 tokens on the tiny
-  SmolLM2-tokenizer verifier of ``tests/test_validate_cli.py``) then ``push --dry-run`` of
+  SmolLM2-tokenizer verifier of ``tests/validate/test_validate_cli.py``) then ``push --dry-run`` of
   the validated dir; ``build-engine`` without a graph.
 * ``slow``: ``export onnx`` (ORT parity check on) and ``release --dry-run``.
 
@@ -82,7 +82,7 @@ def tiny_conversion(ws: Workspace, d: Path, name: str = "drafter") -> tuple[Path
 
 
 def validate_set(ws: Workspace) -> dict[str, Path]:
-    """tests/test_validate_cli._build: tiny Llama verifier with SmolLM2's tokenizer, a random
+    """tests/validate/test_validate_cli._build: tiny Llama verifier with SmolLM2's tokenizer, a random
     z-lab DFlash drafter (written by the dflash package), its conversion, a 2-prompt file."""
     from test_validate_cli import _build
 
