@@ -19,17 +19,18 @@ from ..validate.backend import ValidationRun
 
 __all__ = ["LLAMACPP_TAU_TOLERANCE", "LlamaCppBackend", "preflight", "tau_band"]
 
-#: The fixed part of the τ band: llama.cpp serves a quantised target (SmolLM2 Q4_1) while the torch
-#: loop runs its dequantised fp32 weights, so greedy continuations, and the drafts on them, differ.
-#: Measured on the bundled drafter (docs/llamacpp.md, "τ against the torch loop"); the band is
-#: max(this, G3's band: 2 % of τ_torch, the torch CI half-width).
-LLAMACPP_TAU_TOLERANCE = 0.15
+#: The fixed τ tolerance of ``--backend llamacpp``: llama.cpp serves a quantised target (SmolLM2
+#: Q4_1) while the torch loop runs its dequantised fp32 weights. Measured on the bundled drafter
+#: (4 ``eval`` prompts, 32 tokens): identical counts, Δτ = 0.000; a GGUF whose target layers are
+#: shifted by one gives Δτ = −0.068 on 2 prompts × 24 tokens (docs/llamacpp.md).
+LLAMACPP_TAU_TOLERANCE = 0.05
 
 
 def tau_band(tau_torch: float, torch_metrics: dict[str, Any]) -> float:
     """The largest |τ_llama.cpp − τ_torch| G3 accepts: max(:data:`LLAMACPP_TAU_TOLERANCE`, 2 % of
-    τ_torch, the torch run's 95 % CI half-width)."""
-    return max(LLAMACPP_TAU_TOLERANCE, 0.02 * tau_torch, float(torch_metrics.get("tau_ci95_half_width") or 0.0))
+    τ_torch). Not the torch CI half-width: both runs decode the same prompt token ids, so the
+    difference is the runtime's, not the prompts' spread (``torch_metrics`` is kept for the report)."""
+    return max(LLAMACPP_TAU_TOLERANCE, 0.02 * tau_torch)
 
 
 def preflight(drafter_dir: Path, opts: Any) -> dict[str, Any]:

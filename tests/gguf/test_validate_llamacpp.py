@@ -18,7 +18,7 @@ import fixtures_dflash as fd
 
 pytest.importorskip("gguf")
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 SMOL_HUB = "HuggingFaceTB/SmolLM2-135M-Instruct"
 
 
