@@ -100,6 +100,15 @@ def _preflight(vllm_load_check: bool, loader_python: str | None) -> None:
         find_vllm_python(loader_python)
 
 
+def _sglang_check(drafter_dir: Path, verifier: str, python: str | None):
+    """``--sglang-load-check``: refuse now (exit 3: no SGLang interpreter, or a drafter SGLang
+    would serve wrongly); return the check to run after the gates."""
+    from specconv.sglang_check import preflight, validate_check
+
+    preflight(drafter_dir, verifier, python)
+    return lambda: validate_check(drafter_dir, verifier, python=python)
+
+
 @click.command("validate")
 @click.argument("drafter_dir", metavar="DIR", type=click.Path(file_okay=False, path_type=Path))
 @verifier_option(help="Verifier: local HF dir or Hub id (from the local cache).")
@@ -134,31 +143,22 @@ def _preflight(vllm_load_check: bool, loader_python: str | None) -> None:
               help="Also load DIR with vLLM's own loader (strict; separate vLLM venv, see docs/validate.md).")
 @click.option("--vllm-loader-python", metavar="PATH",
               help="vLLM 0.33 interpreter for --vllm-load-check [default: $SPECCONV_VLLM_LOADER_PYTHON, else .venv-vllm].")
+@click.option("--sglang-load-check", is_flag=True,
+              help="Also export DIR to SGLang's layout in a temp dir and load it with SGLang's own loader (strict; "
+                   "separate SGLang venv, see docs/sglang.md); recorded under export.sglang, not a gate of validation.passed.")
+@click.option("--sglang-loader-python", metavar="PATH",
+              help="SGLang 0.5.23 interpreter for --sglang-load-check [default: $SPECCONV_SGLANG_LOADER_PYTHON, else .venv-sglang].")
 @click.option("--drafter-cache/--no-drafter-cache", default=True, hidden=True,
               help="Draft through the context-cached session (default) or statelessly.")
 @output_format_option
 @run_command
-def validate_cmd(
-    drafter_dir: Path,
-    verifier: str,
-    source: str | None,
-    prompts: str,
-    num_prompts: int,
-    max_new_tokens: int,
-    temperature: float,
-    device: str,
-    dtype: str,
-    min_tau: float | None,
-    report_dir: Path | None,
-    backend: str,
-    vllm_python: str | None,
-    llama_server: str | None, verifier_gguf: str | None,
-    onnx_path: Path | None, engine_path: Path | None,
-    attn_implementation: str, seed: int,
-    vllm_load_check: bool, vllm_loader_python: str | None,
-    drafter_cache: bool,
-    output_format: str,
-):
+def validate_cmd(drafter_dir: Path, verifier: str, source: str | None, prompts: str, num_prompts: int,
+                 max_new_tokens: int, temperature: float, device: str, dtype: str, min_tau: float | None,
+                 report_dir: Path | None, backend: str, vllm_python: str | None, llama_server: str | None,
+                 verifier_gguf: str | None, onnx_path: Path | None,
+                 engine_path: Path | None, attn_implementation: str, seed: int, vllm_load_check: bool,
+                 vllm_loader_python: str | None, sglang_load_check: bool, sglang_loader_python: str | None,
+                 drafter_cache: bool, output_format: str):
     """Validate the Speculators drafter in DIR against its verifier.
 
     Gates, in order: G1 structure (lint, tensor accounting, verifier-supplied tensors),
@@ -173,6 +173,7 @@ def validate_cmd(
     _check_backend_exclusive(backend, onnx_path, engine_path)
     _require_speculators_dir(drafter_dir)
     runtime, runtime_path = runtime_from_flags({"onnx": onnx_path, "engine": engine_path})
+    sglang = _sglang_check(drafter_dir, verifier, sglang_loader_python) if sglang_load_check else None
     opts = ValidateOptions(source=source, prompts=prompts, num_prompts=num_prompts, max_new_tokens=max_new_tokens,
                            temperature=temperature, device=device, dtype=dtype, min_tau=min_tau, backend=backend,
                            vllm_python=vllm_python, llama_server=llama_server, verifier_gguf=verifier_gguf,
@@ -187,6 +188,8 @@ def validate_cmd(
 
         report["vllm_load"] = run_load_checks_for_dir(drafter_dir, verifier, python=vllm_loader_python)
         report["passed"] = bool(report["passed"]) and report["vllm_load"]["ok"]
+    if sglang:  # SGLang's own loader on DIR's SGLang layout (specconv/sglang_check); recorded under export.sglang
+        report["sglang_load"] = sglang()
     return _finish(drafter_dir, report, report_dir)
 
 
@@ -205,6 +208,9 @@ def _finish(drafter_dir: Path, report, report_dir: Path | None):
     failed = report.failed_gates()
     if report.get("vllm_load") and not report["vllm_load"]["ok"]:
         failed.append("vllm_load")
+    if report.get("sglang_load") and not report["sglang_load"]["ok"]:
+        failed.append("sglang_load")  # the exit status only: validation.passed stays the gates'
+
     if failed:
         report["error"] = "gate_failed"
         report["exit_code"] = EXIT_GATE_FAILED
