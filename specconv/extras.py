@@ -1,7 +1,7 @@
 """Optional extras: one helper that imports an optional dependency or says how to install it.
 
 The extras are declared once, in ``pyproject.toml`` (``[project.optional-dependencies]``:
-``validate``, ``vllm``, ``onnx``, ``tensorrt``, ``trt-rtx``, ``test``). Code that imports an
+``validate``, ``vllm``, ``onnx``, ``tensorrt``, ``trt-rtx``, ``gguf``, ``test``). Code that imports an
 optional package lazily calls :func:`require` instead of a bare ``import``, so a user who
 ran ``pip install specconv`` gets one clear line instead of a ``ModuleNotFoundError``::
 
@@ -28,7 +28,7 @@ __all__ = ["EXTRAS", "OPTIONAL_MODULES", "MissingExtraError", "install_line", "m
            "require_extra"]
 
 #: The extras ``pyproject.toml`` declares (``tests/structure/test_packaging.py`` keeps the two equal).
-EXTRAS = ("validate", "vllm", "onnx", "tensorrt", "trt-rtx", "test")
+EXTRAS = ("validate", "vllm", "onnx", "tensorrt", "trt-rtx", "gguf", "test")
 
 #: Top-level import name -> the extra whose ``pyproject.toml`` list installs it, for every
 #: optional package specconv's own interpreter imports (``tests/structure/test_packaging.py`` checks
@@ -36,7 +36,7 @@ EXTRAS = ("validate", "vllm", "onnx", "tensorrt", "trt-rtx", "test")
 OPTIONAL_MODULES = {
     "torch": "validate", "transformers": "validate", "accelerate": "validate", "matplotlib": "validate",
     "onnx": "onnx", "onnxscript": "onnx", "onnx_ir": "onnx", "onnxruntime": "onnx", "ml_dtypes": "onnx",
-    "tensorrt": "tensorrt", "tensorrt_rtx": "trt-rtx",
+    "tensorrt": "tensorrt", "tensorrt_rtx": "trt-rtx", "gguf": "gguf",
 }
 
 

@@ -234,13 +234,14 @@ class OutputKind:
 
 def _conversion(d: Path, raw: dict) -> _Listing:
     """``specconv.json`` with a conversion section: its ``output_files``, the local card and
-    the ``onnx/``, ``trt/`` and ``sglang/`` that export and build-engine add (judged as their own kinds)."""
+    the ``onnx/``, ``trt/``, ``sglang/`` and ``gguf/`` that export and build-engine add (judged as their own kinds)."""
     from .record import read_record
 
     conv = read_record(d).conversion
     if conv is None:
         return None
-    return {**dict.fromkeys(conv.output_files), "README.md": None, "onnx": "onnx", "trt": "engines", "sglang": "sglang"}
+    return {**dict.fromkeys(conv.output_files), "README.md": None, "onnx": "onnx", "trt": "engines", "sglang": "sglang",
+            "gguf": "gguf"}
 
 
 def _files(d: Path, rec: dict) -> _Listing:
@@ -275,6 +276,7 @@ KINDS: dict[str, OutputKind] = {
     "engine": OutputKind("engine variant", "build.json", "specconv-trt-build", _engine),
     "engines": OutputKind("engine dir (trt/)", "manifest.json", "specconv-trt-manifest", _engines),
     "sglang": OutputKind("SGLang export", "sglang_export.json", "specconv-sglang-drafter", _files),
+    "gguf": OutputKind("GGUF export", "gguf_meta.json", "specconv-gguf-drafter", _files),
 }
 
 

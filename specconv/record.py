@@ -180,6 +180,23 @@ class RemoteValidation(_Model):
     identity: str | None = None
 
 
+class LlamaCppServeSummary(_Model):
+    """The llama-server that served the drafter's GGUF (``--backend llamacpp``).
+
+    Attributes:
+        commit: llama.cpp commit (``llama-server --version``). verifier_gguf: ``{name, sha256,
+            quantisation, repo}`` of the target GGUF. tau: pooled τ from llama-server's counters.
+        tau_torch: the torch loop's τ on the same prompts. lossless: drafted outputs equal the
+            plain server's (near ties excepted).
+    """
+
+    commit: str | None = None
+    verifier_gguf: dict[str, Any] | None = None
+    tau: float | None = None
+    tau_torch: float | None = None
+    lossless: bool | None = None
+
+
 class ValidationSection(_Model):
     """The summary of the last ``specconv validate`` run.
 
@@ -194,6 +211,7 @@ class ValidationSection(_Model):
         vllm_serve: set only when the run served the prompts with ``--backend vllm``.
             Neither set: vLLM checked nothing (``specconv.results.vllm_summaries``).
         remote: the last ``--server-url`` run (never a gate for publishing).
+        llamacpp_serve: set only when ``--backend llamacpp`` served the GGUF (:class:`LlamaCppServeSummary`).
     """
 
     passed: bool | None = None
@@ -204,6 +222,7 @@ class ValidationSection(_Model):
     vllm_load: VllmLoadSummary | None = None
     vllm_serve: VllmServeSummary | None = None
     remote: RemoteValidation | None = None
+    llamacpp_serve: LlamaCppServeSummary | None = None
 
     @field_validator("report")
     @classmethod

@@ -333,11 +333,12 @@ class ValidationReport(StageResult):
 
 
 def vllm_summaries(report: dict[str, Any]) -> dict[str, Any]:
-    """What vLLM checked, for the ``validation`` section of ``specconv.json`` (the one place
-    ``specconv validate`` and ``specconv release`` take it from): ``vllm_load
+    """What vLLM (and llama.cpp) checked, for the ``validation`` section of ``specconv.json`` (the
+    one place ``specconv validate`` and ``specconv release`` take it from): ``vllm_load
     {distribution, version}`` when the ``--vllm-load-check`` passed, ``vllm_serve
     {distribution, version, tau}`` when ``--backend vllm`` served the prompts; neither key
-    when vLLM checked nothing (:class:`specconv.record.ValidationSection`)."""
+    when vLLM checked nothing (:class:`specconv.record.ValidationSection`); ``llamacpp_serve
+    {commit, verifier_gguf, tau, tau_torch, lossless}`` when ``--backend llamacpp`` served them."""
     out: dict[str, Any] = {}
     vl = report.get("vllm_load") or {}
     if vl.get("ok"):
@@ -345,6 +346,9 @@ def vllm_summaries(report: dict[str, Any]) -> dict[str, Any]:
     vs = report.get("vllm_serve") or {}
     if vs:
         out["vllm_serve"] = {k: v for k, v in vs.items() if k != "server"}  # specconv.record.VllmServeSummary
+    ls = report.get("llamacpp_serve") or {}  # --backend llamacpp (specconv/gguf/backend.py)
+    if ls:
+        out["llamacpp_serve"] = {k: ls.get(k) for k in ("commit", "verifier_gguf", "tau", "tau_torch", "lossless")}
     return out
 
 

@@ -1,4 +1,5 @@
-"""``specconv export onnx DIR``: ONNX graphs of one drafting step (docs/engines.md)."""
+"""``specconv export onnx DIR``: ONNX graphs of one drafting step (docs/engines.md);
+``specconv export gguf DIR``: a GGUF drafter for llama.cpp (docs/llamacpp.md)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from pathlib import Path
 import click
 
 from .common import emit, output_format_option, run_command
+from .llamacpp_options import llama_server_option, verifier_gguf_option
 
 _OUTPUTS = ("ids", "logprobs", "topk", "logits", "confidence")
 
@@ -88,6 +90,54 @@ def onnx_cmd(drafter_dir: Path, output: Path | None, verifier: str | None, dtype
 
         refresh_local_card(drafter_dir)
     emit(result, output_format, _human)
+
+
+def _human_gguf(r: dict) -> str:
+    lines = [f"exported:  {r['output']}/{r['file']}  ({r['algorithm']}, {r['architecture']}, {r['dtype']})",
+             f"serve:     --spec-type {r['spec_type']} --spec-draft-n-max {r['spec_draft_n_max']}",
+             f"verifier weights inside: {'yes (' + ', '.join(r['verifier_weights']) + ')' if r['verifier_weights'] else 'no'}"]
+    c = r.get("check") or {}
+    if c.get("skipped"):
+        lines.append(f"check:     skipped ({c['skipped']})")
+    else:
+        lines.append(f"check:     {'ok' if c.get('passed') else 'FAILED'} (llama-server {c.get('llama_server', {}).get('commit')}: "
+                     f"lossless {c.get('lossless')}, τ {c.get('tau', 0):.3f}, {c.get('num_accepted_tokens')} drafts accepted)")
+    return "\n".join(lines)
+
+
+@export_group.command("gguf")
+@click.argument("drafter_dir", metavar="DIR", type=click.Path(file_okay=False, path_type=Path))
+@click.option("-o", "--output", type=click.Path(file_okay=False, path_type=Path),
+              help="Output dir [default: DIR/gguf].")
+@click.option("--verifier", help="Verifier dir or Hub id [default: the one in DIR/specconv.json].")
+@click.option("--dtype", type=click.Choice(["keep", "bfloat16", "float16", "float32"]), default="keep",
+              show_default=True, help="Type of the 2-D weights (1-D tensors and norms are F32; no quantised types).")
+@llama_server_option
+@verifier_gguf_option
+@click.option("--overwrite", is_flag=True, help="Replace an existing output dir that is empty or an earlier "
+              "specconv GGUF export; anything else is refused (exit 3).")
+@click.option("--no-check", is_flag=True, help="Skip the llama-server check.")
+@output_format_option
+@run_command
+def gguf_cmd(drafter_dir: Path, output: Path | None, verifier: str | None, dtype: str, llama_server: str | None,
+             verifier_gguf: str | None, overwrite: bool, no_check: bool, output_format: str) -> None:
+    """Export the DFlash / DSpark drafter in DIR as a llama.cpp GGUF drafter.
+
+    Writes drafter-<dtype>.gguf (llama.cpp's dflash architecture, the verifier's tokenizer) and
+    gguf_meta.json; refuses what llama.cpp cannot represent (exit 3, nothing written); when a
+    llama-server and a verifier GGUF are found, serves it with and without the drafter (exit 4
+    when the outputs differ or no draft is accepted, nothing written) and records the result
+    under "export" in DIR/specconv.json.
+    """
+    from specconv.gguf.export import export_gguf_dir
+
+    result = export_gguf_dir(drafter_dir, output, verifier=verifier, dtype=dtype, overwrite=overwrite,
+                             check=not no_check, llama_server=llama_server, verifier_gguf=verifier_gguf)
+    if output is None:  # gguf/ inside the drafter dir: its card lists the llama.cpp command
+        from specconv.publish.card import refresh_local_card
+
+        refresh_local_card(drafter_dir)
+    emit(result, output_format, _human_gguf)
 
 
 def _sglang_human(r: dict) -> str:

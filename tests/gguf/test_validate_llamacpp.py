@@ -1,0 +1,84 @@
+"""``specconv validate --backend llamacpp`` (issue 18 item 4; docs/llamacpp.md).
+
+The usage refusals need no llama.cpp build. The gate test serves a GGUF whose
+``dflash.target_layers`` are shifted by one with the ``make llama-cpp`` build's
+``llama-server`` (127.0.0.1) next to the SmolLM2 Q4_1 GGUF: G3 must fail (exit 4).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+import fixtures_dflash as fd
+
+pytest.importorskip("gguf")
+
+REPO = Path(__file__).resolve().parents[2]
+SMOL_HUB = "HuggingFaceTB/SmolLM2-135M-Instruct"
+
+
+def _has_build() -> bool:
+    from specconv import llamacpp_build
+
+    return llamacpp_build.build_dir() is not None
+
+
+@pytest.fixture(scope="module")
+def bundled(tmp_path_factory, smollm2_dir) -> Path:
+    out = tmp_path_factory.mktemp("vl") / "bundled"
+    fd.api_convert(REPO / "examples" / "smollm2-dflash-b8", smollm2_dir, out, name=SMOL_HUB)
+    return out
+
+
+def _validate(d: Path, v: Path, *extra: str):
+    from specconv.cli.main import cli
+
+    return CliRunner().invoke(cli, ["validate", str(d), "--verifier", str(v), "--backend", "llamacpp",
+                                    "--device", "cpu", "--format", "json", *extra])
+
+
+def test_temperature_above_zero_is_exit_2(bundled, smollm2_dir):
+    r = _validate(bundled, smollm2_dir, "--temperature", "0.7")
+    assert r.exit_code == 2 and "greedy only" in r.output, r.output
+
+
+def test_llamacpp_and_onnx_are_exclusive(bundled, smollm2_dir, tmp_path):
+    r = _validate(bundled, smollm2_dir, "--onnx", str(tmp_path / "x.onnx"))
+    assert r.exit_code == 2 and "mutually exclusive" in r.output, r.output
+
+
+def test_no_gguf_export_is_exit_3(bundled, smollm2_dir):
+    r = _validate(bundled, smollm2_dir)
+    assert r.exit_code == 3 and "gguf_missing" in r.output, r.output
+
+
+@pytest.mark.skipif(not _has_build(), reason="no `make llama-cpp` build for this machine")
+def test_a_gguf_with_target_layers_shifted_by_one_fails_the_gate(bundled, smollm2_dir, tmp_path):
+    from specconv.export.onnx_dir import drafter_file_hashes
+    from specconv.gguf.export import export_gguf_dir
+
+    shifted = tmp_path / "shifted"
+    shutil.copytree(bundled, shifted)
+    cfg = json.loads((shifted / "config.json").read_text())
+    cfg["aux_hidden_state_layer_ids"] = [i + 1 for i in cfg["aux_hidden_state_layer_ids"]]
+    (shifted / "config.json").write_text(json.dumps(cfg, indent=2))
+    export_gguf_dir(shifted, check=False)
+    d = tmp_path / "served"
+    shutil.copytree(bundled, d)
+    shutil.copytree(shifted / "gguf", d / "gguf")  # the shifted GGUF, recorded as d's export
+    meta = json.loads((d / "gguf" / "gguf_meta.json").read_text())
+    meta["drafter_files"] = drafter_file_hashes(d)
+    (d / "gguf" / "gguf_meta.json").write_text(json.dumps(meta))
+    r = _validate(d, smollm2_dir, "--num-prompts", "2", "--max-new-tokens", "24",
+                  "--report-dir", str(tmp_path / "report"))
+    assert r.exit_code == 4, r.output
+    rep = json.loads((tmp_path / "report" / "validation.json").read_text())
+    s = rep["llamacpp_serve"]
+    assert s["commit"] == "0c1e570" and s["verifier_gguf"]["quantisation"] == "Q4_1"
+    assert abs(s["tau"] - s["tau_torch"]) > s["band"], s
+    assert rep["gates"]["acceptance"] is False and rep["gates"]["lossless"] is True, rep["gates"]  # G3 fails, lossless
