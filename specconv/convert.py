@@ -1,7 +1,8 @@
 """The conversion pipeline: resolve source → detect → plan → lint → write.
 
 ``inspect_source`` and ``convert`` are what the CLI calls; nothing here knows any source
-format (that lives in ``specconv/converters/``), and nothing here writes outside the writer.
+format (that lives in ``specconv/converters/``), and nothing here writes outside the writer
+(the model card is rendered by the writer's ``card`` hook, inside its temp dir).
 """
 
 from __future__ import annotations
@@ -178,23 +179,30 @@ def detect(src: "SourceInfo") -> type["Converter"]:
     return cls
 
 
-def inspect_source(spec: str, *, verifier: str | None = None, verifier_name: str | None = None,
+def inspect_source(spec: str, *, verifier: str | None = None, verifier_name: str | None = None, scan: bool = False,
                    **kw: Any) -> "InspectResult":
     """Detect a source (headers only) and, for Speculators dirs, lint it.
 
     Args:
         spec: local dir or Hub id. verifier / verifier_name: with a verifier the
-            conversion plan is dry-run too. ``kw``: ``subfolder``, ``checkpoint``,
-            ``revision``, ``endpoint`` (Hub endpoint), ``options`` (ConvertOptions).
+            conversion plan is dry-run too. scan: also read every float tensor and report
+            NaN/Inf (``nonfinite``). ``kw``: ``subfolder``, ``checkpoint``, ``revision``,
+            ``endpoint`` (Hub endpoint), ``options`` (ConvertOptions).
 
     Returns:
         :class:`~specconv.results.InspectResult`: ``format`` (registry id), ``algorithm``,
         ``supported``, ``reason``, ``findings`` (lint), ``path``, ``title`` and, with a
-        verifier, the dry-run ``plan``.
+        verifier, the dry-run ``plan``; with ``scan``, ``nonfinite``.
     """
     from .results import InspectResult
 
-    return InspectResult.of(_inspect(spec, verifier, verifier_name, kw))
+    result = InspectResult.of(_inspect(spec, verifier, verifier_name, kw))
+    if scan:
+        from .tensors import open_store
+        from .tensors.onepass import scan_report
+
+        result.nonfinite = scan_report(open_store(result.path))
+    return result
 
 
 def _inspect(spec: str, verifier: str | None, verifier_name: str | None, kw: dict[str, Any]) -> dict[str, Any]:
@@ -275,7 +283,7 @@ def _nbytes(t) -> int:
 def convert(
     source: str,
     *,
-    verifier: str,
+    verifier: "str | Verifier",
     output: Path | None,
     options: "ConvertOptions | None" = None,
     verifier_name: str | None = None,
@@ -287,6 +295,15 @@ def convert(
     allow_nonfinite: bool = False, endpoint: str | None = None,
 ) -> "ConversionResult":
     """Convert ``source`` to a Speculators dir at ``output`` (Hub reads go to ``endpoint``, else ``HF_ENDPOINT``).
+
+    Everything is written inside the writer's temp dir before the swap: the weights,
+    ``config.json``, the model card ``README.md`` (rendered from the record,
+    :func:`specconv.publish.card.conversion_card`) and ``specconv.json``, once.
+
+    Args:
+        verifier: a local dir or Hub id (resolved here with ``verifier_name``), or a
+            :class:`~specconv.verifier.Verifier` already resolved (``validate --source``
+            hands its own over; ``verifier_name`` is then unused).
 
     Returns:
         :class:`~specconv.results.ConversionResult`: ``format``, ``algorithm``,
@@ -300,12 +317,13 @@ def convert(
     from specconv.converters import ConvertOptions
 
     from .results import ConversionResult
-    from .verifier import resolve_verifier
+    from .verifier import Verifier, resolve_verifier
 
     opts = options or ConvertOptions()
     src, note = open_source(source, subfolder=subfolder, checkpoint=opts.checkpoint, revision=revision, endpoint=endpoint)
     cls = _supported_converter(src, opts)
-    v = resolve_verifier(verifier, name=verifier_name, revision=None, endpoint=endpoint)
+    v = verifier if isinstance(verifier, Verifier) else resolve_verifier(verifier, name=verifier_name, revision=None,
+                                                                         endpoint=endpoint)
     log.info("detected %s (%s); verifier %s", cls.format_id, cls.algorithm, v.name_or_path)
     plan = _linted_plan(cls, src, v, opts, note)
     result = ConversionResult.of(dict(format=plan.format_id, algorithm=plan.algorithm, source=str(src.path),
@@ -319,8 +337,11 @@ def convert(
     if output is None:
         raise UsageError("-o/--output is required unless --dry-run")
     ref = source_ref(source, src.path, subfolder=subfolder, revision=revision)
+    from .publish.card import conversion_card  # jinja2 is imported only when the card renders
+
     record = write_plan(plan, Path(output), source_store=src.store, verifier=v, max_shard_size=max_shard_size,
-                        overwrite=overwrite, source_ref=ref, allow_nonfinite=allow_nonfinite)
+                        overwrite=overwrite, source_ref=ref, allow_nonfinite=allow_nonfinite,
+                        card=conversion_card(Path(output).name))
     _written(result, record, plan, v)
     return result
 

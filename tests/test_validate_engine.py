@@ -196,9 +196,11 @@ def test_kl_and_gate():
     ref = torch.tensor([[2.0, 0.0, float("-inf")], [0.0, 0.0, 0.0]])
     assert torch.allclose(kl_rows(ref, ref), torch.zeros(2), atol=1e-7)
     assert (kl_rows(ref, torch.tensor([[0.0, 2.0, float("-inf")], [0.0, 0.0, 0.0]]))[0] > 0.5).item()
-    rep = {"passed": True, "gates": {"G3": True}, "engine": {"passed": False}}
+    from specconv.results import ValidationReport
+
+    rep = ValidationReport.of({"passed": True, "gates": {"G3": True}, "engine": {"passed": False}})
     apply_engine_gate(rep)
-    assert rep["passed"] is False and rep["gates"] == {"G3": True, "engine": False}
+    assert rep.passed is False and rep.gates == {"G3": True, "engine": False}
 
 
 @pytest.mark.gpu

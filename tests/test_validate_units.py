@@ -248,43 +248,26 @@ def test_vllm_backend_real_run(tmp_path, smollm2_dir):  # pragma: no cover - nee
     out = tmp_path / "spec"
     convert(str(z), verifier=str(smollm2_dir), output=out)
     rep = validate_drafter(out, str(smollm2_dir), ValidateOptions(backend="vllm", num_prompts=2, max_new_tokens=16,
-                                                                   dtype="bfloat16"))
-    assert rep["num_drafts"] > 0 and len(rep["acceptance_at_pos"]) == 7
+                                                                   dtype="bfloat16"), report_dir=tmp_path / "report")
+    assert rep.num_drafts > 0 and len(rep.acceptance_at_pos) == 7
 
 
 # ------------------------------------------------------------------------------ report
-
-
-def test_record_in_specconv_json_keeps_other_keys(tmp_path):
-    from specconv.errors import InvalidInputError
-    from specconv.validate.report import record_in_specconv_json
-
-    p = tmp_path / "specconv.json"
-    p.write_text(json.dumps({"format": "zlab_dflash", "validation": {"old": 1}}))
-    record_in_specconv_json(tmp_path, {"acceptance_length": 1.5})
-    d = json.loads(p.read_text())
-    assert d == {"format": "zlab_dflash", "validation": {"acceptance_length": 1.5}}
-    fresh = tmp_path / "fresh"
-    fresh.mkdir()
-    record_in_specconv_json(fresh, {"x": 2})
-    assert json.loads((fresh / "specconv.json").read_text()) == {"validation": {"x": 2}}
-    p.write_text("[1, 2]")
-    with pytest.raises(InvalidInputError):
-        record_in_specconv_json(tmp_path, {"x": 1})
-    assert p.read_text() == "[1, 2]"
 
 
 def test_write_report_files(tmp_path):
     pytest.importorskip("matplotlib")
     from specconv.validate.report import write_report
 
-    rep = {
+    from specconv.results import ValidationReport
+
+    rep = ValidationReport.of({
         "algorithm": "dflash", "drafter": "d", "verifier": "v", "backend": "torch", "device": {"device": "cpu"},
         "dtype": "float32", "prompts": {"set": "eval", "n": 2}, "max_new_tokens": 8, "temperature": 0.0,
         "metrics": {"acceptance_length": 1.4, "acceptance_at_pos": [0.3, 0.1], "conditional_acceptance_at_pos": [0.3, 1 / 3],
                     "tau_ci95": [1.2, 1.6], "num_drafts": 10, "num_draft_tokens": 20, "num_accepted_tokens": 4},
         "gate_results": [{"name": "structure", "status": "passed", "errors": [], "warnings": [], "skipped_reason": None}],
-    }
+    })
     files = write_report(rep, tmp_path / "r")
     md = Path(files["markdown"]).read_text()
     assert "| structure | passed |" in md and "| 1 | 0.300 | 0.300 |" in md and "acceptance.png" in md

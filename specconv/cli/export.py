@@ -6,27 +6,9 @@ from pathlib import Path
 
 import click
 
-from .common import emit, output_format_option, run_command
+from .common import output_format_option, run_command
 
 _OUTPUTS = ("ids", "logprobs", "topk", "logits", "confidence")
-
-
-def _human(r: dict) -> str:
-    lines = [f"exported:  {r['output']}  ({r['algorithm']}, {r['dtype']}, opset {r['opset']}, "
-             f"block {r['block_size']})",
-             f"dynamic:   batch 1..{r['dynamic']['batch']['max']}, context 1..{r['dynamic']['context']['max']}",
-             f"verifier weights baked in: {'yes' if r['contains_verifier_weights'] else 'no'}"]
-    for name, p in (r.get("parity") or {}).items():
-        if not p:
-            continue
-        if p.get("passed") is None:
-            lines.append(f"parity {name}: skipped ({p.get('skipped')})")
-        else:
-            lines.append(f"parity {name}: {'ok' if p['passed'] else 'FAILED'} ({p['runtime']}, "
-                         f"top-1 {p['top1']:.3f}, max |Δ| {p['max_abs']:.2e})")
-    if not r.get("checked"):
-        lines.append("parity: not checked (--no-check)")
-    return "\n".join(lines)
 
 
 def _parse_outputs(value: str) -> tuple[str, ...]:
@@ -65,7 +47,7 @@ def export_group() -> None:
 @run_command
 def onnx_cmd(drafter_dir: Path, output: Path | None, verifier: str | None, dtype: str, opset: str,
              outputs: str, top_k: int, sampling_noise: bool, max_batch: int, max_context: int,
-             overwrite: bool, no_check: bool, output_format: str) -> None:
+             overwrite: bool, no_check: bool, output_format: str):
     """Export one drafting step of the drafter in DIR as ONNX (TensorRT-ready).
 
     Writes drafter.onnx + drafter.onnx.data (standard ONNX), for float16/bfloat16 the fp32
@@ -81,10 +63,5 @@ def onnx_cmd(drafter_dir: Path, output: Path | None, verifier: str | None, dtype
 
     settings = ExportSettings(opset=int(opset), max_batch=max_batch, max_context=max_context,
                               outputs=_parse_outputs(outputs), top_k=top_k, sampling_noise=sampling_noise)
-    result = export_onnx_dir(drafter_dir, output, verifier=verifier, dtype=dtype, settings=settings,
-                             overwrite=overwrite, check=not no_check)
-    if output is None:  # onnx/ inside the drafter dir: its card lists the engines
-        from specconv.publish.card import refresh_local_card
-
-        refresh_local_card(drafter_dir)
-    emit(result, output_format, _human)
+    return export_onnx_dir(drafter_dir, output, verifier=verifier, dtype=dtype, settings=settings,
+                           overwrite=overwrite, check=not no_check)

@@ -45,8 +45,8 @@ def read_drafter_config(speculators_dir: str | Path) -> SpeculatorsDraftConfig:
 
 
 def load_drafter(speculators_dir: str | Path, verifier_dir: Verifier | str | Path | None = None, *,
-                 dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu"
-                 ) -> Drafter:
+                 config: SpeculatorsDraftConfig | None = None, dtype: torch.dtype = torch.float32,
+                 device: str | torch.device = "cpu") -> Drafter:
     """Load a Speculators-format drafter as a reference PyTorch module.
 
     Args:
@@ -56,6 +56,7 @@ def load_drafter(speculators_dir: str | Path, verifier_dir: Verifier | str | Pat
             id (resolved with :func:`specconv.verifier.resolve_verifier`); needed when the drafter omits
             ``embed_tokens`` / ``lm_head`` (DFlash/DSpark full vocab) or when P-EAGLE's
             ``eagle_aux_hidden_state_layer_ids`` is null.
+        config: the directory's typed config when the caller parsed it already (else read here).
         dtype: ``torch.float32`` | ``torch.bfloat16`` | ``torch.float16``; every float
             weight is cast to it and the forward computes in it (RMSNorm variance and
             softmax in fp32, as transformers; DSpark confidence head in fp32, as vLLM).
@@ -73,7 +74,7 @@ def load_drafter(speculators_dir: str | Path, verifier_dir: Verifier | str | Pat
     """
     check_dtype(dtype)
     d = Path(speculators_dir)
-    typed = read_drafter_config(d)  # every key as the typed config reads it (defaults, legacy rule)
+    typed = config if config is not None else read_drafter_config(d)  # every key as the typed config reads it
     w = WeightTaker(read_tensors(d), source=str(d))
     verifier = open_verifier(verifier_dir)
     algo = typed.speculators_model_type

@@ -100,10 +100,10 @@ def engine_acceptance(engine_path: str, drafter_dir, drafter, run, spec_results,
             "rule": f"tau within {TAU_REL_TOL:.0%} of the torch run; top-1 agreement and KL reported"}
 
 
-def apply_engine_gate(report: dict) -> None:
-    """Add the ``engine`` result to ``report["gates"]`` / ``report["passed"]``."""
-    res = report.get("engine")
+def apply_engine_gate(report) -> None:
+    """Add the ``engine`` result to ``report.gates`` / ``report.passed``."""
+    res = report.extra("engine")
     if not res or res.get("passed") is None:
         return
-    report["gates"] = {**(report.get("gates") or {}), "engine": bool(res["passed"])}
-    report["passed"] = bool(report.get("passed", True)) and bool(res["passed"])
+    report.gates = {**(report.gates or {}), "engine": bool(res["passed"])}
+    report.passed = bool(report.passed) and bool(res["passed"])

@@ -25,6 +25,7 @@ from typing import Any
 
 from ..errors import GateFailedError, InvalidInputError, UsageError
 from ..outdir import KINDS, OutputTemp, check_replaceable, clean_stale, move_into_place
+from ..results import ExportOnnxResult
 from ..versions import library_versions
 
 log = logging.getLogger("specconv.export")
@@ -175,7 +176,7 @@ def _export_one(drafter, dtype: str, dst: Path, settings, workdir: Path, check: 
 
 def export_onnx_dir(drafter_dir: str | Path, out: str | Path | None = None, *,
                     verifier: str | None = None, dtype: str = "float16", settings=None,
-                    overwrite: bool = False, check: bool = True) -> dict:
+                    overwrite: bool = False, check: bool = True) -> "ExportOnnxResult":
     """Export a Speculators drafter dir to ONNX (graph at ``dtype``, fp32 twin if not fp32, meta).
 
     Args:
@@ -189,7 +190,9 @@ def export_onnx_dir(drafter_dir: str | Path, out: str | Path | None = None, *,
         check: run parity (ONNX Runtime / reference evaluator vs the torch wrapper).
 
     Returns:
-        The result object (also the ``export.onnx`` section of ``DIR/specconv.json``).
+        :class:`~specconv.results.ExportOnnxResult` (also the ``export.onnx`` section of
+        ``DIR/specconv.json``, :class:`~specconv.record.OnnxExport`); with ``out`` unset the
+        drafter dir's card is refreshed (it lists the graphs).
 
     Raises:
         InvalidInputError: not a Speculators dir, missing verifier, export/check failure,
@@ -238,7 +241,11 @@ def export_onnx_dir(drafter_dir: str | Path, out: str | Path | None = None, *,
         record_export(d, result)
     except OSError as e:  # read-only drafter dir: the export itself is complete
         log.warning("could not record the export in %s/specconv.json: %s", d, e)
-    return result
+    if out is None:  # onnx/ inside the drafter dir: its card lists the engines
+        from ..publish.card import refresh_local_card
+
+        refresh_local_card(d)
+    return ExportOnnxResult.of(result)
 
 
 def _check_settings(s, dtype: str) -> None:

@@ -59,10 +59,10 @@ def onnx_acceptance(onnx_path: str, drafter_dir, drafter, run, spec_results, pla
                     f"margin < {NEAR_TIE_MARGIN}), tau equal when no near-tie difference"}
 
 
-def apply_onnx_gate(report: dict) -> None:
-    """Add the ``onnx`` result to ``report["gates"]`` / ``report["passed"]`` (greedy only)."""
-    res = report.get("onnx")
+def apply_onnx_gate(report) -> None:
+    """Add the ``onnx`` result to ``report.gates`` / ``report.passed`` (greedy only)."""
+    res = report.extra("onnx")
     if not res or res.get("passed") is None:
         return
-    report["gates"] = {**(report.get("gates") or {}), "onnx": bool(res["passed"])}
-    report["passed"] = bool(report.get("passed", True)) and bool(res["passed"])
+    report.gates = {**(report.gates or {}), "onnx": bool(res["passed"])}
+    report.passed = bool(report.passed) and bool(res["passed"])

@@ -79,7 +79,9 @@ class ValidationRun:
     Attributes:
         drafter_dir: the Speculators directory under test.
         verifier: the resolved :class:`specconv.verifier.Verifier`.
-        verifier_spec: ``--verifier`` as given (the source is converted against it).
+        verifier_spec: ``--verifier`` as given (what the vLLM load check names).
+        config: the drafter's typed ``config.json``, parsed once by ``validate_drafter``
+            and handed to G1 and the drafter loader (None: it did not parse; G1 says why).
         options: :class:`specconv.validate.run.ValidateOptions`.
         progress: ``progress(phase, done, total)``.
         report: the report keys filled so far (becomes a ValidationReport at the end).
@@ -92,6 +94,7 @@ class ValidationRun:
     drafter_dir: Path
     verifier: "Verifier"
     verifier_spec: str
+    config: "SpeculatorsDraftConfig | None"
     options: "ValidateOptions"
     progress: Progress
     report: dict[str, Any] = field(default_factory=dict)
@@ -136,20 +139,22 @@ class VllmBackend:
 
 
 #: drafter backend name → "module:function" loading a :class:`DrafterBackend` as
-#: ``load(drafter_dir, verifier_dir, *, dtype, device)``; ``ValidateOptions.drafter_backend``
+#: ``load(drafter_dir, verifier, *, config, dtype, device)``; ``ValidateOptions.drafter_backend``
 #: picks one (the torch harness runs the verifier either way)
 DRAFTER_LOADERS = {
     "torch": "specconv.drafters:load_drafter",
 }
 
 
-def load_drafter_backend(name: str, drafter_dir: Path, verifier_dir: Path, *, dtype: Any, device: str) -> DrafterBackend:
+def load_drafter_backend(name: str, drafter_dir: Path, verifier: "Verifier", *, config: "SpeculatorsDraftConfig",
+                         dtype: Any, device: str) -> DrafterBackend:
     """Load the drafter under test with the drafter backend registered as ``name``.
 
     Args:
         name: a key of :data:`DRAFTER_LOADERS`.
-        drafter_dir: the Speculators directory. verifier_dir: the verifier's local dir
-            (embedding / LM head the drafter may borrow).
+        drafter_dir: the Speculators directory. verifier: the run's resolved verifier
+            (embedding / LM head the drafter may borrow). config: the directory's typed
+            ``config.json`` as the run parsed it.
         dtype: ``torch.dtype`` of the run. device: ``cpu`` | ``cuda[:i]``.
 
     Raises:
@@ -161,7 +166,7 @@ def load_drafter_backend(name: str, drafter_dir: Path, verifier_dir: Path, *, dt
     if target is None:
         raise UsageError(f"unknown drafter backend {name!r} (known: {', '.join(DRAFTER_LOADERS)})")
     mod, fn = target.split(":")
-    return getattr(importlib.import_module(mod), fn)(drafter_dir, verifier_dir, dtype=dtype, device=device)
+    return getattr(importlib.import_module(mod), fn)(drafter_dir, verifier, config=config, dtype=dtype, device=device)
 
 
 #: ``--backend`` name → "module:class" (imported on use: the torch backend imports torch)

@@ -146,7 +146,8 @@ class TorchBackend:
         rep.update(device=device_info(device), placement=placement, torch_backends=torch_backend_flags(),
                    attn_implementation=opts.attn_implementation)
         run.progress("loading drafter", 0, 1)
-        drafter = load_drafter_backend(opts.drafter_backend, run.drafter_dir, v.local_dir, dtype=dt, device=device)
+        drafter = load_drafter_backend(opts.drafter_backend, run.drafter_dir, v, config=run.config, dtype=dt,
+                                       device=device)
         rep.update(algorithm=drafter.algorithm, k=int(drafter.num_draft_tokens),
                    block_size=getattr(drafter, "block_size", None), aux_layer_ids=list(drafter.aux_layer_ids))
         run.progress("loading verifier", 0, 1)
@@ -242,7 +243,8 @@ def _load_reference(src_info: dict, h: _Harness):
             return ref, "zlab-dflash (dflash.model.DFlashDraftModel)"
         except InvalidInputError as e:
             log.warning("z-lab reference forward unavailable (%s); using the source converted afresh", e.message)
-    drafter = load_drafter(src_info["converted"], h.run.verifier.local_dir, dtype=h.dtype, device=h.device)
+    drafter = load_drafter(src_info["converted"], h.run.verifier, config=h.run.source_config, dtype=h.dtype,
+                           device=h.device)
     return drafter, f"specconv drafter on {src_info['format']} source converted afresh"
 
 
