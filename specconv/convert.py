@@ -296,14 +296,9 @@ def convert(
 ) -> "ConversionResult":
     """Convert ``source`` to a Speculators dir at ``output`` (Hub reads go to ``endpoint``, else ``HF_ENDPOINT``).
 
-    Everything is written inside the writer's temp dir before the swap: the weights,
-    ``config.json``, the model card ``README.md`` (rendered from the record,
-    :func:`specconv.publish.card.conversion_card`) and ``specconv.json``, once.
-
-    Args:
-        verifier: a local dir or Hub id (resolved here with ``verifier_name``), or a
-            :class:`~specconv.verifier.Verifier` already resolved (``validate --source``
-            hands its own over; ``verifier_name`` is then unused).
+    Everything (weights, ``config.json``, the card ``README.md``, ``specconv.json`` once) is
+    written inside the writer's temp dir before the swap. ``verifier``: a local dir or Hub id
+    (resolved with ``verifier_name``), or a resolved :class:`~specconv.verifier.Verifier`.
 
     Returns:
         :class:`~specconv.results.ConversionResult`: ``format``, ``algorithm``,
@@ -317,32 +312,48 @@ def convert(
     from specconv.converters import ConvertOptions
 
     from .results import ConversionResult
-    from .verifier import Verifier, resolve_verifier
 
     opts = options or ConvertOptions()
     src, note = open_source(source, subfolder=subfolder, checkpoint=opts.checkpoint, revision=revision, endpoint=endpoint)
     cls = _supported_converter(src, opts)
-    v = verifier if isinstance(verifier, Verifier) else resolve_verifier(verifier, name=verifier_name, revision=None,
-                                                                         endpoint=endpoint)
+    v = _resolved_verifier(verifier, verifier_name, endpoint)
     log.info("detected %s (%s); verifier %s", cls.format_id, cls.algorithm, v.name_or_path)
     plan = _linted_plan(cls, src, v, opts, note)
     result = ConversionResult.of(dict(format=plan.format_id, algorithm=plan.algorithm, source=str(src.path),
                                       output=str(output) if output else None, dry_run=dry_run,
                                       plan=summarize_plan(plan), findings=[f.to_dict() for f in plan.findings]))
     if dry_run:
-        if output is not None and Path(output).exists() and not overwrite:
-            result.findings.append({"level": "warning", "code": "output-exists", "key": None,
-                                    "message": f"output {output} exists: the real run needs --overwrite"})
-        return result
+        return _dry_run_warning(result, output, overwrite)
     if output is None:
         raise UsageError("-o/--output is required unless --dry-run")
     ref = source_ref(source, src.path, subfolder=subfolder, revision=revision)
-    from .publish.card import conversion_card  # jinja2 is imported only when the card renders
-
     record = write_plan(plan, Path(output), source_store=src.store, verifier=v, max_shard_size=max_shard_size,
-                        overwrite=overwrite, source_ref=ref, allow_nonfinite=allow_nonfinite,
-                        card=conversion_card(Path(output).name))
+                        overwrite=overwrite, source_ref=ref, allow_nonfinite=allow_nonfinite, card=_card(output))
     _written(result, record, plan, v)
+    return result
+
+
+def _resolved_verifier(verifier: "str | Verifier", name: str | None, endpoint: str | None) -> "Verifier":
+    """``verifier`` as is when already resolved, else :func:`specconv.verifier.resolve_verifier`."""
+    from .verifier import Verifier, resolve_verifier
+
+    return verifier if isinstance(verifier, Verifier) else resolve_verifier(verifier, name=name, revision=None,
+                                                                            endpoint=endpoint)
+
+
+def _card(output: Path):
+    """The writer's card hook (:func:`specconv.publish.card.conversion_card`); jinja2 is
+    imported only when the card renders."""
+    from .publish.card import conversion_card
+
+    return conversion_card(Path(output).name)
+
+
+def _dry_run_warning(result: "ConversionResult", output: Path | None, overwrite: bool) -> "ConversionResult":
+    """A dry run's result, warned (``output-exists``) when the real run would need ``--overwrite``."""
+    if output is not None and Path(output).exists() and not overwrite:
+        result.findings.append({"level": "warning", "code": "output-exists", "key": None,
+                                "message": f"output {output} exists: the real run needs --overwrite"})
     return result
 
 

@@ -348,21 +348,14 @@ def write_plan(
     *,
     source_store: Any,
     verifier: Any,
-    max_shard_size: int | None = None,
-    overwrite: bool = False,
-    source_ref: dict[str, Any] | None = None,
-    allow_nonfinite: bool = False,
-    hash_output: bool = False,
-    output_sha256: dict[str, str] | None = None,
+    max_shard_size: int | None = None, overwrite: bool = False,
+    source_ref: dict[str, Any] | None = None, allow_nonfinite: bool = False,
+    hash_output: bool = False, output_sha256: dict[str, str] | None = None,
     card: "Callable[[Path, SpecconvRecord], str | None] | None" = None,
 ) -> "SpecconvRecord":
     """Write ``plan`` to ``out_dir`` atomically; return the ``specconv.json`` record
-    (``source_ref``: how the record names the source, see :func:`build_record`).
-
-    With ``card``, ``card(temp dir, record)`` renders ``README.md`` from the files and the
-    record about to be written (``specconv.publish.card.conversion_card``); it is written
-    and listed in the record's ``output_files`` before the swap (None: no card, not listed).
-    The record is written once.
+    (``source_ref``: see :func:`build_record`), written once. ``card(temp dir, record)`` renders
+    ``README.md``, written and listed in ``output_files`` before the swap (None: no card).
 
     Every weight byte is read once (:mod:`specconv.tensors.onepass`): a cold source is
     hashed, scanned for NaN/Inf and written from one buffer; a warm one (digest and scan

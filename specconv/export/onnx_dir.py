@@ -237,15 +237,21 @@ def export_onnx_dir(drafter_dir: str | Path, out: str | Path | None = None, *,
     finally:
         tmp.release()
     result["files"] = sorted([*meta["files"], META_NAME])
+    _finish_export(d, result, card=out is None)
+    return ExportOnnxResult.of(result)
+
+
+def _finish_export(d: Path, result: dict[str, Any], *, card: bool) -> None:
+    """Record the export under ``export.onnx``; with ``card`` (``onnx/`` inside the drafter
+    dir) refresh the drafter's card, which lists the graphs."""
     try:
         record_export(d, result)
     except OSError as e:  # read-only drafter dir: the export itself is complete
         log.warning("could not record the export in %s/specconv.json: %s", d, e)
-    if out is None:  # onnx/ inside the drafter dir: its card lists the engines
+    if card:
         from ..publish.card import refresh_local_card
 
         refresh_local_card(d)
-    return ExportOnnxResult.of(result)
 
 
 def _check_settings(s, dtype: str) -> None:

@@ -88,7 +88,7 @@ def validation_context(rec: Any) -> dict[str, Any] | None:
 
 def vllm_checked(rec: Any) -> str:
     """The card's vLLM row: what vLLM did with these files, from the record's
-    ``validation.vllm_load`` / ``vllm_serve`` (``specconv.results.vllm_summaries``), else
+    ``validation.vllm_load`` / ``vllm_serve`` (``specconv.validate.report.vllm_summaries``), else
     ``not checked by vLLM``."""
     v = rec.validation
     done = []
