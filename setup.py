@@ -2,7 +2,7 @@
 
 Every package lives under ``specconv/`` (converters and templates included), so
 ``find_packages`` lands each sub-package, present or future, in the wheel without a list
-(``tests/test_packaging.py`` checks it).
+(``tests/structure/test_packaging.py`` checks it).
 """
 
 from setuptools import find_packages, setup

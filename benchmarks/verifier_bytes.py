@@ -3,7 +3,7 @@
 
 For each verifier size (``tiny``: hidden 64, vocab 256; ``moderate``: hidden 512, vocab
 32,768; both 6 layers, saved by transformers, re-saved as 3 shards + index the way
-``tests/test_hub_paths.py::_shard`` does) this converts, in-process with
+``tests/hub/test_hub_paths.py::_shard`` does) this converts, in-process with
 :func:`specconv.convert.convert`:
 
 * ``dflash``: a z-lab DFlash export (full vocabulary: nothing is taken from the verifier);

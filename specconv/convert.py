@@ -77,16 +77,11 @@ def _hub_source(spec: str, subfolder: str | None, revision: str | None, headers_
                 "*eagle_meta.pt", "*mask_embedding.pt"]
     if subfolder:
         patterns = [f"{subfolder}/{x}" for x in patterns]
-    try:
-        if headers_only and not hub.is_offline():
-            return hub.header_snapshot(spec, revision=revision, allow_patterns=patterns, endpoint_url=endpoint)
-        return hub.download_snapshot(spec, revision=revision, allow_patterns=patterns, endpoint_url=endpoint)
-    except Exception as e:  # noqa: BLE001 - mapped by the Hub error table
-        what = f"{subfolder}/ (config, safetensors)" if subfolder else "the checkpoint (config, safetensors)"
-        err = hub.hub_error(what, spec, e, code="source_not_found",
-                            hint=None if "/" in spec else f"no local path {spec!r} exists either")
-        err.message = "source: " + err.message
-        raise err from e
+    wanted = hub.Wanted(f"{subfolder}/ (config, safetensors)" if subfolder else "the checkpoint (config, safetensors)",
+                        code="source_not_found", role="source",
+                        hint=None if "/" in spec else f"no local path {spec!r} exists either")
+    fetch = hub.header_snapshot if headers_only and not hub.is_offline() else hub.download_snapshot
+    return fetch(spec, revision=revision, allow_patterns=patterns, endpoint_url=endpoint, wanted=wanted)
 
 
 def select_checkpoint(path: Path, choice: str | None = None) -> tuple[Path, str | None]:
@@ -344,9 +339,9 @@ def _resolved_verifier(verifier: "str | Verifier", name: str | None, endpoint: s
 def _card(output: Path):
     """The writer's card hook (:func:`specconv.publish.card.conversion_card`); jinja2 is
     imported only when the card renders."""
-    from .publish.card import conversion_card
+    from .record import card_function
 
-    return conversion_card(Path(output).name)
+    return card_function("conversion_card")(Path(output).name)
 
 
 def _dry_run_warning(result: "ConversionResult", output: Path | None, overwrite: bool) -> "ConversionResult":

@@ -11,7 +11,7 @@ Modules of an extra's own room (``specconv.validate``, ``specconv.drafters``,
 ``specconv.export``) import them directly; the room's entry point requires them first,
 and the CLI turns any ``ModuleNotFoundError`` for a module of :data:`OPTIONAL_MODULES`
 into the same error (:func:`missing_extra_error`), so a missing optional package is exit 2
-with the install line, never a traceback. ``tests/test_packaging.py`` checks every
+with the install line, never a traceback. ``tests/structure/test_packaging.py`` checks every
 import in ``specconv/`` against ``pyproject.toml`` (statically) and runs the wheel in
 venvs holding only ``specconv``'s, and ``specconv[validate]``'s, dependency closure.
 """
@@ -27,11 +27,11 @@ from .errors import UsageError
 __all__ = ["EXTRAS", "OPTIONAL_MODULES", "MissingExtraError", "install_line", "missing_extra_error", "require",
            "require_extra"]
 
-#: The extras ``pyproject.toml`` declares (``tests/test_packaging.py`` keeps the two equal).
+#: The extras ``pyproject.toml`` declares (``tests/structure/test_packaging.py`` keeps the two equal).
 EXTRAS = ("validate", "vllm", "onnx", "tensorrt", "trt-rtx", "test")
 
 #: Top-level import name -> the extra whose ``pyproject.toml`` list installs it, for every
-#: optional package specconv's own interpreter imports (``tests/test_packaging.py`` checks
+#: optional package specconv's own interpreter imports (``tests/structure/test_packaging.py`` checks
 #: each against pyproject.toml and the installed distributions).
 OPTIONAL_MODULES = {
     "torch": "validate", "transformers": "validate", "accelerate": "validate", "matplotlib": "validate",

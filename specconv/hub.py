@@ -19,7 +19,10 @@ Every ``huggingface_hub`` call of specconv lives here (a test scans ``specconv/`
 * :data:`HUB_ERROR_RULES` / :func:`hub_error` — the one ordered table mapping
   huggingface_hub exceptions to specconv errors (exit codes) with hints, modelled on the
   ``hf`` CLI's ``CLI_ERROR_MAPPINGS`` (huggingface_hub ``src/huggingface_hub/cli/_errors.py``):
-  subclasses before their bases, first match wins.
+  subclasses before their bases, first match wins; upload-side calls see its ``writes`` rows
+  (412 / 409 / 401 / 403, a rejected request) first. Every function here that calls the Hub
+  raises the mapped error itself, naming what its caller wanted (:class:`Wanted`), so no
+  caller catches huggingface_hub's exceptions (a test scans for that).
 
 Importing this module does not import huggingface_hub (``specconv --help`` stays fast);
 each function imports it when called.
@@ -28,6 +31,7 @@ each function imports it when called.
 from __future__ import annotations
 
 import fnmatch
+import functools
 import json
 import os
 import re
@@ -35,21 +39,23 @@ import shutil
 import struct
 import tempfile
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .errors import HubAuthError, InvalidInputError, RemoteNotFoundError, SpecconvError, TransientRemoteError
+from .errors import (HubAuthError, HubConflictError, InvalidInputError, RemoteNotFoundError, SpecconvError,
+                     TransientRemoteError)
 
 if TYPE_CHECKING:  # pragma: no cover
     from huggingface_hub import HfApi
 
-__all__ = ["HEADERS_ONLY_MARKER", "HUB_ERROR_RULES", "HubErrorRule", "RemoteFile", "api", "bytes_downloaded",
-           "cache_dir", "check_card", "commit", "create_branch", "create_tag", "ensure_repo", "open_pull_request",
-           "publish_error", "quiet_progress", "read_remote_file", "refs", "remote_files", "repo_state",
+__all__ = ["HEADERS_ONLY_MARKER", "HUB_ERROR_RULES", "HubErrorRule", "RemoteFile", "Wanted", "api",
+           "bytes_downloaded", "cache_dir", "check_card", "commit", "create_branch", "create_tag", "ensure_repo",
+           "open_pull_request", "quiet_progress", "read_remote_file", "refs", "remote_files", "repo_state",
            "download_file", "download_snapshot", "endpoint", "header_snapshot", "hub_error", "is_hub_id",
-           "is_missing_entry", "is_offline", "safetensors_header", "token"]
+           "is_offline", "safetensors_header", "token"]
 
 _REPO_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.\-]*(/[A-Za-z0-9][A-Za-z0-9_.\-]*)?")
 
@@ -64,7 +70,7 @@ def is_hub_id(name: str | None) -> bool:
     remote the same way). The character rules mirror ``validate_repo_id`` (1–96 chars of
     ``[A-Za-z0-9-_.]``, at most one ``/``, no ``--`` or ``..``, no part ending in ``-`` or
     ``.``, not ending in ``.git``) without importing huggingface_hub;
-    ``tests/test_hub_module.py`` cross-checks the two.
+    ``tests/hub/test_hub_module.py`` cross-checks the two.
 
     Args:
         name: a ``SRC`` / ``--verifier`` value or a recorded ``name_or_path``.
@@ -130,8 +136,8 @@ def api(endpoint_url: str | None = None, token_value: str | None = None) -> HfAp
 
 
 # ---------------------------------------------------------------------- downloads
-def download_file(repo_id: str, filename: str, *, revision: str | None = None,
-                  endpoint_url: str | None = None) -> Path:
+def download_file(repo_id: str, filename: str, *, revision: str | None = None, endpoint_url: str | None = None,
+                  wanted: Wanted | None = None, missing_ok: bool = False) -> Path | None:
     """Download (or find in the cache) one file of a model repo.
 
     Args:
@@ -139,20 +145,30 @@ def download_file(repo_id: str, filename: str, *, revision: str | None = None,
         filename: path inside the repo.
         revision: branch, tag or commit; None = ``main``.
         endpoint_url: ``--endpoint`` (see :func:`endpoint`).
+        wanted: how a failure names the file (default: ``filename``, code ``hub_error``).
+        missing_ok: return None when the file is absent (from the repo, or from the cache
+            when offline or unreachable: huggingface_hub's ``EntryNotFoundError``).
 
     Returns:
-        The file's path inside the Hub cache snapshot.
+        The file's path inside the Hub cache snapshot (None: absent and ``missing_ok``).
 
     Raises:
-        Whatever huggingface_hub raises (map it with :func:`hub_error`): e.g.
-        ``LocalEntryNotFoundError`` when offline and not cached, ``EntryNotFoundError``
-        when the repo has no such file.
+        SpecconvError: the :func:`hub_error` of what huggingface_hub raised (e.g.
+            ``LocalEntryNotFoundError`` when offline and not cached: exit 3).
     """
-    return Path(api(endpoint_url).hf_hub_download(repo_id, filename, revision=revision))
+    from huggingface_hub import errors as hf_errors
+
+    with _mapped(repo_id, wanted or Wanted(filename)):
+        try:
+            return Path(api(endpoint_url).hf_hub_download(repo_id, filename, revision=revision))
+        except hf_errors.EntryNotFoundError:
+            if missing_ok:
+                return None
+            raise
 
 
 def download_snapshot(repo_id: str, *, revision: str | None = None, allow_patterns: list[str] | None = None,
-                      endpoint_url: str | None = None) -> Path:
+                      endpoint_url: str | None = None, wanted: Wanted | None = None) -> Path:
     """Download (or find in the cache) the files of a model repo matching ``allow_patterns``.
 
     Args:
@@ -160,26 +176,17 @@ def download_snapshot(repo_id: str, *, revision: str | None = None, allow_patter
         revision: branch, tag or commit; None = ``main``.
         allow_patterns: fnmatch globs (huggingface_hub ``filter_repo_objects``); None = all.
         endpoint_url: ``--endpoint`` (see :func:`endpoint`).
+        wanted: how a failure names what was wanted (default: the repo, code ``hub_error``).
 
     Returns:
         The snapshot directory inside the Hub cache.
 
     Raises:
-        Whatever huggingface_hub raises (map it with :func:`hub_error`), e.g.
-        ``IncompleteSnapshotError`` when offline and the cached tree lists missing files.
+        SpecconvError: the :func:`hub_error` of what huggingface_hub raised, e.g.
+            ``IncompleteSnapshotError`` when offline and the cached tree lists missing files.
     """
-    return Path(api(endpoint_url).snapshot_download(repo_id, revision=revision, allow_patterns=allow_patterns))
-
-
-def is_missing_entry(e: BaseException) -> bool:
-    """Whether ``e`` says a file is absent (from the repo, or from the cache when offline or unreachable).
-
-    ``huggingface_hub.errors.EntryNotFoundError`` covers both ``RemoteEntryNotFoundError``
-    and ``LocalEntryNotFoundError``; callers probing optional files (an index) use this.
-    """
-    from huggingface_hub import errors as hf_errors
-
-    return isinstance(e, hf_errors.EntryNotFoundError)
+    with _mapped(repo_id, wanted or Wanted("the snapshot")):
+        return Path(api(endpoint_url).snapshot_download(repo_id, revision=revision, allow_patterns=allow_patterns))
 
 
 # ------------------------------------------------------------- bytes downloaded
@@ -257,7 +264,7 @@ def _write_header_stub(path: Path, meta: Any) -> None:
 
 
 def safetensors_header(repo_id: str, filename: str, *, revision: str | None = None,
-                       endpoint_url: str | None = None) -> Any:
+                       endpoint_url: str | None = None, wanted: Wanted | None = None) -> Any:
     """The header of one remote safetensors file, read with HTTP range requests (no tensor data).
 
     Args:
@@ -265,16 +272,18 @@ def safetensors_header(repo_id: str, filename: str, *, revision: str | None = No
         filename: the ``.safetensors`` path in the repo.
         revision: branch, tag or commit; None = ``main``.
         endpoint_url: ``--endpoint`` (see :func:`endpoint`).
+        wanted: how a failure names the file (default: ``filename``, code ``hub_error``).
 
     Returns:
         ``huggingface_hub.utils.SafetensorsFileMetadata``: ``tensors`` maps each name to
         ``(dtype, shape, data_offsets)``; ``metadata`` is the ``__metadata__`` dict.
 
     Raises:
-        Whatever huggingface_hub raises (map it with :func:`hub_error`), e.g.
-        ``SafetensorsParsingError`` for a corrupt header.
+        SpecconvError: the :func:`hub_error` of what huggingface_hub raised, e.g.
+            ``SafetensorsParsingError`` for a corrupt header (exit 3).
     """
-    return api(endpoint_url).parse_safetensors_file_metadata(repo_id, filename, revision=revision)
+    with _mapped(repo_id, wanted or Wanted(filename)):
+        return api(endpoint_url).parse_safetensors_file_metadata(repo_id, filename, revision=revision)
 
 
 def _headers_dir(repo_id: str, sha: str) -> Path:
@@ -284,7 +293,7 @@ def _headers_dir(repo_id: str, sha: str) -> Path:
 
 
 def header_snapshot(repo_id: str, *, revision: str | None = None, allow_patterns: list[str] | None = None,
-                    endpoint_url: str | None = None) -> Path:
+                    endpoint_url: str | None = None, wanted: Wanted | None = None) -> Path:
     """A local view of a Hub repo for headers-only inspection; downloads no tensor data.
 
     Files matching ``allow_patterns`` are fetched as :func:`download_snapshot` would, except
@@ -299,14 +308,20 @@ def header_snapshot(repo_id: str, *, revision: str | None = None, allow_patterns
         revision: branch, tag or commit; None = ``main``.
         allow_patterns: fnmatch globs over repo paths; None = all files.
         endpoint_url: ``--endpoint`` (see :func:`endpoint`).
+        wanted: how a failure names what was wanted (default: the repo, code ``hub_error``).
 
     Returns:
         The view's root directory (repo paths below it).
 
     Raises:
-        Whatever huggingface_hub raises (map it with :func:`hub_error`).
+        SpecconvError: the :func:`hub_error` of what huggingface_hub raised.
     """
-    hf = api(endpoint_url)
+    with _mapped(repo_id, wanted or Wanted("the snapshot")):
+        return _header_view(api(endpoint_url), repo_id, revision, allow_patterns)
+
+
+def _header_view(hf: Any, repo_id: str, revision: str | None, allow_patterns: list[str] | None) -> Path:
+    """:func:`header_snapshot`'s work, its huggingface_hub errors unmapped."""
     sha = hf.model_info(repo_id, revision=revision).sha
     root = _headers_dir(repo_id, sha)
     if (root / HEADERS_ONLY_MARKER).is_file():
@@ -317,7 +332,7 @@ def header_snapshot(repo_id: str, *, revision: str | None = None, allow_patterns
     root.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{sha}.", dir=root.parent))
     try:
-        _fill_header_view(tmp, hf, repo_id, sha, paths, endpoint_url)
+        _fill_header_view(tmp, hf, repo_id, sha, paths)
         try:
             os.replace(tmp, root)
         except OSError:  # a concurrent run finished first
@@ -328,7 +343,7 @@ def header_snapshot(repo_id: str, *, revision: str | None = None, allow_patterns
     return root
 
 
-def _fill_header_view(tmp: Path, hf: Any, repo_id: str, sha: str, paths: list[str], endpoint_url: str | None) -> None:
+def _fill_header_view(tmp: Path, hf: Any, repo_id: str, sha: str, paths: list[str]) -> None:
     """Write ``paths`` of ``repo_id@sha`` into ``tmp``: small files whole, safetensors as header stubs."""
     small = [p for p in paths if not p.endswith(".safetensors")]
     if small:
@@ -338,7 +353,7 @@ def _fill_header_view(tmp: Path, hf: Any, repo_id: str, sha: str, paths: list[st
             shutil.copyfile(snap / p, tmp / p)
     for p in paths:
         if p.endswith(".safetensors"):
-            _write_header_stub(tmp / p, safetensors_header(repo_id, p, revision=sha, endpoint_url=endpoint_url))
+            _write_header_stub(tmp / p, hf.parse_safetensors_file_metadata(repo_id, p, revision=sha))
     (tmp / HEADERS_ONLY_MARKER).parent.mkdir(parents=True, exist_ok=True)
     (tmp / HEADERS_ONLY_MARKER).write_text(json.dumps(
         {"repo_id": repo_id, "commit": sha, "tensor_data": "not downloaded (sparse zeros)"}, indent=1) + "\n")
@@ -359,6 +374,10 @@ class HubErrorRule:
         code: the error's stable slug; None keeps the caller's code (e.g. ``source_not_found``).
         hint: what the user can do, or None.
         when: extra condition on the exception (status code, offline mode), or None.
+        message: the message as a ``str.format`` template over ``what``, ``repo``, ``error``
+            and ``status``; None: the download wording of :func:`_describe`.
+        writes: the row applies to upload-side calls only (push / release), which see the
+            table's ``writes`` rows first.
     """
 
     exc: str
@@ -366,6 +385,8 @@ class HubErrorRule:
     code: str | None
     hint: str | None = None
     when: Callable[[BaseException], bool] | None = None
+    message: str | None = None
+    writes: bool = False
 
     def matches(self, e: BaseException) -> bool:
         """Whether ``e`` is an instance of :attr:`exc` and satisfies :attr:`when`."""
@@ -384,16 +405,30 @@ def _transport_error() -> type[BaseException]:
         return ConnectionError
 
 
-_BUILTIN: dict[str, Any] = {"ConnectionError": ConnectionError, "TimeoutError": TimeoutError}
+_BUILTIN: dict[str, Any] = {"ConnectionError": ConnectionError, "TimeoutError": TimeoutError, "ValueError": ValueError}
 _LOGIN = "log in with `hf auth login` or set HF_TOKEN"
 _OFFLINE = "unset HF_HUB_OFFLINE to download it, or fill the cache first (`hf download REPO`)"
 _PRIVATE = "check the repo id; if the repo is private, set HF_TOKEN to a token that can read it"
+_NETWORK = "check the network / HF_ENDPOINT and retry"
 
 #: Ordered: the first matching row decides. Subclasses come before their bases, as in
 #: the ``hf`` CLI's ``CLI_ERROR_MAPPINGS`` (GatedRepoError before RepositoryNotFoundError,
 #: IncompleteSnapshotError before LocalEntryNotFoundError, OfflineModeIsEnabled before
-#: ConnectionError). Exit codes: 5 auth, 7 transient, 9 repo/revision not found, 3 otherwise.
+#: ConnectionError). Upload-side calls see the ``writes`` rows first: a ``ValueError``
+#: (invalid README metadata, a bad parent commit: raised before any upload, and a 400's
+#: ``BadRequestError``), then 412 / 409 / 401 / 403 (huggingface_hub reports a 401 on a repo
+#: URL as ``RepositoryNotFoundError``). Exit codes: 5 auth, 6 conflict, 7 transient,
+#: 9 repo/revision not found, 3 otherwise.
 HUB_ERROR_RULES: tuple[HubErrorRule, ...] = (
+    HubErrorRule("ValueError", InvalidInputError, "hub_rejected", message="{what} on {repo!r}: {error}", writes=True),
+    HubErrorRule("HfHubHTTPError", HubConflictError, "parent_commit_moved",
+                 "re-run: the push re-plans against the new head", when=lambda e: _status(e) == 412,
+                 message="{what} on {repo!r}: the branch head moved since the plan (HTTP 412)", writes=True),
+    HubErrorRule("HfHubHTTPError", HubConflictError, "hub_conflict", when=lambda e: _status(e) == 409,
+                 message="{what} on {repo!r}: the Hub answered 409 (it exists already)", writes=True),
+    HubErrorRule("HfHubHTTPError", HubAuthError, "hub_auth", "set HF_TOKEN to a token with write access to the repo",
+                 when=lambda e: _status(e) in (401, 403),
+                 message="{what} on {repo!r}: the Hub refused the credentials (HTTP {status})", writes=True),
     HubErrorRule("OfflineModeIsEnabled", InvalidInputError, None, _OFFLINE),
     HubErrorRule("GatedRepoError", HubAuthError, "hub_gated",
                  "request access on the repo's Hub page, then " + _LOGIN),
@@ -405,16 +440,15 @@ HUB_ERROR_RULES: tuple[HubErrorRule, ...] = (
     HubErrorRule("IncompleteSnapshotError", InvalidInputError, None, _OFFLINE),
     HubErrorRule("LocalEntryNotFoundError", InvalidInputError, None, _OFFLINE, when=lambda e: is_offline()),
     # online: huggingface_hub reports a connection failure (after its own retries) this way
-    HubErrorRule("LocalEntryNotFoundError", TransientRemoteError, "hub_unreachable",
-                 "check the network / HF_ENDPOINT and retry"),
+    HubErrorRule("LocalEntryNotFoundError", TransientRemoteError, "hub_unreachable", _NETWORK),
     HubErrorRule("EntryNotFoundError", InvalidInputError, None),
     HubErrorRule("HfHubHTTPError", HubAuthError, "hub_auth", _LOGIN, when=lambda e: _status(e) in (401, 403)),
     HubErrorRule("HfHubHTTPError", TransientRemoteError, "hub_unreachable", "the Hub is overloaded or down; retry later",
                  when=lambda e: (_status(e) or 0) == 429 or (_status(e) or 0) >= 500),
     HubErrorRule("HfHubHTTPError", InvalidInputError, None),
-    HubErrorRule("TransportError", TransientRemoteError, "hub_unreachable", "check the network / HF_ENDPOINT and retry"),
-    HubErrorRule("ConnectionError", TransientRemoteError, "hub_unreachable", "check the network / HF_ENDPOINT and retry"),
-    HubErrorRule("TimeoutError", TransientRemoteError, "hub_unreachable", "check the network / HF_ENDPOINT and retry"),
+    HubErrorRule("TransportError", TransientRemoteError, "hub_unreachable", _NETWORK),
+    HubErrorRule("ConnectionError", TransientRemoteError, "hub_unreachable", _NETWORK),
+    HubErrorRule("TimeoutError", TransientRemoteError, "hub_unreachable", _NETWORK),
 )
 
 
@@ -434,26 +468,65 @@ def _describe(what: str, repo: str, e: BaseException) -> str:
     return f"cannot fetch {what} of {repo!r} from the Hub: {type(e).__name__}: {e}"
 
 
-def hub_error(what: str, repo: str, e: BaseException, *, code: str, hint: str | None = None) -> SpecconvError:
+def hub_error(what: str, repo: str, e: BaseException, *, code: str, hint: str | None = None,
+              writes: bool = False) -> SpecconvError:
     """The project error for a failed Hub call, chosen by :data:`HUB_ERROR_RULES`.
 
     Args:
-        what: the thing that was wanted (``"config.json"``, ``"shard X (holding Y)"``).
+        what: the thing that was wanted (``"config.json"``, ``"shard X (holding Y)"``,
+            ``"committing"``).
         repo: the repo id.
         e: the exception huggingface_hub (or its HTTP client) raised.
         code: slug for rows that keep the caller's code (``verifier_not_found`` ...).
         hint: the caller's hint; used when the matching row has none, and for exit-3 rows.
+        writes: an upload-side call: the table's ``writes`` rows apply (first).
 
     Returns:
         A :class:`~specconv.errors.SpecconvError` subclass instance (not raised).
     """
     _BUILTIN["TransportError"] = _transport_error()
-    msg = _describe(what, repo, e)
     for rule in HUB_ERROR_RULES:
-        if rule.matches(e):
+        if (writes or not rule.writes) and rule.matches(e):
+            msg = (rule.message.format(what=what, repo=repo, error=e, status=_status(e)) if rule.message
+                   else _describe(what, repo, e))
             row_hint = hint if rule.error is InvalidInputError and hint else (rule.hint or hint)
             return rule.error(msg, code=rule.code or code, hint=row_hint)
-    return InvalidInputError(msg, code=code, hint=hint)
+    return InvalidInputError(_describe(what, repo, e), code=code, hint=hint)
+
+
+@dataclass(frozen=True)
+class Wanted:
+    """What a caller wants from the Hub, named in the error a failed call raises.
+
+    Attributes:
+        what: the thing wanted (``"config.json"``, ``"shard X (holding Y)"``).
+        code: the slug of table rows that keep the caller's code (``verifier_not_found`` ...).
+        hint: the caller's hint (see :func:`hub_error`).
+        role: ``"verifier"`` / ``"source"``: the message starts with ``"<role>: "``.
+    """
+
+    what: str
+    code: str = "hub_error"
+    hint: str | None = None
+    role: str | None = None
+
+
+@contextmanager
+def _mapped(repo: str, wanted: Wanted, *, writes: bool = False) -> Iterator[None]:
+    """Raise what huggingface_hub raises inside the block as the :func:`hub_error` of ``wanted``.
+
+    The one place a Hub call's exception becomes a specconv error; specconv's own errors
+    pass through unchanged.
+    """
+    try:
+        yield
+    except SpecconvError:
+        raise
+    except Exception as e:  # noqa: BLE001 - every other exception goes through the one table
+        err = hub_error(wanted.what, repo, e, code=wanted.code, hint=wanted.hint, writes=writes)
+        if wanted.role:
+            err.message = f"{wanted.role}: {err.message}"
+        raise err from e
 
 
 # --------------------------------------------------------------------- publishing
@@ -477,29 +550,26 @@ class RemoteFile:
     sha256: str | None
 
 
-def publish_error(what: str, repo: str, e: BaseException) -> SpecconvError:
-    """The project error for a failed upload-side call: 412 (``parent_commit_moved``) / 409 → conflict (exit 6),
-    401 / 403 → auth (exit 5, huggingface_hub reports a 401 on a repo URL as
-    ``RepositoryNotFoundError``), else :func:`hub_error`."""
-    from .errors import HubConflictError
-
-    status = _status(e)
-    if status == 412:
-        return HubConflictError(f"{what} on {repo!r}: the branch head moved since the plan (HTTP 412)",
-                                code="parent_commit_moved", hint="re-run: the push re-plans against the new head")
-    if status == 409:
-        return HubConflictError(f"{what} on {repo!r}: the Hub answered 409 (it exists already)", code="hub_conflict")
-    if status in (401, 403):
-        return HubAuthError(f"{what} on {repo!r}: the Hub refused the credentials (HTTP {status})",
-                            code="hub_auth", hint="set HF_TOKEN to a token with write access to the repo")
-    return hub_error(what, repo, e, code="hub_error")
+def _upload_side(what: str):
+    """Decorator of the upload-side calls: what huggingface_hub raises in one becomes the
+    :func:`hub_error` (``writes`` rows first) naming ``what`` (a call may pass its own
+    ``what=``, e.g. ``"verifying"``)."""
+    def wrap(fn: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(fn)
+        def call(hf: Any, repo_id: str, *args: Any, what: str = what, **kwargs: Any) -> Any:
+            with _mapped(repo_id, Wanted(what), writes=True):
+                return fn(hf, repo_id, *args, **kwargs)
+        return call
+    return wrap
 
 
+@_upload_side("the repo state")
 def repo_state(hf: HfApi, repo_id: str, revision: str) -> tuple[str, bool] | None:
     """``(head commit, private)`` of ``repo_id`` at ``revision``; None when the repo does not exist.
 
     Raises:
-        huggingface_hub errors other than "repository not found" (``RevisionNotFoundError``...).
+        SpecconvError: any other failure (``RevisionNotFoundError`` is exit 9; a 401 / 403
+            on the repo, which huggingface_hub reports as not found, is exit 5).
     """
     from huggingface_hub import errors as hf_errors
 
@@ -514,6 +584,7 @@ def repo_state(hf: HfApi, repo_id: str, revision: str) -> tuple[str, bool] | Non
     return str(info.sha), bool(info.private)
 
 
+@_upload_side("creating the repo")
 def ensure_repo(hf: HfApi, repo_id: str, private: bool | None) -> bool:
     """``create_repo(exist_ok=True)`` then the repo's actual visibility (``private`` is
     ignored by the Hub for an existing repo, so callers compare the returned value).
@@ -525,6 +596,7 @@ def ensure_repo(hf: HfApi, repo_id: str, private: bool | None) -> bool:
     return bool(hf.model_info(repo_id).private)
 
 
+@_upload_side("listing files")
 def remote_files(hf: HfApi, repo_id: str, revision: str) -> dict[str, RemoteFile]:
     """Every file of ``repo_id`` at ``revision`` (``list_repo_tree(recursive=True)``)."""
     out: dict[str, RemoteFile] = {}
@@ -535,6 +607,7 @@ def remote_files(hf: HfApi, repo_id: str, revision: str) -> dict[str, RemoteFile
     return out
 
 
+@_upload_side("listing refs")
 def refs(hf: HfApi, repo_id: str) -> dict[str, dict[str, str]]:
     """``{"branches": {name: commit}, "tags": {name: commit}}`` (``list_repo_refs``)."""
     r = hf.list_repo_refs(repo_id)
@@ -542,11 +615,13 @@ def refs(hf: HfApi, repo_id: str) -> dict[str, dict[str, str]]:
             "tags": {t.name: t.target_commit for t in r.tags}}
 
 
+@_upload_side("creating the branch")
 def create_branch(hf: HfApi, repo_id: str, branch: str) -> None:
     """Create ``branch`` from ``main`` (``create_branch``; exists → 409)."""
     hf.create_branch(repo_id, branch=branch)
 
 
+@_upload_side("committing")
 def commit(hf: HfApi, repo_id: str, adds: dict[str, bytes | Path], deletes: list[str], *, message: str,
            description: str, revision: str, parent_commit: str) -> tuple[str, str]:
     """One atomic ``create_commit`` guarded by ``parent_commit`` (HTTP 412 when the head moved).
@@ -560,6 +635,10 @@ def commit(hf: HfApi, repo_id: str, adds: dict[str, bytes | Path], deletes: list
     Returns:
         ``(commit oid, commit url)``; when every addition is already there byte for byte,
         huggingface_hub creates no commit and returns the current head.
+
+    Raises:
+        HubConflictError: the head moved (``parent_commit_moved``, exit 6); other failures
+            as :data:`HUB_ERROR_RULES` maps them.
     """
     from huggingface_hub import CommitOperationAdd, CommitOperationDelete
 
@@ -571,6 +650,7 @@ def commit(hf: HfApi, repo_id: str, adds: dict[str, bytes | Path], deletes: list
     return str(info.oid), str(info.commit_url)
 
 
+@_upload_side("tagging")
 def create_tag(hf: HfApi, repo_id: str, tag: str, revision: str, *, replace: bool) -> None:
     """Tag ``revision``; with ``replace`` delete an existing tag of that name first."""
     if replace:
@@ -578,6 +658,7 @@ def create_tag(hf: HfApi, repo_id: str, tag: str, revision: str, *, replace: boo
     hf.create_tag(repo_id, tag=tag, revision=revision, tag_message=f"specconv release {tag}")
 
 
+@_upload_side("finding the pull request")
 def open_pull_request(hf: HfApi, repo_id: str, *, title: str, dry_run: bool = False) -> tuple[int | None, bool]:
     """The open pull request titled ``title`` (one specconv opened: the title carries its
     marker), reused; else a new one (``create_pull_request``; none when ``dry_run``).
@@ -616,6 +697,7 @@ def check_card(content: str) -> dict[str, Any]:
     return meta
 
 
+@_upload_side("reading a remote file")
 def read_remote_file(hf: HfApi, repo_id: str, path: str, revision: str) -> bytes | None:
     """The bytes of one remote file (through the Hub cache); None when the repo has no such file."""
     from huggingface_hub import errors as hf_errors

@@ -106,12 +106,12 @@ class ConversionPlan:
 
     format_id: str
     algorithm: str
-    config: Any  # specconv.speculators.SpeculatorsDraftConfig
+    config: Any  # specconv.format.SpeculatorsDraftConfig
     tensors: list[TensorPlan]
     source_dir: Path
     source_files: list[Path]
     dropped: list[DroppedTensor] = field(default_factory=list)
-    findings: list[Any] = field(default_factory=list)  # specconv.speculators.Finding
+    findings: list[Any] = field(default_factory=list)  # specconv.format.Finding
     layer_ids: LayerIdConversion | None = None
     options: dict[str, Any] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)

@@ -39,13 +39,14 @@ from __future__ import annotations
 import json
 import os
 import posixpath
-import tempfile
 from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
 
 from .errors import InvalidInputError
+from .results import OnnxExport
+from .fileio import atomic_write, read_json_object
 
 #: file name inside a drafter directory
 SPECCONV_JSON = "specconv.json"
@@ -212,37 +213,6 @@ class ValidationSection(_Model):
         return _relative(v, "validation.report", info)
 
 
-class OnnxExport(_Model):
-    """What ``specconv export onnx`` wrote into ``DIR/onnx`` (``export.onnx``; the command's
-    result has the same fields, with ``output`` absolute).
-
-    Attributes:
-        output: the export dir (relative to the drafter dir in the record).
-        algorithm / dtype / opset / ir_version / block_size: the main graph.
-        dynamic: ``{batch: {min, max}, context: {min, max}}`` the graph accepts.
-        census: ONNX op type → count in the main graph.
-        contains_verifier_weights: a graph embeds verifier tensors (embedding / LM head).
-        parity: graph path → its ONNX Runtime parity check (None with ``--no-check``);
-            parity_passed: every check that ran passed; checked: parity ran.
-        created: UTC timestamp. files: the files written, relative to ``output``.
-    """
-
-    output: str | None = None
-    algorithm: str | None = None
-    dtype: str | None = None
-    opset: int | None = None
-    ir_version: int | None = None
-    contains_verifier_weights: bool | None = None
-    dynamic: dict[str, dict[str, int]] | None = None
-    block_size: int | None = None
-    census: dict[str, int] | None = None
-    parity: dict[str, Any] | None = None
-    parity_passed: bool | None = None
-    checked: bool | None = None
-    created: str | None = None
-    files: list[str] | None = None
-
-
 class ExportSection(_Model):
     """What the export stage wrote (``onnx``: :class:`OnnxExport`; other keys kept)."""
 
@@ -302,13 +272,8 @@ def _load_raw(path: Path) -> dict[str, Any] | None:
     """The JSON object in ``path`` (None when missing); a non-object is refused."""
     if not path.is_file():
         return None
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise InvalidInputError(f"{path}: invalid JSON ({e}); not overwriting it", code="bad_specconv_json") from e
-    if not isinstance(data, dict):
-        raise InvalidInputError(f"{path}: not a JSON object; not overwriting it", code="bad_specconv_json")
-    return data
+    return read_json_object(path, code="bad_specconv_json", not_object="{path}: not a JSON object; not overwriting it",
+                            unreadable="{path}: invalid JSON ({error}); not overwriting it")
 
 
 def _validate(data: dict[str, Any], path: Path) -> SpecconvRecord:
@@ -323,6 +288,21 @@ def _validate(data: dict[str, Any], path: Path) -> SpecconvRecord:
         return SpecconvRecord.model_validate(data, context={"legacy": legacy})
     except ValidationError as e:
         raise _problem(path, e) from e
+
+
+#: the drafter dir's card (``README.md``) is rendered from this record by ``specconv.publish.card``;
+#: ``convert``, ``validate_drafter`` and ``export_onnx_dir`` (rooms below ``publish``) write it
+#: through :func:`card_function`, by dotted path, as ``validate.runtimes`` reaches the export runtimes
+CARD_MODULE = "specconv.publish.card"
+
+
+def card_function(name: str) -> Any:
+    """The card renderer's function ``name`` (``conversion_card``: the writer's card hook;
+    ``refresh_local_card``: re-render a drafter dir's card from its record), imported on use
+    (jinja2 is imported only when a card renders)."""
+    import importlib
+
+    return getattr(importlib.import_module(CARD_MODULE), name)
 
 
 def read_record(drafter_dir: str | os.PathLike, *, missing_ok: bool = False) -> SpecconvRecord:
@@ -394,28 +374,6 @@ def update_record(drafter_dir: str | os.PathLike, section: str, payload: dict[st
     _validate(data, path)
     atomic_write(path, json.dumps(data, sort_keys=True, indent=2) + "\n")
     return path
-
-
-def atomic_write(path: Path, data: str | bytes) -> None:
-    """Write ``data`` (text as UTF-8) to ``path`` atomically: a temp file in the same dir,
-    then ``os.replace``; the file gets the mode a plain ``open(..., "w")`` would give it.
-
-    Raises:
-        OSError: the directory is not writable (no temp file is left behind).
-    """
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data.encode("utf-8") if isinstance(data, str) else data)
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
 
 
 def relative_to_dir(path: str | os.PathLike, base: str | os.PathLike) -> str:

@@ -25,8 +25,6 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from .record import OnnxExport
-
 
 def plain(obj: Any) -> Any:
     """A model (recursively) as plain Python data: only the fields that were set (by alias:
@@ -366,9 +364,42 @@ class FormatsResult(StageResult):
         return "\n".join(lines)
 
 
+class OnnxExport(BaseModel):
+    """What ``specconv export onnx`` wrote into ``DIR/onnx`` (``export.onnx``; the command's
+    result has the same fields, with ``output`` absolute).
+
+    Attributes:
+        output: the export dir (relative to the drafter dir in the record).
+        algorithm / dtype / opset / ir_version / block_size: the main graph.
+        dynamic: ``{batch: {min, max}, context: {min, max}}`` the graph accepts.
+        census: ONNX op type → count in the main graph.
+        contains_verifier_weights: a graph embeds verifier tensors (embedding / LM head).
+        parity: graph path → its ONNX Runtime parity check (None with ``--no-check``);
+            parity_passed: every check that ran passed; checked: parity ran.
+        created: UTC timestamp. files: the files written, relative to ``output``.
+    """
+
+    model_config = ConfigDict(extra="allow", defer_build=True)
+
+    output: str | None = None
+    algorithm: str | None = None
+    dtype: str | None = None
+    opset: int | None = None
+    ir_version: int | None = None
+    contains_verifier_weights: bool | None = None
+    dynamic: dict[str, dict[str, int]] | None = None
+    block_size: int | None = None
+    census: dict[str, int] | None = None
+    parity: dict[str, Any] | None = None
+    parity_passed: bool | None = None
+    checked: bool | None = None
+    created: str | None = None
+    files: list[str] | None = None
+
+
 class ExportOnnxResult(StageResult, OnnxExport):
-    """``specconv export onnx``: the fields of :class:`specconv.record.OnnxExport` (what the
-    ``export.onnx`` section records, there with ``output`` relative), ``output`` absolute."""
+    """``specconv export onnx``: the fields of :class:`OnnxExport` (what the record's
+    ``export.onnx`` section holds, there with ``output`` relative), ``output`` absolute."""
 
     def human(self) -> str:
         lines = [f"exported:  {self.output}  ({self.algorithm}, {self.dtype}, opset {self.opset}, "

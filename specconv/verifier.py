@@ -28,7 +28,9 @@ from typing import Any
 
 from . import hub as _hub
 from .errors import InvalidInputError
-from .hub import hub_error, is_hub_id
+from .fileio import read_json_object
+from .hub import is_hub_id
+from .values import is_int
 
 _TEXT_CONFIG_KEYS = ("text_config", "llm_config", "language_config")
 
@@ -40,6 +42,8 @@ _ROLE_SUFFIXES = {"embed": EMBED_SUFFIXES, "lm_head": LM_HEAD_SUFFIXES, "norm": 
 _ROLE_WORDS = {"embed": "input embedding", "lm_head": "LM head", "norm": "final norm"}
 _NOT_TEXT = re.compile(r"(vision|visual|mtp|audio)")
 _PER_LAYER = re.compile(r"(?:^|\.)(?:layers?|h|blocks?)\.\d+\.")
+#: How a failed read of a single-file Hub checkpoint names it.
+_SINGLE_FILE = _hub.Wanted("model.safetensors / model.safetensors.index.json", code="verifier_tensor_missing")
 
 
 def unwrap_text_config(cfg: dict[str, Any]) -> dict[str, Any]:
@@ -84,7 +88,7 @@ class Verifier:
     # ---- facts -----------------------------------------------------------------
     def _int(self, key: str) -> int:
         v = self.config.get(key)
-        if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
+        if not is_int(v, minimum=1):
             raise InvalidInputError(
                 f"verifier config {self.spec!r} has no positive integer {key!r} (got {v!r})",
                 code="verifier_config",
@@ -127,40 +131,29 @@ class Verifier:
 
     def _hub_weight_map(self) -> dict[str, str]:
         if self._weight_map is None:
-            try:
-                idx = _hub.download_file(self.hub_id, "model.safetensors.index.json", revision=self.revision,
-                                         endpoint_url=self.endpoint)
-            except Exception as e:  # noqa: BLE001 - mapped by the Hub error table
-                if not _hub.is_missing_entry(e):  # network, auth (a missing file: single-file checkpoint)
-                    raise hub_error("model.safetensors.index.json", self.hub_id, e, code="verifier_not_found") from e
-                idx = None
-            if idx is not None:
+            # absent (or not cached offline): a single-file checkpoint
+            index_name = "model.safetensors.index.json"
+            index_file = _hub.download_file(self.hub_id, index_name, revision=self.revision, missing_ok=True,
+                                            endpoint_url=self.endpoint,
+                                            wanted=_hub.Wanted(index_name, code="verifier_not_found"))
+            if index_file is not None:
                 try:
-                    with open(idx, encoding="utf-8") as f:
-                        wm = json.load(f)["weight_map"]
-                    self._weight_map = {str(k): str(v) for k, v in dict(wm).items()}
+                    with open(index_file, encoding="utf-8") as f:
+                        weight_map = json.load(f)["weight_map"]
+                    self._weight_map = {str(k): str(v) for k, v in dict(weight_map).items()}
                 except (OSError, ValueError, RecursionError, KeyError, TypeError) as e:
-                    raise InvalidInputError(f"cannot read the weight map of {idx} (verifier {self.hub_id}): "
+                    raise InvalidInputError(f"cannot read the weight map of {index_file} (verifier {self.hub_id}): "
                                             f"{type(e).__name__}: {e}", code="verifier_config") from e
             elif not _hub.is_offline():  # single-file checkpoint: its header, by range requests
-                try:
-                    meta = _hub.safetensors_header(self.hub_id, "model.safetensors", revision=self.revision,
-                                                   endpoint_url=self.endpoint)
-                except Exception as e:  # noqa: BLE001 - mapped by the Hub error table
-                    raise hub_error("model.safetensors / model.safetensors.index.json", self.hub_id, e,
-                                    code="verifier_tensor_missing") from e
+                meta = _hub.safetensors_header(self.hub_id, "model.safetensors", revision=self.revision,
+                                               endpoint_url=self.endpoint, wanted=_SINGLE_FILE)
                 self._weight_map = {str(n): "model.safetensors" for n in meta.tensors}
             else:  # offline: the cached file's header
-                try:
-                    p = _hub.download_file(self.hub_id, "model.safetensors", revision=self.revision,
-                                           endpoint_url=self.endpoint)
-                except Exception as e:  # noqa: BLE001 - mapped by the Hub error table
-                    raise hub_error("model.safetensors / model.safetensors.index.json", self.hub_id, e,
-                                    code="verifier_tensor_missing") from e
+                single_file = _hub.download_file(self.hub_id, "model.safetensors", revision=self.revision,
+                                                 endpoint_url=self.endpoint, wanted=_SINGLE_FILE)
                 from .tensors import TensorStore
 
-                st = TensorStore.open(p)
-                self._weight_map = {n: "model.safetensors" for n in st.names()}
+                self._weight_map = {n: "model.safetensors" for n in TensorStore.open(single_file).names()}
         return self._weight_map
 
     def store(self):
@@ -304,22 +297,15 @@ class Verifier:
         shard = self._hub_weight_map().get(name)
         if shard is None:
             raise InvalidInputError(f"verifier {self.hub_id} has no tensor {name!r}")
-        try:
-            p = _hub.download_file(self.hub_id, shard, revision=self.revision, endpoint_url=self.endpoint)
-        except Exception as e:  # noqa: BLE001 - mapped by the Hub error table  # not cached (offline), network, auth
-            raise hub_error(f"shard {shard} (holding {name})", self.hub_id, e, code="verifier_tensor_missing") from e
-        return TensorStore.open(p).info(name)
+        shard_file = _hub.download_file(self.hub_id, shard, revision=self.revision, endpoint_url=self.endpoint,
+                                        wanted=_hub.Wanted(f"shard {shard} (holding {name})",
+                                                           code="verifier_tensor_missing"))
+        return TensorStore.open(shard_file).info(name)
 
 
-def _read_json(p: Path) -> dict[str, Any]:
-    try:
-        with open(p, encoding="utf-8") as f:
-            d = json.load(f)
-    except (OSError, ValueError, RecursionError) as e:  # JSONDecodeError, UnicodeDecodeError, nesting
-        raise InvalidInputError(f"cannot read verifier config {p}: {e}", code="verifier_config") from e
-    if not isinstance(d, dict):
-        raise InvalidInputError(f"verifier config {p} is not a JSON object", code="verifier_config")
-    return d
+def _read_config(p: Path) -> dict[str, Any]:
+    return read_json_object(p, code="verifier_config", unreadable="cannot read verifier config {path}: {error}",
+                            not_object="verifier config {path} is not a JSON object")
 
 
 def resolve_verifier(spec: str, *, name: str | None = None, revision: str | None = None,
@@ -360,20 +346,16 @@ def _local_verifier(spec: str, p: Path, name: str | None) -> Verifier:
     cfg_path = p / "config.json"
     if not cfg_path.is_file():
         raise InvalidInputError(f"verifier dir {p} has no config.json", code="verifier_config")
-    raw = _read_json(cfg_path)
+    raw = _read_config(cfg_path)
     return Verifier(spec=spec, name_or_path=name or str(p.resolve()), local_dir=p,
                     config=unwrap_text_config(raw), raw_config=raw)
 
 
 def _hub_verifier(spec: str, name: str | None, revision: str | None, endpoint: str | None) -> Verifier:
-    try:
-        cfg_file = _hub.download_file(spec, "config.json", revision=revision, endpoint_url=endpoint)
-    except Exception as e:  # noqa: BLE001 - network, offline mode, missing repo: the Hub error table
-        err = hub_error("config.json", spec, e, code="verifier_not_found",
-                        hint="pass a local verifier directory with --verifier and its Hub id with --verifier-name")
-        err.message = "verifier: " + err.message
-        raise err from e
-    raw = _read_json(Path(cfg_file))
+    cfg_file = _hub.download_file(spec, "config.json", revision=revision, endpoint_url=endpoint, wanted=_hub.Wanted(
+        "config.json", code="verifier_not_found", role="verifier",
+        hint="pass a local verifier directory with --verifier and its Hub id with --verifier-name"))
+    raw = _read_config(Path(cfg_file))
     return Verifier(spec=spec, name_or_path=name or spec, local_dir=Path(cfg_file).parent,
                     config=unwrap_text_config(raw), raw_config=raw, hub_id=spec, revision=revision,
                     endpoint=endpoint)

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from . import __version__
 from .errors import InvalidInputError
+from .fileio import atomic_write
 from .plan import ConversionPlan
 
 if TYPE_CHECKING:
@@ -117,10 +118,7 @@ def _save_hash_cache() -> None:
         for k in [k for k in _HASH_CACHE if not os.path.exists(k)]:
             del _HASH_CACHE[k]
     try:
-        p = _hash_cache_path()
-        tmp = p.with_name(f".{p.name}.{os.getpid()}")
-        tmp.write_text(json.dumps(_HASH_CACHE, sort_keys=True))
-        os.replace(tmp, p)
+        atomic_write(_hash_cache_path(), json.dumps(_HASH_CACHE, sort_keys=True))
     except OSError:  # a read-only cache is not an error
         pass
 

@@ -48,7 +48,7 @@ def formats_markdown() -> str:
 
     Deterministic: formats in the order the detection routes reach them, then the routes
     themselves (:func:`specconv.converters.dispatch.routes_markdown`);
-    ``tests/test_registry.py`` checks the committed file equals this output.
+    ``tests/converters/test_registry.py`` checks the committed file equals this output.
     """
     from specconv.converters.dispatch import routes_markdown
 

@@ -125,12 +125,13 @@ def validate_cmd(
     DIR/specconv.json. Exit 4 when a gate fails.
     """
     from specconv.validate.run import ValidateOptions, validate_drafter
+    from specconv.validate.runtimes import runtime_from_flags
 
     _check_backend_exclusive(backend, onnx_path, engine_path)
+    runtime, runtime_path = runtime_from_flags({"onnx": onnx_path, "engine": engine_path})
     opts = ValidateOptions(source=source, prompts=prompts, num_prompts=num_prompts, max_new_tokens=max_new_tokens,
                            temperature=temperature, device=device, dtype=dtype, min_tau=min_tau, backend=backend,
-                           vllm_python=vllm_python, onnx=str(onnx_path) if onnx_path else None,
-                           engine=str(engine_path) if engine_path else None,
+                           vllm_python=vllm_python, runtime=runtime, runtime_path=runtime_path,
                            attn_implementation=attn_implementation, seed=seed, drafter_cache=drafter_cache,
                            vllm_load_check=vllm_load_check, vllm_loader_python=vllm_loader_python)
     with _progress() as cb:

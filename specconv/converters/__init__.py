@@ -31,7 +31,9 @@ def detect(src: SourceInfo) -> type[Converter] | None:
 
 def algorithms() -> list[str]:
     """Target algorithms of the supported converters (for ``--algorithm`` choices)."""
-    known = {"peagle", "dflash", "dspark"}
+    from specconv.format.algorithms import algorithm_names
+
+    known = set(algorithm_names())
     return sorted({a for c in REGISTRY.values() if c.supported for a in c.algorithm.split("|") if a in known})
 
 

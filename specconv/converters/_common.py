@@ -14,6 +14,7 @@ from typing import Any, Callable, Iterable
 from specconv.errors import InvalidInputError, UnsupportedFormatError
 from specconv.format import names
 from specconv.plan import DroppedTensor, LayerIdConversion, TensorPlan
+from specconv.values import is_int
 
 from .base import ConvertOptions, SourceInfo
 
@@ -74,10 +75,10 @@ def resolve_block_size(src: SourceInfo, nested: dict[str, Any] | None = None) ->
             f"{src.path}/config.json has no block_size (top level or dflash_config); it is never defaulted",
             code="missing_block_size",
         )
-    if not isinstance(v, int) or isinstance(v, bool) or v < 2:
+    if not is_int(v, minimum=2):
         raise InvalidInputError(f"{src.path}/config.json: block_size must be an integer ≥ 2, got {v!r}")
     limit = src.cfg("max_position_embeddings")
-    limit = limit if isinstance(limit, int) and not isinstance(limit, bool) and limit > 0 else INT32_MAX
+    limit = limit if is_int(limit, minimum=1) else INT32_MAX
     if v > min(limit, INT32_MAX):
         raise InvalidInputError(
             f"{src.path}/config.json: block_size {v} exceeds "
@@ -110,7 +111,7 @@ def resolve_mask_token(
             code="missing_mask_token",
             hint="pass the id the drafter was trained with: --mask-token-id N",
         )
-    if not isinstance(mask, int) or isinstance(mask, bool) or mask < 0:
+    if not is_int(mask, minimum=0):
         raise InvalidInputError(f"mask token id must be a non-negative integer, got {mask!r} ({where})")
     if verifier is not None and mask >= verifier.vocab_size:
         raise InvalidInputError(
@@ -133,7 +134,7 @@ def zlab_to_speculators_ids(
     from specconv.format import Finding
 
     if ids is not None:
-        if not isinstance(ids, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in ids) or not ids:
+        if not isinstance(ids, list) or not all(is_int(i) for i in ids) or not ids:
             raise InvalidInputError(f"{src.path}/config.json: {key} must be a non-empty list of integers, got {ids!r}")
         lo = -1 if allow_minus_one else 0
         bad = [i for i in ids if i < lo]
@@ -290,12 +291,12 @@ def _strip_mrope(rp: dict[str, Any], where_file: str, findings: list | None) -> 
 
 def _check_layer_ints(src: SourceInfo, out: dict[str, Any]) -> None:
     for k in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads"):
-        if not isinstance(out.get(k), int) or isinstance(out.get(k), bool):
+        if not is_int(out.get(k)):
             raise InvalidInputError(f"{src.path}/config.json: missing integer {k!r}", code="missing_key")
     for k in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
               "num_key_value_heads", "head_dim"):
         v = out.get(k)
-        if k in out and v is not None and (not isinstance(v, int) or isinstance(v, bool) or v <= 0):
+        if k in out and v is not None and not is_int(v, minimum=1):
             raise InvalidInputError(f"{src.path}/config.json: {k} must be a positive integer, got {v!r}", code="invalid_key")
     lt = out.get("layer_types")
     if lt is not None and (not isinstance(lt, list) or not all(isinstance(t, str) for t in lt)):
@@ -349,7 +350,8 @@ def _class_default(model_type: str, key: str) -> Any:
     return auto_config().for_model(model_type).to_dict().get(key)
 
 
-def complete_layer_config(src: SourceInfo, lcfg: dict[str, Any], plans: list[TensorPlan], findings: list) -> None:
+def complete_layer_config(src: SourceInfo, layer_config: dict[str, Any], plans: list[TensorPlan],
+                          findings: list) -> None:
     """Fill the decoder keys a flat source config may omit, each fill a finding.
 
     ``head_dim``, ``num_key_value_heads`` and ``attention_bias`` come from the tensors
@@ -363,36 +365,36 @@ def complete_layer_config(src: SourceInfo, lcfg: dict[str, Any], plans: list[Ten
     from specconv.format import Finding
 
     filled = []
-    nq, H = lcfg["num_attention_heads"], lcfg["hidden_size"]
+    nq, H = layer_config["num_attention_heads"], layer_config["hidden_size"]
     q, k = get(plans, "layers.0.self_attn.q_proj.weight"), get(plans, "layers.0.self_attn.k_proj.weight")
-    if lcfg.get("head_dim") is None:
+    if layer_config.get("head_dim") is None:
         if q is None:
-            lcfg["head_dim"], why = H // nq, "hidden_size / num_attention_heads (no q_proj)"
+            layer_config["head_dim"], why = H // nq, "hidden_size / num_attention_heads (no q_proj)"
         elif q.shape[0] % nq:
             raise InvalidInputError(f"{q.source} has {q.shape[0]} rows, not a multiple of num_attention_heads {nq}")
         else:
-            lcfg["head_dim"], why = q.shape[0] // nq, f"{q.source} rows / num_attention_heads"
-        filled.append(f"head_dim={lcfg['head_dim']} ({why})")
-    if lcfg.get("num_key_value_heads") is None:
-        hd = lcfg["head_dim"]
-        lcfg["num_key_value_heads"] = nq if k is None else k.shape[0] // hd
-        filled.append(f"num_key_value_heads={lcfg['num_key_value_heads']} "
+            layer_config["head_dim"], why = q.shape[0] // nq, f"{q.source} rows / num_attention_heads"
+        filled.append(f"head_dim={layer_config['head_dim']} ({why})")
+    if layer_config.get("num_key_value_heads") is None:
+        hd = layer_config["head_dim"]
+        layer_config["num_key_value_heads"] = nq if k is None else k.shape[0] // hd
+        filled.append(f"num_key_value_heads={layer_config['num_key_value_heads']} "
                       + ("(= num_attention_heads, no k_proj)" if k is None else f"({k.source} rows / head_dim)"))
-    if lcfg.get("attention_bias") is None:
-        lcfg["attention_bias"] = get(plans, "layers.0.self_attn.q_proj.bias") is not None
-        filled.append(f"attention_bias={str(lcfg['attention_bias']).lower()} (q_proj.bias "
-                      f"{'present' if lcfg['attention_bias'] else 'absent'})")
+    if layer_config.get("attention_bias") is None:
+        layer_config["attention_bias"] = get(plans, "layers.0.self_attn.q_proj.bias") is not None
+        filled.append(f"attention_bias={str(layer_config['attention_bias']).lower()} (q_proj.bias "
+                      f"{'present' if layer_config['attention_bias'] else 'absent'})")
     for key in ("rms_norm_eps", "hidden_act"):
-        if lcfg.get(key) is None:
-            lcfg[key] = _class_default(lcfg["model_type"], key)
-            filled.append(f"{key}={lcfg[key]!r} (transformers' {lcfg['model_type']} config default)")
+        if layer_config.get(key) is None:
+            layer_config[key] = _class_default(layer_config["model_type"], key)
+            filled.append(f"{key}={layer_config[key]!r} (transformers' {layer_config['model_type']} config default)")
     if filled:
         findings.append(Finding("info", "layer-config-filled",
                                 f"{src.path}/config.json omits decoder keys; filled " + "; ".join(filled),
                                 "transformer_layer_config"))
 
 
-def kv_page_finding(lcfg: dict[str, Any], verifier: Any, findings: list) -> None:
+def kv_page_finding(layer_config: dict[str, Any], verifier: Any, findings: list) -> None:
     """Warn when vLLM cannot give the drafter's and the verifier's KV cache one page size.
 
     vLLM pages every attention layer of verifier and drafter in one KV cache; its
@@ -408,14 +410,15 @@ def kv_page_finding(lcfg: dict[str, Any], verifier: Any, findings: list) -> None
     v_kv = vc.get("num_key_value_heads") or vc.get("num_attention_heads")
     if not all(isinstance(x, int) and x > 0 for x in (v_hd, v_kv)):
         return
-    d = lcfg["num_key_value_heads"] * lcfg["head_dim"]
+    d = layer_config["num_key_value_heads"] * layer_config["head_dim"]
     v = v_kv * v_hd
     if max(d, v) % min(d, v):
         from specconv.format import Finding
 
         findings.append(Finding(
             "warning", "kv-page-size-mismatch",
-            f"drafter KV width {lcfg['num_key_value_heads']}×{lcfg['head_dim']} = {d} per token and the verifier's "
+            f"drafter KV width {layer_config['num_key_value_heads']}×{layer_config['head_dim']} = {d} per token "
+            "and the verifier's "
             f"{v_kv}×{v_hd} = {v} do not divide: vLLM's KV cache may not page them together "
             "(unify_kv_cache_spec_page_size raises NotImplementedError unless the attention backend pads pages)",
             "transformer_layer_config.head_dim",
@@ -592,7 +595,7 @@ def refuse(fmt_title: str, format_id: str, why: str) -> UnsupportedFormatError:
     return UnsupportedFormatError(f"{fmt_title} is not supported: {why}", format_id=format_id)
 
 
-def dflash_causality(src: SourceInfo, lcfg: dict[str, Any], findings: list) -> bool:
+def dflash_causality(src: SourceInfo, layer_config: dict[str, Any], findings: list) -> bool:
     """Return ``sliding_window_non_causal`` for a DFlash-family source (vLLM
     ``vllm/model_executor/models/qwen3_dflash.py`` applies one causality to every draft layer).
 
@@ -606,8 +609,8 @@ def dflash_causality(src: SourceInfo, lcfg: dict[str, Any], findings: list) -> b
     causal, where = one_of(src, [("is_causal", src.cfg("is_causal")), ("dflash_config.causal", src.dflash_config.get("causal"))], "causality")
     if causal is not None and not isinstance(causal, bool):
         raise InvalidInputError(f"{src.path}/config.json: {where} must be true or false, got {causal!r}")
-    n = lcfg["num_hidden_layers"]
-    types = lcfg.get("layer_types") or ["full_attention"] * min(n, 1)  # absent: all full attention
+    n = layer_config["num_hidden_layers"]
+    types = layer_config.get("layer_types") or ["full_attention"] * min(n, 1)  # absent: all full attention
     if causal is True:
         raise UnsupportedFormatError(
             f"{src.path}: {where}=true makes every draft layer block-causal (JetSpec-style causal DFlash); "

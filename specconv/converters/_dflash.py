@@ -14,7 +14,7 @@ from specconv.errors import InvalidInputError
 from specconv.format.facts import SPECULATORS_VERSION as SPECULATORS_FORMAT_VERSION
 from specconv.plan import ConversionPlan
 
-from . import _common as c
+from . import _common as common
 from .base import ConvertOptions, SourceInfo
 
 
@@ -45,7 +45,7 @@ class DFlashLayout:
     drop: dict[str, str] = field(default_factory=dict)
     refuse: dict[str, str] = field(default_factory=dict)
     layer_drop: tuple[str, ...] = ()
-    sfa_source: str = ""
+    sample_from_anchor_source: str = ""
     #: the source runs every draft layer non-causal (Muse-Glimmer, ``is_causal: false``)
     force_non_causal: bool = False
     #: notes/findings a source adds (e.g. an unverified convention)
@@ -78,54 +78,54 @@ def _refuse_scaling(conv: Any, src: SourceInfo, cfg: dict[str, Any]) -> None:
                 )
 
 
-def _check_verifier_copies(plans: list, lcfg: dict[str, Any]) -> None:
+def _check_verifier_copies(plans: list, layer_config: dict[str, Any]) -> None:
     """Shipped ``embed_tokens`` / ``lm_head`` must be ``[V, H]`` (the verifier's, kept)."""
     for name in ("embed_tokens.weight", "lm_head.weight"):
-        p = c.get(plans, name)
+        p = common.get(plans, name)
         if p is not None:
-            want = (lcfg["vocab_size"], lcfg["hidden_size"])
+            want = (layer_config["vocab_size"], layer_config["hidden_size"])
             if tuple(p.shape) != want:
                 raise InvalidInputError(f"{p.source} has shape {list(p.shape)}, expected {list(want)}")
             p.note = "shipped by the source; equals the verifier's (vLLM shares it when equal)"
 
 
-def _check_body(src: SourceInfo, plans: list, lcfg: dict[str, Any], conv_ids: Any, verifier: Any,
+def _check_body(src: SourceInfo, plans: list, layer_config: dict[str, Any], conv_ids: Any, verifier: Any,
                 findings: list) -> None:
     """``fc`` width, layer count, absent decoder keys from the tensors, KV paging, copies."""
-    c.check_fc_width(src, plans, len(conv_ids.speculators_ids), lcfg["hidden_size"], conv_ids.source_key or "--aux-layer-ids")
-    c.check_layers(src, plans, lcfg["num_hidden_layers"])
-    c.complete_layer_config(src, lcfg, plans, findings)
-    c.kv_page_finding(lcfg, verifier, findings)
-    _check_verifier_copies(plans, lcfg)
+    common.check_fc_width(src, plans, len(conv_ids.speculators_ids), layer_config["hidden_size"], conv_ids.source_key or "--aux-layer-ids")
+    common.check_layers(src, plans, layer_config["num_hidden_layers"])
+    common.complete_layer_config(src, layer_config, plans, findings)
+    common.kv_page_finding(layer_config, verifier, findings)
+    _check_verifier_copies(plans, layer_config)
 
 
 def _layout_k(conv: Any, opts: ConvertOptions, layout: DFlashLayout, block: int) -> tuple[bool, int]:
     """``(sample_from_anchor, speculative_tokens)`` of the layout; flags may only agree."""
     from specconv.format import speculative_tokens_for
 
-    sfa = layout.sample_from_anchor
-    if opts.sample_from_anchor is not None and opts.sample_from_anchor != sfa:
+    sample_from_anchor = layout.sample_from_anchor
+    if opts.sample_from_anchor is not None and opts.sample_from_anchor != sample_from_anchor:
         raise InvalidInputError(
             f"--{'no-' if not opts.sample_from_anchor else ''}sample-from-anchor contradicts the {conv.title} layout "
-            f"({'anchor-first' if sfa else '1+N'}: {layout.sfa_source})",
+            f"({'anchor-first' if sample_from_anchor else '1+N'}: {layout.sample_from_anchor_source})",
             code="conflicting_layout",
         )
-    k = speculative_tokens_for(block, sfa)  # the K rule (specconv.format.facts)
+    k = speculative_tokens_for(block, sample_from_anchor)  # the K rule (specconv.format.facts)
     if opts.speculative_tokens is not None and opts.speculative_tokens != k:
         raise InvalidInputError(
             f"--speculative-tokens {opts.speculative_tokens} contradicts block_size {block} with "
-            f"sample_from_anchor={str(sfa).lower()} (needs {k})",
+            f"sample_from_anchor={str(sample_from_anchor).lower()} (needs {k})",
             code="conflicting_speculative_tokens",
         )
-    return sfa, k
+    return sample_from_anchor, k
 
 
 def _dflash_layer_config(src: SourceInfo, cfg: dict[str, Any], layout: DFlashLayout, verifier: Any,
                          findings: list) -> dict[str, Any]:
     """The Qwen3 ``transformer_layer_config``, checked against the verifier."""
-    lcfg = c.layer_config(src, cfg, model_type="qwen3", extra_drop=layout.layer_drop, findings=findings)
-    c.check_verifier_shape(src, verifier, lcfg["hidden_size"], lcfg["vocab_size"], findings)
-    return lcfg
+    layer_config = common.layer_config(src, cfg, model_type="qwen3", extra_drop=layout.layer_drop, findings=findings)
+    common.check_verifier_shape(src, verifier, layer_config["hidden_size"], layer_config["vocab_size"], findings)
+    return layer_config
 
 
 def plan_dflash_family(
@@ -145,27 +145,27 @@ def plan_dflash_family(
     cfg = src.config or {}
     findings: list = [Finding(lvl, code, msg, None) for lvl, code, msg in layout.extra_findings]
     _refuse_scaling(conv, src, cfg)
-    block = c.resolve_block_size(src, layout.block_nested if layout.block_nested is not None else src.dflash_config)
-    mask, mask_where = c.resolve_mask_token(src, opts, layout.mask_locations, verifier)
-    conv_ids = c.zlab_to_speculators_ids(
+    block = common.resolve_block_size(src, layout.block_nested if layout.block_nested is not None else src.dflash_config)
+    mask, mask_where = common.resolve_mask_token(src, opts, layout.mask_locations, verifier)
+    conv_ids = common.zlab_to_speculators_ids(
         src, layout.ids, layout.ids_key, opts, verifier, findings, allow_minus_one=layout.allow_minus_one
     )
-    lcfg = _dflash_layer_config(src, cfg, layout, verifier, findings)
-    if mask >= lcfg["vocab_size"]:
-        raise InvalidInputError(f"mask token id {mask} ({mask_where}) ≥ vocab_size {lcfg['vocab_size']}")
-    swnc = True if layout.force_non_causal else c.dflash_causality(src, lcfg, findings)
-    accept = c.DFLASH_BODY + c.VERIFIER_COPIES + layout.extra_accept
-    plans, dropped = c.tensor_plan(
+    layer_config = _dflash_layer_config(src, cfg, layout, verifier, findings)
+    if mask >= layer_config["vocab_size"]:
+        raise InvalidInputError(f"mask token id {mask} ({mask_where}) ≥ vocab_size {layer_config['vocab_size']}")
+    sliding_window_non_causal = True if layout.force_non_causal else common.dflash_causality(src, layer_config, findings)
+    accept = common.DFLASH_BODY + common.VERIFIER_COPIES + layout.extra_accept
+    plans, dropped = common.tensor_plan(
         src, opts, accept=accept, rename=layout.rename, drop=layout.drop, refuse=layout.refuse, format_title=conv.title
     )
-    _check_body(src, plans, lcfg, conv_ids, verifier, findings)
-    sfa, k = _layout_k(conv, opts, layout, block)
-    body_dtype = c.source_dtype(src, [p.source for p in plans if p.source])
+    _check_body(src, plans, layer_config, conv_ids, verifier, findings)
+    sample_from_anchor, k = _layout_k(conv, opts, layout, block)
+    body_dtype = common.source_dtype(src, [p.source for p in plans if p.source])
     fields = dict(
-        speculators_version=SPECULATORS_FORMAT_VERSION, dtype=c.dtype_name(c.out_dtype(body_dtype, opts)),
-        draft_vocab_size=lcfg["vocab_size"], target_hidden_size=None, mask_token_id=mask,
-        aux_hidden_state_layer_ids=conv_ids.speculators_ids, block_size=block, sample_from_anchor=sfa,
-        sliding_window_non_causal=swnc, transformer_layer_config=lcfg,
+        speculators_version=SPECULATORS_FORMAT_VERSION, dtype=common.dtype_name(common.out_dtype(body_dtype, opts)),
+        draft_vocab_size=layer_config["vocab_size"], target_hidden_size=None, mask_token_id=mask,
+        aux_hidden_state_layer_ids=conv_ids.speculators_ids, block_size=block, sample_from_anchor=sample_from_anchor,
+        sliding_window_non_causal=sliding_window_non_causal, transformer_layer_config=layer_config,
         speculators_config=speculators_envelope(algorithm, k, verifier),
     )
     fields.update(extra_fields or {})
@@ -173,5 +173,6 @@ def plan_dflash_family(
         format_id=conv.format_id, algorithm=algorithm, config=make_config(algorithm, **fields), tensors=plans,
         dropped=dropped, source_dir=src.path, source_files=[src.path / f for f in src.files], findings=findings,
         layer_ids=conv_ids, options=opts.to_dict(),
-        notes=[f"mask_token_id from {mask_where}", f"sample_from_anchor={str(sfa).lower()} ({layout.sfa_source})"],
+        notes=[f"mask_token_id from {mask_where}",
+               f"sample_from_anchor={str(sample_from_anchor).lower()} ({layout.sample_from_anchor_source})"],
     )

@@ -216,8 +216,8 @@ def maybe_prune(conv: Any, plan: ConversionPlan, src: SourceInfo, verifier: Any,
 
     from ._vocab import read_mapping_file, resolve_vocab
 
-    lcfg = plan.config.transformer_layer_config
-    V = int(lcfg["vocab_size"])
+    layer_config = plan.config.transformer_layer_config
+    V = int(layer_config["vocab_size"])
     flag = read_mapping_file(opts.vocab_mapping)
     if "d2t" in flag:
         Vd = int(flag["d2t"].shape[0])

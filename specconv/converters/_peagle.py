@@ -19,7 +19,7 @@ Facts used:
 * ``transformer_layer_config.model_type`` is ``llama`` or ``qwen3`` (per-head q/k norms);
   a Llama draft with ``A != 3`` aux layers needs ``num_aux_hidden_states: A`` for vLLM
   (vLLM ``vllm/model_executor/models/llama_eagle3.py``).
-* ``speculative_tokens`` = trained depths K (must not exceed them; the ``peagle`` lint rule in ``specconv/speculators.py``).
+* ``speculative_tokens`` = trained depths K (must not exceed them; the ``peagle-depths-exceeded`` lint rule in ``specconv/format/rules/``).
 """
 
 from __future__ import annotations
@@ -32,9 +32,10 @@ from typing import Any, Callable, Mapping
 from specconv.format import names
 from specconv.errors import InvalidInputError, UnsupportedFormatError
 from specconv.plan import ConversionPlan, LayerIdConversion, TensorPlan
+from specconv.values import is_int
 
-from . import _common as c
-from . import _vocab as vb
+from . import _common as common
+from ._vocab import merge_vocab, resolve_vocab
 from ._dflash import SPECULATORS_FORMAT_VERSION, speculators_envelope
 from .base import ConvertOptions, SourceInfo
 
@@ -104,7 +105,7 @@ class PEagleLayout:
 
 
 def _int_list(src: SourceInfo, key: str, v: Any) -> list[int]:
-    if not isinstance(v, list) or not v or not all(isinstance(i, int) and not isinstance(i, bool) for i in v):
+    if not isinstance(v, list) or not v or not all(is_int(i) for i in v):
         raise InvalidInputError(f"{src.path}/config.json: {key} must be a non-empty list of integers, got {v!r}")
     return list(v)
 
@@ -133,7 +134,7 @@ def resolve_aux_ids(src: SourceInfo, opts: ConvertOptions, layout: PEagleLayout,
     """
     from specconv.format import Finding
 
-    ids, key = c.one_of(src, layout.aux_locations, "aux layer ids")
+    ids, key = common.one_of(src, layout.aux_locations, "aux layer ids")
     if ids is not None:
         ids = _int_list(src, key, ids)
     if opts.aux_layer_ids is not None:
@@ -188,7 +189,7 @@ def _resolve_flag(src: SourceInfo, key: str, cfg_val: Any, flag_val: bool | None
 
 
 def _mask_token(src: SourceInfo, opts: ConvertOptions, layout: PEagleLayout, verifier: Any, V: int) -> tuple[int, str]:
-    mask, where = c.resolve_mask_token(src, opts, layout.mask_locations, verifier)
+    mask, where = common.resolve_mask_token(src, opts, layout.mask_locations, verifier)
     if mask >= V:
         raise InvalidInputError(f"mask token id {mask} ({where}) ≥ vocab_size {V}", code="mask_token_out_of_vocab")
     return mask, where
@@ -196,17 +197,17 @@ def _mask_token(src: SourceInfo, opts: ConvertOptions, layout: PEagleLayout, ver
 
 def _norm_before_residual(src: SourceInfo, cfg: dict[str, Any], opts: ConvertOptions) -> tuple[bool, str]:
     """From the config or ``--(no-)norm-before-residual``; never guessed."""
-    nbr, where = _resolve_flag(
+    norm_before_residual, where = _resolve_flag(
         src, "norm_before_residual", cfg.get("norm_before_residual"), opts.norm_before_residual, "norm-before-residual",
         required=True,
         why="vLLM's speculators reader defaults it to false for peagle but true for eagle3 and the speculators "
             "trainer defaults to true, so it cannot be guessed",
     )
-    return bool(nbr), where
+    return bool(norm_before_residual), where
 
 
 def _in_dim(plans: list[TensorPlan], name: str) -> int | None:
-    p = c.get(plans, name)
+    p = common.get(plans, name)
     return None if p is None else int(p.shape[-1])
 
 
@@ -253,7 +254,7 @@ def _shape_keys(conv: Any, src: SourceInfo, cfg: dict[str, Any], verifier: Any, 
             "P-EAGLE requires the draft and verifier hidden sizes to be equal",
             format_id=conv.format_id,
         )
-    c.check_verifier_shape(src, verifier, H, V, findings)
+    common.check_verifier_shape(src, verifier, H, V, findings)
     return V, H, L
 
 
@@ -274,11 +275,11 @@ def _plan_tensors(conv: Any, src: SourceInfo, opts: ConvertOptions, layout: PEag
             f"needs {A * H} ([1, 1, {A * H}])",
             code="mask_hidden_shape",
         )
-    plans, dropped = c.tensor_plan(
+    plans, dropped = common.tensor_plan(
         src, opts, accept=PEAGLE_ACCEPT, rename=layout.rename, drop={**TRAINING_ONLY, **layout.drop},
         reshape={"mask_hidden": (1, 1, A * H)}, format_title=conv.title,
     )
-    mh = c.get(plans, "mask_hidden")
+    mh = common.get(plans, "mask_hidden")
     if mh.fate == "reshaped":
         mh.note = f"{list(mh_shape)} → [1, 1, {A * H}] (same values)"
     return plans, dropped
@@ -286,13 +287,13 @@ def _plan_tensors(conv: Any, src: SourceInfo, opts: ConvertOptions, layout: PEag
 
 def _check_body(src: SourceInfo, plans: list[TensorPlan], L: int, A: int, H: int, ids_key: str) -> None:
     """Layers, ``fc``, the first layer's ``hidden_norm`` and the q/k/v input widths."""
-    c.check_layers(src, plans, L)
-    c.check_fc_width(src, plans, A, H, ids_key)
+    common.check_layers(src, plans, L)
+    common.check_fc_width(src, plans, A, H, ids_key)
     for p in plans:
         m = re.fullmatch(r"layers\.(\d+)\.hidden_norm\.weight", p.out)
         if m and m.group(1) != "0":
             raise InvalidInputError(f"{p.source}: only the first P-EAGLE layer has a hidden_norm", code="unexpected_tensor")
-    if c.get(plans, "layers.0.hidden_norm.weight") is None:
+    if common.get(plans, "layers.0.hidden_norm.weight") is None:
         raise InvalidInputError(f"{src.path}: no layers.0.hidden_norm.weight (the first P-EAGLE layer's fc-feature norm)",
                                 code="missing_tensor")
     for layer in range(L):
@@ -304,7 +305,7 @@ def _check_body(src: SourceInfo, plans: list[TensorPlan], L: int, A: int, H: int
                 raise InvalidInputError(f"{src.path}: missing {n}", code="missing_tensor")
             if d != want:
                 raise InvalidInputError(
-                    f"{c.get(plans, n).source} takes {d} inputs, expected {want} "
+                    f"{common.get(plans, n).source} takes {d} inputs, expected {want} "
                     + ("(layer 0 attends over cat(embedding, fc feature) = 2·hidden)" if layer == 0 else "(hidden)"),
                     code="tensor_shape",
                 )
@@ -326,7 +327,7 @@ def _model_type(src: SourceInfo, cfg: dict[str, Any], plans: list[TensorPlan], L
     if has_qk_norm:
         for layer in range(L):
             for q in ("q", "k"):
-                if c.get(plans, f"layers.{layer}.self_attn.{q}_norm.weight") is None:
+                if common.get(plans, f"layers.{layer}.self_attn.{q}_norm.weight") is None:
                     raise InvalidInputError(f"{src.path}: layer {layer} lacks self_attn.{q}_norm (other layers have it)",
                                             code="missing_tensor")
     return model_type
@@ -335,7 +336,7 @@ def _model_type(src: SourceInfo, cfg: dict[str, Any], plans: list[TensorPlan], L
 def norm_flags_from_tensors(src: SourceInfo, cfg: dict[str, Any], plans: list[TensorPlan], A: int) -> tuple[bool, bool]:
     """``(norm_before_fc, fc_norm)`` from the tensors (``input_norm`` / ``fc_norm.{i}``);
     a config value that contradicts them is an error."""
-    has_input_norm = c.get(plans, "input_norm.weight") is not None
+    has_input_norm = common.get(plans, "input_norm.weight") is not None
     has_fc_norm = any(re.fullmatch(r"fc_norm\.\d+\.weight", p.out) for p in plans)
     for key, have, what in (("norm_before_fc", has_input_norm, "input_norm.weight is"),
                             ("fc_norm", has_fc_norm, "fc_norm.* tensors are")):
@@ -363,7 +364,7 @@ def logical_vocab(verifier: Any, V: int) -> int | None:
 def _vocab(src: SourceInfo, opts: ConvertOptions, cfg: dict[str, Any], plans, dropped, layout: PEagleLayout,
            V: int, H: int, verifier: Any):
     """Draft vocabulary size (config, else the LM head's rows, else ``V``) and its mapping."""
-    lm = c.get(plans, "lm_head.weight")
+    lm = common.get(plans, "lm_head.weight")
     if lm is not None and (len(lm.shape) != 2 or lm.shape[1] != H):
         raise InvalidInputError(f"{lm.source} has shape {list(lm.shape)}, expected [draft_vocab_size, {H}]",
                                 code="tensor_shape")
@@ -375,9 +376,9 @@ def _vocab(src: SourceInfo, opts: ConvertOptions, cfg: dict[str, Any], plans, dr
             f"{lm.source} has {lm.shape[0]} rows but config.json draft_vocab_size is {vd_cfg}", code="tensor_shape"
         )
     Vd = vd_cfg if vd_cfg is not None else (lm.shape[0] if lm is not None else V)
-    vocab = vb.resolve_vocab(src, opts, vocab_size=V, draft_vocab_size=Vd, extra=layout.vocab_extra,
+    vocab = resolve_vocab(src, opts, vocab_size=V, draft_vocab_size=Vd, extra=layout.vocab_extra,
                              extra_label=layout.vocab_extra_label, logical_vocab_size=logical_vocab(verifier, V))
-    plans, dropped = vb.merge_vocab(plans, dropped, vocab)
+    plans, dropped = merge_vocab(plans, dropped, vocab)
     return plans, dropped, vocab, Vd
 
 
@@ -395,7 +396,7 @@ def _head_and_embedding(src: SourceInfo, verifier: Any, plans: list[TensorPlan],
     """``lm_head [Vd, H]`` and ``embed_tokens [V, H]`` from the source, else the verifier's."""
     from specconv.format import Finding
 
-    lm = c.get(plans, "lm_head.weight")
+    lm = common.get(plans, "lm_head.weight")
     if lm is None:
         if Vd != V or verifier is None:
             raise InvalidInputError(
@@ -409,7 +410,7 @@ def _head_and_embedding(src: SourceInfo, verifier: Any, plans: list[TensorPlan],
                                 "lm_head.weight"))
     elif tuple(lm.shape) != (Vd, H):
         raise InvalidInputError(f"{lm.source} has shape {list(lm.shape)}, expected [{Vd}, {H}]", code="tensor_shape")
-    emb = c.get(plans, "embed_tokens.weight")
+    emb = common.get(plans, "embed_tokens.weight")
     if emb is None:
         if verifier is None:
             raise InvalidInputError(f"{src.path}: no embed_tokens.weight", code="missing_tensor")
@@ -424,8 +425,8 @@ def _head_and_embedding(src: SourceInfo, verifier: Any, plans: list[TensorPlan],
 
 def _speculative_tokens(src: SourceInfo, opts: ConvertOptions, layout: PEagleLayout, notes: list[str]) -> tuple[int, int | None]:
     """``(K, trained depths)``: K = ``--speculative-tokens`` or the trained depths (never more)."""
-    trained, k_key = c.one_of(src, layout.k_locations, "trained number of depths")
-    if trained is not None and (not isinstance(trained, int) or isinstance(trained, bool) or trained < 1):
+    trained, k_key = common.one_of(src, layout.k_locations, "trained number of depths")
+    if trained is not None and not is_int(trained, minimum=1):
         raise InvalidInputError(f"{src.path}/config.json: {k_key} must be a positive integer, got {trained!r}")
     k = opts.speculative_tokens
     if k is not None and k < 1:
@@ -451,15 +452,15 @@ def _speculative_tokens(src: SourceInfo, opts: ConvertOptions, layout: PEagleLay
 
 def _peagle_layer_config(src: SourceInfo, cfg: dict[str, Any], layout: PEagleLayout, model_type: str, L: int, A: int,
                          plans: list[TensorPlan], notes: list[str], findings: list) -> dict[str, Any]:
-    lcfg = c.layer_config(src, cfg, model_type=model_type, extra_drop=PEAGLE_NON_LAYER_KEYS + layout.layer_drop,
+    layer_config = common.layer_config(src, cfg, model_type=model_type, extra_drop=PEAGLE_NON_LAYER_KEYS + layout.layer_drop,
                           findings=findings)
-    c.complete_layer_config(src, lcfg, plans, findings)
-    if "layer_types" not in lcfg and lcfg.get("sliding_window") in (None, 0) and not lcfg.get("use_sliding_window"):
-        lcfg["layer_types"] = ["full_attention"] * L
+    common.complete_layer_config(src, layer_config, plans, findings)
+    if "layer_types" not in layer_config and layer_config.get("sliding_window") in (None, 0) and not layer_config.get("use_sliding_window"):
+        layer_config["layer_types"] = ["full_attention"] * L
     if model_type == "llama" and A != 3:
-        lcfg["num_aux_hidden_states"] = A
+        layer_config["num_aux_hidden_states"] = A
         notes.append(f"transformer_layer_config.num_aux_hidden_states = {A} (vLLM's Llama eagle3 sizes fc for 3 otherwise)")
-    return lcfg
+    return layer_config
 
 
 def _peagle_config(fields: dict[str, Any]) -> Any:
@@ -493,28 +494,29 @@ def plan_peagle_family(conv: Any, src: SourceInfo, verifier: Any, opts: ConvertO
     plans, dropped = _plan_tensors(conv, src, opts, layout, A, H)
     _check_body(src, plans, L, A, H, ids.source_key or "--aux-layer-ids")
     model_type = _model_type(src, cfg, plans, L, findings)
-    nbr, nbr_where = _norm_before_residual(src, cfg, opts)
+    norm_before_residual, norm_before_residual_where = _norm_before_residual(src, cfg, opts)
     has_input_norm, has_fc_norm = norm_flags_from_tensors(src, cfg, plans, A)
     plans, dropped, vocab, Vd = _vocab(src, opts, cfg, plans, dropped, layout, V, H, verifier)
     findings += vocab.findings
     notes += vocab.notes
-    out_dt = c.out_dtype(c.source_dtype(src, [p.source for p in plans if p.origin == "source" and p.source in src.store]),
+    out_dt = common.out_dtype(common.source_dtype(src, [p.source for p in plans if p.origin == "source" and p.source in src.store]),
                          opts)
-    if c.get(plans, "lm_head.weight") is not None:
+    if common.get(plans, "lm_head.weight") is not None:
         findings.append(lm_head_finding(conv.format_id, conv.title))
     _head_and_embedding(src, verifier, plans, V, Vd, H, out_dt, findings)
     k, trained = _speculative_tokens(src, opts, layout, notes)
-    lcfg = _peagle_layer_config(src, cfg, layout, model_type, L, A, plans, notes, findings)
-    c.kv_page_finding(lcfg, verifier, findings)
+    layer_config = _peagle_layer_config(src, cfg, layout, model_type, L, A, plans, notes, findings)
+    common.kv_page_finding(layer_config, verifier, findings)
     fields: dict[str, Any] = dict(
-        dtype=c.dtype_name(out_dt), draft_vocab_size=Vd, mask_token_id=mask,
-        eagle_aux_hidden_state_layer_ids=ids.speculators_ids, norm_before_residual=nbr, norm_before_fc=has_input_norm,
-        fc_norm=has_fc_norm, norm_output=bool(cfg.get("norm_output", False)), transformer_layer_config=lcfg,
+        dtype=common.dtype_name(out_dt), draft_vocab_size=Vd, mask_token_id=mask,
+        eagle_aux_hidden_state_layer_ids=ids.speculators_ids, norm_before_residual=norm_before_residual,
+        norm_before_fc=has_input_norm,
+        fc_norm=has_fc_norm, norm_output=bool(cfg.get("norm_output", False)), transformer_layer_config=layer_config,
         speculators_config=speculators_envelope("peagle", k, verifier),
     )
     if trained is not None:
         fields["num_depths"] = trained
-    notes[:0] = [f"mask_token_id from {mask_where}", f"norm_before_residual from {nbr_where}"]
+    notes[:0] = [f"mask_token_id from {mask_where}", f"norm_before_residual from {norm_before_residual_where}"]
     return ConversionPlan(
         format_id=conv.format_id, algorithm="peagle", config=_peagle_config(fields), tensors=plans,
         dropped=dropped, source_dir=src.path, source_files=[src.path / f for f in src.files], findings=findings,

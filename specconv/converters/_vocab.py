@@ -266,7 +266,7 @@ class VocabResult:
         d2t: int64 offsets ``[Vd]`` (pruned only). t2d: bool ``[V]`` (pruned only).
         tensors: output :class:`TensorPlan` for ``d2t``/``t2d`` (empty unless pruned).
         dropped: source mapping tensors not carried (with reasons).
-        findings: :class:`specconv.speculators.Finding` list.
+        findings: :class:`specconv.format.Finding` list.
         notes: plan notes (where the mapping came from).
         consumed: source tensor names handled here (see :func:`merge_vocab`).
     """

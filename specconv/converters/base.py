@@ -9,14 +9,21 @@ names — never tensor data.
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
 from specconv.errors import InvalidInputError, UnsupportedFormatError
+from specconv.fileio import read_json_object
 from specconv.plan import ConversionPlan
+
+#: ``dflash_config.projector_type`` values: the drafter a ModelOpt export (NVIDIA/Model-Optimizer
+#: ``modelopt/torch/export/plugins/hf_spec_export.py``), a SpecForge DSpark or a Domino config
+#: holds. Source facts that happen to spell algorithm names: compared against these constants.
+PROJECTOR_DFLASH = "dflash"
+PROJECTOR_DSPARK = "dspark"
+PROJECTOR_DOMINO = "domino"
 
 #: Registered converter classes, in registration order (see :func:`ordered`).
 REGISTRY: dict[str, type["Converter"]] = {}
@@ -103,12 +110,8 @@ class SourceInfo:
         cfg = None
         cfg_path = path / "config.json"
         if cfg_path.is_file():
-            try:
-                cfg = json.loads(cfg_path.read_bytes().decode("utf-8"))
-            except (OSError, ValueError, RecursionError) as e:  # JSONDecodeError, UnicodeDecodeError, nesting
-                raise InvalidInputError(f"cannot parse {cfg_path}: {e}") from e
-            if not isinstance(cfg, dict):
-                raise InvalidInputError(f"{cfg_path} is not a JSON object")
+            cfg = read_json_object(cfg_path, unreadable="cannot parse {path}: {error}",
+                                   not_object="{path} is not a JSON object")
             try:
                 key = _non_finite(cfg)
             except RecursionError:
@@ -163,6 +166,11 @@ class SourceInfo:
     def dflash_config(self) -> dict[str, Any]:
         d = self.cfg("dflash_config")
         return d if isinstance(d, dict) else {}
+
+    @property
+    def projector_type(self) -> Any:
+        """``dflash_config.projector_type`` as read (None when absent; see :data:`PROJECTOR_DFLASH`)."""
+        return self.dflash_config.get("projector_type")
 
 
 def refuse_unsupported_layer_keys(src: SourceInfo, format_id: str, *, cfg: dict[str, Any] | None = None,

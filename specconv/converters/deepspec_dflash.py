@@ -22,7 +22,7 @@ def deepspec_layout(src: SourceInfo) -> DFlashLayout:
         mask_locations=[("mask_token_id", src.cfg("mask_token_id"))],
         block_nested={},
         sample_from_anchor=True,
-        sfa_source="DeepSpec drafts are anchor-first",
+        sample_from_anchor_source="DeepSpec drafts are anchor-first",
     )
 
 

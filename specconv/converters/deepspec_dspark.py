@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from specconv.errors import InvalidInputError
 
-from . import _common as c
+from . import _common as common
 from ._dflash import DFlashLayout, plan_dflash_family
 from ._dspark import (
     DSparkHeads,
@@ -68,7 +68,7 @@ def deepspec_heads(src: SourceInfo) -> DSparkHeads:
     return DSparkHeads(rank, mtype, enable, bool(cwm), where)
 
 
-def deepspec_layout_sfa(src: SourceInfo, opts) -> tuple[bool, str, list[tuple[str, str, str]]]:
+def deepspec_layout_sample_from_anchor(src: SourceInfo, opts) -> tuple[bool, str, list[tuple[str, str, str]]]:
     """Anchor-first unless the DeepSpec signature is missing; then ``--(no-)sample-from-anchor``."""
     missing = []
     if src.cfg("num_anchors") is None:
@@ -88,10 +88,10 @@ def deepspec_layout_sfa(src: SourceInfo, opts) -> tuple[bool, str, list[tuple[st
             code="ambiguous_layout",
             hint="pass --sample-from-anchor (DeepSpec, anchor-first) or --no-sample-from-anchor (SpecForge, 1+N)",
         )
-    sfa = opts.sample_from_anchor
-    return sfa, "--sample-from-anchor" if sfa else "--no-sample-from-anchor", [(
+    sample_from_anchor = opts.sample_from_anchor
+    return sample_from_anchor, "--sample-from-anchor" if sample_from_anchor else "--no-sample-from-anchor", [(
         "warning", "layout-from-flag",
-        f"block layout taken from the flag ({'anchor-first' if sfa else '1+N'}): the checkpoint lacks DeepSpec's "
+        f"block layout taken from the flag ({'anchor-first' if sample_from_anchor else '1+N'}): the checkpoint lacks DeepSpec's "
         f"{' and '.join(missing)}",
     )]
 
@@ -119,22 +119,22 @@ class DeepSpecDSpark(Converter):
 
     def plan(self, src, verifier, opts):
         heads = deepspec_heads(src)
-        sfa, sfa_source, extra = deepspec_layout_sfa(src, opts)
+        sample_from_anchor, sample_from_anchor_source, extra = deepspec_layout_sample_from_anchor(src, opts)
         layout = DFlashLayout(
             ids_key="target_layer_ids",
             ids=src.cfg("target_layer_ids"),
             allow_minus_one=True,
             mask_locations=[("mask_token_id", src.cfg("mask_token_id"))],
             block_nested={},
-            sample_from_anchor=sfa,
-            sfa_source=sfa_source,
-            extra_accept=c.DSPARK_HEADS,
+            sample_from_anchor=sample_from_anchor,
+            sample_from_anchor_source=sample_from_anchor_source,
+            extra_accept=common.DSPARK_HEADS,
             layer_drop=("attn_output_gate",),
             extra_findings=extra,
         )
         plan = plan_dflash_family(self, src, verifier, opts, layout, algorithm="dspark", extra_fields=heads.fields())
-        lcfg = plan.config.transformer_layer_config
-        check_head_tensors(src, plan, heads, hidden=lcfg["hidden_size"], vocab=lcfg["vocab_size"])
+        layer_config = plan.config.transformer_layer_config
+        check_head_tensors(src, plan, heads, hidden=layer_config["hidden_size"], vocab=layer_config["vocab_size"])
         notes = []
         if src.cfg("num_anchors") is not None:
             notes.append(f"num_anchors={src.cfg('num_anchors')} is DeepSpec's training anchor budget (not carried)")

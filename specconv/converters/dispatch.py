@@ -10,13 +10,17 @@ refusals, for every source without ``speculators_model_type``) and :data:`LAST`
 ``detect`` matches wins. Order exists only inside a list: a refusal is listed before the
 supported format it would otherwise be mistaken for.
 
-``docs/formats.md`` renders this table (:func:`routes_markdown`); ``tests/test_registry.py``
+``docs/formats.md`` renders this table (:func:`routes_markdown`); ``tests/converters/test_registry.py``
 checks that every registered format is reachable and every listed id registered.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Iterable
+
+from specconv.format.algorithms import algorithm_names
+
+from .base import PROJECTOR_DFLASH, PROJECTOR_DOMINO, PROJECTOR_DSPARK
 
 if TYPE_CHECKING:  # pragma: no cover
     from .base import Converter, SourceInfo
@@ -40,18 +44,26 @@ _DSPARK_EXPORTS = ("modelopt_dspark", "specforge_dspark")
 #: DSpark exports run before the refusals that look at tensor names / layout flags.
 _DSPARK_FAMILY = _DFLASH_REFUSALS[:3] + _DSPARK_EXPORTS + _DFLASH_REFUSALS[3:]
 
+#: Converters tried before ``speculators_<algorithm>`` on a Speculators dir of that algorithm:
+#: early speculators P-EAGLE branches (PRs #327–#480) carry the same discriminator.
+SPECULATORS_EARLY: dict[str, tuple[str, ...]] = {"speculators_peagle": ("speculators_peagle_early",)}
+
+
+def _speculators_routes() -> dict[str, tuple[str, ...]]:
+    """``speculators_model_type`` → candidates: every described algorithm is read by its
+    ``speculators_<name>`` converter (``speculators_trainer.py``), any other value is refused."""
+    routes = {name: (*SPECULATORS_EARLY.get(f"speculators_{name}", ()), f"speculators_{name}")
+              for name in algorithm_names()}
+    return {**routes, "*": ("speculators_other",)}
+
+
 #: discriminator → value → candidate format ids, in order (``*``: any other value).
 ROUTES: dict[str, dict[str, tuple[str, ...]]] = {
-    "speculators_model_type": {
-        "peagle": ("speculators_peagle_early", "speculators_peagle"),
-        "dflash": ("speculators_dflash",),
-        "dspark": ("speculators_dspark",),
-        "*": ("speculators_other",),
-    },
+    "speculators_model_type": _speculators_routes(),
     "projector_type": {
-        "dflash": _DFLASH_REFUSALS + ("modelopt_dflash",),
-        "dspark": _DSPARK_FAMILY,
-        "domino": ("domino",),
+        PROJECTOR_DFLASH: _DFLASH_REFUSALS + ("modelopt_dflash",),
+        PROJECTOR_DSPARK: _DSPARK_FAMILY,
+        PROJECTOR_DOMINO: ("domino",),
     },
     "architectures[0]": {
         "DFlashDraftModel": _DFLASH_REFUSALS + ("modelopt_dflash", "specforge_dflash", "zlab_dflash"),
@@ -85,7 +97,7 @@ def discriminators(src: "SourceInfo") -> list[tuple[str, str]]:
     if smt is not None:
         routes = ROUTES["speculators_model_type"]
         return [("speculators_model_type", smt if isinstance(smt, str) and smt in routes else "*")]
-    pt = src.dflash_config.get("projector_type")  # the algorithm: a stronger signal than the class name
+    pt = src.projector_type  # the algorithm: a stronger signal than the class name
     if isinstance(pt, str) and pt in ROUTES["projector_type"]:
         keys.append(("projector_type", pt))
     archs = src.architectures

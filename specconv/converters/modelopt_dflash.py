@@ -8,9 +8,9 @@ are skipped by the exporter. NVIDIA/Model-Optimizer
 
 from __future__ import annotations
 
-from . import _common as c
+from . import _common as common
 from ._dflash import plan_dflash_family
-from .base import Converter, SourceInfo, register
+from .base import PROJECTOR_DFLASH, Converter, SourceInfo, register
 from .zlab_dflash import zlab_layout
 
 
@@ -29,12 +29,12 @@ class ModelOptDFlash(Converter):
 
     @classmethod
     def detect(cls, src: SourceInfo) -> bool:
-        return isinstance(src.cfg("dflash_config"), dict) and src.dflash_config.get("projector_type") == "dflash" and (
+        return isinstance(src.cfg("dflash_config"), dict) and src.projector_type == PROJECTOR_DFLASH and (
             "DFlashDraftModel" in src.architectures or not src.architectures
         )
 
     def plan(self, src, verifier, opts):
-        c.require_layer_types_for_swa(src)
+        common.require_layer_types_for_swa(src)
         layout = zlab_layout(src)
         layout.extra_findings.append((
             "warning", "modelopt-layer-id-convention",

@@ -28,7 +28,7 @@ import re
 
 from specconv.errors import InvalidInputError
 
-from . import _common as c
+from . import _common as common
 from ._dflash import plan_dflash_family
 from ._dspark import (
     DSparkHeads,
@@ -118,16 +118,16 @@ class ModelOptDSpark(Converter):
 
     def plan(self, src, verifier, opts):
         dc = src.dflash_config
-        c.require_layer_types_for_swa(src)
+        common.require_layer_types_for_swa(src)
         heads = modelopt_heads(src)
         shift = dc.get("shift_label")
         layout = zlab_layout(src)
         if isinstance(shift, bool):
             layout.sample_from_anchor = shift
-            layout.sfa_source = f"dflash_config.shift_label={str(shift).lower()} (true = anchor-first)"
+            layout.sample_from_anchor_source = f"dflash_config.shift_label={str(shift).lower()} (true = anchor-first)"
         elif opts.sample_from_anchor is not None:
             layout.sample_from_anchor = opts.sample_from_anchor
-            layout.sfa_source = "--sample-from-anchor" if opts.sample_from_anchor else "--no-sample-from-anchor"
+            layout.sample_from_anchor_source = "--sample-from-anchor" if opts.sample_from_anchor else "--no-sample-from-anchor"
         else:
             raise InvalidInputError(
                 f"{src.path}/config.json has no dflash_config.shift_label; ModelOpt DSpark exports write "
@@ -136,7 +136,7 @@ class ModelOptDSpark(Converter):
                 hint="pass --sample-from-anchor (anchor-first) or --no-sample-from-anchor (1+N)",
             )
         layout.rename = modelopt_rename
-        layout.extra_accept = c.DSPARK_HEADS
+        layout.extra_accept = common.DSPARK_HEADS
         layout.layer_drop = ("projector_type", "shift_label", "use_confidence_head")
         layout.extra_findings.append((
             "warning", "modelopt-layer-id-convention",
@@ -144,8 +144,8 @@ class ModelOptDSpark(Converter):
             "them one-based — confirm acceptance with `specconv validate --source`",
         ))
         plan = plan_dflash_family(self, src, verifier, opts, layout, algorithm="dspark", extra_fields=heads.fields())
-        lcfg = plan.config.transformer_layer_config
-        check_head_tensors(src, plan, heads, hidden=lcfg["hidden_size"], vocab=lcfg["vocab_size"])
+        layer_config = plan.config.transformer_layer_config
+        check_head_tensors(src, plan, heads, hidden=layer_config["hidden_size"], vocab=layer_config["vocab_size"])
         renamed = sorted(t.source for t in plan.tensors if t.fate == "renamed" and not re.match(r"layers\.", t.source or ""))
         notes = [f"ModelOpt top-level head tensors renamed: {', '.join(renamed)}"] if renamed else []
         plan = maybe_prune(self, plan, src, verifier, opts)

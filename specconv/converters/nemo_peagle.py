@@ -18,7 +18,7 @@ from pathlib import Path
 
 from specconv.errors import InvalidInputError
 
-from . import _vocab as vb
+from ._vocab import read_mapping_file
 from ._peagle import PEagleLayout, plan_peagle_family, strip_prefix_rename
 from .aws_peagle import eagle_config
 from .base import Converter, SourceInfo, register
@@ -64,7 +64,7 @@ class NeMoPEagle(Converter):
         meta = find_eagle_meta(src.path)
         if meta is not None and not ({"d2t", "model.d2t"} & names):
             try:
-                extra = vb.read_mapping_file(meta)
+                extra = read_mapping_file(meta)
             except InvalidInputError as e:
                 if e.code == "unsafe_pickle":
                     raise

@@ -17,7 +17,7 @@ import json
 import re
 from typing import Any
 
-from .base import Converter, SourceInfo, register
+from .base import PROJECTOR_DOMINO, PROJECTOR_DSPARK, Converter, SourceInfo, register
 
 # --------------------------------------------------------------------------- helpers
 
@@ -42,7 +42,7 @@ def _is_dflash_family(src: SourceInfo) -> bool:
 def _is_dspark_like(src: SourceInfo) -> bool:
     return (
         any("DSpark" in a for a in src.architectures)
-        or src.dflash_config.get("projector_type") == "dspark"
+        or src.projector_type == PROJECTOR_DSPARK
         or src.cfg("markov_rank") is not None
         or src.dflash_config.get("markov_rank") is not None
     )
@@ -206,7 +206,7 @@ class Domino(Converter):
 
     @classmethod
     def detect(cls, src: SourceInfo) -> bool:
-        return "DominoDraftModel" in src.architectures or src.dflash_config.get("projector_type") == "domino"
+        return "DominoDraftModel" in src.architectures or src.projector_type == PROJECTOR_DOMINO
 
 
 @register

@@ -29,7 +29,7 @@ from typing import Any
 
 from specconv.errors import UnsupportedFormatError
 
-from . import _common as c
+from . import _common as common
 from ._dflash import DFlashLayout, plan_dflash_family
 from ._dspark import (
     DSparkHeads,
@@ -40,7 +40,7 @@ from ._dspark import (
     require_int,
     require_type,
 )
-from .base import Converter, SourceInfo, register
+from .base import PROJECTOR_DSPARK, Converter, SourceInfo, register
 
 #: Domino's head (SpecForge ``domino.py``): a GRU over the draft prefix + an embedding
 #: projection — no Speculators (or vLLM) counterpart.
@@ -57,7 +57,7 @@ def strip_logit_head(name: str) -> str:
 
 def hoisted(src: SourceInfo, key: str) -> tuple[Any, str | None]:
     """``dflash_config.<key>`` and/or top-level ``<key>`` (must agree)."""
-    return c.one_of(src, [(f"dflash_config.{key}", src.dflash_config.get(key)), (key, src.cfg(key))], key)
+    return common.one_of(src, [(f"dflash_config.{key}", src.dflash_config.get(key)), (key, src.cfg(key))], key)
 
 
 def specforge_heads(src: SourceInfo) -> DSparkHeads:
@@ -92,7 +92,7 @@ def specforge_heads(src: SourceInfo) -> DSparkHeads:
 def is_modelopt_dspark(src: SourceInfo) -> bool:
     """ModelOpt's DSpark export: head tensors at the top level or ModelOpt key names."""
     dc = src.dflash_config
-    if dc.get("projector_type") != "dspark":
+    if src.projector_type != PROJECTOR_DSPARK:
         return False
     if "use_confidence_head" in dc or "shift_label" in dc:
         return True
@@ -100,25 +100,25 @@ def is_modelopt_dspark(src: SourceInfo) -> bool:
     return bool(names & {"markov_w1.weight", "markov_w2.weight", "confidence_proj.weight"})
 
 
-def specforge_layout_sfa(src: SourceInfo, opts: Any) -> tuple[bool, str, list[tuple[str, str, str]]]:
+def specforge_layout_sample_from_anchor(src: SourceInfo, opts: Any) -> tuple[bool, str, list[tuple[str, str, str]]]:
     """Block layout: the checkpoint's ``sample_from_anchor`` (or ``shift_label``), else the
     flag (a warning when it asks for anchor-first), else SpecForge's documented 1+N."""
-    sfa_cfg, sfa_where = hoisted(src, "sample_from_anchor")
-    if sfa_cfg is None:
+    sample_from_anchor_cfg, sample_from_anchor_where = hoisted(src, "sample_from_anchor")
+    if sample_from_anchor_cfg is None:
         shift, shift_where = hoisted(src, "shift_label")
         if isinstance(shift, bool):
-            sfa_cfg, sfa_where = shift, f"{shift_where} (shift_label: true = anchor-first)"
-    if isinstance(sfa_cfg, bool):
-        return sfa_cfg, f"checkpoint {sfa_where}", []
+            sample_from_anchor_cfg, sample_from_anchor_where = shift, f"{shift_where} (shift_label: true = anchor-first)"
+    if isinstance(sample_from_anchor_cfg, bool):
+        return sample_from_anchor_cfg, f"checkpoint {sample_from_anchor_where}", []
     if opts.sample_from_anchor is None:
         return False, "SpecForge DSpark exports are 1+N (no sample_from_anchor key)", []
-    sfa = opts.sample_from_anchor
+    sample_from_anchor = opts.sample_from_anchor
     extra = [(
         "warning", "layout-from-flag",
         "--sample-from-anchor overrides SpecForge's documented 1+N DSpark layout (the checkpoint records "
         "none); acceptance collapses if the drafter was trained 1+N — check with `specconv validate`",
-    )] if sfa else []
-    return sfa, "--sample-from-anchor" if sfa else "--no-sample-from-anchor", extra
+    )] if sample_from_anchor else []
+    return sample_from_anchor, "--sample-from-anchor" if sample_from_anchor else "--no-sample-from-anchor", extra
 
 
 def _export_notes(src: SourceInfo, plan: Any, heads: Any) -> list[str]:
@@ -165,7 +165,7 @@ class SpecForgeDSpark(Converter):
             return False
         if "DSparkDraftModel" in src.architectures:
             return not is_modelopt_dspark(src)
-        return isinstance(src.cfg("dflash_config"), dict) and src.dflash_config.get("projector_type") == "dspark" and not is_modelopt_dspark(src)
+        return isinstance(src.cfg("dflash_config"), dict) and src.projector_type == PROJECTOR_DSPARK and not is_modelopt_dspark(src)
 
     def plan(self, src, verifier, opts):
         mode, where = hoisted(src, "attention_mode")
@@ -177,23 +177,23 @@ class SpecForgeDSpark(Converter):
             )
         heads = specforge_heads(src)
         ids, ids_key = hoisted(src, "target_layer_ids")
-        sfa, sfa_source, extra_findings = specforge_layout_sfa(src, opts)
+        sample_from_anchor, sample_from_anchor_source, extra_findings = specforge_layout_sample_from_anchor(src, opts)
         layout = DFlashLayout(
             ids_key=ids_key or "dflash_config.target_layer_ids",
             ids=ids,
             mask_locations=[("dflash_config.mask_token_id", src.dflash_config.get("mask_token_id")),
                             ("mask_token_id", src.cfg("mask_token_id"))],
-            sample_from_anchor=sfa,
-            sfa_source=sfa_source,
+            sample_from_anchor=sample_from_anchor,
+            sample_from_anchor_source=sample_from_anchor_source,
             rename=strip_logit_head,
-            extra_accept=c.DSPARK_HEADS,
+            extra_accept=common.DSPARK_HEADS,
             refuse=dict(DOMINO_TENSORS),
             layer_drop=("confidence_head_alpha", "attention_mode", "projector_type", "shift_label"),
             extra_findings=extra_findings,
         )
         plan = plan_dflash_family(self, src, verifier, opts, layout, algorithm="dspark", extra_fields=heads.fields())
-        lcfg = plan.config.transformer_layer_config
-        check_head_tensors(src, plan, heads, hidden=lcfg["hidden_size"], vocab=lcfg["vocab_size"])
+        layer_config = plan.config.transformer_layer_config
+        check_head_tensors(src, plan, heads, hidden=layer_config["hidden_size"], vocab=layer_config["vocab_size"])
         notes = _export_notes(src, plan, heads)
         plan = maybe_prune(self, plan, src, verifier, opts)
         return finish_plan(plan, heads, notes)

@@ -29,12 +29,20 @@ from pathlib import Path
 from typing import Any
 
 from specconv.errors import InvalidInputError, UnsupportedFormatError
+from specconv.fileio import read_json_object
 
 from .base import Converter, SourceInfo, refuse_unsupported_layer_keys, register
 
 STATE_FILE = "training_state.pt"
+#: SpecForge's ``strategy`` values (``specforge/training/checkpoint.py``): source facts, named once.
+STRATEGY_DFLASH = "dflash"
+STRATEGY_DSPARK = "dspark"
+STRATEGY_PEAGLE = "peagle"
+STRATEGY_EAGLE3 = "eagle3"
+STRATEGY_DOMINO = "domino"
 #: SpecForge strategy → Speculators algorithm (None: no Speculators equivalent).
-STRATEGIES: dict[str, str | None] = {"dflash": "dflash", "dspark": "dspark", "peagle": "peagle", "eagle3": None, "domino": None}
+STRATEGIES: dict[str, str | None] = {STRATEGY_DFLASH: "dflash", STRATEGY_DSPARK: "dspark", STRATEGY_PEAGLE: "peagle",
+                                     STRATEGY_EAGLE3: None, STRATEGY_DOMINO: None}
 PREFIXES = ("draft_model.", "_orig_mod.", "module.")
 
 
@@ -122,13 +130,8 @@ def read_draft_config(p: Path) -> dict[str, Any]:
     p = Path(p)
     if p.is_dir():
         p = p / "config.json"
-    try:
-        cfg = json.loads(p.read_text(encoding="utf-8"))
-    except (OSError, ValueError, RecursionError) as e:  # UnicodeDecodeError, JSONDecodeError, nesting
-        raise InvalidInputError(f"--draft-config {p}: cannot read JSON ({e})") from e
-    if not isinstance(cfg, dict):
-        raise InvalidInputError(f"--draft-config {p} is not a JSON object")
-    return cfg
+    return read_json_object(p, unreadable="--draft-config {path}: cannot read JSON ({error})",
+                            not_object="--draft-config {path} is not a JSON object")
 
 
 def materialise(sd: dict[str, Any], cfg: dict[str, Any]) -> Path:
@@ -220,9 +223,9 @@ def _strategy(state: dict[str, Any], state_path: Path, opts: Any) -> tuple[str, 
     if algo is None:
         raise UnsupportedFormatError(
             f"{state_path}: SpecForge strategy {strategy!r} has no Speculators equivalent "
-            + ("(EAGLE-3: use `speculators convert --algorithm eagle3` on a `to_hf` export)" if strategy == "eagle3"
-               else "(Domino's GRU head cannot be expressed)"),
-            format_id="eagle3" if strategy == "eagle3" else "domino",
+            + ("(EAGLE-3: use `speculators convert --algorithm eagle3` on a `to_hf` export)"
+               if strategy == STRATEGY_EAGLE3 else "(Domino's GRU head cannot be expressed)"),
+            format_id=strategy,
         )
     if opts.algorithm and opts.algorithm != algo:
         raise InvalidInputError(

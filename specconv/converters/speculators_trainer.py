@@ -41,13 +41,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from specconv.errors import InvalidInputError
+from specconv.format.algorithms import Algorithm, find_algorithm
+from specconv.format.algorithms import algorithm as describe
 from specconv.plan import ConversionPlan, LayerIdConversion
+from specconv.values import is_int
 
-from . import _common as c
-from . import _vocab as vb
+from . import _common as common
+from ._vocab import merge_vocab, resolve_vocab
 from .base import Converter, ConvertOptions, SourceInfo, register
-
-ALGORITHMS = ("peagle", "dflash", "dspark")
 
 #: Files a trainer checkpoint holds that are never published (speculators ``train/checkpointer.py``).
 TRAINING_FILES = (
@@ -55,16 +56,14 @@ TRAINING_FILES = (
     "train_command.txt", "run.yaml", "config.py",
 )
 
-#: Legacy training-only config keys, dropped with a note (per algorithm).
-LEGACY_DROP = {
-    "dflash": {"max_anchors": "training-only anchor budget (≤ v0.6); speculators and vLLM ignore it"},
-    "dspark": {"max_anchors": "training-only anchor budget (≤ v0.6); speculators and vLLM ignore it"},
-    "peagle": {
-        "down_sample_ratio": "COD training knob (moved out of the config in speculators #707)",
-        "down_sample_ratio_min": "COD training knob (moved out of the config in speculators #707)",
-        "loss_type": "training-only loss selector of early P-EAGLE branches",
-        "max_anchors": "training-only anchor budget",
-    },
+#: Legacy training-only config keys of the block drafters' trainer output, dropped with a note.
+BLOCK_LEGACY_DROP = {"max_anchors": "training-only anchor budget (≤ v0.6); speculators and vLLM ignore it"}
+#: Legacy training-only config keys of P-EAGLE trainer output, dropped with a note.
+PEAGLE_LEGACY_DROP = {
+    "down_sample_ratio": "COD training knob (moved out of the config in speculators #707)",
+    "down_sample_ratio_min": "COD training knob (moved out of the config in speculators #707)",
+    "loss_type": "training-only loss selector of early P-EAGLE branches",
+    "max_anchors": "training-only anchor budget",
 }
 
 #: First speculators release with the DSpark Markov prev-token alignment fix (PR #806,
@@ -75,7 +74,7 @@ DSPARK_MARKOV_FIX = "0.7.0"
 EARLY_MASK_KEYS = ("ptd_token_id", "unused_token_id")
 EARLY_DEPTH_KEYS = ("para_num", "para_depths")
 
-#: ``transformer_layer_config`` keys the typed config requires (specconv.speculators).
+#: ``transformer_layer_config`` keys the typed config requires (specconv.format).
 REQUIRED_LAYER_KEYS = (
     "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
     "num_key_value_heads", "head_dim", "rms_norm_eps",
@@ -96,25 +95,25 @@ def _version_before(v: Any, ref: str) -> bool | None:
         return None
 
 
-def _fill_layer_config(src: SourceInfo, tlc: dict[str, Any], notes: list[str]) -> dict[str, Any]:
+def _fill_layer_config(src: SourceInfo, layer_config: dict[str, Any], notes: list[str]) -> dict[str, Any]:
     """Fill keys ``to_diff_dict`` omitted with transformers' defaults for the model type."""
     where = f"{src.path}/config.json"
-    missing = [k for k in REQUIRED_LAYER_KEYS if k not in tlc]
-    no_theta = c.rope_theta_of(tlc, where) is None
+    missing = [k for k in REQUIRED_LAYER_KEYS if k not in layer_config]
+    no_theta = common.rope_theta_of(layer_config, where) is None
     if not missing and not no_theta:
-        return tlc
-    mt = tlc.get("model_type")
+        return layer_config
+    mt = layer_config.get("model_type")
     if not isinstance(mt, str):
         raise InvalidInputError(f"{where}: transformer_layer_config.model_type is missing")
-    auto_config = c.auto_config()  # outside the try: a missing transformers is exit 2, not a bad input
+    auto_config = common.auto_config()  # outside the try: a missing transformers is exit 2, not a bad input
     try:
-        full = auto_config.for_model(mt, **{k: v for k, v in tlc.items() if k != "model_type"}).to_dict()
+        full = auto_config.for_model(mt, **{k: v for k, v in layer_config.items() if k != "model_type"}).to_dict()
     except Exception as e:  # unknown model type or inconsistent keys
         raise InvalidInputError(
             f"{where}: transformer_layer_config lacks {missing + (['rope_theta'] if no_theta else [])} "
             f"and transformers cannot rebuild a {mt!r} config to fill them ({type(e).__name__}: {e})"
         ) from e
-    out = dict(tlc)
+    out = dict(layer_config)
     filled = []
     for k in missing:
         v = full.get(k)
@@ -125,7 +124,7 @@ def _fill_layer_config(src: SourceInfo, tlc: dict[str, Any], notes: list[str]) -
         out[k] = v
         filled.append(f"{k}={v!r}")
     if no_theta:
-        theta = c.rope_theta_of(full, f"transformers' {mt} defaults")
+        theta = common.rope_theta_of(full, f"transformers' {mt} defaults")
         if theta is None:
             raise InvalidInputError(f"{where}: transformer_layer_config has no rope_theta and {mt} no default")
         rp = dict(out.get("rope_parameters") or full.get("rope_parameters") or {"rope_type": "default"})
@@ -145,7 +144,9 @@ class _Normalising:
 
     raw: dict[str, Any]
     algo: str
+    alg: Algorithm
     where: str
+    legacy_drop: dict[str, str]
     findings: list = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
 
@@ -166,7 +167,7 @@ def _envelope(n: _Normalising) -> None:
     if "torch_dtype" in raw:
         raw.setdefault("dtype", raw["torch_dtype"])
         raw.pop("torch_dtype")
-    for key, why in LEGACY_DROP.get(n.algo, {}).items():
+    for key, why in n.legacy_drop.items():
         if key in raw:
             n.notes.append(f"legacy key {key}={raw.pop(key)!r} dropped: {why}")
 
@@ -174,28 +175,28 @@ def _envelope(n: _Normalising) -> None:
 def _layer_config(n: _Normalising, src: SourceInfo) -> dict[str, Any]:
     """``transformer_layer_config``: checked, omitted keys filled, RoPE checked (conflicts are
     errors; M-RoPE keys stripped with a finding)."""
-    tlc = n.raw.get("transformer_layer_config")
-    if not isinstance(tlc, dict):
+    layer_config = n.raw.get("transformer_layer_config")
+    if not isinstance(layer_config, dict):
         raise InvalidInputError(f"{n.where}: transformer_layer_config is missing or not an object")
     for k in ("vocab_size", "hidden_size", "num_hidden_layers"):
-        v = tlc.get(k)
-        if k in tlc and (not isinstance(v, int) or isinstance(v, bool) or v <= 0):
+        v = layer_config.get(k)
+        if k in layer_config and not is_int(v, minimum=1):
             raise InvalidInputError(f"{n.where}: transformer_layer_config.{k} must be a positive integer, got {v!r}")
     before = len(n.notes)
-    tlc = _fill_layer_config(src, tlc, n.notes)
+    layer_config = _fill_layer_config(src, layer_config, n.notes)
     if len(n.notes) > before:  # keys to_diff_dict omitted, filled from transformers' defaults
         from specconv.format import Finding
 
         n.findings.append(Finding("info", "layer-config-filled", n.notes[-1], "transformer_layer_config"))
     before = len(n.findings)
-    rp = c.resolve_rope(tlc, f"{n.where} transformer_layer_config", n.findings)
+    rp = common.resolve_rope(layer_config, f"{n.where} transformer_layer_config", n.findings)
     if len(n.findings) > before:  # M-RoPE keys stripped: write the one resolved RoPE, in both forms
-        tlc = {k: v for k, v in tlc.items() if k != "rope_scaling"}
-        tlc["rope_parameters"] = rp
-        if "rope_theta" in tlc:
-            tlc["rope_theta"] = rp["rope_theta"]
-    n.raw["transformer_layer_config"] = tlc
-    return tlc
+        layer_config = {k: v for k, v in layer_config.items() if k != "rope_scaling"}
+        layer_config["rope_parameters"] = rp
+        if "rope_theta" in layer_config:
+            layer_config["rope_theta"] = rp["rope_theta"]
+    n.raw["transformer_layer_config"] = layer_config
+    return layer_config
 
 
 def _mask_token(n: _Normalising, src: SourceInfo, opts: ConvertOptions, verifier: Any, V: int,
@@ -204,7 +205,7 @@ def _mask_token(n: _Normalising, src: SourceInfo, opts: ConvertOptions, verifier
     locs = [("mask_token_id", raw.get("mask_token_id"))]
     if early:
         locs += [(k, raw.get(k)) for k in EARLY_MASK_KEYS]
-    mask, mask_where = c.resolve_mask_token(src, opts, locs, verifier)
+    mask, mask_where = common.resolve_mask_token(src, opts, locs, verifier)
     for k in EARLY_MASK_KEYS:
         if k in raw:
             raw.pop(k)
@@ -233,14 +234,14 @@ def _peagle_depths(n: _Normalising, src: SourceInfo, opts: ConvertOptions, pm0: 
     raw, where, notes = n.raw, n.where, n.notes
     depth_locs = [("num_depths", raw.get("num_depths"))] + [(k, raw.get(k)) for k in EARLY_DEPTH_KEYS]
     for k, v in depth_locs:
-        if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < 1):
+        if v is not None and not is_int(v, minimum=1):
             raise InvalidInputError(
                 f"{where}: {k}={v!r} is not a depth count; specconv reads it as the number of trained depths "
                 "(low confidence for the early speculators P-EAGLE keys)",
                 code="legacy_key_unknown",
                 hint="remove the key, or pass --speculative-tokens with the trained K",
             )
-    depths, dk = c.one_of(src, depth_locs, "trained number of depths")
+    depths, dk = common.one_of(src, depth_locs, "trained number of depths")
     for k in EARLY_DEPTH_KEYS:
         if k in raw:
             raw.pop(k)
@@ -344,10 +345,10 @@ def _legacy_sample_from_anchor(n: _Normalising, opts: ConvertOptions, B: int, k_
     from specconv.format import legacy_sample_from_anchor
     from specconv.format import Finding
 
-    sfa = legacy_sample_from_anchor(B, k_file)  # the legacy rule (specconv.format.facts)
-    if sfa is False:
+    sample_from_anchor = legacy_sample_from_anchor(B, k_file)  # the legacy rule (specconv.format.facts)
+    if sample_from_anchor is False:
         rule = f"speculative_tokens {k_file} == block_size-1 → 1+N layout"
-    elif sfa is True:
+    elif sample_from_anchor is True:
         rule = f"speculative_tokens {k_file} == block_size → anchor-first layout"
     else:
         raise InvalidInputError(
@@ -356,16 +357,16 @@ def _legacy_sample_from_anchor(n: _Normalising, opts: ConvertOptions, B: int, k_
             code="missing_sample_from_anchor",
             hint="pass --sample-from-anchor or --no-sample-from-anchor (how the drafter was trained)",
         )
-    if opts.sample_from_anchor is not None and opts.sample_from_anchor != sfa:
+    if opts.sample_from_anchor is not None and opts.sample_from_anchor != sample_from_anchor:
         raise InvalidInputError(
             f"--{'' if opts.sample_from_anchor else 'no-'}sample-from-anchor contradicts the legacy rule "
             f"({rule})", code="conflicting_layout",
         )
-    n.raw["sample_from_anchor"] = sfa
+    n.raw["sample_from_anchor"] = sample_from_anchor
     n.findings.append(Finding("info", "sample-from-anchor-filled",
-                              f"sample_from_anchor was absent; written as {str(sfa).lower()} ({rule})",
+                              f"sample_from_anchor was absent; written as {str(sample_from_anchor).lower()} ({rule})",
                               "sample_from_anchor"))
-    return sfa
+    return sample_from_anchor
 
 
 def _block_layout(n: _Normalising, opts: ConvertOptions, pm0: dict[str, Any], k_file: Any) -> None:
@@ -375,29 +376,29 @@ def _block_layout(n: _Normalising, opts: ConvertOptions, pm0: dict[str, Any], k_
 
     raw, where, findings = n.raw, n.where, n.findings
     B = raw.get("block_size")
-    if not isinstance(B, int) or isinstance(B, bool) or B < 2:
+    if not is_int(B, minimum=2):
         raise InvalidInputError(f"{where}: block_size missing or invalid ({B!r}); it is never defaulted",
                                 code="missing_block_size")
-    sfa = raw.get("sample_from_anchor")
-    if sfa is None:
-        sfa = _legacy_sample_from_anchor(n, opts, B, k_file)
-    elif opts.sample_from_anchor is not None and opts.sample_from_anchor != sfa:
+    sample_from_anchor = raw.get("sample_from_anchor")
+    if sample_from_anchor is None:
+        sample_from_anchor = _legacy_sample_from_anchor(n, opts, B, k_file)
+    elif opts.sample_from_anchor is not None and opts.sample_from_anchor != sample_from_anchor:
         raise InvalidInputError(
             f"--{'' if opts.sample_from_anchor else 'no-'}sample-from-anchor contradicts the checkpoint's "
-            f"sample_from_anchor={str(sfa).lower()}", code="conflicting_layout",
+            f"sample_from_anchor={str(sample_from_anchor).lower()}", code="conflicting_layout",
         )
-    exp = speculative_tokens_for(B, sfa)  # the K rule (specconv.format.facts)
+    exp = speculative_tokens_for(B, sample_from_anchor)  # the K rule (specconv.format.facts)
     if opts.speculative_tokens is not None and opts.speculative_tokens != exp:
         raise InvalidInputError(
             f"--speculative-tokens {opts.speculative_tokens} contradicts block_size {B} with "
-            f"sample_from_anchor={str(sfa).lower()} (needs {exp})", code="conflicting_speculative_tokens",
+            f"sample_from_anchor={str(sample_from_anchor).lower()} (needs {exp})", code="conflicting_speculative_tokens",
         )
     if k_file != exp:
         findings.append(Finding("warning", "speculative-tokens-fixed",
                                 f"speculative_tokens {k_file!r} → {exp} (block_size {B}, "
-                                f"sample_from_anchor={str(sfa).lower()})", "speculative_tokens"))
+                                f"sample_from_anchor={str(sample_from_anchor).lower()})", "speculative_tokens"))
         pm0["speculative_tokens"] = exp
-    if n.algo == "dspark" and sfa:
+    if n.alg.markov_head and sample_from_anchor:
         _dspark_markov_warning(n)
 
 
@@ -424,10 +425,10 @@ def _dspark_markov_warning(n: _Normalising) -> None:
 def _aux_ids(n: _Normalising, opts: ConvertOptions) -> tuple[list[int] | None, LayerIdConversion | None]:
     """Aux ids from the checkpoint (already the speculators convention) or ``--aux-layer-ids``."""
     raw = n.raw
-    aux_key = "eagle_aux_hidden_state_layer_ids" if n.algo == "peagle" else "aux_hidden_state_layer_ids"
+    aux_key = n.alg.aux_ids_key
     ids = raw.get(aux_key)
     if ids is not None and (not isinstance(ids, list) or not ids
-                            or not all(isinstance(i, int) and not isinstance(i, bool) for i in ids)):
+                            or not all(is_int(i) for i in ids)):
         raise InvalidInputError(f"{n.where}: {aux_key} must be a non-empty list of integers, got {ids!r}",
                                 code="layer_ids_invalid")
     if opts.aux_layer_ids is not None:
@@ -447,7 +448,7 @@ def _aux_ids(n: _Normalising, opts: ConvertOptions) -> tuple[list[int] | None, L
     return final_ids, layer_ids
 
 
-def _tensors(conv: Any, n: _Normalising, src: SourceInfo, opts: ConvertOptions, tlc: dict[str, Any],
+def _tensors(conv: Any, n: _Normalising, src: SourceInfo, opts: ConvertOptions, layer_config: dict[str, Any],
              final_ids: list[int] | None, verifier: Any):
     """Every tensor copied (``verifier_*`` copies dropped), the vocabulary mapping checked."""
     names = set(src.tensor_names())
@@ -455,12 +456,12 @@ def _tensors(conv: Any, n: _Normalising, src: SourceInfo, opts: ConvertOptions, 
         raise InvalidInputError(f"{src.path}: no weights (model.safetensors or shards) next to config.json",
                                 code="missing_weights")
     reshape: dict[str, tuple[int, ...]] = {}
-    H = tlc["hidden_size"]
-    if n.algo == "peagle" and "mask_hidden" in names:
+    H = layer_config["hidden_size"]
+    if n.alg.mask_hidden and "mask_hidden" in names:
         A = len(final_ids) if final_ids else 3
         if math.prod(src.shape("mask_hidden")) == A * H:
             reshape["mask_hidden"] = (1, 1, A * H)
-    plans, dropped = c.tensor_plan(
+    plans, dropped = common.tensor_plan(
         src, opts, accept=(r".+",),
         drop={r"verifier_(lm_head|norm)\.weight": "training-only verifier copy (speculators never saves it)"},
         reshape=reshape, format_title=conv.title,
@@ -471,13 +472,13 @@ def _tensors(conv: Any, n: _Normalising, src: SourceInfo, opts: ConvertOptions, 
                                 code="missing_key")
     from ._peagle import logical_vocab
 
-    vocab = vb.resolve_vocab(src, opts, vocab_size=tlc["vocab_size"], draft_vocab_size=Vd, side_files=False,
-                             logical_vocab_size=logical_vocab(verifier, tlc["vocab_size"]))
-    plans, dropped = vb.merge_vocab(plans, dropped, vocab)
+    vocab = resolve_vocab(src, opts, vocab_size=layer_config["vocab_size"], draft_vocab_size=Vd, side_files=False,
+                             logical_vocab_size=logical_vocab(verifier, layer_config["vocab_size"]))
+    plans, dropped = merge_vocab(plans, dropped, vocab)
     n.findings += vocab.findings
     n.notes += vocab.notes
-    body_dtype = c.source_dtype(src, [p.source for p in plans if p.origin == "source" and p.source in src.store])
-    n.raw["dtype"] = c.dtype_name(c.out_dtype(body_dtype, opts))
+    body_dtype = common.source_dtype(src, [p.source for p in plans if p.origin == "source" and p.source in src.store])
+    n.raw["dtype"] = common.dtype_name(common.out_dtype(body_dtype, opts))
     return plans, dropped
 
 
@@ -499,7 +500,7 @@ def _typed_config(n: _Normalising, plans: list) -> Any:
     object.__setattr__(cfg, "__pydantic_fields_set__", set(type(cfg).model_fields))
     Vd = n.raw["draft_vocab_size"]
     if isinstance(cfg, DSparkConfig) and cfg.is_pruned:
-        w2 = c.get(plans, "markov_head.markov_w2.weight")
+        w2 = common.get(plans, "markov_head.markov_w2.weight")
         if w2 is not None and w2.shape[0] != Vd:
             raise InvalidInputError(f"markov_head.markov_w2.weight has {w2.shape[0]} rows, expected draft_vocab_size {Vd}")
     k_final = cfg.speculative_tokens
@@ -533,23 +534,25 @@ def normalise(conv: Any, src: SourceInfo, verifier: Any, opts: ConvertOptions, *
             invalid config.
     """
     raw = copy.deepcopy(src.config or {})
-    n = _Normalising(raw=raw, algo=raw.get("speculators_model_type"), where=f"{src.path}/config.json")
+    algo = raw.get("speculators_model_type")
+    n = _Normalising(raw=raw, algo=algo, alg=describe(algo), where=f"{src.path}/config.json",
+                     legacy_drop=conv.legacy_drop)
     _envelope(n)
-    tlc = _layer_config(n, src)
-    mask, mask_where = _mask_token(n, src, opts, verifier, tlc["vocab_size"], early)
+    layer_config = _layer_config(n, src)
+    mask, mask_where = _mask_token(n, src, opts, verifier, layer_config["vocab_size"], early)
     sc, pm0, k_file = _proposal(n)
-    if n.algo == "peagle":
+    if n.alg.parallel_drafting:
         _peagle_depths(n, src, opts, pm0, k_file)
         _peagle_norm_before_residual(n, opts)
-    if n.algo in ("dflash", "dspark"):
+    if n.alg.block_drafter:
         _block_layout(n, opts, pm0, k_file)
-    if n.algo == "dspark":
-        _dspark_heads_from_tensors(n, src, tlc["hidden_size"])
+    if n.alg.markov_head:
+        _dspark_heads_from_tensors(n, src, layer_config["hidden_size"])
     final_ids, layer_ids = _aux_ids(n, opts)
-    plans, dropped = _tensors(conv, n, src, opts, tlc, final_ids, verifier)
-    if n.algo == "peagle":
+    plans, dropped = _tensors(conv, n, src, opts, layer_config, final_ids, verifier)
+    if n.alg.parallel_drafting:
         _peagle_norm_flags(n, src, plans, final_ids)
-        if c.get(plans, "lm_head.weight") is not None:
+        if common.get(plans, "lm_head.weight") is not None:
             from ._peagle import lm_head_finding
 
             n.findings.append(lm_head_finding(conv.format_id, conv.title))
@@ -567,6 +570,8 @@ def normalise(conv: Any, src: SourceInfo, verifier: Any, opts: ConvertOptions, *
 
 class _SpeculatorsTrainer(Converter):
     algorithm = ""
+    #: legacy training-only config keys this algorithm's trainer output may hold (dropped)
+    legacy_drop: dict[str, str] = {}
     spec_ref = "vllm-project/speculators `src/speculators/train/checkpointer.py`, `src/speculators/models/*/config.py`"
     mapping = (
         "normalise, don't convert: tensors copied unchanged (verifier_* copies dropped), vocab mapping validated, "
@@ -586,7 +591,7 @@ class _SpeculatorsTrainer(Converter):
 def is_early_peagle(src: SourceInfo) -> bool:
     """F10: ``peagle`` with an early mask-token alias / COD key and no ``mask_token_id``."""
     return (
-        src.cfg("speculators_model_type") == "peagle"
+        src.cfg("speculators_model_type") == SpeculatorsEarlyPEagle.algorithm
         and src.cfg("mask_token_id") is None
         and any(src.cfg(k) is not None for k in EARLY_MASK_KEYS + EARLY_DEPTH_KEYS)
     )
@@ -596,6 +601,7 @@ def is_early_peagle(src: SourceInfo) -> bool:
 class SpeculatorsEarlyPEagle(_SpeculatorsTrainer):
     format_id = "speculators_peagle_early"
     algorithm = "peagle"
+    legacy_drop = PEAGLE_LEGACY_DROP
     title = "early speculators P-EAGLE branch (PRs #327–#480)"
     detection = "`speculators_model_type: peagle` with `ptd_token_id` (or `para_num`) and no `mask_token_id`"
     mapping = (
@@ -628,6 +634,7 @@ def _finding(level: str, code: str, msg: str):
 class SpeculatorsPEagle(_SpeculatorsTrainer):
     format_id = "speculators_peagle"
     algorithm = "peagle"
+    legacy_drop = PEAGLE_LEGACY_DROP
     title = "Speculators-format dir (speculators trainer output or a conversion) — P-EAGLE"
     detection = "`speculators_model_type: peagle` (trainer `save_path/<epoch>/` dirs or a published dir)"
 
@@ -640,6 +647,7 @@ class SpeculatorsPEagle(_SpeculatorsTrainer):
 class SpeculatorsDFlash(_SpeculatorsTrainer):
     format_id = "speculators_dflash"
     algorithm = "dflash"
+    legacy_drop = BLOCK_LEGACY_DROP
     title = "Speculators-format dir (speculators trainer output or a conversion) — DFlash"
     detection = "`speculators_model_type: dflash`"
 
@@ -648,6 +656,7 @@ class SpeculatorsDFlash(_SpeculatorsTrainer):
 class SpeculatorsDSpark(_SpeculatorsTrainer):
     format_id = "speculators_dspark"
     algorithm = "dspark"
+    legacy_drop = BLOCK_LEGACY_DROP
     title = "Speculators-format dir (speculators trainer output or a conversion) — DSpark"
     detection = "`speculators_model_type: dspark`"
 
@@ -668,4 +677,4 @@ class SpeculatorsOther(Converter):
     @classmethod
     def detect(cls, src: SourceInfo) -> bool:
         t = src.cfg("speculators_model_type")
-        return t is not None and t not in ALGORITHMS
+        return t is not None and find_algorithm(t) is None

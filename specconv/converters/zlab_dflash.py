@@ -6,7 +6,7 @@
 from __future__ import annotations
 
 from ._dflash import DFlashLayout, plan_dflash_family
-from .base import Converter, SourceInfo, register
+from .base import PROJECTOR_DFLASH, Converter, SourceInfo, register
 
 
 def zlab_layout(src: SourceInfo) -> DFlashLayout:
@@ -16,16 +16,15 @@ def zlab_layout(src: SourceInfo) -> DFlashLayout:
         ids=dc.get("target_layer_ids"),
         mask_locations=[("dflash_config.mask_token_id", dc.get("mask_token_id")), ("mask_token_id", src.cfg("mask_token_id"))],
         sample_from_anchor=False,
-        sfa_source="z-lab DFlash is 1+N: slot 0 holds the bonus token",
+        sample_from_anchor_source="z-lab DFlash is 1+N: slot 0 holds the bonus token",
     )
 
 
 def is_dflash_v1(src: SourceInfo, archs: tuple[str, ...]) -> bool:
-    dc = src.dflash_config
     return (
         bool(src.cfg("dflash_config") is not None and isinstance(src.cfg("dflash_config"), dict))
         and any(a in archs for a in src.architectures)
-        and dc.get("projector_type") in (None, "dflash")
+        and src.projector_type in (None, PROJECTOR_DFLASH)
     )
 
 

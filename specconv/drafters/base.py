@@ -98,11 +98,6 @@ class BlockOutput:
     confidence_logits: torch.Tensor | None = None
     confidence: torch.Tensor | None = None
 
-    @property
-    def per_depth_logits(self) -> torch.Tensor:
-        """Alias of ``draft_logits`` (P-EAGLE: row ``d`` is depth ``d``)."""
-        return self.draft_logits
-
 
 class VocabMap(nn.Module):
     """Draft→target vocabulary mapping (vLLM ``vllm/model_executor/models/llama_eagle3.py``).

@@ -143,7 +143,7 @@ class DraftSession:
     the ``algorithm`` / ``num_draft_tokens`` / ``aux_layer_ids`` attributes), so the
     validation loop drives it like the stateless drafter. Open one per request with
     ``drafter.new_session()``; the results equal the stateless path's up to float
-    rounding (fp32: same greedy tokens; ``tests/test_drafter_cache.py``).
+    rounding (fp32: same greedy tokens; ``tests/drafters/test_drafter_cache.py``).
     """
 
     def __init__(self, drafter: "Drafter") -> None:

@@ -129,10 +129,6 @@ class Linear(nn.Module):
         self.weight = _param(weight)
         self.bias = _param(bias) if bias is not None else None
 
-    @property
-    def out_features(self) -> int:
-        return self.weight.shape[0]
-
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return F.linear(x, self.weight, self.bias)
 

@@ -35,11 +35,12 @@ import json
 import os
 import re
 import tempfile
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from ..errors import InvalidInputError, UsageError
+from ..fileio import atomic_write, read_json_object
 from ..outdir import KINDS
 from ..results import BuildEngineResult
 
@@ -375,11 +376,11 @@ def build_engine_dir(drafter_dir: str | Path, onnx_path: str | Path | None, opts
 
 def _graph_of(d: Path, onnx_path: str | Path | None) -> tuple[Path, str, dict, dict]:
     """``(graph path, its path in the meta dir, meta, the meta's graph entry)``, after the
-    format-version and sha256 checks (:func:`~.ort_drafter.resolve_graph`)."""
-    from .ort_drafter import _check_files, resolve_graph
+    format-version and sha256 checks (:func:`~.ort_drafter.resolve_graph`, :func:`~.ort_drafter.check_graph`)."""
+    from .ort_drafter import check_graph, resolve_graph
 
     graph, meta_dir, meta = resolve_graph(onnx_path or d / "onnx" / "drafter.onnx")
-    rel = _check_files(graph, meta_dir, meta, d)
+    rel = check_graph(graph, meta_dir, meta, d)
     return graph, rel, meta, meta["graphs"][rel]
 
 
@@ -472,24 +473,13 @@ def _update_manifest(trt_dir: Path, build: dict) -> dict:
     p = trt_dir / "manifest.json"
     data: dict[str, Any] = {"format": KINDS["engines"].format, "format_version": 1, "variants": []}
     if p.is_file():
-        try:
-            data = json.loads(p.read_text())
-        except ValueError as e:
-            raise InvalidInputError(f"{p}: invalid JSON ({e}); not overwriting it") from e
+        data = read_json_object(p, unreadable="{path}: invalid JSON ({error}); not overwriting it",
+                                not_object="{path}: not a JSON object; not overwriting it")
     keep = [v for v in data.get("variants", []) if v.get("key") != build["key"]]
     entry = {k: build[k] for k in ("key", "builder", "trt_version", "cuda_major", "compute_capability",
                                    "target_compute_capabilities", "dtype", "hardware_compat",
                                    "version_compatible", "onnx_sha256", "plan_sha256")}
     entry["path"] = f"{build['key']}/drafter.plan"
     data["variants"] = sorted([*keep, entry], key=lambda v: v["key"])
-    fd, tmp = tempfile.mkstemp(prefix=".manifest.", dir=trt_dir)
-    with os.fdopen(fd, "w") as f:
-        f.write(json.dumps(data, indent=2, sort_keys=True) + "\n")
-    os.chmod(tmp, 0o644)
-    os.replace(tmp, p)
+    atomic_write(p, json.dumps(data, indent=2, sort_keys=True) + "\n")
     return data
-
-
-def options_dict(opts: BuildOptions) -> dict:
-    """JSON-able options (for reports)."""
-    return asdict(opts)

@@ -1,31 +1,30 @@
-"""A built TensorRT engine as the drafter of the acceptance loop (``validate --engine``).
+"""A built TensorRT engine as a drafter runtime (``validate --engine``; registered as
+``tensorrt`` in :data:`specconv.validate.runtimes.RUNTIMES`: :func:`load`, :func:`preflight_engine`).
 
 :func:`preflight_engine` does every refusal before a TensorRT object exists (TensorRT
-segfaults after a CUDA initialisation failure on a CPU machine): no CUDA GPU, no
-``tensorrt`` / ``tensorrt_rtx`` module, a TensorRT version or compute-capability mismatch
-with ``build.json`` (unless the build was version-compatible / hardware-compatible), a
-plan whose sha256 differs from ``build.json``, an engine built from another drafter.
-:class:`EngineDrafter` then deserializes the plan and runs it with torch CUDA tensors
-through the name-based I/O API of TensorRT 10.15+ / 11.x (``set_input_shape``,
+segfaults after a CUDA initialisation failure on a CPU machine; the list: docs/engines.md).
+:class:`EngineDrafter` then deserializes ``DIR/trt/<key>/drafter.plan`` and runs it with torch
+CUDA tensors through the name-based I/O API of TensorRT 10.15+ / 11.x (``set_input_shape``,
 ``set_tensor_address``, ``execute_async_v3``; NVIDIA TensorRT Python API reference,
-``IExecutionContext``), with the feeds of :class:`.ort_drafter.OrtDrafter`.
-
-Layout read (docs/engines.md): ``DIR/trt/<key>/drafter.plan`` + ``build.json``.
+``IExecutionContext``), fed like every exported step (:meth:`.graph_drafter.GraphDrafter.feeds`).
 """
 
 from __future__ import annotations
 
 import json
-import types
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
 from ..errors import InvalidInputError
+from .graph_drafter import GraphDrafter
 
-__all__ = ["EngineDrafter", "preflight_engine", "resolve_engine", "check_versions", "run_engine",
+if TYPE_CHECKING:
+    from ..verifier import Verifier
+
+__all__ = ["EngineDrafter", "load", "preflight_engine", "resolve_engine", "check_versions", "run_engine",
            "cuda_available"]
-
 
 
 def cuda_available() -> bool:
@@ -160,8 +159,9 @@ def check_provenance(plan: Path, build: dict, drafter_dir: Path) -> None:
                                 "of config.json / weights differ)", code="engine_other_drafter")
 
 
-def preflight_engine(path: str | Path, drafter_dir: str | Path) -> tuple[Path, dict, object]:
-    """Every ``--engine`` refusal, before any TensorRT object is created.
+def preflight_engine(path: str | Path, drafter_dir: str | Path, dtype: str | None = None) -> tuple[Path, dict, object]:
+    """Every ``--engine`` refusal, before any TensorRT object is created (``dtype``, the run's,
+    is unused: the plan has its own).
 
     Returns:
         ``(plan path, build.json dict, runtime module)``.
@@ -255,20 +255,14 @@ def deserialize(trt, plan: Path, build: dict):
     return runtime, engine
 
 
-_META_KEYS = ("algorithm", "block_size", "num_draft_tokens", "aux_layer_ids", "mask_token_id",
-              "draft_vocab_size", "dynamic")
-
-
-def _graph_meta(build: dict, drafter_dir: Path) -> dict:
-    """The drafter facts of the graph the engine was built from (``build.json``
-    ``drafter_meta``, else ``DIR/onnx/onnx_meta.json``)."""
-    if build.get("drafter_meta"):
-        return build["drafter_meta"]
+def _read_graph_facts(drafter: GraphDrafter, build: dict, drafter_dir: Path) -> None:
+    """The facts of the graph the engine was built from (``build.json`` ``drafter_meta``, else
+    ``DIR/onnx/onnx_meta.json``), bounded by the engine profile's context."""
     meta_p = drafter_dir / "onnx" / "onnx_meta.json"
     try:
-        meta = json.loads(meta_p.read_text())
-        g = meta["graphs"][build["onnx"]]
-        return {**{k: meta[k] for k in _META_KEYS}, "inputs": g["inputs"], "outputs": g["outputs"]}
+        meta = build.get("drafter_meta") or json.loads(meta_p.read_text())
+        io = meta if build.get("drafter_meta") else meta["graphs"][build["onnx"]]
+        drafter._read_facts(meta, io, _profile_max_context(build, int(meta["dynamic"]["context"]["max"])))
     except (OSError, ValueError, KeyError) as e:
         raise InvalidInputError(f"--engine: the graph facts are neither in build.json nor in {meta_p} ({e})",
                                 code="engine_build_json") from e
@@ -283,13 +277,16 @@ def _profile_max_context(build: dict, graph_max: int) -> int:
     return graph_max
 
 
-class EngineDrafter:
-    """A TensorRT engine (``trt/<key>/drafter.plan``) as the drafter, batch 1, on CUDA.
+def load(drafter_dir: Path, verifier: "Verifier", *, path: str | Path, dtype: str, device: str,
+         config: object = None) -> "EngineDrafter":
+    """The registry's loader: the engine at ``path`` (checked against ``drafter_dir``), on CUDA
+    at the plan's dtype whatever ``dtype`` / ``device``; the verifier is not needed."""
+    return EngineDrafter(path, drafter_dir)
 
-    Same surface as :class:`.ort_drafter.OrtDrafter`: ``propose(context_tokens,
-    aux_hidden, temperature=, generator=)`` → :class:`~specconv.drafters.DraftProposal`,
-    plus ``algorithm``, ``block_size``, ``num_draft_tokens``, ``aux_layer_ids``,
-    ``device`` (cuda), ``dtype`` (the plan's float dtype).
+
+class EngineDrafter(GraphDrafter):
+    """A TensorRT engine (``trt/<key>/drafter.plan``) as the drafter, batch 1, on CUDA, with the
+    surface of :class:`.graph_drafter.GraphDrafter` (``device`` cuda, ``dtype`` the plan's).
 
     Args:
         path: ``--engine`` PATH (a ``trt/<key>/`` dir or its ``drafter.plan``).
@@ -300,53 +297,25 @@ class EngineDrafter:
             deserialize (exit 3).
     """
 
+    KIND = "engine"
+    SAMPLING_NEEDS = "an engine built from a graph exported with --sampling-noise and --outputs including logits"
+
     def __init__(self, path: str | Path, drafter_dir: str | Path):
         plan, build, trt = preflight_engine(path, drafter_dir)
-        m = _graph_meta(build, Path(drafter_dir))
+        _read_graph_facts(self, build, Path(drafter_dir))
         self.path, self.build, self.trt = plan, build, trt
         self.graph_dtype = str(build["dtype"])
-        self.algorithm = m["algorithm"]
-        self.block_size = int(m["block_size"])
-        self.num_draft_tokens = int(m["num_draft_tokens"])
-        self.aux_layer_ids = list(m["aux_layer_ids"])
-        self.max_context = _profile_max_context(build, int(m["dynamic"]["context"]["max"]))
-        self.output_names = [o["name"] for o in m.get("outputs", [])]
-        # the ORT drafter's feeds (numpy, fp32), cast per tensor to the engine's dtypes in run_engine
-        self._feed_view = types.SimpleNamespace(
-            algorithm=self.algorithm, block_size=self.block_size, num_draft_tokens=self.num_draft_tokens,
-            mask_token_id=int(m["mask_token_id"]), draft_vocab_size=int(m["draft_vocab_size"]),
-            graph_dtype="float32", input_names=[i["name"] for i in m.get("inputs", [])])
         self.device = torch.device("cuda")
         self.dtype = getattr(torch, self.graph_dtype)
         self.runtime, self.engine = deserialize(trt, plan, build)
         self.context = self.engine.create_execution_context()
 
-    @torch.no_grad()
-    def propose(self, context_tokens: torch.Tensor, aux_hidden: torch.Tensor, *,
-                temperature: float = 0.0, generator=None):
-        """One drafting step (contract of :meth:`specconv.drafters.Drafter.propose`).
+    def describe(self) -> dict:
+        """What ran (``report["engine"]``): the plan and its build facts."""
+        return {"engine": str(self.path), "build": {x: self.build.get(x) for x in (
+            "key", "builder", "trt_version", "compute_capability", "dtype", "hardware_compat", "version_compatible")}}
 
-        Raises:
-            InvalidInputError: context longer than the graph's ``--max-context``.
-            UsageError: ``temperature > 0`` without ``sampling_noise`` / ``logits``.
-        """
-        from ..drafters import DraftProposal
-        from ..errors import UsageError
-        from .ort_drafter import OrtDrafter
-
-        tokens = context_tokens.reshape(-1).to("cpu", torch.long)
-        aux = aux_hidden.reshape(-1, aux_hidden.shape[-1])
-        if aux.shape[0] > self.max_context:
-            raise InvalidInputError(f"context of {aux.shape[0]} positions exceeds the engine's max context "
-                                    f"{self.max_context}", code="context_too_long")
-        if temperature > 0 and ("sampling_noise" not in self._feed_view.input_names
-                                or "logits" not in self.output_names):
-            raise UsageError("temperature > 0 needs an engine built from a graph exported with "
-                             "--sampling-noise and --outputs including logits")
-        feeds = OrtDrafter._inputs(self._feed_view, tokens, aux, temperature, generator)
-        tens = {n: torch.from_numpy(v) for n, v in feeds.items()}
-        outs = run_engine(self.trt, self.engine, self.context, tens, torch.cuda.current_stream().cuda_stream)
+    def _run(self, feeds: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        outs = run_engine(self.trt, self.engine, self.context, feeds, torch.cuda.current_stream().cuda_stream)
         torch.cuda.synchronize()
-        logits = outs["logits"][0].float() if "logits" in outs else None
-        conf = outs["confidence"][0].float() if "confidence" in outs else None
-        return DraftProposal(tokens=outs["draft_ids"][0].long(), logits=logits, confidence=conf)
+        return outs

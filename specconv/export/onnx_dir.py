@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import GateFailedError, InvalidInputError, UsageError
+from ..fileio import read_json_object
 from ..outdir import KINDS, OutputTemp, check_replaceable, clean_stale, move_into_place
 from ..results import ExportOnnxResult
 from ..versions import library_versions
@@ -76,16 +77,6 @@ def graph_for_dtype(meta: dict, dtype: str | None) -> str:
     return next((rel for rel, g in sorted(graphs.items()) if (g or {}).get("dtype") == dtype), GRAPH_NAME)
 
 
-def _read_json(p: Path) -> dict:
-    try:
-        d = json.loads(p.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as e:
-        raise InvalidInputError(f"{p}: cannot read ({e})", code="not_speculators_dir") from e
-    if not isinstance(d, dict):
-        raise InvalidInputError(f"{p}: not a JSON object", code="not_speculators_dir")
-    return d
-
-
 def _check_dir(d: Path) -> dict:
     from ..format import speculators_model_type_of
 
@@ -93,7 +84,7 @@ def _check_dir(d: Path) -> dict:
         raise InvalidInputError(
             f"{d} is not a Speculators-format directory (no config.json with speculators_model_type)",
             code="not_speculators_dir", hint=f"convert it first: specconv convert {d} --verifier V -o OUT")
-    return _read_json(d / "config.json")
+    return read_json_object(d / "config.json", code="not_speculators_dir")
 
 
 def default_verifier(d: Path) -> str | None:
@@ -191,7 +182,7 @@ def export_onnx_dir(drafter_dir: str | Path, out: str | Path | None = None, *,
 
     Returns:
         :class:`~specconv.results.ExportOnnxResult` (also the ``export.onnx`` section of
-        ``DIR/specconv.json``, :class:`~specconv.record.OnnxExport`); with ``out`` unset the
+        ``DIR/specconv.json``, :class:`~specconv.results.OnnxExport`); with ``out`` unset the
         drafter dir's card is refreshed (it lists the graphs).
 
     Raises:
@@ -249,9 +240,9 @@ def _finish_export(d: Path, result: dict[str, Any], *, card: bool) -> None:
     except OSError as e:  # read-only drafter dir: the export itself is complete
         log.warning("could not record the export in %s/specconv.json: %s", d, e)
     if card:
-        from ..publish.card import refresh_local_card
+        from ..record import card_function
 
-        refresh_local_card(d)
+        card_function("refresh_local_card")(d)
 
 
 def _check_settings(s, dtype: str) -> None:

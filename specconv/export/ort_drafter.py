@@ -1,10 +1,8 @@
-"""ONNX Runtime as the drafter of the acceptance loop (``specconv validate --onnx``).
+"""ONNX Runtime as a drafter runtime (``specconv validate --onnx``; registered as ``onnx`` in
+:data:`specconv.validate.runtimes.RUNTIMES`: :func:`load`, :func:`preflight`).
 
-:class:`OrtDrafter` has the drafter surface the loop (:mod:`specconv.validate.loop`)
-uses — ``propose(context_tokens, aux_hidden, temperature=, generator=)`` returning a
-:class:`~specconv.drafters.DraftProposal`, plus ``num_draft_tokens``, ``aux_layer_ids``,
-``algorithm``, ``block_size``, ``device``, ``dtype`` — and runs an exported
-``drafter.onnx`` (stateless contract, :mod:`.wrappers`) at batch 1.
+:class:`OrtDrafter` runs an exported ``drafter.onnx`` (stateless contract, :mod:`.wrappers`)
+at batch 1 with the drafter surface of :class:`.graph_drafter.GraphDrafter`.
 
 Before loading it checks the graph against its ``onnx_meta.json``: the sha256 of the
 graph and weights files (a truncated or edited file is refused) and of the drafter files
@@ -15,13 +13,18 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
-from ..errors import InvalidInputError, UsageError
+from ..errors import InvalidInputError
+from .graph_drafter import GraphDrafter
 
-__all__ = ["OrtDrafter", "ComparingDrafter", "resolve_graph"]
+if TYPE_CHECKING:
+    from ..verifier import Verifier
+
+__all__ = ["OrtDrafter", "check_graph", "load", "preflight", "resolve_graph"]
 
 _NP_DTYPES = {"float32": np.float32, "float16": np.float16}
 
@@ -61,8 +64,14 @@ def resolve_graph(path: str | Path, dtype: str | None = None) -> tuple[Path, Pat
     return graph, meta_dir, meta
 
 
-def _check_files(graph: Path, meta_dir: Path, meta: dict, drafter_dir: Path | None) -> str:
-    from .onnx_dir import drafter_file_hashes
+def check_graph(graph: Path, meta_dir: Path, meta: dict, drafter_dir: Path | None) -> str:
+    """The graph and its data file have the sha256 of ``onnx_meta.json`` and come from
+    ``drafter_dir`` (None: not checked). Returns the graph's path in the meta dir.
+
+    Raises:
+        InvalidInputError: unlisted, truncated / modified, or from another drafter (exit 3).
+    """
+    from ..record import file_hashes
     from ..tensors import sha256_file
 
     rel = graph.relative_to(meta_dir).as_posix()
@@ -75,16 +84,35 @@ def _check_files(graph: Path, meta_dir: Path, meta: dict, drafter_dir: Path | No
         if not f.is_file() or sha256_file(f) != want:
             raise InvalidInputError(f"{f}: sha256 differs from onnx_meta.json (truncated or modified "
                                     "file); export again", code="onnx_corrupt")
-    if drafter_dir is not None:
-        have = drafter_file_hashes(Path(drafter_dir))
-        if have != meta.get("drafter_files"):
-            raise InvalidInputError(
-                f"{graph} was exported from a different drafter than {drafter_dir} (the sha256 of "
-                "config.json / weights differ)", code="onnx_other_drafter")
+    if drafter_dir is not None and file_hashes(drafter_dir) != meta.get("drafter_files"):
+        raise InvalidInputError(
+            f"{graph} was exported from a different drafter than {drafter_dir} (the sha256 of "
+            "config.json / weights differ)", code="onnx_other_drafter")
     return rel
 
 
-class OrtDrafter:
+def preflight(path: str | Path, drafter_dir: str | Path, dtype: str | None = None) -> None:
+    """Every ``--onnx`` refusal before a model is loaded (:func:`resolve_graph`, :func:`check_graph`).
+
+    Raises:
+        MissingExtraError: the ``onnx`` extra is not installed (exit 2).
+        InvalidInputError: missing / old-format / corrupt / foreign graph (exit 3).
+    """
+    from ..extras import require_extra
+
+    require_extra("onnx", feature="specconv validate --onnx")
+    graph, meta_dir, meta = resolve_graph(path, dtype)
+    check_graph(graph, meta_dir, meta, Path(drafter_dir))
+
+
+def load(drafter_dir: Path, verifier: "Verifier", *, path: str | Path, dtype: str, device: str,
+         config: object = None) -> "OrtDrafter":
+    """The registry's loader: the graph at ``path`` (checked against ``drafter_dir``), run on
+    the CPU whatever ``device``; the verifier is not needed (its tensors are in the graph)."""
+    return OrtDrafter(path, drafter_dir, dtype=dtype)
+
+
+class OrtDrafter(GraphDrafter):
     """An exported drafter graph run by ONNX Runtime (CPU), batch 1.
 
     Args:
@@ -97,10 +125,12 @@ class OrtDrafter:
         InvalidInputError: missing / corrupt / foreign graph.
     """
 
+    CONTEXT_HINT = " (export with a larger --max-context)"
+
     def __init__(self, path: str | Path, drafter_dir: str | Path | None = None, *,
                  dtype: str | None = None):
         graph, meta_dir, meta = resolve_graph(path, dtype)
-        rel = _check_files(graph, meta_dir, meta, Path(drafter_dir) if drafter_dir else None)
+        rel = check_graph(graph, meta_dir, meta, Path(drafter_dir) if drafter_dir else None)
         g = (meta.get("graphs") or {}).get(rel) or {}
         self.path = graph
         self.meta = meta
@@ -108,15 +138,7 @@ class OrtDrafter:
         if self.graph_dtype not in _NP_DTYPES:
             raise InvalidInputError(f"{graph}: ONNX Runtime (CPU) cannot run a {self.graph_dtype} graph; "
                                     "use the fp32 twin (fp32/drafter.onnx)", code="onnx_dtype")
-        self.algorithm = meta["algorithm"]
-        self.block_size = int(meta["block_size"])
-        self.num_draft_tokens = int(meta["num_draft_tokens"])
-        self.aux_layer_ids = list(meta["aux_layer_ids"])
-        self.mask_token_id = int(meta["mask_token_id"])
-        self.draft_vocab_size = int(meta["draft_vocab_size"])
-        self.max_context = int(meta["dynamic"]["context"]["max"])
-        self.input_names = [i["name"] for i in g.get("inputs", [])]
-        self.output_names = [o["name"] for o in g.get("outputs", [])]
+        self._read_facts(meta, g)
         self.device = torch.device("cpu")
         self.dtype = getattr(torch, self.graph_dtype)
         from .parity import ort_session
@@ -127,98 +149,11 @@ class OrtDrafter:
             raise InvalidInputError(f"{graph}: ONNX Runtime cannot load it ({str(e)[:300]})",
                                     code="onnx_corrupt") from e
 
-    def _inputs(self, tokens: torch.Tensor, aux: torch.Tensor, temperature: float,
-                generator) -> dict[str, np.ndarray]:
-        T = int(aux.shape[0])
-        pos = np.arange(T, dtype=np.int32)[None]
-        feeds = {"aux_hidden": aux.detach().to("cpu", torch.float32).numpy()
-                 .astype(_NP_DTYPES[self.graph_dtype])[None],
-                 "ctx_position_ids": pos, "ctx_valid": np.ones((1, T), dtype=bool)}
-        if self.algorithm == "peagle":
-            S = self.num_draft_tokens - 1
-            feeds["context_ids"] = tokens[1:T + 1].numpy().astype(np.int32)[None]
-            feeds["block_ids"] = np.full((1, S), self.mask_token_id, dtype=np.int32)
-        else:
-            S = self.block_size
-            blk = np.full((1, S), self.mask_token_id, dtype=np.int32)
-            blk[0, 0] = int(tokens[T])
-            feeds["block_ids"] = blk
-        feeds["block_position_ids"] = (T + np.arange(S, dtype=np.int32))[None]
-        if "sampling_noise" in self.input_names:
-            shape = (1, self.num_draft_tokens, self.draft_vocab_size)
-            if temperature > 0:
-                u = torch.rand(shape, generator=generator).clamp_(1e-20, 1.0)
-                feeds["sampling_noise"] = (-torch.log(-torch.log(u)) * float(temperature)).numpy()
-            else:
-                feeds["sampling_noise"] = np.zeros(shape, dtype=np.float32)
-        return feeds
+    def describe(self) -> dict:
+        """What ran (``report["onnx"]``): the graph file and its dtype."""
+        return {"graph": str(self.path), "graph_dtype": self.graph_dtype}
 
-    @torch.no_grad()
-    def propose(self, context_tokens: torch.Tensor, aux_hidden: torch.Tensor, *,
-                temperature: float = 0.0, generator=None):
-        """One drafting step (same contract as :meth:`specconv.drafters.Drafter.propose`).
-
-        Raises:
-            InvalidInputError: the context is longer than the graph's ``--max-context``.
-            UsageError: ``temperature > 0`` with a graph exported without
-                ``sampling_noise`` / ``logits``.
-        """
-        from ..drafters import DraftProposal
-
-        tokens = context_tokens.reshape(-1).to("cpu", torch.long)
-        aux = aux_hidden.reshape(-1, aux_hidden.shape[-1])
-        if aux.shape[0] > self.max_context:
-            raise InvalidInputError(f"context of {aux.shape[0]} positions exceeds the graph's max "
-                                    f"context {self.max_context} (export with a larger --max-context)",
-                                    code="context_too_long")
-        if temperature > 0 and ("sampling_noise" not in self.input_names
-                                or "logits" not in self.output_names):
-            raise UsageError("temperature > 0 needs a graph exported with --sampling-noise and "
-                             "--outputs including logits")
-        outs = dict(zip(self.output_names, self.session.run(None, self._inputs(tokens, aux, temperature, generator))))
-        logits = torch.from_numpy(outs["logits"][0]) if "logits" in outs else None
-        conf = torch.from_numpy(outs["confidence"][0]) if "confidence" in outs else None
-        return DraftProposal(tokens=torch.from_numpy(outs["draft_ids"][0]).long(), logits=logits,
-                             confidence=conf)
-
-
-class ComparingDrafter:
-    """Proposes with ``primary`` (ONNX Runtime) and compares each step with ``reference``
-    (the torch drafter) on the same inputs.
-
-    Counts: ``steps``, ``drafts`` compared, ``mismatches``, ``near_ties`` (drafts whose
-    torch top-1/top-2 logit margin is below ``margin``) and ``near_tie_mismatches``.
-    """
-
-    def __init__(self, primary: OrtDrafter, reference, *, margin: float = 1e-4):
-        self.primary, self.reference, self.margin = primary, reference, float(margin)
-        for a in ("algorithm", "block_size", "num_draft_tokens", "aux_layer_ids", "device", "dtype"):
-            setattr(self, a, getattr(primary, a))
-        self.steps = self.drafts = self.mismatches = self.near_ties = self.near_tie_mismatches = 0
-        self.primary_ms: list[float] = []  # the loop's draft_ms also counts the comparison
-
-    def propose(self, context_tokens, aux_hidden, *, temperature: float = 0.0, generator=None):
-        import time
-
-        t0 = time.perf_counter()
-        prop = self.primary.propose(context_tokens, aux_hidden, temperature=temperature, generator=generator)
-        self.primary_ms.append((time.perf_counter() - t0) * 1e3)
-        if temperature <= 0:
-            ref = self.reference.propose(context_tokens.to(self.reference.device),
-                                         aux_hidden.to(self.reference.device, self.reference.dtype))
-            self.last_reference = ref  # the engine comparison reuses it (engine_validate.py)
-            top2 = torch.topk(ref.logits.float(), 2, dim=-1).values
-            tie = ((top2[:, 0] - top2[:, 1]) < self.margin).cpu()
-            diff = prop.tokens.cpu() != ref.tokens.cpu()
-            self.steps += 1
-            self.drafts += int(diff.numel())
-            self.mismatches += int(diff.sum())
-            self.near_ties += int(tie.sum())
-            self.near_tie_mismatches += int((diff & tie).sum())
-        return prop
-
-    def counts(self) -> dict:
-        return {"steps": self.steps, "drafts": self.drafts, "mismatches": self.mismatches,
-                "near_ties": self.near_ties, "near_tie_mismatches": self.near_tie_mismatches,
-                "near_tie_margin": self.margin,
-                "primary_draft_ms_median": float(np.median(self.primary_ms)) if self.primary_ms else None}
+    def _run(self, feeds: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        arrays = {n: t.numpy() for n, t in feeds.items()}
+        arrays["aux_hidden"] = arrays["aux_hidden"].astype(_NP_DTYPES[self.graph_dtype])
+        return {n: torch.from_numpy(v) for n, v in zip(self.output_names, self.session.run(None, arrays))}

@@ -17,7 +17,7 @@ import torch
 
 from ..errors import UnsupportedFormatError
 
-__all__ = ["DrafterParts", "load_reference", "parts_of", "reference_block"]
+__all__ = ["DrafterParts", "load_reference", "parts_of"]
 
 
 @dataclass
@@ -76,11 +76,6 @@ def load_reference(speculators_dir: str | Path, verifier_dir: str | Path | None,
     from ..drafters import load_drafter
 
     return load_drafter(speculators_dir, verifier_dir, dtype=dtype, device="cpu")
-
-
-def reference_block(drafter, context_tokens: torch.Tensor, aux_hidden: torch.Tensor):
-    """The drafter's own greedy drafting pass (``forward_block``)."""
-    return drafter.forward_block(context_tokens, aux_hidden, temperature=0.0)
 
 
 def parts_of(drafter) -> DrafterParts:

@@ -110,6 +110,10 @@ class VllmFacts:
         sample_from_anchor: what vLLM does with ``sample_from_anchor: true``:
             ``"rejected"`` (DFlash), ``"supported"`` (DSpark, vLLM ≥ 0.27) or
             ``"not-applicable"`` (P-EAGLE has no block).
+        sliding_window_non_causal: what vLLM does with the flag: ``"every-layer"`` (DFlash,
+            vLLM ≥ 0.27: ``causal = not flag`` for every layer, full attention included),
+            ``"ignored"`` (DSpark: SWA layers run causal inside the block) or
+            ``"not-applicable"`` (P-EAGLE has no block).
     """
 
     method: str
@@ -117,6 +121,7 @@ class VllmFacts:
     draft_classes: tuple[str, ...] = ()
     v2_model_runner: bool = False
     sample_from_anchor: str = "not-applicable"
+    sliding_window_non_causal: str = "not-applicable"
 
     def speculative_config(self, model: str, num_speculative_tokens: int) -> dict[str, Any]:
         """The ``--speculative-config`` object for a draft at ``model`` (dir or Hub id)."""
@@ -208,6 +213,8 @@ class Algorithm:
         qk_norm_always: layers carry per-head q/k norms whatever the model type
             (else only Qwen3 layers do).
         trains_embedding: the drafter trains its own embedding (not the verifier's).
+        lm_head_may_train: the drafter may train its LM head (EAGLE-3 lineage): it equals the
+            verifier's only where the conversion record says the source froze it.
         mask_hidden: the drafter holds a learned ``mask_hidden`` vector.
         tensor_patterns: full-match regexes of every tensor the drafter may hold.
         implicit_keys: keys whose absence speculators and vLLM read differently.
@@ -230,6 +237,7 @@ class Algorithm:
     layer_model_types: tuple[str, ...]
     qk_norm_always: bool
     trains_embedding: bool
+    lm_head_may_train: bool
     mask_hidden: bool
     tensor_patterns: tuple[str, ...]
     implicit_keys: tuple[ImplicitKey, ...]
@@ -272,7 +280,7 @@ PEAGLE = Algorithm(
     block_drafter=False, parallel_drafting=True, markov_head=False,
     aux_ids_key="eagle_aux_hidden_state_layer_ids", aux_ids_default_from_verifier=True,
     layer0_width_factor=2, layer_model_types=("llama", "qwen3"), qk_norm_always=False,
-    trains_embedding=True, mask_hidden=True, tensor_patterns=_names.PEAGLE_PATTERNS,
+    trains_embedding=True, lm_head_may_train=True, mask_hidden=True, tensor_patterns=_names.PEAGLE_PATTERNS,
     implicit_keys=(
         ImplicitKey("norm_before_residual", False,
                     "the speculators trainer defaults to true, the config class and vLLM to false"),
@@ -296,14 +304,14 @@ DFLASH = Algorithm(
     block_drafter=True, parallel_drafting=False, markov_head=False,
     aux_ids_key="aux_hidden_state_layer_ids", aux_ids_default_from_verifier=False,
     layer0_width_factor=1, layer_model_types=("qwen3",), qk_norm_always=True,
-    trains_embedding=False, mask_hidden=False, tensor_patterns=_BLOCK_PATTERNS,
+    trains_embedding=False, lm_head_may_train=False, mask_hidden=False, tensor_patterns=_BLOCK_PATTERNS,
     implicit_keys=(
         ImplicitKey("block_size", False, "the config default is 8, the trainer default 16"),
         ImplicitKey("sample_from_anchor", True, "speculators and vLLM both default to false"),
         ImplicitKey("sliding_window_non_causal", True, "speculators and vLLM both default to false"),
     ),
     vllm=VllmFacts(method="dflash", draft_classes=("DFlashQwen3ForCausalLM",), v2_model_runner=False,
-                   sample_from_anchor="rejected"),
+                   sample_from_anchor="rejected", sliding_window_non_causal="every-layer"),
     sglang=SglangFacts(speculative_algorithm="DFLASH", architecture="DFlashDraftModel"),
     llamacpp=LlamaCppFacts(gguf_architecture="dflash"),
     export=ExportFacts(inputs=_BLOCK_INPUTS, context_ids=False, block_rows="block"),
@@ -315,7 +323,8 @@ DSPARK = Algorithm(
     block_drafter=True, parallel_drafting=False, markov_head=True,
     aux_ids_key="aux_hidden_state_layer_ids", aux_ids_default_from_verifier=False,
     layer0_width_factor=1, layer_model_types=("qwen3",), qk_norm_always=True,
-    trains_embedding=False, mask_hidden=False, tensor_patterns=_BLOCK_PATTERNS + _names.DSPARK_HEAD_PATTERNS,
+    trains_embedding=False, lm_head_may_train=False, mask_hidden=False,
+    tensor_patterns=_BLOCK_PATTERNS + _names.DSPARK_HEAD_PATTERNS,
     implicit_keys=(
         ImplicitKey("block_size", False, "the config default is 8"),
         ImplicitKey("sample_from_anchor", False, "speculators defaults to true, vLLM's updater to false"),
@@ -324,7 +333,7 @@ DSPARK = Algorithm(
         ImplicitKey("confidence_head_with_markov", False, "speculators defaults to true, vLLM to false"),
     ),
     vllm=VllmFacts(method="dspark", draft_classes=("Qwen3DSparkForCausalLM",), v2_model_runner=True,
-                   sample_from_anchor="supported"),
+                   sample_from_anchor="supported", sliding_window_non_causal="ignored"),
     sglang=SglangFacts(speculative_algorithm="DSPARK", architecture="DSparkDraftModel"),
     llamacpp=LlamaCppFacts(gguf_architecture="dflash"),
     export=ExportFacts(inputs=_BLOCK_INPUTS, context_ids=False, block_rows="block", confidence_output=True),

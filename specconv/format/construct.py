@@ -8,6 +8,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from ..errors import InvalidInputError
+from .algorithms import algorithm as describe
 from .facts import speculative_tokens_for, speculators_envelope
 from .schema import SpeculatorsDraftConfig, config_class, validation_message
 
@@ -17,19 +18,19 @@ _LIST_KEYS = ("aux_hidden_state_layer_ids", "eagle_aux_hidden_state_layer_ids", 
 
 
 def _default_speculative_tokens(algorithm: str, cls: type[SpeculatorsDraftConfig], data: Mapping[str, Any]) -> int:
-    if algorithm == "peagle":
+    if not describe(algorithm).block_drafter:  # only the K rule of a block drafter derives K
         raise InvalidInputError(
-            "make_config: speculative_tokens is required for peagle "
+            f"make_config: speculative_tokens is required for {algorithm} "
             "(it must not exceed the number of depths trained; it cannot be derived)"
         )
     block = data.get("block_size", cls.model_fields["block_size"].default)
-    sfa = data.get("sample_from_anchor", cls.model_fields["sample_from_anchor"].default)
-    return speculative_tokens_for(block, sfa)
+    sample_from_anchor = data.get("sample_from_anchor", cls.model_fields["sample_from_anchor"].default)
+    return speculative_tokens_for(block, sample_from_anchor)
 
 
-def _fields(tlc: Mapping[str, Any], fields: Mapping[str, Any], algorithm: str) -> dict[str, Any]:
-    data: dict[str, Any] = {"speculators_model_type": algorithm, "transformer_layer_config": dict(tlc), **fields}
-    data.setdefault("draft_vocab_size", tlc.get("vocab_size"))
+def _fields(layer_config: Mapping[str, Any], fields: Mapping[str, Any], algorithm: str) -> dict[str, Any]:
+    data: dict[str, Any] = {"speculators_model_type": algorithm, "transformer_layer_config": dict(layer_config), **fields}
+    data.setdefault("draft_vocab_size", layer_config.get("vocab_size"))
     for key in _LIST_KEYS:
         if isinstance(data.get(key), tuple):
             data[key] = list(data[key])
@@ -48,7 +49,7 @@ def make_config(
     """Build a config for ``algorithm`` with the speculators defaults filled in.
 
     ``draft_vocab_size`` defaults to ``transformer_layer_config["vocab_size"]`` (no
-    pruning); ``architectures`` to ``[ARCHITECTURES[algorithm]]``; ``speculators_config``
+    pruning); ``architectures`` to the description's ``[architecture]``; ``speculators_config``
     is built from the ``verifier_*`` arguments and ``speculative_tokens`` (default for
     DFlash/DSpark: the K rule :func:`specconv.format.facts.speculative_tokens_for`) unless
     passed in ``fields``. All fields count as explicitly set (they are all written by

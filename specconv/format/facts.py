@@ -1,11 +1,13 @@
 """Facts about the Speculators target format, each written once.
 
 Every other module (the typed configs, the converters, the lint, the reference drafters)
-takes these from here instead of restating them. Sources: speculators 0.9.0
-``src/speculators/config.py``, ``src/speculators/models/{peagle,dflash,dspark}/config.py``
-and ``src/speculators/proposals/greedy.py``; vLLM 0.33
-``vllm/transformers_utils/configs/speculators/{algos,base}.py`` and ``vllm/config/speculative.py``. The rules are explained for users
-in ``docs/formats.md``.
+takes these from here instead of restating them; per-algorithm facts (architecture, serve
+method, aux-id key, layer-0 width, ...) live in the descriptions of :mod:`.algorithms`.
+Sources: speculators 0.9.0 ``src/speculators/config.py``,
+``src/speculators/models/{peagle,dflash,dspark}/config.py`` and
+``src/speculators/proposals/greedy.py``; vLLM 0.33
+``vllm/transformers_utils/configs/speculators/{algos,base}.py`` and
+``vllm/config/speculative.py``. The rules are explained for users in ``docs/formats.md``.
 """
 
 from __future__ import annotations
@@ -13,51 +15,19 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from .algorithms import ALGORITHMS as _ALGORITHMS
-from .algorithms import algorithm as _algorithm
-
 __all__ = [
-    "ALGORITHMS",
-    "ARCHITECTURES",
-    "BLOCK_ALGORITHMS",
     "CONFIG_DTYPE_TO_ST",
     "FLOAT_DTYPES",
     "MAX_DRAFT_LAYERS",
     "NEVER_WRITTEN",
-    "SERVE_CONFIGS",
-    "SERVE_METHODS",
     "SPECULATORS_VERSION",
     "LAYER_KEY_SCOPES",
     "UNSUPPORTED_LAYER_KEYS",
-    "aux_ids_key",
-    "layer0_input_width",
     "legacy_sample_from_anchor",
-    "speculative_config",
     "speculative_tokens_for",
     "speculators_envelope",
     "unsupported_layer_keys",
 ]
-
-#: Algorithms (``speculators_model_type`` values) specconv writes and reads, from their
-#: descriptions (:mod:`.algorithms`, the one owner of per-algorithm facts).
-ALGORITHMS: tuple[str, ...] = tuple(_ALGORITHMS)
-
-#: The block drafters: one pass fills ``block_size`` query slots.
-BLOCK_ALGORITHMS: frozenset[str] = frozenset(a.name for a in _ALGORITHMS.values() if a.block_drafter)
-
-#: ``architectures`` that speculators' ``save_pretrained`` writes (the pydantic defaults
-#: such as ``PEagleSpeculator`` are never seen on disk).
-ARCHITECTURES: dict[str, str] = {a.name: a.architecture for a in _ALGORITHMS.values()}
-
-#: How vLLM serves each algorithm: the keys of ``--speculative-config`` besides ``model`` and
-#: ``num_speculative_tokens``, from the descriptions' :class:`.algorithms.VllmFacts` (the one
-#: owner of the serve facts; the card, the lint, ``--backend vllm`` and the vLLM loader
-#: check's job file are built from it).
-SERVE_CONFIGS: dict[str, dict[str, Any]] = {
-    a.name: {"method": a.vllm.method, **dict(a.vllm.flags)} for a in _ALGORITHMS.values()}
-
-#: algorithm → the ``method`` alone (a view of :data:`SERVE_CONFIGS`).
-SERVE_METHODS: dict[str, str] = {algo: c["method"] for algo, c in SERVE_CONFIGS.items()}
 
 #: ``speculators_version`` written into every config (the reference release).
 SPECULATORS_VERSION = "0.9.0"
@@ -156,32 +126,10 @@ def legacy_sample_from_anchor(block_size: int, speculative_tokens: Any) -> bool 
     """
     if isinstance(speculative_tokens, bool) or not isinstance(speculative_tokens, int):
         return None
-    for sfa in (False, True):
-        if speculative_tokens == speculative_tokens_for(block_size, sfa):
-            return sfa
+    for sample_from_anchor in (False, True):
+        if speculative_tokens == speculative_tokens_for(block_size, sample_from_anchor):
+            return sample_from_anchor
     return None
-
-
-def speculative_config(algorithm: str, model: str, speculative_tokens: int) -> dict[str, Any]:
-    """vLLM's ``--speculative-config`` object that serves a drafter (:data:`SERVE_CONFIGS`).
-
-    Args:
-        algorithm: ``speculators_model_type`` of the draft.
-        model: the drafter as vLLM is to find it (Hub id or local dir).
-        speculative_tokens: K (``proposal_methods[0].speculative_tokens``).
-
-    Returns:
-        ``{"model", "method", "num_speculative_tokens", ...extra keys}`` in that order.
-
-    Raises:
-        InvalidInputError: an algorithm vLLM has no method for.
-    """
-    if algorithm not in SERVE_CONFIGS:
-        from ..errors import InvalidInputError
-
-        raise InvalidInputError(f"no vLLM method for speculators_model_type {algorithm!r} "
-                                f"(known: {', '.join(SERVE_CONFIGS)})")
-    return _algorithm(algorithm).vllm.speculative_config(model, speculative_tokens)
 
 
 def speculators_envelope(
@@ -221,15 +169,3 @@ def speculators_envelope(
             "architectures": list(verifier_architectures or []),
         },
     }
-
-
-def aux_ids_key(algorithm: str) -> str:
-    """Name of the aux hidden-state layer-id key for ``algorithm`` (its description's)."""
-    return _algorithm(algorithm).aux_ids_key
-
-
-def layer0_input_width(algorithm: str, hidden_size: int) -> int:
-    """Input width of layer 0's q/k/v projections (:meth:`.algorithms.Algorithm.layer0_input_width`:
-    P-EAGLE's first layer attends over ``cat(embedding, fc(aux))``, ``2·H``, speculators
-    ``models/peagle/core.py``; DFlash and DSpark layers take ``H``)."""
-    return _algorithm(algorithm).layer0_input_width(hidden_size)

@@ -1,7 +1,7 @@
 """Tensor names a Speculators drafter may hold, as full-match regexes over the saved names
 (no ``model.`` prefix): the converters accept exactly these for their output, and
 :func:`specconv.format.tensors.expected_tensors` lists concrete names of the same families
-(``tests/test_format.py`` checks that each expected name matches its algorithm's patterns).
+(``tests/format/test_format.py`` checks that each expected name matches its algorithm's patterns).
 
 Names: speculators 0.9.0 ``src/speculators/models/{peagle,dflash,dspark}/core.py`` and the
 vLLM 0.33 draft models under ``vllm/model_executor/models/`` (what their ``load_weights``
@@ -41,14 +41,3 @@ PEAGLE_PATTERNS: tuple[str, ...] = LAYER_PATTERNS + (
     r"input_norm\.weight",
     r"fc_norm\.\d+\.weight",
 ) + VOCAB_MAP_PATTERNS
-
-
-def name_patterns(algorithm: str) -> tuple[str, ...]:
-    """Every output-name pattern of ``algorithm`` (its description's ``tensor_patterns``).
-
-    Raises:
-        KeyError: an unknown algorithm.
-    """
-    from .algorithms import ALGORITHMS
-
-    return ALGORITHMS[algorithm].tensor_patterns

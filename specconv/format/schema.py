@@ -22,9 +22,10 @@ from typing import Any, ClassVar, Literal
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
 
 from ..errors import InvalidInputError, UnsupportedFormatError
+from .algorithms import algorithm as describe
+from ..fileio import read_json_object
+from ..values import is_int
 from .facts import (
-    ALGORITHMS,
-    ARCHITECTURES,
     MAX_DRAFT_LAYERS,
     NEVER_WRITTEN,
     SPECULATORS_VERSION,
@@ -124,7 +125,7 @@ def _check_positive_ints(prefix: str, value: Mapping[str, Any]) -> None:
         if key not in value:
             raise ValueError(f"{prefix}.{key}: missing")
         v = value[key]
-        if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
+        if not is_int(v, minimum=1):
             raise ValueError(f"{prefix}.{key}: must be a positive integer, got {v!r}")
         if key == "num_hidden_layers" and v > MAX_DRAFT_LAYERS:  # the lint enumerates every layer's tensors
             raise ValueError(f"{prefix}.{key}: {v} draft layers is not a drafter (at most {MAX_DRAFT_LAYERS})")
@@ -186,7 +187,7 @@ class SpeculatorsDraftConfig(_Model):
         speculators_model_type: ``"peagle"`` | ``"dflash"`` | ``"dspark"``; the
             discriminator speculators and vLLM switch on.
         speculators_version: informational; never validated by speculators or vLLM.
-        architectures: the draft model class (``ARCHITECTURES[algorithm]``).
+        architectures: the draft model class (the description's ``architecture``).
         dtype: float dtype of the tensors on disk (e.g. ``"bfloat16"``); informational.
         tie_word_embeddings: always ``False`` in speculators drafts.
         draft_vocab_size: ``Vd``; equal to ``transformer_layer_config.vocab_size`` (Vt)
@@ -221,7 +222,7 @@ class SpeculatorsDraftConfig(_Model):
     @classmethod
     def _default_architectures(cls, data: Any) -> Any:
         if isinstance(data, dict) and "architectures" not in data and cls.algorithm:
-            data = {**data, "architectures": [ARCHITECTURES[cls.algorithm]]}
+            data = {**data, "architectures": [describe(cls.algorithm).architecture]}
         return data
 
     # ---- convenience views (not fields; never serialized) -------------------------
@@ -331,22 +332,22 @@ class BlockDraftConfig(SpeculatorsDraftConfig):
     sample_from_anchor: bool = False
     sliding_window_non_causal: bool = False
 
-    _sfa_legacy: bool = PrivateAttr(default=False)
+    _sample_from_anchor_legacy: bool = PrivateAttr(default=False)
 
     @model_validator(mode="after")
     def _legacy_sample_from_anchor(self) -> BlockDraftConfig:
         if "sample_from_anchor" not in self.model_fields_set:
-            sfa = legacy_sample_from_anchor(self.block_size, self.speculative_tokens)
-            if sfa is not None:
-                self.sample_from_anchor = sfa
+            told = legacy_sample_from_anchor(self.block_size, self.speculative_tokens)
+            if told is not None:
+                self.sample_from_anchor = told
                 self.__pydantic_fields_set__.discard("sample_from_anchor")  # still absent from the file
-                self._sfa_legacy = True
+                self._sample_from_anchor_legacy = True
         return self
 
     @property
     def sample_from_anchor_from_legacy(self) -> bool:
         """True when ``sample_from_anchor`` was absent and told by the legacy rule."""
-        return self._sfa_legacy
+        return self._sample_from_anchor_legacy
 
     @property
     def aux_layer_ids(self) -> list[int] | None:
@@ -391,8 +392,6 @@ def config_class(algorithm: str) -> type[SpeculatorsDraftConfig]:
     Raises:
         UnsupportedFormatError: for any other ``speculators_model_type``.
     """
-    from .algorithms import algorithm as describe
-
     return describe(algorithm).config_type()
 
 
@@ -542,13 +541,8 @@ def read_config(path: str | os.PathLike[str]) -> dict[str, Any]:
     cfg_path = _config_path(path)
     if not cfg_path.is_file():
         raise InvalidInputError(f"{cfg_path}: config.json not found")
-    try:
-        data = json.loads(cfg_path.read_text(encoding="utf-8"))
-    except (OSError, ValueError, RecursionError) as exc:  # UnicodeDecodeError, JSONDecodeError, nesting
-        raise InvalidInputError(f"{cfg_path}: cannot read JSON: {exc}") from None
-    if not isinstance(data, dict):
-        raise InvalidInputError(f"{cfg_path}: top level must be a JSON object")
-    return data
+    return read_json_object(cfg_path, unreadable="{path}: cannot read JSON: {error}",
+                            not_object="{path}: top level must be a JSON object")
 
 
 def speculators_model_type_of(path: str | os.PathLike[str]) -> str | None:

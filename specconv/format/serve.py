@@ -1,11 +1,11 @@
 """The ``vllm serve`` command lines of a Speculators drafter, built in one place.
 
-The ``--speculative-config`` keys come from :func:`.facts.speculative_config` (the table
-:data:`.facts.SERVE_CONFIGS`); this module turns them into argv and into the shell text a
-user copies. The model card prints :func:`shell_command` of these argvs, ``--backend vllm``
+The ``--speculative-config`` keys come from the algorithm's description
+(:meth:`.algorithms.VllmFacts.speculative_config`); this module turns them into argv and
+into the shell text a user copies. The model card prints :func:`shell_command` of these argvs, ``--backend vllm``
 runs :func:`long_form_argv`, the lint's hints quote it, and the tests hand vLLM exactly what
-the card's text parses to with ``shlex.split`` (``tests/test_vllm_load.py``,
-``tests/test_vllm_serve.py``). Standard library only.
+the card's text parses to with ``shlex.split`` (``tests/vllm_check/test_vllm_load.py``,
+``tests/validate/test_vllm_serve.py``). Standard library only.
 """
 
 from __future__ import annotations
@@ -14,19 +14,20 @@ import json
 import shlex
 from collections.abc import Sequence
 
-from .facts import speculative_config
+from .algorithms import algorithm as describe
 
 __all__ = ["long_form_argv", "shell_command", "short_form_argv", "speculative_config_json"]
 
 
 def speculative_config_json(algorithm: str, model: str, speculative_tokens: int) -> str:
-    """The ``--speculative-config`` value (JSON text, keys in :func:`.facts.speculative_config`
-    order) that serves ``model``.
+    """The ``--speculative-config`` value (JSON text, keys in
+    :meth:`.algorithms.VllmFacts.speculative_config` order: ``model``, ``method``,
+    ``num_speculative_tokens``, the flags) that serves ``model``.
 
     Raises:
-        InvalidInputError: an algorithm vLLM has no method for.
+        UnsupportedFormatError: not an algorithm specconv describes.
     """
-    return json.dumps(speculative_config(algorithm, model, speculative_tokens))
+    return json.dumps(describe(algorithm).vllm.speculative_config(model, speculative_tokens))
 
 
 def long_form_argv(verifier: str, model: str, algorithm: str, speculative_tokens: int) -> list[str]:
@@ -40,7 +41,7 @@ def long_form_argv(verifier: str, model: str, algorithm: str, speculative_tokens
         speculative_tokens: K.
 
     Raises:
-        InvalidInputError: an algorithm vLLM has no method for.
+        UnsupportedFormatError: not an algorithm specconv describes.
     """
     return ["vllm", "serve", verifier, "--speculative-config",
             speculative_config_json(algorithm, model, speculative_tokens)]

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from .facts import layer0_input_width
+from .algorithms import algorithm as describe
 from .schema import DSparkConfig, PEagleConfig, SpeculatorsDraftConfig
 
 __all__ = ["TensorSpec", "expected_tensors"]
@@ -51,7 +51,8 @@ def _add_layer(out: _Specs, cfg: SpeculatorsDraftConfig, i: int) -> None:
     H = cfg.hidden_size
     nH, nKV, D, I = (int(t[k]) for k in ("num_attention_heads", "num_key_value_heads", "head_dim", "intermediate_size"))
     Hq, Hkv = nH * D, nKV * D
-    d_in = layer0_input_width(cfg.speculators_model_type, H) if i == 0 else H
+    alg = describe(cfg.speculators_model_type)
+    d_in = alg.layer0_input_width(H) if i == 0 else H
     p = f"layers.{i}."
     out.add(p + "input_layernorm.weight", (H,))
     out.add(p + "post_attention_layernorm.weight", (H,))
@@ -61,7 +62,7 @@ def _add_layer(out: _Specs, cfg: SpeculatorsDraftConfig, i: int) -> None:
     if t.get("attention_bias", False):
         for proj, rows in (("q", Hq), ("k", Hkv), ("v", Hkv), ("o", H)):
             out.add(p + f"self_attn.{proj}_proj.bias", (rows,))
-    if cfg.speculators_model_type != "peagle" or t.get("model_type") == "qwen3":  # per-head q/k norm
+    if alg.qk_norm_always or t.get("model_type") == "qwen3":  # per-head q/k norm
         out.add(p + "self_attn.q_norm.weight", (D,))
         out.add(p + "self_attn.k_norm.weight", (D,))
     out.add(p + "mlp.gate_proj.weight", (I, H))

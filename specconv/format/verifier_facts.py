@@ -16,8 +16,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..errors import InvalidInputError
-
 __all__ = ["VerifierFacts", "is_hub_repo_id", "read_added_special_tokens"]
 
 _SPECIAL_KEYS = ("bos_token_id", "eos_token_id", "pad_token_id")
@@ -114,48 +112,6 @@ class VerifierFacts:
     is_local_path: bool = False
     added_special_tokens: dict[int, str] = field(default_factory=dict)
     embedding_rows: int | None = None
-
-    @classmethod
-    def from_hf_config(
-        cls,
-        config: Mapping[str, Any],
-        *,
-        name_or_path: str | None = None,
-        is_local_path: bool = False,
-        tokenizer_dir: str | os.PathLike[str] | None = None,
-    ) -> VerifierFacts:
-        """Build facts from a verifier ``config.json`` dict (``text_config`` unwrapped).
-
-        Args:
-            config: the verifier's config as on disk.
-            name_or_path: recorded id/path.
-            is_local_path: whether ``name_or_path`` is a local directory.
-            tokenizer_dir: directory holding the tokenizer files, if any.
-
-        Raises:
-            InvalidInputError: ``num_hidden_layers``, ``hidden_size`` or ``vocab_size``
-                is missing.
-        """
-        text = config.get("text_config") if isinstance(config.get("text_config"), Mapping) else None
-        src = text or config
-
-        def pick(key: str) -> Any:
-            v = src.get(key)
-            return config.get(key) if v is None else v
-
-        missing = [k for k in ("num_hidden_layers", "hidden_size", "vocab_size") if pick(k) is None]
-        if missing:
-            raise InvalidInputError(f"verifier config.json: missing {', '.join(missing)}")
-        return cls(
-            num_hidden_layers=int(pick("num_hidden_layers")),
-            hidden_size=int(pick("hidden_size")),
-            vocab_size=int(pick("vocab_size")),
-            architectures=list(config.get("architectures") or []),
-            **{k: pick(k) for k in _SPECIAL_KEYS},
-            name_or_path=name_or_path,
-            is_local_path=is_local_path,
-            added_special_tokens=read_added_special_tokens(tokenizer_dir),
-        )
 
     @classmethod
     def from_verifier(cls, verifier: Any, *, is_local_path: bool) -> VerifierFacts:

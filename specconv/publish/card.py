@@ -22,7 +22,6 @@ from .payload import Payload, published_verifier
 
 log = logging.getLogger("specconv.publish")
 
-_ALGO_NAME = {"dflash": "DFlash", "peagle": "P-EAGLE", "dspark": "DSpark", "eagle3": "EAGLE-3"}
 _PERMISSIVE = ("apache-2.0", "mit", "bsd-3-clause", "bsd-2-clause")
 
 
@@ -107,11 +106,11 @@ def launch_commands(verifier: str, repo_id: str, algo: str, k: Any) -> tuple[str
     ``(short form, long form)``. The short form only for a Hub verifier (vLLM 0.33 refuses a
     local one there); no long form for an algorithm vLLM has no method for."""
     from .. import hub
-    from ..format.facts import SERVE_CONFIGS
+    from ..format.algorithms import find_algorithm
     from ..format.serve import long_form_argv, shell_command, short_form_argv
 
     short = shell_command(short_form_argv(repo_id)) if hub.is_hub_id(verifier) else None
-    if algo not in SERVE_CONFIGS or not isinstance(k, int):
+    if find_algorithm(algo) is None or not isinstance(k, int):
         return short, None
     return short, shell_command(long_form_argv(verifier, repo_id, algo, k))
 
@@ -141,6 +140,7 @@ def render_card(d: Path, rec: Any, payload: Payload, repo_id: str, *, plot: bool
     import jinja2
 
     from .. import __version__, hub
+    from ..format.algorithms import find_algorithm
 
     cfg = json.loads((d / "config.json").read_text())
     sc = cfg.get("speculators_config") or {}
@@ -155,7 +155,7 @@ def render_card(d: Path, rec: Any, payload: Payload, repo_id: str, *, plot: bool
     k = methods[0].get("speculative_tokens")
     short_form, long_form = launch_commands(verifier, repo_id, algo, k)
     ctx = dict(metadata_yaml=_metadata(rec, repo_id, license_id, verifier), title=repo_id.split("/")[-1],
-               algorithm=algo, algorithm_name=_ALGO_NAME.get(algo, algo), verifier=verifier,
+               algorithm=algo, algorithm_name=getattr(find_algorithm(algo), "display_name", algo), verifier=verifier,
                verifier_url=f"https://huggingface.co/{verifier}" if hub.is_hub_id(verifier) else None, k=k,
                block_size=cfg.get("block_size", "n/a"), aux_layer_ids=cfg.get("aux_hidden_state_layer_ids") or [],
                layout=[(key, json.dumps(cfg[key])) for key in ("sample_from_anchor", "norm_before_residual",
@@ -219,7 +219,8 @@ def write_local_card(d: Path, repo_id: str | None = None) -> Path:
     Raises:
         InvalidInputError: unreadable record, or metadata that does not parse.
     """
-    from ..record import atomic_write, read_record
+    from ..fileio import atomic_write
+    from ..record import read_record
 
     d = Path(d)
     atomic_write(d / "README.md", local_card_text(d, read_record(d), repo_id or d.name).encode("utf-8"))

@@ -125,22 +125,6 @@ def _delay(attempt: int) -> float:
     return base * (2 ** attempt)
 
 
-def _call(what: str, repo_id: str, fn, *a, **kw):
-    """Run one Hub call; huggingface_hub errors become project errors (exit codes)."""
-    from .. import hub
-
-    try:
-        return fn(*a, **kw)
-    except SpecconvError:
-        raise
-    except ValueError as e:  # invalid README metadata, bad parent commit (raised before any upload)
-        from ..errors import InvalidInputError
-
-        raise InvalidInputError(f"{what} on {repo_id!r}: {e}", code="hub_rejected") from e
-    except Exception as e:  # noqa: BLE001 - mapped by the one Hub error table
-        raise hub.publish_error(what, repo_id, e) from e
-
-
 def push(d: Path, opts: PushOptions) -> PushResult:
     """Publish drafter dir ``d`` to ``opts.repo_id``.
 
@@ -212,15 +196,14 @@ def _target(hf: Any, opts: PushOptions) -> tuple[str, int | None, bool]:
 
     repo = opts.repo_id
     if opts.create_pr:
-        num, reused = _call("finding the pull request", repo, hub.open_pull_request, hf, repo,
-                            title=PR_TITLE.format(repo=repo), dry_run=opts.dry_run)
+        num, reused = hub.open_pull_request(hf, repo, title=PR_TITLE.format(repo=repo), dry_run=opts.dry_run)
         return (f"refs/pr/{num}" if num else "main"), num, reused
     if opts.branch and opts.branch != "main":
-        branches = _call("listing refs", repo, hub.refs, hf, repo)["branches"]
+        branches = hub.refs(hf, repo)["branches"]
         if opts.branch not in branches:
             if opts.dry_run:
                 return "main", None, False
-            _call("creating the branch", repo, hub.create_branch, hf, repo, opts.branch)
+            hub.create_branch(hf, repo, opts.branch)
         return opts.branch, None, False
     return "main", None, False
 
@@ -239,7 +222,7 @@ def _check_tag(hf: Any, opts: PushOptions, head: str, changes: bool) -> str | No
 
     if not opts.tag:
         return None
-    cur = _call("listing refs", opts.repo_id, hub.refs, hf, opts.repo_id)["tags"].get(opts.tag)
+    cur = hub.refs(hf, opts.repo_id)["tags"].get(opts.tag)
     if cur is not None and (changes or cur != head) and not opts.force_tag:
         raise HubConflictError(f"tag {opts.tag} already points at {cur[:12]} of {opts.repo_id}",
                                code="tag_exists", hint="pass --force-tag to move it, or choose a new version")
@@ -251,7 +234,7 @@ def _verify(hf: Any, p: Payload, opts: PushOptions, oid: str) -> bool:
     sha1 for regular ones, as huggingface_hub ``verify_repo_checksums`` does)."""
     from .. import hub
 
-    remote = _call("verifying", opts.repo_id, hub.remote_files, hf, opts.repo_id, oid)
+    remote = hub.remote_files(hf, opts.repo_id, oid, what="verifying")
     bad = [path for path in sorted(p.files) if not _same(p, path, remote.get(path))]
     if bad:
         raise PostPublishError(f"{opts.repo_id}@{oid[:12]}: remote checksum differs from the local file for "
@@ -271,8 +254,8 @@ def _dry_run(hf: Any, p: Payload, opts: PushOptions, state: tuple[str, bool] | N
                        verified=None, repo_exists=False)
     _check_visibility(state[1], opts)
     revision, num, _ = _target(hf, opts)
-    head = _call("the repo state", opts.repo_id, hub.repo_state, hf, opts.repo_id, revision)[0]
-    remote = _call("listing files", opts.repo_id, hub.remote_files, hf, opts.repo_id, head)
+    head = hub.repo_state(hf, opts.repo_id, revision)[0]
+    remote = hub.remote_files(hf, opts.repo_id, head)
     rows = plan(p, remote, _owned(hf, opts.repo_id, head, remote), opts.delete_stale)
     _check_tag(hf, opts, head, any(r["action"] != "unchanged" for r in rows))
     return _result(p, opts, rows, status="dry_run", private=state[1], revision=revision, parent_commit=head,
@@ -285,14 +268,14 @@ def _attempt(hf: Any, p: Payload, opts: PushOptions) -> PushResult:
     from .. import hub
 
     repo = opts.repo_id
-    state = _call("the repo state", repo, hub.repo_state, hf, repo, "main")
+    state = hub.repo_state(hf, repo, "main")
     if opts.dry_run:
         return _dry_run(hf, p, opts, state)
-    private = _call("creating the repo", repo, hub.ensure_repo, hf, repo, opts.private)
+    private = hub.ensure_repo(hf, repo, opts.private)
     _check_visibility(private, opts)
     revision, num, _ = _target(hf, opts)
-    head = _call("the repo state", repo, hub.repo_state, hf, repo, revision)[0]
-    remote = _call("listing files", repo, hub.remote_files, hf, repo, head)
+    head = hub.repo_state(hf, repo, revision)[0]
+    remote = hub.remote_files(hf, repo, head)
     rows = plan(p, remote, _owned(hf, repo, head, remote), opts.delete_stale)
     changed = [r for r in rows if r["action"] != "unchanged"]
     tag_at = _check_tag(hf, opts, head, bool(changed))
@@ -302,11 +285,11 @@ def _attempt(hf: Any, p: Payload, opts: PushOptions) -> PushResult:
         adds = {r["path"]: p.files[r["path"]] for r in changed if r["action"] != "delete"}
         deletes = [r["path"] for r in changed if r["action"] == "delete"]
         message = opts.commit_message or (f"specconv: release {opts.tag}" if opts.tag else "specconv: publish drafter")
-        oid, url = _call("committing", repo, hub.commit, hf, repo, adds, deletes, message=message,
-                         description=f"Published by specconv push ({len(adds)} file(s), {len(deletes)} deletion(s)).",
-                         revision=revision, parent_commit=head)
+        description = f"Published by specconv push ({len(adds)} file(s), {len(deletes)} deletion(s))."
+        oid, url = hub.commit(hf, repo, adds, deletes, message=message, description=description, revision=revision,
+                              parent_commit=head)
     if opts.tag and tag_at != oid:
-        _call("tagging", repo, hub.create_tag, hf, repo, opts.tag, oid, replace=tag_at is not None)
+        hub.create_tag(hf, repo, opts.tag, oid, replace=tag_at is not None)
     verified = _verify(hf, p, opts, oid) if opts.verify else None
     status = "unchanged" if oid == head else ("pr_opened" if num else "published")
     return _result(p, opts, rows, status=status, private=private, revision=revision, parent_commit=head,

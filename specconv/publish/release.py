@@ -176,7 +176,7 @@ def _engines(res: ReleaseResult, opts: ReleaseOptions, drafter: Path, work: Path
 def _local_card(drafter: Path, push_opts: PushOptions) -> None:
     """Refresh the drafter dir's own ``README.md`` with the validated card (push regenerates
     it anyway; ``README.md`` is a derived file, exempt from the gates)."""
-    from ..record import atomic_write
+    from ..fileio import atomic_write
     from .push import build_payload
 
     try:

@@ -42,12 +42,18 @@ import time
 import traceback
 import types
 
+#: SGLang's draft-model families: its model modules ``srt/models/dflash.py``, ``dspark.py``,
+#: ``llama_eagle3.py`` (SGLang's names, reported as ``family``; this script imports nothing
+#: from specconv).
+FAMILY_DFLASH = "dflash"
+FAMILY_DSPARK = "dspark"
+FAMILY_EAGLE3 = "eagle3"
 #: ``architectures[0]`` → (family, ``ServerArgs.speculative_algorithm``), ``srt/models/registry.py``.
 DRAFT_CLASSES = {
-    "DFlashDraftModel": ("dflash", None),
-    "Qwen3DSparkModel": ("dspark", None),
-    "DSparkDraftModel": ("dspark", None),
-    "LlamaForCausalLMEagle3": ("eagle3", "EAGLE3"),
+    "DFlashDraftModel": (FAMILY_DFLASH, None),
+    "Qwen3DSparkModel": (FAMILY_DSPARK, None),
+    "DSparkDraftModel": (FAMILY_DSPARK, None),
+    "LlamaForCausalLMEagle3": (FAMILY_EAGLE3, "EAGLE3"),
 }
 #: The ``vllm._custom_ops`` functions SGLang's layers import off CUDA (never called by a load).
 VLLM_OPS = ("rotary_embedding", "rms_norm", "fused_add_rms_norm")
@@ -332,7 +338,7 @@ def resolved_block_values(hf_config, model, family: str, n_target: int) -> dict:
     out = {"block_size": int(model.block_size), "block_size_in_config": cfg.block_size,
            "mask_token": cfg.mask_token, "mask_token_id": cfg.mask_token_id, "sample_from_anchor": None,
            "num_target_layers": cfg.num_target_layers}
-    if family == "dspark":
+    if family == FAMILY_DSPARK:
         from sglang.srt.speculative.dspark_components.dspark_config import parse_dspark_draft_config
 
         ds = parse_dspark_draft_config(draft_hf_config=hf_config)
@@ -392,7 +398,7 @@ def check_one(job: dict, dtype: str) -> dict:
     res["class"] = type(model).__name__
     res["sglang"], res["stubs_used"] = SGLANG_VERSION, [s["name"] for s in STUBS.report() if s["used"]]
     try:
-        res["resolved"] = (resolved_eagle3_values(mc.hf_config, n_target) if family == "eagle3"
+        res["resolved"] = (resolved_eagle3_values(mc.hf_config, n_target) if family == FAMILY_EAGLE3
                            else resolved_block_values(mc.hf_config, model, family, n_target))
     except Exception as e:  # noqa: BLE001
         return _fail(res, "SGLang draft config", e, t0)

@@ -54,10 +54,6 @@ class NonFinite:
             if self.first is None or (first is not None and first < self.first):
                 self.first = first
 
-    def to_list(self) -> list[Any]:
-        """``[count, first]`` (JSON form, used by the scan cache)."""
-        return [self.count, self.first]
-
 
 def scan_bytes(data: Any, dtype: str, elem_offset: int = 0) -> tuple[int, int | None]:
     """Count NaN/±Inf in raw little-endian tensor bytes.

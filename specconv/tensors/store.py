@@ -312,10 +312,6 @@ class TensorStore:
         """All :class:`TensorInfo` objects, sorted by name."""
         return [self._infos[n] for n in self.names()]
 
-    def total_bytes(self) -> int:
-        """Sum of all tensors' ``nbytes``."""
-        return sum(i.nbytes for i in self._infos.values())
-
     # ---- data
     def read_bytes(self, name: str) -> bytes:
         """Raw little-endian bytes of tensor ``name`` (row-major, ``nbytes`` long).

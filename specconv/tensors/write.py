@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import InvalidInputError
+from ..fileio import atomic_write
 from .dtypes import _DTYPE_RANK, DTYPE_SIZES, _nbytes, parse_size
 from .header import _HEADER_ALIGN, _METADATA_KEY, SAFE_WEIGHTS_INDEX_NAME, SAFE_WEIGHTS_NAME, TensorInfo
 
@@ -255,10 +256,7 @@ def _write_index(out: Path, tensors: list[OutTensor], names: list[str], shards: 
         "metadata": {"total_size": sum(t.nbytes for t in tensors)},
         "weight_map": {t.name: fname for fname, shard in zip(names, shards) for t in shard},
     }
-    text = json.dumps(index, indent=2, sort_keys=True) + "\n"
-    tmp = out / (SAFE_WEIGHTS_INDEX_NAME + ".tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, out / SAFE_WEIGHTS_INDEX_NAME)
+    atomic_write(out / SAFE_WEIGHTS_INDEX_NAME, json.dumps(index, indent=2, sort_keys=True) + "\n")
 
 
 def _produced_bytes(t: OutTensor) -> bytes | bytearray | memoryview:

@@ -5,8 +5,8 @@
   (:func:`specconv.validate.gates.gate_parity`) only call :meth:`DrafterBackend.propose`
   and read its four attributes, so the torch reference drafters
   (``specconv.drafters``), z-lab's own forward (:mod:`.zlab_reference`), the harness
-  stand-ins (:mod:`.testing`) and an exported engine (e.g. an ONNX Runtime session) are
-  interchangeable.
+  stand-ins (:mod:`.testing`) and the runtimes registered in :mod:`.runtimes` (ONNX
+  Runtime, TensorRT) are interchangeable.
 * :class:`ValidationBackend` — what runs the prompts after G1 passed: ``torch`` (this
   harness, :mod:`.torch_backend`: G2–G4 and τ) or ``vllm`` (a real ``vllm serve``,
   :mod:`.vllm_backend`: τ from vLLM's spec-decode counters; G2/G4 are skipped there).
@@ -15,7 +15,6 @@
 
 from __future__ import annotations
 
-import importlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Protocol, Sequence, runtime_checkable
@@ -138,37 +137,6 @@ class VllmBackend:
         rep["summary"] = summary(vm)
 
 
-#: drafter backend name → "module:function" loading a :class:`DrafterBackend` as
-#: ``load(drafter_dir, verifier, *, config, dtype, device)``; ``ValidateOptions.drafter_backend``
-#: picks one (the torch harness runs the verifier either way)
-DRAFTER_LOADERS = {
-    "torch": "specconv.drafters:load_drafter",
-}
-
-
-def load_drafter_backend(name: str, drafter_dir: Path, verifier: "Verifier", *, config: "SpeculatorsDraftConfig",
-                         dtype: Any, device: str) -> DrafterBackend:
-    """Load the drafter under test with the drafter backend registered as ``name``.
-
-    Args:
-        name: a key of :data:`DRAFTER_LOADERS`.
-        drafter_dir: the Speculators directory. verifier: the run's resolved verifier
-            (embedding / LM head the drafter may borrow). config: the directory's typed
-            ``config.json`` as the run parsed it.
-        dtype: ``torch.dtype`` of the run. device: ``cpu`` | ``cuda[:i]``.
-
-    Raises:
-        UsageError: unknown drafter backend.
-    """
-    from ..errors import UsageError
-
-    target = DRAFTER_LOADERS.get(name)
-    if target is None:
-        raise UsageError(f"unknown drafter backend {name!r} (known: {', '.join(DRAFTER_LOADERS)})")
-    mod, fn = target.split(":")
-    return getattr(importlib.import_module(mod), fn)(drafter_dir, verifier, config=config, dtype=dtype, device=device)
-
-
 #: ``--backend`` name → "module:class" (imported on use: the torch backend imports torch)
 BACKENDS = {
     "torch": "specconv.validate.torch_backend:TorchBackend",
@@ -197,9 +165,8 @@ def get_backend(name: str) -> ValidationBackend:
         UsageError: unknown backend.
     """
     from ..errors import UsageError
+    from ..format.algorithms import import_object
 
-    target = BACKENDS.get(name)
-    if target is None:
+    if name not in BACKENDS:
         raise UsageError(f"unknown backend {name!r} (known: {', '.join(BACKENDS)})")
-    mod, cls = target.split(":")
-    return getattr(importlib.import_module(mod), cls)()
+    return import_object(BACKENDS[name])()

@@ -1,6 +1,6 @@
 """The four validation gates, in order (``docs/validate.md``, "What it does").
 
-* **G1 structure** — the Speculators lint (:func:`specconv.speculators.lint_dir`) has no
+* **G1 structure** — the Speculators lint (:func:`specconv.format.lint_dir`) has no
   error; every tensor in the directory is one the format defines for this config; the
   tensors the format takes from the verifier (``embed_tokens.weight`` for DFlash/DSpark,
   ``lm_head.weight`` full-vocab or ``verifier_lm_head[t2d]`` when pruned) equal the
@@ -25,6 +25,8 @@ import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
+
+from .metrics import kl_rows
 
 log = logging.getLogger("specconv.validate")
 
@@ -172,13 +174,16 @@ def _accounting_step(res: GateResult, cfg, store) -> set[str]:
 def _verifier_tensors_step(res: GateResult, store, names: set[str], verifier, t2d, drafter_dir: Path) -> None:
     """The tensors the format takes from the verifier (``embed_tokens.weight`` for
     DFlash/DSpark, ``lm_head.weight`` full-vocab or its ``t2d`` rows) equal the verifier's."""
+    from ..format.algorithms import algorithm
+
+    alg = algorithm(res.details["algorithm"])
     roles = [("lm_head.weight", "lm_head")]
-    if res.details["algorithm"] != "peagle":  # P-EAGLE trains its own embedding
+    if not alg.trains_embedding:  # else the drafter trains its own embedding
         roles.insert(0, ("embed_tokens.weight", "embed"))
     checks: dict[str, Any] = {}
-    # P-EAGLE (EAGLE-3 lineage) may train its head: it must equal the verifier's only where
-    # the conversion record says the source format freezes it
-    frozen = res.details["algorithm"] != "peagle" or _lm_head_frozen(drafter_dir)
+    # a head that may be trained (P-EAGLE, EAGLE-3 lineage) must equal the verifier's only
+    # where the conversion record says the source format freezes it
+    frozen = not alg.lm_head_may_train or _lm_head_frozen(drafter_dir)
     for tname, role in roles:
         if tname in names:
             _compare_to_verifier(res, store, tname, role, verifier, t2d, checks, frozen)
@@ -275,7 +280,7 @@ def compare_logits(ref, test, *, margin: float) -> dict:
     absd = (r0 - t0).abs()
     max_abs_row = absd.max(-1).values
     cos = torch.nn.functional.cosine_similarity(r0, t0, dim=-1)
-    kl = _kl_rows(ref, test)
+    kl = kl_rows(ref, test)
     eq, marg, overlap = _top_k_agreement(ref, test)
     clear = marg > margin
     n_clear = int(clear.sum())
@@ -316,18 +321,6 @@ def _top_k_agreement(ref, test):
         for a, b in zip(top_r.indices, top_t.indices)
     ]
     return eq, marg, overlap
-
-
-def _kl_rows(ref, test):
-    """KL(p_ref ‖ p_test) per row, in float64: in float32 the rounding of log_softmax over
-    a large vocab alone gives |KL| ~ 1e-8, the size of the fp32 tolerance."""
-    import torch
-
-    lp_r = torch.log_softmax(ref.double(), -1)
-    lp_t = torch.log_softmax(test.double(), -1)
-    pr = lp_r.exp()
-    lp_t = torch.where(torch.isfinite(lp_t), lp_t, torch.full_like(lp_t, -1e30))
-    return torch.where(pr > 0, pr * (lp_r - lp_t), torch.zeros_like(pr)).sum(-1).clamp_min(0)
 
 
 def _aux_union(ids_a: Sequence[int], ids_b: Sequence[int]) -> list[int]:

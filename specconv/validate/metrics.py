@@ -87,12 +87,6 @@ def _get(obj, name):
     return obj[name] if isinstance(obj, dict) else getattr(obj, name)
 
 
-def pooled_tau(requests: Sequence[Any]) -> float:
-    """Pooled τ of a list of :class:`~specconv.validate.loop.RequestResult` (or dicts)."""
-    a = [_get(s, "accepted") for r in requests for s in _draft_steps(r)]
-    return 1.0 + sum(a) / len(a) if a else 1.0
-
-
 def bootstrap_ci(requests: Sequence[Any], *, n_boot: int = 1000, seed: int = 0, level: float = 0.95) -> list[float] | None:
     """Percentile bootstrap CI of pooled τ, resampling requests with replacement.
 
@@ -259,6 +253,19 @@ def _calibration_bins(pairs: list[tuple[float, float]], n_bins: int) -> tuple[li
         ece += len(sel) / n * abs(mc - mo)
         bins.append({"lo": lo, "hi": hi, "n": len(sel), "mean_confidence": mc, "observed": mo})
     return bins, ece
+
+
+def kl_rows(ref, test):
+    """KL(p_ref ‖ p_test) per row of logits ``[rows, V]``, nats, float64 (in float32 the rounding
+    of log_softmax over a large vocab alone gives |KL| ~ 1e-8, G2's fp32 tolerance); a ``-inf``
+    test logit where the reference has mass counts as ``-1e30``."""
+    import torch
+
+    lp_r = torch.log_softmax(ref.double(), -1)
+    lp_t = torch.log_softmax(test.double(), -1)
+    pr = lp_r.exp()
+    lp_t = torch.where(torch.isfinite(lp_t), lp_t, torch.full_like(lp_t, -1e30))
+    return torch.where(pr > 0, pr * (lp_r - lp_t), torch.zeros_like(pr)).sum(-1).clamp_min(0)
 
 
 def summary(metrics: dict) -> dict:

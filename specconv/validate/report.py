@@ -24,6 +24,9 @@ log = logging.getLogger("specconv.validate")
 REPORT_JSON = "validation.json"
 REPORT_MD = "validation.md"
 REPORT_PNG = "acceptance.png"
+#: z-lab's reference package (``pip install dflash``, ``validate/zlab_reference.py``): a
+#: package name that happens to spell an algorithm's, recorded with the library versions.
+ZLAB_PACKAGE = "dflash"
 
 
 def library_versions() -> dict[str, str | None]:
@@ -32,7 +35,7 @@ def library_versions() -> dict[str, str | None]:
     ``vllm_serve``."""
     from ..versions import library_versions as versions
 
-    return versions(("torch", "transformers", "accelerate", "safetensors", "numpy", "dflash", "speculators"))
+    return versions(("torch", "transformers", "accelerate", "safetensors", "numpy", ZLAB_PACKAGE, "speculators"))
 
 
 def torch_backend_flags() -> dict[str, Any]:
@@ -207,7 +210,7 @@ def write_report(report, report_dir: str | Path) -> dict[str, str]:
     Returns:
         ``{"json": path, "markdown": path, "plot": path | None}``.
     """
-    from ..record import atomic_write
+    from ..fileio import atomic_write
 
     d = Path(report_dir)
     d.mkdir(parents=True, exist_ok=True)
@@ -279,12 +282,11 @@ def finish_report(report, drafter_dir: Path, report_dir: Path) -> None:
     into ``report_dir`` (``report.report_files``), :func:`validation_section` into
     ``drafter_dir/specconv.json`` and the drafter's card refreshed from it. A drafter dir
     that cannot be written is logged: the report files still exist."""
-    from ..publish.card import refresh_local_card
-    from ..record import update_record
+    from ..record import card_function, update_record
 
     report.report_files = write_report(report, report_dir)
     try:
         update_record(drafter_dir, "validation", validation_section(report, drafter_dir))
     except OSError as e:  # read-only drafter dir
         log.warning("could not record the validation summary in %s/specconv.json: %s", drafter_dir, e)
-    refresh_local_card(drafter_dir)  # the card's validation table, from the record just written
+    card_function("refresh_local_card")(drafter_dir)  # the card's validation table, from the record just written

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..errors import InvalidInputError, UsageError
-from .backend import BACKENDS, DRAFTER_LOADERS, Progress, ValidationRun, get_backend
+from .backend import BACKENDS, Progress, ValidationRun, get_backend
 from .gates import GATE_ORDER, GateResult, skipped
 from .torch_backend import PARITY_SEQUENCES, plan_placement  # noqa: F401  (re-exported)
 
@@ -49,9 +49,9 @@ class ValidateOptions:
         dtype: ``float32`` | ``bfloat16`` | ``float16`` for verifier and drafter.
         min_tau: optional τ floor for G3.
         backend: ``torch`` (this harness) | ``vllm``.
-        drafter_backend: how the torch harness runs the drafter under test (a key of
-            :data:`specconv.validate.backend.DRAFTER_LOADERS`; ``torch`` = the reference
-            drafters of :mod:`specconv.drafters`).
+        drafter_backend: the runtime that loads the drafter under test in the torch
+            harness (a key of :data:`specconv.validate.runtimes.RUNTIMES`; ``torch`` = the
+            reference drafters of :mod:`specconv.drafters`).
         attn_implementation: verifier attention (``sdpa`` | ``eager``).
         seed: prompt-independent RNG seed (bootstrap, sampling).
         confidence_threshold: DSpark truncated-run threshold (None disables that run).
@@ -60,6 +60,10 @@ class ValidateOptions:
             :func:`specconv.validate.vllm_backend.resolve_vllm_python`).
         drafter_cache: torch backend — draft through the context-cached session
             (default) or statelessly (``--no-drafter-cache``); same tokens either way.
+        runtime: a runtime compared with the torch reference on the same requests (a key
+            of :data:`~specconv.validate.runtimes.RUNTIMES`: ``onnx`` for ``--onnx``,
+            ``tensorrt`` for ``--engine``; its gate joins the others). runtime_path: the
+            exported graph / engine it runs.
         vllm_load_check: also load the drafter with vLLM's own loader (``--vllm-load-check``,
             :mod:`specconv.vllm_check`); a failed load fails the run (``vllm_load``).
         vllm_loader_python: its interpreter (None: :func:`specconv.vllm_check.find_vllm_python`).
@@ -81,14 +85,15 @@ class ValidateOptions:
     vllm_port: int = 8011
     vllm_python: str | None = None
     drafter_cache: bool = True
-    onnx: str | None = None  # --onnx PATH: also run the loop with ONNX Runtime drafting
-    engine: str | None = None  # --engine PATH: also run the loop with a TensorRT engine drafting
+    runtime: str | None = None
+    runtime_path: str | None = None
     vllm_load_check: bool = False
     vllm_loader_python: str | None = None
 
 
-#: options reported as their own result (``vllm_load``), not under the report's ``options``
-_OWN_RESULT_OPTIONS = ("vllm_load_check", "vllm_loader_python")
+#: options the report's ``options`` leaves out: the load check is its own result (``vllm_load``),
+#: a compared runtime is listed as its CLI flag (``runtime_flags``)
+_OWN_RESULT_OPTIONS = ("vllm_load_check", "vllm_loader_python", "runtime", "runtime_path")
 
 
 def select_prompts(spec: str, n: int | None) -> list:
@@ -216,6 +221,7 @@ def _finish(report: dict, results: list[GateResult]) -> "ValidationReport":
 
     by = {g.name: g for g in results}
     ordered = [by.get(n) or skipped(n, "not reached") for n in GATE_ORDER]
+    ordered += [g for g in results if g.name not in GATE_ORDER]  # a compared runtime's gate (runtimes.py)
     report["gate_results"] = [g.to_dict() for g in ordered]
     report["gates"] = _gate_map(ordered)
     report["passed"] = all(report["gates"].values())
@@ -253,19 +259,11 @@ def validate_drafter(
     opts = options or ValidateOptions()
     d = Path(drafter_dir)
     config, config_error = _read_config(d)
-    _preflight(d, opts)
+    _preflight(opts)
     _check_inputs(d, opts)
     run = ValidationRun(drafter_dir=d, verifier=_resolved(verifier), verifier_spec=getattr(verifier, "spec", verifier),
                         config=config, options=opts, progress=progress or (lambda *_: None))
     report = _run_gates(run, config_error)
-    if opts.onnx:  # the ORT-drafted loop joins the gates (specconv/export/ort_validate.py)
-        from ..export.ort_validate import apply_onnx_gate
-
-        apply_onnx_gate(report)
-    if opts.engine:  # the engine-drafted loop joins the gates (specconv/export/engine_validate.py)
-        from ..export.engine_validate import apply_engine_gate
-
-        apply_engine_gate(report)
     if opts.vllm_load_check:
         _vllm_load_step(report, run)
     from .report import finish_report
@@ -317,14 +315,9 @@ def _read_config(d: Path) -> "tuple[SpeculatorsDraftConfig | None, InvalidInputE
         return None, e
 
 
-def _preflight(d: Path, opts: ValidateOptions) -> None:
-    """Refusals (exit 3) before any model is loaded: every ``--engine`` check, done before
-    any TensorRT object exists (``specconv.export.engine_drafter.preflight_engine``), and
-    the ``--vllm-load-check`` interpreter."""
-    if opts.engine:
-        from ..export.engine_drafter import preflight_engine
-
-        preflight_engine(opts.engine, d)
+def _preflight(opts: ValidateOptions) -> None:
+    """Refusal (exit 3) before any model is loaded: no ``--vllm-load-check`` interpreter (a
+    runtime's refusals are :func:`specconv.validate.runtimes.check_runtime`'s, in ``_check_inputs``)."""
     if opts.vllm_load_check:
         from ..vllm_check import find_vllm_python
 
@@ -343,14 +336,13 @@ def _vllm_load_step(report: "ValidationReport", run: ValidationRun) -> None:
 
 def _check_inputs(drafter_dir: str | Path, opts: ValidateOptions) -> Path:
     """Options that cannot work, and missing extras: refused before anything is read."""
-    from ..extras import require, require_extra
+    from ..extras import require
+    from .runtimes import check_runtime, get_runtime
     from .verifier_runner import torch_dtype
 
     require("torch", "validate", feature="specconv validate")  # G1 reads tensors with torch (every backend)
     if opts.backend != "vllm":  # the torch backend runs the verifier with transformers
         require("transformers", "validate", feature="specconv validate")
-    if opts.onnx:
-        require_extra("onnx", feature="specconv validate --onnx")
     d = Path(drafter_dir)
     if not d.is_dir():
         raise InvalidInputError(f"drafter dir {d} does not exist")
@@ -358,14 +350,9 @@ def _check_inputs(drafter_dir: str | Path, opts: ValidateOptions) -> Path:
         raise UsageError("--temperature must be >= 0")
     if opts.backend not in BACKENDS:
         raise UsageError(f"unknown backend {opts.backend!r}")
-    if opts.drafter_backend not in DRAFTER_LOADERS:
-        raise UsageError(f"unknown drafter backend {opts.drafter_backend!r} (known: {', '.join(DRAFTER_LOADERS)})")
+    get_runtime(opts.drafter_backend, "drafter backend")
     torch_dtype(opts.dtype)
-    if opts.onnx:  # a missing / corrupt / foreign graph is refused before the torch run, not after it
-        from ..export.ort_drafter import _check_files, resolve_graph
-
-        graph, meta_dir, meta = resolve_graph(opts.onnx, opts.dtype)
-        _check_files(graph, meta_dir, meta, d)
+    check_runtime(opts.runtime, opts.runtime_path, d, opts.dtype)  # a runtime's refusals, before any model
     return d
 
 
@@ -373,6 +360,7 @@ def _start_report(run: ValidationRun) -> dict[str, Any]:
     """The report keys known before any gate ran (what, with what, which versions)."""
     from .. import __version__
     from .report import library_versions
+    from .runtimes import runtime_flags
 
     opts, v = run.options, run.verifier
     return {
@@ -386,7 +374,8 @@ def _start_report(run: ValidationRun) -> dict[str, Any]:
         "temperature": opts.temperature,
         "max_new_tokens": opts.max_new_tokens,
         "seed": opts.seed,
-        "options": {k: val for k, val in asdict(opts).items() if k not in _OWN_RESULT_OPTIONS},
+        "options": {**{k: val for k, val in asdict(opts).items() if k not in _OWN_RESULT_OPTIONS},
+                    **runtime_flags(opts.runtime, opts.runtime_path)},  # as the CLI flags: onnx, engine
         "versions": library_versions(),
     }
 

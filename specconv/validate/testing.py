@@ -2,7 +2,7 @@
 
 Used by the tests and handy for checking the harness itself: an *oracle* drafter
 (proposes the verifier's own greedy continuation) must reach τ = k + 1 up to end
-effects, a *random* drafter τ ≈ 1 (``tests/test_validate_loop.py`` checks both).
+effects, a *random* drafter τ ≈ 1 (``tests/validate/test_validate_loop.py`` checks both).
 """
 
 from __future__ import annotations

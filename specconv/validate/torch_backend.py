@@ -135,8 +135,8 @@ class TorchBackend:
         """Place, then load the drafter and the verifier runner; render the prompts."""
         import torch
 
-        from .backend import load_drafter_backend
         from .report import device_info, torch_backend_flags
+        from .runtimes import get_runtime
         from .verifier_runner import VerifierRunner, resolve_device, torch_dtype
 
         opts, rep, v = run.options, run.report, run.verifier
@@ -146,8 +146,9 @@ class TorchBackend:
         rep.update(device=device_info(device), placement=placement, torch_backends=torch_backend_flags(),
                    attn_implementation=opts.attn_implementation)
         run.progress("loading drafter", 0, 1)
-        drafter = load_drafter_backend(opts.drafter_backend, run.drafter_dir, v, config=run.config, dtype=dt,
-                                       device=device)
+        drafter = get_runtime(opts.drafter_backend, "drafter backend").load(run.drafter_dir, v, path=None,
+                                                                         dtype=opts.dtype, device=device,
+                                                                         config=run.config)
         rep.update(algorithm=drafter.algorithm, k=int(drafter.num_draft_tokens),
                    block_size=getattr(drafter, "block_size", None), aux_layer_ids=list(drafter.aux_layer_ids))
         run.progress("loading verifier", 0, 1)
@@ -162,6 +163,7 @@ class TorchBackend:
 
     def _gates(self, h: _Harness) -> None:
         """Decode plainly and speculatively, then G2 (with a source), G3, G4, extras."""
+        from ..format import algorithm
         from .gates import gate_acceptance
         from .metrics import compute_metrics, summary
 
@@ -170,20 +172,15 @@ class TorchBackend:
         spec = h.decode("speculative decode", h.drafter)
         metrics = compute_metrics(spec, k, baseline=plain, seed=opts.seed)
         run.report["metrics"] = metrics
-        if opts.onnx:  # ONNX Runtime as the drafter, side by side with the torch run
-            from ..export.ort_validate import onnx_acceptance
+        if opts.runtime:  # a registered runtime drafting the same requests, compared with this run
+            from .runtimes import compare_runtime
 
-            run.report["onnx"] = onnx_acceptance(opts.onnx, run.drafter_dir, h.drafter, h.decode, spec, plain, k, opts)
-        if opts.engine:  # a TensorRT engine as the drafter, side by side with the torch run
-            from ..export.engine_validate import engine_acceptance
-
-            run.report["engine"] = engine_acceptance(opts.engine, run.drafter_dir, h.drafter, h.decode, spec, plain,
-                                                     k, opts)
+            run.results.append(compare_runtime(run, h.drafter, h.decode, spec, plain))
         copy_top(run.report, metrics)
         source_metrics = self._source_gates(h, plain)
         run.results.append(gate_acceptance(metrics, source_metrics=source_metrics, min_tau=opts.min_tau))
         run.results.append(self._lossless(h, spec, plain))
-        if h.drafter.algorithm == "dspark":
+        if algorithm(h.drafter.algorithm).markov_head:  # DSpark: confidence-head extras
             run.report["dspark"] = _dspark_extras(spec, h)
         run.report["summary"] = summary(metrics)
 

@@ -349,7 +349,3 @@ class VerifierRunner:
                     if name in tmpl or name == getattr(tok, "eos_token", None):
                         ids.add(int(vocab[name]))
         return sorted(ids)
-
-    def weight_bytes(self) -> int:
-        """Bytes held by the verifier's parameters."""
-        return sum(p.numel() * p.element_size() for p in self.model.parameters())

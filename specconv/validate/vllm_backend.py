@@ -3,7 +3,7 @@
 * command line — for a **local** verifier the long form
   ``vllm serve <verifier> --speculative-config '{"model": <drafter dir>, "method": …,
   "num_speculative_tokens": K, …}'`` of :func:`specconv.format.serve.long_form_argv` (the
-  model card's; the method and its flags are ``specconv.format.facts.SERVE_CONFIGS``'s), K =
+  model card's; the method and its flags are the algorithm description's ``vllm``), K =
   ``proposal_methods[0].speculative_tokens``; the short form ``vllm serve <drafter dir>``
   only when the recorded ``verifier.name_or_path`` is a Hub repo id and that id is what
   was passed as ``--verifier`` (vLLM ``vllm/transformers_utils/config.py``,

@@ -7,8 +7,10 @@ Several dirs are checked in ONE subprocess: vLLM's import costs ~10–40 s, each
 
 The runner imports nothing from specconv, so every specconv fact it needs travels in its
 job file: the ``--speculative-config`` text of each dir (the model card's, or the same text
-built by :mod:`specconv.format.serve` from the one serve table). Only stdlib is imported at
-module level, so ``specconv --help`` stays torch-free.
+built by :mod:`specconv.format.serve` from the algorithm's description) and the description's
+:meth:`~specconv.format.algorithms.Algorithm.job_facts` (the draft classes vLLM must build,
+the V2-model-runner setting). Only stdlib is imported at module level, so ``specconv --help``
+stays torch-free.
 """
 
 from __future__ import annotations
@@ -134,7 +136,7 @@ def run_load_checks(
             anything (its stderr tail is in the message).
     """
     py = find_vllm_python(python)
-    job = {"dtype": dtype, "checks": [_job_check(c) for c in checks]}
+    job = {"dtype": dtype, "checks": [_job_check(check) for check in checks]}
     with tempfile.TemporaryDirectory(prefix="specconv-vllm-") as tmp:
         job_path, out_path = Path(tmp) / "job.json", Path(tmp) / "result.json"
         job_path.write_text(json.dumps(job), encoding="utf-8")
@@ -153,10 +155,17 @@ def run_load_checks(
     return result
 
 
-def _job_check(c: LoadCheck) -> dict:
-    """One check of the runner's job file (every specconv fact it needs is in it)."""
-    return {"dir": str(Path(c.dir).resolve()), "verifier": str(c.verifier), "short_form": c.short_form,
-            "speculative_config": c.speculative_config or speculative_config_for(c.dir)}
+def _job_check(check: LoadCheck) -> dict:
+    """One check of the runner's job file (every specconv fact it needs is in it): the dir's
+    algorithm facts (:meth:`specconv.format.algorithms.Algorithm.job_facts`; None for a dir
+    whose ``speculators_model_type`` specconv does not describe)."""
+    from specconv.format import speculators_model_type_of
+    from specconv.format.algorithms import find_algorithm
+
+    alg = find_algorithm(speculators_model_type_of(check.dir))
+    return {"dir": str(Path(check.dir).resolve()), "verifier": str(check.verifier), "short_form": check.short_form,
+            "speculative_config": check.speculative_config or speculative_config_for(check.dir),
+            "facts": alg.job_facts() if alg is not None else None}
 
 
 def record_payload(result: dict, index: int = 0) -> dict:

@@ -2,10 +2,15 @@
 
 Usage: ``python runner.py JOB.json RESULT.json``. Imports nothing from specconv (the
 vLLM venv does not have it), so specconv's serve facts arrive in the job file: each check
-carries the ``--speculative-config`` text a user passes (the model card's). ``JOB.json``::
+carries the ``--speculative-config`` text a user passes (the model card's) and its
+algorithm's facts (``Algorithm.job_facts()`` of ``specconv/format/algorithms.py``: the
+draft classes vLLM 0.33 builds, ``vllm/model_executor/models/registry.py``, and whether it
+needs the V2 model runner). ``JOB.json``::
 
     {"checks": [{"dir": "...", "verifier": "...", "short_form": true | false | "auto",
-                 "speculative_config": "{\"model\": ..., \"method\": ..., ...}"}, ...],
+                 "speculative_config": "{\"model\": ..., \"method\": ..., ...}",
+                 "facts": {"algorithm": ..., "vllm": {"method": ..., "flags": {...},
+                           "draft_classes": [...], "v2_model_runner": false}}}, ...],
      "dtype": "float32"}
 
 For every check it builds the engine config as ``vllm serve`` would (long form
@@ -41,14 +46,6 @@ import tempfile
 import time
 import traceback
 
-#: Draft classes vLLM 0.33 uses for each algorithm (``vllm/model_executor/models/registry.py``).
-EXPECTED_CLASSES = {
-    "peagle": {"Eagle3LlamaForCausalLM", "Eagle3Qwen3ForCausalLM"},
-    "dflash": {"DFlashQwen3ForCausalLM"},
-    "dspark": {"Qwen3DSparkForCausalLM"},
-}
-#: DSpark needs the V2 model runner at config level; P-EAGLE is refused under V2.
-V2_RUNNER = {"dspark": "1", "peagle": "0", "dflash": "0"}
 
 
 # ------------------------------------------------------------------ torch stubs
@@ -397,7 +394,8 @@ def check_one(job: dict, dtype: str) -> dict:
         with open(os.path.join(d, "config.json"), encoding="utf-8") as f:
             cfg = json.load(f)
         res["algorithm"] = algo = cfg["speculators_model_type"]
-        os.environ["VLLM_USE_V2_MODEL_RUNNER"] = V2_RUNNER.get(algo, "0")
+        facts = (job.get("facts") or {}).get("vllm") or {}
+        os.environ["VLLM_USE_V2_MODEL_RUNNER"] = "1" if facts.get("v2_model_runner") else "0"
         res["speculative_config"] = spec = given_speculative_config(d, job["speculative_config"])
         res["vllm_reading"], disagreement = vllm_reading(cfg, spec)
         if disagreement:
@@ -415,11 +413,11 @@ def check_one(job: dict, dtype: str) -> dict:
         res["short_form"] = short_form(d, res["long_form"]["config"], dtype)
         if not res["short_form"]["ok"]:
             res["errors"].append(f"engine config (short form): {res['short_form']['error']}")
-    _load_and_compare(res, vc, algo)
+    _load_and_compare(res, vc, algo, set(facts.get("draft_classes") or ()))
     return _done(res, t0)
 
 
-def _load_and_compare(res: dict, vc, algo: str) -> None:
+def _load_and_compare(res: dict, vc, algo: str, expected_classes: set[str]) -> None:
     RECORDER.__init__()
     RECORDER.active = True
     try:
@@ -431,8 +429,8 @@ def _load_and_compare(res: dict, vc, algo: str) -> None:
     finally:
         RECORDER.active = False
     res["model_class"] = cls = type(model).__name__
-    if cls not in EXPECTED_CLASSES.get(algo, set()):
-        res["errors"].append(f"vLLM built {cls} for {algo}; expected one of {sorted(EXPECTED_CLASSES.get(algo, ()))}")
+    if cls not in expected_classes:
+        res["errors"].append(f"vLLM built {cls} for {algo}; expected one of {sorted(expected_classes)}")
     vf = verifier_facts(vc)
     res["verifier_facts"] = vf
     res["weights"] = w = strict_compare(model, RECORDER, vf)

@@ -101,7 +101,7 @@ def _padded_verifier(verifier: Path, dst: Path, logical: int) -> Path:
 
 def _plan(src: Path, verifier: Path, **opts):
     """The converter's plan (the lint, which compares with the verifier's config vocab, is
-    not run: that rule lives in ``specconv.speculators``)."""
+    not run: that rule lives in ``specconv.format``)."""
     from specconv.converters import ConvertOptions, SourceInfo, detect
     from specconv.verifier import resolve_verifier
 

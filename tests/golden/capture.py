@@ -6,7 +6,7 @@ holds a traceback, and the files it added / changed / removed; for conversions a
 output file (``config.json``, ``specconv.json``, the card: full normalised content; tensor
 files: sha256). Groups: ``convert`` (one per supported source format + variants),
 ``refusals`` (``tests/fixtures_dspark.REFUSAL_CASES``), ``bad_inputs`` (the hostile inputs of
-``tests/test_bad_inputs.py`` / ``test_bad_inputs_new.py``), ``commands`` (formats, push
+``tests/cli/test_bad_inputs_convert.py`` / ``test_bad_inputs_publish.py``), ``commands`` (formats, push
 ``--dry-run`` against the loopback Hub double, validate), ``slow`` (export onnx, release
 ``--dry-run``). The one normaliser is :mod:`golden.normalise`.
 
@@ -21,7 +21,7 @@ Rewriting is a deliberate act: run it only after an intended behaviour change, t
 
 Inputs are built by the suite's own builders, imported (not copied): ``conftest``
 (``make_tiny_verifier``), ``fixtures_dflash`` / ``fixtures_dspark`` / ``fixtures_peagle``,
-``test_bad_inputs`` / ``test_bad_inputs_new`` (helpers and ``parametrize`` lists),
+``test_bad_inputs_convert`` / ``test_bad_inputs_publish`` (helpers and ``parametrize`` lists),
 ``test_validate_cli._build``, ``hub_double``. When tests move, update those imports in
 ``golden/*.py`` only; the golden files must not change.
 """
@@ -43,7 +43,7 @@ from typing import Any
 if __package__ in (None, ""):  # run as a script: make `golden` (tests/golden) importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from golden import cases_bad, cases_bad_new, cases_bad_output, cases_commands, cases_convert  # noqa: E402
+from golden import cases_bad, cases_bad_publish, cases_bad_output, cases_commands, cases_convert  # noqa: E402
 from golden.workspace import Workspace, golden_env  # noqa: E402
 
 DATA = Path(__file__).resolve().parent / "data"
@@ -72,7 +72,7 @@ def _merged(*parts: dict[str, Runner]) -> dict[str, Runner]:
 GROUPS: dict[str, Group] = {
     "convert": Group({name: cases_convert.case(name) for name in cases_convert.CASES}),
     "refusals": Group(cases_bad.REFUSALS),
-    "bad_inputs": Group(_merged(cases_bad.CASES, cases_bad_output.CASES, cases_bad_new.CASES)),
+    "bad_inputs": Group(_merged(cases_bad.CASES, cases_bad_output.CASES, cases_bad_publish.CASES)),
     "commands": Group(cases_commands.CASES),
     "slow": Group(cases_commands.SLOW, slow=True),
 }

@@ -1,7 +1,7 @@
 """Golden cases, groups ``refusals`` and ``bad_inputs`` (source side).
 
 ``refusals``: every trigger of ``tests/fixtures_dspark.REFUSAL_CASES`` through ``inspect``
-and ``convert``. ``bad_inputs``: the hostile / careless inputs of ``tests/test_bad_inputs.py``
+and ``convert``. ``bad_inputs``: the hostile / careless inputs of ``tests/cli/test_bad_inputs_convert.py``
 (source config, verifier, pickles, weight files, subfolders; the output-directory and
 flag cases are in :mod:`golden.cases_bad_output`), built with that module's own helpers
 and parameter lists. Each records exit code, the JSON error, findings and the files
@@ -23,10 +23,10 @@ Runner = Callable[[Workspace, Path], dict[str, Any]]
 
 # ---------------------------------------------------------------------------- helpers
 def tbi():
-    """tests/test_bad_inputs.py (its input builders and parameter lists)."""
-    import test_bad_inputs
+    """tests/cli/test_bad_inputs_convert.py (its input builders and parameter lists)."""
+    import test_bad_inputs_convert
 
-    return test_bad_inputs
+    return test_bad_inputs_convert
 
 
 def params(test_fn) -> list:

@@ -1,5 +1,5 @@
 """Golden cases, group ``bad_inputs`` (output side, flags, failures mid-write, trainer dirs):
-the rest of ``tests/test_bad_inputs.py``, built with its helpers and parameter lists.
+the rest of ``tests/cli/test_bad_inputs_convert.py``, built with its helpers and parameter lists.
 
 Not covered here (subprocesses, timing-dependent): the SIGTERM-mid-write and the
 two-concurrent-converts cases; they keep their own tests.

@@ -3,7 +3,7 @@
 * ``formats``; ``push --dry-run`` (unvalidated, with ``--detailed-exitcode``, ``--tag``,
   ``--exclude``) against the loopback Hub double with the real huggingface_hub client in one
   online subprocess (:mod:`golden.online`); ``validate`` (1 prompt × 4 tokens on the tiny
-  SmolLM2-tokenizer verifier of ``tests/test_validate_cli.py``) then ``push --dry-run`` of
+  SmolLM2-tokenizer verifier of ``tests/validate/test_validate_cli.py``) then ``push --dry-run`` of
   the validated dir; ``build-engine`` without a graph.
 * ``slow``: ``export onnx`` (ORT parity check on) and ``release --dry-run``.
 

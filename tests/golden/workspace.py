@@ -26,7 +26,7 @@ from golden.normalise import Normaliser
 
 TESTS = Path(__file__).resolve().parents[1]
 REPO = TESTS.parent
-for _p in (str(REPO), str(TESTS)):  # fixtures_* modules, `import tests.x` as the suite does
+for _p in (str(REPO), str(TESTS), str(TESTS / "cli")):  # fixtures_* modules, `import tests.x` as the suite does, the bad-input tests
     if _p not in sys.path:
         sys.path.insert(0, _p)
 

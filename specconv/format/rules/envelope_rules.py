@@ -2,39 +2,19 @@
 
 Facts: speculators 0.9.0 ``src/speculators/config.py``; vLLM 0.33
 ``vllm/transformers_utils/configs/speculators/algos.py`` and ``vllm/config/speculative.py``
-(what vLLM reads and defaults); ``docs/formats.md``. The serve method is
-:data:`specconv.format.facts.SERVE_CONFIGS`'s.
+(what vLLM reads and defaults); ``docs/formats.md``. Per-algorithm facts (architecture,
+serve method, implicit keys, what vLLM does with ``sample_from_anchor``) are the
+descriptions' (:mod:`specconv.format.algorithms`).
 """
 
 from __future__ import annotations
 
-from ..facts import ARCHITECTURES, SERVE_METHODS
 from ..schema import BlockDraftConfig, expected_speculative_tokens
 from ..serve import long_form_argv, shell_command
 from ..verifier_facts import is_hub_repo_id
 from .registry import Hit, LintContext, rule
 
 K_KEY = "speculators_config.proposal_methods.0.speculative_tokens"
-
-#: (key, agreed, why) per algorithm: ``agreed`` when speculators and vLLM default alike.
-IMPLICIT_KEYS: dict[str, list[tuple[str, bool, str]]] = {
-    "peagle": [
-        ("norm_before_residual", False, "the speculators trainer defaults to true, the config class and vLLM to false"),
-    ],
-    "dflash": [
-        ("block_size", False, "the config default is 8, the trainer default 16"),
-        ("sample_from_anchor", True, "speculators and vLLM both default to false"),
-        ("sliding_window_non_causal", True, "speculators and vLLM both default to false"),
-    ],
-    "dspark": [
-        ("block_size", False, "the config default is 8"),
-        ("sample_from_anchor", False, "speculators defaults to true, vLLM's updater to false"),
-        ("markov_rank", False, "speculators defaults to 256; vLLM copies it only when set"),
-        ("enable_confidence_head", False, "speculators defaults to true, vLLM to false"),
-        ("confidence_head_with_markov", False, "speculators defaults to true, vLLM to false"),
-    ],
-}
-
 
 def serve_hint(ctx: LintContext) -> str:
     """The long-form ``vllm serve`` command line for the draft (:mod:`specconv.format.serve`)."""
@@ -77,7 +57,7 @@ def _algorithm_mismatch(ctx: LintContext) -> Hit | None:
 
 @rule("architectures-unexpected", "info")
 def _architectures(ctx: LintContext) -> Hit | None:
-    want = ARCHITECTURES[ctx.algo]
+    want = ctx.alg.architecture
     if ctx.cfg.architectures != [want]:
         return (f"architectures is {ctx.cfg.architectures}; speculators writes [{want!r}] "
                 "(vLLM overrides it)", "architectures")
@@ -103,9 +83,9 @@ def _target_hidden_size(ctx: LintContext) -> Hit | None:
 
 def _implicit(ctx: LintContext, agreed: bool) -> list[Hit]:
     return [
-        (f"{key} is absent from the file" + (f" ({why})" if why else "") + "; write it explicitly", key)
-        for key, ok, why in IMPLICIT_KEYS.get(ctx.algo, [])
-        if ok is agreed and key not in ctx.cfg.model_fields_set
+        (f"{ik.key} is absent from the file" + (f" ({ik.why})" if ik.why else "") + "; write it explicitly", ik.key)
+        for ik in ctx.alg.implicit_keys
+        if ik.agreed is agreed and ik.key not in ctx.cfg.model_fields_set
     ]
 
 
@@ -121,7 +101,7 @@ def _implicit_agreed(ctx: LintContext) -> list[Hit]:
 
 @rule("serve-method-mismatch", "error", needs=("serve_method",))
 def _serve_method(ctx: LintContext) -> Hit | None:
-    want = SERVE_METHODS[ctx.algo]
+    want = ctx.alg.vllm.method
     if ctx.serve_method != want:
         return (f"method {ctx.serve_method!r} does not serve a {ctx.algo} drafter (vLLM 0.33 "
                 f"accepts it without a word and builds the wrong draft model); use method "
@@ -200,17 +180,17 @@ def _k_mismatch(ctx: LintContext) -> Hit | None:
     exp = expected_speculative_tokens(cfg)
     if k == exp:
         return None
-    B, sfa = cfg.block_size, str(cfg.sample_from_anchor).lower()
+    B, layout = cfg.block_size, str(cfg.sample_from_anchor).lower()
     if "sample_from_anchor" not in cfg.model_fields_set:
         return (f"sample_from_anchor is absent and speculative_tokens={k} is neither block_size-1 "
                 f"({B - 1}, 1+N layout) nor block_size ({B}, anchor-first): the block layout cannot be "
                 "told (the legacy rule `specconv convert` applies); write sample_from_anchor", K_KEY)
-    return (f"speculative_tokens={k} but the trained layout (block_size={B}, sample_from_anchor={sfa}) "
+    return (f"speculative_tokens={k} but the trained layout (block_size={B}, sample_from_anchor={layout}) "
             f"drafts {exp} tokens per pass; vLLM does not check this", K_KEY)
 
 
 @rule("sample-from-anchor-legacy", "info")
-def _sfa_legacy(ctx: LintContext) -> Hit | None:
+def _sample_from_anchor_legacy(ctx: LintContext) -> Hit | None:
     cfg = ctx.cfg
     if isinstance(cfg, BlockDraftConfig) and cfg.sample_from_anchor_from_legacy:
         rule_text = "== block_size → anchor-first" if cfg.sample_from_anchor else "== block_size-1 → 1+N"
@@ -224,22 +204,22 @@ def _sfa_legacy(ctx: LintContext) -> Hit | None:
 def _peagle_depths(ctx: LintContext) -> Hit | None:
     depths = (ctx.cfg.model_extra or {}).get("num_depths")
     k = ctx.cfg.speculative_tokens
-    if ctx.algo == "peagle" and isinstance(depths, int) and not isinstance(depths, bool) and k > depths:
+    if ctx.alg.parallel_drafting and isinstance(depths, int) and not isinstance(depths, bool) and k > depths:
         return f"speculative_tokens={k} exceeds the recorded num_depths={depths} trained", K_KEY
     return None
 
 
 @rule("dflash-sample-from-anchor", "warning")
-def _dflash_sfa(ctx: LintContext) -> Hit | None:
-    if ctx.algo == "dflash" and ctx.cfg.sample_from_anchor:
+def _sample_from_anchor_rejected(ctx: LintContext) -> Hit | None:
+    if ctx.alg.vllm.sample_from_anchor == "rejected" and ctx.cfg.sample_from_anchor:
         return ("sample_from_anchor is true: vLLM's DFlash rejects it (speculators can run it)",
                 "sample_from_anchor")
     return None
 
 
 @rule("dspark-sample-from-anchor-vllm", "info")
-def _dspark_sfa(ctx: LintContext) -> Hit | None:
-    if ctx.algo == "dspark" and ctx.cfg.sample_from_anchor:
+def _sample_from_anchor_vllm(ctx: LintContext) -> Hit | None:
+    if ctx.alg.vllm.sample_from_anchor == "supported" and ctx.cfg.sample_from_anchor:
         return ("DSpark with sample_from_anchor=true needs vLLM >= 0.27 (>= 0.30 maps it to "
                 "dspark_bonus_anchor=false); some vLLM forks hard-code the bonus-anchor layout — "
                 "pin and test the vLLM version", "sample_from_anchor")

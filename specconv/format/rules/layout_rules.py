@@ -9,7 +9,6 @@ summary: ``docs/formats.md``.
 
 from __future__ import annotations
 
-from ..facts import aux_ids_key
 from ..schema import DSparkConfig, PEagleConfig, effective_window
 from .registry import Hit, LintContext, rule
 
@@ -27,18 +26,21 @@ def _unknown_types(ctx: LintContext) -> list[str]:
 
 
 @rule("layer-model-type-unsupported", "error")
-def _peagle_model_type(ctx: LintContext) -> Hit | None:
-    mt = ctx.layer.get("model_type")
-    if ctx.algo == "peagle" and mt not in ("llama", "qwen3"):
-        return (f"transformer_layer_config.model_type={mt!r}: P-EAGLE supports only 'llama' or "
-                "'qwen3' (vLLM raises ValueError)", _MT_KEY)
+def _layer_model_type_unsupported(ctx: LintContext) -> Hit | None:
+    """A drafter whose layer class follows the model type: vLLM raises outside its list."""
+    mt, alg = ctx.layer.get("model_type"), ctx.alg
+    if not alg.qk_norm_always and mt not in alg.layer_model_types:
+        supported = " or ".join(repr(t) for t in alg.layer_model_types)
+        return (f"transformer_layer_config.model_type={mt!r}: {alg.display_name} supports only {supported} "
+                "(vLLM raises ValueError)", _MT_KEY)
     return None
 
 
 @rule("layer-model-type-not-qwen3", "warning")
-def _block_model_type(ctx: LintContext) -> Hit | None:
+def _layer_model_type_not_qwen3(ctx: LintContext) -> Hit | None:
+    """A drafter that builds Qwen3-style layers whatever the model type says."""
     mt = ctx.layer.get("model_type")
-    if ctx.algo != "peagle" and mt != "qwen3":
+    if ctx.alg.qk_norm_always and mt not in ctx.alg.layer_model_types:
         return (f"transformer_layer_config.model_type={mt!r}: DFlash/DSpark always build Qwen3-style "
                 "layers (per-head q/k norm); use 'qwen3'", _MT_KEY)
     return None
@@ -115,8 +117,9 @@ def _swa_anchoring(ctx: LintContext) -> Hit | None:
 
 
 def _dflash_layout(ctx: LintContext) -> tuple[int, int, bool] | None:
-    """``(n_swa, n_layers, sliding_window_non_causal)`` of a DFlash with known layer types."""
-    if ctx.algo != "dflash" or not ctx.layer_types or _unknown_types(ctx):
+    """``(n_swa, n_layers, sliding_window_non_causal)`` of a drafter whose
+    ``sliding_window_non_causal`` vLLM applies to every layer (DFlash), layer types known."""
+    if ctx.alg.vllm.sliding_window_non_causal != "every-layer" or not ctx.layer_types or _unknown_types(ctx):
         return None
     swa = _swa_flags(ctx)
     return sum(swa), len(swa), ctx.cfg.sliding_window_non_causal
@@ -165,7 +168,8 @@ def _dflash_vllm_version(ctx: LintContext) -> Hit | None:
 
 @rule("dspark-swa-non-causal-ignored", "warning")
 def _dspark_swa_flag(ctx: LintContext) -> Hit | None:
-    if ctx.algo == "dspark" and sum(_swa_flags(ctx)) and ctx.cfg.sliding_window_non_causal:
+    if (ctx.alg.vllm.sliding_window_non_causal == "ignored" and sum(_swa_flags(ctx))
+            and ctx.cfg.sliding_window_non_causal):
         return ("sliding_window_non_causal is true but vLLM ignores it for DSpark and runs the SWA "
                 "layers causal inside the block", "sliding_window_non_causal")
     return None
@@ -275,23 +279,24 @@ def _peagle_aux_count(ctx: LintContext) -> Hit | None:
 
 @rule("aux-ids-implicit", "warning")
 def _aux_implicit(ctx: LintContext) -> Hit | None:
-    if ctx.algo == "peagle" and not ctx.cfg.aux_layer_ids:
-        return ("eagle_aux_hidden_state_layer_ids is null: speculators resolves [2, n//2, n-3] from "
-                "the verifier at load time; write the trained ids explicitly", aux_ids_key(ctx.algo))
+    key = ctx.alg.aux_ids_key
+    if ctx.alg.aux_ids_default_from_verifier and not ctx.cfg.aux_layer_ids:
+        return (f"{key} is null: speculators resolves [2, n//2, n-3] from "
+                "the verifier at load time; write the trained ids explicitly", key)
     return None
 
 
 @rule("aux-ids-missing", "error")
 def _aux_missing(ctx: LintContext) -> Hit | None:
-    key = aux_ids_key(ctx.algo)
-    if ctx.algo != "peagle" and not ctx.cfg.aux_layer_ids:
+    key = ctx.alg.aux_ids_key
+    if not ctx.alg.aux_ids_default_from_verifier and not ctx.cfg.aux_layer_ids:
         return f"{key} is missing or empty: the model cannot be built and vLLM raises KeyError", key
     return None
 
 
 @rule("aux-ids-duplicate", "error")
 def _aux_duplicate(ctx: LintContext) -> Hit | None:
-    ids, key = ctx.cfg.aux_layer_ids, aux_ids_key(ctx.algo)
+    ids, key = ctx.cfg.aux_layer_ids, ctx.alg.aux_ids_key
     if ids and len(set(ids)) != len(ids):
         return f"{key}={ids} has duplicate ids", key
     return None
@@ -299,7 +304,7 @@ def _aux_duplicate(ctx: LintContext) -> Hit | None:
 
 @rule("aux-ids-out-of-range", "error")
 def _aux_range(ctx: LintContext) -> Hit | None:
-    ids, key = ctx.cfg.aux_layer_ids, aux_ids_key(ctx.algo)
+    ids, key = ctx.cfg.aux_layer_ids, ctx.alg.aux_ids_key
     n = ctx.verifier.num_hidden_layers if ctx.verifier is not None else None
     bad = [i for i in ids or [] if i < 0 or (n is not None and i > n)]
     if bad:
@@ -323,7 +328,7 @@ FINAL_STATE_ENGINES = (
 
 @rule("aux-ids-final-hidden-state", "warning", needs=("verifier",))
 def _aux_final(ctx: LintContext) -> Hit | None:
-    ids, key, v = ctx.cfg.aux_layer_ids, aux_ids_key(ctx.algo), ctx.verifier
+    ids, key, v = ctx.cfg.aux_layer_ids, ctx.alg.aux_ids_key, ctx.verifier
     if v is None or not ids or v.num_hidden_layers not in ids:
         return None
     n = v.num_hidden_layers

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Literal, NamedTuple, Union
 
+from ..algorithms import Algorithm, algorithm
 from ..findings import CODES, Finding, Level
 from ..schema import SpeculatorsDraftConfig, resolve_layer_types
 from ..tensors import TensorSpec, expected_tensors
@@ -46,6 +47,11 @@ class LintContext:
     def algo(self) -> str:
         """``speculators_model_type``."""
         return self.cfg.speculators_model_type
+
+    @property
+    def alg(self) -> Algorithm:
+        """The algorithm's description (:mod:`specconv.format.algorithms`)."""
+        return algorithm(self.algo)
 
     @property
     def layer(self) -> dict:

@@ -32,7 +32,7 @@ def _verifier_tensor(ctx: LintContext) -> Hit | None:
 
 @rule("mask-hidden-present", "error", needs=_T)
 def _mask_hidden_present(ctx: LintContext) -> Hit | None:
-    if ctx.algo != "peagle" and "mask_hidden" in ctx.names:
+    if not ctx.alg.mask_hidden and "mask_hidden" in ctx.names:
         return f"{ctx.algo} must not contain mask_hidden: vLLM asserts it is absent", "mask_hidden"
     return None
 

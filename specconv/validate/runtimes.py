@@ -1,0 +1,259 @@
+"""Drafter runtimes, registered once, and the one gate comparing a runtime with the torch reference.
+
+:data:`RUNTIMES` maps a runtime name to a :class:`Runtime`: its loader (dotted path, imported
+on use) returning a :class:`~specconv.validate.backend.DrafterBackend`, an optional
+preflight, and — for a runtime compared with the reference — its pass rule as data
+(:class:`CompareRule`). ``ValidateOptions.drafter_backend`` picks the runtime that loads the
+drafter under test (``torch``); ``ValidateOptions.runtime`` (``--onnx`` → ``onnx``,
+``--engine`` → ``tensorrt``) the one :func:`compare_runtime` runs through the same requests
+and judges. Adding a runtime = one module with a loader + one entry here
+(``docs/architecture.md``, "Adding a runtime").
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable
+
+from ..format.algorithms import import_object
+
+if TYPE_CHECKING:
+    from ..format import SpeculatorsDraftConfig
+    from ..verifier import Verifier
+    from .backend import DrafterBackend, ValidationRun
+    from .gates import GateResult
+
+#: The metric keys of each side of a comparison (``report[key]["torch"]`` and the runtime's).
+SIDE_KEYS = ("acceptance_length", "acceptance_at_pos", "num_drafts", "num_accepted_tokens", "tpot_ms", "draft_ms")
+
+
+@dataclass(frozen=True)
+class CompareRule:
+    """How a runtime's run must agree with the torch reference's run.
+
+    Attributes:
+        identical_tokens: greedy only — generated tokens identical, drafts different only at
+            near ties (counted), τ equal when no near-tie difference occurred.
+        tau_rel_tol: ``|τ_runtime − τ_torch| / τ_torch`` at most this (any temperature).
+        kl: report top-1 agreement and KL(torch ‖ runtime) of the greedy drafts.
+        near_tie_margin: a draft is a near tie below this torch top-1 − top-2 logit margin.
+    """
+
+    identical_tokens: bool = False
+    tau_rel_tol: float | None = None
+    kl: bool = False
+    near_tie_margin: float = 1e-4
+
+    def text(self) -> str:
+        """The rule in words (``report[key]["rule"]``)."""
+        parts = [f"greedy: tokens identical, drafts identical outside near-ties (torch top-1/top-2 margin < "
+                 f"{self.near_tie_margin}), tau equal when no near-tie difference"] if self.identical_tokens else []
+        parts += [f"tau within {self.tau_rel_tol:.0%} of the torch run"] if self.tau_rel_tol is not None else []
+        return "; ".join(parts + (["top-1 agreement and KL reported"] if self.kl else []))
+
+
+@dataclass(frozen=True)
+class Runtime:
+    """One registered runtime (its name is its :data:`RUNTIMES` key).
+
+    Attributes:
+        display: how reports and progress name it.
+        loader: ``"module:function"`` called as ``load(drafter_dir, verifier, *, path, dtype,
+            device, config)`` (``path``: the graph / engine or None; ``dtype``: the run dtype
+            name; ``config``: the drafter's typed ``config.json`` as the run parsed it, or None).
+        key: a compared runtime's CLI flag without dashes, report object and gate name.
+        side: the key of the runtime's metrics inside ``report[key]`` (beside ``torch``).
+        preflight: ``"module:function"`` called as ``preflight(path, drafter_dir, dtype)``
+            before any model is loaded; raises the runtime's refusals (a missing extra: exit 2).
+        rule: its pass rule against the torch reference (None: the reference itself).
+    """
+
+    display: str
+    loader: str
+    key: str | None = None
+    side: str | None = None
+    preflight: str | None = None
+    rule: CompareRule | None = None
+
+    def load(self, drafter_dir: Path, verifier: "Verifier", *, path: str | None, dtype: str,
+             device: str, config: "SpeculatorsDraftConfig | None" = None) -> "DrafterBackend":
+        """Load the drafter with this runtime (see :attr:`loader`)."""
+        return import_object(self.loader)(drafter_dir, verifier, path=path, dtype=dtype, device=device, config=config)
+
+
+RUNTIMES: dict[str, Runtime] = {
+    "torch": Runtime("torch reference", "specconv.validate.runtimes:load_torch"),
+    "onnx": Runtime("ONNX Runtime", "specconv.export.ort_drafter:load", key="onnx", side="onnx",
+                    preflight="specconv.export.ort_drafter:preflight", rule=CompareRule(identical_tokens=True)),
+    "tensorrt": Runtime("TensorRT engine", "specconv.export.engine_drafter:load", key="engine", side="engine_run",
+                        preflight="specconv.export.engine_drafter:preflight_engine",
+                        rule=CompareRule(tau_rel_tol=0.03, kl=True)),
+}
+
+
+def load_torch(drafter_dir: Path, verifier: "Verifier", *, path: str | None, dtype: str, device: str,
+               config: "SpeculatorsDraftConfig | None" = None):
+    """The reference drafter (:func:`specconv.drafters.load_drafter`, from ``config`` when the
+    run parsed it); ``path`` is unused."""
+    import torch
+
+    from ..drafters import load_drafter
+
+    return load_drafter(drafter_dir, verifier, config=config, dtype=getattr(torch, dtype), device=device)
+
+
+def get_runtime(name: str, what: str = "runtime") -> Runtime:
+    """The runtime registered as ``name``.
+
+    Raises:
+        UsageError: unknown name (``what`` names the option in the message).
+    """
+    from ..errors import UsageError
+
+    if name not in RUNTIMES:
+        raise UsageError(f"unknown {what} {name!r} (known: {', '.join(RUNTIMES)})")
+    return RUNTIMES[name]
+
+
+def check_runtime(name: str | None, path: str | None, drafter_dir: Path, dtype: str) -> None:
+    """Refuse a compared runtime that cannot run, before any model is loaded (None: no-op).
+
+    Raises:
+        UsageError: unknown runtime, the reference itself, no path for a runtime that reads one.
+        MissingExtraError, InvalidInputError: its preflight's refusals (exit 2, 3).
+    """
+    from ..errors import UsageError
+
+    rt = get_runtime(name) if name is not None else None
+    if rt is not None and rt.rule is None:
+        raise UsageError(f"runtime {name!r} is the reference: there is nothing to compare it with")
+    if rt is not None and rt.preflight:
+        if not path:
+            raise UsageError(f"--{rt.key} needs a PATH")
+        import_object(rt.preflight)(path, drafter_dir, dtype)
+
+
+def runtime_flags(name: str | None, path: str | None) -> dict[str, str | None]:
+    """``{key: PATH or None}`` per compared runtime, as the CLI flags were given (report ``options``)."""
+    return {rt.key: (path if n == name else None) for n, rt in RUNTIMES.items() if rt.key}
+
+
+def runtime_from_flags(paths: dict[str, Any]) -> tuple[str | None, str | None]:
+    """``(name, path)`` of the runtime flag given (``{"onnx": PATH, "engine": None}``), else Nones."""
+    name = next((n for n, rt in RUNTIMES.items() if rt.key and paths.get(rt.key)), None)
+    return (name, str(paths[RUNTIMES[name].key])) if name else (None, None)
+
+
+class ComparingDrafter:
+    """Proposes with ``primary`` (the runtime under test) and, at greedy steps, compares its
+    drafts with ``reference`` (the torch drafter) on the same inputs: ``steps``, ``drafts``,
+    ``mismatches``, ``near_ties`` (torch top-1 − top-2 margin below ``margin``),
+    ``near_tie_mismatches``; with ``kl`` also KL(torch ‖ primary) per draft
+    (:func:`~specconv.validate.metrics.kl_rows`) where both return logits of one shape."""
+
+    def __init__(self, primary: "DrafterBackend", reference: "DrafterBackend", *, margin: float, kl: bool = False):
+        self.primary, self.reference, self.margin, self.kl = primary, reference, float(margin), kl
+        for a in ("algorithm", "block_size", "num_draft_tokens", "aux_layer_ids", "device", "dtype"):
+            setattr(self, a, getattr(primary, a))
+        self.steps = self.drafts = self.mismatches = self.near_ties = self.near_tie_mismatches = 0
+        self.primary_ms: list[float] = []  # the loop's draft_ms also counts the comparison
+        self.kl_values: list[float] = []
+
+    def propose(self, context_tokens, aux_hidden, *, temperature: float = 0.0, generator=None):
+        """``primary``'s proposal (the :class:`~specconv.validate.backend.DrafterBackend` contract)."""
+        import time
+
+        import torch
+
+        from .metrics import kl_rows
+
+        t0 = time.perf_counter()
+        prop = self.primary.propose(context_tokens, aux_hidden, temperature=temperature, generator=generator)
+        self.primary_ms.append((time.perf_counter() - t0) * 1e3)
+        if temperature > 0:
+            return prop
+        ref = self.reference.propose(context_tokens.to(self.reference.device),
+                                     aux_hidden.to(self.reference.device, self.reference.dtype))
+        top2 = torch.topk(ref.logits.float(), 2, dim=-1).values
+        tie, diff = ((top2[:, 0] - top2[:, 1]) < self.margin).cpu(), prop.tokens.cpu() != ref.tokens.cpu()
+        self.steps, self.drafts = self.steps + 1, self.drafts + int(diff.numel())
+        self.mismatches, self.near_ties = self.mismatches + int(diff.sum()), self.near_ties + int(tie.sum())
+        self.near_tie_mismatches += int((diff & tie).sum())
+        if self.kl and prop.logits is not None and tuple(ref.logits.shape) == tuple(prop.logits.shape):
+            self.kl_values.extend(kl_rows(ref.logits.cpu(), prop.logits.cpu()).tolist())
+        return prop
+
+    def counts(self) -> dict:
+        """The comparison counts (``report[key]["drafts"]``)."""
+        import statistics
+
+        c = {"steps": self.steps, "drafts": self.drafts, "mismatches": self.mismatches,
+             "near_ties": self.near_ties, "near_tie_mismatches": self.near_tie_mismatches,
+             "near_tie_margin": self.margin,
+             "primary_draft_ms_median": float(statistics.median(self.primary_ms)) if self.primary_ms else None}
+        if self.kl:
+            finite = [x for x in self.kl_values if x == x]
+            c.update(top1_agreement=1.0 - self.mismatches / self.drafts if self.drafts else None,
+                     kl_mean=sum(finite) / len(finite) if finite else None, kl_max=max(finite, default=None))
+        return c
+
+
+def judge(rule: CompareRule, tau_torch: float, tau_runtime: float, counts: dict, tokens_identical: bool,
+          temperature: float) -> tuple[dict, bool | None, list[str]]:
+    """Apply ``rule`` to one comparison (``counts``: :meth:`ComparingDrafter.counts`).
+
+    Returns:
+        ``(verdict keys for the report, passed — None when nothing was gated —, errors)``.
+    """
+    verdict: dict[str, Any] = {}
+    checks: dict[str, bool] = {}
+    if rule.identical_tokens:
+        verdict.update(tokens_identical=tokens_identical, tau_equal=tau_torch == tau_runtime)
+        if temperature <= 0:
+            outside = counts["mismatches"] - counts["near_tie_mismatches"]
+            checks["generated tokens differ from the torch run"] = tokens_identical
+            checks[f"{outside} draft(s) differ outside near-ties"] = outside == 0
+            checks[f"tau {tau_runtime:.4g} != torch tau {tau_torch:.4g} with no near-tie difference"] = (
+                counts["near_tie_mismatches"] > 0 or verdict["tau_equal"])
+    if rule.tau_rel_tol is not None:
+        rel = verdict["tau_rel_diff"] = abs(tau_runtime - tau_torch) / tau_torch if tau_torch else float("inf")
+        checks[f"tau {tau_runtime:.4g} is {rel:.1%} from torch tau {tau_torch:.4g} (> {rule.tau_rel_tol:.0%})"] = (
+            rel <= rule.tau_rel_tol)
+    return verdict, (all(checks.values()) if checks else None), [m for m, ok in checks.items() if not ok]
+
+
+def compare_runtime(run: "ValidationRun", reference: "DrafterBackend", decode: Callable[..., list],
+                    spec_results: list, plain: list) -> "GateResult":
+    """The gate "compare a runtime against the torch reference".
+
+    Loads ``run.options.runtime`` on ``runtime_path``, runs the requests through
+    ``decode(name, drafter)`` (the torch backend's harness) with it drafting, each greedy step
+    compared with ``reference``, and judges both runs by the runtime's :class:`CompareRule`.
+    Stores ``run.report[key]``: the drafter's ``describe()`` (graph / engine), ``torch`` and
+    the runtime's side (:data:`SIDE_KEYS`), ``drafts`` (counts), the :func:`judge` keys,
+    ``passed``, ``timing_note``, ``rule``.
+
+    Returns:
+        The gate named ``key`` (skipped when the rule gates nothing at this temperature).
+    """
+    from .gates import GateResult
+    from .metrics import compute_metrics
+
+    opts, rt = run.options, get_runtime(run.options.runtime)
+    drafter = rt.load(run.drafter_dir, run.verifier, path=opts.runtime_path, dtype=opts.dtype,
+                      device=str(reference.device), config=run.config)
+    cmp = ComparingDrafter(drafter, reference, margin=rt.rule.near_tie_margin, kl=rt.rule.kl)
+    results = decode(f"speculative decode ({rt.display} drafter)", cmp)
+    m_t, m_r = (compute_metrics(r, int(reference.num_draft_tokens), baseline=plain, seed=opts.seed)
+                for r in (spec_results, results))
+    same = all(a.output_ids == b.output_ids for a, b in zip(spec_results, results))
+    verdict, passed, errors = judge(rt.rule, float(m_t["acceptance_length"]), float(m_r["acceptance_length"]),
+                                    cmp.counts(), same, opts.temperature)
+    run.report[rt.key] = {
+        **(drafter.describe() if hasattr(drafter, "describe") else {}), "torch": {x: m_t.get(x) for x in SIDE_KEYS},
+        rt.side: {x: m_r.get(x) for x in SIDE_KEYS}, "drafts": cmp.counts(), **verdict, "passed": passed,
+        "timing_note": f"{rt.side}.draft_ms / tpot_ms include the per-step torch comparison; "
+                       f"drafts.primary_draft_ms_median is {rt.display} alone", "rule": rt.rule.text()}
+    return GateResult(name=rt.key, passed=passed, errors=errors, details={**verdict, "drafts": cmp.counts()},
+                      skipped_reason=None if passed is not None else "T > 0: this rule gates greedy runs only")

@@ -1,0 +1,166 @@
+"""Hostile / careless inputs on the newer commands (push, release, export, build-engine):
+each must end with one JSON error object on stdout, a stable exit code, no Hub write and
+nothing half-written. Conversions only (no validation runs): fast."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+pytest.importorskip("torch")
+
+from hub_double import HubDouble
+
+from specconv.cli.main import cli
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "smollm2-dflash-b8"
+TOKEN = "hf_specconvFAKEtoken0123456789abcdef"
+
+
+@pytest.fixture(scope="module")
+def double():
+    d = HubDouble(token=TOKEN).start()
+    yield d
+    d.stop()
+
+
+@pytest.fixture(scope="module")
+def converted(tmp_path_factory, smollm2_dir) -> Path:
+    out = tmp_path_factory.mktemp("bad-new") / "drafter"
+    code, obj = _run("convert", EXAMPLE, "--verifier", smollm2_dir, "--verifier-name",
+                     "HuggingFaceTB/SmolLM2-135M-Instruct", "-o", out)
+    assert code == 0, obj
+    return out
+
+
+def _run(*argv, env=None) -> tuple[int, dict]:
+    r = CliRunner().invoke(cli, [*map(str, argv), "--format", "json"], env=env, catch_exceptions=False)
+    return r.exit_code, json.loads(r.stdout)
+
+
+def _online(double, tmp: Path, *argv) -> tuple[int, dict]:
+    """A subprocess with the real huggingface_hub client online against the loopback double."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "HUGGINGFACE_"))
+           and k.lower() not in ("http_proxy", "https_proxy")}
+    env.update(HF_HUB_OFFLINE="0", HF_HOME=str(tmp / "hf-home"), NO_PROXY="127.0.0.1,localhost",
+               HF_HUB_DISABLE_TELEMETRY="1", OMP_NUM_THREADS="1", **_hub_env(double))
+    r = subprocess.run([sys.executable, "-m", "specconv.cli.main", *map(str, argv), "--format", "json"],
+                       env=env, capture_output=True, text=True, timeout=300)
+    return r.returncode, json.loads(r.stdout)
+
+
+def _hub_env(double) -> dict:
+    return {"HF_ENDPOINT": double.url, "HF_TOKEN": TOKEN, "HF_HUB_DISABLE_XET": "1"}
+
+
+@pytest.mark.parametrize("tag", ["bad tag", "../x", "notaversion", "v", " v1.0"])
+def test_push_tag_that_is_not_a_version_is_refused_before_any_request(converted, double, tag):
+    n = len(double.requests)
+    code, out = _run("push", converted, "--repo-id", "specconv-test/tags", "--allow-unvalidated",
+                     "--tag", tag, env=_hub_env(double))
+    assert code == 2 and out["error"] == "usage" and "not a version" in out["message"], out
+    assert len(double.requests) == n
+
+
+def test_release_with_a_bad_tag_converts_nothing(double, tmp_path, smollm2_dir):
+    work = tmp_path / "work"
+    code, out = _run("release", EXAMPLE, "--verifier", smollm2_dir, "--repo-id", "specconv-test/rel",
+                     "--work-dir", work, "--tag", "release one", env=_hub_env(double))
+    assert code == 2 and out["error"] == "usage", out
+    assert not work.exists()
+
+
+def test_push_accepts_a_version_tag_in_a_dry_run(converted, double, tmp_path):
+    code, out = _online(double, tmp_path, "push", converted, "--repo-id", "specconv-test/tags-ok", "--allow-unvalidated",
+                     "--tag", "v1.2.3", "--dry-run")
+    assert code == 0 and out["status"] == "dry_run" and out["tag"] == "v1.2.3", out
+
+
+@pytest.mark.parametrize("flt", [("--exclude", "*"), ("--include", "nomatch*"), ("--exclude", "*.safetensors")])
+def test_filters_that_drop_the_drafter_are_refused_even_unvalidated(converted, double, flt):
+    n = len(double.requests)
+    code, out = _run("push", converted, "--repo-id", "specconv-test/filters", "--allow-unvalidated",
+                     "--dry-run", *flt, env=_hub_env(double))
+    assert code == 2 and out["error"] == "filter_drops_drafter", out
+    assert "model.safetensors" in out["message"]
+    assert len(double.requests) == n
+
+
+def test_filters_that_drop_only_extra_files_still_plan(converted, double, tmp_path):
+    d = tmp_path / "d"
+    shutil.copytree(converted, d)
+    (d / "notes.txt").write_text("scratch\n")
+    code, out = _online(double, tmp_path, "push", d, "--repo-id", "specconv-test/filters-ok",
+                        "--allow-unvalidated", "--dry-run", "--exclude", "notes.txt")
+    assert code == 0, out
+    paths = {f["path"] for f in out["files"]}
+    assert "model.safetensors" in paths and "config.json" in paths and "notes.txt" not in paths
+
+
+def test_release_never_replaces_a_foreign_work_dir_drafter(double, tmp_path, smollm2_dir, converted):
+    from specconv.outdir import check_replaceable
+
+    keep = tmp_path / "work" / "drafter" / "keep.txt"
+    keep.parent.mkdir(parents=True)
+    keep.write_text("mine\n")
+    code, out = _run("release", EXAMPLE, "--verifier", smollm2_dir, "--verifier-name",
+                     "HuggingFaceTB/SmolLM2-135M-Instruct", "--repo-id", "specconv-test/rel",
+                     "--work-dir", tmp_path / "work", "--dry-run", env=_hub_env(double))
+    assert code == 3 and out["error"] == "output_exists" and out["failed_step"] == "convert", out
+    assert keep.read_text() == "mine\n" and sorted(p.name for p in keep.parent.iterdir()) == ["keep.txt"]
+    check_replaceable(converted, "conversion")  # an earlier conversion is replaced (CI re-runs into one work dir)
+
+
+@pytest.mark.parametrize("spec", [",", "batch=1:2:8,", "batch=1:1:1,batch=1:2:2", "context=1:8:64,,batch=1:1:1"])
+def test_profile_with_empty_or_repeated_entries_is_a_usage_error(spec):
+    from specconv.errors import UsageError
+    from specconv.export.engine import parse_profile
+
+    dynamic = {"batch": {"min": 1, "max": 8}, "context": {"min": 1, "max": 64}}
+    with pytest.raises(UsageError):
+        parse_profile(spec, dynamic)
+    assert parse_profile("", dynamic) == parse_profile(None, dynamic) == {"batch": (1, 4, 8), "context": (1, 64, 64)}
+
+
+def test_relative_vllm_interpreters_resolve_to_absolute_paths(tmp_path, monkeypatch):
+    """A bare relative --vllm-python / --vllm-loader-python was looked up on PATH by the
+    subprocess ("No such file or directory" for an existing file)."""
+    from specconv.errors import InvalidInputError
+    from specconv.validate.vllm_backend import resolve_vllm_python
+    from specconv.vllm_check import find_vllm_python
+
+    monkeypatch.chdir(tmp_path)
+    py = tmp_path / "mypython"
+    py.write_text("#!/bin/sh\n")
+    py.chmod(0o755)
+    with pytest.raises(InvalidInputError, match="does not exist"):
+        find_vllm_python("nopython")
+    assert resolve_vllm_python("mypython") == str(py)
+    assert find_vllm_python("mypython") == py
+
+
+def test_validate_refuses_a_foreign_onnx_graph_before_anything_runs(converted, tmp_path):
+    """The graph's drafter check ran only after the whole torch loop (minutes with the
+    default prompts); it now runs first — here before the (absent) verifier is even resolved."""
+    import hashlib
+
+    onnx = tmp_path / "onnx"
+    (onnx / "fp32").mkdir(parents=True)
+    files = {}
+    for rel, data in (("fp32/drafter.onnx", b"graph"), ("fp32/drafter.onnx.data", b"weights")):
+        (onnx / rel).write_bytes(data)
+        files[rel] = hashlib.sha256(data).hexdigest()
+    (onnx / "onnx_meta.json").write_text(json.dumps({"format": "specconv-onnx-drafter", "format_version": 2,
+                                                     "graphs": {"fp32/drafter.onnx": {"dtype": "float32"}},
+                                                     "files": files, "drafter_files": {"config.json": "0" * 64}}))
+    code, out = _run("validate", converted, "--verifier", tmp_path / "no-verifier", "--onnx", onnx,
+                     "--dtype", "float32", "--report-dir", tmp_path / "rep")
+    assert code == 3 and out["error"] == "onnx_other_drafter", out
+    assert not (tmp_path / "rep").exists()

