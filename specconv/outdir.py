@@ -234,13 +234,13 @@ class OutputKind:
 
 def _conversion(d: Path, raw: dict) -> _Listing:
     """``specconv.json`` with a conversion section: its ``output_files``, the local card and
-    the ``onnx/`` and ``trt/`` that export and build-engine add (judged as their own kinds)."""
+    the ``onnx/``, ``trt/`` and ``sglang/`` that export and build-engine add (judged as their own kinds)."""
     from .record import read_record
 
     conv = read_record(d).conversion
     if conv is None:
         return None
-    return {**dict.fromkeys(conv.output_files), "README.md": None, "onnx": "onnx", "trt": "engines"}
+    return {**dict.fromkeys(conv.output_files), "README.md": None, "onnx": "onnx", "trt": "engines", "sglang": "sglang"}
 
 
 def _files(d: Path, rec: dict) -> _Listing:
@@ -274,6 +274,7 @@ KINDS: dict[str, OutputKind] = {
     "onnx": OutputKind("ONNX export", "onnx_meta.json", "specconv-onnx-drafter", _files),
     "engine": OutputKind("engine variant", "build.json", "specconv-trt-build", _engine),
     "engines": OutputKind("engine dir (trt/)", "manifest.json", "specconv-trt-manifest", _engines),
+    "sglang": OutputKind("SGLang export", "sglang_export.json", "specconv-sglang-drafter", _files),
 }
 
 

@@ -265,6 +265,7 @@ class ValidationReport(StageResult):
     versions: dict[str, str | None] | None = None
     vllm_load: dict[str, Any] | None = None
     vllm_serve: dict[str, Any] | None = None
+    sglang_load: dict[str, Any] | None = None
     report_files: dict[str, str | None] | None = None
     plot: str | None = None
     error: str | None = None
@@ -275,7 +276,8 @@ class ValidationReport(StageResult):
         """Names of the gates that ran and failed, then ``vllm_load`` when the
         ``--vllm-load-check`` failed."""
         failed = [k for k, v in self.gates.items() if v is False]
-        return failed + (["vllm_load"] if self.vllm_load and not self.vllm_load.get("ok") else [])
+        failed += ["vllm_load"] if self.vllm_load and not self.vllm_load.get("ok") else []
+        return failed + (["sglang_load"] if self.sglang_load and not self.sglang_load.get("ok") else [])
 
     def exit_status(self) -> int:
         """4 when a gate that ran (or the vLLM load check) failed, else 0."""
@@ -515,6 +517,7 @@ class ReleaseResult(StageResult):
     validate_: dict[str, Any] | None = Field(default=None, alias="validate")
     export: dict[str, Any] | None = None
     engine: dict[str, Any] | None = None
+    sglang: dict[str, Any] | None = None
     push: dict[str, Any] | None = None
     commit_oid: str | None = None
     commit_url: str | None = None
@@ -530,3 +533,24 @@ class ReleaseResult(StageResult):
     def human(self) -> str:
         rows = [f"{s['step']:9} {s['status']:7} {s['duration_s']:.2f}s" for s in self.steps]
         return "\n".join([f"release {self.status}", *rows])
+
+
+class ExportSglangResult(StageResult):
+    """``specconv export sglang``: the ``export.sglang`` section it recorded (``output``,
+    ``algorithm``, ``speculative_algorithm``, ``architecture``, ``files``, ``env``, ``launch``
+    argv, ``notes``; ``check``: SGLang's loader payload with ``--check``)."""
+
+    def human(self) -> str:
+        import shlex
+
+        r = self.to_dict()
+        env = " ".join(f"{k}={v}" for k, v in sorted((r.get("env") or {}).items()))
+        lines = [f"exported:  {r['output']}  ({r['algorithm']} → SGLang {r['speculative_algorithm']}, "
+                 f"{r['architecture']})",
+                 f"files:     {', '.join(sorted(r['files']))} (weights byte-identical)",
+                 f"serve:     {(env + ' ') if env else ''}{shlex.join(r['launch'])}"]
+        lines += [f"note:      {n}" for n in r.get("notes", [])]
+        c = r.get("check")
+        lines.append(f"check:     passed: SGLang {c['version']} loaded it strictly ({c['class']}, "
+                     f"{c.get('checkpoint_tensors')} tensors)" if c else "check:     not run (pass --check)")
+        return "\n".join(lines)

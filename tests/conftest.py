@@ -15,6 +15,12 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))  # `import examples.zlab_dflash`
+#: tests/<room>/ mirrors specconv/; a room's test module that builds inputs other rooms reuse
+#: (tests/drafters/test_drafters.make_dflash, tests/hub/test_hub_paths.FakeHub, ...) is importable by
+#: its name from any room, whichever file pytest collects first (the names are unique).
+for _room in sorted(p for p in Path(__file__).resolve().parent.iterdir() if p.is_dir() and p.name not in ("golden", "__pycache__")):
+    if str(_room) not in sys.path:
+        sys.path.append(str(_room))
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")

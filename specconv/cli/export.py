@@ -65,3 +65,39 @@ def onnx_cmd(drafter_dir: Path, output: Path | None, verifier: str | None, dtype
                               outputs=_parse_outputs(outputs), top_k=top_k, sampling_noise=sampling_noise)
     return export_onnx_dir(drafter_dir, output, verifier=verifier, dtype=dtype, settings=settings,
                            overwrite=overwrite, check=not no_check)
+
+
+@export_group.command("sglang")
+@click.argument("drafter_dir", metavar="DIR", type=click.Path(file_okay=False, path_type=Path))
+@click.option("-o", "--output", type=click.Path(file_okay=False, path_type=Path),
+              help="Output dir [default: DIR/sglang].")
+@click.option("--verifier", help="Verifier dir or Hub id [default: the one in DIR/specconv.json].")
+@click.option("--overwrite", is_flag=True, help="Replace an existing output dir that is empty or an earlier "
+              "specconv SGLang export; anything else is refused (exit 3).")
+@click.option("--check", is_flag=True, help="Load the files with SGLang's own loader (strict, CPU, its own venv) "
+              "before they are moved into place; exit 4 when it refuses them (nothing written).")
+@click.option("--sglang-loader-python", metavar="PATH",
+              help="SGLang 0.5.23 interpreter for --check [default: $SPECCONV_SGLANG_LOADER_PYTHON, else .venv-sglang].")
+@output_format_option
+@run_command
+def sglang_cmd(drafter_dir: Path, output: Path | None, verifier: str | None, overwrite: bool, check: bool,
+               sglang_loader_python: str | None, output_format: str):
+    """Write SGLang's layout of the Speculators drafter in DIR (DFlash, DSpark).
+
+    The weights are copied byte for byte; config.json is rewritten as SGLang 0.5.23 reads it
+    (docs/sglang.md). What SGLang would serve wrongly is refused by name (exit 3, nothing
+    written): P-EAGLE, a pruned vocabulary, aux ids SGLang cannot capture, another block
+    layout. Records the export (and the check) under "export.sglang" in DIR/specconv.json.
+    """
+    if check:
+        from specconv.sglang_check import export_checked
+
+        result = export_checked(drafter_dir, output, verifier=verifier, overwrite=overwrite,
+                                python=sglang_loader_python)
+    else:
+        from specconv.export.sglang_dir import export_sglang_dir
+
+        result = export_sglang_dir(drafter_dir, output, verifier=verifier, overwrite=overwrite)
+    from specconv.results import ExportSglangResult
+
+    return ExportSglangResult.of(result)  # the library refreshed the card (its SGLang section)

@@ -27,11 +27,13 @@ from .push import make_options, push_options
 @click.option("--build-engine", type=click.Choice(["always", "if-available"]), is_flag=False, flag_value="always",
               default=None, help="With --export-onnx: build a --builder rtx engine (exit 3 up front when it cannot be "
               "built here); --build-engine=if-available records the skip instead.")
+@click.option("--export-sglang", is_flag=True, help="After validate, write SGLang's layout and check it with SGLang's "
+              "own loader (exit 3 up front without the SGLang venv); --sglang-repo-id publishes it.")
 @push_options
 @output_format_option
 @run_command
 def release_cmd(src: str, verifier: str, verifier_name, work_dir, min_tau, max_parity_kl, prompts, num_prompts,
-                max_new_tokens, device, export_onnx, build_engine, output_format: str, **kw):
+                max_new_tokens, device, export_onnx, build_engine, export_sglang, output_format: str, **kw):
     """Convert SRC, validate it against the verifier (gates), then push it.
 
     Stops at the first failed step with its exit code; prints a record of every step
@@ -43,5 +45,5 @@ def release_cmd(src: str, verifier: str, verifier_name, work_dir, min_tau, max_p
     opts = ReleaseOptions(verifier=verifier, verifier_name=verifier_name, work_dir=work_dir, min_tau=min_tau,
                           max_parity_kl=max_parity_kl, prompts=prompts, num_prompts=num_prompts,
                           max_new_tokens=max_new_tokens, device=device, export_onnx=export_onnx,
-                          build_engine=build_engine)
+                          build_engine=build_engine, export_sglang=export_sglang)
     return release(src, opts, make_options(kw))

@@ -89,33 +89,21 @@ def _check_backend_exclusive(backend: str, onnx_path: Path | None, engine_path: 
               help="Also load DIR with vLLM's own loader (strict; separate vLLM venv, see docs/validate.md).")
 @click.option("--vllm-loader-python", metavar="PATH",
               help="vLLM 0.33 interpreter for --vllm-load-check [default: $SPECCONV_VLLM_LOADER_PYTHON, else .venv-vllm].")
+@click.option("--sglang-load-check", is_flag=True,
+              help="Also export DIR to SGLang's layout in a temp dir and load it with SGLang's own loader (strict; "
+                   "separate SGLang venv, see docs/sglang.md); recorded under export.sglang, not a gate of validation.passed.")
+@click.option("--sglang-loader-python", metavar="PATH",
+              help="SGLang 0.5.23 interpreter for --sglang-load-check [default: $SPECCONV_SGLANG_LOADER_PYTHON, else .venv-sglang].")
 @click.option("--drafter-cache/--no-drafter-cache", default=True, hidden=True,
               help="Draft through the context-cached session (default) or statelessly.")
 @output_format_option
 @run_command
-def validate_cmd(
-    drafter_dir: Path,
-    verifier: str,
-    source: str | None,
-    prompts: str,
-    num_prompts: int,
-    max_new_tokens: int,
-    temperature: float,
-    device: str,
-    dtype: str,
-    min_tau: float | None,
-    report_dir: Path | None,
-    backend: str,
-    vllm_python: str | None,
-    onnx_path: Path | None,
-    engine_path: Path | None,
-    attn_implementation: str,
-    seed: int,
-    vllm_load_check: bool,
-    vllm_loader_python: str | None,
-    drafter_cache: bool,
-    output_format: str,
-):
+def validate_cmd(drafter_dir: Path, verifier: str, source: str | None, prompts: str, num_prompts: int,
+                 max_new_tokens: int, temperature: float, device: str, dtype: str, min_tau: float | None,
+                 report_dir: Path | None, backend: str, vllm_python: str | None, onnx_path: Path | None,
+                 engine_path: Path | None, attn_implementation: str, seed: int, vllm_load_check: bool,
+                 vllm_loader_python: str | None, sglang_load_check: bool, sglang_loader_python: str | None,
+                 drafter_cache: bool, output_format: str):
     """Validate the Speculators drafter in DIR against its verifier.
 
     Gates, in order: G1 structure (lint, tensor accounting, verifier-supplied tensors),
@@ -133,7 +121,8 @@ def validate_cmd(
                            temperature=temperature, device=device, dtype=dtype, min_tau=min_tau, backend=backend,
                            vllm_python=vllm_python, runtime=runtime, runtime_path=runtime_path,
                            attn_implementation=attn_implementation, seed=seed, drafter_cache=drafter_cache,
-                           vllm_load_check=vllm_load_check, vllm_loader_python=vllm_loader_python)
+                           vllm_load_check=vllm_load_check, vllm_loader_python=vllm_loader_python,
+                           sglang_load_check=sglang_load_check, sglang_loader_python=sglang_loader_python)
     with _progress() as cb:
         report = validate_drafter(drafter_dir, verifier, opts, report_dir=report_dir, progress=cb)
     failure = report.gate_failure()

@@ -139,11 +139,38 @@ class SglangFacts:
             serve the algorithm faithfully.
         architecture: the ``architectures[0]`` SGLang's registry maps to its draft class.
         refusal: why SGLang cannot serve it (None when it can).
+        aux_id_offset: SGLang layer id = Speculators aux id + this: SGLang names the output
+            of 0-based layer ``s`` and captures the input of layer ``s + 1``
+            (``srt/models/llama.py``, ``qwen3.py``), so Speculators id 0 (the embedding) and
+            ``n`` (the final state of an ``n``-layer verifier) have no SGLang id.
+        sample_from_anchor: the block layout SGLang's draft path assumes, or None when it
+            reads ``sample_from_anchor`` from the config (then written explicitly). DFlash:
+            false — ``srt/speculative/dflash_worker_v2.py`` drafts from block rows ``1:``
+            (row 0 is the anchor / bonus token) and never reads the key.
+        block_size_counts: what SGLang reads from ``block_size``: ``"slots"`` (``B``, the
+            anchor included; DFlash) or ``"drafts"`` (DSpark's γ, the drafts per pass:
+            ``srt/speculative/dspark_components/dspark_config.py``; the block then has γ
+            query rows, γ + 1 when ``sample_from_anchor`` is false, ``dspark_worker_v2.py``).
+        explicit_keys: Speculators config keys written to the top level with their value
+            (the Speculators default when the file omits them; SGLang's defaults differ).
+        required_keys: Speculators config keys the file itself must hold (SGLang requires
+            them and specconv does not guess their default).
+        positive_keys: keys SGLang requires to be > 0 (``markov_rank``: ``srt/models/dspark.py``).
+        confidence_head_env: environment SGLang needs to build the confidence head: it is
+            skipped without a word under ``SGLANG_RAGGED_VERIFY_MODE=static``, the default
+            (``srt/models/dspark.py`` ``build_confidence_head``); set for drafters that have one.
     """
 
     speculative_algorithm: str | None = None
     architecture: str | None = None
     refusal: str | None = None
+    aux_id_offset: int = -1
+    sample_from_anchor: bool | None = None
+    block_size_counts: str = "slots"
+    explicit_keys: tuple[str, ...] = ()
+    required_keys: tuple[str, ...] = ()
+    positive_keys: tuple[str, ...] = ()
+    confidence_head_env: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -312,7 +339,7 @@ DFLASH = Algorithm(
     ),
     vllm=VllmFacts(method="dflash", draft_classes=("DFlashQwen3ForCausalLM",), v2_model_runner=False,
                    sample_from_anchor="rejected", sliding_window_non_causal="every-layer"),
-    sglang=SglangFacts(speculative_algorithm="DFLASH", architecture="DFlashDraftModel"),
+    sglang=SglangFacts(speculative_algorithm="DFLASH", architecture="DFlashDraftModel", sample_from_anchor=False),
     llamacpp=LlamaCppFacts(gguf_architecture="dflash"),
     export=ExportFacts(inputs=_BLOCK_INPUTS, context_ids=False, block_rows="block"),
 )
@@ -334,7 +361,12 @@ DSPARK = Algorithm(
     ),
     vllm=VllmFacts(method="dspark", draft_classes=("Qwen3DSparkForCausalLM",), v2_model_runner=True,
                    sample_from_anchor="supported", sliding_window_non_causal="ignored"),
-    sglang=SglangFacts(speculative_algorithm="DSPARK", architecture="DSparkDraftModel"),
+    sglang=SglangFacts(
+        speculative_algorithm="DSPARK", architecture="DSparkDraftModel", block_size_counts="drafts",
+        explicit_keys=("markov_rank", "markov_head_type", "sample_from_anchor", "enable_confidence_head",
+                       "confidence_head_with_markov"),
+        required_keys=("markov_head_type",), positive_keys=("markov_rank",),
+        confidence_head_env=(("SGLANG_RAGGED_VERIFY_MODE", "compact"),)),
     llamacpp=LlamaCppFacts(gguf_architecture="dflash"),
     export=ExportFacts(inputs=_BLOCK_INPUTS, context_ids=False, block_rows="block", confidence_output=True),
 )

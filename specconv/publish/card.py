@@ -131,8 +131,11 @@ def _metadata(rec: Any, repo_id: str, license_id: str, verifier: str) -> str:
     return yaml.safe_dump(meta, sort_keys=True, allow_unicode=True)
 
 
-def render_card(d: Path, rec: Any, payload: Payload, repo_id: str, *, plot: bool, check: bool = True) -> str:
-    """The README.md text for drafter dir ``d`` published as ``repo_id``.
+def render_card(d: Path, rec: Any, payload: Payload, repo_id: str, *, plot: bool, check: bool = True,
+                sglang_draft: str | None = None) -> str:
+    """The README.md text for drafter dir ``d`` published as ``repo_id``; ``sglang_draft``
+    names where its SGLang layout is served from (a repo id, or the local export dir): the
+    card then has an SGLang section when that layout's check passed (:mod:`.sglang_repo`).
 
     Raises:
         InvalidInputError: the rendered metadata does not parse (``hub.check_card``).
@@ -168,13 +171,22 @@ def render_card(d: Path, rec: Any, payload: Payload, repo_id: str, *, plot: bool
                source_repo=conv.source.hub_id if conv and conv.source else None,
                source_revision=conv.source.revision if conv and conv.source else None,
                source_files=sorted((conv.source.files or {}).items()) if conv and conv.source else [],
-               specconv_version=rec.specconv_version or __version__, license=license_id, license_note=license_note)
+               specconv_version=rec.specconv_version or __version__, license=license_id, license_note=license_note,
+               sglang=_sglang_section(d, rec, verifier, sglang_draft))
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(_templates())), keep_trailing_newline=True,
                              undefined=jinja2.StrictUndefined, autoescape=False)
     text = env.get_template("model_card.md.j2").render(**ctx)
     if check:  # huggingface_hub's card tools (push always checks; a local refresh skips the import)
         hub.check_card(text)
     return text
+
+
+def _sglang_section(d: Path, rec: Any, verifier: str, draft: str | None) -> dict[str, Any] | None:
+    if draft is None:
+        return None
+    from .sglang_repo import card_section
+
+    return card_section(d, rec, verifier, draft)
 
 
 def _templates() -> Path:
@@ -199,7 +211,9 @@ def local_card_text(d: Path, rec: Any, repo_id: str) -> str:
             p.files[rel] = f
     onnx = rec.export.onnx if rec.export is not None else None
     p.contains_verifier_weights = bool(onnx and onnx.contains_verifier_weights)
-    return render_card(d, rec, p, repo_id, plot=False, check=False)
+    from .sglang_repo import local_export_path
+
+    return render_card(d, rec, p, repo_id, plot=False, check=False, sglang_draft=local_export_path(d, rec))
 
 
 def write_local_card(d: Path, repo_id: str | None = None) -> Path:

@@ -261,7 +261,9 @@ def collect(d: Path, *, include: tuple[str, ...] = (), exclude: tuple[str, ...] 
     rec = read_record(d, missing_ok=True)
     if rec.conversion is None and not allow_unvalidated:
         raise _not_validated(f"{d}: no specconv.json record (convert it with specconv first)")
-    rels = [r for r in _local_files(d, include, exclude) if r not in _report_files(rec)]
+    from .sglang_repo import is_sglang_file
+
+    rels = [r for r in _local_files(d, include, exclude) if r not in _report_files(rec) and not is_sglang_file(d, rec, r)]
     core = [r for r in rels if r in _WEIGHTS or ("/" not in r and r.endswith(".safetensors"))]
     _check_filters_keep_drafter(d, core, include, exclude)
     p = Payload()
@@ -319,6 +321,11 @@ def derived_files(p: Payload, rec: Any, card: str, plot: bytes | None) -> None:
     p.add("README.md", card.encode("utf-8"))
     if plot is not None:
         p.add("acceptance.png", plot)
+    add_manifest(p)
+
+
+def add_manifest(p: Payload) -> None:
+    """Add ``.gitattributes`` and the manifest of every file specconv publishes (the last files added)."""
     p.add(".gitattributes", GITATTRIBUTES.encode())
     owned = {k: v for k, v in sorted(p.sha256.items()) if k != ".gitattributes"}
     manifest = {"schema": "specconv.manifest/v1", "files": {**owned, MANIFEST: None}}

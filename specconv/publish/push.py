@@ -50,6 +50,7 @@ class PushOptions:
     verify: bool = True
     allow_unvalidated: bool = False
     allow_verifier_weights: bool = False
+    sglang_repo_id: str | None = None  # also publish DIR's SGLang layout as this repo (.sglang_repo)
 
 
 def build_payload(d: Path, opts: PushOptions) -> Payload:
@@ -59,7 +60,8 @@ def build_payload(d: Path, opts: PushOptions) -> Payload:
     p, rec = collect(d, include=opts.include, exclude=opts.exclude, allow_unvalidated=opts.allow_unvalidated,
                      allow_verifier_weights=opts.allow_verifier_weights)
     plot = _plot(rec)
-    derived_files(p, rec, render_card(d, rec, p, opts.repo_id, plot=plot is not None), plot)
+    card = render_card(d, rec, p, opts.repo_id, plot=plot is not None, sglang_draft=opts.sglang_repo_id)
+    derived_files(p, rec, card, plot)
     return p
 
 
@@ -137,23 +139,35 @@ def push(d: Path, opts: PushOptions) -> PushResult:
         HubAuthError (5), HubConflictError (6), TransientRemoteError (7),
         PostPublishError (8), RemoteNotFoundError (9).
     """
+    from .. import hub
+
+    for flag, repo in (("--repo-id", opts.repo_id), ("--sglang-repo-id", opts.sglang_repo_id)):
+        if repo is not None and ("/" not in repo or not hub.is_hub_id(repo)):
+            from ..errors import UsageError
+
+            raise UsageError(f"{flag} {repo!r} is not a Hub repo id ORG/NAME")
+    if opts.sglang_repo_id:  # two repos: the Speculators one first, then SGLang's layout
+        from .sglang_repo import push_with_sglang
+
+        return push_with_sglang(Path(d), opts)
+    result = publish_payload(build_payload(Path(d), opts), opts)
+    _record_publish(Path(d), result)
+    return result
+
+
+def publish_payload(p: Payload, opts: PushOptions) -> PushResult:
+    """Publish payload ``p`` to ``opts.repo_id``: the commit rounds, re-planned after a 412
+    and retried after a transient error (see :func:`push`)."""
     import sys
 
     from .. import hub
 
-    if "/" not in opts.repo_id or not hub.is_hub_id(opts.repo_id):
-        from ..errors import UsageError
-
-        raise UsageError(f"--repo-id {opts.repo_id!r} is not a Hub repo id ORG/NAME")
-    p = build_payload(Path(d), opts)
     hf = hub.api(opts.endpoint)
     if not sys.stderr.isatty():
         hub.quiet_progress()
     for attempt in range(opts.max_retries + 1):
         try:
-            result = _attempt(hf, p, opts)
-            _record_publish(Path(d), result)
-            return result
+            return _attempt(hf, p, opts)
         except (TransientRemoteError, HubConflictError) as e:
             retryable = isinstance(e, TransientRemoteError) or e.code == "parent_commit_moved"
             if not retryable or attempt >= opts.max_retries:

@@ -6,7 +6,8 @@ the CLI. The run stops at the first failed step with that step's exit code; the 
 records every step with its duration. In GitHub Actions (``GITHUB_OUTPUT`` /
 ``GITHUB_STEP_SUMMARY`` set) it writes ``commit_oid``, ``commit_url``, ``pr_url`` and a
 summary table. ``--export-onnx`` / ``--build-engine`` add the steps of
-:mod:`specconv.publish.release_export` between validate and push.
+:mod:`specconv.publish.release_export` between validate and push; ``--export-sglang`` adds
+SGLang's layout (checked by SGLang's loader), which ``--sglang-repo-id`` publishes.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ class ReleaseOptions:
     device: str = "auto"
     export_onnx: bool = False
     build_engine: str | None = None  # None | "always" | "if-available"
+    export_sglang: bool = False  # export + check DRAFTER/sglang (specconv/export/sglang_dir.py)
 
 
 def _step(res: ReleaseResult, name: str, fn: Callable[[], Any]) -> Any:
@@ -117,13 +119,15 @@ def release(src: str, opts: ReleaseOptions, push_opts: PushOptions) -> ReleaseRe
 
     res = ReleaseResult.of(dict(schema="specconv.release/v1", status="running", steps=[], repo_id=push_opts.repo_id,
                                 dry_run=push_opts.dry_run, exit_code=0))
-    _step(res, "preflight", lambda: _preflight(opts))  # exit 2 / 3 / 4 before anything is written
+    _step(res, "preflight", lambda: (_preflight(opts), _sglang_preflight(opts, push_opts)))  # exit 2/3/4, nothing written
     work = Path(opts.work_dir) if opts.work_dir else Path(tempfile.mkdtemp(prefix="specconv-release-"))
     work.mkdir(parents=True, exist_ok=True)
     drafter = work / "drafter"
     res.convert = _step(res, "convert", lambda: _convert(src, opts, drafter, work))
     res.validate_ = _step(res, "validate", lambda: _validate(src, opts, drafter, work / "report"))
     _engines(res, opts, drafter, work)
+    if opts.export_sglang:  # SGLang's layout, checked by SGLang's own loader before it is moved into place
+        res.sglang = _step(res, "sglang", lambda: _sglang(drafter, opts))
     _local_card(drafter, push_opts)
     pushed: PushResult = _step(res, "push", lambda: push(drafter, push_opts))
     res.push = pushed.to_dict()
@@ -159,6 +163,27 @@ def _preflight(opts: ReleaseOptions) -> None:
         if reason is not None:
             raise InvalidInputError(f"--build-engine: {reason}", code="engine_unavailable",
                                     hint="--build-engine=if-available records the skip and releases without it")
+
+
+def _sglang_preflight(opts: ReleaseOptions, push_opts: PushOptions) -> None:
+    """``--export-sglang`` needs the SGLang loader venv (exit 3); ``--sglang-repo-id`` needs
+    ``--export-sglang`` (exit 2)."""
+    if push_opts.sglang_repo_id and not opts.export_sglang:
+        from ..errors import UsageError
+
+        raise UsageError("--sglang-repo-id needs --export-sglang (release publishes the layout it checked)")
+    if opts.export_sglang:
+        from ..sglang_check import find_sglang_python
+
+        find_sglang_python()
+
+
+def _sglang(drafter: Path, opts: ReleaseOptions) -> dict[str, Any]:
+    from ..sglang_check import export_checked
+
+    r = export_checked(drafter, verifier=opts.verifier)
+    return {k: r[k] for k in ("speculative_algorithm", "architecture", "files", "env")} | {
+        "check": {k: r["check"].get(k) for k in ("ok", "distribution", "version", "class")}}
 
 
 def _engines(res: ReleaseResult, opts: ReleaseOptions, drafter: Path, work: Path) -> None:

@@ -3,7 +3,12 @@
 Usage: ``python runner.py JOB.json RESULT.json``. Imports nothing from specconv (the
 SGLang venv ``.venv-sglang``, ``make sglang-venv``, does not have it). ``JOB.json``::
 
-    {"checks": [{"dir": "DRAFT_DIR", "verifier": "VERIFIER_DIR"}, ...], "dtype": "float32"}
+    {"checks": [{"dir": "DRAFT_DIR", "verifier": "VERIFIER_DIR",
+                 "env": {"SGLANG_RAGGED_VERIFY_MODE": "compact"},    # optional (absent: compact;
+                                                                      # a name left out: unset)
+                 "target_supplied": ["embed_tokens.weight"],         # optional
+                 "serve_argv": ["--model-path", ...]},               # optional
+                ...], "dtype": "float32"}
 
 Every dir is a drafter as SGLang reads it (a plain HF config with a top-level
 ``model_type``; SGLang does not read the Speculators format). For each one it builds
@@ -18,7 +23,13 @@ SGLang facts used here (paths inside the sglang 0.5.23 wheel):
 * ``srt/models/dflash.py`` / ``dspark.py``: ``load_weights`` skips unknown names and returns
   nothing, so a missing or misnamed tensor is accepted silently — hence the recording.
 * ``srt/models/dspark.py``: the confidence head exists only when
-  ``SGLANG_RAGGED_VERIFY_MODE`` is not ``static`` (the default); this script sets ``compact``.
+  ``SGLANG_RAGGED_VERIFY_MODE`` is not ``static`` (SGLang's default); a check's ``env``
+  sets it (this script's default is ``compact``), and the result records it.
+* ``target_supplied``: tensors SGLang takes from the target instead of the checkpoint
+  (the embedding, the LM head); the job's author proved the checkpoint's copies equal the
+  verifier's, so when SGLang skips them they are listed apart, not as unconsumed.
+* ``srt/speculative/dflash_worker_v2.py`` ``_DflashDraftSampler``: which block rows DFlash
+  drafts from is found by running it (:func:`dflash_draft_rows`), not assumed.
 * ``srt/model_executor/model_runner_components/spec_aux_hidden_state.py``: the verifier
   layers captured are ``resolve_target_layer_ids`` of the draft config (DSpark: its own
   ``target_layer_ids`` when set); the target captures the input of layer id + 1.
@@ -182,13 +193,20 @@ def apply_stubs() -> list[dict]:
 
 
 def environment() -> dict:
-    """Versions the check ran with."""
+    """Versions the check ran with (``distribution``: the installed distribution's name)."""
+    from importlib import metadata
+
     import sglang
     import torch
     import transformers
 
-    return {"sglang": sglang.__version__, "torch": torch.__version__, "transformers": transformers.__version__,
-            "python": sys.version.split()[0], "SGLANG_RAGGED_VERIFY_MODE": os.environ.get("SGLANG_RAGGED_VERIFY_MODE")}
+    try:
+        dist = metadata.distribution("sglang").metadata["Name"]
+    except metadata.PackageNotFoundError:
+        dist = None
+    return {"distribution": dist, "sglang": sglang.__version__, "torch": torch.__version__,
+            "transformers": transformers.__version__, "python": sys.version.split()[0],
+            "SGLANG_RAGGED_VERIFY_MODE": os.environ.get("SGLANG_RAGGED_VERIFY_MODE")}
 
 
 # ------------------------------------------------------------------ load recording
@@ -330,25 +348,67 @@ def resolved_block_values(hf_config, model, family: str, n_target: int) -> dict:
 
     ``captured_layer_ids``: SGLang ids (= the output of that 0-based verifier layer; the
     target sets ``layers_to_capture`` to id + 1, given as ``capture_layer_inputs``).
+    ``block_slots`` / ``drafts_per_block``: the query rows of one drafting pass and the
+    tokens drafted from them; ``layer_causal``: per draft layer, whether SGLang built its
+    attention causal (``AttentionType.DECODER``).
     """
     from sglang.srt.speculative.dflash_utils import parse_dflash_draft_config
 
     cfg = parse_dflash_draft_config(draft_hf_config=hf_config)
     ids = cfg.resolve_target_layer_ids(target_num_layers=n_target, draft_num_layers=cfg.require_num_layers())
     out = {"block_size": int(model.block_size), "block_size_in_config": cfg.block_size,
-           "mask_token": cfg.mask_token, "mask_token_id": cfg.mask_token_id, "sample_from_anchor": None,
-           "num_target_layers": cfg.num_target_layers}
+           "mask_token": cfg.mask_token, "mask_token_id": cfg.mask_token_id, "num_target_layers": cfg.num_target_layers,
+           **_layer_attention(model)}
     if family == FAMILY_DSPARK:
-        from sglang.srt.speculative.dspark_components.dspark_config import parse_dspark_draft_config
-
-        ds = parse_dspark_draft_config(draft_hf_config=hf_config)
-        ids = list(ds.target_layer_ids) if ds.target_layer_ids is not None else ids
-        out.update(mask_token_id=ds.mask_token_id, sample_from_anchor=bool(model.sample_from_anchor),
-                   markov_rank=ds.markov_rank, markov_head_type=ds.markov_head_type, gamma=int(model.gamma),
-                   confidence_head=model.confidence_head is not None)
+        markov = _markov_values(hf_config, model)
+        own = markov.pop("target_layer_ids")
+        ids = own if own is not None else ids
+        out.update(markov)
+    else:
+        rows = dflash_draft_rows(int(model.block_size))
+        # srt/speculative/dflash_worker_v2.py: one pass verifies the block; its rows 1.. are drafted
+        out.update(draft_rows=rows, block_slots=int(model.block_size), drafts_per_block=len(rows),
+                   sample_from_anchor=rows[:1] == [0])
     out.update(captured_layer_ids=[int(i) for i in ids], capture_layer_inputs=[int(i) + 1 for i in ids],
                verifier_layers=n_target)
     return out
+
+
+def _markov_values(hf_config, model) -> dict:
+    """DSpark: γ, the query rows (``dspark_worker_v2.py``: γ with ``sample_from_anchor``, else
+    γ + 1), the Markov head and whether the confidence head was built."""
+    from sglang.srt.speculative.dspark_components.dspark_config import parse_dspark_draft_config
+
+    ds = parse_dspark_draft_config(draft_hf_config=hf_config)
+    gamma, sfa = int(model.gamma), bool(model.sample_from_anchor)
+    return {"mask_token_id": ds.mask_token_id, "sample_from_anchor": sfa, "markov_rank": ds.markov_rank,
+            "markov_head_type": ds.markov_head_type, "gamma": gamma, "block_slots": gamma if sfa else gamma + 1,
+            "drafts_per_block": gamma, "confidence_head": model.confidence_head is not None,
+            "target_layer_ids": list(ds.target_layer_ids) if ds.target_layer_ids is not None else None}
+
+
+def _layer_attention(model) -> dict:
+    """Per draft layer: causal (SGLang's ``AttentionType``) and the sliding window it stores."""
+    causal, window = [], []
+    for layer in getattr(model, "layers", []):
+        attn = getattr(layer, "self_attn", None)
+        kind = getattr(getattr(attn, "attn_type", None), "value", None)
+        causal.append(kind == "decoder" if kind is not None else None)
+        window.append(getattr(attn, "sliding_window_size", None))
+    return {"layer_causal": causal, "sliding_window_left": window}
+
+
+def dflash_draft_rows(block_size: int) -> list[int]:
+    """The block rows SGLang's DFlash draft sampler turns into draft tokens, found by running
+    it (``srt/speculative/dflash_worker_v2.py`` ``_DflashDraftSampler``, the greedy head of the
+    draft graph) on a block whose row ``j`` can only yield token ``j``."""
+    import torch
+    from sglang.srt.speculative.dflash_worker_v2 import _DflashDraftSampler
+
+    eye = torch.eye(block_size, dtype=torch.float32)
+    sampler = _DflashDraftSampler(weight=eye, block_size=block_size, num_org=block_size, org_vocab_start=0, max_bs=1)
+    sampler(eye)
+    return [int(t) for t in sampler.out[: block_size - 1]]
 
 
 def resolved_eagle3_values(hf_config, n_target: int) -> dict:
@@ -361,21 +421,54 @@ def resolved_eagle3_values(hf_config, n_target: int) -> dict:
 
 
 # ------------------------------------------------------------------ one dir
-def strict_compare(model, recorder: Recorder) -> dict:
-    """Parameters still holding NaN (unfilled) and checkpoint tensors no weight loader took."""
+def strict_compare(model, recorder: Recorder, target_supplied=()) -> dict:
+    """Parameters still holding NaN (unfilled) and checkpoint tensors no weight loader took.
+
+    ``target_supplied``: tensors SGLang takes from the target (the job says the checkpoint's
+    copy equals the verifier's); when no loader took them they are listed apart."""
     import torch
 
     unfilled = [n for n, p in model.named_parameters() if p.is_floating_point() and bool(torch.isnan(p).any())]
     unconsumed = [n for n in dict.fromkeys(recorder.yielded) if n not in recorder.consumed]
-    return {"unfilled_params": unfilled, "unconsumed_tensors": unconsumed,
+    return {"unfilled_params": unfilled, "unconsumed_tensors": [n for n in unconsumed if n not in target_supplied],
+            "target_supplied_skipped": [n for n in unconsumed if n in target_supplied],
             "params": sum(1 for _ in model.parameters()), "checkpoint_tensors": len(set(recorder.yielded))}
 
 
 def check_one(job: dict, dtype: str) -> dict:
-    """Config, strict SGLang load and the resolved values of one dir."""
+    """Config, strict SGLang load and the resolved values of one dir, under the check's ``env``
+    (default ``SGLANG_RAGGED_VERIFY_MODE=compact``); ``serve_argv`` (the words after
+    ``python -m sglang.launch_server``) is parsed by SGLang's own argument parser."""
     d = os.path.abspath(job["dir"])
     res = {"dir": d, "verifier": job["verifier"], "ok": False, "errors": []}
     t0 = time.monotonic()
+    env = dict(job["env"]) if "env" in job else {"SGLANG_RAGGED_VERIFY_MODE": RAGGED_VERIFY_MODE}
+    wanted = {"SGLANG_RAGGED_VERIFY_MODE": None, **env}  # not named: unset (SGLang's default, static)
+    saved = {k: os.environ.get(k) for k in wanted}
+    try:
+        _set_environ(wanted)
+        res["env"] = env
+        _load_one(job, d, dtype, res)
+    finally:
+        _set_environ(saved)
+    if job.get("serve_argv") is not None:
+        try:
+            res["serve_args"] = parse_serve_argv(job["serve_argv"], env)
+        except BaseException as e:  # noqa: BLE001 - argparse exits with SystemExit on a bad line
+            res["errors"].append(f"SGLang's argument parser: {_err(e)}")
+    return _done(res, t0)
+
+
+def _set_environ(values: dict) -> None:
+    for k, v in values.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
+
+
+def _load_one(job: dict, d: str, dtype: str, res: dict) -> None:
+    """The load itself (``res`` gets the class, the resolved values, the strictness lists)."""
     try:
         with open(os.path.join(d, "config.json"), encoding="utf-8") as f:
             arch = (json.load(f).get("architectures") or [None])[0]
@@ -387,12 +480,12 @@ def check_one(job: dict, dtype: str) -> dict:
         publish_and_init(sa)
         n_target = verifier_layers(sa)
     except Exception as e:  # noqa: BLE001 - one dir's failure is its result
-        return _fail(res, "SGLang config", e, t0)
+        return _fail(res, "SGLang config", e)
     RECORDER.reset()
     try:
         mc, model = load_draft(sa, d)
     except Exception as e:  # noqa: BLE001
-        return _fail(res, "SGLang get_model()", e, t0)
+        return _fail(res, "SGLang get_model()", e)
     finally:
         RECORDER.active = False
     res["class"] = type(model).__name__
@@ -401,20 +494,37 @@ def check_one(job: dict, dtype: str) -> dict:
         res["resolved"] = (resolved_eagle3_values(mc.hf_config, n_target) if family == FAMILY_EAGLE3
                            else resolved_block_values(mc.hf_config, model, family, n_target))
     except Exception as e:  # noqa: BLE001
-        return _fail(res, "SGLang draft config", e, t0)
-    res.update(strict_compare(model, RECORDER))
+        return _fail(res, "SGLang draft config", e)
+    res.update(strict_compare(model, RECORDER, job.get("target_supplied") or ()))
     if res["unfilled_params"]:
         res["errors"].append(f"parameters the checkpoint did not fill: {', '.join(res['unfilled_params'])}")
     if res["unconsumed_tensors"]:
         res["errors"].append(f"checkpoint tensors no weight loader took: {', '.join(res['unconsumed_tensors'])}")
     del model
-    return _done(res, t0)
+    return None
 
 
-def _fail(res: dict, stage: str, e: BaseException, t0: float) -> dict:
+def parse_serve_argv(argv: list, env: dict) -> dict:
+    """What SGLang's own parser (``srt/server_args.py``: ``ServerArgs.add_cli_args``, as
+    ``prepare_server_args`` builds it) reads from a serve line, and whether its
+    ``SGLANG_RAGGED_VERIFY_MODE`` is one SGLang knows (``srt/speculative/ragged_verify.py``)."""
+    import argparse
+
+    from sglang.srt.server_args import ServerArgs
+    from sglang.srt.speculative.ragged_verify import RaggedVerifyMode
+
+    parser = argparse.ArgumentParser(prog="sglang serve", exit_on_error=False)
+    ServerArgs.add_cli_args(parser)
+    ns = parser.parse_args([str(a) for a in argv])
+    mode = env.get("SGLANG_RAGGED_VERIFY_MODE")
+    return {"model_path": ns.model_path, "speculative_algorithm": ns.speculative_algorithm,
+            "speculative_draft_model_path": ns.speculative_draft_model_path,
+            "ragged_verify_mode": mode, "ragged_verify_mode_known": mode is None or mode in {m.value for m in RaggedVerifyMode}}
+
+
+def _fail(res: dict, stage: str, e: BaseException) -> None:
     res["errors"].append(f"{stage}: {_err(e)}")
     res["traceback"] = traceback.format_exc()[-4000:]
-    return _done(res, t0)
 
 
 def _done(res: dict, t0: float) -> dict:

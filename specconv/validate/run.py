@@ -67,6 +67,9 @@ class ValidateOptions:
         vllm_load_check: also load the drafter with vLLM's own loader (``--vllm-load-check``,
             :mod:`specconv.vllm_check`); a failed load fails the run (``vllm_load``).
         vllm_loader_python: its interpreter (None: :func:`specconv.vllm_check.find_vllm_python`).
+        sglang_load_check / sglang_loader_python: also load DIR's SGLang layout with SGLang's
+            own loader (``--sglang-load-check``, :mod:`specconv.sglang_check`; recorded under
+            ``export.sglang``; a failure fails the exit status, not ``validation.passed``).
     """
 
     source: str | None = None
@@ -89,11 +92,14 @@ class ValidateOptions:
     runtime_path: str | None = None
     vllm_load_check: bool = False
     vllm_loader_python: str | None = None
+    sglang_load_check: bool = False
+    sglang_loader_python: str | None = None
 
 
 #: options the report's ``options`` leaves out: the load check is its own result (``vllm_load``),
 #: a compared runtime is listed as its CLI flag (``runtime_flags``)
-_OWN_RESULT_OPTIONS = ("vllm_load_check", "vllm_loader_python", "runtime", "runtime_path")
+_OWN_RESULT_OPTIONS = ("vllm_load_check", "vllm_loader_python", "sglang_load_check", "sglang_loader_python", "runtime",
+                       "runtime_path")
 
 
 def select_prompts(spec: str, n: int | None) -> list:
@@ -259,13 +265,17 @@ def validate_drafter(
     opts = options or ValidateOptions()
     d = Path(drafter_dir)
     config, config_error = _read_config(d)
-    _preflight(opts)
+    _preflight(opts, d, getattr(verifier, "spec", verifier))
     _check_inputs(d, opts)
     run = ValidationRun(drafter_dir=d, verifier=_resolved(verifier), verifier_spec=getattr(verifier, "spec", verifier),
                         config=config, options=opts, progress=progress or (lambda *_: None))
     report = _run_gates(run, config_error)
     if opts.vllm_load_check:
         _vllm_load_step(report, run)
+    if opts.sglang_load_check:  # SGLang's own loader on DIR's SGLang layout; recorded under export.sglang
+        from ..sglang_check import validate_check
+
+        report.sglang_load = validate_check(d, run.verifier_spec, python=opts.sglang_loader_python)
     from .report import finish_report
 
     finish_report(report, d, Path(report_dir) if report_dir else Path.cwd() / "specconv-validation" / d.resolve().name)
@@ -315,9 +325,14 @@ def _read_config(d: Path) -> "tuple[SpeculatorsDraftConfig | None, InvalidInputE
         return None, e
 
 
-def _preflight(opts: ValidateOptions) -> None:
-    """Refusal (exit 3) before any model is loaded: no ``--vllm-load-check`` interpreter (a
+def _preflight(opts: ValidateOptions, d: Path, verifier_spec: str) -> None:
+    """Refusals (exit 3) before any model is loaded: no ``--vllm-load-check`` interpreter; for
+    ``--sglang-load-check`` no SGLang interpreter or a drafter SGLang would serve wrongly (a
     runtime's refusals are :func:`specconv.validate.runtimes.check_runtime`'s, in ``_check_inputs``)."""
+    if opts.sglang_load_check:
+        from ..sglang_check import preflight
+
+        preflight(d, verifier_spec, opts.sglang_loader_python)
     if opts.vllm_load_check:
         from ..vllm_check import find_vllm_python
 

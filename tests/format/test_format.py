@@ -182,7 +182,7 @@ def test_expected_tensor_names_are_the_names_converters_accept(algo):
     (``specconv/format/names.py``)."""
     import re
 
-    from test_speculators import EXAMPLES
+    from test_schema import EXAMPLES
 
     from specconv.format import expected_tensors, parse_config
     from specconv.format.algorithms import ALGORITHMS

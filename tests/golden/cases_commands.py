@@ -82,7 +82,7 @@ def tiny_conversion(ws: Workspace, d: Path, name: str = "drafter") -> tuple[Path
 
 
 def validate_set(ws: Workspace) -> dict[str, Path]:
-    """tests/test_validate_cli._build: tiny Llama verifier with SmolLM2's tokenizer, a random
+    """tests/validate/test_validate_cli._build: tiny Llama verifier with SmolLM2's tokenizer, a random
     z-lab DFlash drafter (written by the dflash package), its conversion, a 2-prompt file."""
     from test_validate_cli import _build
 

@@ -26,7 +26,9 @@ from golden.normalise import Normaliser
 
 TESTS = Path(__file__).resolve().parents[1]
 REPO = TESTS.parent
-for _p in (str(REPO), str(TESTS), str(TESTS / "cli")):  # fixtures_* modules, `import tests.x` as the suite does, the bad-input tests
+#: fixtures_* modules, `import tests.x` as the suite does, and the test modules whose input builders the
+#: cases reuse (the bad-input tests, the tiny validate set)
+for _p in (str(REPO), str(TESTS), str(TESTS / "cli"), str(TESTS / "validate")):
     if _p not in sys.path:
         sys.path.insert(0, _p)
 
