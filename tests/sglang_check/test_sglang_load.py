@@ -77,7 +77,7 @@ def _drafters(root: Path, smol: Path, v: Path) -> dict[str, dict]:
     for name, alg, kw in (("speculators_dflash", "dflash", {}), ("speculators_dspark", "dspark", {"sample_from_anchor": True}),
                           ("speculators_dspark_1n", "dspark", {"sample_from_anchor": False})):
         conv = fd.api_convert(fp.trainer_save_dir(root / "save" / name, {0: fp.build_speculators_block(
-            v, root / "ref" / name, alg, **kw)}), v, root / "out" / name)["output"]
+            v, root / "ref" / name, alg, **kw)}), v, root / "out" / name).output
         out[name] = _export(Path(conv), v, fd.HUB)
     return out
 
