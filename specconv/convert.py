@@ -1,7 +1,8 @@
 """The conversion pipeline: resolve source → detect → plan → lint → write.
 
 ``inspect_source`` and ``convert`` are what the CLI calls; nothing here knows any source
-format (that lives in ``specconv/converters/``), and nothing here writes outside the writer.
+format (that lives in ``specconv/converters/``), and nothing here writes outside the writer
+(the model card is rendered by the writer's ``card`` hook, inside its temp dir).
 """
 
 from __future__ import annotations
@@ -173,23 +174,30 @@ def detect(src: "SourceInfo") -> type["Converter"]:
     return cls
 
 
-def inspect_source(spec: str, *, verifier: str | None = None, verifier_name: str | None = None,
+def inspect_source(spec: str, *, verifier: str | None = None, verifier_name: str | None = None, scan: bool = False,
                    **kw: Any) -> "InspectResult":
     """Detect a source (headers only) and, for Speculators dirs, lint it.
 
     Args:
         spec: local dir or Hub id. verifier / verifier_name: with a verifier the
-            conversion plan is dry-run too. ``kw``: ``subfolder``, ``checkpoint``,
-            ``revision``, ``endpoint`` (Hub endpoint), ``options`` (ConvertOptions).
+            conversion plan is dry-run too. scan: also read every float tensor and report
+            NaN/Inf (``nonfinite``). ``kw``: ``subfolder``, ``checkpoint``, ``revision``,
+            ``endpoint`` (Hub endpoint), ``options`` (ConvertOptions).
 
     Returns:
         :class:`~specconv.results.InspectResult`: ``format`` (registry id), ``algorithm``,
         ``supported``, ``reason``, ``findings`` (lint), ``path``, ``title`` and, with a
-        verifier, the dry-run ``plan``.
+        verifier, the dry-run ``plan``; with ``scan``, ``nonfinite``.
     """
     from .results import InspectResult
 
-    return InspectResult.of(_inspect(spec, verifier, verifier_name, kw))
+    result = InspectResult.of(_inspect(spec, verifier, verifier_name, kw))
+    if scan:
+        from .tensors import open_store
+        from .tensors.onepass import scan_report
+
+        result.nonfinite = scan_report(open_store(result.path))
+    return result
 
 
 def _inspect(spec: str, verifier: str | None, verifier_name: str | None, kw: dict[str, Any]) -> dict[str, Any]:
@@ -270,7 +278,7 @@ def _nbytes(t) -> int:
 def convert(
     source: str,
     *,
-    verifier: str,
+    verifier: "str | Verifier",
     output: Path | None,
     options: "ConvertOptions | None" = None,
     verifier_name: str | None = None,
@@ -282,6 +290,10 @@ def convert(
     allow_nonfinite: bool = False, endpoint: str | None = None,
 ) -> "ConversionResult":
     """Convert ``source`` to a Speculators dir at ``output`` (Hub reads go to ``endpoint``, else ``HF_ENDPOINT``).
+
+    Everything (weights, ``config.json``, the card ``README.md``, ``specconv.json`` once) is
+    written inside the writer's temp dir before the swap. ``verifier``: a local dir or Hub id
+    (resolved with ``verifier_name``), or a resolved :class:`~specconv.verifier.Verifier`.
 
     Returns:
         :class:`~specconv.results.ConversionResult`: ``format``, ``algorithm``,
@@ -295,28 +307,48 @@ def convert(
     from specconv.converters import ConvertOptions
 
     from .results import ConversionResult
-    from .verifier import resolve_verifier
 
     opts = options or ConvertOptions()
     src, note = open_source(source, subfolder=subfolder, checkpoint=opts.checkpoint, revision=revision, endpoint=endpoint)
     cls = _supported_converter(src, opts)
-    v = resolve_verifier(verifier, name=verifier_name, revision=None, endpoint=endpoint)
+    v = _resolved_verifier(verifier, verifier_name, endpoint)
     log.info("detected %s (%s); verifier %s", cls.format_id, cls.algorithm, v.name_or_path)
     plan = _linted_plan(cls, src, v, opts, note)
     result = ConversionResult.of(dict(format=plan.format_id, algorithm=plan.algorithm, source=str(src.path),
                                       output=str(output) if output else None, dry_run=dry_run,
                                       plan=summarize_plan(plan), findings=[f.to_dict() for f in plan.findings]))
     if dry_run:
-        if output is not None and Path(output).exists() and not overwrite:
-            result.findings.append({"level": "warning", "code": "output-exists", "key": None,
-                                    "message": f"output {output} exists: the real run needs --overwrite"})
-        return result
+        return _dry_run_warning(result, output, overwrite)
     if output is None:
         raise UsageError("-o/--output is required unless --dry-run")
     ref = source_ref(source, src.path, subfolder=subfolder, revision=revision)
     record = write_plan(plan, Path(output), source_store=src.store, verifier=v, max_shard_size=max_shard_size,
-                        overwrite=overwrite, source_ref=ref, allow_nonfinite=allow_nonfinite)
+                        overwrite=overwrite, source_ref=ref, allow_nonfinite=allow_nonfinite, card=_card(output))
     _written(result, record, plan, v)
+    return result
+
+
+def _resolved_verifier(verifier: "str | Verifier", name: str | None, endpoint: str | None) -> "Verifier":
+    """``verifier`` as is when already resolved, else :func:`specconv.verifier.resolve_verifier`."""
+    from .verifier import Verifier, resolve_verifier
+
+    return verifier if isinstance(verifier, Verifier) else resolve_verifier(verifier, name=name, revision=None,
+                                                                            endpoint=endpoint)
+
+
+def _card(output: Path):
+    """The writer's card hook (:func:`specconv.publish.card.conversion_card`); jinja2 is
+    imported only when the card renders."""
+    from .record import card_function
+
+    return card_function("conversion_card")(Path(output).name)
+
+
+def _dry_run_warning(result: "ConversionResult", output: Path | None, overwrite: bool) -> "ConversionResult":
+    """A dry run's result, warned (``output-exists``) when the real run would need ``--overwrite``."""
+    if output is not None and Path(output).exists() and not overwrite:
+        result.findings.append({"level": "warning", "code": "output-exists", "key": None,
+                                "message": f"output {output} exists: the real run needs --overwrite"})
     return result
 
 

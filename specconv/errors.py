@@ -30,6 +30,8 @@ EXIT_HUB_CONFLICT = 6
 EXIT_TRANSIENT = 7
 EXIT_POST_PUBLISH = 8
 EXIT_REMOTE_NOT_FOUND = 9
+#: ``--dry-run --detailed-exitcode`` (push, release) when something would change (not an error)
+EXIT_WOULD_CHANGE = 10
 
 EXIT_CODES: dict[int, str] = {
     EXIT_OK: "ok",

@@ -13,11 +13,12 @@ conversion       ``specconv convert``       source (Hub id / relative path + sha
                                             source file), verifier, layer ids, dtype,
                                             options, tensor fates, findings, notes, output
                                             files, library versions
-validation       ``specconv validate``      gates, τ summary, sha256 of every file validated
+validation       ``specconv validate``      gates, τ summary, parity KL, losslessness, the
+                 (and ``release``)          run, versions, sha256 of every file validated
                                             (config.json, weights, index), report path, the
                                             vLLM that loaded / served it (if any)
-export           (room for) engine export   free-form until that stage defines it
-publish          (room for) Hub publishing  free-form until that stage defines it
+export           ``specconv export onnx``   ``onnx``: the export dir, graph facts, parity
+publish          ``specconv push``          repo, revision, commit, PR, tag, status
 ===============  =========================  =================================================
 
 Unknown top-level keys and unknown keys inside a section are kept on every round trip.
@@ -44,6 +45,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
 
 from .errors import InvalidInputError
+from .results import OnnxExport
 from .fileio import atomic_write, read_json_object
 
 #: file name inside a drafter directory
@@ -197,19 +199,37 @@ class LlamaCppServeSummary(_Model):
     lossless: bool | None = None
 
 
+class PromptsRef(_Model):
+    """The prompts a validation ran: ``set`` (``--prompts``: a set name or a ``.jsonl``
+    path) and ``n`` (how many of it)."""
+
+    set: str | None = None
+    n: int | None = None
+
+
 class ValidationSection(_Model):
-    """The summary of the last ``specconv validate`` run.
+    """The summary of the last ``specconv validate`` run
+    (:func:`specconv.validate.report.validation_section` builds it from the report;
+    ``specconv release`` records the same one).
 
     Attributes:
-        passed: every gate that ran passed.
+        passed: every gate that ran (and the ``--vllm-load-check``) passed.
         gates: gate name → passed (gates that ran).
+        acceptance_length / tau_ci95 / acceptance_at_pos: pooled τ, its bootstrap 95%
+            interval, ``p_i`` per draft position. source_acceptance_length: the
+            ``--source`` drafter's τ on the same prompts.
+        parity_kl_max: G2's largest KL(source ‖ converted) (None without ``--source``).
+        lossless_exact_match: G4's fraction of greedy requests identical to plain decoding.
+        verifier: the verifier validated against (relative to the drafter dir, or a Hub id).
+        backend / device / dtype / prompts / max_new_tokens / temperature: the run.
+        specconv_version, versions: the specconv and the libraries the numbers depend on.
         files: sha256 of every drafter file the run validated (``config.json``, the
             safetensors shards, ``model.safetensors.index.json``), keyed by name; a later
             stage compares them to tell whether the bytes changed since validation.
         report: ``validation.json`` path relative to the drafter dir.
         vllm_load: set only when the run's ``--vllm-load-check`` passed.
         vllm_serve: set only when the run served the prompts with ``--backend vllm``.
-            Neither set: vLLM checked nothing (``specconv.results.vllm_summaries``).
+            Neither set: vLLM checked nothing (``specconv.validate.report.vllm_summaries``).
         remote: the last ``--server-url`` run (never a gate for publishing).
         llamacpp_serve: set only when ``--backend llamacpp`` served the GGUF (:class:`LlamaCppServeSummary`).
     """
@@ -217,6 +237,20 @@ class ValidationSection(_Model):
     passed: bool | None = None
     gates: dict[str, bool] | None = None
     acceptance_length: float | None = None
+    tau_ci95: list[float] | None = None
+    acceptance_at_pos: list[float] | None = None
+    source_acceptance_length: float | None = None
+    parity_kl_max: float | None = None
+    lossless_exact_match: float | None = None
+    verifier: str | None = None
+    backend: str | None = None
+    device: str | None = None
+    dtype: str | None = None
+    prompts: PromptsRef | None = None
+    max_new_tokens: int | None = None
+    temperature: float | None = None
+    specconv_version: str | None = None
+    versions: dict[str, str | None] | None = None
     files: dict[str, str] | None = None
     report: str | None = None
     vllm_load: VllmLoadSummary | None = None
@@ -231,11 +265,27 @@ class ValidationSection(_Model):
 
 
 class ExportSection(_Model):
-    """Room for the engine-export stage (free-form until it defines its fields)."""
+    """What the export stage wrote (``onnx``: :class:`OnnxExport`; other keys kept)."""
+
+    onnx: OnnxExport | None = None
 
 
 class PublishSection(_Model):
-    """Room for the Hub-publish stage (free-form until it defines its fields)."""
+    """The last ``specconv push`` that wrote to the Hub (a dry run records nothing).
+
+    Attributes:
+        repo_id / revision: where it went. commit_oid / commit_url: the commit (or the
+            unchanged head). pr_url: the pull request (``--create-pr``). tag: ``--tag``.
+        status: ``published`` | ``unchanged`` | ``pr_opened``.
+    """
+
+    repo_id: str | None = None
+    revision: str | None = None
+    commit_oid: str | None = None
+    commit_url: str | None = None
+    pr_url: str | None = None
+    tag: str | None = None
+    status: str | None = None
 
 
 _SECTION_MODELS: dict[str, type[_Model]] = {
@@ -289,6 +339,21 @@ def _validate(data: dict[str, Any], path: Path) -> SpecconvRecord:
         return SpecconvRecord.model_validate(data, context={"legacy": legacy})
     except ValidationError as e:
         raise _problem(path, e) from e
+
+
+#: the drafter dir's card (``README.md``) is rendered from this record by ``specconv.publish.card``;
+#: ``convert``, ``validate_drafter`` and ``export_onnx_dir`` (rooms below ``publish``) write it
+#: through :func:`card_function`, by dotted path, as ``validate.runtimes`` reaches the export runtimes
+CARD_MODULE = "specconv.publish.card"
+
+
+def card_function(name: str) -> Any:
+    """The card renderer's function ``name`` (``conversion_card``: the writer's card hook;
+    ``refresh_local_card``: re-render a drafter dir's card from its record), imported on use
+    (jinja2 is imported only when a card renders)."""
+    import importlib
+
+    return getattr(importlib.import_module(CARD_MODULE), name)
 
 
 def read_record(drafter_dir: str | os.PathLike, *, missing_ok: bool = False) -> SpecconvRecord:

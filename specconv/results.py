@@ -1,18 +1,22 @@
 """Typed results of the library stages, rendered by the CLI.
 
+Every command's library function returns one of these pydantic models:
 :class:`ConversionResult` (``specconv.convert.convert``), :class:`InspectResult`
-(``specconv.convert.inspect_source``) and :class:`ValidationReport`
-(``specconv.validate.run.validate_drafter``) are pydantic models; the CLI prints one of them
-with :func:`specconv.cli.common.render` — ``--format json`` as :meth:`StageResult.to_dict`
-(the keys that were set, nothing added), ``--format human`` as :meth:`StageResult.human`.
+(``specconv.convert.inspect_source``), :class:`FormatsResult` (``specconv formats``),
+:class:`ValidationReport` (``specconv.validate.run.validate_drafter``),
+:class:`ExportOnnxResult` (``specconv.export.onnx_dir.export_onnx_dir``),
+:class:`BuildEngineResult` (``specconv.export.engine.build_engine_dir``),
+:class:`PushResult` (``specconv.publish.push.push``) and :class:`ReleaseResult`
+(``specconv.publish.release.release``). The CLI prints one with
+:func:`specconv.cli.common.render`: ``--format json`` as :meth:`StageResult.to_json` (the
+keys that were set, nothing added), ``--format human`` as :meth:`StageResult.human`.
+Fields are read as attributes; a detail a stage adds without a declared field is kept as an
+extra key (``extra="allow"``) and read with :meth:`StageResult.extra`.
 
-Unknown keys are kept (``extra="allow"``) so a stage can add a detail without a schema
-change. The schemas are built on first use (``defer_build``) and a stage builds its result
+The schemas are built on first use (``defer_build``) and a stage builds its result
 with :meth:`StageResult.of` (``model_construct``: its own values are not re-validated) and
 prints it with :func:`plain`, so no schema is built on ``specconv convert``'s path;
-``Model.model_validate(result.to_dict())`` checks a result against its declared types. For the callers written
-against the earlier dict results, a result also reads like a mapping
-(``result["format"]``, ``result.get("plan")``, ``"plan" in result``).
+``Model.model_validate(result.to_dict())`` checks a result against its declared types.
 """
 
 from __future__ import annotations
@@ -23,13 +27,14 @@ from pydantic import BaseModel, ConfigDict, Field
 
 
 def plain(obj: Any) -> Any:
-    """A model (recursively) as plain Python data: only the fields that were set, plus
-    the unknown (extra) keys — what ``model_dump(exclude_unset=True)`` gives, without
+    """A model (recursively) as plain Python data: only the fields that were set (by alias:
+    ``schema``, ``validate``), plus the unknown (extra) keys — what ``model_dump(exclude_unset=True)`` gives, without
     building the pydantic serializer (so a result made with ``model_construct`` costs
     no schema build on the command's path)."""
     if isinstance(obj, BaseModel):
-        out = {k: plain(getattr(obj, k)) for k in obj.model_fields_set}
-        out.update({k: plain(v) for k, v in (obj.__pydantic_extra__ or {}).items()})
+        fields, extra = type(obj).model_fields, obj.__pydantic_extra__ or {}
+        out = {(fields[k].alias or k): plain(getattr(obj, k)) for k in obj.model_fields_set if k not in extra}
+        out.update({k: plain(v) for k, v in extra.items()})
         return out
     if isinstance(obj, dict):
         return {k: plain(v) for k, v in obj.items()}
@@ -57,34 +62,10 @@ def jsonable(o: Any) -> Any:
 
 
 class StageResult(BaseModel):
-    """Base class: mapping-style access, JSON dict, human text, exit status."""
+    """Base class: JSON dict / text, human text, exit status."""
 
     model_config = ConfigDict(extra="allow", defer_build=True, arbitrary_types_allowed=True)
 
-    # -- mapping-style access (the dict results these models replace) ------------------
-    def _has(self, key: str) -> bool:
-        return key in self.model_fields_set or key in (self.__pydantic_extra__ or {})
-
-    def __getitem__(self, key: str) -> Any:
-        if not self._has(key):
-            raise KeyError(key)
-        return getattr(self, key)
-
-    def __setitem__(self, key: str, value: Any) -> None:
-        setattr(self, key, value)
-
-    def __contains__(self, key: object) -> bool:
-        return isinstance(key, str) and self._has(key)
-
-    def get(self, key: str, default: Any = None) -> Any:
-        """``result[key]`` or ``default`` when the key was never set."""
-        return getattr(self, key) if self._has(key) else default
-
-    def keys(self) -> list[str]:
-        """The keys that were set (what :meth:`to_dict` returns)."""
-        return list(self.to_dict())
-
-    # -- rendering ---------------------------------------------------------------------
     @classmethod
     def of(cls, data: dict[str, Any]):
         """A result from the values a library stage computed (trusted: not re-validated, so
@@ -92,9 +73,19 @@ class StageResult(BaseModel):
         the tests do)."""
         return cls.model_construct(**data)
 
+    def extra(self, key: str, default: Any = None) -> Any:
+        """An undeclared detail the stage added (``extra="allow"``), or ``default``."""
+        return (self.__pydantic_extra__ or {}).get(key, default)
+
     def to_dict(self) -> dict[str, Any]:
-        """The keys that were set, as plain Python objects (JSON via ``cli.common.dumps``)."""
+        """The keys that were set, as plain Python objects."""
         return plain(self)
+
+    def to_json(self) -> str:
+        """The one JSON object ``--format json`` prints (sorted keys, 2-space indent)."""
+        import json
+
+        return json.dumps(self.to_dict(), sort_keys=True, default=jsonable, indent=2)
 
     def human(self) -> str:  # pragma: no cover - overridden
         """Short human summary (``--format human``)."""
@@ -240,8 +231,13 @@ class ValidationReport(StageResult):
         acceptance_length: pooled τ = 1 + accepted / drafts (None when nothing ran).
         acceptance_at_pos: ``p_i``, fraction of drafts whose first ``i`` tokens were
             accepted, i = 1…k.
-        report_files: files written by ``validate.report.write_report`` (CLI only).
-        error / exit_code / message: set by the CLI when a gate failed (exit 4).
+        tau_ci95: bootstrap 95% interval of τ (None with too few requests).
+        source_metrics: the ``--source`` drafter's acceptance metrics; lossless: G4's
+            ``{exact_match, n, first_div, near_tie}``; device, prompts, versions: the run.
+        vllm_load: the ``--vllm-load-check`` result (``specconv.vllm_check.record_payload``);
+            vllm_serve: the server that served ``--backend vllm``.
+        report_files: files written by ``validate.report.write_report``; plot: the PNG's name.
+        error / exit_code / message: set by :meth:`gate_failure` (exit 4).
     """
 
     specconv_version: str | None = None
@@ -261,39 +257,45 @@ class ValidationReport(StageResult):
     passed: bool | None = None
     acceptance_length: float | None = None
     acceptance_at_pos: list[float] | None = None
+    tau_ci95: list[float] | None = None
+    source_metrics: dict[str, Any] | None = None
+    lossless: dict[str, Any] | None = None
+    device: dict[str, Any] | None = None
+    prompts: dict[str, Any] | None = None
+    versions: dict[str, str | None] | None = None
+    vllm_load: dict[str, Any] | None = None
+    vllm_serve: dict[str, Any] | None = None
+    sglang_load: dict[str, Any] | None = None
     report_files: dict[str, str | None] | None = None
+    plot: str | None = None
+    error: str | None = None
+    exit_code: int | None = None
+    message: str | None = None
 
     def failed_gates(self) -> list[str]:
-        """Names of the gates that ran and failed."""
-        return [k for k, v in self.gates.items() if v is False]
+        """Names of the gates that ran and failed, then ``vllm_load`` when the
+        ``--vllm-load-check`` failed."""
+        failed = [k for k, v in self.gates.items() if v is False]
+        failed += ["vllm_load"] if self.vllm_load and not self.vllm_load.get("ok") else []
+        return failed + (["sglang_load"] if self.sglang_load and not self.sglang_load.get("ok") else [])
 
     def exit_status(self) -> int:
-        """4 when a gate that ran failed, else 0."""
+        """4 when a gate that ran (or the vLLM load check) failed, else 0."""
         from .errors import EXIT_GATE_FAILED
 
         return EXIT_GATE_FAILED if self.failed_gates() else 0
 
-    def record_summary(self) -> dict[str, Any]:
-        """The ``validation`` section of ``specconv.json`` (paths made relative by the caller)."""
-        r = self.to_dict()
-        dev = r.get("device") or {}
-        return {
-            "acceptance_length": r.get("acceptance_length"),
-            "acceptance_at_pos": r.get("acceptance_at_pos"),
-            "tau_ci95": r.get("tau_ci95"),
-            "gates": r.get("gates"),
-            "passed": r.get("passed"),
-            "verifier": r.get("verifier"),
-            "backend": r.get("backend"),
-            "device": dev.get("gpu_name") or dev.get("device"),
-            "dtype": r.get("dtype"),
-            "prompts": {k: (r.get("prompts") or {}).get(k) for k in ("set", "n")},
-            "max_new_tokens": r.get("max_new_tokens"),
-            "temperature": r.get("temperature"),
-            "source_acceptance_length": (r.get("source_metrics") or {}).get("acceptance_length"),
-            "specconv_version": r.get("specconv_version"),
-            **vllm_summaries(r),
-        }
+    def gate_failure(self):
+        """The :class:`~specconv.errors.GateFailedError` (exit 4, carrying this report, its
+        ``error`` / ``exit_code`` / ``message`` set) when a gate failed, else None."""
+        from .errors import EXIT_GATE_FAILED, GateFailedError
+
+        failed = self.failed_gates()
+        if not failed:
+            return None
+        self.error, self.exit_code = "gate_failed", EXIT_GATE_FAILED
+        self.message = "validation gate(s) failed: " + ", ".join(failed)
+        return GateFailedError(self.message, result=self)
 
     def human(self) -> str:
         r = self.to_dict()
@@ -332,26 +334,6 @@ class ValidationReport(StageResult):
         return "\n".join(lines)
 
 
-def vllm_summaries(report: dict[str, Any]) -> dict[str, Any]:
-    """What vLLM (and llama.cpp) checked, for the ``validation`` section of ``specconv.json`` (the
-    one place ``specconv validate`` and ``specconv release`` take it from): ``vllm_load
-    {distribution, version}`` when the ``--vllm-load-check`` passed, ``vllm_serve
-    {distribution, version, tau}`` when ``--backend vllm`` served the prompts; neither key
-    when vLLM checked nothing (:class:`specconv.record.ValidationSection`); ``llamacpp_serve
-    {commit, verifier_gguf, tau, tau_torch, lossless}`` when ``--backend llamacpp`` served them."""
-    out: dict[str, Any] = {}
-    vl = report.get("vllm_load") or {}
-    if vl.get("ok"):
-        out["vllm_load"] = {"distribution": vl.get("distribution"), "version": vl.get("version")}
-    vs = report.get("vllm_serve") or {}
-    if vs:
-        out["vllm_serve"] = {k: v for k, v in vs.items() if k != "server"}  # specconv.record.VllmServeSummary
-    ls = report.get("llamacpp_serve") or {}  # --backend llamacpp (specconv/gguf/backend.py)
-    if ls:
-        out["llamacpp_serve"] = {k: ls.get(k) for k in ("commit", "verifier_gguf", "tau", "tau_torch", "lossless")}
-    return out
-
-
 def _tau_lines(r: dict[str, Any]) -> list[str]:
     ci = r.get("tau_ci95")
     ci_s = f"  (95% CI {ci[0]:.3f}–{ci[1]:.3f})" if ci else ""
@@ -381,4 +363,215 @@ class FormatsResult(StageResult):
         lines = [f"{'format':28} {'algorithm':9} {'supported':9} source"]
         for r in self.formats:
             lines.append(f"{r['format']:28} {r['algorithm']:9} {('yes' if r['supported'] else 'refused'):9} {r['title']}")
+        return "\n".join(lines)
+
+
+class OnnxExport(BaseModel):
+    """What ``specconv export onnx`` wrote into ``DIR/onnx`` (``export.onnx``; the command's
+    result has the same fields, with ``output`` absolute).
+
+    Attributes:
+        output: the export dir (relative to the drafter dir in the record).
+        algorithm / dtype / opset / ir_version / block_size: the main graph.
+        dynamic: ``{batch: {min, max}, context: {min, max}}`` the graph accepts.
+        census: ONNX op type → count in the main graph.
+        contains_verifier_weights: a graph embeds verifier tensors (embedding / LM head).
+        parity: graph path → its ONNX Runtime parity check (None with ``--no-check``);
+            parity_passed: every check that ran passed; checked: parity ran.
+        created: UTC timestamp. files: the files written, relative to ``output``.
+    """
+
+    model_config = ConfigDict(extra="allow", defer_build=True)
+
+    output: str | None = None
+    algorithm: str | None = None
+    dtype: str | None = None
+    opset: int | None = None
+    ir_version: int | None = None
+    contains_verifier_weights: bool | None = None
+    dynamic: dict[str, dict[str, int]] | None = None
+    block_size: int | None = None
+    census: dict[str, int] | None = None
+    parity: dict[str, Any] | None = None
+    parity_passed: bool | None = None
+    checked: bool | None = None
+    created: str | None = None
+    files: list[str] | None = None
+
+
+class ExportOnnxResult(StageResult, OnnxExport):
+    """``specconv export onnx``: the fields of :class:`OnnxExport` (what the record's
+    ``export.onnx`` section holds, there with ``output`` relative), ``output`` absolute."""
+
+    def human(self) -> str:
+        lines = [f"exported:  {self.output}  ({self.algorithm}, {self.dtype}, opset {self.opset}, "
+                 f"block {self.block_size})",
+                 f"dynamic:   batch 1..{self.dynamic['batch']['max']}, context 1..{self.dynamic['context']['max']}",
+                 f"verifier weights baked in: {'yes' if self.contains_verifier_weights else 'no'}"]
+        for name, p in (self.parity or {}).items():
+            if not p:
+                continue
+            if p.get("passed") is None:
+                lines.append(f"parity {name}: skipped ({p.get('skipped')})")
+            else:
+                lines.append(f"parity {name}: {'ok' if p['passed'] else 'FAILED'} ({p['runtime']}, "
+                             f"top-1 {p['top1']:.3f}, max |Δ| {p['max_abs']:.2e})")
+        if not self.checked:
+            lines.append("parity: not checked (--no-check)")
+        return "\n".join(lines)
+
+
+class BuildEngineResult(StageResult):
+    """``specconv build-engine``: the variant's ``build.json`` plus ``path`` (the variant
+    dir), ``manifest`` (``trt/manifest.json``) and ``variants`` (every key it lists)."""
+
+    path: str | None = None
+    manifest: str | None = None
+    variants: list[str] = Field(default_factory=list)
+    builder: str | None = None
+    trt_version: str | None = None
+    dtype: str | None = None
+    plan_bytes: int | None = None
+    gpu: str | None = None
+    compute_capability: str | None = None
+    target_compute_capabilities: list[str] | None = None
+
+    def human(self) -> str:
+        targets = self.target_compute_capabilities or self.compute_capability
+        return "\n".join([
+            f"engine:    {self.path}/drafter.plan  ({self.plan_bytes} bytes, {self.builder} {self.trt_version}, "
+            f"{self.dtype})",
+            f"gpu:       {self.gpu or 'none (ahead-of-time build)'}  targets {targets}",
+            f"manifest:  {self.manifest}  ({len(self.variants)} variant(s))",
+        ])
+
+
+class PushResult(StageResult):
+    """``specconv push`` (schema ``specconv.publish/v1``).
+
+    Attributes:
+        status: ``published`` | ``unchanged`` | ``pr_opened`` | ``dry_run``.
+        repo_id / repo_type / endpoint / revision / private / repo_exists: the target.
+        files: the plan, one ``{path, action, size, sha256}`` per file.
+        bytes_to_upload, would_change: what the plan sends. parent_commit: the head planned
+            against. commit_oid / commit_url / pr_url / pr_revision / tag: what was made.
+        verified: the remote checksums matched (None: not checked). warnings: notes.
+        detailed_exitcode: ``--detailed-exitcode`` (a dry run that would change exits 10).
+    """
+
+    schema_: str | None = Field(default=None, alias="schema")
+    status: str | None = None
+    repo_id: str | None = None
+    repo_type: str | None = None
+    endpoint: str | None = None
+    files: list[dict[str, Any]] = Field(default_factory=list)
+    bytes_to_upload: int | None = None
+    would_change: bool | None = None
+    detailed_exitcode: bool = False
+    warnings: list[str] = Field(default_factory=list)
+    tag: str | None = None
+    revision: str | None = None
+    private: bool | None = None
+    repo_exists: bool | None = None
+    parent_commit: str | None = None
+    commit_oid: str | None = None
+    commit_url: str | None = None
+    pr_url: str | None = None
+    pr_revision: str | None = None
+    verified: bool | None = None
+
+    def exit_status(self) -> int:
+        """10 for a dry run with ``--detailed-exitcode`` that would change the repo, else 0."""
+        from .errors import EXIT_WOULD_CHANGE
+
+        return EXIT_WOULD_CHANGE if self.would_change and self.detailed_exitcode else 0
+
+    def human(self) -> str:
+        lines = [f"{self.status}: {self.repo_id}@{self.revision}" + (f" commit {self.commit_oid}" if self.commit_oid else "")]
+        lines += [f"  {f['action']:9} {f['path']}" for f in self.files if f["action"] != "unchanged"]
+        if self.pr_url:
+            lines.append(f"  pull request: {self.pr_url}")
+        if self.tag:
+            lines.append(f"  tag: {self.tag}")
+        return "\n".join(lines)
+
+
+class ReleaseResult(StageResult):
+    """``specconv release`` (schema ``specconv.release/v1``): every step run, in order.
+
+    Attributes:
+        status: ``running`` → the push's status, or ``failed``. steps: one
+            ``{step, status, exit_code, duration_s, ...}`` per step. repo_id, dry_run.
+        convert / validate / export / engine: each step's summary; push: the push result.
+        exit_code: the process exit status; failed_step / error / message / hint: the
+            first failed step's error. commit_oid / commit_url / pr_url: the push's.
+    """
+
+    schema_: str | None = Field(default=None, alias="schema")
+    status: str | None = None
+    steps: list[dict[str, Any]] = Field(default_factory=list)
+    repo_id: str | None = None
+    dry_run: bool | None = None
+    exit_code: int = 0
+    convert: dict[str, Any] | None = None
+    validate_: dict[str, Any] | None = Field(default=None, alias="validate")
+    export: dict[str, Any] | None = None
+    engine: dict[str, Any] | None = None
+    sglang: dict[str, Any] | None = None
+    push: dict[str, Any] | None = None
+    commit_oid: str | None = None
+    commit_url: str | None = None
+    pr_url: str | None = None
+    failed_step: str | None = None
+    error: str | None = None
+    message: str | None = None
+    hint: str | None = None
+
+    def exit_status(self) -> int:
+        return int(self.exit_code or 0)
+
+    def human(self) -> str:
+        rows = [f"{s['step']:9} {s['status']:7} {s['duration_s']:.2f}s" for s in self.steps]
+        return "\n".join([f"release {self.status}", *rows])
+
+
+class ExportGgufResult(StageResult):
+    """``specconv export gguf``: the ``export.gguf`` section it recorded (``output``, ``file``,
+    ``algorithm``, ``architecture``, ``dtype``, ``spec_type``, ``spec_draft_n_max``,
+    ``verifier_weights``; ``check``: llama-server's result, or ``{skipped: reason}``)."""
+
+    def human(self) -> str:
+        r = self.to_dict()
+        inside = r.get("verifier_weights") or []
+        lines = [f"exported:  {r['output']}/{r['file']}  ({r['algorithm']}, {r['architecture']}, {r['dtype']})",
+                 f"serve:     --spec-type {r['spec_type']} --spec-draft-n-max {r['spec_draft_n_max']}",
+                 f"verifier weights inside: {'yes (' + ', '.join(inside) + ')' if inside else 'no'}"]
+        c = r.get("check") or {}
+        if c.get("skipped"):
+            lines.append(f"check:     skipped ({c['skipped']})")
+        else:
+            lines.append(f"check:     {'ok' if c.get('passed') else 'FAILED'} (llama-server "
+                         f"{(c.get('llama_server') or {}).get('commit')}: lossless {c.get('lossless')}, "
+                         f"τ {c.get('tau') or 0:.3f}, {c.get('num_accepted_tokens')} drafts accepted)")
+        return "\n".join(lines)
+
+
+class ExportSglangResult(StageResult):
+    """``specconv export sglang``: the ``export.sglang`` section it recorded (``output``,
+    ``algorithm``, ``speculative_algorithm``, ``architecture``, ``files``, ``env``, ``launch``
+    argv, ``notes``; ``check``: SGLang's loader payload with ``--check``)."""
+
+    def human(self) -> str:
+        import shlex
+
+        r = self.to_dict()
+        env = " ".join(f"{k}={v}" for k, v in sorted((r.get("env") or {}).items()))
+        lines = [f"exported:  {r['output']}  ({r['algorithm']} → SGLang {r['speculative_algorithm']}, "
+                 f"{r['architecture']})",
+                 f"files:     {', '.join(sorted(r['files']))} (weights byte-identical)",
+                 f"serve:     {(env + ' ') if env else ''}{shlex.join(r['launch'])}"]
+        lines += [f"note:      {n}" for n in r.get("notes", [])]
+        c = r.get("check")
+        lines.append(f"check:     passed: SGLang {c['version']} loaded it strictly ({c['class']}, "
+                     f"{c.get('checkpoint_tensors')} tensors)" if c else "check:     not run (pass --check)")
         return "\n".join(lines)

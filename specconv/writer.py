@@ -17,7 +17,7 @@ import os
 import signal
 import threading
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
 from . import __version__
 from .errors import InvalidInputError
@@ -29,6 +29,8 @@ if TYPE_CHECKING:
     from .verifier import Verifier
 
 SPECCONV_JSON = "specconv.json"
+#: the model card a conversion writes next to the record (rendered by the ``card`` hook)
+CARD = "README.md"
 
 
 def _sha256(path: Path) -> str:
@@ -344,15 +346,14 @@ def write_plan(
     *,
     source_store: Any,
     verifier: Any,
-    max_shard_size: int | None = None,
-    overwrite: bool = False,
-    source_ref: dict[str, Any] | None = None,
-    allow_nonfinite: bool = False,
-    hash_output: bool = False,
-    output_sha256: dict[str, str] | None = None,
+    max_shard_size: int | None = None, overwrite: bool = False,
+    source_ref: dict[str, Any] | None = None, allow_nonfinite: bool = False,
+    hash_output: bool = False, output_sha256: dict[str, str] | None = None,
+    card: "Callable[[Path, SpecconvRecord], str | None] | None" = None,
 ) -> "SpecconvRecord":
     """Write ``plan`` to ``out_dir`` atomically; return the ``specconv.json`` record
-    (``source_ref``: how the record names the source, see :func:`build_record`).
+    (``source_ref``: see :func:`build_record`), written once. ``card(temp dir, record)`` renders
+    ``README.md``, written and listed in ``output_files`` before the swap (None: no card).
 
     Every weight byte is read once (:mod:`specconv.tensors.onepass`): a cold source is
     hashed, scanned for NaN/Inf and written from one buffer; a warm one (digest and scan
@@ -383,6 +384,7 @@ def write_plan(
             record = _write_tmp(tmp.path, plan, source_store, verifier, max_shard_size=max_shard_size,
                                 allow_nonfinite=allow_nonfinite, hash_output=hash_output,
                                 output_sha256=output_sha256, out_dir=out_dir, source_ref=source_ref)
+            _write_record(tmp.path, record, card)
             _fix_mode(tmp.path)
             with interrupts.deferred():
                 _move_into_place(tmp, out_dir, overwrite)
@@ -400,7 +402,7 @@ def _move_into_place(tmp: Any, out_dir: Path, overwrite: bool) -> None:
 def _write_tmp(tmp: Path, plan: ConversionPlan, source_store: Any, verifier: Any, *, max_shard_size: int | None,
                allow_nonfinite: bool, hash_output: bool, output_sha256: dict[str, str] | None, out_dir: Path,
                source_ref: dict[str, Any] | None) -> "SpecconvRecord":
-    """Write weights, config and record into ``tmp``; return the record."""
+    """Write weights and config into ``tmp``; return the record (not written yet)."""
     from .format import dump_config
     from .tensors import write_safetensors
 
@@ -419,10 +421,18 @@ def _write_tmp(tmp: Path, plan: ConversionPlan, source_store: Any, verifier: Any
     if output_sha256 is not None:
         output_sha256.update(engine.output_sha256)
     (tmp / "config.json").write_bytes(dump_config(plan.config))
-    record = build_record(plan, verifier, dict(sorted(hashes.items())), sorted(["config.json", *files, SPECCONV_JSON]),
-                          out_dir=out_dir, source_ref=source_ref)
+    return build_record(plan, verifier, dict(sorted(hashes.items())), sorted(["config.json", *files, SPECCONV_JSON]),
+                        out_dir=out_dir, source_ref=source_ref)
+
+
+def _write_record(tmp: Path, record: "SpecconvRecord", card: "Callable[[Path, SpecconvRecord], str | None] | None"
+                  ) -> None:
+    """The card (when ``card`` renders one, listed in ``output_files``), then ``specconv.json``."""
+    text = card(tmp, record) if card is not None else None
+    if text is not None:
+        record.conversion.output_files = sorted([*record.conversion.output_files, CARD])
+        (tmp / CARD).write_text(text, encoding="utf-8")
     (tmp / SPECCONV_JSON).write_text(record.to_json())
-    return record
 
 
 def _check_output(out_dir: Path, plan: ConversionPlan, verifier: Any, overwrite: bool) -> None:

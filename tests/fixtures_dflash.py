@@ -336,7 +336,7 @@ def cli_convert(src, verifier, out, *args, name=HUB):
 
 
 def api_convert(src, verifier, out=None, *, name=HUB, max_shard_size=None, overwrite=False, dry_run=False, **opts):
-    """``specconv.convert.convert`` with ``ConvertOptions(**opts)``; returns the report dict."""
+    """``specconv.convert.convert`` with ``ConvertOptions(**opts)``; returns its ``ConversionResult``."""
     from specconv.convert import convert
     from specconv.converters import ConvertOptions
 

@@ -7,15 +7,7 @@ from pathlib import Path
 
 import click
 
-from .common import emit, output_format_option, run_command
-
-
-def _human(r: dict) -> str:
-    return "\n".join([
-        f"engine:    {r['path']}/drafter.plan  ({r['plan_bytes']} bytes, {r['builder']} {r['trt_version']}, {r['dtype']})",
-        f"gpu:       {r.get('gpu') or 'none (ahead-of-time build)'}  targets {r.get('target_compute_capabilities') or r.get('compute_capability')}",
-        f"manifest:  {r['manifest']}  ({len(r['variants'])} variant(s))",
-    ])
+from .common import output_format_option, run_command
 
 
 @click.command("build-engine")
@@ -38,7 +30,7 @@ def _human(r: dict) -> str:
 def build_engine_cmd(drafter_dir: Path, onnx_path: Path | None, builder: str, profile: str | None,
                      hardware_compat: str, version_compatible: bool, timing_cache: Path | None,
                      builder_opt_level: int | None, ccs: str | None, workspace_mb: int, overwrite: bool,
-                     output_format: str) -> None:
+                     output_format: str):
     """Build DIR/trt/<key>/drafter.plan + build.json and update DIR/trt/manifest.json.
 
     Exit 2 when TensorRT is not installed, 3 when --builder tensorrt finds no CUDA GPU.
@@ -51,4 +43,4 @@ def build_engine_cmd(drafter_dir: Path, onnx_path: Path | None, builder: str, pr
                         builder_opt_level=builder_opt_level,
                         compute_capabilities=[c.strip() for c in (ccs or "").split(",") if c.strip()],
                         workspace_mb=workspace_mb, overwrite=overwrite)
-    emit(build_engine_dir(drafter_dir, onnx_path, opts), output_format, _human)
+    return build_engine_dir(drafter_dir, onnx_path, opts)

@@ -70,20 +70,9 @@ def dumps(obj: dict) -> str:
 
 
 def render(result: Any, output_format: str) -> None:
-    """Print a typed stage result (``specconv.results``) on stdout: ``--format json`` as
-    one JSON object (:meth:`to_dict`), ``--format human`` as :meth:`human`."""
-    if output_format == "json" or not hasattr(result, "human"):
-        click.echo(dumps(result.to_dict() if hasattr(result, "to_dict") else result))
-    else:
-        click.echo(result.human())
-
-
-def emit(result: dict, output_format: str, human: Callable[[dict], str] | None = None) -> None:
-    """Print a plain dict result in the selected format (commands without a typed result)."""
-    if output_format == "json" or human is None:
-        click.echo(dumps(result))
-    else:
-        click.echo(human(result))
+    """Print a typed stage result (``specconv.results.StageResult``) on stdout: ``--format
+    json`` as one JSON object (:meth:`to_json`), ``--format human`` as :meth:`human`."""
+    click.echo(result.to_json() if output_format == "json" else result.human())
 
 
 def progress_enabled() -> bool:
@@ -135,7 +124,7 @@ def run_command(fn: Callable[..., Any]) -> Callable[..., None]:
 
     The wrapped function receives the click parameters (including ``output_format``) and
     returns a typed result (rendered here; the exit status is its ``exit_status()``) or
-    ``None`` (it printed itself). Errors are printed here: a
+    ``None`` (``formats --markdown``: it printed itself). Errors are printed here: a
     :class:`~specconv.errors.SpecconvError` as its JSON object on stdout with ``--format
     json`` (its ``result`` instead when it carries one) plus a one-line message on
     stderr; a missing optional package (``specconv.extras.OPTIONAL_MODULES``) as exit 2
@@ -150,7 +139,7 @@ def run_command(fn: Callable[..., Any]) -> Callable[..., None]:
             result = fn(*args, **kwargs)
             if result is not None:
                 render(result, fmt)
-                code = result.exit_status() if hasattr(result, "exit_status") else 0
+                code = result.exit_status()
         except SpecconvError as e:
             code = _error_object(e, fmt)
         except ModuleNotFoundError as e:  # an optional package not installed: exit 2 + the install line

@@ -110,12 +110,6 @@ def convert_cmd(src: str, verifier: str, verifier_name, output, algorithm, mask_
         sample_from_anchor=sample_from_anchor, vocab_mapping=vocab_mapping, draft_config=draft_config,
         allow_unpickle=allow_unpickle, checkpoint=checkpoint, algorithm=algorithm, norm_before_residual=norm_before_residual,
     )
-    result = convert(src, verifier=verifier, output=output, options=opts, verifier_name=verifier_name,
-                     subfolder=subfolder, revision=revision, max_shard_size=max_shard_size, overwrite=overwrite,
-                     dry_run=dry_run, allow_nonfinite=allow_nonfinite, endpoint=endpoint)
-    if not dry_run:  # the card, from the record just written (jinja2 imported only now)
-        from specconv.publish.card import list_card_in_record, refresh_local_card
-
-        if refresh_local_card(Path(output)) is not None:
-            result.files = list_card_in_record(Path(output))
-    return result
+    return convert(src, verifier=verifier, output=output, options=opts, verifier_name=verifier_name,
+                   subfolder=subfolder, revision=revision, max_shard_size=max_shard_size, overwrite=overwrite,
+                   dry_run=dry_run, allow_nonfinite=allow_nonfinite, endpoint=endpoint)

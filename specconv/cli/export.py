@@ -7,28 +7,10 @@ from pathlib import Path
 
 import click
 
-from .common import emit, output_format_option, run_command
+from .common import output_format_option, run_command
 from .llamacpp_options import llama_server_option, verifier_gguf_option
 
 _OUTPUTS = ("ids", "logprobs", "topk", "logits", "confidence")
-
-
-def _human(r: dict) -> str:
-    lines = [f"exported:  {r['output']}  ({r['algorithm']}, {r['dtype']}, opset {r['opset']}, "
-             f"block {r['block_size']})",
-             f"dynamic:   batch 1..{r['dynamic']['batch']['max']}, context 1..{r['dynamic']['context']['max']}",
-             f"verifier weights baked in: {'yes' if r['contains_verifier_weights'] else 'no'}"]
-    for name, p in (r.get("parity") or {}).items():
-        if not p:
-            continue
-        if p.get("passed") is None:
-            lines.append(f"parity {name}: skipped ({p.get('skipped')})")
-        else:
-            lines.append(f"parity {name}: {'ok' if p['passed'] else 'FAILED'} ({p['runtime']}, "
-                         f"top-1 {p['top1']:.3f}, max |Δ| {p['max_abs']:.2e})")
-    if not r.get("checked"):
-        lines.append("parity: not checked (--no-check)")
-    return "\n".join(lines)
 
 
 def _parse_outputs(value: str) -> tuple[str, ...]:
@@ -67,7 +49,7 @@ def export_group() -> None:
 @run_command
 def onnx_cmd(drafter_dir: Path, output: Path | None, verifier: str | None, dtype: str, opset: str,
              outputs: str, top_k: int, sampling_noise: bool, max_batch: int, max_context: int,
-             overwrite: bool, no_check: bool, output_format: str) -> None:
+             overwrite: bool, no_check: bool, output_format: str):
     """Export one drafting step of the drafter in DIR as ONNX (TensorRT-ready).
 
     Writes drafter.onnx + drafter.onnx.data (standard ONNX), for float16/bfloat16 the fp32
@@ -83,26 +65,8 @@ def onnx_cmd(drafter_dir: Path, output: Path | None, verifier: str | None, dtype
 
     settings = ExportSettings(opset=int(opset), max_batch=max_batch, max_context=max_context,
                               outputs=_parse_outputs(outputs), top_k=top_k, sampling_noise=sampling_noise)
-    result = export_onnx_dir(drafter_dir, output, verifier=verifier, dtype=dtype, settings=settings,
-                             overwrite=overwrite, check=not no_check)
-    if output is None:  # onnx/ inside the drafter dir: its card lists the engines
-        from specconv.publish.card import refresh_local_card
-
-        refresh_local_card(drafter_dir)
-    emit(result, output_format, _human)
-
-
-def _human_gguf(r: dict) -> str:
-    lines = [f"exported:  {r['output']}/{r['file']}  ({r['algorithm']}, {r['architecture']}, {r['dtype']})",
-             f"serve:     --spec-type {r['spec_type']} --spec-draft-n-max {r['spec_draft_n_max']}",
-             f"verifier weights inside: {'yes (' + ', '.join(r['verifier_weights']) + ')' if r['verifier_weights'] else 'no'}"]
-    c = r.get("check") or {}
-    if c.get("skipped"):
-        lines.append(f"check:     skipped ({c['skipped']})")
-    else:
-        lines.append(f"check:     {'ok' if c.get('passed') else 'FAILED'} (llama-server {c.get('llama_server', {}).get('commit')}: "
-                     f"lossless {c.get('lossless')}, τ {c.get('tau', 0):.3f}, {c.get('num_accepted_tokens')} drafts accepted)")
-    return "\n".join(lines)
+    return export_onnx_dir(drafter_dir, output, verifier=verifier, dtype=dtype, settings=settings,
+                           overwrite=overwrite, check=not no_check)
 
 
 @export_group.command("gguf")
@@ -120,7 +84,7 @@ def _human_gguf(r: dict) -> str:
 @output_format_option
 @run_command
 def gguf_cmd(drafter_dir: Path, output: Path | None, verifier: str | None, dtype: str, llama_server: str | None,
-             verifier_gguf: str | None, overwrite: bool, no_check: bool, output_format: str) -> None:
+             verifier_gguf: str | None, overwrite: bool, no_check: bool, output_format: str):
     """Export the DFlash / DSpark drafter in DIR as a llama.cpp GGUF drafter.
 
     Writes drafter-<dtype>.gguf (llama.cpp's dflash architecture, the verifier's tokenizer) and
@@ -131,27 +95,13 @@ def gguf_cmd(drafter_dir: Path, output: Path | None, verifier: str | None, dtype
     """
     from specconv.gguf.export import export_gguf_dir
 
-    result = export_gguf_dir(drafter_dir, output, verifier=verifier, dtype=dtype, overwrite=overwrite,
-                             check=not no_check, llama_server=llama_server, verifier_gguf=verifier_gguf)
-    if output is None:  # gguf/ inside the drafter dir: its card lists the llama.cpp command
-        from specconv.publish.card import refresh_local_card
+    from specconv.results import ExportGgufResult
 
-        refresh_local_card(drafter_dir)
-    emit(result, output_format, _human_gguf)
+    return ExportGgufResult.of(export_gguf_dir(drafter_dir, output, verifier=verifier, dtype=dtype, overwrite=overwrite,
+                                               check=not no_check, llama_server=llama_server,
+                                               verifier_gguf=verifier_gguf))
 
 
-def _sglang_human(r: dict) -> str:
-    from specconv.export.sglang import launch_command
-
-    lines = [f"exported:  {r['output']}  ({r['algorithm']} → SGLang {r['speculative_algorithm']}, "
-             f"{r['architecture']})",
-             f"files:     {', '.join(sorted(r['files']))} (weights byte-identical)",
-             "serve:     " + launch_command(r["launch"][4], r["output"], r["algorithm"], r["env"]).replace("\n", "\n           ")]
-    lines += [f"note:      {n}" for n in r.get("notes", [])]
-    c = r.get("check")
-    lines.append(f"check:     passed: SGLang {c['version']} loaded it strictly ({c['class']}, "
-                 f"{c.get('checkpoint_tensors')} tensors)" if c else "check:     not run (pass --check)")
-    return "\n".join(lines)
 
 
 @export_group.command("sglang")
@@ -168,7 +118,7 @@ def _sglang_human(r: dict) -> str:
 @output_format_option
 @run_command
 def sglang_cmd(drafter_dir: Path, output: Path | None, verifier: str | None, overwrite: bool, check: bool,
-               sglang_loader_python: str | None, output_format: str) -> None:
+               sglang_loader_python: str | None, output_format: str):
     """Write SGLang's layout of the Speculators drafter in DIR (DFlash, DSpark).
 
     The weights are copied byte for byte; config.json is rewritten as SGLang 0.5.23 reads it
@@ -185,7 +135,6 @@ def sglang_cmd(drafter_dir: Path, output: Path | None, verifier: str | None, ove
         from specconv.export.sglang_dir import export_sglang_dir
 
         result = export_sglang_dir(drafter_dir, output, verifier=verifier, overwrite=overwrite)
-    from specconv.publish.card import refresh_local_card
+    from specconv.results import ExportSglangResult
 
-    refresh_local_card(drafter_dir)  # the card's SGLang section, once a check of these bytes passed
-    emit(result, output_format, _sglang_human)
+    return ExportSglangResult.of(result)  # the library refreshed the card (its SGLang section)

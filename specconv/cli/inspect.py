@@ -26,11 +26,5 @@ def inspect_cmd(src: str, verifier: str | None, verifier_name: str | None, subfo
     """
     from specconv.convert import inspect_source
 
-    r = inspect_source(src, verifier=verifier, verifier_name=verifier_name, subfolder=subfolder, checkpoint=checkpoint,
-                      endpoint=endpoint)
-    if scan:
-        from specconv.tensors import open_store
-        from specconv.tensors.onepass import scan_report
-
-        r["nonfinite"] = scan_report(open_store(r["path"]))
-    return r
+    return inspect_source(src, verifier=verifier, verifier_name=verifier_name, subfolder=subfolder,
+                          checkpoint=checkpoint, endpoint=endpoint, scan=scan)

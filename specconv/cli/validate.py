@@ -52,26 +52,6 @@ def _progress():
         yield cb
 
 
-def _require_speculators_dir(d: Path) -> None:
-    """Refuse (exit 3, nothing written) a DIR that is not a Speculators-format directory
-    (``specconv.format.speculators_model_type_of``; a Speculators config with an invalid
-    value is let through: G1 structure reports it, exit 4)."""
-    from specconv.errors import InvalidInputError
-    from specconv.format import read_config, speculators_model_type_of
-
-    if speculators_model_type_of(d) is not None:
-        return
-    try:
-        read_config(d)
-    except InvalidInputError as e:
-        raise InvalidInputError(f"{d}: cannot read config.json ({e.message})", code="not_speculators_dir") from e
-    raise InvalidInputError(
-        f"{d} is not a Speculators-format directory (config.json has no speculators_model_type)",
-        code="not_speculators_dir",
-        hint=f"convert it first: specconv convert {d} --verifier V -o OUT, then validate OUT with --source {d}",
-    )
-
-
 def _check_backend_exclusive(backend: str, onnx_path: Path | None, engine_path: Path | None) -> None:
     """``--backend vllm|llamacpp``, ``--onnx`` and ``--engine`` pick one runtime each: at most one (exit 2)."""
     from specconv.errors import UsageError
@@ -80,34 +60,6 @@ def _check_backend_exclusive(backend: str, onnx_path: Path | None, engine_path: 
                              ("--engine", engine_path)) if on]
     if len(given) > 1:
         raise UsageError(f"{' and '.join(given)} are mutually exclusive: validate one runtime at a time")
-
-
-def _backend_preflight(drafter_dir: Path, opts) -> None:
-    """``--backend llamacpp``'s refusals before any model is loaded: T > 0 (exit 2), no or a
-    stale ``DIR/gguf``, no llama-server (exit 3) (``specconv.gguf.backend.preflight``)."""
-    if opts.backend == "llamacpp":
-        from specconv.gguf.backend import preflight
-
-        preflight(drafter_dir, opts)
-
-
-def _preflight(vllm_load_check: bool, loader_python: str | None) -> None:
-    """Refusals (exit 3) before any model is loaded: the ``--vllm-load-check`` interpreter
-    (a runtime's refusals, e.g. every ``--engine`` check before any TensorRT object exists,
-    are ``validate_drafter``'s: ``specconv.validate.runtimes.check_runtime``)."""
-    if vllm_load_check:
-        from specconv.vllm_check import find_vllm_python
-
-        find_vllm_python(loader_python)
-
-
-def _sglang_check(drafter_dir: Path, verifier: str, python: str | None):
-    """``--sglang-load-check``: refuse now (exit 3: no SGLang interpreter, or a drafter SGLang
-    would serve wrongly); return the check to run after the gates."""
-    from specconv.sglang_check import preflight, validate_check
-
-    preflight(drafter_dir, verifier, python)
-    return lambda: validate_check(drafter_dir, verifier, python=python)
 
 
 @click.command("validate")
@@ -173,66 +125,17 @@ def validate_cmd(drafter_dir: Path, verifier: str, source: str | None, prompts: 
     from specconv.validate.runtimes import runtime_from_flags
 
     _check_backend_exclusive(backend, onnx_path, engine_path)
-    _require_speculators_dir(drafter_dir)
     runtime, runtime_path = runtime_from_flags({"onnx": onnx_path, "engine": engine_path})
-    sglang = _sglang_check(drafter_dir, verifier, sglang_loader_python) if sglang_load_check else None
     opts = ValidateOptions(source=source, prompts=prompts, num_prompts=num_prompts, max_new_tokens=max_new_tokens,
                            temperature=temperature, device=device, dtype=dtype, min_tau=min_tau, backend=backend,
                            vllm_python=vllm_python, llama_server=llama_server, verifier_gguf=verifier_gguf,
                            runtime=runtime, runtime_path=runtime_path, attn_implementation=attn_implementation,
-                           seed=seed, drafter_cache=drafter_cache, vllm=vllm_serve)
-    _preflight(vllm_load_check, vllm_loader_python)
-    _backend_preflight(drafter_dir, opts)
+                           seed=seed, drafter_cache=drafter_cache, vllm=vllm_serve,
+                           vllm_load_check=vllm_load_check, vllm_loader_python=vllm_loader_python,
+                           sglang_load_check=sglang_load_check, sglang_loader_python=sglang_loader_python)
     with _progress() as cb:
-        report = validate_drafter(drafter_dir, verifier, opts, progress=cb)
-    if vllm_load_check:  # vLLM's own loader, in its own interpreter (specconv/vllm_check)
-        from specconv.vllm_check import run_load_checks_for_dir
-
-        report["vllm_load"] = run_load_checks_for_dir(drafter_dir, verifier, python=vllm_loader_python)
-        report["passed"] = bool(report["passed"]) and report["vllm_load"]["ok"]
-    if sglang:  # SGLang's own loader on DIR's SGLang layout (specconv/sglang_check); recorded under export.sglang
-        report["sglang_load"] = sglang()
-    return _finish(drafter_dir, report, report_dir)
-
-
-def _finish(drafter_dir: Path, report, report_dir: Path | None):
-    """Write the report files, record the validation section; exit 4 when a gate (or the
-    vLLM load check) failed."""
-    from specconv.errors import EXIT_GATE_FAILED, GateFailedError
-    from specconv.validate.report import write_report
-
-    out_dir = report_dir or (Path.cwd() / "specconv-validation" / drafter_dir.resolve().name)
-    report.report_files = write_report(report, out_dir)
-    _record(drafter_dir, report)
-    from specconv.publish.card import refresh_local_card
-
-    refresh_local_card(drafter_dir)  # the card's validation table, from the record just written
-    failed = report.failed_gates()
-    if report.get("vllm_load") and not report["vllm_load"]["ok"]:
-        failed.append("vllm_load")
-    if report.get("sglang_load") and not report["sglang_load"]["ok"]:
-        failed.append("sglang_load")  # the exit status only: validation.passed stays the gates'
-
-    if failed:
-        report["error"] = "gate_failed"
-        report["exit_code"] = EXIT_GATE_FAILED
-        report["message"] = "validation gate(s) failed: " + ", ".join(failed)
-        raise GateFailedError(report["message"], result=report)
+        report = validate_drafter(drafter_dir, verifier, opts, report_dir=report_dir, progress=cb)
+    failure = report.gate_failure()
+    if failure is not None:
+        raise failure
     return report
-
-
-def _record(drafter_dir: Path, report) -> None:
-    """The ``validation`` section of DIR/specconv.json: the summary, the report path
-    relative to DIR and the sha256 of every file validated (config, weights, index)."""
-    from specconv.record import as_record_path, file_hashes, relative_to_dir, update_record
-    from specconv.validate.vllm_remote import record_section
-
-    summary = report.record_summary()
-    summary["verifier"] = as_record_path(summary["verifier"], drafter_dir)
-    files = report.report_files or {}
-    summary["report"] = relative_to_dir(files["json"], drafter_dir) if files.get("json") else None
-    try:
-        summary["files"] = file_hashes(drafter_dir)
-        update_record(drafter_dir, "validation", record_section(drafter_dir, summary))  # --server-url: apart
-    except OSError as e:  # read-only drafter dir: the report files still exist
-        log.warning("could not record the validation summary in %s/specconv.json: %s", drafter_dir, e)

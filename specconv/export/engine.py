@@ -40,8 +40,9 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import InvalidInputError, UsageError
-from ..outdir import KINDS
 from ..fileio import atomic_write, read_json_object
+from ..outdir import KINDS
+from ..results import BuildEngineResult
 
 __all__ = ["BuildOptions", "parse_profile", "profile_shapes", "build_engine_dir", "gpu_info",
            "variant_key", "import_builder", "tensorrt_model", "TENSORRT_ATTRIBUTES"]
@@ -322,7 +323,7 @@ def _sha(b: bytes) -> str:
 
 
 def build_engine_dir(drafter_dir: str | Path, onnx_path: str | Path | None, opts: BuildOptions, *,
-                     trt_module=None) -> dict:
+                     trt_module=None) -> BuildEngineResult:
     """Build one engine variant under ``DIR/trt/<key>/`` and update ``trt/manifest.json``.
 
     Args:
@@ -336,7 +337,7 @@ def build_engine_dir(drafter_dir: str | Path, onnx_path: str | Path | None, opts
             after the GPU check.
 
     Returns:
-        The ``build.json`` content plus ``path`` and ``manifest``.
+        :class:`~specconv.results.BuildEngineResult`: ``build.json`` + ``path``, ``manifest``, ``variants``.
 
     Raises:
         InvalidInputError: no GPU (``--builder tensorrt``), TensorRT missing, a bad or
@@ -369,8 +370,8 @@ def build_engine_dir(drafter_dir: str | Path, onnx_path: str | Path | None, opts
     if cache_out is not None:
         Path(opts.timing_cache).write_bytes(cache_out)
     manifest = _update_manifest(d / "trt", build)
-    return {**build, "path": str(out), "manifest": str(d / "trt" / "manifest.json"),
-            "variants": [v["key"] for v in manifest["variants"]]}
+    return BuildEngineResult.of({**build, "path": str(out), "manifest": str(d / "trt" / "manifest.json"),
+                                 "variants": [v["key"] for v in manifest["variants"]]})
 
 
 def _graph_of(d: Path, onnx_path: str | Path | None) -> tuple[Path, str, dict, dict]:

@@ -26,6 +26,7 @@ from typing import Any
 
 from ..errors import GateFailedError, InvalidInputError, UsageError
 from ..outdir import KINDS, OutputTemp, check_replaceable, clean_stale, move_into_place
+from ..results import ExportOnnxResult
 from ..versions import library_versions
 
 log = logging.getLogger("specconv.export")
@@ -179,7 +180,7 @@ def _export_one(drafter, dtype: str, dst: Path, settings, workdir: Path, check: 
 
 def export_onnx_dir(drafter_dir: str | Path, out: str | Path | None = None, *,
                     verifier: str | None = None, dtype: str = "float16", settings=None,
-                    overwrite: bool = False, check: bool = True) -> dict:
+                    overwrite: bool = False, check: bool = True) -> "ExportOnnxResult":
     """Export a Speculators drafter dir to ONNX (graph at ``dtype``, fp32 twin if not fp32, meta).
 
     Args:
@@ -193,7 +194,9 @@ def export_onnx_dir(drafter_dir: str | Path, out: str | Path | None = None, *,
         check: run parity (ONNX Runtime / reference evaluator vs the torch wrapper).
 
     Returns:
-        The result object (also the ``export.onnx`` section of ``DIR/specconv.json``).
+        :class:`~specconv.results.ExportOnnxResult` (also the ``export.onnx`` section of
+        ``DIR/specconv.json``, :class:`~specconv.results.OnnxExport`); with ``out`` unset the
+        drafter dir's card is refreshed (it lists the graphs).
 
     Raises:
         InvalidInputError: not a Speculators dir, missing verifier, export/check failure,
@@ -233,11 +236,21 @@ def export_onnx_dir(drafter_dir: str | Path, out: str | Path | None = None, *,
     finally:
         tmp.release()
     result["files"] = sorted([*meta["files"], META_NAME])
+    _finish_export(d, result, card=out is None)
+    return ExportOnnxResult.of(result)
+
+
+def _finish_export(d: Path, result: dict[str, Any], *, card: bool) -> None:
+    """Record the export under ``export.onnx``; with ``card`` (``onnx/`` inside the drafter
+    dir) refresh the drafter's card, which lists the graphs."""
     try:
         record_export(d, result)
     except OSError as e:  # read-only drafter dir: the export itself is complete
         log.warning("could not record the export in %s/specconv.json: %s", d, e)
-    return result
+    if card:
+        from ..record import card_function
+
+        card_function("refresh_local_card")(d)
 
 
 def _check_settings(s, dtype: str) -> None:

@@ -212,8 +212,8 @@ def sglang_layout(raw: Mapping[str, Any], names: Sequence[str], verifier_layers:
     _check_servable(alg, cfg, raw, names)
     facts = alg.sglang
     ids = _sglang_ids(cfg.aux_layer_ids, facts.aux_id_offset, verifier_layers, alg.aux_ids_key)
-    causal = layer_causality(cfg.transformer_layer_config, cfg.sliding_window_non_causal)
-    is_causal = _is_causal(cfg.transformer_layer_config, causal)
+    causal = layer_causality(cfg.transformer_layer_config.written(), cfg.sliding_window_non_causal)
+    is_causal = _is_causal(cfg.transformer_layer_config.written(), causal)
     k = int(expected_speculative_tokens(cfg))
     config = _flat_config(cfg, raw, facts, ids, verifier_layers, is_causal, k)
     head = any(n.startswith(_CONFIDENCE_PREFIX) for n in names)
@@ -232,7 +232,7 @@ def _flat_config(cfg: Any, raw: Mapping[str, Any], facts: Any, ids: list[int], n
     """The flat config: the layer config at the top level plus SGLang's keys."""
     from ..format.schema import resolve_layer_types
 
-    tl = dict(cfg.transformer_layer_config)
+    tl = dict(cfg.transformer_layer_config.written())
     out: dict[str, Any] = {**tl, "architectures": [facts.architecture], "layer_types": resolve_layer_types(tl)}
     if raw.get("dtype") is not None:
         out["dtype"] = raw["dtype"]
@@ -254,7 +254,7 @@ def _notes(cfg: Any, raw: Mapping[str, Any], facts: Any, k: int) -> list[str]:
     from ..format.schema import resolve_layer_types
 
     notes = []
-    if "sliding_attention" in resolve_layer_types(cfg.transformer_layer_config):
+    if "sliding_attention" in resolve_layer_types(cfg.transformer_layer_config.written()):
         notes.append("sliding_window: SGLang applies it per query row with window_left = sliding_window - 1 "
                      "(srt/speculative/dflash_utils.py); that the masks equal the Speculators reference's is not "
                      "proven here (loading and configuration only)")

@@ -208,6 +208,9 @@ def export_sglang_dir(drafter_dir: str | Path, out: str | Path | None = None, *,
         tmp.release()
     if record:
         _record(d, result)
+        from ..record import card_function
+
+        card_function("refresh_local_card")(d)  # the card's SGLang section, once a check of these bytes passed
     return result
 
 

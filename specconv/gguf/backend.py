@@ -74,6 +74,10 @@ class LlamaCppBackend:
 
     name = "llamacpp"
 
+    def preflight(self, drafter_dir: Path, opts: Any) -> None:
+        """The backend's refusals before any model is loaded (:func:`preflight`)."""
+        preflight(drafter_dir, opts)
+
     def run(self, run: ValidationRun) -> None:
         from .check import run_check
         from ..validate.torch_backend import TorchBackend

@@ -121,6 +121,10 @@ def export_gguf_dir(drafter_dir: str | Path, out: str | Path | None = None, *, v
     finally:
         tmp.release()
     _record(d, result)
+    if out is None:  # gguf/ inside the drafter dir: its card lists the llama.cpp command
+        from ..record import card_function
+
+        card_function("refresh_local_card")(d)
     return result
 
 

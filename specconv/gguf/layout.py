@@ -106,8 +106,7 @@ def target_layers(aux_layer_ids: list[int]) -> list[int]:
 
 
 def _layer_config(cfg: "SpeculatorsDraftConfig") -> Mapping[str, Any]:
-    tl = cfg.transformer_layer_config
-    return tl.model_dump() if hasattr(tl, "model_dump") else dict(tl or {})
+    return cfg.transformer_layer_config.written()
 
 
 # ------------------------------------------------------------------ refusals

@@ -3,19 +3,24 @@
 (through :func:`specconv.hub.check_card`).
 
 Everything in it comes from the drafter's ``config.json`` and ``specconv.json`` (the
-validation numbers from its ``validation`` section, parity / losslessness from the
-validation report when the record names a readable one), so the bytes are deterministic:
-no dates, no host paths, sorted keys.
+validation numbers, parity and losslessness from its typed ``validation`` section), so the
+bytes are deterministic: no dates, no host paths, sorted keys. The stages write the
+drafter dir's own copy: ``convert`` inside its temp dir (:func:`conversion_card`),
+``validate`` and ``export onnx`` after recording (:func:`refresh_local_card`).
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import re
 from pathlib import Path
 from typing import Any
 
+from ..errors import SpecconvError
 from .payload import Payload, published_verifier
+
+log = logging.getLogger("specconv.publish")
 
 _PERMISSIVE = ("apache-2.0", "mit", "bsd-3-clause", "bsd-2-clause")
 
@@ -58,52 +63,31 @@ def choose_license(d: Path, rec: Any) -> tuple[str, str]:
     return "other", note + "; the stricter terms apply"
 
 
-def _report(d: Path, rec: Any) -> dict[str, Any]:
-    rel = rec.validation.report if rec.validation else None
-    path = d / rel if rel else None
-    if path and path.is_file():
-        try:
-            return json.loads(path.read_text())
-        except (OSError, json.JSONDecodeError):
-            return {}
-    return {}
-
-
 def _fmt(x: Any, nd: int = 3) -> str:
     return f"{x:.{nd}f}" if isinstance(x, (int, float)) else str(x)
 
 
-def validation_context(d: Path, rec: Any) -> dict[str, Any] | None:
-    """The card's validation table values, from the record (parity and losslessness from
-    the record's ``parity`` / ``lossless`` keys, else the report it names)."""
+def validation_context(rec: Any) -> dict[str, Any] | None:
+    """The card's validation table values, from the record's typed ``validation`` section
+    (:class:`specconv.record.ValidationSection`; None when nothing was validated)."""
     v = rec.validation
     if v is None or v.passed is None:
         return None
-    extra = v.model_dump()
-    rep = _report(d, rec)
-    parity = extra.get("parity_kl_max")
-    if parity is None:
-        gr = next((g for g in rep.get("gate_results", []) if g.get("name") == "parity"), None)
-        parity = gr and (gr.get("details") or {}).get("kl_max")
-    lossless = extra.get("lossless_exact_match")
-    if lossless is None:
-        lossless = (rep.get("lossless") or {}).get("exact_match")
-    ci = extra.get("tau_ci95")
-    prompts = extra.get("prompts") or {}
+    ci, prompts, parity, lossless = v.tau_ci95, v.prompts, v.parity_kl_max, v.lossless_exact_match
     return {"tau": _fmt(v.acceptance_length), "ci": f"[{_fmt(ci[0])}, {_fmt(ci[1])}]" if ci else None,
-            "source_tau": _fmt(extra["source_acceptance_length"]) if extra.get("source_acceptance_length") else None,
-            "per_position": ", ".join(_fmt(x) for x in extra.get("acceptance_at_pos") or []) or "n/a",
+            "source_tau": _fmt(v.source_acceptance_length) if v.source_acceptance_length else None,
+            "per_position": ", ".join(_fmt(x) for x in v.acceptance_at_pos or []) or "n/a",
             "gates": sorted((v.gates or {}).items()), "parity": f"{parity:.2e}" if isinstance(parity, float) else parity,
             "lossless": _fmt(lossless) if lossless is not None else None,
-            "backend": extra.get("backend", "torch"), "dtype": extra.get("dtype"),
-            "temperature": extra.get("temperature"), "prompts_n": prompts.get("n"),
-            "prompts_set": prompts.get("set"), "max_new_tokens": extra.get("max_new_tokens"),
+            "backend": v.backend or "torch", "dtype": v.dtype,
+            "temperature": v.temperature, "prompts_n": prompts.n if prompts else None,
+            "prompts_set": prompts.set if prompts else None, "max_new_tokens": v.max_new_tokens,
             "passed": bool(v.passed)}
 
 
 def vllm_checked(rec: Any) -> str:
     """The card's vLLM row: what vLLM did with these files, from the record's
-    ``validation.vllm_load`` / ``vllm_serve`` (``specconv.results.vllm_summaries``), else
+    ``validation.vllm_load`` / ``vllm_serve`` (``specconv.validate.report.vllm_summaries``), else
     ``not checked by vLLM``."""
     v = rec.validation
     done = []
@@ -190,7 +174,7 @@ def render_card(d: Path, rec: Any, payload: Payload, repo_id: str, *, plot: bool
     license_id, license_note = choose_license(d, rec)
     engines = sorted((p, "TensorRT engine" if p.startswith("trt/") else "ONNX") for p in payload.files
                      if p.startswith(("onnx/", "trt/")) and p.endswith((".onnx", ".plan", ".engine")))
-    val = validation_context(d, rec)
+    val = validation_context(rec)
     k = methods[0].get("speculative_tokens")
     short_form, long_form = launch_commands(verifier, repo_id, algo, k)
     ctx = dict(metadata_yaml=_metadata(rec, repo_id, license_id, verifier), title=repo_id.split("/")[-1],
@@ -231,12 +215,33 @@ def _templates() -> Path:
     return Path(templates.__file__).parent
 
 
+def local_card_text(d: Path, rec: Any, repo_id: str) -> str:
+    """The ``README.md`` text of drafter dir ``d`` (its ``config.json``, the ONNX / TensorRT
+    files under ``onnx/`` and ``trt/``) from its record ``rec``, naming it ``repo_id``.
+    Deterministic: the same record and files give the same bytes; huggingface_hub's card
+    check is left to push, which checks what it publishes.
+
+    Raises:
+        InvalidInputError: unreadable ``config.json``.
+    """
+    p = Payload()
+    for f in sorted(x for sub in ("onnx", "trt") if (d / sub).is_dir() for x in (d / sub).rglob("*") if x.is_file()):
+        rel = f.relative_to(d).as_posix()
+        if not rel.startswith("onnx/fp32/"):  # the fp32 twin stays local, as in push
+            p.files[rel] = f
+    onnx = rec.export.onnx if rec.export is not None else None
+    p.contains_verifier_weights = bool(onnx and onnx.contains_verifier_weights)
+    from .sglang_repo import local_export_path
+
+    return render_card(d, rec, p, repo_id, plot=False, check=False, sglang_draft=local_export_path(d, rec))
+
+
 def write_local_card(d: Path, repo_id: str | None = None) -> Path:
     """Render the card into drafter dir ``d``'s own ``README.md`` from its record.
 
-    Called at convert time and refreshed after validate and export (the published card is
-    re-rendered by push anyway; ``README.md`` is a derived file, exempt from the gates).
-    Deterministic: the same record and files give the same bytes.
+    ``specconv convert`` writes it inside its temp dir (:func:`conversion_card`); validate
+    and export refresh it (:func:`refresh_local_card`); the published card is re-rendered
+    by push anyway (``README.md`` is a derived file, exempt from the gates).
 
     Args:
         d: the drafter dir (holds ``config.json`` and ``specconv.json``).
@@ -252,47 +257,40 @@ def write_local_card(d: Path, repo_id: str | None = None) -> Path:
     from ..record import read_record
 
     d = Path(d)
-    rec = read_record(d)
-    p = Payload()
-    for f in sorted(x for sub in ("onnx", "trt") if (d / sub).is_dir() for x in (d / sub).rglob("*") if x.is_file()):
-        rel = f.relative_to(d).as_posix()
-        if not rel.startswith("onnx/fp32/"):  # the fp32 twin stays local, as in push
-            p.files[rel] = f
-    export = (rec.export.model_dump() if rec.export is not None else {}).get("onnx") or {}
-    p.contains_verifier_weights = bool(export.get("contains_verifier_weights"))
-    from .sglang_repo import local_export_path
-
-    text = render_card(d, rec, p, repo_id or d.name, plot=False, check=False,  # push checks what it publishes
-                       sglang_draft=local_export_path(d, rec))
-    atomic_write(d / "README.md", text.encode("utf-8"))
+    atomic_write(d / "README.md", local_card_text(d, read_record(d), repo_id or d.name).encode("utf-8"))
     return d / "README.md"
+
+
+#: what a card that cannot be rendered raises (logged, never failing the stage that wrote the files)
+_CARD_ERRORS = (SpecconvError, ImportError, OSError, ValueError)
 
 
 def refresh_local_card(d: Path) -> Path | None:
     """:func:`write_local_card` for a dir specconv converted (its record has a conversion
     section; other dirs are left alone), logging (not raising) when the card cannot be
     rendered: the stage that called it has succeeded."""
-    import logging
-
-    from ..errors import SpecconvError
     from ..record import read_record
 
     try:
         if read_record(Path(d), missing_ok=True).conversion is None:
             return None
         return write_local_card(d)
-    except (SpecconvError, ImportError, OSError, ValueError) as e:
-        logging.getLogger(__name__).warning("could not render %s/README.md: %s", d, e)
+    except _CARD_ERRORS as e:
+        log.warning("could not render %s/README.md: %s", d, e)
         return None
 
 
-def list_card_in_record(d: Path) -> list[str]:
-    """Add ``README.md`` to the conversion section's ``output_files`` (convert time: the card
-    is one of the files the conversion wrote). Returns the new list."""
-    from ..record import read_record, update_record
+def conversion_card(repo_id: str):
+    """The writer's card hook for a conversion into a dir named ``repo_id``
+    (:func:`specconv.writer.write_plan` ``card=``): ``render(tmp_dir, record)`` returns the
+    ``README.md`` text from the record the writer is about to write, or None (logged) when
+    the card cannot be rendered."""
 
-    conv = read_record(Path(d)).conversion
-    files = sorted({*conv.output_files, "README.md"})
-    if files != list(conv.output_files):
-        update_record(Path(d), "conversion", conv.model_copy(update={"output_files": files}))
-    return files
+    def render(tmp: Path, rec: Any) -> str | None:
+        try:
+            return local_card_text(Path(tmp), rec, repo_id)
+        except _CARD_ERRORS as e:
+            log.warning("could not render %s/README.md: %s", repo_id, e)
+            return None
+
+    return render

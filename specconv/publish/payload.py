@@ -213,14 +213,14 @@ def _onnx_ok(d: Path, rec: Any, rel: str, allow_vw: bool, p: Payload) -> bool:
             meta = {}  # unreadable: no file under onnx/ is covered
         else:
             check_meta_format(meta, meta_path)
-    export = (rec.export.model_dump() if rec.export is not None else {}).get("onnx") or {}
+    onnx = rec.export.onnx if rec.export is not None else None
     validated = (rec.validation.files or {}) if rec.validation is not None else {}
-    passed = bool(export.get("parity_passed") or export.get("passed"))
+    passed = bool(onnx and (onnx.parity_passed or (onnx.model_extra or {}).get("passed")))
     if not passed or (meta.get("drafter_files") and meta["drafter_files"] != validated):
         return False
     if rel != "onnx/onnx_meta.json" and (meta.get("files") or {}).get(rel[len("onnx/"):]) != sha256_file(d / rel):
         return False
-    if meta.get("contains_verifier_weights") or export.get("contains_verifier_weights"):
+    if meta.get("contains_verifier_weights") or (onnx and onnx.contains_verifier_weights):
         if not allow_vw:
             raise GateFailedError(f"{rel}: contains_verifier_weights (the verifier's embedding / LM head)",
                                   code="contains_verifier_weights",

@@ -21,12 +21,11 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import HubConflictError, PostPublishError, SpecconvError, TransientRemoteError
+from ..results import PushResult
 from .payload import MANIFEST, Payload, collect, derived_files
 
 log = logging.getLogger("specconv")
 
-#: exit status of ``--dry-run --detailed-exitcode`` when something would change
-EXIT_WOULD_CHANGE = 10
 PR_TITLE = "[specconv] publish {repo}"
 
 
@@ -54,26 +53,6 @@ class PushOptions:
     sglang_repo_id: str | None = None  # also publish DIR's SGLang layout as this repo (.sglang_repo)
 
 
-class PushResult(dict):
-    """The ``specconv.publish/v1`` result object (one JSON object with ``--format json``)."""
-
-    def to_dict(self) -> dict[str, Any]:
-        return dict(self)
-
-    def exit_status(self) -> int:
-        return EXIT_WOULD_CHANGE if self.get("would_change") and self.get("detailed_exitcode") else 0
-
-    def human(self) -> str:
-        lines = [f"{self['status']}: {self['repo_id']}@{self['revision']}"
-                 + (f" commit {self['commit_oid']}" if self.get("commit_oid") else "")]
-        lines += [f"  {f['action']:9} {f['path']}" for f in self["files"] if f["action"] != "unchanged"]
-        if self.get("pr_url"):
-            lines.append(f"  pull request: {self['pr_url']}")
-        if self.get("tag"):
-            lines.append(f"  tag: {self['tag']}")
-        return "\n".join(lines)
-
-
 def build_payload(d: Path, opts: PushOptions) -> Payload:
     """Gate and collect ``d``'s files, then add the regenerated card, record, plot, manifest."""
     from .card import render_card
@@ -89,7 +68,7 @@ def build_payload(d: Path, opts: PushOptions) -> Payload:
 def _plot(rec: Any) -> bytes | None:
     """The acceptance plot regenerated from the record's per-position acceptance (PNG bytes)."""
     v = rec.validation
-    pos = v.model_dump().get("acceptance_at_pos") if v is not None else None
+    pos = v.acceptance_at_pos if v is not None else None
     if not pos:
         return None
     import tempfile
@@ -203,13 +182,12 @@ def publish_payload(p: Payload, opts: PushOptions) -> PushResult:
 
 def _record_publish(d: Path, r: PushResult) -> None:
     """The ``publish`` section of the local ``specconv.json`` (never part of what is pushed)."""
-    if r["status"] == "dry_run":
+    if r.status == "dry_run":
         return
-    from ..record import update_record
+    from ..record import PublishSection, update_record
 
     try:
-        update_record(d, "publish", {k: r.get(k) for k in ("repo_id", "revision", "commit_oid", "commit_url",
-                                                            "pr_url", "tag", "status")})
+        update_record(d, "publish", {k: getattr(r, k) for k in PublishSection.model_fields})
     except (OSError, SpecconvError) as e:  # a read-only dir: the push itself succeeded
         log.warning("could not record the push in %s/specconv.json: %s", d, e)
 
@@ -218,11 +196,11 @@ def _result(p: Payload, opts: PushOptions, rows: list[dict], **kw: Any) -> PushR
     from .. import hub
 
     changes = [r for r in rows if r["action"] != "unchanged"]
-    return PushResult(schema="specconv.publish/v1", repo_id=opts.repo_id, repo_type="model",
-                      endpoint=hub.endpoint(opts.endpoint) or "https://huggingface.co", files=rows,
-                      bytes_to_upload=sum(r["size"] for r in changes if r["action"] != "delete"),
-                      would_change=bool(changes), detailed_exitcode=opts.detailed_exitcode,
-                      warnings=sorted(set(p.warnings)), tag=opts.tag, **kw)
+    return PushResult.of(dict(schema="specconv.publish/v1", repo_id=opts.repo_id, repo_type="model",
+                              endpoint=hub.endpoint(opts.endpoint) or "https://huggingface.co", files=rows,
+                              bytes_to_upload=sum(r["size"] for r in changes if r["action"] != "delete"),
+                              would_change=bool(changes), detailed_exitcode=opts.detailed_exitcode,
+                              warnings=sorted(set(p.warnings)), tag=opts.tag, **kw))
 
 
 def _target(hf: Any, opts: PushOptions) -> tuple[str, int | None, bool]:

@@ -19,7 +19,8 @@ from pathlib import Path
 from typing import Any, Callable
 
 from ..errors import GateFailedError, SpecconvError
-from .push import PushOptions, PushResult, push
+from ..results import PushResult, ReleaseResult
+from .push import PushOptions, push
 
 
 @dataclass
@@ -40,32 +41,20 @@ class ReleaseOptions:
     export_sglang: bool = False  # export + check DRAFTER/sglang (specconv/export/sglang_dir.py)
 
 
-class ReleaseResult(dict):
-    """``{"schema": "specconv.release/v1", "status", "steps": [...], "push": {...}}``."""
-
-    def to_dict(self) -> dict[str, Any]:
-        return dict(self)
-
-    def exit_status(self) -> int:
-        return int(self.get("exit_code") or 0)
-
-    def human(self) -> str:
-        rows = [f"{s['step']:9} {s['status']:7} {s['duration_s']:.2f}s" for s in self["steps"]]
-        return "\n".join([f"release {self['status']}", *rows])
-
-
 def _step(res: ReleaseResult, name: str, fn: Callable[[], Any]) -> Any:
     """Run one step, record its status and duration; a failure stops the release."""
     t0 = time.perf_counter()
     entry: dict[str, Any] = {"step": name, "status": "running"}
-    res["steps"].append(entry)
+    res.steps.append(entry)
     try:
         out = fn()
     except SpecconvError as e:
         hint = {"hint": e.hint} if e.hint else {}
         entry.update(status="failed", exit_code=e.exit_code, error=e.code, message=e.message, **hint,
                      duration_s=round(time.perf_counter() - t0, 3))
-        res.update(status="failed", failed_step=name, exit_code=e.exit_code, error=e.code, message=e.message, **hint)
+        for k, v in dict(status="failed", failed_step=name, exit_code=e.exit_code, error=e.code, message=e.message,
+                         **hint).items():
+            setattr(res, k, v)
         e.result = res
         _github(res)
         raise
@@ -74,9 +63,10 @@ def _step(res: ReleaseResult, name: str, fn: Callable[[], Any]) -> Any:
 
 
 def _convert(src: str, opts: ReleaseOptions, out: Path, work: Path) -> dict[str, Any]:
-    """Re-convert into ``WORK/drafter``: replaced only when :func:`specconv.outdir.check_replaceable`
-    says it is specconv's own conversion (checked before anything there is moved or deleted;
-    ``--export-onnx`` then keeps its earlier ``onnx/`` aside for re-use)."""
+    """Re-convert into ``WORK/drafter`` (:func:`specconv.convert.convert`, the card included):
+    replaced only when :func:`specconv.outdir.check_replaceable` says it is specconv's own
+    conversion (checked before anything there is moved or deleted; ``--export-onnx`` then
+    keeps its earlier ``onnx/`` aside for re-use)."""
     from ..convert import convert
     from ..outdir import check_replaceable
 
@@ -86,46 +76,29 @@ def _convert(src: str, opts: ReleaseOptions, out: Path, work: Path) -> dict[str,
 
         keep_previous_export(out, work)
     r = convert(src, verifier=opts.verifier, verifier_name=opts.verifier_name, output=out, overwrite=True)
-    from .card import refresh_local_card
-
-    refresh_local_card(out)
     return {"format": r.format, "algorithm": r.algorithm, "files": list(r.files or [])}
 
 
 def _validate(src: str, opts: ReleaseOptions, drafter: Path, report_dir: Path) -> dict[str, Any]:
-    """The gates on the converted drafter (with ``--source`` = SRC for parity), the report
-    written next to the drafter, the summary recorded in its ``specconv.json``."""
-    from ..record import file_hashes, relative_to_dir, update_record
-    from ..validate.report import write_report
+    """:func:`specconv.validate.run.validate_drafter` on the converted drafter (``--source``
+    = SRC for parity; the report next to the drafter, the same ``validation`` section as
+    ``specconv validate`` records), then release's own gate ``--max-parity-kl`` on it."""
     from ..validate.run import ValidateOptions, validate_drafter
 
     vo = ValidateOptions(source=src, prompts=opts.prompts, num_prompts=opts.num_prompts,
                          max_new_tokens=opts.max_new_tokens, min_tau=opts.min_tau, device=opts.device)
-    report = validate_drafter(drafter, opts.verifier, vo)
-    report.report_files = write_report(report, report_dir)
-    summary = report.record_summary()
-    summary.pop("verifier", None)  # a local path; the record's conversion section names the verifier
-    summary["report"] = relative_to_dir(report.report_files["json"], drafter)
-    summary["files"] = file_hashes(drafter)
-    kl = _parity_kl(report)
-    if kl is not None:
-        summary["parity_kl_max"] = kl
-    lossless = (report.get("lossless") or {}).get("exact_match")
-    if lossless is not None:
-        summary["lossless_exact_match"] = lossless
-    update_record(drafter, "validation", summary)
+    report = validate_drafter(drafter, opts.verifier, vo, report_dir=report_dir)
+    from ..record import read_record
+
+    section = read_record(drafter).validation
     failed = report.failed_gates()
+    kl = section.parity_kl_max
     if opts.max_parity_kl is not None and (kl is None or kl > opts.max_parity_kl):
         failed.append(f"parity (max KL {kl} > --max-parity-kl {opts.max_parity_kl})")
     if failed:
         raise GateFailedError("validation gate(s) failed: " + ", ".join(failed))
-    return {"acceptance_length": report.get("acceptance_length"), "tau_ci95": report.get("tau_ci95"),
-            "gates": report.get("gates"), "parity_kl_max": kl}
-
-
-def _parity_kl(report: Any) -> float | None:
-    gr = next((g for g in report.get("gate_results") or [] if g.get("name") == "parity"), None)
-    return (gr.get("details") or {}).get("kl_max") if gr else None
+    return {"acceptance_length": section.acceptance_length, "tau_ci95": section.tau_ci95, "gates": section.gates,
+            "parity_kl_max": kl}
 
 
 def release(src: str, opts: ReleaseOptions, push_opts: PushOptions) -> ReleaseResult:
@@ -144,22 +117,22 @@ def release(src: str, opts: ReleaseOptions, push_opts: PushOptions) -> ReleaseRe
     """
     import tempfile
 
-    res = ReleaseResult(schema="specconv.release/v1", status="running", steps=[], repo_id=push_opts.repo_id,
-                        dry_run=push_opts.dry_run, exit_code=0)
+    res = ReleaseResult.of(dict(schema="specconv.release/v1", status="running", steps=[], repo_id=push_opts.repo_id,
+                                dry_run=push_opts.dry_run, exit_code=0))
     _step(res, "preflight", lambda: (_preflight(opts), _sglang_preflight(opts, push_opts)))  # exit 2/3/4, nothing written
     work = Path(opts.work_dir) if opts.work_dir else Path(tempfile.mkdtemp(prefix="specconv-release-"))
     work.mkdir(parents=True, exist_ok=True)
     drafter = work / "drafter"
-    res["convert"] = _step(res, "convert", lambda: _convert(src, opts, drafter, work))
-    res["validate"] = _step(res, "validate", lambda: _validate(src, opts, drafter, work / "report"))
+    res.convert = _step(res, "convert", lambda: _convert(src, opts, drafter, work))
+    res.validate_ = _step(res, "validate", lambda: _validate(src, opts, drafter, work / "report"))
     _engines(res, opts, drafter, work)
     if opts.export_sglang:  # SGLang's layout, checked by SGLang's own loader before it is moved into place
-        res["sglang"] = _step(res, "sglang", lambda: _sglang(drafter, opts))
+        res.sglang = _step(res, "sglang", lambda: _sglang(drafter, opts))
     _local_card(drafter, push_opts)
     pushed: PushResult = _step(res, "push", lambda: push(drafter, push_opts))
-    res["push"] = pushed.to_dict()
-    res.update(status=pushed["status"], exit_code=pushed.exit_status(), commit_oid=pushed.get("commit_oid"),
-               commit_url=pushed.get("commit_url"), pr_url=pushed.get("pr_url"))
+    res.push = pushed.to_dict()
+    res.status, res.exit_code = pushed.status, pushed.exit_status()
+    res.commit_oid, res.commit_url, res.pr_url = pushed.commit_oid, pushed.commit_url, pushed.pr_url
     _github(res)
     return res
 
@@ -218,11 +191,11 @@ def _engines(res: ReleaseResult, opts: ReleaseOptions, drafter: Path, work: Path
     from .release_export import engine_step, export_step
 
     if opts.export_onnx:
-        res["export"] = _step(res, "export", lambda: export_step(drafter, work, opts.verifier))
+        res.export = _step(res, "export", lambda: export_step(drafter, work, opts.verifier))
     if opts.build_engine:
-        res["engine"] = _step(res, "engine", lambda: engine_step(drafter, opts.build_engine))
-        if res["engine"].get("skipped"):
-            res["steps"][-1].update(status="skipped", reason=res["engine"]["skipped"])
+        res.engine = _step(res, "engine", lambda: engine_step(drafter, opts.build_engine))
+        if res.engine.get("skipped"):
+            res.steps[-1].update(status="skipped", reason=res.engine["skipped"])
 
 
 def _local_card(drafter: Path, push_opts: PushOptions) -> None:
@@ -243,12 +216,12 @@ def _github(res: ReleaseResult) -> None:
     if out:
         with open(out, "a", encoding="utf-8") as f:
             for k in ("commit_oid", "commit_url", "pr_url"):
-                f.write(f"{k}={res.get(k) or ''}\n")
+                f.write(f"{k}={getattr(res, k) or ''}\n")
     if summary:
-        lines = [f"### specconv release `{res['repo_id']}`: {res['status']}", "", "| step | status | seconds |",
+        lines = [f"### specconv release `{res.repo_id}`: {res.status}", "", "| step | status | seconds |",
                  "|---|---|---|"]
-        lines += [f"| {s['step']} | {s['status']} | {s.get('duration_s', 0):.1f} |" for s in res["steps"]]
-        if res.get("commit_url"):
-            lines += ["", f"commit: {res['commit_url']}"]
+        lines += [f"| {s['step']} | {s['status']} | {s.get('duration_s', 0):.1f} |" for s in res.steps]
+        if res.commit_url:
+            lines += ["", f"commit: {res.commit_url}"]
         with open(summary, "a", encoding="utf-8") as f:
             f.write("\n".join(lines) + "\n")

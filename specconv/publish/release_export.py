@@ -66,7 +66,8 @@ def keep_previous_export(drafter: Path, work: Path) -> None:
         return
     export = read_record(drafter, missing_ok=True).export
     prev.mkdir(parents=True)
-    (prev / "export.json").write_text(json.dumps(export.model_dump() if export is not None else {}))
+    (prev / "export.json").write_text(json.dumps(export.model_dump(mode="json", exclude_unset=True)
+                                                 if export is not None else {}))
     shutil.move(str(drafter / "onnx"), str(prev / "onnx"))
 
 
@@ -123,8 +124,7 @@ def export_step(drafter: Path, work: Path, verifier: str) -> dict[str, Any]:
         if section is None:
             from ..export.onnx_dir import export_onnx_dir
 
-            section = export_onnx_dir(drafter, verifier=verifier, overwrite=True)
-            section = section.to_dict() if hasattr(section, "to_dict") else dict(section)
+            section = export_onnx_dir(drafter, verifier=verifier, overwrite=True).to_dict()
     finally:
         shutil.rmtree(_prev_dir(work), ignore_errors=True)
     out = {"reused": reused, "contains_verifier_weights": bool(section.get("contains_verifier_weights")),
@@ -146,4 +146,4 @@ def engine_step(drafter: Path, mode: str) -> dict[str, Any]:
     from ..export.engine import BuildOptions, build_engine_dir
 
     built = build_engine_dir(drafter, None, BuildOptions(builder=RELEASE_BUILDER, overwrite=True))
-    return {"path": str(Path(built["path"]).relative_to(drafter)) if built.get("path") else None}
+    return {"path": str(Path(built.path).relative_to(drafter)) if built.path else None}

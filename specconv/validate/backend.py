@@ -78,7 +78,9 @@ class ValidationRun:
     Attributes:
         drafter_dir: the Speculators directory under test.
         verifier: the resolved :class:`specconv.verifier.Verifier`.
-        verifier_spec: ``--verifier`` as given (the source is converted against it).
+        verifier_spec: ``--verifier`` as given (what the vLLM load check names).
+        config: the drafter's typed ``config.json``, parsed once by ``validate_drafter``
+            and handed to G1 and the drafter loader (None: it did not parse; G1 says why).
         options: :class:`specconv.validate.run.ValidateOptions`.
         progress: ``progress(phase, done, total)``.
         report: the report keys filled so far (becomes a ValidationReport at the end).
@@ -91,6 +93,7 @@ class ValidationRun:
     drafter_dir: Path
     verifier: "Verifier"
     verifier_spec: str
+    config: "SpeculatorsDraftConfig | None"
     options: "ValidateOptions"
     progress: Progress
     report: dict[str, Any] = field(default_factory=dict)

@@ -98,12 +98,14 @@ def _lm_head_frozen(drafter_dir: Path) -> bool:
     return any(isinstance(f, dict) and f.get("code") == "lm-head-frozen" for f in findings)
 
 
-def gate_structure(drafter_dir: str | Path, verifier, *, source_config=None) -> GateResult:
+def gate_structure(drafter_dir: str | Path, verifier, *, config=None, source_config=None) -> GateResult:
     """G1: lint, tensor accounting, verifier-supplied tensors, vocab map, aux ids.
 
     Args:
         drafter_dir: the Speculators directory under test.
         verifier: a :class:`specconv.verifier.Verifier` (``resolve_verifier``).
+        config: the directory's typed ``config.json`` when the caller parsed it already
+            (``validate_drafter`` does, once per run); else it is read here.
         source_config: optional :class:`~specconv.format.SpeculatorsDraftConfig`
             of the source converted afresh; its aux ids must equal the directory's.
 
@@ -118,8 +120,8 @@ def gate_structure(drafter_dir: str | Path, verifier, *, source_config=None) -> 
     d = Path(drafter_dir)
     res = GateResult(name="structure", passed=True)
     try:
-        findings = lint_dir(d, verifier.facts())
-        cfg = load_config(d)
+        findings = lint_dir(d, verifier.facts(), config=config)
+        cfg = config if config is not None else load_config(d)
         store = TensorStore.open(d)
     except SpecconvError as e:
         res.passed = False

@@ -1,5 +1,7 @@
 """Validation report: ``validation.json``, ``validation.md``, ``acceptance.png`` and the
-``validation`` section of the drafter dir's ``specconv.json`` (:mod:`specconv.record`).
+one ``validation`` section of the drafter dir's ``specconv.json`` (:mod:`specconv.record`,
+:func:`validation_section`), written by :func:`finish_report` at the end of
+``validate_drafter``.
 
 The JSON keeps the field names of speculators' ``acceptance.csv`` / vLLM's counters
 (``num_drafts``, ``num_draft_tokens``, ``num_accepted_tokens``, ``acceptance_length``,
@@ -202,25 +204,96 @@ def plot_acceptance(metrics: dict, path: Path, *, source_metrics: dict | None = 
 def write_report(report, report_dir: str | Path) -> dict[str, str]:
     """Write ``validation.json`` (+ ``.md`` and the PNG) into ``report_dir``.
 
-    ``report`` is a :class:`~specconv.results.ValidationReport` (or its dict); its ``plot``
-    key is set to the PNG's file name.
+    ``report`` is a :class:`~specconv.results.ValidationReport`; its ``plot`` key is set
+    to the PNG's file name.
 
     Returns:
         ``{"json": path, "markdown": path, "plot": path | None}``.
     """
     from ..fileio import atomic_write
-    from ..results import jsonable
 
     d = Path(report_dir)
     d.mkdir(parents=True, exist_ok=True)
     files: dict[str, str] = {}
-    if report.get("metrics"):
-        png = plot_acceptance(report["metrics"], d / REPORT_PNG, source_metrics=report.get("source_metrics"))
+    metrics = report.extra("metrics")
+    if metrics:
+        png = plot_acceptance(metrics, d / REPORT_PNG, source_metrics=report.source_metrics)
         if png is not None:
-            report["plot"] = png.name
+            report.plot = png.name
             files["plot"] = str(png)
-    atomic_write(d / REPORT_MD, render_markdown(report).encode())
+    atomic_write(d / REPORT_MD, render_markdown(report.to_dict()).encode())
     files["markdown"] = str(d / REPORT_MD)
-    atomic_write(d / REPORT_JSON, (json.dumps(report, indent=2, sort_keys=True, default=jsonable) + "\n").encode())
+    atomic_write(d / REPORT_JSON, (report.to_json() + "\n").encode())
     files["json"] = str(d / REPORT_JSON)
     return files
+
+
+def vllm_summaries(report: dict[str, Any]) -> dict[str, Any]:
+    """What vLLM (and llama.cpp) checked, for the ``validation`` section: ``vllm_load
+    {distribution, version}`` when the ``--vllm-load-check`` passed, ``vllm_serve`` (every
+    :class:`specconv.record.VllmServeSummary` field) when ``--backend vllm`` served the prompts;
+    neither key when vLLM checked nothing; ``llamacpp_serve {commit, verifier_gguf, tau,
+    tau_torch, lossless}`` when ``--backend llamacpp`` served them."""
+    out: dict[str, Any] = {}
+    vl = report.get("vllm_load") or {}
+    if vl.get("ok"):
+        out["vllm_load"] = {"distribution": vl.get("distribution"), "version": vl.get("version")}
+    vs = report.get("vllm_serve") or {}
+    if vs:
+        out["vllm_serve"] = {k: v for k, v in vs.items() if k != "server"}
+    ls = report.get("llamacpp_serve") or {}  # --backend llamacpp (specconv/gguf/backend.py)
+    if ls:
+        out["llamacpp_serve"] = {k: ls.get(k) for k in ("commit", "verifier_gguf", "tau", "tau_torch", "lossless")}
+    return out
+
+
+def parity_kl_max(report: dict[str, Any]) -> float | None:
+    """G2's largest KL(source ‖ converted) from the report's gate results (None: no parity ran)."""
+    gr = next((g for g in report.get("gate_results") or [] if g.get("name") == "parity"), None)
+    return (gr.get("details") or {}).get("kl_max") if gr else None
+
+
+def validation_section(report, drafter_dir: str | Path):
+    """The one ``validation`` section of ``<drafter_dir>/specconv.json`` for ``report`` (a
+    :class:`~specconv.results.ValidationReport` whose ``report_files`` are written): what
+    ``specconv validate`` and ``specconv release`` record.
+
+    Returns:
+        :class:`specconv.record.ValidationSection` (local paths relative to ``drafter_dir``;
+        ``files``: the sha256 of every drafter file validated).
+
+    Raises:
+        InvalidInputError: a drafter file cannot be read.
+    """
+    from ..record import ValidationSection, as_record_path, file_hashes, relative_to_dir
+
+    r = report.to_dict()
+    dev, prompts, files = r.get("device") or {}, r.get("prompts") or {}, r.get("report_files") or {}
+    return ValidationSection(
+        passed=r.get("passed"), gates=r.get("gates"), acceptance_length=r.get("acceptance_length"),
+        tau_ci95=r.get("tau_ci95"), acceptance_at_pos=r.get("acceptance_at_pos"),
+        source_acceptance_length=(r.get("source_metrics") or {}).get("acceptance_length"),
+        parity_kl_max=parity_kl_max(r), lossless_exact_match=(r.get("lossless") or {}).get("exact_match"),
+        verifier=as_record_path(r.get("verifier"), drafter_dir), backend=r.get("backend"),
+        device=dev.get("gpu_name") or dev.get("device"), dtype=r.get("dtype"),
+        prompts={k: prompts.get(k) for k in ("set", "n")}, max_new_tokens=r.get("max_new_tokens"),
+        temperature=r.get("temperature"), specconv_version=r.get("specconv_version"), versions=r.get("versions"),
+        files=file_hashes(drafter_dir),
+        report=relative_to_dir(files["json"], drafter_dir) if files.get("json") else None, **vllm_summaries(r))
+
+
+def finish_report(report, drafter_dir: Path, report_dir: Path) -> None:
+    """The last step of a validation: ``validation.json`` / ``.md`` / ``acceptance.png``
+    into ``report_dir`` (``report.report_files``), :func:`validation_section` into
+    ``drafter_dir/specconv.json`` and the drafter's card refreshed from it. A drafter dir
+    that cannot be written is logged: the report files still exist."""
+    from ..record import card_function, update_record
+    from .vllm_remote import record_section
+
+    report.report_files = write_report(report, report_dir)
+    try:
+        section = validation_section(report, drafter_dir).model_dump(exclude_none=True)
+        update_record(drafter_dir, "validation", record_section(drafter_dir, section))  # --server-url: apart
+    except OSError as e:  # read-only drafter dir
+        log.warning("could not record the validation summary in %s/specconv.json: %s", drafter_dir, e)
+    card_function("refresh_local_card")(drafter_dir)  # the card's validation table, from the record just written

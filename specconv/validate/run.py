@@ -1,11 +1,13 @@
 """``validate_drafter``: the whole ``specconv validate`` pipeline behind the CLI.
 
-A sequence of steps (``docs/validate.md``): check the options → start the report →
-[``--source``: convert it afresh] → G1 structure → select the prompts → the validation
-backend (``torch``: plain and speculative decode, G2 parity with a source, G3
+A sequence of steps (``docs/validate.md``): read the drafter's ``config.json`` (once) and
+check the options → resolve the verifier (once) → start the report → [``--source``:
+convert it afresh against the same verifier] → G1 structure → select the prompts → the
+validation backend (``torch``: plain and speculative decode, G2 parity with a source, G3
 acceptance, G4 losslessness, DSpark extras; ``vllm``: G3 through ``vllm serve``) →
-the report. A G1 failure stops before any model is loaded (the other gates are reported
-as skipped). The backends live in :mod:`.backend` / :mod:`.torch_backend`.
+[``--vllm-load-check``] → the report files, the ``validation`` section of
+``specconv.json`` and the card. A G1 failure stops before any model is loaded (the other
+gates are reported as skipped). The backends live in :mod:`.backend` / :mod:`.torch_backend`.
 """
 
 from __future__ import annotations
@@ -23,7 +25,9 @@ from .gates import GATE_ORDER, GateResult, skipped
 from .torch_backend import PARITY_SEQUENCES, plan_placement  # noqa: F401  (re-exported)
 
 if TYPE_CHECKING:
+    from ..format import SpeculatorsDraftConfig
     from ..results import ValidationReport
+    from ..verifier import Verifier
 
 log = logging.getLogger("specconv.validate")
 
@@ -62,6 +66,12 @@ class ValidateOptions:
             exported graph / engine it runs.
         vllm: ``--backend vllm``'s serving options (parallel sizes, ``--vllm-arg``,
             ``--server-url`` …: :class:`specconv.validate.vllm_server.VllmServeOptions`).
+        vllm_load_check: also load the drafter with vLLM's own loader (``--vllm-load-check``,
+            :mod:`specconv.vllm_check`); a failed load fails the run (``vllm_load``).
+        vllm_loader_python: its interpreter (None: :func:`specconv.vllm_check.find_vllm_python`).
+        sglang_load_check / sglang_loader_python: also load DIR's SGLang layout with SGLang's
+            own loader (``--sglang-load-check``, :mod:`specconv.sglang_check`; recorded under
+            ``export.sglang``; a failure fails the exit status, not ``validation.passed``).
     """
 
     source: str | None = None
@@ -85,6 +95,16 @@ class ValidateOptions:
     runtime: str | None = None
     runtime_path: str | None = None
     vllm: Any = None
+    vllm_load_check: bool = False
+    vllm_loader_python: str | None = None
+    sglang_load_check: bool = False
+    sglang_loader_python: str | None = None
+
+
+#: options the report's ``options`` leaves out: the load check is its own result (``vllm_load``),
+#: a compared runtime is listed as its CLI flag (``runtime_flags``), the vLLM serving options redacted
+_OWN_RESULT_OPTIONS = ("vllm_load_check", "vllm_loader_python", "sglang_load_check", "sglang_loader_python", "runtime",
+                       "runtime_path", "vllm")
 
 
 def select_prompts(spec: str, n: int | None) -> list:
@@ -125,12 +145,13 @@ def _source_options(drafter_dir: Path):
         return ConvertOptions()
 
 
-def prepare_source(source: str, verifier_spec: str, drafter_dir: Path, workdir: Path) -> dict:
+def prepare_source(source: str, verifier: "Verifier", drafter_dir: Path, workdir: Path) -> dict:
     """Make the ``--source`` checkpoint loadable in the harness.
 
     A Speculators directory is used as is. Anything else is converted afresh with the
     converter registry (the options recorded in the drafter's ``specconv.json``) into
-    ``workdir``; a z-lab DFlash source additionally gets z-lab's own reference forward.
+    ``workdir``, against the run's own resolved ``verifier``; a z-lab DFlash source
+    additionally gets z-lab's own reference forward.
 
     Returns:
         ``{"kind", "format", "path" (source dir), "converted" (Speculators dir)}``.
@@ -143,8 +164,8 @@ def prepare_source(source: str, verifier_spec: str, drafter_dir: Path, workdir: 
     from ..convert import convert
 
     out = workdir / "source-converted"
-    rep = convert(source, verifier=verifier_spec, output=out, options=_source_options(drafter_dir), overwrite=True)
-    return {"kind": "converted", "format": rep.get("format"), "path": rep.get("source") or str(p), "converted": str(out)}
+    rep = convert(source, verifier=verifier, output=out, options=_source_options(drafter_dir), overwrite=True)
+    return {"kind": "converted", "format": rep.format, "path": rep.source or str(p), "converted": str(out)}
 
 
 def check_source_unchanged(drafter_dir: Path, source: dict) -> dict:
@@ -202,11 +223,6 @@ def _source_hashes(source: dict, recorded: dict[str, str]) -> dict[str, str]:
     return {n: sha256_file(d / n) for n in recorded if (d / n).is_file()}
 
 
-def failed_gates(report) -> list[str]:
-    """Names of the gates that ran and failed (a report model or its dict)."""
-    return [k for k, v in (report.get("gates") or {}).items() if v is False]
-
-
 def _gate_map(results: list[GateResult]) -> dict[str, bool]:
     return {g.name: bool(g.passed) for g in results if g.passed is not None}
 
@@ -225,40 +241,121 @@ def _finish(report: dict, results: list[GateResult]) -> "ValidationReport":
 
 def validate_drafter(
     drafter_dir: str | Path,
-    verifier: str,
+    verifier: "str | Verifier",
     options: ValidateOptions | None = None,
     *,
+    report_dir: str | Path | None = None,
     progress: Progress | None = None,
 ) -> "ValidationReport":
-    """Run the gates on a Speculators drafter directory against ``verifier``.
+    """Validate a Speculators drafter dir against ``verifier`` and finish the stage: the report
+    files, the ``validation`` section of ``DIR/specconv.json``
+    (:func:`specconv.validate.report.finish_report`) and ``DIR/README.md``.
+
+    ``config.json`` is parsed once and the verifier resolved once; both are handed to every
+    step (the ``--source`` conversion, G1, the drafter loader). A failed gate does not raise:
+    ``report.passed`` is false and ``report.gate_failure()`` is the exit-4 error.
 
     Args:
-        drafter_dir: the converted drafter (Speculators format).
-        verifier: local verifier dir or Hub id (resolved from the local cache).
-        options: :class:`ValidateOptions`.
-        progress: ``progress(phase, done, total)`` callback.
+        drafter_dir: the converted drafter. verifier: local dir or Hub id, or a resolved ``Verifier``.
+        options: :class:`ValidateOptions`. progress: ``progress(phase, done, total)``.
+        report_dir: where ``validation.json/.md/.png`` go [``./specconv-validation/<DIR name>``].
 
-    Returns:
-        :class:`~specconv.results.ValidationReport`; ``report["gates"]`` maps gate name →
-        passed; ``report["passed"]`` is their conjunction.
+    Returns: :class:`~specconv.results.ValidationReport` (``gates``, ``passed``, ``report_files``).
 
     Raises:
-        InvalidInputError: unreadable inputs, models that do not fit, bad prompt sets.
+        InvalidInputError: not a Speculators dir (``not_speculators_dir``), unreadable
+            inputs, models that do not fit, bad prompt sets, no vLLM interpreter.
         UsageError: inconsistent options.
     """
-    from ..verifier import resolve_verifier
-
     opts = options or ValidateOptions()
-    d = _check_inputs(drafter_dir, opts)
-    run = ValidationRun(drafter_dir=d, verifier=resolve_verifier(verifier), verifier_spec=verifier, options=opts,
-                        progress=progress or (lambda *_: None))
+    d = Path(drafter_dir)
+    config, config_error = _read_config(d)
+    _preflight(opts, d, getattr(verifier, "spec", verifier))
+    _check_inputs(d, opts)
+    run = ValidationRun(drafter_dir=d, verifier=_resolved(verifier), verifier_spec=getattr(verifier, "spec", verifier),
+                        config=config, options=opts, progress=progress or (lambda *_: None))
+    report = _run_gates(run, config_error)
+    if opts.vllm_load_check:
+        _vllm_load_step(report, run)
+    if opts.sglang_load_check:  # SGLang's own loader on DIR's SGLang layout; recorded under export.sglang
+        from ..sglang_check import validate_check
+
+        report.sglang_load = validate_check(d, run.verifier_spec, python=opts.sglang_loader_python)
+    from .report import finish_report
+
+    finish_report(report, d, Path(report_dir) if report_dir else Path.cwd() / "specconv-validation" / d.resolve().name)
+    return report
+
+
+def _run_gates(run: ValidationRun, config_error: InvalidInputError | None) -> "ValidationReport":
+    """Start the report, then [the source] → G1 → prompts → the backend's gates."""
     run.report.update(_start_report(run))
     with tempfile.TemporaryDirectory(prefix="specconv-validate-") as tmp:
         _source_step(run, Path(tmp))
-        if _structure_step(run):
+        if _structure_step(run, config_error):
             _prompts_step(run)
-            get_backend(opts.backend).run(run)
+            get_backend(run.options.backend).run(run)
     return _finish(run.report, run.results)
+
+
+def _resolved(verifier: "str | Verifier") -> "Verifier":
+    from ..verifier import Verifier, resolve_verifier
+
+    return verifier if isinstance(verifier, Verifier) else resolve_verifier(verifier)
+
+
+def _read_config(d: Path) -> "tuple[SpeculatorsDraftConfig | None, InvalidInputError | None]":
+    """The drafter's ``config.json``, read once: ``(typed config, None)``, or ``(None, the
+    error)`` when it is a Speculators config with an invalid value (G1 reports it, exit 4).
+
+    Raises:
+        InvalidInputError: ``not_speculators_dir`` (exit 3, nothing written): no readable
+            ``config.json``, or one without ``speculators_model_type``.
+    """
+    from ..errors import SpecconvError
+    from ..format import parse_config, read_config
+
+    try:
+        raw = read_config(d)
+    except InvalidInputError as e:
+        raise InvalidInputError(f"{d}: cannot read config.json ({e.message})", code="not_speculators_dir") from e
+    if not isinstance(raw.get("speculators_model_type"), str):
+        raise InvalidInputError(
+            f"{d} is not a Speculators-format directory (config.json has no speculators_model_type)",
+            code="not_speculators_dir",
+            hint=f"convert it first: specconv convert {d} --verifier V -o OUT, then validate OUT with --source {d}")
+    try:
+        return parse_config(raw, source=str(d / "config.json")), None
+    except SpecconvError as e:
+        return None, e
+
+
+def _preflight(opts: ValidateOptions, d: Path, verifier_spec: str) -> None:
+    """Refusals (exit 3) before any model is loaded: no ``--vllm-load-check`` interpreter; for
+    ``--sglang-load-check`` no SGLang interpreter or a drafter SGLang would serve wrongly; the
+    backend's own (``--backend llamacpp``: ``preflight``; ``--temperature`` > 0 is exit 2) (a
+    runtime's refusals are :func:`specconv.validate.runtimes.check_runtime`'s, in ``_check_inputs``)."""
+    if opts.sglang_load_check:
+        from ..sglang_check import preflight
+
+        preflight(d, verifier_spec, opts.sglang_loader_python)
+    if opts.vllm_load_check:
+        from ..vllm_check import find_vllm_python
+
+        find_vllm_python(opts.vllm_loader_python)
+    backend = get_backend(opts.backend)
+    if hasattr(backend, "preflight"):  # --backend llamacpp: DIR/gguf, llama-server, a verifier GGUF
+        backend.preflight(d, opts)
+
+
+def _vllm_load_step(report: "ValidationReport", run: ValidationRun) -> None:
+    """``--vllm-load-check``: vLLM's own loader, in its own interpreter (:mod:`specconv.vllm_check`);
+    a failed load fails the run."""
+    from ..vllm_check import run_load_checks_for_dir
+
+    report.vllm_load = run_load_checks_for_dir(run.drafter_dir, run.verifier_spec,
+                                               python=run.options.vllm_loader_python)
+    report.passed = bool(report.passed) and bool(report.vllm_load["ok"])
 
 
 def _check_inputs(drafter_dir: str | Path, opts: ValidateOptions) -> Path:
@@ -303,7 +400,7 @@ def _start_report(run: ValidationRun) -> dict[str, Any]:
         "temperature": opts.temperature,
         "max_new_tokens": opts.max_new_tokens,
         "seed": opts.seed,
-        "options": {**{k: val for k, val in asdict(opts).items() if k not in ("runtime", "runtime_path", "vllm")},
+        "options": {**{k: val for k, val in asdict(opts).items() if k not in _OWN_RESULT_OPTIONS},
                     **runtime_flags(opts.runtime, opts.runtime_path),  # as the CLI flags: onnx, engine
                     **({"vllm": opts.vllm.recorded()} if opts.vllm else {})},  # URLs redacted
         "versions": library_versions(),
@@ -317,18 +414,22 @@ def _source_step(run: ValidationRun, workdir: Path) -> None:
     from ..format import load_config
 
     run.progress("converting source", 0, 1)
-    run.source = prepare_source(run.options.source, run.verifier_spec, run.drafter_dir, workdir)
+    run.source = prepare_source(run.options.source, run.verifier, run.drafter_dir, workdir)
     run.source["record_check"] = check_source_unchanged(run.drafter_dir, run.source)
     run.source_config = load_config(run.source["converted"])
     run.report["source"] = run.source
 
 
-def _structure_step(run: ValidationRun) -> bool:
-    """G1; on failure the other gates are recorded as skipped. Returns whether it passed."""
+def _structure_step(run: ValidationRun, config_error: "InvalidInputError | None") -> bool:
+    """G1 (``config_error``: why ``config.json`` did not parse); on failure the other gates
+    are recorded as skipped. Returns whether it passed."""
     from .gates import gate_structure
 
     run.progress("structure", 0, 1)
-    g1 = gate_structure(run.drafter_dir, run.verifier, source_config=run.source_config)
+    if config_error is not None:
+        g1 = GateResult(name="structure", passed=False, errors=[f"cannot read {run.drafter_dir}: {config_error.message}"])
+    else:
+        g1 = gate_structure(run.drafter_dir, run.verifier, config=run.config, source_config=run.source_config)
     run.results.append(g1)
     run.report["algorithm"] = g1.details.get("algorithm")
     run.report["aux_layer_ids"] = g1.details.get("aux_layer_ids")

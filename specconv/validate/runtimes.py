@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, Callable
 from ..format.algorithms import import_object
 
 if TYPE_CHECKING:
+    from ..format import SpeculatorsDraftConfig
     from ..verifier import Verifier
     from .backend import DrafterBackend, ValidationRun
     from .gates import GateResult
@@ -59,7 +60,8 @@ class Runtime:
     Attributes:
         display: how reports and progress name it.
         loader: ``"module:function"`` called as ``load(drafter_dir, verifier, *, path, dtype,
-            device)`` (``path``: the graph / engine or None; ``dtype``: the run dtype name).
+            device, config)`` (``path``: the graph / engine or None; ``dtype``: the run dtype
+            name; ``config``: the drafter's typed ``config.json`` as the run parsed it, or None).
         key: a compared runtime's CLI flag without dashes, report object and gate name.
         side: the key of the runtime's metrics inside ``report[key]`` (beside ``torch``).
         preflight: ``"module:function"`` called as ``preflight(path, drafter_dir, dtype)``
@@ -75,9 +77,9 @@ class Runtime:
     rule: CompareRule | None = None
 
     def load(self, drafter_dir: Path, verifier: "Verifier", *, path: str | None, dtype: str,
-             device: str) -> "DrafterBackend":
+             device: str, config: "SpeculatorsDraftConfig | None" = None) -> "DrafterBackend":
         """Load the drafter with this runtime (see :attr:`loader`)."""
-        return import_object(self.loader)(drafter_dir, verifier, path=path, dtype=dtype, device=device)
+        return import_object(self.loader)(drafter_dir, verifier, path=path, dtype=dtype, device=device, config=config)
 
 
 RUNTIMES: dict[str, Runtime] = {
@@ -90,13 +92,15 @@ RUNTIMES: dict[str, Runtime] = {
 }
 
 
-def load_torch(drafter_dir: Path, verifier: "Verifier", *, path: str | None, dtype: str, device: str):
-    """The reference drafter (:func:`specconv.drafters.load_drafter`); ``path`` is unused."""
+def load_torch(drafter_dir: Path, verifier: "Verifier", *, path: str | None, dtype: str, device: str,
+               config: "SpeculatorsDraftConfig | None" = None):
+    """The reference drafter (:func:`specconv.drafters.load_drafter`, from ``config`` when the
+    run parsed it); ``path`` is unused."""
     import torch
 
     from ..drafters import load_drafter
 
-    return load_drafter(drafter_dir, verifier, dtype=getattr(torch, dtype), device=device)
+    return load_drafter(drafter_dir, verifier, config=config, dtype=getattr(torch, dtype), device=device)
 
 
 def get_runtime(name: str, what: str = "runtime") -> Runtime:
@@ -238,7 +242,7 @@ def compare_runtime(run: "ValidationRun", reference: "DrafterBackend", decode: C
 
     opts, rt = run.options, get_runtime(run.options.runtime)
     drafter = rt.load(run.drafter_dir, run.verifier, path=opts.runtime_path, dtype=opts.dtype,
-                      device=str(reference.device))
+                      device=str(reference.device), config=run.config)
     cmp = ComparingDrafter(drafter, reference, margin=rt.rule.near_tie_margin, kl=rt.rule.kl)
     results = decode(f"speculative decode ({rt.display} drafter)", cmp)
     m_t, m_r = (compute_metrics(r, int(reference.num_draft_tokens), baseline=plain, seed=opts.seed)

@@ -147,7 +147,8 @@ class TorchBackend:
                    attn_implementation=opts.attn_implementation)
         run.progress("loading drafter", 0, 1)
         drafter = get_runtime(opts.drafter_backend, "drafter backend").load(run.drafter_dir, v, path=None,
-                                                                         dtype=opts.dtype, device=device)
+                                                                         dtype=opts.dtype, device=device,
+                                                                         config=run.config)
         rep.update(algorithm=drafter.algorithm, k=int(drafter.num_draft_tokens),
                    block_size=getattr(drafter, "block_size", None), aux_layer_ids=list(drafter.aux_layer_ids))
         run.progress("loading verifier", 0, 1)
@@ -239,7 +240,8 @@ def _load_reference(src_info: dict, h: _Harness):
             return ref, "zlab-dflash (dflash.model.DFlashDraftModel)"
         except InvalidInputError as e:
             log.warning("z-lab reference forward unavailable (%s); using the source converted afresh", e.message)
-    drafter = load_drafter(src_info["converted"], h.run.verifier, dtype=h.dtype, device=h.device)
+    drafter = load_drafter(src_info["converted"], h.run.verifier, config=h.run.source_config, dtype=h.dtype,
+                           device=h.device)
     return drafter, f"specconv drafter on {src_info['format']} source converted afresh"
 
 

@@ -173,7 +173,7 @@ def record_payload(result: dict, index: int = 0) -> dict:
     ``{ok, distribution, version, torch, transformers, stubs, patches, model_class,
     speculative_config, resolved {method, parallel_drafting}, forms, errors, warnings,
     missing, shared}`` (``specconv.json`` keeps ``{distribution, version}`` of a passed
-    check: :func:`specconv.results.vllm_summaries`)."""
+    check: :func:`specconv.validate.report.vllm_summaries`)."""
     env, r = result["env"], result["results"][index]
     w = r.get("weights") or {}
     resolved = (r.get("long_form") or {}).get("config") or {}

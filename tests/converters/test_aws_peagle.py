@@ -31,7 +31,7 @@ def convert(src, verifier, out=None, *, dry_run=False, **opts):
 
 
 def codes(rep, level=None):
-    return {f["code"] for f in rep["findings"] if level is None or f["level"] == level}
+    return {f["code"] for f in rep.findings if level is None or f["level"] == level}
 
 
 @pytest.fixture(scope="module")
@@ -53,7 +53,7 @@ def test_end_to_end_loads_in_speculators_and_matches_reference(ref, tiny_llama_v
     src = fp.to_aws(ref, tmp_path / "aws")
     out = tmp_path / "out"
     rep = convert(src, tiny_llama_verifier_dir, out, speculative_tokens=4)
-    assert rep["format"] == "aws_peagle" and rep["algorithm"] == "peagle"
+    assert rep.format == "aws_peagle" and rep.algorithm == "peagle"
     cfg = json.loads((out / "config.json").read_text())
     spec = fp.read_json(ref / "config.json")
     assert cfg["speculators_model_type"] == "peagle" and "model_type" not in cfg
@@ -105,8 +105,8 @@ def test_midlayer_single_layer_renamed(ref1, tiny_llama_verifier_dir, tmp_path):
 def test_mask_token_under_any_vllm_key(ref, tiny_llama_verifier_dir, tmp_path, keys):
     src = fp.to_aws(ref, tmp_path / "aws", mask_keys=keys)
     rep = convert(src, tiny_llama_verifier_dir, speculative_tokens=4)
-    assert rep["plan"]["config"]["mask_token_id"] == fp.MASK
-    assert f"mask_token_id from {keys[0]}" in rep["plan"]["notes"]
+    assert rep.plan["config"]["mask_token_id"] == fp.MASK
+    assert f"mask_token_id from {keys[0]}" in rep.plan["notes"]
 
 
 def test_disagreeing_mask_keys_are_an_error(ref, tiny_llama_verifier_dir, tmp_path):
@@ -132,8 +132,8 @@ def test_aux_ids_never_defaulted(ref, tiny_llama_verifier_dir, tmp_path):
     assert "eagle_config.eagle_aux_hidden_state_layer_ids" in e.value.message + (e.value.hint or "")
     assert "--aux-layer-ids" in (e.value.hint or "")
     rep = convert(src, tiny_llama_verifier_dir, speculative_tokens=4, aux_layer_ids=[1, 3, 5])
-    assert rep["plan"]["config"]["eagle_aux_hidden_state_layer_ids"] == [1, 3, 5]
-    assert rep["plan"]["layer_ids"]["source_convention"] == "override"
+    assert rep.plan["config"]["eagle_aux_hidden_state_layer_ids"] == [1, 3, 5]
+    assert rep.plan["layer_ids"]["source_convention"] == "override"
     # a wrong count contradicts the aux-feature width (mask_hidden / fc)
     with pytest.raises(InvalidInputError, match="2 aux layers"):
         convert(src, tiny_llama_verifier_dir, speculative_tokens=4, aux_layer_ids=[1, 3])
@@ -150,10 +150,10 @@ def test_speculative_tokens_required_and_bounded(ref, tiny_llama_verifier_dir, t
         convert(src, tiny_llama_verifier_dir)
     assert e.value.code == "missing_speculative_tokens" and "--speculative-tokens" in e.value.hint
     src = fp.to_aws(ref, tmp_path / "aws2", num_depths=4)
-    assert convert(src, tiny_llama_verifier_dir)["plan"]["config"]["speculators_config"]["proposal_methods"][0][
+    assert convert(src, tiny_llama_verifier_dir).plan["config"]["speculators_config"]["proposal_methods"][0][
         "speculative_tokens"] == 4
     rep = convert(src, tiny_llama_verifier_dir, speculative_tokens=2)
-    assert rep["plan"]["config"]["speculators_config"]["proposal_methods"][0]["speculative_tokens"] == 2
+    assert rep.plan["config"]["speculators_config"]["proposal_methods"][0]["speculative_tokens"] == 2
     with pytest.raises(InvalidInputError, match="exceeds the 4 depths"):
         convert(src, tiny_llama_verifier_dir, speculative_tokens=5)
 
@@ -166,7 +166,7 @@ def test_norm_before_residual_config_or_flag(ref, tiny_llama_verifier_dir, tmp_p
         convert(src, tiny_llama_verifier_dir, speculative_tokens=4)
     assert e.value.code == "missing_norm_before_residual" and "--norm-before-residual" in e.value.hint
     rep = convert(src, tiny_llama_verifier_dir, speculative_tokens=4, norm_before_residual=True)
-    assert rep["plan"]["config"]["norm_before_residual"] is True
+    assert rep.plan["config"]["norm_before_residual"] is True
     src = fp.to_aws(ref, tmp_path / "aws2")  # config says true
     with pytest.raises(InvalidInputError, match="contradicts"):
         convert(src, tiny_llama_verifier_dir, speculative_tokens=4, norm_before_residual=False)
@@ -182,7 +182,7 @@ def test_qwen3_layers_give_qwen3_model_type(tiny_verifier_dir, tmp_path):
     assert cfg["model_type"] == "llama"  # the AWS config says llama; the tensors decide
     out = tmp_path / "out"
     rep = convert(src, tiny_verifier_dir, out, speculative_tokens=3)
-    assert rep["plan"]["config"]["transformer_layer_config"]["model_type"] == "qwen3"
+    assert rep.plan["config"]["transformer_layer_config"]["model_type"] == "qwen3"
     assert "peagle-model-type-from-tensors" in codes(rep)
     run_speculators_forward(load_with_speculators(out, tiny_verifier_dir))
 

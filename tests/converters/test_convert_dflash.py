@@ -112,7 +112,7 @@ def test_real_last_layer_speculators_drops_we_keep(zlab_real, smollm2_dir, tmp_p
     cfg = read(tmp_path / "ours")
     assert VERIFIER_LAYERS != 30 and cfg["aux_hidden_state_layer_ids"][-1] == 30
     assert len(cfg["aux_hidden_state_layer_ids"]) * 576 == out_tensors(tmp_path / "ours")["fc.weight"].shape[1]
-    assert "aux-ids-final-hidden-state" in codes(rep["findings"], "warning")
+    assert "aux-ids-final-hidden-state" in codes(rep.findings, "warning")
 
 
 # ============================================================================ layer ids
@@ -137,7 +137,7 @@ def test_last_layer_kept(tiny_verifier_dir, tmp_path):
     assert out_tensors(out)["fc.weight"].shape == (H, 3 * H)
     # one finding about it, the lint's: only some engine versions capture the final state
     # (an info saying "vLLM can capture it" contradicted it; issue 14 item 10)
-    last = [f for f in rep["findings"] if str(VERIFIER_LAYERS) in f["message"] and "final" in f["message"]]
+    last = [f for f in rep.findings if str(VERIFIER_LAYERS) in f["message"] and "final" in f["message"]]
     assert [f["code"] for f in last] == ["aux-ids-final-hidden-state"] and last[0]["level"] == "warning"
     assert "PR #36063" in last[0]["message"]
 
@@ -188,7 +188,7 @@ def test_aux_override_of_checkpoint_ids_warns(tiny_verifier_dir, tmp_path):
     src = make_source(tmp_path, target_layer_ids=(0, 2, 4))
     rep = api_convert(src, tiny_verifier_dir, tmp_path / "out", aux_layer_ids=[2, 3, 6])
     assert read(tmp_path / "out")["aux_hidden_state_layer_ids"] == [2, 3, 6]
-    assert "aux-ids-override" in codes(rep["findings"], "warning")
+    assert "aux-ids-override" in codes(rep.findings, "warning")
 
 
 # ================================================================ block size / mask token
@@ -328,7 +328,7 @@ def test_rotary_inv_freq_dropped_with_reason(tiny_verifier_dir, tmp_path):
     fates = read(out, "specconv.json")["conversion"]["tensors"]
     d = [v for v in fates.values() if v.get("fate") == "dropped"]
     assert len(d) == 1 and d[0]["name"] == "rotary_emb.inv_freq" and "rope" in d[0]["reason"].lower()
-    assert [x["name"] for x in rep["plan"]["dropped"]] == ["rotary_emb.inv_freq"]
+    assert [x["name"] for x in rep.plan["dropped"]] == ["rotary_emb.inv_freq"]
 
 
 def test_every_source_tensor_has_a_fate(tiny_verifier_dir, tmp_path):
@@ -363,14 +363,14 @@ def test_all_swa_is_causal(tiny_verifier_dir, tmp_path):
     cfg = read(tmp_path / "out")
     assert cfg["sliding_window_non_causal"] is False
     assert cfg["transformer_layer_config"]["layer_types"] == ["sliding_attention"] * 2
-    assert not codes(rep["findings"], "error")
+    assert not codes(rep.findings, "error")
 
 
 def test_mixed_attention_warns(tiny_verifier_dir, tmp_path):
     src = make_source(tmp_path, config_updates=_swa(["sliding_attention", "full_attention"]))
     rep = api_convert(src, tiny_verifier_dir, tmp_path / "out")
     assert read(tmp_path / "out")["sliding_window_non_causal"] is False
-    assert "mixed-attention-layers" in codes(rep["findings"], "warning")
+    assert "mixed-attention-layers" in codes(rep.findings, "warning")
 
 
 @pytest.mark.parametrize("where", ["top", "nested"])
@@ -457,10 +457,10 @@ def test_sharded_output_loads_in_speculators(tiny_verifier_dir, tmp_path):
 @pytest.mark.parametrize("shard", [None, 40_000])
 def test_byte_identical_reruns(shard, tiny_verifier_dir, tmp_path):
     src = make_source(tmp_path)
-    api_convert(src, tiny_verifier_dir, tmp_path / "a", max_shard_size=shard)
-    api_convert(src, tiny_verifier_dir, tmp_path / "b", max_shard_size=shard)
-    a, b = sha_tree(tmp_path / "a"), sha_tree(tmp_path / "b")
-    assert a == b and "specconv.json" in a and "config.json" in a
+    api_convert(src, tiny_verifier_dir, tmp_path / "a" / "out", max_shard_size=shard)
+    api_convert(src, tiny_verifier_dir, tmp_path / "b" / "out", max_shard_size=shard)
+    a, b = sha_tree(tmp_path / "a" / "out"), sha_tree(tmp_path / "b" / "out")
+    assert a == b and "specconv.json" in a and "config.json" in a and "README.md" in a  # the card too (same dir name)
 
 
 # ============================================================== dry run / overwrite / atomic

@@ -13,14 +13,14 @@ def test_detected_before_zlab(tmp_path):
     from specconv.convert import inspect_source
 
     r = inspect_source(str(make_source(tmp_path, FMT)))
-    assert (r["format"], r["algorithm"], r["supported"]) == (FMT, "dflash", True)
+    assert (r.format, r.algorithm, r.supported) == (FMT, "dflash", True)
 
 
 def test_nonzero_markov_rank_is_not_deepspec_dflash(tmp_path):
     from specconv.convert import inspect_source
 
     src = make_source(tmp_path, FMT, config_updates={"markov_rank": 16})
-    assert inspect_source(str(src))["format"] != FMT
+    assert inspect_source(str(src)).format != FMT
 
 
 @pytest.mark.parametrize("block", [4, 7])
@@ -32,7 +32,7 @@ def test_anchor_first(block, tmp_path, tiny_verifier_dir):
     assert cfg["block_size"] == block
     assert cfg["speculators_config"]["proposal_methods"][0]["speculative_tokens"] == block
     assert cfg["mask_token_id"] == MASK
-    assert "dflash-sample-from-anchor" in codes(rep["findings"], "warning")  # vLLM DFlash rejects sfa=true
+    assert "dflash-sample-from-anchor" in codes(rep.findings, "warning")  # vLLM DFlash rejects sfa=true
 
 
 def test_minus_one_is_embeddings(tmp_path, tiny_verifier_dir):

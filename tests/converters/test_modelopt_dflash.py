@@ -13,7 +13,7 @@ def test_detected(tmp_path):
     from specconv.convert import inspect_source
 
     r = inspect_source(str(make_source(tmp_path, FMT)))
-    assert (r["format"], r["algorithm"], r["supported"]) == (FMT, "dflash", True)
+    assert (r.format, r.algorithm, r.supported) == (FMT, "dflash", True)
 
 
 def test_convert(tmp_path, tiny_verifier_dir):
@@ -25,7 +25,7 @@ def test_convert(tmp_path, tiny_verifier_dir):
     t = cfg["transformer_layer_config"]
     assert t["rope_parameters"]["rope_theta"] == 1000000.0  # top-level rope_theta normalised, explicit
     assert "torch_dtype" not in t
-    assert "modelopt-layer-id-convention" in codes(rep["findings"], "warning")
+    assert "modelopt-layer-id-convention" in codes(rep.findings, "warning")
     assert read(tmp_path / "out", "specconv.json")["conversion"]["format"] == FMT
 
 

@@ -13,7 +13,7 @@ def test_detected(tmp_path):
     from specconv.convert import inspect_source
 
     r = inspect_source(str(make_source(tmp_path, FMT)))
-    assert (r["format"], r["algorithm"], r["supported"]) == (FMT, "dflash", True)
+    assert (r.format, r.algorithm, r.supported) == (FMT, "dflash", True)
 
 
 def test_encoder_renames_and_fates(tmp_path, tiny_verifier_dir):

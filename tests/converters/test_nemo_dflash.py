@@ -13,14 +13,14 @@ def test_detected(tmp_path):
     from specconv.convert import inspect_source
 
     r = inspect_source(str(make_source(tmp_path, FMT)))
-    assert (r["format"], r["algorithm"], r["supported"]) == (FMT, "dflash", True)
+    assert (r.format, r.algorithm, r.supported) == (FMT, "dflash", True)
 
 
 def test_convert(tmp_path, tiny_verifier_dir):
     rep = api_convert(make_source(tmp_path, FMT), tiny_verifier_dir, tmp_path / "out")
     cfg = read(tmp_path / "out")
     assert cfg["aux_hidden_state_layer_ids"] == [1, 3, 5] and cfg["sample_from_anchor"] is False
-    assert "jetspec-unstamped" in codes(rep["findings"])
+    assert "jetspec-unstamped" in codes(rep.findings)
     assert read(tmp_path / "out", "specconv.json")["conversion"]["format"] == FMT
 
 
@@ -45,8 +45,8 @@ def test_nemo_checkpoint_dir_layout(tmp_path, tiny_verifier_dir):
     (run / "epoch_0_step_50" / "model").mkdir(parents=True)
     (tmp_path / "x").rename(run / "epoch_0_step_50" / "model" / "consolidated")
     rep = api_convert(run, tiny_verifier_dir, tmp_path / "out")
-    assert rep["format"] == FMT
-    assert rep["source"].endswith("epoch_0_step_50/model/consolidated")
+    assert rep.format == FMT
+    assert rep.source.endswith("epoch_0_step_50/model/consolidated")
 
 
 @pytest.mark.peer

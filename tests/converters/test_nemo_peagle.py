@@ -47,9 +47,9 @@ def test_sharded_consolidated_end_to_end(ref, tiny_llama_verifier_dir, tmp_path)
     assert "model.fc.weight" in names and "lm_head.weight" in names and "mask_hidden" in names
     out = tmp_path / "out"
     rep = convert(root, tiny_llama_verifier_dir, out)  # the save root: the pipeline picks the checkpoint
-    assert rep["format"] == "nemo_peagle"
-    assert rep["source"].endswith("epoch_0_step_20/model/consolidated")
-    assert any("latest checkpoint epoch_0_step_20" in n for n in rep["plan"]["notes"])
+    assert rep.format == "nemo_peagle"
+    assert rep.source.endswith("epoch_0_step_20/model/consolidated")
+    assert any("latest checkpoint epoch_0_step_20" in n for n in rep.plan["notes"])
     cfg = json.loads((out / "config.json").read_text())
     assert cfg["speculators_config"]["proposal_methods"][0]["speculative_tokens"] == 5  # num_depths
     assert cfg["mask_token_id"] == fp.MASK
@@ -69,15 +69,15 @@ def test_sharded_consolidated_end_to_end(ref, tiny_llama_verifier_dir, tmp_path)
 def test_model_dir_single_file(ref, tiny_llama_verifier_dir, tmp_path):
     root = fp.to_nemo(ref, tmp_path / "nemo", shards=1, consolidated=False, mask_hidden_2d=False)
     rep = convert(root, tiny_llama_verifier_dir)
-    assert rep["format"] == "nemo_peagle" and rep["source"].endswith("epoch_0_step_20/model")
+    assert rep.format == "nemo_peagle" and rep.source.endswith("epoch_0_step_20/model")
     rep = convert(root, tiny_llama_verifier_dir, checkpoint="epoch_0_step_10")
-    assert rep["source"].endswith("epoch_0_step_10/model")
+    assert rep.source.endswith("epoch_0_step_10/model")
 
 
 def test_epoch_dir_given_directly(ref, tiny_llama_verifier_dir, tmp_path):
     root = fp.to_nemo(ref, tmp_path / "nemo", shards=1)
     rep = convert(root / "epoch_0_step_10", tiny_llama_verifier_dir)
-    assert rep["source"].endswith("epoch_0_step_10/model/consolidated")
+    assert rep.source.endswith("epoch_0_step_10/model/consolidated")
 
 
 def test_mapping_from_eagle_meta(ref, tiny_llama_verifier_dir, tmp_path):
@@ -90,7 +90,7 @@ def test_mapping_from_eagle_meta(ref, tiny_llama_verifier_dir, tmp_path):
     assert "d2t" not in fp.load_tensors(d) and (root / "epoch_0_step_20" / "eagle_meta.pt").is_file()
     out = tmp_path / "out"
     rep = convert(root, tiny_llama_verifier_dir, out)
-    assert any("eagle_meta.pt" in n for n in rep["plan"]["notes"])
+    assert any("eagle_meta.pt" in n for n in rep.plan["notes"])
     got, want = fp.load_tensors(out), fp.load_tensors(ref)
     assert torch.equal(got["d2t"], want["d2t"]) and torch.equal(got["t2d"], want["t2d"])
     load_with_speculators(out, tiny_llama_verifier_dir)

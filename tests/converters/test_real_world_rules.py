@@ -66,7 +66,7 @@ def test_trainer_peagle_without_norm_before_residual_needs_the_flag(speculators_
         out = tmp_path / f"out-{flag}"
         rep = api_convert(d, tiny_llama_verifier_dir, out, norm_before_residual=flag)
         assert read(out)["norm_before_residual"] is flag  # the flag, not the class default
-        assert "norm-before-residual-from-flag" in codes(rep["findings"])
+        assert "norm-before-residual-from-flag" in codes(rep.findings)
 
 
 def test_trainer_peagle_flag_must_agree_with_checkpoint(speculators_peagle, tiny_llama_verifier_dir, tmp_path):
@@ -75,7 +75,7 @@ def test_trainer_peagle_flag_must_agree_with_checkpoint(speculators_peagle, tiny
     assert e.value.code == "conflicting_flag"
     rep = api_convert(speculators_peagle, tiny_llama_verifier_dir, tmp_path / "o", norm_before_residual=True)
     assert read(tmp_path / "o")["norm_before_residual"] is True
-    assert "norm-before-residual-from-flag" not in codes(rep["findings"])
+    assert "norm-before-residual-from-flag" not in codes(rep.findings)
 
 
 def test_trainer_peagle_absent_norm_flags_come_from_tensors(speculators_peagle, tiny_llama_verifier_dir, tmp_path):
@@ -84,7 +84,7 @@ def test_trainer_peagle_absent_norm_flags_come_from_tensors(speculators_peagle, 
     rep = api_convert(d, tiny_llama_verifier_dir, tmp_path / "o")
     cfg = read(tmp_path / "o")
     assert cfg["norm_before_fc"] is False and cfg["fc_norm"] is False  # no input_norm / fc_norm.* tensors
-    filled = [f for f in rep["findings"] if f["code"] == "peagle-norm-flag-from-tensors"]
+    filled = [f for f in rep.findings if f["code"] == "peagle-norm-flag-from-tensors"]
     assert sorted(f["key"] for f in filled) == ["fc_norm", "norm_before_fc"]
     _patch(d, norm_before_fc=True)  # contradicts the tensors (no input_norm.weight)
     with pytest.raises(InvalidInputError) as e:
@@ -114,8 +114,8 @@ def test_padded_verifier_vocab_is_matched_by_embedding_rows(tiny_verifier_dir, t
     v = _padded_verifier(tiny_verifier_dir, tmp_path / "v", 252)
     rep = api_convert(src, v, tmp_path / "out")  # converter and lint alike
     assert read(tmp_path / "out")["transformer_layer_config"]["vocab_size"] == 256
-    assert "verifier-vocab-padded" in codes(rep["findings"], "info")
-    assert "vocab-size-mismatch" not in codes(rep["findings"])
+    assert "verifier-vocab-padded" in codes(rep.findings, "info")
+    assert "vocab-size-mismatch" not in codes(rep.findings)
     # a draft vocabulary matching neither the config nor the rows is still refused
     src2 = make_source(tmp_path / "b", "zlab_dflash", verifier_dir=tiny_verifier_dir, config_updates={"vocab_size": 260})
     with pytest.raises(InvalidInputError) as e:
@@ -134,7 +134,7 @@ def test_draft_vocab_covering_the_logical_vocab_is_identity(tiny_llama_verifier_
         _plan(built, tiny_llama_verifier_dir)
     assert e.value.code == "vocab_map_missing"
     rep = api_convert(built, _padded_verifier(tiny_llama_verifier_dir, tmp_path / "v", 252), tmp_path / "out")
-    assert "vocab-logical-identity" in codes(rep["findings"])
+    assert "vocab-logical-identity" in codes(rep.findings)
     out = fp.load_tensors(tmp_path / "out")
     assert not out["d2t"].any() and out["d2t"].shape[0] == 252
     assert out["t2d"][:252].all() and not out["t2d"][252:].any()
@@ -149,7 +149,7 @@ def test_mrope_keys_are_stripped_with_a_finding(tiny_verifier_dir, tmp_path):
         "rope_scaling": {"rope_type": "default", "mrope_section": [2, 3, 3], "mrope_interleaved": True}})
     rep = api_convert(src, tiny_verifier_dir, tmp_path / "out")
     tlc = read(tmp_path / "out")["transformer_layer_config"]
-    assert "mrope-stripped" in codes(rep["findings"], "warning")
+    assert "mrope-stripped" in codes(rep.findings, "warning")
     assert not {"mrope_section", "mrope_interleaved"} & set(tlc["rope_parameters"])
     assert "rope_scaling" not in tlc and tlc["rope_theta"] == tlc["rope_parameters"]["rope_theta"]
 
@@ -161,7 +161,7 @@ def test_mrope_keys_in_a_speculators_dir_are_stripped(tiny_verifier_dir, tmp_pat
     cfg["transformer_layer_config"]["rope_parameters"].update(mrope_section=[2, 3, 3], mrope_interleaved=True)
     (d / "config.json").write_text(json.dumps(cfg))
     rep = api_convert(d, tiny_verifier_dir, tmp_path / "out")
-    assert "mrope-stripped" in codes(rep["findings"], "warning")
+    assert "mrope-stripped" in codes(rep.findings, "warning")
     rp = read(tmp_path / "out")["transformer_layer_config"]["rope_parameters"]
     assert "mrope_section" not in rp and "mrope_interleaved" not in rp
 
@@ -240,13 +240,13 @@ def test_bad_d2t_from_vocab_mapping_names_that_file(speculators_peagle, tiny_lla
 # -------------------------------------------------------------- P-EAGLE lm_head
 def test_lm_head_findings_by_producer(speculators_peagle, tiny_llama_verifier_dir, tmp_path):
     rep = api_convert(speculators_peagle, tiny_llama_verifier_dir, dry_run=True)
-    assert "lm-head-frozen" in codes(rep["findings"])
+    assert "lm-head-frozen" in codes(rep.findings)
     sf = fp.to_specforge(speculators_peagle, tmp_path / "sf")
     rep = api_convert(sf, tiny_llama_verifier_dir, dry_run=True, mask_token_id=fp.MASK,
                       aux_layer_ids=list(fp.AUX), speculative_tokens=4)
-    f = next(f for f in rep["findings"] if f["code"] == "lm-head-trainable")
+    f = next(f for f in rep.findings if f["code"] == "lm-head-trainable")
     assert "specforge/modeling/draft/peagle.py" in f["message"] and "vLLM uses the file's lm_head" in f["message"]
-    assert "lm-head-frozen" not in codes(rep["findings"])
+    assert "lm-head-frozen" not in codes(rep.findings)
 
 
 def test_structure_gate_fails_a_differing_peagle_head_only_when_frozen(speculators_peagle, tiny_llama_verifier_dir,
@@ -285,7 +285,7 @@ def test_absent_decoder_keys_come_from_the_tensors(tiny_verifier_dir, tmp_path):
     # tiny verifier: 4 query heads of 16, 2 KV heads (k_proj has 32 rows) — not num_attention_heads
     assert (tlc["head_dim"], tlc["num_key_value_heads"], tlc["attention_bias"]) == (16, 2, False)
     assert (tlc["rms_norm_eps"], tlc["hidden_act"]) == (1e-6, "silu")
-    f = next(f for f in rep["findings"] if f["code"] == "layer-config-filled")
+    f = next(f for f in rep.findings if f["code"] == "layer-config-filled")
     assert "k_proj.weight rows / head_dim" in f["message"] and "transformers' qwen3 config default" in f["message"]
 
 
@@ -296,7 +296,7 @@ def test_trainer_dir_fill_is_a_finding(tiny_verifier_dir, tmp_path):
     cfg["transformer_layer_config"].pop("rms_norm_eps", None)
     (d / "config.json").write_text(json.dumps(cfg))
     rep = api_convert(d, tiny_verifier_dir, dry_run=True)
-    f = next(f for f in rep["findings"] if f["code"] == "layer-config-filled")
+    f = next(f for f in rep.findings if f["code"] == "layer-config-filled")
     assert "rms_norm_eps" in f["message"]
 
 
@@ -312,5 +312,5 @@ def test_trainer_dspark_absent_head_keys_come_from_tensors(tiny_verifier_dir, tm
     rep = api_convert(d, tiny_verifier_dir, tmp_path / "out")
     out = read(tmp_path / "out")
     assert {k: out[k] for k in want} == want and want["markov_rank"] == 8
-    filled = [f for f in rep["findings"] if f["code"] == "dspark-head-from-tensors"]
+    filled = [f for f in rep.findings if f["code"] == "dspark-head-from-tensors"]
     assert sorted(f["key"] for f in filled) == sorted(want)

@@ -15,7 +15,7 @@ def test_detected(tmp_path):
     from specconv.convert import inspect_source
 
     r = inspect_source(str(make_source(tmp_path, FMT)))
-    assert (r["format"], r["algorithm"], r["supported"]) == (FMT, "dflash", True)
+    assert (r.format, r.algorithm, r.supported) == (FMT, "dflash", True)
 
 
 def test_training_state_never_read_nor_published(tmp_path, tiny_verifier_dir):
@@ -23,8 +23,8 @@ def test_training_state_never_read_nor_published(tmp_path, tiny_verifier_dir):
     assert (src / "training_state.pt").read_bytes().startswith(b"not a pickle")  # unpickling would fail
     out = tmp_path / "out"
     rep = api_convert(src, tiny_verifier_dir, out)
-    assert rep["format"] == FMT
-    assert sorted(p.name for p in out.iterdir()) == ["config.json", "model.safetensors", "specconv.json"]
+    assert rep.format == FMT
+    assert sorted(p.name for p in out.iterdir()) == ["README.md", "config.json", "model.safetensors", "specconv.json"]
     rec = read(out, "specconv.json")["conversion"]
     assert any("training_state.pt" in n for n in rec["notes"])
     assert read(out)["aux_hidden_state_layer_ids"] == [1, 3, 5]
@@ -43,7 +43,7 @@ def test_latest_epoch_selected_from_run_dir(tmp_path, tiny_verifier_dir):
     (run / "epoch_2_step_1000").mkdir()  # epoch ranks before step: not the latest
     shutil.copytree(first, run / "epoch_2_step_1000", dirs_exist_ok=True)
     rep = api_convert(run, tiny_verifier_dir, tmp_path / "out")
-    assert rep["source"].endswith("epoch_3_step_900")
+    assert rep.source.endswith("epoch_3_step_900")
     assert read(tmp_path / "out")["block_size"] == 6
     assert any("epoch_3_step_900" in n for n in read(tmp_path / "out", "specconv.json")["conversion"]["notes"])
     rep = api_convert(run, tiny_verifier_dir, tmp_path / "out1", checkpoint="epoch_1_step_100")
@@ -59,7 +59,7 @@ def test_plain_export_is_zlab(tmp_path):
     flat.mkdir()
     for f in ("config.json", "model.safetensors"):
         shutil.copy(src / f, flat / f)
-    assert inspect_source(str(flat))["format"] == "zlab_dflash"
+    assert inspect_source(str(flat)).format == "zlab_dflash"
 
 
 @pytest.mark.peer

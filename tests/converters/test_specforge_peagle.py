@@ -49,8 +49,8 @@ def test_end_to_end_full_vocab_drops_default_mapping(ref_full, tiny_llama_verifi
     assert bool(t["t2d"].all()) and not t["d2t"].any()  # the SpecForge defaults
     out = tmp_path / "out"
     rep = convert(src, tiny_llama_verifier_dir, out, **FLAGS)
-    assert rep["format"] == "specforge_peagle"
-    dropped = {d["name"]: d["reason"] for d in rep["plan"]["dropped"]}
+    assert rep.format == "specforge_peagle"
+    dropped = {d["name"]: d["reason"] for d in rep.plan["dropped"]}
     assert set(dropped) == {"t2d", "d2t"}
     assert "all-true t2d" in dropped["t2d"] and "all-zero d2t" in dropped["d2t"]
     got, want = fp.load_tensors(out), fp.load_tensors(ref_full)
@@ -59,7 +59,7 @@ def test_end_to_end_full_vocab_drops_default_mapping(ref_full, tiny_llama_verifi
         assert torch.equal(got[k], want[k]), k
     cfg = json.loads((out / "config.json").read_text())
     assert cfg["mask_token_id"] == fp.MASK and cfg["draft_vocab_size"] == cfg["transformer_layer_config"]["vocab_size"]
-    assert "--mask-token-id" in " ".join(rep["plan"]["notes"])
+    assert "--mask-token-id" in " ".join(rep.plan["notes"])
     run_speculators_forward(load_with_speculators(out, tiny_llama_verifier_dir))
 
 
@@ -83,8 +83,8 @@ def test_aux_ids_required_unless_in_config(ref_full, tiny_llama_verifier_dir, tm
     assert e.value.code == "missing_layer_ids"
     src = fp.to_specforge(ref_full, tmp_path / "sf2", aux_in_config=True, num_depths=4)
     rep = convert(src, tiny_llama_verifier_dir, mask_token_id=fp.MASK)
-    assert rep["plan"]["layer_ids"]["source_key"] == "eagle_aux_hidden_state_layer_ids"
-    assert rep["plan"]["config"]["eagle_aux_hidden_state_layer_ids"] == fp.AUX
+    assert rep.plan["layer_ids"]["source_key"] == "eagle_aux_hidden_state_layer_ids"
+    assert rep.plan["config"]["eagle_aux_hidden_state_layer_ids"] == fp.AUX
 
 
 def test_pruned_vocab_all_true_t2d_rebuilt_from_d2t(ref_pruned, tiny_llama_verifier_dir, tmp_path):
@@ -100,7 +100,7 @@ def test_pruned_vocab_all_true_t2d_rebuilt_from_d2t(ref_pruned, tiny_llama_verif
     save_file(t, str(src / "model.safetensors"))
     out = tmp_path / "out"
     rep = convert(src, tiny_llama_verifier_dir, out, **FLAGS)
-    assert any(f["code"] == "t2d-default-all-true" for f in rep["findings"])
+    assert any(f["code"] == "t2d-default-all-true" for f in rep.findings)
     rec = json.loads((out / "specconv.json").read_text())["conversion"]
     assert rec["tensors"]["t2d"]["fate"] == "generated"
     assert torch.equal(fp.load_tensors(out)["t2d"], ref_t2d)
@@ -130,7 +130,7 @@ def test_pruned_vocab_all_zero_d2t_refused(ref_pruned, tiny_llama_verifier_dir, 
     t.pop("t2d")
     save_file(t, str(src / "model.safetensors"))
     rep = convert(src, tiny_llama_verifier_dir, vocab_mapping=vm, **FLAGS)
-    assert any("--vocab-mapping vocab_mapping.pt" in n for n in rep["plan"]["notes"])
+    assert any("--vocab-mapping vocab_mapping.pt" in n for n in rep.plan["notes"])
 
 
 def test_speculators_output_is_not_specforge(ref_full, tmp_path):

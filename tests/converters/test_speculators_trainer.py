@@ -32,7 +32,7 @@ def convert(src, verifier, out=None, **opts):
 
 
 def codes(rep, level=None):
-    return {f["code"] for f in rep["findings"] if level is None or f["level"] == level}
+    return {f["code"] for f in rep.findings if level is None or f["level"] == level}
 
 
 def tensors_equal(a, b):
@@ -72,11 +72,11 @@ def test_peagle_save_dir_best_latest_named(peagle_epochs, tiny_llama_verifier_di
     save = fp.trainer_save_dir(tmp_path / "save", peagle_epochs, best=1, interrupted=peagle_epochs[0])
     out = tmp_path / "out"
     rep = convert(save, tiny_llama_verifier_dir, out)
-    assert rep["format"] == "speculators_peagle"
-    assert rep["source"].endswith("/save/1")  # checkpoint_best → 1, not the latest (2)
-    assert any("checkpoint_best → 1" in n for n in rep["plan"]["notes"])
+    assert rep.format == "speculators_peagle"
+    assert rep.source.endswith("/save/1")  # checkpoint_best → 1, not the latest (2)
+    assert any("checkpoint_best → 1" in n for n in rep.plan["notes"])
     tensors_equal(out, peagle_epochs[1])
-    assert sorted(p.name for p in out.iterdir()) == ["config.json", "model.safetensors", "specconv.json"]
+    assert sorted(p.name for p in out.iterdir()) == ["README.md", "config.json", "model.safetensors", "specconv.json"]
     notes = " ".join(rep["plan"]["notes"])
     for f in ("optimizer_state_dict.pt", "scheduler_state_dict.pt", "training_state.json", "val_metrics.json",
               "train_command.txt"):
@@ -102,7 +102,7 @@ def test_sharded_epoch_dir_accepted(peagle_epochs, tiny_llama_verifier_dir, tmp_
     fp.save_tensors(save / "0", t, shards=3)  # save_pretrained above max_shard_size (external_formats.md §13)
     out = tmp_path / "out"
     rep = convert(save, tiny_llama_verifier_dir, out)
-    assert rep["format"] == "speculators_peagle"
+    assert rep.format == "speculators_peagle"
     tensors_equal(out, peagle_epochs[0])
 
 
@@ -111,7 +111,7 @@ def test_peagle_dtype_and_speculative_tokens(peagle_epochs, tiny_llama_verifier_
 
     save = fp.trainer_save_dir(tmp_path / "save", {0: peagle_epochs[0]}, config_patch={"num_depths": 4})
     rep = convert(save, tiny_llama_verifier_dir, dtype="float32", speculative_tokens=3)
-    cfg = rep["plan"]["config"]
+    cfg = rep.plan["config"]
     assert cfg["dtype"] == "float32" and cfg["speculators_config"]["proposal_methods"][0]["speculative_tokens"] == 3
     with pytest.raises(InvalidInputError, match="exceeds the 4 depths"):
         convert(save, tiny_llama_verifier_dir, speculative_tokens=5)
@@ -138,13 +138,13 @@ def test_layer_config_filled_from_transformers_defaults(peagle_epochs, tiny_llam
         cfg["transformer_layer_config"].pop(k)
     fp.write_json(save / "0" / "config.json", cfg)
     rep = convert(save, tiny_llama_verifier_dir)
-    tl = rep["plan"]["config"]["transformer_layer_config"]
+    tl = rep.plan["config"]["transformer_layer_config"]
     from transformers import LlamaConfig
 
     d = LlamaConfig()
     assert tl["rms_norm_eps"] == d.rms_norm_eps and tl["head_dim"] == 16
     assert tl["rope_parameters"]["rope_theta"] == d.rope_parameters["rope_theta"]
-    assert any("filled" in n and "rms_norm_eps" in n for n in rep["plan"]["notes"])
+    assert any("filled" in n and "rms_norm_eps" in n for n in rep.plan["notes"])
 
 
 # -------------------------------------------------------------------------- F10
@@ -154,13 +154,13 @@ def test_early_peagle_ptd_token_and_para_num(peagle_epochs, tiny_llama_verifier_
     src = fp.to_early_speculators(peagle_epochs[2], tmp_path / "early", para_num=6)
     out = tmp_path / "out"
     rep = convert(src, tiny_llama_verifier_dir, out)
-    assert rep["format"] == "speculators_peagle_early"
+    assert rep.format == "speculators_peagle_early"
     cfg = json.loads((out / "config.json").read_text())
     assert cfg["mask_token_id"] == fp.MASK and "ptd_token_id" not in cfg
     assert cfg["num_depths"] == 6 and "para_num" not in cfg
     for k in ("down_sample_ratio", "down_sample_ratio_min", "loss_type"):
         assert k not in cfg
-    assert any("legacy ptd_token_id → mask_token_id" in n for n in rep["plan"]["notes"])
+    assert any("legacy ptd_token_id → mask_token_id" in n for n in rep.plan["notes"])
     tensors_equal(out, peagle_epochs[2])
     run_speculators_forward(load_with_speculators(out, tiny_llama_verifier_dir))
 
@@ -193,11 +193,11 @@ def test_dflash_save_dir_legacy_sample_from_anchor(dflash_ref, tiny_verifier_dir
                                config_drop=("sample_from_anchor",))
     out = tmp_path / "out"
     rep = convert(save, tiny_verifier_dir, out)
-    assert rep["format"] == "speculators_dflash"
+    assert rep.format == "speculators_dflash"
     cfg = json.loads((out / "config.json").read_text())
     assert cfg["sample_from_anchor"] is False and "max_anchors" not in cfg  # K == B-1 → 1+N
     assert "sample-from-anchor-filled" in codes(rep)
-    assert any("max_anchors=3072 dropped" in n for n in rep["plan"]["notes"])
+    assert any("max_anchors=3072 dropped" in n for n in rep.plan["notes"])
     tensors_equal(out, dflash_ref)
     run_speculators_forward(load_with_speculators(out, tiny_verifier_dir))
     with pytest.raises(InvalidInputError, match="contradicts the legacy rule"):
@@ -226,7 +226,7 @@ def test_dspark_markov_fix_warning(dspark_refs, tiny_verifier_dir, tmp_path, ver
                                config_drop=() if version else ("speculators_version",))
     rep = convert(save, tiny_verifier_dir)
     assert ("dspark-markov-misaligned" in codes(rep, "warning")) is warned
-    assert "#806" in json.dumps(rep["findings"]) or not warned
+    assert "#806" in json.dumps(rep.findings) or not warned
 
 
 def test_dspark_end_to_end_and_legacy_anchor_first(dspark_refs, tiny_verifier_dir, tmp_path):
@@ -237,7 +237,7 @@ def test_dspark_end_to_end_and_legacy_anchor_first(dspark_refs, tiny_verifier_di
                                config_drop=("sample_from_anchor",))
     out = tmp_path / "out"
     rep = convert(save, tiny_verifier_dir, out)
-    assert rep["format"] == "speculators_dspark"
+    assert rep.format == "speculators_dspark"
     cfg = json.loads((out / "config.json").read_text())
     assert cfg["sample_from_anchor"] is True  # K == B → anchor-first
     assert cfg["draft_vocab_size"] == 64
@@ -249,7 +249,7 @@ def test_dspark_end_to_end_and_legacy_anchor_first(dspark_refs, tiny_verifier_di
 def test_dspark_one_plus_n_not_warned(dspark_refs, tiny_verifier_dir, tmp_path):
     save = fp.trainer_save_dir(tmp_path / "save", {0: dspark_refs["1n"]}, config_patch={"speculators_version": "0.6.1"})
     rep = convert(save, tiny_verifier_dir)
-    assert rep["plan"]["config"]["sample_from_anchor"] is False
+    assert rep.plan["config"]["sample_from_anchor"] is False
     assert "dspark-markov-misaligned" not in codes(rep)
 
 
@@ -274,6 +274,6 @@ def test_inspect_save_dir(peagle_epochs, tmp_path):
 
     save = fp.trainer_save_dir(tmp_path / "save", peagle_epochs, best=0)
     rep = inspect_source(str(save))
-    assert rep["format"] == "speculators_peagle" and rep["supported"] is True
-    assert rep["path"].endswith("/save/0")
-    assert "training-leftovers" in {f["code"] for f in rep["findings"]}
+    assert rep.format == "speculators_peagle" and rep.supported is True
+    assert rep.path.endswith("/save/0")
+    assert "training-leftovers" in {f["code"] for f in rep.findings}

@@ -17,9 +17,9 @@ def inspect(src, verifier=None):
 
 def test_detected(tmp_path, tiny_verifier_dir):
     r = inspect(make_source(tmp_path), tiny_verifier_dir)
-    assert (r["format"], r["algorithm"], r["supported"]) == ("zlab_dflash", "dflash", True)
-    assert r["plan"]["config"]["aux_hidden_state_layer_ids"] == [1, 3, 5]
-    assert r["plan"]["fates"] == {"copied": len(out_tensors_of_source(tmp_path))}
+    assert (r.format, r.algorithm, r.supported) == ("zlab_dflash", "dflash", True)
+    assert r.plan["config"]["aux_hidden_state_layer_ids"] == [1, 3, 5]
+    assert r.plan["fates"] == {"copied": len(out_tensors_of_source(tmp_path))}
 
 
 def out_tensors_of_source(tmp_path):
@@ -31,7 +31,7 @@ def out_tensors_of_source(tmp_path):
 
 def test_projector_type_other_is_not_zlab(tmp_path):
     src = make_source(tmp_path, config_updates={"dflash_config": {"projector_type": "domino"}})
-    assert inspect(src)["format"] != "zlab_dflash"
+    assert inspect(src).format != "zlab_dflash"
 
 
 def test_mapping(tmp_path, tiny_verifier_dir):
@@ -50,7 +50,7 @@ def test_mapping(tmp_path, tiny_verifier_dir):
     names = set(out_tensors(out))
     assert names == set(out_tensors_of_source(tmp_path))
     assert "embed_tokens.weight" not in names and "lm_head.weight" not in names
-    assert not codes(rep["findings"], "error")
+    assert not codes(rep.findings, "error")
 
 
 def test_source_files_not_carried(tmp_path, tiny_verifier_dir):
@@ -58,7 +58,7 @@ def test_source_files_not_carried(tmp_path, tiny_verifier_dir):
     src = make_source(tmp_path)
     out = tmp_path / "out"
     api_convert(src, tiny_verifier_dir, out)
-    assert sorted(p.name for p in out.iterdir()) == ["config.json", "model.safetensors", "specconv.json"]
+    assert sorted(p.name for p in out.iterdir()) == ["README.md", "config.json", "model.safetensors", "specconv.json"]
     assert "dflash.py" in read(out, "specconv.json")["conversion"]["source"]["files"]
 
 

@@ -134,7 +134,7 @@ def test_fake_tensorrt_build_calls_layout_and_manifest(onnx_dir, monkeypatch, tm
                         builder_opt_level=3, timing_cache=str(cache))
     res = build_engine_dir(onnx_dir, None, opts, trt_module=fake_trt(calls))
     key = "trt11.4.0-cu13-sm90-fp32-ampere_plus-vc"
-    assert res["key"] == key
+    assert res.extra("key") == key
     names = [c[0] for c in calls]
     assert names.index("Builder") < names.index("create_network") < names.index("parse")
     # the parsed bytes are the shipped graph plus TRT_decomposable=1 on every Attention node,

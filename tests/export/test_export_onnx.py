@@ -51,11 +51,11 @@ def exported(tmp_path_factory, verifier_dir):  # noqa: F811
         make_case("dspark", root, verifier_dir)
         out["dspark"] = (root / "dspark", export_onnx_dir(
             root / "dspark", verifier=str(verifier_dir), dtype="float32",
-            settings=ExportSettings(outputs=("ids", "logprobs", "logits", "confidence"))))
+            settings=ExportSettings(outputs=("ids", "logprobs", "logits", "confidence"))).to_dict())
         make_case("peagle-qwen3-pruned", root, verifier_dir)
         out["peagle"] = (root / "peagle-qwen3-pruned", export_onnx_dir(
             root / "peagle-qwen3-pruned", verifier=str(verifier_dir), dtype="float32",
-            settings=ExportSettings(max_context=16)))
+            settings=ExportSettings(max_context=16)).to_dict())
         _EXPORTED.update(out)
         return out
     finally:

@@ -45,7 +45,7 @@ def bundled(tmp_path_factory, smollm2_dir) -> tuple[Path, int, dict]:
 @pytest.fixture(scope="module")
 def dflash(tmp_path_factory, tiny_verifier_dir) -> Path:
     root = tmp_path_factory.mktemp("sgl-df")
-    return Path(fd.api_convert(fd.make_source(root / "src", "zlab_dflash"), tiny_verifier_dir, root / "out")["output"])
+    return Path(fd.api_convert(fd.make_source(root / "src", "zlab_dflash"), tiny_verifier_dir, root / "out").output)
 
 
 @pytest.fixture(scope="module")
@@ -53,7 +53,7 @@ def dspark(tmp_path_factory, tiny_verifier_dir) -> Path:
     """DeepSpec DSpark, full vocabulary, shipping the verifier's embedding / LM head (bf16 copies)."""
     root = tmp_path_factory.mktemp("sgl-ds")
     src = fs.make_deepspec_dspark(root / "src", tiny_verifier_dir, target_layer_ids=(0, 2, 4))
-    return Path(fd.api_convert(src, tiny_verifier_dir, root / "out")["output"])
+    return Path(fd.api_convert(src, tiny_verifier_dir, root / "out").output)
 
 
 def _copy(src: Path, dst: Path, edit=None, layer_edit=None) -> Path:

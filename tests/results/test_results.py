@@ -1,5 +1,5 @@
-"""Typed stage results (specconv.results): types, mapping access, rendering, no schema
-build on convert's path."""
+"""Typed stage results (specconv.results): types, attribute access only (no mapping API),
+rendering, no schema build on convert's path."""
 
 from __future__ import annotations
 
@@ -19,10 +19,13 @@ def test_conversion_result_is_typed_and_validates(tiny_verifier_dir, tmp_path):
     assert isinstance(r, ConversionResult)
     again = ConversionResult.model_validate(r.to_dict())  # the declared types hold
     assert again.to_dict() == r.to_dict()
-    assert r["format"] == r.format == "zlab_dflash" and "files" in r and r.get("nope", 7) == 7
+    assert r.format == "zlab_dflash" and "files" in r.to_dict() and r.extra("nope", 7) == 7
     assert sorted(r.files) == sorted(p.name for p in (tmp_path / "out").iterdir())
-    with pytest.raises(KeyError):
-        r["nope"]
+    assert "README.md" in r.files  # the card is written by convert itself, inside its temp dir
+    for mapping in ("__getitem__", "__setitem__", "__contains__", "get", "keys"):
+        assert not hasattr(r, mapping), mapping  # one shape: a result is read by attribute
+    with pytest.raises(TypeError):
+        r["format"]
     dry = api_convert(make_source(tmp_path / "b"), tiny_verifier_dir, None, dry_run=True)
     assert "files" not in dry and "files" not in dry.to_dict() and dry.exit_status() == 0
 
@@ -39,17 +42,53 @@ def test_inspect_result_exit_status(tmp_path):
     assert "supported: no" in bad.human()
 
 
-def test_validation_report_exit_status_and_summary():
+def test_validation_report_exit_status_and_section(tmp_path):
+    from specconv.record import ValidationSection
     from specconv.results import ValidationReport
+    from specconv.validate.report import validation_section
 
+    (tmp_path / "config.json").write_text("{}")
     rep = ValidationReport.of({"gates": {"structure": True, "parity": False}, "passed": False, "device": {"device": "cpu"},
-                               "prompts": {"set": "eval", "n": 2, "ids": ["a", "b"]}, "verifier": HUB})
+                               "prompts": {"set": "eval", "n": 2, "ids": ["a", "b"]}, "verifier": HUB,
+                               "gate_results": [{"name": "parity", "details": {"kl_max": 0.25}}],
+                               "lossless": {"exact_match": 1.0}, "versions": {"torch": "2.0"}})
     assert rep.failed_gates() == ["parity"] and rep.exit_status() == 4
-    s = rep.record_summary()
-    assert s["device"] == "cpu" and s["prompts"] == {"set": "eval", "n": 2} and s["verifier"] == HUB
-    rep["error"] = "gate_failed"
-    assert rep.to_dict()["error"] == "gate_failed"
+    s = validation_section(rep, tmp_path)
+    assert isinstance(s, ValidationSection)
+    assert s.device == "cpu" and s.prompts.model_dump() == {"set": "eval", "n": 2} and s.verifier == HUB
+    assert (s.parity_kl_max, s.lossless_exact_match, s.versions) == (0.25, 1.0, {"torch": "2.0"})
+    assert set(s.files) == {"config.json"} and s.report is None
+    err = rep.gate_failure()
+    assert err.exit_code == 4 and err.result is rep and "parity" in err.message
+    assert rep.to_dict()["error"] == "gate_failed" and rep.exit_code == 4
     ValidationReport.model_validate(rep.to_dict())
+    ok = ValidationReport.of({"gates": {"structure": True}, "passed": True})
+    assert ok.gate_failure() is None and "error" not in ok.to_dict()
+    load_failed = ValidationReport.of({"gates": {"structure": True}, "passed": False, "vllm_load": {"ok": False}})
+    assert load_failed.failed_gates() == ["vllm_load"] and load_failed.exit_status() == 4
+
+
+def test_every_command_result_renders_json_and_human():
+    """The results of build-engine, export onnx, push and release are typed too (one shape:
+    ``to_json`` for ``--format json``, ``human`` for ``--format human``; aliased fields
+    print under their JSON names)."""
+    from specconv.results import BuildEngineResult, ExportOnnxResult, PushResult, ReleaseResult
+
+    push = PushResult.of({"schema": "specconv.publish/v1", "status": "dry_run", "repo_id": "a/b", "revision": "main",
+                          "files": [{"action": "add", "path": "x"}], "would_change": True, "detailed_exitcode": True})
+    assert json.loads(push.to_json())["schema"] == "specconv.publish/v1" and push.exit_status() == 10
+    assert "add       x" in push.human()
+    rel = ReleaseResult.of({"schema": "specconv.release/v1", "status": "running", "steps": [], "exit_code": 0})
+    rel.validate_ = {"gates": {}}
+    assert set(json.loads(rel.to_json())) == {"schema", "status", "steps", "exit_code", "validate"}
+    ReleaseResult.model_validate(rel.to_dict())
+    eng = BuildEngineResult.of({"path": "/d/trt/k", "plan_bytes": 3, "builder": "rtx", "trt_version": "1", "dtype": "f",
+                                "manifest": "/d/trt/manifest.json", "variants": ["k"], "extra_key": 1})
+    assert "1 variant(s)" in eng.human() and json.loads(eng.to_json())["extra_key"] == 1
+    exp = ExportOnnxResult.of({"output": "/d/onnx", "algorithm": "dflash", "dtype": "float16", "opset": 23,
+                               "block_size": 4, "dynamic": {"batch": {"max": 2}, "context": {"max": 16}},
+                               "contains_verifier_weights": True, "parity": None, "checked": False})
+    assert "not checked (--no-check)" in exp.human()
 
 
 def test_convert_builds_no_pydantic_schema_for_results_or_record(tiny_verifier_dir, tmp_path):

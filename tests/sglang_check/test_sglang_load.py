@@ -59,16 +59,16 @@ def _mixed(conv: Path, dst: Path) -> Path:
 
 
 def _drafters(root: Path, smol: Path, v: Path) -> dict[str, dict]:
-    out = {"bundled": _export(Path(fd.api_convert(EXAMPLE, smol, root / "smol", name=SMOL_HUB)["output"]), smol,
+    out = {"bundled": _export(Path(fd.api_convert(EXAMPLE, smol, root / "smol", name=SMOL_HUB).output), smol,
                               SMOL_HUB)}
     for fmt in DFLASH_FORMATS:
-        conv = fd.api_convert(fd.make_source(root / "src", fmt, verifier_dir=v), v, root / "out" / fmt)["output"]
+        conv = fd.api_convert(fd.make_source(root / "src", fmt, verifier_dir=v), v, root / "out" / fmt).output
         out[fmt] = _export(Path(conv), v, fd.HUB)
     out["mixed_layers"] = _export(_mixed(root / "out" / "zlab_dflash", root / "mixed"), v, fd.HUB)
     for name, kw in (("dspark", {}), ("dspark_1n", {"extra_cfg": {"sample_from_anchor": False}}),
                      ("dspark_no_confidence", {"enable_confidence_head": False})):
         src = fs.make_deepspec_dspark(root / "src" / name, v, target_layer_ids=(0, 2, 4), **kw)
-        out[name] = _export(Path(fd.api_convert(src, v, root / "out" / name)["output"]), v, fd.HUB)
+        out[name] = _export(Path(fd.api_convert(src, v, root / "out" / name).output), v, fd.HUB)
     try:
         import fixtures_peagle as fp
         import speculators  # noqa: F401
@@ -77,7 +77,7 @@ def _drafters(root: Path, smol: Path, v: Path) -> dict[str, dict]:
     for name, alg, kw in (("speculators_dflash", "dflash", {}), ("speculators_dspark", "dspark", {"sample_from_anchor": True}),
                           ("speculators_dspark_1n", "dspark", {"sample_from_anchor": False})):
         conv = fd.api_convert(fp.trainer_save_dir(root / "save" / name, {0: fp.build_speculators_block(
-            v, root / "ref" / name, alg, **kw)}), v, root / "out" / name)["output"]
+            v, root / "ref" / name, alg, **kw)}), v, root / "out" / name).output
         out[name] = _export(Path(conv), v, fd.HUB)
     return out
 

@@ -232,7 +232,7 @@ def test_release_export_onnx_without_the_onnx_extra_stops_at_preflight(tmp_path,
     with pytest.raises(MissingExtraError) as e:
         release(str(tmp_path / "src"), opts, PushOptions(repo_id="o/r"))
     assert e.value.exit_code == 2 and e.value.hint == "pip install 'specconv[onnx]'"
-    assert [(s["step"], s["status"]) for s in e.value.result["steps"]] == [("preflight", "failed")]
+    assert [(s["step"], s["status"]) for s in e.value.result.steps] == [("preflight", "failed")]
     assert not (tmp_path / "w").exists()  # nothing converted, nothing written
 
 

@@ -273,7 +273,7 @@ def test_detection_and_conversion_fail_cleanly(data, bases, tmp_path, tiny_verif
         save_file({k: v.contiguous() for k, v in tensors.items()}, str(d / "model.safetensors"))
     try:
         r = inspect_source(str(d))
-        assert isinstance(r["supported"], bool)
+        assert isinstance(r.supported, bool)
     except SpecconvError:
         pass
     parent = _fresh(tmp_path, "out")
@@ -285,7 +285,7 @@ def test_detection_and_conversion_fail_cleanly(data, bases, tmp_path, tiny_verif
         assert not out.exists() and _leftovers(parent) == []
         return
     event("converted")
-    assert rep["output"] == str(out) and (out / "specconv.json").is_file() and _leftovers(parent) == []
+    assert rep.output == str(out) and (out / "specconv.json").is_file() and _leftovers(parent) == []
 
 
 # ------------------------------------------------------------- d2t / t2d validator

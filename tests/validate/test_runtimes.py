@@ -38,12 +38,12 @@ class PerturbedDrafter:
         return {"perturbed": "draft 0"}
 
 
-def load_same(drafter_dir, verifier, *, path, dtype, device):
-    return runtimes.load_torch(drafter_dir, verifier, path=path, dtype=dtype, device=device)
+def load_same(drafter_dir, verifier, *, path, dtype, device, config=None):
+    return runtimes.load_torch(drafter_dir, verifier, path=path, dtype=dtype, device=device, config=config)
 
 
-def load_perturbed(drafter_dir, verifier, *, path, dtype, device):
-    return PerturbedDrafter(load_same(drafter_dir, verifier, path=path, dtype=dtype, device=device))
+def load_perturbed(drafter_dir, verifier, *, path, dtype, device, config=None):
+    return PerturbedDrafter(load_same(drafter_dir, verifier, path=path, dtype=dtype, device=device, config=config))
 
 
 @pytest.fixture

@@ -257,16 +257,18 @@ def test_validate_peagle_and_dspark_run(tiny, tmp_path, algorithm, fields, k):
 
     d = _random_speculators_dir(tmp_path / algorithm, algorithm, tiny["verifier"], **fields)
     rep = validate_drafter(d, str(tiny["verifier"]), ValidateOptions(prompts=str(tiny["prompts"]), num_prompts=1,
-                                                                   max_new_tokens=8))
-    assert rep["gates"] == {"structure": True, "acceptance": True, "lossless": True}, rep["gate_results"]
-    assert rep["k"] == k and rep["algorithm"] == algorithm
-    assert len(rep["acceptance_at_pos"]) == k
+                                                                   max_new_tokens=8), report_dir=tmp_path / "report")
+    assert rep.gates == {"structure": True, "acceptance": True, "lossless": True}, rep.gate_results
+    assert rep.k == k and rep.algorithm == algorithm
+    assert len(rep.acceptance_at_pos) == k
     if algorithm == "dspark":
-        cal = rep["dspark"]["calibration"]
+        cal = rep.extra("dspark")["calibration"]
         assert cal is not None and 0.0 <= cal["mean_confidence"] <= 1.0
-        assert rep["dspark"]["truncated"]["threshold"] == 0.5
+        assert rep.extra("dspark")["truncated"]["threshold"] == 0.5
     else:
-        assert "dspark" not in rep
+        assert "dspark" not in rep.to_dict()
+    # the library finished the stage: report files, the record's section, the card
+    assert (tmp_path / "report" / "validation.json").is_file() and (d / "specconv.json").is_file()
 
 
 def test_drafter_backend_seam_runs_the_registered_loader(tiny, tmp_path, monkeypatch):
@@ -280,15 +282,16 @@ def test_drafter_backend_seam_runs_the_registered_loader(tiny, tmp_path, monkeyp
 
     calls = []
 
-    def spy_loader(drafter_dir, verifier, *, path, dtype, device):
-        calls.append((Path(drafter_dir), type(verifier), path, dtype, device))
-        return runtimes.load_torch(drafter_dir, verifier, path=path, dtype=dtype, device=device)
+    def spy_loader(drafter_dir, verifier, *, path, dtype, device, config):
+        calls.append((Path(drafter_dir), type(verifier), path, dtype, device, type(config).__name__))
+        return runtimes.load_torch(drafter_dir, verifier, path=path, dtype=dtype, device=device, config=config)
 
     monkeypatch.setattr(sys.modules[__name__], "spy_loader", spy_loader, raising=False)
     monkeypatch.setitem(runtimes.RUNTIMES, "spy", runtimes.Runtime("spy", f"{__name__}:spy_loader"))
     opts = ValidateOptions(prompts=str(tiny["prompts"]), num_prompts=2, max_new_tokens=6, drafter_backend="spy")
-    rep = validate_drafter(tiny["spec"], str(tiny["verifier"]), opts)
-    assert calls == [(tiny["spec"], Verifier, None, "float32", rep["device"]["device"])]
+    rep = validate_drafter(tiny["spec"], str(tiny["verifier"]), opts, report_dir=tmp_path / "report")
+    # the typed config.json the run parsed once is handed over (no second parse in the loader)
+    assert calls == [(tiny["spec"], Verifier, None, "float32", rep.device["device"], "DFlashConfig")]
     assert rep.gates["structure"] and rep.gates["lossless"] and rep.num_drafts > 0
     with pytest.raises(UsageError, match="drafter backend"):
         validate_drafter(tiny["spec"], str(tiny["verifier"]), ValidateOptions(drafter_backend="nope"))

@@ -248,8 +248,8 @@ def test_vllm_backend_real_run(tmp_path, smollm2_dir):  # pragma: no cover - nee
     out = tmp_path / "spec"
     convert(str(z), verifier=str(smollm2_dir), output=out)
     rep = validate_drafter(out, str(smollm2_dir), ValidateOptions(backend="vllm", num_prompts=2, max_new_tokens=16,
-                                                                   dtype="bfloat16"))
-    assert rep["num_drafts"] > 0 and len(rep["acceptance_at_pos"]) == 7
+                                                                   dtype="bfloat16"), report_dir=tmp_path / "report")
+    assert rep.num_drafts > 0 and len(rep.acceptance_at_pos) == 7
 
 
 # ------------------------------------------------------------------------------ report
@@ -259,13 +259,15 @@ def test_write_report_files(tmp_path):
     pytest.importorskip("matplotlib")
     from specconv.validate.report import write_report
 
-    rep = {
+    from specconv.results import ValidationReport
+
+    rep = ValidationReport.of({
         "algorithm": "dflash", "drafter": "d", "verifier": "v", "backend": "torch", "device": {"device": "cpu"},
         "dtype": "float32", "prompts": {"set": "eval", "n": 2}, "max_new_tokens": 8, "temperature": 0.0,
         "metrics": {"acceptance_length": 1.4, "acceptance_at_pos": [0.3, 0.1], "conditional_acceptance_at_pos": [0.3, 1 / 3],
                     "tau_ci95": [1.2, 1.6], "num_drafts": 10, "num_draft_tokens": 20, "num_accepted_tokens": 4},
         "gate_results": [{"name": "structure", "status": "passed", "errors": [], "warnings": [], "skipped_reason": None}],
-    }
+    })
     files = write_report(rep, tmp_path / "r")
     md = Path(files["markdown"]).read_text()
     assert "| structure | passed |" in md and "| 1 | 0.300 | 0.300 |" in md and "acceptance.png" in md

@@ -68,8 +68,8 @@ def test_pruned_dspark_reads_only_the_lm_head_rows(sf_dspark, sharded_qwen3, tin
     rep = _convert(sf_dspark, sharded_qwen3, tmp_path / "o", vocab_mapping=str(tmp_path / "d2t.npy"))
     head = verifier_tensor(tiny_verifier_dir, "lm_head")
     needed = VD * H * head.element_size()
-    assert rep["verifier_bytes_needed"] == needed
-    assert 0 < rep["verifier_bytes_read"] <= 1.1 * needed, rep["verifier_bytes_read"]
+    assert rep.verifier_bytes_needed == needed
+    assert 0 < rep.verifier_bytes_read <= 1.1 * needed, rep.verifier_bytes_read
     out = load_file(str(tmp_path / "o" / "model.safetensors"))
     assert bool((out["lm_head.weight"] == head.to(out["lm_head.weight"].dtype)[tgt]).all())
 
@@ -78,7 +78,7 @@ def test_pruned_dspark_reads_only_the_lm_head_rows(sf_dspark, sharded_qwen3, tin
 def test_full_vocab_reads_no_verifier_tensor_bytes(kind, sf_dspark, sharded_qwen3, tiny_verifier_dir, tmp_path):
     src = make_zlab_dflash(tmp_path / "zlab", tiny_verifier_dir) if kind == "zlab_dflash" else sf_dspark
     rep = _convert(src, sharded_qwen3, tmp_path / "o")
-    assert (rep["verifier_bytes_read"], rep["verifier_bytes_needed"]) == (0, 0)
+    assert (rep.verifier_bytes_read, rep.verifier_bytes_needed) == (0, 0)
 
 
 def test_cli_json_report_carries_the_counts(sf_dspark, sharded_qwen3, tmp_path):
@@ -109,6 +109,6 @@ def test_peagle_embedding_from_verifier_reads_only_it(tiny_llama_verifier_dir, t
     rep = _convert(src, verifier, tmp_path / "o", speculative_tokens=2)
     emb = fp.load_tensors(tiny_llama_verifier_dir)["model.embed_tokens.weight"]
     needed = emb.numel() * emb.element_size()
-    assert rep["verifier_bytes_needed"] == needed
-    assert 0 < rep["verifier_bytes_read"] <= 1.1 * needed, rep["verifier_bytes_read"]
+    assert rep.verifier_bytes_needed == needed
+    assert 0 < rep.verifier_bytes_read <= 1.1 * needed, rep.verifier_bytes_read
     assert torch.equal(fp.load_tensors(tmp_path / "o")["embed_tokens.weight"], emb)

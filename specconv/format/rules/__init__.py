@@ -78,6 +78,7 @@ def lint_dir(
     verifier: VerifierFacts | None = None,
     *,
     serve_method: str | None = None,
+    config: SpeculatorsDraftConfig | None = None,
 ) -> list[Finding]:
     """Lint a Speculators draft directory (config.json + tensor headers; no weights read).
 
@@ -85,6 +86,7 @@ def lint_dir(
         path: the draft directory.
         verifier: optional verifier facts.
         serve_method: optional vLLM ``method`` (see :func:`lint`).
+        config: its typed ``config.json`` when the caller parsed it already (else read here).
 
     Returns:
         Findings as :func:`lint`, plus directory-level ones (``weights-missing``,
@@ -97,7 +99,7 @@ def lint_dir(
     p = Path(path)
     if not p.is_dir():
         raise InvalidInputError(f"{p}: not a directory")
-    cfg = load_config(p)
+    cfg = config if config is not None else load_config(p)
     has_weights = any(p.glob("*.safetensors")) or any(p.glob("pytorch_model*.bin"))
     tensors = _read_tensor_headers(p) if has_weights else None
     findings = lint(cfg, tensors, verifier, serve_method=serve_method)

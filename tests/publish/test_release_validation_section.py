@@ -1,0 +1,78 @@
+"""``specconv release`` records the same ``validation`` section as ``specconv validate``
+(issue 15 item 2): release calls the library's ``convert()`` and ``validate_drafter()``, which
+finish their own work, so there is one writer of the section.
+
+The same z-lab DFlash drafter (the tiny SmolLM2-tokenizer set of ``tests/test_validate_cli.py``)
+is converted twice: once by ``specconv convert`` + ``specconv validate --source``, once by
+``specconv release --dry-run`` against the loopback Hub double (``tests/hub_double.py``), both
+in subprocesses with one thread. The two ``validation`` sections are compared key for key
+(the section holds no timestamp); the drafters and reports sit at the same depth, so their
+relative paths are equal too.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torch")
+pytest.importorskip("dflash")
+pytest.importorskip("jinja2")
+
+from hub_double import HubDouble  # noqa: E402
+
+TINY = ("--num-prompts", "1", "--max-new-tokens", "4", "--device", "cpu")
+
+
+def _cli(cwd: Path, *argv, endpoint: str | None = None) -> tuple[int, dict]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "HUGGINGFACE_", "GITHUB_"))}
+    env.update(OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", HF_HOME=str(cwd / "hf-home"))
+    if endpoint:
+        env.update(HF_HUB_OFFLINE="0", HF_ENDPOINT=endpoint, HF_HUB_DISABLE_XET="1", HF_TOKEN="hf_specconvFAKE0",
+                   NO_PROXY="127.0.0.1,localhost", HF_HUB_DISABLE_TELEMETRY="1")
+    cwd.mkdir(parents=True, exist_ok=True)
+    p = subprocess.run([sys.executable, "-m", "specconv.cli.main", *map(str, argv), "--format", "json"], cwd=cwd,
+                       env=env, capture_output=True, text=True, timeout=900)
+    assert p.stdout.strip(), p.stderr[-3000:]
+    return p.returncode, json.loads(p.stdout)
+
+
+def test_release_records_the_validation_section_validate_records(tmp_path, smollm2_dir):
+    import torch
+
+    from test_validate_cli import _build
+
+    from specconv.record import read_record
+
+    torch.manual_seed(0)
+    b = _build(tmp_path / "set", smollm2_dir)
+    name = ("--verifier", b["verifier"], "--verifier-name", "org/tiny-llama")
+    a, w = tmp_path / "a", tmp_path / "w"
+    code, _ = _cli(tmp_path / "cwd", "convert", b["zlab"], *name, "-o", a / "drafter")
+    assert code == 0
+    code, report = _cli(tmp_path / "cwd", "validate", a / "drafter", "--verifier", b["verifier"], "--source", b["zlab"],
+                        "--prompts", b["prompts"], *TINY, "--report-dir", a / "report")
+    assert code == 0 and report["passed"] is True, report
+    double = HubDouble().start()
+    try:
+        code, released = _cli(tmp_path / "cwd", "release", b["zlab"], *name, "--repo-id", "specconv-test/sections",
+                              "--work-dir", w, "--prompts", b["prompts"], *TINY, "--dry-run", endpoint=double.url)
+    finally:
+        double.stop()
+    assert code == 0 and released["status"] == "dry_run", released
+    by_validate = read_record(a / "drafter").validation.model_dump(mode="json", exclude_unset=True)
+    by_release = read_record(w / "drafter").validation.model_dump(mode="json", exclude_unset=True)
+    assert by_release == by_validate
+    # the one section holds everything either command recorded before: parity, losslessness, verifier, versions
+    assert {"parity_kl_max", "lossless_exact_match", "verifier", "versions", "tau_ci95", "files", "report"} <= set(
+        by_validate)
+    assert by_validate["verifier"] == "../../set/verifier" and by_validate["report"] == "../report/validation.json"
+    assert released["validate"]["parity_kl_max"] == by_release["parity_kl_max"]
+    # both cards are rendered from that section, so they show the same validation table
+    card_a, card_w = (a / "drafter" / "README.md").read_text(), (w / "drafter" / "README.md").read_text()
+    assert f"{by_validate['parity_kl_max']:.2e}" in card_a and f"{by_validate['parity_kl_max']:.2e}" in card_w
