@@ -35,6 +35,7 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 
+from specconv.fileio import atomic_write
 from specconv.offline import cache_dir
 
 REPO = Path(__file__).resolve().parents[1]
@@ -254,7 +255,7 @@ def build(jobs: int | None = None, log=sys.stderr) -> Path:
     with _locked(root):
         if build_dir() is not None:
             print(f"llama.cpp: {root / key} is up to date", file=log)
-            _write_text(root / "current", key + "\n")
+            atomic_write(root / "current", key + "\n")
             return root / key
         for stale in root.glob(".tmp-*"):  # a killed build's; nobody else builds while we hold the lock
             shutil.rmtree(stale, ignore_errors=True)
@@ -266,23 +267,17 @@ def build(jobs: int | None = None, log=sys.stderr) -> Path:
             info = assemble(src, bin_dir, work / "out", log)
             info.update(key=key, inputs=inputs, cmake_line=_cmake_line(), seconds=round(time.monotonic() - t0, 1),
                         bytes=_tree_bytes(work / "out"), built_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"))
-            _write_text(work / "out" / INFO, json.dumps(info, indent=2, sort_keys=True) + "\n")
+            atomic_write(work / "out" / INFO, json.dumps(info, indent=2, sort_keys=True) + "\n")
             os.rename(work / "out", root / key)
         finally:
             shutil.rmtree(work, ignore_errors=True)
-        _write_text(root / "current", key + "\n")
+        atomic_write(root / "current", key + "\n")
         print(f"llama.cpp: built {root / key} in {info['seconds']} s", file=log)
         return root / key
 
 
 def _cmake_line() -> str:
     return "cmake -S vendor/llama.cpp -B build " + " ".join(CMAKE_FLAGS) + " && cmake --build build -j N --target " + " ".join(TARGETS)
-
-
-def _write_text(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
 
 
 def main(argv: list[str]) -> int:

@@ -120,11 +120,7 @@ def export_gguf_dir(drafter_dir: str | Path, out: str | Path | None = None, *, v
         move_into_place(tmp, out_dir, overwrite, "gguf")
     finally:
         tmp.release()
-    _record(d, result)
-    if out is None:  # gguf/ inside the drafter dir: its card lists the llama.cpp command
-        from ..record import card_function
-
-        card_function("refresh_local_card")(d)
+    _record(d, result, card=out is None)
     return result
 
 
@@ -239,15 +235,19 @@ def _public_modes(tmp: Path) -> None:
     modes(tmp)
 
 
-def _record(d: Path, result: dict) -> None:
-    """``export.gguf`` in ``DIR/specconv.json`` (other export keys kept); a read-only dir only warns."""
+def _record(d: Path, result: dict, *, card: bool) -> None:
+    """``export.gguf`` in ``DIR/specconv.json`` (other export keys kept; a read-only dir only
+    warns); with ``card`` (``gguf/`` inside the drafter dir) the drafter's card refreshed."""
     from ..export.onnx_dir import record_export
+    from ..record import card_function
 
     payload = {**{k: v for k, v in result.items() if k != "check"}, "check": _brief(result.get("check") or {})}
     try:
         record_export(d, payload, key="gguf")
     except OSError as e:
         log.warning("could not record the export in %s/specconv.json: %s", d, e)
+    if card:
+        card_function("refresh_local_card")(d)
 
 
 def find_export(d: Path) -> tuple[Path, dict]:

@@ -123,15 +123,15 @@ def refuse_config(cfg: "SpeculatorsDraftConfig", alg: "Algorithm", spec: Any, ve
     ``hidden_size``, an aux id at the verifier's layer count, biases, RoPE scaling, activation."""
     if alg.markov_head:
         _refuse_heads(cfg)
-    kinds = {spec.is_swa(i) and not cfg.sliding_window_non_causal for i in range(spec.num_layers)}
+    kinds = {(spec.layer_window(i) is not None) and not cfg.sliding_window_non_causal for i in range(spec.num_hidden_layers)}
     if len(kinds) > 1:
         raise refuse("mixed_causality", "config.json: some layers are causal inside the block (sliding-window "
                      "layers, sliding_window_non_causal false) and others bidirectional; llama.cpp has one causal "
                      "flag for the whole draft (dflash.attention.causal)")
-    swa = [i for i in range(spec.num_layers) if spec.is_swa(i)]
+    swa = [i for i in range(spec.num_hidden_layers) if (spec.layer_window(i) is not None)]
     if swa:
         raise refuse("sliding_window", f"config.json: layers {swa} are sliding-window layers (window "
-                     f"{spec.sliding_window}); specconv writes no SWA into a GGUF until a test shows llama.cpp's "
+                     f"{spec.window}); specconv writes no SWA into a GGUF until a test shows llama.cpp's "
                      "window equals the reference drafter's")
     th = cfg.target_hidden_size
     if th is not None and int(th) != spec.hidden_size:
@@ -209,14 +209,13 @@ def plan_gguf(cfg: "SpeculatorsDraftConfig", store: "TensorStore", verifier: "Ve
         InvalidInputError: a tensor the config needs is missing, or one has no GGUF slot.
         UsageError: an unknown ``dtype``.
     """
-    from ..drafters.layers import layer_spec_of
     from ..format.algorithms import algorithm
 
     if dtype not in DTYPES:
         raise UsageError(f"--dtype must be one of {', '.join(DTYPES)}")
     alg = algorithm(cfg.speculators_model_type)
     refuse_algorithm(alg)
-    spec = layer_spec_of(cfg, source)
+    spec = cfg.transformer_layer_config  # the typed layer config (format.schema.TransformerLayerConfig)
     refuse_config(cfg, alg, spec, verifier)
     names = store.names()
     d2t = refuse_tensors(store, names, spec.vocab_size)
@@ -260,7 +259,7 @@ def _tensor_plan(plan: GgufPlan, cfg: Any, alg: "Algorithm", store: "TensorStore
     facts = alg.llamacpp
     shared = {"embed_tokens.weight", "lm_head.weight"}
     pairs = [(src.format(i=i), dst.format(i=i)) for src, dst in facts.gguf_tensors if "{i}" in src
-             for i in range(spec.num_layers)]
+             for i in range(spec.num_hidden_layers)]
     pairs = [(s, d) for s, d in facts.gguf_tensors if "{i}" not in s] + pairs
     plan.not_written.update({n: why for n, why in facts.gguf_not_written if n in store})
     plan.not_written.update(_disabled_heads(cfg, alg, store))
@@ -314,7 +313,7 @@ def _account(plan: GgufPlan, store: "TensorStore", cfg: Any, spec: Any) -> None:
         raise refuse("tensor", f"model.safetensors: {', '.join(left[:6])} {'has' if len(left) == 1 else 'have'} no "
                      "place in llama.cpp's dflash GGUF")
     need = ["fc.weight", "hidden_norm.weight", "norm.weight"]
-    need += [f"layers.{i}.{k}" for i in range(spec.num_layers) for k in (
+    need += [f"layers.{i}.{k}" for i in range(spec.num_hidden_layers) for k in (
         "input_layernorm.weight", "post_attention_layernorm.weight", "self_attn.q_proj.weight",
         "self_attn.k_proj.weight", "self_attn.v_proj.weight", "self_attn.o_proj.weight",
         "mlp.gate_proj.weight", "mlp.up_proj.weight", "mlp.down_proj.weight")]
@@ -350,12 +349,12 @@ def _arch_keys(plan: GgufPlan, cfg: Any, alg: "Algorithm", spec: Any) -> list[tu
     if theta is None:
         raise InvalidInputError("transformer_layer_config: no rope_theta (rope_parameters.rope_theta or rope_theta)",
                                 code="rope_theta")
-    rows: list[tuple[str, Any, str]] = [(k["block_count"], spec.num_layers, "u32")]
+    rows: list[tuple[str, Any, str]] = [(k["block_count"], spec.num_hidden_layers, "u32")]
     if isinstance(tl.get("max_position_embeddings"), int):
         rows.append((k["context_length"], tl["max_position_embeddings"], "u32"))
     rows += [(k["embedding_length"], spec.hidden_size, "u32"), (k["feed_forward_length"], spec.intermediate_size, "u32"),
-             (k["head_count"], spec.num_heads, "u32"), (k["head_count_kv"], spec.num_kv_heads, "u32"),
-             (k["rope_freq_base"], float(theta), "f32"), (k["rms_eps"], spec.eps, "f32"),
+             (k["head_count"], spec.num_attention_heads, "u32"), (k["head_count_kv"], spec.num_key_value_heads, "u32"),
+             (k["rope_freq_base"], float(theta), "f32"), (k["rms_eps"], spec.rms_norm_eps, "f32"),
              (k["key_length"], spec.head_dim, "u32"), (k["value_length"], spec.head_dim, "u32"),
              (k["block_size"], int(cfg.block_size), "u32"), (k["target_layers"], plan.target_layers, "array"),
              (k["sample_from_anchor"], bool(cfg.sample_from_anchor), "bool"),

@@ -292,8 +292,8 @@ def finish_report(report, drafter_dir: Path, report_dir: Path) -> None:
 
     report.report_files = write_report(report, report_dir)
     try:
-        section = validation_section(report, drafter_dir).model_dump(exclude_none=True)
-        update_record(drafter_dir, "validation", record_section(drafter_dir, section))  # --server-url: apart
+        section = record_section(drafter_dir, validation_section(report, drafter_dir))  # --server-url: apart
+        update_record(drafter_dir, "validation", section)
     except OSError as e:  # read-only drafter dir
         log.warning("could not record the validation summary in %s/specconv.json: %s", drafter_dir, e)
     card_function("refresh_local_card")(drafter_dir)  # the card's validation table, from the record just written

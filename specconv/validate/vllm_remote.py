@@ -339,23 +339,25 @@ def _torch_reference_outputs(run: Any) -> list[list[int]] | str:
 
 
 # ------------------------------------------------------------------------------ recording
-def record_section(drafter_dir: Path, summary: dict) -> dict:
-    """The ``validation`` section to record for ``summary`` (``ValidationReport.record_summary``):
-    itself for a run on a server specconv started; for a ``--server-url`` run the section
-    already recorded, untouched, with only ``remote`` set to this run (a remote run never
-    satisfies ``push`` / ``release``, whose gates read the section's ``passed`` and ``files``)."""
+def record_section(drafter_dir: Path, section: Any) -> Any:
+    """The ``validation`` section to record for this run's ``section``
+    (:func:`specconv.validate.report.validation_section`): itself for a run on a server specconv
+    started (or no server); for a ``--server-url`` run the section already recorded, untouched,
+    with only ``remote`` set to this run (a remote run never satisfies ``push`` / ``release``,
+    whose gates read the section's ``passed`` and ``files``)."""
     from ..record import read_record
 
-    serve = summary.get("vllm_serve") or {}
+    serve = section.vllm_serve.model_dump(exclude_none=True) if section.vllm_serve is not None else {}
     if serve.get("mode") != "remote":
-        return summary
+        return section
+    summary = section.model_dump(exclude_none=True)
     try:
         v = read_record(drafter_dir, missing_ok=True).validation
-        section = v.model_dump(exclude_none=True) if v is not None else {}
+        recorded = v.model_dump(exclude_none=True) if v is not None else {}
     except InvalidInputError:
-        section = {}
+        recorded = {}
     keep = ("passed", "gates", "acceptance_length", "acceptance_at_pos", "report", "created", "prompts",
             "max_new_tokens", "temperature", "specconv_version")
-    section["remote"] = {**{k: summary.get(k) for k in keep if k in summary}, "vllm_serve": serve,
-                         "identity": REMOTE_LABEL}
-    return section
+    recorded["remote"] = {**{k: summary.get(k) for k in keep if k in summary}, "vllm_serve": serve,
+                          "identity": REMOTE_LABEL}
+    return recorded

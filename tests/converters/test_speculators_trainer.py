@@ -77,7 +77,7 @@ def test_peagle_save_dir_best_latest_named(peagle_epochs, tiny_llama_verifier_di
     assert any("checkpoint_best → 1" in n for n in rep.plan["notes"])
     tensors_equal(out, peagle_epochs[1])
     assert sorted(p.name for p in out.iterdir()) == ["README.md", "config.json", "model.safetensors", "specconv.json"]
-    notes = " ".join(rep["plan"]["notes"])
+    notes = " ".join(rep.plan["notes"])
     for f in ("optimizer_state_dict.pt", "scheduler_state_dict.pt", "training_state.json", "val_metrics.json",
               "train_command.txt"):
         assert f in notes
@@ -88,11 +88,11 @@ def test_peagle_save_dir_best_latest_named(peagle_epochs, tiny_llama_verifier_di
     assert cfg["speculators_config"]["verifier"]["name_or_path"] == HUB
     assert cfg["dtype"] == "bfloat16" and "auto_map" not in cfg
     run_speculators_forward(load_with_speculators(out, tiny_llama_verifier_dir))
-    assert convert(save, tiny_llama_verifier_dir, checkpoint="latest")["source"].endswith("/save/2")
-    assert convert(save, tiny_llama_verifier_dir, checkpoint="0")["source"].endswith("/save/0")
-    assert convert(save, tiny_llama_verifier_dir, checkpoint="interrupted")["source"].endswith("/save/interrupted")
+    assert convert(save, tiny_llama_verifier_dir, checkpoint="latest").source.endswith("/save/2")
+    assert convert(save, tiny_llama_verifier_dir, checkpoint="0").source.endswith("/save/0")
+    assert convert(save, tiny_llama_verifier_dir, checkpoint="interrupted").source.endswith("/save/interrupted")
     save2 = fp.trainer_save_dir(tmp_path / "save2", peagle_epochs)  # no validation → no checkpoint_best
-    assert convert(save2, tiny_llama_verifier_dir)["source"].endswith("/save2/2")
+    assert convert(save2, tiny_llama_verifier_dir).source.endswith("/save2/2")
 
 
 def test_sharded_epoch_dir_accepted(peagle_epochs, tiny_llama_verifier_dir, tmp_path):

@@ -100,9 +100,10 @@ def _hand_written_atomic_writes(path: Path) -> list[str]:
 
 #: Exempt, with the reason: the one helper itself; the safetensors shard writer, which streams
 #: tensor bytes through the one-pass engine into its file descriptor (no bytes to hand over);
-#: the vLLM loader check's runner, which runs in vLLM's interpreter and imports nothing from specconv.
+#: the vLLM and SGLang loader checks' runners, which run in those engines' interpreters and import
+#: nothing from specconv.
 EXEMPT = {"specconv/fileio.py": ["atomic_write"], "specconv/tensors/write.py": ["_write_one"],
-          "specconv/vllm_check/runner.py": ["_write"]}
+          "specconv/vllm_check/runner.py": ["_write"], "specconv/sglang_check/runner.py": ["_write"]}
 
 
 def test_the_atomic_file_write_is_written_once():

@@ -256,13 +256,15 @@ def _layer_cfg(d: Path, **kw) -> dict:
 
 
 def test_refused_mixed_causality(dspark, root):
-    tl = _layer_cfg(dspark, layer_types=["sliding_attention", "full_attention"], sliding_window=64)
+    tl = _layer_cfg(dspark, layer_types=["sliding_attention", "full_attention"], sliding_window=64,
+                    use_sliding_window=True)  # transformers' Qwen3 rule: without it every layer attends fully
     d = _edit(dspark, root / "refuse-mixed", config={"transformer_layer_config": tl, "sliding_window_non_causal": False})
     _refused(d, "gguf_mixed_causality")
 
 
 def test_refused_sliding_window_layers(dspark, root):
-    tl = _layer_cfg(dspark, layer_types=["sliding_attention", "sliding_attention"], sliding_window=64)
+    tl = _layer_cfg(dspark, layer_types=["sliding_attention", "sliding_attention"], sliding_window=64,
+                    use_sliding_window=True)
     _refused(_edit(dspark, root / "refuse-swa", config={"transformer_layer_config": tl}), "gguf_sliding_window")
 
 
