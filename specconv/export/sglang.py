@@ -89,13 +89,14 @@ def layer_causality(layer_cfg: Mapping[str, Any], sliding_window_non_causal: boo
         InvalidInputError: ``sglang_layer_types``: a ``sliding_attention`` layer without a
             window (Speculators attends like a full layer there; SGLang refuses it).
     """
-    from ..format.schema import resolve_layer_types
+    from ..format.schema import effective_window, resolve_layer_types
 
     types = resolve_layer_types(layer_cfg)
-    if "sliding_attention" in types and not layer_cfg.get("sliding_window"):
+    if "sliding_attention" in types and not effective_window(layer_cfg):
         raise _refuse("sglang_layer_types", "transformer_layer_config.layer_types has sliding_attention layers but "
-                      "sliding_window is null: Speculators runs them as full attention, SGLang refuses them "
-                      "(srt/speculative/dflash_utils.py get_dflash_attention_sliding_window_size)")
+                      "no window the drafter uses (sliding_window is null, or a qwen3 config without "
+                      "use_sliding_window): Speculators runs them as full attention, SGLang would apply a window "
+                      "or refuse them (srt/speculative/dflash_utils.py get_dflash_attention_sliding_window_size)")
     return [t == "sliding_attention" and not sliding_window_non_causal for t in types]
 
 

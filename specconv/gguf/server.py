@@ -121,7 +121,9 @@ class LlamaServer:
             return ""
 
     def __enter__(self) -> "LlamaServer":
-        log.info("starting %s (log %s)", " ".join(self.argv), self.log_path)
+        from ..validate.vllm_server import redact_argv
+
+        log.info("starting %s (log %s)", " ".join(redact_argv(self.argv)), self.log_path)
         env = {**os.environ, "LLAMA_ARG_HOST": "127.0.0.1"}
         with open(self.log_path, "ab") as f:
             self.proc = subprocess.Popen(self.argv, stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,

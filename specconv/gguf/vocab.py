@@ -44,7 +44,7 @@ CHKTXT = ('\n \n\n \n\n\n \t \t\t \t\n  \n   \n    \n     \n\U0001f680 (normal) 
           'tea? We\'Ve a\'lL')
 #: sha256 of ``str(tokenizer.encode(CHKTXT))`` → ``tokenizer.ggml.pre``: the entries of the tested
 #: converter's table for the verifier families specconv converts for (``get_vocab_base_pre``;
-#: its ``ref:`` model in the comment). Only ``smollm`` is exercised here (tests/test_export_gguf.py).
+#: its ``ref:`` model in the comment). Only ``smollm`` is exercised here (tests/gguf/test_export_gguf.py).
 PRE_TOKENIZERS = {
     "855059429035d75a914d1eda9f10a876752e281a054a7a3d421ef0533e5b6249": "smollm",  # HuggingFaceTB/SmolLM-135M
     "0ef9807a4087ebef797fc749390439009c3b9eda9ad1a097abbe738f486c01e5": "llama-bpe",  # meta-llama/Meta-Llama-3-8B

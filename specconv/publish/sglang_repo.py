@@ -185,27 +185,26 @@ def push_with_sglang(d: Path, opts: Any) -> Any:
         second = publish_payload(sg, replace(opts, repo_id=opts.sglang_repo_id, include=(), exclude=(),
                                              sglang_repo_id=None))
     except SpecconvError as e:
-        done = f"{opts.repo_id}: {first['status']}" + (f" (commit {first['commit_oid']})" if first.get("commit_oid") else "")
+        done = f"{opts.repo_id}: {first.status}" + (f" (commit {first.commit_oid})" if first.commit_oid else "")
         e.message = f"{done}; then the SGLang repo {opts.sglang_repo_id} failed: {e.message}"
-        e.result = type(first)({**first, "error": e.code, "exit_code": e.exit_code, "message": e.message,
-                                "sglang": {"repo_id": opts.sglang_repo_id, "error": e.code, "message": e.message}})
+        e.result = type(first).of({**first.to_dict(), "error": e.code, "exit_code": e.exit_code, "message": e.message,
+                                   "sglang": {"repo_id": opts.sglang_repo_id, "error": e.code, "message": e.message}})
         raise
-    first["sglang"] = second.to_dict()
-    first["would_change"] = bool(first.get("would_change") or second.get("would_change"))
     _record_sglang_publish(d, second)
-    return first
+    return type(first).of({**first.to_dict(), "sglang": second.to_dict(),
+                           "would_change": bool(first.would_change or second.would_change)})
 
 
 def _record_sglang_publish(d: Path, r: Any) -> None:
     """``publish.sglang`` of the local ``specconv.json`` (beside the Speculators repo's)."""
-    if r["status"] == "dry_run":
+    if r.status == "dry_run":
         return
     from ..record import read_record, update_record
 
     try:
         pub = read_record(d, missing_ok=True).publish
         section = pub.model_dump() if pub is not None else {}
-        section["sglang"] = {k: r.get(k) for k in ("repo_id", "revision", "commit_oid", "commit_url", "pr_url", "tag",
+        section["sglang"] = {k: getattr(r, k) for k in ("repo_id", "revision", "commit_oid", "commit_url", "pr_url", "tag",
                                                    "status")}
         update_record(d, "publish", section)
     except (OSError, SpecconvError) as e:  # a read-only dir: the push itself succeeded

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
+from ..format.algorithms import PARITY_TOLERANCES as _PARITY_TABLE
 from .metrics import kl_rows
 
 log = logging.getLogger("specconv.validate")
@@ -250,12 +251,9 @@ def _vocab_map_step(res: GateResult, store, names: set[str], t2d, vocab: int) ->
 
 # ---------------------------------------------------------------------------------- G2
 
-#: (max_abs, cosine_min, top1_min, mean_kl_max, top1 margin) per dtype (``docs/validate.md``).
-PARITY_TOLERANCES: dict[str, dict[str, float | None]] = {
-    "float32": {"max_abs": 1e-4, "cosine_min": 0.999999, "top1_min": 1.0, "mean_kl_max": 1e-8, "margin": 1e-3},
-    "float16": {"max_abs": None, "cosine_min": 0.9999, "top1_min": 0.99, "mean_kl_max": 1e-3, "margin": 0.1},
-    "bfloat16": {"max_abs": None, "cosine_min": 0.999, "top1_min": 0.98, "mean_kl_max": 5e-3, "margin": 0.5},
-}
+#: (max_abs, cosine_min, top1_min, mean_kl_max, top1 margin) per dtype, as the report records them:
+#: the algorithm descriptions' table (:data:`specconv.format.algorithms.PARITY_TOLERANCES`; ``docs/validate.md``).
+PARITY_TOLERANCES: dict[str, dict[str, float | None]] = {k: v.as_dict() for k, v in _PARITY_TABLE.items()}
 
 
 def compare_logits(ref, test, *, margin: float) -> dict:
@@ -376,6 +374,7 @@ def gate_parity(
     dtype: str = "float32",
     anchors_per_sequence: int = 4,
     reference_kind: str = "",
+    tolerance: dict[str, float | None] | None = None,
 ) -> GateResult:
     """G2: compare the reference and converted drafters on real verifier features.
 
@@ -390,13 +389,16 @@ def gate_parity(
         dtype: the run dtype (selects the tolerance row).
         anchors_per_sequence: anchors in the generated part of each sequence.
         reference_kind: recorded in the details (e.g. ``zlab-dflash``).
+        tolerance: the drafter's algorithm's row for ``dtype``
+            (:meth:`specconv.format.algorithms.Algorithm.parity_tolerance`, ``as_dict``);
+            None: the shared table's row.
 
     Returns:
         :class:`GateResult` named ``parity``.
     """
     import torch
 
-    tol = PARITY_TOLERANCES.get(dtype, PARITY_TOLERANCES["float32"])
+    tol = tolerance or PARITY_TOLERANCES.get(dtype, PARITY_TOLERANCES["float32"])
     res = GateResult(name="parity", passed=True)
     res.details["reference"] = reference_kind
     res.details["tolerances"] = tol

@@ -48,7 +48,11 @@ class ValidateOptions:
         device: ``auto`` | ``cpu`` | ``cuda[:i]``.
         dtype: ``float32`` | ``bfloat16`` | ``float16`` for verifier and drafter.
         min_tau: optional τ floor for G3.
-        backend: ``torch`` (this harness) | ``vllm``.
+        backend: ``torch`` (this harness) | ``vllm`` (a vLLM server) | ``llamacpp`` (the torch
+            loop, then ``DIR/gguf`` served by llama-server): a key of
+            :data:`specconv.validate.backend.BACKENDS`.
+        llama_server / verifier_gguf: ``--backend llamacpp``'s ``--llama-server`` and
+            ``--verifier-gguf`` files (None: :mod:`specconv.gguf.server` / ``gguf.target`` defaults).
         drafter_backend: the runtime that loads the drafter under test in the torch
             harness (a key of :data:`specconv.validate.runtimes.RUNTIMES`; ``torch`` = the
             reference drafters of :mod:`specconv.drafters`).
@@ -90,8 +94,8 @@ class ValidateOptions:
     vllm_port: int = 8011
     vllm_python: str | None = None
     drafter_cache: bool = True
-    llama_server: str | None = None  # --backend llamacpp: --llama-server FILE
-    verifier_gguf: str | None = None  # --backend llamacpp: --verifier-gguf FILE
+    llama_server: str | None = None
+    verifier_gguf: str | None = None
     runtime: str | None = None
     runtime_path: str | None = None
     vllm: Any = None

@@ -186,6 +186,7 @@ class TorchBackend:
 
     def _source_gates(self, h: _Harness, plain) -> dict | None:
         """G2 parity and the source drafter's τ (same loop, same prompts); None without a source."""
+        from ..format import algorithm
         from .gates import gate_parity, skipped
         from .metrics import compute_metrics
 
@@ -196,8 +197,9 @@ class TorchBackend:
         reference, ref_kind = _load_reference(run.source, h)
         run.progress("parity", 0, 1)
         seqs = [(ids + r.output_ids, len(ids)) for (_, ids), r in zip(h.rendered[:PARITY_SEQUENCES], plain)]
+        tolerance = algorithm(h.drafter.algorithm).parity_tolerance(run.options.dtype).as_dict()
         run.results.append(gate_parity(reference, h.drafter, h.runner, seqs, dtype=run.options.dtype,
-                                       reference_kind=ref_kind))
+                                       reference_kind=ref_kind, tolerance=tolerance))
         saved = list(h.runner.aux_layer_ids)
         try:
             h.runner.set_aux_layer_ids(reference.aux_layer_ids)

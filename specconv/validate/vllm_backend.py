@@ -318,7 +318,9 @@ class VllmServer:
             return ""
 
     def __enter__(self) -> "VllmServer":
-        log.info("starting vLLM: %s (log %s)", " ".join(self.argv), self.log_path)
+        from .vllm_server import redact_argv
+
+        log.info("starting vLLM: %s (log %s)", " ".join(redact_argv(self.argv)), self.log_path)  # --vllm-arg secrets
         with open(self.log_path, "ab") as logf:
             self.proc = subprocess.Popen(self.argv, stdout=logf, stderr=subprocess.STDOUT, env=self.env,
                                          stdin=subprocess.DEVNULL, start_new_session=True)

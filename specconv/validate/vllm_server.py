@@ -173,7 +173,8 @@ def check_options(backend: str, vopts: VllmServeOptions | None, vllm_python: str
 
 
 def check_url(url: str, flag: str) -> None:
-    """``http[s]://host[:port][/path]`` or a usage error naming ``flag`` (the URL redacted)."""
+    """``http[s]://host[:port][/path]`` (no query string, no fragment) or a usage error naming
+    ``flag`` (the URL redacted)."""
     try:
         u = urllib.parse.urlsplit(url)
         u.port  # noqa: B018 - raises on a non-numeric port
@@ -181,6 +182,9 @@ def check_url(url: str, flag: str) -> None:
         raise UsageError(f"{flag} {redact_url(url)}: {e}") from None
     if u.scheme not in ("http", "https") or not u.hostname:
         raise UsageError(f"{flag} {redact_url(url)}: expected http(s)://HOST[:PORT]")
+    if u.query or u.fragment:  # a key in a query string would travel into every request URL and error
+        raise UsageError(f"{flag} {redact_url(url)}: a query string or fragment is not accepted "
+                         "(pass a key with --api-key-env NAME)")
 
 
 def _heads(cfg: dict[str, Any], what: str) -> tuple[int, int]:

@@ -193,6 +193,10 @@ REFUSALS = {
     "target_hidden_size": ({"target_hidden_size": 32}, None, "sglang_target_hidden_size", "fc"),
     "window_null": (None, {"layer_types": ["sliding_attention", "full_attention"], "sliding_window": None},
                     "sglang_layer_types", "sliding_window is null"),
+    # a qwen3 layer config: without use_sliding_window transformers nulls the window, so the drafter
+    # attends fully while SGLang would apply it
+    "window_unused": (None, {"layer_types": ["sliding_attention", "full_attention"], "sliding_window": 32,
+                             "use_sliding_window": False}, "sglang_layer_types", "use_sliding_window"),
 }
 
 
