@@ -562,7 +562,7 @@ def owned_server(drafter_dir: Path, verifier: Any, opts: Any, *, serve_cmd: Sequ
 
     vopts = getattr(opts, "vllm", None)
     check_vllm_args(list(extra_args))
-    check_parallel_sizes(vopts, verifier.config, load_config(drafter_dir).transformer_layer_config)
+    check_parallel_sizes(vopts, verifier.config, load_config(drafter_dir).transformer_layer_config.written())
     python = resolve_vllm_python(getattr(opts, "vllm_python", None))
     port = free_port(getattr(opts, "vllm_port", None))
     if serve_cmd is None:
