@@ -155,9 +155,8 @@ def render_card(d: Path, rec: Any, payload: Payload, repo_id: str, *, plot: bool
                 sglang_draft: str | None = None, local: bool = False) -> str:
     """The README.md text for drafter dir ``d`` published as ``repo_id``; ``sglang_draft``
     names where its SGLang layout is served from (a repo id, or the local export dir): the
-    card then has an SGLang section when that layout's check passed (:mod:`.sglang_repo`).
-    A llama.cpp section when ``gguf/`` passed its llama-server check (:func:`gguf_section`;
-    ``local``: the drafter dir's own card, which names the local file).
+    card then has an SGLang section when that layout's check passed (:mod:`.sglang_repo`), and a
+    llama.cpp one when ``gguf/``'s did (:func:`gguf_section`; ``local``: the drafter dir's own card).
 
     Raises:
         InvalidInputError: the rendered metadata does not parse (``hub.check_card``).
@@ -219,7 +218,7 @@ def gguf_section(d: Path, rec: Any, payload: Payload, draft_repo: str | None) ->
     local card (``draft_repo`` None) ``d/gguf/<file>`` has the recorded sha256.
 
     Returns:
-        ``{command, commit, version, verifier_gguf, tau, spec_type, spec_draft_n_max}``.
+        ``{command, commit, version, verifier_gguf, tau, spec_type, spec_draft_n_max, local}``.
     """
     from ..format.serve import shell_command
     from ..gguf.server import launch_argv
@@ -229,12 +228,13 @@ def gguf_section(d: Path, rec: Any, payload: Payload, draft_repo: str | None) ->
     check, rel = exp.get("check") or {}, f"gguf/{exp.get('file')}"
     if not check.get("passed") or not (exp.get("verifier_gguf") or {}).get("name"):
         return None
-    if (rel not in payload.files) if draft_repo else not ((d / rel).is_file() and sha256_file(d / rel) == exp.get("sha256")):
+    there = (rel in payload.files) if draft_repo else (d / rel).is_file() and sha256_file(d / rel) == exp.get("sha256")
+    if not there:
         return None
     srv = check.get("llama_server") or {}
     return {"command": shell_command(launch_argv(exp, draft_repo)), "commit": srv.get("commit"),
             "version": srv.get("version"), "verifier_gguf": exp["verifier_gguf"], "tau": _fmt(check.get("tau")),
-            "spec_type": exp["spec_type"], "spec_draft_n_max": exp["spec_draft_n_max"]}
+            "spec_type": exp["spec_type"], "spec_draft_n_max": exp["spec_draft_n_max"], "local": draft_repo is None}
 
 
 def _templates() -> Path:

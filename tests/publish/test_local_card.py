@@ -229,12 +229,13 @@ def test_the_card_gives_the_llamacpp_command_only_when_the_gguf_check_passed(car
     exp = _gguf_export(d, PASSED, repo)
     card = write_local_card(d).read_text()
     argv = llamacpp_command(card)
-    target = ["-hf", repo, "-hff", "SmolLM2-135M-Instruct.Q4_1.gguf"] if repo else ["-m", "SmolLM2-135M-Instruct.Q4_1.gguf"]
+    name = "SmolLM2-135M-Instruct.Q4_1.gguf"
+    target = ["-hf", repo, "-hff", name] if repo else ["-m", name]
     assert argv == ["llama-server", *target, "-md", "./gguf/drafter-bf16.gguf", "--spec-type", "draft-dflash",
                     "--spec-draft-n-max", "7"]
     assert (d / argv[argv.index("-md") + 1]).is_file()  # the local form names the dir's own file
     assert "commit `0c1e570`" in card and exp["verifier_gguf"]["sha256"] in card and "τ 2.375" in card
-    assert "must share the verifier's tokenizer" in card
+    assert "must share the verifier's tokenizer" in card and "Serve it (in this directory):" in card
     # the pushed card: the Hub repo and the file inside it, only when the push gate let gguf/ in
     rec, p = read_record(d), Payload()
     assert llamacpp_command(render_card(d, rec, p, "org/drafter", plot=False, check=False)) is None
