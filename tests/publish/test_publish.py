@@ -642,3 +642,30 @@ def test_release_export_gguf_without_a_llama_server_is_exit_3_before_converting(
     assert e.value.exit_code == 3 and e.value.code == "llama_server_missing" and "make llama-cpp" in e.value.hint
     assert [(s["step"], s["status"]) for s in e.value.result.steps] == [("preflight", "failed")]
     assert not (tmp_path / "w2").exists()
+
+
+def _no_llamacpp_build() -> bool:
+    from specconv import llamacpp_build
+
+    return llamacpp_build.build_dir() is None
+
+
+@pytest.mark.skipif(_no_llamacpp_build(), reason="no `make llama-cpp` build for this machine")
+def test_release_with_export_gguf_pushes_the_checked_gguf_and_its_card_line(double, tmp_path, smollm2_dir):
+    pytest.importorskip("gguf")
+    from card_commands import llamacpp_command
+
+    repo = "specconv-test/released-gguf"
+    code, out, text = _cli(tmp_path, double, "release", EXAMPLE, "--verifier", smollm2_dir, "--verifier-name",
+                           "HuggingFaceTB/SmolLM2-135M-Instruct", "--repo-id", repo, "--work-dir", tmp_path / "w",
+                           "--export-gguf", "--allow-verifier-weights", *TINY)
+    assert code == 0, text[-3000:]
+    assert [s["step"] for s in out["steps"]] == ["preflight", "convert", "validate", "gguf", "push"]
+    d = tmp_path / "w" / "drafter"
+    rec = json.loads((d / "specconv.json").read_text())["export"]["gguf"]
+    assert out["gguf"]["check"]["passed"] and out["gguf"]["sha256"] == rec["sha256"]
+    files = double.repos[repo].files
+    assert files[f"gguf/{rec['file']}"] == (d / "gguf" / rec["file"]).read_bytes() and "gguf/gguf_meta.json" in files
+    argv = llamacpp_command(files["README.md"].decode())
+    assert argv[argv.index("-hfd") + 1] == repo and argv[argv.index("-md") + 1] == f"gguf/{rec['file']}"
+    assert argv[argv.index("--spec-draft-n-max") + 1] == str(rec["spec_draft_n_max"])
