@@ -389,9 +389,7 @@ def gate_parity(
         dtype: the run dtype (selects the tolerance row).
         anchors_per_sequence: anchors in the generated part of each sequence.
         reference_kind: recorded in the details (e.g. ``zlab-dflash``).
-        tolerance: the drafter's algorithm's row for ``dtype``
-            (:meth:`specconv.format.algorithms.Algorithm.parity_tolerance`, ``as_dict``);
-            None: the shared table's row.
+        tolerance: the algorithm's row (``Algorithm.parity_tolerance(dtype).as_dict()``; None: the table's).
 
     Returns:
         :class:`GateResult` named ``parity``.
