@@ -36,6 +36,29 @@ def cache_dir() -> Path:
     return p
 
 
+def find_interpreter(explicit: str | os.PathLike | None, *, env: str, venv: Path, engine: str, flag: str,
+                     make_target: str, code: str, purpose: str) -> Path:
+    """The interpreter of another engine's venv (the vLLM and SGLang loader checks): ``explicit``,
+    else ``$env``, else ``venv/bin/python`` (built by ``make make_target``).
+
+    Raises:
+        InvalidInputError: (exit 3, ``code``) none of them names an existing file; the hint
+            names ``flag``, ``env`` and the make target.
+    """
+    named = explicit or os.environ.get(env)
+    if named:
+        p = Path(named).expanduser()
+        if not p.is_file():
+            raise InvalidInputError(f"{engine} interpreter {p} does not exist", code=code,
+                                    hint=f"pass {flag} PATH or set {env} to a venv's bin/python")
+        return p.absolute()  # a bare relative name would be looked up on PATH
+    p = venv / "bin" / "python"
+    if p.is_file():
+        return p
+    raise InvalidInputError(f"no {engine} interpreter: {purpose}", code=code,
+                            hint=f"build it with `make {make_target}` ({venv}), or pass {flag} PATH / set {env}")
+
+
 def installed_distribution(dist: str, *, install: str | None = None) -> importlib.metadata.Distribution:
     """The installed distribution ``dist`` (a data package: never imported).
 

@@ -41,20 +41,11 @@ def find_sglang_python(explicit: str | os.PathLike | None = None) -> Path:
     Raises:
         InvalidInputError: (exit 3) none of them names an existing file.
     """
-    named = explicit or os.environ.get(ENV_PYTHON)
-    if named:
-        p = Path(named).expanduser()
-        if not p.is_file():
-            raise InvalidInputError(f"SGLang interpreter {p} does not exist", code="sglang_python_missing",
-                                    hint=f"pass --sglang-loader-python PATH or set {ENV_PYTHON} to a venv's bin/python")
-        return p.absolute()
-    p = DEFAULT_VENV / "bin" / "python"
-    if p.is_file():
-        return p
-    raise InvalidInputError(
-        "no SGLang interpreter: the SGLang loader check needs SGLang 0.5.23 in a separate venv",
-        code="sglang_python_missing",
-        hint=f"build it with `make sglang-venv` ({DEFAULT_VENV}), or pass --sglang-loader-python PATH / set {ENV_PYTHON}")
+    from specconv.offline import find_interpreter
+
+    return find_interpreter(explicit, env=ENV_PYTHON, venv=DEFAULT_VENV, engine="SGLang", flag="--sglang-loader-python",
+                            make_target="sglang-venv", code="sglang_python_missing",
+                            purpose="the SGLang loader check needs SGLang 0.5.23 in a separate venv")
 
 
 def _subprocess_env() -> dict[str, str]:

@@ -73,20 +73,11 @@ def find_vllm_python(explicit: str | os.PathLike | None = None) -> Path:
     Raises:
         InvalidInputError: (exit 3) none of them names an existing file.
     """
-    named = explicit or os.environ.get(ENV_PYTHON)
-    if named:
-        p = Path(named).expanduser()
-        if not p.is_file():
-            raise InvalidInputError(f"vLLM interpreter {p} does not exist", code="vllm_python_missing",
-                                    hint=f"pass --vllm-loader-python PATH or set {ENV_PYTHON} to a venv's bin/python")
-        return p.absolute()  # a bare relative name would be looked up on PATH
-    p = DEFAULT_VENV / "bin" / "python"
-    if p.is_file():
-        return p
-    raise InvalidInputError(
-        "no vLLM interpreter: --vllm-load-check needs vLLM in a separate venv", code="vllm_python_missing",
-        hint=f"build it with `make vllm-venv` ({DEFAULT_VENV}), or pass --vllm-loader-python PATH / set {ENV_PYTHON}",
-    )
+    from specconv.offline import find_interpreter
+
+    return find_interpreter(explicit, env=ENV_PYTHON, venv=DEFAULT_VENV, engine="vLLM", flag="--vllm-loader-python",
+                            make_target="vllm-venv", code="vllm_python_missing",
+                            purpose="--vllm-load-check needs vLLM in a separate venv")
 
 
 def subprocess_env(extra: dict[str, str | None] | None = None) -> dict[str, str]:
