@@ -60,7 +60,7 @@ def _convert(src, verifier, out, name, **opts) -> Path:
     from specconv.publish.card import refresh_local_card
 
     rep = fd.api_convert(src, verifier, out, name=name, **opts)
-    assert rep.get("output") or (Path(out) / "config.json").is_file(), rep
+    assert rep.output or (Path(out) / "config.json").is_file(), rep
     assert refresh_local_card(Path(out)) == Path(out) / "README.md"
     return Path(out)
 
