@@ -284,6 +284,14 @@ class Converter:
         }
 
 
+class RefusedFormat(Converter):
+    """A format recognised and refused by name (``supported = False``): subclasses set the
+    class attributes, ``refusal`` and ``detect``; the inherited ``plan`` raises
+    ``UnsupportedFormatError`` naming the refusal."""
+
+    supported: ClassVar[bool] = False
+
+
 def register(cls: type[Converter]) -> type[Converter]:
     """Class decorator: add a converter to :data:`REGISTRY` (ids must be unique)."""
     fid = cls.format_id
