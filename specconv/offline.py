@@ -7,15 +7,19 @@ transformers + ``gguf`` dequantize it into a normal ``LlamaForCausalLM``; we sav
 once as a plain Hugging Face
 directory (config, tokenizer, fp32 safetensors) in a cache shared by tests and demo.
 Package files are located with ``importlib.metadata`` so the packages are never
-imported.
+imported. The loader checks' other engines (vLLM, SGLang) live in their own venvs: this module
+finds such an interpreter and runs a check's runner script in it (:func:`run_runner`).
 """
 
 from __future__ import annotations
 
 import importlib.metadata
+import json
 import os
 import shutil
+import subprocess
 import tempfile
+from collections.abc import Mapping
 from pathlib import Path
 
 from .errors import InvalidInputError
@@ -57,6 +61,61 @@ def find_interpreter(explicit: str | os.PathLike | None, *, env: str, venv: Path
         return p
     raise InvalidInputError(f"no {engine} interpreter: {purpose}", code=code,
                             hint=f"build it with `make {make_target}` ({venv}), or pass {flag} PATH / set {env}")
+
+
+def runner_env(overrides: Mapping[str, str | None] | None = None) -> dict[str, str]:
+    """The environment of a runner in another engine's venv: this process's, offline
+    (``HF_HUB_OFFLINE``, ``TRANSFORMERS_OFFLINE``, ``DO_NOT_TRACK``), one OpenMP thread unless
+    ``OMP_NUM_THREADS`` is set, then ``overrides`` (a None value removes that variable)."""
+    env = dict(os.environ)
+    env.update({"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "DO_NOT_TRACK": "1"})
+    env.setdefault("OMP_NUM_THREADS", "1")
+    for k, v in (overrides or {}).items():
+        if v is None:
+            env.pop(k, None)
+        else:
+            env[k] = v
+    return env
+
+
+def run_runner(python: Path, runner: Path, job: dict, *, env: dict[str, str], timeout: float, engine: str,
+               code: str) -> dict:
+    """Run ``python runner JOB RESULT`` once in a temp dir (its cwd): ``job`` is written to JOB as
+    JSON, the runner writes its result object to RESULT (``{"fatal": why}`` when it could not
+    check anything). stdin is closed; stdout and stderr are read together as the log.
+
+    Args:
+        python: the other engine's interpreter (:func:`find_interpreter`).
+        runner: the runner script (it imports nothing from specconv).
+        job: the job file's contents (JSON-serialisable).
+        env: the subprocess's whole environment (see :func:`runner_env`).
+        timeout: seconds before the subprocess is killed.
+        engine: the engine's name in messages (``"vLLM"``).
+        code: the error code of every failure.
+
+    Returns:
+        The runner's result object plus ``log_tail`` (the log's last 4000 characters).
+
+    Raises:
+        InvalidInputError: (``code``) a timeout, no result file, or a ``fatal`` result (the
+            message names ``python`` and holds the log's last 3000 characters).
+    """
+    with tempfile.TemporaryDirectory(prefix=f"specconv-{engine.lower()}-") as tmp:
+        job_path, out_path = Path(tmp) / "job.json", Path(tmp) / "result.json"
+        job_path.write_text(json.dumps(job), encoding="utf-8")
+        try:
+            proc = subprocess.run([str(python), str(runner), str(job_path), str(out_path)], env=env,
+                                  stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                  timeout=timeout, text=True, errors="replace", cwd=tmp)
+        except subprocess.TimeoutExpired as e:
+            raise InvalidInputError(f"{engine} loader check timed out after {timeout:.0f} s", code=code) from e
+        result = json.loads(out_path.read_text(encoding="utf-8")) if out_path.is_file() else None
+    if result is None or "fatal" in result:
+        why = (result or {}).get("fatal") or f"exit status {proc.returncode}"
+        raise InvalidInputError(f"{engine} loader check could not run with {python}: {why}\n{proc.stdout[-3000:]}",
+                                code=code)
+    result["log_tail"] = proc.stdout[-4000:]
+    return result
 
 
 def installed_distribution(dist: str, *, install: str | None = None) -> importlib.metadata.Distribution:

@@ -21,8 +21,8 @@ Tensor shapes: speculators ``src/speculators/models/dspark/`` (target), SpecForg
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass, field, replace
+from typing import Any, Callable
 
 from specconv.errors import InvalidInputError
 from specconv.plan import ConversionPlan
@@ -186,10 +186,30 @@ def _expected_heads(heads: DSparkHeads, H: int, V: int) -> tuple[dict[str, tuple
     return want, forbid
 
 
-def finish_plan(plan: ConversionPlan, heads: DSparkHeads, extra_notes: list[str] = ()) -> ConversionPlan:
-    """Record where the head fields came from in the plan notes."""
+def plan_dspark_family(conv: Any, src: SourceInfo, verifier: Any, opts: Any, layout: Any, heads: DSparkHeads,
+                       notes: Callable[[ConversionPlan], list[str]] | None = None) -> ConversionPlan:
+    """The Speculators ``dspark`` plan of a DSpark source: its DFlash-family body
+    (:func:`specconv.converters._dflash.plan_dflash_family` with the head tensors accepted and
+    ``heads.fields()`` written), the head tensors checked against ``heads``
+    (:func:`check_head_tensors`), ``--vocab-mapping`` pruning (:func:`maybe_prune`), and notes:
+    where each head field came from, then the source's own ``notes(plan)`` (taken before
+    pruning).
+
+    Raises:
+        InvalidInputError / UnsupportedFormatError: as the DFlash family, a head tensor that
+            contradicts ``heads``, or an invalid ``--vocab-mapping``.
+    """
+    from . import _common as common
+    from ._dflash import plan_dflash_family
+
+    layout = replace(layout, extra_accept=layout.extra_accept + common.DSPARK_HEADS)
+    plan = plan_dflash_family(conv, src, verifier, opts, layout, algorithm="dspark", extra_fields=heads.fields())
+    layer_config = plan.config.transformer_layer_config
+    check_head_tensors(src, plan, heads, hidden=layer_config.hidden_size, vocab=layer_config.vocab_size)
+    own = notes(plan) if notes is not None else []
+    plan = maybe_prune(conv, plan, src, verifier, opts)
     plan.notes.extend(heads.notes())
-    plan.notes.extend(extra_notes)
+    plan.notes.extend(own)
     return plan
 
 

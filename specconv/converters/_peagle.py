@@ -104,6 +104,21 @@ class PEagleLayout:
     mask_hint: str = "pass the id the drafter was trained with: --mask-token-id N"
 
 
+#: Where P-EAGLE sources keep the aux ids in the EAGLE-3 convention (top level first).
+EAGLE_AUX_KEYS = ("eagle_aux_hidden_state_layer_ids", "eagle_config.eagle_aux_hidden_state_layer_ids")
+#: Layer-id keys whose convention no P-EAGLE producer documents (named in the error, never used).
+UNKNOWN_AUX_KEYS = ("aux_hidden_state_layer_ids", "target_layer_ids")
+
+
+def peagle_layout(src: SourceInfo, *, mask_keys: tuple[str, ...] = ("mask_token_id",),
+                  aux_keys: tuple[str, ...] = EAGLE_AUX_KEYS, unknown_aux_keys: tuple[str, ...] = UNKNOWN_AUX_KEYS,
+                  k_keys: tuple[str, ...] = ("num_depths",), **fields: Any) -> PEagleLayout:
+    """A :class:`PEagleLayout` whose locations are the named config keys of ``src``
+    (:meth:`SourceInfo.locations`, in the order given); ``fields`` are its other attributes."""
+    return PEagleLayout(mask_locations=src.locations(*mask_keys), aux_locations=src.locations(*aux_keys),
+                        aux_unknown=src.locations(*unknown_aux_keys), k_locations=src.locations(*k_keys), **fields)
+
+
 def _int_list(src: SourceInfo, key: str, v: Any) -> list[int]:
     if not isinstance(v, list) or not v or not all(is_int(i) for i in v):
         raise InvalidInputError(f"{src.path}/config.json: {key} must be a non-empty list of integers, got {v!r}")
@@ -524,4 +539,4 @@ def plan_peagle_family(conv: Any, src: SourceInfo, verifier: Any, opts: ConvertO
     )
 
 
-__all__ = ["PEagleLayout", "plan_peagle_family", "resolve_aux_ids", "strip_prefix_rename", "PEAGLE_ACCEPT"]
+__all__ = ["PEagleLayout", "peagle_layout", "plan_peagle_family", "resolve_aux_ids", "strip_prefix_rename", "PEAGLE_ACCEPT"]

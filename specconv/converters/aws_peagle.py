@@ -21,15 +21,10 @@ or the flag.
 
 from __future__ import annotations
 
-from ._peagle import PEagleLayout, plan_peagle_family, strip_prefix_rename
+from ._peagle import EAGLE_AUX_KEYS, peagle_layout, plan_peagle_family, strip_prefix_rename
 from .base import Converter, SourceInfo, register
 
 MASK_KEYS = ("pard_token", "ptd_token_id", "mask_token_id")
-
-
-def eagle_config(src: SourceInfo) -> dict:
-    ec = src.cfg("eagle_config")
-    return ec if isinstance(ec, dict) else {}
 
 
 @register
@@ -58,16 +53,8 @@ class AWSPEagle(Converter):
         return "mask_hidden" in names or "model.mask_hidden" in names
 
     def plan(self, src, verifier, opts):
-        ec = eagle_config(src)
-        layout = PEagleLayout(
-            mask_locations=[(k, src.cfg(k)) for k in MASK_KEYS],
-            aux_locations=[
-                ("eagle_config.eagle_aux_hidden_state_layer_ids", ec.get("eagle_aux_hidden_state_layer_ids")),
-                ("eagle_aux_hidden_state_layer_ids", src.cfg("eagle_aux_hidden_state_layer_ids")),
-            ],
-            aux_unknown=[("aux_hidden_state_layer_ids", src.cfg("aux_hidden_state_layer_ids")),
-                         ("target_layer_ids", src.cfg("target_layer_ids"))],
-            k_locations=[("num_depths", src.cfg("num_depths"))],
+        layout = peagle_layout(
+            src, mask_keys=MASK_KEYS, aux_keys=EAGLE_AUX_KEYS[::-1],  # eagle_config first: the key vLLM reads
             rename=strip_prefix_rename("model.", keep_top_level=()),
             layer_drop=("parallel_drafting",),
             findings=[(

@@ -157,6 +157,16 @@ class SourceInfo:
     def cfg(self, key: str, default: Any = None) -> Any:
         return (self.config or {}).get(key, default)
 
+    def locations(self, *keys: str) -> list[tuple[str, Any]]:
+        """``[(key, value)]`` of config ``keys``, the locations a layout names (value None where
+        absent): ``outer.key`` reads ``key`` of the object at ``outer`` (None when that is no object)."""
+        found = []
+        for key in keys:
+            outer, _, inner = key.rpartition(".")
+            holder = self.cfg(outer) if outer else (self.config or {})
+            found.append((key, holder.get(inner) if isinstance(holder, dict) else None))
+        return found
+
     @property
     def architectures(self) -> list[str]:
         a = self.cfg("architectures") or []
@@ -272,6 +282,14 @@ class Converter:
             "mapping": cls.mapping if cls.supported else cls.refusal,
             "spec_ref": cls.spec_ref,
         }
+
+
+class RefusedFormat(Converter):
+    """A format recognised and refused by name (``supported = False``): subclasses set the
+    class attributes, ``refusal`` and ``detect``; the inherited ``plan`` raises
+    ``UnsupportedFormatError`` naming the refusal."""
+
+    supported: ClassVar[bool] = False
 
 
 def register(cls: type[Converter]) -> type[Converter]:

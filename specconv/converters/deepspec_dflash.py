@@ -19,7 +19,7 @@ def deepspec_layout(src: SourceInfo) -> DFlashLayout:
         ids_key="target_layer_ids",
         ids=src.cfg("target_layer_ids"),
         allow_minus_one=True,
-        mask_locations=[("mask_token_id", src.cfg("mask_token_id"))],
+        mask_locations=src.locations("mask_token_id"),
         block_nested={},
         sample_from_anchor=True,
         sample_from_anchor_source="DeepSpec drafts are anchor-first",

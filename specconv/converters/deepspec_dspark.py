@@ -18,20 +18,13 @@ DSpark bodies are refused (``specconv/converters/refusals.py``).
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from specconv.errors import InvalidInputError
 
-from . import _common as common
-from ._dflash import DFlashLayout, plan_dflash_family
-from ._dspark import (
-    DSparkHeads,
-    check_head_tensors,
-    finish_plan,
-    maybe_prune,
-    require_bool,
-    require_int,
-    require_type,
-)
+from ._dspark import DSparkHeads, plan_dspark_family, require_bool, require_int, require_type
 from .base import Converter, SourceInfo, register
+from .deepspec_dflash import deepspec_layout
 
 #: What only DeepSpec's own save_pretrained writes: the anchor sampler's budget and the
 #: frozen embedding copy. A ``Qwen3DSparkModel`` without them may be an SGLang-normalised
@@ -120,23 +113,13 @@ class DeepSpecDSpark(Converter):
     def plan(self, src, verifier, opts):
         heads = deepspec_heads(src)
         sample_from_anchor, sample_from_anchor_source, extra = deepspec_layout_sample_from_anchor(src, opts)
-        layout = DFlashLayout(
-            ids_key="target_layer_ids",
-            ids=src.cfg("target_layer_ids"),
-            allow_minus_one=True,
-            mask_locations=[("mask_token_id", src.cfg("mask_token_id"))],
-            block_nested={},
+        layout = replace(
+            deepspec_layout(src),
             sample_from_anchor=sample_from_anchor,
             sample_from_anchor_source=sample_from_anchor_source,
-            extra_accept=common.DSPARK_HEADS,
             layer_drop=("attn_output_gate",),
             extra_findings=extra,
         )
-        plan = plan_dflash_family(self, src, verifier, opts, layout, algorithm="dspark", extra_fields=heads.fields())
-        layer_config = plan.config.transformer_layer_config
-        check_head_tensors(src, plan, heads, hidden=layer_config.hidden_size, vocab=layer_config.vocab_size)
-        notes = []
-        if src.cfg("num_anchors") is not None:
-            notes.append(f"num_anchors={src.cfg('num_anchors')} is DeepSpec's training anchor budget (not carried)")
-        plan = maybe_prune(self, plan, src, verifier, opts)
-        return finish_plan(plan, heads, notes)
+        anchors = src.cfg("num_anchors")
+        notes = [f"num_anchors={anchors} is DeepSpec's training anchor budget (not carried)"] if anchors is not None else []
+        return plan_dspark_family(self, src, verifier, opts, layout, heads, lambda plan: notes)

@@ -13,6 +13,13 @@ from ._dflash import plan_dflash_family
 from .base import PROJECTOR_DFLASH, Converter, SourceInfo, register
 from .zlab_dflash import zlab_layout
 
+#: ModelOpt's layer-id convention as documented, not confirmed (its DFlash and DSpark exports).
+LAYER_ID_FINDING = (
+    "warning", "modelopt-layer-id-convention",
+    "ModelOpt documents target_layer_ids as z-lab-compatible (0-based outputs, +1 applied); one review calls "
+    "them one-based — confirm acceptance with `specconv validate --source`",
+)
+
 
 @register
 class ModelOptDFlash(Converter):
@@ -35,10 +42,4 @@ class ModelOptDFlash(Converter):
 
     def plan(self, src, verifier, opts):
         common.require_layer_types_for_swa(src)
-        layout = zlab_layout(src)
-        layout.extra_findings.append((
-            "warning", "modelopt-layer-id-convention",
-            "ModelOpt documents target_layer_ids as z-lab-compatible (0-based outputs, +1 applied); one review calls "
-            "them one-based — confirm acceptance with `specconv validate --source`",
-        ))
-        return plan_dflash_family(self, src, verifier, opts, layout)
+        return plan_dflash_family(self, src, verifier, opts, zlab_layout(src, LAYER_ID_FINDING))

@@ -25,21 +25,14 @@ ModelOpt                    Speculators / DeepSpec
 from __future__ import annotations
 
 import re
+from typing import Any
 
 from specconv.errors import InvalidInputError
 
 from . import _common as common
-from ._dflash import plan_dflash_family
-from ._dspark import (
-    DSparkHeads,
-    check_head_tensors,
-    finish_plan,
-    maybe_prune,
-    require_bool,
-    require_int,
-    require_type,
-)
+from ._dspark import DSparkHeads, plan_dspark_family, require_bool, require_int, require_type
 from .base import Converter, SourceInfo, register
+from .modelopt_dflash import LAYER_ID_FINDING
 from .specforge_dspark import is_modelopt_dspark
 from .zlab_dflash import zlab_layout
 
@@ -91,6 +84,12 @@ def modelopt_heads(src: SourceInfo) -> DSparkHeads:
     return DSparkHeads(rank, mtype, enable, cwm, where)
 
 
+def _renamed_heads_note(plan: Any) -> list[str]:
+    """The note naming the top-level head tensors that were renamed (none: no note)."""
+    renamed = sorted(t.source for t in plan.tensors if t.fate == "renamed" and not re.match(r"layers\.", t.source or ""))
+    return [f"ModelOpt top-level head tensors renamed: {', '.join(renamed)}"] if renamed else []
+
+
 @register
 class ModelOptDSpark(Converter):
     format_id = "modelopt_dspark"
@@ -121,7 +120,7 @@ class ModelOptDSpark(Converter):
         common.require_layer_types_for_swa(src)
         heads = modelopt_heads(src)
         shift = dc.get("shift_label")
-        layout = zlab_layout(src)
+        layout = zlab_layout(src, LAYER_ID_FINDING)
         if isinstance(shift, bool):
             layout.sample_from_anchor = shift
             layout.sample_from_anchor_source = f"dflash_config.shift_label={str(shift).lower()} (true = anchor-first)"
@@ -136,17 +135,5 @@ class ModelOptDSpark(Converter):
                 hint="pass --sample-from-anchor (anchor-first) or --no-sample-from-anchor (1+N)",
             )
         layout.rename = modelopt_rename
-        layout.extra_accept = common.DSPARK_HEADS
         layout.layer_drop = ("projector_type", "shift_label", "use_confidence_head")
-        layout.extra_findings.append((
-            "warning", "modelopt-layer-id-convention",
-            "ModelOpt documents target_layer_ids as z-lab-compatible (0-based outputs, +1 applied); one review calls "
-            "them one-based — confirm acceptance with `specconv validate --source`",
-        ))
-        plan = plan_dflash_family(self, src, verifier, opts, layout, algorithm="dspark", extra_fields=heads.fields())
-        layer_config = plan.config.transformer_layer_config
-        check_head_tensors(src, plan, heads, hidden=layer_config.hidden_size, vocab=layer_config.vocab_size)
-        renamed = sorted(t.source for t in plan.tensors if t.fate == "renamed" and not re.match(r"layers\.", t.source or ""))
-        notes = [f"ModelOpt top-level head tensors renamed: {', '.join(renamed)}"] if renamed else []
-        plan = maybe_prune(self, plan, src, verifier, opts)
-        return finish_plan(plan, heads, notes)
+        return plan_dspark_family(self, src, verifier, opts, layout, heads, _renamed_heads_note)

@@ -42,7 +42,7 @@ class MuseGlimmerDFlash(Converter):
         layout = DFlashLayout(
             ids_key="target_layer_ids",
             ids=src.cfg("target_layer_ids", src.dflash_config.get("target_layer_ids")),
-            mask_locations=[("mask_token_id", src.cfg("mask_token_id")), ("dflash_config.mask_token_id", src.dflash_config.get("mask_token_id"))],
+            mask_locations=src.locations("mask_token_id", "dflash_config.mask_token_id"),
             sample_from_anchor=False,
             sample_from_anchor_source="Muse-Glimmer v1 head is 1+N",
             rename=_rename,

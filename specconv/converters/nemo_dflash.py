@@ -27,10 +27,8 @@ class NeMoDFlash(Converter):
         return "Qwen3DFlashDraftModel" in src.architectures and isinstance(src.cfg("dflash_config"), dict)
 
     def plan(self, src, verifier, opts):
-        layout = zlab_layout(src)
-        layout.extra_findings.append((
+        return plan_dflash_family(self, src, verifier, opts, zlab_layout(src, (
             "info", "jetspec-unstamped",
             "older JetSpec (causal) NeMo checkpoints lack the dflash_config.causal stamp; if this draft was trained "
             "block-causal, acceptance will collapse — check with `specconv validate`",
-        ))
-        return plan_dflash_family(self, src, verifier, opts, layout)
+        )))

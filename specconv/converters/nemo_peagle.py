@@ -19,8 +19,7 @@ from pathlib import Path
 from specconv.errors import InvalidInputError
 
 from ._vocab import read_mapping_file
-from ._peagle import PEagleLayout, plan_peagle_family, strip_prefix_rename
-from .aws_peagle import eagle_config
+from ._peagle import UNKNOWN_AUX_KEYS, peagle_layout, plan_peagle_family, strip_prefix_rename
 from .base import Converter, SourceInfo, register
 
 TOP_LEVEL = ("lm_head.weight", "d2t", "t2d", "mask_hidden")
@@ -58,7 +57,6 @@ class NeMoPEagle(Converter):
         )
 
     def plan(self, src, verifier, opts):
-        ec = eagle_config(src)
         extra, label, notes = None, "", []
         names = set(src.tensor_names())
         meta = find_eagle_meta(src.path)
@@ -72,16 +70,8 @@ class NeMoPEagle(Converter):
             else:
                 label = str(meta.relative_to(src.path.parent.parent)) if meta.is_relative_to(src.path.parent.parent) else meta.name
                 notes.append(f"vocabulary mapping read from {meta} (torch.load weights_only=True)")
-        layout = PEagleLayout(
-            mask_locations=[("mask_token_id", src.cfg("mask_token_id"))],
-            aux_locations=[
-                ("eagle_aux_hidden_state_layer_ids", src.cfg("eagle_aux_hidden_state_layer_ids")),
-                ("eagle_config.eagle_aux_hidden_state_layer_ids", ec.get("eagle_aux_hidden_state_layer_ids")),
-            ],
-            aux_unknown=[("aux_hidden_state_layer_ids", src.cfg("aux_hidden_state_layer_ids")),
-                         ("target_layer_ids", src.cfg("target_layer_ids")),
-                         ("eagle_aux_layer_ids", src.cfg("eagle_aux_layer_ids"))],
-            k_locations=[("num_depths", src.cfg("num_depths"))],
+        layout = peagle_layout(
+            src, unknown_aux_keys=UNKNOWN_AUX_KEYS + ("eagle_aux_layer_ids",),
             rename=strip_prefix_rename("model."),
             vocab_extra=extra,
             vocab_extra_label=label,

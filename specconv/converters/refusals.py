@@ -1,7 +1,7 @@
 """Formats specconv recognises and refuses by name (each class names its upstream source in ``spec_ref``).
 
-Each class is a registered :class:`~specconv.converters.base.Converter` with
-``supported = False``: ``specconv inspect`` reports its ``format``/``refusal`` (exit 3),
+Each class is a registered :class:`~specconv.converters.base.RefusedFormat`
+(``supported = False``): ``specconv inspect`` reports its ``format``/``refusal`` (exit 3),
 ``specconv convert`` refuses it before touching any tensor, and ``specconv formats`` /
 ``docs/formats.md`` list it. Detection looks only at ``config.json`` (and, for DeepSeek-V4,
 ``inference/config.json``), file names and tensor headers (names, dtypes) — never tensor
@@ -17,7 +17,7 @@ import json
 import re
 from typing import Any
 
-from .base import PROJECTOR_DOMINO, PROJECTOR_DSPARK, Converter, SourceInfo, register
+from .base import PROJECTOR_DOMINO, PROJECTOR_DSPARK, RefusedFormat, SourceInfo, register
 
 # --------------------------------------------------------------------------- helpers
 
@@ -52,12 +52,11 @@ def _is_dspark_like(src: SourceInfo) -> bool:
 
 
 @register
-class DeepSeekV4DSpark(Converter):
+class DeepSeekV4DSpark(RefusedFormat):
     format_id = "deepseek_v4_dspark"
     algorithm = "dspark"
     title = "DeepSeek-V4 embedded DSpark (draft inside the target checkpoint)"
     detection = "`model_type == deepseek_v4` with `dspark_*` keys (config.json or inference/config.json) or `mtp.*` tensors"
-    supported = False
     refusal = (
         "the DSpark drafter of DeepSeek-V4-{Flash,Pro}-DSpark lives inside the 800+ GB target checkpoint "
         "(mtp.* tensors, shared embed/head) and uses sparse MLA attention; it is not a standalone drafter and "
@@ -91,7 +90,7 @@ _QUANT_DTYPES = {"F8_E4M3", "F8_E5M2", "F8_E8M0", "F4", "I4", "U4"}
 
 
 @register
-class QuantizedDrafter(Converter):
+class QuantizedDrafter(RefusedFormat):
     format_id = "quantized_drafter"
     algorithm = "any"
     title = "Quantized drafter (FP8 / NVFP4 / INT4 export)"
@@ -99,7 +98,6 @@ class QuantizedDrafter(Converter):
         "`quantization_config` in config.json, an `hf_quant_config.json` file, tensors named `*_scale`/"
         "`*_scale_inv`/`weight_packed`/`qweight`/`qzeros`, or FP8/FP4 tensor dtypes"
     )
-    supported = False
     refusal = (
         "quantized weights (scales / packed tensors) have no place in the Speculators format, whose body is a plain "
         "floating-point Qwen3/Llama decoder; convert the unquantized (bf16) drafter and quantize at deployment "
@@ -133,7 +131,7 @@ _NON_BODY = re.compile(
 
 
 @register
-class NoDraftBody(Converter):
+class NoDraftBody(RefusedFormat):
     format_id = "no_draft_body"
     algorithm = "any"
     title = "Checkpoint without draft-body weights"
@@ -141,7 +139,6 @@ class NoDraftBody(Converter):
         "`config.json` present but no weight files, or only embedding / LM-head / d2t / t2d tensors "
         "(no `fc`, `layers.*`, `midlayer.*` ...)"
     )
-    supported = False
     refusal = (
         "the directory has a config but no draft-body tensors (weights missing, not downloaded, or only the "
         "embedding/LM head); point SRC at the directory holding the drafter's safetensors (see --subfolder, "
@@ -165,7 +162,7 @@ class NoDraftBody(Converter):
 
 
 @register
-class DFlash2(Converter):
+class DFlash2(RefusedFormat):
     format_id = "dflash2"
     algorithm = "dflash2"
     title = "z-lab DFlash2 (conv + candidate selector)"
@@ -173,7 +170,6 @@ class DFlash2(Converter):
         "`architectures` ∈ {`DFlash2DraftModel`, `Qwen3DFlash2DraftModel`}, `dflash_config.conv_kernel_size`/"
         "`selector_rank`, or `candidate_selector.*` / `*_conv.base_kernel` tensors"
     )
-    supported = False
     refusal = (
         "DFlash2 adds per-layer convolutions and a candidate selector (attention_conv/mlp_conv, candidate_selector.*) "
         "that the Speculators dflash type cannot hold; dropping them would silently degrade the drafter "
@@ -192,12 +188,11 @@ class DFlash2(Converter):
 
 
 @register
-class Domino(Converter):
+class Domino(RefusedFormat):
     format_id = "domino"
     algorithm = "domino"
     title = "Domino (SpecForge / ModelOpt / NeMo)"
     detection = "`architectures[0] == DominoDraftModel` or `dflash_config.projector_type == \"domino\"`"
-    supported = False
     refusal = (
         "Domino's prefix GRU and embedding-projection head (prefix_gru.*, embed_proj.*) have no Speculators "
         "(or vLLM) counterpart"
@@ -210,12 +205,11 @@ class Domino(Converter):
 
 
 @register
-class Gemma4DSpark(Converter):
+class Gemma4DSpark(RefusedFormat):
     format_id = "gemma4_dspark"
     algorithm = "dspark"
     title = "DeepSpec Gemma4 DSpark (Gemma4DSparkModel)"
     detection = "`architectures[0] == Gemma4DSparkModel`"
-    supported = False
     refusal = (
         "the Gemma4 DSpark body uses Gemma4 layers (pre/post-feedforward norms, optional v_norm, k=v attention) "
         "while the Speculators DSpark body is a Qwen3 layer"
@@ -231,7 +225,7 @@ _MLA_KEYS = ("kv_lora_rank", "q_lora_rank", "qk_rope_head_dim", "qk_nope_head_di
 
 
 @register
-class MLADSpark(Converter):
+class MLADSpark(RefusedFormat):
     format_id = "mla_dspark"
     algorithm = "dspark"
     title = "MLA DSpark body (GLM-5 / Kimi / SpecForge attention_mode mla)"
@@ -239,7 +233,6 @@ class MLADSpark(Converter):
         "DSpark checkpoint with `attention_mode: mla` (top level or `dflash_config`), `Glm5DSparkForCausalLM`, "
         "MLA keys (`kv_lora_rank`, `q_lora_rank`) or `kv_a_proj_with_mqa` tensors"
     )
-    supported = False
     refusal = (
         "multi-head latent attention (MLA) DSpark bodies have no Speculators equivalent (the Speculators DSpark "
         "body is a GQA/MHA Qwen3 layer; speculators RFC #1052 is open)"
@@ -264,14 +257,13 @@ class MLADSpark(Converter):
 
 
 @register
-class LagunaDFlash(Converter):
+class LagunaDFlash(RefusedFormat):
     format_id = "laguna_dflash"
     algorithm = "dflash"
     title = "poolside Laguna DFlash (gated, fused QKV)"
     detection = (
         "`model_type == laguna`, or a DFlash config with `qkv_proj` / `g_proj` / `aux_hidden_norms.*` tensors"
     )
-    supported = False
     refusal = (
         "Laguna drafts gate attention (g_proj) and normalise each aux hidden state (aux_hidden_norms.*), which the "
         "Speculators dflash body cannot express; dropping them loads but collapses acceptance (ROCmFPX PR #48: 0.28)"
@@ -288,7 +280,7 @@ class LagunaDFlash(Converter):
 
 
 @register
-class MiMoDFlash(Converter):
+class MiMoDFlash(RefusedFormat):
     format_id = "mimo_dflash"
     algorithm = "dflash"
     title = "Xiaomi MiMo DFlash with attention sinks / learned mask embedding"
@@ -296,7 +288,6 @@ class MiMoDFlash(Converter):
         "DFlash config with `attention_sink_bias` (top level or `dflash_config`), "
         "`*.attention_sink_bias` tensors, or a `mask_embedding.pt` side file"
     )
-    supported = False
     refusal = (
         "MiMo drafts add per-head attention-sink biases and/or a learned mask embedding (mask_embedding.pt) that "
         "replaces the verifier's mask-token row; the Speculators dflash format has neither"
@@ -315,12 +306,11 @@ class MiMoDFlash(Converter):
 
 
 @register
-class CausalDFlash(Converter):
+class CausalDFlash(RefusedFormat):
     format_id = "causal_dflash"
     algorithm = "dflash"
     title = "JetSpec / block-causal DFlash (dflash_config.causal: true)"
     detection = "DFlash config with `dflash_config.causal: true` or top-level `is_causal: true`"
-    supported = False
     refusal = (
         "trained with block-causal attention inside the draft block; Speculators DFlash full-attention layers are "
         "always bidirectional in the block, so the converted drafter would not behave as trained"
@@ -353,12 +343,11 @@ def _has_peagle_markers(src: SourceInfo) -> bool:
 
 
 @register
-class EagleMedusaParallelHeads(Converter):
+class EagleMedusaParallelHeads(RefusedFormat):
     format_id = "modelopt_eagle_parallel_heads"
     algorithm = "eagle3"
     title = "ModelOpt EAGLE-3 + Medusa parallel draft heads"
     detection = "`parallel_draft_heads.*` tensors (or `eagle_config.parallel_draft_step > 1`)"
-    supported = False
     refusal = (
         "EAGLE-3 with Medusa-style parallel draft heads (parallel_draft_heads.*) is ModelOpt's own scheme, not "
         "P-EAGLE; Speculators has no type for it — deploy it with ModelOpt / TensorRT-LLM"
@@ -374,7 +363,7 @@ class EagleMedusaParallelHeads(Converter):
 
 
 @register
-class Eagle3(Converter):
+class Eagle3(RefusedFormat):
     format_id = "eagle3"
     algorithm = "eagle3"
     title = "EAGLE-3 drafter (SafeAILab / SpecForge / ModelOpt / NeMo)"
@@ -383,7 +372,6 @@ class Eagle3(Converter):
         "`LlamaEagle3DraftModel` without `parallel_drafting`) or `draft_vocab_size` / `midlayer.*` tensors, "
         "without P-EAGLE markers (`mask_hidden`, `pard_token`, `ptd_token_id`, `parallel_drafting`)"
     )
-    supported = False
     refusal = (
         "EAGLE-3 is out of specconv's scope (P-EAGLE / DFlash / DSpark only); convert it with "
         "`speculators convert --algorithm eagle3` (speculators' EAGLE-3 converter)"

@@ -30,16 +30,8 @@ from typing import Any
 from specconv.errors import UnsupportedFormatError
 
 from . import _common as common
-from ._dflash import DFlashLayout, plan_dflash_family
-from ._dspark import (
-    DSparkHeads,
-    check_head_tensors,
-    finish_plan,
-    maybe_prune,
-    require_bool,
-    require_int,
-    require_type,
-)
+from ._dflash import DFlashLayout
+from ._dspark import DSparkHeads, plan_dspark_family, require_bool, require_int, require_type
 from .base import PROJECTOR_DSPARK, Converter, SourceInfo, register
 
 #: Domino's head (SpecForge ``domino.py``): a GRU over the draft prefix + an embedding
@@ -57,7 +49,7 @@ def strip_logit_head(name: str) -> str:
 
 def hoisted(src: SourceInfo, key: str) -> tuple[Any, str | None]:
     """``dflash_config.<key>`` and/or top-level ``<key>`` (must agree)."""
-    return common.one_of(src, [(f"dflash_config.{key}", src.dflash_config.get(key)), (key, src.cfg(key))], key)
+    return common.one_of(src, src.locations(f"dflash_config.{key}", key), key)
 
 
 def specforge_heads(src: SourceInfo) -> DSparkHeads:
@@ -181,19 +173,12 @@ class SpecForgeDSpark(Converter):
         layout = DFlashLayout(
             ids_key=ids_key or "dflash_config.target_layer_ids",
             ids=ids,
-            mask_locations=[("dflash_config.mask_token_id", src.dflash_config.get("mask_token_id")),
-                            ("mask_token_id", src.cfg("mask_token_id"))],
+            mask_locations=src.locations("dflash_config.mask_token_id", "mask_token_id"),
             sample_from_anchor=sample_from_anchor,
             sample_from_anchor_source=sample_from_anchor_source,
             rename=strip_logit_head,
-            extra_accept=common.DSPARK_HEADS,
             refuse=dict(DOMINO_TENSORS),
             layer_drop=("confidence_head_alpha", "attention_mode", "projector_type", "shift_label"),
             extra_findings=extra_findings,
         )
-        plan = plan_dflash_family(self, src, verifier, opts, layout, algorithm="dspark", extra_fields=heads.fields())
-        layer_config = plan.config.transformer_layer_config
-        check_head_tensors(src, plan, heads, hidden=layer_config.hidden_size, vocab=layer_config.vocab_size)
-        notes = _export_notes(src, plan, heads)
-        plan = maybe_prune(self, plan, src, verifier, opts)
-        return finish_plan(plan, heads, notes)
+        return plan_dspark_family(self, src, verifier, opts, layout, heads, lambda plan: _export_notes(src, plan, heads))

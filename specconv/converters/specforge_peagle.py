@@ -18,8 +18,7 @@ The Speculators trainer's own output also says ``PEagleDraftModel`` but always h
 
 from __future__ import annotations
 
-from ._peagle import PEagleLayout, plan_peagle_family, strip_prefix_rename
-from .aws_peagle import eagle_config
+from ._peagle import peagle_layout, plan_peagle_family, strip_prefix_rename
 from .base import Converter, SourceInfo, register
 
 
@@ -45,17 +44,8 @@ class SpecForgePEagle(Converter):
         )
 
     def plan(self, src, verifier, opts):
-        ec = eagle_config(src)
-        layout = PEagleLayout(
-            mask_locations=[("mask_token_id", src.cfg("mask_token_id"))],
-            aux_locations=[
-                ("eagle_aux_hidden_state_layer_ids", src.cfg("eagle_aux_hidden_state_layer_ids")),
-                ("eagle_config.eagle_aux_hidden_state_layer_ids", ec.get("eagle_aux_hidden_state_layer_ids")),
-            ],
-            aux_unknown=[("aux_hidden_state_layer_ids", src.cfg("aux_hidden_state_layer_ids")),
-                         ("target_layer_ids", src.cfg("target_layer_ids"))],
-            k_locations=[("num_depths", src.cfg("num_depths"))],
-            rename=strip_prefix_rename("draft_model."),
+        layout = peagle_layout(
+            src, rename=strip_prefix_rename("draft_model."),
             notes=["SpecForge resolves the mask token at train time and does not export it"]
             if src.cfg("mask_token_id") is None else [],
         )

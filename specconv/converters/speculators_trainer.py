@@ -48,7 +48,7 @@ from specconv.values import is_int
 
 from . import _common as common
 from ._vocab import merge_vocab, resolve_vocab
-from .base import Converter, ConvertOptions, SourceInfo, register
+from .base import Converter, ConvertOptions, RefusedFormat, SourceInfo, register
 
 #: Files a trainer checkpoint holds that are never published (speculators ``train/checkpointer.py``).
 TRAINING_FILES = (
@@ -662,13 +662,12 @@ class SpeculatorsDSpark(_SpeculatorsTrainer):
 
 
 @register
-class SpeculatorsOther(Converter):
+class SpeculatorsOther(RefusedFormat):
     format_id = "speculators_other"
     algorithm = "other"
     title = "speculators drafter of another algorithm"
     detection = "`speculators_model_type` not in {peagle, dflash, dspark} (eagle3, mtp, dflash2, xpress, …)"
     spec_ref = "vllm-project/speculators `src/speculators/config.py` (`speculators_model_type` registry)"
-    supported = False
     refusal = (
         "specconv targets peagle, dflash and dspark; this directory is already a Speculators drafter of another "
         "algorithm — use it as it is (speculators / vLLM load it directly)"

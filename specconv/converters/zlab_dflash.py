@@ -9,14 +9,17 @@ from ._dflash import DFlashLayout, plan_dflash_family
 from .base import PROJECTOR_DFLASH, Converter, SourceInfo, register
 
 
-def zlab_layout(src: SourceInfo) -> DFlashLayout:
+def zlab_layout(src: SourceInfo, *findings: tuple[str, str, str]) -> DFlashLayout:
+    """The z-lab layout of ``src`` (also ModelOpt's, NeMo's and SpecForge's DFlash), with a
+    source's own ``(level, code, message)`` findings."""
     dc = src.dflash_config
     return DFlashLayout(
         ids_key="dflash_config.target_layer_ids",
         ids=dc.get("target_layer_ids"),
-        mask_locations=[("dflash_config.mask_token_id", dc.get("mask_token_id")), ("mask_token_id", src.cfg("mask_token_id"))],
+        mask_locations=src.locations("dflash_config.mask_token_id", "mask_token_id"),
         sample_from_anchor=False,
         sample_from_anchor_source="z-lab DFlash is 1+N: slot 0 holds the bonus token",
+        extra_findings=list(findings),
     )
 
 

@@ -15,9 +15,7 @@ differently fails too. Only the standard library is imported at module level.
 
 from __future__ import annotations
 
-import json
 import os
-import subprocess
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -48,13 +46,9 @@ def find_sglang_python(explicit: str | os.PathLike | None = None) -> Path:
                             purpose="the SGLang loader check needs SGLang 0.5.23 in a separate venv")
 
 
-def _subprocess_env() -> dict[str, str]:
-    """Offline, one thread, no GPU (the load runs on CPU)."""
-    env = dict(os.environ)
-    env.update({"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "CUDA_VISIBLE_DEVICES": "", "DO_NOT_TRACK": "1"})
-    env.setdefault("OMP_NUM_THREADS", "1")
-    env.pop("SGLANG_RAGGED_VERIFY_MODE", None)  # each check names its own
-    return env
+#: What the runner's environment changes beyond :func:`specconv.offline.runner_env`: no GPU
+#: (the load runs on CPU), and no ``SGLANG_RAGGED_VERIFY_MODE`` (each check names its own).
+_ENV_OVERRIDES: dict[str, str | None] = {"CUDA_VISIBLE_DEVICES": "", "SGLANG_RAGGED_VERIFY_MODE": None}
 
 
 def run_checks(checks: list[dict[str, Any]], *, python: str | os.PathLike | None = None, dtype: str = "float32",
@@ -69,24 +63,10 @@ def run_checks(checks: list[dict[str, Any]], *, python: str | os.PathLike | None
         InvalidInputError: no interpreter, a timeout, or SGLang could not be imported (the
             log tail is in the message).
     """
-    py = find_sglang_python(python)
-    with tempfile.TemporaryDirectory(prefix="specconv-sglang-") as tmp:
-        job_path, out_path = Path(tmp) / "job.json", Path(tmp) / "result.json"
-        job_path.write_text(json.dumps({"dtype": dtype, "checks": checks}), encoding="utf-8")
-        try:
-            proc = subprocess.run([str(py), str(RUNNER), str(job_path), str(out_path)], env=_subprocess_env(),
-                                  stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                  timeout=timeout, text=True, errors="replace", cwd=tmp)
-        except subprocess.TimeoutExpired as e:
-            raise InvalidInputError(f"SGLang loader check timed out after {timeout:.0f} s",
-                                    code="sglang_check_failed") from e
-        result = json.loads(out_path.read_text(encoding="utf-8")) if out_path.is_file() else None
-    if result is None or "fatal" in result:
-        why = (result or {}).get("fatal") or f"exit status {proc.returncode}"
-        raise InvalidInputError(f"SGLang loader check could not run with {py}: {why}\n{proc.stdout[-3000:]}",
-                                code="sglang_check_failed")
-    result["log_tail"] = proc.stdout[-4000:]
-    return result
+    from specconv.offline import run_runner, runner_env
+
+    return run_runner(find_sglang_python(python), RUNNER, {"dtype": dtype, "checks": checks},
+                      env=runner_env(_ENV_OVERRIDES), timeout=timeout, engine="SGLang", code="sglang_check_failed")
 
 
 def judge(env: dict[str, Any], r: dict[str, Any], expected: dict[str, Any], files: dict[str, str]) -> dict[str, Any]:

@@ -15,10 +15,7 @@ stays torch-free.
 
 from __future__ import annotations
 
-import json
 import os
-import subprocess
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -81,18 +78,11 @@ def find_vllm_python(explicit: str | os.PathLike | None = None) -> Path:
 
 
 def subprocess_env(extra: dict[str, str | None] | None = None) -> dict[str, str]:
-    """The runner's environment: offline, CPU target, one thread, plus ``extra`` (a None
-    value removes that variable)."""
-    env = dict(os.environ)
-    env.update({"VLLM_TARGET_DEVICE": "cpu", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
-                "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1"})
-    env.setdefault("OMP_NUM_THREADS", "1")
-    for k, v in (extra or {}).items():
-        if v is None:
-            env.pop(k, None)
-        else:
-            env[k] = v
-    return env
+    """The runner's environment: offline, CPU target, one thread
+    (:func:`specconv.offline.runner_env`), plus ``extra`` (a None value removes that variable)."""
+    from specconv.offline import runner_env
+
+    return runner_env({"VLLM_TARGET_DEVICE": "cpu", "VLLM_NO_USAGE_STATS": "1", **(extra or {})})
 
 
 def run_load_checks(
@@ -126,24 +116,12 @@ def run_load_checks(
             ``speculative_config`` is not given), or the runner failed before checking
             anything (its stderr tail is in the message).
     """
+    from specconv.offline import run_runner
+
     py = find_vllm_python(python)
     job = {"dtype": dtype, "checks": [_job_check(check) for check in checks]}
-    with tempfile.TemporaryDirectory(prefix="specconv-vllm-") as tmp:
-        job_path, out_path = Path(tmp) / "job.json", Path(tmp) / "result.json"
-        job_path.write_text(json.dumps(job), encoding="utf-8")
-        try:
-            proc = subprocess.run([str(py), str(RUNNER), str(job_path), str(out_path)], env=subprocess_env(env),
-                                  stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                  timeout=timeout, text=True, errors="replace", cwd=tmp)
-        except subprocess.TimeoutExpired as e:
-            raise InvalidInputError(f"vLLM loader check timed out after {timeout:.0f} s", code="vllm_check_failed") from e
-        result = json.loads(out_path.read_text(encoding="utf-8")) if out_path.is_file() else None
-    if result is None or "fatal" in result:
-        why = (result or {}).get("fatal") or f"exit status {proc.returncode}"
-        raise InvalidInputError(f"vLLM loader check could not run with {py}: {why}\n{proc.stdout[-3000:]}",
-                                code="vllm_check_failed")
-    result["log_tail"] = proc.stdout[-4000:]
-    return result
+    return run_runner(py, RUNNER, job, env=subprocess_env(env), timeout=timeout, engine="vLLM",
+                      code="vllm_check_failed")
 
 
 def _job_check(check: LoadCheck) -> dict:
