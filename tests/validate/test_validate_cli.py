@@ -55,13 +55,7 @@ def _build(root: Path, smollm2: Path) -> dict[str, Path]:
     return {"verifier": vdir, "zlab": zdir, "spec": sdir, "prompts": prompts}
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    # On a shared 2-core box two OpenMP threads thrash; one thread is much faster.
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread_module")  # conftest: torch on one thread
 
 
 @pytest.fixture(scope="module")
