@@ -1,10 +1,13 @@
-"""Shared fixtures: the real SmolLM2 verifier, tiny random verifiers, repo paths.
+"""Shared fixtures: the real SmolLM2 verifier, tiny random verifiers, repo paths, torch on one
+thread. The CLI runners are ``tests/cli_runner.py`` (``from cli_runner import invoke``) and the
+harness drafter doubles ``tests/validate/drafter_doubles.py``.
 
 Owned by the lead; add fixtures here only through the lead.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
@@ -44,6 +47,34 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+@contextlib.contextmanager
+def _torch_threads(n: int):
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+@pytest.fixture
+def one_thread():
+    """torch on one OpenMP thread for the test: on a shared 2-core box two threads thrash
+    (a decode runs ~10x slower)."""
+    with _torch_threads(1):
+        yield
+
+
+@pytest.fixture(scope="module")
+def one_thread_module():
+    """:func:`one_thread` for a whole module (``pytestmark = pytest.mark.usefixtures(...)``),
+    module-scoped fixtures included."""
+    with _torch_threads(1):
+        yield
 
 
 @pytest.fixture(scope="session")

@@ -321,18 +321,14 @@ HUB = "org/tiny-qwen3"
 
 def cli_convert(src, verifier, out, *args, name=HUB):
     """Run ``specconv convert --format json`` in-process; return (exit code, JSON, stderr)."""
-    from click.testing import CliRunner
+    from cli_runner import invoke
 
-    from specconv.cli.main import cli
-
-    argv = ["convert", str(src), "--verifier", str(verifier), "--format", "json"]
+    argv = ["convert", src, "--verifier", verifier]
     if name:
         argv += ["--verifier-name", name]
     if out is not None:
-        argv += ["-o", str(out)]
-    r = CliRunner().invoke(cli, argv + [str(a) for a in args], catch_exceptions=False)
-    obj = json.loads(r.stdout) if r.stdout.strip() else None
-    return r.exit_code, obj, r.stderr
+        argv += ["-o", out]
+    return invoke(*argv, *args).code_json_stderr
 
 
 def api_convert(src, verifier, out=None, *, name=HUB, max_shard_size=None, overwrite=False, dry_run=False, **opts):

@@ -55,7 +55,7 @@ _FP32 = PARITY_TOLERANCES["float32"]
 
 #: dtype → tolerance between two compute paths of the same weights in that dtype.
 TOLERANCES: dict[torch.dtype, Tolerance] = {
-    # The harness verifier (specconv.validate.testing.tiny_verifier) runs in float64 so that
+    # The harness verifier (tests/validate/drafter_doubles.tiny_verifier) runs in float64 so that
     # path differences (~1e-15 relative) never reach a top-1/top-2 gap; 1e-9 leaves six
     # orders of magnitude of headroom and still catches any wrong position or mask.
     torch.float64: Tolerance(atol=1e-9, rtol=1e-9, margin=1e-6),

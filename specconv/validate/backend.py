@@ -4,9 +4,9 @@
   (:func:`specconv.validate.loop.speculative_generate`) and G2 parity
   (:func:`specconv.validate.gates.gate_parity`) only call :meth:`DrafterBackend.propose`
   and read its four attributes, so the torch reference drafters
-  (``specconv.drafters``), z-lab's own forward (:mod:`.zlab_reference`), the harness
-  stand-ins (:mod:`.testing`) and the runtimes registered in :mod:`.runtimes` (ONNX
-  Runtime, TensorRT) are interchangeable.
+  (``specconv.drafters``), z-lab's own forward (:mod:`.zlab_reference`), the tests' harness
+  stand-ins (``tests/validate/drafter_doubles.py``) and the runtimes registered in
+  :mod:`.runtimes` (ONNX Runtime, TensorRT) are interchangeable.
 * :class:`ValidationBackend` — what runs the prompts after G1 passed: ``torch`` (this
   harness, :mod:`.torch_backend`: G2–G4 and τ) or ``vllm`` (a real ``vllm serve``,
   :mod:`.vllm_backend`: τ from vLLM's spec-decode counters; G2/G4 are skipped there).

@@ -15,8 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
-from click.testing import CliRunner
-
+from cli_runner import invoke
 from fixtures_dflash import HUB, make_source, sha_tree
 
 PY = sys.executable
@@ -25,13 +24,10 @@ PY = sys.executable
 def cli(*args) -> tuple[int, dict, str]:
     """Run the CLI in-process with ``--format json``; unexpected exceptions propagate (a
     traceback is a failure). Returns (exit code, the one JSON object on stdout, stderr)."""
-    from specconv.cli.main import cli as group
-
-    r = CliRunner().invoke(group, [*map(str, args), "--format", "json"], catch_exceptions=False)
-    obj = json.loads(r.stdout)  # exactly one JSON document (json.loads rejects trailing data)
-    assert isinstance(obj, dict), r.stdout
+    r = invoke(*args)
+    obj = r.one()
     assert "Traceback" not in r.stderr, r.stderr
-    return r.exit_code, obj, r.stderr
+    return r.code, obj, r.stderr
 
 
 def convert(src, verifier, out, *args):
@@ -654,17 +650,12 @@ def test_malicious_vocab_mapping_pickle(speculators_peagle_dir, tiny_llama_verif
 @pytest.mark.peer
 def test_quantized_speculators_trainer_dir_is_refused(tiny_verifier_dir, tmp_path):
     """The quantized-drafter refusal wins over speculators-trainer detection (§16 note)."""
-    import json as _json
-
-    from click.testing import CliRunner
-
-    from specconv.cli.main import cli
     from tests.fixtures_peagle import build_speculators_block
 
     d = build_speculators_block(tiny_verifier_dir, tmp_path / "spec", "dflash")
-    cfg = _json.loads((d / "config.json").read_text())
+    cfg = json.loads((d / "config.json").read_text())
     cfg["quantization_config"] = {"quant_method": "fp8"}
-    (d / "config.json").write_text(_json.dumps(cfg))
-    r = CliRunner().invoke(cli, ["inspect", str(d), "--format", "json"])
-    assert r.exit_code == 3
-    assert _json.loads(r.stdout)["format"] == "quantized_drafter"
+    (d / "config.json").write_text(json.dumps(cfg))
+    r = invoke("inspect", d, catch=True)
+    assert r.code == 3
+    assert json.loads(r.stdout)["format"] == "quantized_drafter"

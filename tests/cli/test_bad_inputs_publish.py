@@ -5,20 +5,16 @@ nothing half-written. Conversions only (no validation runs): fast."""
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-from click.testing import CliRunner
 
 pytest.importorskip("torch")
 
+from cli_runner import invoke, online_env, run_specconv
 from hub_double import HubDouble
 
-from specconv.cli.main import cli
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "smollm2-dflash-b8"
 TOKEN = "hf_specconvFAKEtoken0123456789abcdef"
@@ -34,26 +30,15 @@ def double():
 @pytest.fixture(scope="module")
 def converted(tmp_path_factory, smollm2_dir) -> Path:
     out = tmp_path_factory.mktemp("bad-new") / "drafter"
-    code, obj = _run("convert", EXAMPLE, "--verifier", smollm2_dir, "--verifier-name",
-                     "HuggingFaceTB/SmolLM2-135M-Instruct", "-o", out)
+    code, obj = invoke("convert", EXAMPLE, "--verifier", smollm2_dir, "--verifier-name",
+                       "HuggingFaceTB/SmolLM2-135M-Instruct", "-o", out).code_json
     assert code == 0, obj
     return out
 
 
-def _run(*argv, env=None) -> tuple[int, dict]:
-    r = CliRunner().invoke(cli, [*map(str, argv), "--format", "json"], env=env, catch_exceptions=False)
-    return r.exit_code, json.loads(r.stdout)
-
-
 def _online(double, tmp: Path, *argv) -> tuple[int, dict]:
     """A subprocess with the real huggingface_hub client online against the loopback double."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "HUGGINGFACE_"))
-           and k.lower() not in ("http_proxy", "https_proxy")}
-    env.update(HF_HUB_OFFLINE="0", HF_HOME=str(tmp / "hf-home"), NO_PROXY="127.0.0.1,localhost",
-               HF_HUB_DISABLE_TELEMETRY="1", OMP_NUM_THREADS="1", **_hub_env(double))
-    r = subprocess.run([sys.executable, "-m", "specconv.cli.main", *map(str, argv), "--format", "json"],
-                       env=env, capture_output=True, text=True, timeout=300)
-    return r.returncode, json.loads(r.stdout)
+    return run_specconv(*argv, env=online_env(double.url, tmp / "hf-home", TOKEN)).code_json
 
 
 def _hub_env(double) -> dict:
@@ -63,16 +48,16 @@ def _hub_env(double) -> dict:
 @pytest.mark.parametrize("tag", ["bad tag", "../x", "notaversion", "v", " v1.0"])
 def test_push_tag_that_is_not_a_version_is_refused_before_any_request(converted, double, tag):
     n = len(double.requests)
-    code, out = _run("push", converted, "--repo-id", "specconv-test/tags", "--allow-unvalidated",
-                     "--tag", tag, env=_hub_env(double))
+    code, out = invoke("push", converted, "--repo-id", "specconv-test/tags", "--allow-unvalidated",
+                       "--tag", tag, env=_hub_env(double)).code_json
     assert code == 2 and out["error"] == "usage" and "not a version" in out["message"], out
     assert len(double.requests) == n
 
 
 def test_release_with_a_bad_tag_converts_nothing(double, tmp_path, smollm2_dir):
     work = tmp_path / "work"
-    code, out = _run("release", EXAMPLE, "--verifier", smollm2_dir, "--repo-id", "specconv-test/rel",
-                     "--work-dir", work, "--tag", "release one", env=_hub_env(double))
+    code, out = invoke("release", EXAMPLE, "--verifier", smollm2_dir, "--repo-id", "specconv-test/rel",
+                       "--work-dir", work, "--tag", "release one", env=_hub_env(double)).code_json
     assert code == 2 and out["error"] == "usage", out
     assert not work.exists()
 
@@ -86,8 +71,8 @@ def test_push_accepts_a_version_tag_in_a_dry_run(converted, double, tmp_path):
 @pytest.mark.parametrize("flt", [("--exclude", "*"), ("--include", "nomatch*"), ("--exclude", "*.safetensors")])
 def test_filters_that_drop_the_drafter_are_refused_even_unvalidated(converted, double, flt):
     n = len(double.requests)
-    code, out = _run("push", converted, "--repo-id", "specconv-test/filters", "--allow-unvalidated",
-                     "--dry-run", *flt, env=_hub_env(double))
+    code, out = invoke("push", converted, "--repo-id", "specconv-test/filters", "--allow-unvalidated",
+                       "--dry-run", *flt, env=_hub_env(double)).code_json
     assert code == 2 and out["error"] == "filter_drops_drafter", out
     assert "model.safetensors" in out["message"]
     assert len(double.requests) == n
@@ -110,9 +95,9 @@ def test_release_never_replaces_a_foreign_work_dir_drafter(double, tmp_path, smo
     keep = tmp_path / "work" / "drafter" / "keep.txt"
     keep.parent.mkdir(parents=True)
     keep.write_text("mine\n")
-    code, out = _run("release", EXAMPLE, "--verifier", smollm2_dir, "--verifier-name",
-                     "HuggingFaceTB/SmolLM2-135M-Instruct", "--repo-id", "specconv-test/rel",
-                     "--work-dir", tmp_path / "work", "--dry-run", env=_hub_env(double))
+    code, out = invoke("release", EXAMPLE, "--verifier", smollm2_dir, "--verifier-name",
+                       "HuggingFaceTB/SmolLM2-135M-Instruct", "--repo-id", "specconv-test/rel",
+                       "--work-dir", tmp_path / "work", "--dry-run", env=_hub_env(double)).code_json
     assert code == 3 and out["error"] == "output_exists" and out["failed_step"] == "convert", out
     assert keep.read_text() == "mine\n" and sorted(p.name for p in keep.parent.iterdir()) == ["keep.txt"]
     check_replaceable(converted, "conversion")  # an earlier conversion is replaced (CI re-runs into one work dir)
@@ -160,7 +145,7 @@ def test_validate_refuses_a_foreign_onnx_graph_before_anything_runs(converted, t
     (onnx / "onnx_meta.json").write_text(json.dumps({"format": "specconv-onnx-drafter", "format_version": 2,
                                                      "graphs": {"fp32/drafter.onnx": {"dtype": "float32"}},
                                                      "files": files, "drafter_files": {"config.json": "0" * 64}}))
-    code, out = _run("validate", converted, "--verifier", tmp_path / "no-verifier", "--onnx", onnx,
-                     "--dtype", "float32", "--report-dir", tmp_path / "rep")
+    code, out = invoke("validate", converted, "--verifier", tmp_path / "no-verifier", "--onnx", onnx,
+                       "--dtype", "float32", "--report-dir", tmp_path / "rep").code_json
     assert code == 3 and out["error"] == "onnx_other_drafter", out
     assert not (tmp_path / "rep").exists()

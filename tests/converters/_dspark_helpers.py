@@ -1,31 +1,10 @@
-"""Small helpers shared by the DSpark converter tests (CLI runner, output readers)."""
+"""Small helpers shared by the DSpark converter tests (output readers, detect / plan); the CLI
+runners are ``cli_runner.invoke`` and ``fixtures_dflash.cli_convert``."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
-
-
-def run_cli(*args) -> tuple[int, dict | None, str]:
-    """Run ``specconv ARGS --format json`` in-process; return (exit code, JSON stdout, stderr)."""
-    from click.testing import CliRunner
-
-    from specconv.cli.main import cli
-
-    res = CliRunner().invoke(cli, [str(a) for a in args] + ["--format", "json"], catch_exceptions=False)
-    try:
-        data = json.loads(res.stdout) if res.stdout.strip() else None
-    except json.JSONDecodeError:
-        data = None
-    return res.exit_code, data, res.stderr
-
-
-def convert_cli(src: Path, verifier: Path, out: Path, *flags) -> tuple[int, dict | None, str]:
-    return run_cli("convert", src, "--verifier", verifier, "--verifier-name", "org/tiny-qwen3", "-o", out, *flags)
-
-
-def out_config(out: Path) -> dict:
-    return json.loads((Path(out) / "config.json").read_text())
 
 
 def out_tensors(d: Path) -> dict:

@@ -12,6 +12,7 @@ import json
 from pathlib import Path
 
 import pytest
+from cli_runner import invoke
 
 import fixtures_peagle as fp
 
@@ -246,18 +247,14 @@ def test_detection(ref, tmp_path):
 
 
 def test_cli_flags_reach_the_converter(ref, tiny_llama_verifier_dir, tmp_path):
-    from click.testing import CliRunner
-
-    from specconv.cli.main import cli
-
     src = fp.to_aws(ref, tmp_path / "aws", aux_in_config=False, nbr_in_config=False)
-    base = ["convert", str(src), "--verifier", str(tiny_llama_verifier_dir), "--verifier-name", HUB, "--format", "json"]
-    r = CliRunner().invoke(cli, base + ["-o", str(tmp_path / "bad")])
-    assert r.exit_code == 3 and not (tmp_path / "bad").exists()
+    base = ["convert", src, "--verifier", tiny_llama_verifier_dir, "--verifier-name", HUB]
+    r = invoke(*base, "-o", tmp_path / "bad", catch=True)
+    assert r.code == 3 and not (tmp_path / "bad").exists()
     out = tmp_path / "out"
-    r = CliRunner().invoke(cli, base + ["-o", str(out), "--aux-layer-ids", "1,3,5", "--speculative-tokens", "4",
-                                        "--norm-before-residual"])
-    assert r.exit_code == 0, r.output
+    r = invoke(*base, "-o", out, "--aux-layer-ids", "1,3,5", "--speculative-tokens", "4", "--norm-before-residual",
+               catch=True)
+    assert r.code == 0, r.output
     cfg = json.loads((out / "config.json").read_text())
     assert cfg["eagle_aux_hidden_state_layer_ids"] == [1, 3, 5] and cfg["norm_before_residual"] is True
     assert cfg["speculators_config"]["proposal_methods"][0]["speculative_tokens"] == 4

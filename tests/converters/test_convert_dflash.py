@@ -26,6 +26,18 @@ def _peer():
     pytest.importorskip("loguru")
 
 
+# ================================================== every DFlash source format (the registry's)
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_detected(tmp_path, fmt):
+    """Each format's own layout is detected as that format (deepspec_dflash before zlab_dflash,
+    whose layout it extends), supported, algorithm dflash; format-specific detection rules
+    stay in tests/converters/test_<format>.py."""
+    from specconv.convert import inspect_source
+
+    r = inspect_source(str(make_source(tmp_path, fmt)))
+    assert (r.format, r.algorithm, r.supported) == (fmt, "dflash", True)
+
+
 # ===================================================================== real input (peer)
 @pytest.fixture(scope="module")
 def zlab_real(tmp_path_factory):

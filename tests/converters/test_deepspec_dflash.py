@@ -9,13 +9,6 @@ from fixtures_dflash import MASK, api_convert, cli_convert, codes, make_source, 
 FMT = "deepspec_dflash"
 
 
-def test_detected_before_zlab(tmp_path):
-    from specconv.convert import inspect_source
-
-    r = inspect_source(str(make_source(tmp_path, FMT)))
-    assert (r.format, r.algorithm, r.supported) == (FMT, "dflash", True)
-
-
 def test_nonzero_markov_rank_is_not_deepspec_dflash(tmp_path):
     from specconv.convert import inspect_source
 

@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from _dspark_helpers import convert_cli, detected, out_config, out_tensors, plan_for, record
+from _dspark_helpers import detected, out_tensors, plan_for, record
+from fixtures_dflash import cli_convert, read
 from fixtures_dspark import MASK, draft_dims, make_deepspec_dspark
 
 from specconv.errors import InvalidInputError, UnsupportedFormatError
@@ -21,7 +22,7 @@ def deepspec_src(tmp_path_factory, tiny_verifier_dir):
 @pytest.fixture(scope="module")
 def converted(tmp_path_factory, deepspec_src, tiny_verifier_dir):
     out = tmp_path_factory.mktemp("deepspec_out") / "out"
-    code, rep, err = convert_cli(deepspec_src, tiny_verifier_dir, out)
+    code, rep, err = cli_convert(deepspec_src, tiny_verifier_dir, out)
     assert code == 0, err
     return out, rep
 
@@ -32,7 +33,7 @@ def test_detected(deepspec_src):
 
 def test_convert_end_to_end(converted, deepspec_src):
     out, rep = converted
-    cfg = out_config(out)
+    cfg = read(out)
     assert rep["format"] == "deepspec_dspark" and rep["algorithm"] == "dspark"
     assert cfg["speculators_model_type"] == "dspark"
     assert "model_type" not in cfg
@@ -154,7 +155,7 @@ def test_without_deepspec_signature_layout_must_be_given(tmp_path, tiny_verifier
 
 
 def test_flag_contradicting_deepspec_layout_is_refused(deepspec_src, tiny_verifier_dir, tmp_path):
-    code, rep, err = convert_cli(deepspec_src, tiny_verifier_dir, tmp_path / "o", "--no-sample-from-anchor")
+    code, rep, err = cli_convert(deepspec_src, tiny_verifier_dir, tmp_path / "o", "--no-sample-from-anchor")
     assert code == 3
     assert rep["error"] == "conflicting_layout"
     assert not (tmp_path / "o").exists()
@@ -186,9 +187,9 @@ def _mapping_file(path, V=256, Vd=64, seed=0):
 def test_vocab_mapping_slices_markov_w2_and_lm_head_not_markov_w1(deepspec_src, tiny_verifier_dir, tmp_path):
     mp, tgt = _mapping_file(tmp_path / "vocab.npz")
     out = tmp_path / "pruned"
-    code, rep, err = convert_cli(deepspec_src, tiny_verifier_dir, out, "--vocab-mapping", mp)
+    code, rep, err = cli_convert(deepspec_src, tiny_verifier_dir, out, "--vocab-mapping", mp)
     assert code == 0, err
-    cfg, src, dst = out_config(out), out_tensors(deepspec_src), out_tensors(out)
+    cfg, src, dst = read(out), out_tensors(deepspec_src), out_tensors(out)
     assert cfg["draft_vocab_size"] == 64
     assert tuple(dst["markov_head.markov_w2.weight"].shape) == (64, 8)
     assert bool((dst["markov_head.markov_w2.weight"] == src["markov_head.markov_w2.weight"][tgt]).all())
@@ -208,7 +209,7 @@ def test_pruned_output_loads_in_speculators(deepspec_src, tiny_verifier_dir, tmp
 
     mp, _ = _mapping_file(tmp_path / "vocab.npz")
     out = tmp_path / "pruned"
-    assert convert_cli(deepspec_src, tiny_verifier_dir, out, "--vocab-mapping", mp)[0] == 0
+    assert cli_convert(deepspec_src, tiny_verifier_dir, out, "--vocab-mapping", mp)[0] == 0
     logits = run_speculators_forward(load_with_speculators(out, tiny_verifier_dir))
     assert logits.shape[-1] == 64
 
@@ -226,8 +227,8 @@ def test_deepspec_training_dir_picks_latest_step(tmp_path, tiny_verifier_dir):
         (exp / d / "training_state.rank0.pt").write_bytes(b"not a pickle: must never be loaded")
     os.symlink("step_50", exp / "step_latest")
     out = tmp_path / "o"
-    code, rep, err = convert_cli(exp, tiny_verifier_dir, out)
+    code, rep, err = cli_convert(exp, tiny_verifier_dir, out)
     assert code == 0, err
     assert rep["source"] == str(newest)
-    assert out_config(out)["block_size"] == 6
+    assert read(out)["block_size"] == 6
     assert "training_state.rank0.pt" in record(out)["source"]["files"]  # hashed for provenance only

@@ -9,13 +9,6 @@ from fixtures_dflash import DELETE, api_convert, cli_convert, codes, make_source
 FMT = "modelopt_dflash"
 
 
-def test_detected(tmp_path):
-    from specconv.convert import inspect_source
-
-    r = inspect_source(str(make_source(tmp_path, FMT)))
-    assert (r.format, r.algorithm, r.supported) == (FMT, "dflash", True)
-
-
 def test_convert(tmp_path, tiny_verifier_dir):
     src = make_source(tmp_path, FMT)
     rep = api_convert(src, tiny_verifier_dir, tmp_path / "out")

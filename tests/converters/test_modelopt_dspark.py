@@ -8,7 +8,8 @@ from __future__ import annotations
 import json
 
 import pytest
-from _dspark_helpers import convert_cli, detected, out_config, out_tensors, plan_for, record
+from _dspark_helpers import detected, out_tensors, plan_for, record
+from fixtures_dflash import cli_convert, read
 from fixtures_dspark import draft_dims, make_modelopt_dspark
 
 from specconv.errors import InvalidInputError
@@ -22,7 +23,7 @@ def mo_src(tmp_path_factory, tiny_verifier_dir):
 @pytest.fixture(scope="module")
 def converted(tmp_path_factory, mo_src, tiny_verifier_dir):
     out = tmp_path_factory.mktemp("mo_out") / "out"
-    code, rep, err = convert_cli(mo_src, tiny_verifier_dir, out)
+    code, rep, err = cli_convert(mo_src, tiny_verifier_dir, out)
     assert code == 0, err
     return out, rep
 
@@ -33,7 +34,7 @@ def test_detected(mo_src):
 
 def test_convert_end_to_end(converted, mo_src):
     out, rep = converted
-    cfg = out_config(out)
+    cfg = read(out)
     assert rep["format"] == "modelopt_dspark"
     assert cfg["sample_from_anchor"] is True  # shift_label: true
     assert cfg["speculators_config"]["proposal_methods"][0]["speculative_tokens"] == cfg["block_size"]

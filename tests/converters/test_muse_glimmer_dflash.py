@@ -9,13 +9,6 @@ from fixtures_dflash import MASK, api_convert, cli_convert, make_source, out_ten
 FMT = "muse_glimmer_dflash"
 
 
-def test_detected(tmp_path):
-    from specconv.convert import inspect_source
-
-    r = inspect_source(str(make_source(tmp_path, FMT)))
-    assert (r.format, r.algorithm, r.supported) == (FMT, "dflash", True)
-
-
 def test_encoder_renames_and_fates(tmp_path, tiny_verifier_dir):
     src = make_source(tmp_path, FMT)
     out = tmp_path / "out"

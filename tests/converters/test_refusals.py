@@ -18,7 +18,8 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
-from _dspark_helpers import convert_cli, run_cli  # noqa: E402
+from cli_runner import invoke  # noqa: E402
+from fixtures_dflash import cli_convert  # noqa: E402
 from fixtures_dspark import (  # noqa: E402
     REFUSAL_CASES,
     make_deepspec_dspark,
@@ -57,7 +58,7 @@ def no_tensor_data(monkeypatch):
 
 @pytest.mark.parametrize("kind,fid", REFUSAL_CASES, ids=[k for k, _ in REFUSAL_CASES])
 def test_inspect_reports_refusal_without_reading_tensors(refusal_dirs, kind, fid, no_tensor_data):
-    code, rep, _ = run_cli("inspect", refusal_dirs[kind])
+    code, rep, _ = invoke("inspect", refusal_dirs[kind]).code_json_stderr
     assert code == 3
     assert rep["format"] == fid
     assert rep["supported"] is False
@@ -67,7 +68,7 @@ def test_inspect_reports_refusal_without_reading_tensors(refusal_dirs, kind, fid
 @pytest.mark.parametrize("kind,fid", REFUSAL_CASES, ids=[k for k, _ in REFUSAL_CASES])
 def test_convert_refuses_before_writing(refusal_dirs, kind, fid, tiny_verifier_dir, tmp_path, no_tensor_data):
     out = tmp_path / "out"
-    code, rep, err = convert_cli(refusal_dirs[kind], tiny_verifier_dir, out)
+    code, rep, err = cli_convert(refusal_dirs[kind], tiny_verifier_dir, out)
     assert code == 3
     assert rep["error"] == "unsupported_format"
     assert f"({fid}) is not supported" in rep["message"]

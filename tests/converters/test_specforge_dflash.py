@@ -11,13 +11,6 @@ from fixtures_dflash import api_convert, make_source, read
 FMT = "specforge_dflash"
 
 
-def test_detected(tmp_path):
-    from specconv.convert import inspect_source
-
-    r = inspect_source(str(make_source(tmp_path, FMT)))
-    assert (r.format, r.algorithm, r.supported) == (FMT, "dflash", True)
-
-
 def test_training_state_never_read_nor_published(tmp_path, tiny_verifier_dir):
     src = make_source(tmp_path, FMT)
     assert (src / "training_state.pt").read_bytes().startswith(b"not a pickle")  # unpickling would fail

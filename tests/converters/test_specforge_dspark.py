@@ -9,7 +9,9 @@ import json
 
 import numpy as np
 import pytest
-from _dspark_helpers import convert_cli, detected, out_config, out_tensors, plan_for, record, run_cli
+from _dspark_helpers import detected, out_tensors, plan_for, record
+from cli_runner import invoke
+from fixtures_dflash import cli_convert, read
 from fixtures_dspark import MASK, make_specforge_dspark, verifier_tensor
 
 from specconv.errors import InvalidInputError, UnsupportedFormatError
@@ -23,7 +25,7 @@ def sf_src(tmp_path_factory, tiny_verifier_dir):
 @pytest.fixture(scope="module")
 def converted(tmp_path_factory, sf_src, tiny_verifier_dir):
     out = tmp_path_factory.mktemp("sf_out") / "out"
-    code, rep, err = convert_cli(sf_src, tiny_verifier_dir, out)
+    code, rep, err = cli_convert(sf_src, tiny_verifier_dir, out)
     assert code == 0, err
     return out, rep
 
@@ -34,7 +36,7 @@ def test_detected(sf_src):
 
 def test_convert_end_to_end(converted, sf_src):
     out, rep = converted
-    cfg = out_config(out)
+    cfg = read(out)
     assert rep["format"] == "specforge_dspark"
     assert cfg["speculators_model_type"] == "dspark"
     # hoisted from dflash_config
@@ -87,7 +89,7 @@ def test_missing_markov_rank_names_key(tmp_path, tiny_verifier_dir):
 def test_logit_head_prefix_stripped(tmp_path, tiny_verifier_dir):
     src = make_specforge_dspark(tmp_path / "s", tiny_verifier_dir, logit_head=True)
     out = tmp_path / "o"
-    code, rep, err = convert_cli(src, tiny_verifier_dir, out)
+    code, rep, err = cli_convert(src, tiny_verifier_dir, out)
     assert code == 0, err
     s, d = out_tensors(src), out_tensors(out)
     assert "logit_head.markov_head.markov_w1.weight" in s
@@ -107,7 +109,7 @@ def test_domino_head_tensors_refused(tmp_path, tiny_verifier_dir):
 def test_attention_mode_mla_refused(tmp_path, tiny_verifier_dir):
     src = make_specforge_dspark(tmp_path / "s", tiny_verifier_dir, attention_mode="mla")
     assert detected(src) == "mla_dspark"
-    code, rep, _ = convert_cli(src, tiny_verifier_dir, tmp_path / "o")
+    code, rep, _ = cli_convert(src, tiny_verifier_dir, tmp_path / "o")
     assert code == 3 and rep["error"] == "unsupported_format"
     # the converter itself also refuses MLA (defence in depth)
     from specconv.converters import ConvertOptions, SourceInfo
@@ -148,7 +150,7 @@ def test_vocab_mapping_takes_lm_head_rows_from_verifier(sf_src, tiny_verifier_di
     path = tmp_path / "d2t.npy"
     np.save(path, (tgt - np.arange(Vd)).astype(np.int64))
     out = tmp_path / "o"
-    code, rep, err = convert_cli(sf_src, tiny_verifier_dir, out, "--vocab-mapping", path)
+    code, rep, err = cli_convert(sf_src, tiny_verifier_dir, out, "--vocab-mapping", path)
     assert code == 0, err
     d, s = out_tensors(out), out_tensors(sf_src)
     vh = verifier_tensor(tiny_verifier_dir, "lm_head").to(d["lm_head.weight"].dtype)
@@ -161,6 +163,6 @@ def test_vocab_mapping_takes_lm_head_rows_from_verifier(sf_src, tiny_verifier_di
 
 
 def test_inspect_reports_supported(sf_src):
-    code, rep, _ = run_cli("inspect", sf_src)
+    code, rep, _ = invoke("inspect", sf_src).code_json_stderr
     assert code == 0
     assert rep["format"] == "specforge_dspark" and rep["supported"] is True

@@ -11,7 +11,9 @@ from __future__ import annotations
 import json
 
 import pytest
-from _dspark_helpers import convert_cli, out_config, out_tensors, record, run_cli
+from _dspark_helpers import out_tensors, record
+from cli_runner import invoke
+from fixtures_dflash import cli_convert, read
 from fixtures_dspark import make_specforge_dspark, make_specforge_training
 
 from specconv.errors import InvalidInputError, UnsupportedFormatError
@@ -58,13 +60,13 @@ def test_fixture_is_a_real_pickle(run_dir):
 
 
 def test_inspect_detects_training_dir(run_dir, no_unpickle):
-    code, rep, _ = run_cli("inspect", run_dir)  # the run dir: the latest <run_id>-step<N> child is picked
+    code, rep, _ = invoke("inspect", run_dir).code_json_stderr  # the run dir: the latest <run_id>-step<N> child is picked
     assert rep["format"] == "specforge_training"
     assert rep["selected"].startswith("latest checkpoint run0-step100")
 
 
 def test_inspect_with_verifier_reports_refusal(run_dir, tiny_verifier_dir, no_unpickle):
-    code, rep, _ = run_cli("inspect", _ckpt(run_dir), "--verifier", tiny_verifier_dir)
+    code, rep, _ = invoke("inspect", _ckpt(run_dir), "--verifier", tiny_verifier_dir).code_json_stderr
     assert code == 3
     assert rep["supported"] is False
     assert "specforge.export.to_hf" in rep["reason"]
@@ -77,7 +79,7 @@ def test_inspect_with_verifier_reports_refusal(run_dir, tiny_verifier_dir, no_un
 ])
 def test_refused_without_both_opt_ins(run_dir, tiny_verifier_dir, tmp_path, flags, missing, no_unpickle):
     flags = tuple(str(_draft_cfg(run_dir)) if f == "CFG" else f for f in flags)
-    code, rep, err = convert_cli(_ckpt(run_dir), tiny_verifier_dir, tmp_path / "o", *flags)
+    code, rep, err = cli_convert(_ckpt(run_dir), tiny_verifier_dir, tmp_path / "o", *flags)
     assert code == 3
     assert rep["error"] == "needs_export"
     assert "python -m specforge.export.to_hf --checkpoint" in rep["message"]
@@ -87,7 +89,7 @@ def test_refused_without_both_opt_ins(run_dir, tiny_verifier_dir, tmp_path, flag
 
 def test_opt_in_converts_like_the_hf_export(run_dir, tiny_verifier_dir, tmp_path):
     out = tmp_path / "from_training"
-    code, rep, err = convert_cli(_ckpt(run_dir), tiny_verifier_dir, out, "--allow-unpickle", "--draft-config", _draft_cfg(run_dir))
+    code, rep, err = cli_convert(_ckpt(run_dir), tiny_verifier_dir, out, "--allow-unpickle", "--draft-config", _draft_cfg(run_dir))
     assert code == 0, err
     assert rep["format"] == "specforge_training" and rep["algorithm"] == "dspark"
     notes = rep["plan"]["notes"]
@@ -99,9 +101,9 @@ def test_opt_in_converts_like_the_hf_export(run_dir, tiny_verifier_dir, tmp_path
     # the same drafter exported the SpecForge way converts to identical bytes
     export = make_specforge_dspark(tmp_path / "export", tiny_verifier_dir)
     ref = tmp_path / "from_export"
-    assert convert_cli(export, tiny_verifier_dir, ref)[0] == 0
+    assert cli_convert(export, tiny_verifier_dir, ref)[0] == 0
     assert (out / "model.safetensors").read_bytes() == (ref / "model.safetensors").read_bytes()
-    assert out_config(out) == out_config(ref)
+    assert read(out) == read(ref)
     assert not [k for k in out_tensors(out) if "draft_model" in k or "_orig_mod" in k]
 
 
@@ -112,7 +114,7 @@ def test_temp_dir_removed(run_dir, tiny_verifier_dir, tmp_path, monkeypatch):
     scratch = tmp_path / "scratch"
     scratch.mkdir()
     monkeypatch.setattr(tempfile, "tempdir", str(scratch))
-    assert convert_cli(_ckpt(run_dir), tiny_verifier_dir, tmp_path / "o", "--allow-unpickle",
+    assert cli_convert(_ckpt(run_dir), tiny_verifier_dir, tmp_path / "o", "--allow-unpickle",
                        "--draft-config", _draft_cfg(run_dir))[0] == 0
     gc.collect()
     assert not [p for p in scratch.iterdir() if p.name.startswith("specconv-specforge-")]
@@ -124,7 +126,7 @@ def test_dflash_strategy_loads_in_speculators(tmp_path, tiny_verifier_dir):
 
     ckpt, cfg = make_specforge_training(tmp_path / "runs", tiny_verifier_dir, strategy="dflash", prefix="_orig_mod.")
     out = tmp_path / "o"
-    code, rep, err = convert_cli(ckpt, tiny_verifier_dir, out, "--allow-unpickle", "--draft-config", cfg)
+    code, rep, err = cli_convert(ckpt, tiny_verifier_dir, out, "--allow-unpickle", "--draft-config", cfg)
     assert code == 0, err
     assert rep["algorithm"] == "dflash"
     assert any("mapped as zlab_dflash" in n for n in rep["plan"]["notes"])
@@ -201,10 +203,10 @@ def test_peagle_strategy_maps_like_the_specforge_export(tmp_path, tiny_llama_ver
     ckpt, cfg = training_dir_from_export(tmp_path / "runs", export, strategy="peagle", drop=("t2d", "d2t"))
     flags = ("--mask-token-id", fp.MASK, "--aux-layer-ids", ",".join(map(str, fp.AUX)), "--speculative-tokens", 4)
     out, ref_out = tmp_path / "o", tmp_path / "ref_out"
-    code, rep, err = convert_cli(ckpt, tiny_llama_verifier_dir, out, "--allow-unpickle", "--draft-config", cfg, *flags)
+    code, rep, err = cli_convert(ckpt, tiny_llama_verifier_dir, out, "--allow-unpickle", "--draft-config", cfg, *flags)
     assert code == 0, err
     assert rep["algorithm"] == "peagle"
     assert any("mapped as specforge_peagle" in n for n in rep["plan"]["notes"])
-    assert convert_cli(export, tiny_llama_verifier_dir, ref_out, *flags)[0] == 0
+    assert cli_convert(export, tiny_llama_verifier_dir, ref_out, *flags)[0] == 0
     assert (out / "model.safetensors").read_bytes() == (ref_out / "model.safetensors").read_bytes()
     run_speculators_forward(load_with_speculators(out, tiny_llama_verifier_dir))

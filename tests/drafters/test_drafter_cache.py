@@ -27,12 +27,7 @@ from tests.tolerances import assert_close, assert_logits_match  # noqa: E402
 BUNDLED = Path(__file__).resolve().parents[2] / "examples" / "smollm2-dflash-b8"
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread_module")  # conftest: torch on one thread
 
 
 class Recorder:

@@ -14,11 +14,10 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("onnxruntime")
 
-from click.testing import CliRunner  # noqa: E402
+from cli_runner import invoke  # noqa: E402
 from test_export_onnx import exported  # noqa: E402,F401
 from test_export_wrappers import verifier_dir  # noqa: E402,F401
 
-from specconv.cli.main import cli  # noqa: E402
 from specconv.errors import InvalidInputError, UsageError  # noqa: E402
 from specconv.export import engine  # noqa: E402
 from specconv.export.engine import BuildOptions, build_engine_dir, parse_profile, profile_shapes  # noqa: E402
@@ -201,17 +200,17 @@ def test_no_gpu_exits_3_before_any_tensorrt_object(onnx_dir, monkeypatch):
     with pytest.raises(InvalidInputError, match="needs a CUDA GPU") as e:
         build_engine_dir(onnx_dir, None, BuildOptions(), trt_module=fake_trt(calls))
     assert e.value.exit_code == 3 and calls == []
-    r = CliRunner().invoke(cli, ["build-engine", str(onnx_dir), "--format", "json"])
-    assert r.exit_code == 3 and json.loads(r.stdout)["error"] == "gpu_missing"
+    r = invoke("build-engine", onnx_dir, catch=True)
+    assert r.code == 3 and json.loads(r.stdout)["error"] == "gpu_missing"
     assert not (onnx_dir / "trt").exists()
 
 
 def test_missing_tensorrt_module_is_exit_2(onnx_dir, monkeypatch):
     monkeypatch.setattr(engine, "gpu_info", lambda: GPU)
     monkeypatch.setitem(__import__("sys").modules, "tensorrt", None)  # import fails
-    r = CliRunner().invoke(cli, ["build-engine", str(onnx_dir), "--format", "json"])
+    r = invoke("build-engine", onnx_dir, catch=True)
     res = json.loads(r.stdout)
-    assert r.exit_code == 2 and res["error"] == "tensorrt_missing"  # a missing optional package (docs/cli.md)
+    assert r.code == 2 and res["error"] == "tensorrt_missing"  # a missing optional package (docs/cli.md)
     assert res["hint"] == "pip install 'specconv[tensorrt]' --extra-index-url https://pypi.nvidia.com"
     assert "--builder tensorrt needs the Python package 'tensorrt'" in res["message"]
 
@@ -225,8 +224,8 @@ def test_truncated_or_foreign_onnx_is_refused(onnx_dir, exported, monkeypatch): 
     f = onnx_dir / "onnx" / "drafter.onnx"
     f.write_bytes(f.read_bytes()[:100])
     calls: list = []
-    r = CliRunner().invoke(cli, ["build-engine", str(onnx_dir), "--format", "json"])
-    assert r.exit_code == 3 and json.loads(r.stdout)["error"] == "onnx_corrupt"
+    r = invoke("build-engine", onnx_dir, catch=True)
+    assert r.code == 3 and json.loads(r.stdout)["error"] == "onnx_corrupt"
     assert calls == [] and not (onnx_dir / "trt").exists()
 
 
@@ -238,9 +237,8 @@ def test_version_1_export_is_refused_before_any_tensorrt_object(onnx_dir, monkey
     with pytest.raises(InvalidInputError, match="re-export with `specconv export onnx`") as e:
         build_engine_dir(onnx_dir, None, BuildOptions(), trt_module=fake_trt(calls))
     assert e.value.code == "onnx_format_version" and e.value.exit_code == 3 and calls == []
-    r = CliRunner().invoke(cli, ["build-engine", str(onnx_dir), "--builder", "rtx", "--compute-capability", "8.9",
-                                 "--format", "json"])
-    assert r.exit_code == 3 and json.loads(r.stdout)["error"] == "onnx_format_version"
+    r = invoke("build-engine", onnx_dir, "--builder", "rtx", "--compute-capability", "8.9", catch=True)
+    assert r.code == 3 and json.loads(r.stdout)["error"] == "onnx_format_version"
     assert not (onnx_dir / "trt").exists()
 
 
@@ -250,9 +248,9 @@ def test_rtx_ahead_of_time_build_on_cpu(onnx_dir):
     pytest.importorskip("tensorrt_rtx")
     if torch.cuda.is_available():
         pytest.skip("checks the CPU path")
-    r = CliRunner().invoke(cli, ["build-engine", str(onnx_dir), "--builder", "rtx", "--compute-capability", "8.9",
-                                 "--profile", "batch=1:1:2,context=1:8:16", "--format", "json"])
-    assert r.exit_code == 0, r.output
+    r = invoke("build-engine", onnx_dir, "--builder", "rtx", "--compute-capability", "8.9",
+               "--profile", "batch=1:1:2,context=1:8:16", catch=True)
+    assert r.code == 0, r.output
     res = json.loads(r.stdout)
     assert res["key"].startswith("rtx") and res["key"].endswith("-sm89-fp32")
     plan = onnx_dir / "trt" / res["key"] / "drafter.plan"
@@ -273,9 +271,8 @@ def test_real_tensorrt_build_load_and_run_matches_ort(onnx_dir):
     if not torch.cuda.is_available():  # before any TensorRT object (CPU: segfault)
         pytest.skip("no CUDA GPU")
     trt = pytest.importorskip("tensorrt")
-    r = CliRunner().invoke(cli, ["build-engine", str(onnx_dir), "--profile", "batch=1:1:2,context=1:8:16",
-                                 "--format", "json"])
-    assert r.exit_code == 0, r.output
+    r = invoke("build-engine", onnx_dir, "--profile", "batch=1:1:2,context=1:8:16", catch=True)
+    assert r.code == 0, r.output
     res = json.loads(r.stdout)
     plan = (onnx_dir / "trt" / res["key"] / "drafter.plan").read_bytes()
     runtime = trt.Runtime(trt.Logger(trt.Logger.WARNING))

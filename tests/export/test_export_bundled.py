@@ -14,16 +14,9 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("onnxruntime")
 pytest.importorskip("onnxscript")
 
-from click.testing import CliRunner  # noqa: E402
-
-from specconv.cli.main import cli  # noqa: E402
+from cli_runner import invoke  # noqa: E402
 
 TRAINED = Path(__file__).resolve().parents[2] / "examples" / "smollm2-dflash-b8"
-
-
-def _invoke(*args):
-    r = CliRunner().invoke(cli, [*args, "--format", "json"])
-    return r.exit_code, json.loads(r.stdout)
 
 
 @pytest.mark.slow
@@ -32,11 +25,11 @@ def test_bundled_drafter_export_and_validate_onnx(tmp_path, smollm2_dir):
     torch.set_num_threads(1)
     try:
         out = tmp_path / "trained"
-        code, res = _invoke("convert", str(TRAINED), "--verifier", str(smollm2_dir), "--verifier-name",
-                            "HuggingFaceTB/SmolLM2-135M-Instruct", "-o", str(out))
+        code, res = invoke("convert", str(TRAINED), "--verifier", str(smollm2_dir), "--verifier-name",
+                           "HuggingFaceTB/SmolLM2-135M-Instruct", "-o", str(out), catch=True).code_json
         assert code == 0, res
         # verifier taken from the record; fp32: one graph, written once (no fp32/ twin)
-        code, exp = _invoke("export", "onnx", str(out), "--dtype", "float32", "--outputs", "ids,logprobs,logits")
+        code, exp = invoke("export", "onnx", str(out), "--dtype", "float32", "--outputs", "ids,logprobs,logits", catch=True).code_json
         assert code == 0, exp
         assert exp["contains_verifier_weights"] is True  # full-vocab DFlash: SmolLM2's tied embedding baked in
         assert exp["census"]["Attention"] == 2 and exp["census"]["RMSNormalization"] >= 5
@@ -45,9 +38,9 @@ def test_bundled_drafter_export_and_validate_onnx(tmp_path, smollm2_dir):
         assert p32["passed"] and p32["top1"] == 1.0 and p32["max_abs"] <= 1e-3
         data = out / "onnx" / "drafter.onnx.data"
         assert data.stat().st_size < 1.2 * 49152 * 576 * 4 + 20e6  # the tied weight is stored once
-        code, rep = _invoke("validate", str(out), "--verifier", str(smollm2_dir), "--onnx", str(out / "onnx"),
-                            "--prompts", "humaneval", "--num-prompts", "2", "--max-new-tokens", "24",
-                            "--dtype", "float32", "--report-dir", str(tmp_path / "rep"))
+        code, rep = invoke("validate", str(out), "--verifier", str(smollm2_dir), "--onnx", str(out / "onnx"),
+                           "--prompts", "humaneval", "--num-prompts", "2", "--max-new-tokens", "24",
+                           "--dtype", "float32", "--report-dir", str(tmp_path / "rep"), catch=True).code_json
         assert code == 0, rep
         ox = rep["onnx"]
         assert ox["graph_dtype"] == "float32"
@@ -64,8 +57,8 @@ def test_bundled_drafter_export_and_validate_onnx(tmp_path, smollm2_dir):
             return  # the trt-rtx extra is optional; tests/export/test_build_engine.py says so too
         if torch.cuda.is_available():
             return
-        code, eng = _invoke("build-engine", str(out), "--builder", "rtx", "--compute-capability", "8.9",
-                            "--profile", "batch=1:1:2,context=1:64:256")
+        code, eng = invoke("build-engine", str(out), "--builder", "rtx", "--compute-capability", "8.9",
+                           "--profile", "batch=1:1:2,context=1:64:256", catch=True).code_json
         assert code == 0, eng
         plan = out / "trt" / eng["key"] / "drafter.plan"
         assert plan.stat().st_size > 1_000_000 and eng["variants"] == [eng["key"]]

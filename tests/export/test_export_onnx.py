@@ -14,20 +14,14 @@ onnx = pytest.importorskip("onnx")
 pytest.importorskip("onnxruntime")
 pytest.importorskip("onnxscript")
 
-from click.testing import CliRunner  # noqa: E402
+from cli_runner import invoke  # noqa: E402
 from test_export_wrappers import make_case, verifier_dir  # noqa: E402,F401
 
-from specconv.cli.main import cli  # noqa: E402
 from specconv.errors import InvalidInputError  # noqa: E402
 from specconv.export.onnx_dir import export_onnx_dir  # noqa: E402
 from specconv.export.onnx_export import ExportSettings  # noqa: E402
 from specconv.tensors import sha256_file  # noqa: E402
 from tests.tolerances import assert_close, assert_logits_match  # noqa: E402
-
-
-def _cli(*args):
-    r = CliRunner().invoke(cli, [*args, "--format", "json"])
-    return r.exit_code, json.loads(r.stdout) if r.stdout.strip() else None
 
 
 _EXPORTED: dict = {}  # one set of exports per session, shared with test_build_engine.py
@@ -43,9 +37,9 @@ def exported(tmp_path_factory, verifier_dir):  # noqa: F811
     try:
         out = {}
         make_case("dflash-swa-pruned", root, verifier_dir)
-        code, res = _cli("export", "onnx", str(root / "dflash-swa-pruned"), "--verifier", str(verifier_dir),
-                         "--dtype", "float16", "--outputs", "ids,logprobs,topk,logits", "--top-k", "3",
-                         "--sampling-noise")
+        code, res = invoke("export", "onnx", str(root / "dflash-swa-pruned"), "--verifier", str(verifier_dir),
+                           "--dtype", "float16", "--outputs", "ids,logprobs,topk,logits", "--top-k", "3",
+                           "--sampling-noise", catch=True).code_json
         assert code == 0, res
         out["dflash"] = (root / "dflash-swa-pruned", res)
         make_case("dspark", root, verifier_dir)
@@ -188,8 +182,8 @@ def test_version_1_export_is_refused_by_validate_onnx(exported, tmp_path):
             OrtDrafter(path, d, dtype="float32")
         assert e.value.code == "onnx_format_version" and e.value.exit_code == 3
     # the CLI refuses it before anything runs (the verifier is not even resolved)
-    code, res = _cli("validate", str(d), "--verifier", str(tmp_path / "no-verifier"), "--onnx", str(old),
-                     "--dtype", "float32", "--report-dir", str(tmp_path / "rep"))
+    code, res = invoke("validate", str(d), "--verifier", str(tmp_path / "no-verifier"), "--onnx", str(old),
+                       "--dtype", "float32", "--report-dir", str(tmp_path / "rep"), catch=True).code_json
     assert code == 3 and res["error"] == "onnx_format_version", res
     assert "re-export with `specconv export onnx`" in res["message"]
     assert not (tmp_path / "rep").exists()
@@ -254,14 +248,14 @@ def test_bad_inputs_exit_codes_and_nothing_written(exported, tmp_path):
     plain = tmp_path / "not-speculators"
     plain.mkdir()
     (plain / "config.json").write_text(json.dumps({"model_type": "llama"}))
-    code, res = _cli("export", "onnx", str(plain))
+    code, res = invoke("export", "onnx", str(plain), catch=True).code_json
     assert code == 3 and res["error"] == "not_speculators_dir" and "not a Speculators" in res["message"]
     assert not (plain / "onnx").exists()
     stamp = sha256_file(d / "onnx" / "onnx_meta.json")
-    code, res = _cli("export", "onnx", str(d))  # DIR/onnx exists
+    code, res = invoke("export", "onnx", str(d), catch=True).code_json  # DIR/onnx exists
     assert code == 3 and "--overwrite" in res["message"]
     assert sha256_file(d / "onnx" / "onnx_meta.json") == stamp
-    code, res = _cli("export", "onnx", str(d), "--outputs", "ids,bogus")
+    code, res = invoke("export", "onnx", str(d), "--outputs", "ids,bogus", catch=True).code_json
     assert code == 2 and res["error"] == "usage"
     assert sorted(p.name for p in tmp_path.iterdir()) == [*before, "not-speculators"]
 
@@ -272,8 +266,8 @@ def test_parity_failure_is_exit_4_and_writes_nothing(exported, tmp_path, monkeyp
     d, _ = exported["peagle"]
     monkeypatch.setitem(parity.TOLERANCES, "float32", (1e-3, 0.0))  # no difference tolerated
     out = tmp_path / "o"
-    code, res = _cli("export", "onnx", str(d), "--verifier", str(verifier_dir), "--dtype", "float32",
-                     "-o", str(out))
+    code, res = invoke("export", "onnx", str(d), "--verifier", str(verifier_dir), "--dtype", "float32",
+                       "-o", str(out), catch=True).code_json
     assert code == 4 and res["error"] == "gate_failed"
     assert not out.exists() and list(tmp_path.iterdir()) == []
 

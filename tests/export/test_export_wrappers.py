@@ -16,14 +16,17 @@ pick.
 
 from __future__ import annotations
 
-import json
-
 import pytest
 
 torch = pytest.importorskip("torch")
 
-from safetensors.torch import save_file  # noqa: E402
-from tests.drafters.test_drafters import H, VT, make_dflash, make_peagle  # noqa: E402  (another room: not on sys.path)
+from tests.drafters.test_drafters import (  # noqa: E402,F401  (another room: not on sys.path)
+    H,
+    VT,
+    make_dflash,
+    make_peagle,
+    verifier_dir,  # the fixture: a tied-embedding verifier (like SmolLM2)
+)
 
 from specconv.drafters import load_drafter  # noqa: E402
 from specconv.drafters.step import batch_inputs  # noqa: E402
@@ -41,19 +44,6 @@ CASES = {
     "peagle": dict(kind="peagle", K=4),
     "peagle-qwen3-pruned": dict(kind="peagle", K=3, vd=20, model_type="qwen3"),
 }
-
-
-@pytest.fixture(scope="module")
-def verifier_dir(tmp_path_factory):
-    """Tied-embedding verifier (like SmolLM2)."""
-    d = tmp_path_factory.mktemp("verifier")
-    g = torch.Generator().manual_seed(42)
-    (d / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLM"], "hidden_size": H,
-                                               "num_hidden_layers": 6, "vocab_size": VT,
-                                               "tie_word_embeddings": True}))
-    save_file({"model.embed_tokens.weight": torch.randn(VT, H, generator=g), "model.norm.weight": torch.ones(H)},
-              str(d / "model.safetensors"))
-    return d
 
 
 def make_case(name: str, root, verifier_dir):

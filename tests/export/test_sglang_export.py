@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 import fixtures_dflash as fd
+from cli_runner import invoke
 import fixtures_dspark as fs
 
 REPO = Path(__file__).resolve().parents[2]
@@ -25,21 +26,12 @@ EXAMPLE = REPO / "examples" / "smollm2-dflash-b8"
 SMOL_HUB = "HuggingFaceTB/SmolLM2-135M-Instruct"
 
 
-def _cli(*argv):
-    from click.testing import CliRunner
-
-    from specconv.cli.main import cli
-
-    r = CliRunner().invoke(cli, [*map(str, argv), "--format", "json"], catch_exceptions=False)
-    return r.exit_code, (json.loads(r.stdout) if r.stdout.strip() else None)
-
-
 @pytest.fixture(scope="module")
 def bundled(tmp_path_factory, smollm2_dir) -> tuple[Path, int, dict]:
     """The bundled drafter's conversion and ``specconv export sglang`` of it (exit code, JSON)."""
     out = tmp_path_factory.mktemp("sgl") / "smol"
     fd.api_convert(EXAMPLE, smollm2_dir, out, name=SMOL_HUB)
-    return (out, *_cli("export", "sglang", out))
+    return (out, *invoke("export", "sglang", out).code_json)
 
 
 @pytest.fixture(scope="module")
@@ -118,14 +110,14 @@ def test_the_export_is_recorded_with_its_files(bundled):
 
 def test_overwrite_follows_the_one_rule(bundled, tmp_path):
     d = bundled[0]
-    code, r = _cli("export", "sglang", d)
+    code, r = invoke("export", "sglang", d).code_json
     assert code == 3 and r["error"] == "output_exists"
-    code, _ = _cli("export", "sglang", d, "--overwrite")
+    code, _ = invoke("export", "sglang", d, "--overwrite").code_json
     assert code == 0
     foreign = tmp_path / "mine"
     foreign.mkdir()
     (foreign / "notes.txt").write_text("mine")
-    code, r = _cli("export", "sglang", d, "-o", foreign, "--overwrite")
+    code, r = invoke("export", "sglang", d, "-o", foreign, "--overwrite").code_json
     assert code == 3 and r["error"] == "output_exists" and (foreign / "notes.txt").read_text() == "mine"
     from specconv.outdir import check_replaceable
 
@@ -179,7 +171,7 @@ def test_mixed_layers_leave_causality_to_sglangs_per_type_default(dflash, tmp_pa
 
 # ------------------------------------------------------------------ refusals (exit 3, nothing written)
 def _refused(d: Path, code: str, words: str, *extra) -> None:
-    exit_code, r = _cli("export", "sglang", d, *extra)
+    exit_code, r = invoke("export", "sglang", d, *extra).code_json
     assert exit_code == 3 and r["error"] == code, r
     assert words in r["message"], r["message"]
     assert not (d / "sglang").exists() and not list(d.glob(".sglang.*"))
@@ -305,10 +297,10 @@ def test_push_refuses_an_unchecked_sglang_layout_before_any_request(dflash, tmp_
 
     d = _copy(dflash, tmp_path / "push")
     export_sglang_dir(d)
-    code, r = _cli("push", d, "--repo-id", "org/drafter", "--sglang-repo-id", "org/drafter-sglang",
-                   "--endpoint", "http://127.0.0.1:9", "--dry-run")
+    code, r = invoke("push", d, "--repo-id", "org/drafter", "--sglang-repo-id", "org/drafter-sglang",
+                     "--endpoint", "http://127.0.0.1:9", "--dry-run").code_json
     assert code == 4 and r["error"] == "sglang_not_checked" and "has not checked it" in r["message"]
-    code, r = _cli("push", d, "--repo-id", "org/drafter", "--sglang-repo-id", "org/drafter", "--dry-run")
+    code, r = invoke("push", d, "--repo-id", "org/drafter", "--sglang-repo-id", "org/drafter", "--dry-run").code_json
     assert code == 2 and "another repo" in r["message"]
 
 
@@ -325,20 +317,20 @@ def test_the_speculators_payload_never_holds_sglang(dflash, tmp_path):
 def test_release_without_the_sglang_venv_is_exit_3_before_converting(tmp_path, tiny_verifier_dir, monkeypatch):
     monkeypatch.setenv("SPECCONV_SGLANG_LOADER_PYTHON", str(tmp_path / "no-such-python"))
     src = fd.make_source(tmp_path / "src", "zlab_dflash")
-    code, r = _cli("release", src, "--verifier", tiny_verifier_dir, "--verifier-name", fd.HUB, "--repo-id", "org/x",
-                   "--work-dir", tmp_path / "work", "--export-sglang", "--dry-run")
+    code, r = invoke("release", src, "--verifier", tiny_verifier_dir, "--verifier-name", fd.HUB, "--repo-id", "org/x",
+                     "--work-dir", tmp_path / "work", "--export-sglang", "--dry-run").code_json
     assert code == 3 and r["failed_step"] == "preflight" and r["error"] == "sglang_python_missing"
     assert not (tmp_path / "work" / "drafter").exists()
-    code, r = _cli("release", src, "--verifier", tiny_verifier_dir, "--verifier-name", fd.HUB, "--repo-id", "org/x",
-                   "--work-dir", tmp_path / "work", "--sglang-repo-id", "org/x-sglang", "--dry-run")
+    code, r = invoke("release", src, "--verifier", tiny_verifier_dir, "--verifier-name", fd.HUB, "--repo-id", "org/x",
+                     "--work-dir", tmp_path / "work", "--sglang-repo-id", "org/x-sglang", "--dry-run").code_json
     assert code == 2 and "--export-sglang" in r["message"]
 
 
 def test_validate_refuses_an_unservable_drafter_before_any_gate(dflash, tmp_path, tiny_verifier_dir, monkeypatch):
     monkeypatch.setenv("SPECCONV_SGLANG_LOADER_PYTHON", shutil.which("python3") or "/usr/bin/python3")
     d = _copy(dflash, tmp_path / "val", {"aux_hidden_state_layer_ids": [1, 3, 6]})
-    code, r = _cli("validate", d, "--verifier", tiny_verifier_dir, "--sglang-load-check",
-                   "--report-dir", tmp_path / "rep")
+    code, r = invoke("validate", d, "--verifier", tiny_verifier_dir, "--sglang-load-check",
+                     "--report-dir", tmp_path / "rep").code_json
     assert code == 3 and r["error"] == "sglang_aux_id_final_state"
     assert not (tmp_path / "rep").exists()
 

@@ -13,7 +13,7 @@ import json
 import shutil
 
 import pytest
-from click.testing import CliRunner
+from cli_runner import invoke
 
 import fixtures_peagle as fp
 
@@ -220,16 +220,13 @@ def test_inspect_judges_a_legacy_dspark_dir_as_convert_does(tiny_verifier_dir, t
     """speculators wrote no sample_from_anchor and K = B-1: inspect and convert both read the
     1+N layout through the one legacy rule (inspect used to exit 3 with
     speculative-tokens-mismatch)."""
-    from specconv.cli.main import cli
-
     d = fp.build_speculators_block(tiny_verifier_dir, tmp_path / "legacy", "dspark", sample_from_anchor=False)
     cfg = fp.read_json(d / "config.json")
     assert cfg["speculators_config"]["proposal_methods"][0]["speculative_tokens"] == cfg["block_size"] - 1
     _patch_config(d, sample_from_anchor=_DROP)
-    r = CliRunner().invoke(cli, ["inspect", str(d), "--verifier", str(tiny_verifier_dir), "--verifier-name",
-                                 HUB, "--format", "json"], catch_exceptions=False)
+    r = invoke("inspect", d, "--verifier", tiny_verifier_dir, "--verifier-name", HUB)
     rep = json.loads(r.stdout)
-    assert r.exit_code == 0, rep
+    assert r.code == 0, rep
     codes = {f["code"] for f in rep["findings"]}
     assert "speculative-tokens-mismatch" not in codes and "sample-from-anchor-legacy" in codes
     assert rep["plan"]["config"]["sample_from_anchor"] is False

@@ -12,7 +12,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from click.testing import CliRunner
+from cli_runner import invoke
 
 import fixtures_dflash as fd
 
@@ -36,25 +36,24 @@ def bundled(tmp_path_factory, smollm2_dir) -> Path:
 
 
 def _validate(d: Path, v: Path, *extra: str):
-    from specconv.cli.main import cli
 
-    return CliRunner().invoke(cli, ["validate", str(d), "--verifier", str(v), "--backend", "llamacpp",
-                                    "--device", "cpu", "--format", "json", *extra])
+    return invoke("validate", d, "--verifier", v, "--backend", "llamacpp",
+                  "--device", "cpu", *extra, catch=True)
 
 
 def test_temperature_above_zero_is_exit_2(bundled, smollm2_dir):
     r = _validate(bundled, smollm2_dir, "--temperature", "0.7")
-    assert r.exit_code == 2 and "greedy only" in r.output, r.output
+    assert r.code == 2 and "greedy only" in r.output, r.output
 
 
 def test_llamacpp_and_onnx_are_exclusive(bundled, smollm2_dir, tmp_path):
     r = _validate(bundled, smollm2_dir, "--onnx", str(tmp_path / "x.onnx"))
-    assert r.exit_code == 2 and "mutually exclusive" in r.output, r.output
+    assert r.code == 2 and "mutually exclusive" in r.output, r.output
 
 
 def test_no_gguf_export_is_exit_3(bundled, smollm2_dir):
     r = _validate(bundled, smollm2_dir)
-    assert r.exit_code == 3 and "gguf_missing" in r.output, r.output
+    assert r.code == 3 and "gguf_missing" in r.output, r.output
 
 
 @pytest.mark.skipif(not _has_build(), reason="no `make llama-cpp` build for this machine")
@@ -76,7 +75,7 @@ def test_a_gguf_with_target_layers_shifted_by_one_fails_the_gate(bundled, smollm
     (d / "gguf" / "gguf_meta.json").write_text(json.dumps(meta))
     r = _validate(d, smollm2_dir, "--num-prompts", "2", "--max-new-tokens", "24",
                   "--report-dir", str(tmp_path / "report"))
-    assert r.exit_code == 4, r.output
+    assert r.code == 4, r.output
     rep = json.loads((tmp_path / "report" / "validation.json").read_text())
     s = rep["llamacpp_serve"]
     assert s["commit"] == "0c1e570" and s["verifier_gguf"]["quantisation"] == "Q4_1"

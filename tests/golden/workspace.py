@@ -158,14 +158,11 @@ def run_cli(ws: Workspace, argv: list[Any], *, watch: Path | None = None, env: d
     """Run ``specconv ARGV --format json`` in-process (click's CliRunner); return the record:
     normalised argv, exit code, parsed stdout, uncaught exception type, whether stderr
     holds a traceback, and the files written under ``watch``."""
-    from click.testing import CliRunner
+    from cli_runner import invoke
 
-    from specconv.cli.main import cli
-
-    args = [str(a) for a in argv] + (["--format", "json"] if json_flag else [])
     before = snapshot(watch)
-    r = CliRunner().invoke(cli, args, env=env, catch_exceptions=True)
-    rec: dict[str, Any] = {"argv": ws.norm.argv(argv), "exit_code": r.exit_code,
+    r = invoke(*argv, as_json=json_flag, env=env, catch=True)
+    rec: dict[str, Any] = {"argv": ws.norm.argv(argv), "exit_code": r.code,
                            "stdout": ws.norm.with_loose(loose)(parse_stdout(r.stdout))}
     if r.exception is not None and not isinstance(r.exception, SystemExit):
         rec["exception"] = type(r.exception).__name__

@@ -10,14 +10,12 @@ and the suite runs offline, so every specconv run here is a subprocess with
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 import fixtures_dflash as fd
+from cli_runner import online_env, run_specconv
 from hub_double import HubDouble
 
 REPO = "z-lab/tiny-dflash"
@@ -38,19 +36,11 @@ def double(source):
 
 
 def _env(tmp: Path, double: HubDouble) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("HF_", "HUGGINGFACE_")) and k.lower() not in ("http_proxy", "https_proxy", "all_proxy")}
-    env.update(HF_HUB_OFFLINE="0", HF_ENDPOINT=double.url, HF_HUB_DISABLE_XET="1", HF_HOME=str(tmp / "hf-home"),
-               SPECCONV_CACHE=str(tmp / "specconv-cache"), HF_HUB_DISABLE_TELEMETRY="1",
-               HF_HUB_DISABLE_PROGRESS_BARS="1", NO_PROXY="127.0.0.1,localhost")
-    return env
+    return online_env(double.url, tmp / "hf-home", SPECCONV_CACHE=str(tmp / "specconv-cache"))
 
 
 def _cli(tmp: Path, double: HubDouble, *argv, env: dict[str, str] | None = None) -> tuple[int, dict | None, str]:
-    (tmp / "cwd").mkdir(exist_ok=True)
-    r = subprocess.run([sys.executable, "-m", "specconv.cli.main", *map(str, argv), "--format", "json"],
-                       cwd=tmp / "cwd", env=env or _env(tmp, double), capture_output=True, text=True, timeout=300)
-    return r.returncode, (json.loads(r.stdout) if r.stdout.strip() else None), r.stderr
+    return run_specconv(*argv, cwd=tmp / "cwd", env=env or _env(tmp, double)).code_json_stderr
 
 
 def _weights(double: HubDouble) -> list:

@@ -13,13 +13,12 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 import fixtures_dflash as fd
+from cli_runner import run_specconv
 from test_hub_paths import COMMIT, INDEX, FakeHub, _shard, _verifier_files, _zlab_files
 
 VERIFIER = "owner/verifier"
@@ -30,9 +29,7 @@ def _cli(home: Path, cwd: Path, *argv) -> tuple[int, dict | None, str]:
     env = {k: v for k, v in os.environ.items() if k not in ("HF_HOME", "HF_HUB_CACHE", "XDG_CACHE_HOME",
                                                            "HUGGINGFACE_HUB_CACHE")}
     env.update(HOME=str(home), HF_HUB_OFFLINE="1")
-    r = subprocess.run([sys.executable, "-m", "specconv.cli.main", *map(str, argv), "--format", "json"],
-                       cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
-    return r.returncode, (json.loads(r.stdout) if r.stdout.strip() else None), r.stderr
+    return run_specconv(*argv, cwd=cwd, env=env).code_json_stderr
 
 
 @pytest.fixture

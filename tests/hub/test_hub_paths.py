@@ -30,6 +30,7 @@ from pathlib import Path
 import pytest
 
 import fixtures_dflash as fd
+from cli_runner import invoke
 
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
 SHARDS = [f"model-0000{i}-of-00003.safetensors" for i in (1, 2, 3)]
@@ -176,16 +177,6 @@ def _tensors(d: Path) -> dict:
     return {n: st.read_tensor(n) for n in st.names()}
 
 
-def _run_cli(*argv: str):
-    from click.testing import CliRunner
-
-    from specconv.cli.main import cli
-
-    r = CliRunner().invoke(cli, [str(a) for a in argv], catch_exceptions=False)
-    obj = json.loads(r.stdout) if r.stdout.strip() else None
-    return r.exit_code, obj, r.stderr
-
-
 # ------------------------------------------------------------------- 1. resolve_verifier
 @pytest.mark.parametrize("symlinks", [True, False], ids=["blob-symlinks", "plain-files"])
 def test_hub_verifier_reads_only_the_shards_it_needs(hub, sharded_qwen3, symlinks):
@@ -314,7 +305,7 @@ def test_cli_convert_hub_drafter_with_hub_verifier(hub, sharded_qwen3, tmp_path)
     snap_src = hub.add("z-lab/tiny-dflash", files)
     hub.add(VERIFIER, _verifier_files(sharded_qwen3, shards=()))
     out = tmp_path / "out"
-    code, rep, err = _run_cli("convert", "z-lab/tiny-dflash", "--verifier", VERIFIER, "-o", out, "--format", "json")
+    code, rep, err = invoke("convert", "z-lab/tiny-dflash", "--verifier", VERIFIER, "-o", out).code_json_stderr
     assert code == 0, (rep, err)
     _check_hub_output(out, rep, snap_src)
     src_t, dst_t = _tensors(files["model.safetensors"].parent), _tensors(out)
@@ -341,7 +332,7 @@ def test_cli_convert_hub_multimodal_verifier_without_shards(hub, tiny_verifier_d
     hub.add("z-lab/tiny-dflash", _zlab_files(tmp_path / "src"))
     hub.add(VERIFIER, _multimodal(tiny_verifier_dir, tie=False))
     out = tmp_path / "out"
-    code, rep, err = _run_cli("convert", "z-lab/tiny-dflash", "--verifier", VERIFIER, "-o", out, "--format", "json")
+    code, rep, err = invoke("convert", "z-lab/tiny-dflash", "--verifier", VERIFIER, "-o", out).code_json_stderr
     assert code == 0, (rep, err)
     cfg = json.loads((out / "config.json").read_text())
     assert cfg["speculators_config"]["verifier"] == {"name_or_path": VERIFIER,
@@ -361,24 +352,24 @@ def test_cli_convert_hub_subfolder(hub, sharded_qwen3, tmp_path, with_tree):
     snap = hub.add("xiaomi/mimo-like", {"config.json": root_cfg, **files}, tree=tree)
     hub.add(VERIFIER, _verifier_files(sharded_qwen3, shards=()))
     out = tmp_path / "out"
-    code, rep, err = _run_cli("convert", "xiaomi/mimo-like", "--subfolder", "dflash", "--verifier", VERIFIER,
-                              "-o", out, "--format", "json")
+    code, rep, err = invoke("convert", "xiaomi/mimo-like", "--subfolder", "dflash", "--verifier", VERIFIER,
+                            "-o", out).code_json_stderr
     assert code == 0, (rep, err)
     assert rep["format"] == "zlab_dflash"
     _check_hub_output(out, rep, snap / "dflash")
     snaps = [json.loads(c[2]) for c in hub.calls if c[0] == "snapshot"]
     assert snaps and all(p.startswith("dflash/") for p in snaps[0])
     # a subfolder that is not in the repo
-    code, rep, _ = _run_cli("convert", "xiaomi/mimo-like", "--subfolder", "eagle", "--verifier", VERIFIER,
-                            "-o", tmp_path / "out2", "--format", "json")
+    code, rep, _ = invoke("convert", "xiaomi/mimo-like", "--subfolder", "eagle", "--verifier", VERIFIER,
+                          "-o", tmp_path / "out2").code_json_stderr
     assert code == 3 and "eagle" in rep["message"]
 
 
 def test_cli_inspect_hub_subfolder_with_hub_verifier(hub, sharded_qwen3, tmp_path):
     snap = hub.add("xiaomi/mimo-like", _zlab_files(tmp_path / "src", prefix="dflash/"))
     hub.add(VERIFIER, _verifier_files(sharded_qwen3, shards=()))
-    code, rep, err = _run_cli("inspect", "xiaomi/mimo-like", "--subfolder", "dflash", "--verifier", VERIFIER,
-                              "--format", "json")
+    code, rep, err = invoke("inspect", "xiaomi/mimo-like", "--subfolder", "dflash",
+                            "--verifier", VERIFIER).code_json_stderr
     assert code == 0, (rep, err)
     assert (rep["format"], rep["supported"]) == ("zlab_dflash", True)
     assert Path(rep["path"]) == snap / "dflash"
@@ -392,8 +383,8 @@ def test_hub_subfolder_incomplete_snapshot_exit_3(hub, sharded_qwen3, tmp_path):
     tree = {**{rel: p.stat().st_size for rel, p in files.items()}, "dflash/README.md": 10}
     hub.add("xiaomi/mimo-like", files, tree=tree)
     hub.add(VERIFIER, _verifier_files(sharded_qwen3, shards=()))
-    code, rep, err = _run_cli("convert", "xiaomi/mimo-like", "--subfolder", "dflash", "--verifier", VERIFIER,
-                              "-o", tmp_path / "out", "--format", "json")
+    code, rep, err = invoke("convert", "xiaomi/mimo-like", "--subfolder", "dflash", "--verifier", VERIFIER,
+                            "-o", tmp_path / "out").code_json_stderr
     assert code == 3, (rep, err)
     assert "dflash/README.md" in rep["message"] and "Traceback" not in err
 
@@ -433,8 +424,8 @@ def test_hub_mimo_mask_embedding_is_refused(hub, sharded_qwen3, tmp_path):
     tree = {rel: (len(p) if isinstance(p, bytes) else p.stat().st_size) for rel, p in files.items()}
     hub.add("xiaomi/mimo-like", files, tree=tree)
     hub.add(VERIFIER, _verifier_files(sharded_qwen3, shards=()))
-    code, rep, err = _run_cli("convert", "xiaomi/mimo-like", "--subfolder", "dflash", "--verifier", VERIFIER,
-                              "-o", tmp_path / "out", "--format", "json")
+    code, rep, err = invoke("convert", "xiaomi/mimo-like", "--subfolder", "dflash", "--verifier", VERIFIER,
+                            "-o", tmp_path / "out").code_json_stderr
     assert code == 3, (rep, err)
     assert "mask_embedding" in rep["message"] and not (tmp_path / "out").exists()
 
@@ -461,8 +452,8 @@ def test_dspark_pruned_vocab_takes_lm_head_rows_from_hub_verifier(hub, sharded_q
     snap = hub.add(VERIFIER, _verifier_files(sharded_qwen3, shards=(3,)))  # only the LM head's shard
     mp, tgt = _mapping(tmp_path / "vocab.npz")
     out = tmp_path / "out"
-    code, rep, err = _run_cli("convert", "deepspec/tiny-dspark", "--verifier", VERIFIER, "-o", out,
-                              "--vocab-mapping", mp, "--sample-from-anchor", "--format", "json")
+    code, rep, err = invoke("convert", "deepspec/tiny-dspark", "--verifier", VERIFIER, "-o", out,
+                            "--vocab-mapping", mp, "--sample-from-anchor").code_json_stderr
     assert code == 0, (rep, err)
     cfg = json.loads((out / "config.json").read_text())
     assert cfg["draft_vocab_size"] == 64
@@ -495,8 +486,8 @@ def test_peagle_takes_embed_and_lm_head_from_hub_verifier(hub, tiny_llama_verifi
     hub.add("aws/tiny-peagle", {f.name: f for f in src.iterdir()})
     snap = hub.add(VERIFIER, _verifier_files(vdir, shards=(1, 3)))
     out = tmp_path / "out"
-    code, rep, err = _run_cli("convert", "aws/tiny-peagle", "--verifier", VERIFIER, "-o", out,
-                              "--speculative-tokens", "2", "--format", "json")
+    code, rep, err = invoke("convert", "aws/tiny-peagle", "--verifier", VERIFIER, "-o", out,
+                            "--speculative-tokens", "2").code_json_stderr
     assert code == 0, (rep, err)
     assert {"lm-head-from-verifier", "embed-from-verifier"} <= fd.codes(rep["findings"])
     assert "verifier-not-hub-id" not in fd.codes(rep["findings"])
@@ -520,15 +511,15 @@ def test_hub_ids_absent_from_cache_exit_3(hub, sharded_qwen3, tmp_path):
         (("nobody/absent-drafter", "--verifier", VERIFIER), "nobody/absent-drafter"),
     ]
     for args, missing in cases:
-        code, rep, err = _run_cli("convert", *args, "-o", tmp_path / "out", "--format", "json")
+        code, rep, err = invoke("convert", *args, "-o", tmp_path / "out").code_json_stderr
         assert code == 3, (rep, err)
         assert missing in rep["message"]
         assert "HF_HUB_OFFLINE" in rep["message"] and "cache" in rep["message"]
         assert "Traceback" not in err
         assert not (tmp_path / "out").exists()
     # human output: one clear line on stderr
-    code, _, err = _run_cli("convert", "z-lab/tiny-dflash", "--verifier", "nobody/absent-verifier", "-o",
-                            tmp_path / "out")
+    code, _, err = invoke("convert", "z-lab/tiny-dflash", "--verifier", "nobody/absent-verifier", "-o",
+                          tmp_path / "out", as_json=False).code_json_stderr
     assert code == 3 and "nobody/absent-verifier" in err and "Traceback" not in err
 
 
@@ -541,7 +532,7 @@ def test_hub_verifier_missing_weights_exit_3(hub, tiny_verifier_dir, tmp_path):
     hub.add("deepspec/tiny-dspark", {f.name: f for f in src.iterdir()})
     hub.add(VERIFIER, {"config.json": tiny_verifier_dir / "config.json"})
     mp, _ = _mapping(tmp_path / "vocab.npz")
-    code, rep, err = _run_cli("convert", "deepspec/tiny-dspark", "--verifier", VERIFIER, "-o", tmp_path / "out",
-                              "--vocab-mapping", mp, "--sample-from-anchor", "--format", "json")
+    code, rep, err = invoke("convert", "deepspec/tiny-dspark", "--verifier", VERIFIER, "-o", tmp_path / "out",
+                            "--vocab-mapping", mp, "--sample-from-anchor").code_json_stderr
     assert code == 3, (rep, err)
     assert VERIFIER in rep["message"] and "Traceback" not in err

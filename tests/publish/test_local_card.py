@@ -4,24 +4,17 @@ after validate (the τ row) — through the real CLI on the bundled drafter and 
 from __future__ import annotations
 
 import json
-import os
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 pytest.importorskip("jinja2")
 
+from cli_runner import run_specconv  # noqa: E402
+
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "smollm2-dflash-b8"
 VERIFIER = "HuggingFaceTB/SmolLM2-135M-Instruct"
-
-
-def _cli(cwd: Path, *argv) -> subprocess.CompletedProcess:
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
-    return subprocess.run([sys.executable, "-m", "specconv.cli.main", *map(str, argv)], cwd=cwd, env=env,
-                          capture_output=True, text=True, timeout=600)
 
 
 def _front_matter(text: str) -> dict:
@@ -34,8 +27,9 @@ def _front_matter(text: str) -> dict:
 
 def test_convert_writes_the_card_and_validate_refreshes_it(tmp_path, smollm2_dir):
     out = tmp_path / "drafter"
-    r = _cli(tmp_path, "convert", EXAMPLE, "--verifier", smollm2_dir, "--verifier-name", VERIFIER, "-o", out)
-    assert r.returncode == 0, r.stderr[-2000:]
+    r = run_specconv("convert", EXAMPLE, "--verifier", smollm2_dir, "--verifier-name", VERIFIER, "-o", out,
+                     as_json=False, cwd=tmp_path, timeout=600)
+    assert r.code == 0, r.stderr[-2000:]
     card = (out / "README.md").read_text()
     meta = _front_matter(card)
     assert meta["library_name"] == "speculators" and meta["base_model"] == VERIFIER
@@ -44,9 +38,10 @@ def test_convert_writes_the_card_and_validate_refreshes_it(tmp_path, smollm2_dir
     from specconv.publish.card import write_local_card
 
     assert write_local_card(out).read_text() == card  # deterministic: same record, same bytes
-    r = _cli(tmp_path, "validate", out, "--verifier", smollm2_dir, "--prompts", "humaneval", "--num-prompts", "2",
-             "--max-new-tokens", "16", "--device", "cpu", "--report-dir", tmp_path / "report")
-    assert r.returncode in (0, 4), r.stderr[-2000:]
+    r = run_specconv("validate", out, "--verifier", smollm2_dir, "--prompts", "humaneval", "--num-prompts", "2",
+                     "--max-new-tokens", "16", "--device", "cpu", "--report-dir", tmp_path / "report",
+                     as_json=False, cwd=tmp_path, timeout=600)
+    assert r.code in (0, 4), r.stderr[-2000:]
     from specconv.record import read_record
 
     validation = read_record(out).validation

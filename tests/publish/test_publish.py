@@ -10,7 +10,6 @@ SmolLM2 verifier, 2 prompts x 16 tokens) is shared by every test of the module.
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -22,6 +21,7 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("jinja2")
 
+from cli_runner import online_env, run_specconv
 from hub_double import HubDouble
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "smollm2-dflash-b8"
@@ -31,22 +31,12 @@ TINY = ("--prompts", "humaneval", "--num-prompts", "2", "--max-new-tokens", "16"
 
 
 def _env(tmp: Path, double: HubDouble, token: str = TOKEN) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("HF_", "HUGGINGFACE_", "GITHUB_")) and k.lower() not in ("http_proxy", "https_proxy")}
-    env.update(HF_HUB_OFFLINE="0", HF_ENDPOINT=double.url, HF_HUB_DISABLE_XET="1", HF_HOME=str(tmp / "hf-home"),
-               HF_TOKEN=token, HF_HUB_DISABLE_TELEMETRY="1", HF_HUB_DISABLE_PROGRESS_BARS="1",
-               SPECCONV_HUB_RETRY_DELAY="0.001", NO_PROXY="127.0.0.1,localhost", OMP_NUM_THREADS="1")
-    return env
+    return online_env(double.url, tmp / "hf-home", token, SPECCONV_HUB_RETRY_DELAY="0.001")
 
 
 def _cli(tmp: Path, double: HubDouble, *argv, token: str = TOKEN, env_extra=None):
-    cwd = tmp / "cwd"
-    cwd.mkdir(parents=True, exist_ok=True)
-    env = {**_env(tmp, double, token), **(env_extra or {})}
-    r = subprocess.run([sys.executable, "-m", "specconv.cli.main", *map(str, argv), "--format", "json"],
-                       cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
-    out = json.loads(r.stdout) if r.stdout.strip() else None
-    return r.returncode, out, r.stdout + r.stderr
+    r = run_specconv(*argv, cwd=tmp / "cwd", env={**_env(tmp, double, token), **(env_extra or {})}, timeout=600)
+    return r.code, r.json, r.stdout + r.stderr
 
 
 @pytest.fixture(scope="module")

@@ -12,10 +12,7 @@ relative paths are equal too.
 
 from __future__ import annotations
 
-import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -24,22 +21,21 @@ pytest.importorskip("torch")
 pytest.importorskip("dflash")
 pytest.importorskip("jinja2")
 
+from cli_runner import online_env, run_specconv  # noqa: E402
 from hub_double import HubDouble  # noqa: E402
 
 TINY = ("--num-prompts", "1", "--max-new-tokens", "4", "--device", "cpu")
 
 
 def _cli(cwd: Path, *argv, endpoint: str | None = None) -> tuple[int, dict]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "HUGGINGFACE_", "GITHUB_"))}
-    env.update(OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", HF_HOME=str(cwd / "hf-home"))
     if endpoint:
-        env.update(HF_HUB_OFFLINE="0", HF_ENDPOINT=endpoint, HF_HUB_DISABLE_XET="1", HF_TOKEN="hf_specconvFAKE0",
-                   NO_PROXY="127.0.0.1,localhost", HF_HUB_DISABLE_TELEMETRY="1")
-    cwd.mkdir(parents=True, exist_ok=True)
-    p = subprocess.run([sys.executable, "-m", "specconv.cli.main", *map(str, argv), "--format", "json"], cwd=cwd,
-                       env=env, capture_output=True, text=True, timeout=900)
-    assert p.stdout.strip(), p.stderr[-3000:]
-    return p.returncode, json.loads(p.stdout)
+        env = online_env(endpoint, cwd / "hf-home", "hf_specconvFAKE0")
+    else:
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "HUGGINGFACE_", "GITHUB_"))}
+        env.update(OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", HF_HOME=str(cwd / "hf-home"))
+    r = run_specconv(*argv, cwd=cwd, env=env, timeout=900)
+    assert r.stdout.strip(), r.stderr[-3000:]
+    return r.code_json
 
 
 def test_release_records_the_validation_section_validate_records(tmp_path, smollm2_dir):

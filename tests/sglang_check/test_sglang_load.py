@@ -19,6 +19,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+from cli_runner import invoke
 
 import fixtures_dflash as fd
 import fixtures_dspark as fs
@@ -211,20 +212,16 @@ def validated(tmp_path_factory, smollm2_dir):
     """A tiny z-lab DFlash (written by z-lab's dflash) converted with a Hub verifier name and
     validated with ``--sglang-load-check``."""
     pytest.importorskip("dflash")
-    from click.testing import CliRunner
-
-    from specconv.cli.main import cli
     from test_validate_cli import _build
 
     root = tmp_path_factory.mktemp("sglang_validate")
     tiny = _build(root / "tiny", smollm2_dir)
     d = root / "drafter"
     fd.api_convert(tiny["zlab"], tiny["verifier"], d, name="org/tiny-llama")
-    r = CliRunner().invoke(cli, ["validate", str(d), "--verifier", str(tiny["verifier"]), "--prompts",
-                                 str(tiny["prompts"]), "--num-prompts", "1", "--max-new-tokens", "4", "--device", "cpu",
-                                 "--report-dir", str(d / "report"), "--sglang-load-check", "--format", "json"],
-                           catch_exceptions=False)
-    return d, r.exit_code, json.loads(r.stdout)
+    r = invoke("validate", d, "--verifier", tiny["verifier"], "--prompts",
+               tiny["prompts"], "--num-prompts", "1", "--max-new-tokens", "4", "--device", "cpu",
+               "--report-dir", d / "report", "--sglang-load-check")
+    return d, r.code, json.loads(r.stdout)
 
 
 def test_validate_sglang_load_check_records_under_export_not_validation(validated):
@@ -242,17 +239,14 @@ def test_validate_sglang_load_check_records_under_export_not_validation(validate
 
 
 def test_export_keeps_the_check_of_the_same_bytes_and_push_publishes_both(validated, tmp_path):
-    from click.testing import CliRunner
     from hub_double import HubDouble
     from test_publish import TOKEN, _cli
-
-    from specconv.cli.main import cli
     from specconv.record import read_record
 
     d, code, _ = validated
     assert code == 0
-    r = CliRunner().invoke(cli, ["export", "sglang", str(d), "--format", "json"], catch_exceptions=False)
-    assert r.exit_code == 0, r.stdout
+    r = invoke("export", "sglang", d)
+    assert r.code == 0, r.stdout
     assert read_record(d).export.model_dump()["sglang"]["check"]["ok"]  # same bytes: the check is kept
     assert "## SGLang" in (d / "README.md").read_text()
     double = HubDouble(token=TOKEN).start()

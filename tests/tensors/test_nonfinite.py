@@ -8,6 +8,7 @@ import os
 from pathlib import Path
 
 import pytest
+from cli_runner import invoke
 import torch
 from safetensors.torch import load_file, save_file
 
@@ -94,18 +95,14 @@ def test_allow_nonfinite_converts_and_records(tmp_path, tiny_verifier_dir, fresh
 
 
 def test_inspect_scan(tmp_path):
-    from click.testing import CliRunner
-
-    from specconv.cli.main import cli
-
     src = _nan_source(tmp_path / "s")
-    r = CliRunner().invoke(cli, ["inspect", str(src), "--scan", "--format", "json"])
+    r = invoke("inspect", src, "--scan", catch=True)
     obj = json.loads(r.stdout)
-    assert r.exit_code == 3 and obj["nonfinite"] == [
+    assert r.code == 3 and obj["nonfinite"] == [
         {"tensor": BODY, "dtype": "BF16", "count": 2, "numel": obj["nonfinite"][0]["numel"], "first_index": [1, 3]}]
     clean = make_source(tmp_path / "c")
-    r = CliRunner().invoke(cli, ["inspect", str(clean), "--scan", "--format", "json"])
-    assert r.exit_code == 0 and json.loads(r.stdout)["nonfinite"] == []
+    r = invoke("inspect", clean, "--scan", catch=True)
+    assert r.code == 0 and json.loads(r.stdout)["nonfinite"] == []
 
 
 def _mixed_store(d: Path):

@@ -18,7 +18,7 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("dflash")
 
-from click.testing import CliRunner  # noqa: E402
+from cli_runner import invoke  # noqa: E402
 
 
 def test_validate_source_resolves_the_verifier_once_and_parses_the_config_once(tmp_path, smollm2_dir, monkeypatch):
@@ -56,13 +56,12 @@ def test_validate_source_resolves_the_verifier_once_and_parses_the_config_once(t
     n = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        r = CliRunner().invoke(validate_cmd, [str(a) for a in (
-            b["spec"], "--verifier", b["verifier"], "--source", b["zlab"], "--prompts", b["prompts"],
-            "--num-prompts", "1", "--max-new-tokens", "4", "--device", "cpu", "--report-dir", tmp_path / "report",
-            "--format", "json")], catch_exceptions=False)
+        r = invoke(b["spec"], "--verifier", b["verifier"], "--source", b["zlab"], "--prompts", b["prompts"],
+                   "--num-prompts", "1", "--max-new-tokens", "4", "--device", "cpu", "--report-dir", tmp_path / "report",
+                   command=validate_cmd)
     finally:
         torch.set_num_threads(n)
-    assert r.exit_code == 0, r.output[-3000:]
+    assert r.code == 0, r.output[-3000:]
     assert '"parity": true' in r.output  # the source was converted and compared (G2 ran)
     assert len(resolved) == 1, f"resolve_verifier called {len(resolved)} times in one validate --source run"
     assert len(converted_with) == 1 and converted_with[0] is resolved[0]  # the source converted with the same object

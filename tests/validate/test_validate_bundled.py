@@ -13,6 +13,7 @@ import warnings
 from pathlib import Path
 
 import pytest
+from cli_runner import invoke
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("dflash")
@@ -25,32 +26,16 @@ RANDOM = EXAMPLES / "smollm2-dflash-b8-random"
 ARGS = ["--prompts", "humaneval", "--num-prompts", "3", "--max-new-tokens", "32", "--dtype", "float32", "--format", "json"]
 
 
-@pytest.fixture
-def one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 def _convert(src: Path, verifier: Path, out: Path, *extra: str) -> Path:
-    from click.testing import CliRunner
-
-    from specconv.cli.main import cli
-
-    r = CliRunner().invoke(cli, ["convert", str(src), "--verifier", str(verifier), "--verifier-name",
-                                 "HuggingFaceTB/SmolLM2-135M-Instruct", "-o", str(out), "--format", "json", *extra])
-    assert r.exit_code == 0, r.output
+    r = invoke("convert", src, "--verifier", verifier, "--verifier-name",
+               "HuggingFaceTB/SmolLM2-135M-Instruct", "-o", out, *extra, catch=True)
+    assert r.code == 0, r.output
     return out
 
 
 def _validate(d: Path, verifier: Path, report: Path, *extra: str) -> tuple[int, dict]:
-    from click.testing import CliRunner
-
-    from specconv.cli.main import cli
-
-    r = CliRunner().invoke(cli, ["validate", str(d), "--verifier", str(verifier), "--report-dir", str(report), *ARGS, *extra])
-    return r.exit_code, json.loads(r.stdout)
+    r = invoke("validate", d, "--verifier", verifier, "--report-dir", report, *ARGS, *extra, as_json=False, catch=True)
+    return r.code, json.loads(r.stdout)
 
 
 @pytest.fixture(scope="module")

@@ -14,7 +14,9 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 pytest.importorskip("dflash")
 
-from click.testing import CliRunner  # noqa: E402
+from cli_runner import invoke  # noqa: E402
+
+from specconv.cli.validate import validate_cmd  # noqa: E402
 
 from tests.tolerances import lossless_near_ties  # noqa: E402
 
@@ -53,13 +55,7 @@ def _build(root: Path, smollm2: Path) -> dict[str, Path]:
     return {"verifier": vdir, "zlab": zdir, "spec": sdir, "prompts": prompts}
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    # On a shared 2-core box two OpenMP threads thrash; one thread is much faster.
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread_module")  # conftest: torch on one thread
 
 
 @pytest.fixture(scope="module")
@@ -67,21 +63,15 @@ def tiny(tmp_path_factory, smollm2_dir):
     return _build(tmp_path_factory.mktemp("validate_tiny"), smollm2_dir)
 
 
-def _run(args):
-    from specconv.cli.validate import validate_cmd
-
-    return CliRunner().invoke(validate_cmd, [str(a) for a in args], catch_exceptions=False)
-
-
 def test_validate_json_report_all_gates(tiny, tmp_path):
     rep_dir = tmp_path / "rep"
     before = json.loads((tiny["spec"] / "specconv.json").read_text())
-    r = _run([
+    r = invoke(
         tiny["spec"], "--verifier", tiny["verifier"], "--source", tiny["zlab"],
         "--prompts", tiny["prompts"], "--num-prompts", 2, "--max-new-tokens", 8,
-        "--report-dir", rep_dir, "--format", "json", "--device", "auto",
-    ])
-    assert r.exit_code == 0, r.output
+        "--report-dir", rep_dir, "--device", "auto", command=validate_cmd,
+    )
+    assert r.code == 0, r.output
     out = json.loads(r.stdout)
     for key in ("acceptance_length", "acceptance_at_pos", "num_drafts", "num_draft_tokens",
                 "num_accepted_tokens", "gates", "metrics", "device", "versions", "prompts", "dtype"):
@@ -124,9 +114,9 @@ def test_source_changed_since_convert_is_exit_3_before_any_gate(tiny, tmp_path):
     save_file(t, str(src / "model.safetensors"), metadata={"format": "pt"})
     recorded = json.loads((tiny["spec"] / "specconv.json").read_text())["conversion"]["source"]["files"]
     before = (tiny["spec"] / "specconv.json").read_bytes()
-    r = _run([tiny["spec"], "--verifier", tiny["verifier"], "--source", src, "--prompts", tiny["prompts"],
-              "--num-prompts", 1, "--max-new-tokens", 4, "--report-dir", tmp_path / "rep", "--format", "json"])
-    assert r.exit_code == 3, r.output
+    r = invoke(tiny["spec"], "--verifier", tiny["verifier"], "--source", src, "--prompts", tiny["prompts"],
+               "--num-prompts", 1, "--max-new-tokens", 4, "--report-dir", tmp_path / "rep", command=validate_cmd)
+    assert r.code == 3, r.output
     out = json.loads(r.stdout)
     assert out["error"] == "source_changed"
     msg = out["message"]
@@ -149,17 +139,18 @@ def _copy_with(tiny, tmp_path, extra: dict[str, torch.Tensor]) -> Path:
 
 def test_random_lm_head_fails_structure_with_exit_4(tiny, tmp_path):
     d = _copy_with(tiny, tmp_path, {"lm_head.weight": torch.randn(49152, 64)})
-    r = _run([d, "--verifier", tiny["verifier"], "--prompts", tiny["prompts"], "--format", "json",
-              "--report-dir", tmp_path / "rep"])
-    assert r.exit_code == 4
+    r = invoke(d, "--verifier", tiny["verifier"], "--prompts", tiny["prompts"], "--report-dir", tmp_path / "rep",
+               command=validate_cmd)
+    assert r.code == 4
     out = json.loads(r.stdout)
     assert out["gates"] == {"structure": False}
     g1 = out["gate_results"][0]
     assert any("lm_head.weight differs from the verifier" in e for e in g1["errors"])
     assert [g["status"] for g in out["gate_results"][1:]] == ["skipped"] * 3
     assert out["exit_code"] == 4
-    human = _run([d, "--verifier", tiny["verifier"], "--report-dir", tmp_path / "rep2"])
-    assert human.exit_code == 4
+    human = invoke(d, "--verifier", tiny["verifier"], "--report-dir", tmp_path / "rep2", command=validate_cmd,
+                   as_json=False)
+    assert human.code == 4
     assert "structure   failed" in human.stdout and "lm_head.weight differs" in human.stdout
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 
 import pytest
+from cli_runner import invoke
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("dflash")
@@ -13,19 +14,8 @@ pytest.importorskip("dflash")
 from tests.tolerances import lossless_near_ties  # noqa: E402
 
 
-@pytest.fixture
-def one_thread():
-    # On a shared 2-core box two OpenMP threads thrash (10x slower decode); one is faster.
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 @pytest.mark.slow
 def test_validate_smollm2_zlab_dflash(tmp_path, smollm2_dir, one_thread):
-    from click.testing import CliRunner
-
     from examples.zlab_dflash import make_zlab_dflash
     from specconv.cli.validate import validate_cmd
     from specconv.convert import convert
@@ -33,13 +23,9 @@ def test_validate_smollm2_zlab_dflash(tmp_path, smollm2_dir, one_thread):
     z = make_zlab_dflash(tmp_path / "zlab", dtype="bfloat16")
     spec = tmp_path / "spec"
     convert(str(z), verifier=str(smollm2_dir), output=spec)
-    r = CliRunner().invoke(
-        validate_cmd,
-        [str(spec), "--verifier", str(smollm2_dir), "--source", str(z), "--num-prompts", "2",
-         "--max-new-tokens", "16", "--report-dir", str(tmp_path / "rep"), "--format", "json"],
-        catch_exceptions=False,
-    )
-    assert r.exit_code == 0, r.output
+    r = invoke(spec, "--verifier", smollm2_dir, "--source", z, "--num-prompts", "2",
+               "--max-new-tokens", "16", "--report-dir", tmp_path / "rep", command=validate_cmd)
+    assert r.code == 0, r.output
     out = json.loads(r.stdout)
     assert out["gates"] == {"structure": True, "parity": True, "acceptance": True, "lossless": True}
     assert out["k"] == 7 and out["aux_layer_ids"] == [2, 15, 28]

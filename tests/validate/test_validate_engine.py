@@ -12,12 +12,11 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("onnxruntime")
 
-from click.testing import CliRunner  # noqa: E402
+from cli_runner import invoke  # noqa: E402
 from test_build_engine import GPU, fake_trt, onnx_dir  # noqa: E402,F401
 from test_export_onnx import exported  # noqa: E402,F401
 from test_export_wrappers import verifier_dir  # noqa: E402,F401
 
-from specconv.cli.main import cli  # noqa: E402
 from specconv.errors import InvalidInputError  # noqa: E402
 from specconv.export import engine, engine_drafter as ed  # noqa: E402
 from specconv.export.engine import BuildOptions, build_engine_dir  # noqa: E402
@@ -96,17 +95,16 @@ def test_no_gpu_and_no_module_refused_before_any_tensorrt_object(built, monkeypa
     calls: list = []
     _cuda(monkeypatch, on=False, trt=runtime_module(calls))
     assert _code(lambda: ed.EngineDrafter(eng_dir, d)) == "gpu_missing"
-    r = CliRunner().invoke(cli, ["validate", str(d), "--verifier", "x", "--engine", str(eng_dir), "--format", "json"])
-    assert r.exit_code == 3 and json.loads(r.stdout)["error"] == "gpu_missing"
+    r = invoke("validate", d, "--verifier", "x", "--engine", eng_dir, catch=True)
+    assert r.code == 3 and json.loads(r.stdout)["error"] == "gpu_missing"
     assert calls == []
     monkeypatch.undo()  # the real import_runtime, with the tensorrt import failing
     monkeypatch.setattr(ed, "cuda_available", lambda: True)
     monkeypatch.setattr(ed, "_gpu_cc", lambda: "9.0")
     monkeypatch.setitem(__import__("sys").modules, "tensorrt", None)
-    r = CliRunner().invoke(cli, ["validate", str(d), "--verifier", "x", "--engine", str(eng_dir / "drafter.plan"),
-                                 "--format", "json"])
+    r = invoke("validate", d, "--verifier", "x", "--engine", eng_dir / "drafter.plan", catch=True)
     res = json.loads(r.stdout)
-    assert r.exit_code == 2 and res["error"] == "tensorrt_missing"  # a missing optional package (docs/cli.md)
+    assert r.code == 2 and res["error"] == "tensorrt_missing"  # a missing optional package (docs/cli.md)
     assert res["hint"] == "pip install 'specconv[tensorrt]' --extra-index-url https://pypi.nvidia.com"
 
 
@@ -153,9 +151,8 @@ def test_corrupt_plan_foreign_drafter_and_bad_paths(built, exported, monkeypatch
 def test_exclusive_with_onnx_and_vllm(built):
     d, eng_dir = built
     for extra in (["--onnx", "a.onnx"], ["--backend", "vllm"]):
-        r = CliRunner().invoke(cli, ["validate", str(d), "--verifier", "x", "--engine", str(eng_dir), *extra,
-                                     "--format", "json"])
-        assert r.exit_code == 2 and "mutually exclusive" in json.loads(r.stdout)["message"]
+        r = invoke("validate", d, "--verifier", "x", "--engine", eng_dir, *extra, catch=True)
+        assert r.code == 2 and "mutually exclusive" in json.loads(r.stdout)["message"]
 
 
 def test_run_engine_binds_inputs_before_sizing_outputs():

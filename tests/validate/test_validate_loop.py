@@ -10,7 +10,7 @@ pytest.importorskip("transformers")
 from specconv.validate.loop import run_requests, speculative_generate  # noqa: E402
 from specconv.validate.metrics import compute_metrics, metrics_from_counts  # noqa: E402
 from specconv.validate.sampling import speculative_sample  # noqa: E402
-from specconv.validate.testing import (  # noqa: E402
+from drafter_doubles import (  # noqa: E402
     MixedDrafter,
     OracleDrafter,
     RandomDrafter,
@@ -20,13 +20,7 @@ from specconv.validate.testing import (  # noqa: E402
 from tests.tolerances import assert_close, assert_same_greedy  # noqa: E402
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    # On a shared 2-core box two OpenMP threads thrash; one thread is much faster.
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread_module")  # conftest: torch on one thread
 
 
 @pytest.fixture(scope="module")

@@ -11,7 +11,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from click.testing import CliRunner
+from cli_runner import invoke
 
 from specconv.errors import InvalidInputError
 from specconv.validate import vllm_backend as vb
@@ -121,10 +121,9 @@ def test_server_env_defaults_keep_what_is_set():
 @pytest.mark.parametrize("args", [["--backend", "vllm", "--onnx", "a.onnx"], ["--backend", "vllm", "--engine", "e.plan"],
                                   ["--onnx", "a.onnx", "--engine", "e.plan"]])
 def test_runtimes_are_mutually_exclusive(tmp_path, args):
-    from specconv.cli.main import cli
 
-    r = CliRunner().invoke(cli, ["validate", str(tmp_path), "--verifier", "v", *args, "--format", "json"])
-    assert r.exit_code == 2
+    r = invoke("validate", tmp_path, "--verifier", "v", *args, catch=True)
+    assert r.code == 2
     assert "mutually exclusive" in json.loads(r.stdout)["message"]
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-from click.testing import CliRunner
+from cli_runner import invoke
 
 from specconv.errors import InvalidInputError, UsageError
 from specconv.validate import vllm_backend as vb
@@ -35,12 +35,6 @@ WRAPPED_LOG = """\
 (EngineCore pid=311) ERROR 12-02 01:02:03 [core.py:1000] ValueError: Total number of attention heads (9) must be divisible by tensor parallel size (2).
 (APIServer pid=300) RuntimeError: Engine core initialization failed. See root cause above. Failed core proc(s): {}
 """
-
-
-def _run(args):
-    from specconv.cli.main import cli
-
-    return CliRunner().invoke(cli, ["validate", *args, "--format", "json"])
 
 
 @pytest.mark.parametrize("word, owner", [
@@ -69,25 +63,23 @@ def test_vllm_arg_refuses_what_specconv_sets(word, owner):
 ])
 def test_bad_vllm_options_are_usage_errors_before_dir_is_read(tmp_path, args, message):
     d = tmp_path / "not-even-a-drafter"  # exit 2 comes first: the dir is never read
-    r = _run([str(d), "--verifier", "v", "--backend", "vllm", *args])
-    assert r.exit_code == 2, r.output
+    r = invoke("validate", str(d), "--verifier", "v", "--backend", "vllm", *args, catch=True)
+    assert r.code == 2, r.output
     assert message in json.loads(r.stdout)["message"]
     assert not d.exists()
 
 
 def test_vllm_python_from_the_environment_is_no_clash_with_server_url(tmp_path):
-    r = CliRunner().invoke(__import__("specconv.cli.main", fromlist=["cli"]).cli,
-                           ["validate", str(tmp_path / "x"), "--verifier", "v", "--backend", "vllm",
-                            "--server-url", "http://127.0.0.1:1", "--format", "json"],
-                           env={"SPECCONV_VLLM_PYTHON": sys.executable})
-    assert r.exit_code == 3 and json.loads(r.stdout)["error"] == "not_speculators_dir", r.output  # past the refusals
+    r = invoke("validate", tmp_path / "x", "--verifier", "v", "--backend", "vllm", "--server-url", "http://127.0.0.1:1",
+               env={"SPECCONV_VLLM_PYTHON": sys.executable}, catch=True)
+    assert r.code == 3 and json.loads(r.stdout)["error"] == "not_speculators_dir", r.output  # past the refusals
 
 
 @pytest.mark.parametrize("args", [["--tensor-parallel-size", "3"], ["--server-url", "http://h:1"],
                                   ["--vllm-arg=--enforce-eager"], ["--max-concurrency", "4"]])
 def test_serving_options_need_backend_vllm(tmp_path, args):
-    r = _run([str(tmp_path), "--verifier", "v", *args])
-    assert r.exit_code == 2 and "need(s) --backend vllm" in json.loads(r.stdout)["message"], r.output
+    r = invoke("validate", str(tmp_path), "--verifier", "v", *args, catch=True)
+    assert r.code == 2 and "need(s) --backend vllm" in json.loads(r.stdout)["message"], r.output
 
 
 def test_parallel_size_rule_names_the_numbers():
@@ -119,10 +111,10 @@ def _snapshot(d: Path) -> dict[str, bytes]:
 
 def test_refused_tp_size_is_exit_3_before_startup_and_writes_nothing(converted, smollm2_dir, tmp_path):
     before = _snapshot(converted)
-    r = _run([str(converted), "--verifier", str(smollm2_dir), "--backend", "vllm", "--tensor-parallel-size", "2",
-              "--vllm-python", str(tmp_path / "no-such-python"), "--num-prompts", "1",
-              "--report-dir", str(tmp_path / "rep")])
-    assert r.exit_code == 3, r.output
+    r = invoke("validate", str(converted), "--verifier", str(smollm2_dir), "--backend", "vllm",
+               "--tensor-parallel-size", "2", "--vllm-python", str(tmp_path / "no-such-python"), "--num-prompts", "1",
+               "--report-dir", str(tmp_path / "rep"), catch=True)
+    assert r.code == 3, r.output
     err = json.loads(r.stdout)
     assert err["error"] == "vllm_parallel_size"
     assert "9 attention heads are not divisible by tensor parallel size 2" in err["message"]

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
-from click.testing import CliRunner
+from cli_runner import invoke
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO / "examples" / "smollm2-dflash-b8"
@@ -140,11 +140,10 @@ def converted(tmp_path_factory, smollm2_dir) -> Path:
 
 
 def _validate(d: Path, verifier: Path, tmp_path: Path, *args: str, env: dict | None = None):
-    from specconv.cli.main import cli
 
-    r = CliRunner().invoke(cli, ["validate", str(d), "--verifier", str(verifier), "--backend", "vllm",
-                                 "--num-prompts", "3", "--max-new-tokens", "8", "--report-dir", str(tmp_path / "rep"),
-                                 *args, "--format", "json"], env=env)
+    r = invoke("validate", d, "--verifier", verifier, "--backend", "vllm",
+               "--num-prompts", "3", "--max-new-tokens", "8", "--report-dir", tmp_path / "rep",
+               *args, env=env, catch=True)
     return r, json.loads(r.stdout) if r.stdout.strip() else None
 
 
@@ -158,7 +157,7 @@ def test_server_url_run_measures_records_apart_and_redacts(fake, converted, smol
     userinfo = url.replace("http://", "http://alice:pw@")
     r, out = _validate(converted, smollm2_dir, tmp_path, "--server-url", userinfo, "--api-key-env", "MY_KEY",
                        "--reference-url", ref, "--max-concurrency", "2", env={"MY_KEY": "sk-test-123"})
-    assert r.exit_code == 0, r.output
+    assert r.code == 0, r.output
     assert out["gates"] == {"structure": True, "acceptance": True, "lossless": True}
     # 3 drafts of K=7 per request, 2 accepted: tau = 1 + 6 / 9
     assert out["num_drafts"] == 9 and out["acceptance_length"] == pytest.approx(1 + 6 / 9)
@@ -190,7 +189,7 @@ def test_contradictions_are_exit_3_and_write_nothing(fake, converted, smollm2_di
     before = _snapshot(converted)
     _, url = fake(**kw)
     r, out = _validate(converted, smollm2_dir, tmp_path, "--server-url", url)
-    assert r.exit_code == 3, r.output
+    assert r.code == 3, r.output
     assert out["error"] == code and message in out["message"]
     assert _snapshot(converted) == before and not (tmp_path / "rep").exists()
 
@@ -200,30 +199,30 @@ def test_unreachable_url_is_exit_3(converted, smollm2_dir, tmp_path):
 
     before = _snapshot(converted)
     r, out = _validate(converted, smollm2_dir, tmp_path, "--server-url", f"http://127.0.0.1:{free_port()}")
-    assert r.exit_code == 3 and out["error"] == "vllm_unreachable", r.output
+    assert r.code == 3 and out["error"] == "vllm_unreachable", r.output
     assert _snapshot(converted) == before
 
 
 def test_missing_key_is_an_auth_refusal(fake, converted, smollm2_dir, tmp_path):
     _, url = fake(key="k")
     r, out = _validate(converted, smollm2_dir, tmp_path, "--server-url", url)
-    assert r.exit_code == 3 and "HTTP 401" in out["message"] and "--api-key-env" in out["hint"], r.output
+    assert r.code == 3 and "HTTP 401" in out["message"] and "--api-key-env" in out["hint"], r.output
     r, out = _validate(converted, smollm2_dir, tmp_path, "--server-url", url, "--api-key-env", "UNSET_VAR_I16",
                        env={"UNSET_VAR_I16": ""})
-    assert r.exit_code == 2 and "$UNSET_VAR_I16 is not set" in out["message"]
+    assert r.code == 2 and "$UNSET_VAR_I16 is not set" in out["message"]
 
 
 def test_other_traffic_fails_g3_unless_allowed(fake, converted, smollm2_dir, tmp_path):
     _, url = fake(extra_requests=1)
     _, ref = fake(spec=False)
     r, out = _validate(converted, smollm2_dir, tmp_path, "--server-url", url, "--reference-url", ref)
-    assert r.exit_code == 4, r.output
+    assert r.code == 4, r.output
     g3 = next(g for g in out["gate_results"] if g["name"] == "acceptance")
     assert g3["details"]["other_traffic"] == {"requests": 3.0, "generation_tokens": 30.0}
     assert "other traffic" in g3["errors"][0] and "--allow-shared-server" in g3["errors"][0]
     r, out = _validate(converted, smollm2_dir, tmp_path, "--server-url", url, "--reference-url", ref,
                        "--allow-shared-server")
-    assert r.exit_code == 0, r.output
+    assert r.code == 0, r.output
     assert out["vllm_serve"]["other_traffic"] == {"requests": 3.0, "generation_tokens": 30.0}
 
 
@@ -231,7 +230,7 @@ def test_lossless_against_a_reference_that_disagrees(fake, converted, smollm2_di
     _, url = fake()
     _, ref = fake(spec=False, output=[504, 9, 9, 9])
     r, out = _validate(converted, smollm2_dir, tmp_path, "--server-url", url, "--reference-url", ref)
-    assert r.exit_code == 4, r.output
+    assert r.code == 4, r.output
     g4 = next(g for g in out["gate_results"] if g["name"] == "lossless")
     assert g4["details"]["agreement"] == pytest.approx(0.25) and g4["details"]["reference"] == "reference_url"
     assert "first divergence at token 1" in g4["errors"][0]

@@ -38,6 +38,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+from cli_runner import invoke
 
 from specconv.validate import vllm_backend as vb
 
@@ -249,9 +250,6 @@ TP3_TAU_TOLERANCE = 0.05
 def test_tp3_server_measured_by_server_url_matches_tp1(tp1_dflash, bundled_dflash, smollm2_dir, hub_env, tmp_path):
     import re
 
-    from click.testing import CliRunner
-
-    from specconv.cli.main import cli
     from specconv.validate.vllm_server import VllmServeOptions
     from specconv.verifier import resolve_verifier
 
@@ -261,12 +259,11 @@ def test_tp3_server_measured_by_server_url_matches_tp1(tp1_dflash, bundled_dflas
                           extra_args=("--enforce-eager", "--max-model-len", "2048"), env={**hub_env, **TP3_ENV})
     assert srv.env["VLLM_HOST_IP"] == "127.0.0.1"
     with srv:
-        r = CliRunner().invoke(cli, ["validate", str(bundled_dflash), "--verifier", str(smollm2_dir), "--backend", "vllm",
-                                     "--server-url", srv.base, "--prompts", "eval", "--num-prompts", str(NUM_PROMPTS),
-                                     "--max-new-tokens", str(MAX_NEW_TOKENS), "--report-dir", str(tmp_path / "rep"),
-                                     "--format", "json"])
+        r = invoke("validate", bundled_dflash, "--verifier", smollm2_dir, "--backend", "vllm",
+                   "--server-url", srv.base, "--prompts", "eval", "--num-prompts", NUM_PROMPTS,
+                   "--max-new-tokens", MAX_NEW_TOKENS, "--report-dir", tmp_path / "rep", catch=True)
     log_text = Path(srv.log_path).read_text(errors="replace")
-    assert r.exit_code == 0, r.output
+    assert r.code == 0, r.output
     out = json.loads(r.stdout)
     rep = json.loads((tmp_path / "rep" / "validation.json").read_text())
     serve = rep["vllm_serve"]

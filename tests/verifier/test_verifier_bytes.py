@@ -14,15 +14,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from cli_runner import invoke
 from fixtures_dspark import make_specforge_dspark, make_zlab_dflash, verifier_tensor
-from test_hub_paths import _shard
+from test_hub_paths import _shard, sharded_qwen3  # noqa: F401  (sharded_qwen3: the fixture)
 
 V, VD, H = 256, 32, 64  # the tiny verifiers' vocab / the pruned draft vocab / hidden size
-
-
-@pytest.fixture(scope="module")
-def sharded_qwen3(tiny_verifier_dir, tmp_path_factory) -> Path:
-    return _shard(tiny_verifier_dir, tmp_path_factory.mktemp("vb_sharded") / "qwen3")
 
 
 @pytest.fixture(scope="module")
@@ -82,15 +78,10 @@ def test_full_vocab_reads_no_verifier_tensor_bytes(kind, sf_dspark, sharded_qwen
 
 
 def test_cli_json_report_carries_the_counts(sf_dspark, sharded_qwen3, tmp_path):
-    from click.testing import CliRunner
-
-    from specconv.cli.main import cli
-
     _d2t(tmp_path / "d2t.npy", seed=2)
-    res = CliRunner().invoke(cli, ["convert", str(sf_dspark), "--verifier", str(sharded_qwen3), "-o",
-                                   str(tmp_path / "o"), "--vocab-mapping", str(tmp_path / "d2t.npy"),
-                                   "--format", "json"], catch_exceptions=False)
-    assert res.exit_code == 0, res.stderr
+    res = invoke("convert", sf_dspark, "--verifier", sharded_qwen3, "-o", tmp_path / "o",
+                 "--vocab-mapping", tmp_path / "d2t.npy")
+    assert res.code == 0, res.stderr
     rep = json.loads(res.stdout)
     assert rep["verifier_bytes_needed"] > 0 and rep["verifier_bytes_read"] <= 1.1 * rep["verifier_bytes_needed"]
 

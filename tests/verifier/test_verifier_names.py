@@ -11,15 +11,7 @@ from pathlib import Path
 import pytest
 
 import fixtures_dflash as fd
-
-
-def _run_cli(*argv):
-    from click.testing import CliRunner
-
-    from specconv.cli.main import cli
-
-    r = CliRunner().invoke(cli, [str(a) for a in argv], catch_exceptions=False)
-    return r.exit_code, (json.loads(r.stdout) if r.stdout.strip() else None), r.stderr
+from cli_runner import invoke
 
 
 def _gpt2_style(src: Path, out: Path) -> Path:
@@ -48,7 +40,7 @@ def test_gpt2_style_verifier_refused_at_convert(tiny_verifier_dir, tmp_path):
     v = _gpt2_style(tiny_verifier_dir, tmp_path / "gpt2ish")
     src = fd.make_source(tmp_path / "src", "zlab_dflash")
     out = tmp_path / "out"
-    code, rep, err = _run_cli("convert", src, "--verifier", v, "-o", out, "--format", "json")
+    code, rep, err = invoke("convert", src, "--verifier", v, "-o", out).code_json_stderr
     assert code == 3, (rep, err)
     assert rep["error"] == "verifier_tensor_names"
     msg = rep["message"]
@@ -60,8 +52,8 @@ def test_gpt2_style_verifier_refused_at_convert(tiny_verifier_dir, tmp_path):
 
 
 def test_standard_verifier_still_converts(tiny_verifier_dir, tmp_path):
-    code, rep, err = _run_cli("convert", fd.make_source(tmp_path / "src", "zlab_dflash"), "--verifier",
-                              tiny_verifier_dir, "-o", tmp_path / "out", "--format", "json")
+    code, rep, err = invoke("convert", fd.make_source(tmp_path / "src", "zlab_dflash"), "--verifier",
+                            tiny_verifier_dir, "-o", tmp_path / "out").code_json_stderr
     assert code == 0, (rep, err)
 
 
@@ -90,8 +82,8 @@ def test_drafter_takes_the_tensors_convert_picks(tiny_verifier_dir, tmp_path):
     from specconv.verifier import resolve_verifier
 
     out = tmp_path / "out"
-    code, rep, err = _run_cli("convert", fd.make_source(tmp_path / "src", "zlab_dflash"), "--verifier",
-                              tiny_verifier_dir, "-o", out, "--format", "json")
+    code, rep, err = invoke("convert", fd.make_source(tmp_path / "src", "zlab_dflash"), "--verifier",
+                            tiny_verifier_dir, "-o", out).code_json_stderr
     assert code == 0, (rep, err)
     v = resolve_verifier(str(tiny_verifier_dir))
     drafter = load_drafter(out, v)

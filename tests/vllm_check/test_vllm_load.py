@@ -19,6 +19,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+from cli_runner import invoke
 
 import fixtures_dflash as fd
 import fixtures_dspark as fs
@@ -345,41 +346,34 @@ def test_strict_check_catches_broken_variant(checked, name, needle):
 # ------------------------------------------------------------------ the CLI
 def test_missing_interpreter_is_exit_3(tmp_path, monkeypatch):
     """No vLLM venv: a clear error (exit 3) before any gate runs; nothing recorded."""
-    from click.testing import CliRunner
-
-    from specconv.cli.main import cli
-
     out = tmp_path / "out"
     out.mkdir()
     (out / "config.json").write_text(json.dumps({"speculators_model_type": "dflash"}))
     monkeypatch.setenv("SPECCONV_VLLM_LOADER_PYTHON", str(tmp_path / "nope" / "python"))
-    r = CliRunner().invoke(cli, ["validate", str(out), "--verifier", "x", "--vllm-load-check", "--format", "json"])
-    assert r.exit_code == 3, r.output
+    r = invoke("validate", out, "--verifier", "x", "--vllm-load-check", catch=True)
+    assert r.code == 3, r.output
     obj = json.loads(r.stdout)
     assert obj["error"] == "vllm_python_missing" and "nope/python" in obj["message"]
     assert "SPECCONV_VLLM_LOADER_PYTHON" in obj["hint"]
     assert not (out / "specconv.json").exists()
-    r = CliRunner().invoke(cli, ["validate", str(out), "--verifier", "x", "--vllm-load-check",
-                                 "--vllm-loader-python", str(tmp_path / "also-nope"), "--format", "json"])
-    assert r.exit_code == 3 and "also-nope" in json.loads(r.stdout)["message"]
+    r = invoke("validate", out, "--verifier", "x", "--vllm-load-check",
+               "--vllm-loader-python", tmp_path / "also-nope", catch=True)
+    assert r.code == 3 and "also-nope" in json.loads(r.stdout)["message"]
 
 
 @_mark
 def test_validate_vllm_load_check_records_in_specconv_json(tmp_path, smollm2_dir):
     """``specconv validate DIR --vllm-load-check`` on a tiny verifier with SmolLM2's tokenizer."""
     pytest.importorskip("dflash")
-    from click.testing import CliRunner
     from test_validate_cli import _build
-
-    from specconv.cli.main import cli
 
     tiny = _build(tmp_path / "t", smollm2_dir)
     before = json.loads((tiny["spec"] / "specconv.json").read_text())
     args = ["validate", str(tiny["spec"]), "--verifier", str(tiny["verifier"]), "--prompts", str(tiny["prompts"]),
             "--num-prompts", "1", "--max-new-tokens", "4", "--report-dir", str(tmp_path / "rep"),
             "--vllm-load-check", "--vllm-loader-python", str(VLLM_PY), "--format", "json"]
-    r = CliRunner().invoke(cli, args, catch_exceptions=False)
-    assert r.exit_code == 0, r.output
+    r = invoke(*args, as_json=False)
+    assert r.code == 0, r.output
     vl = json.loads(r.stdout)["vllm_load"]
     assert vl["ok"] is True and vl["model_class"] == "DFlashQwen3ForCausalLM", vl
     assert (vl["distribution"], vl["version"]) == ("vllm", "0.33.0") and vl["torch"].startswith("2.13.0")

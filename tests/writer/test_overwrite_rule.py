@@ -20,11 +20,9 @@ import sys
 from pathlib import Path
 
 import pytest
-from click.testing import CliRunner
-
+from cli_runner import invoke
 from fixtures_dflash import HUB, make_source
 
-from specconv.cli.main import cli
 
 PY = sys.executable
 
@@ -53,11 +51,6 @@ def snapshot(root: Path) -> dict[str, tuple]:
 def leftovers(parent: Path) -> list[str]:
     """Temp / backup dirs and locks a writer may leave next to an output."""
     return sorted(p.name for p in Path(parent).iterdir() if ".tmp-" in p.name or ".old-" in p.name)
-
-
-def _cli(*argv, env=None) -> tuple[int, dict]:
-    r = CliRunner().invoke(cli, [*map(str, argv), "--format", "json"], env=env, catch_exceptions=False)
-    return r.exit_code, json.loads(r.stdout)
 
 
 def _shell(cmd: str, *, cwd: Path, home: Path, **names) -> tuple[int, dict]:
@@ -108,7 +101,7 @@ CONVERT_SH = ('"$PY" -m specconv.cli.main convert "$SRC" --verifier "$VER" --ver
 
 
 def _convert(src, ver, out, *extra) -> tuple[int, dict]:
-    return _cli("convert", src, "--verifier", ver, "--verifier-name", HUB, "-o", out, *extra)
+    return invoke("convert", src, "--verifier", ver, "--verifier-name", HUB, "-o", out, *extra).code_json
 
 
 @pytest.fixture
@@ -216,7 +209,7 @@ def exported(tmp_path_factory, drafter, verifier_dir) -> Path:
     d = tmp_path_factory.mktemp("exported") / "drafter"
     shutil.copytree(drafter, d)
     (d / "onnx").mkdir()
-    code, obj = _cli("export", "onnx", d, "--verifier", verifier_dir, *EXPORT_ARGS, "--overwrite")
+    code, obj = invoke("export", "onnx", d, "--verifier", verifier_dir, *EXPORT_ARGS, "--overwrite").code_json
     assert code == 0, obj
     assert (d / "onnx" / "onnx_meta.json").is_file() and (d / "onnx" / "drafter.onnx").is_file()
     return d
@@ -254,7 +247,7 @@ def test_export_refuses_what_is_not_its_own_export(tmp_path, project, drafter, c
         (out / name).write_text("mine\n")
         found = "notes.txt" if how == "export + user file" else "fp32/"  # the unlisted entry is named
     before = snapshot(target)
-    code, obj = _cli("export", "onnx", drafter, "-o", out, *EXPORT_ARGS, "--overwrite")
+    code, obj = invoke("export", "onnx", drafter, "-o", out, *EXPORT_ARGS, "--overwrite").code_json
     _refused(code, obj, out, found)
     assert snapshot(target) == before and leftovers(tmp_path) == []
 
@@ -264,7 +257,7 @@ def test_export_replaces_its_own_earlier_export(tmp_path, exported, verifier_dir
     d = tmp_path / "drafter"
     shutil.copytree(exported, d)
     meta = json.loads((d / "onnx" / "onnx_meta.json").read_text())
-    code, obj = _cli("export", "onnx", d, "--verifier", verifier_dir, *EXPORT_ARGS, "--overwrite")
+    code, obj = invoke("export", "onnx", d, "--verifier", verifier_dir, *EXPORT_ARGS, "--overwrite").code_json
     assert code == 0, obj
     new = json.loads((d / "onnx" / "onnx_meta.json").read_text())
     assert new["format"] == "specconv-onnx-drafter" and new["files"].keys() == meta["files"].keys()
@@ -286,7 +279,7 @@ def engine_env(monkeypatch, tmp_path, exported):
     monkeypatch.setitem(sys.modules, "tensorrt", fake_trt([]))
     d = tmp_path / "drafter"
     shutil.copytree(exported, d)
-    code, obj = _cli("build-engine", d)
+    code, obj = invoke("build-engine", d).code_json
     assert code == 0 and obj["key"] == KEY, obj
     return d
 
@@ -307,7 +300,7 @@ def test_build_engine_overwrite_refuses_what_is_not_its_own_variant(engine_env, 
         else:
             out.symlink_to(home, target_is_directory=True)
     before, trt_before = snapshot(target), snapshot(engine_env / "trt")
-    code, obj = _cli("build-engine", engine_env, "--overwrite")
+    code, obj = invoke("build-engine", engine_env, "--overwrite").code_json
     _refused(code, obj, out, found)
     assert snapshot(target) == before and snapshot(engine_env / "trt") == trt_before
 
@@ -324,7 +317,7 @@ def test_build_engine_overwrite_replaces_an_empty_dir_or_its_own_variant(engine_
     elif how.endswith("without files"):  # built before build.json listed its files
         del build["files"]
         (out / "build.json").write_text(json.dumps(build))
-    code, obj = _cli("build-engine", engine_env, "--overwrite")
+    code, obj = invoke("build-engine", engine_env, "--overwrite").code_json
     assert code == 0, obj
     assert sorted(p.name for p in out.iterdir()) == ["build.json", "drafter.plan"]
     assert json.loads((out / "build.json").read_text())["files"] == ["build.json", "drafter.plan"]
@@ -348,9 +341,9 @@ def double():
 
 def _release(double, smollm2_dir, work: Path, *extra) -> tuple[int, dict]:
     env = {"HF_ENDPOINT": double.url, "HF_TOKEN": TOKEN, "HF_HUB_DISABLE_XET": "1"}
-    return _cli("release", EXAMPLE, "--verifier", smollm2_dir, "--verifier-name", "HuggingFaceTB/SmolLM2-135M-Instruct",
-                "--repo-id", "specconv-test/overwrite",
-                "--work-dir", work, "--dry-run", *extra, env=env)
+    return invoke("release", EXAMPLE, "--verifier", smollm2_dir, "--verifier-name", "HuggingFaceTB/SmolLM2-135M-Instruct",
+                  "--repo-id", "specconv-test/overwrite",
+                  "--work-dir", work, "--dry-run", *extra, env=env).code_json
 
 
 @pytest.mark.parametrize("how", ["user dir with an onnx/onnx_meta.json", "symlink to home",
@@ -370,8 +363,8 @@ def test_release_checks_its_work_dir_drafter_before_moving_anything(double, smol
         drafter.symlink_to(home, target_is_directory=True)
         target, found = home, ".ssh/"
     else:
-        code, obj = _cli("convert", EXAMPLE, "--verifier", smollm2_dir, "--verifier-name",
-                         "HuggingFaceTB/SmolLM2-135M-Instruct", "-o", drafter)
+        code, obj = invoke("convert", EXAMPLE, "--verifier", smollm2_dir, "--verifier-name",
+                           "HuggingFaceTB/SmolLM2-135M-Instruct", "-o", drafter).code_json
         assert code == 0, obj
         (drafter / "notes.txt").write_text("mine\n")
         target, found = drafter, "notes.txt"
@@ -386,8 +379,8 @@ def test_release_checks_its_work_dir_drafter_before_moving_anything(double, smol
 def test_release_replaces_its_own_earlier_conversion(double, smollm2_dir, tmp_path):
     work = tmp_path / "work"
     drafter = work / "drafter"
-    code, obj = _cli("convert", EXAMPLE, "--verifier", smollm2_dir, "--verifier-name",
-                     "HuggingFaceTB/SmolLM2-135M-Instruct", "-o", drafter)
+    code, obj = invoke("convert", EXAMPLE, "--verifier", smollm2_dir, "--verifier-name",
+                       "HuggingFaceTB/SmolLM2-135M-Instruct", "-o", drafter).code_json
     assert code == 0, obj
     rec = json.loads((drafter / "specconv.json").read_text())
     rec["conversion"]["notes"] = ["the earlier run"]

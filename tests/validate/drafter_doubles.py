@@ -1,8 +1,9 @@
-"""Harness sanity stand-ins: a tiny random Llama verifier and toy drafters.
+"""Harness sanity stand-ins (test doubles): a tiny random Llama verifier and toy drafters.
 
-Used by the tests and handy for checking the harness itself: an *oracle* drafter
-(proposes the verifier's own greedy continuation) must reach τ = k + 1 up to end
-effects, a *random* drafter τ ≈ 1 (``tests/validate/test_validate_loop.py`` checks both).
+Importable by name from every room (``from drafter_doubles import tiny_verifier``). They
+check the harness itself: an *oracle* drafter (proposes the verifier's own greedy
+continuation) must reach τ = k + 1 up to end effects, a *random* drafter τ ≈ 1
+(``tests/validate/test_validate_loop.py`` checks both).
 """
 
 from __future__ import annotations

@@ -1,0 +1,105 @@
+"""The suite's one way to run ``specconv``: in-process through click's ``CliRunner``
+(:func:`invoke`) or as the real entry point in a subprocess (:func:`run_specconv`), both
+answering a :class:`CliOutcome`; :func:`online_env` is the subprocess environment for the
+loopback Hub double (``tests/hub_double.py``).
+
+Importable by name from every room (``from cli_runner import invoke``), like
+``fixtures_dflash``. tests/golden/ keeps its own recording runner (``workspace.run_cli``).
+"""
+
+from __future__ import annotations
+
+import json as _json
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+#: ``python -c`` body that behaves as the installed ``specconv`` console script (prog name included).
+_ENTRY = "import sys; from specconv.cli.main import main; sys.argv[0] = 'specconv'; main()"
+
+
+@dataclass(frozen=True)
+class CliOutcome:
+    """One ``specconv`` run: exit code, stdout and stderr as text, and (in-process with
+    ``catch=True`` only) the exception click caught."""
+
+    code: int
+    stdout: str
+    stderr: str
+    exception: BaseException | None = None
+
+    @property
+    def json(self) -> Any:
+        """stdout parsed as JSON; ``None`` when stdout is blank (``ValueError`` if not JSON)."""
+        return _json.loads(self.stdout) if self.stdout.strip() else None
+
+    @property
+    def output(self) -> str:
+        """stdout then stderr (for assertion messages)."""
+        return self.stdout + self.stderr
+
+    @property
+    def code_json(self) -> tuple[int, Any]:
+        """``(code, json)``, for ``code, obj = invoke(...).code_json``."""
+        return self.code, self.json
+
+    @property
+    def code_json_stderr(self) -> tuple[int, Any, str]:
+        """``(code, json, stderr)``."""
+        return self.code, self.json, self.stderr
+
+    def one(self) -> dict:
+        """stdout as exactly one JSON object (``json.loads`` rejects trailing data)."""
+        obj = _json.loads(self.stdout)
+        assert isinstance(obj, dict), self.stdout
+        return obj
+
+
+def _argv(argv: tuple, as_json: bool) -> list[str]:
+    return [str(a) for a in argv] + (["--format", "json"] if as_json else [])
+
+
+def invoke(*argv: Any, as_json: bool = True, env: dict[str, str] | None = None, catch: bool = False,
+           command=None) -> CliOutcome:
+    """``specconv ARGV`` (+ ``--format json`` when ``as_json``) in-process. ``catch=False``
+    lets an unexpected exception propagate (a traceback fails the test); ``command`` runs one
+    click command (e.g. ``validate_cmd``) instead of the whole group."""
+    from click.testing import CliRunner
+
+    if command is None:
+        from specconv.cli.main import cli as command
+    r = CliRunner().invoke(command, _argv(argv, as_json), env=env, catch_exceptions=catch)
+    return CliOutcome(r.exit_code, r.stdout, r.stderr, r.exception)
+
+
+def run_specconv(*argv: Any, as_json: bool = True, cwd: Path | None = None, env: dict[str, str] | None = None,
+                 timeout: int = 300) -> CliOutcome:
+    """``specconv ARGV`` (+ ``--format json`` when ``as_json``) as the real entry point in a
+    subprocess of this interpreter. ``env`` replaces the environment; default: this one,
+    offline, one OpenMP thread. ``cwd`` is created when missing."""
+    if env is None:
+        env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+    if cwd is not None:
+        Path(cwd).mkdir(parents=True, exist_ok=True)
+    p = subprocess.run([sys.executable, "-c", _ENTRY, *_argv(argv, as_json)], cwd=cwd, env=env,
+                       capture_output=True, text=True, timeout=timeout)
+    return CliOutcome(p.returncode, p.stdout, p.stderr)
+
+
+def online_env(endpoint: str, hf_home: Path, token: str | None = None, **extra: str) -> dict[str, str]:
+    """This environment without any ``HF_*`` / ``HUGGINGFACE_*`` / ``GITHUB_*`` / proxy
+    variable, then huggingface_hub online against ``endpoint`` (no Xet, no telemetry, no
+    progress bars, loopback unproxied) with a fresh ``HF_HOME``, ``token`` as ``HF_TOKEN``,
+    one OpenMP thread, and ``extra`` on top."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "HUGGINGFACE_", "GITHUB_"))
+           and k.lower() not in ("http_proxy", "https_proxy", "all_proxy")}
+    env.update(HF_HUB_OFFLINE="0", HF_ENDPOINT=endpoint, HF_HUB_DISABLE_XET="1", HF_HOME=str(hf_home),
+               HF_HUB_DISABLE_TELEMETRY="1", HF_HUB_DISABLE_PROGRESS_BARS="1", NO_PROXY="127.0.0.1,localhost",
+               OMP_NUM_THREADS="1")
+    if token is not None:
+        env["HF_TOKEN"] = token
+    env.update(extra)
+    return env
