@@ -227,18 +227,19 @@ def _result(meta: dict[str, Any], files: dict[str, str], out_dir: Path) -> dict[
 def _record(d: Path, result: dict[str, Any]) -> None:
     """``export.sglang`` of ``DIR/specconv.json`` (other export keys kept); an earlier check
     of the same bytes is kept with it."""
-    from ..record import as_record_path, read_record, update_record
+    from ..record import as_record_path, update_section_key
+
+    new = {**result, "output": as_record_path(result.get("output"), d),
+           "launch": None}  # the recorded argv names a local path: rebuilt where it is printed
+
+    def merged(prev: dict[str, Any] | None) -> dict[str, Any]:
+        prev = prev or {}
+        if "check" not in new and (prev.get("check") or {}).get("files") == new["files"]:
+            return {**new, "check": prev["check"]}
+        return new
 
     try:
-        current = read_record(d, missing_ok=True).export
-        section = current.model_dump() if current is not None else {}
-        prev = section.get("sglang") or {}
-        new = {**result, "output": as_record_path(result.get("output"), d),
-               "launch": None}  # the recorded argv names a local path: rebuilt where it is printed
-        if "check" not in new and (prev.get("check") or {}).get("files") == new["files"]:
-            new["check"] = prev["check"]
-        section["sglang"] = new
-        update_record(d, "export", section)
+        update_section_key(d, "export", "sglang", merged)
     except OSError as e:  # a read-only drafter dir: the export itself is complete
         log.warning("could not record the SGLang export in %s/specconv.json: %s", d, e)
 
@@ -247,14 +248,12 @@ def record_sglang_check(drafter_dir: str | Path, export: dict[str, Any], check: 
     """Record a check of an export made elsewhere (``validate --sglang-load-check``'s temp
     dir) under ``export.sglang.check``: beside the recorded export when its files are these
     bytes, else as an export without ``output`` (nothing in DIR holds those bytes yet)."""
-    from ..record import read_record, update_record
+    from ..record import update_section_key
 
-    d = Path(drafter_dir)
-    current = read_record(d, missing_ok=True).export
-    section = current.model_dump() if current is not None else {}
-    prev = section.get("sglang") or {}
-    if prev.get("files") == export["files"] and prev.get("drafter_files") == export["drafter_files"]:
-        section["sglang"] = {**prev, "check": check}
-    else:
-        section["sglang"] = {**export, "output": None, "launch": None, "check": check}
-    update_record(d, "export", section)
+    def checked(prev: dict[str, Any] | None) -> dict[str, Any]:
+        prev = prev or {}
+        if prev.get("files") == export["files"] and prev.get("drafter_files") == export["drafter_files"]:
+            return {**prev, "check": check}
+        return {**export, "output": None, "launch": None, "check": check}
+
+    update_section_key(Path(drafter_dir), "export", "sglang", checked)
