@@ -5,6 +5,8 @@ Every command's library function returns one of these pydantic models:
 (``specconv.convert.inspect_source``), :class:`FormatsResult` (``specconv formats``),
 :class:`ValidationReport` (``specconv.validate.run.validate_drafter``),
 :class:`ExportOnnxResult` (``specconv.export.onnx_dir.export_onnx_dir``),
+:class:`ExportSglangResult` (``specconv.export.sglang_dir.export_sglang_dir``),
+:class:`ExportGgufResult` (``specconv.gguf.export.export_gguf_dir``),
 :class:`BuildEngineResult` (``specconv.export.engine.build_engine_dir``),
 :class:`PushResult` (``specconv.publish.push.push``) and :class:`ReleaseResult`
 (``specconv.publish.release.release``). The CLI prints one with
@@ -537,17 +539,42 @@ class ReleaseResult(StageResult):
 
 
 class ExportGgufResult(StageResult):
-    """``specconv export gguf``: the ``export.gguf`` section it recorded (``output``, ``file``,
-    ``algorithm``, ``architecture``, ``dtype``, ``spec_type``, ``spec_draft_n_max``,
-    ``verifier_weights``; ``check``: llama-server's result, or ``{skipped: reason}``)."""
+    """``specconv export gguf`` (:func:`specconv.gguf.export.export_gguf_dir`): what it wrote,
+    also recorded as ``export.gguf`` (there with ``output`` relative and ``check`` brief).
+
+    Attributes:
+        output: the export dir (absolute). file: the GGUF's name in it; sha256: its hash.
+        algorithm / architecture (llama.cpp's) / dtype (GGUF file type): the drafter.
+        spec_type / spec_draft_n_max: llama-server's ``--spec-type`` / ``--spec-draft-n-max``.
+        target_layers: verifier layers whose input llama.cpp captures. not_written: drafter
+        tensor → why llama.cpp gets no copy.
+        contains_verifier_weights / verifier_weights: verifier tensors inside (names).
+        verifier_gguf: ``{name, sha256, quantisation, repo}`` of the target GGUF found.
+        check: llama-server's result, or ``{skipped: reason}``. created: UTC timestamp.
+    """
+
+    output: str | None = None
+    file: str | None = None
+    sha256: str | None = None
+    algorithm: str | None = None
+    architecture: str | None = None
+    dtype: str | None = None
+    spec_type: str | None = None
+    spec_draft_n_max: int | None = None
+    target_layers: list[int] | None = None
+    not_written: dict[str, str] | None = None
+    contains_verifier_weights: bool | None = None
+    verifier_weights: list[str] | None = None
+    verifier_gguf: dict[str, Any] | None = None
+    check: dict[str, Any] | None = None
+    created: str | None = None
 
     def human(self) -> str:
-        r = self.to_dict()
-        inside = r.get("verifier_weights") or []
-        lines = [f"exported:  {r['output']}/{r['file']}  ({r['algorithm']}, {r['architecture']}, {r['dtype']})",
-                 f"serve:     --spec-type {r['spec_type']} --spec-draft-n-max {r['spec_draft_n_max']}",
+        inside = self.verifier_weights or []
+        lines = [f"exported:  {self.output}/{self.file}  ({self.algorithm}, {self.architecture}, {self.dtype})",
+                 f"serve:     --spec-type {self.spec_type} --spec-draft-n-max {self.spec_draft_n_max}",
                  f"verifier weights inside: {'yes (' + ', '.join(inside) + ')' if inside else 'no'}"]
-        c = r.get("check") or {}
+        c = self.check or {}
         if c.get("skipped"):
             lines.append(f"check:     skipped ({c['skipped']})")
         else:
@@ -558,21 +585,45 @@ class ExportGgufResult(StageResult):
 
 
 class ExportSglangResult(StageResult):
-    """``specconv export sglang``: the ``export.sglang`` section it recorded (``output``,
-    ``algorithm``, ``speculative_algorithm``, ``architecture``, ``files``, ``env``, ``launch``
-    argv, ``notes``; ``check``: SGLang's loader payload with ``--check``)."""
+    """``specconv export sglang`` (:func:`specconv.export.sglang_dir.export_sglang_dir`): what
+    it wrote, also recorded as ``export.sglang`` (there with ``output`` relative, no ``launch``).
+
+    Attributes:
+        output: the export dir (absolute). format / format_version: ``sglang_export.json``'s.
+        algorithm: the drafter's; speculative_algorithm / architecture: what SGLang runs.
+        files: sha256 of every file written; drafter_files: of the drafter files it was made from.
+        env: environment SGLang needs; expected: what SGLang must resolve (the check compares);
+        target_supplied: tensors SGLang takes from the verifier. notes: what the export
+        could not prove or did not carry.
+        launch: the ``python -m sglang.launch_server`` argv. check: SGLang's loader payload
+        (``--check``), else None.
+    """
+
+    output: str | None = None
+    format: str | None = None
+    format_version: int | None = None
+    algorithm: str | None = None
+    speculative_algorithm: str | None = None
+    architecture: str | None = None
+    files: dict[str, str] = Field(default_factory=dict)
+    drafter_files: dict[str, str] | None = None
+    env: dict[str, str] | None = None
+    expected: dict[str, Any] | None = None
+    target_supplied: list[str] | None = None
+    notes: list[str] = Field(default_factory=list)
+    launch: list[str] = Field(default_factory=list)
+    check: dict[str, Any] | None = None
 
     def human(self) -> str:
         import shlex
 
-        r = self.to_dict()
-        env = " ".join(f"{k}={v}" for k, v in sorted((r.get("env") or {}).items()))
-        lines = [f"exported:  {r['output']}  ({r['algorithm']} → SGLang {r['speculative_algorithm']}, "
-                 f"{r['architecture']})",
-                 f"files:     {', '.join(sorted(r['files']))} (weights byte-identical)",
-                 f"serve:     {(env + ' ') if env else ''}{shlex.join(r['launch'])}"]
-        lines += [f"note:      {n}" for n in r.get("notes", [])]
-        c = r.get("check")
+        env = " ".join(f"{k}={v}" for k, v in sorted((self.env or {}).items()))
+        lines = [f"exported:  {self.output}  ({self.algorithm} → SGLang {self.speculative_algorithm}, "
+                 f"{self.architecture})",
+                 f"files:     {', '.join(sorted(self.files))} (weights byte-identical)",
+                 f"serve:     {(env + ' ') if env else ''}{shlex.join(self.launch)}"]
+        lines += [f"note:      {n}" for n in self.notes]
+        c = self.check
         lines.append(f"check:     passed: SGLang {c['version']} loaded it strictly ({c['class']}, "
                      f"{c.get('checkpoint_tensors')} tensors)" if c else "check:     not run (pass --check)")
         return "\n".join(lines)

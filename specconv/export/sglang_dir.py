@@ -23,6 +23,7 @@ from typing import Any, Callable
 
 from ..errors import GateFailedError, InvalidInputError
 from ..outdir import KINDS, OutputTemp, check_replaceable, clean_stale, move_into_place
+from ..results import ExportSglangResult
 
 log = logging.getLogger("specconv.export")
 
@@ -167,7 +168,7 @@ def _check_output(out: Path, d: Path, overwrite: bool) -> None:
 
 def export_sglang_dir(drafter_dir: str | Path, out: str | Path | None = None, *, verifier: str | None = None,
                       overwrite: bool = False, check: Callable[[Path, str], dict[str, Any]] | None = None,
-                      record: bool = True) -> dict[str, Any]:
+                      record: bool = True) -> "ExportSglangResult":
     """Write SGLang's layout of a Speculators dir (see the module docstring).
 
     Args:
@@ -181,10 +182,8 @@ def export_sglang_dir(drafter_dir: str | Path, out: str | Path | None = None, *,
         record: set ``export.sglang`` in ``DIR/specconv.json``.
 
     Returns:
-        The ``export.sglang`` section: ``output``, ``format``, ``algorithm``,
-        ``speculative_algorithm``, ``architecture``, ``files`` (sha256), ``drafter_files``,
-        ``env``, ``expected``, ``target_supplied``, ``notes``, ``launch`` (argv with the
-        recorded verifier) and, with ``check``, ``check``.
+        :class:`~specconv.results.ExportSglangResult` (what ``export.sglang`` records, ``output``
+        absolute, ``launch`` the argv with the recorded verifier; ``check`` with ``check``).
 
     Raises:
         InvalidInputError: a refusal (exit 3, nothing written), an existing output
@@ -211,7 +210,7 @@ def export_sglang_dir(drafter_dir: str | Path, out: str | Path | None = None, *,
         from ..record import card_function
 
         card_function("refresh_local_card")(d)  # the card's SGLang section, once a check of these bytes passed
-    return result
+    return ExportSglangResult.of(result)
 
 
 def _result(meta: dict[str, Any], files: dict[str, str], out_dir: Path) -> dict[str, Any]:
@@ -244,11 +243,14 @@ def _record(d: Path, result: dict[str, Any]) -> None:
         log.warning("could not record the SGLang export in %s/specconv.json: %s", d, e)
 
 
-def record_sglang_check(drafter_dir: str | Path, export: dict[str, Any], check: dict[str, Any]) -> None:
+def record_sglang_check(drafter_dir: str | Path, result: "ExportSglangResult", check: dict[str, Any]) -> None:
     """Record a check of an export made elsewhere (``validate --sglang-load-check``'s temp
-    dir) under ``export.sglang.check``: beside the recorded export when its files are these
-    bytes, else as an export without ``output`` (nothing in DIR holds those bytes yet)."""
+    dir, ``result`` its :func:`export_sglang_dir`) under ``export.sglang.check``: beside the
+    recorded export when its files are these bytes, else as an export without ``output``
+    (nothing in DIR holds those bytes yet)."""
     from ..record import update_section_key
+
+    export = result.to_dict()
 
     def checked(prev: dict[str, Any] | None) -> dict[str, Any]:
         prev = prev or {}
