@@ -27,6 +27,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from .errors import EXIT_GATE_FAILED, EXIT_INVALID_INPUT, EXIT_WOULD_CHANGE, GateFailedError
+
 
 def plain(obj: Any) -> Any:
     """A model (recursively) as plain Python data: only the fields that were set (by alias:
@@ -106,6 +108,14 @@ def _k_of(cfg: dict[str, Any]) -> Any:
     return cfg["speculators_config"]["proposal_methods"][0]["speculative_tokens"]
 
 
+def _layer_ids(li: dict[str, Any]) -> str:
+    return f"{li['source_ids']} ({li['source_convention']}) → {li['speculators_ids']}"
+
+
+def _finding_lines(findings: list[dict[str, Any]]) -> list[str]:
+    return [f"  {f['level']:7} [{f['code']}] {f['message']}" for f in findings]
+
+
 class ConversionResult(StageResult):
     """What :func:`specconv.convert.convert` did (or, with ``dry_run``, would do).
 
@@ -144,14 +154,13 @@ class ConversionResult(StageResult):
         if p.get("casts"):
             lines.append("  cast: " + ", ".join(f"{k} ×{v}" for k, v in p["casts"].items()))
         if p.get("layer_ids"):
-            li = p["layer_ids"]
-            lines.append(f"  aux layer ids: {li['source_ids']} ({li['source_convention']}) → {li['speculators_ids']}")
+            lines.append(f"  aux layer ids: {_layer_ids(p['layer_ids'])}")
         cfg = p["config"]
         extra = f", block_size {cfg['block_size']}" if "block_size" in cfg else ""
         lines.append(f"  mask_token_id {cfg.get('mask_token_id')}{extra}, speculative_tokens {_k_of(cfg)}")
         lines += [f"  dropped {d['name']}: {d['reason']}" for d in p["dropped"]]
         lines += [f"  note: {n}" for n in p["notes"]]
-        lines += [f"  {f['level']:7} [{f['code']}] {f['message']}" for f in self.findings]
+        lines += _finding_lines(self.findings)
         return "\n".join(lines)
 
 
@@ -180,8 +189,6 @@ class InspectResult(StageResult):
     def exit_status(self) -> int:
         """3 when the source is not supported, lint reports an error or ``--scan`` found
         NaN/Inf, else 0."""
-        from .errors import EXIT_INVALID_INPUT
-
         bad = not self.supported or any(f["level"] == "error" for f in self.findings) or bool(self.nonfinite)
         return EXIT_INVALID_INPUT if bad else 0
 
@@ -201,13 +208,11 @@ class InspectResult(StageResult):
                          f"{plan['bytes'] / 1e6:.1f} MB; speculative_tokens {_k_of(cfg)}, "
                          f"mask_token_id {cfg.get('mask_token_id')}")
             if plan.get("layer_ids"):
-                li = plan["layer_ids"]
-                lines.append(f"           aux layer ids {li['source_ids']} ({li['source_convention']}) → "
-                             f"{li['speculators_ids']}")
+                lines.append(f"           aux layer ids {_layer_ids(plan['layer_ids'])}")
         errors = sum(f["level"] == "error" for f in self.findings)
         if self.findings:
             lines.append(f"lint:      {errors} error(s), {len(self.findings) - errors} other finding(s)")
-        lines += [f"  {f['level']:7} [{f['code']}] {f['message']}" for f in self.findings]
+        lines += _finding_lines(self.findings)
         if self.nonfinite is not None:
             lines.append(f"scan:      {len(self.nonfinite)} tensor(s) with NaN/Inf")
             lines += [f"  {n['tensor']}: {n['count']} of {n['numel']}, first at {n['first_index']}" for n in self.nonfinite]
@@ -283,15 +288,11 @@ class ValidationReport(StageResult):
 
     def exit_status(self) -> int:
         """4 when a gate that ran (or the vLLM load check) failed, else 0."""
-        from .errors import EXIT_GATE_FAILED
-
         return EXIT_GATE_FAILED if self.failed_gates() else 0
 
     def gate_failure(self):
         """The :class:`~specconv.errors.GateFailedError` (exit 4, carrying this report, its
         ``error`` / ``exit_code`` / ``message`` set) when a gate failed, else None."""
-        from .errors import EXIT_GATE_FAILED, GateFailedError
-
         failed = self.failed_gates()
         if not failed:
             return None
@@ -484,8 +485,6 @@ class PushResult(StageResult):
 
     def exit_status(self) -> int:
         """10 for a dry run with ``--detailed-exitcode`` that would change the repo, else 0."""
-        from .errors import EXIT_WOULD_CHANGE
-
         return EXIT_WOULD_CHANGE if self.would_change and self.detailed_exitcode else 0
 
     def human(self) -> str:
