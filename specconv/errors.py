@@ -4,7 +4,8 @@ Every user-facing failure raises a subclass of :class:`SpecconvError`; the CLI m
 ``exc.exit_code`` to the process exit status (click's ``ClickException`` pattern).
 User errors never use ``assert``.
 
-Exit codes (stable, documented in README.md and docs/cli.md):
+Exit codes (stable; :data:`EXIT_CODES` is the one table: ``specconv --help`` prints it, the
+tests check that README.md and docs/cli.md list every code):
 
 ==  =======================================================
 0   ok
@@ -16,6 +17,8 @@ Exit codes (stable, documented in README.md and docs/cli.md):
 7   transient remote failure after retries
 8   post-publish verification failed
 9   remote Hub repo or revision not found
+10  ``--dry-run --detailed-exitcode``: something would change (not an error)
+130 interrupted (Ctrl-C: 128 + SIGINT, the shell convention)
 ==  =======================================================
 """
 
@@ -32,6 +35,8 @@ EXIT_POST_PUBLISH = 8
 EXIT_REMOTE_NOT_FOUND = 9
 #: ``--dry-run --detailed-exitcode`` (push, release) when something would change (not an error)
 EXIT_WOULD_CHANGE = 10
+#: exit status after Ctrl-C (128 + SIGINT, the shell convention)
+EXIT_INTERRUPTED = 130
 
 EXIT_CODES: dict[int, str] = {
     EXIT_OK: "ok",
@@ -43,6 +48,8 @@ EXIT_CODES: dict[int, str] = {
     EXIT_TRANSIENT: "transient remote failure after retries",
     EXIT_POST_PUBLISH: "post-publish verification failed",
     EXIT_REMOTE_NOT_FOUND: "remote repo or revision not found",
+    EXIT_WOULD_CHANGE: "dry-run would change",
+    EXIT_INTERRUPTED: "interrupted",
 }
 
 

@@ -26,7 +26,8 @@ Paths inside the record are relative to the drafter directory (or a Hub repo id 
 the thing), never absolute, so the directory can be published as it is.
 
 API: :func:`read_record` reads and validates; :func:`update_record` replaces one section
-atomically (temp file in the same directory + ``os.replace``). Both are the only code
+and :func:`update_section_key` one key of a section, atomically (temp file in the same
+directory + ``os.replace``). They are the only code
 that reads or writes ``specconv.json`` after the writer created it. pydantic builds the
 schemas on first use (``defer_build``); the writer assembles its record with
 ``model_construct`` from values it derived itself and :meth:`SpecconvRecord.to_json`
@@ -40,7 +41,7 @@ import json
 import os
 import posixpath
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
 
@@ -415,13 +416,50 @@ def update_record(drafter_dir: str | os.PathLike, section: str, payload: dict[st
             or the payload does not match the section's schema.
         OSError: the directory is not writable.
     """
+    return _rewrite(drafter_dir, section, lambda data, path: payload)
+
+
+def update_section_key(drafter_dir: str | os.PathLike, section: str, key: str,
+                       value: dict[str, Any] | Callable[[dict[str, Any] | None], dict[str, Any]]) -> Path:
+    """Set ``<section>.<key>`` of ``<drafter_dir>/specconv.json``, the section's other keys
+    kept (``export.sglang`` beside ``export.onnx``, ``publish.sglang`` beside the push's keys);
+    one read, written as :func:`update_record` writes.
+
+    Args:
+        drafter_dir: the drafter directory.
+        section: one of :data:`SECTIONS`.
+        key: the key inside the section.
+        value: its new content, or ``value(previous)`` returning it (``previous``: the
+            recorded value, a dict, or None when unset).
+
+    Returns:
+        The path of ``specconv.json``.
+
+    Raises:
+        UsageError: unknown section name.
+        InvalidInputError: the existing file is not a valid record (it is left untouched)
+            or the new section does not match its schema.
+        OSError: the directory is not writable.
+    """
+    def patched(data: dict[str, Any], path: Path) -> dict[str, Any]:
+        current = getattr(_validate(data, path), section)
+        body = current.model_dump() if current is not None else {}
+        body[key] = value(body.get(key)) if callable(value) else value
+        return body
+
+    return _rewrite(drafter_dir, section, patched)
+
+
+def _rewrite(drafter_dir: str | os.PathLike, section: str,
+             payload: Callable[[dict[str, Any], Path], dict[str, Any] | BaseModel]) -> Path:
+    """Write ``payload(raw record, path)`` as ``section``, validated, atomically."""
     if section not in _SECTION_MODELS:
         from .errors import UsageError
 
         raise UsageError(f"unknown specconv.json section {section!r} (known: {', '.join(SECTIONS)})")
     path = Path(drafter_dir) / SPECCONV_JSON
     data = _load_raw(path) or {}
-    data[section] = _section_payload(section, payload, path)
+    data[section] = _section_payload(section, payload(data, path), path)
     _validate(data, path)
     atomic_write(path, json.dumps(data, sort_keys=True, indent=2) + "\n")
     return path

@@ -5,6 +5,8 @@ Every command's library function returns one of these pydantic models:
 (``specconv.convert.inspect_source``), :class:`FormatsResult` (``specconv formats``),
 :class:`ValidationReport` (``specconv.validate.run.validate_drafter``),
 :class:`ExportOnnxResult` (``specconv.export.onnx_dir.export_onnx_dir``),
+:class:`ExportSglangResult` (``specconv.export.sglang_dir.export_sglang_dir``),
+:class:`ExportGgufResult` (``specconv.gguf.export.export_gguf_dir``),
 :class:`BuildEngineResult` (``specconv.export.engine.build_engine_dir``),
 :class:`PushResult` (``specconv.publish.push.push``) and :class:`ReleaseResult`
 (``specconv.publish.release.release``). The CLI prints one with
@@ -24,6 +26,8 @@ from __future__ import annotations
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
+
+from .errors import EXIT_GATE_FAILED, EXIT_INVALID_INPUT, EXIT_WOULD_CHANGE, GateFailedError
 
 
 def plain(obj: Any) -> Any:
@@ -104,6 +108,14 @@ def _k_of(cfg: dict[str, Any]) -> Any:
     return cfg["speculators_config"]["proposal_methods"][0]["speculative_tokens"]
 
 
+def _layer_ids(li: dict[str, Any]) -> str:
+    return f"{li['source_ids']} ({li['source_convention']}) → {li['speculators_ids']}"
+
+
+def _finding_lines(findings: list[dict[str, Any]]) -> list[str]:
+    return [f"  {f['level']:7} [{f['code']}] {f['message']}" for f in findings]
+
+
 class ConversionResult(StageResult):
     """What :func:`specconv.convert.convert` did (or, with ``dry_run``, would do).
 
@@ -142,14 +154,13 @@ class ConversionResult(StageResult):
         if p.get("casts"):
             lines.append("  cast: " + ", ".join(f"{k} ×{v}" for k, v in p["casts"].items()))
         if p.get("layer_ids"):
-            li = p["layer_ids"]
-            lines.append(f"  aux layer ids: {li['source_ids']} ({li['source_convention']}) → {li['speculators_ids']}")
+            lines.append(f"  aux layer ids: {_layer_ids(p['layer_ids'])}")
         cfg = p["config"]
         extra = f", block_size {cfg['block_size']}" if "block_size" in cfg else ""
         lines.append(f"  mask_token_id {cfg.get('mask_token_id')}{extra}, speculative_tokens {_k_of(cfg)}")
         lines += [f"  dropped {d['name']}: {d['reason']}" for d in p["dropped"]]
         lines += [f"  note: {n}" for n in p["notes"]]
-        lines += [f"  {f['level']:7} [{f['code']}] {f['message']}" for f in self.findings]
+        lines += _finding_lines(self.findings)
         return "\n".join(lines)
 
 
@@ -178,8 +189,6 @@ class InspectResult(StageResult):
     def exit_status(self) -> int:
         """3 when the source is not supported, lint reports an error or ``--scan`` found
         NaN/Inf, else 0."""
-        from .errors import EXIT_INVALID_INPUT
-
         bad = not self.supported or any(f["level"] == "error" for f in self.findings) or bool(self.nonfinite)
         return EXIT_INVALID_INPUT if bad else 0
 
@@ -199,13 +208,11 @@ class InspectResult(StageResult):
                          f"{plan['bytes'] / 1e6:.1f} MB; speculative_tokens {_k_of(cfg)}, "
                          f"mask_token_id {cfg.get('mask_token_id')}")
             if plan.get("layer_ids"):
-                li = plan["layer_ids"]
-                lines.append(f"           aux layer ids {li['source_ids']} ({li['source_convention']}) → "
-                             f"{li['speculators_ids']}")
+                lines.append(f"           aux layer ids {_layer_ids(plan['layer_ids'])}")
         errors = sum(f["level"] == "error" for f in self.findings)
         if self.findings:
             lines.append(f"lint:      {errors} error(s), {len(self.findings) - errors} other finding(s)")
-        lines += [f"  {f['level']:7} [{f['code']}] {f['message']}" for f in self.findings]
+        lines += _finding_lines(self.findings)
         if self.nonfinite is not None:
             lines.append(f"scan:      {len(self.nonfinite)} tensor(s) with NaN/Inf")
             lines += [f"  {n['tensor']}: {n['count']} of {n['numel']}, first at {n['first_index']}" for n in self.nonfinite]
@@ -281,15 +288,11 @@ class ValidationReport(StageResult):
 
     def exit_status(self) -> int:
         """4 when a gate that ran (or the vLLM load check) failed, else 0."""
-        from .errors import EXIT_GATE_FAILED
-
         return EXIT_GATE_FAILED if self.failed_gates() else 0
 
     def gate_failure(self):
         """The :class:`~specconv.errors.GateFailedError` (exit 4, carrying this report, its
         ``error`` / ``exit_code`` / ``message`` set) when a gate failed, else None."""
-        from .errors import EXIT_GATE_FAILED, GateFailedError
-
         failed = self.failed_gates()
         if not failed:
             return None
@@ -482,8 +485,6 @@ class PushResult(StageResult):
 
     def exit_status(self) -> int:
         """10 for a dry run with ``--detailed-exitcode`` that would change the repo, else 0."""
-        from .errors import EXIT_WOULD_CHANGE
-
         return EXIT_WOULD_CHANGE if self.would_change and self.detailed_exitcode else 0
 
     def human(self) -> str:
@@ -537,17 +538,42 @@ class ReleaseResult(StageResult):
 
 
 class ExportGgufResult(StageResult):
-    """``specconv export gguf``: the ``export.gguf`` section it recorded (``output``, ``file``,
-    ``algorithm``, ``architecture``, ``dtype``, ``spec_type``, ``spec_draft_n_max``,
-    ``verifier_weights``; ``check``: llama-server's result, or ``{skipped: reason}``)."""
+    """``specconv export gguf`` (:func:`specconv.gguf.export.export_gguf_dir`): what it wrote,
+    also recorded as ``export.gguf`` (there with ``output`` relative and ``check`` brief).
+
+    Attributes:
+        output: the export dir (absolute). file: the GGUF's name in it; sha256: its hash.
+        algorithm / architecture (llama.cpp's) / dtype (GGUF file type): the drafter.
+        spec_type / spec_draft_n_max: llama-server's ``--spec-type`` / ``--spec-draft-n-max``.
+        target_layers: verifier layers whose input llama.cpp captures. not_written: drafter
+        tensor → why llama.cpp gets no copy.
+        contains_verifier_weights / verifier_weights: verifier tensors inside (names).
+        verifier_gguf: ``{name, sha256, quantisation, repo}`` of the target GGUF found.
+        check: llama-server's result, or ``{skipped: reason}``. created: UTC timestamp.
+    """
+
+    output: str | None = None
+    file: str | None = None
+    sha256: str | None = None
+    algorithm: str | None = None
+    architecture: str | None = None
+    dtype: str | None = None
+    spec_type: str | None = None
+    spec_draft_n_max: int | None = None
+    target_layers: list[int] | None = None
+    not_written: dict[str, str] | None = None
+    contains_verifier_weights: bool | None = None
+    verifier_weights: list[str] | None = None
+    verifier_gguf: dict[str, Any] | None = None
+    check: dict[str, Any] | None = None
+    created: str | None = None
 
     def human(self) -> str:
-        r = self.to_dict()
-        inside = r.get("verifier_weights") or []
-        lines = [f"exported:  {r['output']}/{r['file']}  ({r['algorithm']}, {r['architecture']}, {r['dtype']})",
-                 f"serve:     --spec-type {r['spec_type']} --spec-draft-n-max {r['spec_draft_n_max']}",
+        inside = self.verifier_weights or []
+        lines = [f"exported:  {self.output}/{self.file}  ({self.algorithm}, {self.architecture}, {self.dtype})",
+                 f"serve:     --spec-type {self.spec_type} --spec-draft-n-max {self.spec_draft_n_max}",
                  f"verifier weights inside: {'yes (' + ', '.join(inside) + ')' if inside else 'no'}"]
-        c = r.get("check") or {}
+        c = self.check or {}
         if c.get("skipped"):
             lines.append(f"check:     skipped ({c['skipped']})")
         else:
@@ -558,21 +584,45 @@ class ExportGgufResult(StageResult):
 
 
 class ExportSglangResult(StageResult):
-    """``specconv export sglang``: the ``export.sglang`` section it recorded (``output``,
-    ``algorithm``, ``speculative_algorithm``, ``architecture``, ``files``, ``env``, ``launch``
-    argv, ``notes``; ``check``: SGLang's loader payload with ``--check``)."""
+    """``specconv export sglang`` (:func:`specconv.export.sglang_dir.export_sglang_dir`): what
+    it wrote, also recorded as ``export.sglang`` (there with ``output`` relative, no ``launch``).
+
+    Attributes:
+        output: the export dir (absolute). format / format_version: ``sglang_export.json``'s.
+        algorithm: the drafter's; speculative_algorithm / architecture: what SGLang runs.
+        files: sha256 of every file written; drafter_files: of the drafter files it was made from.
+        env: environment SGLang needs; expected: what SGLang must resolve (the check compares);
+        target_supplied: tensors SGLang takes from the verifier. notes: what the export
+        could not prove or did not carry.
+        launch: the ``python -m sglang.launch_server`` argv. check: SGLang's loader payload
+        (``--check``), else None.
+    """
+
+    output: str | None = None
+    format: str | None = None
+    format_version: int | None = None
+    algorithm: str | None = None
+    speculative_algorithm: str | None = None
+    architecture: str | None = None
+    files: dict[str, str] = Field(default_factory=dict)
+    drafter_files: dict[str, str] | None = None
+    env: dict[str, str] | None = None
+    expected: dict[str, Any] | None = None
+    target_supplied: list[str] | None = None
+    notes: list[str] = Field(default_factory=list)
+    launch: list[str] = Field(default_factory=list)
+    check: dict[str, Any] | None = None
 
     def human(self) -> str:
         import shlex
 
-        r = self.to_dict()
-        env = " ".join(f"{k}={v}" for k, v in sorted((r.get("env") or {}).items()))
-        lines = [f"exported:  {r['output']}  ({r['algorithm']} → SGLang {r['speculative_algorithm']}, "
-                 f"{r['architecture']})",
-                 f"files:     {', '.join(sorted(r['files']))} (weights byte-identical)",
-                 f"serve:     {(env + ' ') if env else ''}{shlex.join(r['launch'])}"]
-        lines += [f"note:      {n}" for n in r.get("notes", [])]
-        c = r.get("check")
+        env = " ".join(f"{k}={v}" for k, v in sorted((self.env or {}).items()))
+        lines = [f"exported:  {self.output}  ({self.algorithm} → SGLang {self.speculative_algorithm}, "
+                 f"{self.architecture})",
+                 f"files:     {', '.join(sorted(self.files))} (weights byte-identical)",
+                 f"serve:     {(env + ' ') if env else ''}{shlex.join(self.launch)}"]
+        lines += [f"note:      {n}" for n in self.notes]
+        c = self.check
         lines.append(f"check:     passed: SGLang {c['version']} loaded it strictly ({c['class']}, "
                      f"{c.get('checkpoint_tensors')} tensors)" if c else "check:     not run (pass --check)")
         return "\n".join(lines)

@@ -19,11 +19,8 @@ from typing import Any, Callable
 
 import click
 
-from ..errors import EXIT_INVALID_INPUT, SpecconvError
+from ..errors import EXIT_INTERRUPTED, EXIT_INVALID_INPUT, SpecconvError
 from .options import output_format_option  # noqa: F401  (re-exported for command modules)
-
-#: exit status after Ctrl-C (128 + SIGINT, the shell convention)
-EXIT_INTERRUPTED = 130
 
 log = logging.getLogger("specconv")
 

@@ -95,13 +95,8 @@ def gguf_cmd(drafter_dir: Path, output: Path | None, verifier: str | None, dtype
     """
     from specconv.gguf.export import export_gguf_dir
 
-    from specconv.results import ExportGgufResult
-
-    return ExportGgufResult.of(export_gguf_dir(drafter_dir, output, verifier=verifier, dtype=dtype, overwrite=overwrite,
-                                               check=not no_check, llama_server=llama_server,
-                                               verifier_gguf=verifier_gguf))
-
-
+    return export_gguf_dir(drafter_dir, output, verifier=verifier, dtype=dtype, overwrite=overwrite,
+                           check=not no_check, llama_server=llama_server, verifier_gguf=verifier_gguf)
 
 
 @export_group.command("sglang")
@@ -129,12 +124,7 @@ def sglang_cmd(drafter_dir: Path, output: Path | None, verifier: str | None, ove
     if check:
         from specconv.sglang_check import export_checked
 
-        result = export_checked(drafter_dir, output, verifier=verifier, overwrite=overwrite,
-                                python=sglang_loader_python)
-    else:
-        from specconv.export.sglang_dir import export_sglang_dir
+        return export_checked(drafter_dir, output, verifier=verifier, overwrite=overwrite, python=sglang_loader_python)
+    from specconv.export.sglang_dir import export_sglang_dir
 
-        result = export_sglang_dir(drafter_dir, output, verifier=verifier, overwrite=overwrite)
-    from specconv.results import ExportSglangResult
-
-    return ExportSglangResult.of(result)  # the library refreshed the card (its SGLang section)
+    return export_sglang_dir(drafter_dir, output, verifier=verifier, overwrite=overwrite)

@@ -24,7 +24,7 @@ COMMANDS = {
     "release": "release:release_cmd",
 }
 
-EPILOG = "Exit codes: " + ", ".join(f"{k} {v}" for k, v in sorted(EXIT_CODES.items())) + ", 10 dry-run would change"
+EPILOG = "Exit codes: " + ", ".join(f"{k} {v}" for k, v in sorted(EXIT_CODES.items()))
 
 
 class LazyGroup(click.Group):

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import click
 
+from ..validate.backend import BACKENDS
 from .common import progress_enabled, run_command
 from .llamacpp_options import llama_server_option, verifier_gguf_option
 from .options import output_format_option, verifier_option
@@ -52,16 +53,6 @@ def _progress():
         yield cb
 
 
-def _check_backend_exclusive(backend: str, onnx_path: Path | None, engine_path: Path | None) -> None:
-    """``--backend vllm|llamacpp``, ``--onnx`` and ``--engine`` pick one runtime each: at most one (exit 2)."""
-    from specconv.errors import UsageError
-
-    given = [n for n, on in ((f"--backend {backend}", backend != "torch"), ("--onnx", onnx_path),
-                             ("--engine", engine_path)) if on]
-    if len(given) > 1:
-        raise UsageError(f"{' and '.join(given)} are mutually exclusive: validate one runtime at a time")
-
-
 @click.command("validate")
 @click.argument("drafter_dir", metavar="DIR", type=click.Path(file_okay=False, path_type=Path))
 @verifier_option(help="Verifier: local HF dir or Hub id (from the local cache).")
@@ -77,7 +68,7 @@ def _check_backend_exclusive(backend: str, onnx_path: Path | None, engine_path: 
 @click.option("--min-tau", type=float, help="Fail G3 when pooled τ is below this.")
 @click.option("--report-dir", type=click.Path(file_okay=False, path_type=Path),
               help="Where validation.json/.md/.png go [default: ./specconv-validation/<DIR name>].")
-@click.option("--backend", type=click.Choice(["torch", "vllm", "llamacpp"]), default="torch", show_default=True,
+@click.option("--backend", type=click.Choice(list(BACKENDS)), default="torch", show_default=True,
               help="torch: this harness; vllm: a vLLM-CPU server; llamacpp: the torch loop, then DIR/gguf served by "
                    "llama-server (greedy only; docs/llamacpp.md).")
 @click.option("--vllm-python", envvar="SPECCONV_VLLM_PYTHON", type=click.Path(dir_okay=False),
@@ -124,8 +115,7 @@ def validate_cmd(drafter_dir: Path, verifier: str, source: str | None, prompts: 
     from specconv.validate.run import ValidateOptions, validate_drafter
     from specconv.validate.runtimes import runtime_from_flags
 
-    _check_backend_exclusive(backend, onnx_path, engine_path)
-    runtime, runtime_path = runtime_from_flags({"onnx": onnx_path, "engine": engine_path})
+    runtime, runtime_path = runtime_from_flags({"onnx": onnx_path, "engine": engine_path}, backend)
     opts = ValidateOptions(source=source, prompts=prompts, num_prompts=num_prompts, max_new_tokens=max_new_tokens,
                            temperature=temperature, device=device, dtype=dtype, min_tau=min_tau, backend=backend,
                            vllm_python=vllm_python, llama_server=llama_server, verifier_gguf=verifier_gguf,

@@ -337,14 +337,12 @@ def _public_modes(tmp: Path) -> None:
 
 def record_export(d: Path, payload: dict, key: str = "onnx") -> None:
     """Set ``export.<key>`` in ``DIR/specconv.json`` (other export keys, e.g. ``trt``, kept;
-    atomic, through :func:`specconv.record.update_record`).
+    atomic, through :func:`specconv.record.update_section_key`).
 
     Raises:
         InvalidInputError: the existing file is not a valid record.
     """
-    from ..record import as_record_path, read_record, update_record
+    from ..record import as_record_path, update_section_key
 
-    current = read_record(d, missing_ok=True).export
-    section = current.model_dump() if current is not None else {}
-    section[key] = {**payload, "output": as_record_path(payload.get("output"), d)}  # relative to DIR
-    update_record(d, "export", section)
+    output = as_record_path(payload.get("output"), d)  # relative to DIR
+    update_section_key(d, "export", key, {**payload, "output": output})

@@ -23,6 +23,7 @@ from typing import Any, Callable
 
 from ..errors import GateFailedError, InvalidInputError
 from ..outdir import KINDS, OutputTemp, check_replaceable, clean_stale, move_into_place
+from ..results import ExportSglangResult
 
 log = logging.getLogger("specconv.export")
 
@@ -167,7 +168,7 @@ def _check_output(out: Path, d: Path, overwrite: bool) -> None:
 
 def export_sglang_dir(drafter_dir: str | Path, out: str | Path | None = None, *, verifier: str | None = None,
                       overwrite: bool = False, check: Callable[[Path, str], dict[str, Any]] | None = None,
-                      record: bool = True) -> dict[str, Any]:
+                      record: bool = True) -> "ExportSglangResult":
     """Write SGLang's layout of a Speculators dir (see the module docstring).
 
     Args:
@@ -181,10 +182,8 @@ def export_sglang_dir(drafter_dir: str | Path, out: str | Path | None = None, *,
         record: set ``export.sglang`` in ``DIR/specconv.json``.
 
     Returns:
-        The ``export.sglang`` section: ``output``, ``format``, ``algorithm``,
-        ``speculative_algorithm``, ``architecture``, ``files`` (sha256), ``drafter_files``,
-        ``env``, ``expected``, ``target_supplied``, ``notes``, ``launch`` (argv with the
-        recorded verifier) and, with ``check``, ``check``.
+        :class:`~specconv.results.ExportSglangResult` (what ``export.sglang`` records, ``output``
+        absolute, ``launch`` the argv with the recorded verifier; ``check`` with ``check``).
 
     Raises:
         InvalidInputError: a refusal (exit 3, nothing written), an existing output
@@ -211,7 +210,7 @@ def export_sglang_dir(drafter_dir: str | Path, out: str | Path | None = None, *,
         from ..record import card_function
 
         card_function("refresh_local_card")(d)  # the card's SGLang section, once a check of these bytes passed
-    return result
+    return ExportSglangResult.of(result)
 
 
 def _result(meta: dict[str, Any], files: dict[str, str], out_dir: Path) -> dict[str, Any]:
@@ -227,34 +226,36 @@ def _result(meta: dict[str, Any], files: dict[str, str], out_dir: Path) -> dict[
 def _record(d: Path, result: dict[str, Any]) -> None:
     """``export.sglang`` of ``DIR/specconv.json`` (other export keys kept); an earlier check
     of the same bytes is kept with it."""
-    from ..record import as_record_path, read_record, update_record
+    from ..record import as_record_path, update_section_key
+
+    new = {**result, "output": as_record_path(result.get("output"), d),
+           "launch": None}  # the recorded argv names a local path: rebuilt where it is printed
+
+    def merged(prev: dict[str, Any] | None) -> dict[str, Any]:
+        prev = prev or {}
+        if "check" not in new and (prev.get("check") or {}).get("files") == new["files"]:
+            return {**new, "check": prev["check"]}
+        return new
 
     try:
-        current = read_record(d, missing_ok=True).export
-        section = current.model_dump() if current is not None else {}
-        prev = section.get("sglang") or {}
-        new = {**result, "output": as_record_path(result.get("output"), d),
-               "launch": None}  # the recorded argv names a local path: rebuilt where it is printed
-        if "check" not in new and (prev.get("check") or {}).get("files") == new["files"]:
-            new["check"] = prev["check"]
-        section["sglang"] = new
-        update_record(d, "export", section)
+        update_section_key(d, "export", "sglang", merged)
     except OSError as e:  # a read-only drafter dir: the export itself is complete
         log.warning("could not record the SGLang export in %s/specconv.json: %s", d, e)
 
 
-def record_sglang_check(drafter_dir: str | Path, export: dict[str, Any], check: dict[str, Any]) -> None:
+def record_sglang_check(drafter_dir: str | Path, result: "ExportSglangResult", check: dict[str, Any]) -> None:
     """Record a check of an export made elsewhere (``validate --sglang-load-check``'s temp
-    dir) under ``export.sglang.check``: beside the recorded export when its files are these
-    bytes, else as an export without ``output`` (nothing in DIR holds those bytes yet)."""
-    from ..record import read_record, update_record
+    dir, ``result`` its :func:`export_sglang_dir`) under ``export.sglang.check``: beside the
+    recorded export when its files are these bytes, else as an export without ``output``
+    (nothing in DIR holds those bytes yet)."""
+    from ..record import update_section_key
 
-    d = Path(drafter_dir)
-    current = read_record(d, missing_ok=True).export
-    section = current.model_dump() if current is not None else {}
-    prev = section.get("sglang") or {}
-    if prev.get("files") == export["files"] and prev.get("drafter_files") == export["drafter_files"]:
-        section["sglang"] = {**prev, "check": check}
-    else:
-        section["sglang"] = {**export, "output": None, "launch": None, "check": check}
-    update_record(d, "export", section)
+    export = result.to_dict()
+
+    def checked(prev: dict[str, Any] | None) -> dict[str, Any]:
+        prev = prev or {}
+        if prev.get("files") == export["files"] and prev.get("drafter_files") == export["drafter_files"]:
+            return {**prev, "check": check}
+        return {**export, "output": None, "launch": None, "check": check}
+
+    update_section_key(Path(drafter_dir), "export", "sglang", checked)

@@ -22,6 +22,7 @@ from typing import Any
 
 from ..errors import GateFailedError, InvalidInputError
 from ..outdir import KINDS, OutputTemp, check_replaceable, clean_stale, move_into_place
+from ..results import ExportGgufResult
 
 log = logging.getLogger("specconv.gguf")
 
@@ -75,7 +76,7 @@ def _recorded_name(d: Path) -> str | None:
 
 def export_gguf_dir(drafter_dir: str | Path, out: str | Path | None = None, *, verifier: str | None = None,
                     dtype: str = "keep", overwrite: bool = False, check: bool = True, llama_server: str | None = None,
-                    verifier_gguf: str | None = None) -> dict[str, Any]:
+                    verifier_gguf: str | None = None) -> ExportGgufResult:
     """Export a Speculators DFlash / DSpark drafter as a llama.cpp GGUF drafter.
 
     Args:
@@ -87,7 +88,7 @@ def export_gguf_dir(drafter_dir: str | Path, out: str | Path | None = None, *, v
         llama_server: ``--llama-server``. verifier_gguf: ``--verifier-gguf``.
 
     Returns:
-        The result (also ``export.gguf`` in ``DIR/specconv.json``).
+        :class:`~specconv.results.ExportGgufResult` (also ``export.gguf`` in ``DIR/specconv.json``).
 
     Raises:
         UnsupportedFormatError: exit 3, ``gguf_*``: what llama.cpp cannot represent (nothing written).
@@ -121,7 +122,7 @@ def export_gguf_dir(drafter_dir: str | Path, out: str | Path | None = None, *, v
     finally:
         tmp.release()
     _record(d, result, card=out is None)
-    return result
+    return ExportGgufResult.of(result)
 
 
 def _write_checked(tmp: OutputTemp, d: Path, cfg: Any, store: Any, v: Any, plan: Any, vspec: str, out_dir: Path,

@@ -189,8 +189,8 @@ def _sglang(drafter: Path, opts: ReleaseOptions) -> dict[str, Any]:
     from ..sglang_check import export_checked
 
     r = export_checked(drafter, verifier=opts.verifier)
-    return {k: r[k] for k in ("speculative_algorithm", "architecture", "files", "env")} | {
-        "check": {k: r["check"].get(k) for k in ("ok", "distribution", "version", "class")}}
+    return {k: getattr(r, k) for k in ("speculative_algorithm", "architecture", "files", "env")} | {
+        "check": {k: r.check.get(k) for k in ("ok", "distribution", "version", "class")}}
 
 
 def _gguf_preflight(opts: ReleaseOptions) -> None:
@@ -216,11 +216,11 @@ def _gguf(drafter: Path, opts: ReleaseOptions) -> dict[str, Any]:
 
     r = export_gguf_dir(drafter, verifier=opts.verifier, llama_server=opts.llama_server,
                         verifier_gguf=opts.verifier_gguf)
-    check = r.get("check") or {}
+    check = r.check or {}
     if not check.get("passed"):
         raise InvalidInputError(f"--export-gguf: the GGUF was not checked ({check.get('skipped')})",
                                 code="gguf_unchecked", hint="pass --verifier-gguf PATH (the verifier as a GGUF)")
-    return {k: r.get(k) for k in ("file", "sha256", "spec_type", "spec_draft_n_max", "verifier_gguf")} | {
+    return {k: getattr(r, k) for k in ("file", "sha256", "spec_type", "spec_draft_n_max", "verifier_gguf")} | {
         "check": {k: check.get(k) for k in ("passed", "lossless", "tau")}}
 
 

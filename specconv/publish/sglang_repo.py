@@ -199,14 +199,11 @@ def _record_sglang_publish(d: Path, r: Any) -> None:
     """``publish.sglang`` of the local ``specconv.json`` (beside the Speculators repo's)."""
     if r.status == "dry_run":
         return
-    from ..record import read_record, update_record
+    from ..record import update_section_key
 
     try:
-        pub = read_record(d, missing_ok=True).publish
-        section = pub.model_dump() if pub is not None else {}
-        section["sglang"] = {k: getattr(r, k) for k in ("repo_id", "revision", "commit_oid", "commit_url", "pr_url", "tag",
-                                                   "status")}
-        update_record(d, "publish", section)
+        update_section_key(d, "publish", "sglang", {k: getattr(r, k) for k in (
+            "repo_id", "revision", "commit_oid", "commit_url", "pr_url", "tag", "status")})
     except (OSError, SpecconvError) as e:  # a read-only dir: the push itself succeeded
         import logging
 

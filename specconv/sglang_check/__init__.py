@@ -18,9 +18,12 @@ from __future__ import annotations
 import os
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from specconv.errors import InvalidInputError
+
+if TYPE_CHECKING:
+    from specconv.results import ExportSglangResult
 
 __all__ = ["ENV_PYTHON", "check_sglang_dirs", "export_job", "find_sglang_python", "judge", "preflight", "run_checks",
            "validate_check"]
@@ -189,12 +192,12 @@ def preflight(drafter_dir: str | os.PathLike, verifier: str, python: str | None 
 
 def export_checked(drafter_dir: str | os.PathLike, out: str | os.PathLike | None = None, *,
                    verifier: str | None = None, overwrite: bool = False, python: str | None = None,
-                   record: bool = True) -> dict[str, Any]:
+                   record: bool = True) -> "ExportSglangResult":
     """``specconv export sglang --check``: :func:`specconv.export.sglang_dir.export_sglang_dir`
     with SGLang's own loader run on the written files before they are moved into place.
 
     Returns:
-        The ``export.sglang`` section with its ``check`` payload (:func:`judge`).
+        Its :class:`~specconv.results.ExportSglangResult` with the ``check`` payload (:func:`judge`).
 
     Raises:
         InvalidInputError: no SGLang interpreter (before anything is written), a refusal (exit 3).

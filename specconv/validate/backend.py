@@ -126,7 +126,8 @@ class VllmBackend:
         run_backend(run)
 
 
-#: ``--backend`` name → "module:class" (imported on use: the torch backend imports torch)
+#: ``--backend`` name → "module:class" (imported on use: the torch backend imports torch); the
+#: CLI's ``--backend`` choices, read when ``specconv --help`` runs (so this module imports no torch)
 BACKENDS = {
     "torch": "specconv.validate.torch_backend:TorchBackend",
     "vllm": "specconv.validate.backend:VllmBackend",

@@ -365,7 +365,7 @@ def _vllm_load_step(report: "ValidationReport", run: ValidationRun) -> None:
 def _check_inputs(drafter_dir: str | Path, opts: ValidateOptions) -> Path:
     """Options that cannot work, and missing extras: refused before anything is read."""
     from ..extras import require
-    from .runtimes import check_runtime, get_runtime
+    from .runtimes import check_one_runtime, check_runtime, get_runtime
     from .verifier_runner import torch_dtype
     from .vllm_server import check_options as check_vllm_options
 
@@ -382,6 +382,7 @@ def _check_inputs(drafter_dir: str | Path, opts: ValidateOptions) -> Path:
     get_runtime(opts.drafter_backend, "drafter backend")
     torch_dtype(opts.dtype)
     check_vllm_options(opts.backend, opts.vllm)  # exit 2 before anything starts (--vllm-python: the CLI)
+    check_one_runtime(opts.backend, [opts.runtime] if opts.runtime else [])
     check_runtime(opts.runtime, opts.runtime_path, d, opts.dtype)  # a runtime's refusals, before any model
     return d
 

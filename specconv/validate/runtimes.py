@@ -139,10 +139,30 @@ def runtime_flags(name: str | None, path: str | None) -> dict[str, str | None]:
     return {rt.key: (path if n == name else None) for n, rt in RUNTIMES.items() if rt.key}
 
 
-def runtime_from_flags(paths: dict[str, Any]) -> tuple[str | None, str | None]:
-    """``(name, path)`` of the runtime flag given (``{"onnx": PATH, "engine": None}``), else Nones."""
-    name = next((n for n, rt in RUNTIMES.items() if rt.key and paths.get(rt.key)), None)
-    return (name, str(paths[RUNTIMES[name].key])) if name else (None, None)
+def runtime_from_flags(paths: dict[str, Any], backend: str = "torch") -> tuple[str | None, str | None]:
+    """``(name, path)`` of the runtime flag given (``{"onnx": PATH, "engine": None}``), else Nones.
+
+    Raises:
+        UsageError: more than one runtime picked (:func:`check_one_runtime`; exit 2).
+    """
+    given = [n for n, rt in RUNTIMES.items() if rt.key and paths.get(rt.key)]
+    check_one_runtime(backend, given)
+    return (given[0], str(paths[RUNTIMES[given[0]].key])) if given else (None, None)
+
+
+def check_one_runtime(backend: str, runtimes: list[str]) -> None:
+    """``--backend vllm|llamacpp``, ``--onnx`` and ``--engine`` pick one runtime each: at most
+    one of them (``backend``: a ``--backend`` name; ``runtimes``: compared runtime names).
+
+    Raises:
+        UsageError: two or more picked, named as their CLI flags (exit 2); an unknown runtime.
+    """
+    from ..errors import UsageError
+
+    given = [f"--backend {backend}"] if backend != "torch" else []
+    given += [f"--{get_runtime(n).key}" for n in runtimes]
+    if len(given) > 1:
+        raise UsageError(f"{' and '.join(given)} are mutually exclusive: validate one runtime at a time")
 
 
 class ComparingDrafter:

@@ -135,8 +135,11 @@ def test_dspark_writes_its_head_keys_and_the_confidence_head_env(dspark):
         "markov_rank": 8, "markov_head_type": "vanilla", "sample_from_anchor": True, "enable_confidence_head": True,
         "confidence_head_with_markov": True}
     assert cfg["block_size"] == 4  # DSpark's block_size is SGLang's γ = K (anchor-first: K = B)
-    assert r["env"] == {"SGLANG_RAGGED_VERIFY_MODE": "compact"}
-    assert r["target_supplied"] == ["embed_tokens.weight", "lm_head.weight"]  # equal to the verifier's (bf16 cast)
+    assert r.env == {"SGLANG_RAGGED_VERIFY_MODE": "compact"}
+    assert r.target_supplied == ["embed_tokens.weight", "lm_head.weight"]  # equal to the verifier's (bf16 cast)
+    from specconv.results import ExportSglangResult
+
+    ExportSglangResult.model_validate(r.to_dict())  # the declared types hold
 
 
 def test_dspark_1n_block_size_is_gamma(dspark, tmp_path):
@@ -147,7 +150,7 @@ def test_dspark_1n_block_size_is_gamma(dspark, tmp_path):
     r = export_sglang_dir(d)
     cfg = json.loads((d / "sglang" / "config.json").read_text())
     assert (cfg["block_size"], cfg["sample_from_anchor"]) == (3, False)  # γ = B - 1; SGLang queries γ + 1 = B rows
-    assert (r["expected"]["block_slots"], r["expected"]["drafts_per_block"]) == (4, 3)
+    assert (r.expected["block_slots"], r.expected["drafts_per_block"]) == (4, 3)
 
 
 def _k(d: Path, k: int) -> dict:
@@ -165,8 +168,8 @@ def test_mixed_layers_leave_causality_to_sglangs_per_type_default(dflash, tmp_pa
     r = export_sglang_dir(d)
     cfg = json.loads((d / "sglang" / "config.json").read_text())
     assert "is_causal" not in cfg and cfg["use_sliding_window"] is True and cfg["sliding_window"] == 32
-    assert r["expected"]["layer_causal"] == [False, True]
-    assert any("sliding_window" in n for n in r["notes"])  # the window's meaning is not proven: said
+    assert r.expected["layer_causal"] == [False, True]
+    assert any("sliding_window" in n for n in r.notes)  # the window's meaning is not proven: said
 
 
 # ------------------------------------------------------------------ refusals (exit 3, nothing written)
@@ -268,8 +271,9 @@ def _fake_check(d: Path, ok: bool = True) -> None:
     """Record a check of DIR/sglang's bytes (as the loader check does; its result here made up)."""
     from specconv.export.sglang_dir import layout_files, record_sglang_check
     from specconv.record import read_record
+    from specconv.results import ExportSglangResult
 
-    exp = read_record(d).export.model_dump()["sglang"]
+    exp = ExportSglangResult.of(read_record(d).export.model_dump()["sglang"])
     record_sglang_check(d, exp, {"ok": ok, "distribution": "sglang", "version": "0.5.23",
                                  "class": "DFlashDraftModel", "files": layout_files(d / "sglang")})
 

@@ -69,7 +69,7 @@ def _llamacpp_convert(src: Path, out: Path, target: Path | None = None, outtype:
     return out
 
 
-def _export(d: Path, **kw) -> dict:
+def _export(d: Path, **kw):
     from specconv.gguf.export import export_gguf_dir
 
     return export_gguf_dir(d, kw.pop("output", None), check=kw.pop("check", False), **kw)
@@ -151,10 +151,10 @@ def dspark_pruned(root, dspark, smollm2_dir) -> Path:
 @needs_build
 def test_bundled_drafter_equals_llamacpps_converter_on_the_zlab_source(bundled, smollm2_dir, root):
     res = _export(bundled, output=root / "bundled-gguf")
-    assert res["file"] == "drafter-bf16.gguf" and res["target_layers"] == [2, 15, 28]
-    assert (res["spec_type"], res["spec_draft_n_max"]) == ("draft-dflash", 7)
+    assert res.file == "drafter-bf16.gguf" and res.target_layers == [2, 15, 28]
+    assert (res.spec_type, res.spec_draft_n_max) == ("draft-dflash", 7)
     theirs = _llamacpp_convert(BUNDLED, root / "zlab.gguf", target=smollm2_dir)
-    (ka, ta), _ = _assert_equal_but(root / "bundled-gguf" / res["file"], theirs)
+    (ka, ta), _ = _assert_equal_but(root / "bundled-gguf" / res.file, theirs)
     assert ka["dflash.target_layers"] == [2, 15, 28] and ka["tokenizer.ggml.mask_token_id"] == 16
     assert "token_embd.weight" not in ta and "output.weight" not in ta  # borrowed from the target
     meta = json.loads((root / "bundled-gguf" / "gguf_meta.json").read_text())
@@ -165,9 +165,9 @@ def test_bundled_drafter_equals_llamacpps_converter_on_the_zlab_source(bundled, 
 @needs_build
 def test_dspark_drafter_equals_llamacpps_converter_on_the_speculators_dir(dspark, root, smollm2_dir):
     res = _export(dspark, output=root / "dspark-gguf")
-    assert (res["spec_type"], res["spec_draft_n_max"]) == ("draft-dspark", 7)  # Markov head → draft-dspark
+    assert (res.spec_type, res.spec_draft_n_max) == ("draft-dspark", 7)  # Markov head → draft-dspark
     theirs = _llamacpp_convert(dspark, root / "dspark-conv.gguf", target=smollm2_dir)
-    (ka, ta), _ = _assert_equal_but(root / "dspark-gguf" / res["file"], theirs)
+    (ka, ta), _ = _assert_equal_but(root / "dspark-gguf" / res.file, theirs)
     assert ka["dflash.has_confidence_head"] is True
     assert {"markov_w1.weight", "markov_w2.weight", "conf_proj.weight", "conf_proj.bias"} <= set(ta)
 
@@ -176,10 +176,10 @@ def test_dspark_drafter_equals_llamacpps_converter_on_the_speculators_dir(dspark
 def test_pruned_vocabulary_equals_llamacpps_converter_and_writes_both_embedding_and_head(dspark_pruned, root,
                                                                                       smollm2_dir):
     res = _export(dspark_pruned, output=root / "pruned-gguf", dtype="float16")
-    assert res["file"] == "drafter-f16.gguf" and res["verifier_weights"] == ["embed"]
-    assert res["not_written"] == {"t2d": pytest.approx(res["not_written"]["t2d"])}
+    assert res.file == "drafter-f16.gguf" and res.verifier_weights == ["embed"]
+    assert res.not_written == {"t2d": pytest.approx(res.not_written["t2d"])}
     theirs = _llamacpp_convert(dspark_pruned, root / "pruned-conv.gguf", target=smollm2_dir, outtype="f16")
-    (ka, ta), (kb, tb) = _assert_equal_but(root / "pruned-gguf" / res["file"], theirs, only_ours={"token_embd.weight"})
+    (ka, ta), (kb, tb) = _assert_equal_but(root / "pruned-gguf" / res.file, theirs, only_ours={"token_embd.weight"})
     assert ta["d2t"][0] == "I64" and ta["output.weight"][1] == (576, 8192)
     import numpy as np
 
@@ -349,10 +349,10 @@ def served(bundled, root):
 
 @needs_build
 def test_bundled_gguf_serves_losslessly_with_accepted_drafts_and_is_recorded(served, bundled):
-    c = served["check"]
+    c = served.check
     assert c["passed"] and c["lossless"] and c["num_accepted_tokens"] > 0, c
     assert c["server"]["commit"] == "0c1e570"
-    assert served["verifier_gguf"]["quantisation"] == "Q4_1"
+    assert served.verifier_gguf["quantisation"] == "Q4_1"
     rec = json.loads((bundled / "specconv.json").read_text())["export"]["gguf"]
     assert rec["check"]["passed"] and rec["check"]["llama_server"]["commit"] == "0c1e570"
     assert rec["sha256"] == json.loads((bundled / "gguf" / "gguf_meta.json").read_text())["files"]["drafter-bf16.gguf"]
@@ -368,8 +368,8 @@ def test_random_dspark_gguf_drafts_and_stays_lossless(dspark, root, smollm2_dir)
     res = _export(dspark, output=root / "dspark-served")
     v = resolve_verifier(str(smollm2_dir))
     target, _ = default_verifier_gguf(v, None, (SMOL_HUB,))
-    out = run_check(root / "dspark-served" / res["file"], target, _build()["server"], render_prompts(v, "eval", 2),
-                    n_predict=16, spec_type=res["spec_type"], n_max=res["spec_draft_n_max"])
+    out = run_check(root / "dspark-served" / res.file, target, _build()["server"], render_prompts(v, "eval", 2),
+                    n_predict=16, spec_type=res.spec_type, n_max=res.spec_draft_n_max)
     assert out["lossless"] and out["num_drafts"] > 0 and out["num_draft_tokens"] > 0, out
 
 
@@ -387,10 +387,10 @@ def test_the_cards_llamacpp_line_serves_the_exported_drafter(served, bundled, sm
     from specconv.validate.vllm_backend import free_port
     from specconv.verifier import resolve_verifier
 
-    assert served["check"]["passed"]
+    assert served.check["passed"]
     card = (bundled / "README.md").read_text()
     argv = llamacpp_command(card)
-    assert argv[1:5] == ["-hf", served["verifier_gguf"]["repo"], "-hff", served["verifier_gguf"]["name"]], argv
+    assert argv[1:5] == ["-hf", served.verifier_gguf["repo"], "-hff", served.verifier_gguf["name"]], argv
     v = resolve_verifier(str(smollm2_dir))
     target, _ = default_verifier_gguf(v, None, (SMOL_HUB,))
     assert target.name == argv[4] and sha256_file(target) in card

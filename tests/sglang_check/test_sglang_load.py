@@ -98,7 +98,7 @@ def checked(tmp_path_factory, smollm2_dir, tiny_verifier_dir):
                                                                              "target_layer_ids": [1, 14, 27]})}
     entries = {}
     for name, g in good.items():
-        argv = launch_argv(g["hub"], str(g["dir"] / "sglang"), g["export"]["algorithm"])
+        argv = launch_argv(g["hub"], str(g["dir"] / "sglang"), g["export"].algorithm)
         assert argv[:3] == list(LAUNCHER)
         entries[name] = export_job(g["dir"] / "sglang", g["verifier"], argv[3:])
     for name, d in broken.items():
@@ -128,8 +128,8 @@ def test_every_export_loads_strictly_and_resolves_as_the_speculators_dir(checked
     p = g["payload"]
     assert p["ok"], (p["errors"], p["mismatches"])
     assert p["unfilled_params"] == [] and p["unconsumed_tensors"] == [] and p["mismatches"] == []
-    assert p["class"] == g["export"]["architecture"] and (p["distribution"], p["version"]) == ("sglang", "0.5.23")
-    assert p["files"] == g["export"]["files"]  # the bytes that were loaded are the export's
+    assert p["class"] == g["export"].architecture and (p["distribution"], p["version"]) == ("sglang", "0.5.23")
+    assert p["files"] == g["export"].files  # the bytes that were loaded are the export's
     assert set(p["stubs"]) <= {"torchvision", "vllm._custom_ops"}
     # SGLang captures exactly the verifier layers the Speculators dir names
     spec = json.loads((g["dir"] / "config.json").read_text())
@@ -193,7 +193,7 @@ def test_sglangs_parser_reads_the_serve_line_the_card_prints(checked, name):
 
     g = checked[0][name]
     p = g["payload"]
-    assert p["serve_args"]["speculative_algorithm"] == g["export"]["speculative_algorithm"]
+    assert p["serve_args"]["speculative_algorithm"] == g["export"].speculative_algorithm
     assert p["serve_args"]["model_path"] == g["hub"] and p["serve_args"]["ragged_verify_mode_known"]
     record_sglang_check(g["dir"], g["export"], p)
     card = write_local_card(g["dir"]).read_text()

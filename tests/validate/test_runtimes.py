@@ -151,6 +151,21 @@ def test_flags_map_to_one_runtime():
     assert runtimes.runtime_flags("onnx", "/g") == {"onnx": "/g", "engine": None}
 
 
+def test_one_runtime_at_a_time_is_the_librarys_rule(tmp_path):
+    """--backend vllm|llamacpp, --onnx, --engine: at most one, refused as the CLI flags (exit 2),
+    by the CLI's flag parser and by validate_drafter's own option check."""
+    from specconv.errors import UsageError
+    from specconv.validate.run import ValidateOptions, _check_inputs
+
+    with pytest.raises(UsageError, match="^--onnx and --engine are mutually exclusive: validate one runtime at a time$"):
+        runtimes.runtime_from_flags({"onnx": Path("/g"), "engine": Path("/e")})
+    with pytest.raises(UsageError, match="^--backend llamacpp and --engine are mutually exclusive"):
+        runtimes.runtime_from_flags({"onnx": None, "engine": Path("/e")}, "llamacpp")
+    assert runtimes.runtime_from_flags({"onnx": Path("/g")}, "torch") == ("onnx", "/g")
+    with pytest.raises(UsageError, match="^--backend vllm and --onnx are mutually exclusive"):
+        _check_inputs(tmp_path, ValidateOptions(backend="vllm", runtime="onnx", runtime_path="/g"))
+
+
 def _imports(path: Path) -> list[str]:
     out = []
     for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
