@@ -46,13 +46,12 @@ def resolve_server(explicit: str | os.PathLike | None = None) -> Path | None:
     Raises:
         InvalidInputError: a named binary does not exist.
     """
-    named = explicit or os.environ.get(LLAMA_SERVER_ENV)
-    if named:
-        p = Path(named)
-        if not p.is_file():
-            raise InvalidInputError(f"llama-server {p} does not exist", code="llama_server_missing")
-        return p.absolute()
     from .. import llamacpp_build
+    from .target import named_file
+
+    p = named_file(explicit, LLAMA_SERVER_ENV, "llama-server", "llama_server_missing")
+    if p is not None:
+        return p.absolute()
 
     d = llamacpp_build.build_dir()
     return llamacpp_build.paths(d)["server"] if d is not None else None
