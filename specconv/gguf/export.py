@@ -23,6 +23,8 @@ from typing import Any
 from ..errors import GateFailedError, InvalidInputError
 from ..outdir import KINDS, OutputTemp, check_replaceable, clean_stale, move_into_place
 from ..results import ExportGgufResult
+from .server import LLAMA_SERVER_ENV
+from .target import VERIFIER_GGUF_ENV
 
 log = logging.getLogger("specconv.gguf")
 
@@ -186,8 +188,8 @@ def _skip_reason(check: bool, server: Path | None, target: dict | None) -> str:
     if not check:
         return "--no-check"
     if server is None:
-        return "no llama-server (--llama-server, $SPECCONV_LLAMA_SERVER, or `make llama-cpp`)"
-    return "no verifier GGUF (--verifier-gguf or $SPECCONV_VERIFIER_GGUF)"
+        return f"no llama-server (--llama-server, ${LLAMA_SERVER_ENV}, or `make llama-cpp`)"
+    return f"no verifier GGUF (--verifier-gguf or ${VERIFIER_GGUF_ENV})"
 
 
 def _check(gguf: Path, tpath: Path, server: Path, v: Any, plan: Any, target: dict) -> dict[str, Any]:

@@ -15,11 +15,11 @@ import logging
 import os
 import re
 import subprocess
-import time
 from pathlib import Path
 from typing import Any, Sequence
 
 from ..errors import InvalidInputError
+from ..validate.local_server import LocalServer, post_json
 
 log = logging.getLogger("specconv.gguf")
 
@@ -46,13 +46,12 @@ def resolve_server(explicit: str | os.PathLike | None = None) -> Path | None:
     Raises:
         InvalidInputError: a named binary does not exist.
     """
-    named = explicit or os.environ.get(LLAMA_SERVER_ENV)
-    if named:
-        p = Path(named)
-        if not p.is_file():
-            raise InvalidInputError(f"llama-server {p} does not exist", code="llama_server_missing")
-        return p.absolute()
     from .. import llamacpp_build
+    from .target import named_file
+
+    p = named_file(explicit, LLAMA_SERVER_ENV, "llama-server", "llama_server_missing")
+    if p is not None:
+        return p.absolute()
 
     d = llamacpp_build.build_dir()
     return llamacpp_build.paths(d)["server"] if d is not None else None
@@ -117,88 +116,38 @@ def parse_counters(text: str) -> dict[str, Any]:
     return out
 
 
-class LlamaServer:
-    """One ``llama-server`` process (context manager): started in its own process group with
-    its output in ``log_path``, healthy within :data:`STARTUP_TIMEOUT_S` or refused, always stopped.
+class LlamaServer(LocalServer):
+    """One ``llama-server`` process (context manager, :class:`specconv.validate.local_server.LocalServer`):
+    its output in ``log_path``, ``LLAMA_ARG_HOST=127.0.0.1``, healthy (``/health`` says ``"ok"``)
+    within :data:`STARTUP_TIMEOUT_S` or refused, always stopped (SIGKILL after :data:`STOP_TIMEOUT_S`).
 
     Raises (on enter):
         InvalidInputError: ``llama_server_failed`` with the log tail (exited or never healthy).
     """
 
+    name = "llama-server"
+    poll_s = 0.5
+    tail_chars = 3000
+    logger = log
+
     def __init__(self, argv: Sequence[str], log_path: Path):
-        self.argv, self.log_path = list(argv), Path(log_path)
-        self.base = f"http://127.0.0.1:{self.argv[self.argv.index('--port') + 1]}"
-        self.proc: subprocess.Popen | None = None
-        self.startup_s: float | None = None
+        super().__init__(argv, Path(log_path), env={**os.environ, "LLAMA_ARG_HOST": "127.0.0.1"},
+                         startup_timeout=STARTUP_TIMEOUT_S, stop_timeout=STOP_TIMEOUT_S)
 
-    def log_tail(self, n: int = 3000) -> str:
-        try:
-            return self.log_path.read_text(errors="replace")[-n:]
-        except OSError:
-            return ""
+    def healthy(self, status: int, body: str) -> bool:
+        """``/health`` answered 200 with ``"ok"``."""
+        return status == 200 and '"ok"' in body
 
-    def __enter__(self) -> "LlamaServer":
-        from ..validate.vllm_server import redact_argv
-
-        log.info("starting %s (log %s)", " ".join(redact_argv(self.argv)), self.log_path)
-        env = {**os.environ, "LLAMA_ARG_HOST": "127.0.0.1"}
-        with open(self.log_path, "ab") as f:
-            self.proc = subprocess.Popen(self.argv, stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                         start_new_session=True, env=env)
-        try:
-            self._wait_healthy()
-        except BaseException:
-            self.stop()
-            raise
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.stop()
-
-    def _fail(self, why: str) -> InvalidInputError:
-        return InvalidInputError(f"llama-server {why} (log {self.log_path}):\n{self.log_tail()}",
+    def failed(self, message: str) -> InvalidInputError:
+        """``llama_server_failed``: ``llama-server <message> (log PATH):`` and the log tail."""
+        return InvalidInputError(f"llama-server {message} (log {self.log_path}):\n{self.log_tail()}",
                                  code="llama_server_failed")
-
-    def _wait_healthy(self) -> None:
-        from ..validate.vllm_backend import _get
-
-        t0 = time.monotonic()
-        while True:
-            if self.proc.poll() is not None:
-                raise self._fail(f"exited with {self.proc.returncode} before it was healthy")
-            status, body = _get(self.base + "/health", 5)
-            if status == 200 and '"ok"' in body:
-                self.startup_s = time.monotonic() - t0
-                return
-            if time.monotonic() - t0 > STARTUP_TIMEOUT_S:
-                raise self._fail(f"not healthy after {STARTUP_TIMEOUT_S:.0f} s")
-            time.sleep(0.5)
-
-    def stop(self) -> None:
-        """SIGTERM the process group, SIGKILL after :data:`STOP_TIMEOUT_S`."""
-        import signal
-
-        p = self.proc
-        if p is None or p.poll() is not None:
-            return
-        for sig, wait in ((signal.SIGTERM, STOP_TIMEOUT_S), (signal.SIGKILL, 10.0)):
-            try:
-                os.killpg(p.pid, sig)
-            except ProcessLookupError:
-                return
-            try:
-                p.wait(timeout=wait)
-                return
-            except subprocess.TimeoutExpired:
-                continue
 
     def counters(self) -> dict[str, Any]:
         """The speculative counters now (:func:`parse_counters`)."""
-        from ..validate.vllm_backend import _get
-
-        status, text = _get(self.base + "/metrics", 30)
+        status, text = self.get("/metrics", 30)
         if status != 200:
-            raise self._fail("answered no /metrics")
+            raise self.failed("answered no /metrics")
         return parse_counters(text)
 
 
@@ -212,16 +161,14 @@ def completion(server: LlamaServer, prompt_ids: Sequence[int], n_predict: int, *
     Raises:
         InvalidInputError: ``llama_server_failed``: no answer, an HTTP error or no ``tokens``.
     """
-    from ..validate.vllm_backend import post_json
-
     body = {"prompt": [int(i) for i in prompt_ids], "n_predict": int(n_predict), "temperature": 0.0, "top_k": 1,
             "cache_prompt": False, "return_tokens": True, "n_probs": int(n_probs), "seed": 0}
     try:
         r = post_json(server.base + "/completion", body, timeout=REQUEST_TIMEOUT_S)
     except (OSError, RuntimeError, ValueError) as e:
-        raise server._fail(f"failed a /completion request: {e}") from e
+        raise server.failed(f"failed a /completion request: {e}") from e
     if not isinstance(r.get("tokens"), list):
-        raise server._fail(f"answered /completion without tokens: {json.dumps(r)[:300]}")
+        raise server.failed(f"answered /completion without tokens: {json.dumps(r)[:300]}")
     probs = r.get("completion_probabilities") or []
     margins, top1 = [], []
     for p in probs:

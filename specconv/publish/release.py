@@ -200,12 +200,12 @@ def _gguf_preflight(opts: ReleaseOptions) -> None:
         return
     from ..errors import InvalidInputError
     from ..extras import require_extra
-    from ..gguf.server import resolve_server
+    from ..gguf.server import LLAMA_SERVER_ENV, resolve_server
 
     require_extra("gguf", feature="specconv release --export-gguf")
     if resolve_server(opts.llama_server) is None:  # a named binary that does not exist raises here
         raise InvalidInputError("--export-gguf: no llama-server to check the GGUF with", code="llama_server_missing",
-                                hint="pass --llama-server PATH, set $SPECCONV_LLAMA_SERVER, or run `make llama-cpp`")
+                                hint=f"pass --llama-server PATH, set ${LLAMA_SERVER_ENV}, or run `make llama-cpp`")
 
 
 def _gguf(drafter: Path, opts: ReleaseOptions) -> dict[str, Any]:

@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from ..errors import InvalidInputError
+from .local_server import LocalServer, free_port, post_json
 
 log = logging.getLogger("specconv.validate")
 
@@ -191,7 +192,6 @@ def resolve_vllm_python(explicit: str | Path | None = None) -> str:
         InvalidInputError: the named interpreter does not exist, or none is found.
     """
     import importlib.util
-    import os
     import sys
 
     named = explicit or os.environ.get(PYTHON_ENV)
@@ -223,25 +223,8 @@ def server_argv(serve_cmd: Sequence[str], python: str, *, host: str = "127.0.0.1
     return [python, "-m", SERVER_MODULE, "--model", cmd[2], *cmd[3:], "--host", host]
 
 
-def free_port(preferred: int | None = None, host: str = "127.0.0.1") -> int:
-    """``preferred`` when it can be bound on ``host`` now, else a port the OS picks."""
-    import socket
-
-    for port in ([int(preferred)] if preferred else []) + [0]:
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-            try:
-                s.bind((host, port))
-            except OSError:
-                log.info("port %d on %s is busy; using a free one", port, host)
-                continue
-            return int(s.getsockname()[1])
-    raise OSError(f"no free port on {host}")  # pragma: no cover - bind(0) does not fail
-
-
 def server_env(base: dict | None = None) -> dict[str, str]:
     """Environment of the server: offline Hub, no usage stats, a small CPU KV cache."""
-    import os
-
     env = dict(os.environ if base is None else base)
     env.setdefault("VLLM_CPU_KVCACHE_SPACE", DEFAULT_CPU_KVCACHE_GIB)
     env.setdefault("HF_HUB_OFFLINE", "1")
@@ -265,74 +248,34 @@ class ServerFailed(InvalidInputError):
         self.pid = pid
 
 
-def _get(url: str, timeout: float = 10.0, headers: dict[str, str] | None = None) -> tuple[int, str]:
-    """``GET url`` → ``(status, body)``; ``(0, "")`` when there is no answer at all."""
-    import urllib.error
-    import urllib.request
-
-    try:
-        with urllib.request.urlopen(urllib.request.Request(url, headers=headers or {}), timeout=timeout) as r:  # noqa: S310
-            return r.status, r.read().decode()
-    except urllib.error.HTTPError as e:
-        return e.code, ""
-    except (urllib.error.URLError, OSError, ValueError):
-        return 0, ""
-
-
-class VllmServer:
-    """A vLLM OpenAI server subprocess on 127.0.0.1, always stopped on exit.
-
-    Use as a context manager: ``__enter__`` starts it (own process group, output to a log
-    file) and waits for ``/health`` (bounded); ``__exit__`` sends SIGTERM to the group,
-    then SIGKILL after :data:`STOP_TIMEOUT_S`.
+class VllmServer(LocalServer):
+    """A vLLM OpenAI server subprocess on 127.0.0.1 (:class:`.local_server.LocalServer`),
+    always stopped on exit: healthy when ``/health`` answers 200 (polled every 2 s), SIGKILL
+    after :data:`STOP_TIMEOUT_S`.
 
     Args:
         argv: full argv (see :func:`server_argv`); must contain ``--port``.
         env: the server's environment (see :func:`server_env`).
         startup_timeout: seconds to wait for health.
         log_path: where stdout/stderr go (default: a temp file kept for inspection).
+
+    Raises (on enter):
+        ServerFailed: the server exited or stayed unhealthy (with vLLM's reason).
     """
+
+    name = "vLLM"
+    exited = "vLLM server exited with {rc} before becoming healthy"
+    unhealthy = "vLLM server not healthy after {timeout:.0f} s"
 
     def __init__(self, argv: Sequence[str], *, env: dict | None = None, startup_timeout: float = STARTUP_TIMEOUT_S,
                  log_path: str | Path | None = None):
         import tempfile
 
-        self.argv = list(argv)
-        self.port = int(self.argv[self.argv.index("--port") + 1])
-        self.base = f"http://127.0.0.1:{self.port}"
-        self.env = server_env() if env is None else env
-        self.startup_timeout = float(startup_timeout)
         if log_path is None:
             fd, log_path = tempfile.mkstemp(prefix="specconv-vllm-", suffix=".log")
-            import os
-
             os.close(fd)
-        self.log_path = str(log_path)
-        self.proc: subprocess.Popen | None = None
-        self.startup_s: float | None = None
-
-    def log_tail(self, n: int = 4000) -> str:
-        try:
-            return Path(self.log_path).read_text(errors="replace")[-n:]
-        except OSError:
-            return ""
-
-    def __enter__(self) -> "VllmServer":
-        from .vllm_server import redact_argv
-
-        log.info("starting vLLM: %s (log %s)", " ".join(redact_argv(self.argv)), self.log_path)  # --vllm-arg secrets
-        with open(self.log_path, "ab") as logf:
-            self.proc = subprocess.Popen(self.argv, stdout=logf, stderr=subprocess.STDOUT, env=self.env,
-                                         stdin=subprocess.DEVNULL, start_new_session=True)
-        try:
-            self._wait_healthy()
-        except BaseException:
-            self.stop()
-            raise
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.stop()
+        super().__init__(argv, str(log_path), env=server_env() if env is None else env,
+                         startup_timeout=startup_timeout, stop_timeout=STOP_TIMEOUT_S)
 
     def failed(self, message: str) -> "ServerFailed":
         """A :class:`ServerFailed` carrying vLLM's own reason from the log
@@ -343,62 +286,15 @@ class VllmServer:
             text = Path(self.log_path).read_text(errors="replace")
         except OSError:
             text = ""
-        return ServerFailed(message, log_tail=text[-4000:], log_path=self.log_path, reason=startup_reason(text),
+        return ServerFailed(message, log_tail=text[-self.tail_chars:], log_path=self.log_path, reason=startup_reason(text),
                             pid=self.proc.pid if self.proc else None)
-
-    def _wait_healthy(self) -> None:
-        t0 = time.monotonic()
-        while True:
-            rc = self.proc.poll()
-            if rc is not None:
-                raise self.failed(f"vLLM server exited with {rc} before becoming healthy")
-            if _get(self.base + "/health", 5)[0] == 200:
-                self.startup_s = time.monotonic() - t0
-                log.info("vLLM healthy after %.0f s", self.startup_s)
-                return
-            if time.monotonic() - t0 > self.startup_timeout:
-                raise self.failed(f"vLLM server not healthy after {self.startup_timeout:.0f} s")
-            time.sleep(2)
-
-    def stop(self) -> None:
-        """SIGTERM the server's process group, SIGKILL it after :data:`STOP_TIMEOUT_S`."""
-        import os
-        import signal
-
-        p = self.proc
-        if p is None or p.returncode is not None and not _group_alive(p.pid):
-            return
-        for sig, wait in ((signal.SIGTERM, STOP_TIMEOUT_S), (signal.SIGKILL, 10.0)):
-            try:
-                os.killpg(p.pid, sig)
-            except ProcessLookupError:
-                break
-            try:
-                p.wait(timeout=wait)
-            except subprocess.TimeoutExpired:
-                continue
-            t0 = time.monotonic()  # the leader is gone: give its children (engine core) 5 s
-            while _group_alive(p.pid) and time.monotonic() - t0 < 5.0:
-                time.sleep(0.2)
-            if not _group_alive(p.pid):
-                break
 
     def metrics_text(self) -> str:
         """The ``/metrics`` page (Prometheus text)."""
-        status, text = _get(self.base + "/metrics", 30)
+        status, text = self.get("/metrics", 30)
         if status != 200:
             raise ServerFailed(f"GET {self.base}/metrics failed", log_tail=self.log_tail(), log_path=self.log_path)
         return text
-
-
-def _group_alive(pgid: int) -> bool:
-    import os
-
-    try:
-        os.killpg(pgid, 0)
-    except (ProcessLookupError, PermissionError):
-        return False
-    return True
 
 
 def chat_body(prompt: Any, opts: Any, model: str = SERVED_NAME) -> dict:
@@ -411,38 +307,6 @@ def chat_body(prompt: Any, opts: Any, model: str = SERVED_NAME) -> dict:
     """
     return {"model": model, "messages": prompt.messages, "max_tokens": int(opts.max_new_tokens),
             "temperature": float(opts.temperature), "seed": int(opts.seed), "return_token_ids": True}
-
-
-def post_json(url: str, body: dict, timeout: float = REQUEST_TIMEOUT_S, headers: dict[str, str] | None = None) -> dict:
-    """``POST`` ``body`` as JSON to ``url`` and return the JSON object answered (stdlib only:
-    specconv's interpreter needs no HTTP client package for ``--backend vllm``).
-
-    Raises:
-        RuntimeError: a non-2xx answer (``HTTP <status>: <the server's error message>``).
-        OSError: no connection, timeout (``urllib.error.URLError`` is one).
-        ValueError: the answer is not a JSON object.
-    """
-    import urllib.error
-    import urllib.request
-
-    req = urllib.request.Request(url, data=json.dumps(body).encode("utf-8"), method="POST",
-                                 headers={"Content-Type": "application/json", "Accept": "application/json",
-                                          **(headers or {})})
-    try:
-        with urllib.request.urlopen(req, timeout=timeout) as r:  # noqa: S310 (127.0.0.1 only)
-            out = json.loads(r.read().decode("utf-8"))
-    except urllib.error.HTTPError as e:
-        text = e.read().decode("utf-8", "replace")
-        try:
-            err = json.loads(text)
-            err = err.get("error", err) if isinstance(err, dict) else err
-            text = err.get("message", text) if isinstance(err, dict) else text
-        except ValueError:
-            pass
-        raise RuntimeError(f"HTTP {e.code}: {str(text).strip()[:2000]}") from None
-    if not isinstance(out, dict):
-        raise ValueError(f"{url} answered {type(out).__name__}, not a JSON object")
-    return out
 
 
 def chat_request(base_url: str, prompt: Any, opts: Any, *, model: str = SERVED_NAME,
@@ -463,7 +327,8 @@ def chat_request(base_url: str, prompt: Any, opts: Any, *, model: str = SERVED_N
 
     t0 = time.perf_counter()
     try:
-        r = post_json(base_url + "/v1/chat/completions", chat_body(prompt, opts, model), headers=headers)
+        r = post_json(base_url + "/v1/chat/completions", chat_body(prompt, opts, model), timeout=REQUEST_TIMEOUT_S,
+                      headers=headers)
         c = r["choices"][0]
         out = {
             "prompt_id": prompt.id,
@@ -616,7 +481,7 @@ def run_vllm_validation(drafter_dir: Path, verifier: Any, prompts: Sequence[Any]
     vopts = getattr(opts, "vllm", None)
     conc = vopts.max_concurrency if vopts else 1
     with srv:  # stopped whatever happens
-        version = _version(_get(srv.base + "/version", 10)[1])
+        version = _version(srv.get("/version", 10)[1])
         reqs, wall, before, after = measure(srv.base, prompts, opts, concurrency=conc,
                                             read=lambda: parse_spec_counters(srv.metrics_text()))
     check_served(reqs, srv.log_path)

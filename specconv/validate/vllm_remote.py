@@ -69,9 +69,9 @@ class Endpoint:
         Raises:
             InvalidInputError: ``vllm_unreachable`` (no answer), ``vllm_http_error`` (not 200).
         """
-        from .vllm_backend import _get
+        from .local_server import http_get
 
-        status, body = _get(self.base + path, timeout, headers=self.headers)
+        status, body = http_get(self.base + path, timeout, headers=self.headers)
         if status == 0:
             raise InvalidInputError(f"--server-url {self.label}: no answer to GET {path}", code="vllm_unreachable",
                                     hint="is the server running and reachable from here?")

@@ -384,7 +384,7 @@ def test_the_cards_llamacpp_line_serves_the_exported_drafter(served, bundled, sm
     from specconv.gguf.export import render_prompts
     from specconv.gguf.target import default_verifier_gguf
     from specconv.tensors import sha256_file
-    from specconv.validate.vllm_backend import free_port
+    from specconv.validate.local_server import free_port
     from specconv.verifier import resolve_verifier
 
     assert served.check["passed"]

@@ -15,6 +15,7 @@ from cli_runner import invoke
 
 from specconv.errors import InvalidInputError
 from specconv.validate import vllm_backend as vb
+from specconv.validate.local_server import free_port, group_alive
 
 
 def test_server_argv_uses_the_module_entry_point():
@@ -49,7 +50,7 @@ def test_token_agreement_counts_common_prefixes():
 def test_free_port_is_bindable():
     import socket
 
-    p = vb.free_port()
+    p = free_port()
     with socket.socket() as s:
         s.bind(("127.0.0.1", p))
 
@@ -76,7 +77,7 @@ FAKE_SERVER = textwrap.dedent(
 def _fake(tmp_path: Path, *extra: str) -> vb.VllmServer:
     script = tmp_path / "fake_server.py"
     script.write_text(FAKE_SERVER)
-    argv = [sys.executable, str(script), "--port", str(vb.free_port()), *extra]
+    argv = [sys.executable, str(script), "--port", str(free_port()), *extra]
     return vb.VllmServer(argv, env=dict(os.environ), startup_timeout=60, log_path=tmp_path / "server.log")
 
 
@@ -99,7 +100,7 @@ def test_server_healthy_then_whole_group_stopped(tmp_path):
         child = _child_pid(tmp_path / "server.log")
         assert _alive(child)
     assert srv.proc.returncode is not None
-    assert not vb._group_alive(srv.proc.pid) and not _alive(child)
+    assert not group_alive(srv.proc.pid) and not _alive(child)
 
 
 def test_server_that_exits_is_reported_with_its_log_and_cleaned_up(tmp_path):
@@ -109,7 +110,7 @@ def test_server_that_exits_is_reported_with_its_log_and_cleaned_up(tmp_path):
             pass
     assert "Model Runner V1 does not support: test" in ei.value.log_tail
     assert ei.value.pid == srv.proc.pid and ei.value.log_path == str(tmp_path / "server.log")
-    assert not vb._group_alive(srv.proc.pid) and not _alive(_child_pid(tmp_path / "server.log"))
+    assert not group_alive(srv.proc.pid) and not _alive(_child_pid(tmp_path / "server.log"))
 
 
 def test_server_env_defaults_keep_what_is_set():
@@ -206,5 +207,5 @@ def test_chat_request_records_a_failed_request(chat_server, status, answer, expe
 
 
 def test_chat_request_to_a_dead_port_is_recorded_not_raised():
-    r = vb.chat_request(f"http://127.0.0.1:{vb.free_port()}", *_prompt_opts())
+    r = vb.chat_request(f"http://127.0.0.1:{free_port()}", *_prompt_opts())
     assert r["ok"] is False and "Connection refused" in r["error"], r

