@@ -23,7 +23,8 @@ from ..validate.local_server import LocalServer, post_json
 
 log = logging.getLogger("specconv.gguf")
 
-__all__ = ["COUNTERS", "LLAMA_SERVER_ENV", "LlamaServer", "PER_POSITION", "completion", "launch_argv", "parse_counters",
+__all__ = ["COUNTERS", "LLAMA_SERVER_ENV", "LlamaServer", "PER_POSITION", "PORTABLE_ARGS",
+           "completion", "launch_argv", "parse_counters",
            "resolve_server", "server_argv", "server_version"]
 
 #: Environment variable naming the ``llama-server`` binary (same as ``--llama-server``).
@@ -68,13 +69,21 @@ def server_version(server: Path) -> dict[str, Any]:
     return {"version": line or None, "commit": m.group(1) if m else None}
 
 
+#: Flags every llama-server line specconv runs or prints carries. ``--no-repack`` keeps the
+#: weights in the GGUF's own layout: on CPUs with AMX (Intel Sapphire Rapids and later) the
+#: repacked AMX buffer segfaults in ``ggml_backend_amx_mul_mat`` at the first decode
+#: (ggml-org/llama.cpp#20824; seen here with the bundled Q4_1 verifier on an AMX Xeon), and one
+#: kernel path keeps AMD and Intel runs alike.
+PORTABLE_ARGS = ("--no-repack",)
+
+
 def server_argv(server: Path, target: Path, port: int, *, draft: Path | None = None, spec_type: str | None = None,
                 n_max: int | None = None, threads: int = 1, ctx: int = 4096) -> list[str]:
     """The ``llama-server`` argv: the target, loopback, ``--metrics``, one slot; with ``draft``
     also ``-md``, ``--spec-type`` and ``--spec-draft-n-max`` (always explicit: llama.cpp's
-    defaults are another type and 3)."""
+    defaults are another type and 3) and :data:`PORTABLE_ARGS`."""
     argv = [str(server), "-m", str(target), "--host", "127.0.0.1", "--port", str(port), "--metrics",
-            "-np", "1", "-c", str(ctx), "-t", str(threads), "--no-webui"]
+            "-np", "1", "-c", str(ctx), "-t", str(threads), "--no-webui", *PORTABLE_ARGS]
     if draft is not None:
         argv += ["-md", str(draft), "--spec-type", str(spec_type), "--spec-draft-n-max", str(n_max),
                  "-td", str(threads)]
@@ -95,7 +104,7 @@ def launch_argv(export: dict[str, Any], draft_repo: str | None) -> list[str]:
     draft = (["-hfd", draft_repo, "-md", f"gguf/{export['file']}"] if draft_repo
              else ["-md", f"./gguf/{export['file']}"])
     return ["llama-server", *target, *draft, "--spec-type", str(export["spec_type"]),
-            "--spec-draft-n-max", str(export["spec_draft_n_max"])]
+            "--spec-draft-n-max", str(export["spec_draft_n_max"]), *PORTABLE_ARGS]
 
 
 def parse_counters(text: str) -> dict[str, Any]:

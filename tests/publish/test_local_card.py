@@ -227,7 +227,7 @@ def test_the_card_gives_the_llamacpp_command_only_when_the_gguf_check_passed(car
     name = "SmolLM2-135M-Instruct.Q4_1.gguf"
     target = ["-hf", repo, "-hff", name] if repo else ["-m", name]
     assert argv == ["llama-server", *target, "-md", "./gguf/drafter-bf16.gguf", "--spec-type", "draft-dflash",
-                    "--spec-draft-n-max", "7"]
+                    "--spec-draft-n-max", "7", "--no-repack"]
     assert (d / argv[argv.index("-md") + 1]).is_file()  # the local form names the dir's own file
     assert "commit `0c1e570`" in card and exp["verifier_gguf"]["sha256"] in card and "τ 2.375" in card
     assert "must share the verifier's tokenizer" in card and "Serve it (in this directory):" in card
@@ -237,7 +237,7 @@ def test_the_card_gives_the_llamacpp_command_only_when_the_gguf_check_passed(car
     p.files["gguf/drafter-bf16.gguf"] = d / "gguf" / "drafter-bf16.gguf"
     pushed = llamacpp_command(render_card(d, rec, p, "org/drafter", plot=False, check=False))
     assert pushed == ["llama-server", *target, "-hfd", "org/drafter", "-md", "gguf/drafter-bf16.gguf",
-                      "--spec-type", "draft-dflash", "--spec-draft-n-max", "7"]
+                      "--spec-type", "draft-dflash", "--spec-draft-n-max", "7", "--no-repack"]
     # bytes changed after the check: the local card drops the line
     (d / "gguf" / "drafter-bf16.gguf").write_bytes(b"GGUF changed")
     assert llamacpp_command(write_local_card(d)) is None
