@@ -155,9 +155,8 @@ def render_card(d: Path, rec: Any, payload: Payload, repo_id: str, *, plot: bool
                 sglang_draft: str | None = None, local: bool = False) -> str:
     """The README.md text for drafter dir ``d`` published as ``repo_id``; ``sglang_draft``
     names where its SGLang layout is served from (a repo id, or the local export dir): the
-    card then has an SGLang section when that layout's check passed (:mod:`.sglang_repo`), and a
-    llama.cpp one when ``gguf/``'s did (:func:`gguf_section`). ``local``: the drafter dir's own
-    card, which, not validated, says how to validate it (a pushed one: pushed with ``--allow-unvalidated``).
+    card then has an SGLang section when that layout's check passed (:mod:`.sglang_repo`), a llama.cpp
+    one when ``gguf/``'s did (:func:`gguf_section`). ``local``: the dir's own card (not validated: says how to).
 
     Raises:
         InvalidInputError: the rendered metadata does not parse (``hub.check_card``).
