@@ -15,7 +15,8 @@ from .common import output_format_option, run_command
 @click.option("--onnx", "onnx_path", type=click.Path(path_type=Path),
               help="Exported graph or export dir [default: DIR/onnx/drafter.onnx].")
 @click.option("--builder", type=click.Choice(["tensorrt", "rtx"]), default="tensorrt", show_default=True,
-              help="tensorrt: full TensorRT on a GPU; rtx: TensorRT-RTX (builds ahead of time, also on a CPU).")
+              help="tensorrt: full TensorRT on a GPU; rtx: TensorRT-RTX (builds ahead of time; on a CPU "
+              "with --compute-capability).")
 @click.option("--profile", help="Optimization profile, e.g. batch=1:4:8,context=16:1024:4096 [default: the graph's range].")
 @click.option("--hardware-compat", type=click.Choice(["none", "ampere+"]), default="none", show_default=True)
 @click.option("--version-compatible", is_flag=True, help="Engine loadable by later TensorRT runtimes.")
@@ -33,7 +34,9 @@ def build_engine_cmd(drafter_dir: Path, onnx_path: Path | None, builder: str, pr
                      output_format: str):
     """Build DIR/trt/<key>/drafter.plan + build.json and update DIR/trt/manifest.json.
 
-    Exit 2 when TensorRT is not installed, 3 when --builder tensorrt finds no CUDA GPU.
+    The GPU is checked before TensorRT is imported: exit 3 when --builder tensorrt
+    finds no CUDA GPU, 2 when --builder rtx has no GPU and no --compute-capability;
+    then exit 2 when the builder's TensorRT is not installed.
     """
     from specconv.export.engine import BuildOptions, build_engine_dir
 

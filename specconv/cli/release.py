@@ -26,8 +26,8 @@ from .push import make_options, push_options
 @click.option("--device", default="auto", show_default=True)
 @click.option("--export-onnx", is_flag=True, help="After validate, export onnx/ (re-used when the drafter bytes are unchanged).")
 @click.option("--build-engine", type=click.Choice(["always", "if-available"]), is_flag=False, flag_value="always",
-              default=None, help="With --export-onnx: build a --builder rtx engine (exit 3 up front when it cannot be "
-              "built here); --build-engine=if-available records the skip instead.")
+              default=None, help="With --export-onnx: build a --builder rtx engine, on a GPU machine only (exit 3 up "
+              "front without a CUDA GPU); --build-engine=if-available records the skip instead.")
 @click.option("--export-sglang", is_flag=True, help="After validate, write SGLang's layout and check it with SGLang's "
               "own loader (exit 3 up front without the SGLang venv); --sglang-repo-id publishes it.")
 @click.option("--export-gguf", is_flag=True, help="After validate, write gguf/ and serve it with llama-server (exit 3 "

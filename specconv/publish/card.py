@@ -155,8 +155,8 @@ def render_card(d: Path, rec: Any, payload: Payload, repo_id: str, *, plot: bool
                 sglang_draft: str | None = None, local: bool = False) -> str:
     """The README.md text for drafter dir ``d`` published as ``repo_id``; ``sglang_draft``
     names where its SGLang layout is served from (a repo id, or the local export dir): the
-    card then has an SGLang section when that layout's check passed (:mod:`.sglang_repo`), and a
-    llama.cpp one when ``gguf/``'s did (:func:`gguf_section`; ``local``: the drafter dir's own card).
+    card then has an SGLang section when that layout's check passed (:mod:`.sglang_repo`), a llama.cpp
+    one when ``gguf/``'s did (:func:`gguf_section`). ``local``: the dir's own card (not validated: says how to).
 
     Raises:
         InvalidInputError: the rendered metadata does not parse (``hub.check_card``).
@@ -186,7 +186,7 @@ def render_card(d: Path, rec: Any, payload: Payload, repo_id: str, *, plot: bool
                                                              "sliding_window_non_causal", "mask_token_id") if key in cfg],
                vllm_checked=vllm_checked(rec), short_form=short_form, long_form=long_form,
                validation=val, validation_status="Passed" if val and val["passed"] else "FAILED",
-               plot=plot, unvalidated=sorted(payload.unvalidated), engines=engines,
+               plot=plot, local=local, unvalidated=sorted(payload.unvalidated), engines=engines,
                contains_verifier_weights=payload.contains_verifier_weights,
                source_format=(conv.format if conv else None) or "unknown",
                source_repo=conv.source.hub_id if conv and conv.source else None,

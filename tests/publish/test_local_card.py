@@ -241,3 +241,20 @@ def test_the_card_gives_the_llamacpp_command_only_when_the_gguf_check_passed(car
     # bytes changed after the check: the local card drops the line
     (d / "gguf" / "drafter-bf16.gguf").write_bytes(b"GGUF changed")
     assert llamacpp_command(write_local_card(d)) is None
+
+
+def test_an_unvalidated_card_says_validate_locally_and_allow_unvalidated_when_pushed(cards, tmp_path):
+    """Not validated: the drafter dir's own card says how to validate it; the card pushed with
+    ``--allow-unvalidated`` says it was published that way (docs/cli.md, ``specconv push``)."""
+    import shutil
+
+    from specconv.publish.push import PushOptions, build_payload
+
+    d = tmp_path / "d"
+    shutil.copytree(cards["dflash"], d)
+    local = (d / "README.md").read_text()
+    assert "**Not validated yet.** Run `specconv validate DIR --verifier VERIFIER`" in local
+    assert "--allow-unvalidated" not in local
+    pushed = build_payload(d, PushOptions(repo_id="org/drafter", allow_unvalidated=True)).files["README.md"].decode()
+    assert "**Not validated.** This drafter was published with `--allow-unvalidated`" in pushed
+    assert "Not validated yet" not in pushed
