@@ -1,6 +1,6 @@
 """Train a small DFlash drafter for SmolLM2-135M-Instruct on CPU; save it in z-lab layout.
 
-Recipe (``shared/reference/validation.md`` §6.3, the "stronger" variant):
+Recipe (docs/trained_drafter.md):
 
 1. ``gen``: the verifier's own greedy continuations (chat template, ``MAX_NEW`` new tokens,
    batched ``generate`` with left padding) of prompts from

@@ -2,7 +2,7 @@
 
 The checkpoint is built by ``dflash.model.DFlashDraftModel`` (z-lab's MIT reference
 implementation, ``dflash`` 0.1.0 on PyPI) and written by its ``save_pretrained``, so the
-layout is exactly the one z-lab's code writes (``shared/reference/external_formats.md`` §3):
+layout is exactly the one z-lab's code writes (docs/formats.md, ``zlab_dflash``):
 
 * ``config.json``: Qwen3Config keys (``model_type: qwen3``; ``num_hidden_layers`` = draft
   layers), ``architectures: ["DFlashDraftModel"]``, ``num_target_layers``,

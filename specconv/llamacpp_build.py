@@ -41,7 +41,7 @@ from specconv.offline import cache_dir
 REPO = Path(__file__).resolve().parents[1]
 REQUIREMENTS = REPO / "requirements" / "llama-cpp.txt"
 CONVERTER_REQUIREMENTS = REPO / "requirements" / "llama-cpp-converter.txt"
-#: The cmake configure flags (flags from shared/reference/llamacpp.md, plus a static link).
+#: The cmake configure flags (llama.cpp's own CPU build, docs/build.md upstream, plus a static link; docs/engines.md).
 CMAKE_FLAGS = (
     "-DCMAKE_BUILD_TYPE=Release",
     "-DBUILD_SHARED_LIBS=OFF",

@@ -1,7 +1,7 @@
 """Spec-built DFlash-family source checkpoints (tiny, random) for converter tests.
 
 Each builder writes what one producer writes — ``config.json`` keys and tensor names as
-described in shared/reference/external_formats.md — with shapes chosen to match the tiny
+described in docs/formats.md — with shapes chosen to match the tiny
 Qwen3 verifier of ``tests/conftest.py`` (H=64, 6 layers, vocab 256, bos 1 / eos 2 /
 pad 0). Values are seeded random numbers; only names, shapes, dtypes and config keys
 carry meaning.

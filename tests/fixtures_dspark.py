@@ -1,7 +1,7 @@
 """Tiny spec-built DSpark source checkpoints and refusal inputs (no producer package exists
 offline for DeepSpec, SpecForge or ModelOpt).
 
-Every builder follows ``shared/reference/external_formats.md`` for its format (section
+Every builder follows its format's layout as docs/formats.md describes it (the producer
 named in its docstring) and derives all shapes from a tiny verifier dir (conftest
 ``tiny_verifier_dir``: Qwen3, H=64, 6 layers, vocab 256, 4 q / 2 kv heads, head_dim 16),
 so the outputs load in speculators 0.9.0 against that verifier. Tensors are random
