@@ -12,6 +12,7 @@ import json
 import os
 import sys
 from pathlib import Path
+from typing import Any, NamedTuple
 
 import pytest
 
@@ -139,6 +140,36 @@ def tiny_verifier_dir(tmp_path_factory) -> Path:
 def tiny_llama_verifier_dir(tmp_path_factory) -> Path:
     """Tiny random Llama verifier: H=64, 6 layers, vocab 256, untied."""
     return make_tiny_verifier(tmp_path_factory.mktemp("tiny_llama") / "llama", model_type="llama")
+
+
+class Converted(NamedTuple):
+    """One shared conversion: the source dir, the output dir and ``convert``'s JSON report."""
+
+    src: Path
+    out: Path
+    rep: dict[str, Any]
+
+
+@pytest.fixture(scope="session")
+def dspark_converted(tmp_path_factory, tiny_verifier_dir):
+    """``fmt -> Converted``: each DSpark fixture source (``tests/fixtures_dspark.BUILDERS``) built
+    and converted with ``specconv convert`` against ``tiny_verifier_dir`` once per session.
+    Read-only: a test that writes into the source or the output copies it first."""
+    import fixtures_dspark as fs
+    from fixtures_dflash import cli_convert
+
+    done: dict[str, Converted] = {}
+
+    def get(fmt: str) -> Converted:
+        if fmt not in done:
+            root = tmp_path_factory.mktemp(fmt)
+            src = fs.make_source(root / fmt, fmt, tiny_verifier_dir)
+            code, rep, err = cli_convert(src, tiny_verifier_dir, root / "out")
+            assert code == 0, err
+            done[fmt] = Converted(src, root / "out", rep)
+        return done[fmt]
+
+    return get
 
 
 def read_json(p: Path) -> dict:
