@@ -1,6 +1,7 @@
-"""Shared fixtures: the real SmolLM2 verifier, tiny random verifiers, repo paths, torch on one
-thread. The CLI runners are ``tests/cli_runner.py`` (``from cli_runner import invoke``) and the
-harness drafter doubles ``tests/validate/drafter_doubles.py``.
+"""Shared fixtures: the real SmolLM2 verifier, tiny random verifiers, the bundled drafter and
+the DSpark fixture sources converted once per session, repo paths, torch on one thread. The
+CLI runners are ``tests/cli_runner.py`` (``from cli_runner import invoke``) and the harness
+drafter doubles ``tests/validate/drafter_doubles.py``.
 
 Owned by the lead; add fixtures here only through the lead.
 """
@@ -12,6 +13,7 @@ import json
 import os
 import sys
 from pathlib import Path
+from typing import Any, NamedTuple
 
 import pytest
 
@@ -86,6 +88,37 @@ def smollm2_dir() -> Path:
 
 
 SMOLLM2_HUB_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"
+#: The bundled trained drafter (z-lab DFlash for SmolLM2-135M-Instruct, block 8).
+BUNDLED_DRAFTER = REPO / "examples" / "smollm2-dflash-b8"
+
+
+def _tree_digest(d: Path) -> dict[str, str]:
+    import hashlib
+
+    return {str(p.relative_to(d)): hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(d.rglob("*")) if p.is_file()}
+
+
+@pytest.fixture(scope="session")
+def bundled_drafter(tmp_path_factory, smollm2_dir) -> Path:
+    """:data:`BUNDLED_DRAFTER` converted against the real SmolLM2 verifier (recorded as
+    :data:`SMOLLM2_HUB_ID`) once per session: the files ``specconv convert`` writes, model card
+    included, in ``.../drafter``. Read-only, checked at the end of the session: a test that
+    writes into it takes :func:`bundled_drafter_copy` (or copies it for a wider scope)."""
+    from specconv.convert import convert
+
+    out = tmp_path_factory.mktemp("bundled_drafter") / "drafter"
+    convert(str(BUNDLED_DRAFTER), verifier=str(smollm2_dir), output=out, verifier_name=SMOLLM2_HUB_ID)
+    before = _tree_digest(out)
+    yield out
+    assert _tree_digest(out) == before, "a test wrote into the shared bundled_drafter dir: use bundled_drafter_copy"
+
+
+@pytest.fixture
+def bundled_drafter_copy(bundled_drafter, tmp_path) -> Path:
+    """A private copy of :func:`bundled_drafter` (``tmp_path/drafter``) to write into."""
+    import shutil
+
+    return Path(shutil.copytree(bundled_drafter, tmp_path / "drafter"))
 
 
 def make_tiny_verifier(
@@ -139,6 +172,109 @@ def tiny_verifier_dir(tmp_path_factory) -> Path:
 def tiny_llama_verifier_dir(tmp_path_factory) -> Path:
     """Tiny random Llama verifier: H=64, 6 layers, vocab 256, untied."""
     return make_tiny_verifier(tmp_path_factory.mktemp("tiny_llama") / "llama", model_type="llama")
+
+
+class Converted(NamedTuple):
+    """One shared conversion: the source dir, the output dir and ``convert``'s JSON report."""
+
+    src: Path
+    out: Path
+    rep: dict[str, Any]
+
+
+@pytest.fixture(scope="session")
+def dspark_converted(tmp_path_factory, tiny_verifier_dir):
+    """``fmt -> Converted``: each DSpark fixture source (``tests/fixtures_dspark.BUILDERS``) built
+    and converted with ``specconv convert`` against ``tiny_verifier_dir`` once per session.
+    Read-only: a test that writes into the source or the output copies it first."""
+    import fixtures_dspark as fs
+    from fixtures_dflash import cli_convert
+
+    done: dict[str, Converted] = {}
+
+    def get(fmt: str) -> Converted:
+        if fmt not in done:
+            root = tmp_path_factory.mktemp(fmt)
+            src = fs.make_source(root / fmt, fmt, tiny_verifier_dir)
+            code, rep, err = cli_convert(src, tiny_verifier_dir, root / "out")
+            assert code == 0, err
+            done[fmt] = Converted(src, root / "out", rep)
+        return done[fmt]
+
+    return get
+
+
+def make_validate_set(root: Path, smollm2: Path) -> dict[str, Path]:
+    """The validate rooms' tiny set under ``root``: a tiny Llama verifier (vocab 49,152 so
+    SmolLM2's tokenizer/chat template apply), a random z-lab DFlash drafter for it written by
+    z-lab's ``dflash`` package, its Speculators conversion and a 2-prompt file.
+
+    Returns:
+        ``{"verifier", "zlab", "spec", "prompts"}`` → paths under ``root`` (needs torch,
+        transformers and dflash).
+    """
+    import shutil
+
+    import torch
+    from dflash.model import DFlashDraftModel
+    from transformers import LlamaConfig, LlamaForCausalLM, Qwen3Config
+
+    from specconv.convert import convert
+
+    vdir, zdir, sdir = root / "verifier", root / "zlab", root / "spec"
+    cfg = LlamaConfig(
+        vocab_size=49152, hidden_size=64, intermediate_size=128, num_hidden_layers=4,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=1024,
+        bos_token_id=1, eos_token_id=2, pad_token_id=2, tie_word_embeddings=True,
+    )
+    torch.manual_seed(0)
+    LlamaForCausalLM(cfg).save_pretrained(vdir)
+    for f in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
+        if (smollm2 / f).exists():
+            shutil.copy(smollm2 / f, vdir / f)
+    zc = Qwen3Config(
+        vocab_size=49152, hidden_size=64, intermediate_size=128, num_hidden_layers=1,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=1024,
+        rms_norm_eps=1e-6, rope_theta=10000.0, num_target_layers=4, block_size=4,
+        dflash_config={"target_layer_ids": [0, 2], "mask_token_id": 16},
+        architectures=["DFlashDraftModel"], tie_word_embeddings=False, dtype="float32",
+    )
+    torch.manual_seed(1)
+    DFlashDraftModel(zc).float().eval().save_pretrained(zdir, safe_serialization=True)
+    convert(str(zdir), verifier=str(vdir), output=sdir, overwrite=True)
+    prompts = root / "prompts.jsonl"
+    prompts.write_text('{"prompt": "Say hi."}\n{"prompt": "Count to three."}\n')
+    return {"verifier": vdir, "zlab": zdir, "spec": sdir, "prompts": prompts}
+
+
+def copy_validate_set(vset: dict[str, Path], root: Path) -> dict[str, Path]:
+    """Copy a :func:`make_validate_set` set into ``root`` (same keys, paths under ``root``)."""
+    import shutil
+
+    root.mkdir(parents=True, exist_ok=True)
+    return {k: Path(shutil.copytree(p, root / p.name) if p.is_dir() else shutil.copy2(p, root / p.name))
+            for k, p in vset.items()}
+
+
+@pytest.fixture(scope="session")
+def validate_set(tmp_path_factory, smollm2_dir) -> dict[str, Path]:
+    """:func:`make_validate_set` once per session. Read-only, checked at the end of the session:
+    a test that writes into it (a ``specconv validate`` run records into ``spec``) takes
+    :func:`validate_set_copy` or :func:`copy_validate_set` for a wider scope."""
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    pytest.importorskip("dflash")
+    root = tmp_path_factory.mktemp("validate_set")
+    vset = make_validate_set(root, smollm2_dir)
+    before = _tree_digest(root)
+    yield vset
+    assert _tree_digest(root) == before, "a test wrote into the shared validate_set: use validate_set_copy"
+
+
+@pytest.fixture
+def validate_set_copy(validate_set, tmp_path) -> dict[str, Path]:
+    """A private copy of :func:`validate_set` under ``tmp_path/set`` to write into."""
+    return copy_validate_set(validate_set, tmp_path / "set")
 
 
 def read_json(p: Path) -> dict:

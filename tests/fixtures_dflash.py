@@ -38,9 +38,24 @@ HEADS, KV_HEADS, HEAD_DIM, INTER = 4, 2, 16, 128
 MASK = 200  # not bos (1) / eos (2) / pad (0) of the tiny verifier
 DEFAULT_IDS = (0, 2, 4)  # z-lab convention → speculators 1, 3, 5
 
-FORMATS = (
-    "zlab_dflash", "specforge_dflash", "modelopt_dflash", "nemo_dflash", "muse_glimmer_dflash", "deepspec_dflash",
-)
+#: Supported registry formats whose fixtures are not spec-built here or in tests/fixtures_dspark.py:
+#: the speculators trainer's own checkpoints (tests/converters/test_speculators_trainer.py).
+BUILT_ELSEWHERE = frozenset({"speculators_dflash", "speculators_dspark"})
+
+
+def registry_formats(algorithm: str) -> tuple[str, ...]:
+    """The converter registry's supported formats of target ``algorithm`` (``dflash`` |
+    ``dspark``), registry order, less :data:`BUILT_ELSEWHERE`: the formats a family's
+    parametrised tests run over. A new format registered for the algorithm joins them and
+    needs its fixture builder (:func:`source_config` / ``fixtures_dspark.BUILDERS``)."""
+    from specconv.converters import REGISTRY
+
+    return tuple(fid for fid, cls in REGISTRY.items()
+                 if cls.supported and cls.algorithm == algorithm and fid not in BUILT_ELSEWHERE)
+
+
+#: The DFlash source formats :func:`make_source` builds (every one the registry lists).
+FORMATS = registry_formats("dflash")
 
 _DTYPES = {"bfloat16": "bfloat16", "float16": "float16", "float32": "float32"}
 
@@ -364,7 +379,7 @@ def sha_tree(d: Path) -> dict[str, str]:
 
 
 __all__ = [
-    "H", "VOCAB", "VERIFIER_LAYERS", "MASK", "DEFAULT_IDS", "FORMATS", "DELETE",
+    "H", "VOCAB", "VERIFIER_LAYERS", "MASK", "DEFAULT_IDS", "FORMATS", "BUILT_ELSEWHERE", "registry_formats", "DELETE",
     "HUB", "api_convert", "cli_convert", "read", "codes", "out_tensors", "sha_tree",
     "body_tensors", "qwen3_keys", "source_config", "source_tensors", "write_source", "make_source",
 ]

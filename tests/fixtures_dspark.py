@@ -14,6 +14,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from fixtures_dflash import registry_formats
+
 MASK = 250  # < vocab 256, not bos(1)/eos(2)/pad(0)
 
 
@@ -249,6 +251,26 @@ def make_modelopt_dspark(
                          with_markov=True, dtype=dtype, prefix_markov="", prefix_conf="confidence_proj.")
     t.update(heads)
     return save(out, cfg, t)
+
+
+#: DSpark source format id → its builder ``(out, verifier_dir, **kw) -> Path``.
+BUILDERS = {"deepspec_dspark": make_deepspec_dspark, "specforge_dspark": make_specforge_dspark,
+            "modelopt_dspark": make_modelopt_dspark}
+
+
+#: The DSpark source formats the registry lists (each needs its :data:`BUILDERS` entry).
+FORMATS = registry_formats("dspark")
+
+
+def make_source(out: Path, fmt: str, verifier_dir: Path, **kw) -> Path:
+    """Build the ``fmt`` DSpark source into ``out`` with its :data:`BUILDERS` entry (``kw`` passed on).
+
+    Raises:
+        KeyError: a registered DSpark format has no builder here yet.
+    """
+    if fmt not in BUILDERS:
+        raise KeyError(f"no DSpark fixture builder for {fmt!r}: add it to tests/fixtures_dspark.BUILDERS")
+    return BUILDERS[fmt](out, verifier_dir, **kw)
 
 
 # ----------------------------------------------------------------------------- F4 training dir

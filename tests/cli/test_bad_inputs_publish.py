@@ -27,13 +27,10 @@ def double():
     d.stop()
 
 
-@pytest.fixture(scope="module")
-def converted(tmp_path_factory, smollm2_dir) -> Path:
-    out = tmp_path_factory.mktemp("bad-new") / "drafter"
-    code, obj = invoke("convert", EXAMPLE, "--verifier", smollm2_dir, "--verifier-name",
-                       "HuggingFaceTB/SmolLM2-135M-Instruct", "-o", out).code_json
-    assert code == 0, obj
-    return out
+@pytest.fixture
+def converted(bundled_drafter) -> Path:
+    """conftest's shared conversion of the bundled drafter (push dry runs and refusals only read it)."""
+    return bundled_drafter
 
 
 def _online(double, tmp: Path, *argv) -> tuple[int, dict]:

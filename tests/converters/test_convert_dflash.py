@@ -18,7 +18,7 @@ import os
 import pytest
 
 from fixtures_dflash import (
-    DELETE, FORMATS, H, HUB, MASK, VERIFIER_LAYERS, api_convert, cli_convert, codes, make_source, out_tensors, read, sha_tree,
+    DELETE, FORMATS, H, HUB, MASK, VERIFIER_LAYERS, VOCAB, api_convert, cli_convert, codes, make_source, out_tensors, read, sha_tree,
 )
 
 def _peer():
@@ -36,6 +36,27 @@ def test_detected(tmp_path, fmt):
 
     r = inspect_source(str(make_source(tmp_path, fmt)))
     assert (r.format, r.algorithm, r.supported) == (fmt, "dflash", True)
+
+
+@pytest.mark.peer
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_loads_in_speculators(fmt, tiny_verifier_dir, tmp_path):
+    """Each format's conversion loads in speculators 0.9.0 with the block size, mask token and
+    layout it was written with, and speculators' forward runs (2 blocks of draft logits over the
+    vocabulary). The format's own values (DeepSpec anchor-first, ...) are asserted on its
+    config.json in tests/converters/test_<format>.py."""
+    _peer()
+    from interop import load_with_speculators, run_speculators_forward
+
+    out = tmp_path / "out"
+    api_convert(make_source(tmp_path, fmt, block_size=5, verifier_dir=tiny_verifier_dir), tiny_verifier_dir, out)
+    cfg = read(out)
+    m = load_with_speculators(out, tiny_verifier_dir)
+    assert m.block_size == 5 and m.config.mask_token_id == MASK
+    assert m.config.sample_from_anchor is cfg["sample_from_anchor"]
+    assert cfg["sliding_window_non_causal"] is True
+    logits = run_speculators_forward(m, num_blocks=2)
+    assert tuple(logits.shape) == (1, 10, VOCAB)
 
 
 # ===================================================================== real input (peer)

@@ -81,15 +81,3 @@ def test_confidence_head_tensor_refused(tmp_path, tiny_verifier_dir):
     src = make_source(tmp_path, FMT, extra_tensors={"confidence_head.proj.weight": torch.zeros(1, 64, dtype=torch.bfloat16)})
     code, rep, _ = cli_convert(src, tiny_verifier_dir, tmp_path / "out")
     assert code == 3 and "confidence_head.proj.weight" in rep["message"]
-
-
-@pytest.mark.peer
-def test_loads_in_speculators(tmp_path, tiny_verifier_dir):
-    pytest.importorskip("speculators")
-    pytest.importorskip("loguru")
-    from interop import load_with_speculators, run_speculators_forward
-
-    api_convert(make_source(tmp_path, FMT, verifier_dir=tiny_verifier_dir), tiny_verifier_dir, tmp_path / "out")
-    m = load_with_speculators(tmp_path / "out", tiny_verifier_dir)
-    assert m.config.sample_from_anchor is True
-    run_speculators_forward(m)

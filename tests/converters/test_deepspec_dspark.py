@@ -9,69 +9,39 @@ import numpy as np
 import pytest
 from _dspark_helpers import detected, out_tensors, plan_for, record
 from fixtures_dflash import cli_convert, read
-from fixtures_dspark import MASK, draft_dims, make_deepspec_dspark
+from fixtures_dspark import draft_dims, make_deepspec_dspark
 
 from specconv.errors import InvalidInputError, UnsupportedFormatError
 
 
-@pytest.fixture(scope="module")
-def deepspec_src(tmp_path_factory, tiny_verifier_dir):
-    return make_deepspec_dspark(tmp_path_factory.mktemp("deepspec") / "dspark_tiny_block4", tiny_verifier_dir)
+FMT = "deepspec_dspark"
 
 
-@pytest.fixture(scope="module")
-def converted(tmp_path_factory, deepspec_src, tiny_verifier_dir):
-    out = tmp_path_factory.mktemp("deepspec_out") / "out"
-    code, rep, err = cli_convert(deepspec_src, tiny_verifier_dir, out)
-    assert code == 0, err
-    return out, rep
+@pytest.fixture
+def converted(dspark_converted):
+    """This format's shared conversion (conftest ``dspark_converted``; read-only): src, out, rep.
+    Detection, the DSpark keys, tensor bytes and the speculators load: test_convert_dspark.py."""
+    return dspark_converted(FMT)
 
 
-def test_detected(deepspec_src):
-    assert detected(deepspec_src) == "deepspec_dspark"
-
-
-def test_convert_end_to_end(converted, deepspec_src):
-    out, rep = converted
-    cfg = read(out)
-    assert rep["format"] == "deepspec_dspark" and rep["algorithm"] == "dspark"
-    assert cfg["speculators_model_type"] == "dspark"
-    assert "model_type" not in cfg
+def test_convert_end_to_end(converted):
+    cfg = read(converted.out)
     # -1 (embedding output) → 0; other ids +1
     assert cfg["aux_hidden_state_layer_ids"] == [0, 3, 5]
-    assert cfg["mask_token_id"] == MASK
     # anchor-first: every slot drafts
     assert cfg["sample_from_anchor"] is True
     assert cfg["block_size"] == 4
     assert cfg["speculators_config"]["proposal_methods"][0]["speculative_tokens"] == 4
-    assert (cfg["markov_rank"], cfg["markov_head_type"]) == (8, "vanilla")
-    assert cfg["enable_confidence_head"] is True and cfg["confidence_head_with_markov"] is True
-    assert cfg["draft_vocab_size"] == 256
-    assert cfg["transformer_layer_config"]["model_type"] == "qwen3"
     for k in ("num_anchors", "markov_rank", "target_layer_ids", "mask_token_id", "num_target_layers"):
         assert k not in cfg["transformer_layer_config"], k
 
 
-def test_every_tensor_copied_unchanged(converted, deepspec_src):
-    out, _ = converted
-    src, dst = out_tensors(deepspec_src), out_tensors(out)
+def test_every_tensor_copied_unchanged(converted):
+    src, dst = out_tensors(converted.src), out_tensors(converted.out)
     assert set(dst) == set(src)  # names already match; embed_tokens/lm_head copies kept
-    for k, v in src.items():
-        assert dst[k].dtype == v.dtype and bool((dst[k] == v).all()), k
-    fates = record(out)["tensors"]
+    fates = record(converted.out)["tensors"]
     assert fates["markov_head.markov_w1.weight"]["fate"] == "copied"
     assert "equals the verifier" in fates["embed_tokens.weight"]["note"]
-
-
-@pytest.mark.peer
-def test_loads_in_speculators_and_forward_runs(converted, tiny_verifier_dir):
-    from interop import load_with_speculators, run_speculators_forward
-
-    out, _ = converted
-    model = load_with_speculators(out, tiny_verifier_dir)
-    assert model.markov_head is not None and model.confidence_head is not None
-    logits = run_speculators_forward(model)
-    assert logits.shape[-1] == 256
 
 
 # ------------------------------------------------------------------ head-field rules
@@ -154,8 +124,8 @@ def test_without_deepspec_signature_layout_must_be_given(tmp_path, tiny_verifier
     assert any(f.code == "layout-from-flag" for f in plan.findings)
 
 
-def test_flag_contradicting_deepspec_layout_is_refused(deepspec_src, tiny_verifier_dir, tmp_path):
-    code, rep, err = cli_convert(deepspec_src, tiny_verifier_dir, tmp_path / "o", "--no-sample-from-anchor")
+def test_flag_contradicting_deepspec_layout_is_refused(converted, tiny_verifier_dir, tmp_path):
+    code, rep, err = cli_convert(converted.src, tiny_verifier_dir, tmp_path / "o", "--no-sample-from-anchor")
     assert code == 3
     assert rep["error"] == "conflicting_layout"
     assert not (tmp_path / "o").exists()
@@ -184,12 +154,12 @@ def _mapping_file(path, V=256, Vd=64, seed=0):
     return path, tgt
 
 
-def test_vocab_mapping_slices_markov_w2_and_lm_head_not_markov_w1(deepspec_src, tiny_verifier_dir, tmp_path):
+def test_vocab_mapping_slices_markov_w2_and_lm_head_not_markov_w1(converted, tiny_verifier_dir, tmp_path):
     mp, tgt = _mapping_file(tmp_path / "vocab.npz")
     out = tmp_path / "pruned"
-    code, rep, err = cli_convert(deepspec_src, tiny_verifier_dir, out, "--vocab-mapping", mp)
+    code, rep, err = cli_convert(converted.src, tiny_verifier_dir, out, "--vocab-mapping", mp)
     assert code == 0, err
-    cfg, src, dst = read(out), out_tensors(deepspec_src), out_tensors(out)
+    cfg, src, dst = read(out), out_tensors(converted.src), out_tensors(out)
     assert cfg["draft_vocab_size"] == 64
     assert tuple(dst["markov_head.markov_w2.weight"].shape) == (64, 8)
     assert bool((dst["markov_head.markov_w2.weight"] == src["markov_head.markov_w2.weight"][tgt]).all())
@@ -204,12 +174,12 @@ def test_vocab_mapping_slices_markov_w2_and_lm_head_not_markov_w1(deepspec_src, 
 
 
 @pytest.mark.peer
-def test_pruned_output_loads_in_speculators(deepspec_src, tiny_verifier_dir, tmp_path):
+def test_pruned_output_loads_in_speculators(converted, tiny_verifier_dir, tmp_path):
     from interop import load_with_speculators, run_speculators_forward
 
     mp, _ = _mapping_file(tmp_path / "vocab.npz")
     out = tmp_path / "pruned"
-    assert cli_convert(deepspec_src, tiny_verifier_dir, out, "--vocab-mapping", mp)[0] == 0
+    assert cli_convert(converted.src, tiny_verifier_dir, out, "--vocab-mapping", mp)[0] == 0
     logits = run_speculators_forward(load_with_speculators(out, tiny_verifier_dir))
     assert logits.shape[-1] == 64
 

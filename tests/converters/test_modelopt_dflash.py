@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import pytest
-
 from fixtures_dflash import DELETE, api_convert, cli_convert, codes, make_source, read
 
 FMT = "modelopt_dflash"
@@ -40,13 +38,3 @@ def test_quantized_export_not_converted_as_dflash(tmp_path, tiny_verifier_dir):
     code, rep, _ = cli_convert(make_source(tmp_path, FMT, config_updates=upd), tiny_verifier_dir, tmp_path / "out")
     assert code == 3
     assert not (tmp_path / "out").exists()
-
-
-@pytest.mark.peer
-def test_loads_in_speculators(tmp_path, tiny_verifier_dir):
-    pytest.importorskip("speculators")
-    pytest.importorskip("loguru")
-    from interop import load_with_speculators, run_speculators_forward
-
-    api_convert(make_source(tmp_path, FMT), tiny_verifier_dir, tmp_path / "out")
-    run_speculators_forward(load_with_speculators(tmp_path / "out", tiny_verifier_dir))

@@ -9,40 +9,31 @@ import json
 
 import pytest
 from _dspark_helpers import detected, out_tensors, plan_for, record
-from fixtures_dflash import cli_convert, read
+from fixtures_dflash import read
 from fixtures_dspark import draft_dims, make_modelopt_dspark
 
 from specconv.errors import InvalidInputError
 
 
-@pytest.fixture(scope="module")
-def mo_src(tmp_path_factory, tiny_verifier_dir):
-    return make_modelopt_dspark(tmp_path_factory.mktemp("mo") / "modelopt_dspark", tiny_verifier_dir)
+FMT = "modelopt_dspark"
 
 
-@pytest.fixture(scope="module")
-def converted(tmp_path_factory, mo_src, tiny_verifier_dir):
-    out = tmp_path_factory.mktemp("mo_out") / "out"
-    code, rep, err = cli_convert(mo_src, tiny_verifier_dir, out)
-    assert code == 0, err
-    return out, rep
+@pytest.fixture
+def converted(dspark_converted):
+    """This format's shared conversion (conftest ``dspark_converted``; read-only): src, out, rep.
+    Detection, the DSpark keys, tensor bytes and the speculators load: test_convert_dspark.py."""
+    return dspark_converted(FMT)
 
 
-def test_detected(mo_src):
-    assert detected(mo_src) == "modelopt_dspark"
-
-
-def test_convert_end_to_end(converted, mo_src):
-    out, rep = converted
+def test_convert_end_to_end(converted):
+    out, rep = converted.out, converted.rep
     cfg = read(out)
-    assert rep["format"] == "modelopt_dspark"
     assert cfg["sample_from_anchor"] is True  # shift_label: true
     assert cfg["speculators_config"]["proposal_methods"][0]["speculative_tokens"] == cfg["block_size"]
     assert cfg["enable_confidence_head"] is True  # from use_confidence_head
-    assert cfg["confidence_head_with_markov"] is True
     assert cfg["aux_hidden_state_layer_ids"] == [2, 4, 6]
     assert any(f["code"] == "modelopt-layer-id-convention" for f in rep["findings"])
-    s, d = out_tensors(mo_src), out_tensors(out)
+    s, d = out_tensors(converted.src), out_tensors(out)
     renames = {
         "markov_w1.weight": "markov_head.markov_w1.weight",
         "markov_w2.weight": "markov_head.markov_w2.weight",
@@ -55,15 +46,6 @@ def test_convert_end_to_end(converted, mo_src):
     # body tensors that share a head suffix keep their names
     assert bool((d["layers.0.mlp.gate_proj.weight"] == s["layers.0.mlp.gate_proj.weight"]).all())
     assert set(d) == {renames.get(k, k) for k in s}
-
-
-@pytest.mark.peer
-def test_loads_in_speculators_and_forward_runs(converted, tiny_verifier_dir):
-    from interop import load_with_speculators, run_speculators_forward
-
-    model = load_with_speculators(converted[0], tiny_verifier_dir)
-    assert model.confidence_head is not None
-    assert run_speculators_forward(model).shape[-1] == 256
 
 
 def test_gated_top_level_gate_proj_renamed(tmp_path, tiny_verifier_dir):

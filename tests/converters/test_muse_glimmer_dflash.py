@@ -61,13 +61,3 @@ def test_neutral_scaling_accepted(tmp_path, tiny_verifier_dir):
     src = make_source(tmp_path, FMT, config_updates={"output_multiplier": 1.0})
     code, _, err = cli_convert(src, tiny_verifier_dir, tmp_path / "out")
     assert code == 0, err
-
-
-@pytest.mark.peer
-def test_loads_in_speculators(tmp_path, tiny_verifier_dir):
-    pytest.importorskip("speculators")
-    pytest.importorskip("loguru")
-    from interop import load_with_speculators, run_speculators_forward
-
-    api_convert(make_source(tmp_path, FMT), tiny_verifier_dir, tmp_path / "out")
-    run_speculators_forward(load_with_speculators(tmp_path / "out", tiny_verifier_dir))

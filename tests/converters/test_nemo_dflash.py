@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import pytest
-
 from fixtures_dflash import api_convert, cli_convert, codes, make_source, read
 
 FMT = "nemo_dflash"
@@ -40,13 +38,3 @@ def test_nemo_checkpoint_dir_layout(tmp_path, tiny_verifier_dir):
     rep = api_convert(run, tiny_verifier_dir, tmp_path / "out")
     assert rep.format == FMT
     assert rep.source.endswith("epoch_0_step_50/model/consolidated")
-
-
-@pytest.mark.peer
-def test_loads_in_speculators(tmp_path, tiny_verifier_dir):
-    pytest.importorskip("speculators")
-    pytest.importorskip("loguru")
-    from interop import load_with_speculators, run_speculators_forward
-
-    api_convert(make_source(tmp_path, FMT), tiny_verifier_dir, tmp_path / "out")
-    run_speculators_forward(load_with_speculators(tmp_path / "out", tiny_verifier_dir))

@@ -5,7 +5,9 @@ Rules (docs/adding_a_converter.md):
 
 * a **supported** format ``ID`` needs its test module — ``tests/converters/test_ID.py``, or
   the module named for it in :data:`TEST_MODULES` — that mentions ``ID``, runs a conversion
-  (``convert``) and loads the output with speculators 0.9.0 (``load_with_speculators``);
+  (``convert``) and loads the output with speculators 0.9.0 (``load_with_speculators``); the
+  conversion and the load may be the parametrised tests of its family's module
+  (:data:`FAMILY_MODULES`), which run over every format the registry lists for the family;
 * a **refused** format needs a trigger in ``tests/fixtures_dspark.REFUSAL_CASES`` (run by
   ``tests/converters/test_refusals.py``) or a test module as above that mentions ``ID``.
 """
@@ -15,6 +17,8 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+import fixtures_dflash
+import fixtures_dspark
 import pytest
 from cli_runner import invoke
 
@@ -36,7 +40,16 @@ TEST_MODULES = {
 }
 
 
-def missing_tests(registry, tests_dir: Path = TESTS, modules: dict[str, str] = TEST_MODULES) -> list[str]:
+#: family test module (relative to tests/) → the formats its parametrised tests convert and
+#: load with speculators (fixtures_dflash.registry_formats: the registry's formats of that algorithm).
+FAMILY_MODULES = {
+    "converters/test_convert_dflash.py": fixtures_dflash.FORMATS,
+    "converters/test_convert_dspark.py": fixtures_dspark.FORMATS,
+}
+
+
+def missing_tests(registry, tests_dir: Path = TESTS, modules: dict[str, str] = TEST_MODULES,
+                  families: dict[str, tuple[str, ...]] = FAMILY_MODULES) -> list[str]:
     """Return one line per registered format lacking its required test (empty = complete)."""
     from fixtures_dspark import REFUSAL_CASES
 
@@ -45,6 +58,7 @@ def missing_tests(registry, tests_dir: Path = TESTS, modules: dict[str, str] = T
     for fid, cls in sorted(registry.items()):
         mod = tests_dir / modules.get(fid, f"converters/test_{fid}.py")
         text = mod.read_text() if mod.is_file() else None
+        family = "".join((tests_dir / m).read_text() for m, fids in families.items() if fid in fids)
         if not cls.supported:
             if fid not in refusal_ids and (text is None or fid not in text):
                 problems.append(f"{fid} (refused): no trigger in tests/fixtures_dspark.REFUSAL_CASES and no {mod.name} naming it")
@@ -54,9 +68,9 @@ def missing_tests(registry, tests_dir: Path = TESTS, modules: dict[str, str] = T
             continue
         if fid not in text:
             problems.append(f"{fid}: tests/{mod.relative_to(tests_dir)} never mentions {fid!r}")
-        if not re.search(r"convert", text):
+        if not re.search(r"convert", text + family):
             problems.append(f"{fid}: tests/{mod.relative_to(tests_dir)} runs no conversion")
-        if "load_with_speculators" not in text:
+        if "load_with_speculators" not in text + family:
             problems.append(f"{fid}: tests/{mod.relative_to(tests_dir)} never loads the output with speculators (tests/interop.py)")
     return problems
 
@@ -81,12 +95,15 @@ def test_missing_tests_check_is_not_vacuous(tmp_path):
         refusal = "no"
 
     (tmp_path / "converters").mkdir()
-    probs = missing_tests({"fake_format_xyz": Fake, "fake_refusal_xyz": FakeRefusal}, tmp_path, {})
+    probs = missing_tests({"fake_format_xyz": Fake, "fake_refusal_xyz": FakeRefusal}, tmp_path, {}, {})
     assert len(probs) == 2 and "fake_format_xyz" in probs[0] + probs[1]
     (tmp_path / "converters" / "test_fake_format_xyz.py").write_text("# fake_format_xyz: convert\n")
-    probs = missing_tests({"fake_format_xyz": Fake}, tmp_path, {})
+    probs = missing_tests({"fake_format_xyz": Fake}, tmp_path, {}, {})
     assert probs == ["fake_format_xyz: tests/converters/test_fake_format_xyz.py never loads the output with "
                      "speculators (tests/interop.py)"]
+    (tmp_path / "converters" / "test_family.py").write_text("load_with_speculators\n")
+    assert missing_tests({"fake_format_xyz": Fake}, tmp_path, {}, {"converters/test_family.py": ("other",)}) == probs
+    assert missing_tests({"fake_format_xyz": Fake}, tmp_path, {}, {"converters/test_family.py": ("fake_format_xyz",)}) == []
 
 
 def test_module_overrides_point_at_registered_formats():
@@ -156,3 +173,12 @@ def test_formats_markdown_cli_prints_the_generated_doc():
 @pytest.mark.parametrize("fid", ["deepspec_dspark", "specforge_dspark", "modelopt_dspark", "specforge_training"])
 def test_dspark_formats_registered(fid):
     assert fid in REGISTRY and REGISTRY[fid].supported
+
+
+@pytest.mark.parametrize("fid", fixtures_dflash.FORMATS + fixtures_dspark.FORMATS)
+def test_family_formats_have_fixture_builders(fid):
+    """Every format a family's parametrised tests run over (the registry's) has its spec-built source."""
+    if fid in fixtures_dspark.FORMATS:
+        assert fid in fixtures_dspark.BUILDERS, f"add {fid} to tests/fixtures_dspark.BUILDERS"
+    else:
+        fixtures_dflash.source_config(fid)  # ValueError: add the layout to tests/fixtures_dflash.source_config

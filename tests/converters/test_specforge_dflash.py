@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import shutil
 
-import pytest
-
 from fixtures_dflash import api_convert, make_source, read
 
 FMT = "specforge_dflash"
@@ -53,13 +51,3 @@ def test_plain_export_is_zlab(tmp_path):
     for f in ("config.json", "model.safetensors"):
         shutil.copy(src / f, flat / f)
     assert inspect_source(str(flat)).format == "zlab_dflash"
-
-
-@pytest.mark.peer
-def test_loads_in_speculators(tmp_path, tiny_verifier_dir):
-    pytest.importorskip("speculators")
-    pytest.importorskip("loguru")
-    from interop import load_with_speculators, run_speculators_forward
-
-    api_convert(make_source(tmp_path, FMT), tiny_verifier_dir, tmp_path / "out")
-    run_speculators_forward(load_with_speculators(tmp_path / "out", tiny_verifier_dir))

@@ -12,37 +12,25 @@ import pytest
 from _dspark_helpers import detected, out_tensors, plan_for, record
 from cli_runner import invoke
 from fixtures_dflash import cli_convert, read
-from fixtures_dspark import MASK, make_specforge_dspark, verifier_tensor
+from fixtures_dspark import make_specforge_dspark, verifier_tensor
 
 from specconv.errors import InvalidInputError, UnsupportedFormatError
 
 
-@pytest.fixture(scope="module")
-def sf_src(tmp_path_factory, tiny_verifier_dir):
-    return make_specforge_dspark(tmp_path_factory.mktemp("sf") / "qwen3-tiny-dspark", tiny_verifier_dir)
+FMT = "specforge_dspark"
 
 
-@pytest.fixture(scope="module")
-def converted(tmp_path_factory, sf_src, tiny_verifier_dir):
-    out = tmp_path_factory.mktemp("sf_out") / "out"
-    code, rep, err = cli_convert(sf_src, tiny_verifier_dir, out)
-    assert code == 0, err
-    return out, rep
+@pytest.fixture
+def converted(dspark_converted):
+    """This format's shared conversion (conftest ``dspark_converted``; read-only): src, out, rep.
+    Detection, the DSpark keys, tensor bytes and the speculators load: test_convert_dspark.py."""
+    return dspark_converted(FMT)
 
 
-def test_detected(sf_src):
-    assert detected(sf_src) == "specforge_dspark"
-
-
-def test_convert_end_to_end(converted, sf_src):
-    out, rep = converted
+def test_convert_end_to_end(converted):
+    out, rep = converted.out, converted.rep
     cfg = read(out)
-    assert rep["format"] == "specforge_dspark"
-    assert cfg["speculators_model_type"] == "dspark"
-    # hoisted from dflash_config
-    assert (cfg["markov_rank"], cfg["markov_head_type"]) == (8, "vanilla")
-    assert cfg["enable_confidence_head"] is True and cfg["confidence_head_with_markov"] is True
-    assert cfg["mask_token_id"] == MASK
+    # the head keys hoisted from dflash_config: test_convert_dspark.py
     assert cfg["aux_hidden_state_layer_ids"] == [2, 4, 6]
     # SpecForge DSpark is trained 1+N and its export records no layout
     assert cfg["sample_from_anchor"] is False
@@ -50,18 +38,8 @@ def test_convert_end_to_end(converted, sf_src):
     assert "confidence_head_alpha" not in json.dumps(cfg)
     notes = rep["plan"]["notes"]
     assert any("confidence_head_alpha=1.0" in n and "training" in n for n in notes)
-    src, dst = out_tensors(sf_src), out_tensors(out)
+    src, dst = out_tensors(converted.src), out_tensors(out)
     assert set(dst) == set(src)
-    assert all(bool((dst[k] == v).all()) for k, v in src.items())
-
-
-@pytest.mark.peer
-def test_loads_in_speculators_and_forward_runs(converted, tiny_verifier_dir):
-    from interop import load_with_speculators, run_speculators_forward
-
-    model = load_with_speculators(converted[0], tiny_verifier_dir)
-    assert model.config.sample_from_anchor is False
-    assert run_speculators_forward(model).shape[-1] == 256
 
 
 def test_top_level_head_keys(tmp_path, tiny_verifier_dir):
@@ -129,8 +107,8 @@ def test_checkpoint_layout_key_wins(tmp_path, tiny_verifier_dir):
         plan_for(src, tiny_verifier_dir, sample_from_anchor=False)
 
 
-def test_flag_fills_layout_only_when_checkpoint_silent(sf_src, tiny_verifier_dir):
-    _, plan = plan_for(sf_src, tiny_verifier_dir, sample_from_anchor=True)
+def test_flag_fills_layout_only_when_checkpoint_silent(converted, tiny_verifier_dir):
+    _, plan = plan_for(converted.src, tiny_verifier_dir, sample_from_anchor=True)
     assert plan.config.sample_from_anchor is True
     assert any(f.code == "layout-from-flag" and f.level == "warning" for f in plan.findings)
 
@@ -144,15 +122,15 @@ def test_confidence_enabled_without_with_markov_key(tmp_path, tiny_verifier_dir)
         plan_for(src, tiny_verifier_dir)
 
 
-def test_vocab_mapping_takes_lm_head_rows_from_verifier(sf_src, tiny_verifier_dir, tmp_path):
+def test_vocab_mapping_takes_lm_head_rows_from_verifier(converted, tiny_verifier_dir, tmp_path):
     V, Vd = 256, 32
     tgt = np.sort(np.concatenate([[3, 4], np.random.default_rng(1).choice(np.arange(5, V), Vd - 2, replace=False)]))
     path = tmp_path / "d2t.npy"
     np.save(path, (tgt - np.arange(Vd)).astype(np.int64))
     out = tmp_path / "o"
-    code, rep, err = cli_convert(sf_src, tiny_verifier_dir, out, "--vocab-mapping", path)
+    code, rep, err = cli_convert(converted.src, tiny_verifier_dir, out, "--vocab-mapping", path)
     assert code == 0, err
-    d, s = out_tensors(out), out_tensors(sf_src)
+    d, s = out_tensors(out), out_tensors(converted.src)
     vh = verifier_tensor(tiny_verifier_dir, "lm_head").to(d["lm_head.weight"].dtype)
     assert bool((d["lm_head.weight"] == vh[tgt]).all())
     assert bool((d["markov_head.markov_w2.weight"] == s["markov_head.markov_w2.weight"][tgt]).all())
@@ -162,7 +140,7 @@ def test_vocab_mapping_takes_lm_head_rows_from_verifier(sf_src, tiny_verifier_di
     assert fates["t2d"]["fate"] == "generated"
 
 
-def test_inspect_reports_supported(sf_src):
-    code, rep, _ = invoke("inspect", sf_src).code_json_stderr
+def test_inspect_reports_supported(converted):
+    code, rep, _ = invoke("inspect", converted.src).code_json_stderr
     assert code == 0
     assert rep["format"] == "specforge_dspark" and rep["supported"] is True

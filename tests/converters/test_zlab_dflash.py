@@ -2,10 +2,6 @@
 
 from __future__ import annotations
 
-import json
-
-import pytest
-
 from fixtures_dflash import HUB, MASK, api_convert, cli_convert, codes, make_source, out_tensors, read
 
 
@@ -83,18 +79,3 @@ def test_layer_count_mismatch_refused(tmp_path, tiny_verifier_dir):
     src = make_source(tmp_path, config_updates={"num_hidden_layers": 3})
     code, rep, _ = cli_convert(src, tiny_verifier_dir, tmp_path / "out")
     assert code == 3 and rep["error"] == "layer_count_mismatch"
-
-
-@pytest.mark.peer
-def test_loads_in_speculators(tmp_path, tiny_verifier_dir):
-    pytest.importorskip("speculators")
-    pytest.importorskip("loguru")
-    from interop import load_with_speculators, run_speculators_forward
-
-    src = make_source(tmp_path, block_size=5)
-    api_convert(src, tiny_verifier_dir, tmp_path / "out")
-    m = load_with_speculators(tmp_path / "out", tiny_verifier_dir)
-    assert m.block_size == 5 and m.config.mask_token_id == MASK
-    logits = run_speculators_forward(m, num_blocks=2)
-    assert tuple(logits.shape) == (1, 10, 256)
-    assert json.loads((tmp_path / "out" / "config.json").read_text())["sliding_window_non_causal"] is True

@@ -24,8 +24,6 @@ from tests import fixtures_dspark as fs  # noqa: E402
 from tests import fixtures_peagle as fp  # noqa: E402
 from tests.tolerances import assert_close, assert_logits_match  # noqa: E402
 
-BUNDLED = Path(__file__).resolve().parents[2] / "examples" / "smollm2-dflash-b8"
-
 
 pytestmark = pytest.mark.usefixtures("one_thread_module")  # conftest: torch on one thread
 
@@ -213,10 +211,8 @@ def test_stateless_switch_on_real_drafters(tiny, tiny_runner):
 
 # -------------------------------------------------- bundled drafter, real verifier
 @pytest.fixture(scope="module")
-def bundled(tmp_path_factory, smollm2_dir):
-    out = tmp_path_factory.mktemp("bundled_cache") / "trained"
-    fd.api_convert(BUNDLED, smollm2_dir, out, name="HuggingFaceTB/SmolLM2-135M-Instruct")
-    drafter = load_drafter(out, smollm2_dir, dtype=torch.float32)
+def bundled(bundled_drafter, smollm2_dir):
+    drafter = load_drafter(bundled_drafter, smollm2_dir, dtype=torch.float32)
     runner = VerifierRunner.load(smollm2_dir, dtype="float32", aux_layer_ids=drafter.aux_layer_ids)
     return drafter, runner
 

@@ -6,7 +6,6 @@ is compiled ahead of time by TensorRT-RTX on the CPU (``build-engine --builder r
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 
@@ -16,18 +15,13 @@ pytest.importorskip("onnxscript")
 
 from cli_runner import invoke  # noqa: E402
 
-TRAINED = Path(__file__).resolve().parents[2] / "examples" / "smollm2-dflash-b8"
-
 
 @pytest.mark.slow
-def test_bundled_drafter_export_and_validate_onnx(tmp_path, smollm2_dir):
+def test_bundled_drafter_export_and_validate_onnx(bundled_drafter_copy, tmp_path, smollm2_dir):
     n = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        out = tmp_path / "trained"
-        code, res = invoke("convert", str(TRAINED), "--verifier", str(smollm2_dir), "--verifier-name",
-                           "HuggingFaceTB/SmolLM2-135M-Instruct", "-o", str(out), catch=True).code_json
-        assert code == 0, res
+        out = bundled_drafter_copy  # conftest: the conversion; export and validate write into it
         # verifier taken from the record; fp32: one graph, written once (no fp32/ twin)
         code, exp = invoke("export", "onnx", str(out), "--dtype", "float32", "--outputs", "ids,logprobs,logits", catch=True).code_json
         assert code == 0, exp

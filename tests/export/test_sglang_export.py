@@ -27,10 +27,9 @@ SMOL_HUB = "HuggingFaceTB/SmolLM2-135M-Instruct"
 
 
 @pytest.fixture(scope="module")
-def bundled(tmp_path_factory, smollm2_dir) -> tuple[Path, int, dict]:
-    """The bundled drafter's conversion and ``specconv export sglang`` of it (exit code, JSON)."""
-    out = tmp_path_factory.mktemp("sgl") / "smol"
-    fd.api_convert(EXAMPLE, smollm2_dir, out, name=SMOL_HUB)
+def bundled(tmp_path_factory, bundled_drafter) -> tuple[Path, int, dict]:
+    """A copy of the bundled drafter's conversion and ``specconv export sglang`` of it (exit code, JSON)."""
+    out = Path(shutil.copytree(bundled_drafter, tmp_path_factory.mktemp("sgl") / "smol"))
     return (out, *invoke("export", "sglang", out).code_json)
 
 

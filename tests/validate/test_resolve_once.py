@@ -21,16 +21,14 @@ pytest.importorskip("dflash")
 from cli_runner import invoke  # noqa: E402
 
 
-def test_validate_source_resolves_the_verifier_once_and_parses_the_config_once(tmp_path, smollm2_dir, monkeypatch):
-    from test_validate_cli import _build
-
+def test_validate_source_resolves_the_verifier_once_and_parses_the_config_once(validate_set_copy, tmp_path, monkeypatch):
     import specconv.convert as convert_mod
     import specconv.format as fmt
     import specconv.format.schema as schema
     import specconv.verifier as verifier_mod
     from specconv.cli.validate import validate_cmd
 
-    b = _build(tmp_path / "set", smollm2_dir)
+    b = validate_set_copy
     drafter_config = (b["spec"] / "config.json").resolve()
     resolved, converted_with, parsed = [], [], []
     real_resolve, real_convert, real_read = verifier_mod.resolve_verifier, convert_mod.convert, schema.read_config

@@ -57,13 +57,11 @@ def registered(monkeypatch):
 
 
 @pytest.fixture(scope="module")
-def tiny(tmp_path_factory, smollm2_dir):
-    pytest.importorskip("torch")
-    pytest.importorskip("transformers")
-    pytest.importorskip("dflash")
-    from test_validate_cli import _build
+def tiny(tmp_path_factory, validate_set):
+    """A module copy of conftest's ``validate_set`` (``validate_drafter`` records into ``spec``)."""
+    from conftest import copy_validate_set
 
-    return _build(tmp_path_factory.mktemp("runtimes_tiny"), smollm2_dir)
+    return copy_validate_set(validate_set, tmp_path_factory.mktemp("runtimes_tiny"))
 
 
 def _validate(tiny, runtime):

@@ -15,52 +15,24 @@ pytest.importorskip("transformers")
 pytest.importorskip("dflash")
 
 from cli_runner import invoke  # noqa: E402
+from conftest import copy_validate_set, make_validate_set  # noqa: E402
 
 from specconv.cli.validate import validate_cmd  # noqa: E402
 
 from tests.tolerances import lossless_near_ties  # noqa: E402
 
 
-def _build(root: Path, smollm2: Path) -> dict[str, Path]:
-    """Tiny Llama verifier (vocab 49,152 so SmolLM2's tokenizer/chat template apply),
-    a random z-lab DFlash drafter for it, and its Speculators conversion."""
-    from dflash.model import DFlashDraftModel
-    from transformers import LlamaConfig, LlamaForCausalLM, Qwen3Config
-
-    from specconv.convert import convert
-
-    vdir, zdir, sdir = root / "verifier", root / "zlab", root / "spec"
-    cfg = LlamaConfig(
-        vocab_size=49152, hidden_size=64, intermediate_size=128, num_hidden_layers=4,
-        num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=1024,
-        bos_token_id=1, eos_token_id=2, pad_token_id=2, tie_word_embeddings=True,
-    )
-    torch.manual_seed(0)
-    LlamaForCausalLM(cfg).save_pretrained(vdir)
-    for f in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
-        if (smollm2 / f).exists():
-            shutil.copy(smollm2 / f, vdir / f)
-    zc = Qwen3Config(
-        vocab_size=49152, hidden_size=64, intermediate_size=128, num_hidden_layers=1,
-        num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=1024,
-        rms_norm_eps=1e-6, rope_theta=10000.0, num_target_layers=4, block_size=4,
-        dflash_config={"target_layer_ids": [0, 2], "mask_token_id": 16},
-        architectures=["DFlashDraftModel"], tie_word_embeddings=False, dtype="float32",
-    )
-    torch.manual_seed(1)
-    DFlashDraftModel(zc).float().eval().save_pretrained(zdir, safe_serialization=True)
-    convert(str(zdir), verifier=str(vdir), output=sdir, overwrite=True)
-    prompts = root / "prompts.jsonl"
-    prompts.write_text('{"prompt": "Say hi."}\n{"prompt": "Count to three."}\n')
-    return {"verifier": vdir, "zlab": zdir, "spec": sdir, "prompts": prompts}
+#: conftest's builder of the set, by the name tests/golden and tests/sglang_check import it.
+_build = make_validate_set
 
 
 pytestmark = pytest.mark.usefixtures("one_thread_module")  # conftest: torch on one thread
 
 
 @pytest.fixture(scope="module")
-def tiny(tmp_path_factory, smollm2_dir):
-    return _build(tmp_path_factory.mktemp("validate_tiny"), smollm2_dir)
+def tiny(tmp_path_factory, validate_set):
+    """A module copy of conftest's ``validate_set`` (a validate run here records into ``spec``)."""
+    return copy_validate_set(validate_set, tmp_path_factory.mktemp("validate_tiny"))
 
 
 def test_validate_json_report_all_gates(tiny, tmp_path):

