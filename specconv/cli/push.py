@@ -30,8 +30,8 @@ def push_options(f):
         click.option("--detailed-exitcode", is_flag=True, help="With --dry-run: exit 10 when something would change, 0 when not."),
         click.option("--verify/--no-verify", default=True, show_default=True, help="Check the remote checksums after the commit (exit 8)."),
         click.option("--allow-unvalidated", is_flag=True, help="Push files no passed validation covers (recorded in the card)."),
-        click.option("--allow-verifier-weights", is_flag=True, help="Push onnx/ and gguf/ files that embed the verifier's "
-                     "weights (trt/ engines are not checked for them)."),
+        click.option("--allow-verifier-weights", is_flag=True, help="Push onnx/, trt/ and gguf/ files that embed the "
+                     "verifier's weights (its embedding / LM head)."),
         click.option("--sglang-repo-id", metavar="ORG/NAME", help="Also publish DIR's SGLang layout (export sglang, "
                      "its check passed on these bytes) as this repo, after the Speculators repo (docs/sglang.md)."),
     ]

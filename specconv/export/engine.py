@@ -432,11 +432,14 @@ def _build_record(key: str, opts: BuildOptions, version: str, trt, gpu: dict | N
 
 
 def _provenance(meta: dict, g: dict) -> dict:
-    """The drafter files the graph was exported from and the graph facts the engine's
-    runner needs (``specconv.export.engine_drafter``)."""
+    """The drafter files the graph was exported from, whether it embeds the verifier's
+    embedding / LM head (``contains_verifier_weights``, the gate ``push`` applies to
+    ``trt/``; a meta without the key counts as embedding them) and the graph facts the
+    engine's runner needs (``specconv.export.engine_drafter``)."""
     keys = ("algorithm", "block_size", "num_draft_tokens", "aux_layer_ids", "mask_token_id",
             "draft_vocab_size", "dynamic")
     return {"drafter_files": meta.get("drafter_files"),
+            "contains_verifier_weights": bool(meta.get("contains_verifier_weights", True)),
             "drafter_meta": {**{k: meta.get(k) for k in keys}, "inputs": g.get("inputs"),
                              "outputs": g.get("outputs")}}
 

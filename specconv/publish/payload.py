@@ -5,8 +5,10 @@ Gating (exit 4, ``GateFailedError``): ``config.json`` must name its verifier by 
 (:func:`check_verifier_hub_id`); the record must hold a passed ``validation`` whose
 sha256 of every validated file (``config.json``, the safetensors shards, the index) equals
 the bytes being pushed. ``onnx/`` needs a passed export check (``export.onnx`` in the record,
-sha256s in ``onnx/onnx_meta.json``, see :func:`_onnx_ok`); ``trt/<key>/`` needs its ``build.json``; ``gguf/``
-needs a passed llama-server check (``export.gguf``, :func:`_gguf_ok`). Other files need
+sha256s in ``onnx/onnx_meta.json``, see :func:`_onnx_ok`); ``trt/<key>/`` needs its
+``build.json`` (:func:`_trt_ok`); ``gguf/`` needs a passed llama-server check (``export.gguf``,
+:func:`_gguf_ok`). Engine files that embed the verifier's embedding / LM head (``onnx/``,
+``trt/``, ``gguf/``) need ``--allow-verifier-weights``. Other files need
 ``--allow-unvalidated`` (recorded in the card).
 """
 
@@ -64,12 +66,57 @@ class Payload:
         return len(src) if isinstance(src, bytes) else src.stat().st_size
 
 
-def _trt_ok(d: Path, rel: str) -> bool:
-    """``trt/<key>/*`` needs ``trt/<key>/build.json``; ``trt/manifest.json`` (written by
-    build-engine) needs the ``build.json`` of every variant it lists."""
+def _gate_verifier_weights(label: str, contains: bool, allow_vw: bool, p: Payload, note: str = "") -> None:
+    """The one rule for engine files (``onnx/``, ``trt/``, ``gguf/``) that embed the
+    verifier's embedding / LM head: refused without ``--allow-verifier-weights``, else
+    ``p.contains_verifier_weights`` is set (the card says so).
+
+    Raises:
+        GateFailedError: ``contains_verifier_weights`` (exit 4) when ``contains`` and not ``allow_vw``.
+    """
+    if not contains:
+        return
+    if not allow_vw:
+        raise GateFailedError(f"{label}: contains_verifier_weights (the verifier's embedding / LM head){note}",
+                              code="contains_verifier_weights",
+                              hint="pass --allow-verifier-weights if the verifier's license allows redistribution")
+    p.contains_verifier_weights = True
+
+
+def _trt_variant_ok(v: Path, allow_vw: bool, p: Payload) -> bool:
+    """Variant dir ``trt/<key>/`` is pushable with its ``build.json``. One that says
+    ``contains_verifier_weights`` (copied from the graph's ``onnx_meta.json`` by
+    build-engine), or lacks the key (an engine built before specconv recorded it), needs
+    ``--allow-verifier-weights``.
+
+    Raises:
+        GateFailedError: verifier tensors without ``--allow-verifier-weights``.
+    """
+    if not (v / "build.json").is_file():
+        return False
+    try:
+        build = json.loads((v / "build.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        build = None
+    recorded = isinstance(build, dict) and "contains_verifier_weights" in build
+    note = "" if recorded else ("; its build.json does not record it (an engine built by an older specconv), so it "
+                                "is treated as containing them: rebuild it with `specconv build-engine`")
+    contains = not recorded or bool(build["contains_verifier_weights"])
+    _gate_verifier_weights(f"trt/{v.name}/", contains, allow_vw, p, note)
+    return True
+
+
+def _trt_ok(d: Path, rel: str, allow_vw: bool, p: Payload) -> bool:
+    """``trt/<key>/*`` needs its variant's ``build.json`` (:func:`_trt_variant_ok`: the
+    verifier-weights gate too); ``trt/manifest.json`` (written by build-engine) needs the
+    ``build.json`` of every variant it lists.
+
+    Raises:
+        GateFailedError: verifier tensors without ``--allow-verifier-weights``.
+    """
     parts = Path(rel).parts
     if len(parts) >= 3:
-        return (d / parts[0] / parts[1] / "build.json").is_file()
+        return _trt_variant_ok(d / parts[0] / parts[1], allow_vw, p)
     if rel != "trt/manifest.json":
         return False
     try:
@@ -220,12 +267,8 @@ def _onnx_ok(d: Path, rec: Any, rel: str, allow_vw: bool, p: Payload) -> bool:
         return False
     if rel != "onnx/onnx_meta.json" and (meta.get("files") or {}).get(rel[len("onnx/"):]) != sha256_file(d / rel):
         return False
-    if meta.get("contains_verifier_weights") or (onnx and onnx.contains_verifier_weights):
-        if not allow_vw:
-            raise GateFailedError(f"{rel}: contains_verifier_weights (the verifier's embedding / LM head)",
-                                  code="contains_verifier_weights",
-                                  hint="pass --allow-verifier-weights if the verifier's license allows redistribution")
-        p.contains_verifier_weights = True
+    _gate_verifier_weights(rel, bool(meta.get("contains_verifier_weights") or (onnx and onnx.contains_verifier_weights)),
+                           allow_vw, p)
     return True
 
 
@@ -241,12 +284,7 @@ def _gguf_ok(d: Path, rec: Any, rel: str, allow_vw: bool, p: Payload) -> bool:
     from ..gguf.export import pushable
 
     ok, verifier_weights = pushable(d, rec, rel)
-    if ok and verifier_weights:
-        if not allow_vw:
-            raise GateFailedError(f"{rel}: contains_verifier_weights (the verifier's embedding / LM head)",
-                                  code="contains_verifier_weights",
-                                  hint="pass --allow-verifier-weights if the verifier's license allows redistribution")
-        p.contains_verifier_weights = True
+    _gate_verifier_weights(rel, ok and verifier_weights, allow_vw, p)
     return ok
 
 
@@ -294,7 +332,7 @@ def collect(d: Path, *, include: tuple[str, ...] = (), exclude: tuple[str, ...] 
         if rel in core:
             continue
         ok = (_onnx_ok(d, rec, rel, allow_verifier_weights, p) if rel.startswith("onnx/")
-              else _trt_ok(d, rel) if rel.startswith("trt/")
+              else _trt_ok(d, rel, allow_verifier_weights, p) if rel.startswith("trt/")
               else _gguf_ok(d, rec, rel, allow_verifier_weights, p) if rel.startswith("gguf/") else False)
         if not ok:
             if rel.startswith("onnx/fp32/"):  # the fp32 twin is not pushed by default

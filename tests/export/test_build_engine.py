@@ -173,6 +173,8 @@ def test_fake_tensorrt_build_calls_layout_and_manifest(onnx_dir, monkeypatch, tm
     assert build["gpu"] == "Fake H100" and build["compute_capability"] == "9.0" and build["driver"] == "580.1"
     assert build["profiles"][0]["ctx_valid"] == {"min": [1, 1], "opt": [2, 8], "max": [4, 16]}
     assert build["plan_sha256"] == __import__("hashlib").sha256(b"PLAN-BYTES").hexdigest()
+    meta = json.loads((onnx_dir / "onnx" / "onnx_meta.json").read_text())
+    assert build["contains_verifier_weights"] is meta["contains_verifier_weights"]  # push's trt/ gate reads it
     assert (out / "timing.cache").read_bytes() == b"CACHE" == cache.read_bytes()
     man = json.loads((onnx_dir / "trt" / "manifest.json").read_text())
     assert [v["key"] for v in man["variants"]] == [key]
@@ -263,6 +265,7 @@ def test_rtx_ahead_of_time_build_on_cpu(onnx_dir):
         {"op_type": "Attention", "name": "TRT_decomposable", "value": 1, "count": 2}]
     meta = json.loads((onnx_dir / "onnx" / "onnx_meta.json").read_text())
     assert build["onnx_sha256"] == meta["files"]["drafter.onnx"] == sha256_file(onnx_dir / "onnx" / "drafter.onnx")
+    assert build["contains_verifier_weights"] is meta["contains_verifier_weights"]  # push's trt/ gate reads it
 
 
 @pytest.mark.gpu

@@ -59,5 +59,6 @@ def test_bundled_drafter_export_and_validate_onnx(bundled_drafter_copy, tmp_path
         assert json.loads((out / "trt" / "manifest.json").read_text())["variants"][0]["plan_sha256"] == eng["plan_sha256"]
         assert eng["onnx_in_memory"]["attributes"] == [
             {"op_type": "Attention", "name": "TRT_decomposable", "value": 1, "count": 2}]
+        assert eng["contains_verifier_weights"] is True  # the graph's, so push gates trt/ for it too
     finally:
         torch.set_num_threads(n)

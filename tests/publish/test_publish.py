@@ -335,6 +335,44 @@ def test_onnx_files_need_a_passed_export_check_and_the_verifier_weights_flag(dra
     assert "specconv-test/v1-onnx" not in double.repos and not [r for r in double.requests[n:] if r.is_write]
 
 
+def _trt_variant(d: Path, build: dict) -> str:
+    """``trt/<key>/`` and ``trt/manifest.json`` as ``specconv build-engine`` lays them out
+    (the gate reads ``build.json``, not the plan)."""
+    key = "rtx1.2.0-cu13-sm89-fp32"
+    v = d / "trt" / key
+    v.mkdir(parents=True)
+    (v / "drafter.plan").write_bytes(b"fake-plan-bytes")
+    (v / "build.json").write_text(json.dumps({"key": key, "files": ["build.json", "drafter.plan"], **build}))
+    (d / "trt" / "manifest.json").write_text(json.dumps({"variants": [{"key": key, "path": f"{key}/drafter.plan"}]}))
+    return key
+
+
+@pytest.mark.parametrize("build", [{"contains_verifier_weights": True}, {}], ids=["recorded", "older-build"])
+def test_trt_engines_built_from_a_graph_with_verifier_weights_need_the_flag(drafter, double, tmp_path, build):
+    from specconv.publish.card import render_card
+    from specconv.publish.payload import collect
+
+    key = _trt_variant(drafter, build)
+    repo = "specconv-test/with-trt"
+    code, out, text = _dry_push(tmp_path, double, drafter, repo, "--exclude", "onnx/*")
+    assert code == 4 and out["error"] == "contains_verifier_weights", text[-2000:]
+    assert f"trt/{key}/" in out["message"] and "--allow-verifier-weights" in out["hint"]
+    assert ("older specconv" in out["message"]) == (not build)  # a build.json without the key says why
+    code, out, text = _dry_push(tmp_path, double, drafter, repo, "--exclude", "onnx/*", "--allow-verifier-weights")
+    assert code == 0 and out["status"] == "dry_run", text[-2000:]
+    assert {f"trt/{key}/drafter.plan", f"trt/{key}/build.json", "trt/manifest.json"} <= {x["path"] for x in out["files"]}
+    p, rec = collect(drafter, allow_verifier_weights=True)
+    assert p.contains_verifier_weights and "contains_verifier_weights" in render_card(drafter, rec, p, REPO, plot=False)
+
+
+def test_trt_engines_without_verifier_weights_need_no_flag(drafter):
+    from specconv.publish.payload import collect
+
+    key = _trt_variant(drafter, {"contains_verifier_weights": False})
+    p, _ = collect(drafter)
+    assert f"trt/{key}/drafter.plan" in p.files and not p.contains_verifier_weights
+
+
 def test_release_dry_run_plans_without_writing(double, tmp_path, smollm2_dir):
     n = len(double.requests)
     code, out, text = _cli(tmp_path, double, "release", EXAMPLE, "--verifier", smollm2_dir, "--verifier-name",
