@@ -4,8 +4,9 @@ Every export — the bundled drafter's conversion, the DFlash fixture formats, f
 DSpark drafts (anchor-first, 1+N, without a confidence head), drafters saved by speculators
 0.9.0, a mixed full / sliding-window layout — and the bundled z-lab original as it ships (the
 oracle: SGLang loads z-lab's own layout) load in ONE subprocess of ``.venv-sglang`` (its import
-costs 20–150 s). Two copies whose config was edited after the export load without a missing
-tensor but resolve other layers / another mask token: the meaning check fails them. Then
+costs 20–150 s), shared with ``test_sglang_runner``'s checks (``conftest.py``). Two copies
+whose config was edited after the export load without a missing tensor but resolve other
+layers / another mask token: the meaning check fails them. Then
 ``validate --sglang-load-check`` end to end on a tiny z-lab drafter (a second subprocess), its
 record kept by ``export sglang``, the card's SGLang line, and ``push --sglang-repo-id`` of both
 repos to the loopback Hub double (a failed second push reports the first).
@@ -83,13 +84,13 @@ def _drafters(root: Path, smol: Path, v: Path) -> dict[str, dict]:
     return out
 
 
-@pytest.fixture(scope="module")
-def checked(tmp_path_factory, smollm2_dir, tiny_verifier_dir):
-    """``{name: {dir, export, payload}}`` for every export, the broken copies and the oracle."""
+def sglang_jobs(root: Path, smollm2_dir: Path, tiny_verifier_dir: Path):
+    """The runner's checks of every export, the broken copies and the oracle, and how the
+    results become ``checked`` (``tests/sglang_check/conftest.py`` runs them with the room's
+    other checks in one subprocess)."""
     from specconv.export.sglang import LAUNCHER, launch_argv
-    from specconv.sglang_check import export_job, judge, run_checks
+    from specconv.sglang_check import export_job, judge
 
-    root = tmp_path_factory.mktemp("sglang_load")
     good = _drafters(root, smollm2_dir, tiny_verifier_dir)
     bundled = good["bundled"]["dir"] / "sglang"
     broken = {"other_layers": _edited_copy(bundled, root / "b1", dflash_config={"mask_token_id": 16,
@@ -104,11 +105,20 @@ def checked(tmp_path_factory, smollm2_dir, tiny_verifier_dir):
     for name, d in broken.items():
         entries[name] = export_job(d, smollm2_dir)
     jobs = [job for job, _, _ in entries.values()] + [{"dir": str(EXAMPLE), "verifier": str(smollm2_dir), "env": {}}]
-    result = run_checks(jobs)
-    out = {name: {**good.get(name, {}), "payload": judge(result["env"], r, meta["expected"], files)}
-           for (name, (_, meta, files)), r in zip(entries.items(), result["results"])}
-    out["zlab_original"] = {"raw": result["results"][-1]}
-    return out, result["env"]
+
+    def finish(result):
+        out = {name: {**good.get(name, {}), "payload": judge(result["env"], r, meta["expected"], files)}
+               for (name, (_, meta, files)), r in zip(entries.items(), result["results"])}
+        out["zlab_original"] = {"raw": result["results"][-1]}
+        return out, result["env"]
+
+    return jobs, finish
+
+
+@pytest.fixture(scope="module")
+def checked(sglang_batch):
+    """``{name: {dir, export, payload}}`` for every export, the broken copies and the oracle."""
+    return sglang_batch[__name__]
 
 
 GOOD = ("bundled", *DFLASH_FORMATS, "mixed_layers", "dspark", "dspark_1n", "dspark_no_confidence",

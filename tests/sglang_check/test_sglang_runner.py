@@ -1,8 +1,9 @@
 """SGLang 0.5.23 as a real consumer: its own loader takes the bundled z-lab DFlash drafter.
 
 ``specconv/sglang_check/runner.py`` runs in the loader venv ``.venv-sglang`` (``make
-sglang-venv``; ``make test`` builds it). All dirs load in ONE subprocess (the import costs
-20–80 s on 2 busy cores): the bundled drafter as it ships, two broken copies that a
+sglang-venv``; ``make test`` builds it). All dirs load in ONE subprocess, the room's
+(``conftest.py``: :func:`specconv.sglang_check.run_checks` with the other module's checks; the
+import costs 20–80 s on 2 busy cores): the bundled drafter as it ships, two broken copies that a
 non-strict loader would accept silently (a renamed tensor, a missing tensor), and tiny
 DeepSpec-layout DSpark drafts (``Qwen3DSparkModel``, the layout SGLang reads) with the
 confidence head that SGLang builds only outside ``SGLANG_RAGGED_VERIFY_MODE=static``.
@@ -10,9 +11,7 @@ confidence head that SGLang builds only outside ``SGLANG_RAGGED_VERIFY_MODE=stat
 
 from __future__ import annotations
 
-import json
 import shutil
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -21,7 +20,6 @@ import fixtures_dspark as fs
 
 REPO = Path(__file__).resolve().parents[2]
 DRAFTER = REPO / "examples" / "smollm2-dflash-b8"
-RUNNER = REPO / "specconv" / "sglang_check" / "runner.py"
 SGLANG_PY = REPO / ".venv-sglang" / "bin" / "python"
 
 pytestmark = [pytest.mark.sglang, pytest.mark.slow,
@@ -39,22 +37,24 @@ def _broken_copy(dst: Path, edit) -> Path:
     return dst
 
 
-@pytest.fixture(scope="module")
-def results(tmp_path_factory, smollm2_dir, tiny_verifier_dir):
-    tmp = tmp_path_factory.mktemp("sglang")
-    dspark = [fs.make_deepspec_dspark(tmp / name, tiny_verifier_dir, target_layer_ids=(0, 2, 4), embed=False,
+def sglang_jobs(root: Path, smollm2_dir: Path, tiny_verifier_dir: Path):
+    """The runner's checks of the bundled drafter, its two broken copies and the two DSpark
+    drafts (``tests/sglang_check/conftest.py`` runs them with the room's other checks in one
+    subprocess); ``results`` is the runner's ``{env, results}`` for them, in this order."""
+    dspark = [fs.make_deepspec_dspark(root / name, tiny_verifier_dir, target_layer_ids=(0, 2, 4), embed=False,
                                       extra_cfg=extra) for name, extra in (("dspark", {}),
                                                                             ("dspark-1n", {"sample_from_anchor": False}))]
-    renamed = _broken_copy(tmp / "renamed", lambda t: t.__setitem__("layers.0.mlp.up.weight",
-                                                                     t.pop("layers.0.mlp.up_proj.weight")))
-    missing = _broken_copy(tmp / "missing", lambda t: t.pop("layers.1.self_attn.k_norm.weight"))
-    job = {"checks": [{"dir": str(d), "verifier": str(smollm2_dir)} for d in (DRAFTER, renamed, missing)]
-           + [{"dir": str(d), "verifier": str(tiny_verifier_dir)} for d in dspark], "dtype": "float32"}
-    (tmp / "job.json").write_text(json.dumps(job))
-    proc = subprocess.run([str(SGLANG_PY), str(RUNNER), str(tmp / "job.json"), str(tmp / "result.json")],
-                          capture_output=True, text=True, timeout=1800)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    return json.loads((tmp / "result.json").read_text())
+    renamed = _broken_copy(root / "renamed", lambda t: t.__setitem__("layers.0.mlp.up.weight",
+                                                                      t.pop("layers.0.mlp.up_proj.weight")))
+    missing = _broken_copy(root / "missing", lambda t: t.pop("layers.1.self_attn.k_norm.weight"))
+    checks = ([{"dir": str(d), "verifier": str(smollm2_dir)} for d in (DRAFTER, renamed, missing)]
+              + [{"dir": str(d), "verifier": str(tiny_verifier_dir)} for d in dspark])
+    return checks, lambda result: result
+
+
+@pytest.fixture(scope="module")
+def results(sglang_batch):
+    return sglang_batch[__name__]
 
 
 def test_sglang_loads_the_bundled_zlab_dflash_drafter_strictly(results):
