@@ -147,13 +147,37 @@ def dspark_pruned(root, dspark, smollm2_dir) -> Path:
     return _edit(dspark, root / "dspark_pruned", config={"draft_vocab_size": vd}, tensors=tensors)
 
 
+@pytest.fixture(scope="module")
+def quirks_src(root, dspark, smollm2_dir) -> Path:
+    """One dir for the converter's reported differences: a full-vocabulary drafter's own
+    embedding and head, ``sample_from_anchor`` true, a disabled confidence head with tensors."""
+    return _edit(dspark, root / "dspark_quirks", config={"sample_from_anchor": True, "enable_confidence_head": False},
+                 tensors={"embed_tokens.weight": fs.verifier_tensor(smollm2_dir, "embed").bfloat16(),
+                          "lm_head.weight": fs.verifier_tensor(smollm2_dir, "embed").bfloat16()})  # tied
+
+
+@pytest.fixture(scope="module")
+def converted(root, dspark, dspark_pruned, quirks_src, smollm2_dir):
+    """``{name: Future of the GGUF path}``: llama.cpp's converter on the z-lab source, the
+    DSpark dir, the pruned one and the quirks dir, all started at once in the background (each
+    is a Python process of ~10 s, most of it imports; they overlap each other and the tests'
+    own exports). The sources are only read; the converter writes its file under ``root``."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    jobs = {"zlab": (BUNDLED, "bf16"), "dspark": (dspark, "bf16"), "pruned": (dspark_pruned, "f16"),
+            "quirks": (quirks_src, "bf16")}
+    with ThreadPoolExecutor(len(jobs)) as pool:
+        yield {name: pool.submit(_llamacpp_convert, src, root / f"{name}-conv.gguf", smollm2_dir, outtype)
+               for name, (src, outtype) in jobs.items()}
+
+
 # ------------------------------------------------------------------ equal to llama.cpp's converter
 @needs_build
-def test_bundled_drafter_equals_llamacpps_converter_on_the_zlab_source(bundled, smollm2_dir, root):
+def test_bundled_drafter_equals_llamacpps_converter_on_the_zlab_source(bundled, converted, root):
     res = _export(bundled, output=root / "bundled-gguf")
     assert res.file == "drafter-bf16.gguf" and res.target_layers == [2, 15, 28]
     assert (res.spec_type, res.spec_draft_n_max) == ("draft-dflash", 7)
-    theirs = _llamacpp_convert(BUNDLED, root / "zlab.gguf", target=smollm2_dir)
+    theirs = converted["zlab"].result()
     (ka, ta), _ = _assert_equal_but(root / "bundled-gguf" / res.file, theirs)
     assert ka["dflash.target_layers"] == [2, 15, 28] and ka["tokenizer.ggml.mask_token_id"] == 16
     assert "token_embd.weight" not in ta and "output.weight" not in ta  # borrowed from the target
@@ -163,10 +187,10 @@ def test_bundled_drafter_equals_llamacpps_converter_on_the_zlab_source(bundled, 
 
 
 @needs_build
-def test_dspark_drafter_equals_llamacpps_converter_on_the_speculators_dir(dspark, root, smollm2_dir):
+def test_dspark_drafter_equals_llamacpps_converter_on_the_speculators_dir(dspark, root, converted):
     res = _export(dspark, output=root / "dspark-gguf")
     assert (res.spec_type, res.spec_draft_n_max) == ("draft-dspark", 7)  # Markov head → draft-dspark
-    theirs = _llamacpp_convert(dspark, root / "dspark-conv.gguf", target=smollm2_dir)
+    theirs = converted["dspark"].result()
     (ka, ta), _ = _assert_equal_but(root / "dspark-gguf" / res.file, theirs)
     assert ka["dflash.has_confidence_head"] is True
     assert {"markov_w1.weight", "markov_w2.weight", "conf_proj.weight", "conf_proj.bias"} <= set(ta)
@@ -174,11 +198,11 @@ def test_dspark_drafter_equals_llamacpps_converter_on_the_speculators_dir(dspark
 
 @needs_build
 def test_pruned_vocabulary_equals_llamacpps_converter_and_writes_both_embedding_and_head(dspark_pruned, root,
-                                                                                      smollm2_dir):
+                                                                                      converted):
     res = _export(dspark_pruned, output=root / "pruned-gguf", dtype="float16")
     assert res.file == "drafter-f16.gguf" and res.verifier_weights == ["embed"]
     assert res.not_written == {"t2d": pytest.approx(res.not_written["t2d"])}
-    theirs = _llamacpp_convert(dspark_pruned, root / "pruned-conv.gguf", target=smollm2_dir, outtype="f16")
+    theirs = converted["pruned"].result()
     (ka, ta), (kb, tb) = _assert_equal_but(root / "pruned-gguf" / res.file, theirs, only_ours={"token_embd.weight"})
     assert ta["d2t"][0] == "I64" and ta["output.weight"][1] == (576, 8192)
     import numpy as np
@@ -191,23 +215,18 @@ def test_pruned_vocabulary_equals_llamacpps_converter_and_writes_both_embedding_
 
 
 @pytest.fixture(scope="module")
-def dspark_quirks(root, dspark, smollm2_dir) -> tuple[Path, Path]:
-    """One dir for the converter's reported differences: a full-vocabulary drafter's own
-    embedding and head, ``sample_from_anchor`` true, a disabled confidence head with tensors."""
-    src = _edit(dspark, root / "dspark_quirks", config={"sample_from_anchor": True, "enable_confidence_head": False},
-                tensors={"embed_tokens.weight": fs.verifier_tensor(smollm2_dir, "embed").bfloat16(),
-                         "lm_head.weight": fs.verifier_tensor(smollm2_dir, "embed").bfloat16()})  # tied
-    _export(src, output=root / "quirks-gguf")
-    theirs = _llamacpp_convert(src, root / "quirks-conv.gguf", target=smollm2_dir)
-    return root / "quirks-gguf" / "drafter-bf16.gguf", theirs
+def dspark_quirks(root, quirks_src, converted) -> tuple[tuple[dict, dict], tuple[dict, dict]]:
+    """:func:`_read` of specconv's and the converter's GGUF of :func:`quirks_src` (read once:
+    a reader parses SmolLM2's 49k-token vocabulary in seconds; the tests only look)."""
+    _export(quirks_src, output=root / "quirks-gguf")
+    return _read(root / "quirks-gguf" / "drafter-bf16.gguf"), _read(converted["quirks"].result())
 
 
 @needs_build
 def test_converter_difference_it_drops_a_full_vocabulary_drafters_own_head(dspark_quirks):
     """The converter keeps ``token_embd`` but drops the drafter's own ``output`` (llama.cpp then
     uses ``token_embd`` as the head); specconv writes both, ``token_embd`` equal to the converter's."""
-    ours, theirs = dspark_quirks
-    (_, ta), (_, tb) = _read(ours), _read(theirs)
+    (_, ta), (_, tb) = dspark_quirks
     assert {"token_embd.weight", "output.weight"} <= set(ta)
     assert "output.weight" not in tb
     assert ta["token_embd.weight"] == tb["token_embd.weight"]
@@ -217,15 +236,14 @@ def test_converter_difference_it_drops_a_full_vocabulary_drafters_own_head(dspar
 def test_sample_from_anchor_true_is_written_by_both(dspark_quirks):
     """The converter defaults ``sample_from_anchor`` to false only when the key is absent; a
     Speculators config always carries it, so both write the config's value."""
-    ours, theirs = dspark_quirks
-    assert _read(ours)[0]["dflash.sample_from_anchor"] is True
-    assert _read(theirs)[0]["dflash.sample_from_anchor"] is True
+    (ka, _), (kb, _) = dspark_quirks
+    assert ka["dflash.sample_from_anchor"] is True
+    assert kb["dflash.sample_from_anchor"] is True
 
 
 @needs_build
 def test_converter_difference_it_infers_the_confidence_head_from_tensors(dspark_quirks):
-    ours, theirs = dspark_quirks
-    (ka, ta), (kb, tb) = _read(ours), _read(theirs)
+    (ka, ta), (kb, tb) = dspark_quirks
     assert ka["dflash.has_confidence_head"] is False and "conf_proj.weight" not in ta
     assert "conf_proj.weight" in tb and kb.get("dflash.has_confidence_head", True) is True
 
@@ -341,9 +359,38 @@ def test_a_target_gguf_is_refused_by_architecture_and_by_size(smollm2_dir):
 
 
 # ------------------------------------------------------------------ llama-server
+def _dspark_check(dspark: Path, root: Path, smollm2_dir: Path) -> dict:
+    """The random DSpark drafter's GGUF (no export check) served by ``run_check``: 2 prompts, 16 tokens."""
+    from specconv.gguf.check import run_check
+    from specconv.gguf.export import render_prompts
+    from specconv.gguf.target import default_verifier_gguf
+    from specconv.verifier import resolve_verifier
+
+    res = _export(dspark, output=root / "dspark-served")
+    v = resolve_verifier(str(smollm2_dir))
+    target, _ = default_verifier_gguf(v, None, (SMOL_HUB,))
+    return run_check(root / "dspark-served" / res.file, target, _build()["server"], render_prompts(v, "eval", 2),
+                     n_predict=16, spec_type=res.spec_type, n_max=res.spec_draft_n_max)
+
+
 @pytest.fixture(scope="module")
-def served(bundled, root):
-    """``export gguf`` with its check (both servers) on the bundled drafter's conversion."""
+def dspark_served(dspark, root, smollm2_dir):
+    """A Future of :func:`_dspark_check` run in a background thread (None without a build):
+    its llama-servers (``-t 1``) use the second core while :func:`served`'s run, which starts
+    it first, uses the first; its test waits on it."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    if _build() is None:
+        yield None
+        return
+    with ThreadPoolExecutor(1) as pool:
+        yield pool.submit(_dspark_check, dspark, root, smollm2_dir)
+
+
+@pytest.fixture(scope="module")
+def served(bundled, root, dspark_served):
+    """``export gguf`` with its check (both servers) on the bundled drafter's conversion
+    (``dspark_served`` only so that it runs alongside)."""
     return _export(bundled, check=True)
 
 
@@ -359,17 +406,8 @@ def test_bundled_gguf_serves_losslessly_with_accepted_drafts_and_is_recorded(ser
 
 
 @needs_build
-def test_random_dspark_gguf_drafts_and_stays_lossless(dspark, root, smollm2_dir):
-    from specconv.gguf.check import run_check
-    from specconv.gguf.export import render_prompts
-    from specconv.gguf.target import default_verifier_gguf
-    from specconv.verifier import resolve_verifier
-
-    res = _export(dspark, output=root / "dspark-served")
-    v = resolve_verifier(str(smollm2_dir))
-    target, _ = default_verifier_gguf(v, None, (SMOL_HUB,))
-    out = run_check(root / "dspark-served" / res.file, target, _build()["server"], render_prompts(v, "eval", 2),
-                    n_predict=16, spec_type=res.spec_type, n_max=res.spec_draft_n_max)
+def test_random_dspark_gguf_drafts_and_stays_lossless(dspark_served):
+    out = dspark_served.result()
     assert out["lossless"] and out["num_drafts"] > 0 and out["num_draft_tokens"] > 0, out
 
 
