@@ -27,6 +27,9 @@ options (port, served name, seed, dtype and ``SERVER_ARGS``).
   about 1 token/s a request, so the four requests one after another took minutes): τ within
   0.05 of the TP-1 run (sequential) and greedy outputs ≥ 90 % identical to it.
 
+Two starts run in a background thread beside another test's, whose vLLM start-up leaves a
+core free: the DSpark refusal beside the TP-1 fixture, the TP-3 server beside the P-EAGLE test.
+
 Numbers measured with these tests are in docs/validate.md ("Real serving on CPU").
 """
 
@@ -187,10 +190,22 @@ def _spec_served(served: dict) -> dict:
     return json.loads(argv[argv.index("--speculative-config") + 1])
 
 
+def _start_early(request, fixture: str, test: str) -> None:
+    """Set up module fixture ``fixture`` (it starts its work in a background thread) now, when
+    ``test`` runs in this session; an error is left to ``test``, which pytest hands it to."""
+    if any(item.name == test for item in request.session.items):
+        try:
+            request.getfixturevalue(fixture)
+        except Exception:  # noqa: BLE001 - cached by pytest and raised in ``test``
+            pass
+
+
 @pytest.fixture(scope="module")
-def tp1_dflash(bundled_dflash, smollm2_dir, hub_env) -> tuple[dict, dict, dict]:
+def tp1_dflash(request, bundled_dflash, smollm2_dir, hub_env) -> tuple[dict, dict, dict]:
     """The TP-1 server of the bundled DFlash drafter and specconv's loop on the same prompts
-    (one server; the TP-3 test compares with it)."""
+    (one server; the TP-3 test compares with it). The DSpark refusal (one vLLM process, ~20 s)
+    runs alongside: the loop ends long before the server is up, leaving a core free."""
+    _start_early(request, "dspark_refusal", "test_dspark_refused_by_vllm_cpu")
     return _serve_and_compare(bundled_dflash, smollm2_dir, hub_env)
 
 
@@ -210,28 +225,46 @@ def test_dflash_served_by_vllm_cpu_matches_specconv_loop(tp1_dflash):
     assert served["acceptance_at_pos"][0] > 0.15
 
 
-def test_dspark_refused_by_vllm_cpu(tmp_path, smollm2_dir, hub_env):
+def _dspark_refusal(root: Path, smollm2_dir: Path, hub_env: dict) -> tuple[list[str], "vb.ServerFailed | None"]:
+    """A DSpark drafter converted and started from its card: ``(the card's command, the
+    ServerFailed raised, or None when the server came up)``."""
     sys.path.insert(0, str(REPO / "tests"))
     import fixtures_dspark as fd
 
-    src = fd.make_deepspec_dspark(tmp_path / "src", smollm2_dir, target_layer_ids=(1, 14, 27), block_size=8,
+    src = fd.make_deepspec_dspark(root / "src", smollm2_dir, target_layer_ids=(1, 14, 27), block_size=8,
                                   mask_token_id=16, embed=False)
-    d = _convert(src, tmp_path / "dspark", smollm2_dir, sample_from_anchor=True)
+    d = _convert(src, root / "dspark", smollm2_dir, sample_from_anchor=True)
     from specconv.validate.run import select_prompts
     from specconv.verifier import resolve_verifier
 
     cmd = _card_command(d)
-    assert json.loads(cmd[4])["method"] == "dspark"  # the card's (a card saying "dflash" is served as DFlash)
-    with pytest.raises(vb.ServerFailed) as ei:
+    try:
         vb.run_vllm_validation(d, resolve_verifier(str(smollm2_dir)), select_prompts("eval", 1), _opts(),
                                startup_timeout=300, extra_args=SERVER_ARGS, serve_cmd=cmd, env=hub_env)
-    assert DSPARK_REFUSAL in ei.value.log_tail
-    assert ei.value.reason == DSPARK_REFUSAL and ei.value.message.endswith(DSPARK_REFUSAL)  # vLLM's reason, no log tail
-    assert "Traceback" not in ei.value.message
-    assert ei.value.pid and not group_alive(ei.value.pid), "the refused server left processes behind"
+    except vb.ServerFailed as e:
+        return cmd, e
+    return cmd, None
 
 
-def test_peagle_served_by_vllm_cpu_matches_specconv_loop(tmp_path, smollm2_dir, hub_env):
+@pytest.fixture(scope="module")
+def dspark_refusal(tmp_path_factory, smollm2_dir, hub_env):
+    """A Future of :func:`_dspark_refusal`, run in a background thread."""
+    with ThreadPoolExecutor(1) as pool:
+        yield pool.submit(_dspark_refusal, tmp_path_factory.mktemp("dspark"), smollm2_dir, hub_env)
+
+
+def test_dspark_refused_by_vllm_cpu(dspark_refusal):
+    cmd, err = dspark_refusal.result()
+    assert json.loads(cmd[4])["method"] == "dspark"  # the card's (a card saying "dflash" is served as DFlash)
+    assert isinstance(err, vb.ServerFailed), "vLLM-CPU served the DSpark drafter"
+    assert DSPARK_REFUSAL in err.log_tail
+    assert err.reason == DSPARK_REFUSAL and err.message.endswith(DSPARK_REFUSAL)  # vLLM's reason, no log tail
+    assert "Traceback" not in err.message
+    assert err.pid and not group_alive(err.pid), "the refused server left processes behind"
+
+
+def test_peagle_served_by_vllm_cpu_matches_specconv_loop(request, tmp_path, smollm2_dir, hub_env):
+    _start_early(request, "tp3_server", "test_tp3_server_measured_by_server_url_matches_tp1")  # on the free core
     sys.path.insert(0, str(REPO / "tests"))
     import fixtures_peagle as fp
 
@@ -250,22 +283,42 @@ TP3_ENV = {"VLLM_CPU_OMP_THREADS_BIND": "nobind", "OMP_NUM_THREADS": "1", "VLLM_
 TP3_TAU_TOLERANCE = 0.05
 
 
-def test_tp3_server_measured_by_server_url_matches_tp1(tp1_dflash, bundled_dflash, smollm2_dir, hub_env, tmp_path):
-    import re
+@pytest.fixture(scope="module")
+def tp3_server(bundled_dflash, smollm2_dir, hub_env):
+    """``(server, Future of its start)``: the TP-3 server ``owned_server`` makes, started in a
+    background thread (the P-EAGLE test starts it: its own server start leaves a core free);
+    stopped at the module's end at the latest (the TP-3 test stops it itself)."""
+    from concurrent.futures import wait
 
     from specconv.validate.vllm_server import VllmServeOptions
     from specconv.verifier import resolve_verifier
 
-    served1, _, _ = tp1_dflash
     opts = _opts(vllm=VllmServeOptions(tensor_parallel_size=3, vllm_args=("--distributed-executor-backend=mp",)))
     srv = vb.owned_server(bundled_dflash, resolve_verifier(str(smollm2_dir)), opts, serve_cmd=_card_command(bundled_dflash),
                           extra_args=("--enforce-eager", "--max-model-len", "2048"), env={**hub_env, **TP3_ENV})
+    with ThreadPoolExecutor(1) as pool:
+        started = pool.submit(srv.__enter__)
+        try:
+            yield srv, started
+        finally:
+            wait([started])
+            srv.stop()
+
+
+def test_tp3_server_measured_by_server_url_matches_tp1(tp1_dflash, tp3_server, bundled_dflash, smollm2_dir, tmp_path):
+    import re
+
+    served1, _, _ = tp1_dflash
+    srv, started = tp3_server
     assert srv.env["VLLM_HOST_IP"] == "127.0.0.1"
-    with srv:
+    started.result()  # healthy (ServerFailed otherwise)
+    try:
         r = invoke("validate", bundled_dflash, "--verifier", smollm2_dir, "--backend", "vllm",
                    "--server-url", srv.base, "--prompts", "eval", "--num-prompts", NUM_PROMPTS,
                    "--max-new-tokens", MAX_NEW_TOKENS, "--max-concurrency", NUM_PROMPTS,
                    "--report-dir", tmp_path / "rep", catch=True)
+    finally:
+        srv.stop()
     log_text = Path(srv.log_path).read_text(errors="replace")
     assert r.code == 0, r.output
     out = json.loads(r.stdout)
