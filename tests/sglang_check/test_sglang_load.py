@@ -4,7 +4,7 @@ Every export — the bundled drafter's conversion, the DFlash fixture formats, f
 DSpark drafts (anchor-first, 1+N, without a confidence head), drafters saved by speculators
 0.9.0, a mixed full / sliding-window layout — and the bundled z-lab original as it ships (the
 oracle: SGLang loads z-lab's own layout) load in ONE subprocess of ``.venv-sglang`` (its import
-costs 20–150 s), shared with ``test_sglang_runner``'s checks (``conftest.py``). Two copies
+costs 20–150 s), shared with ``test_sglang_runner``'s checks (``sglang_batch.py``). Two copies
 whose config was edited after the export load without a missing tensor but resolve other
 layers / another mask token: the meaning check fails them. Then
 ``validate --sglang-load-check`` end to end on a tiny z-lab drafter (a second subprocess), its
@@ -24,6 +24,7 @@ from cli_runner import invoke
 
 import fixtures_dflash as fd
 import fixtures_dspark as fs
+import sglang_batch
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO / "examples" / "smollm2-dflash-b8"
@@ -86,7 +87,7 @@ def _drafters(root: Path, smol: Path, v: Path) -> dict[str, dict]:
 
 def sglang_jobs(root: Path, smollm2_dir: Path, tiny_verifier_dir: Path):
     """The runner's checks of every export, the broken copies and the oracle, and how the
-    results become ``checked`` (``tests/sglang_check/conftest.py`` runs them with the room's
+    results become ``checked`` (``tests/sglang_check/sglang_batch.py`` runs them with the room's
     other checks in one subprocess)."""
     from specconv.export.sglang import LAUNCHER, launch_argv
     from specconv.sglang_check import export_job, judge
@@ -116,9 +117,9 @@ def sglang_jobs(root: Path, smollm2_dir: Path, tiny_verifier_dir: Path):
 
 
 @pytest.fixture(scope="module")
-def checked(sglang_batch):
+def checked(request):
     """``{name: {dir, export, payload}}`` for every export, the broken copies and the oracle."""
-    return sglang_batch[__name__]
+    return sglang_batch.share(request, __name__)
 
 
 GOOD = ("bundled", *DFLASH_FORMATS, "mixed_layers", "dspark", "dspark_1n", "dspark_no_confidence",

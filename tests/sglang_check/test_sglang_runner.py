@@ -2,7 +2,7 @@
 
 ``specconv/sglang_check/runner.py`` runs in the loader venv ``.venv-sglang`` (``make
 sglang-venv``; ``make test`` builds it). All dirs load in ONE subprocess, the room's
-(``conftest.py``: :func:`specconv.sglang_check.run_checks` with the other module's checks; the
+(``sglang_batch.py``: :func:`specconv.sglang_check.run_checks` with the other module's checks; the
 import costs 20–80 s on 2 busy cores): the bundled drafter as it ships, two broken copies that a
 non-strict loader would accept silently (a renamed tensor, a missing tensor), and tiny
 DeepSpec-layout DSpark drafts (``Qwen3DSparkModel``, the layout SGLang reads) with the
@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 import fixtures_dspark as fs
+import sglang_batch
 
 REPO = Path(__file__).resolve().parents[2]
 DRAFTER = REPO / "examples" / "smollm2-dflash-b8"
@@ -39,7 +40,7 @@ def _broken_copy(dst: Path, edit) -> Path:
 
 def sglang_jobs(root: Path, smollm2_dir: Path, tiny_verifier_dir: Path):
     """The runner's checks of the bundled drafter, its two broken copies and the two DSpark
-    drafts (``tests/sglang_check/conftest.py`` runs them with the room's other checks in one
+    drafts (``tests/sglang_check/sglang_batch.py`` runs them with the room's other checks in one
     subprocess); ``results`` is the runner's ``{env, results}`` for them, in this order."""
     dspark = [fs.make_deepspec_dspark(root / name, tiny_verifier_dir, target_layer_ids=(0, 2, 4), embed=False,
                                       extra_cfg=extra) for name, extra in (("dspark", {}),
@@ -53,8 +54,8 @@ def sglang_jobs(root: Path, smollm2_dir: Path, tiny_verifier_dir: Path):
 
 
 @pytest.fixture(scope="module")
-def results(sglang_batch):
-    return sglang_batch[__name__]
+def results(request):
+    return sglang_batch.share(request, __name__)
 
 
 def test_sglang_loads_the_bundled_zlab_dflash_drafter_strictly(results):

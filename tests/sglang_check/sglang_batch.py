@@ -3,9 +3,11 @@
 Each module of this room that loads dirs with SGLang defines
 ``sglang_jobs(root, smollm2_dir, tiny_verifier_dir) -> (checks, finish)``: the runner's job
 entries and ``finish(result)``, which turns the runner's ``{"env", "results"}`` for those
-entries (in order) into what its tests read. :func:`sglang_batch` builds the jobs of the
-modules this session runs (``-k`` and single-file runs build only theirs), runs them with
-:func:`specconv.sglang_check.run_checks` once, and hands each module its share.
+entries (in order) into what its tests read. Its module fixture calls :func:`share`: the first
+call builds the jobs of every such module this session runs (``-k`` and single-file runs build
+only theirs), runs them with :func:`specconv.sglang_check.run_checks` once and keeps each
+module's share on the session; later calls take theirs. (A plain module, not a room
+``conftest.py``: that name would shadow ``tests/conftest.py`` for ``from conftest import``.)
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from pathlib import Path
 import pytest
 
 HERE = Path(__file__).resolve().parent
+_SHARES = pytest.StashKey[dict]()
 
 
 def _modules(session) -> list:
@@ -24,13 +27,12 @@ def _modules(session) -> list:
                    and Path(m.__file__).resolve().parent == HERE), key=lambda m: m.__name__)
 
 
-@pytest.fixture(scope="session")
-def sglang_batch(request, tmp_path_factory, smollm2_dir, tiny_verifier_dir) -> dict:
+def _run(session, tmp_path_factory, smollm2_dir, tiny_verifier_dir) -> dict:
     """``{module name: finish(its part of the run)}`` for every module of :func:`_modules`."""
     from specconv.sglang_check import run_checks
 
     planned = []
-    for mod in _modules(request.session):
+    for mod in _modules(session):
         checks, finish = mod.sglang_jobs(tmp_path_factory.mktemp(mod.__name__), smollm2_dir, tiny_verifier_dir)
         planned.append((mod.__name__, checks, finish))
     result = run_checks([c for _, checks, _ in planned for c in checks])
@@ -40,3 +42,13 @@ def sglang_batch(request, tmp_path_factory, smollm2_dir, tiny_verifier_dir) -> d
         out[name] = finish({"env": result["env"], "results": result["results"][start:start + len(checks)]})
         start += len(checks)
     return out
+
+
+def share(request, module: str) -> object:
+    """What ``module``'s ``finish`` made of its part of the room's one runner run (the run
+    happens on the first call of the session)."""
+    stash = request.session.stash
+    if _SHARES not in stash:
+        stash[_SHARES] = _run(request.session, request.getfixturevalue("tmp_path_factory"),
+                              request.getfixturevalue("smollm2_dir"), request.getfixturevalue("tiny_verifier_dir"))
+    return stash[_SHARES][module]
