@@ -706,10 +706,3 @@ def read_remote_file(hf: HfApi, repo_id: str, path: str, revision: str) -> bytes
         return Path(hf.hf_hub_download(repo_id, path, revision=revision)).read_bytes()
     except hf_errors.EntryNotFoundError:
         return None
-
-
-def quiet_progress() -> None:
-    """Turn huggingface_hub's tqdm bars off (stderr is not a terminal: logs only)."""
-    from huggingface_hub.utils import disable_progress_bars
-
-    disable_progress_bars()
