@@ -30,8 +30,8 @@ from types import ModuleType
 
 from .errors import UsageError
 
-__all__ = ["EXTRAS", "OPTIONAL_MODULES", "MissingExtraError", "install_line", "missing_extra_error", "quiet_library_bars",
-           "require", "require_extra"]
+__all__ = ["EXTRAS", "OPTIONAL_MODULES", "MissingExtraError", "install_line", "missing_extra_error",
+           "quiet_library_bars", "require", "require_extra"]
 
 #: The extras ``pyproject.toml`` declares (``tests/structure/test_packaging.py`` keeps the two equal).
 EXTRAS = ("validate", "vllm", "onnx", "tensorrt", "trt-rtx", "gguf", "test")

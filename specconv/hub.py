@@ -53,7 +53,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
 __all__ = ["HEADERS_ONLY_MARKER", "HUB_ERROR_RULES", "HubErrorRule", "RemoteFile", "Wanted", "api",
            "bytes_downloaded", "cache_dir", "check_card", "commit", "create_branch", "create_tag", "ensure_repo",
-           "open_pull_request", "quiet_progress", "read_remote_file", "refs", "remote_files", "repo_state",
+           "open_pull_request", "read_remote_file", "refs", "remote_files", "repo_state",
            "download_file", "download_snapshot", "endpoint", "header_snapshot", "hub_error", "is_hub_id",
            "is_offline", "safetensors_header", "token"]
 
