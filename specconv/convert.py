@@ -234,8 +234,9 @@ def _inspect(spec: str, verifier: str | None, verifier_name: str | None, kw: dic
 
         try:
             plan = cls().plan(src, v, kw.get("options") or ConvertOptions())
+            lint_plan(plan, v)  # the lint convert (and its --dry-run) runs: the same findings
             out["plan"] = summarize_plan(plan)
-            out["findings"] += [f.to_dict() for f in plan.findings]
+            out["findings"] = _dedupe(out["findings"] + [f.to_dict() for f in plan.findings])
         except UnsupportedFormatError as e:
             out.update(supported=False, reason=e.message)
         except InvalidInputError as e:
@@ -382,13 +383,10 @@ def _supported_converter(src: "SourceInfo", opts: "ConvertOptions") -> type["Con
 def _linted_plan(cls: type["Converter"], src: "SourceInfo", v: "Verifier", opts: "ConvertOptions",
                  note: str | None) -> "ConversionPlan":
     """Plan the conversion and lint the planned config + tensors; lint errors refuse it."""
-    from .format import lint
-
     plan = cls().plan(src, v, opts)
     if note:
         plan.notes.insert(0, f"selected {note}")
-    tensors = {t.out: (tuple(t.shape), t.dtype) for t in plan.tensors}
-    plan.findings = _dedupe(plan.findings + lint(plan.config, tensors, v.facts()))
+    lint_plan(plan, v)
     errors = [f for f in plan.findings if f.level == "error"]
     if errors:
         raise InvalidInputError(
@@ -396,6 +394,17 @@ def _linted_plan(cls: type["Converter"], src: "SourceInfo", v: "Verifier", opts:
             code="lint_failed",
         )
     return plan
+
+
+def lint_plan(plan: "ConversionPlan", v: "Verifier") -> None:
+    """Add the lint of the planned ``config.json`` and tensors (shapes, dtypes) against the
+    verifier's facts (layers, vocab, its tokenizer's special tokens) to ``plan.findings``,
+    duplicates dropped: the one lint ``convert``, ``convert --dry-run`` and ``inspect
+    --verifier`` run on a plan. Raises nothing; the caller decides what an error means."""
+    from .format import lint
+
+    tensors = {t.out: (tuple(t.shape), t.dtype) for t in plan.tensors}
+    plan.findings = _dedupe(plan.findings + lint(plan.config, tensors, v.facts()))
 
 
 def source_ref(spec: str, path: Path, *, subfolder: str | None, revision: str | None) -> dict[str, Any] | None:
@@ -422,9 +431,12 @@ def write_plan(*a: Any, **kw: Any):
 
 
 def _dedupe(findings: list) -> list:
+    """Findings (``Finding`` objects, or their dicts: ``inspect`` adds the plan's to the source
+    dir's lint) in order, each (level, code, message) once."""
     seen, out = set(), []
     for f in findings:
-        key = (f.level, f.code, f.message)
+        d = f if isinstance(f, dict) else {"level": f.level, "code": f.code, "message": f.message}
+        key = (d["level"], d["code"], d["message"])
         if key not in seen:
             seen.add(key)
             out.append(f)

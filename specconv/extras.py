@@ -14,18 +14,24 @@ into the same error (:func:`missing_extra_error`), so a missing optional package
 with the install line, never a traceback. ``tests/structure/test_packaging.py`` checks every
 import in ``specconv/`` against ``pyproject.toml`` (statically) and runs the wheel in
 venvs holding only ``specconv``'s, and ``specconv[validate]``'s, dependency closure.
+
+The libraries that load models (transformers, its GGUF reader) draw tqdm bars on stderr; every
+command (``specconv.cli.common.run_command``) and every library path that loads a model calls
+:func:`quiet_library_bars` first, so the bars show only on a terminal.
 """
 
 from __future__ import annotations
 
 import importlib
 import importlib.util
+import os
+import sys
 from types import ModuleType
 
 from .errors import UsageError
 
-__all__ = ["EXTRAS", "OPTIONAL_MODULES", "MissingExtraError", "install_line", "missing_extra_error", "require",
-           "require_extra"]
+__all__ = ["EXTRAS", "OPTIONAL_MODULES", "MissingExtraError", "install_line", "missing_extra_error",
+           "quiet_library_bars", "require", "require_extra"]
 
 #: The extras ``pyproject.toml`` declares (``tests/structure/test_packaging.py`` keeps the two equal).
 EXTRAS = ("validate", "vllm", "onnx", "tensorrt", "trt-rtx", "gguf", "test")
@@ -126,3 +132,28 @@ def missing_extra_error(e: ImportError, *, feature: str) -> MissingExtraError | 
     if not isinstance(e, ModuleNotFoundError) or name not in OPTIONAL_MODULES:
         return None
     return _missing(name, OPTIONAL_MODULES[name], feature)
+
+
+def quiet_library_bars() -> None:
+    """Turn the libraries' tqdm progress bars off unless stderr is a terminal.
+
+    tqdm reads ``TQDM_DISABLE`` when it is first imported: set here, for this process and the
+    runners it starts. A tqdm already imported gets ``disable=True`` as its default instead
+    (transformers' ``Loading weights`` and the GGUF reader's ``Converting and de-quantizing``
+    bars subclass it; huggingface_hub passes ``disable=None``, tqdm's own TTY check). A
+    caller's explicit ``disable=`` still wins. Idempotent; a no-op on a TTY.
+    """
+    if sys.stderr.isatty():
+        return
+    os.environ["TQDM_DISABLE"] = "1"
+    std = sys.modules.get("tqdm.std")
+    if std is None or getattr(std.tqdm.__init__, "_specconv_quiet", False):
+        return
+    init = std.tqdm.__init__
+
+    def quiet_init(self, *args, **kwargs) -> None:
+        kwargs.setdefault("disable", True)
+        init(self, *args, **kwargs)
+
+    quiet_init._specconv_quiet = True  # type: ignore[attr-defined]
+    std.tqdm.__init__ = quiet_init

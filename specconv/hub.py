@@ -53,7 +53,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
 __all__ = ["HEADERS_ONLY_MARKER", "HUB_ERROR_RULES", "HubErrorRule", "RemoteFile", "Wanted", "api",
            "bytes_downloaded", "cache_dir", "check_card", "commit", "create_branch", "create_tag", "ensure_repo",
-           "open_pull_request", "quiet_progress", "read_remote_file", "refs", "remote_files", "repo_state",
+           "open_pull_request", "read_remote_file", "refs", "remote_files", "repo_state",
            "download_file", "download_snapshot", "endpoint", "header_snapshot", "hub_error", "is_hub_id",
            "is_offline", "safetensors_header", "token"]
 
@@ -408,6 +408,8 @@ def _transport_error() -> type[BaseException]:
 _BUILTIN: dict[str, Any] = {"ConnectionError": ConnectionError, "TimeoutError": TimeoutError, "ValueError": ValueError}
 _LOGIN = "log in with `hf auth login` or set HF_TOKEN"
 _OFFLINE = "unset HF_HUB_OFFLINE to download it, or fill the cache first (`hf download REPO`)"
+#: offline, an upload-side call (a push reads the remote state, --dry-run too): no cache helps
+_OFFLINE_PUSH = "unset HF_HUB_OFFLINE: publishing reads the repo's state on the Hub (--dry-run too) and uploads to it"
 _PRIVATE = "check the repo id; if the repo is private, set HF_TOKEN to a token that can read it"
 _NETWORK = "check the network / HF_ENDPOINT and retry"
 
@@ -417,7 +419,8 @@ _NETWORK = "check the network / HF_ENDPOINT and retry"
 #: ConnectionError). Upload-side calls see the ``writes`` rows first: a ``ValueError``
 #: (invalid README metadata, a bad parent commit: raised before any upload, and a 400's
 #: ``BadRequestError``), then 412 / 409 / 401 / 403 (huggingface_hub reports a 401 on a repo
-#: URL as ``RepositoryNotFoundError``). Exit codes: 5 auth, 6 conflict, 7 transient,
+#: URL as ``RepositoryNotFoundError``), then offline mode (its hint: no cache makes a push
+#: work; a download's offline rows below point at the cache). Exit codes: 5 auth, 6 conflict, 7 transient,
 #: 9 repo/revision not found, 3 otherwise.
 HUB_ERROR_RULES: tuple[HubErrorRule, ...] = (
     HubErrorRule("ValueError", InvalidInputError, "hub_rejected", message="{what} on {repo!r}: {error}", writes=True),
@@ -429,6 +432,9 @@ HUB_ERROR_RULES: tuple[HubErrorRule, ...] = (
     HubErrorRule("HfHubHTTPError", HubAuthError, "hub_auth", "set HF_TOKEN to a token with write access to the repo",
                  when=lambda e: _status(e) in (401, 403),
                  message="{what} on {repo!r}: the Hub refused the credentials (HTTP {status})", writes=True),
+    HubErrorRule("OfflineModeIsEnabled", InvalidInputError, None, _OFFLINE_PUSH, writes=True),
+    HubErrorRule("LocalEntryNotFoundError", InvalidInputError, None, _OFFLINE_PUSH, when=lambda e: is_offline(),
+                 writes=True),
     HubErrorRule("OfflineModeIsEnabled", InvalidInputError, None, _OFFLINE),
     HubErrorRule("GatedRepoError", HubAuthError, "hub_gated",
                  "request access on the repo's Hub page, then " + _LOGIN),
@@ -706,10 +712,3 @@ def read_remote_file(hf: HfApi, repo_id: str, path: str, revision: str) -> bytes
         return Path(hf.hf_hub_download(repo_id, path, revision=revision)).read_bytes()
     except hf_errors.EntryNotFoundError:
         return None
-
-
-def quiet_progress() -> None:
-    """Turn huggingface_hub's tqdm bars off (stderr is not a terminal: logs only)."""
-    from huggingface_hub.utils import disable_progress_bars
-
-    disable_progress_bars()

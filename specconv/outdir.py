@@ -178,15 +178,15 @@ def move_into_place(tmp: OutputTemp, out_dir: Path, overwrite: bool, kind: str) 
     fallback that restores the previous output on failure.
 
     Raises:
-        InvalidInputError: ``output_exists`` when ``out_dir`` appeared meanwhile without
-            ``overwrite``, or is not replaceable (nothing replaced).
+        InvalidInputError: ``output_exists`` when ``out_dir`` is not replaceable, or appeared
+            meanwhile without ``overwrite`` (nothing replaced).
         OSError: the rename failed; the previous output is back in place.
     """
+    if overwrite or out_dir.exists():  # what is there now, not what was there at the start
+        check_replaceable(out_dir, kind)  # a refusal stands with or without --overwrite
     if out_dir.exists() and not overwrite:  # created meanwhile (another run)
         raise InvalidInputError(f"output {out_dir} appeared while writing; pass --overwrite to replace it",
                                 code="output_exists")
-    if overwrite:
-        check_replaceable(out_dir, kind)  # what is there now, not what was there at the start
     if overwrite and out_dir.exists() and exchange(tmp.path, out_dir):
         return
     moved = False
@@ -383,3 +383,20 @@ def check_replaceable(path: str | os.PathLike, kind: str) -> None:
             f"refusing to replace {shown}: it holds what specconv did not write (its {k.record} does not "
             f"list it): {_some(found)}; nothing was touched", code="output_exists",
             hint="move those files out of the directory, or choose another output")
+
+
+def check_output(path: str | os.PathLike, kind: str, overwrite: bool) -> None:
+    """The one check before writing an output of ``kind`` (a :data:`KINDS` key) at ``path``.
+
+    What :func:`check_replaceable` refuses is refused with or without ``overwrite`` (its
+    message, never a suggestion to pass ``--overwrite``); what it accepts, if it exists,
+    still needs ``overwrite``. Reads only.
+
+    Raises:
+        InvalidInputError: exit 3, ``output_exists``: not replaceable, or it exists and
+            ``overwrite`` is false (the hint then is ``--overwrite``, which would replace it).
+    """
+    path = Path(path)
+    check_replaceable(path, kind)
+    if not overwrite and (path.exists() or path.is_symlink()):
+        raise InvalidInputError(f"output {path} exists; pass --overwrite to replace it", code="output_exists")

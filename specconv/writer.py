@@ -438,12 +438,10 @@ def _write_record(tmp: Path, record: "SpecconvRecord", card: "Callable[[Path, Sp
 def _check_output(out_dir: Path, plan: ConversionPlan, verifier: Any, overwrite: bool) -> None:
     """Refuse outputs that would clobber a non-directory, delete an input or replace a
     directory specconv did not write (:func:`specconv.outdir.check_replaceable`)."""
-    from .outdir import check_replaceable
+    from .outdir import check_output, check_replaceable
 
-    if out_dir.name in ("", ".", "..") or not out_dir.is_dir():
-        check_replaceable(out_dir, "conversion")  # refuses '.', '..', '/' and a non-directory
-    if (out_dir.exists() or out_dir.is_symlink()) and not overwrite:
-        raise InvalidInputError(f"output {out_dir} exists; pass --overwrite to replace it", code="output_exists")
+    if not overwrite or out_dir.name in ("", ".", "..") or not out_dir.is_dir():
+        check_output(out_dir, "conversion", overwrite)  # '.', '..', '/', a non-directory, not specconv's
     out_res = out_dir.resolve()
     src_res = Path(plan.source_dir).resolve()
     if out_res == src_res or src_res in out_res.parents:

@@ -20,6 +20,7 @@ from typing import Any, Callable
 import click
 
 from ..errors import EXIT_INTERRUPTED, EXIT_INVALID_INPUT, SpecconvError
+from ..extras import quiet_library_bars
 from .options import output_format_option  # noqa: F401  (re-exported for command modules)
 
 log = logging.getLogger("specconv")
@@ -132,6 +133,7 @@ def run_command(fn: Callable[..., Any]) -> Callable[..., None]:
     def wrapper(*args: Any, **kwargs: Any) -> None:
         fmt = kwargs.get("output_format", "human")
         code = 0
+        quiet_library_bars()
         try:
             result = fn(*args, **kwargs)
             if result is not None:

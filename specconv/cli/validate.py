@@ -25,12 +25,6 @@ def _progress():
     """Yield a ``progress(phase, done, total)`` callback (rich bar only on a TTY)."""
     if not progress_enabled():
         seen: set[str] = set()
-        try:  # transformers' own tqdm bars ("Loading weights") would also land on stderr
-            from transformers.utils import logging as hf_logging
-
-            hf_logging.disable_progress_bar()
-        except ImportError:  # pragma: no cover
-            pass
 
         def cb(phase: str, done: int, total: int) -> None:
             if phase not in seen:

@@ -403,11 +403,9 @@ def _in_memory_record(attributes: list[dict]) -> dict:
 def _check_target(out: Path, overwrite: bool) -> None:
     """An existing ``trt/<key>/`` needs ``overwrite`` and must be specconv's own variant or
     empty (:func:`specconv.outdir.check_replaceable`); checked before anything is built."""
-    from ..outdir import check_replaceable
+    from ..outdir import check_output
 
-    if out.exists() and not overwrite:
-        raise InvalidInputError(f"{out} exists; pass --overwrite to replace it", code="output_exists")
-    check_replaceable(out, "engine")
+    check_output(out, "engine", overwrite)
 
 
 def _build_record(key: str, opts: BuildOptions, version: str, trt, gpu: dict | None, dtype: str,

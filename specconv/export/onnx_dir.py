@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import GateFailedError, InvalidInputError, UsageError
-from ..outdir import KINDS, OutputTemp, check_replaceable, clean_stale, move_into_place
+from ..outdir import KINDS, OutputTemp, check_output, clean_stale, move_into_place
 from ..results import ExportOnnxResult
 from ..versions import library_versions
 
@@ -125,9 +125,7 @@ def _check_output(out: Path, d: Path, overwrite: bool) -> None:
     is not replaceable (:func:`specconv.outdir.check_replaceable`, kind ``onnx``)."""
     if out.resolve() == d.resolve() or out.resolve() in d.resolve().parents:
         raise InvalidInputError(f"output {out} must not be the drafter dir or contain it", code="output_is_input")
-    if out.exists() and not overwrite:
-        raise InvalidInputError(f"output {out} exists; pass --overwrite to replace it", code="output_exists")
-    check_replaceable(out, "onnx")
+    check_output(out, "onnx", overwrite)
 
 
 def _baked_from_verifier(d: Path) -> list[str]:

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from ..errors import GateFailedError, InvalidInputError
-from ..outdir import KINDS, OutputTemp, check_replaceable, clean_stale, move_into_place
+from ..outdir import KINDS, OutputTemp, check_output, clean_stale, move_into_place
 from ..results import ExportSglangResult
 
 log = logging.getLogger("specconv.export")
@@ -161,9 +161,7 @@ def _write(tmp: Path, d: Path, layout: Any, meta: dict[str, Any]) -> dict[str, s
 def _check_output(out: Path, d: Path, overwrite: bool) -> None:
     if out.resolve() == d.resolve() or out.resolve() in d.resolve().parents:
         raise InvalidInputError(f"output {out} must not be the drafter dir or contain it", code="output_is_input")
-    if out.exists() and not overwrite:
-        raise InvalidInputError(f"output {out} exists; pass --overwrite to replace it", code="output_exists")
-    check_replaceable(out, "sglang")
+    check_output(out, "sglang", overwrite)
 
 
 def export_sglang_dir(drafter_dir: str | Path, out: str | Path | None = None, *, verifier: str | None = None,

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import GateFailedError, InvalidInputError
-from ..outdir import KINDS, OutputTemp, check_replaceable, clean_stale, move_into_place
+from ..outdir import KINDS, OutputTemp, check_output, clean_stale, move_into_place
 from ..results import ExportGgufResult
 from .server import LLAMA_SERVER_ENV
 from .target import VERIFIER_GGUF_ENV
@@ -58,9 +58,7 @@ def _prepare(d: Path, out: Path, verifier: str | None, overwrite: bool):
     _check_dir(d)
     if out.resolve() == d.resolve() or out.resolve() in d.resolve().parents:
         raise InvalidInputError(f"output {out} must not be the drafter dir or contain it", code="output_is_input")
-    if out.exists() and not overwrite:
-        raise InvalidInputError(f"output {out} exists; pass --overwrite to replace it", code="output_exists")
-    check_replaceable(out, "gguf")
+    check_output(out, "gguf", overwrite)
     vspec = verifier or default_verifier(d)
     if not vspec:
         raise InvalidInputError(f"{d}/specconv.json names no verifier: pass --verifier", code="verifier_not_found")

@@ -158,13 +158,11 @@ def push(d: Path, opts: PushOptions) -> PushResult:
 def publish_payload(p: Payload, opts: PushOptions) -> PushResult:
     """Publish payload ``p`` to ``opts.repo_id``: the commit rounds, re-planned after a 412
     and retried after a transient error (see :func:`push`)."""
-    import sys
-
     from .. import hub
+    from ..extras import quiet_library_bars
 
     hf = hub.api(opts.endpoint)
-    if not sys.stderr.isatty():
-        hub.quiet_progress()
+    quiet_library_bars()
     for attempt in range(opts.max_retries + 1):
         try:
             return _attempt(hf, p, opts)

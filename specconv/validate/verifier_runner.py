@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from ..errors import InvalidInputError
+from ..extras import quiet_library_bars
 
 log = logging.getLogger("specconv.validate")
 
@@ -114,6 +115,7 @@ def _load_model(verifier: str | Path, *, device: str, dtype, attn_implementation
     import torch
     from transformers import AutoModelForCausalLM
 
+    quiet_library_bars()  # "Loading weights" bars only on a TTY
     if attn_implementation not in ("eager", "sdpa"):
         raise InvalidInputError(f"attention implementation must be eager or sdpa, not {attn_implementation!r}")
     kwargs: dict[str, Any] = {

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import InvalidInputError
+from ..extras import quiet_library_bars
 
 
 @dataclass
@@ -59,6 +60,7 @@ class ZLabDFlashReference:
                 "the z-lab reference forward needs the `dflash` package (pip install --no-deps dflash)"
             ) from e
         dtype = dtype or torch.float32
+        quiet_library_bars()
         try:
             self.model = DFlashDraftModel.from_pretrained(str(source_dir), dtype=dtype).to(device).eval()
         except (OSError, ValueError, KeyError) as e:

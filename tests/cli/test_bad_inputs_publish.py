@@ -65,6 +65,16 @@ def test_push_accepts_a_version_tag_in_a_dry_run(converted, double, tmp_path):
     assert code == 0 and out["status"] == "dry_run" and out["tag"] == "v1.2.3", out
 
 
+def test_push_dry_run_offline_is_exit_3_with_a_hint_for_a_push(converted, double, tmp_path):
+    """``HF_HUB_OFFLINE=1`` (the Makefile's default): a push reads the remote state even for
+    ``--dry-run``; the hint says to go online, not to fill a download cache."""
+    env = online_env(double.url, tmp_path / "hf-home", TOKEN, HF_HUB_OFFLINE="1")
+    code, out = run_specconv("push", converted, "--repo-id", "specconv-test/offline", "--allow-unvalidated",
+                             "--dry-run", env=env).code_json
+    assert code == 3 and "HF_HUB_OFFLINE" in out["hint"], out
+    assert "cache" not in out["hint"] and "hf download" not in out["hint"], out
+
+
 @pytest.mark.parametrize("flt", [("--exclude", "*"), ("--include", "nomatch*"), ("--exclude", "*.safetensors")])
 def test_filters_that_drop_the_drafter_are_refused_even_unvalidated(converted, double, flt):
     n = len(double.requests)

@@ -519,11 +519,14 @@ def test_existing_output_needs_overwrite(tiny_verifier_dir, tmp_path):
     out = tmp_path / "out"
     out.mkdir()
     (out / "keep.txt").write_text("mine")
-    code, rep, _ = cli_convert(src, tiny_verifier_dir, out)
-    assert code == 3 and rep["error"] == "output_exists"
+    code, first, _ = cli_convert(src, tiny_verifier_dir, out)
+    assert code == 3 and first["error"] == "output_exists"
     assert sorted(p.name for p in out.iterdir()) == ["keep.txt"] and (out / "keep.txt").read_text() == "mine"
     code, rep, _ = cli_convert(src, tiny_verifier_dir, out, "--overwrite")  # not specconv's: never replaced
     assert code == 3 and rep["error"] == "output_exists" and "keep.txt" in rep["message"]
+    # so the first refusal says that, not "pass --overwrite" (which would be refused)
+    assert (first["message"], first.get("hint")) == (rep["message"], rep.get("hint"))
+    assert "--overwrite" not in first["message"] + first.get("hint", "")
     assert sorted(p.name for p in out.iterdir()) == ["keep.txt"] and (out / "keep.txt").read_text() == "mine"
     (out / "keep.txt").unlink()
     code, rep, err = cli_convert(src, tiny_verifier_dir, out)  # into the empty dir: still needs --overwrite

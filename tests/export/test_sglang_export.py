@@ -118,6 +118,8 @@ def test_overwrite_follows_the_one_rule(bundled, tmp_path):
     (foreign / "notes.txt").write_text("mine")
     code, r = invoke("export", "sglang", d, "-o", foreign, "--overwrite").code_json
     assert code == 3 and r["error"] == "output_exists" and (foreign / "notes.txt").read_text() == "mine"
+    code, first = invoke("export", "sglang", d, "-o", foreign).code_json  # says so, not "pass --overwrite"
+    assert code == 3 and (first["message"], first.get("hint")) == (r["message"], r.get("hint"))
     from specconv.outdir import check_replaceable
 
     check_replaceable(d, "conversion")  # a conversion holding its sglang/ is still specconv's own

@@ -340,6 +340,17 @@ def test_cli_refusal_is_exit_3_and_writes_nothing(dspark, root):
     assert not (d / "gguf").exists()
 
 
+def test_a_foreign_output_is_refused_without_suggesting_overwrite(dspark, root):
+    """``-o`` a user's dir: with or without ``--overwrite`` the same refusal (outdir.check_output)."""
+    mine = root / "mine-gguf"
+    mine.mkdir(exist_ok=True)
+    (mine / "notes.txt").write_text("mine")
+    plain, forced = (invoke("export", "gguf", dspark, "-o", mine, "--no-check", *f).code_json for f in ((), ("--overwrite",)))
+    assert plain[0] == forced[0] == 3 and plain[1]["error"] == forced[1]["error"] == "output_exists", plain
+    assert plain[1]["message"] == forced[1]["message"] and "--overwrite" not in plain[1]["message"] + plain[1]["hint"]
+    assert [q.name for q in mine.iterdir()] == ["notes.txt"]
+
+
 # ------------------------------------------------------------------ --verifier-gguf refusals
 def test_a_target_gguf_is_refused_by_architecture_and_by_size(smollm2_dir):
     from specconv.errors import UnsupportedFormatError

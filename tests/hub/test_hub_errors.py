@@ -34,3 +34,16 @@ def test_hub_error_exit_codes(monkeypatch, exc, offline, cls, exit_code):
     assert type(err) is cls
     assert err.exit_code == exit_code
     assert "owner/repo" in err.message
+
+
+@pytest.mark.parametrize("exc", [lambda: hf.OfflineModeIsEnabled("offline mode is enabled"),
+                                 lambda: hf.LocalEntryNotFoundError("not cached")], ids=["offline mode", "not cached"])
+def test_the_offline_hint_depends_on_the_operation(monkeypatch, exc):
+    """Offline, a download is told to fill the cache; a push (reading the remote state, even
+    for --dry-run) is not: no cache makes a push work. Exit 3 either way."""
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    download = hub_error("config.json", "owner/repo", exc(), code="verifier_not_found")
+    push = hub_error("the repo state", "owner/repo", exc(), code="hub_error", writes=True)
+    assert type(download) is type(push) is InvalidInputError and download.exit_code == push.exit_code == 3
+    assert "hf download" in download.hint and "HF_HUB_OFFLINE" in download.hint
+    assert "HF_HUB_OFFLINE" in push.hint and "cache" not in push.hint and "download" not in push.hint, push.hint

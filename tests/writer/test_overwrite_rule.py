@@ -63,9 +63,11 @@ def _shell(cmd: str, *, cwd: Path, home: Path, **names) -> tuple[int, dict]:
 
 
 def _refused(code: int, obj: dict, path: Path, *found: str) -> None:
-    """Exit 3 whose message names ``path`` and each of ``found``."""
+    """Exit 3 whose message names ``path`` and each of ``found``, and never suggests
+    ``--overwrite`` (which would be refused too)."""
     assert code == 3 and obj["error"] == "output_exists", obj
     assert str(path) in obj["message"] and "nothing was touched" in obj["message"], obj
+    assert "--overwrite" not in obj["message"] + obj.get("hint", ""), obj
     for f in found:
         assert f in obj["message"], (f, obj)
 
@@ -129,22 +131,28 @@ def test_convert_o_pwd_is_refused(tmp_path, home, project, tiny_verifier_dir):
     assert snapshot(project) == before and leftovers(tmp_path) == []
 
 
+#: with --overwrite, and without it (the first error must not suggest an --overwrite that is refused)
+OVERWRITE = pytest.mark.parametrize("flags", [("--overwrite",), ()], ids=["overwrite", "plain"])
+
+
+@OVERWRITE
 @pytest.mark.parametrize("how", ["user dir", "symlink to a user dir", "symlink to home"])
-def test_convert_refuses_a_user_dir_or_a_symlink_to_one(tmp_path, home, project, tiny_verifier_dir, how):
+def test_convert_refuses_a_user_dir_or_a_symlink_to_one(tmp_path, home, project, tiny_verifier_dir, how, flags):
     target = home if how == "symlink to home" else project
     out = target if how == "user dir" else tmp_path / "link"
     if out != target:
         out.symlink_to(target, target_is_directory=True)
     before = snapshot(target)
-    code, obj = _convert(make_source(tmp_path / "src"), tiny_verifier_dir, out, "--overwrite")
+    code, obj = _convert(make_source(tmp_path / "src"), tiny_verifier_dir, out, *flags)
     _refused(code, obj, out, ".ssh/" if target == home else "main.py")
     if out != target:
         assert f"a symlink to {target}" in obj["message"] and out.is_symlink()
     assert snapshot(target) == before and leftovers(tmp_path) == []
 
 
+@OVERWRITE
 @pytest.mark.parametrize("added", ["notes.txt", "onnx/", "trt/"])
-def test_convert_refuses_its_own_output_with_a_user_entry_added(tmp_path, conversion, tiny_verifier_dir, added):
+def test_convert_refuses_its_own_output_with_a_user_entry_added(tmp_path, conversion, tiny_verifier_dir, added, flags):
     """The record lists what specconv wrote; anything else is named (onnx/ and trt/ are
     judged as an ONNX export / engine dir: a user's dir by those names is refused too)."""
     p = conversion / added.rstrip("/")
@@ -154,7 +162,7 @@ def test_convert_refuses_its_own_output_with_a_user_entry_added(tmp_path, conver
     else:
         p.write_text("my notes\n")
     before = snapshot(conversion)
-    code, obj = _convert(make_source(tmp_path / "src"), tiny_verifier_dir, conversion, "--overwrite")
+    code, obj = _convert(make_source(tmp_path / "src"), tiny_verifier_dir, conversion, *flags)
     _refused(code, obj, conversion, added, "does not list")
     assert snapshot(conversion) == before and leftovers(tmp_path) == []
 
@@ -229,9 +237,10 @@ def test_export_o_home_and_o_pwd_are_refused(tmp_path, home, project, drafter):
 
 
 @torch_needed
+@OVERWRITE
 @pytest.mark.parametrize("how", ["user dir", "symlink to a user dir", "a conversion", "export + user file",
                                  "export + user file in fp32/"])
-def test_export_refuses_what_is_not_its_own_export(tmp_path, project, drafter, conversion, request, how):
+def test_export_refuses_what_is_not_its_own_export(tmp_path, project, drafter, conversion, request, how, flags):
     if how == "user dir":
         out, target, found = project, project, "main.py"
     elif how == "symlink to a user dir":
@@ -247,7 +256,7 @@ def test_export_refuses_what_is_not_its_own_export(tmp_path, project, drafter, c
         (out / name).write_text("mine\n")
         found = "notes.txt" if how == "export + user file" else "fp32/"  # the unlisted entry is named
     before = snapshot(target)
-    code, obj = invoke("export", "onnx", drafter, "-o", out, *EXPORT_ARGS, "--overwrite").code_json
+    code, obj = invoke("export", "onnx", drafter, "-o", out, *EXPORT_ARGS, *flags).code_json
     _refused(code, obj, out, found)
     assert snapshot(target) == before and leftovers(tmp_path) == []
 
@@ -285,8 +294,9 @@ def engine_env(monkeypatch, tmp_path, exported):
 
 
 @torch_needed
+@OVERWRITE
 @pytest.mark.parametrize("how", ["user dir", "symlink to home", "variant + user file"])
-def test_build_engine_overwrite_refuses_what_is_not_its_own_variant(engine_env, home, project, how):
+def test_build_engine_overwrite_refuses_what_is_not_its_own_variant(engine_env, home, project, how, flags):
     out = engine_env / "trt" / KEY
     if how == "variant + user file":
         target, found = out, "notes.txt"
@@ -300,7 +310,7 @@ def test_build_engine_overwrite_refuses_what_is_not_its_own_variant(engine_env, 
         else:
             out.symlink_to(home, target_is_directory=True)
     before, trt_before = snapshot(target), snapshot(engine_env / "trt")
-    code, obj = invoke("build-engine", engine_env, "--overwrite").code_json
+    code, obj = invoke("build-engine", engine_env, *flags).code_json
     _refused(code, obj, out, found)
     assert snapshot(target) == before and snapshot(engine_env / "trt") == trt_before
 
