@@ -204,6 +204,15 @@ def dspark_converted(tmp_path_factory, tiny_verifier_dir):
     return get
 
 
+@pytest.fixture
+def converted(request, dspark_converted):
+    """The shared DSpark conversion of the requesting module's ``FMT`` (``dspark_converted``;
+    read-only): src, out, rep. Detection, the DSpark keys, tensor bytes and the speculators load
+    are tested once for every format in tests/converters/test_convert_dspark.py. A module with
+    its own ``converted`` fixture overrides this one."""
+    return dspark_converted(request.module.FMT)
+
+
 def make_validate_set(root: Path, smollm2: Path) -> dict[str, Path]:
     """The validate rooms' tiny set under ``root``: a tiny Llama verifier (vocab 49,152 so
     SmolLM2's tokenizer/chat template apply), a random z-lab DFlash drafter for it written by

@@ -14,14 +14,7 @@ from fixtures_dspark import draft_dims, make_deepspec_dspark
 from specconv.errors import InvalidInputError, UnsupportedFormatError
 
 
-FMT = "deepspec_dspark"
-
-
-@pytest.fixture
-def converted(dspark_converted):
-    """This format's shared conversion (conftest ``dspark_converted``; read-only): src, out, rep.
-    Detection, the DSpark keys, tensor bytes and the speculators load: test_convert_dspark.py."""
-    return dspark_converted(FMT)
+FMT = "deepspec_dspark"  # the shared conversion tests read: conftest ``converted``
 
 
 def test_convert_end_to_end(converted):
