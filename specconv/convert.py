@@ -346,10 +346,22 @@ def _card(output: Path):
 
 
 def _dry_run_warning(result: "ConversionResult", output: Path | None, overwrite: bool) -> "ConversionResult":
-    """A dry run's result, warned (``output-exists``) when the real run would need ``--overwrite``."""
-    if output is not None and Path(output).exists() and not overwrite:
-        result.findings.append({"level": "warning", "code": "output-exists", "key": None,
-                                "message": f"output {output} exists: the real run needs --overwrite"})
+    """A dry run's result, warned (``output-exists``) when the real run would not write ``output``
+    as asked: it exists and needs ``--overwrite``, or :func:`specconv.outdir.check_replaceable`
+    (the one ``--overwrite`` rule) refuses it, so ``--overwrite`` would not help either."""
+    if output is None or not (Path(output).exists() or Path(output).is_symlink()):
+        return result
+    from .outdir import check_replaceable
+
+    try:
+        check_replaceable(output, "conversion")
+    except InvalidInputError as e:
+        message = f"the real run would refuse it, with or without --overwrite: {e}"
+    else:
+        if overwrite:
+            return result
+        message = f"output {output} exists: the real run needs --overwrite"
+    result.findings.append({"level": "warning", "code": "output-exists", "key": None, "message": message})
     return result
 
 

@@ -160,7 +160,7 @@ _CONVERTER: dict[str, tuple[Level, str]] = {
     "mixed-attention-layers": ("warning", "the source mixes full and sliding-window layers"),
     "modelopt-layer-id-convention": ("warning", "ModelOpt target_layer_ids read as z-lab 0-based ids (disputed)"),
     "nonfinite-weights": ("warning", "a tensor holds NaN/Inf; converted only because of --allow-nonfinite"),
-    "output-exists": ("warning", "dry run: the output exists, the real run needs --overwrite"),
+    "output-exists": ("warning", "dry run: the output exists; the real run needs --overwrite, or refuses it"),
     "peagle-model-type-from-tensors": ("info", "the P-EAGLE layer model_type was told from the tensors"),
     "sample-from-anchor-filled": ("info", "sample_from_anchor was absent and filled by the legacy rule"),
     "specforge-markov-type": ("info", "a SpecForge export names a Markov head type other than vanilla"),

@@ -509,6 +509,33 @@ def test_dry_run_writes_nothing(tiny_verifier_dir, tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == before
 
 
+def _output_warnings(rep: dict) -> list[str]:
+    return [f["message"] for f in rep["findings"] if f["code"] == "output-exists"]
+
+
+def test_dry_run_tells_the_overwrite_truth(tiny_verifier_dir, tmp_path):
+    """The dry run's ``output-exists`` warning says what the real run would do: need
+    ``--overwrite`` for specconv's own output, refuse a user's dir even with it (never suggest
+    a flag that would be refused: ``outdir.check_replaceable`` decides both)."""
+    src = make_source(tmp_path / "src")
+    out = tmp_path / "out"
+    assert cli_convert(src, tiny_verifier_dir, out)[0] == 0
+    code, rep, err = cli_convert(src, tiny_verifier_dir, out, "--dry-run")
+    assert code == 0, err
+    assert [m for m in _output_warnings(rep) if "needs --overwrite" in m] == _output_warnings(rep) != []
+    assert _output_warnings(cli_convert(src, tiny_verifier_dir, out, "--dry-run", "--overwrite")[1]) == []
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("a user's file")
+    for flags in (("--dry-run",), ("--dry-run", "--overwrite")):
+        code, rep, err = cli_convert(src, tiny_verifier_dir, mine, *flags)
+        assert code == 0, err
+        (msg,) = _output_warnings(rep)
+        assert "with or without --overwrite" in msg and "notes.txt" in msg and "needs --overwrite" not in msg
+        assert cli_convert(src, tiny_verifier_dir, mine, *flags[1:])[0] == 3  # the real run refuses it
+    assert (mine / "notes.txt").read_text() == "a user's file"
+
+
 def test_missing_output_without_dry_run_is_usage_error(tiny_verifier_dir, tmp_path):
     code, rep, _ = cli_convert(make_source(tmp_path), tiny_verifier_dir, None)
     assert code == 2 and rep["exit_code"] == 2
