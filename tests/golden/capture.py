@@ -22,7 +22,7 @@ Rewriting is a deliberate act: run it only after an intended behaviour change, t
 Inputs are built by the suite's own builders, imported (not copied): ``conftest``
 (``make_tiny_verifier``), ``fixtures_dflash`` / ``fixtures_dspark`` / ``fixtures_peagle``,
 ``test_bad_inputs_convert`` / ``test_bad_inputs_publish`` (helpers and ``parametrize`` lists),
-``test_validate_cli._build``, ``hub_double``. When tests move, update those imports in
+``conftest.make_validate_set``, ``hub_double``. When tests move, update those imports in
 ``golden/*.py`` only; the golden files must not change.
 """
 

@@ -82,11 +82,11 @@ def tiny_conversion(ws: Workspace, d: Path, name: str = "drafter") -> tuple[Path
 
 
 def validate_set(ws: Workspace) -> dict[str, Path]:
-    """tests/validate/test_validate_cli._build: tiny Llama verifier with SmolLM2's tokenizer, a random
+    """conftest.make_validate_set: tiny Llama verifier with SmolLM2's tokenizer, a random
     z-lab DFlash drafter (written by the dflash package), its conversion, a 2-prompt file."""
-    from test_validate_cli import _build
+    from conftest import make_validate_set
 
-    return ws.shared("validate-tiny", lambda d: _build(d, ws.smollm2))
+    return ws.shared("validate-tiny", lambda d: make_validate_set(d, ws.smollm2))
 
 
 # --------------------------------------------------------------------------- commands

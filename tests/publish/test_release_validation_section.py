@@ -41,12 +41,12 @@ def _cli(cwd: Path, *argv, endpoint: str | None = None) -> tuple[int, dict]:
 def test_release_records_the_validation_section_validate_records(tmp_path, smollm2_dir):
     import torch
 
-    from test_validate_cli import _build
+    from conftest import make_validate_set
 
     from specconv.record import read_record
 
     torch.manual_seed(0)
-    b = _build(tmp_path / "set", smollm2_dir)
+    b = make_validate_set(tmp_path / "set", smollm2_dir)
     name = ("--verifier", b["verifier"], "--verifier-name", "org/tiny-llama")
     a, w = tmp_path / "a", tmp_path / "w"
     code, _ = _cli(tmp_path / "cwd", "convert", b["zlab"], *name, "-o", a / "drafter")

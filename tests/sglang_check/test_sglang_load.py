@@ -223,10 +223,10 @@ def validated(tmp_path_factory, smollm2_dir):
     """A tiny z-lab DFlash (written by z-lab's dflash) converted with a Hub verifier name and
     validated with ``--sglang-load-check``."""
     pytest.importorskip("dflash")
-    from test_validate_cli import _build
+    from conftest import make_validate_set
 
     root = tmp_path_factory.mktemp("sglang_validate")
-    tiny = _build(root / "tiny", smollm2_dir)
+    tiny = make_validate_set(root / "tiny", smollm2_dir)
     d = root / "drafter"
     fd.api_convert(tiny["zlab"], tiny["verifier"], d, name="org/tiny-llama")
     r = invoke("validate", d, "--verifier", tiny["verifier"], "--prompts",

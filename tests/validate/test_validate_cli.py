@@ -15,15 +15,11 @@ pytest.importorskip("transformers")
 pytest.importorskip("dflash")
 
 from cli_runner import invoke  # noqa: E402
-from conftest import copy_validate_set, make_validate_set  # noqa: E402
+from conftest import copy_validate_set  # noqa: E402
 
 from specconv.cli.validate import validate_cmd  # noqa: E402
 
 from tests.tolerances import lossless_near_ties  # noqa: E402
-
-
-#: conftest's builder of the set, by the name tests/golden and tests/sglang_check import it.
-_build = make_validate_set
 
 
 pytestmark = pytest.mark.usefixtures("one_thread_module")  # conftest: torch on one thread

@@ -364,9 +364,9 @@ def test_missing_interpreter_is_exit_3(tmp_path, monkeypatch):
 def test_validate_vllm_load_check_records_in_specconv_json(tmp_path, smollm2_dir):
     """``specconv validate DIR --vllm-load-check`` on a tiny verifier with SmolLM2's tokenizer."""
     pytest.importorskip("dflash")
-    from test_validate_cli import _build
+    from conftest import make_validate_set
 
-    tiny = _build(tmp_path / "t", smollm2_dir)
+    tiny = make_validate_set(tmp_path / "t", smollm2_dir)
     before = json.loads((tiny["spec"] / "specconv.json").read_text())
     args = ["validate", str(tiny["spec"]), "--verifier", str(tiny["verifier"]), "--prompts", str(tiny["prompts"]),
             "--num-prompts", "1", "--max-new-tokens", "4", "--report-dir", str(tmp_path / "rep"),
