@@ -5,6 +5,9 @@ Every function here that calls the Hub raises the specconv error that :data:`HUB
 maps huggingface_hub's exception to, naming what its caller wanted (:class:`Wanted`), so no
 caller catches huggingface_hub's exceptions (a test scans for that). The endpoint and token are
 read at call time (:func:`api`); the token is never logged or put into an error message.
+The download functions take ``repo_id`` (``namespace/name``), ``revision`` (branch, tag or
+commit; None: ``main``), ``endpoint_url`` (``--endpoint``, :func:`endpoint`) and ``wanted``
+(how a failure names what was wanted; default: the file, or the snapshot, code ``hub_error``).
 """
 
 from __future__ import annotations
@@ -120,11 +123,7 @@ def download_file(repo_id: str, filename: str, *, revision: str | None = None, e
     """Download (or find in the cache) one file of a model repo.
 
     Args:
-        repo_id: ``namespace/name``.
         filename: path inside the repo.
-        revision: branch, tag or commit; None = ``main``.
-        endpoint_url: ``--endpoint`` (see :func:`endpoint`).
-        wanted: how a failure names the file (default: ``filename``, code ``hub_error``).
         missing_ok: return None when the file is absent (from the repo, or from the cache
             when offline or unreachable: huggingface_hub's ``EntryNotFoundError``).
 
@@ -151,11 +150,7 @@ def download_snapshot(repo_id: str, *, revision: str | None = None, allow_patter
     """Download (or find in the cache) the files of a model repo matching ``allow_patterns``.
 
     Args:
-        repo_id: ``namespace/name``.
-        revision: branch, tag or commit; None = ``main``.
         allow_patterns: fnmatch globs (huggingface_hub ``filter_repo_objects``); None = all.
-        endpoint_url: ``--endpoint`` (see :func:`endpoint`).
-        wanted: how a failure names what was wanted (default: the repo, code ``hub_error``).
 
     Returns:
         The snapshot directory inside the Hub cache.
@@ -247,11 +242,7 @@ def safetensors_header(repo_id: str, filename: str, *, revision: str | None = No
     """The header of one remote safetensors file, read with HTTP range requests (no tensor data).
 
     Args:
-        repo_id: ``namespace/name``.
         filename: the ``.safetensors`` path in the repo.
-        revision: branch, tag or commit; None = ``main``.
-        endpoint_url: ``--endpoint`` (see :func:`endpoint`).
-        wanted: how a failure names the file (default: ``filename``, code ``hub_error``).
 
     Returns:
         ``huggingface_hub.utils.SafetensorsFileMetadata``: ``tensors`` maps each name to
@@ -277,11 +268,7 @@ def header_snapshot(repo_id: str, *, revision: str | None = None, allow_patterns
     detection and header checks only (``specconv inspect``), never for a conversion.
 
     Args:
-        repo_id: ``namespace/name``.
-        revision: branch, tag or commit; None = ``main``.
         allow_patterns: fnmatch globs over repo paths; None = all files.
-        endpoint_url: ``--endpoint`` (see :func:`endpoint`).
-        wanted: how a failure names what was wanted (default: the repo, code ``hub_error``).
 
     Returns:
         The view's root directory (repo paths below it).

@@ -360,9 +360,8 @@ def update_record(drafter_dir: str | os.PathLike, section: str, payload: dict[st
 
     The payload is validated against the section's model; every other key of the file
     (known or not) is kept as it is. A missing file is created holding only this section
-    (``schema_version`` is stamped by the writer, which creates the record). The new
-    text goes to a temp file in the same directory and is moved over the old one with
-    ``os.replace``, so readers see the old or the new record, never half of one.
+    (``schema_version`` is stamped by the writer, which creates the record). Written with
+    :func:`specconv.fileio.atomic_write`: readers see the old or the new record.
 
     Args:
         drafter_dir: the drafter directory.

@@ -320,8 +320,8 @@ def resolve_verifier(spec: str, *, name: str | None = None, revision: str | None
     if p.exists():
         v = _local_verifier(spec, p.parent if p.is_file() else p, name)
     elif not is_hub_id(spec):
-        raise InvalidInputError(f"verifier {spec!r} is neither an existing directory nor a Hub repo id (namespace/name)",
-                                code="verifier_not_found")
+        raise InvalidInputError(f"verifier {spec!r} is neither an existing directory nor a Hub repo id "
+                                "(namespace/name)", code="verifier_not_found")
     else:
         v = _hub_verifier(spec, name, revision, endpoint)
     v.check_loadable()
