@@ -2,24 +2,8 @@
 
 Every user-facing failure raises a subclass of :class:`SpecconvError`; the CLI maps
 ``exc.exit_code`` to the process exit status (click's ``ClickException`` pattern).
-User errors never use ``assert``.
-
-Exit codes (stable; :data:`EXIT_CODES` is the one table: ``specconv --help`` prints it, the
-tests check that README.md and docs/cli.md list every code):
-
-==  =======================================================
-0   ok
-2   usage error (bad flag or argument), missing optional package
-3   invalid or unsupported input (unknown / refused format, bad checkpoint)
-4   a validation gate failed
-5   Hub authentication / authorisation failure
-6   Hub conflict (revision moved, tag exists, ...)
-7   transient remote failure after retries
-8   post-publish verification failed
-9   remote Hub repo or revision not found
-10  ``--dry-run --detailed-exitcode``: something would change (not an error)
-130 interrupted (Ctrl-C: 128 + SIGINT, the shell convention)
-==  =======================================================
+User errors never use ``assert``. :data:`EXIT_CODES` is the one table of exit codes
+(``specconv --help`` prints it; tests check that README.md and docs/cli.md list every code).
 """
 
 from __future__ import annotations

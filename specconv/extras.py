@@ -1,23 +1,10 @@
-"""Optional extras: one helper that imports an optional dependency or says how to install it.
-
-The extras are declared once, in ``pyproject.toml`` (``[project.optional-dependencies]``:
-``validate``, ``vllm``, ``onnx``, ``tensorrt``, ``trt-rtx``, ``gguf``, ``test``). Code that imports an
-optional package lazily calls :func:`require` instead of a bare ``import``, so a user who
-ran ``pip install specconv`` gets one clear line instead of a ``ModuleNotFoundError``::
+"""Optional extras: import an optional dependency or say how to install it (exit 2); the rule
+of who calls :func:`require` is docs/architecture.md's ("Optional extras")::
 
     torch = require("torch", "validate", feature="specconv validate")
 
-Modules of an extra's own room (``specconv.validate``, ``specconv.drafters``,
-``specconv.export``) import them directly; the room's entry point requires them first,
-and the CLI turns any ``ModuleNotFoundError`` for a module of :data:`OPTIONAL_MODULES`
-into the same error (:func:`missing_extra_error`), so a missing optional package is exit 2
-with the install line, never a traceback. ``tests/structure/test_packaging.py`` checks every
-import in ``specconv/`` against ``pyproject.toml`` (statically) and runs the wheel in
-venvs holding only ``specconv``'s, and ``specconv[validate]``'s, dependency closure.
-
-The libraries that load models (transformers, its GGUF reader) draw tqdm bars on stderr; every
-command (``specconv.cli.common.run_command``) and every library path that loads a model calls
-:func:`quiet_library_bars` first, so the bars show only on a terminal.
+Every command and every library path that loads a model calls :func:`quiet_library_bars`
+first, so the libraries' tqdm bars show only on a terminal.
 """
 
 from __future__ import annotations

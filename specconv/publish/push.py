@@ -1,13 +1,6 @@
-"""``specconv push``: publish a validated drafter directory as one atomic Hub commit.
-
-Steps (huggingface_hub calls through :mod:`specconv.hub`): gate and collect the files
-(:mod:`.payload`), render the card; ``create_repo(exist_ok=True)`` and check the
-visibility (mismatch → exit 6); resolve the target (``--branch``, created from ``main``
-when missing, or a reused specconv PR ``refs/pr/N``); plan the local files against the
-remote tree; one ``create_commit`` guarded by ``parent_commit`` (412 → re-plan);
-transient 5xx/429 retried with exponential backoff (``SPECCONV_HUB_RETRY_DELAY`` seconds,
-default 2) up to ``--max-retries`` (then exit 7); tag through ``list_repo_refs`` (a tag
-is never moved without ``--force-tag``, exit 6); verify the remote checksums (exit 8).
+"""``specconv push``: publish a validated drafter directory as one atomic Hub commit (the
+flags, gates, retries and exit codes: docs/cli.md, "push"). Every Hub call goes through
+:mod:`specconv.hub`; the files and their gates are :mod:`.payload`'s.
 """
 
 from __future__ import annotations
@@ -178,16 +171,18 @@ def publish_payload(p: Payload, opts: PushOptions) -> PushResult:
     raise AssertionError("unreachable")  # pragma: no cover
 
 
-def _record_publish(d: Path, r: PushResult) -> None:
-    """The ``publish`` section of the local ``specconv.json`` (never part of what is pushed)."""
+def _record_publish(d: Path, r: PushResult, key: str | None = None) -> None:
+    """The ``publish`` section of the local ``specconv.json`` (never part of what is pushed), or
+    its ``key`` (``sglang``: the SGLang repo's push, beside the Speculators repo's)."""
     if r.status == "dry_run":
         return
-    from ..record import PublishSection, update_record
+    from ..record import PublishSection, update_record, update_section_key
 
+    body = {k: getattr(r, k) for k in PublishSection.model_fields}
     try:
-        update_record(d, "publish", {k: getattr(r, k) for k in PublishSection.model_fields})
+        update_section_key(d, "publish", key, body) if key else update_record(d, "publish", body)
     except (OSError, SpecconvError) as e:  # a read-only dir: the push itself succeeded
-        log.warning("could not record the push in %s/specconv.json: %s", d, e)
+        log.warning("could not record the %spush in %s/specconv.json: %s", "SGLang " if key else "", d, e)
 
 
 def _result(p: Payload, opts: PushOptions, rows: list[dict], **kw: Any) -> PushResult:
@@ -201,23 +196,34 @@ def _result(p: Payload, opts: PushOptions, rows: list[dict], **kw: Any) -> PushR
                               warnings=sorted(set(p.warnings)), tag=opts.tag, **kw))
 
 
-def _target(hf: Any, opts: PushOptions) -> tuple[str, int | None, bool]:
-    """``(revision to commit to, PR number, PR reused)``: ``main``, ``--branch`` (created from
-    ``main`` when missing, not on a dry run) or the open specconv PR's ``refs/pr/N``."""
+def _target(hf: Any, opts: PushOptions) -> tuple[str, int | None]:
+    """``(revision to commit to, PR number)``: ``main``, ``--branch`` (created from ``main`` when
+    missing, not on a dry run) or the open specconv PR's ``refs/pr/N`` (reused or opened)."""
     from .. import hub
 
     repo = opts.repo_id
     if opts.create_pr:
-        num, reused = hub.open_pull_request(hf, repo, title=PR_TITLE.format(repo=repo), dry_run=opts.dry_run)
-        return (f"refs/pr/{num}" if num else "main"), num, reused
+        num = hub.open_pull_request(hf, repo, title=PR_TITLE.format(repo=repo), dry_run=opts.dry_run)
+        return (f"refs/pr/{num}" if num else "main"), num
     if opts.branch and opts.branch != "main":
-        branches = hub.refs(hf, repo)["branches"]
-        if opts.branch not in branches:
+        if opts.branch not in hub.refs(hf, repo)["branches"]:
             if opts.dry_run:
-                return "main", None, False
+                return "main", None
             hub.create_branch(hf, repo, opts.branch)
-        return opts.branch, None, False
-    return "main", None, False
+        return opts.branch, None
+    return "main", None
+
+
+def _remote_plan(hf: Any, p: Payload, opts: PushOptions, private: bool) -> tuple[str, int | None, str, list[dict]]:
+    """Visibility checked, the target resolved and the plan made against its head:
+    ``(revision, PR number, head commit, plan rows)``."""
+    from .. import hub
+
+    _check_visibility(private, opts)
+    revision, num = _target(hf, opts)
+    head = hub.repo_state(hf, opts.repo_id, revision)[0]
+    remote = hub.remote_files(hf, opts.repo_id, head)
+    return revision, num, head, plan(p, remote, _owned(hf, opts.repo_id, head, remote), opts.delete_stale)
 
 
 def _check_visibility(private: bool, opts: PushOptions) -> None:
@@ -257,18 +263,12 @@ def _verify(hf: Any, p: Payload, opts: PushOptions, oid: str) -> bool:
 
 def _dry_run(hf: Any, p: Payload, opts: PushOptions, state: tuple[str, bool] | None) -> PushResult:
     """The plan, from reads only (no write request)."""
-    from .. import hub
-
     if state is None:
         rows = plan(p, {}, [], False)
         return _result(p, opts, rows, status="dry_run", private=opts.private, revision=opts.branch or "main",
                        parent_commit=None, commit_oid=None, commit_url=None, pr_url=None, pr_revision=None,
                        verified=None, repo_exists=False)
-    _check_visibility(state[1], opts)
-    revision, num, _ = _target(hf, opts)
-    head = hub.repo_state(hf, opts.repo_id, revision)[0]
-    remote = hub.remote_files(hf, opts.repo_id, head)
-    rows = plan(p, remote, _owned(hf, opts.repo_id, head, remote), opts.delete_stale)
+    revision, num, head, rows = _remote_plan(hf, p, opts, state[1])
     _check_tag(hf, opts, head, any(r["action"] != "unchanged" for r in rows))
     return _result(p, opts, rows, status="dry_run", private=state[1], revision=revision, parent_commit=head,
                    commit_oid=None, commit_url=None, pr_url=None, pr_revision=f"refs/pr/{num}" if num else None,
@@ -284,11 +284,7 @@ def _attempt(hf: Any, p: Payload, opts: PushOptions) -> PushResult:
     if opts.dry_run:
         return _dry_run(hf, p, opts, state)
     private = hub.ensure_repo(hf, repo, opts.private)
-    _check_visibility(private, opts)
-    revision, num, _ = _target(hf, opts)
-    head = hub.repo_state(hf, repo, revision)[0]
-    remote = hub.remote_files(hf, repo, head)
-    rows = plan(p, remote, _owned(hf, repo, head, remote), opts.delete_stale)
+    revision, num, head, rows = _remote_plan(hf, p, opts, private)
     changed = [r for r in rows if r["action"] != "unchanged"]
     tag_at = _check_tag(hf, opts, head, bool(changed))
     base = (hub.endpoint(opts.endpoint) or "https://huggingface.co") + f"/{repo}"

@@ -1,13 +1,6 @@
-"""The export / engine steps of ``specconv release`` (``--export-onnx``, ``--build-engine``).
-
-The ONNX export is :func:`specconv.export.onnx_dir.export_onnx_dir` into ``DRAFTER/onnx``;
-the engine is :func:`specconv.export.engine.build_engine_dir` with ``--builder rtx``
-(``docs/engines.md``). Whether an engine can be built here is decided before anything is
-written (:func:`engine_unavailable`). An earlier export in the work dir is kept across the
-re-conversion and re-used when its ``onnx_meta.json`` is of the current format version
-and its ``drafter_files`` sha256s equal the new drafter's (same input, same bytes); an
-export of another format version is not re-used (the message says why) and the drafter is
-exported again.
+"""The export / engine steps of ``specconv release`` (``--export-onnx``, ``--build-engine``;
+docs/cli.md, "release"): an earlier export of the same drafter bytes is kept across the
+re-conversion and re-used (:func:`export_step`).
 """
 
 from __future__ import annotations

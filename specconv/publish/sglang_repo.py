@@ -1,12 +1,8 @@
 """SGLang's layout as its own Hub repo (``push --sglang-repo-id``) and the cards' SGLang lines.
 
-SGLang's ``--speculative-draft-model-path`` takes a folder or a repo id, never a subfolder,
-so the layout ``specconv export sglang`` wrote is published as a second repo, next to the
-Speculators one, which never holds it. The gate is the same as the Speculators repo's:
-nothing is pushed unless SGLang's own loader check passed on exactly the bytes
-``export.sglang`` records (``files``), the files on disk are those bytes, and the export was
-made from the drafter files as they are now (``drafter_files``). The Speculators repo is
-pushed first; a failed second push exits with its own code and reports the first.
+SGLang's ``--speculative-draft-model-path`` takes a folder or a repo id, never a subfolder, so
+the layout is published as a second repo after the Speculators one; the gate is
+:func:`sglang_problem` (docs/sglang.md).
 """
 
 from __future__ import annotations
@@ -190,21 +186,6 @@ def push_with_sglang(d: Path, opts: Any) -> Any:
         e.result = type(first).of({**first.to_dict(), "error": e.code, "exit_code": e.exit_code, "message": e.message,
                                    "sglang": {"repo_id": opts.sglang_repo_id, "error": e.code, "message": e.message}})
         raise
-    _record_sglang_publish(d, second)
+    _record_publish(d, second, key="sglang")
     return type(first).of({**first.to_dict(), "sglang": second.to_dict(),
                            "would_change": bool(first.would_change or second.would_change)})
-
-
-def _record_sglang_publish(d: Path, r: Any) -> None:
-    """``publish.sglang`` of the local ``specconv.json`` (beside the Speculators repo's)."""
-    if r.status == "dry_run":
-        return
-    from ..record import update_section_key
-
-    try:
-        update_section_key(d, "publish", "sglang", {k: getattr(r, k) for k in (
-            "repo_id", "revision", "commit_oid", "commit_url", "pr_url", "tag", "status")})
-    except (OSError, SpecconvError) as e:  # a read-only dir: the push itself succeeded
-        import logging
-
-        logging.getLogger("specconv").warning("could not record the SGLang push in %s/specconv.json: %s", d, e)
