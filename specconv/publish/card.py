@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import SpecconvError
-from .payload import Payload, published_verifier
+from .payload import Payload, contains_verifier_weights, published_verifier
 
 log = logging.getLogger("specconv.publish")
 
@@ -257,8 +257,9 @@ def local_card_text(d: Path, rec: Any, repo_id: str) -> str:
         rel = f.relative_to(d).as_posix()
         if not rel.startswith("onnx/fp32/"):  # the fp32 twin stays local, as in push
             p.files[rel] = f
-    onnx = rec.export.onnx if rec.export is not None else None
-    p.contains_verifier_weights = bool(onnx and onnx.contains_verifier_weights)
+    gguf = (rec.export.model_dump() if rec.export is not None else {}).get("gguf") or {}
+    shown = [*p.files, *([f"gguf/{gguf['file']}"] if gguf.get("file") else [])]  # gguf_section decides if shown
+    p.contains_verifier_weights = contains_verifier_weights(d, rec, shown)
     from .sglang_repo import local_export_path
 
     return render_card(d, rec, p, repo_id, plot=False, check=False, sglang_draft=local_export_path(d, rec), local=True)

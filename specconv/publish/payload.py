@@ -74,19 +74,52 @@ def _gate_verifier_weights(label: str, contains: bool, allow_vw: bool, p: Payloa
     p.contains_verifier_weights = True
 
 
+def _meta(path: Path) -> dict[str, Any]:
+    """The JSON object in an export's meta file; ``{}`` when missing or unreadable (nothing covered)."""
+    from ..fileio import read_json_object
+
+    try:
+        return read_json_object(path) if path.is_file() else {}
+    except InvalidInputError:
+        return {}
+
+
+def _trt_verifier_weights(v: Path) -> tuple[bool, str]:
+    """Whether variant dir ``trt/<key>/`` embeds verifier tensors, from its ``build.json``
+    (copied from the graph's ``onnx_meta.json`` by build-engine), and the note when assumed:
+    a ``build.json`` that does not record it (an older specconv's) counts as containing them."""
+    build = _meta(v / "build.json")
+    if "contains_verifier_weights" in build:
+        return bool(build["contains_verifier_weights"]), ""
+    return True, ("; its build.json does not record it (an engine built by an older specconv), so it "
+                  "is treated as containing them: rebuild it with `specconv build-engine`")
+
+
+def _onnx_verifier_weights(d: Path, rec: Any, meta: dict[str, Any]) -> bool:
+    """Whether the ``onnx/`` graphs embed verifier tensors (their meta or ``export.onnx`` says so)."""
+    onnx = rec.export.onnx if rec.export is not None else None
+    return bool(meta.get("contains_verifier_weights") or (onnx and onnx.contains_verifier_weights))
+
+
+def contains_verifier_weights(d: Path, rec: Any, rels: list[str]) -> bool:
+    """Whether any engine file of drafter dir ``d`` among ``rels`` (paths relative to ``d``
+    under ``onnx/``, ``trt/<key>/`` or ``gguf/``) embeds the verifier's embedding / LM head, by
+    the rules push's gates apply (the card says so when true). ``rec``: ``d``'s record."""
+    from ..gguf.export import META_NAME
+
+    tops = {Path(r).parts[0] for r in rels}
+    trt = {Path(r).parts[1] for r in rels if len(Path(r).parts) >= 3 and Path(r).parts[0] == "trt"}
+    return (("onnx" in tops and _onnx_verifier_weights(d, rec, _meta(d / "onnx" / "onnx_meta.json")))
+            or any(_trt_verifier_weights(d / "trt" / k)[0] for k in sorted(trt))
+            or ("gguf" in tops and bool(_meta(d / "gguf" / META_NAME).get("contains_verifier_weights"))))
+
+
 def _trt_variant_ok(v: Path, allow_vw: bool, p: Payload) -> bool:
     """Variant dir ``trt/<key>/`` is pushable with its ``build.json``; one that says (or does not
     record) ``contains_verifier_weights`` needs ``--allow-verifier-weights``."""
     if not (v / "build.json").is_file():
         return False
-    try:
-        build = json.loads((v / "build.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        build = None
-    recorded = isinstance(build, dict) and "contains_verifier_weights" in build
-    note = "" if recorded else ("; its build.json does not record it (an engine built by an older specconv), so it "
-                                "is treated as containing them: rebuild it with `specconv build-engine`")
-    contains = not recorded or bool(build["contains_verifier_weights"])
+    contains, note = _trt_verifier_weights(v)
     _gate_verifier_weights(f"trt/{v.name}/", contains, allow_vw, p, note)
     return True
 
@@ -236,8 +269,7 @@ def _onnx_ok(d: Path, rec: Any, rel: str, allow_vw: bool, p: Payload) -> bool:
         return False
     if rel != "onnx/onnx_meta.json" and (meta.get("files") or {}).get(rel[len("onnx/"):]) != sha256_file(d / rel):
         return False
-    _gate_verifier_weights(rel, bool(meta.get("contains_verifier_weights") or (onnx and onnx.contains_verifier_weights)),
-                           allow_vw, p)
+    _gate_verifier_weights(rel, _onnx_verifier_weights(d, rec, meta), allow_vw, p)
     return True
 
 

@@ -349,7 +349,7 @@ def _trt_variant(d: Path, build: dict) -> str:
 
 @pytest.mark.parametrize("build", [{"contains_verifier_weights": True}, {}], ids=["recorded", "older-build"])
 def test_trt_engines_built_from_a_graph_with_verifier_weights_need_the_flag(drafter, double, tmp_path, build):
-    from specconv.publish.card import render_card
+    from specconv.publish.card import local_card_text, render_card
     from specconv.publish.payload import collect
 
     key = _trt_variant(drafter, build)
@@ -363,6 +363,22 @@ def test_trt_engines_built_from_a_graph_with_verifier_weights_need_the_flag(draf
     assert {f"trt/{key}/drafter.plan", f"trt/{key}/build.json", "trt/manifest.json"} <= {x["path"] for x in out["files"]}
     p, rec = collect(drafter, allow_verifier_weights=True)
     assert p.contains_verifier_weights and "contains_verifier_weights" in render_card(drafter, rec, p, REPO, plot=False)
+    assert "contains_verifier_weights" in local_card_text(drafter, rec, REPO)  # the local card says so too
+
+
+def test_the_local_card_names_verifier_weights_only_when_the_gates_would(drafter):
+    """``local_card_text`` uses push's rule per engine file (``payload.contains_verifier_weights``):
+    a graph or GGUF whose meta says so, a TensorRT variant whose build.json says so or lacks the key."""
+    from specconv.publish.card import local_card_text
+    from specconv.publish.payload import collect
+
+    shutil.rmtree(drafter / "onnx", ignore_errors=True)
+    key = _trt_variant(drafter, {"contains_verifier_weights": False})
+    p, rec = collect(drafter)
+    assert "## Engines" in local_card_text(drafter, rec, REPO)
+    assert "contains_verifier_weights" not in local_card_text(drafter, rec, REPO)
+    (drafter / "trt" / key / "build.json").write_text(json.dumps({"key": key}))
+    assert "contains_verifier_weights" in local_card_text(drafter, rec, REPO)
 
 
 def test_trt_engines_without_verifier_weights_need_no_flag(drafter):
