@@ -1,22 +1,5 @@
-"""The four validation gates, in order (``docs/validate.md``, "What it does").
-
-* **G1 structure** — the Speculators lint (:func:`specconv.format.lint_dir`) has no
-  error; every tensor in the directory is one the format defines for this config; the
-  tensors the format takes from the verifier (``embed_tokens.weight`` for DFlash/DSpark,
-  ``lm_head.weight`` full-vocab or ``verifier_lm_head[t2d]`` when pruned) equal the
-  verifier's (after casting the verifier's to the drafter's dtype); ``d2t``/``t2d`` agree;
-  with a source, the aux layer ids re-derived from both configs are equal.
-* **G2 parity** — reference forward vs converted forward on real captured verifier
-  hidden states, per draft slot: max/mean |Δ| of logits, relative max, cosine, top-1
-  agreement (only where the reference's top-1/top-2 margin is clear), top-5 overlap,
-  KL(p_ref ‖ p_test); tolerances by dtype (the table in ``docs/validate.md``).
-* **G3 acceptance** — with a source: ``|τ − τ_src| ≤ max(0.02·τ_src, CI half-width)``;
-  with ``--min-tau``: ``τ ≥ min_tau``; without either the gate only reports.
-* **G4 losslessness** — greedy speculative output equals plain greedy output. Each
-  divergence is reported with the verifier's top-1 − top-2 logit gap there; in fp32 a
-  divergence at a clear margin fails the gate (``gap ≥ 1e-3·|top-1 logit|``), in
-  bf16/fp16 divergences are warnings (verify- vs decode-mode kernels may flip an argmax).
-  For T > 0 the rejection sampler is checked statistically on synthetic distributions.
+"""The four validation gates as steps, in order; what each checks and its tolerances are
+``docs/validate.md`` ("What it does").
 """
 
 from __future__ import annotations

@@ -1,13 +1,6 @@
-"""A server process specconv starts on 127.0.0.1, and the standard-library HTTP calls made to
-it (and to ``--server-url``): one lifecycle for vLLM's OpenAI server
-(:class:`specconv.validate.vllm_backend.VllmServer`) and ``llama-server``
-(:class:`specconv.gguf.server.LlamaServer`).
-
-A server gets a free loopback port (:func:`free_port`), runs in its own process group with
-its output appended to a log file (the argv logged redacted: :func:`.vllm_server.redact_argv`),
-is healthy within a bounded wait or refused with the log's end, and is stopped whatever
-happens: SIGTERM to the group, SIGKILL after a grace period (:meth:`LocalServer.stop`).
-Standard library only (specconv's interpreter needs no HTTP client package).
+"""A server process specconv starts on 127.0.0.1 (vLLM's, ``llama-server``) and the standard-library
+HTTP calls made to it and to ``--server-url``; the lifecycle is ``docs/architecture.md``'s
+(``specconv/validate/``).
 """
 
 from __future__ import annotations

@@ -1,37 +1,11 @@
-"""Speculative decoding loop (greedy and T>0) with per-step bookkeeping.
+"""Speculative decoding loop (greedy and T>0) with per-step bookkeeping (``docs/validate.md``,
+"What it does"; the order of z-lab ``dflash/model.py`` ``spec_generate``).
 
-One loop serves every algorithm: the drafter is a black box with
-``propose(context_tokens[1, T+1], aux_hidden[1, T, A*H]) -> DraftProposal``
-(:class:`specconv.validate.backend.DrafterBackend`),
-so DFlash's ``[anchor, mask…]`` block, DSpark's anchor-slot drafting and P-EAGLE's
-parallel depths stay inside the drafter. With ``drafter=None`` the same loop decodes
-one token per verifier forward: the plain-decode baseline used for losslessness (G4)
-and speedup.
-
-Per request (the order of z-lab ``dflash/model.py`` ``spec_generate``, one drafter call per
-verify step; ``docs/validate.md``):
-
-1. prefill the verifier on the prompt (positions ``0…P−1``) capturing the aux hidden
-   states; ``x_0`` = argmax (or a sample) of the last row;
-2. each step, with ``s`` = position of the anchor (last emitted token, no features yet):
-   the drafter sees the tokens ``0…s`` and the aux features of the **accepted**
-   positions ``0…s−1`` only; it proposes ``k`` tokens for positions ``s+1…s+k``;
-3. the verifier runs once on ``[anchor, d_1 … d_k]`` at positions ``s…s+k`` (block
-   positions continue the sequence) on top of its KV cache;
-4. acceptance (:mod:`.sampling`); ``a`` drafts plus the bonus are emitted, cut at the
-   first stop token (which is emitted) and at ``max_new_tokens``;
-5. the verifier cache is cropped to the emitted length, and the features of the newly
-   *emitted* positions ``s…s+produced−1`` are appended to the drafter's context.
-
-Bookkeeping per step: ``k`` (drafts verified; fewer than the drafter's k near the
-``max_new_tokens`` cap), ``accepted`` = tokens emitted − 1 (z-lab's ``produced − 1``,
-i.e. capped by the stop token / length), draft and verify wall time in ms (CUDA is
-synchronised before each clock read).
-
-By default the drafter drafts through a per-request context cache
-(``drafter.new_session()``, :mod:`specconv.drafters.cache`) so a step's cost does not
-grow with the context; ``drafter_cache=False`` (``--no-drafter-cache``) calls the
-stateless ``propose`` every step.
+The drafter is a :class:`specconv.validate.backend.DrafterBackend` black box; with
+``drafter=None`` the same loop decodes one token per verifier forward (the G4 / speedup
+baseline). Per step: ``k`` (drafts verified; fewer near the ``max_new_tokens`` cap),
+``accepted`` = tokens emitted − 1 (z-lab's ``produced − 1``), draft and verify wall time in ms
+(CUDA synchronised before each clock read).
 """
 
 from __future__ import annotations

@@ -1,12 +1,6 @@
 """Validation report: ``validation.json``, ``validation.md``, ``acceptance.png`` and the
-one ``validation`` section of the drafter dir's ``specconv.json`` (:mod:`specconv.record`,
-:func:`validation_section`), written by :func:`finish_report` at the end of
-``validate_drafter``.
-
-The JSON keeps the field names of speculators' ``acceptance.csv`` / vLLM's counters
-(``num_drafts``, ``num_draft_tokens``, ``num_accepted_tokens``, ``acceptance_length``,
-``acceptance_at_pos``) at the top level so GPU runs through vLLM and the torch harness
-compare row by row (``docs/validate.md``, "Metrics").
+``validation`` section of ``specconv.json`` (:func:`validation_section`), written by
+:func:`finish_report` (``docs/validate.md``, "Outputs").
 """
 
 from __future__ import annotations

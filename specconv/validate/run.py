@@ -1,13 +1,6 @@
-"""``validate_drafter``: the whole ``specconv validate`` pipeline behind the CLI.
-
-A sequence of steps (``docs/validate.md``): read the drafter's ``config.json`` (once) and
-check the options → resolve the verifier (once) → start the report → [``--source``:
-convert it afresh against the same verifier] → G1 structure → select the prompts → the
-validation backend (``torch``: plain and speculative decode, G2 parity with a source, G3
-acceptance, G4 losslessness, DSpark extras; ``vllm``: G3 through ``vllm serve``) →
-[``--vllm-load-check``] → the report files, the ``validation`` section of
-``specconv.json`` and the card. A G1 failure stops before any model is loaded (the other
-gates are reported as skipped). The backends live in :mod:`.backend` / :mod:`.torch_backend`.
+"""``validate_drafter``: the whole ``specconv validate`` pipeline behind the CLI, as a sequence of
+steps (``docs/architecture.md``, "One validation"; ``docs/validate.md``). The backends live in
+:mod:`.backend` / :mod:`.torch_backend`.
 """
 
 from __future__ import annotations

@@ -1,13 +1,5 @@
-"""Drafter runtimes, registered once, and the one gate comparing a runtime with the torch reference.
-
-:data:`RUNTIMES` maps a runtime name to a :class:`Runtime`: its loader (dotted path, imported
-on use) returning a :class:`~specconv.validate.backend.DrafterBackend`, an optional
-preflight, and — for a runtime compared with the reference — its pass rule as data
-(:class:`CompareRule`). ``ValidateOptions.drafter_backend`` picks the runtime that loads the
-drafter under test (``torch``); ``ValidateOptions.runtime`` (``--onnx`` → ``onnx``,
-``--engine`` → ``tensorrt``) the one :func:`compare_runtime` runs through the same requests
-and judges. Adding a runtime = one module with a loader + one entry here
-(``docs/architecture.md``, "Adding a runtime").
+"""Drafter runtimes, registered once (:data:`RUNTIMES`), and the one gate comparing a runtime with
+the torch reference (:func:`compare_runtime`); see ``docs/architecture.md``, "Adding a runtime".
 """
 
 from __future__ import annotations

@@ -1,10 +1,5 @@
-"""``--backend torch``: G2–G4 and τ in specconv's own speculative loop.
-
-Steps, in order (see ``docs/validate.md``): place the models (device, memory) → load the
-drafter → load the verifier runner (aux capture at the drafter's layer ids) → render the
-prompts → plain decode (k = 0, the baseline) → speculative decode → [with ``--source``:
-G2 parity on real captured features, then the source drafter in the same loop] → G3
-acceptance → G4 losslessness (greedy) or the sampler check (T > 0) → DSpark extras.
+"""``--backend torch``: G2–G4 and τ in specconv's own speculative loop, as steps in the order of
+``docs/validate.md`` ("What it does").
 """
 
 from __future__ import annotations

