@@ -627,6 +627,22 @@ def _gguf_export(d: Path, *, verifier_weights: bool) -> Path:
     return f
 
 
+@pytest.mark.parametrize("verifier_weights", [True, False])
+def test_a_gguf_only_drafter_s_cards_name_its_verifier_weights(drafter, verifier_weights):
+    """A GGUF holding the verifier's tensors and no ``onnx/`` / ``trt/``: the pushed card (the
+    gate's flag) and the local card (``payload.contains_verifier_weights``) both say so, not only
+    beside an engines table."""
+    from specconv.publish.card import local_card_text, render_card
+    from specconv.publish.payload import collect
+
+    shutil.rmtree(drafter / "onnx", ignore_errors=True)
+    _gguf_export(drafter, verifier_weights=verifier_weights)
+    p, rec = collect(drafter, allow_verifier_weights=True)
+    assert "gguf/drafter-bf16.gguf" in p.files and p.contains_verifier_weights is verifier_weights
+    for card in (render_card(drafter, rec, p, REPO, plot=False), local_card_text(drafter, rec, REPO)):
+        assert "## Engines" not in card and ("`contains_verifier_weights`" in card) is verifier_weights
+
+
 def _dry_push(tmp: Path, double: HubDouble, d: Path, repo: str, *flags):
     n = len(double.requests)
     code, out, text = _cli(tmp, double, "push", d, "--repo-id", repo, "--dry-run", *flags)
