@@ -416,7 +416,8 @@ def _read_plan(role: str, dtype: str, f: _Found, arr: "np.ndarray") -> TensorPla
     if f.source_name and f.src_dtype == dtype:
         return TensorPlan(out=role, fate="copied", origin="source", source=f.source_name, shape=tuple(arr.shape),
                           dtype=dtype, src_dtype=dtype)
-    note = f"from {f.where}" + (f", converted {f.src_dtype} → {dtype}" if f.src_dtype and f.src_dtype != dtype else "")
+    converted = f.src_dtype and f.src_dtype != dtype
+    note = f"from {f.where}" + (f", converted {f.src_dtype} → {dtype}" if converted else "")
     return _bytes_plan(role, arr, dtype, "copied", "source", f.source_name or f.where, f.src_dtype or dtype, note)
 
 
