@@ -178,6 +178,11 @@ def _mask_token(src: SourceInfo, opts: ConvertOptions, layout: PEagleLayout, ver
     return mask, where
 
 
+#: Why P-EAGLE's ``norm_before_residual`` is never guessed (the error when it is absent).
+_NBR_DEFAULTS = ("vLLM's speculators reader defaults it to false for peagle but true for eagle3 and the speculators "
+                 "trainer defaults to true")
+
+
 def resolve_norm_before_residual(where: str, v: Any, flag_val: bool | None, why: str) -> tuple[bool, str]:
     """``norm_before_residual`` from the config at ``where`` or ``--(no-)norm-before-residual``;
     never guessed (``why``: the defaults that disagree, for the error).
@@ -496,9 +501,7 @@ def plan_peagle_family(conv: Any, src: SourceInfo, verifier: Any, opts: ConvertO
     _check_body(src, plans, L, A, H, ids.source_key or "--aux-layer-ids")
     model_type = _model_type(src, cfg, plans, L, findings)
     norm_before_residual, norm_before_residual_where = resolve_norm_before_residual(
-        f"{src.path}/config.json", cfg.get("norm_before_residual"), opts.norm_before_residual,
-        "vLLM's speculators reader defaults it to false for peagle but true for eagle3 and the speculators "
-        "trainer defaults to true")
+        f"{src.path}/config.json", cfg.get("norm_before_residual"), opts.norm_before_residual, _NBR_DEFAULTS)
     has_input_norm, has_fc_norm = norm_flags_from_tensors(src, cfg, plans, A)
     plans, dropped, vocab, Vd = _vocab(src, opts, cfg, plans, dropped, layout, V, H, verifier)
     findings += vocab.findings
@@ -514,9 +517,8 @@ def plan_peagle_family(conv: Any, src: SourceInfo, verifier: Any, opts: ConvertO
     fields: dict[str, Any] = dict(
         dtype=common.dtype_name(out_dt), draft_vocab_size=Vd, mask_token_id=mask,
         eagle_aux_hidden_state_layer_ids=ids.speculators_ids, norm_before_residual=norm_before_residual,
-        norm_before_fc=has_input_norm,
-        fc_norm=has_fc_norm, norm_output=bool(cfg.get("norm_output", False)), transformer_layer_config=layer_config,
-        speculators_config=speculators_envelope("peagle", k, verifier),
+        norm_before_fc=has_input_norm, fc_norm=has_fc_norm, norm_output=bool(cfg.get("norm_output", False)),
+        transformer_layer_config=layer_config, speculators_config=speculators_envelope("peagle", k, verifier),
     )
     if trained is not None:
         fields["num_depths"] = trained
