@@ -10,7 +10,7 @@ records every tensor's fate in ``specconv.json``.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Literal
 
@@ -91,13 +91,7 @@ class LayerIdConversion:
     rule: str  # e.g. "+1 (z-lab → speculators); -1 → 0"
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "source_key": self.source_key,
-            "source_convention": self.source_convention,
-            "source_ids": self.source_ids,
-            "speculators_ids": self.speculators_ids,
-            "rule": self.rule,
-        }
+        return asdict(self)
 
 
 @dataclass

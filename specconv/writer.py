@@ -46,17 +46,12 @@ def _sha256(path: Path) -> str:
     blob = hub_blob_sha256(path)
     if blob is not None:
         return blob
-    if os.environ.get("SPECCONV_HASH_CACHE", "1") == "0":
-        return sha256_file(path)
-    st = os.stat(path)
-    key = os.path.realpath(path)
-    stamp = [st.st_size, st.st_mtime_ns, st.st_ino]
-    cache = _hash_cache()
-    hit = cache.get(key)
-    if isinstance(hit, dict) and hit.get("stat") == stamp and isinstance(hit.get("sha256"), str):
+    stamp, hit = _cache_hit(path)
+    if isinstance(hit.get("sha256"), str):
         return hit["sha256"]
     digest = sha256_file(path)
-    cache[key] = {"stat": stamp, "sha256": digest}
+    if os.environ.get("SPECCONV_HASH_CACHE", "1") != "0":
+        _hash_cache()[os.path.realpath(path)] = {"stat": stamp, "sha256": digest}
     return digest
 
 
@@ -372,7 +367,7 @@ def write_plan(
             input (source, verifier, side file), or its parent is a file.
         OSError: writing failed (disk full, read-only, ...); nothing is left behind.
     """
-    from .outdir import OutputTemp, clean_stale
+    from .outdir import OutputTemp, clean_stale, move_into_place
 
     out_dir = Path(out_dir)
     _check_output(out_dir, plan, verifier, overwrite)
@@ -387,16 +382,10 @@ def write_plan(
             _write_record(tmp.path, record, card)
             _fix_mode(tmp.path)
             with interrupts.deferred():
-                _move_into_place(tmp, out_dir, overwrite)
+                move_into_place(tmp, out_dir, overwrite, "conversion")
         finally:
             tmp.release()
     return record
-
-
-def _move_into_place(tmp: Any, out_dir: Path, overwrite: bool) -> None:
-    from .outdir import move_into_place
-
-    move_into_place(tmp, out_dir, overwrite, "conversion")
 
 
 def _write_tmp(tmp: Path, plan: ConversionPlan, source_store: Any, verifier: Any, *, max_shard_size: int | None,
@@ -451,7 +440,7 @@ def _check_output(out_dir: Path, plan: ConversionPlan, verifier: Any, overwrite:
         inputs.append(("verifier", Path(verifier.local_dir)))
     inputs += [("source file", Path(p)) for p in plan.source_files]
     inputs += [(f"--{k.replace('_', '-')}", Path(v)) for k, v in (plan.options or {}).items()
-               if k in ("vocab_mapping", "draft_config") and v]
+               if k in _PATH_OPTIONS and v]
     for what, p in inputs:
         for q in {Path(os.path.abspath(p)), p.resolve()}:
             if q == out_res or out_res in q.parents:

@@ -591,10 +591,6 @@ def check_verifier_shape(src: SourceInfo, verifier: Any, hidden: int, vocab: int
         ))
 
 
-def refuse(fmt_title: str, format_id: str, why: str) -> UnsupportedFormatError:
-    return UnsupportedFormatError(f"{fmt_title} is not supported: {why}", format_id=format_id)
-
-
 def dflash_causality(src: SourceInfo, layer_config: dict[str, Any], findings: list) -> bool:
     """Return ``sliding_window_non_causal`` for a DFlash-family source (vLLM
     ``vllm/model_executor/models/qwen3_dflash.py`` applies one causality to every draft layer).
@@ -617,17 +613,12 @@ def dflash_causality(src: SourceInfo, layer_config: dict[str, Any], findings: li
             "Speculators DFlash full-attention layers are always bidirectional, so the conversion would not be faithful",
             format_id="causal_dflash",
         )
-    has_swa = "sliding_attention" in types
-    has_full = "full_attention" in types
     if causal is False:
         return True
-    if has_swa and has_full:
+    if "sliding_attention" in types and "full_attention" in types:
         findings.append(Finding(
             "warning", "mixed-attention-layers",
             "draft mixes full and sliding layers: vLLM ≥ 0.27 applies one causality to all layers, so it cannot serve it faithfully",
             "layer_types",
         ))
-        return False
-    if has_swa:
-        return False
-    return True
+    return "sliding_attention" not in types

@@ -120,14 +120,6 @@ def _layout_k(conv: Any, opts: ConvertOptions, layout: DFlashLayout, block: int)
     return sample_from_anchor, k
 
 
-def _dflash_layer_config(src: SourceInfo, cfg: dict[str, Any], layout: DFlashLayout, verifier: Any,
-                         findings: list) -> dict[str, Any]:
-    """The Qwen3 ``transformer_layer_config``, checked against the verifier."""
-    layer_config = common.layer_config(src, cfg, model_type="qwen3", extra_drop=layout.layer_drop, findings=findings)
-    common.check_verifier_shape(src, verifier, layer_config["hidden_size"], layer_config["vocab_size"], findings)
-    return layer_config
-
-
 def plan_dflash_family(
     conv: Any,
     src: SourceInfo,
@@ -150,7 +142,8 @@ def plan_dflash_family(
     conv_ids = common.zlab_to_speculators_ids(
         src, layout.ids, layout.ids_key, opts, verifier, findings, allow_minus_one=layout.allow_minus_one
     )
-    layer_config = _dflash_layer_config(src, cfg, layout, verifier, findings)
+    layer_config = common.layer_config(src, cfg, model_type="qwen3", extra_drop=layout.layer_drop, findings=findings)
+    common.check_verifier_shape(src, verifier, layer_config["hidden_size"], layer_config["vocab_size"], findings)
     if mask >= layer_config["vocab_size"]:
         raise InvalidInputError(f"mask token id {mask} ({mask_where}) ≥ vocab_size {layer_config['vocab_size']}")
     sliding_window_non_causal = True if layout.force_non_causal else common.dflash_causality(src, layer_config, findings)

@@ -1,17 +1,9 @@
 """DSpark head fields and tensor checks shared by the DSpark sources.
 
-The three DSpark producers (DeepSpec ``Qwen3DSparkModel``, SpecForge ``DSparkDraftModel``,
-ModelOpt ``projector_type: "dspark"``) keep the same four head hyper-parameters in
-different places and under slightly different names; all of them map to the Speculators
-``dspark`` keys (vllm-project/speculators ``src/speculators/models/dspark/config.py``):
-
-* ``markov_rank`` (``r``; 0 disables the Markov head),
-* ``markov_head_type`` (``vanilla`` | ``gated`` | ``rnn``),
-* ``enable_confidence_head``,
-* ``confidence_head_with_markov`` (confidence input ``cat(out, markov_w1[prev])``).
-
-Whatever the config says is cross-checked against the head tensors (names after the
-source's rename, shapes from the safetensors headers) so that a config/weights
+The DSpark producers (DeepSpec ``Qwen3DSparkModel``, SpecForge ``DSparkDraftModel``, ModelOpt
+``projector_type: "dspark"``) keep the four head hyper-parameters of :class:`DSparkHeads` in
+different places and under slightly different names; whatever the config says is
+cross-checked against the head tensors (:func:`check_head_tensors`), so that a config/weights
 disagreement is an error naming both, never a silently broken drafter.
 Tensor shapes: speculators ``src/speculators/models/dspark/`` (target), SpecForge
 ``specforge/modeling/draft/dspark.py``, NVIDIA/Model-Optimizer ``hf_spec_export.py``, DeepSpec
@@ -21,7 +13,7 @@ Tensor shapes: speculators ``src/speculators/models/dspark/`` (target), SpecForg
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Callable
 
 from specconv.errors import InvalidInputError
@@ -54,12 +46,7 @@ class DSparkHeads:
 
     def fields(self) -> dict[str, Any]:
         """The Speculators ``dspark`` config keys (always all four, written explicitly)."""
-        return {
-            "markov_rank": self.markov_rank,
-            "markov_head_type": self.markov_head_type,
-            "enable_confidence_head": self.enable_confidence_head,
-            "confidence_head_with_markov": self.confidence_head_with_markov,
-        }
+        return {k: v for k, v in asdict(self).items() if k != "where"}
 
     def notes(self) -> list[str]:
         return [f"{k}={_fmt(getattr(self, k))} ({v})" for k, v in self.where.items()]
@@ -239,18 +226,13 @@ def maybe_prune(conv: Any, plan: ConversionPlan, src: SourceInfo, verifier: Any,
     layer_config = plan.config.transformer_layer_config
     V = layer_config.vocab_size
     flag = read_mapping_file(opts.vocab_mapping)
-    if "d2t" in flag:
-        Vd = int(flag["d2t"].shape[0])
-    else:
-        Vd = int(flag["t2d"].astype(bool).sum())
+    Vd = int(flag["d2t"].shape[0]) if "d2t" in flag else int(flag["t2d"].astype(bool).sum())
     vocab = resolve_vocab(src, opts, vocab_size=V, draft_vocab_size=Vd, side_files=False)
     plan.notes.extend(vocab.notes)
     plan.findings.extend(vocab.findings)
     plan.dropped.extend(vocab.dropped)
     if vocab.kind != "pruned":
         return plan
-    if vocab.t2d is not None and vocab.d2t is None:  # pragma: no cover - resolve_vocab always sets d2t
-        raise InvalidInputError("--vocab-mapping: pruned vocabulary without d2t")
     plan.tensors = _pruned_tensors(plan, src, verifier, vocab, Vd)
     plan.config = plan.config.model_copy(update={"draft_vocab_size": Vd})
     plan.findings.append(Finding(

@@ -2,24 +2,13 @@
 
 A source module says where its config keys live and how its tensors are named
 (:class:`PEagleLayout`); :func:`plan_peagle_family` turns that into a Speculators
-``peagle`` plan (vllm-project/speculators ``src/speculators/models/peagle/``).
-
-Facts used:
-
-* Tensors (speculators ``PEagleDraftModel``): ``embed_tokens [V,H]`` (trained; shipped), ``fc [H, A·H]``,
-  ``mask_hidden [1,1,A·H]``, ``layers.0.{hidden_norm,input_layernorm,
-  post_attention_layernorm}``, layer-0 ``q/k/v_proj`` take ``2H`` inputs, ``layers.N≥1``
-  plain Llama/Qwen3, ``norm``, ``lm_head [Vd,H]``, ``d2t``/``t2d`` when pruned,
-  optional ``input_norm`` (``norm_before_fc``) and ``fc_norm.{i}`` (``fc_norm``).
-* Aux ids in the EAGLE-3 convention (``eagle_aux_hidden_state_layer_ids``) are already
-  Speculators capture ids (vLLM ``llama_eagle3.py`` reads them as capture ids) — never
-  recomputed from a formula.
-* ``norm_before_residual``: vLLM's speculators reader defaults it to false for peagle
-  and true for eagle3, the speculators trainer to true — so it is never guessed.
-* ``transformer_layer_config.model_type`` is ``llama`` or ``qwen3`` (per-head q/k norms);
-  a Llama draft with ``A != 3`` aux layers needs ``num_aux_hidden_states: A`` for vLLM
-  (vLLM ``vllm/model_executor/models/llama_eagle3.py``).
-* ``speculative_tokens`` = trained depths K (must not exceed them; the ``peagle-depths-exceeded`` lint rule in ``specconv/format/rules/``).
+``peagle`` plan (vllm-project/speculators ``src/speculators/models/peagle/``). Tensors
+(speculators ``PEagleDraftModel``): ``embed_tokens [V,H]`` (trained; shipped), ``fc [H, A·H]``,
+``mask_hidden [1,1,A·H]``, ``layers.0.{hidden_norm,input_layernorm,
+post_attention_layernorm}``, layer-0 ``q/k/v_proj`` take ``2H`` inputs, ``layers.N≥1``
+plain Llama/Qwen3, ``norm``, ``lm_head [Vd,H]``, ``d2t``/``t2d`` when pruned,
+optional ``input_norm`` (``norm_before_fc``) and ``fc_norm.{i}`` (``fc_norm``). The rules
+for aux ids, ``norm_before_residual``, ``model_type`` and K are the helpers' below.
 """
 
 from __future__ import annotations
@@ -182,27 +171,6 @@ def resolve_aux_ids(src: SourceInfo, opts: ConvertOptions, layout: PEagleLayout,
     return conv
 
 
-def _resolve_flag(src: SourceInfo, key: str, cfg_val: Any, flag_val: bool | None, flag: str, *, required: bool, why: str) -> tuple[bool | None, str]:
-    if cfg_val is not None and not isinstance(cfg_val, bool):
-        raise InvalidInputError(f"{src.path}/config.json: {key} must be true/false, got {cfg_val!r}")
-    if cfg_val is not None and flag_val is not None and cfg_val != flag_val:
-        raise InvalidInputError(
-            f"--{'' if flag_val else 'no-'}{flag} contradicts the checkpoint's {key}={str(cfg_val).lower()}",
-            code="conflicting_flag",
-        )
-    if cfg_val is not None:
-        return cfg_val, f"config.json {key}"
-    if flag_val is not None:
-        return flag_val, f"--{'' if flag_val else 'no-'}{flag}"
-    if required:
-        raise InvalidInputError(
-            f"{src.path}/config.json has no {key} and --{flag}/--no-{flag} was not given; {why}",
-            code=f"missing_{key}",
-            hint=f"pass --{flag} or --no-{flag} (how the drafter was trained)",
-        )
-    return None, ""
-
-
 def _mask_token(src: SourceInfo, opts: ConvertOptions, layout: PEagleLayout, verifier: Any, V: int) -> tuple[int, str]:
     mask, where = common.resolve_mask_token(src, opts, layout.mask_locations, verifier)
     if mask >= V:
@@ -210,15 +178,38 @@ def _mask_token(src: SourceInfo, opts: ConvertOptions, layout: PEagleLayout, ver
     return mask, where
 
 
-def _norm_before_residual(src: SourceInfo, cfg: dict[str, Any], opts: ConvertOptions) -> tuple[bool, str]:
-    """From the config or ``--(no-)norm-before-residual``; never guessed."""
-    norm_before_residual, where = _resolve_flag(
-        src, "norm_before_residual", cfg.get("norm_before_residual"), opts.norm_before_residual, "norm-before-residual",
-        required=True,
-        why="vLLM's speculators reader defaults it to false for peagle but true for eagle3 and the speculators "
-            "trainer defaults to true, so it cannot be guessed",
+#: Why P-EAGLE's ``norm_before_residual`` is never guessed (the error when it is absent).
+_NBR_DEFAULTS = ("vLLM's speculators reader defaults it to false for peagle but true for eagle3 and the speculators "
+                 "trainer defaults to true")
+
+
+def resolve_norm_before_residual(where: str, v: Any, flag_val: bool | None, why: str) -> tuple[bool, str]:
+    """``norm_before_residual`` from the config at ``where`` or ``--(no-)norm-before-residual``;
+    never guessed (``why``: the defaults that disagree, for the error).
+
+    Returns:
+        ``(value, where it came from)``.
+
+    Raises:
+        InvalidInputError: not a bool, the flag contradicts the config (``conflicting_flag``),
+            or neither gives it (``missing_norm_before_residual``).
+    """
+    flag = f"--{'' if flag_val else 'no-'}norm-before-residual"
+    if v is not None and not isinstance(v, bool):
+        raise InvalidInputError(f"{where}: norm_before_residual must be true/false, got {v!r}")
+    if v is not None and flag_val is not None and v != flag_val:
+        raise InvalidInputError(f"{flag} contradicts the checkpoint's norm_before_residual={str(v).lower()}",
+                                code="conflicting_flag")
+    if v is not None:
+        return v, "config.json norm_before_residual"
+    if flag_val is not None:
+        return flag_val, flag
+    raise InvalidInputError(
+        f"{where} has no norm_before_residual and --norm-before-residual/--no-norm-before-residual was not "
+        f"given; {why}, so it cannot be guessed",
+        code="missing_norm_before_residual",
+        hint="pass --norm-before-residual or --no-norm-before-residual (how the drafter was trained)",
     )
-    return bool(norm_before_residual), where
 
 
 def _in_dim(plans: list[TensorPlan], name: str) -> int | None:
@@ -509,7 +500,8 @@ def plan_peagle_family(conv: Any, src: SourceInfo, verifier: Any, opts: ConvertO
     plans, dropped = _plan_tensors(conv, src, opts, layout, A, H)
     _check_body(src, plans, L, A, H, ids.source_key or "--aux-layer-ids")
     model_type = _model_type(src, cfg, plans, L, findings)
-    norm_before_residual, norm_before_residual_where = _norm_before_residual(src, cfg, opts)
+    norm_before_residual, norm_before_residual_where = resolve_norm_before_residual(
+        f"{src.path}/config.json", cfg.get("norm_before_residual"), opts.norm_before_residual, _NBR_DEFAULTS)
     has_input_norm, has_fc_norm = norm_flags_from_tensors(src, cfg, plans, A)
     plans, dropped, vocab, Vd = _vocab(src, opts, cfg, plans, dropped, layout, V, H, verifier)
     findings += vocab.findings
@@ -525,9 +517,8 @@ def plan_peagle_family(conv: Any, src: SourceInfo, verifier: Any, opts: ConvertO
     fields: dict[str, Any] = dict(
         dtype=common.dtype_name(out_dt), draft_vocab_size=Vd, mask_token_id=mask,
         eagle_aux_hidden_state_layer_ids=ids.speculators_ids, norm_before_residual=norm_before_residual,
-        norm_before_fc=has_input_norm,
-        fc_norm=has_fc_norm, norm_output=bool(cfg.get("norm_output", False)), transformer_layer_config=layer_config,
-        speculators_config=speculators_envelope("peagle", k, verifier),
+        norm_before_fc=has_input_norm, fc_norm=has_fc_norm, norm_output=bool(cfg.get("norm_output", False)),
+        transformer_layer_config=layer_config, speculators_config=speculators_envelope("peagle", k, verifier),
     )
     if trained is not None:
         fields["num_depths"] = trained

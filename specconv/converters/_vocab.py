@@ -13,26 +13,16 @@ Format facts (speculators ``src/speculators/train/vocab_mapping.py``, vLLM ``com
 * Some producers keep the mapping outside the weights: ``d2t.npy``/``t2d.npy`` (speculators
   data dirs), a SpecForge ``vocab_mapping`` file (``torch.save({"d2t", "t2d"})``), NeMo's
   old ``eagle_meta.pt``.
-* Known defects handled here: official EAGLE-3 checkpoints shipping an all-zero ``d2t``
-  with ``Vd < V`` (SafeAILab/EAGLE #222) → refused; ``d2t`` holding absolute target ids
-  instead of offsets → converted to offsets with a warning (refused when the two readings
-  cannot be told apart); SpecForge P-EAGLE's all-true default ``t2d`` with ``Vd == V`` →
-  dropped.
+* Known defects (all-zero ``d2t``, absolute-id ``d2t``, all-true default ``t2d``): the rules
+  of :func:`normalise_d2t` and :func:`resolve_vocab`.
 
-Mapping values are small int/bool tensors, so they are read here (through the source's
-:class:`~specconv.tensors.TensorStore`, or side files). Pickled side files are read with
-``torch.load(weights_only=True)`` only.
-
-Public API: :func:`as_array`, :func:`t2d_from_d2t`, :func:`check_mapping`,
-:func:`normalise_d2t`, :func:`read_mapping_file`, :func:`find_side_files`,
-:func:`resolve_vocab` (→ :class:`VocabResult`), :func:`merge_vocab`,
-:func:`slice_rows_plan` (DSpark ``markov_w2``), :data:`VOCAB_PATTERNS`.
+Mapping values are small int/bool tensors, so they are read here (side files:
+:mod:`._vocab_io`).
 """
 
 from __future__ import annotations
 
 import functools
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterable, Literal, Mapping
@@ -136,15 +126,7 @@ def check_mapping(d2t: Any, t2d: Any | None, vocab_size: int, draft_vocab_size: 
     d = as_array(d2t, what="d2t")
     t = None if t2d is None else _as_bool(as_array(t2d, what="t2d"), "t2d")
     pre = f"{where}: " if where else ""
-    if d.shape[0] != draft_vocab_size:
-        raise InvalidInputError(f"{pre}d2t has {d.shape[0]} entries but draft_vocab_size is {draft_vocab_size}", code="vocab_map_invalid")
-    if t is not None:
-        if t.shape[0] != vocab_size:
-            raise InvalidInputError(f"{pre}t2d has {t.shape[0]} entries but the target vocab_size is {vocab_size}", code="vocab_map_invalid")
-        if int(t.sum()) != draft_vocab_size:
-            raise InvalidInputError(
-                f"{pre}t2d marks {int(t.sum())} target ids but draft_vocab_size is {draft_vocab_size}", code="vocab_map_invalid"
-            )
+    _check_lengths(d, t, vocab_size, draft_vocab_size, pre)
     probs = _offset_problems(d, vocab_size, t)
     if probs:
         raise InvalidInputError(f"{pre}invalid d2t/t2d mapping: " + "; ".join(probs), code="vocab_map_invalid")
@@ -227,7 +209,7 @@ def _check_lengths(d: "np.ndarray", t: "np.ndarray | None", vocab_size: int, dra
             raise InvalidInputError(f"{pre}t2d has {t.shape[0]} entries but the target vocab_size is {vocab_size}", code="vocab_map_invalid")
         if int(t.sum()) != vd:
             raise InvalidInputError(
-                f"{pre}t2d marks {int(t.sum())} target ids but d2t/draft_vocab_size has {vd}", code="vocab_map_invalid"
+                f"{pre}t2d marks {int(t.sum())} target ids but draft_vocab_size is {vd}", code="vocab_map_invalid"
             )
 
 
@@ -428,37 +410,35 @@ def _drop_default_t2d(res: VocabResult, t2d_f: _Found | None) -> "tuple[_Found |
     return None, None
 
 
+def _read_plan(role: str, dtype: str, f: _Found, arr: "np.ndarray") -> TensorPlan:
+    """A mapping tensor as read: copied when the weights already hold it as ``dtype``, else
+    its bytes converted to ``dtype``."""
+    if f.source_name and f.src_dtype == dtype:
+        return TensorPlan(out=role, fate="copied", origin="source", source=f.source_name, shape=tuple(arr.shape),
+                          dtype=dtype, src_dtype=dtype)
+    converted = f.src_dtype and f.src_dtype != dtype
+    note = f"from {f.where}" + (f", converted {f.src_dtype} → {dtype}" if converted else "")
+    return _bytes_plan(role, arr, dtype, "copied", "source", f.source_name or f.where, f.src_dtype or dtype, note)
+
+
 def _t2d_plan(res: VocabResult, t2d_f: _Found | None, t2d_arr: "np.ndarray") -> TensorPlan:
-    V = res.vocab_size
     if t2d_f is not None and t2d_f.generated:
         return _bytes_plan("t2d", t2d_arr, "BOOL", "generated", "generated", None, "BOOL", t2d_f.where)
     if t2d_f is None:
         res.notes.append("t2d rebuilt from d2t")
         return _bytes_plan("t2d", t2d_arr, "BOOL", "generated", "generated", None, "BOOL",
                            "rebuilt from d2t (t2d[i + d2t[i]] = True); source had no t2d")
-    if t2d_f.source_name and t2d_f.src_dtype == "BOOL":
-        return TensorPlan(out="t2d", fate="copied", origin="source", source=t2d_f.source_name, shape=(V,),
-                          dtype="BOOL", src_dtype="BOOL")
-    note = f"from {t2d_f.where}" + (f", converted {t2d_f.src_dtype} → BOOL"
-                                    if t2d_f.src_dtype and t2d_f.src_dtype != "BOOL" else "")
-    return _bytes_plan("t2d", t2d_arr, "BOOL", "copied", "source", t2d_f.source_name or t2d_f.where,
-                       t2d_f.src_dtype or "BOOL", note)
+    return _read_plan("t2d", "BOOL", t2d_f, t2d_arr)
 
 
-def _d2t_plan(res: VocabResult, d2t_f: _Found, reading: D2TReading) -> TensorPlan:
-    Vd, d2t = res.draft_vocab_size, reading.offsets
+def _d2t_plan(d2t_f: _Found, reading: D2TReading) -> TensorPlan:
+    d2t = reading.offsets
     if d2t_f.generated:
         return _bytes_plan("d2t", d2t, "I64", "generated", "generated", None, "I64", d2t_f.where)
-    if reading.form == "offsets" and d2t_f.source_name and d2t_f.src_dtype == "I64":
-        return TensorPlan(out="d2t", fate="copied", origin="source", source=d2t_f.source_name, shape=(Vd,),
-                          dtype="I64", src_dtype="I64")
     if reading.form == "absolute":
         return _bytes_plan("d2t", d2t, "I64", "generated", "generated", d2t_f.source_name, d2t_f.src_dtype or "I64",
                            f"converted from absolute target ids ({d2t_f.where}) to offsets")
-    note = f"from {d2t_f.where}" + (f", converted {d2t_f.src_dtype} → I64"
-                                    if d2t_f.src_dtype and d2t_f.src_dtype != "I64" else "")
-    return _bytes_plan("d2t", d2t, "I64", "copied", "source", d2t_f.source_name or d2t_f.where,
-                       d2t_f.src_dtype or "I64", note)
+    return _read_plan("d2t", "I64", d2t_f, d2t)
 
 
 def _pruned(src: "SourceInfo", res: VocabResult, found: dict[str, _Found], extra_label: str) -> VocabResult:
@@ -486,7 +466,7 @@ def _pruned(src: "SourceInfo", res: VocabResult, found: dict[str, _Found], extra
     if t2d_arr is None:
         t2d_arr = t2d_from_d2t(reading.offsets, V)
     check_mapping(reading.offsets, t2d_arr, V, Vd, where=where)
-    res.tensors = [_d2t_plan(res, d2t_f, reading), _t2d_plan(res, t2d_f, t2d_arr)]
+    res.tensors = [_d2t_plan(d2t_f, reading), _t2d_plan(res, t2d_f, t2d_arr)]
     res.d2t, res.t2d = reading.offsets, t2d_arr
     res.notes.insert(0, f"vocab mapping: d2t from {d2t_f.where}" + (f", t2d from {t2d_f.where}" if t2d_f else ""))
     return res
@@ -586,7 +566,7 @@ def slice_rows_plan(
     """
     if vocab.kind != "pruned" or vocab.d2t is None:
         raise InvalidInputError(f"cannot slice {source}: the draft vocabulary is not pruned")
-    if re.search(r"markov_w1", source) or re.search(r"markov_w1", out):
+    if "markov_w1" in source or "markov_w1" in out:
         raise InvalidInputError(f"{source}: markov_w1 is indexed by target ids and is never sliced")
     info = store.info(source)
     shape = tuple(info.shape)

@@ -1,22 +1,9 @@
 """F9 — AWS P-EAGLE releases (``amazon/*-p-eagle``) and any checkpoint in vLLM's
-"eagle3 + parallel drafting" layout (vLLM ``vllm/model_executor/models/llama_eagle3.py``; the
-exact AWS key names were not seen in a download, so every alternative vLLM reads is
-accepted and contradictions are errors).
-
-What vLLM needs from such a checkpoint (``llama_eagle3.py``,
-``_init_parallel_drafting_params``): a Llama-style flat config with ``draft_vocab_size``,
-the mask token under ``pard_token`` / ``ptd_token_id`` (newer vLLM also
-``mask_token_id``), optional ``eagle_config.eagle_aux_hidden_state_layer_ids``,
-``norm_before_residual``; weights ``layers.{i}.*`` (or ``midlayer.*`` for one layer),
-``fc [H, A·H]``, ``norm``, ``lm_head [Vd,H]``, ``d2t``, optional ``embed_tokens`` and
-``mask_hidden`` (``[1, A·H]`` or ``[1,1,A·H]``).
-
-Mapping (→ Speculators ``peagle``): ``midlayer.`` → ``layers.0.``; ``mask_hidden`` →
-``[1,1,A·H]``; ``t2d`` rebuilt from ``d2t`` when absent; aux ids from ``eagle_config`` or
-``--aux-layer-ids`` (vLLM would otherwise use the *target's* default aux layers, which is
-not recorded anywhere — never defaulted here); ``--speculative-tokens`` when the config
-lacks the trained K (the model cards state it); ``norm_before_residual`` from the config
-or the flag.
+"eagle3 + parallel drafting" layout (vLLM ``vllm/model_executor/models/llama_eagle3.py``,
+``_init_parallel_drafting_params``). The exact AWS key names were not seen in a download, so every
+alternative vLLM reads is accepted and contradictions are errors. Aux ids are never defaulted: vLLM
+would otherwise use the *target's* default aux layers, which is not recorded anywhere. The mapping:
+the class attributes (``docs/formats.md``).
 """
 
 from __future__ import annotations

@@ -1,11 +1,6 @@
-"""F7 — DeepSeek DeepSpec DFlash release (``deepseek-ai/dflash_*_block7``).
-
-Saved as a ``Qwen3DSparkModel`` with ``markov_rank: 0``: flat ``target_layer_ids``
-(z-lab convention, ``-1`` = embeddings) and ``mask_token_id``, ``block_size`` top level,
-ANCHOR-FIRST (every slot drafts: ``sample_from_anchor: true``, ``speculative_tokens =
-block_size``; mapping it 1+N shifts every position — sglang-jax PR #1619). Ships copies
-of the verifier's ``embed_tokens``/``lm_head`` (kept). deepseek-ai/DeepSpec
-``deepspec/modeling/dspark/qwen3/{config,modeling}.py``.
+"""F7 — DeepSeek DeepSpec DFlash release (``deepseek-ai/dflash_*_block7``): a ``Qwen3DSparkModel``
+with ``markov_rank: 0``, anchor-first (mapping it 1+N shifts every position — sglang-jax PR #1619).
+deepseek-ai/DeepSpec ``deepspec/modeling/dspark/qwen3/{config,modeling}.py``.
 """
 
 from __future__ import annotations

@@ -1,19 +1,12 @@
 """F7 — DeepSeek DeepSpec native DSpark (``deepseek-ai/dspark_*_block7``, ``Qwen3DSparkModel``).
 
-deepseek-ai/DeepSpec ``deepspec/modeling/dspark/qwen3/{config,modeling}.py``
-(HEAD ``afdfa7c9``). The config is a deep copy of the target's ``Qwen3Config`` with flat
-top-level overrides: ``target_layer_ids`` (z-lab convention, ``-1`` = embedding output),
-``mask_token_id``, ``block_size``, ``num_anchors`` (training only), ``markov_rank``,
-``markov_head_type`` (written only when ``markov_rank > 0``), ``enable_confidence_head``
-and ``confidence_head_with_markov`` (written only when the confidence head is enabled;
-DeepSpec's model then treats it as ``false``). Every DeepSpec drafter is anchor-first:
-all ``block_size`` slots predict (``sample_from_anchor: true``, ``speculative_tokens =
-block_size``; speculators PR #737 review). The checkpoint ships frozen copies of the
-target's ``embed_tokens``/``lm_head`` ``[V, H]``; they are kept (vLLM shares them when
-equal, speculators 0.9.0 reloads them from the verifier).
-
-The DeepSpec *DFlash* release (``markov_rank: 0``) is ``deepspec_dflash``; Gemma4 and MLA
-DSpark bodies are refused (``specconv/converters/refusals.py``).
+deepseek-ai/DeepSpec ``deepspec/modeling/dspark/qwen3/{config,modeling}.py`` (HEAD ``afdfa7c9``).
+The config is a deep copy of the target's ``Qwen3Config`` with flat top-level overrides;
+``markov_head_type`` is written only when ``markov_rank > 0``, ``confidence_head_with_markov`` only
+when the confidence head is enabled (DeepSpec's model then treats it as ``false``). Every DeepSpec
+drafter is anchor-first (speculators PR #737 review). The frozen ``embed_tokens``/``lm_head``
+copies are kept (vLLM shares them when equal, speculators 0.9.0 reloads them from the verifier).
+Detection and mapping: the class attributes (``docs/formats.md``).
 """
 
 from __future__ import annotations

@@ -1,16 +1,9 @@
 """Detection by discriminator: which converters a source is tried against, and in what order.
 
-A source is not walked past every registered converter. Its discriminators —
-``speculators_model_type``, ``dflash_config.projector_type``, ``architectures[0]`` and
-marker files / config objects — each select a short candidate list from :data:`ROUTES`;
-the lists are concatenated in that precedence, framed by :data:`FIRST` (refusals that no
-discriminator can tell apart: quantized weights), :data:`CHECKPOINT` (whole-checkpoint
-refusals, for every source without ``speculators_model_type``) and :data:`LAST`
-(key/tensor-based formats without a discriminator of their own). The first candidate whose
-``detect`` matches wins. Order exists only inside a list: a refusal is listed before the
-supported format it would otherwise be mistaken for.
-
-``docs/formats.md`` renders this table (:func:`routes_markdown`); ``tests/converters/test_registry.py``
+A source is not walked past every registered converter: its discriminators each select a short
+candidate list from :data:`ROUTES`, framed by :data:`FIRST`, :data:`CHECKPOINT` and :data:`LAST`;
+the first candidate whose ``detect`` matches wins (the rules, as users read them:
+:func:`routes_markdown`, rendered into ``docs/formats.md``). ``tests/converters/test_registry.py``
 checks that every registered format is reachable and every listed id registered.
 """
 
@@ -163,8 +156,8 @@ def routes_markdown() -> list[str]:
         "|---|---|---|",
         f"| every source | — | {_cell(FIRST)} |",
     ]
-    for kind in ("speculators_model_type",):
-        out += [f"| `{kind}` | `{v}` | {_cell(ids)} |" for v, ids in ROUTES[kind].items()]
+    out += [f"| `speculators_model_type` | `{v}` | {_cell(ids)} |"
+            for v, ids in ROUTES["speculators_model_type"].items()]
     out.append(f"| no `speculators_model_type` | — | {_cell(CHECKPOINT)} |")
     for kind in ("projector_type", "architectures[0]", "marker"):
         out += [f"| `{kind}` | `{v}` | {_cell(ids)} |" for v, ids in ROUTES[kind].items()]

@@ -1,25 +1,10 @@
 """F5 — NVIDIA ModelOpt DSpark export (``modelopt/torch/export/plugins/hf_spec_export.py``).
 
-NVIDIA/Model-Optimizer ``modelopt/torch/export/plugins/hf_spec_export.py``. The config is ModelOpt's DFlash export (``architectures
-["DFlashDraftModel"]``, top-level ``block_size``, ``dflash_config.{mask_token_id,
-target_layer_ids}``) plus ``dflash_config.{projector_type: "dspark", shift_label: true,
-markov_rank, markov_head_type, use_confidence_head}`` — note ``use_confidence_head``, not
-``enable_confidence_head``. The head tensors sit at the **top level** although ModelOpt's
-docstring claims the DeepSpec layout:
-
-==========================  ===================================
-ModelOpt                    Speculators / DeepSpec
-==========================  ===================================
-``markov_w1.weight``        ``markov_head.markov_w1.weight``
-``markov_w2.weight``        ``markov_head.markov_w2.weight``
-``gate_proj.*``             ``markov_head.gate_proj.*``
-``joint_proj.*``            ``markov_head.joint_proj.*``
-``confidence_proj.*``       ``confidence_head.proj.*``
-==========================  ===================================
-
-``shift_label: true`` = anchor-first (``sample_from_anchor: true``, ``speculative_tokens
-= block_size``); the confidence head always reads ``cat(out, markov_w1[prev])``
-(``confidence_head_with_markov: true``, ``confidence_proj.weight [1, H + r]``).
+The config is ModelOpt's DFlash export plus ``dflash_config.{projector_type: "dspark", shift_label,
+markov_rank, markov_head_type, use_confidence_head}`` (``use_confidence_head``, not
+``enable_confidence_head``). The head tensors sit at the **top level** (:data:`_HEAD_RENAMES`)
+although ModelOpt's docstring claims the DeepSpec layout. Detection and mapping: the class
+attributes (``docs/formats.md``).
 """
 
 from __future__ import annotations

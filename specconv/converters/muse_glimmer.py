@@ -1,10 +1,6 @@
 """F1b — Muse-Glimmer assistant head (Meta "v1" layout; published ``MuseGlimmerAssistantModel``
-configs, DFlash layer of z-lab/dflash ``dflash/model.py``).
-
-Flat ``block_size`` / ``mask_token_id`` / ``target_layer_ids`` (z-lab convention);
-``encoder.fc.*`` → ``fc.*`` and ``encoder.output_norm_enc.*`` → ``hidden_norm.*``; every
-draft layer is run non-causal (vLLM passes ``causal=False``) despite sliding
-``layer_types``, hence ``sliding_window_non_causal: true``.
+configs, DFlash layer of z-lab/dflash ``dflash/model.py``). Every draft layer is run non-causal
+(vLLM passes ``causal=False``) despite sliding ``layer_types``.
 """
 
 from __future__ import annotations

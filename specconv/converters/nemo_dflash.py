@@ -1,9 +1,7 @@
 """F6 — NVIDIA NeMo Automodel DFlash (``Qwen3DFlashDraftModel``; NVIDIA-NeMo/Automodel
-``draft_qwen3.py``, a copy of z-lab/dflash ``dflash/model.py``).
-
-Same tensor names as z-lab (no ``model.`` prefix, no embeddings/LM head). JetSpec drafts
-trained block-causal stamp ``dflash_config.causal: true`` and are refused; VLM variants'
-``visual_fusion.gate`` scalars have no Speculators equivalent and are refused by name.
+``draft_qwen3.py``, a copy of z-lab/dflash ``dflash/model.py``): z-lab's tensor names (no
+``model.`` prefix, no embeddings/LM head); VLM variants' ``visual_fusion.gate`` scalars have no
+Speculators equivalent.
 """
 
 from __future__ import annotations

@@ -2,14 +2,10 @@
 NVIDIA-NeMo/Automodel EAGLE-3 recipe, NeMo PR #2447).
 
 Checkpoints live in ``epoch_E_step_S/model/`` or ``model/consolidated/`` (the pipeline's
-``select_checkpoint`` descends into them) with ``config.json`` and ``model.safetensors`` or
-shards + ``model.safetensors.index.json``. Weights carry the wrapper prefix ``model.``
-(``model.embed_tokens.weight``, ``model.layers.*``, ``model.fc.weight``, …) while
-``lm_head.weight``, ``d2t``, ``t2d`` and ``mask_hidden`` are top level. ``mask_hidden`` is
-``[1, A·H]`` in one version and ``[1,1,A·H]`` in another. The mask id is the top-level
-``mask_token_id``; ``num_depths`` is the trained K. ``d2t``/``t2d`` are embedded only when
-``Vd < V`` since NeMo PR #2447; older checkpoints kept them in ``eagle_meta.pt`` (read
-with ``torch.load(weights_only=True)`` only).
+``select_checkpoint`` descends into them). ``mask_hidden`` is ``[1, A·H]`` in one version and
+``[1,1,A·H]`` in another; ``d2t``/``t2d`` are embedded only when ``Vd < V`` since NeMo PR #2447,
+older checkpoints kept them in ``eagle_meta.pt``. The mapping: the class attributes
+(``docs/formats.md``).
 """
 
 from __future__ import annotations

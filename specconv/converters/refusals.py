@@ -1,14 +1,6 @@
-"""Formats specconv recognises and refuses by name (each class names its upstream source in ``spec_ref``).
-
-Each class is a registered :class:`~specconv.converters.base.RefusedFormat`
-(``supported = False``): ``specconv inspect`` reports its ``format``/``refusal`` (exit 3),
-``specconv convert`` refuses it before touching any tensor, and ``specconv formats`` /
-``docs/formats.md`` list it. Detection looks only at ``config.json`` (and, for DeepSeek-V4,
-``inference/config.json``), file names and tensor headers (names, dtypes) — never tensor
-data. Each refusal is listed in the detection routes ahead of the supported format it
-would otherwise be mistaken for; the routes and their order live in
-:mod:`specconv.converters.dispatch` (``ROUTES``), rendered into ``docs/formats.md``
-("Detection order") by ``specconv formats --markdown``.
+"""Formats specconv recognises and refuses by name (:class:`~specconv.converters.base.RefusedFormat`;
+each class names its upstream source in ``spec_ref``). Each refusal is routed ahead of the
+supported format it would otherwise be mistaken for (:mod:`specconv.converters.dispatch`).
 """
 
 from __future__ import annotations
@@ -331,15 +323,13 @@ _PEAGLE_KEYS = ("pard_token", "ptd_token_id", "num_depths", "para_num")
 
 
 def _has_peagle_markers(src: SourceInfo) -> bool:
-    if src.cfg("speculators_model_type") is not None:
-        return True
-    if any("PEagle" in a or "Peagle" in a for a in src.architectures):
-        return True
-    if src.cfg("parallel_drafting"):
-        return True
-    if any(src.cfg(k) is not None for k in _PEAGLE_KEYS):
-        return True
-    return _any_name(src, r"(^|\.)mask_hidden$")
+    return (
+        src.cfg("speculators_model_type") is not None
+        or any("PEagle" in a or "Peagle" in a for a in src.architectures)
+        or bool(src.cfg("parallel_drafting"))
+        or any(src.cfg(k) is not None for k in _PEAGLE_KEYS)
+        or _any_name(src, r"(^|\.)mask_hidden$")
+    )
 
 
 @register

@@ -1,9 +1,7 @@
-"""F4 — SpecForge DFlash checkpoints in the legacy ``epoch_{E}_step_{S}/`` layout.
-
-Those dirs hold a ``save_pretrained`` export (z-lab F1 config + ``model.safetensors``),
-a copy of ``dflash.py`` and ``training_state.pt`` (a pickle with args + optimizer, never
-loaded). SpecForge's ``--to hf`` export is byte-for-byte the z-lab layout and is handled
-by ``zlab_dflash``. sgl-project/SpecForge ``specforge/modeling/draft/dflash.py``.
+"""F4 — SpecForge DFlash checkpoints in the legacy ``epoch_{E}_step_{S}/`` layout: a
+``save_pretrained`` export (z-lab F1 config + ``model.safetensors``), a copy of ``dflash.py`` and
+``training_state.pt``. SpecForge's ``--to hf`` export is the z-lab layout (``zlab_dflash``).
+sgl-project/SpecForge ``specforge/modeling/draft/dflash.py``.
 """
 
 from __future__ import annotations

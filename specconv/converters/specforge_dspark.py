@@ -1,26 +1,12 @@
 """F4 — SpecForge DSpark HF exports (``DSparkDraftModel``; sgl-project/SpecForge
-``specforge/modeling/draft/dspark.py``).
+``specforge/modeling/draft/dspark.py``, HEAD ``a6b6b023``; configs ``configs/qwen3-8b-dspark.json``,
+``glm-5.2-dspark.json``, ``kimi-k3-dspark.json``).
 
-SpecForge (``specforge/modeling/draft/dspark.py``, HEAD ``a6b6b023``; configs
-``configs/qwen3-8b-dspark.json``, ``glm-5.2-dspark.json``, ``kimi-k3-dspark.json``) writes
-the F1 DFlash body plus the DSpark heads, with ``architectures ["DSparkDraftModel"]``,
-top-level ``block_size`` and the head/drafter keys in ``dflash_config``
-(``projector_type: "dspark"``, ``attention_mode`` ``gqa``/``mha``, ``markov_rank``,
-``markov_head_type``, ``enable_confidence_head``, ``confidence_head_alpha``,
-``confidence_head_with_markov``, ``mask_token_id``, ``target_layer_ids``). Some versions
-declare the head keys at the top level instead (both are read; they must agree).
-
-* Layout: SpecForge DSpark is trained 1+N (slot 0 = bonus token, ``block_size − 1``
-  drafts; llama.cpp PR #26275) and its exports omit ``sample_from_anchor`` → written
-  ``false`` unless the checkpoint says otherwise (``sample_from_anchor`` or
-  ``shift_label``); ``--sample-from-anchor`` may only fill in when the checkpoint is silent.
-* Early checkpoints nest the heads under ``logit_head.`` (``logit_head.markov_head.*`` →
-  ``markov_head.*``, ``logit_head.confidence_head.*`` → ``confidence_head.*``);
-  ``prefix_gru.*`` / ``embed_proj.*`` (Domino's GRU head) have no Speculators equivalent
-  and are refused.
-* ``attention_mode: "mla"`` is refused (``specconv/converters/refusals.py`` detects it first).
-* ``confidence_head_alpha`` is a training loss weight: recorded in the notes, not carried.
-* Full vocabulary (``markov_w2 [V, r]``); ``--vocab-mapping`` prunes (``_dspark.maybe_prune``).
+The F1 DFlash body plus the DSpark heads, the head/drafter keys in ``dflash_config`` (some versions
+declare the head keys at the top level instead: both are read; they must agree). SpecForge DSpark
+is trained 1+N (slot 0 = bonus token; llama.cpp PR #26275) and its exports omit
+``sample_from_anchor``. Early checkpoints nest the heads under ``logit_head.``. The mapping: the
+class attributes (``docs/formats.md``).
 """
 
 from __future__ import annotations

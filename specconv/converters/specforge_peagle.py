@@ -1,19 +1,12 @@
 """F4 — SpecForge P-EAGLE exports (``architectures ["PEagleDraftModel"]``, SpecForge PR #575).
 sgl-project/SpecForge ``specforge/modeling/draft/peagle.py``.
 
-The export is a flat Llama draft config (``model_type: llama``, ``num_hidden_layers``
-4, ``draft_vocab_size``, ``norm_before_residual``) **without** the mask token id: SpecForge
-resolves it at train time (explicit → draft config → tokenizer mask → unused slot → pad →
-eos → unk), so ``--mask-token-id`` is required unless the config carries one. The aux ids
-are a trainer argument, not in the export: ``--aux-layer-ids`` is required unless the
-config has ``eagle_aux_hidden_state_layer_ids`` (or ``eagle_config.…``). SpecForge
-initialises ``t2d`` to all-true and ``d2t`` to zeros and overwrites them only when a
-vocabulary mapping is loaded: with ``Vd == V`` both are identity and are dropped; with
-``Vd < V`` an all-true ``t2d`` is ignored (rebuilt from ``d2t``) and an all-zero ``d2t``
-is refused.
-
+The export is a flat Llama draft config **without** the mask token id (SpecForge resolves it at
+train time: explicit → draft config → tokenizer mask → unused slot → pad → eos → unk) and without
+the aux ids (a trainer argument). SpecForge initialises ``t2d`` to all-true and ``d2t`` to zeros and
+overwrites them only when a vocabulary mapping is loaded (:mod:`._vocab` handles both defaults).
 The Speculators trainer's own output also says ``PEagleDraftModel`` but always has
-``speculators_model_type`` (handled by ``speculators_peagle``).
+``speculators_model_type`` (``speculators_peagle``).
 """
 
 from __future__ import annotations

@@ -1,22 +1,13 @@
 """F4 — SpecForge training checkpoints ``<output_dir>/<run_id>-step<N>/`` (DataFlow runtime).
 
-sgl-project/SpecForge ``specforge/training/checkpoint.py``. Such a directory holds ``training_state.pt`` (a rank-0 *pickle*
-that needs ``torch.load(weights_only=False)``), per-rank ``training_state_rank{r}.pt``
-(optimizer shards, RNG) and **no** ``config.json``: the drafter's architecture lives in
-the separate draft config (``configs/*.json``). ``training_state.pt`` holds
-``draft_state_dict`` (trainable weights only; SpecForge strips ``draft_model.`` at save,
-other trainers leave ``_orig_mod.`` from ``torch.compile``), ``strategy``
-(``eagle3``/``peagle``/``dflash``/``dspark``/``domino``), ``global_step``, ``epoch``,
-``run_id``, ``world_size`` and optimizer state.
-
-Unpickling runs arbitrary code, so by default the directory is refused with the safe
-route: SpecForge's own HF export (``python -m specforge.export.to_hf``), whose output
-specconv converts directly. With **both** ``--allow-unpickle`` and ``--draft-config``
-the state is loaded (``weights_only=False``, only then), the draft state dict and the
-draft config are materialised as an HF directory in a private temporary directory, and
-the converter of the strategy's export format (``zlab_dflash``, ``specforge_dspark``,
-the SpecForge P-EAGLE converter when registered) plans the conversion. The opt-in is
-recorded in the plan notes and in ``specconv.json``'s options.
+sgl-project/SpecForge ``specforge/training/checkpoint.py``. Such a directory holds
+``training_state.pt`` (a rank-0 *pickle* that needs ``torch.load(weights_only=False)``), per-rank
+``training_state_rank{r}.pt`` (optimizer shards, RNG) and **no** ``config.json``: the drafter's
+architecture lives in the separate draft config (``configs/*.json``). ``training_state.pt`` holds
+``draft_state_dict`` (trainable weights only), ``strategy``
+(``eagle3``/``peagle``/``dflash``/``dspark``/``domino``), ``global_step``, ``epoch``, ``run_id``,
+``world_size`` and optimizer state. The opt-in and what it does: the class attributes
+(``docs/formats.md``); it is recorded in the plan notes and in ``specconv.json``'s options.
 """
 
 from __future__ import annotations

@@ -1,36 +1,16 @@
 """F11 — speculators trainer output (already the target format) and F10 — early
 speculators P-EAGLE branches (vllm-project/speculators ``src/speculators/train/checkpointer.py``).
 
-"Normalise, don't convert": a ``save_path/<epoch>/`` directory written by
-``speculators train`` (``train/checkpointer.py``; ``save_pretrained`` of the draft) is
-already a Speculators drafter. The pipeline's ``select_checkpoint`` picks
-``checkpoint_best`` (resolved symlink) or the latest integer epoch (``--checkpoint``
-chooses; ``interrupted/`` only when named). This module then
+"Normalise, don't convert": a ``save_path/<epoch>/`` directory written by ``speculators train``
+(``save_pretrained`` of the draft) is already a Speculators drafter; the pipeline's
+``select_checkpoint`` picks ``checkpoint_best`` (resolved symlink) or the latest integer epoch
+(``--checkpoint`` chooses; ``interrupted/`` only when named). What is normalised: the classes'
+``mapping`` (``docs/formats.md``). ``transformer_layer_config`` keys that ``to_diff_dict`` left out
+(e.g. rope θ, ``rms_norm_eps``) are filled from transformers' config defaults, the values
+speculators itself rebuilds on load.
 
-* keeps every tensor byte for byte (``copied``; ``--dtype`` may cast floats), except
-  training-only ``verifier_*`` copies, and validates the vocabulary mapping (``_vocab``);
-* never carries ``optimizer_state_dict.pt``, ``scheduler_state_dict.pt``,
-  ``training_state.json``, ``val_metrics.json``, ``train_command.txt`` or the ``config.py``
-  artefact (listed in the plan notes, not even hashed);
-* writes every meaning-bearing key explicitly: a missing ``sample_from_anchor`` (DFlash /
-  DSpark exports made before the field existed) is filled by the legacy rule —
-  ``speculative_tokens == block_size - 1`` → false (1+N), ``== block_size`` → true, else an
-  error; ``transformer_layer_config`` keys that ``to_diff_dict`` left out (e.g. rope θ,
-  ``rms_norm_eps``) are filled from transformers' config defaults — the values speculators
-  itself rebuilds on load;
-* drops legacy training-only keys (``max_anchors``, COD knobs ``down_sample_ratio*``,
-  ``loss_type``) with a note, keeps ``num_depths`` (trained P-EAGLE depths, checked by
-  the lint);
-* records the verifier given on the command line (``--verifier-name``) as
-  ``speculators_config.verifier`` (the trainer records whatever path it trained with);
-* warns on DSpark anchor-first checkpoints written before the Markov prev-token alignment
-  fix (speculators PR #806, 2026-07-17, first released in v0.7.0).
-
-F10 (speculators PRs #327/#343/#393/#480): ``speculators_model_type: peagle`` with
-``ptd_token_id`` (earlier ``unused_token_id``) instead of ``mask_token_id`` and the COD keys
-``para_num``/``para_depths``; mapped ``ptd_token_id`` → ``mask_token_id`` and an integer
-``para_num``/``para_depths`` → ``num_depths`` (the trained depths). Low confidence
-(speculators PRs #327–#480 only): the meaning of ``para_depths`` as a depth count is inferred.
+F10 (speculators PRs #327/#343/#393/#480) is low confidence: the meaning of ``para_depths`` as a
+depth count is inferred.
 """
 
 from __future__ import annotations
@@ -261,29 +241,19 @@ def _peagle_depths(n: _Normalising, src: SourceInfo, opts: ConvertOptions, pm0: 
 
 def _peagle_norm_before_residual(n: _Normalising, opts: ConvertOptions) -> None:
     """``norm_before_residual`` from the checkpoint or ``--(no-)norm-before-residual``, never
-    the class default: speculators' config defaults it to false, its trainer CLI to true,
-    vLLM's reader to false for peagle (true for eagle3)."""
+    the class default; a flag-given value is written with a finding."""
     from specconv.format import Finding
 
-    v, flag = n.raw.get("norm_before_residual"), opts.norm_before_residual
-    name = f"--{'' if flag else 'no-'}norm-before-residual"
-    if v is not None and not isinstance(v, bool):
-        raise InvalidInputError(f"{n.where}: norm_before_residual must be true/false, got {v!r}")
-    if v is not None and flag is not None and v != flag:
-        raise InvalidInputError(f"{name} contradicts the checkpoint's norm_before_residual={str(v).lower()}",
-                                code="conflicting_flag")
-    if v is not None:
+    from ._peagle import resolve_norm_before_residual
+
+    value, source = resolve_norm_before_residual(
+        n.where, n.raw.get("norm_before_residual"), opts.norm_before_residual,
+        "speculators' config defaults it to false but its trainer to true")
+    if n.raw.get("norm_before_residual") is not None:
         return
-    if flag is None:
-        raise InvalidInputError(
-            f"{n.where} has no norm_before_residual and --norm-before-residual/--no-norm-before-residual was not "
-            "given; speculators' config defaults it to false but its trainer to true, so it cannot be guessed",
-            code="missing_norm_before_residual",
-            hint="pass --norm-before-residual or --no-norm-before-residual (how the drafter was trained)",
-        )
-    n.raw["norm_before_residual"] = flag
+    n.raw["norm_before_residual"] = value
     n.findings.append(Finding("info", "norm-before-residual-from-flag",
-                              f"norm_before_residual was absent; written as {str(flag).lower()} ({name})",
+                              f"norm_before_residual was absent; written as {str(value).lower()} ({source})",
                               "norm_before_residual"))
 
 
@@ -494,7 +464,7 @@ def _verifier_ref(n: _Normalising, sc: dict[str, Any], verifier: Any) -> None:
 
 def _typed_config(n: _Normalising, plans: list) -> Any:
     """The typed config, every field written explicitly; pruned DSpark heads checked."""
-    from specconv.format import DSparkConfig, expected_speculative_tokens, parse_config
+    from specconv.format import DSparkConfig, parse_config
 
     cfg = parse_config(n.raw, source=n.where)
     object.__setattr__(cfg, "__pydantic_fields_set__", set(type(cfg).model_fields))
@@ -503,10 +473,6 @@ def _typed_config(n: _Normalising, plans: list) -> Any:
         w2 = common.get(plans, "markov_head.markov_w2.weight")
         if w2 is not None and w2.shape[0] != Vd:
             raise InvalidInputError(f"markov_head.markov_w2.weight has {w2.shape[0]} rows, expected draft_vocab_size {Vd}")
-    k_final = cfg.speculative_tokens
-    exp = expected_speculative_tokens(cfg)
-    if exp is not None and k_final != exp:  # pragma: no cover - fixed above
-        raise InvalidInputError(f"speculative_tokens {k_final} != {exp}")
     return cfg
 
 

@@ -1,17 +1,8 @@
 """The Speculators target format: typed configs, target facts, expected tensors,
-findings and the servability lint.
+findings and the servability lint (which module owns what: docs/architecture.md, "Rooms").
 
-Modules: :mod:`.algorithms` (one description per algorithm: architecture, serve facts per
-engine, capabilities, export I/O, parity tolerances; everything per-algorithm is asked of it),
-:mod:`.facts` (the K rule, the legacy ``sample_from_anchor`` rule, the
-``speculators_config`` envelope, version, the unsupported layer keys),
-:mod:`.serve` (the ``vllm serve`` command lines),
-:mod:`.schema` (typed configs, the only ``config.json`` parser), :mod:`.construct`
-(:func:`make_config`), :mod:`.verifier_facts`, :mod:`.tensors` (expected tensors with
-shapes), :mod:`.findings` (the finding-code registry) and :mod:`.rules` (the lint: rules registered
-by decorator), :mod:`.names` (the tensor-name patterns converters accept). The names below
-are loaded on first use (PEP 562), so importing :mod:`.names` or :mod:`.facts` alone costs no
-pydantic; the package imports only pydantic and the standard library, never torch.
+The names below are loaded on first use (PEP 562), so importing :mod:`.names` or :mod:`.facts`
+alone costs no pydantic; the package imports only pydantic and the standard library, never torch.
 """
 
 from __future__ import annotations

@@ -1,22 +1,13 @@
-"""One description per algorithm: everything specconv knows about P-EAGLE, DFlash and DSpark.
-
-Each :class:`Algorithm` owns the facts that used to be spread over the code as
-``if algorithm == "dspark"`` switches: the architecture name written into ``config.json``,
-the display name, the typed config class and the reference drafter class (as dotted
-paths, imported on use: this module is standard library only, so the converter registry
-and ``specconv --help`` stay light), the shape of the drafting step (block drafter or
-parallel drafting, the DSpark Markov head), the aux-id key, the tensor-name patterns, the
-serve facts per engine (vLLM today; SGLang and llama.cpp are described by the same
-objects), the export I/O contract and the parity tolerances.
+"""One description per algorithm (:class:`Algorithm`): everything specconv knows about P-EAGLE,
+DFlash and DSpark, instead of ``if algorithm == "dspark"`` switches. Standard library only (the
+classes are dotted paths, imported on use), so the converter registry and ``specconv --help``
+stay light.
 
 Code elsewhere asks the description (``algorithm(cfg.speculators_model_type).vllm.method``)
-and never compares an algorithm's name: ``tests/format/test_algorithms.py`` fails on a string
-constant equal to an algorithm name in a comparison, a dict key, a ``match`` case or a
-set / tuple / list outside this module. Subprocess runners that import nothing from
-specconv (the vLLM loader check) receive :meth:`Algorithm.job_facts` in their job file.
-
+and never compares an algorithm's name (``tests/format/test_algorithms.py`` enforces it).
+Subprocess runners that import nothing from specconv receive :meth:`Algorithm.job_facts`.
 Adding an algorithm = one :class:`Algorithm` in :data:`ALGORITHMS`, its config class in
-:mod:`.schema` and its drafter in :mod:`specconv.drafters` (``docs/architecture.md``).
+:mod:`.schema` and its drafter in :mod:`specconv.drafters`.
 
 Sources: speculators 0.9.0 ``src/speculators/models/{peagle,dflash,dspark}/`` (configs,
 architectures, tensor names); vLLM 0.33 ``vllm/config/speculative.py`` (``method``),
@@ -28,7 +19,7 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from types import MappingProxyType
 from typing import Any
 
@@ -77,8 +68,7 @@ class ParityTolerance:
 
     def as_dict(self) -> dict[str, float | None]:
         """The row as the report records it (``details.tolerances`` of G2)."""
-        return {"max_abs": self.max_abs, "cosine_min": self.cosine_min, "top1_min": self.top1_min,
-                "mean_kl_max": self.mean_kl_max, "margin": self.margin}
+        return asdict(self)
 
 
 #: The parity table every algorithm uses today (one row per run dtype).
@@ -368,8 +358,6 @@ PEAGLE = Algorithm(
         ImplicitKey("norm_before_residual", False,
                     "the speculators trainer defaults to true, the config class and vLLM to false"),
     ),
-    # vLLM maps speculators' peagle to eagle3 with parallel drafting
-    # (vllm/transformers_utils/configs/speculators/algos.py)
     vllm=VllmFacts(method="eagle3", flags=(("parallel_drafting", True),),
                    draft_classes=("Eagle3LlamaForCausalLM", "Eagle3Qwen3ForCausalLM"), v2_model_runner=False),
     sglang=SglangFacts(refusal=(

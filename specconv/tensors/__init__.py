@@ -8,11 +8,6 @@ in its file, and :func:`write_safetensors` copies those ranges in bounded chunks
 read/write loop otherwise). torch is imported lazily, only for dtype casts,
 ``read_tensor`` and the weights-only ``pytorch_model.bin`` reader.
 
-Modules: :mod:`.dtypes` (dtype facts, casts, sizes), :mod:`.header` (safetensors
-header and index parsing), :mod:`.store` (:class:`TensorStore`), :mod:`.write` (the
-writer), :mod:`.scan` (non-finite scan on raw bits), :mod:`.onepass` (the cold
-one-pass copy: read once, hash + scan + ``pwrite``).
-
 Format facts (safetensors, ``huggingface/safetensors`` ``docs/source/index.mdx`` and
 ``safetensors/src/tensor.rs``):
 
@@ -34,75 +29,14 @@ Sharded checkpoints follow transformers (``transformers/utils/hub.py``,
 
 from __future__ import annotations
 
-# Every name the former single module had, private helpers included, stays importable
-# from here (F401 re-exports). To monkeypatch the writer's internals (``_write_one``,
-# ``_copy_range``, chunk sizes) patch them in :mod:`specconv.tensors.write`, where they
-# are looked up.
-from .dtypes import (
-    _DTYPE_RANK,
-    _NUMPY_NAMES,
-    DTYPE_SIZES,
-    _nbytes,
-    _numel,
-    _torch_dtype_map,
-    cast_bytes,
-    cast_tensor,
-    parse_size,
-    safetensors_dtype,
-    tensor_to_bytes,
-    torch_dtype,
-)
-from .header import (
-    _HEADER_ALIGN,
-    _MAX_HEADER_SIZE,
-    _METADATA_KEY,
-    SAFE_WEIGHTS_INDEX_NAME,
-    SAFE_WEIGHTS_NAME,
-    WEIGHTS_INDEX_NAME,
-    WEIGHTS_NAME,
-    TensorInfo,
-    _load_index,
-    _read_safetensors_header,
-)
-from .store import (
-    TensorStore,
-    _check_weight_map,
-    _read_range,
-    _torch_load_weights_only,
-    open_store,
-    torch_load_error_detail,
-)
-from .write import (
-    COPY_CHUNK_SIZE,
-    KERNEL_COPY_CHUNK,
-    OutTensor,
-    _copy_range,
-    _header_bytes,
-    _layout,
-    _plan_shards,
-    _write_one,
-    sha256_file,
-    write_safetensors,
-)
+from .dtypes import DTYPE_SIZES, cast_bytes, cast_tensor, parse_size, safetensors_dtype, tensor_to_bytes, torch_dtype
+from .header import SAFE_WEIGHTS_INDEX_NAME, SAFE_WEIGHTS_NAME, WEIGHTS_INDEX_NAME, WEIGHTS_NAME, TensorInfo
+from .store import TensorStore, open_store, torch_load_error_detail
+from .write import COPY_CHUNK_SIZE, KERNEL_COPY_CHUNK, OutTensor, sha256_file, write_safetensors
 
 __all__ = [
-    "DTYPE_SIZES",
-    "SAFE_WEIGHTS_NAME",
-    "SAFE_WEIGHTS_INDEX_NAME",
-    "WEIGHTS_NAME",
-    "WEIGHTS_INDEX_NAME",
-    "COPY_CHUNK_SIZE",
-    "TensorInfo",
-    "TensorStore",
-    "open_store",
-    "OutTensor",
-    "write_safetensors",
-    "cast_bytes",
-    "cast_tensor",
-    "tensor_to_bytes",
-    "torch_dtype",
-    "safetensors_dtype",
-    "parse_size",
-    "sha256_file",
-    "torch_load_error_detail",
+    "DTYPE_SIZES", "SAFE_WEIGHTS_NAME", "SAFE_WEIGHTS_INDEX_NAME", "WEIGHTS_NAME", "WEIGHTS_INDEX_NAME",
+    "COPY_CHUNK_SIZE", "KERNEL_COPY_CHUNK", "TensorInfo", "TensorStore", "open_store", "OutTensor",
+    "write_safetensors", "cast_bytes", "cast_tensor", "tensor_to_bytes", "torch_dtype", "safetensors_dtype",
+    "parse_size", "sha256_file", "torch_load_error_detail",
 ]

@@ -113,12 +113,8 @@ _NUMPY_NAMES = {
 }
 
 
-def _numel(shape: Iterable[int]) -> int:
-    return math.prod(shape)
-
-
 def _nbytes(dtype: str, shape: Iterable[int]) -> int:
-    return _numel(shape) * DTYPE_SIZES[dtype]
+    return math.prod(shape) * DTYPE_SIZES[dtype]
 
 
 # --------------------------------------------------------------------------- casts

@@ -7,13 +7,14 @@ Format facts: ``huggingface/safetensors`` ``docs/source/index.mdx`` and
 from __future__ import annotations
 
 import json
+import math
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import InvalidInputError
-from .dtypes import DTYPE_SIZES, _nbytes, _numel
+from .dtypes import DTYPE_SIZES, _nbytes
 
 SAFE_WEIGHTS_NAME = "model.safetensors"
 SAFE_WEIGHTS_INDEX_NAME = "model.safetensors.index.json"
@@ -59,7 +60,7 @@ class TensorInfo:
     @property
     def numel(self) -> int:
         """Number of elements."""
-        return _numel(self.shape)
+        return math.prod(self.shape)
 
 
 # ----------------------------------------------------------- safetensors header parse

@@ -176,9 +176,7 @@ class TensorStore:
             raise InvalidInputError(f"{p}: no such file or directory")
         name = p.name
         if name.endswith(".index.json"):
-            if name.endswith(".bin.index.json"):
-                return cls._open_bin_index(p)
-            return cls._open_safetensors_index(p)
+            return cls._open_index(p)
         if name.endswith(".safetensors"):
             return cls._open_safetensors_files(p, [p])
         if name.endswith((".bin", ".pt", ".pth")):
@@ -192,7 +190,7 @@ class TensorStore:
         if (d / SAFE_WEIGHTS_NAME).is_file():
             return cls._open_safetensors_files(d, [d / SAFE_WEIGHTS_NAME])
         if (d / SAFE_WEIGHTS_INDEX_NAME).is_file():
-            return cls._open_safetensors_index(d / SAFE_WEIGHTS_INDEX_NAME, root=d)
+            return cls._open_index(d / SAFE_WEIGHTS_INDEX_NAME, root=d)
         others = sorted(d.glob("*.safetensors"))
         if len(others) == 1:
             return cls._open_safetensors_files(d, others)
@@ -205,7 +203,7 @@ class TensorStore:
         if (d / WEIGHTS_NAME).is_file():
             return cls._open_bin_files(d, [d / WEIGHTS_NAME])
         if (d / WEIGHTS_INDEX_NAME).is_file():
-            return cls._open_bin_index(d / WEIGHTS_INDEX_NAME, root=d)
+            return cls._open_index(d / WEIGHTS_INDEX_NAME, root=d)
         raise InvalidInputError(
             f"{d}: no weights found (expected {SAFE_WEIGHTS_NAME}, {SAFE_WEIGHTS_INDEX_NAME}, "
             f"a single *.safetensors, {WEIGHTS_NAME} or {WEIGHTS_INDEX_NAME})"
@@ -232,24 +230,19 @@ class TensorStore:
         return cls(root, infos, list(files), "safetensors", first_meta)
 
     @classmethod
-    def _shards_from_index(cls, index: Path, root: Path) -> tuple[dict[str, str], list[Path]]:
-        wm = _load_index(index)
-        shards = sorted(set(wm.values()))
-        paths = []
-        for s in shards:
-            sp = root / s
-            if not sp.is_file():
-                raise InvalidInputError(
-                    f"{index}: shard {s} listed in weight_map is missing from {root}"
-                )
-            paths.append(sp)
-        return wm, paths
-
-    @classmethod
-    def _open_safetensors_index(cls, index: Path, root: Path | None = None) -> "TensorStore":
+    def _open_index(cls, index: Path, root: Path | None = None) -> "TensorStore":
+        """A ``*.index.json`` and the shards its ``weight_map`` names (``.bin`` shards for
+        ``pytorch_model.bin.index.json``)."""
         root = root or index.parent
-        wm, paths = cls._shards_from_index(index, root)
-        return cls._open_safetensors_files(root, paths, expected=wm, index_path=index)
+        wm = _load_index(index)
+        paths = []
+        for s in sorted(set(wm.values())):
+            if not (root / s).is_file():
+                raise InvalidInputError(f"{index}: shard {s} listed in weight_map is missing from {root}")
+            paths.append(root / s)
+        bin_shards = index.name.endswith(".bin.index.json")
+        open_files = cls._open_bin_files if bin_shards else cls._open_safetensors_files
+        return open_files(root, paths, expected=wm, index_path=index)
 
     @classmethod
     def _open_bin_files(
@@ -276,12 +269,6 @@ class TensorStore:
                 infos[n] = TensorInfo(i.name, i.dtype, i.shape, i.file, None, None,
                                       loader=_BinLoader(tensors, n))
         return cls(root, infos, list(files), "bin", {}, tensors)
-
-    @classmethod
-    def _open_bin_index(cls, index: Path, root: Path | None = None) -> "TensorStore":
-        root = root or index.parent
-        wm, paths = cls._shards_from_index(index, root)
-        return cls._open_bin_files(root, paths, expected=wm, index_path=index)
 
     # ---- queries
     def names(self) -> list[str]:

@@ -1,9 +1,5 @@
-"""Streaming, deterministic, optionally sharded safetensors writer (no torch).
-
-``src`` tensors are copied by byte range (``os.copy_file_range`` / ``os.sendfile``, a
-bounded read/write loop otherwise); the layout reproduces ``safetensors.torch.save``
-byte for byte (descending dtype rank, then name; header padded to 8 bytes).
-"""
+"""Streaming, deterministic, optionally sharded safetensors writer (no torch; the byte layout it
+reproduces and how it copies: :mod:`specconv.tensors`)."""
 
 from __future__ import annotations
 

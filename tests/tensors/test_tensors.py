@@ -395,7 +395,7 @@ def test_copy_larger_than_chunk(tmp_path, monkeypatch, method):
     try:
         os.write(fd, b"HEAD")
         try:
-            used = T._copy_range(info.file, info.start, info.nbytes, fd, method=method)
+            used = T.write._copy_range(info.file, info.start, info.nbytes, fd, method=method)
         except OSError:
             pytest.skip(f"{method} not supported on this filesystem")
     finally:
@@ -456,7 +456,7 @@ def test_cast_bytes_matches_torch(src, dst):
 
 
 def test_tensor_to_bytes_dtypes():
-    for name, dt in T._torch_dtype_map().items():
+    for name, dt in T.dtypes._torch_dtype_map().items():
         t = torch.zeros(2, 3, dtype=dt)
         d, shape, raw = tensor_to_bytes(t)
         assert (d, shape, len(raw)) == (name, (2, 3), 6 * DTYPE_SIZES[name])
