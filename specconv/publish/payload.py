@@ -95,7 +95,7 @@ def _trt_verifier_weights(v: Path) -> tuple[bool, str]:
                   "is treated as containing them: rebuild it with `specconv build-engine`")
 
 
-def _onnx_verifier_weights(d: Path, rec: Any, meta: dict[str, Any]) -> bool:
+def _onnx_verifier_weights(rec: Any, meta: dict[str, Any]) -> bool:
     """Whether the ``onnx/`` graphs embed verifier tensors (their meta or ``export.onnx`` says so)."""
     onnx = rec.export.onnx if rec.export is not None else None
     return bool(meta.get("contains_verifier_weights") or (onnx and onnx.contains_verifier_weights))
@@ -109,7 +109,7 @@ def contains_verifier_weights(d: Path, rec: Any, rels: list[str]) -> bool:
 
     tops = {Path(r).parts[0] for r in rels}
     trt = {Path(r).parts[1] for r in rels if len(Path(r).parts) >= 3 and Path(r).parts[0] == "trt"}
-    return (("onnx" in tops and _onnx_verifier_weights(d, rec, _meta(d / "onnx" / "onnx_meta.json")))
+    return (("onnx" in tops and _onnx_verifier_weights(rec, _meta(d / "onnx" / "onnx_meta.json")))
             or any(_trt_verifier_weights(d / "trt" / k)[0] for k in sorted(trt))
             or ("gguf" in tops and bool(_meta(d / "gguf" / META_NAME).get("contains_verifier_weights"))))
 
@@ -269,7 +269,7 @@ def _onnx_ok(d: Path, rec: Any, rel: str, allow_vw: bool, p: Payload) -> bool:
         return False
     if rel != "onnx/onnx_meta.json" and (meta.get("files") or {}).get(rel[len("onnx/"):]) != sha256_file(d / rel):
         return False
-    _gate_verifier_weights(rel, _onnx_verifier_weights(d, rec, meta), allow_vw, p)
+    _gate_verifier_weights(rel, _onnx_verifier_weights(rec, meta), allow_vw, p)
     return True
 
 
