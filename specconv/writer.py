@@ -126,7 +126,7 @@ def library_versions() -> dict[str, str]:
     return {k: v for k, v in versions(("safetensors", "pydantic", "huggingface_hub", "torch")).items() if v}
 
 
-def _out_tensors(plan: ConversionPlan, source_store: Any, verifier: Any) -> list:
+def _out_tensors(plan: ConversionPlan, source_store: Any, verifier: Verifier) -> list:
     from .tensors import OutTensor, cast_bytes
 
     outs = []
@@ -146,7 +146,7 @@ def _out_tensors(plan: ConversionPlan, source_store: Any, verifier: Any) -> list
     return outs
 
 
-def _count_verifier_copies(plan: ConversionPlan, verifier: Any, engine: Any) -> None:
+def _count_verifier_copies(plan: ConversionPlan, verifier: Verifier, engine: Any) -> None:
     """Add the copy engine's reads of the verifier's weight files to ``verifier.bytes_read``."""
     if verifier is None or not hasattr(verifier, "add_bytes_read"):
         return
@@ -340,7 +340,7 @@ def write_plan(
     out_dir: Path,
     *,
     source_store: Any,
-    verifier: Any,
+    verifier: Verifier,
     max_shard_size: int | None = None, overwrite: bool = False,
     source_ref: dict[str, Any] | None = None, allow_nonfinite: bool = False,
     hash_output: bool = False, output_sha256: dict[str, str] | None = None,
@@ -388,7 +388,7 @@ def write_plan(
     return record
 
 
-def _write_tmp(tmp: Path, plan: ConversionPlan, source_store: Any, verifier: Any, *, max_shard_size: int | None,
+def _write_tmp(tmp: Path, plan: ConversionPlan, source_store: Any, verifier: Verifier, *, max_shard_size: int | None,
                allow_nonfinite: bool, hash_output: bool, output_sha256: dict[str, str] | None, out_dir: Path,
                source_ref: dict[str, Any] | None) -> "SpecconvRecord":
     """Write weights and config into ``tmp``; return the record (not written yet)."""
@@ -424,7 +424,7 @@ def _write_record(tmp: Path, record: "SpecconvRecord", card: "Callable[[Path, Sp
     (tmp / SPECCONV_JSON).write_text(record.to_json())
 
 
-def _check_output(out_dir: Path, plan: ConversionPlan, verifier: Any, overwrite: bool) -> None:
+def _check_output(out_dir: Path, plan: ConversionPlan, verifier: Verifier, overwrite: bool) -> None:
     """Refuse outputs that would clobber a non-directory, delete an input or replace a
     directory specconv did not write (:func:`specconv.outdir.check_replaceable`)."""
     from .outdir import check_output, check_replaceable

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 import re
-from typing import Any, Callable, Iterable
+from typing import TYPE_CHECKING, Any, Callable, Iterable
 
 from specconv.errors import InvalidInputError, UnsupportedFormatError
 from specconv.format import names
@@ -17,6 +17,9 @@ from specconv.plan import DroppedTensor, LayerIdConversion, TensorPlan
 from specconv.values import is_int
 
 from .base import ConvertOptions, SourceInfo
+
+if TYPE_CHECKING:
+    from specconv.format.verifier_facts import VerifierView
 
 FLOAT_DTYPES = {"F16", "BF16", "F32", "F64"}
 INT32_MAX = 2**31 - 1
@@ -88,7 +91,7 @@ def resolve_block_size(src: SourceInfo, nested: dict[str, Any] | None = None) ->
 
 
 def resolve_mask_token(
-    src: SourceInfo, opts: ConvertOptions, locations: list[tuple[str, Any]], verifier: Any
+    src: SourceInfo, opts: ConvertOptions, locations: list[tuple[str, Any]], verifier: VerifierView | None
 ) -> tuple[int, str]:
     """Mask token id from the checkpoint (all locations must agree) or ``--mask-token-id``.
 
@@ -122,7 +125,7 @@ def resolve_mask_token(
 
 
 def zlab_to_speculators_ids(
-    src: SourceInfo, ids: Any, key: str, opts: ConvertOptions, verifier: Any, findings: list, *, allow_minus_one: bool = False
+    src: SourceInfo, ids: Any, key: str, opts: ConvertOptions, verifier: VerifierView | None, findings: list, *, allow_minus_one: bool = False
 ) -> LayerIdConversion:
     """Convert z-lab-convention target layer ids to Speculators aux ids (+1; -1 → 0).
 
@@ -162,7 +165,7 @@ def zlab_to_speculators_ids(
     return conv
 
 
-def _check_converted_ids(s_ids: list[int], origin: str, verifier: Any) -> None:
+def _check_converted_ids(s_ids: list[int], origin: str, verifier: VerifierView | None) -> None:
     """Non-empty, distinct, inside ``[0, n]`` of the verifier. Capturing ``n`` (the final
     pre-norm hidden state; only some engine versions serve it) is the lint's
     ``aux-ids-final-hidden-state`` warning on the planned config."""
@@ -394,7 +397,7 @@ def complete_layer_config(src: SourceInfo, layer_config: dict[str, Any], plans: 
                                 "transformer_layer_config"))
 
 
-def kv_page_finding(layer_config: dict[str, Any], verifier: Any, findings: list) -> None:
+def kv_page_finding(layer_config: dict[str, Any], verifier: VerifierView | None, findings: list) -> None:
     """Warn when vLLM cannot give the drafter's and the verifier's KV cache one page size.
 
     vLLM pages every attention layer of verifier and drafter in one KV cache; its
@@ -547,14 +550,14 @@ def check_layers(src: SourceInfo, plans: list[TensorPlan], n_layers: int) -> Non
         raise InvalidInputError(f"{src.path}: no norm.weight (final norm) tensor", code="missing_tensor")
 
 
-def verifier_embedding_rows(verifier: Any) -> int | None:
+def verifier_embedding_rows(verifier: VerifierView) -> int | None:
     """Rows of the verifier's input embedding (``None`` when it has none): the padded
     vocabulary size when ``vocab_size`` in its config is the logical one."""
     name = verifier.find_tensor("embed")
     return None if name is None else int(verifier.tensor_info(name).shape[0])
 
 
-def check_verifier_shape(src: SourceInfo, verifier: Any, hidden: int, vocab: int, findings: list | None = None) -> None:
+def check_verifier_shape(src: SourceInfo, verifier: VerifierView | None, hidden: int, vocab: int, findings: list | None = None) -> None:
     """The draft's hidden size and target vocabulary must be the verifier's.
 
     The target vocabulary is compared with the verifier's config ``vocab_size`` and, when

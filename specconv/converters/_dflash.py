@@ -8,7 +8,7 @@ module turns that into a Speculators ``dflash`` (or ``dspark``) plan.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from specconv.errors import InvalidInputError
 from specconv.format.facts import SPECULATORS_VERSION as SPECULATORS_FORMAT_VERSION
@@ -16,6 +16,9 @@ from specconv.plan import ConversionPlan
 
 from . import _common as common
 from .base import ConvertOptions, SourceInfo
+
+if TYPE_CHECKING:
+    from specconv.format.verifier_facts import VerifierView
 
 
 @dataclass
@@ -57,7 +60,7 @@ class DFlashLayout:
 SCALING_KEYS = ("input_embedding_scale", "output_multiplier", "final_logit_softcapping", "attention_value_scale")
 
 
-def speculators_envelope(algorithm: str, k: int, verifier: Any) -> dict[str, Any]:
+def speculators_envelope(algorithm: str, k: int, verifier: VerifierView | None) -> dict[str, Any]:
     """The ``speculators_config`` envelope for ``verifier`` (:func:`specconv.format.facts.speculators_envelope`)."""
     from specconv.format.facts import speculators_envelope as envelope
 
@@ -89,7 +92,7 @@ def _check_verifier_copies(plans: list, layer_config: dict[str, Any]) -> None:
             p.note = "shipped by the source; equals the verifier's (vLLM shares it when equal)"
 
 
-def _check_body(src: SourceInfo, plans: list, layer_config: dict[str, Any], conv_ids: Any, verifier: Any,
+def _check_body(src: SourceInfo, plans: list, layer_config: dict[str, Any], conv_ids: Any, verifier: VerifierView | None,
                 findings: list) -> None:
     """``fc`` width, layer count, absent decoder keys from the tensors, KV paging, copies."""
     common.check_fc_width(src, plans, len(conv_ids.speculators_ids), layer_config["hidden_size"], conv_ids.source_key or "--aux-layer-ids")
@@ -123,7 +126,7 @@ def _layout_k(conv: Any, opts: ConvertOptions, layout: DFlashLayout, block: int)
 def plan_dflash_family(
     conv: Any,
     src: SourceInfo,
-    verifier: Any,
+    verifier: VerifierView | None,
     opts: ConvertOptions,
     layout: DFlashLayout,
     *,

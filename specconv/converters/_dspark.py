@@ -14,12 +14,15 @@ from __future__ import annotations
 
 import re
 from dataclasses import asdict, dataclass, field, replace
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from specconv.errors import InvalidInputError
 from specconv.plan import ConversionPlan
 
 from .base import SourceInfo
+
+if TYPE_CHECKING:
+    from specconv.format.verifier_facts import VerifierView
 
 MARKOV_TYPES = ("vanilla", "gated", "rnn")
 
@@ -173,7 +176,7 @@ def _expected_heads(heads: DSparkHeads, H: int, V: int) -> tuple[dict[str, tuple
     return want, forbid
 
 
-def plan_dspark_family(conv: Any, src: SourceInfo, verifier: Any, opts: Any, layout: Any, heads: DSparkHeads,
+def plan_dspark_family(conv: Any, src: SourceInfo, verifier: VerifierView | None, opts: Any, layout: Any, heads: DSparkHeads,
                        notes: Callable[[ConversionPlan], list[str]] | None = None) -> ConversionPlan:
     """The Speculators ``dspark`` plan of a DSpark source: its DFlash-family body
     (:func:`specconv.converters._dflash.plan_dflash_family` with the head tensors accepted and
@@ -201,7 +204,7 @@ def plan_dspark_family(conv: Any, src: SourceInfo, verifier: Any, opts: Any, lay
 
 
 # --------------------------------------------------------------------------- vocabulary
-def maybe_prune(conv: Any, plan: ConversionPlan, src: SourceInfo, verifier: Any, opts: Any) -> ConversionPlan:
+def maybe_prune(conv: Any, plan: ConversionPlan, src: SourceInfo, verifier: VerifierView | None, opts: Any) -> ConversionPlan:
     """Prune a full-vocabulary DSpark plan to the draft vocabulary of ``--vocab-mapping``.
 
     Every DSpark source format stores full-vocabulary heads (SpecForge, ModelOpt and DeepSpec
@@ -243,7 +246,7 @@ def maybe_prune(conv: Any, plan: ConversionPlan, src: SourceInfo, verifier: Any,
     return plan
 
 
-def _pruned_tensors(plan: ConversionPlan, src: SourceInfo, verifier: Any, vocab: Any, Vd: int) -> list:
+def _pruned_tensors(plan: ConversionPlan, src: SourceInfo, verifier: VerifierView | None, vocab: Any, Vd: int) -> list:
     """``markov_w2`` and ``lm_head`` rows of the draft tokens (the verifier's head when the
     source ships none), plus the ``d2t``/``t2d`` plans."""
     from ._vocab import slice_rows_plan
@@ -264,7 +267,7 @@ def _pruned_tensors(plan: ConversionPlan, src: SourceInfo, verifier: Any, vocab:
     return [t for t in tensors if t.out not in ("d2t", "t2d")] + list(vocab.tensors)
 
 
-def _verifier_lm_head_rows(verifier: Any, vocab: Any, dtype_name: str | None) -> Any:
+def _verifier_lm_head_rows(verifier: VerifierView | None, vocab: Any, dtype_name: str | None) -> Any:
     """``lm_head.weight [Vd, H]`` = the verifier's LM head rows selected by ``t2d``."""
     from ._common import DTYPE_FLAG, FLOAT_DTYPES
     from ._vocab import slice_rows_plan

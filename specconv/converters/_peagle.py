@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 from specconv.format import names
 from specconv.errors import InvalidInputError, UnsupportedFormatError
@@ -27,6 +27,9 @@ from . import _common as common
 from ._vocab import merge_vocab, resolve_vocab
 from ._dflash import SPECULATORS_FORMAT_VERSION, speculators_envelope
 from .base import ConvertOptions, SourceInfo
+
+if TYPE_CHECKING:
+    from specconv.format.verifier_facts import VerifierView
 
 #: Output-name patterns a P-EAGLE draft may hold (besides the mapping tensors).
 PEAGLE_ACCEPT = names.PEAGLE_PATTERNS
@@ -129,7 +132,7 @@ def _missing_aux_ids(src: SourceInfo, layout: PEagleLayout) -> InvalidInputError
     )
 
 
-def resolve_aux_ids(src: SourceInfo, opts: ConvertOptions, layout: PEagleLayout, verifier: Any, findings: list) -> LayerIdConversion:
+def resolve_aux_ids(src: SourceInfo, opts: ConvertOptions, layout: PEagleLayout, verifier: VerifierView | None, findings: list) -> LayerIdConversion:
     """Aux ids from the checkpoint (EAGLE-3 convention = Speculators ids) or ``--aux-layer-ids``.
 
     Raises:
@@ -171,7 +174,7 @@ def resolve_aux_ids(src: SourceInfo, opts: ConvertOptions, layout: PEagleLayout,
     return conv
 
 
-def _mask_token(src: SourceInfo, opts: ConvertOptions, layout: PEagleLayout, verifier: Any, V: int) -> tuple[int, str]:
+def _mask_token(src: SourceInfo, opts: ConvertOptions, layout: PEagleLayout, verifier: VerifierView | None, V: int) -> tuple[int, str]:
     mask, where = common.resolve_mask_token(src, opts, layout.mask_locations, verifier)
     if mask >= V:
         raise InvalidInputError(f"mask token id {mask} ({where}) ≥ vocab_size {V}", code="mask_token_out_of_vocab")
@@ -247,7 +250,7 @@ def lm_head_finding(format_id: str, title: str) -> Any:
                    "lm_head.weight")
 
 
-def _shape_keys(conv: Any, src: SourceInfo, cfg: dict[str, Any], verifier: Any, findings: list) -> tuple[int, int, int]:
+def _shape_keys(conv: Any, src: SourceInfo, cfg: dict[str, Any], verifier: VerifierView | None, findings: list) -> tuple[int, int, int]:
     """``(V, H, L)`` from the source config, checked against the verifier."""
     for key in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads"):
         if not isinstance(cfg.get(key), int):
@@ -361,14 +364,14 @@ def norm_flags_from_tensors(src: SourceInfo, cfg: dict[str, Any], plans: list[Te
     return has_input_norm, has_fc_norm
 
 
-def logical_vocab(verifier: Any, V: int) -> int | None:
+def logical_vocab(verifier: VerifierView | None, V: int) -> int | None:
     """The verifier's config ``vocab_size`` when it is below the draft's target vocab ``V``
     (the verifier's embedding rows, checked by ``check_verifier_shape``): its logical vocabulary."""
     return verifier.vocab_size if verifier is not None and verifier.vocab_size < V else None
 
 
 def _vocab(src: SourceInfo, opts: ConvertOptions, cfg: dict[str, Any], plans, dropped, layout: PEagleLayout,
-           V: int, H: int, verifier: Any):
+           V: int, H: int, verifier: VerifierView | None):
     """Draft vocabulary size (config, else the LM head's rows, else ``V``) and its mapping."""
     lm = common.get(plans, "lm_head.weight")
     if lm is not None and (len(lm.shape) != 2 or lm.shape[1] != H):
@@ -388,7 +391,7 @@ def _vocab(src: SourceInfo, opts: ConvertOptions, cfg: dict[str, Any], plans, dr
     return plans, dropped, vocab, Vd
 
 
-def _from_verifier(src: SourceInfo, verifier: Any, out: str, role: str, out_dt: str, note: str) -> TensorPlan:
+def _from_verifier(src: SourceInfo, verifier: VerifierView, out: str, role: str, out_dt: str, note: str) -> TensorPlan:
     name = verifier.find_tensor(role)
     if name is None:
         what = "LM head" if role == "lm_head" else "embedding"
@@ -397,7 +400,7 @@ def _from_verifier(src: SourceInfo, verifier: Any, out: str, role: str, out_dt: 
     return TensorPlan(out, "from_verifier", "verifier", name, tuple(info.shape), out_dt, info.dtype, note=note)
 
 
-def _head_and_embedding(src: SourceInfo, verifier: Any, plans: list[TensorPlan], V: int, Vd: int, H: int,
+def _head_and_embedding(src: SourceInfo, verifier: VerifierView | None, plans: list[TensorPlan], V: int, Vd: int, H: int,
                         out_dt: str, findings: list) -> None:
     """``lm_head [Vd, H]`` and ``embed_tokens [V, H]`` from the source, else the verifier's."""
     from specconv.format import Finding
@@ -478,7 +481,7 @@ def _peagle_config(fields: dict[str, Any]) -> Any:
                        embed_requires_grad=True, **fields)
 
 
-def plan_peagle_family(conv: Any, src: SourceInfo, verifier: Any, opts: ConvertOptions, layout: PEagleLayout) -> ConversionPlan:
+def plan_peagle_family(conv: Any, src: SourceInfo, verifier: VerifierView | None, opts: ConvertOptions, layout: PEagleLayout) -> ConversionPlan:
     """Build the Speculators ``peagle`` plan for a P-EAGLE source.
 
     Raises:

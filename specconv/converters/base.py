@@ -12,11 +12,14 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from specconv.errors import InvalidInputError, UnsupportedFormatError
 from specconv.fileio import read_json_object
 from specconv.plan import ConversionPlan
+
+if TYPE_CHECKING:
+    from specconv.format.verifier_facts import VerifierView
 
 #: ``dflash_config.projector_type`` values: the drafter a ModelOpt export (NVIDIA/Model-Optimizer
 #: ``modelopt/torch/export/plugins/hf_spec_export.py``), a SpecForge DSpark or a Domino config
@@ -213,7 +216,7 @@ def _refusing_layer_keys(plan: Any) -> Any:
     import functools
 
     @functools.wraps(plan)
-    def checked(self: "Converter", src: SourceInfo, verifier: Any, opts: "ConvertOptions") -> ConversionPlan:
+    def checked(self: "Converter", src: SourceInfo, verifier: VerifierView | None, opts: "ConvertOptions") -> ConversionPlan:
         refuse_unsupported_layer_keys(src, self.format_id)
         return plan(self, src, verifier, opts)
 
@@ -259,7 +262,7 @@ class Converter:
     def detect(cls, src: SourceInfo) -> bool:  # pragma: no cover - abstract
         raise NotImplementedError
 
-    def plan(self, src: SourceInfo, verifier: Any, opts: ConvertOptions) -> ConversionPlan:
+    def plan(self, src: SourceInfo, verifier: VerifierView | None, opts: ConvertOptions) -> ConversionPlan:
         """Map the source to a :class:`ConversionPlan` (no files written).
 
         Raises:

@@ -18,7 +18,7 @@ from __future__ import annotations
 import copy
 import math
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from specconv.errors import InvalidInputError
 from specconv.format.algorithms import Algorithm, find_algorithm
@@ -29,6 +29,9 @@ from specconv.values import is_int
 from . import _common as common
 from ._vocab import merge_vocab, resolve_vocab
 from .base import Converter, ConvertOptions, RefusedFormat, SourceInfo, register
+
+if TYPE_CHECKING:
+    from specconv.format.verifier_facts import VerifierView
 
 #: Files a trainer checkpoint holds that are never published (speculators ``train/checkpointer.py``).
 TRAINING_FILES = (
@@ -179,7 +182,7 @@ def _layer_config(n: _Normalising, src: SourceInfo) -> dict[str, Any]:
     return layer_config
 
 
-def _mask_token(n: _Normalising, src: SourceInfo, opts: ConvertOptions, verifier: Any, V: int,
+def _mask_token(n: _Normalising, src: SourceInfo, opts: ConvertOptions, verifier: VerifierView | None, V: int,
                 early: bool) -> tuple[int, str]:
     raw = n.raw
     locs = [("mask_token_id", raw.get("mask_token_id"))]
@@ -419,7 +422,7 @@ def _aux_ids(n: _Normalising, opts: ConvertOptions) -> tuple[list[int] | None, L
 
 
 def _tensors(conv: Any, n: _Normalising, src: SourceInfo, opts: ConvertOptions, layer_config: dict[str, Any],
-             final_ids: list[int] | None, verifier: Any):
+             final_ids: list[int] | None, verifier: VerifierView | None):
     """Every tensor copied (``verifier_*`` copies dropped), the vocabulary mapping checked."""
     names = set(src.tensor_names())
     if not names:
@@ -452,7 +455,7 @@ def _tensors(conv: Any, n: _Normalising, src: SourceInfo, opts: ConvertOptions, 
     return plans, dropped
 
 
-def _verifier_ref(n: _Normalising, sc: dict[str, Any], verifier: Any) -> None:
+def _verifier_ref(n: _Normalising, sc: dict[str, Any], verifier: VerifierView | None) -> None:
     """Record the verifier given on the command line (the trainer recorded its own path)."""
     old = sc["verifier"].get("name_or_path") if isinstance(sc.get("verifier"), dict) else None
     if verifier is not None:
@@ -486,7 +489,7 @@ def _files_not_carried(n: _Normalising, src: SourceInfo) -> None:
         n.notes.append("other files not carried: " + ", ".join(unknown))
 
 
-def normalise(conv: Any, src: SourceInfo, verifier: Any, opts: ConvertOptions, *, early: bool = False) -> ConversionPlan:
+def normalise(conv: Any, src: SourceInfo, verifier: VerifierView | None, opts: ConvertOptions, *, early: bool = False) -> ConversionPlan:
     """Plan the normalised copy of a speculators trainer checkpoint.
 
     Steps: envelope, layer config, mask token, trained depths (P-EAGLE) or block layout

@@ -19,11 +19,14 @@ import json
 import logging
 import shutil
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from ..errors import GateFailedError, InvalidInputError
 from ..outdir import KINDS, OutputTemp, check_output, clean_stale, move_into_place
 from ..results import ExportSglangResult
+
+if TYPE_CHECKING:
+    from ..verifier import Verifier
 
 log = logging.getLogger("specconv.export")
 
@@ -60,7 +63,7 @@ def _verifier(d: Path, spec: str | None):
     return spec, resolve_verifier(spec)
 
 
-def _target_supplied(d: Path, store: Any, verifier: Any) -> list[str]:
+def _target_supplied(d: Path, store: Any, verifier: Verifier) -> list[str]:
     """The drafter tensors SGLang replaces by the target's, each proven equal to it: the same
     bytes, or (another dtype) the verifier's tensor cast to the drafter's dtype, element for
     element — what SGLang serves in that dtype.
@@ -86,7 +89,7 @@ def _target_supplied(d: Path, store: Any, verifier: Any) -> list[str]:
     return out
 
 
-def _equal(store: Any, name: str, verifier: Any, vname: str) -> bool:
+def _equal(store: Any, name: str, verifier: Verifier, vname: str) -> bool:
     """Bytes when the dtypes agree, else the verifier's tensor cast to the drafter's dtype (torch)."""
     if store.info(name).dtype == verifier.tensor_info(vname).dtype:
         return store.read_bytes(name) == verifier.read_bytes(vname)

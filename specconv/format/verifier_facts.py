@@ -14,14 +14,43 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
-__all__ = ["VerifierFacts", "is_hub_repo_id", "read_added_special_tokens"]
+if TYPE_CHECKING:
+    from ..tensors import TensorInfo, TensorStore
+
+__all__ = ["VerifierFacts", "VerifierView", "is_hub_repo_id", "read_added_special_tokens"]
 
 _SPECIAL_KEYS = ("bos_token_id", "eos_token_id", "pad_token_id")
 #: tokenizer files larger than this are not read for added tokens (a guard, not a limit
 #: real tokenizers reach: Qwen3's tokenizer.json is about 11 MB).
 _MAX_TOKENIZER_BYTES = 64 * 1024 * 1024
+
+
+@runtime_checkable
+class VerifierView(Protocol):
+    """What converters, the lint and the stages below ``verifier`` read of the run's one
+    resolved verifier. :class:`specconv.verifier.Verifier` is the implementation; rooms that
+    may not import it (``format/``, ``converters/``) type their parameters with this."""
+
+    spec: str
+    name_or_path: str
+    local_dir: Path
+    config: dict[str, Any]
+    raw_config: dict[str, Any]
+    hub_id: str | None
+
+    @property
+    def hidden_size(self) -> int: ...
+    @property
+    def num_hidden_layers(self) -> int: ...
+    @property
+    def vocab_size(self) -> int: ...
+    @property
+    def architectures(self) -> list[str]: ...
+    def find_tensor(self, role: str) -> str | None: ...
+    def tensor_info(self, name: str) -> TensorInfo: ...
+    def tensor_store(self, name: str) -> TensorStore: ...
 
 
 def _int_id(v: Any) -> int | None:
@@ -114,7 +143,7 @@ class VerifierFacts:
     embedding_rows: int | None = None
 
     @classmethod
-    def from_verifier(cls, verifier: Any, *, is_local_path: bool) -> VerifierFacts:
+    def from_verifier(cls, verifier: VerifierView, *, is_local_path: bool) -> VerifierFacts:
         """Build facts from a resolved :class:`specconv.verifier.Verifier`.
 
         Special ids are read whole from its (unwrapped, then raw) config, so an ``eos``
@@ -145,7 +174,7 @@ class VerifierFacts:
         return out
 
 
-def _local_embedding_rows(verifier: Any) -> int | None:
+def _local_embedding_rows(verifier: VerifierView) -> int | None:
     """Rows of a local safetensors verifier's embedding (a header read); ``None`` for Hub
     verifiers (no shard is downloaded for this), ``.bin`` checkpoints (never unpickled for
     this) or when there is no readable embedding."""

@@ -13,10 +13,13 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..errors import InvalidInputError
 from .layout import refuse
+
+if TYPE_CHECKING:
+    from ..verifier import Verifier
 
 __all__ = ["LAYER_INPUT_ARCHS", "SMOLLM2_GGUF_FILE", "SMOLLM2_GGUF_REPO", "VERIFIER_GGUF_ENV", "default_verifier_gguf",
            "named_file", "read_target", "refuse_target", "same_tokenizer"]
@@ -50,7 +53,7 @@ def named_file(explicit: str | os.PathLike | None, env: str, what: str, code: st
     return p
 
 
-def _is_smollm2(verifier: Any, names: tuple[str | None, ...]) -> bool:
+def _is_smollm2(verifier: Verifier, names: tuple[str | None, ...]) -> bool:
     from ..offline import SMOLLM2_DIRNAME, SMOLLM2_HUB_ID, cache_dir
 
     if SMOLLM2_HUB_ID in (verifier.name_or_path, verifier.hub_id, *names):
@@ -58,7 +61,7 @@ def _is_smollm2(verifier: Any, names: tuple[str | None, ...]) -> bool:
     return Path(verifier.local_dir).resolve() == (cache_dir() / SMOLLM2_DIRNAME).resolve()
 
 
-def default_verifier_gguf(verifier: Any, explicit: str | os.PathLike | None = None,
+def default_verifier_gguf(verifier: Verifier, explicit: str | os.PathLike | None = None,
                           names: tuple[str | None, ...] = ()) -> tuple[Path | None, str | None]:
     """The verifier GGUF and the Hub repo it comes from (when known).
 
@@ -112,7 +115,7 @@ def read_target(path: Path) -> dict[str, Any]:
             "vocab_size": f.get(f"{arch}.vocab_size") or len(tokens), "tokens": tokens}
 
 
-def refuse_target(target: dict[str, Any], verifier: Any) -> None:
+def refuse_target(target: dict[str, Any], verifier: Verifier) -> None:
     """Refuse a target llama.cpp cannot feed this drafter from (exit 3).
 
     Raises:

@@ -7,10 +7,14 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 from ..format.algorithms import PARITY_TOLERANCES as _PARITY_TABLE
 from .metrics import kl_rows
+
+if TYPE_CHECKING:
+    from ..verifier import Verifier
+    from .verifier_runner import VerifierRunner
 
 log = logging.getLogger("specconv.validate")
 
@@ -57,7 +61,7 @@ def skipped(name: str, reason: str) -> GateResult:
 # ---------------------------------------------------------------------------------- G1
 
 
-def _verifier_tensor(verifier, role: str):
+def _verifier_tensor(verifier: Verifier, role: str):
     """Read the verifier's ``embed`` / ``lm_head`` tensor (None when absent)."""
     from ..tensors import TensorStore
 
@@ -82,7 +86,7 @@ def _lm_head_frozen(drafter_dir: Path) -> bool:
     return any(isinstance(f, dict) and f.get("code") == "lm-head-frozen" for f in findings)
 
 
-def gate_structure(drafter_dir: str | Path, verifier, *, config=None, source_config=None) -> GateResult:
+def gate_structure(drafter_dir: str | Path, verifier: Verifier, *, config=None, source_config=None) -> GateResult:
     """G1: lint, tensor accounting, verifier-supplied tensors, vocab map, aux ids.
 
     Args:
@@ -155,7 +159,7 @@ def _accounting_step(res: GateResult, cfg, store) -> set[str]:
     return names
 
 
-def _verifier_tensors_step(res: GateResult, store, names: set[str], verifier, t2d, drafter_dir: Path) -> None:
+def _verifier_tensors_step(res: GateResult, store, names: set[str], verifier: Verifier, t2d, drafter_dir: Path) -> None:
     """The tensors the format takes from the verifier (``embed_tokens.weight`` for
     DFlash/DSpark, ``lm_head.weight`` full-vocab or its ``t2d`` rows) equal the verifier's."""
     from ..format.algorithms import algorithm
@@ -174,7 +178,7 @@ def _verifier_tensors_step(res: GateResult, store, names: set[str], verifier, t2
     res.details["verifier_tensors"] = checks
 
 
-def _compare_to_verifier(res: GateResult, store, tname: str, role: str, verifier, t2d, checks: dict,
+def _compare_to_verifier(res: GateResult, store, tname: str, role: str, verifier: Verifier, t2d, checks: dict,
                          frozen: bool) -> None:
     import torch
 
@@ -351,7 +355,7 @@ class _Proposals:
 def gate_parity(
     reference,
     test,
-    verifier,
+    verifier: VerifierRunner,
     sequences: Sequence[tuple[Sequence[int], int]],
     *,
     dtype: str = "float32",
@@ -400,7 +404,7 @@ def gate_parity(
     return res
 
 
-def _collect_proposals(reference, test, verifier, sequences, anchors_per_sequence: int) -> _Proposals:
+def _collect_proposals(reference, test, verifier: VerifierRunner, sequences, anchors_per_sequence: int) -> _Proposals:
     """Capture the verifier's aux features once per sequence (the union of both drafters'
     layer ids) and let both drafters propose from the same anchors."""
     import torch

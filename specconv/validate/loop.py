@@ -13,10 +13,13 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Any, Callable, Iterable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Sequence
 
 from ..errors import InvalidInputError
 from .sampling import greedy_accept, probs_from_logits, speculative_sample
+
+if TYPE_CHECKING:
+    from .verifier_runner import VerifierRunner
 
 log = logging.getLogger("specconv.validate")
 
@@ -173,7 +176,7 @@ class _Draft:
 
 
 def speculative_generate(
-    verifier,
+    verifier: VerifierRunner,
     drafter,
     prompt_ids: Sequence[int],
     *,
@@ -231,7 +234,7 @@ def speculative_generate(
                          stopped=st.stopped, gaps=st.gaps, top1=st.top1)
 
 
-def _loop_config(verifier, drafter, temperature: float, stop_token_ids, generator, confidence_threshold) -> _LoopConfig:
+def _loop_config(verifier: VerifierRunner, drafter, temperature: float, stop_token_ids, generator, confidence_threshold) -> _LoopConfig:
     dev = verifier.device
     return _LoopConfig(
         stops={int(t) for t in stop_token_ids}, greedy=temperature <= 0, temperature=float(temperature),
@@ -241,7 +244,7 @@ def _loop_config(verifier, drafter, temperature: float, stop_token_ids, generato
     )
 
 
-def _check_request(verifier, drafter, prompt_ids, max_new_tokens: int, num_draft_tokens: int | None,
+def _check_request(verifier: VerifierRunner, drafter, prompt_ids, max_new_tokens: int, num_draft_tokens: int | None,
                    prompt_id: str) -> int:
     """Refuse an unusable request; return the drafts per step ``k`` (0 without a drafter)."""
     if len(prompt_ids) == 0:
@@ -257,7 +260,7 @@ def _check_request(verifier, drafter, prompt_ids, max_new_tokens: int, num_draft
     return min(k, int(drafter.num_draft_tokens))
 
 
-def _prefill(verifier, prompt_ids, cfg: _LoopConfig, *, capture: bool) -> tuple[_State, float]:
+def _prefill(verifier: VerifierRunner, prompt_ids, cfg: _LoopConfig, *, capture: bool) -> tuple[_State, float]:
     """Step 1: the verifier on the prompt (a new KV cache); ``x_0`` from its last row.
     Returns (state, TTFT ms)."""
     import torch
@@ -325,7 +328,7 @@ def _accept(drafts, q, logits, cfg: _LoopConfig) -> tuple[int, int]:
     return int(acc[0]), int(nx[0])
 
 
-def _verify_and_emit(verifier, st: _State, d: _Draft, budget: int, cfg: _LoopConfig, *, capture: bool) -> None:
+def _verify_and_emit(verifier: VerifierRunner, st: _State, d: _Draft, budget: int, cfg: _LoopConfig, *, capture: bool) -> None:
     """Steps 3–5: verify ``[anchor, d_1 … d_k]`` at positions ``s…s+k``, accept, emit (cut at
     a stop token and the budget), crop the cache, append the emitted positions' features."""
     import torch
@@ -359,7 +362,7 @@ def _verify_and_emit(verifier, st: _State, d: _Draft, budget: int, cfg: _LoopCon
 
 
 def run_requests(
-    verifier,
+    verifier: VerifierRunner,
     drafter,
     prompts: Sequence[tuple[str, Sequence[int]]],
     *,

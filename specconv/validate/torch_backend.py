@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     import torch
 
+    from ..verifier import Verifier
     from .backend import DrafterBackend
     from .verifier_runner import VerifierRunner
 
@@ -29,7 +30,7 @@ def _float_numel(store) -> int:
     return sum(i.numel for i in store.infos() if i.dtype in FLOAT_DTYPES)
 
 
-def plan_placement(verifier, drafter_dir: Path, device: str, dtype: str) -> dict:
+def plan_placement(verifier: Verifier, drafter_dir: Path, device: str, dtype: str) -> dict:
     """Check that verifier + drafter fit on ``device``; choose ``device_map``.
 
     On CUDA, the weights at the run dtype (drafter: plus the verifier's embedding and LM

@@ -11,10 +11,13 @@ import re
 import subprocess
 import time
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from ..errors import InvalidInputError
 from .local_server import LocalServer, free_port, post_json
+
+if TYPE_CHECKING:
+    from ..verifier import Verifier
 
 log = logging.getLogger("specconv.validate")
 
@@ -377,7 +380,7 @@ def send_requests(base_url: str, prompts: Sequence[Any], opts: Any, *, model: st
     return reqs, time.perf_counter() - t0
 
 
-def owned_server(drafter_dir: Path, verifier: Any, opts: Any, *, serve_cmd: Sequence[str] | None = None,
+def owned_server(drafter_dir: Path, verifier: Verifier, opts: Any, *, serve_cmd: Sequence[str] | None = None,
                  extra_args: Sequence[str] = (), env: dict[str, str] | None = None,
                  startup_timeout: float | None = None) -> VllmServer:
     """The vLLM server ``--backend vllm`` starts (not started yet: use it as a context manager).
@@ -421,7 +424,7 @@ def owned_server(drafter_dir: Path, verifier: Any, opts: Any, *, serve_cmd: Sequ
     return srv
 
 
-def run_vllm_validation(drafter_dir: Path, verifier: Any, prompts: Sequence[Any], opts: Any, *,
+def run_vllm_validation(drafter_dir: Path, verifier: Verifier, prompts: Sequence[Any], opts: Any, *,
                         startup_timeout: float | None = None, extra_args: Sequence[str] = (),
                         serve_cmd: Sequence[str] | None = None, env: dict[str, str] | None = None) -> dict:
     """Serve ``drafter_dir`` with :func:`owned_server`'s vLLM server, send ``prompts`` (up to

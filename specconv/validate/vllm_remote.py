@@ -10,9 +10,12 @@ import logging
 import os
 import re
 from pathlib import Path
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 from ..errors import InvalidInputError, UsageError
+
+if TYPE_CHECKING:
+    from ..verifier import Verifier
 
 log = logging.getLogger("specconv.validate")
 
@@ -82,7 +85,7 @@ def api_key(env_name: str | None) -> str | None:
     return key
 
 
-def verifier_names(drafter_dir: Path, verifier: Any) -> set[str]:
+def verifier_names(drafter_dir: Path, verifier: Verifier) -> set[str]:
     """What a server's ``/v1/models`` ``root`` may say for the drafter's verifier: the
     recorded ``speculators_config.verifier.name_or_path``, ``--verifier`` as given, the
     resolved Hub id and local dir."""
@@ -156,7 +159,7 @@ def _fingerprint(reqs: Sequence[dict]) -> str | None:
     return next((r.get("system_fingerprint") for r in reqs if r.get("system_fingerprint")), None)
 
 
-def run_remote_validation(drafter_dir: Path, verifier: Any, prompts: Sequence[Any], opts: Any) -> dict:
+def run_remote_validation(drafter_dir: Path, verifier: Verifier, prompts: Sequence[Any], opts: Any) -> dict:
     """Measure the running server of ``opts.vllm.server_url`` (the pre-checks of the module
     docstring first); the same keys as :func:`specconv.validate.vllm_backend.run_vllm_validation`,
     ``serving.mode`` = ``remote``.
@@ -263,7 +266,7 @@ def available_memory(meminfo: str = "/proc/meminfo") -> int:
     return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
 
 
-def fits_here(verifier: Any, dtype: str, device: str) -> str | None:
+def fits_here(verifier: Verifier, dtype: str, device: str) -> str | None:
     """None when the verifier's weights fit on ``device`` here (CUDA: the torch backend's
     placement rule; CPU: 1.15 × the weights + 1 GiB ≤ :func:`available_memory`), else why not."""
     from ..errors import SpecconvError
