@@ -19,7 +19,7 @@ from typing import Annotated, Any, Callable
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, ValidationInfo
 
 from .errors import InvalidInputError
-from .results import OnnxExport
+from .results import GgufExport, OnnxExport, SglangExport
 from .fileio import atomic_write, read_json_object
 
 #: file name inside a drafter directory
@@ -228,13 +228,15 @@ class ValidationSection(_Model):
 
 
 class ExportSection(_Model):
-    """What the export stage wrote (``onnx``: :class:`OnnxExport`; other keys kept)."""
+    """What the export stages wrote, one typed key each (other keys kept)."""
 
     onnx: OnnxExport | None = None
+    gguf: GgufExport | None = None
+    sglang: SglangExport | None = None
 
 
-class PublishSection(_Model):
-    """The last ``specconv push`` that wrote to the Hub (a dry run records nothing).
+class PublishedRepo(_Model):
+    """One repo the last ``specconv push`` wrote to (a dry run records nothing).
 
     Attributes:
         repo_id / revision: where it went. commit_oid / commit_url: the commit (or the
@@ -249,6 +251,12 @@ class PublishSection(_Model):
     pr_url: str | None = None
     tag: str | None = None
     status: str | None = None
+
+
+class PublishSection(PublishedRepo):
+    """The Speculators repo's push; ``sglang``: the SGLang repo's (``--sglang-repo-id``)."""
+
+    sglang: PublishedRepo | None = None
 
 
 _SECTION_MODELS: dict[str, type[_Model]] = {
@@ -404,7 +412,7 @@ def update_section_key(drafter_dir: str | os.PathLike, section: str, key: str,
     """
     def patched(data: dict[str, Any], path: Path) -> dict[str, Any]:
         current = getattr(_validate(data, path), section)
-        body = current.model_dump() if current is not None else {}
+        body = current.model_dump(exclude_unset=True) if current is not None else {}
         body[key] = value(body.get(key)) if callable(value) else value
         return body
 

@@ -525,9 +525,9 @@ class ReleaseResult(StageResult):
         return "\n".join([f"release {self.status}", *rows])
 
 
-class ExportGgufResult(StageResult):
-    """``specconv export gguf`` (:func:`specconv.gguf.export.export_gguf_dir`): what it wrote,
-    also recorded as ``export.gguf`` (there with ``output`` relative and ``check`` brief).
+class GgufExport(BaseModel):
+    """What ``specconv export gguf`` wrote (the record's ``export.gguf``, there with ``output``
+    relative and ``check`` brief; :class:`ExportGgufResult` has the same fields).
 
     Attributes:
         output: the export dir (absolute). file: the GGUF's name in it; sha256: its hash.
@@ -539,6 +539,8 @@ class ExportGgufResult(StageResult):
         verifier_gguf: ``{name, sha256, quantisation, repo}`` of the target GGUF found.
         check: llama-server's result, or ``{skipped: reason}``. created: UTC timestamp.
     """
+
+    model_config = ConfigDict(extra="allow", defer_build=True)
 
     output: str | None = None
     file: str | None = None
@@ -556,6 +558,11 @@ class ExportGgufResult(StageResult):
     check: dict[str, Any] | None = None
     created: str | None = None
 
+
+class ExportGgufResult(StageResult, GgufExport):
+    """``specconv export gguf`` (:func:`specconv.gguf.export.export_gguf_dir`): the fields of
+    :class:`GgufExport`, ``output`` absolute."""
+
     def human(self) -> str:
         inside = self.verifier_weights or []
         lines = [f"exported:  {self.output}/{self.file}  ({self.algorithm}, {self.architecture}, {self.dtype})",
@@ -571,9 +578,9 @@ class ExportGgufResult(StageResult):
         return "\n".join(lines)
 
 
-class ExportSglangResult(StageResult):
-    """``specconv export sglang`` (:func:`specconv.export.sglang_dir.export_sglang_dir`): what
-    it wrote, also recorded as ``export.sglang`` (there with ``output`` relative, no ``launch``).
+class SglangExport(BaseModel):
+    """What ``specconv export sglang`` wrote (the record's ``export.sglang``, there with
+    ``output`` relative and ``launch`` None; :class:`ExportSglangResult` has the same fields).
 
     Attributes:
         output: the export dir (absolute). format / format_version: ``sglang_export.json``'s.
@@ -585,6 +592,8 @@ class ExportSglangResult(StageResult):
         launch: the ``python -m sglang.launch_server`` argv. check: SGLang's loader payload
         (``--check``), else None.
     """
+
+    model_config = ConfigDict(extra="allow", defer_build=True)
 
     output: str | None = None
     format: str | None = None
@@ -598,8 +607,13 @@ class ExportSglangResult(StageResult):
     expected: dict[str, Any] | None = None
     target_supplied: list[str] | None = None
     notes: list[str] = Field(default_factory=list)
-    launch: list[str] = Field(default_factory=list)
+    launch: list[str] | None = Field(default_factory=list)
     check: dict[str, Any] | None = None
+
+
+class ExportSglangResult(StageResult, SglangExport):
+    """``specconv export sglang`` (:func:`specconv.export.sglang_dir.export_sglang_dir`): the
+    fields of :class:`SglangExport`, ``output`` absolute, ``launch`` the argv."""
 
     def human(self) -> str:
         import shlex

@@ -300,17 +300,39 @@ def pushable(d: Path, rec: Any, rel: str) -> tuple[bool, bool]:
     """
     from ..tensors import sha256_file
 
-    meta_path = d / "gguf" / META_NAME
-    try:
-        meta = json.loads(meta_path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+    meta = _read_meta(d)
+    if meta is None:
         return False, False
-    check_meta(meta, meta_path)
-    export = (rec.export.model_dump() if rec.export is not None else {}).get("gguf") or {}
+    export = rec.export.gguf if rec.export is not None else None
     validated = (rec.validation.files or {}) if rec.validation is not None else {}
-    if not (export.get("check") or {}).get("passed") or meta.get("drafter_files") != validated:
+    if export is None or not (export.check or {}).get("passed") or meta.get("drafter_files") != validated:
         return False, False
     name = rel[len("gguf/"):]
     if name != META_NAME and (meta.get("files") or {}).get(name) != sha256_file(d / rel):
         return False, False
-    return True, bool(meta.get("contains_verifier_weights"))
+    return True, holds_verifier_weights(d)
+
+
+def _read_meta(d: Path) -> dict[str, Any] | None:
+    """``d/gguf/gguf_meta.json``, None when absent or unreadable.
+
+    Raises:
+        InvalidInputError: a meta of another format version (exit 3, re-export).
+    """
+    meta_path = d / "gguf" / META_NAME
+    try:
+        meta = json.loads(meta_path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    check_meta(meta, meta_path)
+    return meta
+
+
+def holds_verifier_weights(d: Path) -> bool:
+    """Whether drafter dir ``d``'s GGUF holds verifier tensors, as its ``gguf_meta.json`` says
+    (False without a readable meta; push's gate and the card both ask this).
+
+    Raises:
+        InvalidInputError: a meta of another format version (exit 3, re-export).
+    """
+    return bool((_read_meta(d) or {}).get("contains_verifier_weights"))

@@ -16,10 +16,13 @@ import os
 import re
 import subprocess
 from pathlib import Path
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 from ..errors import InvalidInputError
 from ..validate.local_server import LocalServer, post_json
+
+if TYPE_CHECKING:
+    from ..results import GgufExport
 
 log = logging.getLogger("specconv.gguf")
 
@@ -90,7 +93,7 @@ def server_argv(server: Path, target: Path, port: int, *, draft: Path | None = N
     return argv
 
 
-def launch_argv(export: dict[str, Any], draft_repo: str | None) -> list[str]:
+def launch_argv(export: GgufExport, draft_repo: str | None) -> list[str]:
     """The ``llama-server`` argv a card prints for the recorded export ``export`` (the record's
     ``export.gguf``: ``file``, ``spec_type``, ``spec_draft_n_max``, ``verifier_gguf``).
 
@@ -99,12 +102,12 @@ def launch_argv(export: dict[str, Any], draft_repo: str | None) -> list[str]:
     (llama.cpp takes ``-md`` as the file inside the ``-hfd`` repo) when ``draft_repo`` names the
     Hub repo, else ``-md ./gguf/FILE`` (the drafter dir's own export, relative to the dir).
     """
-    vg = export.get("verifier_gguf") or {}
+    vg = export.verifier_gguf or {}
     target = ["-hf", str(vg["repo"]), "-hff", str(vg["name"])] if vg.get("repo") else ["-m", str(vg.get("name"))]
-    draft = (["-hfd", draft_repo, "-md", f"gguf/{export['file']}"] if draft_repo
-             else ["-md", f"./gguf/{export['file']}"])
-    return ["llama-server", *target, *draft, "--spec-type", str(export["spec_type"]),
-            "--spec-draft-n-max", str(export["spec_draft_n_max"]), *PORTABLE_ARGS]
+    draft = (["-hfd", draft_repo, "-md", f"gguf/{export.file}"] if draft_repo
+             else ["-md", f"./gguf/{export.file}"])
+    return ["llama-server", *target, *draft, "--spec-type", str(export.spec_type),
+            "--spec-draft-n-max", str(export.spec_draft_n_max), *PORTABLE_ARGS]
 
 
 def parse_counters(text: str) -> dict[str, Any]:

@@ -224,17 +224,24 @@ def gguf_section(d: Path, rec: Any, payload: Payload, draft_repo: str | None) ->
     from ..gguf.server import launch_argv
     from ..tensors import sha256_file
 
-    exp = (rec.export.model_dump() if rec.export is not None else {}).get("gguf") or {}
-    check, rel = exp.get("check") or {}, f"gguf/{exp.get('file')}"
-    if not check.get("passed") or not (exp.get("verifier_gguf") or {}).get("name"):
+    exp = _gguf_export(rec)
+    if exp is None:
         return None
-    there = (rel in payload.files) if draft_repo else (d / rel).is_file() and sha256_file(d / rel) == exp.get("sha256")
+    check, rel = exp.check or {}, f"gguf/{exp.file}"
+    if not check.get("passed") or not (exp.verifier_gguf or {}).get("name"):
+        return None
+    there = (rel in payload.files) if draft_repo else (d / rel).is_file() and sha256_file(d / rel) == exp.sha256
     if not there:
         return None
     srv = check.get("llama_server") or {}
     return {"command": shell_command(launch_argv(exp, draft_repo)), "commit": srv.get("commit"),
-            "version": srv.get("version"), "verifier_gguf": exp["verifier_gguf"], "tau": _fmt(check.get("tau")),
-            "spec_type": exp["spec_type"], "spec_draft_n_max": exp["spec_draft_n_max"], "local": draft_repo is None}
+            "version": srv.get("version"), "verifier_gguf": exp.verifier_gguf, "tau": _fmt(check.get("tau")),
+            "spec_type": exp.spec_type, "spec_draft_n_max": exp.spec_draft_n_max, "local": draft_repo is None}
+
+
+def _gguf_export(rec: Any) -> Any:
+    """The record's ``export.gguf`` (:class:`~specconv.results.GgufExport`), None when unset."""
+    return rec.export.gguf if rec.export is not None else None
 
 
 def _templates() -> Path:
@@ -257,8 +264,8 @@ def local_card_text(d: Path, rec: Any, repo_id: str) -> str:
         rel = f.relative_to(d).as_posix()
         if not rel.startswith("onnx/fp32/"):  # the fp32 twin stays local, as in push
             p.files[rel] = f
-    gguf = (rec.export.model_dump() if rec.export is not None else {}).get("gguf") or {}
-    shown = [*p.files, *([f"gguf/{gguf['file']}"] if gguf.get("file") else [])]  # gguf_section decides if shown
+    gguf = _gguf_export(rec)
+    shown = [*p.files, *([f"gguf/{gguf.file}"] if gguf is not None and gguf.file else [])]  # gguf_section decides
     p.contains_verifier_weights = contains_verifier_weights(d, rec, shown)
     from .sglang_repo import local_export_path
 

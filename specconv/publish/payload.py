@@ -105,13 +105,13 @@ def contains_verifier_weights(d: Path, rec: Any, rels: list[str]) -> bool:
     """Whether any engine file of drafter dir ``d`` among ``rels`` (paths relative to ``d``
     under ``onnx/``, ``trt/<key>/`` or ``gguf/``) embeds the verifier's embedding / LM head, by
     the rules push's gates apply (the card says so when true). ``rec``: ``d``'s record."""
-    from ..gguf.export import META_NAME
+    from ..gguf.export import holds_verifier_weights
 
     tops = {Path(r).parts[0] for r in rels}
     trt = {Path(r).parts[1] for r in rels if len(Path(r).parts) >= 3 and Path(r).parts[0] == "trt"}
     return (("onnx" in tops and _onnx_verifier_weights(rec, _meta(d / "onnx" / "onnx_meta.json")))
             or any(_trt_verifier_weights(d / "trt" / k)[0] for k in sorted(trt))
-            or ("gguf" in tops and bool(_meta(d / "gguf" / META_NAME).get("contains_verifier_weights"))))
+            or ("gguf" in tops and holds_verifier_weights(d)))
 
 
 def _trt_variant_ok(v: Path, allow_vw: bool, p: Payload) -> bool:

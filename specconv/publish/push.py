@@ -176,9 +176,9 @@ def _record_publish(d: Path, r: PushResult, key: str | None = None) -> None:
     its ``key`` (``sglang``: the SGLang repo's push, beside the Speculators repo's)."""
     if r.status == "dry_run":
         return
-    from ..record import PublishSection, update_record, update_section_key
+    from ..record import PublishedRepo, update_record, update_section_key
 
-    body = {k: getattr(r, k) for k in PublishSection.model_fields}
+    body = {k: getattr(r, k) for k in PublishedRepo.model_fields}
     try:
         update_section_key(d, "publish", key, body) if key else update_record(d, "publish", body)
     except (OSError, SpecconvError) as e:  # a read-only dir: the push itself succeeded

@@ -10,10 +10,13 @@ from __future__ import annotations
 import json
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..errors import GateFailedError, SpecconvError, UsageError
 from .payload import Payload, add_manifest
+
+if TYPE_CHECKING:
+    from ..results import SglangExport
 
 __all__ = ["card_section", "is_sglang_file", "local_export_path", "push_with_sglang", "sglang_payload",
            "sglang_problem"]
@@ -22,19 +25,23 @@ __all__ = ["card_section", "is_sglang_file", "local_export_path", "push_with_sgl
 DEFAULT_DIR = "sglang"
 
 
-def _export(rec: Any) -> dict[str, Any]:
-    return ((rec.export.model_dump() if rec.export is not None else {}).get("sglang")) or {}
+def _export(rec: Any) -> SglangExport:
+    """The record's ``export.sglang`` (an empty one when unset)."""
+    from ..results import SglangExport
+
+    exp = rec.export.sglang if rec.export is not None else None
+    return exp if exp is not None else SglangExport()
 
 
 def _export_dir(d: Path, rec: Any) -> Path | None:
-    out = _export(rec).get("output")
+    out = _export(rec).output
     return (d / out) if isinstance(out, str) and not Path(out).is_absolute() else None
 
 
 def is_sglang_file(d: Path, rec: Any, rel: str) -> bool:
     """``rel`` (a path in drafter dir ``d``) belongs to an SGLang export: never pushed with the
     Speculators repo."""
-    out = _export(rec).get("output")
+    out = _export(rec).output
     prefixes = {DEFAULT_DIR + "/"} | ({out.rstrip("/") + "/"} if isinstance(out, str) and not out.startswith("..") else set())
     return any(rel.startswith(p) for p in prefixes)
 
@@ -46,25 +53,25 @@ def sglang_problem(d: Path, rec: Any) -> str | None:
 
     exp = _export(rec)
     out = _export_dir(d, rec)
-    check = exp.get("check") or {}
+    check = exp.check or {}
     if out is None or not out.is_dir():
         return "no SGLang export in the record (run `specconv export sglang DIR --check`)"
     if not check:
         return f"{out}: SGLang's loader has not checked it (`specconv export sglang DIR --check`)"
     if not check.get("ok"):
         return f"{out}: SGLang's loader check failed: {'; '.join(check.get('errors', []) + check.get('mismatches', []))}"
-    if check.get("files") != exp.get("files"):
+    if check.get("files") != exp.files:
         return f"{out}: the check was made on other bytes than the export records"
-    if layout_files(out) != exp.get("files"):
+    if layout_files(out) != exp.files:
         return f"{out}: its files changed after the export (sha256 differs from export.sglang.files)"
-    if exp.get("drafter_files") != file_hashes(d):
+    if exp.drafter_files != file_hashes(d):
         return f"{out}: made from other drafter files than {d} holds now; export again"
     return None
 
 
 def local_export_path(d: Path, rec: Any) -> str | None:
     """The local card's ``--speculative-draft-model-path``: the recorded export, relative to ``d``."""
-    out = _export(rec).get("output")
+    out = _export(rec).output
     if not isinstance(out, str) or not (d / out).is_dir():
         return None
     return out if out.startswith(("./", "../")) else "./" + out
@@ -78,17 +85,16 @@ def card_section(d: Path, rec: Any, verifier: str, draft: str) -> dict[str, Any]
     if sglang_problem(d, rec) is not None:
         return None
     exp = _export(rec)
-    check = exp["check"]
+    check = exp.check
     return {"version": check.get("version"), "distribution": check.get("distribution"), "class": check.get("class"),
             "draft": draft, "repo_url": f"https://huggingface.co/{draft}" if hub.is_hub_id(draft) else None,
-            "command": launch_command(verifier, draft, exp["algorithm"], exp.get("env") or {}),
-            "env": exp.get("env") or {}}
+            "command": launch_command(verifier, draft, exp.algorithm, exp.env or {}), "env": exp.env or {}}
 
 
-def _rows(exp: dict[str, Any]) -> list[tuple[str, str]]:
+def _rows(exp: SglangExport) -> list[tuple[str, str]]:
     """The SGLang card's table of what SGLang resolved (each equal to the Speculators drafter's)."""
-    r = exp["check"].get("resolved") or {}
-    rows = [("draft class", f"`{exp['check'].get('class')}`"),
+    r = exp.check.get("resolved") or {}
+    rows = [("draft class", f"`{exp.check.get('class')}`"),
             ("verifier layers captured (SGLang ids)", ", ".join(map(str, r.get("captured_layer_ids") or []))),
             ("= Speculators aux_hidden_state_layer_ids", ", ".join(map(str, r.get("capture_layer_inputs") or []))),
             ("block slots / drafts per pass", f"{r.get('block_slots')} / {r.get('drafts_per_block')}"),
@@ -115,20 +121,20 @@ def render_sglang_card(d: Path, rec: Any, repo_id: str, speculators_repo: str) -
     from .payload import published_verifier
 
     exp = _export(rec)
-    alg = algorithm(exp["algorithm"])
+    alg = algorithm(exp.algorithm)
     verifier = published_verifier(read_config(d)) or "unknown"
     license_id, license_note = choose_license(d, rec)
     meta: dict[str, Any] = {"license": license_id,
                             "tags": sorted({alg.name, "speculative-decoding", "sglang", "specconv"})}
     if hub.is_hub_id(verifier):
         meta["base_model"] = verifier
-    env = " ".join(f"{k}={v}" for k, v in sorted((exp.get("env") or {}).items()))
+    env = " ".join(f"{k}={v}" for k, v in sorted((exp.env or {}).items()))
     ctx = dict(metadata_yaml=yaml.safe_dump(meta, sort_keys=True, allow_unicode=True), title=repo_id.split("/")[-1],
                algorithm_name=alg.display_name, speculators_repo=speculators_repo, verifier=verifier,
                verifier_url=f"https://huggingface.co/{verifier}" if hub.is_hub_id(verifier) else None,
-               command=card_section(d, rec, verifier, repo_id)["command"], env=env, check=exp["check"],
-               rows=_rows(exp), target_supplied=", ".join(f"`{n}`" for n in exp.get("target_supplied") or []),
-               files=sorted(exp["files"].items()), notes=exp.get("notes") or [],
+               command=card_section(d, rec, verifier, repo_id)["command"], env=env, check=exp.check,
+               rows=_rows(exp), target_supplied=", ".join(f"`{n}`" for n in exp.target_supplied or []),
+               files=sorted(exp.files.items()), notes=exp.notes or [],
                specconv_version=rec.specconv_version or __version__, license=license_id, license_note=license_note)
     env_ = jinja2.Environment(loader=jinja2.FileSystemLoader(str(_templates())), keep_trailing_newline=True,
                               undefined=jinja2.StrictUndefined, autoescape=False)
@@ -150,7 +156,7 @@ def sglang_payload(d: Path, rec: Any, repo_id: str, speculators_repo: str) -> Pa
     out = _export_dir(d, rec)
     p = Payload()
     for f in sorted(x for x in out.iterdir() if x.is_file() and not x.name.startswith(".")):
-        p.add(f.name, f, _export(rec)["files"].get(f.name))
+        p.add(f.name, f, _export(rec).files.get(f.name))
     p.add("README.md", render_sglang_card(d, rec, repo_id, speculators_repo).encode("utf-8"))
     add_manifest(p)
     return p

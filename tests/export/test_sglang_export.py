@@ -96,7 +96,8 @@ def test_the_export_is_recorded_with_its_files(bundled):
     from specconv.tensors import sha256_file
 
     d = bundled[0]
-    rec = read_record(d).export.model_dump()["sglang"]
+    assert read_record(d).export.sglang.output == "sglang"  # typed
+    rec = json.loads((d / "specconv.json").read_text())["export"]["sglang"]  # the bytes on disk
     out = d / "sglang"
     assert rec["output"] == "sglang" and rec["format"] == "specconv-sglang-drafter"
     assert rec["files"] == {n: sha256_file(out / n) for n in ("config.json", "model.safetensors")}
@@ -274,7 +275,7 @@ def _fake_check(d: Path, ok: bool = True) -> None:
     from specconv.record import read_record
     from specconv.results import ExportSglangResult
 
-    exp = ExportSglangResult.of(read_record(d).export.model_dump()["sglang"])
+    exp = ExportSglangResult.of(read_record(d).export.sglang.model_dump(exclude_unset=True))
     record_sglang_check(d, exp, {"ok": ok, "distribution": "sglang", "version": "0.5.23",
                                  "class": "DFlashDraftModel", "files": layout_files(d / "sglang")})
 

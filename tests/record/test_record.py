@@ -31,6 +31,26 @@ def test_unknown_sections_and_keys_round_trip(tmp_path):
     assert after == {**data, "publish": {"repo_id": "me/drafter", "revision": "abc"}}
 
 
+def test_export_and_publish_keys_are_typed_and_one_key_update_writes_only_what_was_set(tmp_path):
+    from specconv.record import update_section_key
+    from specconv.results import GgufExport, SglangExport
+
+    _write(tmp_path, {"export": {"sglang": {"output": "sglang", "launch": None, "files": {"config.json": "ab"}}}})
+    update_section_key(tmp_path, "export", "gguf", {"file": "d.gguf", "spec_draft_n_max": 7, "check": {"passed": True}})
+    update_section_key(tmp_path, "publish", "sglang", {"repo_id": "me/d-sglang", "status": "published"})
+    assert json.loads((tmp_path / "specconv.json").read_text()) == {  # no key nobody set (e.g. "onnx": null)
+        "export": {"sglang": {"output": "sglang", "launch": None, "files": {"config.json": "ab"}},
+                   "gguf": {"file": "d.gguf", "spec_draft_n_max": 7, "check": {"passed": True}}},
+        "publish": {"sglang": {"repo_id": "me/d-sglang", "status": "published"}}}
+    rec = read_record(tmp_path)
+    assert isinstance(rec.export.gguf, GgufExport) and rec.export.gguf.spec_draft_n_max == 7
+    assert isinstance(rec.export.sglang, SglangExport) and rec.export.sglang.files == {"config.json": "ab"}
+    assert rec.export.onnx is None and rec.publish.sglang.repo_id == "me/d-sglang" and rec.publish.repo_id is None
+    with pytest.raises(InvalidInputError):  # typed: a wrong type is refused, the file left as it was
+        update_section_key(tmp_path, "export", "gguf", {"spec_draft_n_max": "seven"})
+    assert read_record(tmp_path).export.gguf.spec_draft_n_max == 7
+
+
 def test_update_replaces_one_section_atomically(tmp_path, monkeypatch):
     fresh = tmp_path / "fresh"  # no record yet: one holding only this section
     fresh.mkdir()

@@ -243,9 +243,9 @@ def test_validate_sglang_load_check_records_under_export_not_validation(validate
     assert report["sglang_load"]["ok"] and report["sglang_load"]["class"] == "DFlashDraftModel"
     rec = read_record(d)
     assert rec.validation.passed is True and "sglang" not in rec.validation.model_dump()
-    exp = rec.export.model_dump()["sglang"]
-    assert exp["check"]["ok"] and exp["output"] is None  # checked in a temp dir; DIR holds no export yet
-    assert exp["check"]["files"] == exp["files"] and exp["check"]["resolved"]["capture_layer_inputs"] == [1, 3]
+    exp = rec.export.sglang
+    assert exp.check["ok"] and exp.output is None  # checked in a temp dir; DIR holds no export yet
+    assert exp.check["files"] == exp.files and exp.check["resolved"]["capture_layer_inputs"] == [1, 3]
     assert "## SGLang" not in (d / "README.md").read_text()  # no export in DIR: no serve line
 
 
@@ -258,7 +258,7 @@ def test_export_keeps_the_check_of_the_same_bytes_and_push_publishes_both(valida
     assert code == 0
     r = invoke("export", "sglang", d)
     assert r.code == 0, r.stdout
-    assert read_record(d).export.model_dump()["sglang"]["check"]["ok"]  # same bytes: the check is kept
+    assert read_record(d).export.sglang.check["ok"]  # same bytes: the check is kept
     assert "## SGLang" in (d / "README.md").read_text()
     double = HubDouble(token=TOKEN).start()
     try:
