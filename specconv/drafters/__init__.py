@@ -1,12 +1,8 @@
 """Reference PyTorch drafters for Speculators-format P-EAGLE / DFlash / DSpark dirs.
 
-One small module per algorithm runs one drafting step as speculators 0.9.0
-(``src/speculators/models/{peagle,dflash,dspark}/``) and vLLM
-(``vllm/model_executor/models/{llama_eagle3,qwen3_dflash,qwen3_dspark}.py``) do; each
-module's docstring spells out its step, written once: ``Drafter.step`` over the export
-I/O contract (:mod:`.step`), which ``forward_block`` runs at batch 1, the export wrapper
-batched, and the context-cached session (:mod:`.cache`) with the context keys/values kept.
-Public API::
+One module per algorithm; its docstring spells out its drafting step and the speculators 0.9.0
+and vLLM files it follows. The one step and who runs it: ``docs/architecture.md``
+(``specconv/drafters/``). Public API::
 
     from specconv.drafters import load_drafter
     drafter = load_drafter(spec_dir, verifier, config=typed, dtype=torch.float32, device="cpu")

@@ -1,22 +1,11 @@
 """Drafter base class, result types, draft-vocabulary mapping and weight loading.
 
-Shared by the P-EAGLE, DFlash and DSpark reference drafters, which take the typed
-Speculators config (:mod:`specconv.format`) and the one :class:`specconv.verifier.Verifier`
-(for the embedding / LM head a drafter may omit), and read every per-algorithm fact from
-the algorithm's description (:mod:`specconv.format.algorithms`). Facts: aux ids in the
-speculators / vLLM capture convention (speculators ``src/speculators/models/eagle3/core.py``,
-vLLM ``vllm/model_executor/models/llama_eagle3.py``); ``d2t`` holds offsets, ``target = draft +
-d2t`` (vLLM ``vllm/model_executor/models/llama_eagle3.py``, ``combine_hidden_states`` /
-``compute_logits``); a full-vocabulary DFlash / DSpark drafter may omit ``embed_tokens`` and
-``lm_head``, which then come from the verifier (``docs/validate.md``, structure gate).
-
-Each drafter has **one** drafting step, :meth:`Drafter.step`: batched, over the export I/O
-contract (:mod:`specconv.drafters.step`). :meth:`Drafter.propose` / ``forward_block`` run
-it at batch 1 and keep **no state**: every call recomputes the whole drafting pass from the
-accepted context it is given (the path G2 parity uses); the export wrapper
-(:mod:`specconv.export.wrappers`) runs it batched. ``drafter.new_session()``
-(:mod:`specconv.drafters.cache`) keeps the projected context keys/values between calls
-instead and runs the same layers and heads; the validation loop drafts through it.
+Every per-algorithm fact comes from the algorithm's description (:mod:`specconv.format.algorithms`).
+Aux ids follow the speculators / vLLM capture convention (``docs/validate.md``, "Harness";
+speculators ``src/speculators/models/eagle3/core.py``, vLLM ``vllm/model_executor/models/llama_eagle3.py``);
+``d2t`` offsets: :class:`VocabMap` (vLLM ``llama_eagle3.py`` ``combine_hidden_states`` /
+``compute_logits``). The one step (:meth:`Drafter.step`) and its stateless, cached and exported
+paths: ``docs/architecture.md`` (``specconv/drafters/``) and ``docs/validate.md`` ("Harness").
 """
 
 from __future__ import annotations

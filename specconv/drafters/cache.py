@@ -1,16 +1,7 @@
-"""Drafter context cache: the projected context K/V kept between drafting steps.
+"""Drafter context cache: the projected context K/V kept between drafting steps (what it keeps,
+crops and never commits: ``docs/validate.md``, "Harness"; its cost: ``docs/benchmarks.md``).
 
-The stateless path (:meth:`Drafter.forward_block` / :meth:`Drafter.propose`) projects
-all ``T`` context positions through every layer's ``k_proj``/``v_proj`` on every call,
-so one step costs ``O(T)`` projections. A :class:`DraftSession` keeps, per draft layer,
-the roped keys and values of the context rows already seen; each call projects only
-the rows that are new since the previous call (the tokens the verifier just accepted)
-and crops the cache when the caller's context is shorter than, or diverges from, what
-is cached (a rewind after rejected drafts). The block / mask rows of a step are written
-past the committed length as scratch and never committed, so after every call the
-cache holds exactly the accepted context.
-
-Which rows are cacheable (``docs/validate.md``):
+Which rows are cacheable (the roped keys/values, per draft layer):
 
 * DFlash / DSpark: context keys/values are ``k_proj``/``v_proj`` of
   ``hidden_norm(fc(g_i))`` at RoPE position ``i`` — they depend on the features only.

@@ -16,10 +16,8 @@ model_definitions}.py``; z-lab ``dflash/model.py``; vLLM
 4. ``logits = lm_head(norm(h))``; drafts from slots ``1..B-1`` (``sample_from_anchor``
    false) or ``0..B-1`` (true), mapped with ``d2t``.
 
-:meth:`DFlashDrafter.step` (batched; ``forward_block`` at batch 1, the export wrapper
-batched) projects the context on every call; :meth:`DFlashDrafter.new_session` keeps the
-context keys/values between calls (:mod:`specconv.drafters.cache`, the validation loop's
-default) and runs the same block pass (:meth:`_block_pass`) over them.
+The stateless step and the cached session (:meth:`DFlashDrafter.new_session`) run the same
+block pass (:meth:`_block_pass`).
 """
 
 from __future__ import annotations

@@ -1,22 +1,10 @@
-"""Plain-torch building blocks shared by the reference drafters.
-
-Everything here is written with explicit tensor ops (no transformers model classes) so
-the numerics are easy to follow and to mirror in ONNX / TensorRT exports:
-
-* :class:`RMSNorm` — Llama/Qwen3 RMSNorm (variance in fp32, gain applied in the input
-  dtype), as in transformers ``Qwen3RMSNorm`` / ``LlamaRMSNorm``.
-* :class:`Rotary` — neox / rotate-half RoPE with absolute positions; ``default``,
-  ``linear`` and ``llama3`` rope types (transformers ``modeling_rope_utils``).
-* :func:`attend` — GQA scaled-dot-product attention with an explicit boolean mask
-  (True = visible), softmax in fp32 like transformers' ``eager_attention_forward``;
-  :func:`attend_grouped` — the same without repeating K/V (the cached path,
-  :mod:`specconv.drafters.cache`).
-* :class:`Attention`, :class:`MLP`, :class:`DecoderLayer` — pre-norm Llama/Qwen3 decoder
-  pieces built from the typed :class:`~specconv.format.schema.TransformerLayerConfig`;
-  ``q_norm``/``k_norm`` (per-head RMSNorm) only when the layer has them;
-  :meth:`DecoderLayer.attend` is one layer of every drafting path (the caller says which
-  keys / values the rows attend over: the stateless step's, or the context cache's).
-* :func:`check_layers` — the layer variants the drafters refuse, and each layer's window.
+"""Plain-torch building blocks shared by the reference drafters, in explicit tensor ops (no
+transformers model classes) so the numerics are easy to follow and to mirror in ONNX / TensorRT
+exports: :class:`RMSNorm` as transformers ``Qwen3RMSNorm`` / ``LlamaRMSNorm`` (gain applied in
+the input dtype), :class:`Rotary` (neox / rotate-half, absolute positions), :func:`attend` with
+its softmax in fp32 as transformers' ``eager_attention_forward``; :meth:`DecoderLayer.attend` is
+one layer of every drafting path (the caller says which keys / values the rows attend over: the
+stateless step's, or the context cache's).
 
 Every tensor carries a leading batch axis: rows are ``[B, S, ·]``, heads ``[B, n, S, D]``
 (the export I/O contract's layout; the stateless and the cached path run at ``B = 1``).

@@ -1,13 +1,6 @@
-"""``load_drafter``: build a reference drafter from a Speculators-format directory.
-
-Takes the run's resolved :class:`specconv.verifier.Verifier` and, when the caller has it,
-the typed config it already parsed (:func:`specconv.format.load_config`, the only parser of
-a Speculators ``config.json``; parsed here otherwise), builds the drafter class the
-algorithm's description names, and reads the drafter's safetensors through
-:func:`specconv.tensors.open_store`; ``embed_tokens`` / ``lm_head`` come from the verifier
-where the format lets the drafter omit them (DFlash/DSpark full vocabulary; the LM head
-falls back to the verifier's tied embedding, as speculators
-``src/speculators/model.py::load_verifier_weights`` does).
+"""``load_drafter``: build a reference drafter from a Speculators-format directory (the drafter
+class the algorithm's description names). A verifier-supplied LM head falls back to the
+verifier's tied embedding, as speculators ``src/speculators/model.py::load_verifier_weights`` does.
 """
 
 from __future__ import annotations

@@ -13,16 +13,12 @@ Per entry: ``e = embed_tokens[token]``, ``f = fc(prep(x))`` (``prep`` = ``input_
 if ``norm_before_fc``, per-chunk ``fc_norm`` if ``fc_norm``, else identity). Layer 0
 attends with ``q,k,v = proj(cat(input_layernorm(e), hidden_norm(f)))`` and residual
 ``hidden_norm(f)`` (``norm_before_residual``) or ``f``; layers >= 1 are standard
-pre-norm decoder layers. Attention follows speculators ``peagle/attention.py``: an entry
-sees the context entries anchored at or before its own anchor (SWA layers: only those in
-``(q_pos - W, q_pos]``) and the earlier entries of its own rollout. qwen3 layers have
-per-head ``q_norm``/``k_norm``; llama layers do not. ``logits = lm_head(norm(h))``; drafts
-from the bonus entry (row ``T-1``) and the mask entries, mapped with ``d2t``.
+pre-norm decoder layers; what an entry attends to: :meth:`PEagleDrafter.entry_mask`. qwen3
+layers have per-head ``q_norm``/``k_norm``; llama layers do not. ``logits = lm_head(norm(h))``;
+drafts from the bonus entry (row ``T-1``) and the mask entries, mapped with ``d2t``.
 
-:meth:`PEagleDrafter.step` (batched; ``forward_block`` at batch 1, the export wrapper
-batched) runs every context entry on every call; :meth:`PEagleDrafter.new_session` keeps
-the context entries' keys/values between calls (:mod:`specconv.drafters.cache`) and runs
-the same entry pass (:meth:`_entry_pass`) over the new entries only.
+The stateless step and the cached session (:meth:`PEagleDrafter.new_session`, the new entries
+only) run the same entry pass (:meth:`_entry_pass`).
 """
 
 from __future__ import annotations

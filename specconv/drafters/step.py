@@ -1,19 +1,9 @@
 """One drafting step over the export I/O contract: its inputs, its shape and its result.
 
 Every drafting path runs the drafter's one batched step (:meth:`Drafter.step`) over these
-inputs (``docs/engines.md``, "I/O contract"; ``B`` batch, ``C`` context length, ``S`` block
-rows, ``N`` drafts):
-
-* ``aux_hidden`` ``[B, C, A·Ht]`` — the verifier's aux hidden states of the accepted
-  positions, concatenated in ``aux_layer_ids`` order;
-* ``context_ids`` int32 ``[B, C]`` (only where the description's ``export.context_ids``:
-  P-EAGLE) — the token of each context entry (entry ``i`` carries token ``t_{i+1}``);
-* ``block_ids`` int32 ``[B, S]`` — ``export.block_rows == "block"``: ``[anchor, mask, …,
-  mask]`` (``S = block_size``); ``"mask-depths"``: the ``K-1`` mask entries;
-* ``ctx_position_ids`` / ``block_position_ids`` int32 ``[B, C]`` / ``[B, S]`` — RoPE
-  positions;
-* ``ctx_valid`` bool ``[B, C]`` — False marks padding; rows are **left-padded** (the last
-  column is the newest position).
+inputs; their names, shapes, dtypes and meaning are ``docs/engines.md``'s input table ("The
+graph: one drafting step, stateless"), which of them an algorithm takes its description's
+``export`` (``context_ids``, ``block_rows``).
 
 :func:`request_inputs` builds them for one request (batch 1, no padding, no copy of the
 aux states: what ``forward_block`` and the context-cached path run), :func:`batch_inputs`

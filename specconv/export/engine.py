@@ -1,30 +1,12 @@
 """``specconv build-engine DIR``: TensorRT / TensorRT-RTX engines from an exported graph.
 
-The builder works through the ``tensorrt`` Python API (TensorRT 10.15+ and 11.x) or the
-TensorRT-RTX one (module ``tensorrt_rtx``), passed in as a module so unit tests can
-inject a fake. One code path for both majors: a strongly typed network (precision comes
-from the ONNX dtypes; no FP16/BF16 builder flags, which TensorRT 11 removed), one
-optimization profile over the dynamic ``batch`` / ``context`` axes, ``TF32`` cleared for
-fp32 validation engines. API names: NVIDIA TensorRT Python API reference
-(``IBuilder``, ``IBuilderConfig``, ``OnnxParser``).
-
-The shipped graph is standard ONNX. TensorRT-only attributes (:data:`TENSORRT_ATTRIBUTES`)
-are set in memory: the graph's proto is loaded without its external data, the attributes
-are set, and the bytes are parsed with ``OnnxParser.parse(model, path)``, ``path`` being the
-graph file: the parser reads external data relative to that file's directory
-(onnx/onnx-tensorrt ``NvOnnxParser.h``, ``IParser::parse``'s ``model_path``; the Python
-binding ``parse(model, path=None)`` in NVIDIA/TensorRT ``python/src/parsers/pyOnnx.cpp``;
-``WeightsContext::parseExternalWeights`` in onnx-tensorrt ``WeightsContext.cpp`` replaces
-the part after the path's last ``/`` with the tensor's ``location``). TensorRT-RTX 1.7 has
-the same ``parse(model, path)``.
-
-Layout (docs/engines.md)::
-
-    DIR/trt/manifest.json                         every variant
-    DIR/trt/<key>/drafter.plan, build.json [, timing.cache]
-
-Never constructs a TensorRT object before a GPU has been found (TensorRT segfaults
-after a CUDA initialisation failure); TensorRT-RTX builds ahead-of-time on a CPU.
+``docs/engines.md`` owns the facts: the one code path for TensorRT 10.15+ / 11.x and TensorRT-RTX
+(a strongly typed network, TF32 cleared for fp32), the TensorRT-only attributes set in memory and
+the ``OnnxParser.parse(model, path)`` call with its sources ("Prepare for TensorRT", step 5), the
+layout ("Files") and why no TensorRT object exists before a GPU is found ("GPU tests"). The
+builder module (``tensorrt`` or ``tensorrt_rtx``) is passed in, so unit tests can inject a fake;
+one optimization profile spans the dynamic ``batch`` / ``context`` axes. API names: NVIDIA
+TensorRT Python API reference (``IBuilder``, ``IBuilderConfig``, ``OnnxParser``).
 """
 
 from __future__ import annotations

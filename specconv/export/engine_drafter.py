@@ -1,12 +1,10 @@
 """A built TensorRT engine as a drafter runtime (``validate --engine``; registered as
 ``tensorrt`` in :data:`specconv.validate.runtimes.RUNTIMES`: :func:`load`, :func:`preflight_engine`).
 
-:func:`preflight_engine` does every refusal before a TensorRT object exists (TensorRT
-segfaults after a CUDA initialisation failure on a CPU machine; the list: docs/engines.md).
-:class:`EngineDrafter` then deserializes ``DIR/trt/<key>/drafter.plan`` and runs it with torch
-CUDA tensors through the name-based I/O API of TensorRT 10.15+ / 11.x (``set_input_shape``,
-``set_tensor_address``, ``execute_async_v3``; NVIDIA TensorRT Python API reference,
-``IExecutionContext``), fed like every exported step (:meth:`.graph_drafter.GraphDrafter.feeds`).
+Its refusals, all made before a TensorRT object exists, and its name-based I/O:
+``docs/engines.md`` ("Engine validation"); API names: NVIDIA TensorRT Python API reference,
+``IExecutionContext``. :class:`EngineDrafter` is fed like every exported step
+(:meth:`.graph_drafter.GraphDrafter.feeds`).
 """
 
 from __future__ import annotations

@@ -1,16 +1,7 @@
-"""``specconv export onnx DIR``: a Speculators dir → ``onnx/`` (graph, fp32 twin, meta).
-
-Layout written (via a temp dir renamed at the end)::
-
-    OUT/drafter.onnx, OUT/drafter.onnx.data     graph at --dtype (standard ONNX)
-    OUT/fp32/drafter.onnx, .../drafter.onnx.data fp32 twin (CPU numerics; float16 / bfloat16 only)
-    OUT/onnx_meta.json                          format version, versions, I/O, ranges, sha256s
-
-Every graph is written once: ``--dtype float32`` writes only ``OUT/drafter.onnx`` (it is its
-own fp32 graph). Graphs are standard ONNX (``onnx.checker`` full check, ONNX Runtime load
-them as written); the TensorRT-only attributes are added in memory by ``build-engine``
-(:mod:`.engine`). The export section of ``DIR/specconv.json`` records the result and the
-parity numbers.
+"""``specconv export onnx DIR``: a Speculators dir → ``onnx/`` (graph, fp32 twin, meta), written
+through a temp dir renamed at the end. The layout, what ``onnx_meta.json`` holds and why every
+graph is standard ONNX: ``docs/engines.md`` ("Files", "Prepare for TensorRT"). The export section
+of ``DIR/specconv.json`` records the result and the parity numbers.
 """
 
 from __future__ import annotations

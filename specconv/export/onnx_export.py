@@ -1,20 +1,8 @@
 """ONNX export of a drafting step: ``torch.onnx.export(dynamo=True)`` + "prepare for TensorRT".
 
-Pipeline (per graph): the wrapper of :mod:`.wrappers` with ``onnx_attention=True`` →
-``torch.onnx.export(..., dynamo=True, opset_version=23|24, external_data=True)`` (batch and
-context dynamic, block static) → :func:`prepare_for_tensorrt` (constant folding with
-onnxscript's optimizer, refusal of ``If``/``Loop``/``Scan`` around attention, of
-``CumProd`` and of non-default domains) → ``onnx.checker.check_model(path,
-full_check=True)`` and strict shape inference on the written file's path (external data:
-no 2 GB protobuf limit).
-
-The written graph is standard ONNX and is the file that ships: the checker, the parity
-check and ``validate --onnx`` read it as written. TensorRT-only attributes
-(``TRT_decomposable`` on ``Attention``), which ``onnx.checker`` and ONNX Runtime refuse,
-are never written; ``build-engine`` sets them in memory (:mod:`.engine`).
-
-Facts: torch 2.13's default opset is 20, which decomposes attention; opset 23 keeps
-``Attention`` / ``RMSNormalization`` / ``RotaryEmbedding`` (docs/engines.md).
+The pipeline, the opset, and why the written (shipped) graph carries no TensorRT-only attribute:
+``docs/engines.md`` ("Prepare for TensorRT"). The graph is written with external data (no 2 GB
+protobuf limit); opset 23 keeps ``Attention`` / ``RMSNormalization`` / ``RotaryEmbedding`` nodes.
 """
 
 from __future__ import annotations

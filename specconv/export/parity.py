@@ -2,9 +2,7 @@
 
 Runtimes: ONNX Runtime (CPU) for fp32 and fp16 graphs; the ONNX reference evaluator for
 bf16 graphs (ONNX Runtime's CPU provider has no bf16 MatMul), only for small graphs.
-Tolerances follow docs/engines.md ("Parity"): fp32 — top-1 100 %, max |Δ| ≤ 1e-3; fp16 /
-bf16 — top-1 differences only where the torch top-1/top-2 margin is a near-tie
-(< 2·atol), max |Δ| reported.
+Gates: :data:`TOLERANCES` (the table of docs/engines.md, "Parity and acceptance").
 """
 
 from __future__ import annotations

@@ -1,25 +1,9 @@
 """SGLang's layout of a Speculators drafter: the config rewrite, the refusals, the serve line.
 
-SGLang 0.5.23 does not read the Speculators format (its config goes through ``AutoConfig``,
-which needs a top-level ``model_type``). This module turns a Speculators ``config.json`` into
-the flat config SGLang's own draft classes read, config only (the weights are copied byte
-for byte by :mod:`.sglang_dir`), and refuses by name what SGLang would load but serve
-wrongly. Every SGLang fact comes from the algorithm description
-(:class:`specconv.format.algorithms.SglangFacts`); paths below are inside the sglang 0.5.23
-wheel (``docs/sglang.md``):
-
-* ``srt/speculative/dflash_utils.py`` ``parse_dflash_draft_config``: ``block_size``,
-  ``dflash_config.{mask_token_id, target_layer_ids}``, ``num_target_layers``;
-  ``srt/models/dflash.py`` ``_get_dflash_layer_attention_params``: a ``full_attention``
-  layer is bidirectional and a ``sliding_attention`` layer causal unless the one global
-  ``is_causal`` says otherwise; ``get_dflash_attention_sliding_window_size`` needs
-  ``sliding_window`` (transformers' Qwen3 config keeps it only with ``use_sliding_window``).
-* ``srt/speculative/dspark_components/dspark_config.py``: DSpark's ``block_size`` is γ (the
-  drafts per pass), ``markov_rank`` > 0 and ``markov_head_type`` are required,
-  ``sample_from_anchor`` defaults to true.
-* ``srt/models/dflash.py`` ``DFlashDraftModel``: ``fc`` is built for
-  ``len(target_layer_ids) * hidden_size`` inputs, and the embedding and LM head are the
-  target's (:data:`TARGET_SUPPLIED`).
+Config only (the weights are copied byte for byte by :mod:`.sglang_dir`). What SGLang 0.5.23
+reads, each convention that differs from Speculators' and each refusal, with the sglang wheel
+files they come from: ``docs/sglang.md``; every SGLang fact comes from the algorithm description
+(:class:`specconv.format.algorithms.SglangFacts`).
 
 Standard library and :mod:`specconv.format` only (no torch): refusals are decided before
 anything is read beyond ``config.json`` and the tensor names.

@@ -1,16 +1,8 @@
-"""``specconv export sglang DIR``: a Speculators dir → SGLang's layout (``DIR/sglang`` by default).
-
-Layout written (a locked temp dir renamed at the end, :mod:`specconv.outdir`)::
-
-    OUT/config.json                 SGLang's config (:func:`specconv.export.sglang.sglang_layout`)
-    OUT/*.safetensors [+ index]     the drafter's weight files, byte for byte, as regular files
-    OUT/sglang_export.json          the kind's record: format, sha256 of every file, the drafter
-                                    files it was made from, what SGLang must resolve, the env
-
-``--check`` loads OUT with SGLang's own loader before it is moved into place
-(:mod:`specconv.sglang_check`; the same bytes, renamed); a failed check writes nothing. The
-result is recorded under ``export.sglang`` in ``DIR/specconv.json``; a check made earlier on
-the same bytes (``validate --sglang-load-check`` exports to a temp dir) is kept.
+"""``specconv export sglang DIR``: a Speculators dir → SGLang's layout (``DIR/sglang`` by default),
+written through a locked temp dir renamed at the end (:mod:`specconv.outdir`). The files and
+``--check``: ``docs/sglang.md`` ("The layout", "The check"). The result is recorded under
+``export.sglang`` in ``DIR/specconv.json``; a check made earlier on the same bytes
+(``validate --sglang-load-check`` exports to a temp dir) is kept.
 """
 
 from __future__ import annotations

@@ -1,23 +1,10 @@
 """Export wrapper: a reference drafter's one drafting step as the module torch.export traces.
 
-The "stateless" (v1) I/O contract: every call recomputes the drafter over the whole
-accepted context, batch and context length are dynamic, the block is static. The inputs
-are the drafter's step inputs (:mod:`specconv.drafters.step`; their names and order per
-algorithm are the description's ``export.inputs``), plus an optional ``sampling_noise``
-float32 ``[B, N, Vd]`` added to the draft logits before ArgMax (Gumbel-max: pass
-``T · Gumbel(0, 1)`` noise to sample at temperature ``T``; zeros = greedy).
-
-Outputs: ``draft_ids`` int32 ``[B, N]`` (**target** ids, ``d2t`` applied in-graph),
-``draft_logprobs`` float32 ``[B, N]`` (log-softmax of the draft logits at temperature 1,
-at the picked id), optional ``topk_ids``/``topk_logprobs`` ``[B, N, k]``, optional
-``logits`` float32 ``[B, N, Vt]`` (target vocabulary, ``-inf`` outside a pruned draft
-vocabulary), ``confidence`` float32 ``[B, N]`` (sigmoid of the confidence head) where the
-description has ``export.confidence_output`` and the drafter the head.
-
-The wrapper adds only the output selection and, with ``onnx_attention=True`` (what the
-exporter sets), attention as ``torch.onnx.ops.attention`` — one ONNX ``Attention`` node per
-layer, with the explicit boolean masks of the step (ONNX ``is_causal`` is upper-left
-aligned, wrong for a block at the end of the context).
+The stateless I/O contract, its inputs (the step's, :mod:`specconv.drafters.step`, in the
+description's ``export.inputs`` order, plus ``sampling_noise``) and outputs: ``docs/engines.md``
+("The graph: one drafting step, stateless"). The wrapper adds only the output selection and, with
+``onnx_attention=True`` (what the exporter sets), attention as ``torch.onnx.ops.attention``: one
+ONNX ``Attention`` node per layer, with the step's explicit boolean masks.
 """
 
 from __future__ import annotations

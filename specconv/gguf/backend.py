@@ -1,12 +1,8 @@
 """``--backend llamacpp`` (registered by dotted path in ``specconv.validate.backend.BACKENDS``): the torch loop, then the drafter's GGUF served by ``llama-server``.
 
-Steps (docs/llamacpp.md): refuse what cannot run before any model is loaded (T > 0 is exit 2;
-no ``DIR/gguf`` export, a stale one, no ``llama-server`` or no verifier GGUF: exit 3) → the
-torch backend (G2 with ``--source``, G3 τ_torch, G4) → the same prompt token ids served by
-``llama-server`` without and with ``-md DIR/gguf/drafter-*.gguf``
-(:func:`specconv.gguf.check.run_check`) → G3 also fails when |τ_llama.cpp − τ_torch| exceeds
-:func:`tau_band`, G4 also fails when a drafted output differs from the plain server's beyond
-near ties. The report's ``llamacpp_serve`` says what ran (commit, verifier GGUF, τ).
+Its refusals before any model is loaded: :func:`preflight`; the serve check
+(:func:`specconv.gguf.check.run_check`), what it adds to G3 (:func:`tau_band`) and G4, and the
+report's ``llamacpp_serve``: ``docs/llamacpp.md`` ("The check").
 """
 
 from __future__ import annotations

@@ -1,12 +1,8 @@
 """The oracle is llama.cpp itself: serve a drafter GGUF with ``llama-server`` and check it.
 
-Two servers, one after the other, on the same target GGUF and the same prompt token ids:
-without ``-md`` (plain greedy decoding, with ``n_probs`` 2 for the top-1/top-2 margins) and
-with ``-md DRAFTER --spec-type T --spec-draft-n-max N``. The speculative outputs must equal
-the plain ones request by request, except where they first diverge at a near tie (the G4
-rule, :func:`specconv.validate.gates.near_tie`, for a quantised target: margin < 0.05), and
-the drafts must be accepted. τ comes from the ``/metrics`` counters before and after, as
-``--backend vllm`` reads vLLM's (τ = 1 + accepted / drafts).
+The two servers (without and with ``-md``), the lossless rule (G4's
+:func:`specconv.validate.gates.near_tie` at a quantised target's margin) and τ from the
+``/metrics`` counters, as ``--backend vllm`` reads vLLM's: ``docs/llamacpp.md`` ("The check").
 """
 
 from __future__ import annotations

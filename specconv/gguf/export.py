@@ -1,10 +1,6 @@
-"""``specconv export gguf DIR``: a Speculators DFlash / DSpark dir → ``OUT/drafter-<dtype>.gguf``.
-
-Layout written (a locked temp dir renamed into place at the end, :mod:`specconv.outdir`)::
-
-    OUT/drafter-<dtype>.gguf     llama.cpp's dflash architecture (keys, tensors, tokenizer)
-    OUT/gguf_meta.json           format specconv-gguf-drafter, format_version, sha256 of the
-                                 GGUF and of the drafter files read, the serve flags, the check
+"""``specconv export gguf DIR``: a Speculators DFlash / DSpark dir → ``OUT/drafter-<dtype>.gguf`` and
+``OUT/gguf_meta.json`` (what each holds: ``docs/llamacpp.md``, "What export gguf writes"), written
+through a locked temp dir renamed into place at the end (:mod:`specconv.outdir`).
 
 The check (:func:`specconv.gguf.check.run_check`) runs on the GGUF in the temp dir, which is
 the file renamed into place: the checked bytes are the shipped bytes. It runs when a

@@ -10,10 +10,8 @@ DSpark Markov head ``base + markov_w2 · markov_w1[prev]``, the confidence head 
 ``.weight`` are F32; ``d2t`` is I64 holding absolute target ids). Names come from the algorithm
 description (:class:`specconv.format.algorithms.LlamaCppFacts`).
 
-:func:`plan_gguf` refuses, by name and with exit 3, what llama.cpp cannot represent and
-returns a :class:`GgufPlan`: every metadata key with its GGUF type and every tensor with its
-source (a drafter tensor or the verifier's embedding / LM head) and GGML type. Every drafter
-tensor is written or named in ``not_written`` with the reason; nothing is dropped silently.
+:func:`plan_gguf` refuses by name (exit 3; the list: ``docs/llamacpp.md``, "Refused") or returns
+a :class:`GgufPlan`, in which every drafter tensor is written or named in ``not_written``.
 """
 
 from __future__ import annotations

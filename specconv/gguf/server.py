@@ -1,11 +1,9 @@
 """``llama-server`` on 127.0.0.1: the argv, the process, ``/completion`` and the ``/metrics`` counters.
 
-The binary is ``--llama-server`` / ``$SPECCONV_LLAMA_SERVER`` / the ``make llama-cpp`` build
-(:func:`specconv.llamacpp_build.build_dir`). One server runs at a time, on loopback and a
-free port, in its own process group, stopped whatever happens (SIGTERM, then SIGKILL).
-Requests carry prompt token ids (no chat template, no BOS added), greedy (``temperature`` 0,
-``top_k`` 1), ``cache_prompt`` false. The speculative counters are the Prometheus series of
-``tools/server/server-task.cpp`` (docs/engines.md, "llama.cpp build").
+The binary: ``docs/cli.md`` (``SPECCONV_LLAMA_SERVER``); the process lifecycle is
+``validate/local_server.py``'s (``docs/architecture.md``); the requests (prompt token ids, no chat
+template, no BOS added) and the counters: ``docs/llamacpp.md`` ("The check") and
+``docs/engines.md`` ("llama.cpp build").
 """
 
 from __future__ import annotations

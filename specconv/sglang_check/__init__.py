@@ -1,16 +1,10 @@
 """SGLang 0.5.23 as a real consumer: load SGLang exports with SGLang's own loader (specconv side).
 
-SGLang does not install next to specconv (it pins another torch and transformers), so the
-check runs ``runner.py`` (this package) in a separate interpreter — by default the repo's
-``.venv-sglang`` built by ``make sglang-venv`` (docs/sglang.md). Several dirs are loaded in
-ONE subprocess: SGLang's import costs 20–150 s on a busy machine, each dir about 1 s.
-
-The runner imports nothing from specconv, so what it needs travels in its job file: each
-export's environment (``SGLANG_RAGGED_VERIFY_MODE`` for a DSpark confidence head), the
-tensors SGLang takes from the target, and the serve line to parse. What SGLang must resolve
-(``sglang_export.json`` ``expected``, written by :mod:`specconv.export.sglang`) is compared
-here, so a load that fills every parameter but reads the layers, the block or the mask token
-differently fails too. Only the standard library is imported at module level.
+The job file for ``runner.py`` (this package), run in ``.venv-sglang``, and the comparison of
+what SGLang resolved with the export's ``expected``. What travels in the job file and what the
+check requires: ``docs/architecture.md`` (``specconv/sglang_check/``), ``docs/sglang.md`` ("The
+check") and ``docs/engines.md`` ("SGLang loader venv", "The runner"). Only the standard library
+is imported at module level.
 """
 
 from __future__ import annotations

@@ -10,35 +10,11 @@ SGLang venv ``.venv-sglang``, ``make sglang-venv``, does not have it). ``JOB.jso
                  "serve_argv": ["--model-path", ...]},               # optional
                 ...], "dtype": "float32"}
 
-Every dir is a drafter as SGLang reads it (a plain HF config with a top-level
-``model_type``; SGLang does not read the Speculators format). For each one it builds
-SGLang's own ``ModelConfig`` for the draft and loads it with SGLang's ``get_model()`` on
-CPU, strictly: every floating parameter is filled with NaN before ``load_weights`` and
-must be overwritten, and every checkpoint tensor must reach a parameter's weight loader.
-SGLang facts used here (paths inside the sglang 0.5.23 wheel):
-
-* ``srt/arg_groups/speculative_hook.py``: ``ServerArgs`` refuses ``DFLASH`` / ``DSPARK`` on
-  ``device="cpu"``; the loader does not need the algorithm, so those dirs are loaded with
-  ``speculative_algorithm=None`` (EAGLE-3 keeps ``EAGLE3``).
-* ``srt/models/dflash.py`` / ``dspark.py``: ``load_weights`` skips unknown names and returns
-  nothing, so a missing or misnamed tensor is accepted silently — hence the recording.
-* ``srt/models/dspark.py``: the confidence head exists only when
-  ``SGLANG_RAGGED_VERIFY_MODE`` is not ``static`` (SGLang's default); a check's ``env``
-  sets it (this script's default is ``compact``), and the result records it.
-* ``target_supplied``: tensors SGLang takes from the target instead of the checkpoint
-  (the embedding, the LM head); the job's author proved the checkpoint's copies equal the
-  verifier's, so when SGLang skips them they are listed apart, not as unconsumed.
-* ``srt/speculative/dflash_worker_v2.py`` ``_DflashDraftSampler``: which block rows DFlash
-  drafts from is found by running it (:func:`dflash_draft_rows`), not assumed.
-* ``srt/model_executor/model_runner_components/spec_aux_hidden_state.py``: the verifier
-  layers captured are ``resolve_target_layer_ids`` of the draft config (DSpark: its own
-  ``target_layer_ids`` when set); the target captures the input of layer id + 1.
-* ``srt/layers/rotary_embedding/base.py`` imports ``vllm._custom_ops`` off CUDA; the
-  registry's ``torchvision`` build is CUDA-only and ``srt/configs`` imports it: both are
-  stubbed only where they do not import, and a stub that is called raises.
-
-Writes ``{"env": {...}, "results": [...]}`` to RESULT.json (stdout without it); exit 0 when it could run at all
-(individual dirs may fail), 1 when SGLang could not be imported.
+Every dir is a drafter as SGLang reads it. The call sequence that loads a draft on CPU
+(strictly: every floating parameter NaN before ``load_weights`` and overwritten after, every
+checkpoint tensor reaching a weight loader), the stubs, the result and the exit codes, each
+with the sglang 0.5.23 file it comes from: ``docs/engines.md`` ("The runner"). It writes
+``{"env": {...}, "results": [...]}``.
 """
 
 from __future__ import annotations

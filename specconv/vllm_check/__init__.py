@@ -1,16 +1,9 @@
 """vLLM as a real consumer: load Speculators dirs with vLLM's own loader (specconv side).
 
-vLLM does not install next to specconv (it pins another torch), so the check runs
-``runner.py`` (this package) in a separate vLLM interpreter — by default the repo's
-``.venv-vllm`` built by ``make vllm-venv`` (see docs/validate.md, "vLLM loader check").
-Several dirs are checked in ONE subprocess: vLLM's import costs ~10–40 s, each dir ~1 s.
-
-The runner imports nothing from specconv, so every specconv fact it needs travels in its
-job file: the ``--speculative-config`` text of each dir (the model card's, or the same text
-built by :mod:`specconv.format.serve` from the algorithm's description) and the description's
-:meth:`~specconv.format.algorithms.Algorithm.job_facts` (the draft classes vLLM must build,
-the V2-model-runner setting). Only stdlib is imported at module level, so ``specconv --help``
-stays torch-free.
+The job file for ``runner.py`` (this package), run in vLLM's own interpreter, and its result.
+Why another interpreter and how it is found, why every dir shares one subprocess, and which
+serve facts travel in the job file: ``docs/validate.md`` ("vLLM loader check"). Only stdlib is
+imported at module level, so ``specconv --help`` stays torch-free.
 """
 
 from __future__ import annotations

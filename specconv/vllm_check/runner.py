@@ -1,11 +1,8 @@
 """vLLM loader check — the script that runs INSIDE the vLLM interpreter (a subprocess).
 
 Usage: ``python runner.py JOB.json RESULT.json``. Imports nothing from specconv (the
-vLLM venv does not have it), so specconv's serve facts arrive in the job file: each check
-carries the ``--speculative-config`` text a user passes (the model card's) and its
-algorithm's facts (``Algorithm.job_facts()`` of ``specconv/format/algorithms.py``: the
-draft classes vLLM 0.33 builds, ``vllm/model_executor/models/registry.py``, and whether it
-needs the V2 model runner). ``JOB.json``::
+vLLM venv does not have it), so specconv's serve facts arrive in the job file
+(``Algorithm.job_facts()`` of ``specconv/format/algorithms.py``). ``JOB.json``::
 
     {"checks": [{"dir": "...", "verifier": "...", "short_form": true | false | "auto",
                  "speculative_config": "{\"model\": ..., \"method\": ..., ...}",
@@ -13,24 +10,8 @@ needs the V2 model runner). ``JOB.json``::
                            "draft_classes": [...], "v2_model_runner": false}}}, ...],
      "dtype": "float32"}
 
-For every check it builds the engine config as ``vllm serve`` would (long form
-``--model VERIFIER --speculative-config TEXT`` with only ``model`` replaced by the dir;
-short form ``vllm serve DIR`` when asked), reports the method and ``parallel_drafting``
-vLLM resolved, loads the draft with vLLM's own ``get_model()`` and compares the parameters
-the weight loader actually filled with the model's parameters. vLLM facts used here:
-
-* ``vllm/transformers_utils/configs/speculators/base.py``
-  (``SpeculatorsConfig.build_vllm_speculative_config``): vLLM's own reading of a
-  Speculators dir (peagle → ``eagle3`` with ``parallel_drafting``; dflash and dspark keep
-  their names). The given text must agree with it: vLLM 0.33 accepts any method without a
-  word (``vllm/config/speculative.py``) and builds another draft.
-* ``vllm/model_executor/model_loader/default_loader.py``: the strict check only runs when
-  ``model.load_weights`` returns a set; the DFlash/DSpark/EAGLE-3 draft classes return
-  None, so a missing tensor is accepted silently — hence the recording below.
-* ``vllm/v1/spec_decode/llm_base_proposer.py``: a draft without ``embed_tokens`` /
-  ``lm_head`` shares the verifier's (embedding only when the widths match).
-* ``vllm/model_executor/models/llama_eagle3.py``: every layer allocates ``hidden_norm``
-  but only layer 0 uses it.
+What it builds (long and short form), loads and requires, with the vLLM 0.33 file each fact
+comes from: ``docs/validate.md`` ("What runs", "Strictness").
 
 Writes ``{"env": {...}, "results": [...]}`` to RESULT.json; exit 0 when it could run at
 all (individual dirs may fail), 1 when vLLM could not be imported.
