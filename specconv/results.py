@@ -572,9 +572,10 @@ class ExportGgufResult(StageResult, GgufExport):
         if c.get("skipped"):
             lines.append(f"check:     skipped ({c['skipped']})")
         else:
+            srv = c.get("server") or c.get("llama_server") or {}  # the check's own key / the record's brief
             lines.append(f"check:     {'ok' if c.get('passed') else 'FAILED'} (llama-server "
-                         f"{(c.get('llama_server') or {}).get('commit')}: lossless {c.get('lossless')}, "
-                         f"τ {c.get('tau') or 0:.3f}, {c.get('num_accepted_tokens')} drafts accepted)")
+                         f"{srv.get('commit')}: lossless {c.get('lossless')}, "
+                         f"τ {c.get('tau') or 0:.3f}, {c.get('num_accepted_tokens')} draft tokens accepted)")
         return "\n".join(lines)
 
 

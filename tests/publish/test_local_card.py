@@ -258,3 +258,27 @@ def test_an_unvalidated_card_says_validate_locally_and_allow_unvalidated_when_pu
     pushed = build_payload(d, PushOptions(repo_id="org/drafter", allow_unvalidated=True)).files["README.md"].decode()
     assert "**Not validated.** This drafter was published with `--allow-unvalidated`" in pushed
     assert "Not validated yet" not in pushed
+
+
+def test_the_local_cards_sglang_line_says_where_to_run_it(cards, tmp_path, monkeypatch):
+    """The local card's SGLang line names the export as ``./sglang``, relative to the drafter
+    dir: it says "(in this directory)", as the llama.cpp line does; the pushed card (a repo id) does not."""
+    import shutil
+
+    from specconv.export.onnx_dir import record_export
+    from specconv.publish import sglang_repo
+    from specconv.publish.card import render_card, write_local_card
+    from specconv.publish.payload import Payload
+    from specconv.record import read_record
+
+    d = tmp_path / cards["dflash"].name
+    shutil.copytree(cards["dflash"], d)
+    (d / "sglang").mkdir()
+    record_export(d, {"output": "sglang", "algorithm": "dflash", "env": {},
+                      "check": {"ok": True, "distribution": "sglang", "version": "0.5.23", "class": "DFlashDraftModel"}},
+                  key="sglang")
+    monkeypatch.setattr(sglang_repo, "sglang_problem", lambda d, rec: None)  # the bytes gate has its own tests
+    local = write_local_card(d).read_text().split("## SGLang", 1)[1]
+    assert "Serve it with SGLang on a GPU (in this directory):" in local and "--speculative-draft-model-path ./sglang" in local
+    pushed = render_card(d, read_record(d), Payload(), "org/drafter", plot=False, check=False, sglang_draft="org/drafter-sglang")
+    assert "Serve it with SGLang on a GPU:" in pushed.split("## SGLang", 1)[1]

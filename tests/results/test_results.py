@@ -107,3 +107,15 @@ def test_convert_builds_no_pydantic_schema_for_results_or_record(tiny_verifier_d
     assert p.returncode == 0, p.stderr
     out = json.loads(p.stdout.strip().splitlines()[-1])
     assert out["built"] == [] and "specconv.json" in out["files"]
+
+
+def test_export_gguf_human_names_the_llama_server_commit_and_accepted_tokens():
+    """``export gguf``'s check line names the llama-server commit the check ran (the command's
+    check keeps it under ``server``, the record's brief under ``llama_server``) and counts
+    accepted draft *tokens* (``num_accepted_tokens``), as docs/llamacpp.md does."""
+    from specconv.results import ExportGgufResult
+
+    check = {"passed": True, "lossless": True, "tau": 1.391, "num_drafts": 87, "num_accepted_tokens": 34}
+    for srv in ({"server": {"binary": "/x/llama-server", "commit": "0c1e570"}}, {"llama_server": {"commit": "0c1e570"}}):
+        line = ExportGgufResult.of({"output": "/d/gguf", "file": "drafter-bf16.gguf", "check": {**check, **srv}}).human()
+        assert "llama-server 0c1e570:" in line and "34 draft tokens accepted" in line, line

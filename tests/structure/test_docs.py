@@ -57,3 +57,89 @@ def test_help_copies_equal_the_real_help(words, text):
     res = CliRunner().invoke(cli, [*words.split(), "--help"], prog_name="specconv", terminal_width=78)
     assert res.exit_code == 0
     assert text == res.output, f"docs/cli.md's copy of `specconv {words} --help` is stale: paste the real one"
+
+
+ROOT = Path(__file__).resolve().parents[2]
+USER_DOCS = ["README.md", *sorted(f"docs/{p.name}" for p in (ROOT / "docs").glob("*.md"))]
+
+
+def _doc_commands(doc: str) -> list[tuple[int, str]]:
+    """``(line, text)`` of every ``specconv <command> …`` a user would copy from ``doc``: each
+    one in a fenced block (``\\``-continued and indented synopsis lines joined) and each inline
+    `` `specconv …` `` span."""
+    import re
+
+    text, found = (ROOT / doc).read_text(), []
+    for m in re.finditer(r"```[^\n]*\n(.*?)```", text, flags=re.S):
+        first = text[:m.start()].count("\n") + 2
+        current = None
+        for i, line in enumerate(m.group(1).replace("\\\n", " \n").splitlines()):
+            start = re.search(r"\bspecconv ([a-z].*)", line)
+            if start:
+                current = [first + i, "specconv " + start.group(1)]
+                found.append(current)
+            elif current and line[:1].isspace() and line.strip():
+                current[1] += " " + line.strip()
+            else:
+                current = None
+    found += [[text[:m.start()].count("\n") + 1, m.group(1)]
+              for m in re.finditer(r"(?<!`)`(specconv [a-z][^`]*)`(?!`)", text)]
+    return [(line, cmd) for line, cmd in found]
+
+
+def _resolve(words: list[str]):
+    """The click command the leading ``words`` name (``export onnx`` …) and those words."""
+    import click
+
+    cmd, used = cli, []
+    for w in words:
+        sub = cmd.get_command(click.Context(cmd), w) if isinstance(cmd, click.Group) else None
+        if sub is None:
+            break
+        cmd, used = sub, [*used, w]
+    return cmd, used
+
+
+@pytest.mark.parametrize("doc", USER_DOCS)
+def test_doc_commands_use_real_flags(doc):
+    """Every ``--flag`` of every ``specconv`` command a doc prints is an option of that command
+    (``--vllm-arg=--x`` words are the server's, not specconv's)."""
+    import re
+
+    bad = []
+    for line, cmd in _doc_commands(doc):
+        command, used = _resolve(cmd.split()[1:])
+        if not used:
+            continue
+        known = {o for p in command.params for o in [*p.opts, *getattr(p, "secondary_opts", [])]}
+        flags = re.findall(r"(?<![\w=-])(--[a-z][a-z0-9-]*)", cmd.split(" # ")[0])
+        bad += [f"{doc}:{line}: specconv {' '.join(used)} {f}" for f in flags if f not in known]
+    assert not bad, "doc commands use options the command does not have:\n" + "\n".join(bad)
+
+
+@pytest.mark.parametrize("doc", USER_DOCS)
+def test_doc_choice_lists_are_the_commands(doc):
+    """A doc's ``--opt a|b|c`` for a choice option lists exactly that option's choices."""
+    import re
+
+    import click
+
+    bad = []
+    for line, cmd in _doc_commands(doc):
+        command, used = _resolve(cmd.split()[1:])
+        params = {o: p for p in command.params for o in p.opts}
+        for opt, vals in re.findall(r"(?<![\w=-])(--[a-z-]+)[ =]([\w+.:-]+(?:\|[\w+.:-]+)+)", cmd):
+            p = params.get(opt)
+            if used and p is not None and isinstance(p.type, click.Choice):
+                if set(vals.split("|")) != set(map(str, p.type.choices)):
+                    bad.append(f"{doc}:{line}: specconv {' '.join(used)} {opt} {vals} (choices: "
+                               f"{'|'.join(map(str, p.type.choices))})")
+    assert not bad, "\n".join(bad)
+
+
+def test_doc_commands_are_found():
+    """The extraction above sees the commands it should (a regex gone blind passes vacuously)."""
+    cmds = [c for doc in USER_DOCS for _, c in _doc_commands(doc)]
+    assert len(cmds) > 100
+    synopsis = [c for c in cmds if c.startswith("specconv validate DIR --verifier V [--source SRC]")]
+    assert synopsis and "--sglang-load-check" in synopsis[0]
