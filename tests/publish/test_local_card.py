@@ -260,6 +260,24 @@ def test_an_unvalidated_card_says_validate_locally_and_allow_unvalidated_when_pu
     assert "Not validated yet" not in pushed
 
 
+def test_the_local_cards_vllm_lines_say_where_to_run_them(cards):
+    """``vllm serve <name>`` of the local card finds the drafter only from the dir holding it
+    (a name vLLM does not find locally is a Hub id): the card says so; the pushed card does not."""
+    from card_commands import launch_commands
+
+    from specconv.publish.card import render_card
+    from specconv.publish.payload import Payload
+    from specconv.record import read_record
+
+    d = cards["dflash"]
+    text = (d / "README.md").read_text()
+    assert f"Run the vLLM commands in the directory that holds `{d.name}/`" in text
+    served = launch_commands(d / "README.md")["short"][2]
+    assert (d.parent / served).resolve() == d.resolve()  # from there, the served name is this dir
+    pushed = render_card(d, read_record(d), Payload(), "org/drafter", plot=False, check=False)
+    assert "Run the vLLM commands in the directory" not in pushed
+
+
 def test_the_local_cards_sglang_line_says_where_to_run_it(cards, tmp_path, monkeypatch):
     """The local card's SGLang line names the export as ``./sglang``, relative to the drafter
     dir: it says "(in this directory)", as the llama.cpp line does; the pushed card (a repo id) does not."""
