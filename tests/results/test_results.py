@@ -119,3 +119,12 @@ def test_export_gguf_human_names_the_llama_server_commit_and_accepted_tokens():
     for srv in ({"server": {"binary": "/x/llama-server", "commit": "0c1e570"}}, {"llama_server": {"commit": "0c1e570"}}):
         line = ExportGgufResult.of({"output": "/d/gguf", "file": "drafter-bf16.gguf", "check": {**check, **srv}}).human()
         assert "llama-server 0c1e570:" in line and "34 draft tokens accepted" in line, line
+
+
+def test_validation_human_onnx_line_says_what_its_counts_are():
+    from specconv.results import ValidationReport
+
+    ox = {"onnx": {"acceptance_length": 1.5}, "torch": {"acceptance_length": 1.5}, "tokens_identical": True,
+          "drafts": {"mismatches": 2, "near_tie_mismatches": 1, "near_ties": 3}}
+    text = ValidationReport.of({"gates": {}, "passed": True, "onnx": ox}).human()
+    assert "draft mismatches 2 (1 of them at a near-tie; 3 near-ties in all)" in text
