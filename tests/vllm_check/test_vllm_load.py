@@ -412,3 +412,18 @@ def test_interpreter_lookup_order(tmp_path, monkeypatch):
     with pytest.raises(InvalidInputError, match="no vLLM interpreter") as e:
         vc.find_vllm_python()
     assert e.value.exit_code == 3 and "make vllm-venv" in e.value.hint
+
+
+@_mark
+def test_the_cards_revision_advice_names_a_speculative_config_field():
+    """The card's long form tells users to pin the drafter with ``"revision"`` in
+    ``--speculative-config``: vLLM's own ``SpeculativeConfig`` has that field."""
+    import subprocess
+
+    from specconv.publish.card import _templates
+
+    assert '"revision": "<commit>"' in (_templates() / "model_card.md.j2").read_text()
+    probe = ("import dataclasses; from vllm.config.speculative import SpeculativeConfig; "
+             "print(sorted(f.name for f in dataclasses.fields(SpeculativeConfig)))")
+    out = subprocess.run([str(VLLM_PY), "-c", probe], capture_output=True, text=True, timeout=300, check=True)
+    assert "'revision'" in out.stdout
