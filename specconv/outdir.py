@@ -382,18 +382,24 @@ def check_replaceable(path: str | os.PathLike, kind: str) -> None:
             hint="move those files out of the directory, or choose another output")
 
 
-def check_output(path: str | os.PathLike, kind: str, overwrite: bool) -> None:
+def check_output(path: str | os.PathLike, kind: str, overwrite: bool, *,
+                 drafter_dir: str | os.PathLike | None = None) -> None:
     """The one check before writing an output of ``kind`` (a :data:`KINDS` key) at ``path``.
 
-    What :func:`check_replaceable` refuses is refused with or without ``overwrite`` (its
+    An export's output must not be its ``drafter_dir`` or contain it (checked first, when
+    given). What :func:`check_replaceable` refuses is refused with or without ``overwrite`` (its
     message, never a suggestion to pass ``--overwrite``); what it accepts, if it exists,
     still needs ``overwrite``. Reads only.
 
     Raises:
-        InvalidInputError: exit 3, ``output_exists``: not replaceable, or it exists and
-            ``overwrite`` is false (the hint then is ``--overwrite``, which would replace it).
+        InvalidInputError: exit 3, ``output_is_input``: ``path`` is ``drafter_dir`` or holds it;
+            ``output_exists``: not replaceable, or it exists and ``overwrite`` is false (the
+            hint then is ``--overwrite``, which would replace it).
     """
     path = Path(path)
+    if drafter_dir is not None and (path.resolve() == Path(drafter_dir).resolve()
+                                    or path.resolve() in Path(drafter_dir).resolve().parents):
+        raise InvalidInputError(f"output {path} must not be the drafter dir or contain it", code="output_is_input")
     check_replaceable(path, kind)
     if not overwrite and (path.exists() or path.is_symlink()):
         raise InvalidInputError(f"output {path} exists; pass --overwrite to replace it", code="output_exists")

@@ -111,14 +111,6 @@ def drafter_file_hashes(d: Path) -> dict[str, str]:
     return file_hashes(d)
 
 
-def _check_output(out: Path, d: Path, overwrite: bool) -> None:
-    """Refuse an output that is or holds the drafter dir, exists without ``overwrite``, or
-    is not replaceable (:func:`specconv.outdir.check_replaceable`, kind ``onnx``)."""
-    if out.resolve() == d.resolve() or out.resolve() in d.resolve().parents:
-        raise InvalidInputError(f"output {out} must not be the drafter dir or contain it", code="output_is_input")
-    check_output(out, "onnx", overwrite)
-
-
 def _baked_from_verifier(d: Path) -> list[str]:
     """Which verifier tensors the graph bakes in (the drafter dir lacks them)."""
     from ..tensors import open_store
@@ -202,7 +194,7 @@ def export_onnx_dir(drafter_dir: str | Path, out: str | Path | None = None, *,
     s = settings or ExportSettings()
     _check_settings(s, dtype)
     out_dir = Path(out) if out is not None else d / "onnx"
-    _check_output(out_dir, d, overwrite)
+    check_output(out_dir, "onnx", overwrite, drafter_dir=d)
     vspec = verifier or default_verifier(d)
     load = _drafter_loader(d, vspec)
     ref32 = load(dtype=torch.float32)

@@ -52,9 +52,7 @@ def _prepare(d: Path, out: Path, verifier: str | None, overwrite: bool):
     require("transformers", "validate", feature="specconv export gguf (the verifier's tokenizer)")
     require("torch", "validate", feature="specconv export gguf")
     _check_dir(d)
-    if out.resolve() == d.resolve() or out.resolve() in d.resolve().parents:
-        raise InvalidInputError(f"output {out} must not be the drafter dir or contain it", code="output_is_input")
-    check_output(out, "gguf", overwrite)
+    check_output(out, "gguf", overwrite, drafter_dir=d)
     vspec = verifier or default_verifier(d)
     if not vspec:
         raise InvalidInputError(f"{d}/specconv.json names no verifier: pass --verifier", code="verifier_not_found")
