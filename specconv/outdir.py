@@ -24,7 +24,7 @@ import os
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 from .errors import InvalidInputError, SpecconvError
 
@@ -275,6 +275,30 @@ KINDS: dict[str, OutputKind] = {
     "sglang": OutputKind("SGLang export", "sglang_export.json", "specconv-sglang-drafter", _files),
     "gguf": OutputKind("GGUF export", "gguf_meta.json", "specconv-gguf-drafter", _files),
 }
+
+
+def check_format_version(meta: Any, where: str | os.PathLike, kind: str, version: int, *, shown: str | None = None,
+                         note: str = "") -> None:
+    """Refuse a record of ``kind`` (a :data:`KINDS` key, also its ``specconv export`` command)
+    whose ``format`` is not ``KINDS[kind].format`` or whose ``format_version`` is not ``version``.
+
+    Args:
+        meta: the parsed record (a non-object is refused).
+        where: its path (for the message).
+        version: the one ``format_version`` this specconv reads (owned by the kind's writer).
+        shown: what the message calls the kind's format (default ``KINDS[kind].name``).
+        note: said after the version read (what that version means).
+
+    Raises:
+        InvalidInputError: exit 3, ``<kind>_format_version``; the message says to re-export.
+    """
+    k = KINDS[kind]
+    fmt, got = (meta.get("format"), meta.get("format_version")) if isinstance(meta, dict) else (None, None)
+    if fmt == k.format and got == version:
+        return
+    raise InvalidInputError(f"{where}: {shown or k.name} {fmt!r} version {got!r}; this specconv reads {k.format!r} "
+                            f"version {version}{note}; re-export with `specconv export {kind}`",
+                            code=f"{kind}_format_version", hint=f"specconv export {kind} DIR --overwrite")
 
 
 def _listing(d: Path, kind: OutputKind) -> tuple[_Listing, str]:

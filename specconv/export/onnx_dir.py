@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import GateFailedError, InvalidInputError, UsageError
-from ..outdir import KINDS, OutputTemp, check_output, clean_stale, move_into_place
+from ..outdir import KINDS, OutputTemp, check_format_version, check_output, clean_stale, move_into_place
 from ..results import ExportOnnxResult
 from ..versions import library_versions
 
@@ -39,26 +39,14 @@ DTYPES = ("float32", "float16", "bfloat16")
 
 
 def check_meta_format(meta: Any, where: str | Path) -> None:
-    """Refuse an ``onnx_meta.json`` that is not :data:`META_FORMAT` version
-    :data:`META_FORMAT_VERSION`.
-
-    Args:
-        meta: the parsed ``onnx_meta.json``.
-        where: its path (for the message).
+    """Refuse an ``onnx_meta.json`` (parsed; ``where`` its path) that is not :data:`META_FORMAT`
+    version :data:`META_FORMAT_VERSION` (:func:`specconv.outdir.check_format_version`).
 
     Raises:
-        InvalidInputError: another format or format version (``onnx_format_version``,
-            exit 3); the message says to re-export.
+        InvalidInputError: ``onnx_format_version`` (exit 3); the message says to re-export.
     """
-    fmt = meta.get("format") if isinstance(meta, dict) else None
-    version = meta.get("format_version") if isinstance(meta, dict) else None
-    if fmt == META_FORMAT and version == META_FORMAT_VERSION:
-        return
-    raise InvalidInputError(
-        f"{where}: ONNX export format {fmt!r} version {version!r}; this specconv reads "
-        f"{META_FORMAT!r} version {META_FORMAT_VERSION} (standard ONNX graphs, TensorRT attributes "
-        "added by build-engine); re-export with `specconv export onnx`",
-        code="onnx_format_version", hint="specconv export onnx DIR --overwrite")
+    check_format_version(meta, where, "onnx", META_FORMAT_VERSION, shown="ONNX export format",
+                         note=" (standard ONNX graphs, TensorRT attributes added by build-engine)")
 
 
 def graph_for_dtype(meta: dict, dtype: str | None) -> str:

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import GateFailedError, InvalidInputError
-from ..outdir import KINDS, OutputTemp, check_output, clean_stale, move_into_place
+from ..outdir import KINDS, OutputTemp, check_format_version, check_output, clean_stale, move_into_place
 from ..results import ExportGgufResult
 from .server import LLAMA_SERVER_ENV
 from .target import VERIFIER_GGUF_ENV
@@ -34,13 +34,9 @@ META_FORMAT_VERSION = 1
 
 
 def check_meta(meta: Any, where: str | Path) -> None:
-    """Refuse a ``gguf_meta.json`` of another format or version (exit 3, ``gguf_format_version``)."""
-    if isinstance(meta, dict) and meta.get("format") == META_FORMAT and meta.get("format_version") == META_FORMAT_VERSION:
-        return
-    got = (meta.get("format"), meta.get("format_version")) if isinstance(meta, dict) else (None, None)
-    raise InvalidInputError(f"{where}: GGUF export {got[0]!r} version {got[1]!r}; this specconv reads {META_FORMAT!r} "
-                            f"version {META_FORMAT_VERSION}; re-export with `specconv export gguf`",
-                            code="gguf_format_version", hint="specconv export gguf DIR --overwrite")
+    """Refuse a ``gguf_meta.json`` of another format or version (exit 3, ``gguf_format_version``;
+    :func:`specconv.outdir.check_format_version`)."""
+    check_format_version(meta, where, "gguf", META_FORMAT_VERSION)
 
 
 def _prepare(d: Path, out: Path, verifier: str | None, overwrite: bool):
