@@ -69,6 +69,15 @@ class OutputTemp:
         os.close(self._fd)
 
 
+def public_modes(path: Path) -> None:
+    """Give ``path`` (an :class:`OutputTemp` dir, mode 0700) and everything under it the modes
+    a plain ``mkdir`` / ``open`` would have (0777 / 0666 less the umask)."""
+    umask = os.umask(0)
+    os.umask(umask)
+    for p in [path, *path.rglob("*")]:
+        os.chmod(p, (0o777 if p.is_dir() else 0o666) & ~umask)
+
+
 def _lock_free(lock: Path) -> bool:
     """True when no live process holds ``lock`` (or it does not exist)."""
     import fcntl

@@ -9,21 +9,21 @@ from __future__ import annotations
 import datetime as _dt
 import json
 import logging
-import os
 import shutil
 from functools import partial
 from pathlib import Path
 from typing import Any
 
 from ..errors import GateFailedError, InvalidInputError, UsageError
-from ..outdir import KINDS, OutputTemp, check_format_version, check_output, clean_stale, move_into_place
+from ..outdir import (KINDS, OutputTemp, check_format_version, check_output, clean_stale, move_into_place,
+                      public_modes)
 from ..results import ExportOnnxResult
 from ..versions import library_versions
 
 log = logging.getLogger("specconv.export")
 
 __all__ = ["export_onnx_dir", "META_NAME", "META_FORMAT", "META_FORMAT_VERSION", "DTYPES",
-           "drafter_file_hashes", "check_meta_format", "graph_for_dtype"]
+           "check_speculators_dir", "check_meta_format", "graph_for_dtype"]
 
 #: the record of an export dir and its ``format`` (owned by :data:`specconv.outdir.KINDS`)
 META_NAME, META_FORMAT = KINDS["onnx"].record, KINDS["onnx"].format
@@ -56,7 +56,12 @@ def graph_for_dtype(meta: dict, dtype: str | None) -> str:
     return next((rel for rel, g in sorted(graphs.items()) if (g or {}).get("dtype") == dtype), GRAPH_NAME)
 
 
-def _check_dir(d: Path) -> None:
+def check_speculators_dir(d: Path) -> None:
+    """Refuse ``d`` unless its ``config.json`` has a ``speculators_model_type`` (what an export reads).
+
+    Raises:
+        InvalidInputError: ``not_speculators_dir`` (exit 3), the hint to convert it first.
+    """
     from ..format import speculators_model_type_of
 
     if speculators_model_type_of(d) is None:
@@ -89,14 +94,6 @@ def default_verifier(d: Path) -> str | None:
     if v is None:
         return None
     return resolve_record_path(v.spec or v.name_or_path, d)
-
-
-def drafter_file_hashes(d: Path) -> dict[str, str]:
-    """sha256 of the drafter files an export reads (config + weights + index): the same
-    set the validation section records (:func:`specconv.record.file_hashes`)."""
-    from ..record import file_hashes
-
-    return file_hashes(d)
 
 
 def _baked_from_verifier(d: Path) -> list[str]:
@@ -178,7 +175,7 @@ def export_onnx_dir(drafter_dir: str | Path, out: str | Path | None = None, *,
     from .onnx_export import ExportSettings
 
     d = Path(drafter_dir)
-    _check_dir(d)
+    check_speculators_dir(d)
     s = settings or ExportSettings()
     _check_settings(s, dtype)
     out_dir = Path(out) if out is not None else d / "onnx"
@@ -200,7 +197,7 @@ def export_onnx_dir(drafter_dir: str | Path, out: str | Path | None = None, *,
             raise GateFailedError(f"ONNX parity failed: {json.dumps(result['parity'])[:800]}",
                                   hint="inspect with --no-check (writes the graphs without the gate)")
         (tmp.path / META_NAME).write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")
-        _public_modes(tmp.path)
+        public_modes(tmp.path)
         move_into_place(tmp, out_dir, overwrite, "onnx")
     finally:
         tmp.release()
@@ -255,6 +252,7 @@ def _export_graphs(tmp: Path, load, ref32, s, dtype: str, check: bool) -> dict[s
 
 def _meta(d: Path, shape, aux_layer_ids: list[int], s, dtype: str, graphs: dict, baked: list[str], vspec,
           tmp: Path) -> dict:
+    from ..record import file_hashes
     from ..tensors import sha256_file
 
     files = sorted(str(p.relative_to(tmp)) for p in tmp.rglob("*") if p.is_file())
@@ -276,7 +274,7 @@ def _meta(d: Path, shape, aux_layer_ids: list[int], s, dtype: str, graphs: dict,
                        "inputs": g["inputs"], "outputs": g["outputs"], "census": g["census"],
                        "attention_nodes": g["attention_nodes"]} for k, g in graphs.items()},
         "files": {f: sha256_file(tmp / f) for f in files},
-        "drafter_files": drafter_file_hashes(d),
+        "drafter_files": file_hashes(d),
         "verifier": vspec,
         "contains_verifier_weights": bool(baked), "verifier_weights": baked,
     }
@@ -294,14 +292,6 @@ def _result(meta: dict, graphs: dict, out_dir: Path, check: bool) -> dict:
             "dynamic": meta["dynamic"], "block_size": meta["block_size"],
             "census": meta["graphs"][GRAPH_NAME]["census"], "parity": parity,
             "parity_passed": passed, "checked": check, "created": meta["created"]}
-
-
-def _public_modes(tmp: Path) -> None:
-    """mkdtemp makes the dir 0700: give the output ordinary modes (umask applied)."""
-    umask = os.umask(0)
-    os.umask(umask)
-    for p in [tmp, *tmp.rglob("*")]:
-        os.chmod(p, (0o777 if p.is_dir() else 0o666) & ~umask)
 
 
 def record_export(d: Path, payload: dict, key: str = "onnx") -> None:
