@@ -49,6 +49,20 @@ def check_meta_format(meta: Any, where: str | Path) -> None:
                          note=" (standard ONNX graphs, TensorRT attributes added by build-engine)")
 
 
+def check_drafter_files(recorded: Any, drafter_dir: Path, artifact: str | Path, *, built: str, code: str) -> None:
+    """Refuse an artifact of ``drafter_dir`` whose recorded ``drafter_files`` (what :func:`_meta`
+    records, copied into ``build.json``) are not :func:`specconv.record.file_hashes` of it now.
+
+    Raises:
+        InvalidInputError: ``code`` (exit 3): "``artifact`` was ``built`` from a different drafter".
+    """
+    from ..record import file_hashes
+
+    if recorded != file_hashes(drafter_dir):
+        raise InvalidInputError(f"{artifact} was {built} from a different drafter than {drafter_dir} (the sha256 "
+                                "of config.json / weights differ)", code=code)
+
+
 def graph_for_dtype(meta: dict, dtype: str | None) -> str:
     """The graph of an export dir (relative path) to run at ``dtype``: the one whose
     recorded dtype is ``dtype`` (``drafter.onnx`` or the fp32 twin), else ``drafter.onnx``."""
