@@ -216,15 +216,16 @@ def export_onnx_dir(drafter_dir: str | Path, out: str | Path | None = None, *,
     finally:
         tmp.release()
     result["files"] = sorted([*meta["files"], META_NAME])
-    _finish_export(d, result, card=out is None)
+    finish_export(d, result, card=out is None)
     return ExportOnnxResult.of(result)
 
 
-def _finish_export(d: Path, result: dict[str, Any], *, card: bool) -> None:
-    """Record the export under ``export.onnx``; with ``card`` (``onnx/`` inside the drafter
-    dir) refresh the drafter's card, which lists the graphs."""
+def finish_export(d: Path, result: dict[str, Any], *, card: bool, key: str = "onnx") -> None:
+    """Record the export under ``export.<key>`` (:func:`record_export`; a read-only drafter dir
+    only warns); with ``card`` (the export inside the drafter dir) refresh the drafter's card,
+    which lists it."""
     try:
-        record_export(d, result)
+        record_export(d, result, key=key)
     except OSError as e:  # read-only drafter dir: the export itself is complete
         log.warning("could not record the export in %s/specconv.json: %s", d, e)
     if card:

@@ -222,18 +222,12 @@ def _brief(check: dict) -> dict:
 
 
 def _record(d: Path, result: dict, *, card: bool) -> None:
-    """``export.gguf`` in ``DIR/specconv.json`` (other export keys kept; a read-only dir only
-    warns); with ``card`` (``gguf/`` inside the drafter dir) the drafter's card refreshed."""
-    from ..export.onnx_dir import record_export
-    from ..record import card_function
+    """``export.gguf`` in ``DIR/specconv.json``, the check as :func:`_brief` keeps it
+    (:func:`specconv.export.onnx_dir.finish_export`, ``card`` as there)."""
+    from ..export.onnx_dir import finish_export
 
     payload = {**{k: v for k, v in result.items() if k != "check"}, "check": _brief(result.get("check") or {})}
-    try:
-        record_export(d, payload, key="gguf")
-    except OSError as e:
-        log.warning("could not record the export in %s/specconv.json: %s", d, e)
-    if card:
-        card_function("refresh_local_card")(d)
+    finish_export(d, payload, card=card, key="gguf")
 
 
 def find_export(d: Path) -> tuple[Path, dict]:
