@@ -24,7 +24,7 @@ import os
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 from .errors import InvalidInputError, SpecconvError
 
@@ -67,6 +67,15 @@ class OutputTemp:
                 shutil.rmtree(d, ignore_errors=True)
         self.lock.unlink(missing_ok=True)
         os.close(self._fd)
+
+
+def public_modes(path: Path) -> None:
+    """Give ``path`` (an :class:`OutputTemp` dir, mode 0700) and everything under it the modes
+    a plain ``mkdir`` / ``open`` would have (0777 / 0666 less the umask)."""
+    umask = os.umask(0)
+    os.umask(umask)
+    for p in [path, *path.rglob("*")]:
+        os.chmod(p, (0o777 if p.is_dir() else 0o666) & ~umask)
 
 
 def _lock_free(lock: Path) -> bool:
@@ -277,6 +286,30 @@ KINDS: dict[str, OutputKind] = {
 }
 
 
+def check_format_version(meta: Any, where: str | os.PathLike, kind: str, version: int, *, shown: str | None = None,
+                         note: str = "") -> None:
+    """Refuse a record of ``kind`` (a :data:`KINDS` key, also its ``specconv export`` command)
+    whose ``format`` is not ``KINDS[kind].format`` or whose ``format_version`` is not ``version``.
+
+    Args:
+        meta: the parsed record (a non-object is refused).
+        where: its path (for the message).
+        version: the one ``format_version`` this specconv reads (owned by the kind's writer).
+        shown: what the message calls the kind's format (default ``KINDS[kind].name``).
+        note: said after the version read (what that version means).
+
+    Raises:
+        InvalidInputError: exit 3, ``<kind>_format_version``; the message says to re-export.
+    """
+    k = KINDS[kind]
+    fmt, got = (meta.get("format"), meta.get("format_version")) if isinstance(meta, dict) else (None, None)
+    if fmt == k.format and got == version:
+        return
+    raise InvalidInputError(f"{where}: {shown or k.name} {fmt!r} version {got!r}; this specconv reads {k.format!r} "
+                            f"version {version}{note}; re-export with `specconv export {kind}`",
+                            code=f"{kind}_format_version", hint=f"specconv export {kind} DIR --overwrite")
+
+
 def _listing(d: Path, kind: OutputKind) -> tuple[_Listing, str]:
     """(the entries ``d``'s record lists, "") or (None, why ``d`` is not this kind)."""
     p = d / kind.record
@@ -382,18 +415,24 @@ def check_replaceable(path: str | os.PathLike, kind: str) -> None:
             hint="move those files out of the directory, or choose another output")
 
 
-def check_output(path: str | os.PathLike, kind: str, overwrite: bool) -> None:
+def check_output(path: str | os.PathLike, kind: str, overwrite: bool, *,
+                 drafter_dir: str | os.PathLike | None = None) -> None:
     """The one check before writing an output of ``kind`` (a :data:`KINDS` key) at ``path``.
 
-    What :func:`check_replaceable` refuses is refused with or without ``overwrite`` (its
+    An export's output must not be its ``drafter_dir`` or contain it (checked first, when
+    given). What :func:`check_replaceable` refuses is refused with or without ``overwrite`` (its
     message, never a suggestion to pass ``--overwrite``); what it accepts, if it exists,
     still needs ``overwrite``. Reads only.
 
     Raises:
-        InvalidInputError: exit 3, ``output_exists``: not replaceable, or it exists and
-            ``overwrite`` is false (the hint then is ``--overwrite``, which would replace it).
+        InvalidInputError: exit 3, ``output_is_input``: ``path`` is ``drafter_dir`` or holds it;
+            ``output_exists``: not replaceable, or it exists and ``overwrite`` is false (the
+            hint then is ``--overwrite``, which would replace it).
     """
     path = Path(path)
+    if drafter_dir is not None and (path.resolve() == Path(drafter_dir).resolve()
+                                    or path.resolve() in Path(drafter_dir).resolve().parents):
+        raise InvalidInputError(f"output {path} must not be the drafter dir or contain it", code="output_is_input")
     check_replaceable(path, kind)
     if not overwrite and (path.exists() or path.is_symlink()):
         raise InvalidInputError(f"output {path} exists; pass --overwrite to replace it", code="output_exists")

@@ -133,13 +133,13 @@ def check_provenance(plan: Path, build: dict, drafter_dir: Path) -> None:
 
     The drafter hashes come from ``build.json`` (``drafter_files``) or else from the ONNX
     export it was built from (``DIR/onnx/onnx_meta.json`` holding ``build["onnx"]`` with
-    ``build["onnx_sha256"]``), compared with :func:`specconv.record.file_hashes`.
+    ``build["onnx_sha256"]``), compared by :func:`~.onnx_dir.check_drafter_files`.
 
     Raises:
         InvalidInputError: corrupt plan, unknown provenance, another drafter (exit 3).
     """
-    from ..record import file_hashes
     from ..tensors import sha256_file
+    from .onnx_dir import check_drafter_files
 
     if sha256_file(plan) != build.get("plan_sha256"):
         raise InvalidInputError(f"{plan}: sha256 differs from build.json (truncated or modified plan); "
@@ -152,9 +152,7 @@ def check_provenance(plan: Path, build: dict, drafter_dir: Path) -> None:
             raise InvalidInputError(f"{plan}: cannot tell which drafter it was built from (no matching "
                                     f"{meta_p})", code="engine_other_drafter")
         want = meta.get("drafter_files")
-    if want != file_hashes(drafter_dir):
-        raise InvalidInputError(f"{plan} was built from a different drafter than {drafter_dir} (the sha256 "
-                                "of config.json / weights differ)", code="engine_other_drafter")
+    check_drafter_files(want, drafter_dir, plan, built="built", code="engine_other_drafter")
 
 
 def preflight_engine(path: str | Path, drafter_dir: str | Path, dtype: str | None = None) -> tuple[Path, dict, object]:

@@ -9,21 +9,21 @@ from __future__ import annotations
 import datetime as _dt
 import json
 import logging
-import os
 import shutil
 from functools import partial
 from pathlib import Path
 from typing import Any
 
 from ..errors import GateFailedError, InvalidInputError, UsageError
-from ..outdir import KINDS, OutputTemp, check_output, clean_stale, move_into_place
+from ..outdir import (KINDS, OutputTemp, check_format_version, check_output, clean_stale, move_into_place,
+                      public_modes)
 from ..results import ExportOnnxResult
 from ..versions import library_versions
 
 log = logging.getLogger("specconv.export")
 
 __all__ = ["export_onnx_dir", "META_NAME", "META_FORMAT", "META_FORMAT_VERSION", "DTYPES",
-           "drafter_file_hashes", "check_meta_format", "graph_for_dtype"]
+           "check_speculators_dir", "check_meta_format", "graph_for_dtype"]
 
 #: the record of an export dir and its ``format`` (owned by :data:`specconv.outdir.KINDS`)
 META_NAME, META_FORMAT = KINDS["onnx"].record, KINDS["onnx"].format
@@ -39,26 +39,28 @@ DTYPES = ("float32", "float16", "bfloat16")
 
 
 def check_meta_format(meta: Any, where: str | Path) -> None:
-    """Refuse an ``onnx_meta.json`` that is not :data:`META_FORMAT` version
-    :data:`META_FORMAT_VERSION`.
-
-    Args:
-        meta: the parsed ``onnx_meta.json``.
-        where: its path (for the message).
+    """Refuse an ``onnx_meta.json`` (parsed; ``where`` its path) that is not :data:`META_FORMAT`
+    version :data:`META_FORMAT_VERSION` (:func:`specconv.outdir.check_format_version`).
 
     Raises:
-        InvalidInputError: another format or format version (``onnx_format_version``,
-            exit 3); the message says to re-export.
+        InvalidInputError: ``onnx_format_version`` (exit 3); the message says to re-export.
     """
-    fmt = meta.get("format") if isinstance(meta, dict) else None
-    version = meta.get("format_version") if isinstance(meta, dict) else None
-    if fmt == META_FORMAT and version == META_FORMAT_VERSION:
-        return
-    raise InvalidInputError(
-        f"{where}: ONNX export format {fmt!r} version {version!r}; this specconv reads "
-        f"{META_FORMAT!r} version {META_FORMAT_VERSION} (standard ONNX graphs, TensorRT attributes "
-        "added by build-engine); re-export with `specconv export onnx`",
-        code="onnx_format_version", hint="specconv export onnx DIR --overwrite")
+    check_format_version(meta, where, "onnx", META_FORMAT_VERSION, shown="ONNX export format",
+                         note=" (standard ONNX graphs, TensorRT attributes added by build-engine)")
+
+
+def check_drafter_files(recorded: Any, drafter_dir: Path, artifact: str | Path, *, built: str, code: str) -> None:
+    """Refuse an artifact of ``drafter_dir`` whose recorded ``drafter_files`` (what :func:`_meta`
+    records, copied into ``build.json``) are not :func:`specconv.record.file_hashes` of it now.
+
+    Raises:
+        InvalidInputError: ``code`` (exit 3): "``artifact`` was ``built`` from a different drafter".
+    """
+    from ..record import file_hashes
+
+    if recorded != file_hashes(drafter_dir):
+        raise InvalidInputError(f"{artifact} was {built} from a different drafter than {drafter_dir} (the sha256 "
+                                "of config.json / weights differ)", code=code)
 
 
 def graph_for_dtype(meta: dict, dtype: str | None) -> str:
@@ -68,7 +70,12 @@ def graph_for_dtype(meta: dict, dtype: str | None) -> str:
     return next((rel for rel, g in sorted(graphs.items()) if (g or {}).get("dtype") == dtype), GRAPH_NAME)
 
 
-def _check_dir(d: Path) -> None:
+def check_speculators_dir(d: Path) -> None:
+    """Refuse ``d`` unless its ``config.json`` has a ``speculators_model_type`` (what an export reads).
+
+    Raises:
+        InvalidInputError: ``not_speculators_dir`` (exit 3), the hint to convert it first.
+    """
     from ..format import speculators_model_type_of
 
     if speculators_model_type_of(d) is None:
@@ -101,22 +108,6 @@ def default_verifier(d: Path) -> str | None:
     if v is None:
         return None
     return resolve_record_path(v.spec or v.name_or_path, d)
-
-
-def drafter_file_hashes(d: Path) -> dict[str, str]:
-    """sha256 of the drafter files an export reads (config + weights + index): the same
-    set the validation section records (:func:`specconv.record.file_hashes`)."""
-    from ..record import file_hashes
-
-    return file_hashes(d)
-
-
-def _check_output(out: Path, d: Path, overwrite: bool) -> None:
-    """Refuse an output that is or holds the drafter dir, exists without ``overwrite``, or
-    is not replaceable (:func:`specconv.outdir.check_replaceable`, kind ``onnx``)."""
-    if out.resolve() == d.resolve() or out.resolve() in d.resolve().parents:
-        raise InvalidInputError(f"output {out} must not be the drafter dir or contain it", code="output_is_input")
-    check_output(out, "onnx", overwrite)
 
 
 def _baked_from_verifier(d: Path) -> list[str]:
@@ -198,11 +189,11 @@ def export_onnx_dir(drafter_dir: str | Path, out: str | Path | None = None, *,
     from .onnx_export import ExportSettings
 
     d = Path(drafter_dir)
-    _check_dir(d)
+    check_speculators_dir(d)
     s = settings or ExportSettings()
     _check_settings(s, dtype)
     out_dir = Path(out) if out is not None else d / "onnx"
-    _check_output(out_dir, d, overwrite)
+    check_output(out_dir, "onnx", overwrite, drafter_dir=d)
     vspec = verifier or default_verifier(d)
     load = _drafter_loader(d, vspec)
     ref32 = load(dtype=torch.float32)
@@ -220,20 +211,21 @@ def export_onnx_dir(drafter_dir: str | Path, out: str | Path | None = None, *,
             raise GateFailedError(f"ONNX parity failed: {json.dumps(result['parity'])[:800]}",
                                   hint="inspect with --no-check (writes the graphs without the gate)")
         (tmp.path / META_NAME).write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")
-        _public_modes(tmp.path)
+        public_modes(tmp.path)
         move_into_place(tmp, out_dir, overwrite, "onnx")
     finally:
         tmp.release()
     result["files"] = sorted([*meta["files"], META_NAME])
-    _finish_export(d, result, card=out is None)
+    finish_export(d, result, card=out is None)
     return ExportOnnxResult.of(result)
 
 
-def _finish_export(d: Path, result: dict[str, Any], *, card: bool) -> None:
-    """Record the export under ``export.onnx``; with ``card`` (``onnx/`` inside the drafter
-    dir) refresh the drafter's card, which lists the graphs."""
+def finish_export(d: Path, result: dict[str, Any], *, card: bool, key: str = "onnx") -> None:
+    """Record the export under ``export.<key>`` (:func:`record_export`; a read-only drafter dir
+    only warns); with ``card`` (the export inside the drafter dir) refresh the drafter's card,
+    which lists it."""
     try:
-        record_export(d, result)
+        record_export(d, result, key=key)
     except OSError as e:  # read-only drafter dir: the export itself is complete
         log.warning("could not record the export in %s/specconv.json: %s", d, e)
     if card:
@@ -275,6 +267,7 @@ def _export_graphs(tmp: Path, load, ref32, s, dtype: str, check: bool) -> dict[s
 
 def _meta(d: Path, shape, aux_layer_ids: list[int], s, dtype: str, graphs: dict, baked: list[str], vspec,
           tmp: Path) -> dict:
+    from ..record import file_hashes
     from ..tensors import sha256_file
 
     files = sorted(str(p.relative_to(tmp)) for p in tmp.rglob("*") if p.is_file())
@@ -296,7 +289,7 @@ def _meta(d: Path, shape, aux_layer_ids: list[int], s, dtype: str, graphs: dict,
                        "inputs": g["inputs"], "outputs": g["outputs"], "census": g["census"],
                        "attention_nodes": g["attention_nodes"]} for k, g in graphs.items()},
         "files": {f: sha256_file(tmp / f) for f in files},
-        "drafter_files": drafter_file_hashes(d),
+        "drafter_files": file_hashes(d),
         "verifier": vspec,
         "contains_verifier_weights": bool(baked), "verifier_weights": baked,
     }
@@ -314,14 +307,6 @@ def _result(meta: dict, graphs: dict, out_dir: Path, check: bool) -> dict:
             "dynamic": meta["dynamic"], "block_size": meta["block_size"],
             "census": meta["graphs"][GRAPH_NAME]["census"], "parity": parity,
             "parity_passed": passed, "checked": check, "created": meta["created"]}
-
-
-def _public_modes(tmp: Path) -> None:
-    """mkdtemp makes the dir 0700: give the output ordinary modes (umask applied)."""
-    umask = os.umask(0)
-    os.umask(umask)
-    for p in [tmp, *tmp.rglob("*")]:
-        os.chmod(p, (0o777 if p.is_dir() else 0o666) & ~umask)
 
 
 def record_export(d: Path, payload: dict, key: str = "onnx") -> None:

@@ -71,8 +71,8 @@ def check_graph(graph: Path, meta_dir: Path, meta: dict, drafter_dir: Path | Non
     Raises:
         InvalidInputError: unlisted, truncated / modified, or from another drafter (exit 3).
     """
-    from ..record import file_hashes
     from ..tensors import sha256_file
+    from .onnx_dir import check_drafter_files
 
     rel = graph.relative_to(meta_dir).as_posix()
     files = meta.get("files") or {}
@@ -84,10 +84,8 @@ def check_graph(graph: Path, meta_dir: Path, meta: dict, drafter_dir: Path | Non
         if not f.is_file() or sha256_file(f) != want:
             raise InvalidInputError(f"{f}: sha256 differs from onnx_meta.json (truncated or modified "
                                     "file); export again", code="onnx_corrupt")
-    if drafter_dir is not None and file_hashes(drafter_dir) != meta.get("drafter_files"):
-        raise InvalidInputError(
-            f"{graph} was exported from a different drafter than {drafter_dir} (the sha256 of "
-            "config.json / weights differ)", code="onnx_other_drafter")
+    if drafter_dir is not None:
+        check_drafter_files(meta.get("drafter_files"), drafter_dir, graph, built="exported", code="onnx_other_drafter")
     return rel
 
 

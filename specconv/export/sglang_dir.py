@@ -153,12 +153,6 @@ def _write(tmp: Path, d: Path, layout: Any, meta: dict[str, Any]) -> dict[str, s
     return files
 
 
-def _check_output(out: Path, d: Path, overwrite: bool) -> None:
-    if out.resolve() == d.resolve() or out.resolve() in d.resolve().parents:
-        raise InvalidInputError(f"output {out} must not be the drafter dir or contain it", code="output_is_input")
-    check_output(out, "sglang", overwrite)
-
-
 def export_sglang_dir(drafter_dir: str | Path, out: str | Path | None = None, *, verifier: str | None = None,
                       overwrite: bool = False, check: Callable[[Path, str], dict[str, Any]] | None = None,
                       record: bool = True) -> "ExportSglangResult":
@@ -185,7 +179,7 @@ def export_sglang_dir(drafter_dir: str | Path, out: str | Path | None = None, *,
     """
     d = Path(drafter_dir)
     out_dir = Path(out) if out is not None else d / "sglang"
-    _check_output(out_dir, d, overwrite)
+    check_output(out_dir, "sglang", overwrite, drafter_dir=d)
     layout, meta, spec = plan_sglang(d, verifier)
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     clean_stale(out_dir)

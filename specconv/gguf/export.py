@@ -17,7 +17,8 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import GateFailedError, InvalidInputError
-from ..outdir import KINDS, OutputTemp, check_output, clean_stale, move_into_place
+from ..outdir import (KINDS, OutputTemp, check_format_version, check_output, clean_stale, move_into_place,
+                      public_modes)
 from ..results import ExportGgufResult
 from .server import LLAMA_SERVER_ENV
 from .target import VERIFIER_GGUF_ENV
@@ -34,27 +35,21 @@ META_FORMAT_VERSION = 1
 
 
 def check_meta(meta: Any, where: str | Path) -> None:
-    """Refuse a ``gguf_meta.json`` of another format or version (exit 3, ``gguf_format_version``)."""
-    if isinstance(meta, dict) and meta.get("format") == META_FORMAT and meta.get("format_version") == META_FORMAT_VERSION:
-        return
-    got = (meta.get("format"), meta.get("format_version")) if isinstance(meta, dict) else (None, None)
-    raise InvalidInputError(f"{where}: GGUF export {got[0]!r} version {got[1]!r}; this specconv reads {META_FORMAT!r} "
-                            f"version {META_FORMAT_VERSION}; re-export with `specconv export gguf`",
-                            code="gguf_format_version", hint="specconv export gguf DIR --overwrite")
+    """Refuse a ``gguf_meta.json`` of another format or version (exit 3, ``gguf_format_version``;
+    :func:`specconv.outdir.check_format_version`)."""
+    check_format_version(meta, where, "gguf", META_FORMAT_VERSION)
 
 
 def _prepare(d: Path, out: Path, verifier: str | None, overwrite: bool):
     """Inputs, refused before anything is written: the dir, the output rule, extras, verifier."""
-    from ..export.onnx_dir import _check_dir, default_verifier
+    from ..export.onnx_dir import check_speculators_dir, default_verifier
     from ..extras import require, require_extra
 
     require_extra("gguf", feature="specconv export gguf")
     require("transformers", "validate", feature="specconv export gguf (the verifier's tokenizer)")
     require("torch", "validate", feature="specconv export gguf")
-    _check_dir(d)
-    if out.resolve() == d.resolve() or out.resolve() in d.resolve().parents:
-        raise InvalidInputError(f"output {out} must not be the drafter dir or contain it", code="output_is_input")
-    check_output(out, "gguf", overwrite)
+    check_speculators_dir(d)
+    check_output(out, "gguf", overwrite, drafter_dir=d)
     vspec = verifier or default_verifier(d)
     if not vspec:
         raise InvalidInputError(f"{d}/specconv.json names no verifier: pass --verifier", code="verifier_not_found")
@@ -140,13 +135,13 @@ def _write_checked(tmp: OutputTemp, d: Path, cfg: Any, store: Any, v: Any, plan:
         result["check"] = {"skipped": _skip_reason(check, server, target)}
     meta["check"] = _brief(result["check"])
     (tmp.path / META_NAME).write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")
-    _public_modes(tmp.path)
+    public_modes(tmp.path)
     return result
 
 
 def _write(tmp: Path, d: Path, cfg: Any, store: Any, v: Any, plan: Any, vspec: str) -> dict[str, Any]:
     """The GGUF in ``tmp`` and its meta (the check result is added by the caller)."""
-    from ..export.onnx_dir import drafter_file_hashes
+    from ..record import file_hashes
     from ..tensors import sha256_file
     from ..versions import library_versions
     from .layout import _layer_config
@@ -165,7 +160,7 @@ def _write(tmp: Path, d: Path, cfg: Any, store: Any, v: Any, plan: Any, vspec: s
             "target_layers": plan.target_layers, "spec_type": plan.spec_type,
             "spec_draft_n_max": plan.spec_draft_n_max, "verifier": vspec,
             "contains_verifier_weights": bool(plan.from_verifier), "verifier_weights": plan.from_verifier,
-            "files": {plan.file_name: sha256_file(path)}, "drafter_files": drafter_file_hashes(d)}
+            "files": {plan.file_name: sha256_file(path)}, "drafter_files": file_hashes(d)}
 
 
 def _result(meta: dict, out_dir: Path, target: dict | None, repo: str | None) -> dict[str, Any]:
@@ -226,25 +221,13 @@ def _brief(check: dict) -> dict:
     return out
 
 
-def _public_modes(tmp: Path) -> None:
-    from ..export.onnx_dir import _public_modes as modes
-
-    modes(tmp)
-
-
 def _record(d: Path, result: dict, *, card: bool) -> None:
-    """``export.gguf`` in ``DIR/specconv.json`` (other export keys kept; a read-only dir only
-    warns); with ``card`` (``gguf/`` inside the drafter dir) the drafter's card refreshed."""
-    from ..export.onnx_dir import record_export
-    from ..record import card_function
+    """``export.gguf`` in ``DIR/specconv.json``, the check as :func:`_brief` keeps it
+    (:func:`specconv.export.onnx_dir.finish_export`, ``card`` as there)."""
+    from ..export.onnx_dir import finish_export
 
     payload = {**{k: v for k, v in result.items() if k != "check"}, "check": _brief(result.get("check") or {})}
-    try:
-        record_export(d, payload, key="gguf")
-    except OSError as e:
-        log.warning("could not record the export in %s/specconv.json: %s", d, e)
-    if card:
-        card_function("refresh_local_card")(d)
+    finish_export(d, payload, card=card, key="gguf")
 
 
 def find_export(d: Path) -> tuple[Path, dict]:
@@ -270,14 +253,14 @@ def verify_export(d: Path, meta: dict) -> None:
     Raises:
         InvalidInputError: ``gguf_stale``.
     """
-    from ..export.onnx_dir import drafter_file_hashes
+    from ..record import file_hashes
     from ..tensors import sha256_file
 
     f = d / "gguf" / str(meta.get("file"))
     if not f.is_file() or sha256_file(f) != (meta.get("files") or {}).get(meta.get("file")):
         raise InvalidInputError(f"{f}: missing or not the bytes gguf_meta.json records", code="gguf_stale",
                                 hint=f"specconv export gguf {d} --overwrite")
-    if meta.get("drafter_files") != drafter_file_hashes(d):
+    if meta.get("drafter_files") != file_hashes(d):
         raise InvalidInputError(f"{d}/gguf was exported from other drafter files than {d} holds now",
                                 code="gguf_stale", hint=f"specconv export gguf {d} --overwrite")
 

@@ -58,8 +58,8 @@ def test_no_gguf_export_is_exit_3(bundled, smollm2_dir):
 
 @pytest.mark.skipif(not _has_build(), reason="no `make llama-cpp` build for this machine")
 def test_a_gguf_with_target_layers_shifted_by_one_fails_the_gate(bundled, smollm2_dir, tmp_path):
-    from specconv.export.onnx_dir import drafter_file_hashes
     from specconv.gguf.export import export_gguf_dir
+    from specconv.record import file_hashes
 
     shifted = tmp_path / "shifted"
     shutil.copytree(bundled, shifted)
@@ -71,7 +71,7 @@ def test_a_gguf_with_target_layers_shifted_by_one_fails_the_gate(bundled, smollm
     shutil.copytree(bundled, d)
     shutil.copytree(shifted / "gguf", d / "gguf")  # the shifted GGUF, recorded as d's export
     meta = json.loads((d / "gguf" / "gguf_meta.json").read_text())
-    meta["drafter_files"] = drafter_file_hashes(d)
+    meta["drafter_files"] = file_hashes(d)
     (d / "gguf" / "gguf_meta.json").write_text(json.dumps(meta))
     r = _validate(d, smollm2_dir, "--num-prompts", "2", "--max-new-tokens", "24",
                   "--report-dir", str(tmp_path / "report"))
