@@ -15,10 +15,13 @@ import json
 import logging
 import re
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..errors import SpecconvError
 from .payload import Payload, contains_verifier_weights, published_verifier
+
+if TYPE_CHECKING:
+    from ..results import GgufExport
 
 log = logging.getLogger("specconv.publish")
 
@@ -239,7 +242,7 @@ def gguf_section(d: Path, rec: Any, payload: Payload, draft_repo: str | None) ->
             "spec_type": exp.spec_type, "spec_draft_n_max": exp.spec_draft_n_max, "local": draft_repo is None}
 
 
-def _gguf_export(rec: Any) -> Any:
+def _gguf_export(rec: Any) -> GgufExport | None:
     """The record's ``export.gguf`` (:class:`~specconv.results.GgufExport`), None when unset."""
     return rec.export.gguf if rec.export is not None else None
 
