@@ -282,6 +282,7 @@ def pushable(d: Path, rec: Any, rel: str) -> tuple[bool, bool]:
     meta = _read_meta(d)
     if meta is None:
         return False, False
+    check_meta(meta, d / "gguf" / META_NAME)
     export = rec.export.gguf if rec.export is not None else None
     validated = (rec.validation.files or {}) if rec.validation is not None else {}
     if export is None or not (export.check or {}).get("passed") or meta.get("drafter_files") != validated:
@@ -292,26 +293,16 @@ def pushable(d: Path, rec: Any, rel: str) -> tuple[bool, bool]:
     return True, holds_verifier_weights(d)
 
 
-def _read_meta(d: Path) -> dict[str, Any] | None:
-    """``d/gguf/gguf_meta.json``, None when absent or unreadable.
-
-    Raises:
-        InvalidInputError: a meta of another format version (exit 3, re-export).
-    """
-    meta_path = d / "gguf" / META_NAME
+def _read_meta(d: Path) -> Any:
+    """The parsed ``d/gguf/gguf_meta.json`` (not checked), None when absent or unreadable."""
     try:
-        meta = json.loads(meta_path.read_text(encoding="utf-8"))
+        return json.loads((d / "gguf" / META_NAME).read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None
-    check_meta(meta, meta_path)
-    return meta
 
 
 def holds_verifier_weights(d: Path) -> bool:
     """Whether drafter dir ``d``'s GGUF holds verifier tensors, as its ``gguf_meta.json`` says
-    (False without a readable meta; push's gate and the card both ask this).
-
-    Raises:
-        InvalidInputError: a meta of another format version (exit 3, re-export).
-    """
-    return bool((_read_meta(d) or {}).get("contains_verifier_weights"))
+    (False without a readable meta object); push's gate (after its format check) and the card ask this."""
+    meta = _read_meta(d)
+    return isinstance(meta, dict) and bool(meta.get("contains_verifier_weights"))

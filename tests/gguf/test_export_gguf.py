@@ -448,3 +448,21 @@ def test_the_cards_llamacpp_line_serves_the_exported_drafter(served, bundled, sm
            "--host", "127.0.0.1", "--port", str(free_port()), "--metrics", "-np", "1", "-c", "4096", "-t", "1"]
     outs, counts, _ = serve_prompts(run, render_prompts(v, "eval", 1), 16, tmp_path / "card.log")
     assert outs[0]["tokens"] and counts["num_drafts"] > 0, counts
+
+
+def test_push_refuses_an_old_gguf_meta_and_the_card_reads_verifier_weights_leniently(tmp_path):
+    """``pushable`` refuses a ``gguf_meta.json`` of another format version (exit 3, before any
+    file is let in); the card's ``holds_verifier_weights`` only reads the key, as before."""
+    from specconv.errors import InvalidInputError
+    from specconv.gguf.export import META_NAME, holds_verifier_weights, pushable
+
+    (tmp_path / "gguf").mkdir()
+    meta = tmp_path / "gguf" / META_NAME
+    assert pushable(tmp_path, None, f"gguf/{META_NAME}") == (False, False) and not holds_verifier_weights(tmp_path)
+    meta.write_text(json.dumps({"format": "specconv-gguf-drafter", "format_version": 0, "contains_verifier_weights": True}))
+    with pytest.raises(InvalidInputError) as e:
+        pushable(tmp_path, None, "gguf/drafter-bf16.gguf")
+    assert e.value.code == "gguf_format_version" and e.value.exit_code == 3
+    assert holds_verifier_weights(tmp_path)
+    meta.write_text("[1, 2]")
+    assert not holds_verifier_weights(tmp_path)
