@@ -146,7 +146,7 @@ def _out_tensors(plan: ConversionPlan, source_store: Any, verifier: Verifier) ->
     return outs
 
 
-def _count_verifier_copies(plan: ConversionPlan, verifier: Verifier, engine: Any) -> None:
+def _count_verifier_copies(plan: ConversionPlan, verifier: Verifier | None, engine: Any) -> None:
     """Add the copy engine's reads of the verifier's weight files to ``verifier.bytes_read``."""
     if verifier is None or not hasattr(verifier, "add_bytes_read"):
         return
@@ -326,21 +326,12 @@ def _nonfinite_check(plan: ConversionPlan, outs: list, engine: Any, allow: bool)
                                      f"converted with --allow-nonfinite: {part}", key=name))
 
 
-def _fix_mode(path: Path) -> None:
-    """mkdtemp creates 0700; give the output the modes a plain ``mkdir`` would have."""
-    umask = os.umask(0)
-    os.umask(umask)
-    os.chmod(path, 0o777 & ~umask)
-    for p in path.iterdir():
-        os.chmod(p, 0o666 & ~umask)
-
-
 def write_plan(
     plan: ConversionPlan,
     out_dir: Path,
     *,
     source_store: Any,
-    verifier: Verifier,
+    verifier: Verifier | None,
     max_shard_size: int | None = None, overwrite: bool = False,
     source_ref: dict[str, Any] | None = None, allow_nonfinite: bool = False,
     hash_output: bool = False, output_sha256: dict[str, str] | None = None,
@@ -367,7 +358,7 @@ def write_plan(
             input (source, verifier, side file), or its parent is a file.
         OSError: writing failed (disk full, read-only, ...); nothing is left behind.
     """
-    from .outdir import OutputTemp, clean_stale, move_into_place
+    from .outdir import OutputTemp, clean_stale, move_into_place, public_modes
 
     out_dir = Path(out_dir)
     _check_output(out_dir, plan, verifier, overwrite)
@@ -380,7 +371,7 @@ def write_plan(
                                 allow_nonfinite=allow_nonfinite, hash_output=hash_output,
                                 output_sha256=output_sha256, out_dir=out_dir, source_ref=source_ref)
             _write_record(tmp.path, record, card)
-            _fix_mode(tmp.path)
+            public_modes(tmp.path)
             with interrupts.deferred():
                 move_into_place(tmp, out_dir, overwrite, "conversion")
         finally:
@@ -388,7 +379,7 @@ def write_plan(
     return record
 
 
-def _write_tmp(tmp: Path, plan: ConversionPlan, source_store: Any, verifier: Verifier, *, max_shard_size: int | None,
+def _write_tmp(tmp: Path, plan: ConversionPlan, source_store: Any, verifier: Verifier | None, *, max_shard_size: int | None,
                allow_nonfinite: bool, hash_output: bool, output_sha256: dict[str, str] | None, out_dir: Path,
                source_ref: dict[str, Any] | None) -> "SpecconvRecord":
     """Write weights and config into ``tmp``; return the record (not written yet)."""
@@ -424,7 +415,7 @@ def _write_record(tmp: Path, record: "SpecconvRecord", card: "Callable[[Path, Sp
     (tmp / SPECCONV_JSON).write_text(record.to_json())
 
 
-def _check_output(out_dir: Path, plan: ConversionPlan, verifier: Verifier, overwrite: bool) -> None:
+def _check_output(out_dir: Path, plan: ConversionPlan, verifier: Verifier | None, overwrite: bool) -> None:
     """Refuse outputs that would clobber a non-directory, delete an input or replace a
     directory specconv did not write (:func:`specconv.outdir.check_replaceable`)."""
     from .outdir import check_output, check_replaceable
