@@ -50,7 +50,7 @@ def _sha256(path: Path) -> str:
     if isinstance(hit.get("sha256"), str):
         return hit["sha256"]
     digest = sha256_file(path)
-    if os.environ.get("SPECCONV_HASH_CACHE", "1") != "0":
+    if _hash_cache_on():
         _hash_cache()[os.path.realpath(path)] = {"stat": stamp, "sha256": digest}
     return digest
 
@@ -78,11 +78,16 @@ def hub_blob_sha256(path: Path) -> str | None:
     return None
 
 
+def _hash_cache_on() -> bool:
+    """The hash cache is used unless ``SPECCONV_HASH_CACHE=0``."""
+    return os.environ.get("SPECCONV_HASH_CACHE", "1") != "0"
+
+
 def _cache_hit(path: Path) -> tuple[list[int], dict[str, Any]]:
     """``(stat stamp, cached entry or {})`` of one file; the entry only when the stamp matches."""
     st = os.stat(path)
     stamp = [st.st_size, st.st_mtime_ns, st.st_ino]
-    if os.environ.get("SPECCONV_HASH_CACHE", "1") == "0":
+    if not _hash_cache_on():
         return stamp, {}
     hit = _hash_cache().get(os.path.realpath(path))
     return stamp, (hit if isinstance(hit, dict) and hit.get("stat") == stamp else {})
@@ -107,7 +112,7 @@ def _hash_cache() -> dict[str, Any]:
 
 
 def _save_hash_cache() -> None:
-    if _HASH_CACHE is None or os.environ.get("SPECCONV_HASH_CACHE", "1") == "0":
+    if _HASH_CACHE is None or not _hash_cache_on():
         return
     if len(_HASH_CACHE) > _CACHE_PRUNE_ABOVE:  # forget files that are gone (temp checkpoints)
         for k in [k for k in _HASH_CACHE if not os.path.exists(k)]:
@@ -279,7 +284,7 @@ def _copy_engine(plan: ConversionPlan, outs: list, hash_output: bool) -> tuple[A
 def _remember(engine: Any, stamps: dict[str, list[int]]) -> dict[str, str]:
     """Store the pass's digests and scan results in the hash cache; return the digests
     of the files it hashed, by real path."""
-    cache = _hash_cache() if os.environ.get("SPECCONV_HASH_CACHE", "1") != "0" else {}
+    cache = _hash_cache() if _hash_cache_on() else {}
     digests = {}
     for f, sf in engine.files.items():
         key = os.path.realpath(f)
