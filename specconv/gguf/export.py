@@ -290,7 +290,7 @@ def pushable(d: Path, rec: Any, rel: str) -> tuple[bool, bool]:
     name = rel[len("gguf/"):]
     if name != META_NAME and (meta.get("files") or {}).get(name) != sha256_file(d / rel):
         return False, False
-    return True, holds_verifier_weights(d)
+    return True, _holds_verifier_weights(meta)
 
 
 def _read_meta(d: Path) -> Any:
@@ -304,5 +304,8 @@ def _read_meta(d: Path) -> Any:
 def holds_verifier_weights(d: Path) -> bool:
     """Whether drafter dir ``d``'s GGUF holds verifier tensors, as its ``gguf_meta.json`` says
     (False without a readable meta object); push's gate (after its format check) and the card ask this."""
-    meta = _read_meta(d)
+    return _holds_verifier_weights(_read_meta(d))
+
+
+def _holds_verifier_weights(meta: Any) -> bool:
     return isinstance(meta, dict) and bool(meta.get("contains_verifier_weights"))

@@ -153,10 +153,10 @@ def sglang_payload(d: Path, rec: Any, repo_id: str, speculators_repo: str) -> Pa
     if problem is not None:
         raise GateFailedError(f"--sglang-repo-id {repo_id}: {problem}", code="sglang_not_checked",
                               hint="specconv export sglang DIR --check --overwrite, then push again")
-    out = _export_dir(d, rec)
+    out, files = _export_dir(d, rec), _export(rec).files
     p = Payload()
     for f in sorted(x for x in out.iterdir() if x.is_file() and not x.name.startswith(".")):
-        p.add(f.name, f, _export(rec).files.get(f.name))
+        p.add(f.name, f, files.get(f.name))
     p.add("README.md", render_sglang_card(d, rec, repo_id, speculators_repo).encode("utf-8"))
     add_manifest(p)
     return p
