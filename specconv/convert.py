@@ -15,7 +15,11 @@ from typing import TYPE_CHECKING, Any
 from .errors import InvalidInputError, UnsupportedFormatError, UsageError
 
 if TYPE_CHECKING:
+    from collections.abc import Mapping
+
     from specconv.converters import ConvertOptions, Converter, SourceInfo
+
+    from .outdir import OutputKind
 
     from .plan import ConversionPlan
     from .results import ConversionResult, InspectResult
@@ -345,6 +349,14 @@ def _card(output: Path):
     return card_function("conversion_card")(Path(output).name)
 
 
+def output_kinds() -> "Mapping[str, OutputKind]":
+    """Every kind of output dir (:func:`specconv.engines.exportdir.output_kinds`: a conversion lists
+    the exports inside it), looked up only when an existing output is judged."""
+    from .engines.exportdir import output_kinds as kinds
+
+    return kinds()
+
+
 def _dry_run_warning(result: "ConversionResult", output: Path | None, overwrite: bool) -> "ConversionResult":
     """A dry run's result, warned (``output-exists``) when the real run would not write ``output``
     as asked: it exists and needs ``--overwrite``, or :func:`specconv.outdir.check_replaceable`
@@ -354,7 +366,7 @@ def _dry_run_warning(result: "ConversionResult", output: Path | None, overwrite:
     from .outdir import check_replaceable
 
     try:
-        check_replaceable(output, "conversion")
+        check_replaceable(output, "conversion", output_kinds)
     except InvalidInputError as e:
         message = f"the real run would refuse it, with or without --overwrite: {e}"
     else:
@@ -401,9 +413,12 @@ def _linted_plan(cls: type["Converter"], src: "SourceInfo", v: "Verifier", opts:
     lint_plan(plan, v)
     errors = [f for f in plan.findings if f.level == "error"]
     if errors:
+        from .format.findings import CONVERT_FLAGS
+
+        flags = list(dict.fromkeys(CONVERT_FLAGS[f.code] for f in errors if f.code in CONVERT_FLAGS))
         raise InvalidInputError(
             "the converted drafter would not be servable: " + "; ".join(f"[{f.code}] {f.message}" for f in errors),
-            code="lint_failed",
+            code="lint_failed", hint=f"pass {'; '.join(flags)} (see the message)" if flags else None,
         )
     return plan
 
@@ -436,9 +451,11 @@ def source_ref(spec: str, path: Path, *, subfolder: str | None, revision: str | 
 
 
 def write_plan(*a: Any, **kw: Any):
-    """:func:`specconv.writer.write_plan` (imported on first use); returns the record."""
+    """:func:`specconv.writer.write_plan` (imported on first use) judging an existing output with
+    every engine's output kinds (:func:`output_kinds`); returns the record."""
     from .writer import write_plan as _w
 
+    kw.setdefault("kinds", output_kinds)
     return _w(*a, **kw)
 
 

@@ -25,7 +25,7 @@ EXIT_INTERRUPTED = 130
 EXIT_CODES: dict[int, str] = {
     EXIT_OK: "ok",
     EXIT_USAGE: "usage error",
-    EXIT_INVALID_INPUT: "invalid or unsupported input",
+    EXIT_INVALID_INPUT: "invalid or unsupported input, or an output that cannot be written",
     EXIT_GATE_FAILED: "a validation gate failed",
     EXIT_HUB_AUTH: "Hub authentication failed",
     EXIT_HUB_CONFLICT: "Hub conflict",

@@ -74,6 +74,14 @@ def runner_env(overrides: Mapping[str, str | None] | None = None) -> dict[str, s
     return env
 
 
+def job_path(value: str | os.PathLike) -> str:
+    """``value`` as a runner's job file names it: an existing local path made absolute (the
+    runner's working directory is a temp dir, :func:`run_runner`), anything else (a Hub id)
+    unchanged."""
+    p = Path(value).expanduser()
+    return os.path.abspath(p) if p.exists() else str(value)
+
+
 def run_runner(python: Path, runner: Path, job: dict, *, env: dict[str, str], timeout: float, engine: str,
                code: str) -> dict:
     """Run ``python runner JOB RESULT`` once in a temp dir (its cwd): ``job`` is written to JOB as

@@ -2,6 +2,9 @@
 
 A conversion writes into ``.<out>.tmp-<pid>-<rand>/`` next to the output and holds an
 exclusive ``fcntl.flock`` on ``.<out>.tmp-<pid>-<rand>.lock`` for as long as it runs.
+``<out>`` is the output's name, or for a name too long to leave room for the rest within
+``NAME_MAX`` (255 bytes) its head and a hash of the whole name (:func:`sibling_stem`), so every
+legal ``-o`` name can be written and its siblings are still found by :func:`clean_stale`.
 The kernel drops the lock when the process dies, however it dies (SIGKILL included), so
 the next conversion to the same output can tell a stale temp dir (lock free) from a
 concurrent run's (lock held) and removes only the stale ones.
@@ -18,39 +21,64 @@ What ``--overwrite`` may replace is decided here, once (:func:`check_replaceable
 
 from __future__ import annotations
 
+import contextlib
 import errno
+import hashlib
 import json
 import os
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from collections.abc import Mapping
+from typing import Callable, Iterator
 
 from .errors import InvalidInputError, SpecconvError
 
 _AT_FDCWD = -100
 _RENAME_EXCHANGE = 2
 
+#: The most bytes of the output's name a temp sibling carries: ``.`` + it + ``.tmp-<pid>-<8
+#: random chars>.lock`` stays within NAME_MAX (255) for any pid up to 10 digits.
+STEM_MAX = 200
+#: Hex digits of the name's sha256 a shortened stem ends with.
+_STEM_HASH = 16
+
+
+def sibling_stem(name: str) -> str:
+    """The output's name as its temp siblings (``.<stem>.tmp-…``, ``.<stem>.old-…``) carry it:
+    ``name`` itself when it has at most :data:`STEM_MAX` bytes, else its longest head (whole
+    characters) that leaves room for ``~`` and 16 hex digits of the sha256 of the whole name.
+    One name always gives the same stem, two names (almost surely) two stems."""
+    if len(os.fsencode(name)) <= STEM_MAX:
+        return name
+    head = name[:STEM_MAX]
+    while len(os.fsencode(head)) > STEM_MAX - 1 - _STEM_HASH:
+        head = head[:-1]
+    return f"{head}~{hashlib.sha256(os.fsencode(name)).hexdigest()[:_STEM_HASH]}"
+
 
 class OutputTemp:
-    """A locked temp dir next to ``out_dir`` (``.<name>.tmp-<pid>-<rand>``).
+    """A locked temp dir next to ``out_dir`` (``.<stem>.tmp-<pid>-<rand>``, :func:`sibling_stem`).
 
     Attributes:
         path: the temp dir (mode 0700 until the writer fixes the modes).
         lock: the lock file beside it, held with ``LOCK_EX`` until :meth:`release`.
         old: where the previous output goes if the atomic exchange is unavailable.
+        step: what is being done with the output now, for an OS error's message
+            (:func:`temp_output`; :func:`move_into_place` sets its own).
     """
 
     def __init__(self, out_dir: Path) -> None:
         import fcntl
         import tempfile
 
-        parent, name = out_dir.parent, out_dir.name
+        parent, stem = out_dir.parent, sibling_stem(out_dir.name)
+        self.step = "writing its files"
         # the dir first (a cleaner that sees it before its lock checks the pid in the name)
-        self.path = Path(tempfile.mkdtemp(prefix=f".{name}.tmp-{os.getpid()}-", dir=parent))
-        tag = self.path.name[len(f".{name}.tmp-"):]
-        self.lock = parent / f".{name}.tmp-{tag}.lock"
-        self.old = parent / f".{name}.old-{tag}"
+        self.path = Path(tempfile.mkdtemp(prefix=f".{stem}.tmp-{os.getpid()}-", dir=parent))
+        tag = self.path.name[len(f".{stem}.tmp-"):]
+        self.lock = parent / f".{stem}.tmp-{tag}.lock"
+        self.old = parent / f".{stem}.old-{tag}"
         try:
             self._fd = os.open(self.lock, os.O_CREAT | os.O_RDWR | os.O_CLOEXEC, 0o600)
             fcntl.flock(self._fd, fcntl.LOCK_EX)
@@ -128,16 +156,16 @@ def clean_stale(out_dir: Path) -> list[str]:
     Returns:
         The names removed or restored (for logs and tests).
     """
-    parent, name = out_dir.parent, out_dir.name
+    parent, stem = out_dir.parent, sibling_stem(out_dir.name)
     if not parent.is_dir():
         return []
+    names = sorted(os.listdir(parent))  # prefixes compared as text: a name may hold glob characters
     done = []
     for kind in ("old", "tmp"):  # restore a previous output before deleting temp dirs
-        for d in sorted(parent.glob(f".{name}.{kind}-*")):
-            if d.name.endswith(".lock"):
-                continue
-            tag = d.name[len(f".{name}.{kind}-"):]
-            lock = parent / f".{name}.tmp-{tag}.lock"
+        prefix = f".{stem}.{kind}-"
+        for d in (parent / n for n in names if n.startswith(prefix) and not n.endswith(".lock")):
+            tag = d.name[len(prefix):]
+            lock = parent / f".{stem}.tmp-{tag}.lock"
             if not (_lock_free(lock) if lock.exists() else not _pid_alive(tag, d)):
                 continue
             if kind == "old" and not out_dir.exists() and not out_dir.is_symlink():
@@ -145,10 +173,46 @@ def clean_stale(out_dir: Path) -> list[str]:
             else:
                 shutil.rmtree(d, ignore_errors=True)
             done.append(d.name)
-    for lock in parent.glob(f".{name}.tmp-*.lock"):
+    for lock in (parent / n for n in names if n.startswith(f".{stem}.tmp-") and n.endswith(".lock")):
         if not (parent / lock.name[: -len(".lock")]).exists() and _lock_free(lock):
             lock.unlink(missing_ok=True)
     return done
+
+
+class OutputWriteError(InvalidInputError):
+    """An OS error while an output was being written (exit 3, ``os_error``): the message names
+    the output path, the step and the OS's reason (with the file it names)."""
+
+    code = "os_error"
+
+    def __init__(self, out_dir: Path, step: str, error: OSError) -> None:
+        reason = error.strerror or str(error)
+        where = f" ({error.filename})" if error.filename and str(error.filename) != str(out_dir) else ""
+        super().__init__(f"cannot write output {out_dir}: {step} failed: {reason}{where}", code="os_error")
+
+
+@contextlib.contextmanager
+def temp_output(out_dir: Path) -> Iterator[OutputTemp]:
+    """The locked temp dir an output is written in: its parent created, stale siblings cleaned
+    (:func:`clean_stale`), released (removed, unlocked) on the way out, however it ends. An OS
+    error meanwhile becomes :class:`OutputWriteError` naming ``out_dir`` and the step
+    (:attr:`OutputTemp.step`: creating the temp dir, writing, moving into place).
+
+    Raises:
+        OutputWriteError: exit 3, ``os_error``.
+    """
+    try:
+        out_dir.parent.mkdir(parents=True, exist_ok=True)
+        clean_stale(out_dir)
+        tmp = OutputTemp(out_dir)
+    except OSError as e:
+        raise OutputWriteError(out_dir, "creating its temporary directory beside it", e) from e
+    try:
+        yield tmp
+    except OSError as e:
+        raise OutputWriteError(out_dir, tmp.step, e) from e
+    finally:
+        tmp.release()
 
 
 def exchange(a: Path, b: Path) -> bool:
@@ -175,7 +239,7 @@ def exchange(a: Path, b: Path) -> bool:
     raise OSError(err, os.strerror(err), str(a))
 
 
-def move_into_place(tmp: OutputTemp, out_dir: Path, overwrite: bool, kind: str) -> None:
+def move_into_place(tmp: OutputTemp, out_dir: Path, overwrite: bool, kind: str, kinds: Kinds | None = None) -> None:
     """Put the finished ``tmp.path`` at ``out_dir`` (call with signals deferred).
 
     Without ``overwrite`` a plain rename; with it, :func:`check_replaceable` (``kind``) once
@@ -188,8 +252,9 @@ def move_into_place(tmp: OutputTemp, out_dir: Path, overwrite: bool, kind: str) 
             meanwhile without ``overwrite`` (nothing replaced).
         OSError: the rename failed; the previous output is back in place.
     """
+    tmp.step = "moving it into place"
     if overwrite or out_dir.exists():  # what is there now, not what was there at the start
-        check_replaceable(out_dir, kind)  # a refusal stands with or without --overwrite
+        check_replaceable(out_dir, kind, kinds)  # a refusal stands with or without --overwrite
     if out_dir.exists() and not overwrite:  # created meanwhile (another run)
         raise InvalidInputError(f"output {out_dir} appeared while writing; pass --overwrite to replace it",
                                 code="output_exists")
@@ -238,19 +303,22 @@ class OutputKind:
     listed: Callable[[Path, dict], _Listing]
 
 
-def _conversion(d: Path, raw: dict) -> _Listing:
-    """``specconv.json`` with a conversion section: its ``output_files``, the local card and
-    the ``onnx/``, ``trt/``, ``sglang/`` and ``gguf/`` that export and build-engine add (judged as their own kinds)."""
-    from .record import read_record
+def conversion_kind(subdirs: Mapping[str, str]) -> OutputKind:
+    """The conversion's kind: ``specconv.json`` with a conversion section lists its ``output_files``,
+    the local card and ``subdirs`` (an export's directory name → the kind it is judged as)."""
 
-    conv = read_record(d).conversion
-    if conv is None:
-        return None
-    return {**dict.fromkeys(conv.output_files), "README.md": None, "onnx": "onnx", "trt": "engines", "sglang": "sglang",
-            "gguf": "gguf"}
+    def listed(d: Path, raw: dict) -> _Listing:
+        from .record import read_record
+
+        conv = read_record(d).conversion
+        if conv is None:
+            return None
+        return {**dict.fromkeys(conv.output_files), "README.md": None, **subdirs}
+
+    return OutputKind("conversion", "specconv.json", None, listed)
 
 
-def _files(d: Path, rec: dict) -> _Listing:
+def files_listed(d: Path, rec: dict) -> _Listing:
     """A record whose ``files`` (a list, or a dict keyed by path) names every file beside it."""
     files = rec.get("files")
     if not isinstance(files, (list, dict)) or not all(isinstance(f, str) for f in files):
@@ -258,56 +326,16 @@ def _files(d: Path, rec: dict) -> _Listing:
     return dict.fromkeys(files)
 
 
-#: an engine variant's files before its build.json recorded them (``files``)
-_VARIANT_FILES_UNRECORDED = ("drafter.plan", "timing.cache")
+#: the kinds every run knows; the engines' kinds join them (``specconv.engines.exportdir.output_kinds``)
+KINDS: dict[str, OutputKind] = {"conversion": conversion_kind({})}
+#: the kinds a check may judge: a mapping, or a function returning one (called only when needed)
+Kinds = Mapping[str, OutputKind] | Callable[[], Mapping[str, OutputKind]]
 
 
-def _engine(d: Path, rec: dict) -> _Listing:
-    return _files(d, rec) if "files" in rec else dict.fromkeys(_VARIANT_FILES_UNRECORDED)
-
-
-def _engines(d: Path, rec: dict) -> _Listing:
-    """``trt/``: every variant the manifest lists (each judged as an engine variant)."""
-    variants = rec.get("variants")
-    if not isinstance(variants, list) or not all(isinstance(v, dict) and isinstance(v.get("key"), str)
-                                                 for v in variants):
-        return None
-    return {v["key"]: "engine" for v in variants}
-
-
-#: every kind of directory specconv replaces: key → what marks it and what it may hold
-KINDS: dict[str, OutputKind] = {
-    "conversion": OutputKind("conversion", "specconv.json", None, _conversion),
-    "onnx": OutputKind("ONNX export", "onnx_meta.json", "specconv-onnx-drafter", _files),
-    "engine": OutputKind("engine variant", "build.json", "specconv-trt-build", _engine),
-    "engines": OutputKind("engine dir (trt/)", "manifest.json", "specconv-trt-manifest", _engines),
-    "sglang": OutputKind("SGLang export", "sglang_export.json", "specconv-sglang-drafter", _files),
-    "gguf": OutputKind("GGUF export", "gguf_meta.json", "specconv-gguf-drafter", _files),
-}
-
-
-def check_format_version(meta: Any, where: str | os.PathLike, kind: str, version: int, *, shown: str | None = None,
-                         note: str = "") -> None:
-    """Refuse a record of ``kind`` (a :data:`KINDS` key, also its ``specconv export`` command)
-    whose ``format`` is not ``KINDS[kind].format`` or whose ``format_version`` is not ``version``.
-
-    Args:
-        meta: the parsed record (a non-object is refused).
-        where: its path (for the message).
-        version: the one ``format_version`` this specconv reads (owned by the kind's writer).
-        shown: what the message calls the kind's format (default ``KINDS[kind].name``).
-        note: said after the version read (what that version means).
-
-    Raises:
-        InvalidInputError: exit 3, ``<kind>_format_version``; the message says to re-export.
-    """
-    k = KINDS[kind]
-    fmt, got = (meta.get("format"), meta.get("format_version")) if isinstance(meta, dict) else (None, None)
-    if fmt == k.format and got == version:
-        return
-    raise InvalidInputError(f"{where}: {shown or k.name} {fmt!r} version {got!r}; this specconv reads {k.format!r} "
-                            f"version {version}{note}; re-export with `specconv export {kind}`",
-                            code=f"{kind}_format_version", hint=f"specconv export {kind} DIR --overwrite")
+def _kinds(kinds: Kinds | None) -> Mapping[str, OutputKind]:
+    if kinds is None:
+        return KINDS
+    return kinds() if callable(kinds) else kinds
 
 
 def _listing(d: Path, kind: OutputKind) -> tuple[_Listing, str]:
@@ -343,7 +371,7 @@ def _scan(d: Path) -> list[os.DirEntry]:
     return sorted(os.scandir(d), key=lambda e: e.name)
 
 
-def _judge(d: Path, kind: OutputKind) -> tuple[str, list[str]]:
+def _judge(d: Path, kind: OutputKind, kinds: Mapping[str, OutputKind]) -> tuple[str, list[str]]:
     """("", []) when ``d`` may be replaced as ``kind``; else (why it is not that kind at all,
     what it holds) or ("", the entries its record does not list, relative to ``d``)."""
     found = _entries(d)
@@ -353,19 +381,21 @@ def _judge(d: Path, kind: OutputKind) -> tuple[str, list[str]]:
     if listed is None:
         return why, found
     parents = {"/".join(p.split("/")[:i]) for p in listed for i in range(1, p.count("/") + 1)}
-    return "", _unlisted(d, listed, parents, "")
+    return "", _unlisted(d, listed, parents, "", kinds)
 
 
-def _unlisted(d: Path, listed: dict[str, str | None], parents: set[str], rel: str) -> list[str]:
+def _unlisted(d: Path, listed: dict[str, str | None], parents: set[str], rel: str,
+              kinds: Mapping[str, OutputKind]) -> list[str]:
     """The entries under ``d`` (relative path ``rel``) that ``listed`` does not name."""
     out = []
     for e in _scan(d):
         r = rel + e.name
         if e.is_dir(follow_symlinks=False) and listed.get(r) is not None:  # its own kind
-            why, found = _judge(Path(e.path), KINDS[listed[r]])
-            out += [f"{r}/ (not a specconv {KINDS[listed[r]].name}: {why})"] if why else [f"{r}/{f}" for f in found]
+            sub = kinds[listed[r]]
+            why, found = _judge(Path(e.path), sub, kinds)
+            out += [f"{r}/ (not a specconv {sub.name}: {why})"] if why else [f"{r}/{f}" for f in found]
         elif e.is_dir(follow_symlinks=False) and r in parents:
-            out += _unlisted(Path(e.path), listed, parents, r + "/")
+            out += _unlisted(Path(e.path), listed, parents, r + "/", kinds)
         elif e.is_dir(follow_symlinks=False):
             out.append(r + "/")
         elif r not in listed or listed[r] is not None:
@@ -378,7 +408,7 @@ def _some(names: list[str], n: int = 8) -> str:
     return ", ".join(names[:n]) + more
 
 
-def check_replaceable(path: str | os.PathLike, kind: str) -> None:
+def check_replaceable(path: str | os.PathLike, kind: str, kinds: Kinds | None = None) -> None:
     """Refuse to replace ``path`` unless specconv wrote it (the one rule of ``--overwrite``).
 
     Replaceable: a missing path, an empty directory, or specconv's own output of ``kind``
@@ -401,8 +431,9 @@ def check_replaceable(path: str | os.PathLike, kind: str) -> None:
     if not path.is_dir():
         raise InvalidInputError(f"output {shown} exists and is not a directory; refusing to replace it",
                                 code="output_exists")
-    k = KINDS[kind]
-    why, found = _judge(path.resolve(), k)
+    table = _kinds(kinds)
+    k = table[kind]
+    why, found = _judge(path.resolve(), k, table)
     if why:
         raise InvalidInputError(
             f"refusing to replace {shown}: it is not empty and not a specconv {k.name} ({why}); "
@@ -416,7 +447,7 @@ def check_replaceable(path: str | os.PathLike, kind: str) -> None:
 
 
 def check_output(path: str | os.PathLike, kind: str, overwrite: bool, *,
-                 drafter_dir: str | os.PathLike | None = None) -> None:
+                 drafter_dir: str | os.PathLike | None = None, kinds: Kinds | None = None) -> None:
     """The one check before writing an output of ``kind`` (a :data:`KINDS` key) at ``path``.
 
     An export's output must not be its ``drafter_dir`` or contain it (checked first, when
@@ -433,6 +464,6 @@ def check_output(path: str | os.PathLike, kind: str, overwrite: bool, *,
     if drafter_dir is not None and (path.resolve() == Path(drafter_dir).resolve()
                                     or path.resolve() in Path(drafter_dir).resolve().parents):
         raise InvalidInputError(f"output {path} must not be the drafter dir or contain it", code="output_is_input")
-    check_replaceable(path, kind)
+    check_replaceable(path, kind, kinds)
     if not overwrite and (path.exists() or path.is_symlink()):
         raise InvalidInputError(f"output {path} exists; pass --overwrite to replace it", code="output_exists")

@@ -1,8 +1,10 @@
 """Real prompt sets that work offline: HumanEval, MT-Bench, ShareGPT and user JSONL files
 (the sets, their sources and the JSONL shape: docs/validate.md, "Prompt sets").
 
-The data files ship inside PyPI packages, located with :func:`specconv.offline.package_file`
-and never imported. ShareGPT's shipped file is truncated (invalid JSON): conversations are
+How a prompt becomes token ids (the chat template, its arguments, ``--thinking``, plain prompts
+for a base model) is :func:`chat_renderer`'s (docs/validate.md, "Chat template"): every backend
+of one run is given the ids it renders. The data files ship inside PyPI packages, located with
+:func:`specconv.offline.package_file` and never imported. ShareGPT's shipped file is truncated (invalid JSON): conversations are
 recovered one by one (:func:`_iter_sharegpt`); test/training use only, never re-published.
 :func:`training_pool` returns prompts disjoint from ``eval`` for drafter training. All orders
 are deterministic (file order). This module does not import torch.
@@ -11,13 +13,15 @@ are deterministic (file order). This module does not import torch.
 from __future__ import annotations
 
 import gzip
+import hashlib
 import itertools
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterator, Sequence
 
-from .errors import InvalidInputError
+from .errors import InvalidInputError, UsageError
 from .extras import install_line
 from .offline import installed_distribution, package_file
 
@@ -50,10 +54,13 @@ class Prompt:
         id: stable identifier, e.g. ``"HumanEval/100"``, ``"mtbench/131"``,
             ``"sharegpt/QWJhYvA_0"``, or ``"<file>:<line>"``.
         messages: chat messages (``[{"role": "user", "content": ...}, ...]``).
+        plain: the text rendered without a chat template (``--chat-template none``): a JSONL
+            ``prompt`` string, a built-in set's single user turn; None for JSONL ``messages``.
     """
 
     id: str
     messages: list[dict] = field(default_factory=list)
+    plain: str | None = None
 
     @property
     def text(self) -> str:
@@ -62,11 +69,8 @@ class Prompt:
 
 
 def render(prompt: Prompt, tokenizer: Any) -> list[int]:
-    """Apply the tokenizer's chat template with ``add_generation_prompt=True``.
-
-    Args:
-        prompt: the prompt to render.
-        tokenizer: a Hugging Face tokenizer with a chat template.
+    """``prompt`` through the tokenizer's own chat template with its defaults
+    (:func:`chat_renderer` with :class:`ChatOptions`' defaults).
 
     Returns:
         Token ids (list of int) of the rendered prompt, ending with the assistant header.
@@ -74,10 +78,7 @@ def render(prompt: Prompt, tokenizer: Any) -> list[int]:
     Raises:
         InvalidInputError: the tokenizer has no chat template.
     """
-    if not getattr(tokenizer, "chat_template", None):
-        raise InvalidInputError("tokenizer has no chat template; cannot render chat prompts")
-    text = tokenizer.apply_chat_template(prompt.messages, add_generation_prompt=True, tokenize=False)
-    return list(tokenizer(text, add_special_tokens=False)["input_ids"])
+    return chat_renderer(tokenizer).render(prompt)
 
 
 # --------------------------------------------------------------------------- readers
@@ -92,7 +93,7 @@ def _humaneval_all() -> list[Prompt]:
                 continue
             row = json.loads(line)
             content = HUMANEVAL_TEMPLATE.format(prompt=row["prompt"])  # as z-lab: no strip
-            out.append(Prompt(row["task_id"], [{"role": "user", "content": content}]))
+            out.append(Prompt(row["task_id"], [{"role": "user", "content": content}], content))
     return out
 
 
@@ -121,7 +122,8 @@ def _mtbench_all() -> list[Prompt]:
             if not line.strip():
                 continue
             row = json.loads(line)
-            out.append(Prompt(f"mtbench/{row['question_id']}", [{"role": "user", "content": row["turns"][0]}]))
+            turn = row["turns"][0]
+            out.append(Prompt(f"mtbench/{row['question_id']}", [{"role": "user", "content": turn}], turn))
     return out
 
 
@@ -180,7 +182,7 @@ def _sharegpt_iter() -> Iterator[Prompt]:
         if cid in seen:
             continue
         seen.add(cid)
-        yield Prompt(f"sharegpt/{cid}", [{"role": "user", "content": text}])
+        yield Prompt(f"sharegpt/{cid}", [{"role": "user", "content": text}], text)
 
 
 def _read_jsonl(path: Path) -> list[Prompt]:
@@ -212,7 +214,7 @@ def _read_jsonl(path: Path) -> list[Prompt]:
             elif "prompt" in row:
                 if not isinstance(row["prompt"], str) or not row["prompt"].strip():
                     raise InvalidInputError(f"{where}: 'prompt' must be a non-empty string")
-                out.append(Prompt(pid, [{"role": "user", "content": row["prompt"]}]))
+                out.append(Prompt(pid, [{"role": "user", "content": row["prompt"]}], row["prompt"]))
             else:
                 raise InvalidInputError(f"{where}: needs a 'prompt' string or a 'messages' list")
     return out
@@ -262,6 +264,24 @@ def load_prompts(spec: str, n: int | None = None, *, offset: int = 0) -> list[Pr
     return allp[offset:stop]
 
 
+def select_prompts(spec: str, n: int | None) -> list[Prompt]:
+    """Load a prompt set and keep ``n`` prompts evenly spaced over it (deterministic: indices
+    ``⌊i·len/n⌋``; None or ``n`` ≥ the set's size: all of them).
+
+    Raises:
+        InvalidInputError: an empty set, or :func:`load_prompts`' refusals. UsageError: ``n`` < 1.
+    """
+    allp = load_prompts(spec)
+    if not allp:
+        raise InvalidInputError(f"prompt set {spec!r} is empty")
+    if n is None or n >= len(allp):
+        return allp
+    if n < 1:
+        raise UsageError("--num-prompts must be at least 1")
+    idx = sorted({(i * len(allp)) // n for i in range(n)})
+    return [allp[i] for i in idx]
+
+
 def training_pool(sharegpt_n: int | None = None) -> list[Prompt]:
     """Prompts for drafter training, disjoint from :func:`eval_prompts`.
 
@@ -278,3 +298,275 @@ def training_pool(sharegpt_n: int | None = None) -> list[Prompt]:
     a, _ = EVAL_HUMANEVAL
     pool = load_prompts("sharegpt", sharegpt_n) + _humaneval_all()[:a] + _mtbench_all()[:-EVAL_MTBENCH_LAST]
     return [p for p in pool if p.id not in ev_ids and p.text.strip() not in ev_text]
+
+
+# --------------------------------------------------------------------------- chat template
+#: The template variable ``--thinking`` sets (Qwen3's and other reasoning templates' switch).
+THINKING_VARIABLE = "enable_thinking"
+THINKING_CHOICES = ("auto", "on", "off")
+#: Arguments ``apply_chat_template`` takes itself: never a template keyword argument.
+RESERVED_KWARGS = ("conversation", "messages", "tools", "documents", "chat_template", "add_generation_prompt",
+                   "continue_final_message", "tokenize", "return_dict", "tokenizer_kwargs")
+#: What ``--thinking auto`` renders three ways (no argument, true, false) to learn the default.
+_PROBE = [{"role": "user", "content": "Hello."}]
+
+
+@dataclass(frozen=True)
+class ChatOptions:
+    """How prompts become token ids: ``--chat-template``, ``--chat-template-kwargs``, ``--thinking``.
+
+    Attributes:
+        template: ``auto`` (the verifier tokenizer's own template), ``none`` (no template:
+            plain prompts, special tokens as the tokenizer adds them) or a Jinja file's path
+            (resolved by the caller).
+        kwargs: extra template variables (vLLM's and llama-server's ``chat_template_kwargs``).
+        thinking: ``auto`` (the template's default, recorded as what it resolved to), ``on``
+            or ``off`` (``enable_thinking`` true / false).
+    """
+
+    template: str = "auto"
+    kwargs: Mapping[str, Any] = field(default_factory=dict)
+    thinking: str = "auto"
+
+    def template_kwargs(self) -> dict[str, Any]:
+        """The template variables passed to every render (``--thinking on|off`` included).
+
+        Raises:
+            UsageError: an unknown ``--thinking``; a reserved name in the kwargs; ``--thinking``
+                contradicting the kwargs' ``enable_thinking``; kwargs or ``--thinking on|off``
+                with ``--chat-template none`` (there is no template to pass them to).
+        """
+        if self.thinking not in THINKING_CHOICES:
+            raise UsageError(f"--thinking {self.thinking}: expected one of {', '.join(THINKING_CHOICES)}")
+        kw = dict(self.kwargs)
+        if self.template == "none" and (kw or self.thinking != "auto"):
+            raise UsageError("--chat-template none renders without a template: --chat-template-kwargs and "
+                             "--thinking on|off have nothing to apply to")
+        reserved = sorted(set(kw) & set(RESERVED_KWARGS))
+        if reserved:
+            raise UsageError(f"--chat-template-kwargs: {', '.join(reserved)} is set by specconv itself, not a template variable")
+        if self.thinking != "auto":
+            want = self.thinking == "on"
+            if THINKING_VARIABLE in kw and bool(kw[THINKING_VARIABLE]) != want:
+                raise UsageError(f"--thinking {self.thinking} contradicts --chat-template-kwargs "
+                                 f"{THINKING_VARIABLE}={json.dumps(kw[THINKING_VARIABLE])}")
+            kw[THINKING_VARIABLE] = want
+        return kw
+
+
+def parse_chat_kwargs(text: str | None) -> dict[str, Any]:
+    """``--chat-template-kwargs JSON``: a JSON object (None or empty → ``{}``).
+
+    Raises:
+        UsageError: not JSON, or not an object.
+    """
+    if not text:
+        return {}
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise UsageError(f"--chat-template-kwargs is not JSON ({e.msg})") from None
+    if not isinstance(value, dict):
+        raise UsageError("--chat-template-kwargs must be a JSON object, e.g. '{\"enable_thinking\": false}'")
+    return value
+
+
+@dataclass(frozen=True)
+class TemplateFacts:
+    """What rendered the prompts, as ``validation.json``, the record and the card hold it.
+
+    Attributes:
+        source: ``verifier`` (its tokenizer's template), ``file`` (``--chat-template FILE``)
+            or ``none`` (plain prompts).
+        path: the file (``file`` only). sha256: of the template text (UTF-8; None for ``none``).
+        kwargs: the template variables every render got (``--thinking on|off`` included).
+        thinking: ``on`` | ``off`` as rendered (``--thinking auto``: the template's default),
+            None when the template never reads ``enable_thinking`` (or it changes nothing).
+        thinking_option: ``--thinking`` as given.
+        add_generation_prompt: True with a template; None without one.
+    """
+
+    source: str
+    path: str | None
+    sha256: str | None
+    kwargs: dict[str, Any]
+    thinking: str | None
+    thinking_option: str
+    add_generation_prompt: bool | None
+
+    def as_dict(self) -> dict[str, Any]:
+        """The facts as a JSON object (the report's ``chat_template``)."""
+        return {"source": self.source, "path": self.path, "sha256": self.sha256, "kwargs": dict(self.kwargs),
+                "thinking": self.thinking, "thinking_option": self.thinking_option,
+                "add_generation_prompt": self.add_generation_prompt}
+
+
+class Renderer:
+    """Renders prompts to token ids one way for a whole run (:func:`chat_renderer` builds it).
+
+    Attributes:
+        facts: :class:`TemplateFacts` of this renderer.
+    """
+
+    def __init__(self, tokenizer: Any, template: str | None, kwargs: dict[str, Any], facts: TemplateFacts):
+        self.tokenizer, self.template, self.kwargs, self.facts = tokenizer, template, kwargs, facts
+
+    def render(self, prompt: Prompt) -> list[int]:
+        """Token ids of ``prompt``: the template with ``add_generation_prompt=True``, tokenized
+        without adding special tokens; without a template, ``prompt.plain`` tokenized with the
+        tokenizer's default special tokens (a BOS when it adds one).
+
+        Raises:
+            InvalidInputError: ``messages_without_template`` — a ``messages`` prompt under
+                ``--chat-template none``.
+        """
+        if self.template is None:
+            if prompt.plain is None:
+                raise InvalidInputError(
+                    f"prompt {prompt.id!r} is a 'messages' list: --chat-template none renders plain 'prompt' "
+                    "strings only", code="messages_without_template",
+                    hint="write the prompt as {\"prompt\": \"...\"}, or pass --chat-template FILE")
+            return list(self.tokenizer(prompt.plain)["input_ids"])
+        text = _apply(self.tokenizer, self.template, prompt.messages, self.kwargs)
+        return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+
+    def render_all(self, prompts: Sequence[Prompt]) -> list[tuple[str, list[int]]]:
+        """``[(prompt id, token ids)]`` in order (:meth:`render` for each)."""
+        return [(p.id, self.render(p)) for p in prompts]
+
+
+def _apply(tokenizer: Any, template: str, messages: list[dict], kwargs: Mapping[str, Any]) -> str:
+    return tokenizer.apply_chat_template(messages, chat_template=template, add_generation_prompt=True,
+                                         tokenize=False, **kwargs)
+
+
+def chat_renderer(tokenizer: Any, options: ChatOptions | None = None) -> Renderer:
+    """The run's :class:`Renderer`: the template chosen, its kwargs checked against the
+    variables it reads, ``--thinking auto`` resolved by rendering a probe.
+
+    Args:
+        tokenizer: the verifier's Hugging Face tokenizer.
+        options: :class:`ChatOptions` (default: the tokenizer's template, its defaults).
+
+    Raises:
+        UsageError: inconsistent options (:meth:`ChatOptions.template_kwargs`).
+        InvalidInputError: ``no_chat_template`` (``auto`` and the tokenizer has none),
+            ``chat_template_file`` (unreadable file), ``chat_template_invalid`` (not Jinja),
+            ``thinking_unsupported`` (``--thinking on|off`` and the template never reads
+            ``enable_thinking``), ``chat_template_kwarg_unused`` (a kwarg it never reads).
+    """
+    opts = options or ChatOptions()
+    kwargs = opts.template_kwargs()
+    if opts.template == "none":
+        return Renderer(tokenizer, None, {}, TemplateFacts("none", None, None, {}, None, opts.thinking, None))
+    text, source, path = _template_text(tokenizer, opts.template)
+    variables = template_variables(text)
+    _check_kwargs(kwargs, variables, opts.thinking)
+    thinking = _thinking(tokenizer, text, kwargs, variables)
+    facts = TemplateFacts(source, path, hashlib.sha256(text.encode("utf-8")).hexdigest(), kwargs, thinking,
+                          opts.thinking, True)
+    return Renderer(tokenizer, text, kwargs, facts)
+
+
+def _template_text(tokenizer: Any, template: str) -> tuple[str, str, str | None]:
+    """``(template text, source, path)`` for ``auto`` or a file path."""
+    if template != "auto":
+        try:
+            return Path(template).read_text(encoding="utf-8"), "file", template
+        except (OSError, UnicodeDecodeError) as e:
+            raise InvalidInputError(f"--chat-template {template}: cannot read it ({e})", code="chat_template_file") from e
+    own = getattr(tokenizer, "chat_template", None)
+    if isinstance(own, dict):  # named templates: apply_chat_template's own choice is "default"
+        own = own.get("default")
+    if not isinstance(own, str) or not own:
+        raise InvalidInputError(
+            "the verifier's tokenizer has no chat template", code="no_chat_template",
+            hint="--chat-template none renders plain 'prompt' strings (a base model); --chat-template FILE names one")
+    return own, "verifier", None
+
+
+def template_variables(text: str) -> set[str]:
+    """The variables a Jinja chat template reads from its context (jinja2's
+    ``meta.find_undeclared_variables``, parsed as transformers compiles templates).
+
+    Raises:
+        InvalidInputError: ``chat_template_invalid`` — the text is not a Jinja template.
+    """
+    import jinja2
+    from jinja2 import meta
+    from jinja2.ext import Extension
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    class _Generation(Extension):  # transformers' {% generation %} … {% endgeneration %} block
+        tags = {"generation"}
+
+        def parse(self, parser):
+            next(parser.stream)
+            return parser.parse_statements(("name:endgeneration",), drop_needle=True)
+
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
+                                        extensions=[_Generation, "jinja2.ext.loopcontrols"])
+    try:
+        return set(meta.find_undeclared_variables(env.parse(text)))
+    except jinja2.TemplateSyntaxError as e:
+        raise InvalidInputError(f"the chat template does not parse as Jinja (line {e.lineno}: {e.message})",
+                                code="chat_template_invalid") from None
+
+
+def _check_kwargs(kwargs: Mapping[str, Any], variables: set[str], thinking: str) -> None:
+    """Every kwarg must be a variable the template reads: one it never reads changes nothing."""
+    if thinking != "auto" and THINKING_VARIABLE not in variables:
+        raise InvalidInputError(
+            f"--thinking {thinking}: the chat template never reads {THINKING_VARIABLE}, so the flag would change "
+            "nothing", code="thinking_unsupported", hint="drop --thinking (or pass --chat-template FILE)")
+    unused = sorted(k for k in kwargs if k not in variables)
+    if unused:
+        raise InvalidInputError(
+            f"--chat-template-kwargs: the chat template never reads {', '.join(unused)}, so it would change nothing "
+            f"(it reads: {', '.join(sorted(variables)) or 'no variables'})", code="chat_template_kwarg_unused")
+
+
+def _thinking(tokenizer: Any, text: str, kwargs: Mapping[str, Any], variables: set[str]) -> str | None:
+    """``on`` | ``off`` as rendered, None when ``enable_thinking`` is not read or changes nothing:
+    an explicit value as given, else the default found by rendering :data:`_PROBE` without the
+    variable, with it true and with it false."""
+    if THINKING_VARIABLE in kwargs:
+        return "on" if kwargs[THINKING_VARIABLE] else "off"
+    if THINKING_VARIABLE not in variables:
+        return None
+    default = _apply(tokenizer, text, _PROBE, kwargs)
+    on = _apply(tokenizer, text, _PROBE, {**kwargs, THINKING_VARIABLE: True})
+    off = _apply(tokenizer, text, _PROBE, {**kwargs, THINKING_VARIABLE: False})
+    if on == off:
+        return None
+    return "on" if default == on else "off" if default == off else None
+
+
+def compare_prompt_ids(sent: Sequence[tuple[str, list[int]]],
+                       seen: Sequence[list[int] | int | None]) -> tuple[str | None, list[str]]:
+    """What an engine says it was given, against the token ids specconv rendered and sent.
+
+    Args:
+        sent: ``[(prompt id, token ids)]`` as sent. seen: per request, the prompt ids the
+            engine returned (vLLM's ``prompt_token_ids``), their count (llama-server's
+            ``tokens_evaluated``) or None (it said nothing).
+
+    Returns:
+        ``(checked, differences)``: ``checked`` is ``ids`` or ``count`` (what every request's
+        answer was compared on) or None (no request said anything); ``differences`` names each
+        request whose answer differs or is missing (empty: the engine saw specconv's tokens).
+    """
+    kinds = {"count" if isinstance(s, int) else "ids" for s in seen if s is not None}
+    if not kinds:
+        return None, []
+    out = []
+    for (pid, ids), s in zip(sent, seen):
+        if s is None:
+            out.append(f"{pid}: the engine did not say which prompt tokens it saw")
+        elif isinstance(s, int) and s != len(ids):
+            out.append(f"{pid}: the engine evaluated {s} prompt tokens, specconv sent {len(ids)}")
+        elif not isinstance(s, int) and list(s) != list(ids):
+            j = next((i for i, (a, b) in enumerate(zip(s, ids)) if a != b), min(len(s), len(ids)))
+            out.append(f"{pid}: the engine's prompt differs from specconv's at token {j} "
+                       f"({len(s)} vs {len(ids)} tokens)")
+    return ("count" if kinds == {"count"} else "ids"), out

@@ -110,9 +110,26 @@ class VllmLoadSummary(_Model):
     version: str | None = None
 
 
-class VllmServeSummary(VllmLoadSummary):
+class ServedEngine(_Model):
+    """What every serving engine's summary says about how it ran (``docs/validate.md``, "What
+    is recorded of a vLLM run").
+
+    Attributes:
+        prompt_tokens: what the engine's answers were compared on with specconv's rendered ids
+            (``ids`` | ``count``; None: it said nothing); a difference fails G3.
+        runner: vLLM's model runner (``v1`` | ``v2`` | ``unknown``); None for other engines.
+        draft_sample_method / rejection_sample_method: as the engine reports them (None: unsaid).
+    """
+
+    prompt_tokens: str | None = None
+    runner: str | None = None
+    draft_sample_method: str | None = None
+    rejection_sample_method: str | None = None
+
+
+class VllmServeSummary(VllmLoadSummary, ServedEngine):
     """The vLLM server that served the prompts (``--backend vllm``; what ran, issue 16 item 6:
-    ``specconv.validate.vllm_backend.serving_facts``).
+    ``specconv.engines.vllm.serve.serving_facts``; :class:`ServedEngine`'s fields).
 
     Attributes:
         tau: pooled acceptance length from the server's spec-decode counters.
@@ -137,6 +154,22 @@ class VllmServeSummary(VllmLoadSummary):
     url: str | None = None
 
 
+class ChatTemplateRef(_Model):
+    """How the prompts became token ids (``specconv.prompts.TemplateFacts``): ``source``
+    (``verifier`` | ``file`` | ``none``), ``path`` (``file``: relative to the drafter dir when
+    local), ``sha256`` of the template text, the template ``kwargs``, ``thinking`` as rendered
+    (``on`` | ``off``; None: the template has no ``enable_thinking`` switch), ``thinking_option``
+    as given, ``add_generation_prompt``."""
+
+    source: str | None = None
+    path: RecordPath = None
+    sha256: str | None = None
+    kwargs: dict[str, Any] | None = None
+    thinking: str | None = None
+    thinking_option: str | None = None
+    add_generation_prompt: bool | None = None
+
+
 class RemoteValidation(_Model):
     """The last ``validate --server-url`` run, recorded apart from the section's own gates:
     the drafter a running server serves cannot be identified through its API, so it never
@@ -147,10 +180,11 @@ class RemoteValidation(_Model):
     acceptance_length: float | None = None
     report: str | None = None
     vllm_serve: VllmServeSummary | None = None
+    chat_template: ChatTemplateRef | None = None
     identity: str | None = None
 
 
-class LlamaCppServeSummary(_Model):
+class LlamaCppServeSummary(ServedEngine):
     """The llama-server that served the drafter's GGUF (``--backend llamacpp``).
 
     Attributes:
@@ -169,10 +203,12 @@ class LlamaCppServeSummary(_Model):
 
 class PromptsRef(_Model):
     """The prompts a validation ran: ``set`` (``--prompts``: a set name or a ``.jsonl``
-    path) and ``n`` (how many of it)."""
+    path), ``n`` (how many of it) and ``rendered_sha256`` (of the token ids every engine got,
+    ``specconv.validate.run.rendered_digest``)."""
 
     set: str | None = None
     n: int | None = None
+    rendered_sha256: str | None = None
 
 
 class ValidationSection(_Model):
@@ -190,6 +226,9 @@ class ValidationSection(_Model):
         lossless_exact_match: G4's fraction of greedy requests identical to plain decoding.
         verifier: the verifier validated against (relative to the drafter dir, or a Hub id).
         backend / device / dtype / prompts / max_new_tokens / temperature: the run.
+        chat_template: how the prompts were rendered (:class:`ChatTemplateRef`).
+        findings: what a serving engine did that changes the meaning of τ
+            (``sequential-drafting-runner``), as ``{level, code, message, key}``.
         specconv_version, versions: the specconv and the libraries the numbers depend on.
         files: sha256 of every drafter file the run validated (``config.json``, the
             safetensors shards, ``model.safetensors.index.json``), keyed by name; a later
@@ -215,6 +254,8 @@ class ValidationSection(_Model):
     device: str | None = None
     dtype: str | None = None
     prompts: PromptsRef | None = None
+    chat_template: ChatTemplateRef | None = None
+    findings: list[dict[str, Any]] | None = None
     max_new_tokens: int | None = None
     temperature: float | None = None
     specconv_version: str | None = None
@@ -313,7 +354,7 @@ def _validate(data: dict[str, Any], path: Path) -> SpecconvRecord:
 
 
 #: the drafter dir's card (``README.md``) is rendered from this record by ``specconv.publish.card``;
-#: ``convert``, ``validate_drafter`` and ``export_onnx_dir`` (rooms below ``publish``) write it
+#: ``convert``, ``validate_drafter`` and the exports (rooms below ``publish``) write it
 #: through :func:`card_function`, by dotted path, as ``validate.runtimes`` reaches the export runtimes
 CARD_MODULE = "specconv.publish.card"
 

@@ -11,6 +11,7 @@ built on ``specconv convert``'s path; ``Model.model_validate(result.to_dict())``
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -229,8 +230,10 @@ class ValidationReport(StageResult):
         tau_ci95: bootstrap 95% interval of τ (None with too few requests).
         source_metrics: the ``--source`` drafter's acceptance metrics; lossless: G4's
             ``{exact_match, n, first_div, near_tie}``; device, prompts, versions: the run.
-        vllm_load: the ``--vllm-load-check`` result (``specconv.vllm_check.record_payload``);
+        vllm_load: the ``--vllm-load-check`` result (``specconv.engines.vllm.check.record_payload``);
             vllm_serve: the server that served ``--backend vllm``.
+        chat_template: how the prompts were rendered (``specconv.prompts.TemplateFacts``);
+            findings: what a serving engine did that changes what τ means.
         report_files: files written by ``validate.report.write_report``; plot: the PNG's name.
         error / exit_code / message: set by :meth:`gate_failure` (exit 4).
     """
@@ -257,6 +260,8 @@ class ValidationReport(StageResult):
     lossless: dict[str, Any] | None = None
     device: dict[str, Any] | None = None
     prompts: dict[str, Any] | None = None
+    chat_template: dict[str, Any] | None = None
+    findings: list[dict[str, Any]] | None = None
     versions: dict[str, str | None] | None = None
     vllm_load: dict[str, Any] | None = None
     vllm_serve: dict[str, Any] | None = None
@@ -300,6 +305,11 @@ class ValidationReport(StageResult):
         if pr:
             lines.append(f"prompts:   {pr['set']} × {pr['n']}, max new tokens {r.get('max_new_tokens')}, "
                          f"T={r.get('temperature')}")
+        ct = r.get("chat_template")
+        if ct:
+            lines.append(f"template:  {ct['source']}" + (f" sha256 {ct['sha256'][:12]}…" if ct.get("sha256") else "")
+                         + f", kwargs {json.dumps(ct.get('kwargs') or {}, sort_keys=True)}, thinking "
+                         f"{ct.get('thinking') or 'n/a'} (--thinking {ct.get('thinking_option')})")
         if r.get("acceptance_length") is not None:
             lines += _tau_lines(r)
         ox = r.get("onnx")
@@ -560,7 +570,7 @@ class GgufExport(BaseModel):
 
 
 class ExportGgufResult(StageResult, GgufExport):
-    """``specconv export gguf`` (:func:`specconv.gguf.export.export_gguf_dir`): the fields of
+    """``specconv export gguf`` (:func:`specconv.engines.llamacpp.export.export_gguf_dir`): the fields of
     :class:`GgufExport`, ``output`` absolute."""
 
     def human(self) -> str:
@@ -613,7 +623,7 @@ class SglangExport(BaseModel):
 
 
 class ExportSglangResult(StageResult, SglangExport):
-    """``specconv export sglang`` (:func:`specconv.export.sglang_dir.export_sglang_dir`): the
+    """``specconv export sglang`` (:func:`specconv.engines.sglang.export.export_sglang_dir`): the
     fields of :class:`SglangExport`, ``output`` absolute, ``launch`` the argv."""
 
     def human(self) -> str:

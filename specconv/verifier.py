@@ -12,6 +12,7 @@ against :meth:`Verifier.facts`.
 from __future__ import annotations
 
 import json
+import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,7 +20,7 @@ from typing import Any
 
 from . import hub as _hub
 from .errors import InvalidInputError
-from .fileio import read_json_object
+from .fileio import check_no_dangling_links, read_json_object
 from .hub import is_hub_id
 from .values import is_int
 
@@ -53,10 +54,12 @@ class Verifier:
     """A resolved verifier.
 
     Attributes:
-        spec: the ``--verifier`` value as given.
+        spec: the ``--verifier`` value: a Hub id as given, a local path made absolute
+            (:func:`resolve_verifier`, the boundary: nothing after it depends on the working
+            directory; the record still names it relative to the drafter dir).
         name_or_path: what is recorded as ``speculators_config.verifier.name_or_path``
             (``--verifier-name`` when given, else the Hub id, else the local path).
-        local_dir: directory holding ``config.json`` (a Hub cache snapshot for Hub ids).
+        local_dir: directory holding ``config.json``, absolute (a Hub cache snapshot for Hub ids).
         config: the text config (unwrapped), a dict.
         raw_config: the config as on disk.
         hub_id: repo id when fetched from the Hub.
@@ -83,6 +86,12 @@ class Verifier:
             raise InvalidInputError(f"verifier config {self.spec!r} has no positive integer {key!r} (got {v!r})",
                                     code="verifier_config")
         return v
+
+    @property
+    def model_ref(self) -> str:
+        """What another process loads this verifier by (vLLM's ``--model``, the loader
+        checks' job files): the Hub id, else the absolute local directory."""
+        return self.hub_id or str(self.local_dir)
 
     @property
     def hidden_size(self) -> int:
@@ -300,6 +309,11 @@ def resolve_verifier(spec: str, *, name: str | None = None, revision: str | None
                      endpoint: str | None = None) -> Verifier:
     """Resolve ``--verifier`` (local dir or Hub id) and read its config.
 
+    A local ``spec`` (an existing path, ``~`` expanded, relative to the working directory) is
+    made absolute here, once: the returned ``spec`` and ``local_dir`` are what every later
+    step, runner and server sees (symlinks are kept, so the path recorded relative to the
+    drafter dir is the one the user's path gives).
+
     Args:
         spec: local directory (containing ``config.json``) or Hub repo id.
         name: ``--verifier-name``: the Hub id to record when ``spec`` is local.
@@ -318,7 +332,8 @@ def resolve_verifier(spec: str, *, name: str | None = None, revision: str | None
         raise InvalidInputError("--verifier is empty: give a local directory or a Hub repo id", code="verifier_not_found")
     p = Path(spec).expanduser()
     if p.exists():
-        v = _local_verifier(spec, p.parent if p.is_file() else p, name)
+        p = Path(os.path.abspath(p))  # not .resolve(): a symlinked path is recorded as given
+        v = _local_verifier(str(p), p.parent if p.is_file() else p, name)
     elif not is_hub_id(spec):
         raise InvalidInputError(f"verifier {spec!r} is neither an existing directory nor a Hub repo id "
                                 "(namespace/name)", code="verifier_not_found")
@@ -330,6 +345,7 @@ def resolve_verifier(spec: str, *, name: str | None = None, revision: str | None
 
 def _local_verifier(spec: str, p: Path, name: str | None) -> Verifier:
     cfg_path = p / "config.json"
+    check_no_dangling_links(p, "verifier")  # a deleted cache blob is no missing config / weights
     if not cfg_path.is_file():
         raise InvalidInputError(f"verifier dir {p} has no config.json", code="verifier_config")
     raw = _read_config(cfg_path)

@@ -25,6 +25,7 @@ from .fileio import atomic_write
 from .plan import ConversionPlan
 
 if TYPE_CHECKING:
+    from .outdir import Kinds
     from .record import SpecconvRecord
     from .verifier import Verifier
 
@@ -337,7 +338,7 @@ def write_plan(
     *,
     source_store: Any,
     verifier: Verifier | None,
-    max_shard_size: int | None = None, overwrite: bool = False,
+    max_shard_size: int | None = None, overwrite: bool = False, kinds: "Kinds | None" = None,
     source_ref: dict[str, Any] | None = None, allow_nonfinite: bool = False,
     hash_output: bool = False, output_sha256: dict[str, str] | None = None,
     card: "Callable[[Path, SpecconvRecord], str | None] | None" = None,
@@ -361,26 +362,21 @@ def write_plan(
         InvalidInputError: ``out_dir`` exists and ``overwrite`` is false (or it is not a
             directory), ``out_dir`` is inside the source directory or would replace an
             input (source, verifier, side file), or its parent is a file.
-        OSError: writing failed (disk full, read-only, ...); nothing is left behind.
+        OutputWriteError: (``os_error``, exit 3) an OS error while writing (disk full,
+            read-only, ...): the message names ``out_dir`` and the step; nothing is left behind.
     """
-    from .outdir import OutputTemp, clean_stale, move_into_place, public_modes
+    from .outdir import move_into_place, public_modes, temp_output
 
     out_dir = Path(out_dir)
-    _check_output(out_dir, plan, verifier, overwrite)
-    with _Interrupts() as interrupts:
-        out_dir.parent.mkdir(parents=True, exist_ok=True)
-        clean_stale(out_dir)
-        tmp = OutputTemp(out_dir)
-        try:
-            record = _write_tmp(tmp.path, plan, source_store, verifier, max_shard_size=max_shard_size,
-                                allow_nonfinite=allow_nonfinite, hash_output=hash_output,
-                                output_sha256=output_sha256, out_dir=out_dir, source_ref=source_ref)
-            _write_record(tmp.path, record, card)
-            public_modes(tmp.path)
-            with interrupts.deferred():
-                move_into_place(tmp, out_dir, overwrite, "conversion")
-        finally:
-            tmp.release()
+    _check_output(out_dir, plan, verifier, overwrite, kinds)
+    with _Interrupts() as interrupts, temp_output(out_dir) as tmp:
+        record = _write_tmp(tmp.path, plan, source_store, verifier, max_shard_size=max_shard_size,
+                            allow_nonfinite=allow_nonfinite, hash_output=hash_output,
+                            output_sha256=output_sha256, out_dir=out_dir, source_ref=source_ref)
+        _write_record(tmp.path, record, card)
+        public_modes(tmp.path)
+        with interrupts.deferred():
+            move_into_place(tmp, out_dir, overwrite, "conversion", kinds)
     return record
 
 
@@ -420,13 +416,14 @@ def _write_record(tmp: Path, record: "SpecconvRecord", card: "Callable[[Path, Sp
     (tmp / SPECCONV_JSON).write_text(record.to_json())
 
 
-def _check_output(out_dir: Path, plan: ConversionPlan, verifier: Verifier | None, overwrite: bool) -> None:
+def _check_output(out_dir: Path, plan: ConversionPlan, verifier: Verifier | None, overwrite: bool,
+                  kinds: "Kinds | None") -> None:
     """Refuse outputs that would clobber a non-directory, delete an input or replace a
     directory specconv did not write (:func:`specconv.outdir.check_replaceable`)."""
     from .outdir import check_output, check_replaceable
 
     if not overwrite or out_dir.name in ("", ".", "..") or not out_dir.is_dir():
-        check_output(out_dir, "conversion", overwrite)  # '.', '..', '/', a non-directory, not specconv's
+        check_output(out_dir, "conversion", overwrite, kinds=kinds)  # '.', '..', '/', a non-directory, not specconv's
     out_res = out_dir.resolve()
     src_res = Path(plan.source_dir).resolve()
     if out_res == src_res or src_res in out_res.parents:
@@ -445,7 +442,7 @@ def _check_output(out_dir: Path, plan: ConversionPlan, verifier: Verifier | None
                     code="output_is_input",
                 )
     if overwrite:
-        check_replaceable(out_dir, "conversion")
+        check_replaceable(out_dir, "conversion", kinds)
     for parent in out_dir.absolute().parents:
         if parent.exists():
             if not parent.is_dir():

@@ -153,8 +153,10 @@ def build_speculators_block(
     markov_rank: int = 8,
     dtype: str = "bfloat16",
     seed: int = 0,
+    full_attention: bool = False,
 ) -> Path:
-    """A DFlash or DSpark drafter built and saved by speculators 0.9.0."""
+    """A DFlash or DSpark drafter built and saved by speculators 0.9.0 (sliding-window layers,
+    window 32; ``full_attention``: full-attention layers, no window)."""
     import torch
     from speculators.models import DFlashDraftModel, DSparkDraftModel
     from transformers import AutoConfig
@@ -162,9 +164,9 @@ def build_speculators_block(
     cls = {"dflash": DFlashDraftModel, "dspark": DSparkDraftModel}[algorithm]
     cfg = AutoConfig.from_pretrained(verifier_dir)
     cfg.num_hidden_layers = layers
-    cfg.layer_types = ["sliding_attention"] * layers
-    cfg.sliding_window = 32
-    cfg.use_sliding_window = True
+    cfg.layer_types = ["full_attention" if full_attention else "sliding_attention"] * layers
+    cfg.sliding_window = None if full_attention else 32
+    cfg.use_sliding_window = not full_attention
     V = cfg.vocab_size
     vd = vd or V
     t2d, d2t = pruned_maps(V, vd, seed=seed + 5) if vd < V else (None, None)

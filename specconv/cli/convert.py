@@ -70,7 +70,12 @@ class _AlgoChoice(click.Choice):
 @click.option("--mask-token-id", type=int, help="Mask token the drafter was trained with (when the checkpoint lacks it).")
 @click.option("--aux-layer-ids", callback=_ids, help="Override aux layer ids (speculators convention: 0 = embeddings), e.g. 2,15,28.")
 @click.option("--speculative-tokens", type=int, help="Drafts per step (P-EAGLE trained K when the config lacks it).")
-@click.option("--sample-from-anchor/--no-sample-from-anchor", default=None, help="Block layout when the checkpoint cannot tell.")
+@click.option("--sample-from-anchor/--no-sample-from-anchor", default=None,
+              help="Block layout when the checkpoint cannot tell, or when its readings disagree (a missing key "
+              "whose K rule and speculators' default differ).")
+@click.option("--sliding-window-non-causal", is_flag=True,
+              help="DFlash whose layers are all full attention: write sliding_window_non_causal: true (a no-op "
+              "for speculators; vLLM then runs the layers bidirectionally, as trained). Refused elsewhere.")
 @click.option("--norm-before-residual/--no-norm-before-residual", default=None, help="P-EAGLE flag when the source config lacks it.")
 @click.option("--vocab-mapping", type=click.Path(path_type=Path, exists=True), help="d2t/t2d side file (.pt/.npy/.safetensors dir).")
 @click.option("--draft-config", type=click.Path(path_type=Path, exists=True), help="Draft config for sources without config.json.")
@@ -91,7 +96,8 @@ class _AlgoChoice(click.Choice):
 @output_format_option
 @run_command
 def convert_cmd(src: str, verifier: str, verifier_name, output, algorithm, mask_token_id, aux_layer_ids,
-                speculative_tokens, sample_from_anchor, norm_before_residual, vocab_mapping, draft_config,
+                speculative_tokens, sample_from_anchor, sliding_window_non_causal, norm_before_residual, vocab_mapping,
+                draft_config,
                 allow_unpickle, checkpoint, subfolder, revision, endpoint, dtype, max_shard_size, overwrite, dry_run,
                 output_format, allow_nonfinite):
     """Convert the drafter checkpoint SRC into a Speculators-format directory.
@@ -109,6 +115,7 @@ def convert_cmd(src: str, verifier: str, verifier_name, output, algorithm, mask_
         mask_token_id=mask_token_id, aux_layer_ids=aux_layer_ids, dtype=dtype, speculative_tokens=speculative_tokens,
         sample_from_anchor=sample_from_anchor, vocab_mapping=vocab_mapping, draft_config=draft_config,
         allow_unpickle=allow_unpickle, checkpoint=checkpoint, algorithm=algorithm, norm_before_residual=norm_before_residual,
+        sliding_window_non_causal=sliding_window_non_causal,
     )
     return convert(src, verifier=verifier, output=output, options=opts, verifier_name=verifier_name,
                    subfolder=subfolder, revision=revision, max_shard_size=max_shard_size, overwrite=overwrite,

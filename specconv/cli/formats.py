@@ -40,6 +40,11 @@ def _intro() -> list[str]:
         f"at {scopes}: no Speculators or vLLM drafter layer holds the gate's weights",
         "(`specconv.format.facts.UNSUPPORTED_LAYER_KEYS`).",
         "",
+        "Every supported format takes `--sliding-window-non-causal`: on a DFlash drafter whose layers are all",
+        "full attention it writes `sliding_window_non_causal: true` (speculators applies the key to",
+        "sliding-window layers only; vLLM >= 0.27 runs every layer causal without it), and it is refused",
+        "(exit 3, `flag_not_applicable`) for any other drafter (`specconv/converters/_layout_flags.py`).",
+        "",
     ]
 
 

@@ -19,7 +19,6 @@ COMMANDS = {
     "formats": "formats:formats_cmd",
     "validate": "validate:validate_cmd",
     "export": "export:export_group",
-    "build-engine": "build_engine:build_engine_cmd",
     "push": "push:push_cmd",
     "release": "release:release_cmd",
 }
@@ -27,14 +26,26 @@ COMMANDS = {
 EPILOG = "Exit codes: " + ", ".join(f"{k} {v}" for k, v in sorted(EXIT_CODES.items()))
 
 
+def _engine_commands() -> dict[str, object]:
+    """The commands engines declare of their own (``build-engine``), from the registry."""
+    from .engine_options import exporters
+
+    return {c.surface.command[-1]: c for c in exporters(top_level=True)}
+
+
 class LazyGroup(click.Group):
     def list_commands(self, ctx: click.Context) -> list[str]:
-        return sorted(COMMANDS)
+        return sorted([*COMMANDS, *_engine_commands()])
 
     def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
         target = COMMANDS.get(name)
         if target is None:
-            return None
+            cap = _engine_commands().get(name)
+            if cap is None:
+                return None
+            from .engine_options import export_command
+
+            return export_command(cap)  # type: ignore[arg-type]
         mod, attr = target.split(":")
         return getattr(importlib.import_module(f"specconv.cli.{mod}"), attr)
 

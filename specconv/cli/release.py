@@ -6,8 +6,9 @@ from pathlib import Path
 
 import click
 
+from .chat_options import chat_options
 from .common import run_command
-from .llamacpp_options import llama_server_option, verifier_gguf_option
+from .engine_options import release_flags
 from .options import output_format_option, verifier_name_option, verifier_option
 from .push import make_options, push_options
 
@@ -24,22 +25,13 @@ from .push import make_options, push_options
 @click.option("--num-prompts", type=click.IntRange(min=1), default=12, show_default=True)
 @click.option("--max-new-tokens", type=click.IntRange(min=1), default=64, show_default=True)
 @click.option("--device", default="auto", show_default=True)
-@click.option("--export-onnx", is_flag=True, help="After validate, export onnx/ (re-used when the drafter bytes are unchanged).")
-@click.option("--build-engine", type=click.Choice(["always", "if-available"]), is_flag=False, flag_value="always",
-              default=None, help="With --export-onnx: build a --builder rtx engine, on a GPU machine only (exit 3 up "
-              "front without a CUDA GPU); --build-engine=if-available records the skip instead.")
-@click.option("--export-sglang", is_flag=True, help="After validate, write SGLang's layout and check it with SGLang's "
-              "own loader (exit 3 up front without the SGLang venv); --sglang-repo-id publishes it.")
-@click.option("--export-gguf", is_flag=True, help="After validate, write gguf/ and serve it with llama-server (exit 3 "
-              "up front without a llama-server); pushed in the same repo (docs/llamacpp.md).")
-@llama_server_option
-@verifier_gguf_option
+@release_flags
 @push_options
 @output_format_option
 @run_command
+@chat_options  # inside run_command: a bad --chat-template-kwargs is exit 2 before anything is converted
 def release_cmd(src: str, verifier: str, verifier_name, work_dir, min_tau, max_parity_kl, prompts, num_prompts,
-                max_new_tokens, device, export_onnx, build_engine, export_sglang, export_gguf, llama_server,
-                verifier_gguf, output_format: str, **kw):
+                max_new_tokens, device, output_format: str, chat=None, **kw):
     """Convert SRC, validate it against the verifier (gates), then push it.
 
     Stops at the first failed step with its exit code; prints a record of every step
@@ -48,9 +40,11 @@ def release_cmd(src: str, verifier: str, verifier_name, work_dir, min_tau, max_p
     """
     from specconv.publish.release import ReleaseOptions, release
 
+    from .engine_options import pop_release_flags
+
+    exports, engine_options = pop_release_flags(kw)
     opts = ReleaseOptions(verifier=verifier, verifier_name=verifier_name, work_dir=work_dir, min_tau=min_tau,
                           max_parity_kl=max_parity_kl, prompts=prompts, num_prompts=num_prompts,
-                          max_new_tokens=max_new_tokens, device=device, export_onnx=export_onnx,
-                          build_engine=build_engine, export_sglang=export_sglang, export_gguf=export_gguf,
-                          llama_server=llama_server, verifier_gguf=verifier_gguf)
+                          max_new_tokens=max_new_tokens, device=device, exports=exports,
+                          engine_options=engine_options, chat=chat)
     return release(src, opts, make_options(kw))

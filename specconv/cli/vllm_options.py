@@ -1,5 +1,5 @@
 """``validate --backend vllm``'s serving options (docs/validate.md), declared once and folded
-into one ``vllm_serve`` argument (a :class:`specconv.validate.vllm_server.VllmServeOptions`,
+into one ``vllm_serve`` argument (a :class:`specconv.engines.vllm.server.VllmServeOptions`,
 None when none was given). Importing this module imports click only."""
 
 from __future__ import annotations
@@ -41,12 +41,12 @@ _OPTIONS = (
 def vllm_serve_options(fn: Callable[..., Any]) -> Callable[..., Any]:
     """Add the options above to a command; its callback receives them as one
     ``vllm_serve`` keyword (None when every one is at its default), after their refusals
-    (:func:`specconv.validate.vllm_server.check_options`, exit 2) against the command's
+    (:func:`specconv.engines.vllm.server.check_options`, exit 2) against the command's
     ``backend`` and ``vllm_python``. Apply it below ``run_command`` so a refusal is rendered."""
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
-        from specconv.validate.vllm_server import VllmServeOptions, check_options
+        from specconv.engines.vllm.server import VllmServeOptions, check_options
 
         values = {n: kwargs.pop(n) for n in _NAMES}
         values["vllm_args"] = tuple(values["vllm_args"] or ())

@@ -49,6 +49,9 @@ class DFlashLayout:
     refuse: dict[str, str] = field(default_factory=dict)
     layer_drop: tuple[str, ...] = ()
     sample_from_anchor_source: str = ""
+    #: the source's runtime never reads a ``sample_from_anchor`` key (named with its file): a
+    #: value there that differs from ``sample_from_anchor`` is written as the runtime runs it, warned
+    runtime_ignores_sample_from_anchor: str = ""
     #: the source runs every draft layer non-causal (Muse-Glimmer, ``is_causal: false``)
     force_non_causal: bool = False
     #: notes/findings a source adds (e.g. an unverified convention)
@@ -100,6 +103,25 @@ def _check_body(src: SourceInfo, plans: list, layer_config: dict[str, Any], conv
     common.complete_layer_config(src, layer_config, plans, findings)
     common.kv_page_finding(layer_config, verifier, findings)
     _check_verifier_copies(plans, layer_config)
+
+
+def _ignored_layout_keys(src: SourceInfo, layout: DFlashLayout, findings: list) -> None:
+    """A ``sample_from_anchor`` the source's runtime never reads, set to another value than the
+    layout it runs: written as the runtime runs it, with a warning naming the key and its value."""
+    from specconv.format import Finding
+    from specconv.format.facts import layout_name
+
+    if not layout.runtime_ignores_sample_from_anchor:
+        return
+    for where, value in src.locations("dflash_config.sample_from_anchor", "sample_from_anchor"):
+        if value is not None and value != layout.sample_from_anchor:
+            findings.append(Finding(
+                "warning", "sample-from-anchor-ignored",
+                f"{where}={value!r} in the source config is ignored by its runtime "
+                f"({layout.runtime_ignores_sample_from_anchor}); written as "
+                f"sample_from_anchor={str(layout.sample_from_anchor).lower()} ({layout_name(layout.sample_from_anchor)}, "
+                "as that runtime drafts) — if the drafter was trained otherwise, acceptance will show it "
+                "(`specconv validate --source`)", "sample_from_anchor"))
 
 
 def _layout_k(conv: Any, opts: ConvertOptions, layout: DFlashLayout, block: int) -> tuple[bool, int]:
@@ -156,6 +178,7 @@ def plan_dflash_family(
     )
     _check_body(src, plans, layer_config, conv_ids, verifier, findings)
     sample_from_anchor, k = _layout_k(conv, opts, layout, block)
+    _ignored_layout_keys(src, layout, findings)
     body_dtype = common.source_dtype(src, [p.source for p in plans if p.source])
     fields = dict(
         speculators_version=SPECULATORS_FORMAT_VERSION, dtype=common.dtype_name(common.out_dtype(body_dtype, opts)),

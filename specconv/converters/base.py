@@ -10,12 +10,12 @@ names — never tensor data.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from specconv.errors import InvalidInputError, UnsupportedFormatError
-from specconv.fileio import read_json_object
+from specconv.fileio import check_no_dangling_links, read_json_object
 from specconv.plan import ConversionPlan
 
 if TYPE_CHECKING:
@@ -49,6 +49,9 @@ class ConvertOptions:
         checkpoint: which trainer checkpoint to pick (``best`` | ``latest`` | a name).
         algorithm: ``--algorithm`` restriction (refuse when the detected one differs).
         norm_before_residual: P-EAGLE override when the source config lacks it.
+        sliding_window_non_causal: ``--sliding-window-non-causal``: write
+            ``sliding_window_non_causal: true`` on a DFlash drafter whose layers are all full
+            attention (:mod:`._layout_flags`; refused elsewhere).
     """
 
     mask_token_id: int | None = None
@@ -62,10 +65,25 @@ class ConvertOptions:
     checkpoint: str | None = None
     algorithm: str | None = None
     norm_before_residual: bool | None = None
+    sliding_window_non_causal: bool = False
+
+    #: Options that never change how a source is read (the output dtype, which checkpoint of a
+    #: save dir, the ``--algorithm`` restriction, the unpickling opt-in); every other set option
+    #: decides a value the written config holds.
+    NOT_READING: ClassVar[tuple[str, ...]] = ("dtype", "checkpoint", "algorithm", "allow_unpickle")
 
     def to_dict(self) -> dict[str, Any]:
+        """The options given, as ``specconv.json`` records them: ``dtype`` always, every other
+        option unless unset (``None``, or ``False`` for an on/off flag); a ``--no-X`` of a
+        tri-state flag (``--no-sample-from-anchor``) is a decision and is kept as ``false``."""
         d = {k: (str(v) if isinstance(v, Path) else v) for k, v in self.__dict__.items()}
-        return {k: v for k, v in d.items() if v not in (None, False) or k == "dtype"}
+        off = {f.name for f in fields(self) if f.default is False}
+        return {k: v for k, v in d.items() if k == "dtype" or not (v is None or (v is False and k in off))}
+
+    def decides_reading(self) -> bool:
+        """True when a set option decides a value of the written config (a flag such as
+        ``--sample-from-anchor``), so a source read without these options reads otherwise."""
+        return any(k not in self.NOT_READING for k in self.to_dict())
 
 
 def _non_finite(obj: Any, path: str = "") -> str | None:
@@ -110,6 +128,7 @@ class SourceInfo:
         path = Path(path)
         if not path.is_dir():
             raise InvalidInputError(f"source {path} is not a directory")
+        check_no_dangling_links(path, "source")  # a deleted cache blob is no missing config / weights
         cfg = None
         cfg_path = path / "config.json"
         if cfg_path.is_file():
@@ -212,13 +231,16 @@ def refuse_unsupported_layer_keys(src: SourceInfo, format_id: str, *, cfg: dict[
 
 
 def _refusing_layer_keys(plan: Any) -> Any:
-    """Wrap a converter's ``plan`` so that :func:`refuse_unsupported_layer_keys` runs first."""
+    """Wrap a converter's ``plan`` so that :func:`refuse_unsupported_layer_keys` runs first and
+    ``--sliding-window-non-causal`` (:mod:`._layout_flags`) applies to every plan."""
     import functools
 
     @functools.wraps(plan)
     def checked(self: "Converter", src: SourceInfo, verifier: VerifierView | None, opts: "ConvertOptions") -> ConversionPlan:
+        from ._layout_flags import apply_sliding_window_non_causal
+
         refuse_unsupported_layer_keys(src, self.format_id)
-        return plan(self, src, verifier, opts)
+        return apply_sliding_window_non_causal(plan(self, src, verifier, opts), opts)
 
     checked.checks_layer_keys = True  # type: ignore[attr-defined]
     return checked
@@ -229,7 +251,8 @@ class Converter:
 
     Every subclass's ``plan`` is wrapped (``__init_subclass__``) to apply the one rule all
     converters share on the source config, :func:`refuse_unsupported_layer_keys`, before
-    anything else: a key a converter drops would be invisible to the lint of its output.
+    anything else (a key a converter drops would be invisible to the lint of its output), and
+    the one flag all share on the planned config, ``--sliding-window-non-causal``, after.
 
     Class attributes:
         format_id: stable registry id (``zlab_dflash``, ``deepspec_dspark``, ...).

@@ -106,6 +106,7 @@ class ModelOptDSpark(Converter):
         heads = modelopt_heads(src)
         shift = dc.get("shift_label")
         layout = zlab_layout(src, LAYER_ID_FINDING)
+        layout.runtime_ignores_sample_from_anchor = ""  # the layout comes from shift_label, not z-lab's runtime
         if isinstance(shift, bool):
             layout.sample_from_anchor = shift
             layout.sample_from_anchor_source = f"dflash_config.shift_label={str(shift).lower()} (true = anchor-first)"

@@ -91,9 +91,11 @@ class QuantizedDrafter(RefusedFormat):
         "`*_scale_inv`/`weight_packed`/`qweight`/`qzeros`, or FP8/FP4 tensor dtypes"
     )
     refusal = (
-        "quantized weights (scales / packed tensors) have no place in the Speculators format, whose body is a plain "
-        "floating-point Qwen3/Llama decoder; convert the unquantized (bf16) drafter and quantize at deployment "
-        "(e.g. ModelOpt / TensorRT-LLM)"
+        "specconv does not convert or validate quantized drafters (scales / packed tensors: its reference drafters, "
+        "parity gates and exports are floating-point); a Speculators-format directory that is quantized already "
+        "(e.g. compressed-tensors FP8-block, `quantization_config` in config.json) serves as it is — speculators and "
+        "vLLM load it without specconv; any other quantized export: convert the unquantized (bf16) drafter, then "
+        "quantize the Speculators output"
     )
     spec_ref = "NVIDIA/Model-Optimizer `examples/speculative_decoding/scripts/export_hf_checkpoint.py` (`hf_quant_config.json`); compressed-tensors / GPTQ / AWQ tensor names"
 

@@ -21,8 +21,9 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from specconv.errors import InvalidInputError
-from specconv.format.algorithms import Algorithm, find_algorithm
+from specconv.format.algorithms import Algorithm, algorithm_names, find_algorithm
 from specconv.format.algorithms import algorithm as describe
+from specconv.format.facts import SPECULATORS_VERSION
 from specconv.plan import ConversionPlan, LayerIdConversion
 from specconv.values import is_int
 
@@ -312,34 +313,60 @@ def _dspark_heads_from_tensors(n: _Normalising, src: SourceInfo, H: int) -> None
                                   f"{k} was absent; written as {n.raw[k]!r} ({why})", k))
 
 
-def _legacy_sample_from_anchor(n: _Normalising, opts: ConvertOptions, B: int, k_file: Any) -> bool:
-    """Fill an absent ``sample_from_anchor`` by the legacy rule (K == B-1 → 1+N, K == B →
-    anchor-first); the flag may only agree."""
-    from specconv.format import legacy_sample_from_anchor
-    from specconv.format import Finding
+def _absent_layout_refusal(n: _Normalising, B: int, k_file: Any, told: bool | None, default: bool) -> InvalidInputError:
+    """The refusal of an absent ``sample_from_anchor`` no reading decides (exit 3)."""
+    from specconv.format.facts import disputed_layout, layout_name
 
-    sample_from_anchor = legacy_sample_from_anchor(B, k_file)  # the legacy rule (specconv.format.facts)
-    if sample_from_anchor is False:
-        rule = f"speculative_tokens {k_file} == block_size-1 → 1+N layout"
-    elif sample_from_anchor is True:
-        rule = f"speculative_tokens {k_file} == block_size → anchor-first layout"
-    else:
-        raise InvalidInputError(
+    flags = "pass --sample-from-anchor (anchor-first) or --no-sample-from-anchor (1+N): how the drafter was trained"
+    if told is None:
+        return InvalidInputError(
             f"{n.where}: no sample_from_anchor, and speculative_tokens={k_file!r} is neither block_size-1 "
-            f"({B - 1}, 1+N layout) nor block_size ({B}, anchor-first): the block layout cannot be told",
-            code="missing_sample_from_anchor",
-            hint="pass --sample-from-anchor or --no-sample-from-anchor (how the drafter was trained)",
-        )
-    if opts.sample_from_anchor is not None and opts.sample_from_anchor != sample_from_anchor:
-        raise InvalidInputError(
-            f"--{'' if opts.sample_from_anchor else 'no-'}sample-from-anchor contradicts the legacy rule "
-            f"({rule})", code="conflicting_layout",
-        )
-    n.raw["sample_from_anchor"] = sample_from_anchor
-    n.findings.append(Finding("info", "sample-from-anchor-filled",
-                              f"sample_from_anchor was absent; written as {str(sample_from_anchor).lower()} ({rule})",
+            f"({B - 1}, 1+N layout) nor block_size ({B}, anchor-first): the block layout cannot be told "
+            f"(speculators {SPECULATORS_VERSION} would read its {n.alg.display_name} default "
+            f"{str(default).lower()}, {layout_name(default)})",
+            code="missing_sample_from_anchor", hint=flags)
+    return InvalidInputError(
+        f"{n.where}: no sample_from_anchor, and its readings disagree: "
+        f"{disputed_layout(B, k_file, told, default, n.alg.display_name)}; the block layout is never guessed "
+        "(a flipped layout drafts every token from the wrong slot)",
+        code="ambiguous_sample_from_anchor", hint=flags)
+
+
+def _legacy_sample_from_anchor(n: _Normalising, opts: ConvertOptions, B: int, k_file: Any) -> bool:
+    """Fill an absent ``sample_from_anchor``. Two readings: the legacy K rule (K == B-1 → 1+N,
+    K == B → anchor-first; :func:`specconv.format.facts.legacy_sample_from_anchor`) and the
+    value speculators 0.9.0 reads, its class default (DFlash false, DSpark true:
+    :func:`specconv.format.speculators_default`). When both agree the key is filled (info;
+    a contradicting flag is refused); otherwise ``--(no-)sample-from-anchor`` decides
+    (warning ``layout-from-flag``), else the conversion is refused (exit 3) naming both."""
+    from specconv.format import Finding, legacy_sample_from_anchor, speculators_default
+    from specconv.format.facts import disputed_layout, layout_name
+
+    told = legacy_sample_from_anchor(B, k_file)  # the legacy rule (specconv.format.facts)
+    default = speculators_default(n.algo, "sample_from_anchor")
+    flag = opts.sample_from_anchor
+    if told is not None and told == default:
+        rule = f"speculative_tokens {k_file} == block_size{'' if told else '-1'} → {layout_name(told)} layout"
+        if flag is not None and flag != told:
+            raise InvalidInputError(
+                f"--{'' if flag else 'no-'}sample-from-anchor contradicts the legacy rule ({rule}) and "
+                f"speculators {SPECULATORS_VERSION}'s {n.alg.display_name} default ({str(default).lower()})",
+                code="conflicting_layout")
+        n.raw["sample_from_anchor"] = told
+        n.findings.append(Finding("info", "sample-from-anchor-filled",
+                                  f"sample_from_anchor was absent; written as {str(told).lower()} ({rule})",
+                                  "sample_from_anchor"))
+        return told
+    if flag is None:
+        raise _absent_layout_refusal(n, B, k_file, told, default)
+    n.raw["sample_from_anchor"] = flag
+    readings = (disputed_layout(B, k_file, told, default, n.alg.display_name) if told is not None else
+                f"speculative_tokens {k_file!r} is neither block_size-1 nor block_size")
+    n.findings.append(Finding("warning", "layout-from-flag",
+                              f"sample_from_anchor was absent ({readings}); written as {str(flag).lower()} "
+                              f"({layout_name(flag)}) from --{'' if flag else 'no-'}sample-from-anchor",
                               "sample_from_anchor"))
-    return sample_from_anchor
+    return flag
 
 
 def _block_layout(n: _Normalising, opts: ConvertOptions, pm0: dict[str, Any], k_file: Any) -> None:
@@ -462,7 +489,7 @@ def _verifier_ref(n: _Normalising, sc: dict[str, Any], verifier: VerifierView | 
         sc["verifier"] = {"name_or_path": verifier.name_or_path, "architectures": verifier.architectures}
         if old != verifier.name_or_path:
             n.notes.append(f"speculators_config.verifier.name_or_path {old!r} → {verifier.name_or_path!r}")
-    n.raw.setdefault("speculators_version", "0.9.0")
+    n.raw.setdefault("speculators_version", SPECULATORS_VERSION)
 
 
 def _typed_config(n: _Normalising, plans: list) -> Any:
@@ -544,7 +571,9 @@ class _SpeculatorsTrainer(Converter):
     spec_ref = "vllm-project/speculators `src/speculators/train/checkpointer.py`, `src/speculators/models/*/config.py`"
     mapping = (
         "normalise, don't convert: tensors copied unchanged (verifier_* copies dropped), vocab mapping validated, "
-        "missing `sample_from_anchor` filled by the legacy rule (K == B-1 → false, K == B → true), legacy "
+        "missing `sample_from_anchor` filled by the legacy rule (K == B-1 → false, K == B → true) when speculators "
+        "0.9.0's default for the algorithm (DFlash false, DSpark true) agrees, else refused unless "
+        "`--sample-from-anchor` / `--no-sample-from-anchor` decides (recorded, warned `layout-from-flag`), legacy "
         "`max_anchors`/COD keys dropped with a note, verifier reference rewritten, optimizer/scheduler/training "
         "files never carried; DSpark anchor-first checkpoints older than speculators 0.7.0 (PR #806) warned"
     )
@@ -630,16 +659,24 @@ class SpeculatorsDSpark(_SpeculatorsTrainer):
     detection = "`speculators_model_type: dspark`"
 
 
+#: other ``speculators_model_type`` values the speculators 0.9.0 registry knows, named as examples
+#: in the refusal's detection text while no description covers them.
+_OTHER_TYPES = tuple(t for t in ("dflash2", "eagle3", "mtp", "xpress") if find_algorithm(t) is None)
+
+
 @register
 class SpeculatorsOther(RefusedFormat):
     format_id = "speculators_other"
     algorithm = "other"
     title = "speculators drafter of another algorithm"
-    detection = "`speculators_model_type` not in {peagle, dflash, dspark} (eagle3, mtp, dflash2, xpress, …)"
-    spec_ref = "vllm-project/speculators `src/speculators/config.py` (`speculators_model_type` registry)"
+    detection = (f"`speculators_model_type` not in {{{', '.join(algorithm_names())}}} (the algorithms "
+                 "`specconv/format/algorithms.py` describes)" + (f", e.g. {', '.join(_OTHER_TYPES)}" if _OTHER_TYPES else ""))
+    spec_ref = ("vllm-project/speculators 0.9.0 `src/speculators/config.py` (`speculators_model_type` registry), "
+                "`src/speculators/models/{dflash2,eagle3,mtp,xpress}/config.py` (`SpeculatorModelConfig.register`)")
     refusal = (
-        "specconv targets peagle, dflash and dspark; this directory is already a Speculators drafter of another "
-        "algorithm — use it as it is (speculators / vLLM load it directly)"
+        f"specconv describes only {', '.join(algorithm_names())} (`specconv/format/algorithms.py`), so it neither "
+        "converts nor validates this type; the directory is already a Speculators drafter of another algorithm — "
+        "use it as it is (speculators loads it, and vLLM serves the types it knows)"
     )
 
     @classmethod

@@ -9,6 +9,11 @@ from ._dflash import DFlashLayout, plan_dflash_family
 from .base import PROJECTOR_DFLASH, Converter, SourceInfo, register
 
 
+#: Why a ``sample_from_anchor`` in a z-lab-layout config means nothing: z-lab ``dflash`` 0.1.0
+#: ``dflash/model.py`` (``dflash_generate``) always drafts block slots 1..B-1 and no code reads the key.
+ZLAB_RUNTIME_LAYOUT = "z-lab dflash 0.1.0 `dflash/model.py` drafts slots 1..B-1 and never reads the key"
+
+
 def zlab_layout(src: SourceInfo, *findings: tuple[str, str, str]) -> DFlashLayout:
     """The z-lab layout of ``src`` (also ModelOpt's, NeMo's and SpecForge's DFlash), with a
     source's own ``(level, code, message)`` findings."""
@@ -19,6 +24,7 @@ def zlab_layout(src: SourceInfo, *findings: tuple[str, str, str]) -> DFlashLayou
         mask_locations=src.locations("dflash_config.mask_token_id", "mask_token_id"),
         sample_from_anchor=False,
         sample_from_anchor_source="z-lab DFlash is 1+N: slot 0 holds the bonus token",
+        runtime_ignores_sample_from_anchor=ZLAB_RUNTIME_LAYOUT,
         extra_findings=list(findings),
     )
 
@@ -40,7 +46,8 @@ class ZlabDFlash(Converter):
     mapping = (
         "`dflash_config.target_layer_ids` +1 → `aux_hidden_state_layer_ids` (last layer kept); `block_size` top-level "
         "or nested (must agree); mask token nested or top-level; 1+N layout (`sample_from_anchor: false`, "
-        "`speculative_tokens = B−1`); tensor names unchanged"
+        "`speculative_tokens = B−1`; a `dflash_config.sample_from_anchor: true` z-lab's runtime ignores is "
+        "written false with the warning `sample-from-anchor-ignored`); tensor names unchanged"
     )
     spec_ref = "z-lab/dflash `dflash/model.py` (`DFlashDraftModel`)"
 

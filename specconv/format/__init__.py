@@ -52,6 +52,7 @@ _EXPORTS: dict[str, str] = {
     "rope_theta_of": "schema",
     "sort_findings": "findings",
     "speculative_tokens_for": "facts",
+    "speculators_default": "schema",
     "speculators_envelope": "facts",
     "speculators_model_type_of": "schema",
 }
@@ -97,6 +98,7 @@ __all__ = [
     "rope_theta_of",
     "sort_findings",
     "speculative_tokens_for",
+    "speculators_default",
     "speculators_model_type_of",
     "speculators_envelope",
 ]

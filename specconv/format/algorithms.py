@@ -97,6 +97,11 @@ class VllmFacts:
             (``vllm/model_executor/models/registry.py``), what the loader check asserts.
         v2_model_runner: vLLM 0.33 needs ``VLLM_USE_V2_MODEL_RUNNER=1`` at config level
             (DSpark) or refuses the algorithm under it (P-EAGLE, DFlash: ``0``).
+        runners: vLLM's model runners that draft it as trained (vLLM 0.33 ``config/vllm.py``
+            ``_get_v{1,2}_model_runner_unsupported_features``): P-EAGLE ``v1`` only (V2 has no
+            parallel drafting for EAGLE: 0.33 falls back to V1 or refuses it, releases before
+            vllm-project/vllm#43010 drafted it sequentially without a word), DFlash both, DSpark
+            ``v2`` only. The card prints them; a served run on another is a finding.
         sample_from_anchor: what vLLM does with ``sample_from_anchor: true``:
             ``"rejected"`` (DFlash), ``"supported"`` (DSpark, vLLM ≥ 0.27) or
             ``"not-applicable"`` (P-EAGLE has no block).
@@ -110,6 +115,7 @@ class VllmFacts:
     flags: tuple[tuple[str, Any], ...] = ()
     draft_classes: tuple[str, ...] = ()
     v2_model_runner: bool = False
+    runners: tuple[str, ...] = ("v1", "v2")
     sample_from_anchor: str = "not-applicable"
     sliding_window_non_causal: str = "not-applicable"
 
@@ -359,7 +365,8 @@ PEAGLE = Algorithm(
                     "the speculators trainer defaults to true, the config class and vLLM to false"),
     ),
     vllm=VllmFacts(method="eagle3", flags=(("parallel_drafting", True),),
-                   draft_classes=("Eagle3LlamaForCausalLM", "Eagle3Qwen3ForCausalLM"), v2_model_runner=False),
+                   draft_classes=("Eagle3LlamaForCausalLM", "Eagle3Qwen3ForCausalLM"), v2_model_runner=False,
+                   runners=("v1",)),
     sglang=SglangFacts(refusal=(
         "SGLang has no parallel drafting (sgl-project/sglang#23171); loaded as EAGLE3 it would silently "
         "drop mask_hidden and q_norm/k_norm, replace the trained embedding by the target's and draft "
@@ -403,7 +410,7 @@ DSPARK = Algorithm(
         ImplicitKey("enable_confidence_head", False, "speculators defaults to true, vLLM to false"),
         ImplicitKey("confidence_head_with_markov", False, "speculators defaults to true, vLLM to false"),
     ),
-    vllm=VllmFacts(method="dspark", draft_classes=("Qwen3DSparkForCausalLM",), v2_model_runner=True,
+    vllm=VllmFacts(method="dspark", draft_classes=("Qwen3DSparkForCausalLM",), v2_model_runner=True, runners=("v2",),
                    sample_from_anchor="supported", sliding_window_non_causal="ignored"),
     sglang=SglangFacts(
         speculative_algorithm="DSPARK", architecture="DSparkDraftModel", block_size_counts="drafts",

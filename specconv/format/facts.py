@@ -23,6 +23,8 @@ __all__ = [
     "SPECULATORS_VERSION",
     "LAYER_KEY_SCOPES",
     "UNSUPPORTED_LAYER_KEYS",
+    "disputed_layout",
+    "layout_name",
     "legacy_sample_from_anchor",
     "speculative_tokens_for",
     "speculators_envelope",
@@ -130,6 +132,33 @@ def legacy_sample_from_anchor(block_size: int, speculative_tokens: Any) -> bool 
         if speculative_tokens == speculative_tokens_for(block_size, sample_from_anchor):
             return sample_from_anchor
     return None
+
+
+def layout_name(sample_from_anchor: bool) -> str:
+    """``"anchor-first"`` (every slot drafts, K = B) or ``"1+N"`` (slot 0 is the bonus token, K = B - 1)."""
+    return "anchor-first" if sample_from_anchor else "1+N"
+
+
+def disputed_layout(block_size: int, speculative_tokens: int, k_rule: bool, speculators_default: bool,
+                    display_name: str) -> str:
+    """The two readings of a block drafter's config without ``sample_from_anchor``, for a
+    refusal: the K rule run backwards (:func:`legacy_sample_from_anchor`) and the value
+    speculators 0.9.0 reads instead (its config class default for the algorithm).
+
+    Args:
+        block_size: ``B``. speculative_tokens: K as written. k_rule: the K rule's reading.
+        speculators_default: speculators' class default. display_name: e.g. ``"DSpark"``.
+
+    Returns:
+        One sentence naming both readings, e.g. ``"the K rule reads false (speculative_tokens
+        3 == block_size-1: 1+N) but speculators 0.9.0 reads its DSpark default true
+        (anchor-first, 4 drafts)"``.
+    """
+    rule = "block_size" if k_rule else "block_size-1"
+    return (f"the K rule reads {str(k_rule).lower()} (speculative_tokens {speculative_tokens} == {rule}: "
+            f"{layout_name(k_rule)}) but speculators {SPECULATORS_VERSION} reads its {display_name} default "
+            f"{str(speculators_default).lower()} ({layout_name(speculators_default)}, "
+            f"{speculative_tokens_for(block_size, speculators_default)} drafts)")
 
 
 def speculators_envelope(

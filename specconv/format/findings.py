@@ -14,6 +14,7 @@ from typing import Any, Literal, NamedTuple
 
 __all__ = [
     "CODES",
+    "CONVERT_FLAGS",
     "LEVEL_ORDER",
     "LINT_RULES",
     "CodeInfo",
@@ -38,7 +39,8 @@ class CodeInfo(NamedTuple):
         level: the level every finding with this code has.
         doc: one-line description.
         origin: ``"lint"`` (the servability lint), ``"dir"`` (directory checks of
-            :func:`specconv.format.lint_dir`) or ``"converter"``.
+            :func:`specconv.format.lint_dir`), ``"converter"`` or ``"validate"`` (what a
+            serving engine did in ``validate``).
     """
 
     level: Level
@@ -72,6 +74,7 @@ _LINT: dict[str, tuple[Level, str]] = {
     "peagle-depths-exceeded": ("warning", "speculative_tokens exceeds the recorded trained depths"),
     "block-size-invalid": ("error", "block_size too small for any draft"),
     "sample-from-anchor-legacy": ("info", "sample_from_anchor absent; told from K by the legacy rule"),
+    "sample-from-anchor-disputed": ("error", "sample_from_anchor absent; the K rule and speculators' default disagree"),
     "dflash-sample-from-anchor": ("warning", "vLLM's DFlash rejects sample_from_anchor=true"),
     "dspark-sample-from-anchor-vllm": ("info", "DSpark sample_from_anchor needs a recent vLLM"),
     # verifier reference
@@ -163,6 +166,8 @@ _CONVERTER: dict[str, tuple[Level, str]] = {
     "output-exists": ("warning", "dry run: the output exists; the real run needs --overwrite, or refuses it"),
     "peagle-model-type-from-tensors": ("info", "the P-EAGLE layer model_type was told from the tensors"),
     "sample-from-anchor-filled": ("info", "sample_from_anchor was absent and filled by the legacy rule"),
+    "sample-from-anchor-ignored": ("warning", "the source sets sample_from_anchor but its runtime never reads it"),
+    "sliding-window-non-causal-from-flag": ("info", "sliding_window_non_causal set true by --sliding-window-non-causal"),
     "specforge-markov-type": ("info", "a SpecForge export names a Markov head type other than vanilla"),
     "speculative-tokens-fixed": ("warning", "speculative_tokens rewritten to the block layout's K"),
     "t2d-default-all-true": ("warning", "an all-true t2d with a pruned vocabulary; rebuilt from d2t"),
@@ -181,8 +186,21 @@ _CONVERTER: dict[str, tuple[Level, str]] = {
     "vocab-logical-identity": ("info", "the draft vocab covers the verifier's logical vocab: identity map"),
 }
 
+_VALIDATE: dict[str, tuple[Level, str]] = {
+    "sequential-drafting-runner": ("warning", "a parallel-drafting drafter served on a model runner that drafts it "
+                                              "one token at a time"),
+}
+
+#: Lint codes a ``specconv convert`` flag resolves → the flag: the hint of convert's
+#: ``lint_failed`` refusal names it (``specconv/convert.py``).
+CONVERT_FLAGS: dict[str, str] = {
+    "dflash-causal-full-attention": "--sliding-window-non-causal",
+    "sample-from-anchor-disputed": "--sample-from-anchor or --no-sample-from-anchor",
+}
+
 #: The finding-code registry: code → :class:`CodeInfo` (level, description, origin).
-CODES: dict[str, CodeInfo] = {**_reg("lint", _LINT), **_reg("dir", _DIR), **_reg("converter", _CONVERTER)}
+CODES: dict[str, CodeInfo] = {**_reg("lint", _LINT), **_reg("dir", _DIR), **_reg("converter", _CONVERTER),
+                              **_reg("validate", _VALIDATE)}
 
 #: Lint and directory codes → description (the servability lint's rule list).
 LINT_RULES: dict[str, str] = {c: i.doc for c, i in CODES.items() if i.origin in ("lint", "dir")}
@@ -237,6 +255,7 @@ _ORIGIN_TITLES = {
     "lint": "Lint (servability of a Speculators dir: `convert`, `inspect`, `validate`)",
     "dir": "Directory checks (`inspect`, `validate`)",
     "converter": "Converter (`convert`, `inspect --verifier`)",
+    "validate": "Serving engines (`validate --backend vllm|llamacpp`)",
 }
 
 

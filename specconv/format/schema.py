@@ -53,6 +53,7 @@ __all__ = [
     "read_config",
     "resolve_layer_types",
     "rope_theta_of",
+    "speculators_default",
     "speculators_model_type_of",
     "validation_message",
 ]
@@ -493,6 +494,29 @@ def config_class(algorithm: str) -> type[SpeculatorsDraftConfig]:
         UnsupportedFormatError: for any other ``speculators_model_type``.
     """
     return describe(algorithm).config_type()
+
+
+def speculators_default(algorithm: str, key: str) -> Any:
+    """The value speculators 0.9.0 reads for ``key`` when a config file of ``algorithm``
+    omits it: the typed classes here carry speculators' own field defaults, e.g.
+    ``sample_from_anchor`` false for DFlash (``src/speculators/models/dflash/config.py``)
+    and true for DSpark (``src/speculators/models/dspark/config.py``).
+
+    Args:
+        algorithm: ``speculators_model_type``.
+        key: a top-level config key.
+
+    Returns:
+        The class default (any JSON value).
+
+    Raises:
+        KeyError: ``key`` is no field of the algorithm's config class (a programming error).
+        UnsupportedFormatError: unknown algorithm.
+    """
+    field = config_class(algorithm).model_fields.get(key)
+    if field is None:
+        raise KeyError(f"{key!r} is not a field of the {algorithm} config")
+    return field.default
 
 
 def expected_speculative_tokens(cfg: SpeculatorsDraftConfig) -> int | None:

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..errors import SpecconvError
-from .payload import Payload, contains_verifier_weights, published_verifier
+from .payload import Payload, contains_verifier_weights, exporters, published_verifier
 
 if TYPE_CHECKING:
     from ..results import GgufExport
@@ -80,12 +80,43 @@ def validation_context(rec: Any) -> dict[str, Any] | None:
     return {"tau": _fmt(v.acceptance_length), "ci": f"[{_fmt(ci[0])}, {_fmt(ci[1])}]" if ci else None,
             "source_tau": _fmt(v.source_acceptance_length) if v.source_acceptance_length else None,
             "per_position": ", ".join(_fmt(x) for x in v.acceptance_at_pos or []) or "n/a",
+            "positions": positions_label(len(v.acceptance_at_pos)) if v.acceptance_at_pos else "per position",
             "gates": sorted((v.gates or {}).items()), "parity": f"{parity:.2e}" if isinstance(parity, float) else parity,
             "lossless": _fmt(lossless) if lossless is not None else None,
             "backend": v.backend or "torch", "dtype": v.dtype,
             "temperature": v.temperature, "prompts_n": prompts.n if prompts else None,
             "prompts_set": prompts.set if prompts else None, "max_new_tokens": v.max_new_tokens,
+            "chat_template": chat_template_text(v.chat_template),
+            "findings": [(f.get("code"), f.get("message")) for f in v.findings or []],
             "passed": bool(v.passed)}
+
+
+def chat_template_text(t: Any) -> str | None:
+    """How the prompts were rendered (the record's ``validation.chat_template``), one line:
+    the template (its source and sha256), its kwargs and the thinking mode (None: not recorded)."""
+    if t is None or t.source is None:
+        return None
+    if t.source == "none":
+        return "no chat template (plain prompts, special tokens as the tokenizer adds them)"
+    where = "the verifier's chat template" if t.source == "verifier" else f"chat template `{Path(t.path or '').name}`"
+    thinking = {"on": "thinking on", "off": "thinking off"}.get(t.thinking or "", "no thinking switch")
+    kwargs = json.dumps(t.kwargs or {}, sort_keys=True)
+    return (f"{where} (sha256 `{t.sha256}`), kwargs `{kwargs}`, {thinking} (`--thinking {t.thinking_option}`), "
+            "add_generation_prompt")
+
+
+def runners_needed(algo: str) -> str | None:
+    """The vLLM model runners that draft ``algo`` as trained, from its description
+    (``VllmFacts.runners``), with the environment that picks one; None for an unknown algorithm."""
+    from ..format.algorithms import find_algorithm
+
+    a = find_algorithm(algo)
+    if a is None:
+        return None
+    if len(a.vllm.runners) > 1:
+        return " or ".join(r.upper() for r in a.vllm.runners)
+    (r,) = a.vllm.runners
+    return f"{r.upper()} only (`VLLM_USE_V2_MODEL_RUNNER={int(r == 'v2')}`)"
 
 
 def vllm_checked(rec: Any) -> str:
@@ -102,7 +133,7 @@ def vllm_checked(rec: Any) -> str:
         done.append(f"served by `{serve.distribution}` {serve.version}{_serve_setup(serve)}, τ {_fmt(serve.tau)} "
                     "(`specconv validate --backend vllm`)")
     remote = v and v.remote and v.remote.vllm_serve
-    if remote:  # a --server-url run: reported, never a gate (specconv.validate.vllm_remote.REMOTE_LABEL)
+    if remote:  # a --server-url run: reported, never a gate (specconv.engines.vllm.remote.REMOTE_LABEL)
         done.append(f"measured on a running vLLM {remote.version or '(version unknown)'}{_serve_setup(remote)}, "
                     f"τ {_fmt(remote.tau)} (`specconv validate --server-url`: {v.remote.identity})")
     return "; ".join(done) or "not checked by vLLM"
@@ -117,6 +148,10 @@ def _serve_setup(s: Any) -> str:
     parts = [s.mode, f"TP {size(s.tensor_parallel_size)} / PP {size(s.pipeline_parallel_size)} / "
                      f"DP {size(s.data_parallel_size)}", f"executor {s.executor_backend or 'vLLM default'}",
              f"concurrency {s.concurrency}"]
+    if s.runner is not None:
+        parts.append(f"model runner {s.runner}")
+        parts.append(f"draft / rejection sampling {s.draft_sample_method or 'unreported'} / "
+                     f"{s.rejection_sample_method or 'unreported'}")
     if s.engine_args:
         parts.append("engine args `" + " ".join(s.engine_args) + "`")
     extra = {k: v for k, v in (s.other_traffic or {}).items() if v}
@@ -125,12 +160,12 @@ def _serve_setup(s: Any) -> str:
 
 
 def launch_commands(verifier: str, repo_id: str, algo: str, k: Any) -> tuple[str | None, str | None]:
-    """The card's ``vllm serve`` lines, shell-quoted (:mod:`specconv.format.serve`):
+    """The card's ``vllm serve`` lines, shell-quoted (:mod:`specconv.engines.vllm.serve_line`):
     ``(short form, long form)``. The short form only for a Hub verifier (vLLM 0.33 refuses a
     local one there); no long form for an algorithm vLLM has no method for."""
     from .. import hub
     from ..format.algorithms import find_algorithm
-    from ..format.serve import long_form_argv, shell_command, short_form_argv
+    from ..engines.vllm.serve_line import long_form_argv, shell_command, short_form_argv
 
     short = shell_command(short_form_argv(repo_id)) if hub.is_hub_id(verifier) else None
     if find_algorithm(algo) is None or not isinstance(k, int):
@@ -176,18 +211,18 @@ def render_card(d: Path, rec: Any, payload: Payload, repo_id: str, *, plot: bool
     verifier = published_verifier(cfg) or "unknown"
     algo = sc.get("algorithm") or (conv.algorithm if conv else "unknown")
     license_id, license_note = choose_license(d, rec)
-    engines = sorted((p, "TensorRT engine" if p.startswith("trt/") else "ONNX") for p in payload.files
-                     if p.startswith(("onnx/", "trt/")) and p.endswith((".onnx", ".plan", ".engine")))
+    nested = [f for f in payload.files if "/" in f]  # an engine's files live in a directory of their own
+    engines = sorted(row for cap in exporters() for row in cap.card_rows(nested)) if nested else []
     val = validation_context(rec)
     k = methods[0].get("speculative_tokens")
     short_form, long_form = launch_commands(verifier, repo_id, algo, k)
     ctx = dict(metadata_yaml=_metadata(rec, repo_id, license_id, verifier), title=repo_id.split("/")[-1],
                algorithm=algo, algorithm_name=getattr(find_algorithm(algo), "display_name", algo), verifier=verifier,
                verifier_url=f"https://huggingface.co/{verifier}" if hub.is_hub_id(verifier) else None, k=k,
-               block_size=cfg.get("block_size", "n/a"), aux_layer_ids=cfg.get("aux_hidden_state_layer_ids") or [],
+               **drafter_shape(cfg, algo),
                layout=[(key, json.dumps(cfg[key])) for key in ("sample_from_anchor", "norm_before_residual",
                                                              "sliding_window_non_causal", "mask_token_id") if key in cfg],
-               vllm_checked=vllm_checked(rec), short_form=short_form, long_form=long_form,
+               vllm_checked=vllm_checked(rec), runners=runners_needed(algo), short_form=short_form, long_form=long_form,
                validation=val, validation_status="Passed" if val and val["passed"] else "FAILED",
                plot=plot, local=local, unvalidated=sorted(payload.unvalidated), engines=engines,
                contains_verifier_weights=payload.contains_verifier_weights,
@@ -206,10 +241,30 @@ def render_card(d: Path, rec: Any, payload: Payload, repo_id: str, *, plot: bool
     return text
 
 
+def drafter_shape(cfg: dict[str, Any], algo: str) -> dict[str, Any]:
+    """The card's block size (None for a drafter that fills no block, e.g. P-EAGLE's parallel
+    drafting) and aux hidden-state layer ids, each read from the config key the algorithm's
+    description names (:class:`specconv.format.algorithms.Algorithm` ``block_drafter``,
+    ``aux_ids_key``); an algorithm specconv does not describe shows what its config holds."""
+    from ..format.algorithms import find_algorithm
+
+    alg = find_algorithm(algo)
+    blocks = alg.block_drafter if alg is not None else "block_size" in cfg
+    ids = cfg.get(alg.aux_ids_key if alg is not None else "aux_hidden_state_layer_ids")
+    return {"block_size": cfg.get("block_size") if blocks else None,
+            "aux_layer_ids": [str(i) for i in ids] if isinstance(ids, list) else []}
+
+
+def positions_label(n: int) -> str:
+    """``p₁…pₙ`` with subscript digits for ``n`` per-position acceptance rates (``p₁`` for one)."""
+    sub = str.maketrans("0123456789", "₀₁₂₃₄₅₆₇₈₉")
+    return "p₁" if n == 1 else f"p₁…p{str(n).translate(sub)}"
+
+
 def _sglang_section(d: Path, rec: Any, verifier: str, draft: str | None) -> dict[str, Any] | None:
     if draft is None:
         return None
-    from .sglang_repo import card_section
+    from ..engines.sglang.repo import card_section
 
     return card_section(d, rec, verifier, draft)
 
@@ -223,8 +278,8 @@ def gguf_section(d: Path, rec: Any, payload: Payload, draft_repo: str | None) ->
     Returns:
         ``{command, commit, version, verifier_gguf, tau, spec_type, spec_draft_n_max, local}``.
     """
-    from ..format.serve import shell_command
-    from ..gguf.server import launch_argv
+    from ..engines.vllm.serve_line import shell_command
+    from ..engines.llamacpp.server import launch_argv
     from ..tensors import sha256_file
 
     exp = _gguf_export(rec)
@@ -254,8 +309,8 @@ def _templates() -> Path:
 
 
 def local_card_text(d: Path, rec: Any, repo_id: str) -> str:
-    """The ``README.md`` text of drafter dir ``d`` (its ``config.json``, the ONNX / TensorRT
-    files under ``onnx/`` and ``trt/``) from its record ``rec``, naming it ``repo_id``.
+    """The ``README.md`` text of drafter dir ``d`` (its ``config.json``, the files each engine's
+    export lists for the local card) from its record ``rec``, naming it ``repo_id``.
     Deterministic: the same record and files give the same bytes; huggingface_hub's card
     check is left to push, which checks what it publishes.
 
@@ -263,14 +318,13 @@ def local_card_text(d: Path, rec: Any, repo_id: str) -> str:
         InvalidInputError: unreadable ``config.json``.
     """
     p = Payload()
-    for f in sorted(x for sub in ("onnx", "trt") if (d / sub).is_dir() for x in (d / sub).rglob("*") if x.is_file()):
-        rel = f.relative_to(d).as_posix()
-        if not rel.startswith("onnx/fp32/"):  # the fp32 twin stays local, as in push
-            p.files[rel] = f
+    if any(x.is_dir() for x in d.iterdir()):  # a fresh conversion has no export: the registry is not asked
+        for rel in sorted(rel for cap in exporters() for rel in cap.local_files(d)):
+            p.files[rel] = d / rel
     gguf = _gguf_export(rec)
     shown = [*p.files, *([f"gguf/{gguf.file}"] if gguf is not None and gguf.file else [])]  # gguf_section decides
     p.contains_verifier_weights = contains_verifier_weights(d, rec, shown)
-    from .sglang_repo import local_export_path
+    from ..engines.sglang.repo import local_export_path
 
     return render_card(d, rec, p, repo_id, plot=False, check=False, sglang_draft=local_export_path(d, rec), local=True)
 

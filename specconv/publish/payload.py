@@ -74,87 +74,105 @@ def _gate_verifier_weights(label: str, contains: bool, allow_vw: bool, p: Payloa
     p.contains_verifier_weights = True
 
 
-def _meta(path: Path) -> dict[str, Any]:
-    """The JSON object in an export's meta file; ``{}`` when missing or unreadable (nothing covered)."""
-    from ..fileio import read_json_object
+def exporters() -> list[Any]:
+    """Every registered export capability (:mod:`specconv.engines`), in registry order."""
+    from ..engines import with_capability
 
-    try:
-        return read_json_object(path) if path.is_file() else {}
-    except InvalidInputError:
-        return {}
+    return [e.export for e in with_capability("export")]
 
 
-def _trt_verifier_weights(v: Path) -> tuple[bool, str]:
-    """Whether variant dir ``trt/<key>/`` embeds verifier tensors, from its ``build.json``
-    (copied from the graph's ``onnx_meta.json`` by build-engine), and the note when assumed:
-    a ``build.json`` that does not record it (an older specconv's) counts as containing them."""
-    build = _meta(v / "build.json")
-    if "contains_verifier_weights" in build:
-        return bool(build["contains_verifier_weights"]), ""
-    return True, ("; its build.json does not record it (an engine built by an older specconv), so it "
-                  "is treated as containing them: rebuild it with `specconv build-engine`")
-
-
-def _onnx_verifier_weights(rec: Any, meta: dict[str, Any]) -> bool:
-    """Whether the ``onnx/`` graphs embed verifier tensors (their meta or ``export.onnx`` says so)."""
-    onnx = rec.export.onnx if rec.export is not None else None
-    return bool(meta.get("contains_verifier_weights") or (onnx and onnx.contains_verifier_weights))
+def _owner(d: Path, rec: Any, rel: str) -> Any:
+    """The export capability whose files include ``rel``, or None."""
+    return next((cap for cap in exporters() if cap.owns(d, rec, rel)), None)
 
 
 def contains_verifier_weights(d: Path, rec: Any, rels: list[str]) -> bool:
-    """Whether any engine file of drafter dir ``d`` among ``rels`` (paths relative to ``d``
-    under ``onnx/``, ``trt/<key>/`` or ``gguf/``) embeds the verifier's embedding / LM head, by
-    the rules push's gates apply (the card says so when true). ``rec``: ``d``'s record."""
-    from ..gguf.export import holds_verifier_weights
-
-    tops = {Path(r).parts[0] for r in rels}
-    trt = {Path(r).parts[1] for r in rels if len(Path(r).parts) >= 3 and Path(r).parts[0] == "trt"}
-    return (("onnx" in tops and _onnx_verifier_weights(rec, _meta(d / "onnx" / "onnx_meta.json")))
-            or any(_trt_verifier_weights(d / "trt" / k)[0] for k in sorted(trt))
-            or ("gguf" in tops and holds_verifier_weights(d)))
-
-
-def _trt_variant_ok(v: Path, allow_vw: bool, p: Payload) -> bool:
-    """Variant dir ``trt/<key>/`` is pushable with its ``build.json``; one that says (or does not
-    record) ``contains_verifier_weights`` needs ``--allow-verifier-weights``."""
-    if not (v / "build.json").is_file():
+    """Whether any engine file of drafter dir ``d`` among ``rels`` (paths relative to ``d``)
+    embeds the verifier's embedding / LM head, by the rules push's gates apply (the card says so
+    when true). ``rec``: ``d``'s record."""
+    if not rels:
         return False
-    contains, note = _trt_verifier_weights(v)
-    _gate_verifier_weights(f"trt/{v.name}/", contains, allow_vw, p, note)
-    return True
+    return any(cap.holds_verifier_weights(d, rec, [r for r in rels if cap.owns(d, rec, r)]) for cap in exporters())
 
 
-def _trt_ok(d: Path, rel: str, allow_vw: bool, p: Payload) -> bool:
-    """``trt/<key>/*`` needs its variant's ``build.json`` (:func:`_trt_variant_ok`); ``trt/manifest.json``
-    needs the ``build.json`` of every variant it lists."""
-    parts = Path(rel).parts
-    if len(parts) >= 3:
-        return _trt_variant_ok(d / parts[0] / parts[1], allow_vw, p)
-    if rel != "trt/manifest.json":
+def _link_problem(root: Path, path: Path) -> str | None:
+    """Why link ``path`` (under real dir ``root``) may not be published, or None: its real path
+    lies outside ``root``, names nothing, or lies in a hidden entry push never publishes."""
+    real = Path(os.path.realpath(path))
+    if real != root and root not in real.parents:
+        return f"a link to {real}, outside {root}"
+    if not real.exists():
+        return f"a link to {real}, which does not exist"
+    if any(x.startswith(".") for x in real.relative_to(root).parts):
+        return f"a link to {real}, a hidden entry push never publishes"
+    return None
+
+
+def _walk(d: Path) -> tuple[list[str], dict[str, str]]:
+    """The files under ``d`` (hidden entries skipped) as relative POSIX paths, and the links
+    refused (``"path"`` of a file, ``"path/"`` of a directory → why). A link is followed when
+    its real path lies inside ``d``'s: a file link is published under its own name, a directory
+    link walked; one that would walk a directory it is already in is refused (a loop)."""
+    root = Path(os.path.realpath(d))
+    files: list[str] = []
+    refused: dict[str, str] = {}
+
+    def visit(here: Path, prefix: str, chain: tuple[Path, ...]) -> None:  # os.walk's order: files, then dirs
+        with os.scandir(here) as it:
+            entries = sorted((e for e in it if not e.name.startswith(".")), key=lambda e: e.name)
+        dirs = []
+        for e in entries:
+            is_dir = e.is_dir()  # follows a link
+            why = _link_problem(root, Path(e.path)) if e.is_symlink() else None
+            real = Path(os.path.realpath(e.path))
+            if why is None and is_dir and real in chain:
+                why = f"a link to {real}, a directory it lies in (a loop)"
+            if why is not None:
+                refused[prefix + e.name + ("/" if is_dir else "")] = why
+            elif is_dir:
+                dirs.append((Path(e.path), prefix + e.name + "/", chain + (real,)))
+            else:
+                files.append(prefix + e.name)
+        for sub in dirs:
+            visit(*sub)
+
+    visit(d, "", (root,))
+    return files, refused
+
+
+def _kept(rel: str, include: tuple[str, ...], exclude: tuple[str, ...]) -> bool:
+    """``--include`` / ``--exclude`` keep ``rel`` (a directory is matched as ``NAME/``)."""
+    if include and not any(fnmatch.fnmatch(rel, g) for g in include):
         return False
-    try:
-        variants = json.loads((d / rel).read_text(encoding="utf-8")).get("variants") or []
-        keys = [v["key"] for v in variants]
-    except (OSError, ValueError, AttributeError, KeyError, TypeError):
-        return False
-    return bool(keys) and all((d / "trt" / k / "build.json").is_file() for k in keys)
+    return not any(fnmatch.fnmatch(rel, g) for g in exclude)
 
 
 def _local_files(d: Path, include: tuple[str, ...], exclude: tuple[str, ...]) -> list[str]:
-    """Relative POSIX paths of the files under ``d`` (hidden entries skipped), filtered by globs."""
-    out = []
-    for root, dirs, names in os.walk(d):
-        dirs[:] = sorted(x for x in dirs if not x.startswith("."))
-        for n in sorted(names):
-            rel = (Path(root) / n).relative_to(d).as_posix()
-            if n.startswith(".") or rel in DERIVED:
-                continue
-            if include and not any(fnmatch.fnmatch(rel, g) for g in include):
-                continue
-            if any(fnmatch.fnmatch(rel, g) for g in exclude):
-                continue
-            out.append(rel)
-    return out
+    """Relative POSIX paths of the files under ``d`` (hidden entries and derived files skipped),
+    filtered by globs (links: :func:`_walk`; the refused ones are :func:`check_links`')."""
+    return [rel for rel in _walk(d)[0] if rel not in DERIVED and _kept(rel, include, exclude)]
+
+
+def check_links(d: Path, refused: dict[str, str], what: str = "DIR") -> None:
+    """Push publishes only what lies inside ``d``: the links of ``refused`` (path → why, from
+    :func:`_walk` or :func:`link_problems`) are refused before any network use, with or without
+    ``--allow-unvalidated``.
+
+    Raises:
+        GateFailedError: ``link_outside_dir`` (exit 4), naming each link and its target.
+    """
+    if refused:
+        raise GateFailedError(f"{d}: push publishes only the files inside {what}; refused: "
+                              + "; ".join(f"{rel} ({why})" for rel, why in sorted(refused.items())),
+                              code="link_outside_dir",
+                              hint="replace each link by a copy of what it points to (`cp -L LINK COPY`, `cp -rL` "
+                                   "for a directory, then move COPY over LINK), or leave it out with --exclude GLOB")
+
+
+def link_problems(d: Path, names: list[Path]) -> dict[str, str]:
+    """The files of ``names`` (in dir ``d``) that are links push refuses (name → why)."""
+    root = Path(os.path.realpath(d))
+    return {f.name: why for f in names if f.is_symlink() and (why := _link_problem(root, f)) is not None}
 
 
 def _report_files(rec: Any) -> set[str]:
@@ -238,54 +256,23 @@ def _check_validated(d: Path, rec: Any, names: list[str], allow: bool, p: Payloa
         raise _not_validated(f"{d}: validated file(s) missing now: {', '.join(missing)}", code="modified_after_validation")
 
 
-def _onnx_ok(d: Path, rec: Any, rel: str, allow_vw: bool, p: Payload) -> bool:
-    """An ``onnx/`` file is pushable with a passed export check of these bytes: ``export.onnx``
-    passed, its sha256 equal to ``onnx/onnx_meta.json``'s ``files`` and the meta's
-    ``drafter_files`` equal to the validated files (the ``onnx/fp32/`` twin stays local).
+def _engine_file(d: Path, rec: Any, rel: str, allow_vw: bool, p: Payload) -> bool | None:
+    """Whether ``rel`` is pushable as a file of an engine's export (its check recorded these bytes;
+    :meth:`~specconv.engines.base.Exporter.push_verdict`); None: it stays local unless asked for.
 
     Raises:
-        InvalidInputError: a meta of another format version (exit 3, "re-export";
-            :func:`specconv.export.onnx_dir.check_meta_format`).
+        InvalidInputError: an export meta of another format version (exit 3, "re-export").
         GateFailedError: verifier tensors without ``--allow-verifier-weights``.
     """
-    from ..export.onnx_dir import check_meta_format
-    from ..tensors import sha256_file
-
-    if rel.startswith("onnx/fp32/"):
+    cap = _owner(d, rec, rel)
+    if cap is None:
         return False
-    meta_path = d / "onnx" / "onnx_meta.json"
-    meta: Any = {}
-    if meta_path.is_file():
-        try:
-            meta = json.loads(meta_path.read_text())
-        except (OSError, ValueError):
-            meta = {}  # unreadable: no file under onnx/ is covered
-        else:
-            check_meta_format(meta, meta_path)
-    onnx = rec.export.onnx if rec.export is not None else None
-    validated = (rec.validation.files or {}) if rec.validation is not None else {}
-    passed = bool(onnx and (onnx.parity_passed or (onnx.model_extra or {}).get("passed")))
-    if not passed or (meta.get("drafter_files") and meta["drafter_files"] != validated):
-        return False
-    if rel != "onnx/onnx_meta.json" and (meta.get("files") or {}).get(rel[len("onnx/"):]) != sha256_file(d / rel):
-        return False
-    _gate_verifier_weights(rel, _onnx_verifier_weights(rec, meta), allow_vw, p)
-    return True
-
-
-def _gguf_ok(d: Path, rec: Any, rel: str, allow_vw: bool, p: Payload) -> bool:
-    """A ``gguf/`` file is pushable with a passed llama-server check of these bytes
-    (:func:`specconv.gguf.export.pushable`).
-
-    Raises:
-        InvalidInputError: a ``gguf_meta.json`` of another format version (exit 3).
-        GateFailedError: verifier tensors without ``--allow-verifier-weights``.
-    """
-    from ..gguf.export import pushable
-
-    ok, verifier_weights = pushable(d, rec, rel)
-    _gate_verifier_weights(rel, ok and verifier_weights, allow_vw, p)
-    return ok
+    v = cap.push_verdict(d, rec, rel)
+    if v.stays_local:
+        return None
+    if v.covered:
+        _gate_verifier_weights(v.label or rel, v.verifier_weights, allow_vw, p, v.note)
+    return v.covered
 
 
 def _is_core(rel: str) -> bool:
@@ -319,15 +306,21 @@ def collect(d: Path, *, include: tuple[str, ...] = (), exclude: tuple[str, ...] 
             without the flag (exit 4).
         InvalidInputError: ``d`` is no drafter directory (exit 3).
     """
-    if not (d / "config.json").is_file():
+    if not (d / "config.json").is_file() and not (d / "config.json").is_symlink():
         raise InvalidInputError(f"{d} is not a drafter directory (no config.json)", code="not_speculators_dir")
-    _check_config_verifier(d)
     rec = read_record(d, missing_ok=True)
+    apart = [cap for cap in exporters() if cap.separate_repo]
+
+    def pushed(rel: str) -> bool:  # a file of DIR push would publish (or read, as the record)
+        return rel == SPECCONV_JSON or (rel not in DERIVED and _kept(rel, include, exclude)
+                                        and rel not in _report_files(rec) and not any(c.owns(d, rec, rel) for c in apart))
+
+    files, refused = _walk(d)
+    check_links(d, {rel: why for rel, why in refused.items() if pushed(rel)})
+    _check_config_verifier(d)
     if rec.conversion is None and not allow_unvalidated:
         raise _not_validated(f"{d}: no specconv.json record (convert it with specconv first)")
-    from .sglang_repo import is_sglang_file
-
-    rels = [r for r in _local_files(d, include, exclude) if r not in _report_files(rec) and not is_sglang_file(d, rec, r)]
+    rels = [r for r in files if pushed(r) and r != SPECCONV_JSON]
     core = [r for r in rels if _is_core(r)]
     _check_filters_keep_drafter(d, core, include, exclude)
     p = Payload()
@@ -335,12 +328,10 @@ def collect(d: Path, *, include: tuple[str, ...] = (), exclude: tuple[str, ...] 
     for rel in rels:
         if rel in core:
             continue
-        ok = (_onnx_ok(d, rec, rel, allow_verifier_weights, p) if rel.startswith("onnx/")
-              else _trt_ok(d, rel, allow_verifier_weights, p) if rel.startswith("trt/")
-              else _gguf_ok(d, rec, rel, allow_verifier_weights, p) if rel.startswith("gguf/") else False)
+        ok = _engine_file(d, rec, rel, allow_verifier_weights, p)
+        if ok is None:  # stays local unless asked for (the ONNX fp32 twin)
+            continue
         if not ok:
-            if rel.startswith("onnx/fp32/"):  # the fp32 twin is not pushed by default
-                continue
             if not allow_unvalidated:
                 raise GateFailedError(f"{rel}: not covered by a validation or export check", code="ungated_file",
                                       hint="leave it out with --exclude GLOB, or pass --allow-unvalidated "

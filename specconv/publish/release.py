@@ -5,21 +5,21 @@ The stage functions are called directly (``specconv.convert.convert``,
 the CLI. The run stops at the first failed step with that step's exit code; the result
 records every step with its duration. In GitHub Actions (``GITHUB_OUTPUT`` /
 ``GITHUB_STEP_SUMMARY`` set) it writes ``commit_oid``, ``commit_url``, ``pr_url`` and a
-summary table. ``--export-onnx`` / ``--build-engine`` add the steps of
-:mod:`specconv.publish.release_export` between validate and push; ``--export-sglang`` adds
-SGLang's layout (checked by SGLang's loader), which ``--sglang-repo-id`` publishes;
-``--export-gguf`` adds ``gguf/`` (served by llama-server, pushed in the same repo).
+summary table. Each engine's release flag (``--export-onnx``, ``--build-engine``,
+``--export-sglang``, ``--export-gguf``) adds that engine's step between validate and push, in
+registry order (:meth:`specconv.engines.base.Exporter.release_step`).
 """
 
 from __future__ import annotations
 
 import os
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
 from ..errors import GateFailedError, SpecconvError
+from ..prompts import ChatOptions
 from ..results import PushResult, ReleaseResult
 from .push import PushOptions, push
 
@@ -37,12 +37,12 @@ class ReleaseOptions:
     num_prompts: int = 12
     max_new_tokens: int = 64
     device: str = "auto"
-    export_onnx: bool = False
-    build_engine: str | None = None  # None | "always" | "if-available"
-    export_sglang: bool = False  # export + check DRAFTER/sglang (specconv/export/sglang_dir.py)
-    export_gguf: bool = False  # export + check DRAFTER/gguf (specconv/gguf/export.py)
-    llama_server: str | None = None  # --llama-server (default: $SPECCONV_LLAMA_SERVER, the make llama-cpp build)
-    verifier_gguf: str | None = None  # --verifier-gguf (default: $SPECCONV_VERIFIER_GGUF, SmolLM2's wheel GGUF)
+    #: engine key → its release flag's value (``--export-onnx``: ``{"onnx": True}``; ``--build-engine``:
+    #: ``{"tensorrt": "always"}``), the steps run after validate in registry order
+    exports: dict[str, Any] = field(default_factory=dict)
+    #: the engines' own options (``--llama-server``, ``--verifier-gguf``), by ``dest``
+    engine_options: dict[str, Any] = field(default_factory=dict)
+    chat: ChatOptions | None = None  # --chat-template, --chat-template-kwargs, --thinking (None: the defaults)
 
 
 def _step(res: ReleaseResult, name: str, fn: Callable[[], Any]) -> Any:
@@ -69,16 +69,16 @@ def _step(res: ReleaseResult, name: str, fn: Callable[[], Any]) -> Any:
 def _convert(src: str, opts: ReleaseOptions, out: Path, work: Path) -> dict[str, Any]:
     """Re-convert into ``WORK/drafter`` (:func:`specconv.convert.convert`, the card included):
     replaced only when :func:`specconv.outdir.check_replaceable` says it is specconv's own
-    conversion (checked before anything there is moved or deleted; ``--export-onnx`` then
-    keeps its earlier ``onnx/`` aside for re-use)."""
+    conversion (checked before anything there is moved or deleted; each asked-for engine may then
+    keep its earlier export aside for re-use)."""
     from ..convert import convert
+    from ..engines.exportdir import output_kinds
     from ..outdir import check_replaceable
 
-    check_replaceable(out, "conversion")
-    if opts.export_onnx:
-        from .release_export import keep_previous_export
-
-        keep_previous_export(out, work)
+    check_replaceable(out, "conversion", output_kinds)
+    for cap in _exporters():
+        if opts.exports.get(cap.engine.key):
+            cap.before_reconvert(out, work)
     r = convert(src, verifier=opts.verifier, verifier_name=opts.verifier_name, output=out, overwrite=True)
     return {"format": r.format, "algorithm": r.algorithm, "files": list(r.files or [])}
 
@@ -90,7 +90,8 @@ def _validate(src: str, opts: ReleaseOptions, drafter: Path, report_dir: Path) -
     from ..validate.run import ValidateOptions, validate_drafter
 
     vo = ValidateOptions(source=src, prompts=opts.prompts, num_prompts=opts.num_prompts,
-                         max_new_tokens=opts.max_new_tokens, min_tau=opts.min_tau, device=opts.device)
+                         max_new_tokens=opts.max_new_tokens, min_tau=opts.min_tau, device=opts.device,
+                         chat=opts.chat or ChatOptions())
     report = validate_drafter(drafter, opts.verifier, vo, report_dir=report_dir)
     from ..record import read_record
 
@@ -123,18 +124,13 @@ def release(src: str, opts: ReleaseOptions, push_opts: PushOptions) -> ReleaseRe
 
     res = ReleaseResult.of(dict(schema="specconv.release/v1", status="running", steps=[], repo_id=push_opts.repo_id,
                                 dry_run=push_opts.dry_run, exit_code=0))
-    _step(res, "preflight", lambda: (_preflight(opts), _sglang_preflight(opts, push_opts),  # exit 2/3/4,
-                                     _gguf_preflight(opts)))  # nothing written
+    _step(res, "preflight", lambda: _preflight(opts, push_opts))  # exit 2/3/4, nothing written
     work = Path(opts.work_dir) if opts.work_dir else Path(tempfile.mkdtemp(prefix="specconv-release-"))
     work.mkdir(parents=True, exist_ok=True)
     drafter = work / "drafter"
     res.convert = _step(res, "convert", lambda: _convert(src, opts, drafter, work))
     res.validate_ = _step(res, "validate", lambda: _validate(src, opts, drafter, work / "report"))
-    _engines(res, opts, drafter, work)
-    if opts.export_sglang:  # SGLang's layout, checked by SGLang's own loader before it is moved into place
-        res.sglang = _step(res, "sglang", lambda: _sglang(drafter, opts))
-    if opts.export_gguf:  # gguf/ in the drafter dir, served by llama-server before it is moved into place
-        res.gguf = _step(res, "gguf", lambda: _gguf(drafter, opts))
+    _engine_steps(res, opts, push_opts, drafter, work)
     _local_card(drafter, push_opts)
     pushed: PushResult = _step(res, "push", lambda: push(drafter, push_opts))
     res.push = pushed.to_dict()
@@ -144,96 +140,47 @@ def release(src: str, opts: ReleaseOptions, push_opts: PushOptions) -> ReleaseRe
     return res
 
 
-def _preflight(opts: ReleaseOptions) -> None:
+def _preflight(opts: ReleaseOptions, push_opts: PushOptions | None = None) -> None:
     """Refuse, before anything is converted or written: a verifier the conversion would not
-    record by a Hub id (exit 4; push would refuse the drafter), an ONNX export without the
-    ``onnx`` extra (exit 2) and an engine that cannot be built here (exit 3)."""
-    from ..errors import UsageError
-    from ..extras import require_extra
+    record by a Hub id (exit 4; push would refuse the drafter), then each engine's refusals for its
+    release flag (a missing extra: exit 2; an engine venv, binary or GPU missing here: exit 3)."""
     from .payload import check_verifier_hub_id
 
     check_verifier_hub_id(opts.verifier_name or opts.verifier, "--verifier-name / --verifier",
                           "pass --verifier-name ORG/NAME, the verifier's Hub id (a local --verifier is recorded "
                           "by its path otherwise)")
-
-    if opts.build_engine and not opts.export_onnx:
-        raise UsageError("--build-engine needs --export-onnx (the engine is built from onnx/)")
-    if opts.export_onnx:
-        require_extra("onnx", feature="specconv release --export-onnx")
-    if opts.build_engine == "always":
-        from ..errors import InvalidInputError
-        from ..export.engine import import_builder
-        from .release_export import RELEASE_BUILDER, engine_unavailable
-
-        import_builder(RELEASE_BUILDER, feature="specconv release --build-engine")  # not installed: exit 2
-        reason = engine_unavailable()
-        if reason is not None:
-            raise InvalidInputError(f"--build-engine: {reason}", code="engine_unavailable",
-                                    hint="--build-engine=if-available records the skip and releases without it")
+    options = _engine_options(opts, push_opts)
+    for cap in _exporters():
+        cap.release_preflight(options, opts.exports.get(cap.engine.key))
 
 
-def _sglang_preflight(opts: ReleaseOptions, push_opts: PushOptions) -> None:
-    """``--export-sglang`` needs the SGLang loader venv (exit 3); ``--sglang-repo-id`` needs
-    ``--export-sglang`` (exit 2)."""
-    if push_opts.sglang_repo_id and not opts.export_sglang:
-        from ..errors import UsageError
+def _exporters() -> list[Any]:
+    """The export capabilities that have a release step, in registry order."""
+    from ..engines import with_capability
 
-        raise UsageError("--sglang-repo-id needs --export-sglang (release publishes the layout it checked)")
-    if opts.export_sglang:
-        from ..sglang_check import find_sglang_python
-
-        find_sglang_python()
+    return [e.export for e in with_capability("export") if e.export.surface.flag is not None]
 
 
-def _sglang(drafter: Path, opts: ReleaseOptions) -> dict[str, Any]:
-    from ..sglang_check import export_checked
-
-    r = export_checked(drafter, verifier=opts.verifier)
-    return {k: getattr(r, k) for k in ("speculative_algorithm", "architecture", "files", "env")} | {
-        "check": {k: r.check.get(k) for k in ("ok", "distribution", "version", "class")}}
-
-
-def _gguf_preflight(opts: ReleaseOptions) -> None:
-    """``--export-gguf`` needs the ``gguf`` extra (exit 2) and a llama-server (exit 3,
-    ``llama_server_missing``): push takes ``gguf/`` only with a passed llama-server check."""
-    if not opts.export_gguf:
-        return
-    from ..errors import InvalidInputError
-    from ..extras import require_extra
-    from ..gguf.server import LLAMA_SERVER_ENV, resolve_server
-
-    require_extra("gguf", feature="specconv release --export-gguf")
-    if resolve_server(opts.llama_server) is None:  # a named binary that does not exist raises here
-        raise InvalidInputError("--export-gguf: no llama-server to check the GGUF with", code="llama_server_missing",
-                                hint=f"pass --llama-server PATH, set ${LLAMA_SERVER_ENV}, or run `make llama-cpp`")
+def _engine_options(opts: ReleaseOptions, push_opts: PushOptions | None) -> dict[str, Any]:
+    """What an engine's release hooks read: the engines' options, ``verifier``, every release flag
+    (``exports``: engine key → value) and the push's repo options."""
+    return {**opts.engine_options, "verifier": opts.verifier, "exports": dict(opts.exports),
+            "sglang_repo_id": push_opts.sglang_repo_id if push_opts is not None else None}
 
 
-def _gguf(drafter: Path, opts: ReleaseOptions) -> dict[str, Any]:
-    """``export gguf`` into ``DRAFTER/gguf`` with its llama-server check; a skipped check (no
-    verifier GGUF) is exit 3, as push would refuse the unchecked ``gguf/``."""
-    from ..errors import InvalidInputError
-    from ..gguf.export import export_gguf_dir
-
-    r = export_gguf_dir(drafter, verifier=opts.verifier, llama_server=opts.llama_server,
-                        verifier_gguf=opts.verifier_gguf)
-    check = r.check or {}
-    if not check.get("passed"):
-        raise InvalidInputError(f"--export-gguf: the GGUF was not checked ({check.get('skipped')})",
-                                code="gguf_unchecked", hint="pass --verifier-gguf PATH (the verifier as a GGUF)")
-    return {k: getattr(r, k) for k in ("file", "sha256", "spec_type", "spec_draft_n_max", "verifier_gguf")} | {
-        "check": {k: check.get(k) for k in ("passed", "lossless", "tau")}}
-
-
-def _engines(res: ReleaseResult, opts: ReleaseOptions, drafter: Path, work: Path) -> None:
-    """The ``export`` and ``engine`` steps when asked; a skipped engine is recorded as such."""
-    from .release_export import engine_step, export_step
-
-    if opts.export_onnx:
-        res.export = _step(res, "export", lambda: export_step(drafter, work, opts.verifier))
-    if opts.build_engine:
-        res.engine = _step(res, "engine", lambda: engine_step(drafter, opts.build_engine))
-        if res.engine.get("skipped"):
-            res.steps[-1].update(status="skipped", reason=res.engine["skipped"])
+def _engine_steps(res: ReleaseResult, opts: ReleaseOptions, push_opts: PushOptions, drafter: Path,
+                  work: Path) -> None:
+    """Each asked-for engine's step, in registry order; a skipped one is recorded as such."""
+    options = _engine_options(opts, push_opts)
+    for cap in _exporters():
+        value = opts.exports.get(cap.engine.key)
+        if not value:
+            continue
+        summary = _step(res, cap.release_key, lambda cap=cap, value=value: cap.release_step(drafter, work, options,
+                                                                                             value))
+        setattr(res, cap.release_key, summary)
+        if isinstance(summary, dict) and summary.get("skipped"):
+            res.steps[-1].update(status="skipped", reason=summary["skipped"])
 
 
 def _local_card(drafter: Path, push_opts: PushOptions) -> None:

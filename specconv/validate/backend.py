@@ -8,8 +8,9 @@
   stand-ins (``tests/validate/drafter_doubles.py``) and the runtimes registered in
   :mod:`.runtimes` (ONNX Runtime, TensorRT) are interchangeable.
 * :class:`ValidationBackend` — what runs the prompts after G1 passed: ``torch`` (this
-  harness, :mod:`.torch_backend`: G2–G4 and τ) or ``vllm`` (a real ``vllm serve``,
-  :mod:`.vllm_backend`: τ from vLLM's spec-decode counters; G2/G4 are skipped there).
+  harness, :mod:`.torch_backend`: G2–G4 and τ) or a served engine (:mod:`.served`: ``vllm``,
+  τ from a real ``vllm serve``'s spec-decode counters, G2 skipped; ``llamacpp``, the torch
+  gates and then ``llama-server``'s τ and losslessness).
   Each appends its gate results to the :class:`ValidationRun` and fills its report keys.
 """
 
@@ -24,6 +25,7 @@ if TYPE_CHECKING:
 
     from ..drafters.base import DraftProposal
     from ..format import SpeculatorsDraftConfig
+    from ..prompts import TemplateFacts
     from ..verifier import Verifier
     from .gates import GateResult
     from .run import ValidateOptions
@@ -78,7 +80,8 @@ class ValidationRun:
     Attributes:
         drafter_dir: the Speculators directory under test.
         verifier: the resolved :class:`specconv.verifier.Verifier`.
-        verifier_spec: ``--verifier`` as given (what the vLLM load check names).
+        verifier_spec: what the vLLM and SGLang load checks name: the resolved verifier's
+            :attr:`~specconv.verifier.Verifier.model_ref` (its Hub id, else its absolute dir).
         config: the drafter's typed ``config.json``, parsed once by ``validate_drafter``
             and handed to G1 and the drafter loader (None: it did not parse; G1 says why).
         options: :class:`specconv.validate.run.ValidateOptions`.
@@ -88,6 +91,8 @@ class ValidationRun:
         source: ``prepare_source``'s answer (with ``--source``), else None.
         source_config: the typed config of the source converted afresh, else None.
         prompts: the selected prompts (after G1).
+        rendered: ``[(prompt id, token ids)]``, rendered once for every backend.
+        chat: how they were rendered (:class:`specconv.prompts.TemplateFacts`).
     """
 
     drafter_dir: Path
@@ -101,6 +106,8 @@ class ValidationRun:
     source: dict[str, Any] | None = None
     source_config: "SpeculatorsDraftConfig | None" = None
     prompts: list = field(default_factory=list)
+    rendered: list[tuple[str, list[int]]] = field(default_factory=list)
+    chat: "TemplateFacts | None" = None
 
 
 class ValidationBackend(Protocol):
@@ -113,25 +120,12 @@ class ValidationBackend(Protocol):
         ...  # pragma: no cover
 
 
-class VllmBackend:
-    """``--backend vllm``: τ through a real ``vllm serve`` started here or already running
-    (:func:`specconv.validate.vllm_backend.run_backend`); G2 parity needs the torch harness
-    and is reported as skipped."""
-
-    name = "vllm"
-
-    def run(self, run: ValidationRun) -> None:
-        from .vllm_backend import run_backend
-
-        run_backend(run)
-
-
 #: ``--backend`` name → "module:class" (imported on use: the torch backend imports torch); the
 #: CLI's ``--backend`` choices, read when ``specconv --help`` runs (so this module imports no torch)
 BACKENDS = {
     "torch": "specconv.validate.torch_backend:TorchBackend",
-    "vllm": "specconv.validate.backend:VllmBackend",
-    "llamacpp": "specconv.gguf.backend:LlamaCppBackend",
+    "vllm": "specconv.validate.served:VllmBackend",
+    "llamacpp": "specconv.validate.served:LlamaCppBackend",
 }
 
 #: metric keys copied to the top level of the report (vLLM / speculators counter names)

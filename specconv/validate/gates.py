@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Sequence
 
+from ..engines.counts import near_tie
 from ..format.algorithms import PARITY_TOLERANCES as _PARITY_TABLE
 from .metrics import kl_rows
 
@@ -545,14 +546,43 @@ def gate_acceptance(metrics: dict, *, source_metrics: dict | None = None, min_ta
     return res
 
 
+#: Model runners a serving engine may report (``unknown``: it did not say).
+KNOWN_RUNNERS = ("v1", "v2")
+
+
+def served_engine_checks(run: Any, g3: GateResult, engine: str, seen: Sequence[Any], runner: str | None,
+                         runners: Sequence[str] = ()) -> dict[str, Any]:
+    """What G3 (``g3``, mutated) adds for a serving engine, one rule for every engine.
+
+    * Same prompt tokens: what the engine says it was given (``seen``, per request: its prompt
+      ids, their count, or None) must equal the run's rendered ids
+      (:func:`specconv.prompts.compare_prompt_ids`); each difference is a G3 error.
+    * The runner: a parallel-drafting drafter (its algorithm description) under a reported
+      ``runner`` not among ``runners`` (those that draft it in one pass) is the finding
+      ``sequential-drafting-runner``: a G3 warning and an entry of the report's ``findings``.
+
+    Returns:
+        ``{"prompt_tokens": "ids" | "count" | None}`` (what was compared).
+    """
+    from ..format.algorithms import find_algorithm
+    from ..format.findings import finding
+    from ..prompts import compare_prompt_ids
+
+    checked, diffs = compare_prompt_ids(run.rendered, seen)
+    g3.errors += [f"{engine} did not see specconv's prompt tokens: {d}" for d in diffs]
+    alg = find_algorithm(run.report.get("algorithm"))
+    if alg is not None and alg.parallel_drafting and runner in KNOWN_RUNNERS and runner not in runners:
+        f = finding("sequential-drafting-runner", f"{engine} ran the {alg.display_name} drafter on model runner "
+                    f"{runner}, which does not draft it in one pass (runners that do: {', '.join(runners) or 'none'}); "
+                    "τ measures sequential drafting, not the drafter as trained")
+        g3.warnings.append(f.message)
+        run.report.setdefault("findings", []).append(f.to_dict())
+    if g3.passed is not None and g3.errors:
+        g3.passed = False
+    return {"prompt_tokens": checked}
+
+
 # ---------------------------------------------------------------------------------- G4
-
-
-def near_tie(gap: float, top1: float, dtype: str) -> bool:
-    """Near-tie rule of G4 (``docs/validate.md``): fp32 gap < 1e-3·|top-1 logit|; bf16/fp16 gap < 0.05."""
-    if dtype in ("float32", "float64"):
-        return gap < 1e-3 * max(abs(top1), 1.0)
-    return gap < 0.05
 
 
 def gate_lossless(spec: Sequence[Any], plain: Sequence[Any], *, dtype: str = "float32") -> GateResult:

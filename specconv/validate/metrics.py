@@ -23,6 +23,8 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
+from ..engines.counts import metrics_from_counts
+
 
 def _mean(xs: Sequence[float]) -> float | None:
     return float(sum(xs) / len(xs)) if xs else None
@@ -43,35 +45,6 @@ def counts_from_steps(accepted: Sequence[int], k_per_step: Sequence[int], k: int
         "num_draft_tokens": int(sum(k_per_step)),
         "num_accepted_tokens": int(sum(accepted)),
         "accepted_per_pos": per_pos,
-    }
-
-
-def metrics_from_counts(
-    num_drafts: float, num_draft_tokens: float, num_accepted_tokens: float, accepted_per_pos: Sequence[float]
-) -> dict:
-    """Derive τ, α, p_i, c_i from vLLM-style counters (speculators' ``acceptance.csv`` fields).
-
-    Returns:
-        dict with ``num_drafts, num_draft_tokens, num_accepted_tokens,
-        acceptance_length`` (pooled τ; 1.0 when there were no drafts),
-        ``acceptance_rate`` (None without draft tokens), ``acceptance_at_pos`` [p_i],
-        ``conditional_acceptance_at_pos`` [c_i].
-    """
-    T = float(num_drafts)
-    tau = 1.0 + float(num_accepted_tokens) / T if T > 0 else 1.0
-    p = [float(x) / T if T > 0 else 0.0 for x in accepted_per_pos]
-    c, prev = [], 1.0
-    for pi in p:
-        c.append(pi / prev if prev > 0 else 0.0)
-        prev = pi
-    return {
-        "num_drafts": int(num_drafts),
-        "num_draft_tokens": int(num_draft_tokens),
-        "num_accepted_tokens": int(num_accepted_tokens),
-        "acceptance_length": tau,
-        "acceptance_rate": float(num_accepted_tokens) / float(num_draft_tokens) if num_draft_tokens else None,
-        "acceptance_at_pos": p,
-        "conditional_acceptance_at_pos": c,
     }
 
 

@@ -227,7 +227,7 @@ def vllm_summaries(report: dict[str, Any]) -> dict[str, Any]:
     {distribution, version}`` when the ``--vllm-load-check`` passed, ``vllm_serve`` (every
     :class:`specconv.record.VllmServeSummary` field) when ``--backend vllm`` served the prompts;
     neither key when vLLM checked nothing; ``llamacpp_serve {commit, verifier_gguf, tau,
-    tau_torch, lossless}`` when ``--backend llamacpp`` served them."""
+    tau_torch, lossless, prompt_tokens}`` when ``--backend llamacpp`` served them."""
     out: dict[str, Any] = {}
     vl = report.get("vllm_load") or {}
     if vl.get("ok"):
@@ -235,9 +235,10 @@ def vllm_summaries(report: dict[str, Any]) -> dict[str, Any]:
     vs = report.get("vllm_serve") or {}
     if vs:
         out["vllm_serve"] = {k: v for k, v in vs.items() if k != "server"}
-    ls = report.get("llamacpp_serve") or {}  # --backend llamacpp (specconv/gguf/backend.py)
+    ls = report.get("llamacpp_serve") or {}  # --backend llamacpp (specconv/validate/served.py)
     if ls:
-        out["llamacpp_serve"] = {k: ls.get(k) for k in ("commit", "verifier_gguf", "tau", "tau_torch", "lossless")}
+        out["llamacpp_serve"] = {k: ls.get(k) for k in ("commit", "verifier_gguf", "tau", "tau_torch", "lossless",
+                                                        "prompt_tokens")}
     return out
 
 
@@ -270,10 +271,20 @@ def validation_section(report, drafter_dir: str | Path):
         parity_kl_max=parity_kl_max(r), lossless_exact_match=(r.get("lossless") or {}).get("exact_match"),
         verifier=as_record_path(r.get("verifier"), drafter_dir), backend=r.get("backend"),
         device=dev.get("gpu_name") or dev.get("device"), dtype=r.get("dtype"),
-        prompts={k: prompts.get(k) for k in ("set", "n")}, max_new_tokens=r.get("max_new_tokens"),
+        prompts={**{k: prompts.get(k) for k in ("set", "n")}, **{k: prompts[k] for k in ("rendered_sha256",) if k in prompts}},
+        max_new_tokens=r.get("max_new_tokens"),
+        **({"chat_template": _chat_template(r["chat_template"], drafter_dir)} if r.get("chat_template") else {}),
+        **({"findings": r["findings"]} if r.get("findings") else {}),
         temperature=r.get("temperature"), specconv_version=r.get("specconv_version"), versions=r.get("versions"),
         files=file_hashes(drafter_dir),
         report=relative_to_dir(files["json"], drafter_dir) if files.get("json") else None, **vllm_summaries(r))
+
+
+def _chat_template(facts: dict[str, Any], drafter_dir: str | Path) -> dict[str, Any]:
+    """The report's ``chat_template`` as recorded: a ``--chat-template FILE`` relative to the drafter dir."""
+    from ..record import as_record_path
+
+    return {**facts, "path": as_record_path(facts["path"], drafter_dir) if facts.get("path") else None}
 
 
 def finish_report(report, drafter_dir: Path, report_dir: Path) -> None:
@@ -282,7 +293,7 @@ def finish_report(report, drafter_dir: Path, report_dir: Path) -> None:
     ``drafter_dir/specconv.json`` and the drafter's card refreshed from it. A drafter dir
     that cannot be written is logged: the report files still exist."""
     from ..record import card_function, update_record
-    from .vllm_remote import record_section
+    from ..engines.vllm.remote import record_section
 
     report.report_files = write_report(report, report_dir)
     try:

@@ -8,11 +8,12 @@ from __future__ import annotations
 import datetime as _dt
 import logging
 import tempfile
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..errors import InvalidInputError, UsageError
+from ..prompts import ChatOptions, select_prompts
 from .backend import BACKENDS, Progress, ValidationRun, get_backend
 from .gates import GATE_ORDER, GateResult, skipped
 from .torch_backend import PARITY_SEQUENCES, plan_placement  # noqa: F401  (re-exported)
@@ -45,30 +46,32 @@ class ValidateOptions:
             loop, then ``DIR/gguf`` served by llama-server): a key of
             :data:`specconv.validate.backend.BACKENDS`.
         llama_server / verifier_gguf: ``--backend llamacpp``'s ``--llama-server`` and
-            ``--verifier-gguf`` files (None: :mod:`specconv.gguf.server` / ``gguf.target`` defaults).
+            ``--verifier-gguf`` files (None: :mod:`specconv.engines.llamacpp.server` / ``gguf.target`` defaults).
         drafter_backend: the runtime that loads the drafter under test in the torch
-            harness (a key of :data:`specconv.validate.runtimes.RUNTIMES`; ``torch`` = the
+            harness (a key of :func:`specconv.validate.runtimes.runtimes`; ``torch`` = the
             reference drafters of :mod:`specconv.drafters`).
         attn_implementation: verifier attention (``sdpa`` | ``eager``).
         seed: prompt-independent RNG seed (bootstrap, sampling).
         confidence_threshold: DSpark truncated-run threshold (None disables that run).
         vllm_port: port for ``--backend vllm`` (a free one is used when it is busy).
         vllm_python: interpreter of the vLLM venv for ``--backend vllm`` (None: see
-            :func:`specconv.validate.vllm_backend.resolve_vllm_python`).
+            :func:`specconv.engines.vllm.serve.resolve_vllm_python`).
         drafter_cache: torch backend — draft through the context-cached session
             (default) or statelessly (``--no-drafter-cache``); same tokens either way.
         runtime: a runtime compared with the torch reference on the same requests (a key
-            of :data:`~specconv.validate.runtimes.RUNTIMES`: ``onnx`` for ``--onnx``,
+            of :func:`~specconv.validate.runtimes.runtimes`: ``onnx`` for ``--onnx``,
             ``tensorrt`` for ``--engine``; its gate joins the others). runtime_path: the
             exported graph / engine it runs.
         vllm: ``--backend vllm``'s serving options (parallel sizes, ``--vllm-arg``,
-            ``--server-url`` …: :class:`specconv.validate.vllm_server.VllmServeOptions`).
+            ``--server-url`` …: :class:`specconv.engines.vllm.server.VllmServeOptions`).
         vllm_load_check: also load the drafter with vLLM's own loader (``--vllm-load-check``,
-            :mod:`specconv.vllm_check`); a failed load fails the run (``vllm_load``).
-        vllm_loader_python: its interpreter (None: :func:`specconv.vllm_check.find_vllm_python`).
+            :mod:`specconv.engines.vllm.check`); a failed load fails the run (``vllm_load``).
+        vllm_loader_python: its interpreter (None: :func:`specconv.engines.vllm.check.find_vllm_python`).
         sglang_load_check / sglang_loader_python: also load DIR's SGLang layout with SGLang's
-            own loader (``--sglang-load-check``, :mod:`specconv.sglang_check`; recorded under
+            own loader (``--sglang-load-check``, :mod:`specconv.engines.sglang.check`; recorded under
             ``export.sglang``; a failure fails the exit status, not ``validation.passed``).
+        chat: how prompts become token ids (``--chat-template``, ``--chat-template-kwargs``,
+            ``--thinking``: :class:`specconv.prompts.ChatOptions`); every backend gets the ids.
     """
 
     source: str | None = None
@@ -96,27 +99,13 @@ class ValidateOptions:
     vllm_loader_python: str | None = None
     sglang_load_check: bool = False
     sglang_loader_python: str | None = None
+    chat: ChatOptions = field(default_factory=ChatOptions)
 
 
 #: options the report's ``options`` leaves out: the load check is its own result (``vllm_load``),
 #: a compared runtime is listed as its CLI flag (``runtime_flags``), the vLLM serving options redacted
 _OWN_RESULT_OPTIONS = ("vllm_load_check", "vllm_loader_python", "sglang_load_check", "sglang_loader_python", "runtime",
                        "runtime_path", "vllm")
-
-
-def select_prompts(spec: str, n: int | None) -> list:
-    """Load a prompt set and keep ``n`` prompts evenly spaced over it (deterministic)."""
-    from ..prompts import load_prompts
-
-    allp = load_prompts(spec)
-    if not allp:
-        raise InvalidInputError(f"prompt set {spec!r} is empty")
-    if n is None or n >= len(allp):
-        return allp
-    if n < 1:
-        raise UsageError("--num-prompts must be at least 1")
-    idx = sorted({(i * len(allp)) // n for i in range(n)})
-    return [allp[i] for i in idx]
 
 
 def _source_options(drafter_dir: Path):
@@ -145,10 +134,13 @@ def _source_options(drafter_dir: Path):
 def prepare_source(source: str, verifier: "Verifier", drafter_dir: Path, workdir: Path) -> dict:
     """Make the ``--source`` checkpoint loadable in the harness.
 
-    A Speculators directory is used as is. Anything else is converted afresh with the
-    converter registry (the options recorded in the drafter's ``specconv.json``) into
-    ``workdir``, against the run's own resolved ``verifier``; a z-lab DFlash source
-    additionally gets z-lab's own reference forward.
+    A Speculators directory is used as is, unless the drafter's conversion recorded options
+    that decide a value of its config (``--sample-from-anchor``, ``--sliding-window-non-causal``,
+    ``--mask-token-id``, ...: :meth:`ConvertOptions.decides_reading`): read as is, it would be
+    read otherwise. Anything else, and such a directory, is converted afresh with the converter
+    registry (the options recorded in the drafter's ``specconv.json``) into ``workdir``,
+    against the run's own resolved ``verifier``; a z-lab DFlash source additionally gets
+    z-lab's own reference forward.
 
     Returns:
         ``{"kind", "format", "path" (source dir), "converted" (Speculators dir)}``.
@@ -156,12 +148,13 @@ def prepare_source(source: str, verifier: "Verifier", drafter_dir: Path, workdir
     from ..format import speculators_model_type_of
 
     p = Path(source)
-    if speculators_model_type_of(p) is not None:
+    options = _source_options(drafter_dir)
+    if speculators_model_type_of(p) is not None and not options.decides_reading():
         return {"kind": "speculators", "format": "speculators", "path": str(p), "converted": str(p)}
     from ..convert import convert
 
     out = workdir / "source-converted"
-    rep = convert(source, verifier=verifier, output=out, options=_source_options(drafter_dir), overwrite=True)
+    rep = convert(source, verifier=verifier, output=out, options=options, overwrite=True)
     return {"kind": "converted", "format": rep.format, "path": rep.source or str(p), "converted": str(out)}
 
 
@@ -269,13 +262,14 @@ def validate_drafter(
     config, config_error = _read_config(d)
     _preflight(opts, d, getattr(verifier, "spec", verifier))
     _check_inputs(d, opts)
-    run = ValidationRun(drafter_dir=d, verifier=_resolved(verifier), verifier_spec=getattr(verifier, "spec", verifier),
-                        config=config, options=opts, progress=progress or (lambda *_: None))
+    v = _resolved(verifier)  # a local path made absolute: the loader checks run in other working directories
+    run = ValidationRun(drafter_dir=d, verifier=v, verifier_spec=v.model_ref, config=config, options=opts,
+                        progress=progress or (lambda *_: None))
     report = _run_gates(run, config_error)
     if opts.vllm_load_check:
         _vllm_load_step(report, run)
     if opts.sglang_load_check:  # SGLang's own loader on DIR's SGLang layout; recorded under export.sglang
-        from ..sglang_check import validate_check
+        from ..engines.sglang.check import validate_check
 
         report.sglang_load = validate_check(d, run.verifier_spec, python=opts.sglang_loader_python)
     from .report import finish_report
@@ -291,6 +285,7 @@ def _run_gates(run: ValidationRun, config_error: InvalidInputError | None) -> "V
         _source_step(run, Path(tmp))
         if _structure_step(run, config_error):
             _prompts_step(run)
+            _render_step(run)
             get_backend(run.options.backend).run(run)
     return _finish(run.report, run.results)
 
@@ -307,11 +302,16 @@ def _read_config(d: Path) -> "tuple[SpeculatorsDraftConfig | None, InvalidInputE
 
     Raises:
         InvalidInputError: ``not_speculators_dir`` (exit 3, nothing written): no readable
-            ``config.json``, or one without ``speculators_model_type``.
+            ``config.json``, or one without ``speculators_model_type``; ``broken_hub_cache`` /
+            ``dangling_link``: links to nothing (:func:`specconv.fileio.check_no_dangling_links`).
+        UnsupportedFormatError: a Speculators dir specconv does not describe (exit 3, nothing
+            written): :func:`_refuse_unsupported`.
     """
     from ..errors import SpecconvError
+    from ..fileio import check_no_dangling_links
     from ..format import parse_config, read_config
 
+    check_no_dangling_links(d, "drafter dir")
     try:
         raw = read_config(d)
     except InvalidInputError as e:
@@ -321,10 +321,30 @@ def _read_config(d: Path) -> "tuple[SpeculatorsDraftConfig | None, InvalidInputE
             f"{d} is not a Speculators-format directory (config.json has no speculators_model_type)",
             code="not_speculators_dir",
             hint=f"convert it first: specconv convert {d} --verifier V -o OUT, then validate OUT with --source {d}")
+    _refuse_unsupported(d, raw["speculators_model_type"])
     try:
         return parse_config(raw, source=str(d / "config.json")), None
     except SpecconvError as e:
         return None, e
+
+
+def _refuse_unsupported(d: Path, model_type: str) -> None:
+    """Refuse a Speculators dir the converter registry refuses by name (exit 3, before anything
+    is written): a ``speculators_model_type`` no description in :mod:`specconv.format.algorithms`
+    names (``speculators_other``), or quantized weights (``quantized_drafter``). The registry's
+    own detection decides, so a type gains validation when its description is added.
+
+    Raises:
+        UnsupportedFormatError: naming the format, the type and the registry's reason.
+    """
+    from ..converters import SourceInfo, detect
+    from ..errors import UnsupportedFormatError
+
+    cls = detect(SourceInfo.open(d))
+    if cls is not None and not cls.supported:
+        raise UnsupportedFormatError(
+            f"{d}: {cls.title} ({cls.format_id}, speculators_model_type {model_type!r}): {cls.refusal}",
+            format_id=cls.format_id)
 
 
 def _preflight(opts: ValidateOptions, d: Path, verifier_spec: str) -> None:
@@ -333,11 +353,11 @@ def _preflight(opts: ValidateOptions, d: Path, verifier_spec: str) -> None:
     backend's own (``--backend llamacpp``: ``preflight``; ``--temperature`` > 0 is exit 2) (a
     runtime's refusals are :func:`specconv.validate.runtimes.check_runtime`'s, in ``_check_inputs``)."""
     if opts.sglang_load_check:
-        from ..sglang_check import preflight
+        from ..engines.sglang.check import preflight
 
         preflight(d, verifier_spec, opts.sglang_loader_python)
     if opts.vllm_load_check:
-        from ..vllm_check import find_vllm_python
+        from ..engines.vllm.check import find_vllm_python
 
         find_vllm_python(opts.vllm_loader_python)
     backend = get_backend(opts.backend)
@@ -346,9 +366,9 @@ def _preflight(opts: ValidateOptions, d: Path, verifier_spec: str) -> None:
 
 
 def _vllm_load_step(report: "ValidationReport", run: ValidationRun) -> None:
-    """``--vllm-load-check``: vLLM's own loader, in its own interpreter (:mod:`specconv.vllm_check`);
+    """``--vllm-load-check``: vLLM's own loader, in its own interpreter (:mod:`specconv.engines.vllm.check`);
     a failed load fails the run."""
-    from ..vllm_check import run_load_checks_for_dir
+    from ..engines.vllm.check import run_load_checks_for_dir
 
     report.vllm_load = run_load_checks_for_dir(run.drafter_dir, run.verifier_spec,
                                                python=run.options.vllm_loader_python)
@@ -360,11 +380,10 @@ def _check_inputs(drafter_dir: str | Path, opts: ValidateOptions) -> Path:
     from ..extras import require
     from .runtimes import check_one_runtime, check_runtime, get_runtime
     from .verifier_runner import torch_dtype
-    from .vllm_server import check_options as check_vllm_options
+    from ..engines.vllm.server import check_options as check_vllm_options
 
     require("torch", "validate", feature="specconv validate")  # G1 reads tensors with torch (every backend)
-    if opts.backend != "vllm":  # the torch backend runs the verifier with transformers
-        require("transformers", "validate", feature="specconv validate")
+    require("transformers", "validate", feature="specconv validate")  # the tokenizer renders for every backend
     d = Path(drafter_dir)
     if not d.is_dir():
         raise InvalidInputError(f"drafter dir {d} does not exist")
@@ -375,6 +394,7 @@ def _check_inputs(drafter_dir: str | Path, opts: ValidateOptions) -> Path:
     get_runtime(opts.drafter_backend, "drafter backend")
     torch_dtype(opts.dtype)
     check_vllm_options(opts.backend, opts.vllm)  # exit 2 before anything starts (--vllm-python: the CLI)
+    opts.chat.template_kwargs()  # exit 2: --chat-template none with kwargs, a contradicting --thinking
     check_one_runtime(opts.backend, [opts.runtime] if opts.runtime else [])
     check_runtime(opts.runtime, opts.runtime_path, d, opts.dtype)  # a runtime's refusals, before any model
     return d
@@ -448,3 +468,42 @@ def _prompts_step(run: ValidationRun) -> None:
         "ids": [p.id for p in run.prompts],
         "selection": "evenly spaced over the set" if opts.num_prompts else "all",
     }
+
+
+def rendered_digest(rendered: list[tuple[str, list[int]]]) -> str:
+    """sha256 of the rendered prompts (``[[id, [token ids]], …]`` as compact JSON): two runs with
+    the same digest gave their engines the same token ids."""
+    import hashlib
+    import json
+
+    return hashlib.sha256(json.dumps([[pid, list(ids)] for pid, ids in rendered], separators=(",", ":")).encode()).hexdigest()
+
+
+def _render_step(run: ValidationRun) -> None:
+    """Render every prompt once with the verifier's tokenizer (:func:`specconv.prompts.chat_renderer`):
+    every backend gets these token ids; the template's facts go into the report."""
+    from ..prompts import chat_renderer
+
+    run.progress("rendering prompts", 0, 1)
+    renderer = chat_renderer(_tokenizer(run.verifier), run.options.chat)
+    run.rendered = renderer.render_all(run.prompts)
+    run.chat = renderer.facts
+    run.report["chat_template"] = renderer.facts.as_dict()
+    run.report["prompts"].update(token_counts=[len(ids) for _, ids in run.rendered],
+                                 rendered_sha256=rendered_digest(run.rendered))
+
+
+def _tokenizer(verifier: "Verifier") -> Any:
+    """The verifier's tokenizer (transformers; a Hub id from the local cache, as the torch runner loads it).
+
+    Raises:
+        InvalidInputError: ``verifier_tokenizer`` — no loadable tokenizer there.
+    """
+    from transformers import AutoTokenizer
+
+    where = str(verifier.hub_id or verifier.local_dir)
+    try:
+        return AutoTokenizer.from_pretrained(where, local_files_only=True)
+    except (OSError, ValueError) as e:
+        raise InvalidInputError(f"the verifier {where} has no loadable tokenizer ({e}): prompts cannot be rendered",
+                                code="verifier_tokenizer") from e

@@ -1,13 +1,14 @@
-"""Drafter runtimes, registered once (:data:`RUNTIMES`), and the one gate comparing a runtime with
-the torch reference (:func:`compare_runtime`); see ``docs/architecture.md``, "Adding a runtime".
+"""Drafter runtimes, registered once as the engines' ``runtime`` capability (:func:`runtimes`), and
+the one gate comparing a runtime with the torch reference (:func:`compare_runtime`); see
+``docs/architecture.md``, "Adding an engine".
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
+from ..engines.base import CompareRule, Runtime
 from ..format.algorithms import import_object
 
 if TYPE_CHECKING:
@@ -20,68 +21,16 @@ if TYPE_CHECKING:
 SIDE_KEYS = ("acceptance_length", "acceptance_at_pos", "num_drafts", "num_accepted_tokens", "tpot_ms", "draft_ms")
 
 
-@dataclass(frozen=True)
-class CompareRule:
-    """How a runtime's run must agree with the torch reference's run.
-
-    Attributes:
-        identical_tokens: greedy only — generated tokens identical, drafts different only at
-            near ties (counted), τ equal when no near-tie difference occurred.
-        tau_rel_tol: ``|τ_runtime − τ_torch| / τ_torch`` at most this (any temperature).
-        kl: report top-1 agreement and KL(torch ‖ runtime) of the greedy drafts.
-        near_tie_margin: a draft is a near tie below this torch top-1 − top-2 logit margin.
-    """
-
-    identical_tokens: bool = False
-    tau_rel_tol: float | None = None
-    kl: bool = False
-    near_tie_margin: float = 1e-4
-
-    def text(self) -> str:
-        """The rule in words (``report[key]["rule"]``)."""
-        parts = [f"greedy: tokens identical, drafts identical outside near-ties (torch top-1/top-2 margin < "
-                 f"{self.near_tie_margin}), tau equal when no near-tie difference"] if self.identical_tokens else []
-        parts += [f"tau within {self.tau_rel_tol:.0%} of the torch run"] if self.tau_rel_tol is not None else []
-        return "; ".join(parts + (["top-1 agreement and KL reported"] if self.kl else []))
+#: the reference drafter every compared runtime is judged against (not an engine)
+TORCH = Runtime("torch reference", "specconv.validate.runtimes:load_torch")
 
 
-@dataclass(frozen=True)
-class Runtime:
-    """One registered runtime (its name is its :data:`RUNTIMES` key).
+def runtimes() -> dict[str, Runtime]:
+    """Runtime name → runtime: ``torch`` (the reference) and every registered engine's
+    ``runtime`` capability, under the engine's key."""
+    from ..engines import with_capability
 
-    Attributes:
-        display: how reports and progress name it.
-        loader: ``"module:function"`` called as ``load(drafter_dir, verifier, *, path, dtype,
-            device, config)`` (``path``: the graph / engine or None; ``dtype``: the run dtype
-            name; ``config``: the drafter's typed ``config.json`` as the run parsed it, or None).
-        key: a compared runtime's CLI flag without dashes, report object and gate name.
-        side: the key of the runtime's metrics inside ``report[key]`` (beside ``torch``).
-        preflight: ``"module:function"`` called as ``preflight(path, drafter_dir, dtype)``
-            before any model is loaded; raises the runtime's refusals (a missing extra: exit 2).
-        rule: its pass rule against the torch reference (None: the reference itself).
-    """
-
-    display: str
-    loader: str
-    key: str | None = None
-    side: str | None = None
-    preflight: str | None = None
-    rule: CompareRule | None = None
-
-    def load(self, drafter_dir: Path, verifier: "Verifier", *, path: str | None, dtype: str,
-             device: str, config: "SpeculatorsDraftConfig | None" = None) -> "DrafterBackend":
-        """Load the drafter with this runtime (see :attr:`loader`)."""
-        return import_object(self.loader)(drafter_dir, verifier, path=path, dtype=dtype, device=device, config=config)
-
-
-RUNTIMES: dict[str, Runtime] = {
-    "torch": Runtime("torch reference", "specconv.validate.runtimes:load_torch"),
-    "onnx": Runtime("ONNX Runtime", "specconv.export.ort_drafter:load", key="onnx", side="onnx",
-                    preflight="specconv.export.ort_drafter:preflight", rule=CompareRule(identical_tokens=True)),
-    "tensorrt": Runtime("TensorRT engine", "specconv.export.engine_drafter:load", key="engine", side="engine_run",
-                        preflight="specconv.export.engine_drafter:preflight_engine",
-                        rule=CompareRule(tau_rel_tol=0.03, kl=True)),
-}
+    return {"torch": TORCH, **{e.key: e.runtime for e in with_capability("runtime")}}
 
 
 def load_torch(drafter_dir: Path, verifier: "Verifier", *, path: str | None, dtype: str, device: str,
@@ -103,9 +52,10 @@ def get_runtime(name: str, what: str = "runtime") -> Runtime:
     """
     from ..errors import UsageError
 
-    if name not in RUNTIMES:
-        raise UsageError(f"unknown {what} {name!r} (known: {', '.join(RUNTIMES)})")
-    return RUNTIMES[name]
+    known = runtimes()
+    if name not in known:
+        raise UsageError(f"unknown {what} {name!r} (known: {', '.join(known)})")
+    return known[name]
 
 
 def check_runtime(name: str | None, path: str | None, drafter_dir: Path, dtype: str) -> None:
@@ -128,7 +78,7 @@ def check_runtime(name: str | None, path: str | None, drafter_dir: Path, dtype: 
 
 def runtime_flags(name: str | None, path: str | None) -> dict[str, str | None]:
     """``{key: PATH or None}`` per compared runtime, as the CLI flags were given (report ``options``)."""
-    return {rt.key: (path if n == name else None) for n, rt in RUNTIMES.items() if rt.key}
+    return {rt.key: (path if n == name else None) for n, rt in runtimes().items() if rt.key}
 
 
 def runtime_from_flags(paths: dict[str, Any], backend: str = "torch") -> tuple[str | None, str | None]:
@@ -137,9 +87,10 @@ def runtime_from_flags(paths: dict[str, Any], backend: str = "torch") -> tuple[s
     Raises:
         UsageError: more than one runtime picked (:func:`check_one_runtime`; exit 2).
     """
-    given = [n for n, rt in RUNTIMES.items() if rt.key and paths.get(rt.key)]
+    known = runtimes()
+    given = [n for n, rt in known.items() if rt.key and paths.get(rt.key)]
     check_one_runtime(backend, given)
-    return (given[0], str(paths[RUNTIMES[given[0]].key])) if given else (None, None)
+    return (given[0], str(paths[known[given[0]].key])) if given else (None, None)
 
 
 def check_one_runtime(backend: str, runtimes: list[str]) -> None:

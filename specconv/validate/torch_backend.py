@@ -83,14 +83,6 @@ def _has_accelerate() -> bool:
     return importlib.util.find_spec("accelerate") is not None
 
 
-def _render_all(prompts, tokenizer) -> list[tuple[str, list[int]]]:
-    from ..prompts import render
-
-    if tokenizer is None:
-        raise InvalidInputError("the verifier has no tokenizer; cannot render prompts")
-    return [(pr.id, render(pr, tokenizer)) for pr in prompts]
-
-
 @dataclass
 class _Harness:
     """The loaded models of one torch run and a ``decode(name, drafter)`` over the prompts."""
@@ -128,7 +120,7 @@ class TorchBackend:
 
     # -- steps ---------------------------------------------------------------------
     def _load(self, run: ValidationRun) -> _Harness:
-        """Place, then load the drafter and the verifier runner; render the prompts."""
+        """Place, then load the drafter and the verifier runner (the prompts are the run's rendered ids)."""
         import torch
 
         from .report import device_info, torch_backend_flags
@@ -155,7 +147,7 @@ class TorchBackend:
         )
         stops = runner.stop_token_ids()
         rep["stop_token_ids"] = stops
-        return _Harness(run, runner, drafter, _render_all(run.prompts, runner.tokenizer), stops, dt, device)
+        return _Harness(run, runner, drafter, run.rendered, stops, dt, device)
 
     def _gates(self, h: _Harness) -> None:
         """Decode plainly and speculatively, then G2 (with a source), G3, G4, extras."""

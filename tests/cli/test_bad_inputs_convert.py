@@ -320,7 +320,10 @@ def test_write_failure_is_clean(tmp_path, tiny_verifier_dir, monkeypatch):
 
     monkeypatch.setattr("specconv.format.dump_config", full)
     code, obj, _ = convert(make_source(tmp_path), tiny_verifier_dir, out, "--overwrite")
-    assert code == 3 and "No space left" in obj["message"], obj
+    assert code == 3 and obj["error"] == "os_error", obj
+    # the -o path and the step first, then the OS's reason and the file it named (issue 24 item 4)
+    assert obj["message"] == (f"cannot write output {out}: writing its files failed: No space left on device "
+                              f"({tmp_path / '.out.tmp-x' / 'config.json'})"), obj
     assert sha_tree(out) == before and leftovers(tmp_path) == []
 
 
@@ -400,7 +403,8 @@ def test_failed_rename_restores_previous_output(tmp_path, tiny_verifier_dir, mon
     monkeypatch.setattr(os, "rename", failing)
     monkeypatch.setattr("specconv.outdir.exchange", lambda a, b: False)  # the two-rename fallback
     code, obj, _ = convert(make_source(tmp_path), tiny_verifier_dir, out, "--overwrite")
-    assert code == 3 and "cross-device" in obj["message"]
+    assert code == 3 and obj["error"] == "os_error"
+    assert obj["message"].startswith(f"cannot write output {out}: moving it into place failed: Invalid cross-device link"), obj
     assert sha_tree(out) == before and leftovers(tmp_path) == []
 
 
@@ -627,7 +631,9 @@ def test_read_only_output_parent(tmp_path, tiny_verifier_dir, monkeypatch):
 
     monkeypatch.setattr(tempfile, "mkdtemp", denied)  # as for a read-only / foreign parent dir
     code, obj, _ = convert(make_source(tmp_path), tiny_verifier_dir, tmp_path / "o")
-    assert code == 3 and "Permission denied" in obj["message"] and str(tmp_path) in obj["message"]
+    assert code == 3 and obj["error"] == "os_error"
+    assert obj["message"] == (f"cannot write output {tmp_path / 'o'}: creating its temporary directory beside it "
+                              f"failed: Permission denied ({tmp_path})"), obj
     assert not (tmp_path / "o").exists()
 
 

@@ -584,8 +584,11 @@ def test_failing_write_leaves_nothing(existing, tiny_verifier_dir, tmp_path, mon
         raise OSError("disk full (simulated)")
 
     monkeypatch.setattr(tensors_mod, "write_safetensors", broken)
-    with pytest.raises(OSError, match="disk full"):
+    from specconv.errors import InvalidInputError
+
+    with pytest.raises(InvalidInputError, match="disk full") as e:  # the OS error, naming the output (exit 3)
         api_convert(src, tiny_verifier_dir, out, overwrite=existing)
+    assert e.value.code == "os_error" and str(out) in e.value.message
     left = sorted(p.name for p in parent.iterdir())
     if existing:
         assert left == ["out"] and sha_tree(out) == before

@@ -19,8 +19,8 @@ from test_export_onnx import exported  # noqa: E402,F401
 from test_export_wrappers import verifier_dir  # noqa: E402,F401
 
 from specconv.errors import InvalidInputError, UsageError  # noqa: E402
-from specconv.export import engine  # noqa: E402
-from specconv.export.engine import BuildOptions, build_engine_dir, parse_profile, profile_shapes  # noqa: E402
+from specconv.engines.tensorrt import build as engine  # noqa: E402
+from specconv.engines.tensorrt.build import BuildOptions, build_engine_dir, parse_profile, profile_shapes  # noqa: E402
 from specconv.tensors import sha256_file  # noqa: E402
 
 GPU = {"name": "Fake H100", "compute_capability": "9.0", "cuda": "13.0", "driver": "580.1"}
@@ -282,7 +282,7 @@ def test_real_tensorrt_build_load_and_run_matches_ort(onnx_dir):
     eng = runtime.deserialize_cuda_engine(plan)
     assert eng is not None
     from specconv.drafters.step import StepShape
-    from specconv.export.parity import parity_inputs, run_ort
+    from specconv.engines.onnx.parity import parity_inputs, run_ort
 
     meta = json.loads((onnx_dir / "onnx" / "onnx_meta.json").read_text())
     g = meta["graphs"]["drafter.onnx"]

@@ -18,8 +18,7 @@ from cli_runner import invoke  # noqa: E402
 from test_export_wrappers import make_case, verifier_dir  # noqa: E402,F401
 
 from specconv.errors import InvalidInputError  # noqa: E402
-from specconv.export.onnx_dir import export_onnx_dir  # noqa: E402
-from specconv.export.onnx_export import ExportSettings  # noqa: E402
+from specconv.engines.onnx import ENGINE as ONNX  # noqa: E402
 from specconv.tensors import sha256_file  # noqa: E402
 from tests.tolerances import assert_close, assert_logits_match  # noqa: E402
 
@@ -43,13 +42,13 @@ def exported(tmp_path_factory, verifier_dir):  # noqa: F811
         assert code == 0, res
         out["dflash"] = (root / "dflash-swa-pruned", res)
         make_case("dspark", root, verifier_dir)
-        out["dspark"] = (root / "dspark", export_onnx_dir(
-            root / "dspark", verifier=str(verifier_dir), dtype="float32",
-            settings=ExportSettings(outputs=("ids", "logprobs", "logits", "confidence"))).to_dict())
+        out["dspark"] = (root / "dspark", ONNX.export.run(
+            root / "dspark", None, verifier=str(verifier_dir), dtype="float32",
+            outputs=("ids", "logprobs", "logits", "confidence")).to_dict())
         make_case("peagle-qwen3-pruned", root, verifier_dir)
-        out["peagle"] = (root / "peagle-qwen3-pruned", export_onnx_dir(
-            root / "peagle-qwen3-pruned", verifier=str(verifier_dir), dtype="float32",
-            settings=ExportSettings(max_context=16)).to_dict())
+        out["peagle"] = (root / "peagle-qwen3-pruned", ONNX.export.run(
+            root / "peagle-qwen3-pruned", None, verifier=str(verifier_dir), dtype="float32",
+            max_context=16).to_dict())
         _EXPORTED.update(out)
         return out
     finally:
@@ -173,7 +172,7 @@ def _version_1(src, dst):
 
 
 def test_version_1_export_is_refused_by_validate_onnx(exported, tmp_path):
-    from specconv.export.ort_drafter import OrtDrafter
+    from specconv.engines.onnx.ort_drafter import OrtDrafter
 
     d, _ = exported["peagle"]
     old = _version_1(d / "onnx", tmp_path / "onnx")
@@ -204,7 +203,7 @@ def test_parity_with_onnx_runtime(exported, algo):
 
 def test_ort_drafter_matches_torch_propose(exported, verifier_dir):  # noqa: F811
     from specconv.drafters import load_drafter
-    from specconv.export.ort_drafter import OrtDrafter
+    from specconv.engines.onnx.ort_drafter import OrtDrafter
 
     d, _ = exported["dspark"]
     dr = load_drafter(d, verifier_dir)
@@ -220,7 +219,7 @@ def test_ort_drafter_matches_torch_propose(exported, verifier_dir):  # noqa: F81
 
 
 def test_ort_drafter_refuses_long_context_truncated_and_foreign_graphs(exported, tmp_path):
-    from specconv.export.ort_drafter import OrtDrafter
+    from specconv.engines.onnx.ort_drafter import OrtDrafter
 
     pd, _ = exported["peagle"]
     od = OrtDrafter(pd / "onnx" / "drafter.onnx", pd)
@@ -261,7 +260,7 @@ def test_bad_inputs_exit_codes_and_nothing_written(exported, tmp_path):
 
 
 def test_parity_failure_is_exit_4_and_writes_nothing(exported, tmp_path, monkeypatch, verifier_dir):  # noqa: F811
-    from specconv.export import parity
+    from specconv.engines.onnx import parity
 
     d, _ = exported["peagle"]
     monkeypatch.setitem(parity.TOLERANCES, "float32", (1e-3, 0.0))  # no difference tolerated
@@ -275,7 +274,7 @@ def test_parity_failure_is_exit_4_and_writes_nothing(exported, tmp_path, monkeyp
 def test_ort_drafter_samples_with_gumbel_noise(exported):
     """T > 0: noise drawn from the generator, picks distributed as softmax(logits / T)."""
     from specconv.errors import UsageError
-    from specconv.export.ort_drafter import OrtDrafter
+    from specconv.engines.onnx.ort_drafter import OrtDrafter
 
     d, _ = exported["dflash"]
     od = OrtDrafter(d / "onnx", d, dtype="float32")

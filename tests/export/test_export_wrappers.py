@@ -1,4 +1,4 @@
-"""The export wrapper (specconv.export.wrappers) over the drafters' one step, eager, CPU.
+"""The export wrapper (specconv.engines.onnx.wrappers) over the drafters' one step, eager, CPU.
 
 The wrapper runs the drafter's own ``step`` (the same code ``forward_block`` runs), so it
 is not compared with ``forward_block`` here: that would compare the code with itself. The
@@ -30,7 +30,7 @@ from tests.drafters.test_drafters import (  # noqa: E402,F401  (another room: no
 
 from specconv.drafters import load_drafter  # noqa: E402
 from specconv.drafters.step import batch_inputs  # noqa: E402
-from specconv.export.wrappers import OUTPUT_CHOICES, make_wrapper  # noqa: E402
+from specconv.engines.onnx.wrappers import OUTPUT_CHOICES, make_wrapper  # noqa: E402
 from tests.tolerances import assert_close, assert_ids_match, assert_logits_match  # noqa: E402
 
 CASES = {

@@ -121,13 +121,14 @@ def test_overwrite_follows_the_one_rule(bundled, tmp_path):
     assert code == 3 and r["error"] == "output_exists" and (foreign / "notes.txt").read_text() == "mine"
     code, first = invoke("export", "sglang", d, "-o", foreign).code_json  # says so, not "pass --overwrite"
     assert code == 3 and (first["message"], first.get("hint")) == (r["message"], r.get("hint"))
+    from specconv.engines.exportdir import output_kinds
     from specconv.outdir import check_replaceable
 
-    check_replaceable(d, "conversion")  # a conversion holding its sglang/ is still specconv's own
+    check_replaceable(d, "conversion", output_kinds)  # a conversion holding its sglang/ is still specconv's own
 
 
 def test_dspark_writes_its_head_keys_and_the_confidence_head_env(dspark):
-    from specconv.export.sglang_dir import export_sglang_dir
+    from specconv.engines.sglang.export import export_sglang_dir
 
     r = export_sglang_dir(dspark)
     cfg = json.loads((dspark / "sglang" / "config.json").read_text())
@@ -145,7 +146,7 @@ def test_dspark_writes_its_head_keys_and_the_confidence_head_env(dspark):
 
 
 def test_dspark_1n_block_size_is_gamma(dspark, tmp_path):
-    from specconv.export.sglang_dir import export_sglang_dir
+    from specconv.engines.sglang.export import export_sglang_dir
 
     d = _copy(dspark, tmp_path / "1n", {"sample_from_anchor": False,
                                          "speculators_config": _k(dspark, 3)})
@@ -163,7 +164,7 @@ def _k(d: Path, k: int) -> dict:
 
 def test_mixed_layers_leave_causality_to_sglangs_per_type_default(dflash, tmp_path):
     """full + causal SWA: no global is_causal reproduces both, SGLang's per-type default does."""
-    from specconv.export.sglang_dir import export_sglang_dir
+    from specconv.engines.sglang.export import export_sglang_dir
 
     d = _copy(dflash, tmp_path / "mixed", {"sliding_window_non_causal": False},
               {"layer_types": ["full_attention", "sliding_attention"], "sliding_window": 32, "use_sliding_window": True})
@@ -271,7 +272,7 @@ def test_peagle_refusal_names_every_reason():
 # ------------------------------------------------------------------ the card and the gates
 def _fake_check(d: Path, ok: bool = True) -> None:
     """Record a check of DIR/sglang's bytes (as the loader check does; its result here made up)."""
-    from specconv.export.sglang_dir import layout_files, record_sglang_check
+    from specconv.engines.sglang.export import layout_files, record_sglang_check
     from specconv.record import read_record
     from specconv.results import ExportSglangResult
 
@@ -281,8 +282,8 @@ def _fake_check(d: Path, ok: bool = True) -> None:
 
 
 def test_the_card_prints_the_sglang_line_only_after_a_passed_check(dflash, tmp_path):
-    from specconv.export.sglang import launch_argv
-    from specconv.export.sglang_dir import export_sglang_dir
+    from specconv.engines.sglang.layout import launch_argv
+    from specconv.engines.sglang.export import export_sglang_dir
     from specconv.publish.card import write_local_card
 
     d = _copy(dflash, tmp_path / "card")
@@ -299,7 +300,7 @@ def test_the_card_prints_the_sglang_line_only_after_a_passed_check(dflash, tmp_p
 
 
 def test_push_refuses_an_unchecked_sglang_layout_before_any_request(dflash, tmp_path):
-    from specconv.export.sglang_dir import export_sglang_dir
+    from specconv.engines.sglang.export import export_sglang_dir
 
     d = _copy(dflash, tmp_path / "push")
     export_sglang_dir(d)
@@ -311,7 +312,7 @@ def test_push_refuses_an_unchecked_sglang_layout_before_any_request(dflash, tmp_
 
 
 def test_the_speculators_payload_never_holds_sglang(dflash, tmp_path):
-    from specconv.export.sglang_dir import export_sglang_dir
+    from specconv.engines.sglang.export import export_sglang_dir
     from specconv.publish.payload import collect
 
     d = _copy(dflash, tmp_path / "payload")
@@ -344,7 +345,7 @@ def test_validate_refuses_an_unservable_drafter_before_any_gate(dflash, tmp_path
 def test_a_serve_line_with_a_mode_sglang_does_not_know_fails_the_check():
     """The judge of a load: a resolved value that differs, or a ragged-verify mode SGLang's own
     enum does not hold (the runner parses the line), fails an otherwise strict load."""
-    from specconv.sglang_check import judge
+    from specconv.engines.sglang.check import judge
 
     run = {"ok": True, "architecture": "DFlashDraftModel", "resolved": {"mask_token_id": 16}}
     assert judge({}, run, {"mask_token_id": 16, "architecture": "DFlashDraftModel"}, {})["ok"]

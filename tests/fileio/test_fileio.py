@@ -103,7 +103,7 @@ def _hand_written_atomic_writes(path: Path) -> list[str]:
 #: the vLLM and SGLang loader checks' runners, which run in those engines' interpreters and import
 #: nothing from specconv.
 EXEMPT = {"specconv/fileio.py": ["atomic_write"], "specconv/tensors/write.py": ["_write_one"],
-          "specconv/vllm_check/runner.py": ["_write"], "specconv/sglang_check/runner.py": ["_write"]}
+          "specconv/engines/vllm/runner.py": ["_write"], "specconv/engines/sglang/runner.py": ["_write"]}
 
 
 def test_the_atomic_file_write_is_written_once():

@@ -65,7 +65,7 @@ def test_every_written_code_is_registered_at_its_level():
 def test_registry_codes_are_kebab_case_with_a_doc():
     for code, info in CODES.items():
         assert KEBAB.match(code), code
-        assert info.level in LEVELS and info.doc and info.origin in ("lint", "dir", "converter")
+        assert info.level in LEVELS and info.doc and info.origin in ("lint", "dir", "converter", "validate")
     assert set(LINT_RULES) == {c for c, i in CODES.items() if i.origin in ("lint", "dir")}
 
 

@@ -216,24 +216,38 @@ def test_mask_token_added_special_token_of_smollm2(smollm2_dir):
     assert facts.added_special_tokens[2] == "<|im_end|>"
 
 
-def test_inspect_judges_a_legacy_dspark_dir_as_convert_does(tiny_verifier_dir, tmp_path):
-    """speculators wrote no sample_from_anchor and K = B-1: inspect and convert both read the
-    1+N layout through the one legacy rule (inspect used to exit 3 with
-    speculative-tokens-mismatch)."""
+def test_inspect_and_convert_refuse_a_dspark_dir_whose_layout_readings_disagree(tiny_verifier_dir, tmp_path):
+    """speculators 0.9.0 saved a 1+N DSpark (K = B-1) and the key is gone, as speculators#737's
+    converter writes it: the K rule reads false, speculators itself reads its DSpark default true
+    (checked with speculators' own config loader). inspect (lint error) and convert (exit 3) both
+    refuse, naming both readings and the flag; the flag then decides and is recorded."""
+    from speculators import SpeculatorModelConfig
+
     d = fp.build_speculators_block(tiny_verifier_dir, tmp_path / "legacy", "dspark", sample_from_anchor=False)
     cfg = fp.read_json(d / "config.json")
     assert cfg["speculators_config"]["proposal_methods"][0]["speculative_tokens"] == cfg["block_size"] - 1
     _patch_config(d, sample_from_anchor=_DROP)
+    assert SpeculatorModelConfig.from_pretrained(str(d)).sample_from_anchor is True  # the owner's reading
     r = invoke("inspect", d, "--verifier", tiny_verifier_dir, "--verifier-name", HUB)
     rep = json.loads(r.stdout)
-    assert r.code == 0, rep
-    codes = {f["code"] for f in rep["findings"]}
-    assert "speculative-tokens-mismatch" not in codes and "sample-from-anchor-legacy" in codes
-    assert rep["plan"]["config"]["sample_from_anchor"] is False
+    assert r.code == 3, rep
+    hit = [f for f in rep["findings"] if f["code"] == "sample-from-anchor-disputed"]
+    assert hit and hit[0]["level"] == "error", rep["findings"]
+    for part in ("the K rule reads false", "speculators 0.9.0 reads its DSpark default true", "--sample-from-anchor"):
+        assert part in hit[0]["message"], hit[0]["message"]
+    assert "sample-from-anchor-legacy" not in {f["code"] for f in rep["findings"]}
+    r = invoke("convert", d, "--verifier", tiny_verifier_dir, "--verifier-name", HUB, "-o", tmp_path / "o")
+    err = json.loads(r.stdout)
+    assert r.code == 3 and err["error"] == "ambiguous_sample_from_anchor", err
+    assert "K rule reads false" in err["message"] and "DSpark default true" in err["message"], err
+    assert "--no-sample-from-anchor" in err["hint"] and not (tmp_path / "o").exists()
     out = tmp_path / "out"
-    conv = _convert(d, tiny_verifier_dir, out)
+    r = invoke("convert", d, "--verifier", tiny_verifier_dir, "--verifier-name", HUB, "-o", out,
+               "--no-sample-from-anchor")
+    assert r.code == 0, r.stdout
     assert fp.read_json(out / "config.json")["sample_from_anchor"] is False
-    assert "sample-from-anchor-filled" in {f["code"] for f in conv.findings}
+    assert "layout-from-flag" in {f["code"] for f in json.loads(r.stdout)["findings"]}
+    assert fp.read_json(out / "specconv.json")["conversion"]["options"]["sample_from_anchor"] is False
 
 
 def test_legacy_dspark_undecidable_k_is_an_error_in_inspect_and_convert(tiny_verifier_dir, tmp_path):

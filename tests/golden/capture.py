@@ -36,14 +36,14 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 if __package__ in (None, ""):  # run as a script: make `golden` (tests/golden) importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from golden import cases_bad, cases_bad_publish, cases_bad_output, cases_commands, cases_convert  # noqa: E402
+from golden import cases_bad, cases_bad_output, cases_bad_publish, cases_commands, cases_convert, cases_engines  # noqa: E402
 from golden.workspace import Workspace, golden_env  # noqa: E402
 
 DATA = Path(__file__).resolve().parent / "data"
@@ -57,6 +57,8 @@ class Group:
 
     cases: dict[str, Runner]
     slow: bool = False
+    #: case → (pytest markers, a check that says why the case cannot run on this machine, or None)
+    needs: dict[str, tuple[tuple[str, ...], Callable[[], str | None] | None]] = field(default_factory=dict)
 
 
 def _merged(*parts: dict[str, Runner]) -> dict[str, Runner]:
@@ -75,6 +77,7 @@ GROUPS: dict[str, Group] = {
     "bad_inputs": Group(_merged(cases_bad.CASES, cases_bad_output.CASES, cases_bad_publish.CASES)),
     "commands": Group(cases_commands.CASES),
     "slow": Group(cases_commands.SLOW, slow=True),
+    "engines": Group(cases_engines.CASES, slow=True, needs=cases_engines.NEEDS),
 }
 
 
@@ -96,6 +99,10 @@ def all_ids(group: str) -> list[str]:
 def compute(ws: Workspace, group: str, case: str) -> dict[str, Any]:
     """Run one case in a fresh dir under the golden environment; return its JSON-clean record."""
     runner = GROUPS[group].cases[case]
+    _, why_not = GROUPS[group].needs.get(case, ((), None))
+    reason = why_not() if why_not is not None else None
+    if reason:
+        raise RuntimeError(f"{group}/{case} cannot run on this machine: {reason}")
     d = ws.case_dir(group, case)
     with golden_env(ws):
         rec = runner(ws, d)

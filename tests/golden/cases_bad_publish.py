@@ -75,7 +75,7 @@ def engine_profile(spec: str) -> Runner:
     """test_profile_with_empty_or_repeated_entries_is_a_usage_error (the parser itself)."""
     def run(ws: Workspace, d: Path) -> dict[str, Any]:
         from specconv.errors import SpecconvError
-        from specconv.export.engine import parse_profile
+        from specconv.engines.tensorrt.build import parse_profile
 
         dynamic = {"batch": {"min": 1, "max": 8}, "context": {"min": 1, "max": 64}}
         try:

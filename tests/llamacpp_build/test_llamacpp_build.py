@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from specconv import llamacpp_build as lb
+from specconv.engines.llamacpp import build as lb
 
 REPO = Path(__file__).resolve().parents[2]
 DRAFTER = REPO / "examples" / "smollm2-dflash-b8"

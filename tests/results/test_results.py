@@ -55,7 +55,7 @@ def test_validation_report_exit_status_and_section(tmp_path):
     assert rep.failed_gates() == ["parity"] and rep.exit_status() == 4
     s = validation_section(rep, tmp_path)
     assert isinstance(s, ValidationSection)
-    assert s.device == "cpu" and s.prompts.model_dump() == {"set": "eval", "n": 2} and s.verifier == HUB
+    assert s.device == "cpu" and s.prompts.model_dump() == {"set": "eval", "n": 2, "rendered_sha256": None} and s.verifier == HUB
     assert (s.parity_kl_max, s.lossless_exact_match, s.versions) == (0.25, 1.0, {"torch": "2.0"})
     assert set(s.files) == {"config.json"} and s.report is None
     err = rep.gate_failure()

@@ -5,7 +5,7 @@ Each module of this room that loads dirs with SGLang defines
 entries and ``finish(result)``, which turns the runner's ``{"env", "results"}`` for those
 entries (in order) into what its tests read. Its module fixture calls :func:`share`: the first
 call builds the jobs of every such module this session runs (``-k`` and single-file runs build
-only theirs), runs them with :func:`specconv.sglang_check.run_checks` once and keeps each
+only theirs), runs them with :func:`specconv.engines.sglang.check.run_checks` once and keeps each
 module's share on the session; later calls take theirs. (A plain module, not a room
 ``conftest.py``: that name would shadow ``tests/conftest.py`` for ``from conftest import``.)
 """
@@ -29,7 +29,7 @@ def _modules(session) -> list:
 
 def _run(session, tmp_path_factory, smollm2_dir, tiny_verifier_dir) -> dict:
     """``{module name: finish(its part of the run)}`` for every module of :func:`_modules`."""
-    from specconv.sglang_check import run_checks
+    from specconv.engines.sglang.check import run_checks
 
     planned = []
     for mod in _modules(session):

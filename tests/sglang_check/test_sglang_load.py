@@ -15,6 +15,7 @@ repos to the loopback Hub double (a failed second push reports the first).
 from __future__ import annotations
 
 import json
+import os
 import shlex
 import shutil
 from pathlib import Path
@@ -37,7 +38,7 @@ pytestmark = [pytest.mark.sglang, pytest.mark.slow,
 
 
 def _export(d: Path, verifier: Path, hub: str) -> dict:
-    from specconv.export.sglang_dir import export_sglang_dir
+    from specconv.engines.sglang.export import export_sglang_dir
 
     return {"dir": d, "verifier": verifier, "hub": hub, "export": export_sglang_dir(d, verifier=str(verifier))}
 
@@ -89,8 +90,8 @@ def sglang_jobs(root: Path, smollm2_dir: Path, tiny_verifier_dir: Path):
     """The runner's checks of every export, the broken copies and the oracle, and how the
     results become ``checked`` (``tests/sglang_check/sglang_batch.py`` runs them with the room's
     other checks in one subprocess)."""
-    from specconv.export.sglang import LAUNCHER, launch_argv
-    from specconv.sglang_check import export_job, judge
+    from specconv.engines.sglang.layout import LAUNCHER, launch_argv
+    from specconv.engines.sglang.check import export_job, judge
 
     good = _drafters(root, smollm2_dir, tiny_verifier_dir)
     bundled = good["bundled"]["dir"] / "sglang"
@@ -199,7 +200,7 @@ def test_a_load_that_reads_another_meaning_fails(checked, name, key):
 
 @pytest.mark.parametrize("name", ("bundled", "dspark"))
 def test_sglangs_parser_reads_the_serve_line_the_card_prints(checked, name):
-    from specconv.export.sglang_dir import record_sglang_check
+    from specconv.engines.sglang.export import record_sglang_check
     from specconv.publish.card import write_local_card
 
     g = checked[0][name]
@@ -221,7 +222,8 @@ def test_sglangs_parser_reads_the_serve_line_the_card_prints(checked, name):
 @pytest.fixture(scope="module")
 def validated(tmp_path_factory, smollm2_dir):
     """A tiny z-lab DFlash (written by z-lab's dflash) converted with a Hub verifier name and
-    validated with ``--sglang-load-check``."""
+    validated with ``--sglang-load-check``, from another directory with a relative ``--verifier``
+    that looks like a Hub id (``tiny/verifier``; issue 24)."""
     pytest.importorskip("dflash")
     from conftest import make_validate_set
 
@@ -229,9 +231,11 @@ def validated(tmp_path_factory, smollm2_dir):
     tiny = make_validate_set(root / "tiny", smollm2_dir)
     d = root / "drafter"
     fd.api_convert(tiny["zlab"], tiny["verifier"], d, name="org/tiny-llama")
-    r = invoke("validate", d, "--verifier", tiny["verifier"], "--prompts",
-               tiny["prompts"], "--num-prompts", "1", "--max-new-tokens", "4", "--device", "cpu",
-               "--report-dir", d / "report", "--sglang-load-check")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.chdir(root)
+        r = invoke("validate", "drafter", "--verifier", "tiny/verifier", "--prompts", "tiny/prompts.jsonl",
+                   "--num-prompts", "1", "--max-new-tokens", "4", "--device", "cpu",
+                   "--report-dir", d / "report", "--sglang-load-check")
     return d, r.code, json.loads(r.stdout)
 
 
@@ -283,3 +287,42 @@ def test_export_keeps_the_check_of_the_same_bytes_and_push_publishes_both(valida
     assert "[`org/tiny`](https://huggingface.co/org/tiny)" in card and "--speculative-draft-model-path org/tiny-sglang" in card
     assert "https://huggingface.co/org/tiny-sglang" in spec["README.md"].decode()  # the Speculators card names it
     assert read_record(d).publish.model_dump()["sglang"]["repo_id"] == "org/tiny-sglang"
+    # every card's SGLang line, as printed, through SGLang's own parser (issue 24, "Done when")
+    lines = {"local Speculators card": (d / "README.md").read_text(), "pushed Speculators card": spec["README.md"].decode(),
+             "SGLang repo card": card}
+    parsed = _sglang_parse(lines)
+    drafts = {"local Speculators card": "./sglang", "pushed Speculators card": "org/tiny-sglang",
+              "SGLang repo card": "org/tiny-sglang"}
+    for name, got in parsed.items():
+        assert "error" not in got, (name, got)
+        assert (got["model_path"], got["speculative_algorithm"], got["speculative_draft_model_path"]) == (
+            "org/tiny-llama", "DFLASH", drafts[name]), (name, got)
+
+
+def _sglang_line(card: str) -> tuple[dict[str, str], list[str]]:
+    """The card's ``python -m sglang.launch_server`` line as a shell splits it: ``(env, argv after the launcher)``."""
+    from specconv.engines.sglang.layout import LAUNCHER
+
+    (block,) = [b for b in card.split("```bash\n")[1:] if "sglang.launch_server" in b.split("```", 1)[0]]
+    words = shlex.split(block.split("```", 1)[0].replace("\\\n", ""))
+    i = words.index(LAUNCHER[0])
+    assert words[i:i + 3] == list(LAUNCHER), words
+    return dict(w.split("=", 1) for w in words[:i]), words[i + 3:]
+
+
+def _sglang_parse(cards: dict[str, str]) -> dict[str, dict]:
+    """Each card's SGLang line through SGLang 0.5.23's own parser (``runner.parse_serve_argv``:
+    ``ServerArgs.add_cli_args``), in one subprocess of ``.venv-sglang``."""
+    import subprocess
+
+    jobs = {name: _sglang_line(text) for name, text in cards.items()}
+    code = ("import json, sys; sys.path.insert(0, sys.argv[1]); import runner\n"
+            "out = {}\n"
+            "for name, (env, argv) in json.loads(sys.argv[2]).items():\n"
+            "    try: out[name] = runner.parse_serve_argv(argv, env)\n"
+            "    except BaseException as e: out[name] = {'error': f'{type(e).__name__}: {e}'}\n"
+            "print(json.dumps(out))")
+    p = subprocess.run([str(SGLANG_PY), "-c", code, str(REPO / "specconv" / "engines" / "sglang"), json.dumps(jobs)],
+                       capture_output=True, text=True, timeout=600, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    assert p.returncode == 0, p.stderr[-3000:]
+    return json.loads(p.stdout.strip().splitlines()[-1])

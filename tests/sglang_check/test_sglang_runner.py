@@ -1,8 +1,8 @@
 """SGLang 0.5.23 as a real consumer: its own loader takes the bundled z-lab DFlash drafter.
 
-``specconv/sglang_check/runner.py`` runs in the loader venv ``.venv-sglang`` (``make
+``specconv/engines/sglang/runner.py`` runs in the loader venv ``.venv-sglang`` (``make
 sglang-venv``; ``make test`` builds it). All dirs load in ONE subprocess, the room's
-(``sglang_batch.py``: :func:`specconv.sglang_check.run_checks` with the other module's checks; the
+(``sglang_batch.py``: :func:`specconv.engines.sglang.check.run_checks` with the other module's checks; the
 import costs 20–80 s on 2 busy cores): the bundled drafter as it ships, two broken copies that a
 non-strict loader would accept silently (a renamed tensor, a missing tensor), and tiny
 DeepSpec-layout DSpark drafts (``Qwen3DSparkModel``, the layout SGLang reads) with the

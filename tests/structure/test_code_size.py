@@ -17,9 +17,7 @@ MAX_FUNCTION, MAX_MODULE = 50, 800
 # "path:qualname" → lines today, "path" → module lines today. Only ever remove or lower entries.
 ALLOWED: dict[str, int] = {
     "specconv/convert.py:convert": 51,
-    "specconv/export/onnx_dir.py:export_onnx_dir": 60,
     "specconv/validate/loop.py:speculative_generate": 57,
-    "specconv/writer.py:write_plan": 51,
 }
 
 

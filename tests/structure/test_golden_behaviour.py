@@ -48,7 +48,12 @@ def ws(tmp_path_factory):
 def _cases():
     for group, g in capture.GROUPS.items():
         for case in capture.all_ids(group):
-            yield pytest.param(group, case, id=f"{group}/{case}", marks=[pytest.mark.slow] if g.slow else [])
+            markers, why_not = g.needs.get(case, ((), None))
+            marks = [pytest.mark.slow] if g.slow else []
+            marks += [getattr(pytest.mark, m) for m in markers]
+            reason = why_not() if why_not is not None else None
+            marks += [pytest.mark.skip(reason=reason)] if reason else []
+            yield pytest.param(group, case, id=f"{group}/{case}", marks=marks)
 
 
 @pytest.mark.parametrize("group, case", list(_cases()))

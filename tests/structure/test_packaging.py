@@ -81,9 +81,11 @@ def test_drafters_without_torch_say_which_extra():
 ROOM_EXTRAS = {
     "specconv/drafters/": ("validate",),
     "specconv/validate/": ("validate",),
-    "specconv/export/": ("validate", "onnx"),
-    "specconv/gguf/": ("gguf",),  # export_gguf_dir requires gguf + validate first
-    "specconv/vllm_check/runner.py": ("vllm", "validate"),  # runs in the vLLM venv, never here
+    "specconv/engines/vllm/runner.py": ("vllm", "validate"),  # runs in the vLLM venv, never here
+    "specconv/engines/onnx/": ("validate", "onnx"),
+    "specconv/engines/tensorrt/": ("validate", "onnx"),
+    "specconv/engines/sglang/": ("validate", "onnx"),
+    "specconv/engines/llamacpp/": ("gguf",),  # export_gguf_dir requires gguf + validate first
 }
 #: import name -> the declared distribution, for packages installed in other venvs only
 NOT_INSTALLED_HERE = {"vllm": "vllm", "sglang": "sglang", "tensorrt": "tensorrt-cu13"}
@@ -92,7 +94,7 @@ NOT_INSTALLED_HERE = {"vllm": "vllm", "sglang": "sglang", "tensorrt": "tensorrt-
 #: A script that runs in a venv of its own, not specconv's: its imports are declared by what that venv
 #: installs (the Makefile target: the requirements file plus the packages it installs before it).
 OTHER_VENVS = {
-    "specconv/sglang_check/runner.py": ("requirements/sglang-loader.txt", {"sglang", "torch"}),  # make sglang-venv
+    "specconv/engines/sglang/runner.py": ("requirements/sglang-loader.txt", {"sglang", "torch"}),  # make sglang-venv
 }
 
 
@@ -226,7 +228,7 @@ def test_release_export_onnx_without_the_onnx_extra_stops_at_preflight(tmp_path,
     from specconv.publish.release import ReleaseOptions, release
 
     monkeypatch.setitem(sys.modules, "onnxscript", None)
-    opts = ReleaseOptions(verifier="v", work_dir=tmp_path / "w", export_onnx=True)
+    opts = ReleaseOptions(verifier="v", work_dir=tmp_path / "w", exports={"onnx": True})
     with pytest.raises(MissingExtraError) as e:
         release(str(tmp_path / "src"), opts, PushOptions(repo_id="o/r"))
     assert e.value.exit_code == 2 and e.value.hint == "pip install 'specconv[onnx]'"
@@ -469,8 +471,8 @@ class H(http.server.BaseHTTPRequestHandler):
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
         with open({log!r}, "a") as f:
             f.write(json.dumps({{"path": self.path, "body": body}}) + "\\n")
-        self._send(json.dumps({{"choices": [{{"message": {{"content": "hi"}}, "finish_reason": "length",
-                                              "token_ids": [3, 4]}}], "prompt_token_ids": [1, 2],
+        self._send(json.dumps({{"choices": [{{"text": "hi", "finish_reason": "length", "token_ids": [3, 4],
+                                              "prompt_token_ids": body["prompt"]}}],
                                "usage": {{"completion_tokens": 2}}}}))
     def log_message(self, *a):
         pass
@@ -478,11 +480,32 @@ http.server.HTTPServer(("127.0.0.1", port), H).serve_forever()
 '''
 
 
+#: A chat template for :func:`_byte_tokenizer` (no special tokens: its ids stay in the tiny vocabulary).
+BYTE_TEMPLATE = ("{% for m in messages %}{{ m.role }}: {{ m.content }}\n{% endfor %}"
+                 "{% if add_generation_prompt %}assistant: {% endif %}")
+
+
+def _byte_tokenizer(verifier: Path, out: Path) -> Path:
+    """A copy of the tiny verifier (vocab 256) with a byte-level tokenizer (256 ids) and a chat
+    template: ``validate`` renders every backend's prompts with the verifier's tokenizer."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    shutil.copytree(verifier, out)
+    alphabet = pre_tokenizers.ByteLevel.alphabet()
+    tok = Tokenizer(models.BPE(vocab={c: i for i, c in enumerate(sorted(alphabet))}, merges=[]))
+    tok.pre_tokenizer, tok.decoder = pre_tokenizers.ByteLevel(add_prefix_space=False), decoders.ByteLevel()
+    PreTrainedTokenizerFast(tokenizer_object=tok, chat_template=BYTE_TEMPLATE).save_pretrained(out)
+    return out
+
+
 @pytest.mark.packaging
 def test_validate_install_serves_vllm_backend_without_an_http_client_package(tmp_path, built_wheel, tiny_verifier_dir):
     """``pip install specconv[validate]`` holds no ``openai``: ``validate --backend vllm`` must
-    reach the server's chat API with the standard library (issue 14 item 3: it crashed with
-    ``ModuleNotFoundError: openai``); ``export onnx`` names ``specconv[onnx]``."""
+    reach the server's completions API with the standard library (issue 14 item 3: it crashed
+    with ``ModuleNotFoundError: openai``), sending the token ids specconv rendered with the
+    verifier's chat template; ``export onnx`` names ``specconv[onnx]``."""
+    tiny_verifier_dir = _byte_tokenizer(tiny_verifier_dir, tmp_path / "verifier")
     venv = _fresh_venv(tmp_path, built_wheel[0], {"validate"})
     work = tmp_path / "work"
     work.mkdir()
@@ -501,14 +524,19 @@ def test_validate_install_serves_vllm_backend_without_an_http_client_package(tmp
     r = _run(venv, "validate", str(out), "--verifier", str(tiny_verifier_dir), "--backend", "vllm",
              "--vllm-python", str(fake), "--prompts", str(prompts), "--num-prompts", "2", "--max-new-tokens", "5",
              "--seed", "7", "--report-dir", str(tmp_path / "report"), "--format", "json", cwd=work)
-    assert r.returncode == 0 and "Traceback" not in r.stderr, (r.returncode, r.stdout[-2000:], r.stderr[-3000:])
+    # the fake's fixed outputs are not the tiny verifier's greedy ones: G4 (specconv's torch loop as
+    # the plain reference) fails them, exit 4; every other gate passes
+    assert r.returncode == 4 and "Traceback" not in r.stderr, (r.returncode, r.stdout[-2000:], r.stderr[-3000:])
+    assert json.loads(r.stdout)["gates"] == {"structure": True, "acceptance": True, "lossless": False}
     sent = [json.loads(line) for line in log.read_text().splitlines()]
-    assert [s["path"] for s in sent] == ["/v1/chat/completions"] * 2
-    assert sent[0]["body"] == {"model": "specconv-validate", "messages": [{"role": "user", "content": "q0"}],
-                               "max_tokens": 5, "temperature": 0.0, "seed": 7, "return_token_ids": True}
+    assert [s["path"] for s in sent] == ["/v1/completions"] * 2
+    assert len(sent[0]["body"]["prompt"]) == len("user: q0\nassistant: ")  # one byte-level id per character
+    assert {k: v for k, v in sent[0]["body"].items() if k != "prompt"} == {
+        "model": "specconv-validate", "max_tokens": 5, "temperature": 0.0, "seed": 7, "return_token_ids": True}
     report = json.loads(r.stdout)  # the answers parsed: vLLM's token-id extension included
     assert report["backend"] == "vllm" and report["metrics"]["n_served"] == 2, report
+    assert report["vllm_serve"]["prompt_tokens"] == "ids"
     assert [(q["prompt_token_ids"], q["output_ids"], q["text"]) for q in report["metrics"]["requests"]] == [
-        ([1, 2], [3, 4], "hi")] * 2
+        (sent[i]["body"]["prompt"], [3, 4], "hi") for i in range(2)]
     r = _run(venv, "export", "onnx", str(out), "--verifier", str(tiny_verifier_dir), "--format", "json", cwd=work)
     _assert_missing_extra(r, "onnx")

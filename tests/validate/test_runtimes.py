@@ -1,20 +1,20 @@
-"""The runtime registry (``specconv/validate/runtimes.py``): adding a runtime is one loader
-plus one registry entry. A runtime defined here (the torch reference behind another name,
+"""The runtimes (``specconv/validate/runtimes.py``, each an engine's ``runtime`` capability): adding
+one is one loader plus one ``Runtime`` on its engine. A runtime defined here (the torch reference behind another name,
 and one that perturbs a draft) runs the compare gate through ``validate_drafter`` end to
 end on a tiny z-lab DFlash conversion: identical drafts pass, a perturbed draft fails
 (exit-4 material: ``passed`` false) while speculative decoding stays lossless. Also: the
-registry's dotted paths resolve, the refusals before any model, and ``export/`` importing
-nothing from ``validate/``."""
+registry's dotted paths resolve and the refusals before any model (that ``engines/`` imports
+nothing from ``validate/`` is tests/structure/test_architecture.py's)."""
 
 from __future__ import annotations
 
-import ast
 from pathlib import Path
 
 import pytest
 
 from specconv.validate import runtimes
-from specconv.validate.runtimes import RUNTIMES, CompareRule, Runtime, check_runtime, judge
+from specconv.validate.runtimes import CompareRule, Runtime, check_runtime, judge
+from specconv.validate.runtimes import runtimes as all_runtimes
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -49,11 +49,11 @@ def load_perturbed(drafter_dir, verifier, *, path, dtype, device, config=None):
 @pytest.fixture
 def registered(monkeypatch):
     """Two runtimes from this file in the registry, with the ONNX Runtime rule (+ KL)."""
-    monkeypatch.setitem(RUNTIMES, "same", Runtime("same", f"{__name__}:load_same", key="same",
-                                                  side="same_run", rule=CompareRule(identical_tokens=True)))
-    monkeypatch.setitem(RUNTIMES, "perturbed", Runtime(
-        "perturbed", f"{__name__}:load_perturbed", key="perturbed", side="perturbed_run",
-        rule=CompareRule(identical_tokens=True, kl=True)))
+    extra = {"same": Runtime("same", f"{__name__}:load_same", key="same", side="same_run",
+                             rule=CompareRule(identical_tokens=True)),
+             "perturbed": Runtime("perturbed", f"{__name__}:load_perturbed", key="perturbed", side="perturbed_run",
+                                  rule=CompareRule(identical_tokens=True, kl=True))}
+    monkeypatch.setattr(runtimes, "runtimes", lambda: {**all_runtimes(), **extra})
 
 
 @pytest.fixture(scope="module")
@@ -120,11 +120,11 @@ def test_every_registered_dotted_path_resolves():
     pytest.importorskip("torch")
     from specconv.format.algorithms import import_object
 
-    for name, rt in RUNTIMES.items():
+    for name, rt in all_runtimes().items():
         assert callable(import_object(rt.loader)), name
         assert rt.preflight is None or callable(import_object(rt.preflight)), name
         assert (rt.rule is None) == (rt.key is None) == (rt.side is None), name
-    assert RUNTIMES["torch"].rule is None  # the reference
+    assert all_runtimes()["torch"].rule is None  # the reference
 
 
 def test_refusals_before_any_model(tmp_path):
@@ -162,19 +162,3 @@ def test_one_runtime_at_a_time_is_the_librarys_rule(tmp_path):
     assert runtimes.runtime_from_flags({"onnx": Path("/g")}, "torch") == ("onnx", "/g")
     with pytest.raises(UsageError, match="^--backend vllm and --onnx are mutually exclusive"):
         _check_inputs(tmp_path, ValidateOptions(backend="vllm", runtime="onnx", runtime_path="/g"))
-
-
-def _imports(path: Path) -> list[str]:
-    out = []
-    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-        if isinstance(node, ast.ImportFrom):
-            out.append(("." * node.level) + (node.module or ""))
-        elif isinstance(node, ast.Import):
-            out += [a.name for a in node.names]
-    return out
-
-
-def test_export_imports_nothing_from_validate():
-    bad = {p.name: m for p in sorted((REPO / "specconv" / "export").glob("*.py")) for m in _imports(p)
-           if m.startswith(("..validate", "specconv.validate"))}
-    assert not bad, f"specconv/export/ imports validate (the registry lives in validate/runtimes.py): {bad}"

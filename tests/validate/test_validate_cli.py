@@ -15,6 +15,7 @@ pytest.importorskip("transformers")
 pytest.importorskip("dflash")
 
 from cli_runner import invoke  # noqa: E402
+from chat_templates import THINKING_TEMPLATE  # noqa: E402
 from conftest import copy_validate_set  # noqa: E402
 
 from specconv.cli.validate import validate_cmd  # noqa: E402
@@ -232,7 +233,7 @@ def test_validate_peagle_and_dspark_run(tiny, tmp_path, algorithm, fields, k):
 
 def test_drafter_backend_seam_runs_the_registered_loader(tiny, tmp_path, monkeypatch):
     """The torch harness loads the drafter under test through the runtime registry
-    (``specconv.validate.runtimes.RUNTIMES``): a registered loader is used and gets the
+    (``specconv.validate.runtimes.runtimes()``): a registered loader is used and gets the
     run's one resolved Verifier; an unknown name is a usage error before anything is read."""
     from specconv.errors import UsageError
     from specconv.validate import runtimes
@@ -246,7 +247,8 @@ def test_drafter_backend_seam_runs_the_registered_loader(tiny, tmp_path, monkeyp
         return runtimes.load_torch(drafter_dir, verifier, path=path, dtype=dtype, device=device, config=config)
 
     monkeypatch.setattr(sys.modules[__name__], "spy_loader", spy_loader, raising=False)
-    monkeypatch.setitem(runtimes.RUNTIMES, "spy", runtimes.Runtime("spy", f"{__name__}:spy_loader"))
+    known = runtimes.runtimes()
+    monkeypatch.setattr(runtimes, "runtimes", lambda: {**known, "spy": runtimes.Runtime("spy", f"{__name__}:spy_loader")})
     opts = ValidateOptions(prompts=str(tiny["prompts"]), num_prompts=2, max_new_tokens=6, drafter_backend="spy")
     rep = validate_drafter(tiny["spec"], str(tiny["verifier"]), opts, report_dir=tmp_path / "report")
     # the typed config.json the run parsed once is handed over (no second parse in the loader)
@@ -254,3 +256,43 @@ def test_drafter_backend_seam_runs_the_registered_loader(tiny, tmp_path, monkeyp
     assert rep.gates["structure"] and rep.gates["lossless"] and rep.num_drafts > 0
     with pytest.raises(UsageError, match="drafter backend"):
         validate_drafter(tiny["spec"], str(tiny["verifier"]), ValidateOptions(drafter_backend="nope"))
+
+
+def test_chat_template_file_and_thinking_are_recorded(tiny, tmp_path):
+    """``--chat-template FILE --thinking off``: validation.json, the record (the file relative to
+    DIR) and the card hold the template's sha256, its kwargs and the thinking mode; the verifier's
+    own template (no enable_thinking) refuses ``--thinking on`` with exit 3 before any model loads."""
+    import hashlib
+    import os
+
+    tpl = tmp_path / "thinking.jinja"
+    tpl.write_text(THINKING_TEMPLATE)
+    args = ["--verifier", tiny["verifier"], "--prompts", tiny["prompts"], "--num-prompts", 1, "--max-new-tokens", 4]
+    r = invoke(tiny["spec"], *args, "--chat-template", tpl, "--thinking", "off", "--report-dir", tmp_path / "rep",
+               command=validate_cmd)
+    assert r.code == 0, r.output
+    out = json.loads(r.stdout)
+    facts = out["chat_template"]
+    sha = hashlib.sha256(tpl.read_bytes()).hexdigest()
+    # the torch loop decoded the ids this template renders with thinking off (one rendering per run)
+    from transformers import AutoTokenizer
+
+    from specconv.prompts import ChatOptions, chat_renderer
+    from specconv.prompts import select_prompts
+    from specconv.validate.run import rendered_digest
+
+    renderer = chat_renderer(AutoTokenizer.from_pretrained(str(tiny["verifier"])), ChatOptions(str(tpl), thinking="off"))
+    expected = renderer.render_all(select_prompts(str(tiny["prompts"]), 1))
+    assert out["prompts"]["rendered_sha256"] == rendered_digest(expected)
+    assert out["prompts"]["token_counts"] == [len(ids) for _, ids in expected]
+    assert facts == {"source": "file", "path": str(tpl), "sha256": sha, "kwargs": {"enable_thinking": False},
+                     "thinking": "off", "thinking_option": "off", "add_generation_prompt": True}
+    rec = json.loads((tiny["spec"] / "specconv.json").read_text())["validation"]["chat_template"]
+    assert rec["path"] == os.path.relpath(tpl, tiny["spec"]) and rec["sha256"] == sha and rec["thinking"] == "off"
+    card = (tiny["spec"] / "README.md").read_text()
+    assert f"chat template `thinking.jinja` (sha256 `{sha}`), kwargs `{{\"enable_thinking\": false}}`, thinking off" in card
+    r = invoke(tiny["spec"], *args, "--thinking", "on", "--report-dir", tmp_path / "rep2", command=validate_cmd,
+               catch=True)
+    assert r.code == 3 and json.loads(r.stdout)["error"] == "thinking_unsupported", r.output
+    r = invoke(tiny["spec"], *args, "--chat-template-kwargs", "[1]", command=validate_cmd, catch=True)
+    assert r.code == 2 and "JSON object" in json.loads(r.stdout)["message"]

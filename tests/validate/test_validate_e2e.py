@@ -36,3 +36,39 @@ def test_validate_smollm2_zlab_dflash(tmp_path, smollm2_dir, one_thread):
     assert parity["aux_layer_ids"] == {"reference": [2, 15, 28], "converted": [2, 15, 28]}
     assert parity["top1_agree"] == 1.0  # every clear-margin slot; near-ties may differ (G2's rule)
     assert out["stop_token_ids"] == [2]
+
+
+@pytest.mark.slow
+def test_base_model_verifier_with_plain_prompts(tmp_path, smollm2_dir, bundled_drafter_copy, one_thread):
+    """A verifier without a chat template (SmolLM2's files with ``chat_template.jinja`` left out: a
+    base model) validates with ``--chat-template none`` and plain ``prompt`` strings; without the
+    flag it is refused naming it, and a ``messages`` prompt is refused under it (exit 3 each)."""
+    from specconv.cli.validate import validate_cmd
+
+    base = tmp_path / "base"
+    base.mkdir()
+    for f in smollm2_dir.iterdir():
+        if f.name != "chat_template.jinja":
+            (base / f.name).symlink_to(f)
+    plain = tmp_path / "plain.jsonl"
+    plain.write_text('{"id": "q1", "prompt": "def fibonacci(n):"}\n{"id": "q2", "prompt": "The capital of France is"}\n')
+    args = ["--verifier", base, "--prompts", plain, "--num-prompts", "2", "--max-new-tokens", "8",
+            "--report-dir", tmp_path / "rep"]
+    r = invoke(bundled_drafter_copy, *args, command=validate_cmd, catch=True)
+    assert r.code == 3 and json.loads(r.stdout)["error"] == "no_chat_template", r.output
+    assert "--chat-template none" in json.loads(r.stdout)["hint"]
+    r = invoke(bundled_drafter_copy, *args, "--chat-template", "none", command=validate_cmd, catch=True)
+    assert r.code == 0, r.output
+    out = json.loads(r.stdout)
+    assert out["gates"] == {"structure": True, "acceptance": True, "lossless": True}
+    assert out["chat_template"] == {"source": "none", "path": None, "sha256": None, "kwargs": {}, "thinking": None,
+                                    "thinking_option": "auto", "add_generation_prompt": None}
+    assert out["options"]["chat"] == {"template": "none", "kwargs": {}, "thinking": "auto"}
+    rec = json.loads((bundled_drafter_copy / "specconv.json").read_text())["validation"]
+    assert rec["chat_template"]["source"] == "none"
+    assert "no chat template (plain prompts" in (bundled_drafter_copy / "README.md").read_text()
+    msgs = tmp_path / "messages.jsonl"
+    msgs.write_text('{"id": "m1", "messages": [{"role": "user", "content": "Hi"}]}\n')
+    r = invoke(bundled_drafter_copy, *args[:2], "--prompts", msgs, "--chat-template", "none",
+               "--report-dir", tmp_path / "rep2", command=validate_cmd, catch=True)
+    assert r.code == 3 and json.loads(r.stdout)["error"] == "messages_without_template", r.output

@@ -18,10 +18,10 @@ from test_export_onnx import exported  # noqa: E402,F401
 from test_export_wrappers import verifier_dir  # noqa: E402,F401
 
 from specconv.errors import InvalidInputError  # noqa: E402
-from specconv.export import engine, engine_drafter as ed  # noqa: E402
-from specconv.export.engine import BuildOptions, build_engine_dir  # noqa: E402
+from specconv.engines.tensorrt import build as engine, engine_drafter as ed  # noqa: E402
+from specconv.engines.tensorrt.build import BuildOptions, build_engine_dir  # noqa: E402
 from specconv.validate.metrics import kl_rows  # noqa: E402
-from specconv.validate.runtimes import RUNTIMES, judge  # noqa: E402
+from specconv.validate.runtimes import judge, runtimes  # noqa: E402
 
 KEY = "trt11.4.0-cu13-sm90-fp32"
 
@@ -194,7 +194,7 @@ def test_kl_and_the_engine_rule():
     ref = torch.tensor([[2.0, 0.0, float("-inf")], [0.0, 0.0, 0.0]])
     assert torch.allclose(kl_rows(ref, ref), torch.zeros(2, dtype=torch.float64), atol=1e-7)
     assert (kl_rows(ref, torch.tensor([[0.0, 2.0, float("-inf")], [0.0, 0.0, 0.0]]))[0] > 0.5).item()
-    rule, counts = RUNTIMES["tensorrt"].rule, {"mismatches": 3, "near_tie_mismatches": 0}
+    rule, counts = runtimes()["tensorrt"].rule, {"mismatches": 3, "near_tie_mismatches": 0}
     verdict, passed, errors = judge(rule, 2.0, 2.05, counts, False, 0.0)  # tokens and drafts are not gated
     assert passed is True and errors == [] and verdict == {"tau_rel_diff": pytest.approx(0.025)}
     verdict, passed, errors = judge(rule, 2.0, 1.9, counts, True, 1.0)  # any temperature

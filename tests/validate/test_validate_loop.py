@@ -8,7 +8,8 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 from specconv.validate.loop import run_requests, speculative_generate  # noqa: E402
-from specconv.validate.metrics import compute_metrics, metrics_from_counts  # noqa: E402
+from specconv.engines.counts import metrics_from_counts  # noqa: E402
+from specconv.validate.metrics import compute_metrics  # noqa: E402
 from specconv.validate.sampling import speculative_sample  # noqa: E402
 from drafter_doubles import (  # noqa: E402
     MixedDrafter,
@@ -235,7 +236,7 @@ def test_confidence_truncation_and_calibration(runner):
 
 
 def test_select_prompts_evenly_spaced(tmp_path):
-    from specconv.validate.run import select_prompts
+    from specconv.prompts import select_prompts
 
     f = tmp_path / "p.jsonl"
     f.write_text("".join(f'{{"prompt": "q{i}"}}\n' for i in range(10)))

@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 
 from specconv.validate.loop import RequestResult, StepRecord
-from specconv.validate.vllm_backend import (
+from specconv.engines.served import diff_counters
+from specconv.engines.vllm.serve import (
     build_serve_command,
-    diff_counters,
     metrics_from_vllm,
     parse_spec_counters,
 )

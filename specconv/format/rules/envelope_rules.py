@@ -9,16 +9,23 @@ descriptions' (:mod:`specconv.format.algorithms`).
 
 from __future__ import annotations
 
-from ..schema import BlockDraftConfig, expected_speculative_tokens
-from ..serve import long_form_argv, shell_command
+import json
+import shlex
+
+from ..facts import disputed_layout
+from ..schema import BlockDraftConfig, expected_speculative_tokens, speculators_default
 from ..verifier_facts import is_hub_repo_id
 from .registry import Hit, LintContext, rule
 
 K_KEY = "speculators_config.proposal_methods.0.speculative_tokens"
 
 def serve_hint(ctx: LintContext) -> str:
-    """The long-form ``vllm serve`` command line for the draft (:mod:`specconv.format.serve`)."""
-    return shell_command(long_form_argv("<verifier>", "<draft_dir>", ctx.algo, ctx.cfg.speculative_tokens), wrap=False)
+    """The long-form ``vllm serve`` command line for the draft, on one line: the words of
+    ``specconv.engines.vllm.serve_line.long_form_argv`` (the card's; a test holds them equal) with
+    the ``--speculative-config`` of the description (:meth:`.algorithms.VllmFacts.speculative_config`),
+    shell-quoted (``shlex.join``)."""
+    spec = ctx.alg.vllm.speculative_config("<draft_dir>", ctx.cfg.speculative_tokens)
+    return shlex.join(["vllm", "serve", "<verifier>", "--speculative-config", json.dumps(spec)])
 
 
 @rule("top-level-model-type", "error")
@@ -189,10 +196,31 @@ def _k_mismatch(ctx: LintContext) -> Hit | None:
             f"drafts {exp} tokens per pass; vLLM does not check this", K_KEY)
 
 
+def _legacy_disputed(ctx: LintContext) -> bool | None:
+    """None unless the legacy rule told ``sample_from_anchor``; then whether speculators
+    0.9.0 reads the absent key otherwise (its class default for the algorithm)."""
+    cfg = ctx.cfg
+    if not isinstance(cfg, BlockDraftConfig) or not cfg.sample_from_anchor_from_legacy:
+        return None
+    return speculators_default(ctx.algo, "sample_from_anchor") != cfg.sample_from_anchor
+
+
+@rule("sample-from-anchor-disputed", "error")
+def _sample_from_anchor_disputed(ctx: LintContext) -> Hit | None:
+    if _legacy_disputed(ctx):
+        cfg = ctx.cfg
+        readings = disputed_layout(cfg.block_size, cfg.speculative_tokens, cfg.sample_from_anchor,
+                                   not cfg.sample_from_anchor, ctx.alg.display_name)
+        return (f"sample_from_anchor is absent: {readings}; the block layout cannot be told (a flipped "
+                "layout drafts every token from the wrong slot) — `specconv convert --sample-from-anchor` or "
+                "`--no-sample-from-anchor` (how the drafter was trained) writes it", "sample_from_anchor")
+    return None
+
+
 @rule("sample-from-anchor-legacy", "info")
 def _sample_from_anchor_legacy(ctx: LintContext) -> Hit | None:
     cfg = ctx.cfg
-    if isinstance(cfg, BlockDraftConfig) and cfg.sample_from_anchor_from_legacy:
+    if _legacy_disputed(ctx) is False:
         rule_text = "== block_size → anchor-first" if cfg.sample_from_anchor else "== block_size-1 → 1+N"
         return (f"sample_from_anchor is absent; read as {str(cfg.sample_from_anchor).lower()} by the "
                 f"legacy rule (speculative_tokens {cfg.speculative_tokens} {rule_text}), as "

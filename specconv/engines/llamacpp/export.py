@@ -1,0 +1,308 @@
+"""``specconv export gguf DIR``: a Speculators DFlash / DSpark dir → ``OUT/drafter-<dtype>.gguf`` and
+``OUT/gguf_meta.json`` (what each holds: ``docs/llamacpp.md``, "What export gguf writes"), written
+through a locked temp dir renamed into place at the end (:mod:`specconv.outdir`).
+
+The check (:func:`specconv.engines.llamacpp.check.run_check`) runs on the GGUF in the temp dir, which is
+the file renamed into place: the checked bytes are the shipped bytes. It runs when a
+``llama-server`` and a verifier GGUF are found (``check=False``: ``--no-check``); a failed check
+is exit 4 and writes nothing. The result is recorded under ``export.gguf`` in ``DIR/specconv.json``.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+from ...errors import GateFailedError, InvalidInputError
+from ...outdir import OutputTemp, check_output, move_into_place, public_modes, temp_output
+from . import META_FORMAT, META_FORMAT_VERSION, META_NAME
+from ...results import ExportGgufResult
+from .server import LLAMA_SERVER_ENV
+from .target import VERIFIER_GGUF_ENV
+
+log = logging.getLogger("specconv.engines.llamacpp")
+
+__all__ = ["META_FORMAT", "META_FORMAT_VERSION", "META_NAME", "check_meta", "export_gguf_dir", "find_export",
+           "verify_export"]
+
+def check_meta(meta: Any, where: str | Path) -> None:
+    """Refuse a ``gguf_meta.json`` of another format or version (exit 3, ``gguf_format_version``;
+    :func:`specconv.engines.exportdir.check_meta`)."""
+    from ..exportdir import check_meta as check
+    from . import ENGINE
+
+    check(meta, where, ENGINE.export)
+
+
+def _prepare(d: Path, out: Path, verifier: str | None, overwrite: bool):
+    """Inputs, refused before anything is written: the dir, the output rule, extras, verifier."""
+    from ..exportdir import check_speculators_dir, default_verifier, output_kinds
+    from ...extras import require, require_extra
+
+    require_extra("gguf", feature="specconv export gguf")
+    require("transformers", "validate", feature="specconv export gguf (the verifier's tokenizer)")
+    require("torch", "validate", feature="specconv export gguf")
+    check_speculators_dir(d)
+    check_output(out, "gguf", overwrite, drafter_dir=d, kinds=output_kinds)
+    vspec = verifier or default_verifier(d)
+    if not vspec:
+        raise InvalidInputError(f"{d}/specconv.json names no verifier: pass --verifier", code="verifier_not_found")
+    from ...verifier import resolve_verifier
+
+    v = resolve_verifier(vspec)
+    return v.spec, v  # a local path made absolute (what the meta records)
+
+
+def recorded_verifier_name(d: Path) -> str | None:
+    """The verifier's name the conversion recorded (``conversion.verifier.name_or_path``), or None."""
+    from ...record import read_record
+
+    conv = read_record(d, missing_ok=True).conversion
+    return conv.verifier.name_or_path if conv is not None and conv.verifier is not None else None
+
+
+def export_gguf_dir(drafter_dir: str | Path, out: str | Path | None = None, *, verifier: str | None = None,
+                    dtype: str = "keep", overwrite: bool = False, check: bool = True, llama_server: str | None = None,
+                    verifier_gguf: str | None = None) -> ExportGgufResult:
+    """Export a Speculators DFlash / DSpark drafter as a llama.cpp GGUF drafter.
+
+    Args:
+        drafter_dir: the Speculators dir. out: output dir (default ``DIR/gguf``).
+        verifier: verifier dir or Hub id (default: the one in ``DIR/specconv.json``).
+        dtype: ``keep`` | ``float32`` | ``float16`` | ``bfloat16`` (2-D weights; norms and 1-D are F32).
+        overwrite: replace an earlier specconv GGUF export (or an empty dir).
+        check: serve the GGUF with llama-server when one and a verifier GGUF are found.
+        llama_server: ``--llama-server``. verifier_gguf: ``--verifier-gguf``.
+
+    Returns:
+        :class:`~specconv.results.ExportGgufResult` (also ``export.gguf`` in ``DIR/specconv.json``).
+
+    Raises:
+        UnsupportedFormatError: exit 3, ``gguf_*``: what llama.cpp cannot represent (nothing written).
+        InvalidInputError: not a Speculators dir, an existing output, a missing verifier.
+        GateFailedError: the check failed (exit 4, nothing written).
+        MissingExtraError: ``gguf`` or ``validate`` extra missing (exit 2).
+    """
+    from ...format import load_config
+    from ...tensors import open_store
+    from .layout import plan_gguf
+    from .target import default_verifier_gguf, read_target, refuse_target
+
+    d = Path(drafter_dir)
+    out_dir = Path(out) if out is not None else d / "gguf"
+    vspec, v = _prepare(d, out_dir, verifier, overwrite)
+    cfg, store = load_config(d), open_store(d)
+    plan = plan_gguf(cfg, store, v, dtype)
+    tpath, trepo = default_verifier_gguf(v, verifier_gguf, (recorded_verifier_name(d),))
+    target = read_target(tpath) if tpath is not None else None
+    if target is not None:
+        refuse_target(target, v)
+    from .server import resolve_server
+
+    server = resolve_server(llama_server) if check else None
+    from ..exportdir import output_kinds
+
+    with temp_output(out_dir) as tmp:
+        result = _write_checked(tmp, d, cfg, store, v, plan, vspec, out_dir, (tpath, trepo, target), check, server)
+        move_into_place(tmp, out_dir, overwrite, "gguf", kinds=output_kinds)
+    _record(d, result, card=out is None)
+    return ExportGgufResult.of(result)
+
+
+def _write_checked(tmp: OutputTemp, d: Path, cfg: Any, store: Any, v: Any, plan: Any, vspec: str, out_dir: Path,
+                   found: tuple, check: bool, server: Any) -> dict[str, Any]:
+    """The GGUF and ``gguf_meta.json`` in ``tmp``, served when ``check`` and a server and a target were found.
+
+    Raises:
+        GateFailedError: the check failed (exit 4; the caller's temp dir is released, nothing written).
+    """
+    tpath, trepo, target = found
+    meta = _write(tmp.path, d, cfg, store, v, plan, vspec)
+    result = _result(meta, out_dir, target, trepo)
+    if check and server is not None and target is not None:
+        tmp.step = "checking it with llama-server"
+        result["check"] = _check(tmp.path / plan.file_name, tpath, server, v, plan, target)
+        tmp.step = "writing its files"
+        if not result["check"]["passed"]:
+            raise GateFailedError(f"llama-server check failed: {json.dumps(_brief(result['check']))}",
+                                  hint="inspect with --no-check (writes the GGUF without the gate)")
+    else:
+        result["check"] = {"skipped": _skip_reason(check, server, target)}
+    meta["check"] = _brief(result["check"])
+    (tmp.path / META_NAME).write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")
+    public_modes(tmp.path)
+    return result
+
+
+def _write(tmp: Path, d: Path, cfg: Any, store: Any, v: Any, plan: Any, vspec: str) -> dict[str, Any]:
+    """The GGUF in ``tmp`` and its meta (the check result is added by the caller)."""
+    from ...record import file_hashes
+    from ...tensors import sha256_file
+    from ...versions import library_versions
+    from .layout import _layer_config
+    from .writer import write_gguf
+
+    path = tmp / plan.file_name
+    log.info("writing %s (%d tensors) ...", path.name, len(plan.tensors))
+    write_gguf(plan, path, store=store, verifier=v, name=d.resolve().name,
+               vocab_size=int(_layer_config(cfg)["vocab_size"]))
+    return {"format": META_FORMAT, "format_version": META_FORMAT_VERSION,
+            "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+            "algorithm": cfg.speculators_model_type, "architecture": plan.arch, "file": plan.file_name,
+            "dtype": plan.file_type, "versions": library_versions(("gguf", "transformers", "torch")),
+            "tensors": {t.gguf_name: {"source": t.source, "type": t.ggml_type} for t in plan.tensors},
+            "keys": sorted(k for k, _, _ in plan.keys), "not_written": plan.not_written,
+            "target_layers": plan.target_layers, "spec_type": plan.spec_type,
+            "spec_draft_n_max": plan.spec_draft_n_max, "verifier": vspec,
+            "contains_verifier_weights": bool(plan.from_verifier), "verifier_weights": plan.from_verifier,
+            "files": {plan.file_name: sha256_file(path)}, "drafter_files": file_hashes(d)}
+
+
+def _result(meta: dict, out_dir: Path, target: dict | None, repo: str | None) -> dict[str, Any]:
+    keys = ("algorithm", "architecture", "file", "dtype", "spec_type", "spec_draft_n_max", "target_layers",
+            "contains_verifier_weights", "verifier_weights", "not_written", "created")
+    res = {"output": str(out_dir), **{k: meta[k] for k in keys}, "sha256": meta["files"][meta["file"]]}
+    if target is not None:
+        res["verifier_gguf"] = {"name": target["name"], "sha256": target["sha256"],
+                                "quantisation": target["quantisation"], "repo": repo}
+    return res
+
+
+def _skip_reason(check: bool, server: Path | None, target: dict | None) -> str:
+    if not check:
+        return "--no-check"
+    if server is None:
+        return f"no llama-server (--llama-server, ${LLAMA_SERVER_ENV}, or `make llama-cpp`)"
+    return f"no verifier GGUF (--verifier-gguf or ${VERIFIER_GGUF_ENV})"
+
+
+def _check(gguf: Path, tpath: Path, server: Path, v: Any, plan: Any, target: dict) -> dict[str, Any]:
+    """The export's serve check: :data:`~specconv.engines.llamacpp.check.CHECK_PROMPTS` ``eval`` prompts,
+    :data:`~specconv.engines.llamacpp.check.CHECK_NEW_TOKENS` tokens each, rendered with the verifier's template."""
+    from .check import CHECK_NEW_TOKENS, CHECK_PROMPTS, run_check
+    from .target import same_tokenizer
+
+    if not same_tokenizer(gguf, target):
+        return {"passed": False, "why": f"the drafter's tokenizer differs from {target['name']}'s"}
+    prompts = render_prompts(v, "eval", CHECK_PROMPTS)
+    res = run_check(gguf, tpath, server, prompts, n_predict=CHECK_NEW_TOKENS, spec_type=plan.spec_type,
+                    n_max=plan.spec_draft_n_max)
+    res.pop("plain_outputs", None)
+    res.pop("spec_outputs", None)
+    return res
+
+
+def render_prompts(v: Any, prompt_set: str, n: int | None) -> list[tuple[str, list[int]]]:
+    """``(id, token ids)`` of ``n`` prompts of ``prompt_set`` (evenly spaced, as validate selects
+    them), rendered with the verifier's chat template (:func:`specconv.prompts.render`)."""
+    from transformers import AutoTokenizer
+
+    from ...prompts import render, select_prompts
+
+    tok = AutoTokenizer.from_pretrained(str(v.local_dir))
+    return [(p.id, render(p, tok)) for p in select_prompts(prompt_set, n)]
+
+
+def _brief(check: dict) -> dict:
+    """The check as the meta and the record keep it (no per-token outputs, no host paths)."""
+    keep = ("passed", "skipped", "why", "lossless", "exact_match", "divergences", "drafts_accepted", "tau",
+            "acceptance_at_pos", "num_drafts", "num_draft_tokens", "num_accepted_tokens", "spec_type",
+            "spec_draft_n_max", "n_predict", "prompts")
+    out = {k: check[k] for k in keep if k in check}
+    srv = check.get("server") or {}
+    if srv:
+        out["llama_server"] = {"version": srv.get("version"), "commit": srv.get("commit")}
+    return out
+
+
+def _record(d: Path, result: dict, *, card: bool) -> None:
+    """``export.gguf`` in ``DIR/specconv.json``, the check as :func:`_brief` keeps it
+    (:func:`specconv.engines.exportdir.finish_export`, ``card`` as there)."""
+    from ..exportdir import finish_export
+
+    payload = {**{k: v for k, v in result.items() if k != "check"}, "check": _brief(result.get("check") or {})}
+    finish_export(d, "gguf", payload, card=card)
+
+
+def find_export(d: Path) -> tuple[Path, dict]:
+    """The GGUF export of drafter dir ``d`` (``d/gguf``): ``(gguf file, meta)``.
+
+    Raises:
+        InvalidInputError: no export (``gguf_missing``), another format version, or a GGUF
+            whose sha256 or drafter files differ from the meta (``gguf_stale``): re-export.
+    """
+    meta_path = d / "gguf" / META_NAME
+    if not meta_path.is_file():
+        raise InvalidInputError(f"{d}/gguf/{META_NAME} does not exist: export the drafter first",
+                                code="gguf_missing", hint=f"specconv export gguf {d}")
+    meta = json.loads(meta_path.read_text(encoding="utf-8"))
+    check_meta(meta, meta_path)
+    verify_export(d, meta)
+    return d / "gguf" / meta["file"], meta
+
+
+def verify_export(d: Path, meta: dict) -> None:
+    """The GGUF's sha256 and the drafter files' equal what ``gguf_meta.json`` recorded.
+
+    Raises:
+        InvalidInputError: ``gguf_stale``.
+    """
+    from ...record import file_hashes
+    from ...tensors import sha256_file
+
+    f = d / "gguf" / str(meta.get("file"))
+    if not f.is_file() or sha256_file(f) != (meta.get("files") or {}).get(meta.get("file")):
+        raise InvalidInputError(f"{f}: missing or not the bytes gguf_meta.json records", code="gguf_stale",
+                                hint=f"specconv export gguf {d} --overwrite")
+    if meta.get("drafter_files") != file_hashes(d):
+        raise InvalidInputError(f"{d}/gguf was exported from other drafter files than {d} holds now",
+                                code="gguf_stale", hint=f"specconv export gguf {d} --overwrite")
+
+
+def pushable(d: Path, rec: Any, rel: str) -> tuple[bool, bool]:
+    """Whether ``gguf/<file>`` of drafter dir ``d`` may be pushed, the ``onnx/`` gate's twin
+    (:mod:`specconv.publish.payload`): ``gguf_meta.json`` of this format version, a passed
+    llama-server check recorded under ``export.gguf.check``, the file's sha256 equal to the meta's
+    and the meta's drafter files equal to the validated ones.
+
+    Returns:
+        ``(pushable, contains verifier weights)``.
+
+    Raises:
+        InvalidInputError: a meta of another format version (exit 3, re-export).
+    """
+    from ...tensors import sha256_file
+
+    meta = _read_meta(d)
+    if meta is None:
+        return False, False
+    check_meta(meta, d / "gguf" / META_NAME)
+    export = rec.export.gguf if rec.export is not None else None
+    validated = (rec.validation.files or {}) if rec.validation is not None else {}
+    if export is None or not (export.check or {}).get("passed") or meta.get("drafter_files") != validated:
+        return False, False
+    name = rel[len("gguf/"):]
+    if name != META_NAME and (meta.get("files") or {}).get(name) != sha256_file(d / rel):
+        return False, False
+    return True, _holds_verifier_weights(meta)
+
+
+def _read_meta(d: Path) -> Any:
+    """The parsed ``d/gguf/gguf_meta.json`` (not checked), None when absent or unreadable."""
+    try:
+        return json.loads((d / "gguf" / META_NAME).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+
+
+def holds_verifier_weights(d: Path) -> bool:
+    """Whether drafter dir ``d``'s GGUF holds verifier tensors, as its ``gguf_meta.json`` says
+    (False without a readable meta object); push's gate (after its format check) and the card ask this."""
+    return _holds_verifier_weights(_read_meta(d))
+
+
+def _holds_verifier_weights(meta: Any) -> bool:
+    return isinstance(meta, dict) and bool(meta.get("contains_verifier_weights"))

@@ -1,0 +1,66 @@
+"""``release --build-engine``: one ``--builder rtx`` engine built from the exported graph after the
+ONNX export step (docs/cli.md, "release").
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+from typing import Any
+
+from ...errors import InvalidInputError
+
+#: the builder a release uses (TensorRT-RTX: one engine per GPU generation, ``docs/engines.md``)
+RELEASE_BUILDER = "rtx"
+_MODULES = {"tensorrt": "tensorrt", "rtx": "tensorrt_rtx"}
+
+
+def engine_unavailable(builder: str = RELEASE_BUILDER) -> str | None:
+    """Why an engine cannot be built on this machine, or None when it can.
+
+    Checks that the builder's Python module is importable (without importing it) and that a
+    CUDA GPU is present: ``--builder tensorrt`` always needs one, and ``rtx`` without a GPU
+    needs explicit ``--compute-capability`` targets, which ``release`` does not take.
+
+    Args:
+        builder: ``tensorrt`` | ``rtx``.
+
+    Returns:
+        A one-line reason (str) or None.
+    """
+    mod = _MODULES[builder]
+    if importlib.util.find_spec(mod) is None:
+        return f"--builder {builder}: the Python module {mod!r} is not installed"
+    from .build import gpu_info
+
+    if gpu_info() is None:
+        return f"--builder {builder}: no CUDA GPU found (torch.cuda)"
+    return None
+
+
+def preflight(mode: str) -> None:
+    """``--build-engine`` (``always``): the builder installed (exit 2) and a GPU here (exit 3)."""
+    if mode != "always":
+        return
+    from .build import import_builder
+
+    import_builder(RELEASE_BUILDER, feature="specconv release --build-engine")  # not installed: exit 2
+    reason = engine_unavailable()
+    if reason is not None:
+        raise InvalidInputError(f"--build-engine: {reason}", code="engine_unavailable",
+                                hint="--build-engine=if-available records the skip and releases without it")
+
+
+def engine_step(drafter: Path, mode: str) -> dict[str, Any]:
+    """``--build-engine`` (``always``) or ``--build-engine=if-available``: build one
+    ``--builder rtx`` engine under ``drafter/trt/<key>/``; ``if-available`` returns
+    ``{"skipped": reason}`` when :func:`engine_unavailable` says no."""
+    reason = engine_unavailable()
+    if reason is not None:
+        if mode == "if-available":
+            return {"skipped": reason}
+        raise InvalidInputError(f"--build-engine: {reason}", code="engine_unavailable")
+    from .build import BuildOptions, build_engine_dir
+
+    built = build_engine_dir(drafter, None, BuildOptions(builder=RELEASE_BUILDER, overwrite=True))
+    return {"path": str(Path(built.path).relative_to(drafter)) if built.path else None}

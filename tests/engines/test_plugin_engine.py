@@ -1,0 +1,84 @@
+"""A plug-in engine needs no product edit (issue 26): ``tests/engines/plugin_engine.py`` is
+registered through the entry-point group by a ``*.dist-info`` on ``PYTHONPATH``, and the real
+``specconv`` entry point (a subprocess) then offers ``export dummy`` and ``release --export-dummy``,
+push publishes its checked files and the card lists them."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torch")
+pytest.importorskip("jinja2")
+
+from cli_runner import online_env, run_specconv  # noqa: E402
+from hub_double import HubDouble  # noqa: E402
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+EXAMPLE = REPO_ROOT / "examples" / "smollm2-dflash-b8"
+SMOLLM2 = "HuggingFaceTB/SmolLM2-135M-Instruct"
+TINY = ("--prompts", "eval", "--num-prompts", "1", "--max-new-tokens", "4", "--device", "cpu")
+TOKEN = "hf_specconvFAKEtoken0123456789abcdef"
+
+
+@pytest.fixture(scope="module")
+def plugin_path(tmp_path_factory) -> str:
+    """A site dir holding the plug-in's dist-info (entry point ``dummy``), then ``tests/engines``
+    (its module) and the checkout (this specconv)."""
+    site = tmp_path_factory.mktemp("plugin-site")
+    info = site / "specconv_dummy_engine-0.1.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: specconv-dummy-engine\nVersion: 0.1\n")
+    (info / "entry_points.txt").write_text("[specconv.engines]\ndummy = plugin_engine:ENGINE\n")
+    return ":".join([str(site), str(Path(__file__).parent), str(REPO_ROOT)])
+
+
+@pytest.fixture(scope="module")
+def double():
+    d = HubDouble(token=TOKEN).start()
+    yield d
+    d.stop()
+
+
+def _run(tmp: Path, double: HubDouble, plugin_path: str, *argv, as_json: bool = True):
+    env = online_env(double.url, tmp / "hf-home", TOKEN, PYTHONPATH=plugin_path)
+    r = run_specconv(*argv, cwd=tmp / "cwd", env=env, timeout=600, as_json=as_json)
+    return r.code, (r.json if as_json else None), r.stdout + r.stderr
+
+
+@pytest.mark.slow
+def test_a_plugin_engine_exports_pushes_and_releases(tmp_path, double, plugin_path, smollm2_dir):
+    d = tmp_path / "drafter"
+    code, out, text = _run(tmp_path, double, plugin_path, "convert", EXAMPLE, "--verifier", smollm2_dir,
+                           "--verifier-name", SMOLLM2, "-o", d)
+    assert code == 0, text[-2000:]
+    code, out, text = _run(tmp_path, double, plugin_path, "validate", d, "--verifier", smollm2_dir, *TINY)
+    assert code == 0, text[-2000:]
+    code, out, text = _run(tmp_path, double, plugin_path, "export", "dummy", d, "--greeting", "hi")
+    assert code == 0 and out["check"] == {"passed": True}, text[-2000:]
+    assert (d / "dummy" / "layout.txt").read_text() == "hi dflash\n"
+    code, out, text = _run(tmp_path, double, plugin_path, "push", d, "--repo-id", "specconv-test/plugin", "--dry-run")
+    assert code == 0 and out["status"] == "dry_run", text[-2000:]
+    planned = {f["path"] for f in out["files"]}
+    assert {"dummy/layout.txt", "dummy/dummy_meta.json"} <= planned
+    (d / "dummy" / "layout.txt").write_text("changed after its check\n")
+    code, out, text = _run(tmp_path, double, plugin_path, "push", d, "--repo-id", "specconv-test/plugin", "--dry-run")
+    assert code == 4 and out["error"] == "ungated_file" and "dummy/layout.txt" in out["message"], text[-2000:]
+
+    work = tmp_path / "work"
+    code, out, text = _run(tmp_path, double, plugin_path, "release", EXAMPLE, "--verifier", smollm2_dir,
+                           "--verifier-name", SMOLLM2, "--repo-id", "specconv-test/plugin-release", "--dry-run",
+                           "--work-dir", work, "--export-dummy", *TINY)
+    assert code == 0, text[-3000:]
+    assert [s["step"] for s in out["steps"]] == ["preflight", "convert", "validate", "dummy", "push"]
+    assert out["dummy"] == {"algorithm": "dflash", "check": {"passed": True}}
+    card = (work / "drafter" / "README.md").read_text()
+    assert "dummy/layout.txt" in card and "Dummy layout" in card
+
+
+def test_the_plugin_is_listed_without_it_nothing_is(tmp_path, double, plugin_path):
+    code, _, text = _run(tmp_path, double, plugin_path, "export", "--help", as_json=False)
+    assert code == 0 and "dummy" in text
+    code, _, text = _run(tmp_path, double, REPO_ROOT.as_posix(), "export", "--help", as_json=False)
+    assert code == 0 and "dummy" not in text and "gguf" in text

@@ -1,0 +1,71 @@
+"""Generic code never dispatches on an engine's name (issue 26; the rule ``tests/format`` applies to
+algorithm names): outside ``specconv/engines/<key>/`` no product module compares with, keys a dict
+by, subscripts with or matches on an engine's key (or its directory / record name: ``gguf``,
+``trt``). The places not yet folded into the registry are listed here; the list may only shrink."""
+
+from __future__ import annotations
+
+import ast
+from collections import Counter
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+NAMES = {"vllm", "onnx", "tensorrt", "sglang", "llamacpp", "gguf", "trt"}
+#: import names → extras, not engines (``specconv/extras.py`` maps Python packages)
+NOT_DISPATCH = {"specconv/extras.py"}
+#: "file: name" → places today (the serve and load-check capabilities, the card's sections and the
+#: reports' engine keys are not in the registry yet). Only ever remove or lower entries.
+ALLOWED = Counter({
+    "specconv/format/algorithms.py: vllm": 1,
+    "specconv/publish/sglang_repo.py: sglang": 2,
+    "specconv/results.py: onnx": 1,
+    "specconv/validate/backend.py: vllm": 1,
+    "specconv/validate/backend.py: llamacpp": 1,
+    "specconv/validate/run.py: vllm": 1,
+    "specconv/validate/served.py: llamacpp": 2,
+    "specconv/validate/served.py: gguf": 1,
+})
+
+
+def _is_name(n: ast.AST) -> bool:
+    return isinstance(n, ast.Constant) and isinstance(n.value, str) and n.value in NAMES
+
+
+def _dispatch(node: ast.AST) -> list[ast.Constant]:
+    """The engine names ``node`` dispatches on (a comparison, a dict key, a subscript, a match case)."""
+    if isinstance(node, ast.Compare):
+        sides = [node.left, *node.comparators]
+        found = [c for c in sides if _is_name(c)]
+        return found + [e for c in sides if isinstance(c, (ast.Tuple, ast.List, ast.Set)) for e in c.elts
+                        if _is_name(e)]
+    if isinstance(node, ast.Dict):
+        return [k for k in node.keys if k is not None and _is_name(k)]
+    if isinstance(node, ast.Subscript):
+        return [node.slice] if _is_name(node.slice) else []
+    if isinstance(node, ast.match_case):
+        return [x for x in ast.walk(node.pattern) if _is_name(x)]
+    return []
+
+
+def places() -> Counter:
+    found: Counter = Counter()
+    for path in sorted((ROOT / "specconv").rglob("*.py")):
+        rel = path.relative_to(ROOT).as_posix()
+        parts = rel.split("/")
+        if rel in NOT_DISPATCH or (parts[1] == "engines" and len(parts) > 3):  # an engine's own package
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            for c in _dispatch(node):
+                found[f"{rel}: {c.value}"] += 1
+    return found
+
+
+def test_no_dispatch_on_an_engine_name_beyond_the_list():
+    grown = {k: (ALLOWED.get(k, 0), n) for k, n in places().items() if n > ALLOWED.get(k, 0)}
+    assert not grown, f"dispatch on an engine's name outside specconv/engines/<key>/ (allowed, now): {grown}"
+
+
+def test_the_list_only_shrinks():
+    now = places()
+    stale = sorted(k for k, n in ALLOWED.items() if now.get(k, 0) < n)
+    assert not stale, f"fewer places now: lower or delete these entries: {stale}"
