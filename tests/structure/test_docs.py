@@ -143,3 +143,13 @@ def test_doc_commands_are_found():
     assert len(cmds) > 100
     synopsis = [c for c in cmds if c.startswith("specconv validate DIR --verifier V [--source SRC]")]
     assert synopsis and "--sglang-load-check" in synopsis[0]
+
+
+def test_test_modules_have_unique_basenames() -> None:
+    """pytest's default import mode (rootdir, no ``__init__.py`` per room) imports test modules by
+    basename: two rooms with the same ``test_x.py`` stop collection of the whole suite (CI did)."""
+    root = Path(__file__).resolve().parents[1]
+    seen: dict[str, list[str]] = {}
+    for path in sorted(root.rglob("test_*.py")):
+        seen.setdefault(path.name, []).append(str(path.relative_to(root)))
+    assert {name: paths for name, paths in seen.items() if len(paths) > 1} == {}
