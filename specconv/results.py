@@ -208,6 +208,10 @@ class InspectResult(StageResult):
         return "\n".join(lines)
 
 
+#: the suffix of a load check's report key (``vllm_load``: :class:`specconv.engines.base.LoadCheck`)
+LOAD_SUFFIX = "_load"
+
+
 class ValidationReport(StageResult):
     """The report of :func:`specconv.validate.run.validate_drafter` (``validation.json``).
 
@@ -273,11 +277,12 @@ class ValidationReport(StageResult):
     message: str | None = None
 
     def failed_gates(self) -> list[str]:
-        """Names of the gates that ran and failed, then ``vllm_load`` when the
-        ``--vllm-load-check`` failed."""
+        """Names of the gates that ran and failed, then the report keys of the engines' load
+        checks that failed (a load check's payload is ``<name>_load``, ``ok`` its verdict:
+        ``specconv.engines.base.LoadCheck``)."""
         failed = [k for k, v in self.gates.items() if v is False]
-        failed += ["vllm_load"] if self.vllm_load and not self.vllm_load.get("ok") else []
-        return failed + (["sglang_load"] if self.sglang_load and not self.sglang_load.get("ok") else [])
+        loads = {**{k: getattr(self, k) for k in type(self).model_fields}, **(self.__pydantic_extra__ or {})}
+        return failed + [k for k, v in loads.items() if k.endswith(LOAD_SUFFIX) and isinstance(v, dict) and not v.get("ok")]
 
     def exit_status(self) -> int:
         """4 when a gate that ran (or the vLLM load check) failed, else 0."""

@@ -170,3 +170,24 @@ def runtime_options(fn: Callable[..., Any]) -> Callable[..., Any]:
 def pop_runtime_paths(kw: dict[str, Any]) -> dict[str, Any]:
     """Take :func:`runtime_options`' values out of ``kw``: runtime flag key → PATH or None."""
     return {key: kw.pop(spec.dest, None) for key, spec in _runtime_specs()}
+
+
+def load_check_options(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``validate``'s flag and interpreter option per loader check (``--vllm-load-check``,
+    ``--vllm-loader-python``, ``--sglang-load-check``, ...), from the registry."""
+    from ..engines import with_capability
+
+    return with_options([s for e in with_capability("load_check") for s in (e.load_check.flag, e.load_check.python)])(fn)
+
+
+def pop_load_checks(kw: dict[str, Any]) -> dict[str, str | None]:
+    """Take :func:`load_check_options`' values out of ``kw``: engine key → interpreter (None: the
+    default) of every check asked for."""
+    from ..engines import with_capability
+
+    out: dict[str, str | None] = {}
+    for e in with_capability("load_check"):
+        on, python = kw.pop(e.load_check.flag.dest, False), kw.pop(e.load_check.python.dest, None)
+        if on:
+            out[e.key] = python
+    return out

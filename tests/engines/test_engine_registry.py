@@ -9,8 +9,10 @@ import re
 import tomllib
 from pathlib import Path
 
+import pytest
+
 from specconv.engines import ENTRY_POINT_GROUP, engine, engines, reset
-from specconv.engines.base import Engine, Exporter, OptionSpec, Runtime, Surface
+from specconv.engines.base import Engine, Exporter, LoadCheck, OptionSpec, Runtime, Surface
 from specconv.outdir import OutputKind
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -46,11 +48,24 @@ def test_adding_an_engine_names_what_the_code_has():
     doc = (ROOT / "docs" / "architecture.md").read_text()
     section = doc.split("## Adding an engine", 1)[1].split("\n## ", 1)[0]
     names = set(re.findall(r"`([a-z_]+)`", section))
-    fields = {f.name for cls in (Engine, OptionSpec, Surface, Runtime, OutputKind) for f in dataclasses.fields(cls)}
+    fields = {f.name for cls in (Engine, OptionSpec, Surface, Runtime, LoadCheck, OutputKind) for f in dataclasses.fields(cls)}
     members = {n for n in dir(Exporter) if not n.startswith("_")} | set(Exporter.__annotations__)
-    meta_keys = {"format_version"}  # what an export's meta file holds (engines/exportdir.py)
+    meta_keys = {"format_version", "ok"}  # an export's meta file (engines/exportdir.py), a load check's verdict
     commands = {"push", "release", "validate"}  # the commands that reach the capabilities
-    assert names - fields - members - meta_keys - commands - {"runtime", "export"} == set()
+    assert names - fields - members - meta_keys - commands - {"runtime", "export", "load_check"} == set()
     assert {"push_verdict", "release_step", "card_rows", "owns"} <= names
     for path in re.findall(r"`(specconv/[a-z_/]+\.py)`", section):
         assert (ROOT / path).is_file(), path
+
+
+def test_an_export_flag_not_given_refuses_nothing(monkeypatch, tmp_path):
+    """``release`` without ``--export-gguf`` needs no llama-server (the preflight ran for every engine
+    and refused a release that never asked for a GGUF where no llama-server was built)."""
+    from specconv.engines import engine
+    from specconv.errors import InvalidInputError
+
+    monkeypatch.setenv("SPECCONV_LLAMA_SERVER", str(tmp_path / "no-llama-server"))
+    cap = engine("llamacpp").export
+    cap.release_preflight({}, False)
+    with pytest.raises(InvalidInputError):
+        cap.release_preflight({}, True)

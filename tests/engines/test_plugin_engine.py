@@ -53,8 +53,19 @@ def test_a_plugin_engine_exports_pushes_and_releases(tmp_path, double, plugin_pa
     code, out, text = _run(tmp_path, double, plugin_path, "convert", EXAMPLE, "--verifier", smollm2_dir,
                            "--verifier-name", SMOLLM2, "-o", d)
     assert code == 0, text[-2000:]
-    code, out, text = _run(tmp_path, double, plugin_path, "validate", d, "--verifier", smollm2_dir, *TINY)
-    assert code == 0, text[-2000:]
+    code, out, text = _run(tmp_path, double, plugin_path, "validate", d, "--verifier", smollm2_dir, *TINY,
+                           "--dummy-load-check")
+    assert code == 0 and out["dummy_load"]["ok"] and out["dummy_load"]["model_type"] == "dflash", text[-2000:]
+    code, out, text = _run(tmp_path, double, plugin_path, "validate", d, "--verifier", smollm2_dir, *TINY,
+                           "--dummy-load-check", "--dummy-loader-python", tmp_path / "no-python")
+    assert code == 3 and out["error"] == "dummy_python_missing", text[-2000:]
+    code, out, text = _run(tmp_path, double, plugin_path, "validate", d, "--verifier", smollm2_dir, *TINY,
+                           "--backend", "dummy", "--report-dir", tmp_path / "served")
+    assert code == 0 and out["backend"] == "dummy", text[-2000:]
+    assert out["dummy_serve"]["tau"] == pytest.approx(3.0) and out["acceptance_length"] == pytest.approx(3.0)
+    gates = {g["name"]: g for g in out["gate_results"]}
+    assert gates["acceptance"]["status"] == "passed" and gates["parity"]["status"] == "skipped"
+    assert gates["lossless"]["status"] == "passed" and gates["lossless"]["details"]["reference"] == "dummy_plain"
     code, out, text = _run(tmp_path, double, plugin_path, "export", "dummy", d, "--greeting", "hi")
     assert code == 0 and out["check"] == {"passed": True}, text[-2000:]
     assert (d / "dummy" / "layout.txt").read_text() == "hi dflash\n"
@@ -80,5 +91,16 @@ def test_a_plugin_engine_exports_pushes_and_releases(tmp_path, double, plugin_pa
 def test_the_plugin_is_listed_without_it_nothing_is(tmp_path, double, plugin_path):
     code, _, text = _run(tmp_path, double, plugin_path, "export", "--help", as_json=False)
     assert code == 0 and "dummy" in text
+    code, _, text = _run(tmp_path, double, plugin_path, "validate", "--help", as_json=False)
+    assert code == 0 and "--dummy-load-check" in text and "--dummy-loader-python" in text
+    assert "dummy: the dummy engine's loopback stub server" in " ".join(text.split())
     code, _, text = _run(tmp_path, double, REPO_ROOT.as_posix(), "export", "--help", as_json=False)
     assert code == 0 and "dummy" not in text and "gguf" in text
+
+
+def test_a_failed_load_check_fails_the_exit_status_by_its_report_key():
+    """A plug-in's load check is judged by its report key (``<name>_load``), as the built-ins' are."""
+    from specconv.results import ValidationReport
+
+    rep = ValidationReport.of({"gates": {"structure": True}, "passed": True, "dummy_load": {"ok": False}})
+    assert rep.failed_gates() == ["dummy_load"] and rep.exit_status() == 4

@@ -13,17 +13,13 @@ ROOT = Path(__file__).resolve().parents[2]
 NAMES = {"vllm", "onnx", "tensorrt", "sglang", "llamacpp", "gguf", "trt"}
 #: import names → extras, not engines (``specconv/extras.py`` maps Python packages)
 NOT_DISPATCH = {"specconv/extras.py"}
-#: "file: name" → places today (the serve and load-check capabilities, the card's sections and the
-#: reports' engine keys are not in the registry yet). Only ever remove or lower entries.
+#: "file: name" → places today (the card's sections and the reports' engine keys are not in the
+#: registry yet). Only ever remove or lower entries.
 ALLOWED = Counter({
     "specconv/format/algorithms.py: vllm": 1,
     "specconv/publish/sglang_repo.py: sglang": 2,
     "specconv/results.py: onnx": 1,
-    "specconv/validate/backend.py: vllm": 1,
-    "specconv/validate/backend.py: llamacpp": 1,
     "specconv/validate/run.py: vllm": 1,
-    "specconv/validate/served.py: llamacpp": 2,
-    "specconv/validate/served.py: gguf": 1,
 })
 
 

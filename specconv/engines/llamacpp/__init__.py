@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from ...outdir import OutputKind, files_listed
-from ..base import Engine, Exporter, OptionSpec, Surface
+from ..base import Engine, Exporter, OptionSpec, Serve, Surface
 
 #: the record of a GGUF export dir, its ``format`` and the one ``format_version`` every reader accepts
 META_NAME, META_FORMAT, META_FORMAT_VERSION = "gguf_meta.json", "specconv-gguf-drafter", 1
@@ -82,9 +82,11 @@ class GgufExporter(Exporter):
         return holds_verifier_weights(d)
 
     def release_preflight(self, options: Mapping[str, Any], value: Any) -> None:
-        from .release import preflight
+        """``--export-gguf`` needs the ``gguf`` extra and a llama-server (without it: nothing)."""
+        if value:
+            from .release import preflight
 
-        preflight(options.get("llama_server"))
+            preflight(options.get("llama_server"))
 
     def release_step(self, drafter: Path, work: Path, options: Mapping[str, Any], value: Any) -> dict[str, Any]:
         from .release import gguf_step
@@ -92,8 +94,42 @@ class GgufExporter(Exporter):
         return gguf_step(drafter, options)
 
 
+class LlamaServe(Serve):
+    """``validate --backend llamacpp``: the torch loop, then ``DIR/gguf`` served by llama-server with
+    and without ``-md`` on the torch loop's token ids (:mod:`.backend`, :mod:`.check`)."""
+
+    backend = "llamacpp"
+    help = "the torch loop, then DIR/gguf served by llama-server (greedy only; docs/llamacpp.md)"
+    report_key = "llamacpp_serve"
+    server_name = "llama-server"
+    after_torch = True
+
+    def preflight(self, drafter_dir: Path, options: Any) -> Any:
+        from .backend import preflight
+
+        return preflight(drafter_dir, options)
+
+    def prepare(self, drafter_dir: Path, verifier: Any, options: Any, found: Any) -> Any:
+        from .backend import find_target
+
+        path, repo, target = find_target(drafter_dir, verifier, getattr(options, "verifier_gguf", None))
+        return {**found, "target_path": path, "repo": repo, "target": target}
+
+    def measure(self, drafter_dir: Path, verifier: Any, rendered: list[tuple[str, list[int]]], options: Any,
+                found: Any, torch_report: dict[str, Any]) -> dict[str, Any]:
+        from .backend import serve_summary
+        from .check import run_check
+
+        meta = found["meta"]
+        res = run_check(found["gguf"], found["target_path"], found["server"], rendered,
+                        n_predict=options.max_new_tokens, spec_type=meta["spec_type"], n_max=meta["spec_draft_n_max"])
+        tau_torch = float((torch_report.get("metrics") or {}).get("acceptance_length") or 0.0)
+        return {**serve_summary(res, tau_torch, found["target"], found["repo"], found),
+                "prompt_n": [o.get("prompt_n") for o in res["spec_outputs"]]}
+
+
 ENGINE = Engine(
     key="llamacpp", display="llama.cpp", extra="gguf", order=70, options=OPTIONS,
     output_kinds={"gguf": OutputKind("GGUF export", META_NAME, META_FORMAT, files_listed)},
-    export=GgufExporter(),
+    export=GgufExporter(), serve=LlamaServe(),
 )

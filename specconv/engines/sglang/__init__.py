@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from ...outdir import OutputKind, files_listed
-from ..base import Engine, Exporter, OptionSpec, Surface
+from ..base import Engine, Exporter, LoadCheck, OptionSpec, Surface
 
 #: the record of an SGLang export dir, its ``format`` and the one ``format_version`` every reader accepts
 META_NAME, FORMAT, FORMAT_VERSION = "sglang_export.json", "specconv-sglang-drafter", 1
@@ -88,8 +88,18 @@ class SglangExporter(Exporter):
             "check": {k: r.check.get(k) for k in ("ok", "distribution", "version", "class")}}
 
 
+LOAD_CHECK = LoadCheck(
+    flag=OptionSpec(("--sglang-load-check",), "sglang_load_check", "Also export DIR to SGLang's layout in a temp dir "
+                    "and load it with SGLang's own loader (strict; separate SGLang venv, see docs/sglang.md); recorded "
+                    "under export.sglang, not a gate of validation.passed.", kind="flag", default=False),
+    python=OptionSpec(("--sglang-loader-python",), "sglang_loader_python", f"SGLang 0.5.23 interpreter for "
+                      f"--sglang-load-check [default: ${ENV_PYTHON}, else .venv-sglang].", metavar="PATH"),
+    report_key="sglang_load", runner="specconv.engines.sglang.check:validate_check",
+    preflight="specconv.engines.sglang.check:preflight",
+)
+
 ENGINE = Engine(
     key="sglang", display="SGLang", extra=None, order=60,
     output_kinds={"sglang": OutputKind("SGLang export", META_NAME, FORMAT, files_listed)},
-    export=SglangExporter(),
+    export=SglangExporter(), load_check=LOAD_CHECK,
 )

@@ -12,9 +12,8 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from . import LOADER_ENV as ENV_PYTHON
 
-#: Environment variable naming the vLLM interpreter (same meaning as ``--vllm-loader-python``).
-ENV_PYTHON = "SPECCONV_VLLM_LOADER_PYTHON"
 RUNNER = Path(__file__).with_name("runner.py")
 #: The repo-local loader venv (``make vllm-venv``); used when nothing else is named.
 DEFAULT_VENV = Path(__file__).resolve().parents[3] / ".venv-vllm"
@@ -67,6 +66,11 @@ def find_vllm_python(explicit: str | os.PathLike | None = None) -> Path:
     return find_interpreter(explicit, env=ENV_PYTHON, venv=DEFAULT_VENV, engine="vLLM", flag="--vllm-loader-python",
                             make_target="vllm-venv", code="vllm_python_missing",
                             purpose="--vllm-load-check needs vLLM in a separate venv")
+
+
+def preflight(drafter_dir: str | os.PathLike, verifier: str, python: str | None = None) -> None:
+    """``--vllm-load-check``'s refusal before any gate runs: no vLLM interpreter (:func:`find_vllm_python`)."""
+    find_vllm_python(python)
 
 
 def subprocess_env(extra: dict[str, str | None] | None = None) -> dict[str, str]:
@@ -164,5 +168,5 @@ def run_load_checks_for_dir(drafter_dir: str | os.PathLike, verifier: str, *, py
     return record_payload(run_load_checks([LoadCheck(str(drafter_dir), verifier)], python=python))
 
 
-__all__ = ["ENV_PYTHON", "LoadCheck", "find_vllm_python", "record_payload", "run_load_checks",
+__all__ = ["ENV_PYTHON", "LoadCheck", "find_vllm_python", "preflight", "record_payload", "run_load_checks",
            "run_load_checks_for_dir", "speculative_config_for", "subprocess_env"]
