@@ -342,11 +342,11 @@ def _resolved_verifier(verifier: "str | Verifier", name: str | None, endpoint: s
 
 
 def _card(output: Path):
-    """The writer's card hook (:func:`specconv.publish.card.conversion_card`); jinja2 is
+    """The writer's card hook (:func:`specconv.engines.card.conversion_card`); jinja2 is
     imported only when the card renders."""
-    from .record import card_function
+    from .engines.card import conversion_card
 
-    return card_function("conversion_card")(Path(output).name)
+    return conversion_card(Path(output).name)
 
 
 def output_kinds() -> "Mapping[str, OutputKind]":

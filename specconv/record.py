@@ -353,21 +353,6 @@ def _validate(data: dict[str, Any], path: Path) -> SpecconvRecord:
         raise _problem(path, e) from e
 
 
-#: the drafter dir's card (``README.md``) is rendered from this record by ``specconv.publish.card``;
-#: ``convert``, ``validate_drafter`` and the exports (rooms below ``publish``) write it
-#: through :func:`card_function`, by dotted path, as ``validate.runtimes`` reaches the export runtimes
-CARD_MODULE = "specconv.publish.card"
-
-
-def card_function(name: str) -> Any:
-    """The card renderer's function ``name`` (``conversion_card``: the writer's card hook;
-    ``refresh_local_card``: re-render a drafter dir's card from its record), imported on use
-    (jinja2 is imported only when a card renders)."""
-    import importlib
-
-    return getattr(importlib.import_module(CARD_MODULE), name)
-
-
 def read_record(drafter_dir: str | os.PathLike, *, missing_ok: bool = False) -> SpecconvRecord:
     """Read and validate ``<drafter_dir>/specconv.json``.
 

@@ -11,14 +11,14 @@ import functools
 import importlib
 import logging
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from ..errors import UsageError
 
 if TYPE_CHECKING:
     from .base import Engine
 
-__all__ = ["ENTRY_POINT_GROUP", "engine", "engines", "find_engine", "reset", "with_capability"]
+__all__ = ["ENTRY_POINT_GROUP", "engine", "engines", "exporters", "find_engine", "reset", "with_capability"]
 
 log = logging.getLogger("specconv.engines")
 
@@ -132,6 +132,11 @@ def engine(key: str) -> Engine:
 def with_capability(name: str) -> tuple[Engine, ...]:
     """The engines that have capability ``name`` (``export``, ``serve``, ``load_check``, ``runtime``)."""
     return tuple(e for e in engines() if getattr(e, name) is not None)
+
+
+def exporters() -> list[Any]:
+    """Every registered export capability, in registry order."""
+    return [e.export for e in with_capability("export")]
 
 
 def reset() -> None:

@@ -387,6 +387,8 @@ class Exporter(Capability):
         release_key: its step's name and key in the ``release`` result.
         result_type: the command's :class:`specconv.results.StageResult` type.
         separate_repo: its files are published as a repo of their own, never with the Speculators repo.
+        card_template: its card section's template in ``specconv/templates/`` (the values of
+            :meth:`card_section` as ``section``).
     """
 
     kind: str = ""
@@ -399,6 +401,7 @@ class Exporter(Capability):
     release_key: str = ""
     result_type: Any = None
     separate_repo: bool = False
+    card_template: str = ""
 
     # ------------------------------------------------------------------- the export
     def run(self, drafter_dir: Path, out: Path | None, **options: Any) -> Any:
@@ -446,9 +449,13 @@ class Exporter(Capability):
         return False
 
     # ------------------------------------------------------------------------ card
-    def card_section(self, d: Path, rec: Any, files: Any, draft_repo: str | None) -> str | None:
-        """The card's Markdown section for this export, or None (``files``: what the card's
-        repo holds, path → source; ``draft_repo``: the Hub repo, None for the local card)."""
+    def card_section(self, d: Path, rec: Any, files: Any, draft_repo: str | None, *, verifier: str,
+                     separate_repo: str | None = None) -> dict[str, Any] | None:
+        """The values of the card's section for this export (rendered by :attr:`card_template`),
+        or None for no section. ``files``: what the card's repo holds (a
+        :class:`specconv.engines.card.CardFiles`); ``draft_repo``: the Hub repo, None for the local
+        card; ``verifier``: the verifier the drafter names; ``separate_repo``: the repo a
+        :attr:`separate_repo` export is pushed to (None: not pushed, or the local card)."""
         return None
 
     def card_rows(self, files: Any) -> list[tuple[str, str]]:
@@ -457,6 +464,11 @@ class Exporter(Capability):
 
     def local_files(self, d: Path) -> list[str]:
         """The files of this export in drafter dir ``d`` that its local card lists (relative paths)."""
+        return []
+
+    def section_files(self, d: Path, rec: Any) -> list[str]:
+        """The files of drafter dir ``d`` its card section presents (the local card's
+        verifier-weights notice weighs them with :meth:`local_files`)."""
         return []
 
     # ---------------------------------------------------------------------- release

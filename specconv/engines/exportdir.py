@@ -192,9 +192,9 @@ def finish_export(d: Path, key: str, value: Any, *, card: bool, output: str | No
     drafter's card, which lists it."""
     record_export(d, key, value, output=output)
     if card:
-        from ..record import card_function
+        from .card import refresh_local_card
 
-        card_function("refresh_local_card")(d)
+        refresh_local_card(d)
 
 
 def record_export(d: Path, key: str, value: Any, *, output: str | None = None) -> None:

@@ -48,12 +48,12 @@ class PushOptions:
 
 def build_payload(d: Path, opts: PushOptions) -> Payload:
     """Gate and collect ``d``'s files, then add the regenerated card, record, plot, manifest."""
-    from .card import render_card
+    from ..engines.card import render_card
 
     p, rec = collect(d, include=opts.include, exclude=opts.exclude, allow_unvalidated=opts.allow_unvalidated,
                      allow_verifier_weights=opts.allow_verifier_weights)
     plot = _plot(rec)
-    card = render_card(d, rec, p, opts.repo_id, plot=plot is not None, sglang_draft=opts.sglang_repo_id)
+    card = render_card(d, rec, p, opts.repo_id, plot=plot is not None, separate_repo=opts.sglang_repo_id)
     derived_files(p, rec, card, plot)
     return p
 

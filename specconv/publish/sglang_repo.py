@@ -26,8 +26,8 @@ def render_sglang_card(d: Path, rec: Any, repo_id: str, speculators_repo: str) -
     from .. import __version__, hub
     from ..format.algorithms import algorithm
     from ..format.schema import read_config
-    from .card import _templates, choose_license
-    from .payload import published_verifier
+    from ..engines.card import _templates, choose_license
+    from ..engines.card import published_verifier
 
     exp = _export(rec)
     alg = algorithm(exp.algorithm)

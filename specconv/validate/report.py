@@ -292,7 +292,8 @@ def finish_report(report, drafter_dir: Path, report_dir: Path) -> None:
     into ``report_dir`` (``report.report_files``), :func:`validation_section` into
     ``drafter_dir/specconv.json`` and the drafter's card refreshed from it. A drafter dir
     that cannot be written is logged: the report files still exist."""
-    from ..record import card_function, update_record
+    from ..engines.card import refresh_local_card
+    from ..record import update_record
     from ..engines.vllm.remote import record_section
 
     report.report_files = write_report(report, report_dir)
@@ -301,4 +302,4 @@ def finish_report(report, drafter_dir: Path, report_dir: Path) -> None:
         update_record(drafter_dir, "validation", section)
     except OSError as e:  # read-only drafter dir
         log.warning("could not record the validation summary in %s/specconv.json: %s", drafter_dir, e)
-    card_function("refresh_local_card")(drafter_dir)  # the card's validation table, from the record just written
+    refresh_local_card(drafter_dir)  # the card's validation table, from the record just written

@@ -91,7 +91,7 @@ def test_cli_module_writes_nothing(module):
     ("os.replace(a, b)", True), ("os.environ.get('X')", False), ("shutil.rmtree(d)", True),
     ("import shutil", True), ("from tempfile import mkdtemp", True),
     ("update_record(d, 'validation', s)", True), ("card.refresh_local_card(d)", True),
-    ("from specconv.publish.card import refresh_local_card", True), ("from specconv.convert import convert", False),
+    ("from specconv.engines.card import refresh_local_card", True), ("from specconv.convert import convert", False),
     ("validate_drafter(d, v, opts)", False), ("click.echo(text)", False),
 ])
 def test_the_check_catches_writes(source, caught):

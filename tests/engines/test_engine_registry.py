@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from specconv.engines import ENTRY_POINT_GROUP, engine, engines, reset
-from specconv.engines.base import Engine, Exporter, LoadCheck, OptionSpec, Runtime, Surface
+from specconv.engines.base import Engine, Exporter, LoadCheck, OptionSpec, Runtime, Serve, Surface
 from specconv.outdir import OutputKind
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -49,10 +49,10 @@ def test_adding_an_engine_names_what_the_code_has():
     section = doc.split("## Adding an engine", 1)[1].split("\n## ", 1)[0]
     names = set(re.findall(r"`([a-z_]+)`", section))
     fields = {f.name for cls in (Engine, OptionSpec, Surface, Runtime, LoadCheck, OutputKind) for f in dataclasses.fields(cls)}
-    members = {n for n in dir(Exporter) if not n.startswith("_")} | set(Exporter.__annotations__)
-    meta_keys = {"format_version", "ok"}  # an export's meta file (engines/exportdir.py), a load check's verdict
+    members = {n for cls in (Exporter, Serve) for n in [*dir(cls), *cls.__annotations__] if not n.startswith("_")}
+    meta_keys = {"format_version", "ok", "prompt_n"}  # meta file, load-check verdict, served-run key
     commands = {"push", "release", "validate"}  # the commands that reach the capabilities
-    assert names - fields - members - meta_keys - commands - {"runtime", "export", "load_check"} == set()
+    assert names - fields - members - meta_keys - commands - {"runtime", "export", "load_check", "serve"} == set()
     assert {"push_verdict", "release_step", "card_rows", "owns"} <= names
     for path in re.findall(r"`(specconv/[a-z_/]+\.py)`", section):
         assert (ROOT / path).is_file(), path

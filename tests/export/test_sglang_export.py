@@ -284,7 +284,7 @@ def _fake_check(d: Path, ok: bool = True) -> None:
 def test_the_card_prints_the_sglang_line_only_after_a_passed_check(dflash, tmp_path):
     from specconv.engines.sglang.layout import launch_argv
     from specconv.engines.sglang.export import export_sglang_dir
-    from specconv.publish.card import write_local_card
+    from specconv.engines.card import write_local_card
 
     d = _copy(dflash, tmp_path / "card")
     export_sglang_dir(d)

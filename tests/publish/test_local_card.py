@@ -35,7 +35,7 @@ def test_convert_writes_the_card_and_validate_refreshes_it(tmp_path, smollm2_dir
     assert meta["library_name"] == "speculators" and meta["base_model"] == VERIFIER
     assert {"dflash", "speculative-decoding", "vllm"} <= set(meta["tags"])
     assert "| acceptance length τ |" not in card  # not validated yet
-    from specconv.publish.card import write_local_card
+    from specconv.engines.card import write_local_card
 
     assert write_local_card(out).read_text() == card  # deterministic: same record, same bytes
     r = run_specconv("validate", out, "--verifier", smollm2_dir, "--prompts", "humaneval", "--num-prompts", "2",
@@ -64,7 +64,7 @@ def cards(tmp_path_factory, tiny_verifier_dir, tiny_llama_verifier_dir) -> dict[
     import fixtures_dspark as fs
     import fixtures_peagle as fp
 
-    from specconv.publish.card import refresh_local_card
+    from specconv.engines.card import refresh_local_card
 
     root = tmp_path_factory.mktemp("cards")
     v, vl = tiny_verifier_dir, tiny_llama_verifier_dir
@@ -122,7 +122,7 @@ def test_a_local_verifier_path_is_quoted_and_never_linked(tmp_path, tiny_verifie
 
     from card_commands import launch_commands
     from specconv.hub import check_card
-    from specconv.publish.card import refresh_local_card
+    from specconv.engines.card import refresh_local_card
 
     verifier = tmp_path / "my models" / "verifier v1"
     shutil.copytree(tiny_verifier_dir, verifier)
@@ -175,7 +175,7 @@ def test_record_and_card_state_what_vllm_checked(cards, tmp_path, case, report, 
     fields, and the card repeats it; a failed or absent check claims no version."""
     import shutil
 
-    from specconv.publish.card import write_local_card
+    from specconv.engines.card import write_local_card
     from specconv.record import read_record, update_record
     from specconv.results import ValidationReport
     from specconv.validate.report import validation_section
@@ -220,7 +220,7 @@ def test_the_card_gives_the_llamacpp_command_only_when_the_gguf_check_passed(car
 
     from card_commands import llamacpp_command
 
-    from specconv.publish.card import render_card, write_local_card
+    from specconv.engines.card import render_card, write_local_card
     from specconv.publish.payload import Payload
     from specconv.record import read_record
 
@@ -274,7 +274,7 @@ def test_the_local_cards_vllm_lines_say_where_to_run_them(cards):
     (a name vLLM does not find locally is a Hub id): the card says so; the pushed card does not."""
     from card_commands import launch_commands
 
-    from specconv.publish.card import render_card
+    from specconv.engines.card import render_card
     from specconv.publish.payload import Payload
     from specconv.record import read_record
 
@@ -294,7 +294,7 @@ def test_the_local_cards_sglang_line_says_where_to_run_it(cards, tmp_path, monke
 
     from specconv.engines.exportdir import record_export
     from specconv.engines.sglang import repo as sglang_repo
-    from specconv.publish.card import render_card, write_local_card
+    from specconv.engines.card import render_card, write_local_card
     from specconv.publish.payload import Payload
     from specconv.record import read_record
 
@@ -307,7 +307,7 @@ def test_the_local_cards_sglang_line_says_where_to_run_it(cards, tmp_path, monke
     monkeypatch.setattr(sglang_repo, "sglang_problem", lambda d, rec: None)  # the bytes gate has its own tests
     local = write_local_card(d).read_text().split("## SGLang", 1)[1]
     assert "Serve it with SGLang on a GPU (in this directory):" in local and "--speculative-draft-model-path ./sglang" in local
-    pushed = render_card(d, read_record(d), Payload(), "org/drafter", plot=False, check=False, sglang_draft="org/drafter-sglang")
+    pushed = render_card(d, read_record(d), Payload(), "org/drafter", plot=False, check=False, separate_repo="org/drafter-sglang")
     assert "Serve it with SGLang on a GPU:" in pushed.split("## SGLang", 1)[1]
 
 
@@ -329,7 +329,7 @@ def test_the_card_prints_the_rendering_and_the_findings(cards, tmp_path):
     import shutil
 
     from specconv.format.findings import finding
-    from specconv.publish.card import write_local_card
+    from specconv.engines.card import write_local_card
     from specconv.record import update_record
     from specconv.results import ValidationReport
     from specconv.validate.report import validation_section
@@ -372,7 +372,7 @@ def test_the_per_position_row_names_its_positions_with_subscripts(cards, tmp_pat
     it names as many positions as it lists, every index a subscript."""
     import shutil
 
-    from specconv.publish.card import write_local_card
+    from specconv.engines.card import write_local_card
     from specconv.record import update_record
     from specconv.results import ValidationReport
     from specconv.validate.report import validation_section

@@ -316,7 +316,7 @@ def test_onnx_files_need_a_passed_export_check_and_the_verifier_weights_flag(dra
     from specconv.errors import GateFailedError, InvalidInputError
     from specconv.engines.onnx.export import META_FORMAT_VERSION
     META_FORMAT = "specconv-onnx-drafter"
-    from specconv.publish.card import render_card
+    from specconv.engines.card import render_card
     from specconv.publish.payload import collect
     from specconv.record import read_record, update_record
     from specconv.tensors import sha256_file
@@ -375,7 +375,7 @@ def _trt_variant(d: Path, build: dict) -> str:
 
 @pytest.mark.parametrize("build", [{"contains_verifier_weights": True}, {}], ids=["recorded", "older-build"])
 def test_trt_engines_built_from_a_graph_with_verifier_weights_need_the_flag(drafter, double, tmp_path, build):
-    from specconv.publish.card import local_card_text, render_card
+    from specconv.engines.card import local_card_text, render_card
     from specconv.publish.payload import collect
 
     key = _trt_variant(drafter, build)
@@ -395,7 +395,7 @@ def test_trt_engines_built_from_a_graph_with_verifier_weights_need_the_flag(draf
 def test_the_local_card_names_verifier_weights_only_when_the_gates_would(drafter):
     """``local_card_text`` uses push's rule per engine file (``payload.contains_verifier_weights``):
     a graph or GGUF whose meta says so, a TensorRT variant whose build.json says so or lacks the key."""
-    from specconv.publish.card import local_card_text
+    from specconv.engines.card import local_card_text
     from specconv.publish.payload import collect
 
     shutil.rmtree(drafter / "onnx", ignore_errors=True)
@@ -660,7 +660,7 @@ def test_a_gguf_only_drafter_s_cards_name_its_verifier_weights(drafter, verifier
     """A GGUF holding the verifier's tensors and no ``onnx/`` / ``trt/``: the pushed card (the
     gate's flag) and the local card (``payload.contains_verifier_weights``) both say so, not only
     beside an engines table."""
-    from specconv.publish.card import local_card_text, render_card
+    from specconv.engines.card import local_card_text, render_card
     from specconv.publish.payload import collect
 
     shutil.rmtree(drafter / "onnx", ignore_errors=True)

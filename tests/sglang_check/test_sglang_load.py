@@ -201,7 +201,7 @@ def test_a_load_that_reads_another_meaning_fails(checked, name, key):
 @pytest.mark.parametrize("name", ("bundled", "dspark"))
 def test_sglangs_parser_reads_the_serve_line_the_card_prints(checked, name):
     from specconv.engines.sglang.export import record_sglang_check
-    from specconv.publish.card import write_local_card
+    from specconv.engines.card import write_local_card
 
     g = checked[0][name]
     p = g["payload"]

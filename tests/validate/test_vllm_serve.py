@@ -94,7 +94,7 @@ def _convert(source: Path, out: Path, smollm2_dir: Path, **options) -> Path:
     """Convert and write the model card, as ``specconv convert`` does."""
     from specconv.convert import convert
     from specconv.converters.base import ConvertOptions
-    from specconv.publish.card import refresh_local_card
+    from specconv.engines.card import refresh_local_card
 
     convert(str(source), verifier=str(smollm2_dir), output=out, verifier_name=SMOLLM2_HUB_ID,
             options=ConvertOptions(**options), overwrite=True)

@@ -32,7 +32,7 @@ def cards(tmp_path_factory, tiny_verifier_dir, tiny_llama_verifier_dir) -> dict[
     import fixtures_dspark as fs
     import fixtures_peagle as fp
 
-    from specconv.publish.card import refresh_local_card, render_card
+    from specconv.engines.card import refresh_local_card, render_card
     from specconv.publish.payload import Payload
     from specconv.record import read_record
 

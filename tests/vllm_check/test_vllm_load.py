@@ -58,7 +58,7 @@ def _mark(fn):
 # ------------------------------------------------------------------ fixtures: conversions
 def _convert(src, verifier, out, name, **opts) -> Path:
     """Convert and write the model card, as ``specconv convert`` does."""
-    from specconv.publish.card import refresh_local_card
+    from specconv.engines.card import refresh_local_card
 
     rep = fd.api_convert(src, verifier, out, name=name, **opts)
     assert rep.output or (Path(out) / "config.json").is_file(), rep
@@ -424,7 +424,7 @@ def test_the_cards_revision_advice_names_a_speculative_config_field():
     ``--speculative-config``: vLLM's own ``SpeculativeConfig`` has that field."""
     import subprocess
 
-    from specconv.publish.card import _templates
+    from specconv.engines.card import _templates
 
     assert '"revision": "<commit>"' in (_templates() / "model_card.md.j2").read_text()
     probe = ("import dataclasses; from vllm.config.speculative import SpeculativeConfig; "

@@ -39,6 +39,7 @@ class GgufExporter(Exporter):
     record_key = "gguf"
     meta_version = META_FORMAT_VERSION
     release_key = "gguf"
+    card_template = "gguf_section.md.j2"
     surface = Surface(
         command=("export", "gguf"),
         options=(
@@ -80,6 +81,16 @@ class GgufExporter(Exporter):
         from .export import holds_verifier_weights
 
         return holds_verifier_weights(d)
+
+    def section_files(self, d: Path, rec: Any) -> list[str]:
+        exp = rec.export.gguf if rec.export is not None else None
+        return [f"{self.dir_name}/{exp.file}"] if exp is not None and exp.file else []
+
+    def card_section(self, d: Path, rec: Any, files: Any, draft_repo: str | None, *, verifier: str,
+                     separate_repo: str | None = None) -> dict[str, Any] | None:
+        from .export import card_section
+
+        return card_section(d, rec, files, draft_repo)
 
     def release_preflight(self, options: Mapping[str, Any], value: Any) -> None:
         """``--export-gguf`` needs the ``gguf`` extra and a llama-server (without it: nothing)."""

@@ -306,3 +306,33 @@ def holds_verifier_weights(d: Path) -> bool:
 
 def _holds_verifier_weights(meta: Any) -> bool:
     return isinstance(meta, dict) and bool(meta.get("contains_verifier_weights"))
+
+
+def card_section(d: Path, rec: Any, files: Any, draft_repo: str | None) -> dict[str, Any] | None:
+    """The card's llama.cpp section, from the record's ``export.gguf`` (never recomputed), or
+    None unless its llama-server check passed on the bytes that are there: for the pushed card
+    (``draft_repo`` = the Hub repo) the push gate let ``gguf/<file>`` into ``files``; for the
+    local card (``draft_repo`` None) ``d/gguf/<file>`` has the recorded sha256.
+
+    Returns:
+        ``{command, commit, version, verifier_gguf, tau, spec_type, spec_draft_n_max, local}``.
+    """
+    from ...tensors import sha256_file
+    from ..vllm.serve_line import shell_command
+    from .server import launch_argv
+
+    exp = rec.export.gguf if rec.export is not None else None
+    if exp is None:
+        return None
+    check, rel = exp.check or {}, f"gguf/{exp.file}"
+    if not check.get("passed") or not (exp.verifier_gguf or {}).get("name"):
+        return None
+    there = (rel in files.files) if draft_repo else (d / rel).is_file() and sha256_file(d / rel) == exp.sha256
+    if not there:
+        return None
+    srv = check.get("llama_server") or {}
+    tau = check.get("tau")
+    return {"command": shell_command(launch_argv(exp, draft_repo)), "commit": srv.get("commit"),
+            "version": srv.get("version"), "verifier_gguf": exp.verifier_gguf,
+            "tau": f"{tau:.3f}" if isinstance(tau, (int, float)) else str(tau),
+            "spec_type": exp.spec_type, "spec_draft_n_max": exp.spec_draft_n_max, "local": draft_repo is None}

@@ -29,6 +29,7 @@ class SglangExporter(Exporter):
     meta_version = FORMAT_VERSION
     release_key = "sglang"
     separate_repo = True
+    card_template = "sglang_section.md.j2"
     surface = Surface(
         command=("export", "sglang"),
         options=(
@@ -67,6 +68,15 @@ class SglangExporter(Exporter):
         from .repo import is_sglang_file
 
         return is_sglang_file(d, rec, rel)
+
+    def card_section(self, d: Path, rec: Any, files: Any, draft_repo: str | None, *, verifier: str,
+                     separate_repo: str | None = None) -> dict[str, Any] | None:
+        """Where SGLang's layout is served from (its repo when pushed, the local export for the
+        local card), once its check passed on these bytes (:func:`.repo.card_section`)."""
+        from .repo import card_section, local_export_path
+
+        draft = separate_repo if draft_repo is not None else local_export_path(d, rec)
+        return card_section(d, rec, verifier, draft) if draft is not None else None
 
     def release_preflight(self, options: Mapping[str, Any], value: Any) -> None:
         """``--export-sglang`` needs the SGLang loader venv (exit 3); ``--sglang-repo-id`` needs

@@ -191,9 +191,9 @@ def export_sglang_dir(drafter_dir: str | Path, out: str | Path | None = None, *,
         move_into_place(tmp, out_dir, overwrite, "sglang", kinds=output_kinds)
     if record:
         _record(d, result)
-        from ...record import card_function
+        from ..card import refresh_local_card
 
-        card_function("refresh_local_card")(d)  # the card's SGLang section, once a check of these bytes passed
+        refresh_local_card(d)  # the card's SGLang section, once a check of these bytes passed
     return ExportSglangResult.of(result)
 
 
