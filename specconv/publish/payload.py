@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from ..engines import exporters
-from ..engines.card import CardFiles, contains_verifier_weights, published_verifier
+from ..engines.card import CardFiles, published_verifier
 from ..errors import GateFailedError, InvalidInputError
 from ..record import SPECCONV_JSON, read_record
 

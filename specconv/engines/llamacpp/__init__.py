@@ -60,12 +60,41 @@ class GgufExporter(Exporter):
     under "export" in DIR/specconv.json.
     """)
 
-    def run(self, drafter_dir: Path, out: Path | None, **options: Any) -> Any:
-        from .export import export_gguf_dir
+    @property
+    def result_type(self) -> Any:  # type: ignore[override]
+        from ...results import ExportGgufResult
 
-        return export_gguf_dir(drafter_dir, out, verifier=options.get("verifier"), dtype=options.get("dtype", "keep"),
-                               overwrite=bool(options.get("overwrite")), check=not options.get("no_check"),
-                               llama_server=options.get("llama_server"), verifier_gguf=options.get("verifier_gguf"))
+        return ExportGgufResult
+
+    def check_options(self, options: Mapping[str, Any]) -> None:
+        from .export import require_extras
+
+        require_extras()
+
+    def prepare(self, job: Any) -> None:
+        from .export import prepare
+
+        prepare(job)
+
+    def write(self, job: Any, tmp: Path) -> dict[str, Any]:
+        from .export import write
+
+        return write(job, tmp)
+
+    def check(self, job: Any, tmp: Path, meta: dict[str, Any]) -> dict[str, Any] | None:
+        from .export import check_written
+
+        return check_written(job, tmp)
+
+    def result(self, job: Any, meta: dict[str, Any]) -> dict[str, Any]:
+        from .export import result
+
+        return result(job, meta)
+
+    def record_value(self, job: Any, result: dict[str, Any], previous: dict[str, Any] | None) -> dict[str, Any]:
+        from .export import record_value
+
+        return record_value(result)
 
     def push_verdict(self, d: Path, rec: Any, rel: str) -> Any:
         """``gguf/<file>`` with a passed llama-server check of these bytes (:func:`.export.pushable`)."""

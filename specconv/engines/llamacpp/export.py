@@ -10,14 +10,12 @@ is exit 4 and writes nothing. The result is recorded under ``export.gguf`` in ``
 
 from __future__ import annotations
 
-import datetime as _dt
 import json
 import logging
 from pathlib import Path
 from typing import Any
 
 from ...errors import GateFailedError, InvalidInputError
-from ...outdir import OutputTemp, check_output, move_into_place, public_modes, temp_output
 from . import META_FORMAT, META_FORMAT_VERSION, META_NAME
 from ...results import ExportGgufResult
 from .server import LLAMA_SERVER_ENV
@@ -37,25 +35,6 @@ def check_meta(meta: Any, where: str | Path) -> None:
     check(meta, where, ENGINE.export)
 
 
-def _prepare(d: Path, out: Path, verifier: str | None, overwrite: bool):
-    """Inputs, refused before anything is written: the dir, the output rule, extras, verifier."""
-    from ..exportdir import check_speculators_dir, default_verifier, output_kinds
-    from ...extras import require, require_extra
-
-    require_extra("gguf", feature="specconv export gguf")
-    require("transformers", "validate", feature="specconv export gguf (the verifier's tokenizer)")
-    require("torch", "validate", feature="specconv export gguf")
-    check_speculators_dir(d)
-    check_output(out, "gguf", overwrite, drafter_dir=d, kinds=output_kinds)
-    vspec = verifier or default_verifier(d)
-    if not vspec:
-        raise InvalidInputError(f"{d}/specconv.json names no verifier: pass --verifier", code="verifier_not_found")
-    from ...verifier import resolve_verifier
-
-    v = resolve_verifier(vspec)
-    return v.spec, v  # a local path made absolute (what the meta records)
-
-
 def recorded_verifier_name(d: Path) -> str | None:
     """The verifier's name the conversion recorded (``conversion.verifier.name_or_path``), or None."""
     from ...record import read_record
@@ -67,7 +46,9 @@ def recorded_verifier_name(d: Path) -> str | None:
 def export_gguf_dir(drafter_dir: str | Path, out: str | Path | None = None, *, verifier: str | None = None,
                     dtype: str = "keep", overwrite: bool = False, check: bool = True, llama_server: str | None = None,
                     verifier_gguf: str | None = None) -> ExportGgufResult:
-    """Export a Speculators DFlash / DSpark drafter as a llama.cpp GGUF drafter.
+    """Export a Speculators DFlash / DSpark drafter as a llama.cpp GGUF drafter, through the one
+    export lifecycle (:func:`specconv.engines.exportdir.export`; the engine's part: :func:`prepare`,
+    :func:`write`, :func:`check_written`, :func:`result`).
 
     Args:
         drafter_dir: the Speculators dir. out: output dir (default ``DIR/gguf``).
@@ -86,89 +67,97 @@ def export_gguf_dir(drafter_dir: str | Path, out: str | Path | None = None, *, v
         GateFailedError: the check failed (exit 4, nothing written).
         MissingExtraError: ``gguf`` or ``validate`` extra missing (exit 2).
     """
+    from ..exportdir import export
+    from . import ENGINE
+
+    return export(ENGINE.export, drafter_dir, out, overwrite=overwrite, verifier=verifier, dtype=dtype,
+                  no_check=not check, llama_server=llama_server, verifier_gguf=verifier_gguf)
+
+
+def require_extras() -> None:
+    """The ``gguf`` extra, transformers (the verifier's tokenizer) and torch (exit 2)."""
+    from ...extras import require, require_extra
+
+    require_extra("gguf", feature="specconv export gguf")
+    require("transformers", "validate", feature="specconv export gguf (the verifier's tokenizer)")
+    require("torch", "validate", feature="specconv export gguf")
+
+
+def prepare(job: Any) -> None:
+    """The plan and every refusal before anything is written: the verifier, what llama.cpp cannot
+    represent, a verifier GGUF that is not the verifier; the llama-server (unless ``--no-check``)."""
     from ...format import load_config
     from ...tensors import open_store
     from .layout import plan_gguf
+    from .server import resolve_server
     from .target import default_verifier_gguf, read_target, refuse_target
 
-    d = Path(drafter_dir)
-    out_dir = Path(out) if out is not None else d / "gguf"
-    vspec, v = _prepare(d, out_dir, verifier, overwrite)
+    d, opts = job.drafter_dir, job.options
+    v = job.verifier()
     cfg, store = load_config(d), open_store(d)
-    plan = plan_gguf(cfg, store, v, dtype)
-    tpath, trepo = default_verifier_gguf(v, verifier_gguf, (recorded_verifier_name(d),))
+    plan = plan_gguf(cfg, store, v, opts.get("dtype") or "keep")
+    tpath, trepo = default_verifier_gguf(v, opts.get("verifier_gguf"), (recorded_verifier_name(d),))
     target = read_target(tpath) if tpath is not None else None
     if target is not None:
         refuse_target(target, v)
-    from .server import resolve_server
-
-    server = resolve_server(llama_server) if check else None
-    from ..exportdir import output_kinds
-
-    with temp_output(out_dir) as tmp:
-        result = _write_checked(tmp, d, cfg, store, v, plan, vspec, out_dir, (tpath, trepo, target), check, server)
-        move_into_place(tmp, out_dir, overwrite, "gguf", kinds=output_kinds)
-    _record(d, result, card=out is None)
-    return ExportGgufResult.of(result)
+    server = None if opts.get("no_check") else resolve_server(opts.get("llama_server"))
+    job.state.update(cfg=cfg, store=store, plan=plan, target=(tpath, trepo, target), server=server)
 
 
-def _write_checked(tmp: OutputTemp, d: Path, cfg: Any, store: Any, v: Any, plan: Any, vspec: str, out_dir: Path,
-                   found: tuple, check: bool, server: Any) -> dict[str, Any]:
-    """The GGUF and ``gguf_meta.json`` in ``tmp``, served when ``check`` and a server and a target were found.
-
-    Raises:
-        GateFailedError: the check failed (exit 4; the caller's temp dir is released, nothing written).
-    """
-    tpath, trepo, target = found
-    meta = _write(tmp.path, d, cfg, store, v, plan, vspec)
-    result = _result(meta, out_dir, target, trepo)
-    if check and server is not None and target is not None:
-        tmp.step = "checking it with llama-server"
-        result["check"] = _check(tmp.path / plan.file_name, tpath, server, v, plan, target)
-        tmp.step = "writing its files"
-        if not result["check"]["passed"]:
-            raise GateFailedError(f"llama-server check failed: {json.dumps(_brief(result['check']))}",
-                                  hint="inspect with --no-check (writes the GGUF without the gate)")
-    else:
-        result["check"] = {"skipped": _skip_reason(check, server, target)}
-    meta["check"] = _brief(result["check"])
-    (tmp.path / META_NAME).write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")
-    public_modes(tmp.path)
-    return result
-
-
-def _write(tmp: Path, d: Path, cfg: Any, store: Any, v: Any, plan: Any, vspec: str) -> dict[str, Any]:
-    """The GGUF in ``tmp`` and its meta (the check result is added by the caller)."""
-    from ...record import file_hashes
-    from ...tensors import sha256_file
+def write(job: Any, tmp: Path) -> dict[str, Any]:
+    """The GGUF in ``tmp``; returns the meta's engine keys (the lifecycle adds format, files, drafter files)."""
     from ...versions import library_versions
     from .layout import _layer_config
     from .writer import write_gguf
 
-    path = tmp / plan.file_name
-    log.info("writing %s (%d tensors) ...", path.name, len(plan.tensors))
-    write_gguf(plan, path, store=store, verifier=v, name=d.resolve().name,
+    cfg, plan, v = job.state["cfg"], job.state["plan"], job.verifier()
+    log.info("writing %s (%d tensors) ...", plan.file_name, len(plan.tensors))
+    write_gguf(plan, tmp / plan.file_name, store=job.state["store"], verifier=v, name=job.drafter_dir.resolve().name,
                vocab_size=int(_layer_config(cfg)["vocab_size"]))
-    return {"format": META_FORMAT, "format_version": META_FORMAT_VERSION,
-            "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-            "algorithm": cfg.speculators_model_type, "architecture": plan.arch, "file": plan.file_name,
-            "dtype": plan.file_type, "versions": library_versions(("gguf", "transformers", "torch")),
+    return {"created": job.created, "algorithm": cfg.speculators_model_type, "architecture": plan.arch,
+            "file": plan.file_name, "dtype": plan.file_type,
+            "versions": library_versions(("gguf", "transformers", "torch")),
             "tensors": {t.gguf_name: {"source": t.source, "type": t.ggml_type} for t in plan.tensors},
             "keys": sorted(k for k, _, _ in plan.keys), "not_written": plan.not_written,
             "target_layers": plan.target_layers, "spec_type": plan.spec_type,
-            "spec_draft_n_max": plan.spec_draft_n_max, "verifier": vspec,
-            "contains_verifier_weights": bool(plan.from_verifier), "verifier_weights": plan.from_verifier,
-            "files": {plan.file_name: sha256_file(path)}, "drafter_files": file_hashes(d)}
+            "spec_draft_n_max": plan.spec_draft_n_max, "verifier": v.spec,
+            "contains_verifier_weights": bool(plan.from_verifier), "verifier_weights": plan.from_verifier}
 
 
-def _result(meta: dict, out_dir: Path, target: dict | None, repo: str | None) -> dict[str, Any]:
+def check_written(job: Any, tmp: Path) -> dict[str, Any]:
+    """Serve the GGUF in ``tmp`` when a llama-server and a target were found, else say why not;
+    the meta keeps the check as :func:`_brief` does.
+
+    Raises:
+        GateFailedError: the check failed (exit 4; nothing written).
+    """
+    (tpath, _, target), server, plan = job.state["target"], job.state["server"], job.state["plan"]
+    if server is not None and target is not None:
+        checked = _check(tmp / plan.file_name, tpath, server, job.verifier(), plan, target)
+        if not checked["passed"]:
+            raise GateFailedError(f"llama-server check failed: {json.dumps(_brief(checked))}",
+                                  hint="inspect with --no-check (writes the GGUF without the gate)")
+    else:
+        checked = {"skipped": _skip_reason(not job.options.get("no_check"), server, target)}
+    job.state["check"] = checked
+    return {"check": _brief(checked)}
+
+
+def result(job: Any, meta: dict[str, Any]) -> dict[str, Any]:
+    """The command's result: the meta's facts, the GGUF's sha256, the target and the whole check."""
     keys = ("algorithm", "architecture", "file", "dtype", "spec_type", "spec_draft_n_max", "target_layers",
             "contains_verifier_weights", "verifier_weights", "not_written", "created")
-    res = {"output": str(out_dir), **{k: meta[k] for k in keys}, "sha256": meta["files"][meta["file"]]}
+    res = {"output": str(job.out_dir), **{k: meta[k] for k in keys}, "sha256": meta["files"][meta["file"]]}
+    _, repo, target = job.state["target"]
     if target is not None:
         res["verifier_gguf"] = {"name": target["name"], "sha256": target["sha256"],
                                 "quantisation": target["quantisation"], "repo": repo}
-    return res
+    return {**res, "check": job.state["check"]}
+
+
+def record_value(result: dict[str, Any]) -> dict[str, Any]:
+    """``export.gguf``: the result with the check as :func:`_brief` keeps it."""
+    return {**{k: v for k, v in result.items() if k != "check"}, "check": _brief(result.get("check") or {})}
 
 
 def _skip_reason(check: bool, server: Path | None, target: dict | None) -> str:
@@ -216,15 +205,6 @@ def _brief(check: dict) -> dict:
     if srv:
         out["llama_server"] = {"version": srv.get("version"), "commit": srv.get("commit")}
     return out
-
-
-def _record(d: Path, result: dict, *, card: bool) -> None:
-    """``export.gguf`` in ``DIR/specconv.json``, the check as :func:`_brief` keeps it
-    (:func:`specconv.engines.exportdir.finish_export`, ``card`` as there)."""
-    from ..exportdir import finish_export
-
-    payload = {**{k: v for k, v in result.items() if k != "check"}, "check": _brief(result.get("check") or {})}
-    finish_export(d, "gguf", payload, card=card)
 
 
 def find_export(d: Path) -> tuple[Path, dict]:
