@@ -162,8 +162,9 @@ def export(cap: Exporter, drafter_dir: str | Path, out: str | Path | None = None
     meta = write_output(out_dir, cap.kind, overwrite, lambda tmp: _fill(cap, job, tmp))
     result = cap.result(job, meta)
     if record and cap.record_key:
-        finish_export(d, cap.record_key, lambda prev: cap.record_value(job, result, prev), card=out is None,
-                      output=str(out_dir))
+        # the card lists what DIR holds, and names where a separate-repo layout was written
+        finish_export(d, cap.record_key, lambda prev: cap.record_value(job, result, prev),
+                      card=out is None or cap.separate_repo, output=str(out_dir))
     return cap.result_type.of(result)
 
 

@@ -63,6 +63,38 @@ class SglangExporter(Exporter):
         return export_sglang_dir(drafter_dir, out, verifier=options.get("verifier"),
                                  overwrite=bool(options.get("overwrite")))
 
+    @property
+    def result_type(self) -> Any:  # type: ignore[override]
+        from ...results import ExportSglangResult
+
+        return ExportSglangResult
+
+    def prepare(self, job: Any) -> None:
+        from .export import prepare
+
+        prepare(job)
+
+    def write(self, job: Any, tmp: Path) -> dict[str, Any]:
+        from .export import write
+
+        return write(job, tmp)
+
+    def check(self, job: Any, tmp: Path, meta: dict[str, Any]) -> dict[str, Any] | None:
+        from .export import gate
+
+        gate(job, tmp)
+        return None
+
+    def result(self, job: Any, meta: dict[str, Any]) -> dict[str, Any]:
+        from .export import result
+
+        return result(job, meta)
+
+    def record_value(self, job: Any, result: dict[str, Any], previous: dict[str, Any] | None) -> dict[str, Any]:
+        from .export import record_value
+
+        return record_value(result, previous)
+
     def owns(self, d: Path, rec: Any, rel: str) -> bool:
         """``sglang/`` or the recorded export's dir inside ``d`` (published as a repo of its own)."""
         from .repo import is_sglang_file

@@ -14,7 +14,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
 from ...errors import InvalidInputError
-from ...outdir import check_output, move_into_place, temp_output
 from ...results import ExportSglangResult
 from . import FORMAT, FORMAT_VERSION, META_NAME
 
@@ -136,26 +135,12 @@ def _published_verifier(raw: dict[str, Any], spec: str) -> str | None:
     return next((v for v in (name, spec) if isinstance(v, str) and hub.is_hub_id(v)), None)
 
 
-def _write(tmp: Path, d: Path, layout: Any, meta: dict[str, Any]) -> dict[str, str]:
-    """Copy the weights, write config.json and the record into ``tmp``; returns the files' sha256."""
-    for name in weight_files(d):
-        shutil.copyfile(d / name, tmp / name)  # a regular file, never a link
-    (tmp / "config.json").write_text(json.dumps(layout.config, indent=2, sort_keys=True) + "\n", encoding="utf-8")
-    files = layout_files(tmp)
-    for name in weight_files(d):
-        if files[name] != meta["drafter_files"].get(name):
-            raise InvalidInputError(f"{d / name} changed while it was copied", code="sglang_copy_changed")
-    (tmp / META_NAME).write_text(json.dumps({**meta, "files": files}, indent=2, sort_keys=True) + "\n",
-                                 encoding="utf-8")
-    for p in (tmp, *tmp.iterdir()):
-        p.chmod(0o755 if p.is_dir() else 0o644)
-    return files
-
-
 def export_sglang_dir(drafter_dir: str | Path, out: str | Path | None = None, *, verifier: str | None = None,
                       overwrite: bool = False, check: Callable[[Path, str], dict[str, Any]] | None = None,
                       record: bool = True) -> "ExportSglangResult":
-    """Write SGLang's layout of a Speculators dir (see the module docstring).
+    """Write SGLang's layout of a Speculators dir through the one export lifecycle
+    (:func:`specconv.engines.exportdir.export`; the engine's part: :func:`prepare`, :func:`write`,
+    :func:`result`, :func:`record_value`).
 
     Args:
         drafter_dir: the Speculators-format DFlash or DSpark dir.
@@ -164,7 +149,7 @@ def export_sglang_dir(drafter_dir: str | Path, out: str | Path | None = None, *,
         overwrite: replace an earlier SGLang export (:func:`specconv.outdir.check_replaceable`).
         check: ``check(files_dir, verifier)``, run on the written files before they are moved into
             place, returns the ``check`` payload or raises (:func:`specconv.engines.sglang.check.export_checked`
-            passes SGLang's own loader; this room does not import the check).
+            passes SGLang's own loader).
         record: set ``export.sglang`` in ``DIR/specconv.json``.
 
     Returns:
@@ -176,55 +161,57 @@ def export_sglang_dir(drafter_dir: str | Path, out: str | Path | None = None, *,
             without ``overwrite``, no SGLang interpreter for ``check``.
         GateFailedError: SGLang's loader refused the files (exit 4, nothing written).
     """
-    d = Path(drafter_dir)
-    out_dir = Path(out) if out is not None else d / "sglang"
-    from ..exportdir import output_kinds
+    from ..exportdir import export
+    from . import ENGINE
 
-    check_output(out_dir, "sglang", overwrite, drafter_dir=d, kinds=output_kinds)
-    layout, meta, spec = plan_sglang(d, verifier)
-    with temp_output(out_dir) as tmp:
-        files = _write(tmp.path, d, layout, meta)
-        result = _result(meta, files, out_dir)
-        if check is not None:
-            tmp.step = "checking its files with SGLang's loader"
-            result["check"] = check(tmp.path, spec)
-        move_into_place(tmp, out_dir, overwrite, "sglang", kinds=output_kinds)
-    if record:
-        _record(d, result)
-        from ..card import refresh_local_card
-
-        refresh_local_card(d)  # the card's SGLang section, once a check of these bytes passed
-    return ExportSglangResult.of(result)
+    return export(ENGINE.export, drafter_dir, out, overwrite=overwrite, verifier=verifier, record=record, gate=check)
 
 
-def _result(meta: dict[str, Any], files: dict[str, str], out_dir: Path) -> dict[str, Any]:
+def prepare(job: Any) -> None:
+    """:func:`plan_sglang` (every refusal), kept for :func:`write`."""
+    layout, meta, spec = plan_sglang(job.drafter_dir, job.verifier_spec)
+    job.state.update(layout=layout, meta=meta, spec=spec)
+
+
+def write(job: Any, tmp: Path) -> dict[str, Any]:
+    """Copy the weights and write ``config.json`` into ``tmp``; returns the meta's keys
+    (:func:`plan_sglang`'s; the lifecycle adds ``files``)."""
+    d, layout, meta = job.drafter_dir, job.state["layout"], job.state["meta"]
+    for name in weight_files(d):
+        shutil.copyfile(d / name, tmp / name)  # a regular file, never a link
+    (tmp / "config.json").write_text(json.dumps(layout.config, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    files = layout_files(tmp)
+    for name in weight_files(d):
+        if files[name] != meta["drafter_files"].get(name):
+            raise InvalidInputError(f"{d / name} changed while it was copied", code="sglang_copy_changed")
+    return meta
+
+
+def gate(job: Any, tmp: Path) -> None:
+    """The caller's check of the written files (``export sglang --check``: SGLang's own loader),
+    kept for :func:`result` (the meta does not hold it)."""
+    if job.options.get("gate") is not None:
+        job.state["check"] = job.options["gate"](tmp, job.state["spec"])
+
+
+def result(job: Any, meta: dict[str, Any]) -> dict[str, Any]:
     from .layout import launch_argv
 
     keep = ("format", "format_version", "algorithm", "speculative_algorithm", "architecture", "env", "expected",
             "target_supplied", "notes", "drafter_files")
-    res = {"output": str(out_dir), **{k: meta[k] for k in keep}, "files": files}
-    res["launch"] = launch_argv(meta.get("verifier") or "VERIFIER", str(out_dir), meta["algorithm"])
-    return res
+    res = {"output": str(job.out_dir), **{k: meta[k] for k in keep}, "files": meta["files"]}
+    res["launch"] = launch_argv(meta.get("verifier") or "VERIFIER", str(job.out_dir), meta["algorithm"])
+    return {**res, **({"check": job.state["check"]} if "check" in job.state else {})}
 
 
-def _record(d: Path, result: dict[str, Any]) -> None:
-    """``export.sglang`` of ``DIR/specconv.json`` (other export keys kept); an earlier check
-    of the same bytes is kept with it."""
-    from ...record import as_record_path, update_section_key
-
-    new = {**result, "output": as_record_path(result.get("output"), d),
-           "launch": None}  # the recorded argv names a local path: rebuilt where it is printed
-
-    def merged(prev: dict[str, Any] | None) -> dict[str, Any]:
-        prev = prev or {}
-        if "check" not in new and (prev.get("check") or {}).get("files") == new["files"]:
-            return {**new, "check": prev["check"]}
-        return new
-
-    try:
-        update_section_key(d, "export", "sglang", merged)
-    except OSError as e:  # a read-only drafter dir: the export itself is complete
-        log.warning("could not record the SGLang export in %s/specconv.json: %s", d, e)
+def record_value(result: dict[str, Any], prev: dict[str, Any] | None) -> dict[str, Any]:
+    """``export.sglang``: the result, ``launch`` None (the recorded argv would name a local path:
+    rebuilt where it is printed); an earlier check of the same bytes is kept with it."""
+    new = {**result, "launch": None}
+    prev = prev or {}
+    if "check" not in new and (prev.get("check") or {}).get("files") == new["files"]:
+        return {**new, "check": prev["check"]}
+    return new
 
 
 def record_sglang_check(drafter_dir: str | Path, result: "ExportSglangResult", check: dict[str, Any]) -> None:
