@@ -9,10 +9,13 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ...outdir import OutputKind, files_listed
 from ..base import Engine, Exporter, OptionSpec, Serve, Surface
+
+if TYPE_CHECKING:
+    from ...verifier import Verifier
 
 #: the record of a GGUF export dir, its ``format`` and the one ``format_version`` every reader accepts
 META_NAME, META_FORMAT, META_FORMAT_VERSION = "gguf_meta.json", "specconv-gguf-drafter", 1
@@ -149,13 +152,13 @@ class LlamaServe(Serve):
 
         return preflight(drafter_dir, options)
 
-    def prepare(self, drafter_dir: Path, verifier: Any, options: Any, found: Any) -> Any:
+    def prepare(self, drafter_dir: Path, verifier: Verifier, options: Any, found: Any) -> Any:
         from .backend import find_target
 
         path, repo, target = find_target(drafter_dir, verifier, getattr(options, "verifier_gguf", None))
         return {**found, "target_path": path, "repo": repo, "target": target}
 
-    def measure(self, drafter_dir: Path, verifier: Any, rendered: list[tuple[str, list[int]]], options: Any,
+    def measure(self, drafter_dir: Path, verifier: Verifier, rendered: list[tuple[str, list[int]]], options: Any,
                 found: Any, torch_report: dict[str, Any]) -> dict[str, Any]:
         from .backend import serve_summary
         from .check import run_check

@@ -7,9 +7,12 @@ by :mod:`.serve_line`; docs/validate.md. This module is the engine's declaration
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..base import Engine, LoadCheck, OptionSpec, Serve
+
+if TYPE_CHECKING:
+    from ...verifier import Verifier
 
 #: the vLLM loader's interpreter (``--vllm-loader-python``; default ``.venv-vllm``)
 LOADER_ENV = "SPECCONV_VLLM_LOADER_PYTHON"
@@ -32,7 +35,7 @@ class VllmServe(Serve):
     report_key = "vllm_serve"
     server_name = "vLLM"
 
-    def measure(self, drafter_dir: Path, verifier: Any, rendered: list[tuple[str, list[int]]], options: Any,
+    def measure(self, drafter_dir: Path, verifier: Verifier, rendered: list[tuple[str, list[int]]], options: Any,
                 found: Any, torch_report: dict[str, Any]) -> dict[str, Any]:
         vopts = getattr(options, "vllm", None)
         if vopts is not None and vopts.remote:
@@ -56,7 +59,7 @@ class VllmServe(Serve):
 
             traffic_check(g3, measured["serving"]["other_traffic"], bool(options.vllm.allow_shared_server))
 
-    def reference(self, drafter_dir: Path, verifier: Any, rendered: list[tuple[str, list[int]]],
+    def reference(self, drafter_dir: Path, verifier: Verifier, rendered: list[tuple[str, list[int]]],
                   options: Any) -> tuple[list[list[int]], str] | None:
         vopts = getattr(options, "vllm", None)
         if not (vopts and vopts.reference_url):
