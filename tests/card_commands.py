@@ -52,3 +52,24 @@ def llamacpp_command(readme: str | Path) -> list[str] | None:
     argv = shlex.split(blocks[0].replace("\\\n", ""))
     assert argv[0] == "llama-server", argv
     return argv
+
+
+def convert_each_algorithm(root: Path, verifier_dir: Path, llama_verifier_dir: Path) -> dict[str, Path]:
+    """algorithm → a Speculators dir converted from a real producer's source (z-lab DFlash,
+    DeepSpec DSpark, AWS P-EAGLE; the verifier recorded as the Hub id ``org/verifier``), its card
+    written by the conversion itself."""
+    import fixtures_dflash as fd
+    import fixtures_dspark as fs
+    import fixtures_peagle as fp
+
+    v, vl = verifier_dir, llama_verifier_dir
+    peagle = fp.build_speculators_peagle(vl, root / "ref" / "peagle")
+    sources = {"dflash": (fd.make_source(root / "src", "zlab_dflash", verifier_dir=v), v, {}),
+               "dspark": (fs.make_deepspec_dspark(root / "src" / "dspark", v), v, {}),
+               "peagle": (fp.to_aws(peagle, root / "src" / "aws"), vl, {"speculative_tokens": 4})}
+    out = {}
+    for algo, (src, ver, opts) in sources.items():
+        out[algo] = root / "out" / algo
+        fd.api_convert(src, ver, out[algo], name="org/verifier", **opts)
+    return out
+

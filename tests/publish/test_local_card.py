@@ -60,25 +60,14 @@ def cards(tmp_path_factory, tiny_verifier_dir, tiny_llama_verifier_dir) -> dict[
     """One conversion per algorithm (verifier recorded as the Hub id ``org/verifier``), its
     card written by ``specconv.convert.convert`` itself."""
     pytest.importorskip("speculators")
-    import fixtures_dflash as fd
-    import fixtures_dspark as fs
-    import fixtures_peagle as fp
+    from card_commands import convert_each_algorithm
 
     from specconv.engines.card import refresh_local_card
 
-    root = tmp_path_factory.mktemp("cards")
-    v, vl = tiny_verifier_dir, tiny_llama_verifier_dir
-    peagle = fp.build_speculators_peagle(vl, root / "ref" / "peagle")
-    sources = {"dflash": (fd.make_source(root / "src", "zlab_dflash", verifier_dir=v), v, {}),
-               "dspark": (fs.make_deepspec_dspark(root / "src" / "dspark", v), v, {}),
-               "peagle": (fp.to_aws(peagle, root / "src" / "aws"), vl, {"speculative_tokens": 4})}
-    out = {}
-    for algo, (src, ver, opts) in sources.items():
-        d = root / "out" / algo
-        fd.api_convert(src, ver, d, name="org/verifier", **opts)
+    out = convert_each_algorithm(tmp_path_factory.mktemp("cards"), tiny_verifier_dir, tiny_llama_verifier_dir)
+    for d in out.values():
         card = (d / "README.md").read_text()
         assert refresh_local_card(d) == d / "README.md" and (d / "README.md").read_text() == card
-        out[algo] = d
     return out
 
 

@@ -29,22 +29,15 @@ def cards(tmp_path_factory, tiny_verifier_dir, tiny_llama_verifier_dir) -> dict[
     """card name → card text: per algorithm the local card and the pushed one (Hub verifier),
     and a local card whose verifier is a local path with spaces."""
     pytest.importorskip("speculators")
-    import fixtures_dspark as fs
-    import fixtures_peagle as fp
+    from card_commands import convert_each_algorithm
 
     from specconv.engines.card import refresh_local_card, render_card
     from specconv.publish.payload import Payload
     from specconv.record import read_record
 
-    root, v, vl = tmp_path_factory.mktemp("card_lines"), tiny_verifier_dir, tiny_llama_verifier_dir
-    peagle = fp.build_speculators_peagle(vl, root / "ref" / "peagle")
-    sources = {"dflash": (fd.make_source(root / "src", "zlab_dflash", verifier_dir=v), v, {}),
-               "dspark": (fs.make_deepspec_dspark(root / "src" / "dspark", v), v, {}),
-               "peagle": (fp.to_aws(peagle, root / "src" / "aws"), vl, {"speculative_tokens": 4})}
+    root, v = tmp_path_factory.mktemp("card_lines"), tiny_verifier_dir
     out = {}
-    for algo, (src, ver, opts) in sources.items():
-        d = root / "out" / algo
-        fd.api_convert(src, ver, d, name="org/verifier", **opts)
+    for algo, d in convert_each_algorithm(root, v, tiny_llama_verifier_dir).items():
         out[f"{algo}/local"] = refresh_local_card(d).read_text()
         out[f"{algo}/pushed"] = render_card(d, read_record(d), Payload(), f"org/{algo}-drafter", plot=False, check=False)
     verifier = root / "my models" / "verifier v1"
