@@ -275,9 +275,17 @@ def render_card(d: Path, rec: Any, payload: CardFiles, repo_id: str, *, plot: bo
     return text
 
 
+def _has_exports(rec: Any) -> bool:
+    """Whether the record holds an export (a card section presents only a recorded one: a fresh
+    conversion's card does not ask the registry)."""
+    return rec.export is not None
+
+
 def _sections(d: Path, rec: Any, files: CardFiles, draft_repo: str | None, verifier: str,
               separate_repo: str | None) -> list[tuple[str, dict[str, Any]]]:
     """``(template, values)`` of each export's card section, in registry order."""
+    if not _has_exports(rec):
+        return []
     out = []
     for cap in exporters():
         if cap.card_template:
@@ -326,7 +334,8 @@ def local_card_text(d: Path, rec: Any, repo_id: str) -> str:
     if any(x.is_dir() for x in d.iterdir()):  # a fresh conversion has no export: the registry is not asked
         for rel in sorted(rel for cap in exporters() for rel in cap.local_files(d)):
             p.files[rel] = d / rel
-    shown = [*p.files, *(rel for cap in exporters() for rel in cap.section_files(d, rec))]
+    sectioned = [rel for cap in exporters() for rel in cap.section_files(d, rec)] if _has_exports(rec) else []
+    shown = [*p.files, *sectioned]
     p.contains_verifier_weights = contains_verifier_weights(d, rec, shown)
     return render_card(d, rec, p, repo_id, plot=False, check=False, local=True)
 
