@@ -411,7 +411,7 @@ def _start_report(run: ValidationRun) -> dict[str, Any]:
         "seed": opts.seed,
         "options": {**{k: val for k, val in asdict(opts).items() if k not in _OWN_RESULT_OPTIONS},
                     **runtime_flags(opts.runtime, opts.runtime_path),  # as the CLI flags: onnx, engine
-                    **({"vllm": opts.vllm.recorded()} if opts.vllm else {})},  # URLs redacted
+                    **({opts.vllm.report_key: opts.vllm.recorded()} if opts.vllm else {})},  # URLs redacted
         "versions": library_versions(),
     }
 

@@ -19,7 +19,6 @@ ALLOWED = Counter({
     "specconv/format/algorithms.py: vllm": 1,
     "specconv/publish/sglang_repo.py: sglang": 2,
     "specconv/results.py: onnx": 1,
-    "specconv/validate/run.py: vllm": 1,
 })
 
 

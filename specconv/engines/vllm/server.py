@@ -77,6 +77,9 @@ class VllmServeOptions:
         """True when a running server is measured (``--server-url``)."""
         return bool(self.server_url)
 
+    #: the key the report's ``options`` holds :meth:`recorded` under (the engine's key)
+    report_key = "vllm"
+
     def recorded(self) -> dict[str, Any]:
         """The options as a report may hold them: URLs without userinfo or secret query
         values, ``--vllm-arg`` words redacted (:func:`redact_argv`)."""
