@@ -317,12 +317,8 @@ class ValidationReport(StageResult):
                          f"{ct.get('thinking') or 'n/a'} (--thinking {ct.get('thinking_option')})")
         if r.get("acceptance_length") is not None:
             lines += _tau_lines(r)
-        ox = r.get("onnx")
-        if ox:
-            lines.append(f"ONNX:      τ {ox['onnx']['acceptance_length']:.3f} (ORT) vs {ox['torch']['acceptance_length']:.3f} "
-                         f"(torch); tokens identical {ox['tokens_identical']}; draft mismatches "
-                         f"{ox['drafts']['mismatches']} ({ox['drafts']['near_tie_mismatches']} of them at a near-tie; "
-                         f"{ox['drafts']['near_ties']} near-ties in all)")
+        lines += [_runtime_line(key, sec) for key, sec in r.items()
+                  if isinstance(sec, dict) and {"torch", "drafts"} <= sec.keys()]
         lines.append("gates:")
         for g in r.get("gate_results", []):
             lines.append(f"  {g['name']:<11} {g['status']}")
@@ -338,6 +334,18 @@ class ValidationReport(StageResult):
         if files:
             lines.append(f"report:    {files.get('json')}")
         return "\n".join(lines)
+
+
+def _runtime_line(key: str, sec: dict[str, Any]) -> str:
+    """The line of a runtime compared with torch (``validate --onnx`` / ``--engine``: the report's
+    ``key`` section, its runtime's side the one other entry with a τ)."""
+    side = next(k for k, v in sec.items() if k != "torch" and isinstance(v, dict) and "acceptance_length" in v)
+    d, same = sec["drafts"], sec.get("tokens_identical")
+    return (f"{key.upper() + ':':<11}τ {sec[side]['acceptance_length']:.3f} ({side}) vs "
+            f"{sec['torch']['acceptance_length']:.3f} (torch); "
+            + (f"tokens identical {same}; " if same is not None else "")
+            + f"draft mismatches {d['mismatches']} ({d['near_tie_mismatches']} of them at a near-tie; "
+            f"{d['near_ties']} near-ties in all)")
 
 
 def _tau_lines(r: dict[str, Any]) -> list[str]:

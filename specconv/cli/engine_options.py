@@ -141,15 +141,55 @@ def pop_release_flags(kw: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any
     return exports, options
 
 
-def engines_options(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """Every registered engine's own options (``--llama-server``, ``--verifier-gguf``), each ``dest`` once."""
+def repo_option_specs() -> dict[str, OptionSpec]:
+    """Engine key → the ``push`` / ``release`` option publishing its export as a repo of its own
+    (``--sglang-repo-id``), in registry order."""
+    return {cap.engine.key: cap.repo_option for cap in exporters(top_level=False) + exporters(top_level=True)
+            if cap.repo_option is not None}
+
+
+def _engine_specs(serve: bool) -> dict[str, OptionSpec]:
+    """dest → spec of every registered engine's own options (``--llama-server``, ``--verifier-gguf``)
+    and, with ``serve``, its serving backend's plain options (``--vllm-python``), each ``dest`` once."""
     from ..engines import engines
 
     seen: dict[str, OptionSpec] = {}
     for e in engines():
-        for spec in e.options:
+        for spec in (*e.options, *(e.serve.options if serve and e.serve is not None else ())):
             seen.setdefault(spec.dest, spec)
-    return with_options(seen.values())(fn)
+    return seen
+
+
+def engines_options(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Every registered engine's own options (``--llama-server``, ``--verifier-gguf``), each ``dest`` once."""
+    return with_options(_engine_specs(serve=False).values())(fn)
+
+
+def serve_options(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``validate``'s engine options: every engine's own, and each serving backend's plain and
+    serving options (``--vllm-python``, ``--tensor-parallel-size``, ``--server-url``, ...)."""
+    from ..engines import with_capability
+
+    serving = [s for e in with_capability("serve") for s in e.serve.serving_options]
+    return with_options([*_engine_specs(serve=True).values(), *serving])(fn)
+
+
+def pop_serve_options(kw: dict[str, Any], backend: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Take :func:`serve_options`' values out of ``kw``: ``(engine options, engine key → typed
+    serving options)``, after each backend's refusals of them (exit 2; an option named by an
+    environment variable alone is no clash)."""
+    from ..engines import with_capability
+
+    plain = {dest: kw.pop(dest, spec.default) for dest, spec in _engine_specs(serve=True).items()}
+    ctx = click.get_current_context(silent=True)
+    given = {d for d in plain if ctx is not None and ctx.get_parameter_source(d) == click.core.ParameterSource.COMMANDLINE}
+    typed: dict[str, Any] = {}
+    for e in with_capability("serve"):
+        value = e.serve.serve_options({s.dest: kw.pop(s.dest, s.default) for s in e.serve.serving_options})
+        e.serve.check_options(backend, value, given)
+        if value is not None:
+            typed[e.key] = value
+    return plain, typed
 
 
 def _runtime_specs() -> list[tuple[str, OptionSpec]]:

@@ -7,6 +7,7 @@ from pathlib import Path
 import click
 
 from .common import run_command
+from .engine_options import click_option, repo_option_specs
 from .options import endpoint_option, output_format_option
 
 
@@ -32,9 +33,8 @@ def push_options(f):
         click.option("--allow-unvalidated", is_flag=True, help="Push files no passed validation covers (recorded in the card)."),
         click.option("--allow-verifier-weights", is_flag=True, help="Push onnx/, trt/ and gguf/ files that embed the "
                      "verifier's weights (its embedding / LM head)."),
-        click.option("--sglang-repo-id", metavar="ORG/NAME", help="Also publish DIR's SGLang layout (export sglang, "
-                     "its check passed on these bytes) as this repo, after the Speculators repo (docs/sglang.md)."),
     ]
+    opts += [click_option(spec) for spec in repo_option_specs().values()]
     for o in reversed(opts):
         f = o(f)
     return f
@@ -62,6 +62,7 @@ def make_options(kw: dict):
     from specconv.publish.push import PushOptions
 
     o = PushOptions(**{k: kw.pop(k) for k in list(kw) if k in PushOptions.__dataclass_fields__})
+    o.separate_repos = {key: repo for key, spec in repo_option_specs().items() if (repo := kw.pop(spec.dest, None))}
     o.include, o.exclude = tuple(o.include), tuple(o.exclude)
     if o.detailed_exitcode and not o.dry_run:
         raise UsageError("--detailed-exitcode needs --dry-run")

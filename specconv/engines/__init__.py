@@ -139,6 +139,15 @@ def exporters() -> list[Any]:
     return [e.export for e in with_capability("export")]
 
 
+def engine_option_defaults() -> dict[str, Any]:
+    """Every engine's plain options (its own and its ``serve``'s) at their defaults: dest → value."""
+    out: dict[str, Any] = {}
+    for e in engines():
+        for spec in (*e.options, *(e.serve.options if e.serve is not None else ())):
+            out.setdefault(spec.dest, spec.default)
+    return out
+
+
 def reset() -> None:
     """Forget the registry (the next call discovers the engines again; for tests that add one)."""
     _registry.cache_clear()

@@ -7,7 +7,7 @@ declaration to build ``specconv --help`` (docs/architecture.md, "Adding an engin
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -302,6 +302,11 @@ class Serve(Capability):
         help: its part of ``--backend``'s help.
         report_key: the report's key for :meth:`summary`'s section (``vllm_serve``).
         server_name: what G3's served-input checks call the server (``llama-server``).
+        options: ``validate``'s plain options of this backend (``--vllm-python``); their values
+            reach the capabilities as ``ValidateOptions.engine_options`` (dest → value) with
+            :class:`Engine`'s own, and the report's ``options`` holds them.
+        serving_options: the options folded into one typed object by :meth:`serve_options`
+            (``--tensor-parallel-size``, ``--server-url``, ...: ``ValidateOptions.serve[key]``).
     """
 
     backend: str = ""
@@ -309,6 +314,15 @@ class Serve(Capability):
     report_key: str = ""
     server_name: str = ""
     after_torch: bool = False
+    options: tuple[OptionSpec, ...] = ()
+    serving_options: tuple[OptionSpec, ...] = ()
+
+    def serve_options(self, values: Mapping[str, Any]) -> Any:
+        """The engine's typed serving options from :attr:`serving_options`' values, or None."""
+        return None
+
+    def check_options(self, backend: str, typed: Any, given: Collection[str] = ()) -> None:
+        """Refuse :meth:`serve_options`' result where it cannot work with ``backend`` (exit 2)."""
 
     def preflight(self, drafter_dir: Path, options: Any) -> Any:
         """Refusals before any model is loaded (exit 2 / 3); returns what :meth:`measure` needs."""
@@ -386,7 +400,8 @@ class Exporter(Capability):
         common: the shared export options it takes: ``output`` (``-o``), ``verifier``, ``overwrite``.
         release_key: its step's name and key in the ``release`` result.
         result_type: the command's :class:`specconv.results.StageResult` type.
-        separate_repo: its files are published as a repo of their own, never with the Speculators repo.
+        repo_option: ``push``'s (and ``release``'s) option naming the Hub repo its files are
+            published to as a repo of their own, never with the Speculators repo (None: pushed with it).
         card_template: its card section's template in ``specconv/templates/`` (the values of
             :meth:`card_section` as ``section``).
     """
@@ -400,8 +415,13 @@ class Exporter(Capability):
     common: tuple[str, ...] = ("output", "verifier", "overwrite")
     release_key: str = ""
     result_type: Any = None
-    separate_repo: bool = False
+    repo_option: OptionSpec | None = None
     card_template: str = ""
+
+    @property
+    def separate_repo(self) -> bool:
+        """Whether its files are published as a repo of their own (:attr:`repo_option`)."""
+        return self.repo_option is not None
 
     # ------------------------------------------------------------------- the export
     def run(self, drafter_dir: Path, out: Path | None, **options: Any) -> Any:
@@ -447,6 +467,15 @@ class Exporter(Capability):
         """Whether this export's files among ``rels`` (:meth:`owns`' files of drafter dir ``d``)
         embed the verifier's embedding / LM head, by the rule :meth:`push_verdict` applies."""
         return False
+
+    def repo_files(self, d: Path, rec: Any, repo_id: str) -> tuple[Path, Mapping[str, str]]:
+        """A :attr:`separate_repo` export's dir in drafter dir ``d`` and the sha256 its check
+        recorded per file name, for the repo ``repo_id`` (raise ``GateFailedError`` to refuse)."""
+        raise NotImplementedError
+
+    def repo_card(self, d: Path, rec: Any, repo_id: str, speculators_repo: str) -> str:
+        """A :attr:`separate_repo` export's README.md, published as ``repo_id`` beside ``speculators_repo``."""
+        raise NotImplementedError
 
     # ------------------------------------------------------------------------ card
     def card_section(self, d: Path, rec: Any, files: Any, draft_repo: str | None, *, verifier: str,

@@ -17,6 +17,7 @@ import json
 import logging
 import re
 from pathlib import Path
+from collections.abc import Mapping
 from typing import Any
 
 from dataclasses import dataclass, field
@@ -225,11 +226,11 @@ def _metadata(rec: Any, repo_id: str, license_id: str, verifier: str) -> str:
 
 
 def render_card(d: Path, rec: Any, payload: CardFiles, repo_id: str, *, plot: bool, check: bool = True,
-                separate_repo: str | None = None, local: bool = False) -> str:
+                separate_repos: Mapping[str, str] | None = None, local: bool = False) -> str:
     """The README.md text for drafter dir ``d`` published as ``repo_id``, with a section per
     export whose :meth:`~specconv.engines.base.Exporter.card_section` has one (SGLang's when its
-    layout's check passed, served from ``separate_repo`` when pushed; llama.cpp's when ``gguf/``'s
-    did). ``local``: the dir's own card (not validated: says how to).
+    layout's check passed, served from its repo in ``separate_repos`` (engine key → repo id) when
+    pushed; llama.cpp's when ``gguf/``'s did). ``local``: the dir's own card (not validated: says how to).
 
     Raises:
         InvalidInputError: the rendered metadata does not parse (``hub.check_card``).
@@ -266,7 +267,8 @@ def render_card(d: Path, rec: Any, payload: CardFiles, repo_id: str, *, plot: bo
                source_revision=conv.source.revision if conv and conv.source else None,
                source_files=sorted((conv.source.files or {}).items()) if conv and conv.source else [],
                specconv_version=rec.specconv_version or __version__, license=license_id, license_note=license_note,
-               sections=_sections(d, rec, payload, None if local else repo_id, verifier, separate_repo))
+               sections=_sections(d, rec, payload, None if local else repo_id, verifier,
+                                 separate_repos or {}))
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(_templates())), keep_trailing_newline=True,
                              undefined=jinja2.StrictUndefined, autoescape=False)
     text = env.get_template("model_card.md.j2").render(**ctx)
@@ -282,14 +284,15 @@ def _has_exports(rec: Any) -> bool:
 
 
 def _sections(d: Path, rec: Any, files: CardFiles, draft_repo: str | None, verifier: str,
-              separate_repo: str | None) -> list[tuple[str, dict[str, Any]]]:
+              separate_repos: Mapping[str, str]) -> list[tuple[str, dict[str, Any]]]:
     """``(template, values)`` of each export's card section, in registry order."""
     if not _has_exports(rec):
         return []
     out = []
     for cap in exporters():
         if cap.card_template:
-            values = cap.card_section(d, rec, files, draft_repo, verifier=verifier, separate_repo=separate_repo)
+            values = cap.card_section(d, rec, files, draft_repo, verifier=verifier,
+                                       separate_repo=separate_repos.get(cap.engine.key))
             if values is not None:
                 out.append((cap.card_template, values))
     return out

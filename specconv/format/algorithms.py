@@ -5,7 +5,6 @@ stay light.
 
 Code elsewhere asks the description (``algorithm(cfg.speculators_model_type).vllm.method``)
 and never compares an algorithm's name (``tests/format/test_algorithms.py`` enforces it).
-Subprocess runners that import nothing from specconv receive :meth:`Algorithm.job_facts`.
 Adding an algorithm = one :class:`Algorithm` in :data:`ALGORITHMS`, its config class in
 :mod:`.schema` and its drafter in :mod:`specconv.drafters`.
 
@@ -300,12 +299,6 @@ class Algorithm:
         """G2's row for ``dtype`` (the float32 row for an unknown dtype)."""
         return self.parity.get(dtype) or self.parity["float32"]
 
-    def job_facts(self) -> dict[str, Any]:
-        """The facts a subprocess runner needs, as plain JSON (it imports nothing from specconv)."""
-        return {"algorithm": self.name, "display_name": self.display_name,
-                "vllm": {"method": self.vllm.method, "flags": dict(self.vllm.flags),
-                         "draft_classes": list(self.vllm.draft_classes),
-                         "v2_model_runner": self.vllm.v2_model_runner}}
 
 
 #: llama.cpp's ``dflash`` architecture: metadata keys (``gguf-py/gguf/constants.py`` ``Keys``

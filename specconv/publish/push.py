@@ -9,7 +9,7 @@ import hashlib
 import logging
 import os
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -43,7 +43,8 @@ class PushOptions:
     verify: bool = True
     allow_unvalidated: bool = False
     allow_verifier_weights: bool = False
-    sglang_repo_id: str | None = None  # also publish DIR's SGLang layout as this repo (.sglang_repo)
+    #: engine key → the Hub repo its export is also published as (an exporter's ``repo_option``: .separate_repo)
+    separate_repos: dict[str, str] = field(default_factory=dict)
 
 
 def build_payload(d: Path, opts: PushOptions) -> Payload:
@@ -53,7 +54,7 @@ def build_payload(d: Path, opts: PushOptions) -> Payload:
     p, rec = collect(d, include=opts.include, exclude=opts.exclude, allow_unvalidated=opts.allow_unvalidated,
                      allow_verifier_weights=opts.allow_verifier_weights)
     plot = _plot(rec)
-    card = render_card(d, rec, p, opts.repo_id, plot=plot is not None, separate_repo=opts.sglang_repo_id)
+    card = render_card(d, rec, p, opts.repo_id, plot=plot is not None, separate_repos=opts.separate_repos)
     derived_files(p, rec, card, plot)
     return p
 
@@ -134,18 +135,26 @@ def push(d: Path, opts: PushOptions) -> PushResult:
     """
     from .. import hub
 
-    for flag, repo in (("--repo-id", opts.repo_id), ("--sglang-repo-id", opts.sglang_repo_id)):
+    for flag, repo in (("--repo-id", opts.repo_id), *_repo_flags(opts)):
         if repo is not None and ("/" not in repo or not hub.is_hub_id(repo)):
             from ..errors import UsageError
 
             raise UsageError(f"{flag} {repo!r} is not a Hub repo id ORG/NAME")
-    if opts.sglang_repo_id:  # two repos: the Speculators one first, then SGLang's layout
-        from .sglang_repo import push_with_sglang
+    if opts.separate_repos:  # the Speculators repo first, then each engine's own
+        from .separate_repo import push_with_separate
 
-        return push_with_sglang(Path(d), opts)
+        return push_with_separate(Path(d), opts)
     result = publish_payload(build_payload(Path(d), opts), opts)
     _record_publish(Path(d), result)
     return result
+
+
+def _repo_flags(opts: PushOptions) -> list[tuple[str, str]]:
+    """``(flag, repo id)`` of each engine repo option given."""
+    from ..engines import exporters
+
+    return [(cap.repo_option.flags[0], opts.separate_repos[cap.engine.key]) for cap in exporters()
+            if cap.repo_option is not None and opts.separate_repos.get(cap.engine.key)]
 
 
 def publish_payload(p: Payload, opts: PushOptions) -> PushResult:
@@ -171,9 +180,10 @@ def publish_payload(p: Payload, opts: PushOptions) -> PushResult:
     raise AssertionError("unreachable")  # pragma: no cover
 
 
-def _record_publish(d: Path, r: PushResult, key: str | None = None) -> None:
+def _record_publish(d: Path, r: PushResult, key: str | None = None, label: str = "") -> None:
     """The ``publish`` section of the local ``specconv.json`` (never part of what is pushed), or
-    its ``key`` (``sglang``: the SGLang repo's push, beside the Speculators repo's)."""
+    its ``key`` (an engine's key: its own repo's push, beside the Speculators repo's; ``label``:
+    the engine's display name, for the log)."""
     if r.status == "dry_run":
         return
     from ..record import PublishedRepo, update_record, update_section_key
@@ -182,7 +192,7 @@ def _record_publish(d: Path, r: PushResult, key: str | None = None) -> None:
     try:
         update_section_key(d, "publish", key, body) if key else update_record(d, "publish", body)
     except (OSError, SpecconvError) as e:  # a read-only dir: the push itself succeeded
-        log.warning("could not record the %spush in %s/specconv.json: %s", "SGLang " if key else "", d, e)
+        log.warning("could not record the %spush in %s/specconv.json: %s", f"{label} " if label else "", d, e)
 
 
 def _result(p: Payload, opts: PushOptions, rows: list[dict], **kw: Any) -> PushResult:

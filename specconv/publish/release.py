@@ -164,8 +164,9 @@ def _exporters() -> list[Any]:
 def _engine_options(opts: ReleaseOptions, push_opts: PushOptions | None) -> dict[str, Any]:
     """What an engine's release hooks read: the engines' options, ``verifier``, every release flag
     (``exports``: engine key → value) and the push's repo options."""
+    repos = push_opts.separate_repos if push_opts is not None else {}
     return {**opts.engine_options, "verifier": opts.verifier, "exports": dict(opts.exports),
-            "sglang_repo_id": push_opts.sglang_repo_id if push_opts is not None else None}
+            **{cap.repo_option.dest: repos.get(cap.engine.key) for cap in _exporters() if cap.repo_option is not None}}
 
 
 def _engine_steps(res: ReleaseResult, opts: ReleaseOptions, push_opts: PushOptions, drafter: Path,

@@ -12,6 +12,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ..engines import engine_option_defaults
 from ..errors import InvalidInputError, UsageError
 from ..prompts import ChatOptions, select_prompts
 from .backend import Progress, ValidationRun, backends, get_backend
@@ -45,25 +46,22 @@ class ValidateOptions:
         backend: ``torch`` (this harness) | ``vllm`` (a vLLM server) | ``llamacpp`` (the torch
             loop, then ``DIR/gguf`` served by llama-server): a key of
             :func:`specconv.validate.backend.backends`.
-        llama_server / verifier_gguf: ``--backend llamacpp``'s ``--llama-server`` and
-            ``--verifier-gguf`` files (None: :mod:`specconv.engines.llamacpp.server` / ``gguf.target`` defaults).
         drafter_backend: the runtime that loads the drafter under test in the torch
             harness (a key of :func:`specconv.validate.runtimes.runtimes`; ``torch`` = the
             reference drafters of :mod:`specconv.drafters`).
         attn_implementation: verifier attention (``sdpa`` | ``eager``).
         seed: prompt-independent RNG seed (bootstrap, sampling).
         confidence_threshold: DSpark truncated-run threshold (None disables that run).
-        vllm_port: port for ``--backend vllm`` (a free one is used when it is busy).
-        vllm_python: interpreter of the vLLM venv for ``--backend vllm`` (None: see
-            :func:`specconv.engines.vllm.serve.resolve_vllm_python`).
         drafter_cache: torch backend — draft through the context-cached session
             (default) or statelessly (``--no-drafter-cache``); same tokens either way.
         runtime: a runtime compared with the torch reference on the same requests (a key
             of :func:`~specconv.validate.runtimes.runtimes`: ``onnx`` for ``--onnx``,
             ``tensorrt`` for ``--engine``; its gate joins the others). runtime_path: the
             exported graph / engine it runs.
-        vllm: ``--backend vllm``'s serving options (parallel sizes, ``--vllm-arg``,
-            ``--server-url`` …: :class:`specconv.engines.vllm.server.VllmServeOptions`).
+        engine_options: the engines' plain options, dest → value (``--llama-server``,
+            ``--verifier-gguf``, ``--vllm-python``, ``--vllm-port``; default: each at its default).
+        serve: engine key → the serving options its ``serve`` folded (``--backend vllm``'s
+            parallel sizes, ``--server-url`` …: :class:`specconv.engines.vllm.server.VllmServeOptions`).
         load_checks: engine key → interpreter (None: its default) of each engine's own loader
             run on the drafter (``--vllm-load-check``, ``--sglang-load-check``: the engines'
             :class:`~specconv.engines.base.LoadCheck`); each payload is its own report key.
@@ -84,21 +82,19 @@ class ValidateOptions:
     attn_implementation: str = "sdpa"
     seed: int = 0
     confidence_threshold: float | None = DSPARK_CONFIDENCE_THRESHOLD
-    vllm_port: int = 8011
-    vllm_python: str | None = None
     drafter_cache: bool = True
-    llama_server: str | None = None
-    verifier_gguf: str | None = None
     runtime: str | None = None
     runtime_path: str | None = None
-    vllm: Any = None
+    engine_options: dict[str, Any] = field(default_factory=engine_option_defaults)
+    serve: dict[str, Any] = field(default_factory=dict)
     load_checks: dict[str, str | None] = field(default_factory=dict)
     chat: ChatOptions = field(default_factory=ChatOptions)
 
 
 #: options the report's ``options`` leaves out: a load check is its own result (``vllm_load``),
-#: a compared runtime is listed as its CLI flag (``runtime_flags``), the vLLM serving options redacted
-_OWN_RESULT_OPTIONS = ("load_checks", "runtime", "runtime_path", "vllm")
+#: a compared runtime is listed as its CLI flag (``runtime_flags``), the engines' options flat, each
+#: engine's serving options redacted under its report key
+_OWN_RESULT_OPTIONS = ("load_checks", "runtime", "runtime_path", "engine_options", "serve")
 
 
 def _source_options(drafter_dir: Path):
@@ -371,7 +367,7 @@ def _check_inputs(drafter_dir: str | Path, opts: ValidateOptions) -> Path:
     from ..extras import require
     from .runtimes import check_one_runtime, check_runtime, get_runtime
     from .verifier_runner import torch_dtype
-    from ..engines.vllm.server import check_options as check_vllm_options
+    from ..engines import with_capability
 
     require("torch", "validate", feature="specconv validate")  # G1 reads tensors with torch (every backend)
     require("transformers", "validate", feature="specconv validate")  # the tokenizer renders for every backend
@@ -384,7 +380,8 @@ def _check_inputs(drafter_dir: str | Path, opts: ValidateOptions) -> Path:
         raise UsageError(f"unknown backend {opts.backend!r}")
     get_runtime(opts.drafter_backend, "drafter backend")
     torch_dtype(opts.dtype)
-    check_vllm_options(opts.backend, opts.vllm)  # exit 2 before anything starts (--vllm-python: the CLI)
+    for e in with_capability("serve"):  # exit 2 before anything starts (--vllm-python: the CLI)
+        e.serve.check_options(opts.backend, opts.serve.get(e.key))
     opts.chat.template_kwargs()  # exit 2: --chat-template none with kwargs, a contradicting --thinking
     check_one_runtime(opts.backend, [opts.runtime] if opts.runtime else [])
     check_runtime(opts.runtime, opts.runtime_path, d, opts.dtype)  # a runtime's refusals, before any model
@@ -411,7 +408,8 @@ def _start_report(run: ValidationRun) -> dict[str, Any]:
         "seed": opts.seed,
         "options": {**{k: val for k, val in asdict(opts).items() if k not in _OWN_RESULT_OPTIONS},
                     **runtime_flags(opts.runtime, opts.runtime_path),  # as the CLI flags: onnx, engine
-                    **({opts.vllm.report_key: opts.vllm.recorded()} if opts.vllm else {})},  # URLs redacted
+                    **opts.engine_options,
+                    **{o.report_key: o.recorded() for o in opts.serve.values() if o is not None}},  # URLs redacted
         "versions": library_versions(),
     }
 

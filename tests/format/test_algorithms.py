@@ -91,6 +91,8 @@ def test_unknown_algorithm_is_refused_by_name():
 def test_job_facts_are_plain_json():
     import json
 
+    from specconv.engines.vllm.check import job_facts
+
     for alg in ALGORITHMS.values():
-        facts = json.loads(json.dumps(alg.job_facts()))
+        facts = json.loads(json.dumps(job_facts(alg)))
         assert facts["vllm"]["method"] == alg.vllm.method and facts["algorithm"] == alg.name

@@ -296,7 +296,7 @@ def test_the_local_cards_sglang_line_says_where_to_run_it(cards, tmp_path, monke
     monkeypatch.setattr(sglang_repo, "sglang_problem", lambda d, rec: None)  # the bytes gate has its own tests
     local = write_local_card(d).read_text().split("## SGLang", 1)[1]
     assert "Serve it with SGLang on a GPU (in this directory):" in local and "--speculative-draft-model-path ./sglang" in local
-    pushed = render_card(d, read_record(d), Payload(), "org/drafter", plot=False, check=False, separate_repo="org/drafter-sglang")
+    pushed = render_card(d, read_record(d), Payload(), "org/drafter", plot=False, check=False, separate_repos={"sglang": "org/drafter-sglang"})
     assert "Serve it with SGLang on a GPU:" in pushed.split("## SGLang", 1)[1]
 
 

@@ -100,7 +100,8 @@ def test_the_sglang_repo_refuses_a_link_out_of_its_export(tmp_path):
     """``--sglang-repo-id`` publishes the export dir's files: a link out of it is refused too,
     even when its bytes are the ones the passed check recorded."""
     from specconv.engines.sglang.export import layout_files
-    from specconv.publish.sglang_repo import sglang_payload
+    from specconv.engines import engine
+    from specconv.publish.separate_repo import separate_payload
     from specconv.record import file_hashes, read_record, update_section_key
 
     d = _dir(tmp_path)
@@ -114,6 +115,6 @@ def test_the_sglang_repo_refuses_a_link_out_of_its_export(tmp_path):
     update_section_key(d, "export", "sglang", {"output": "sglang", "files": files, "drafter_files": file_hashes(d),
                                                "check": {"ok": True, "files": files}, "algorithm": "dflash"})
     with pytest.raises(GateFailedError) as e:
-        sglang_payload(d, read_record(d), "org/drafter-sglang", "org/drafter")
+        separate_payload(engine("sglang").export, d, read_record(d), "org/drafter-sglang", "org/drafter")
     assert e.value.code == "link_outside_dir" and "model.safetensors (a link to " in e.value.message
     assert "the SGLang export" in e.value.message

@@ -1,7 +1,7 @@
 """Generic code never dispatches on an engine's name (issue 26; the rule ``tests/format`` applies to
 algorithm names): outside ``specconv/engines/<key>/`` no product module compares with, keys a dict
 by, subscripts with or matches on an engine's key (or its directory / record name: ``gguf``,
-``trt``). The places not yet folded into the registry are listed here; the list may only shrink."""
+``trt``)."""
 
 from __future__ import annotations
 
@@ -13,13 +13,8 @@ ROOT = Path(__file__).resolve().parents[2]
 NAMES = {"vllm", "onnx", "tensorrt", "sglang", "llamacpp", "gguf", "trt"}
 #: import names → extras, not engines (``specconv/extras.py`` maps Python packages)
 NOT_DISPATCH = {"specconv/extras.py"}
-#: "file: name" → places today (the card's sections and the reports' engine keys are not in the
-#: registry yet). Only ever remove or lower entries.
-ALLOWED = Counter({
-    "specconv/format/algorithms.py: vllm": 1,
-    "specconv/publish/sglang_repo.py: sglang": 2,
-    "specconv/results.py: onnx": 1,
-})
+#: "file: name" → places not yet folded into the registry (none left). Only ever remove or lower entries.
+ALLOWED: Counter = Counter()
 
 
 def _is_name(n: ast.AST) -> bool:

@@ -92,7 +92,8 @@ def test_backend_vllm_serves_the_verifier_by_its_absolute_dir(bundled_drafter, s
     from specconv.verifier import resolve_verifier
 
     monkeypatch.chdir(smollm2_dir.parent)
-    opts = SimpleNamespace(dtype="float32", seed=0, vllm_python=sys.executable, vllm_port=None, vllm=VllmServeOptions())
+    opts = SimpleNamespace(dtype="float32", seed=0, engine_options={"vllm_python": sys.executable, "vllm_port": None},
+                           serve={"vllm": VllmServeOptions()})
     for given in (smollm2_dir.name, f"./{smollm2_dir.name}"):
         srv = vb.owned_server(bundled_drafter, resolve_verifier(given), opts)
         model = srv.argv[srv.argv.index("--model") + 1]

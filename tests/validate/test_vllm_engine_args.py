@@ -144,8 +144,8 @@ def test_refused_tp_size_is_exit_3_before_startup_and_writes_nothing(converted, 
 
 
 def _opts(**vllm):
-    return SimpleNamespace(dtype="float32", seed=0, vllm_python=sys.executable, vllm_port=None,
-                           vllm=vs.VllmServeOptions(**vllm))
+    return SimpleNamespace(dtype="float32", seed=0, engine_options={"vllm_python": sys.executable, "vllm_port": None},
+                           serve={"vllm": vs.VllmServeOptions(**vllm)})
 
 
 def test_owned_server_argv_and_loopback_environment(converted, smollm2_dir, monkeypatch):

@@ -84,8 +84,9 @@ pytestmark = [
 
 
 def _opts(**kw):
-    base = dict(max_new_tokens=kw.pop("max_new_tokens", MAX_NEW_TOKENS), temperature=0.0, seed=0, dtype="float32", vllm_python=VLLM_PY,
-                vllm_port=None)
+    vllm = kw.pop("vllm", None)
+    base = dict(max_new_tokens=kw.pop("max_new_tokens", MAX_NEW_TOKENS), temperature=0.0, seed=0, dtype="float32",
+                engine_options={"vllm_python": VLLM_PY, "vllm_port": None}, serve={"vllm": vllm} if vllm else {})
     base.update(kw)
     return SimpleNamespace(**base)
 

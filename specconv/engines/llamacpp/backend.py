@@ -49,7 +49,7 @@ def preflight(drafter_dir: Path, opts: Any) -> dict[str, Any]:
     if float(opts.temperature) > 0:
         raise UsageError("--backend llamacpp is greedy only: --temperature must be 0")
     gguf, meta = find_export(Path(drafter_dir))
-    server = resolve_server(getattr(opts, "llama_server", None))
+    server = resolve_server((getattr(opts, "engine_options", None) or {}).get("llama_server"))
     if server is None:
         raise InvalidInputError("--backend llamacpp needs llama-server: none given and no `make llama-cpp` build",
                                 code="llama_server_missing", hint="make llama-cpp, or --llama-server FILE")

@@ -28,8 +28,10 @@ class SglangExporter(Exporter):
     record_key = "sglang"
     meta_version = FORMAT_VERSION
     release_key = "sglang"
-    separate_repo = True
     card_template = "sglang_section.md.j2"
+    repo_option = OptionSpec(("--sglang-repo-id",), "sglang_repo_id", "Also publish DIR's SGLang layout (export "
+                             "sglang, its check passed on these bytes) as this repo, after the Speculators repo "
+                             "(docs/sglang.md).", metavar="ORG/NAME")
     surface = Surface(
         command=("export", "sglang"),
         options=(
@@ -94,6 +96,16 @@ class SglangExporter(Exporter):
         from .export import record_value
 
         return record_value(result, previous)
+
+    def repo_files(self, d: Path, rec: Any, repo_id: str) -> tuple[Path, Mapping[str, str]]:
+        from .repo_card import repo_files
+
+        return repo_files(d, rec, repo_id)
+
+    def repo_card(self, d: Path, rec: Any, repo_id: str, speculators_repo: str) -> str:
+        from .repo_card import render_card
+
+        return render_card(d, rec, repo_id, speculators_repo)
 
     def owns(self, d: Path, rec: Any, rel: str) -> bool:
         """``sglang/`` or the recorded export's dir inside ``d`` (published as a repo of its own)."""

@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from . import LOADER_ENV as ENV_PYTHON
 
@@ -122,7 +123,7 @@ def run_load_checks(
 
 def _job_check(check: LoadCheck) -> dict:
     """One check of the runner's job file (every specconv fact it needs is in it): the dir's
-    algorithm facts (:meth:`specconv.format.algorithms.Algorithm.job_facts`; None for a dir
+    algorithm facts (:func:`job_facts`; None for a dir
     whose ``speculators_model_type`` specconv does not describe). The runner's working directory
     is a temp dir: a local dir or verifier is named by its absolute path (:func:`specconv.offline.job_path`)."""
     from ...format import speculators_model_type_of
@@ -132,7 +133,15 @@ def _job_check(check: LoadCheck) -> dict:
     alg = find_algorithm(speculators_model_type_of(check.dir))
     return {"dir": str(Path(check.dir).resolve()), "verifier": job_path(check.verifier), "short_form": check.short_form,
             "speculative_config": check.speculative_config or speculative_config_for(check.dir),
-            "facts": alg.job_facts() if alg is not None else None}
+            "facts": job_facts(alg) if alg is not None else None}
+
+
+def job_facts(alg: Any) -> dict[str, Any]:
+    """An :class:`~specconv.format.algorithms.Algorithm`'s facts the runner needs, as plain JSON
+    (it imports nothing from specconv)."""
+    return {"algorithm": alg.name, "display_name": alg.display_name,
+            "vllm": {"method": alg.vllm.method, "flags": dict(alg.vllm.flags),
+                     "draft_classes": list(alg.vllm.draft_classes), "v2_model_runner": alg.vllm.v2_model_runner}}
 
 
 def record_payload(result: dict, index: int = 0) -> dict:

