@@ -1,9 +1,5 @@
-"""Source-format converters, installed as ``specconv.converters``.
-
-Importing this package imports every module in it, so each ``@register``-decorated
-converter lands in :data:`REGISTRY`. ``detect(src)`` tries only the candidates the
-source's discriminators select (:mod:`specconv.converters.dispatch`).
-"""
+"""Source-format converters; importing the package imports every module, so each ``@register`` class is in
+:data:`REGISTRY`."""
 
 from __future__ import annotations
 
@@ -18,12 +14,7 @@ for _m in sorted(pkgutil.iter_modules(__path__), key=lambda m: m.name):
 
 
 def detect(src: SourceInfo) -> type[Converter] | None:
-    """Return the first candidate converter whose ``detect`` matches ``src`` (or ``None``).
-
-    The candidates and their order come from the source's discriminators
-    (``speculators_model_type``, ``projector_type``, ``architectures[0]``, markers):
-    :func:`specconv.converters.dispatch.candidates`.
-    """
+    """The first candidate converter (:func:`specconv.converters.dispatch.candidates`) whose ``detect`` matches."""
     from .dispatch import detect as _detect
 
     return _detect(src, REGISTRY)

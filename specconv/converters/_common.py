@@ -1,9 +1,4 @@
-"""Mapping helpers shared by converters (layer ids, mask token, block size, tensors).
-
-Facts: the layer-id conventions of z-lab/dflash ``dflash/model.py`` (0-based layer outputs) and
-vLLM ``vllm/transformers_utils/configs/speculators/algos.py`` (capture ids, 0 = embeddings); the
-target keys of vllm-project/speculators ``src/speculators/models/*/config.py``.
-"""
+"""Mapping helpers shared by converters (layer ids, mask token, block size, tensors; docs/adding_a_converter.md)."""
 
 from __future__ import annotations
 
@@ -26,7 +21,6 @@ INT32_MAX = 2**31 - 1
 DTYPE_FLAG = {"bfloat16": "BF16", "float16": "F16", "float32": "F32"}
 
 #: Qwen3-style decoder layer tensors shared by DFlash, DSpark and P-EAGLE bodies.
-# The output tensor names live with the target format (specconv/format/names.py).
 LAYER_PATTERNS = names.LAYER_PATTERNS
 DFLASH_BODY = names.BLOCK_BODY_PATTERNS
 #: Present in some sources; identical to the verifier's (full vocab) — kept, vLLM shares them.
@@ -52,10 +46,8 @@ def fullmatch_any(name: str, patterns: Iterable[str]) -> bool:
 
 # --------------------------------------------------------------------------- config
 def one_of(src: SourceInfo, keys: list[tuple[str, Any]], what: str) -> tuple[Any, str | None]:
-    """Return the single value found under several (label, value) locations.
-
-    Raises InvalidInputError when two locations disagree, naming both.
-    """
+    """The single value found under several (label, value) locations, and its label; raises
+    InvalidInputError (``conflicting_keys``) when two disagree."""
     found = [(k, v) for k, v in keys if v is not None]
     if not found:
         return None, None
@@ -93,12 +85,10 @@ def resolve_block_size(src: SourceInfo, nested: dict[str, Any] | None = None) ->
 def resolve_mask_token(
     src: SourceInfo, opts: ConvertOptions, locations: list[tuple[str, Any]], verifier: VerifierView | None
 ) -> tuple[int, str]:
-    """Mask token id from the checkpoint (all locations must agree) or ``--mask-token-id``.
+    """``(id, where)`` of the mask token from the checkpoint (all locations must agree) or ``--mask-token-id``.
 
-    Returns ``(id, where)``. Raises when absent everywhere, when the flag contradicts the
-    checkpoint, or when the id is outside the verifier vocab. An id equal to a verifier
-    special token (bos, every eos id, pad, the tokenizer's added special tokens) is the
-    lint's ``mask-token-special`` warning on the planned config, reported once.
+    Raises InvalidInputError when absent everywhere, when the flag contradicts the checkpoint, or
+    when the id is outside the verifier vocab (a special-token id is the lint's ``mask-token-special``).
     """
     ckpt, where = one_of(src, locations, "mask token id")
     if ckpt is not None and opts.mask_token_id is not None and ckpt != opts.mask_token_id:
@@ -127,13 +117,8 @@ def resolve_mask_token(
 def zlab_to_speculators_ids(
     src: SourceInfo, ids: Any, key: str, opts: ConvertOptions, verifier: VerifierView | None, findings: list, *, allow_minus_one: bool = False
 ) -> LayerIdConversion:
-    """Convert z-lab-convention target layer ids to Speculators aux ids (+1; -1 → 0).
-
-    An id equal to the verifier's last layer maps to ``num_hidden_layers`` and is **kept**
-    (unlike speculators' own DFlash converter, which drops it; speculators_format.md §7.5);
-    which engines can serve it is the lint's ``aux-ids-final-hidden-state``. ``--aux-layer-ids``
-    overrides and is recorded. Ids are never recomputed from a formula.
-    """
+    """Convert z-lab-convention target layer ids to Speculators aux ids (+1; -1 → 0; docs/adding_a_converter.md);
+    ``--aux-layer-ids`` overrides and is recorded."""
     from specconv.format import Finding
 
     if ids is not None:
@@ -166,9 +151,7 @@ def zlab_to_speculators_ids(
 
 
 def _check_converted_ids(s_ids: list[int], origin: str, verifier: VerifierView | None) -> None:
-    """Non-empty, distinct, inside ``[0, n]`` of the verifier. Capturing ``n`` (the final
-    pre-norm hidden state; only some engine versions serve it) is the lint's
-    ``aux-ids-final-hidden-state`` warning on the planned config."""
+    """Non-empty, distinct, inside ``[0, n]`` of the verifier."""
     if not s_ids:
         raise InvalidInputError(f"aux layer ids (from {origin}) are empty")
     if len(set(s_ids)) != len(s_ids):
@@ -186,13 +169,8 @@ def _check_converted_ids(s_ids: list[int], origin: str, verifier: VerifierView |
 
 
 def require_layer_types_for_swa(src: SourceInfo) -> None:
-    """ModelOpt exports: ``dflash_config.use_swa`` without ``layer_types`` cannot say which
-    layers slide (NVIDIA/Model-Optimizer ``modelopt/torch/export/plugins/hf_spec_export.py``);
-    refuse rather than guess.
-
-    Raises:
-        InvalidInputError: naming both keys.
-    """
+    """Refuse ``dflash_config.use_swa`` without ``layer_types`` (ModelOpt exports; NVIDIA/Model-Optimizer
+    ``modelopt/torch/export/plugins/hf_spec_export.py``): which layers slide cannot be known."""
     if src.dflash_config.get("use_swa") and not src.cfg("layer_types"):
         raise InvalidInputError(
             f"{src.path}/config.json: dflash_config.use_swa is set but there is no layer_types list; "
@@ -201,9 +179,7 @@ def require_layer_types_for_swa(src: SourceInfo) -> None:
         )
 
 
-#: M-RoPE keys (multimodal 3-D positions). vLLM's drafter classes use 1-D RoPE and reject
-#: them ("does not support M-RoPE"); text positions make the three sections equal, so
-#: the drafter's 1-D RoPE is what it computed (transformers ``modeling_rope_utils.py``).
+#: M-RoPE keys: vLLM's drafters use 1-D RoPE, equal to M-RoPE for text (transformers ``modeling_rope_utils.py``).
 MROPE_KEYS = ("mrope_section", "mrope_interleaved")
 
 
@@ -216,9 +192,8 @@ def _check_theta(where_file: str, where: str, v: Any) -> float:
 def rope_theta_of(cfg: dict[str, Any], where_file: str = "config.json") -> float | None:
     """``rope_theta`` from ``rope_parameters`` and/or the top level (``None`` when absent).
 
-    Raises:
-        InvalidInputError: present but not a positive finite number (``invalid_rope_theta``),
-            or the two locations disagree (``conflicting_rope``).
+    Raises InvalidInputError: not a positive finite number (``invalid_rope_theta``), or the two
+    locations disagree (``conflicting_rope``).
     """
     rp = cfg.get("rope_parameters")
     found = [(where, _check_theta(where_file, where, v)) for where, v in (
@@ -240,17 +215,10 @@ def _rope_dict(cfg: dict[str, Any], key: str, where_file: str) -> dict[str, Any]
 
 
 def resolve_rope(cfg: dict[str, Any], where_file: str, findings: list | None = None) -> dict[str, Any] | None:
-    """One ``rope_parameters`` dict from ``rope_theta`` / ``rope_parameters`` / ``rope_scaling``.
+    """One ``rope_parameters`` dict (with ``rope_type``, ``rope_theta``) from ``rope_theta`` /
+    ``rope_parameters`` / ``rope_scaling``, ``None`` without a θ; M-RoPE keys stripped with a finding.
 
-    Equal values in several places are merged; a conflict is an error. M-RoPE keys
-    (:data:`MROPE_KEYS`, ``rope_type: mrope``) are stripped with a finding.
-
-    Returns:
-        ``rope_parameters`` holding ``rope_type`` and ``rope_theta``; ``None`` when the
-        config has no rope θ anywhere.
-
-    Raises:
-        InvalidInputError: ``conflicting_rope`` naming both keys, or a malformed value.
+    Raises InvalidInputError: ``conflicting_rope`` naming both keys, or a malformed value.
     """
     theta = rope_theta_of(cfg, where_file)
     rp = _rope_dict(cfg, "rope_parameters", where_file)
@@ -308,16 +276,10 @@ def _check_layer_ints(src: SourceInfo, out: dict[str, Any]) -> None:
 
 def layer_config(src: SourceInfo, cfg: dict[str, Any], *, model_type: str, extra_drop: Iterable[str] = (),
                  findings: list | None = None) -> dict[str, Any]:
-    """``transformer_layer_config`` from a flat HF decoder config.
+    """``transformer_layer_config`` from a flat HF decoder config: wrapper keys dropped, RoPE as
+    ``rope_parameters`` plus ``rope_theta`` (never defaulted: vLLM falls back to 1e6, transformers to 1e4).
 
-    Everything except the keys that describe the drafter wrapper is kept verbatim; RoPE
-    is normalised to transformers-5 ``rope_parameters`` with an explicit ``rope_theta``
-    (vLLM's DFlash layer falls back to 1e6 when it is missing, transformers to 1e4), the
-    one resolved θ written in both forms (:func:`resolve_rope`).
-
-    Raises:
-        InvalidInputError: no rope_theta anywhere, conflicting RoPE values, or a required
-            shape key missing.
+    Raises InvalidInputError: no rope_theta, conflicting RoPE values, or a required shape key missing.
     """
     drop = NON_LAYER_KEYS | set(extra_drop)
     out = {k: v for k, v in cfg.items() if k not in drop}
@@ -337,12 +299,7 @@ def layer_config(src: SourceInfo, cfg: dict[str, Any], *, model_type: str, extra
 
 
 def auto_config() -> Any:
-    """transformers' ``AutoConfig`` (its config classes hold the defaults a producer's
-    ``from_pretrained`` applied to a ``config.json`` that omits keys).
-
-    Raises:
-        MissingExtraError: transformers is not installed (exit 2, ``pip install 'specconv[validate]'``).
-    """
+    """transformers' ``AutoConfig``; MissingExtraError (exit 2) without the ``validate`` extra."""
     from specconv.extras import require
 
     return require("transformers", "validate", feature="filling omitted decoder-config keys from transformers' "
@@ -355,15 +312,9 @@ def _class_default(model_type: str, key: str) -> Any:
 
 def complete_layer_config(src: SourceInfo, layer_config: dict[str, Any], plans: list[TensorPlan],
                           findings: list) -> None:
-    """Fill the decoder keys a flat source config may omit, each fill a finding.
+    """Fill the decoder keys a flat source config may omit (docs/adding_a_converter.md), each fill a finding.
 
-    ``head_dim``, ``num_key_value_heads`` and ``attention_bias`` come from the tensors
-    (``q_proj`` / ``k_proj`` rows, ``q_proj.bias``); ``rms_norm_eps`` and ``hidden_act``
-    from transformers' config-class default for the draft's ``model_type`` — the value the
-    producer's own ``from_pretrained`` applied to the same ``config.json``.
-
-    Raises:
-        InvalidInputError: a projection's rows do not divide by the head count.
+    Raises InvalidInputError: a projection's rows do not divide by the head count.
     """
     from specconv.format import Finding
 
@@ -398,14 +349,8 @@ def complete_layer_config(src: SourceInfo, layer_config: dict[str, Any], plans: 
 
 
 def kv_page_finding(layer_config: dict[str, Any], verifier: VerifierView | None, findings: list) -> None:
-    """Warn when vLLM cannot give the drafter's and the verifier's KV cache one page size.
-
-    vLLM pages every attention layer of verifier and drafter in one KV cache; its
-    ``unify_kv_cache_spec_page_size`` (vLLM ``vllm/v1/core/kv_cache_utils.py``) grows the
-    smaller pages by whole blocks and raises ``NotImplementedError`` when the largest
-    per-token size (``num_key_value_heads × head_dim``, same dtype) is not a multiple of
-    the others — e.g. a head dim of 160 beside a verifier's 128.
-    """
+    """Warn when the drafter's and the verifier's per-token KV widths do not divide (vLLM
+    ``vllm/v1/core/kv_cache_utils.py`` ``unify_kv_cache_spec_page_size``; docs/adding_a_converter.md)."""
     if verifier is None:
         return
     vc = verifier.config
@@ -421,8 +366,7 @@ def kv_page_finding(layer_config: dict[str, Any], verifier: VerifierView | None,
         findings.append(Finding(
             "warning", "kv-page-size-mismatch",
             f"drafter KV width {layer_config['num_key_value_heads']}×{layer_config['head_dim']} = {d} per token "
-            "and the verifier's "
-            f"{v_kv}×{v_hd} = {v} do not divide: vLLM's KV cache may not page them together "
+            f"and the verifier's {v_kv}×{v_hd} = {v} do not divide: vLLM's KV cache may not page them together "
             "(unify_kv_cache_spec_page_size raises NotImplementedError unless the attention backend pads pages)",
             "transformer_layer_config.head_dim",
         ))
@@ -449,25 +393,13 @@ def out_dtype(src_dtype: str, opts: ConvertOptions) -> str:
 
 
 def tensor_plan(
-    src: SourceInfo,
-    opts: ConvertOptions,
-    *,
-    accept: Iterable[str],
-    rename: Callable[[str], str] | None = None,
-    drop: dict[str, str] | None = None,
-    refuse: dict[str, str] | None = None,
-    reshape: dict[str, tuple[int, ...]] | None = None,
-    format_title: str = "",
+    src: SourceInfo, opts: ConvertOptions, *, accept: Iterable[str], rename: Callable[[str], str] | None = None,
+    drop: dict[str, str] | None = None, refuse: dict[str, str] | None = None,
+    reshape: dict[str, tuple[int, ...]] | None = None, format_title: str = "",
 ) -> tuple[list[TensorPlan], list[DroppedTensor]]:
-    """Plan every source tensor: accepted, dropped with a reason, or refused by name
-    (anything unmatched is refused — nothing is dropped silently).
-
-    Args:
-        accept: regexes (full match, on the *output* name after ``rename``).
-        rename: source name → output name.
-        drop: regex (on the source name) → reason, for tensors with no meaning in the output.
-        refuse: regex → reason, for tensors that make the conversion unfaithful.
-        reshape: output name → new shape (same bytes).
+    """Plan every source tensor: accepted (``accept`` regexes full-match the output name after ``rename``),
+    dropped (``drop``: source-name regex → reason), refused (``refuse`` regex → reason, or unmatched);
+    ``reshape``: output name → new shape (same bytes).
 
     Raises:
         UnsupportedFormatError: one or more tensors refused (all are listed).
@@ -558,15 +490,10 @@ def verifier_embedding_rows(verifier: VerifierView) -> int | None:
 
 
 def check_verifier_shape(src: SourceInfo, verifier: VerifierView | None, hidden: int, vocab: int, findings: list | None = None) -> None:
-    """The draft's hidden size and target vocabulary must be the verifier's.
+    """The draft's hidden size and target vocabulary must be the verifier's (its config ``vocab_size``, or
+    the rows of a padded embedding: an info finding).
 
-    The target vocabulary is compared with the verifier's config ``vocab_size`` and, when
-    they differ, with the rows of its embedding: a verifier whose embedding is padded past
-    its logical vocabulary (e.g. ``vocab_size`` 200058, 201024 rows) is matched by a draft
-    of 201024 (an info finding records it).
-
-    Raises:
-        InvalidInputError: ``verifier_mismatch`` naming both numbers.
+    Raises InvalidInputError: ``verifier_mismatch`` naming both numbers.
     """
     if verifier is None:
         return
@@ -596,13 +523,7 @@ def check_verifier_shape(src: SourceInfo, verifier: VerifierView | None, hidden:
 
 def dflash_causality(src: SourceInfo, layer_config: dict[str, Any], findings: list) -> bool:
     """Return ``sliding_window_non_causal`` for a DFlash-family source (vLLM
-    ``vllm/model_executor/models/qwen3_dflash.py`` applies one causality to every draft layer).
-
-    z-lab semantics (``dflash/model.py``): full layers bidirectional in the block, sliding
-    layers causal, unless top-level ``is_causal`` (or ``dflash_config.causal``) overrides
-    *all* layers. ``true`` overrides → refuse (JetSpec-style causal DFlash has no Speculators
-    equivalent: speculators' full layers are always bidirectional).
-    """
+    ``vllm/model_executor/models/qwen3_dflash.py``; z-lab ``dflash/model.py``; docs/adding_a_converter.md)."""
     from specconv.format import Finding
 
     causal, where = one_of(src, [("is_causal", src.cfg("is_causal")), ("dflash_config.causal", src.dflash_config.get("causal"))], "causality")

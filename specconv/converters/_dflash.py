@@ -1,9 +1,5 @@
 """The DFlash-family mapping shared by every DFlash source (z-lab/dflash ``dflash/model.py``,
-deepseek-ai/DeepSpec ``deepspec/modeling/dspark/qwen3/modeling.py``).
-
-Each source module only says where its keys live and how its tensors are named; this
-module turns that into a Speculators ``dflash`` (or ``dspark``) plan.
-"""
+deepseek-ai/DeepSpec ``deepspec/modeling/dspark/qwen3/modeling.py``): a :class:`DFlashLayout` to a plan."""
 
 from __future__ import annotations
 
@@ -23,19 +19,9 @@ if TYPE_CHECKING:
 
 @dataclass
 class DFlashLayout:
-    """Where one DFlash-family source keeps its facts.
-
-    Attributes:
-        ids_key / ids: label and value of the target layer ids (z-lab convention).
-        allow_minus_one: ``-1`` means the embedding output (DeepSpec).
-        mask_locations: ``[(label, value), ...]`` that must agree.
-        block_nested: the dict that may also hold ``block_size``.
-        rename: source tensor name → Speculators name.
-        extra_accept: extra accepted output-name regexes (e.g. DSpark heads).
-        drop / refuse: regex → reason.
-        sample_from_anchor: the layout's block convention (1+N or anchor-first, see docs/formats.md).
-        layer_drop: extra config keys not belonging to transformer_layer_config.
-    """
+    """Where one DFlash-family source keeps its facts: target layer ids (z-lab convention; ``allow_minus_one``:
+    -1 is the embedding output), ``[(label, value)]`` mask locations that must agree, the dict that may also
+    hold ``block_size``, tensor renames, regex → reason drops / refusals, the block convention (docs/formats.md)."""
 
     ids_key: str
     ids: Any
@@ -49,8 +35,7 @@ class DFlashLayout:
     refuse: dict[str, str] = field(default_factory=dict)
     layer_drop: tuple[str, ...] = ()
     sample_from_anchor_source: str = ""
-    #: the source's runtime never reads a ``sample_from_anchor`` key (named with its file): a
-    #: value there that differs from ``sample_from_anchor`` is written as the runtime runs it, warned
+    #: the source's runtime never reads a ``sample_from_anchor`` key (named with its file); a differing value warns
     runtime_ignores_sample_from_anchor: str = ""
     #: the source runs every draft layer non-causal (Muse-Glimmer, ``is_causal: false``)
     force_non_causal: bool = False
@@ -58,8 +43,7 @@ class DFlashLayout:
     extra_findings: list[tuple[str, str, str]] = field(default_factory=list)
 
 
-#: Keys that rescale embeddings/logits; Speculators has no equivalent, so a non-neutral
-#: value makes a conversion unfaithful (Muse-Glimmer / MiMo DFlash configs).
+#: Keys that rescale embeddings/logits (Muse-Glimmer / MiMo DFlash): a non-neutral value has no Speculators equivalent.
 SCALING_KEYS = ("input_embedding_scale", "output_multiplier", "final_logit_softcapping", "attention_value_scale")
 
 
@@ -106,8 +90,7 @@ def _check_body(src: SourceInfo, plans: list, layer_config: dict[str, Any], conv
 
 
 def _ignored_layout_keys(src: SourceInfo, layout: DFlashLayout, findings: list) -> None:
-    """A ``sample_from_anchor`` the source's runtime never reads, set to another value than the
-    layout it runs: written as the runtime runs it, with a warning naming the key and its value."""
+    """A ``sample_from_anchor`` the source's runtime ignores, set otherwise: written as the runtime runs it, warned."""
     from specconv.format import Finding
     from specconv.format.facts import layout_name
 
@@ -135,7 +118,7 @@ def _layout_k(conv: Any, opts: ConvertOptions, layout: DFlashLayout, block: int)
             f"({'anchor-first' if sample_from_anchor else '1+N'}: {layout.sample_from_anchor_source})",
             code="conflicting_layout",
         )
-    k = speculative_tokens_for(block, sample_from_anchor)  # the K rule (specconv.format.facts)
+    k = speculative_tokens_for(block, sample_from_anchor)
     if opts.speculative_tokens is not None and opts.speculative_tokens != k:
         raise InvalidInputError(
             f"--speculative-tokens {opts.speculative_tokens} contradicts block_size {block} with "
@@ -145,16 +128,9 @@ def _layout_k(conv: Any, opts: ConvertOptions, layout: DFlashLayout, block: int)
     return sample_from_anchor, k
 
 
-def plan_dflash_family(
-    conv: Any,
-    src: SourceInfo,
-    verifier: VerifierView | None,
-    opts: ConvertOptions,
-    layout: DFlashLayout,
-    *,
-    algorithm: str = "dflash",
-    extra_fields: dict[str, Any] | None = None,
-) -> ConversionPlan:
+def plan_dflash_family(conv: Any, src: SourceInfo, verifier: VerifierView | None, opts: ConvertOptions,
+                       layout: DFlashLayout, *, algorithm: str = "dflash",
+                       extra_fields: dict[str, Any] | None = None) -> ConversionPlan:
     """Build the plan for a DFlash-family source (raises ``InvalidInputError`` /
     ``UnsupportedFormatError`` naming the key, tensor or flag at fault)."""
     from specconv.format import Finding, make_config
@@ -164,9 +140,8 @@ def plan_dflash_family(
     _refuse_scaling(conv, src, cfg)
     block = common.resolve_block_size(src, layout.block_nested if layout.block_nested is not None else src.dflash_config)
     mask, mask_where = common.resolve_mask_token(src, opts, layout.mask_locations, verifier)
-    conv_ids = common.zlab_to_speculators_ids(
-        src, layout.ids, layout.ids_key, opts, verifier, findings, allow_minus_one=layout.allow_minus_one
-    )
+    conv_ids = common.zlab_to_speculators_ids(src, layout.ids, layout.ids_key, opts, verifier, findings,
+                                              allow_minus_one=layout.allow_minus_one)
     layer_config = common.layer_config(src, cfg, model_type="qwen3", extra_drop=layout.layer_drop, findings=findings)
     common.check_verifier_shape(src, verifier, layer_config["hidden_size"], layer_config["vocab_size"], findings)
     if mask >= layer_config["vocab_size"]:

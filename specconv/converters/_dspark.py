@@ -1,14 +1,4 @@
-"""DSpark head fields and tensor checks shared by the DSpark sources.
-
-The DSpark producers (DeepSpec ``Qwen3DSparkModel``, SpecForge ``DSparkDraftModel``, ModelOpt
-``projector_type: "dspark"``) keep the four head hyper-parameters of :class:`DSparkHeads` in
-different places and under slightly different names; whatever the config says is
-cross-checked against the head tensors (:func:`check_head_tensors`), so that a config/weights
-disagreement is an error naming both, never a silently broken drafter.
-Tensor shapes: speculators ``src/speculators/models/dspark/`` (target), SpecForge
-``specforge/modeling/draft/dspark.py``, NVIDIA/Model-Optimizer ``hf_spec_export.py``, DeepSpec
-``deepspec/modeling/dspark/qwen3/modeling.py`` (sources).
-"""
+"""DSpark head fields and tensor checks shared by the DSpark sources (docs/adding_a_converter.md)."""
 
 from __future__ import annotations
 
@@ -29,17 +19,8 @@ MARKOV_TYPES = ("vanilla", "gated", "rnn")
 
 @dataclass
 class DSparkHeads:
-    """Resolved DSpark head hyper-parameters, with where each value came from.
-
-    Attributes:
-        markov_rank: ``r`` (int ≥ 0).
-        markov_head_type: ``vanilla`` | ``gated`` | ``rnn`` (``vanilla`` written when r = 0:
-            the value is then meaningless but Speculators requires a valid one).
-        enable_confidence_head: whether ``confidence_head.proj.*`` exists.
-        confidence_head_with_markov: confidence input includes ``markov_w1[prev]``
-            (written ``false`` when the confidence head is disabled).
-        where: field → source location or rule (recorded in the plan notes).
-    """
+    """Resolved DSpark head hyper-parameters (``markov_head_type`` one of :data:`MARKOV_TYPES`), with
+    ``where`` each value came from (field → source location or rule, recorded in the plan notes)."""
 
     markov_rank: int
     markov_head_type: str
@@ -61,10 +42,8 @@ def _fmt(v: Any) -> str:
 
 def require_int(src: SourceInfo, value: Any, key: str, *, lo: int = 0) -> int:
     if value is None:
-        raise InvalidInputError(
-            f"{src.path}/config.json has no {key}; the DSpark Markov rank is never defaulted",
-            code="missing_key",
-        )
+        raise InvalidInputError(f"{src.path}/config.json has no {key}; the DSpark Markov rank is never defaulted",
+                                code="missing_key")
     if isinstance(value, bool) or not isinstance(value, int) or value < lo:
         raise InvalidInputError(f"{src.path}/config.json: {key} must be an integer ≥ {lo}, got {value!r}")
     return value
@@ -100,13 +79,7 @@ def _check_type(src: SourceInfo, value: Any, key: str) -> str:
 
 
 def check_head_tensors(src: SourceInfo, plan: ConversionPlan, heads: DSparkHeads, *, hidden: int, vocab: int) -> None:
-    """Cross-check the head hyper-parameters against the planned head tensors.
-
-    Expected (speculators ``src/speculators/models/dspark/``, before any vocabulary pruning):
-    ``markov_head.markov_w1.weight [V, r]``, ``markov_head.markov_w2.weight [V, r]``,
-    ``markov_head.gate_proj.{weight [r, H+r], bias [r]}`` (gated),
-    ``markov_head.joint_proj.{weight [3r, 2r+H], bias [3r]}`` (rnn),
-    ``confidence_head.proj.{weight [1, H (+r)], bias [1]}`` (confidence head).
+    """Cross-check the head hyper-parameters against the planned head tensors (shapes: docs/adding_a_converter.md).
 
     Raises:
         InvalidInputError: a tensor is missing, unexpected, or has the wrong shape; the
@@ -178,12 +151,8 @@ def _expected_heads(heads: DSparkHeads, H: int, V: int) -> tuple[dict[str, tuple
 
 def plan_dspark_family(conv: Any, src: SourceInfo, verifier: VerifierView | None, opts: Any, layout: Any, heads: DSparkHeads,
                        notes: Callable[[ConversionPlan], list[str]] | None = None) -> ConversionPlan:
-    """The Speculators ``dspark`` plan of a DSpark source: its DFlash-family body
-    (:func:`specconv.converters._dflash.plan_dflash_family` with the head tensors accepted and
-    ``heads.fields()`` written), the head tensors checked against ``heads``
-    (:func:`check_head_tensors`), ``--vocab-mapping`` pruning (:func:`maybe_prune`), and notes:
-    where each head field came from, then the source's own ``notes(plan)`` (taken before
-    pruning).
+    """The Speculators ``dspark`` plan of a DSpark source: its DFlash-family body with ``heads.fields()``, the
+    head tensors checked, ``--vocab-mapping`` pruning, then notes (head fields, the source's ``notes(plan)``).
 
     Raises:
         InvalidInputError / UnsupportedFormatError: as the DFlash family, a head tensor that
@@ -203,18 +172,9 @@ def plan_dspark_family(conv: Any, src: SourceInfo, verifier: VerifierView | None
     return plan
 
 
-# --------------------------------------------------------------------------- vocabulary
 def maybe_prune(conv: Any, plan: ConversionPlan, src: SourceInfo, verifier: VerifierView | None, opts: Any) -> ConversionPlan:
-    """Prune a full-vocabulary DSpark plan to the draft vocabulary of ``--vocab-mapping``.
-
-    Every DSpark source format stores full-vocabulary heads (SpecForge, ModelOpt and DeepSpec
-    exports). With ``--vocab-mapping`` (d2t ``[Vd]`` offsets and/or t2d ``[V]``) the output
-    becomes a pruned Speculators ``dspark`` drafter (speculators ``src/speculators/models/dspark/``):
-    ``draft_vocab_size = Vd``; ``markov_head.markov_w2.weight`` ``[V, r] → [Vd, r]`` and
-    ``lm_head.weight`` ``[V, H] → [Vd, H]`` keep the rows of the draft tokens in draft-id
-    order (the source's ``lm_head`` when it ships one, else the verifier's); ``d2t``/``t2d``
-    are written; ``markov_w1`` (indexed by target ids) and ``embed_tokens`` stay ``[V, ·]``.
-    Without the flag the plan is returned unchanged.
+    """Prune a full-vocabulary DSpark plan to the draft vocabulary of ``--vocab-mapping`` (unchanged without
+    it; docs/adding_a_converter.md).
 
     Raises:
         InvalidInputError: invalid mapping (see ``_vocab.resolve_vocab``), or no LM head
@@ -247,8 +207,7 @@ def maybe_prune(conv: Any, plan: ConversionPlan, src: SourceInfo, verifier: Veri
 
 
 def _pruned_tensors(plan: ConversionPlan, src: SourceInfo, verifier: VerifierView | None, vocab: Any, Vd: int) -> list:
-    """``markov_w2`` and ``lm_head`` rows of the draft tokens (the verifier's head when the
-    source ships none), plus the ``d2t``/``t2d`` plans."""
+    """``markov_w2`` and ``lm_head`` (else the verifier's) rows of the draft tokens, plus the ``d2t``/``t2d`` plans."""
     from ._vocab import slice_rows_plan
 
     tensors = []

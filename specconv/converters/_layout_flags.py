@@ -1,21 +1,4 @@
-"""``--sliding-window-non-causal``: a convert flag every converter's plan shares.
-
-What the key means (docs/formats.md, "Speculators DFlash causality"):
-
-* speculators 0.9.0 applies ``sliding_window_non_causal`` to sliding-window layers only; a
-  full-attention layer is always bidirectional inside the block
-  (``src/speculators/models/dflash/attention.py``: ``non_causal = sliding_window is None or
-  sliding_window_non_causal``; the key defaults to false, ``models/dflash/config.py``);
-* vLLM 0.33 sets ``dflash_config.causal = not sliding_window_non_causal``
-  (``vllm/transformers_utils/configs/speculators/algos.py``) and applies that override to
-  **every** DFlash layer (``vllm/model_executor/models/qwen3_dflash.py``
-  ``_dflash_layer_causal``); for DSpark it ignores the key.
-
-So on a DFlash drafter whose layers are all full attention, ``true`` changes nothing
-speculators runs and makes vLLM run the layers bidirectionally, as they were trained:
-the flag sets it there, and is refused wherever it would change a trained layer
-(a sliding-window layer) or no consumer reads it.
-"""
+"""``--sliding-window-non-causal``: a convert flag every converter's plan shares (docs/adding_a_converter.md)."""
 
 from __future__ import annotations
 
@@ -51,15 +34,8 @@ def _refusal(plan: ConversionPlan) -> str | None:
 
 
 def apply_sliding_window_non_causal(plan: ConversionPlan, opts: ConvertOptions) -> ConversionPlan:
-    """Apply ``--sliding-window-non-causal`` (``opts.sliding_window_non_causal``) to a plan.
-
-    Args:
-        plan: a converter's plan (its config typed).
-        opts: the conversion options; the flag is recorded with them (``plan.options``).
-
-    Returns:
-        ``plan``, its config's ``sliding_window_non_causal`` true when the flag is given (an
-        info finding when the source said false).
+    """Apply ``--sliding-window-non-causal`` to a plan: its ``sliding_window_non_causal`` true (an info finding
+    when the source said false).
 
     Raises:
         InvalidInputError: ``flag_not_applicable`` (exit 3): the drafter is no DFlash, or a

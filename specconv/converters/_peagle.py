@@ -1,15 +1,5 @@
-"""The P-EAGLE mapping shared by every P-EAGLE source (SpecForge, NeMo Automodel, AWS / vLLM layout).
-
-A source module says where its config keys live and how its tensors are named
-(:class:`PEagleLayout`); :func:`plan_peagle_family` turns that into a Speculators
-``peagle`` plan (vllm-project/speculators ``src/speculators/models/peagle/``). Tensors
-(speculators ``PEagleDraftModel``): ``embed_tokens [V,H]`` (trained; shipped), ``fc [H, A·H]``,
-``mask_hidden [1,1,A·H]``, ``layers.0.{hidden_norm,input_layernorm,
-post_attention_layernorm}``, layer-0 ``q/k/v_proj`` take ``2H`` inputs, ``layers.N≥1``
-plain Llama/Qwen3, ``norm``, ``lm_head [Vd,H]``, ``d2t``/``t2d`` when pruned,
-optional ``input_norm`` (``norm_before_fc``) and ``fc_norm.{i}`` (``fc_norm``). The rules
-for aux ids, ``norm_before_residual``, ``model_type`` and K are the helpers' below.
-"""
+"""The P-EAGLE mapping shared by every P-EAGLE source: a :class:`PEagleLayout` turned into a Speculators
+``peagle`` plan (vllm-project/speculators ``src/speculators/models/peagle/``; tensors: docs/adding_a_converter.md)."""
 
 from __future__ import annotations
 
@@ -65,22 +55,9 @@ def strip_prefix_rename(prefix: str = "model.", *, keep_top_level: tuple[str, ..
 
 @dataclass
 class PEagleLayout:
-    """Where one P-EAGLE source keeps its facts.
-
-    Attributes:
-        mask_locations: ``[(label, value)]`` for the mask token id (must agree).
-        aux_locations: ``[(label, value)]`` of aux ids in the EAGLE-3/Speculators
-            convention (must agree).
-        aux_unknown: ``[(label, value)]`` of layer-id keys whose convention is not known
-            for this producer (named in the error, never used).
-        k_locations: ``[(label, value)]`` of the trained number of depths K.
-        rename: source tensor name → Speculators name.
-        vocab_extra / vocab_extra_label: mapping tensors found outside the weights
-            (e.g. NeMo ``eagle_meta.pt``).
-        drop: extra regex → reason for source tensors not carried.
-        layer_drop: extra config keys not belonging to ``transformer_layer_config``.
-        findings / notes: source-specific findings ``(level, code, message)`` and notes.
-    """
+    """Where one P-EAGLE source keeps its facts: ``[(label, value)]`` locations of the mask id, aux ids
+    (EAGLE-3 convention), ids of unknown convention (named in the error, never used) and trained K;
+    mapping tensors outside the weights (``vocab_extra``); source-specific findings ``(level, code, message)``."""
 
     mask_locations: list[tuple[str, Any]]
     aux_locations: list[tuple[str, Any]]
@@ -105,8 +82,7 @@ UNKNOWN_AUX_KEYS = ("aux_hidden_state_layer_ids", "target_layer_ids")
 def peagle_layout(src: SourceInfo, *, mask_keys: tuple[str, ...] = ("mask_token_id",),
                   aux_keys: tuple[str, ...] = EAGLE_AUX_KEYS, unknown_aux_keys: tuple[str, ...] = UNKNOWN_AUX_KEYS,
                   k_keys: tuple[str, ...] = ("num_depths",), **fields: Any) -> PEagleLayout:
-    """A :class:`PEagleLayout` whose locations are the named config keys of ``src``
-    (:meth:`SourceInfo.locations`, in the order given); ``fields`` are its other attributes."""
+    """A :class:`PEagleLayout` whose locations are the named config keys of ``src``; ``fields``: the rest."""
     return PEagleLayout(mask_locations=src.locations(*mask_keys), aux_locations=src.locations(*aux_keys),
                         aux_unknown=src.locations(*unknown_aux_keys), k_locations=src.locations(*k_keys), **fields)
 
@@ -135,9 +111,8 @@ def _missing_aux_ids(src: SourceInfo, layout: PEagleLayout) -> InvalidInputError
 def resolve_aux_ids(src: SourceInfo, opts: ConvertOptions, layout: PEagleLayout, verifier: VerifierView | None, findings: list) -> LayerIdConversion:
     """Aux ids from the checkpoint (EAGLE-3 convention = Speculators ids) or ``--aux-layer-ids``.
 
-    Raises:
-        InvalidInputError: no ids anywhere (``missing_layer_ids``, naming both options),
-            disagreeing locations, duplicates, or ids outside ``[0, n]`` of the verifier.
+    Raises InvalidInputError: no ids anywhere (``missing_layer_ids``), disagreeing locations, duplicates,
+    or ids outside ``[0, n]`` of the verifier.
     """
     from specconv.format import Finding
 
@@ -187,15 +162,10 @@ _NBR_DEFAULTS = ("vLLM's speculators reader defaults it to false for peagle but 
 
 
 def resolve_norm_before_residual(where: str, v: Any, flag_val: bool | None, why: str) -> tuple[bool, str]:
-    """``norm_before_residual`` from the config at ``where`` or ``--(no-)norm-before-residual``;
-    never guessed (``why``: the defaults that disagree, for the error).
+    """``(value, where)`` of ``norm_before_residual`` from the config at ``where`` or the flag; never guessed.
 
-    Returns:
-        ``(value, where it came from)``.
-
-    Raises:
-        InvalidInputError: not a bool, the flag contradicts the config (``conflicting_flag``),
-            or neither gives it (``missing_norm_before_residual``).
+    Raises InvalidInputError: not a bool, the flag contradicts the config (``conflicting_flag``), or neither
+    gives it (``missing_norm_before_residual``; ``why`` names the defaults that disagree).
     """
     flag = f"--{'' if flag_val else 'no-'}norm-before-residual"
     if v is not None and not isinstance(v, bool):
@@ -220,9 +190,7 @@ def _in_dim(plans: list[TensorPlan], name: str) -> int | None:
     return None if p is None else int(p.shape[-1])
 
 
-#: Which P-EAGLE producers freeze the LM head during training (it then holds the
-#: verifier's rows, ``lm_head = verifier_lm_head[t2d]``), read from each trainer's code.
-#: Producers not listed train it or are not known (validate then only reports a difference).
+#: P-EAGLE producers whose trainer freezes the LM head (``lm_head = verifier_lm_head[t2d]``) or trains it.
 LM_HEAD_FROZEN = {
     "speculators_peagle": "speculators `src/speculators/model.py` (`lm_head.weight.requires_grad = False`, rows "
                           "loaded from the verifier by `_load_verifier_weights`)",
@@ -233,9 +201,7 @@ LM_HEAD_TRAINED = {
 
 
 def lm_head_finding(format_id: str, title: str) -> Any:
-    """The finding that tells ``validate`` whether this drafter's ``lm_head`` must equal the
-    verifier's rows: ``lm-head-frozen`` where the producer is known to freeze it, else
-    ``lm-head-trainable`` naming which consumer uses which head."""
+    """``lm-head-frozen`` (``validate`` then requires the verifier's rows) or ``lm-head-trainable``."""
     from specconv.format import Finding
 
     if format_id in LM_HEAD_FROZEN:
@@ -343,8 +309,7 @@ def _model_type(src: SourceInfo, cfg: dict[str, Any], plans: list[TensorPlan], L
 
 
 def norm_flags_from_tensors(src: SourceInfo, cfg: dict[str, Any], plans: list[TensorPlan], A: int) -> tuple[bool, bool]:
-    """``(norm_before_fc, fc_norm)`` from the tensors (``input_norm`` / ``fc_norm.{i}``);
-    a config value that contradicts them is an error."""
+    """``(norm_before_fc, fc_norm)`` from the tensors (``input_norm`` / ``fc_norm.{i}``); config must agree."""
     has_input_norm = common.get(plans, "input_norm.weight") is not None
     has_fc_norm = any(re.fullmatch(r"fc_norm\.\d+\.weight", p.out) for p in plans)
     for key, have, what in (("norm_before_fc", has_input_norm, "input_norm.weight is"),
@@ -365,8 +330,7 @@ def norm_flags_from_tensors(src: SourceInfo, cfg: dict[str, Any], plans: list[Te
 
 
 def logical_vocab(verifier: VerifierView | None, V: int) -> int | None:
-    """The verifier's config ``vocab_size`` when it is below the draft's target vocab ``V``
-    (the verifier's embedding rows, checked by ``check_verifier_shape``): its logical vocabulary."""
+    """The verifier's config ``vocab_size`` when below the draft's target vocab ``V`` (a padded embedding)."""
     return verifier.vocab_size if verifier is not None and verifier.vocab_size < V else None
 
 
@@ -473,8 +437,7 @@ def _peagle_layer_config(src: SourceInfo, cfg: dict[str, Any], layout: PEagleLay
 
 
 def _peagle_config(fields: dict[str, Any]) -> Any:
-    """The typed ``peagle`` config; the wrapper keys every P-EAGLE output shares are fixed here
-    (``target_hidden_size`` none: equal to the verifier's; trainable embedding)."""
+    """The typed ``peagle`` config (``target_hidden_size`` none: equal to the verifier's; trainable embedding)."""
     from specconv.format import make_config
 
     return make_config("peagle", speculators_version=SPECULATORS_FORMAT_VERSION, target_hidden_size=None,
@@ -485,11 +448,8 @@ def plan_peagle_family(conv: Any, src: SourceInfo, verifier: VerifierView | None
     """Build the Speculators ``peagle`` plan for a P-EAGLE source.
 
     Raises:
-        InvalidInputError: a missing/contradictory fact (mask id, aux ids, K,
-            norm_before_residual, vocabulary mapping, tensor shapes), naming the key,
-            tensor or flag.
-        UnsupportedFormatError: tensors with no Speculators equivalent (listed), or a draft
-            hidden size different from the verifier's (``target_hidden_size``).
+        InvalidInputError: a missing/contradictory fact, naming the key, tensor or flag.
+        UnsupportedFormatError: tensors with no Speculators equivalent, or ``target_hidden_size`` ≠ hidden size.
     """
     from specconv.format import Finding
 

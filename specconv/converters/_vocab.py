@@ -1,24 +1,4 @@
-"""Draft-vocabulary mapping (``d2t`` / ``t2d``): read, check, normalise, plan.
-
-Format facts (speculators ``src/speculators/train/vocab_mapping.py``, vLLM ``compute_logits``):
-
-* ``d2t``: int64 ``[Vd]`` holding **offsets**: ``target_id = draft_id + d2t[draft_id]``
-  (speculators ``train/vocab_mapping.py``, SpecForge ``data/preprocessing.py``, vLLM
-  ``compute_logits``). All zeros means identity.
-* ``t2d``: bool ``[V]``, ``t2d[target_id]`` true iff the token is in the draft vocab;
-  ``t2d.sum() == Vd``. speculators refuses to load a pruned draft without it; vLLM
-  ignores it.
-* Both exist only when ``Vd < V``. ``Vd == V`` is the full vocabulary (no mapping);
-  ``Vd > V`` is a *padded* full vocabulary (vLLM PR #55133) — identity, no mapping.
-* Some producers keep the mapping outside the weights: ``d2t.npy``/``t2d.npy`` (speculators
-  data dirs), a SpecForge ``vocab_mapping`` file (``torch.save({"d2t", "t2d"})``), NeMo's
-  old ``eagle_meta.pt``.
-* Known defects (all-zero ``d2t``, absolute-id ``d2t``, all-true default ``t2d``): the rules
-  of :func:`normalise_d2t` and :func:`resolve_vocab`.
-
-Mapping values are small int/bool tensors, so they are read here (side files:
-:mod:`._vocab_io`).
-"""
+"""Draft-vocabulary mapping (``d2t`` / ``t2d``): read, check, normalise, plan (docs/adding_a_converter.md)."""
 
 from __future__ import annotations
 
@@ -38,9 +18,8 @@ if TYPE_CHECKING:  # pragma: no cover
 
     from .base import ConvertOptions, SourceInfo
 
-#: accept-patterns for the mapping tensors (add to ``tensor_plan(accept=...)``, then
-#: :func:`merge_vocab` replaces their plans with :attr:`VocabResult.tensors`).
-VOCAB_PATTERNS = VOCAB_MAP_PATTERNS  # the target format's names (specconv/format/names.py)
+#: accept-patterns for the mapping tensors; :func:`merge_vocab` replaces their plans.
+VOCAB_PATTERNS = VOCAB_MAP_PATTERNS
 
 EAGLE_222 = "SafeAILab/EAGLE #222"
 
@@ -109,19 +88,11 @@ def _target_problems(tgt: "np.ndarray", vocab_size: int, t2d: "np.ndarray | None
 
 
 def check_mapping(d2t: Any, t2d: Any | None, vocab_size: int, draft_vocab_size: int, *, where: str = "") -> None:
-    """Validate an offset-form mapping for a pruned draft (``Vd < V``).
-
-    Checks ``len(d2t) == Vd``, ``len(t2d) == V``, ``0 ≤ i + d2t[i] < V``, targets
-    distinct, ``t2d.sum() == Vd`` and ``t2d[i + d2t[i]]`` for every draft id ``i``.
-
-    Args:
-        d2t: int ``[Vd]`` offsets (array, tensor or ``(store, name)``).
-        t2d: bool ``[V]`` or ``None`` (then only ``d2t`` is checked).
-        vocab_size: ``V``; draft_vocab_size: ``Vd``.
-        where: prefix for messages (e.g. the source path).
+    """Validate offset-form int ``d2t [Vd]`` (array, tensor or ``(store, name)``) and bool ``t2d [V]`` (or
+    ``None``): lengths, ``0 ≤ i + d2t[i] < V``, distinct targets, ``t2d.sum() == Vd``, ``t2d[i + d2t[i]]``.
 
     Raises:
-        InvalidInputError: the first failed check, naming it.
+        InvalidInputError: the first failed check, naming it (``where`` prefixes messages).
     """
     d = as_array(d2t, what="d2t")
     t = None if t2d is None else _as_bool(as_array(t2d, what="t2d"), "t2d")
@@ -134,14 +105,8 @@ def check_mapping(d2t: Any, t2d: Any | None, vocab_size: int, draft_vocab_size: 
 
 @dataclass
 class D2TReading:
-    """Result of :func:`normalise_d2t`.
-
-    Attributes:
-        offsets: int64 ``[Vd]`` offset-form d2t.
-        form: ``"offsets"`` (as stored) or ``"absolute"`` (converted from target ids).
-        message: what was decided and why (for findings), ``""`` when unremarkable.
-        ambiguous_but_offsets: both readings were valid and offsets were kept.
-    """
+    """Result of :func:`normalise_d2t`: int64 ``offsets [Vd]``, the ``form`` read, a finding ``message``
+    (``""`` when unremarkable), ``ambiguous_but_offsets`` (both readings valid, offsets kept)."""
 
     offsets: "np.ndarray"
     form: Literal["offsets", "absolute"]
@@ -150,19 +115,7 @@ class D2TReading:
 
 
 def normalise_d2t(d2t: Any, t2d: Any | None, vocab_size: int, draft_vocab_size: int, *, where: str = "") -> D2TReading:
-    """Interpret ``d2t`` as offsets (the convention) or, failing that, absolute target ids.
-
-    Rules (``Vd < V``):
-
-    * all zeros and no consistent ``t2d``: refused — the known all-zero-d2t defect
-      (SafeAILab/EAGLE #222) would silently map every draft id to itself;
-    * offsets valid (in range, distinct, consistent with ``t2d`` when given) → kept;
-      if ``t2d`` is absent and the absolute reading is equally valid, offsets are kept
-      (the documented convention) unless ``d2t`` is strictly increasing: producers sort
-      the draft vocabulary ascending, so absolute ids always increase while real offsets
-      repeat wherever selected ids are consecutive — that case is refused as ambiguous;
-    * offsets invalid, absolute ids valid → converted to offsets (``form="absolute"``);
-    * neither valid → refused with both reasons.
+    """Interpret ``d2t`` as offsets or, failing that, absolute target ids (rules: docs/adding_a_converter.md).
 
     Raises:
         InvalidInputError: codes ``vocab_map_all_zero``, ``vocab_map_ambiguous``,
@@ -214,8 +167,6 @@ def _check_lengths(d: "np.ndarray", t: "np.ndarray | None", vocab_size: int, dra
 
 
 def _offsets_reading(d: "np.ndarray", t: "np.ndarray | None", abs_probs: list[str], pre: str) -> D2TReading:
-    """Valid offsets: kept; without t2d, an equally valid strictly increasing absolute
-    reading is refused as ambiguous."""
     import numpy as np
 
     if t is not None or abs_probs:
@@ -239,19 +190,9 @@ def _offsets_reading(d: "np.ndarray", t: "np.ndarray | None", abs_probs: list[st
 # ------------------------------------------------------------------------------ plan
 @dataclass
 class VocabResult:
-    """The vocabulary decision for one conversion.
-
-    Attributes:
-        kind: ``"pruned"`` (``Vd < V``: d2t/t2d written), ``"full"`` (``Vd == V``) or
-            ``"padded"`` (``Vd > V``: identity, no mapping).
-        vocab_size / draft_vocab_size: ``V`` / ``Vd``.
-        d2t: int64 offsets ``[Vd]`` (pruned only). t2d: bool ``[V]`` (pruned only).
-        tensors: output :class:`TensorPlan` for ``d2t``/``t2d`` (empty unless pruned).
-        dropped: source mapping tensors not carried (with reasons).
-        findings: :class:`specconv.format.Finding` list.
-        notes: plan notes (where the mapping came from).
-        consumed: source tensor names handled here (see :func:`merge_vocab`).
-    """
+    """The vocabulary decision for one conversion: ``kind`` ``pruned`` (``Vd < V``), ``full`` or ``padded``
+    (``Vd > V``); int64 ``d2t [Vd]`` and bool ``t2d [V]`` and their output ``tensors`` (pruned only);
+    ``consumed``: source tensor names handled here (see :func:`merge_vocab`)."""
 
     kind: Literal["pruned", "full", "padded"]
     vocab_size: int
@@ -336,8 +277,6 @@ def _find_mappings(src: "SourceInfo", opts: "ConvertOptions", res: VocabResult, 
 
 
 def _identity(src: "SourceInfo", res: VocabResult, found: dict[str, _Found]) -> VocabResult:
-    """Full (``Vd == V``) or padded (``Vd > V``) vocabulary: identity mapping tensors dropped
-    with a reason, anything else refused."""
     import numpy as np
 
     from specconv.format import Finding
@@ -372,8 +311,6 @@ def _identity(src: "SourceInfo", res: VocabResult, found: dict[str, _Found]) -> 
 
 
 def _logical_identity(res: VocabResult, logical: int) -> dict[str, _Found]:
-    """``logical ≤ Vd < V``: the draft covers the verifier's whole logical vocabulary (the rest
-    of ``V`` is embedding padding), so the mapping is the identity on the first ``Vd`` ids."""
     import numpy as np
 
     from specconv.format import Finding
@@ -392,8 +329,6 @@ def _logical_identity(res: VocabResult, logical: int) -> dict[str, _Found]:
 
 
 def _drop_default_t2d(res: VocabResult, t2d_f: _Found | None) -> "tuple[_Found | None, np.ndarray | None]":
-    """SpecForge initialises t2d to all-true and only overwrites it when a mapping is loaded:
-    with ``Vd < V`` it carries no information (it cannot mark exactly Vd ids)."""
     from specconv.format import Finding
 
     if t2d_f is None:
@@ -411,8 +346,6 @@ def _drop_default_t2d(res: VocabResult, t2d_f: _Found | None) -> "tuple[_Found |
 
 
 def _read_plan(role: str, dtype: str, f: _Found, arr: "np.ndarray") -> TensorPlan:
-    """A mapping tensor as read: copied when the weights already hold it as ``dtype``, else
-    its bytes converted to ``dtype``."""
     if f.source_name and f.src_dtype == dtype:
         return TensorPlan(out=role, fate="copied", origin="source", source=f.source_name, shape=tuple(arr.shape),
                           dtype=dtype, src_dtype=dtype)
@@ -442,8 +375,6 @@ def _d2t_plan(d2t_f: _Found, reading: D2TReading) -> TensorPlan:
 
 
 def _pruned(src: "SourceInfo", res: VocabResult, found: dict[str, _Found], extra_label: str) -> VocabResult:
-    """``Vd < V``: d2t normalised to offsets, t2d checked or rebuilt, both planned. Errors name
-    the file the mapping came from (the checkpoint, a side file or ``--vocab-mapping``)."""
     from specconv.format import Finding
 
     V, Vd = res.vocab_size, res.draft_vocab_size
@@ -473,36 +404,12 @@ def _pruned(src: "SourceInfo", res: VocabResult, found: dict[str, _Found], extra
 
 
 def resolve_vocab(
-    src: "SourceInfo",
-    opts: "ConvertOptions",
-    *,
-    vocab_size: int,
-    draft_vocab_size: int,
-    d2t_names: Iterable[str] = ("d2t",),
-    t2d_names: Iterable[str] = ("t2d",),
-    extra: Mapping[str, Any] | None = None,
-    extra_label: str = "",
-    side_files: bool = True,
-    logical_vocab_size: int | None = None,
+    src: "SourceInfo", opts: "ConvertOptions", *, vocab_size: int, draft_vocab_size: int,
+    d2t_names: Iterable[str] = ("d2t",), t2d_names: Iterable[str] = ("t2d",), extra: Mapping[str, Any] | None = None,
+    extra_label: str = "", side_files: bool = True, logical_vocab_size: int | None = None,
 ) -> VocabResult:
-    """Decide the vocabulary mapping of a conversion and plan the ``d2t``/``t2d`` outputs.
-
-    Lookup order for each tensor: the checkpoint's weights (``d2t_names``/``t2d_names``),
-    ``extra`` (e.g. NeMo ``eagle_meta.pt`` contents), side files beside the checkpoint
-    (``d2t.npy``/``t2d.npy``), then ``--vocab-mapping``. When the flag and the checkpoint
-    both hold a tensor they must agree.
-
-    Outcomes:
-
-    * ``Vd > V`` (padded) and ``Vd == V`` (full): no mapping is written; source mapping
-      tensors are dropped with a reason when they are the identity (all-zero d2t, all-true
-      t2d — SpecForge P-EAGLE's default), refused otherwise.
-    * ``logical_vocab_size ≤ Vd < V`` (the verifier's embedding is padded past its logical
-      vocabulary) and no mapping anywhere: the identity on the first ``Vd`` ids is written.
-    * ``Vd < V``: ``d2t`` is normalised (:func:`normalise_d2t`), ``t2d`` rebuilt from it
-      when absent (fate ``generated``), everything validated (:func:`check_mapping`).
-      Unchanged I64 ``d2t`` / BOOL ``t2d`` from the weights are ``copied``; other dtypes
-      are converted (``d2t`` → I64, ``t2d`` → BOOL).
+    """Decide the vocabulary mapping of a conversion and plan the ``d2t``/``t2d`` outputs (lookup order
+    and outcomes: docs/adding_a_converter.md).
 
     Raises:
         InvalidInputError: missing mapping for a pruned draft (``vocab_map_missing``), a
@@ -520,19 +427,14 @@ def resolve_vocab(
 
 
 def merge_vocab(plans: list[TensorPlan], dropped: list[DroppedTensor], vocab: VocabResult) -> tuple[list[TensorPlan], list[DroppedTensor]]:
-    """Replace the plans of the source mapping tensors by the vocab decision.
-
-    Converters accept :data:`VOCAB_PATTERNS` in ``tensor_plan`` (so nothing is refused),
-    then call this: plans whose source is in ``vocab.consumed`` are removed, and
-    ``vocab.tensors`` / ``vocab.dropped`` are added.
-    """
+    """Replace the plans of the source mapping tensors (``vocab.consumed``, accepted through
+    :data:`VOCAB_PATTERNS`) by ``vocab.tensors`` / ``vocab.dropped``."""
     kept = [p for p in plans if p.source not in vocab.consumed and p.out not in ("d2t", "t2d")]
     return kept + list(vocab.tensors), list(dropped) + list(vocab.dropped)
 
 
 def _sliced_bytes(store: Any, source: str, rows: "np.ndarray", out_dtype: str) -> bytes:
-    """Rows ``rows`` of ``source`` as ``out_dtype`` safetensors bytes (run at write time);
-    only those rows are read (:meth:`~specconv.tensors.TensorStore.read_rows`)."""
+    """Rows ``rows`` of ``source`` as ``out_dtype`` safetensors bytes (run at write time; only those rows read)."""
     from specconv.tensors import cast_tensor, tensor_to_bytes
 
     sl = cast_tensor(store.read_rows(source, rows), out_dtype, name=f"rows of {source!r} in {Path(store.info(source).file).name}")
@@ -540,26 +442,10 @@ def _sliced_bytes(store: Any, source: str, rows: "np.ndarray", out_dtype: str) -
 
 
 def slice_rows_plan(
-    store: Any,
-    source: str,
-    out: str,
-    vocab: VocabResult,
-    *,
-    dtype: str | None = None,
-    note: str = "",
+    store: Any, source: str, out: str, vocab: VocabResult, *, dtype: str | None = None, note: str = "",
 ) -> TensorPlan:
-    """A ``produce`` plan keeping the rows of ``source`` that belong to the draft vocab.
-
-    For DSpark ``markov_head.markov_w2.weight`` (``[V, r]`` in full-vocab sources →
-    ``[Vd, r]``): row ``j`` of the output is source row ``j + d2t[j]`` — exactly the
-    ``t2d`` rows in draft-id order. Never use it for ``markov_w1`` (indexed by target ids,
-    stays ``[V, r]``; speculators ``src/speculators/models/dspark/``).
-
-    Args:
-        store: the source :class:`~specconv.tensors.TensorStore`.
-        source / out: source tensor name / output name.
-        vocab: a pruned :class:`VocabResult`.
-        dtype: output safetensors dtype (default: the source's).
+    """A ``produce`` plan keeping the rows of ``source [V, ...]`` that belong to the pruned draft vocab:
+    output row ``j`` is source row ``j + d2t[j]`` (``dtype`` defaults to the source's). Never ``markov_w1``.
 
     Raises:
         InvalidInputError: vocab not pruned, or the source's first dim is not ``V``.
@@ -577,7 +463,6 @@ def slice_rows_plan(
         )
     rows = vocab.target_ids().copy()
     out_dtype = dtype or info.dtype
-
     return TensorPlan(
         out=out, fate="sliced", origin="source", source=source, shape=(int(rows.shape[0]), *shape[1:]),
         dtype=out_dtype, src_dtype=info.dtype, produce=functools.partial(_sliced_bytes, store, source, rows, out_dtype),

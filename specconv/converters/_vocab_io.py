@@ -1,11 +1,4 @@
-"""Reading draft-vocabulary mapping tensors (``d2t`` / ``t2d``): arrays and side files.
-
-Producers keep the mapping in the weights, in ``.npy`` side files (speculators
-``train/cli.py`` caches ``d2t-{Vd}.npy`` / ``t2d-{Vd}.npy``), in a ``torch.save`` dict
-(SpecForge's ``vocab_mapping`` file, NeMo's old ``eagle_meta.pt``) or a ``.safetensors`` /
-``.npz`` file. Pickled files are read with ``torch.load(weights_only=True)`` only. Every
-error names the file it is about. The checks and the plan are in :mod:`._vocab`.
-"""
+"""Reading draft-vocabulary mapping tensors (``d2t`` / ``t2d``): arrays and side files (docs/adding_a_converter.md)."""
 
 from __future__ import annotations
 
@@ -17,25 +10,16 @@ from specconv.errors import InvalidInputError
 if TYPE_CHECKING:  # pragma: no cover
     import numpy as np
 
-#: Names a mapping file may use for each tensor (vLLM renames ``d2t`` to
-#: ``draft_id_to_target_id`` at load; some dumps keep that name).
+#: Names a mapping file may use for each tensor (vLLM's names included).
 D2T_KEYS = ("d2t", "draft_id_to_target_id")
 T2D_KEYS = ("t2d", "target_id_to_draft_id")
 
-#: Side files looked for beside a checkpoint. speculators' trainer caches the mapping in
-#: its data dir as ``d2t-{Vd}.npy`` / ``t2d-{Vd}.npy`` (``train/cli.py``) and takes
-#: ``--d2t-path``/``--t2d-path`` ``.npy`` files; plain ``d2t.npy``/``t2d.npy`` are also used.
+#: Side files looked for beside a checkpoint (besides speculators' cached ``d2t-{Vd}.npy``).
 SIDE_FILES = {"d2t": ("d2t.npy", "d2t.pt"), "t2d": ("t2d.npy", "t2d.pt")}
 
 
-# --------------------------------------------------------------------------- arrays
 def as_array(x: Any, *, what: str = "tensor") -> "np.ndarray":
-    """Return ``x`` as a 1-D numpy array.
-
-    Args:
-        x: a numpy array, a torch tensor, a list, or a ``(TensorStore, name)`` pair
-            (the tensor is read from the store).
-        what: label used in error messages.
+    """``x`` (array, torch tensor, list or ``(TensorStore, name)``) as a 1-D numpy array; ``what`` labels errors.
 
     Raises:
         InvalidInputError: ``x`` is not 1-D or is a float tensor.
@@ -61,13 +45,10 @@ def as_array(x: Any, *, what: str = "tensor") -> "np.ndarray":
     return arr
 
 
-
-# ------------------------------------------------------------------------ side files
 def _load_pt(path: Path) -> Any:
     from specconv.tensors.dtypes import import_torch
 
     torch = import_torch()
-
     try:
         return torch.load(path, weights_only=True, map_location="cpu")
     except Exception as e:  # UnpicklingError for non-allow-listed globals, junk files
@@ -94,23 +75,11 @@ def _pick(d: Mapping[str, Any], keys: Iterable[str]) -> Any:
 
 
 def read_mapping_file(path: str | Path, *, role: str | None = None, draft_vocab_size: int | None = None) -> dict[str, "np.ndarray"]:
-    """Read ``d2t``/``t2d`` from a side file (or a directory of them).
-
-    Accepted: ``.safetensors`` (tensors named ``d2t``/``t2d``), ``.pt``/``.pth``/``.bin``
-    (``torch.load(weights_only=True)``: a dict holding ``d2t``/``t2d`` — also
-    ``draft_id_to_target_id`` — or a bare tensor), ``.npz`` (arrays ``d2t``/``t2d``) and
-    ``.npy`` (one array; its role comes from ``role`` or the file name containing
-    ``d2t``/``t2d``, else from its dtype: bool → ``t2d``).
-
-    A directory is searched with :func:`find_side_files` (``d2t.npy``, ``d2t-{Vd}.npy``, …)
-    and, failing that, read as a checkpoint holding ``d2t``/``t2d`` tensors.
-
-    Returns:
-        ``{"d2t": int array, "t2d": bool/int array}`` with whichever was found.
+    """``{"d2t": int array, "t2d": bool/int array}`` (whichever was found) from a side file or a directory of
+    them (accepted files: docs/adding_a_converter.md); ``role`` names a single ``.npy`` array's role.
 
     Raises:
-        InvalidInputError: unreadable file, unknown extension, neither tensor present
-            (every message names the file).
+        InvalidInputError: unreadable file, unknown extension, neither tensor present (naming the file).
     """
     p = Path(path)
     if p.is_dir():
@@ -120,9 +89,8 @@ def read_mapping_file(path: str | Path, *, role: str | None = None, draft_vocab_
     name = p.name.lower()
     reader = next((r for ext, r in _READERS if name.endswith(ext)), None)
     if reader is None:
-        raise InvalidInputError(
-            f"{p}: unknown vocab mapping file type (expected .safetensors, .pt, .npy or .npz)", code="vocab_map_invalid"
-        )
+        raise InvalidInputError(f"{p}: unknown vocab mapping file type (expected .safetensors, .pt, .npy or .npz)",
+                                code="vocab_map_invalid")
     out = reader(p, role)
     if not out:
         raise InvalidInputError(f"{p} holds neither d2t nor t2d", code="vocab_map_invalid")
@@ -168,10 +136,8 @@ def _role_of_single(p: Path, arr: Any, role: str | None) -> str:
             return r
     if as_array(arr, what=str(p)).dtype == np.bool_:
         return "t2d"
-    raise InvalidInputError(
-        f"{p}: a single integer array, cannot tell whether it is d2t or t2d; name the file d2t.* / t2d.*",
-        code="vocab_map_invalid",
-    )
+    raise InvalidInputError(f"{p}: a single integer array, cannot tell whether it is d2t or t2d; name the file "
+                            "d2t.* / t2d.*", code="vocab_map_invalid")
 
 
 def _read_safetensors(p: Path, role: str | None) -> dict[str, Any]:
@@ -226,12 +192,7 @@ _READERS = ((".safetensors", _read_safetensors), (".pt", _read_pt), (".pth", _re
 
 
 def find_side_files(directory: Path, draft_vocab_size: int | None = None) -> dict[str, Path]:
-    """``{"d2t": path, "t2d": path}`` for side files in ``directory`` (either may be absent).
-
-    Looks for ``d2t.npy``/``d2t.pt`` (same for ``t2d``), then speculators' cached
-    ``d2t-{Vd}.npy`` — by ``draft_vocab_size`` when given, else only when exactly one
-    ``d2t-*.npy`` exists.
-    """
+    """``{"d2t": path, "t2d": path}`` for side files in ``directory`` (either may be absent; order: docs)."""
     d = Path(directory)
     found = {}
     for role, names in SIDE_FILES.items():

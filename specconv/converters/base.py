@@ -1,11 +1,4 @@
-"""Converter base class, source description and the registry decorator.
-
-Adding a source format = one module in ``specconv/converters/`` with one class decorated by
-:func:`register` (llama.cpp's ``ModelBase.register`` / optimum's
-``register_tasks_manager_onnx`` pattern) + one fixture + one row generated into
-``docs/formats.md``. Detection sees only ``config.json``, tensor names/shapes and file
-names — never tensor data.
-"""
+"""Converter base class, source description and the registry decorator (docs/adding_a_converter.md)."""
 
 from __future__ import annotations
 
@@ -21,9 +14,8 @@ from specconv.plan import ConversionPlan
 if TYPE_CHECKING:
     from specconv.format.verifier_facts import VerifierView
 
-#: ``dflash_config.projector_type`` values: the drafter a ModelOpt export (NVIDIA/Model-Optimizer
-#: ``modelopt/torch/export/plugins/hf_spec_export.py``), a SpecForge DSpark or a Domino config
-#: holds. Source facts that happen to spell algorithm names: compared against these constants.
+#: ``dflash_config.projector_type`` values (NVIDIA/Model-Optimizer ``modelopt/torch/export/plugins/hf_spec_export.py``,
+#: SpecForge DSpark, Domino): source facts that happen to spell algorithm names.
 PROJECTOR_DFLASH = "dflash"
 PROJECTOR_DSPARK = "dspark"
 PROJECTOR_DOMINO = "domino"
@@ -34,25 +26,8 @@ REGISTRY: dict[str, type["Converter"]] = {}
 
 @dataclass
 class ConvertOptions:
-    """User flags that may change meaning; every one is recorded in ``specconv.json``.
-
-    Attributes:
-        mask_token_id: ``--mask-token-id`` (must agree with the checkpoint when it has one).
-        aux_layer_ids: ``--aux-layer-ids`` in the Speculators convention (0 = embeddings).
-        dtype: ``keep`` | ``bfloat16`` | ``float16`` | ``float32`` (floats only).
-        speculative_tokens: ``--speculative-tokens`` (P-EAGLE trained K when not in config).
-        sample_from_anchor: ``--sample-from-anchor/--no-sample-from-anchor`` override where
-            the checkpoint cannot tell.
-        vocab_mapping: ``--vocab-mapping`` side file (d2t/t2d).
-        draft_config: ``--draft-config`` (SpecForge training dirs).
-        allow_unpickle: ``--allow-unpickle`` (explicit opt-in to ``weights_only=False``).
-        checkpoint: which trainer checkpoint to pick (``best`` | ``latest`` | a name).
-        algorithm: ``--algorithm`` restriction (refuse when the detected one differs).
-        norm_before_residual: P-EAGLE override when the source config lacks it.
-        sliding_window_non_causal: ``--sliding-window-non-causal``: write
-            ``sliding_window_non_causal: true`` on a DFlash drafter whose layers are all full
-            attention (:mod:`._layout_flags`; refused elsewhere).
-    """
+    """The ``convert`` flags that may change meaning (docs/cli.md), each recorded in ``specconv.json``;
+    ``dtype`` is ``keep`` | ``bfloat16`` | ``float16`` | ``float32``."""
 
     mask_token_id: int | None = None
     aux_layer_ids: list[int] | None = None
@@ -67,9 +42,7 @@ class ConvertOptions:
     norm_before_residual: bool | None = None
     sliding_window_non_causal: bool = False
 
-    #: Options that never change how a source is read (the output dtype, which checkpoint of a
-    #: save dir, the ``--algorithm`` restriction, the unpickling opt-in); every other set option
-    #: decides a value the written config holds.
+    #: Options that never change how a source is read; every other set option decides a written config value.
     NOT_READING: ClassVar[tuple[str, ...]] = ("dtype", "checkpoint", "algorithm", "allow_unpickle")
 
     def to_dict(self) -> dict[str, Any]:
@@ -87,11 +60,8 @@ class ConvertOptions:
 
 
 def _non_finite(obj: Any, path: str = "") -> str | None:
-    """Dotted key of the first NaN / Infinity in a parsed config (``None`` when all finite).
-
-    Python's ``json`` accepts them, but they are not JSON and would be written back as
-    ``null`` (pydantic) — a silent change of a meaning-bearing value.
-    """
+    """Dotted key of the first NaN / Infinity in a parsed config (``None`` when all finite): Python's
+    ``json`` accepts them, pydantic would write them back as ``null``."""
     if isinstance(obj, float) and not math.isfinite(obj):
         return path or "<root>"
     if isinstance(obj, dict):
@@ -109,13 +79,8 @@ def _non_finite(obj: Any, path: str = "") -> str | None:
 
 @dataclass
 class SourceInfo:
-    """What detection may look at: the source dir, its config and tensor *headers*.
-
-    Attributes:
-        path: the directory used (after ``--subfolder`` / checkpoint selection).
-        config: parsed ``config.json`` or ``None`` when absent.
-        files: every file under ``path`` (relative paths, sorted).
-    """
+    """What detection may look at: the source dir (after ``--subfolder`` / checkpoint selection), its parsed
+    ``config.json`` (or ``None``), every file under it (relative, sorted) and tensor *headers*."""
 
     path: Path
     config: dict[str, Any] | None
@@ -207,16 +172,11 @@ class SourceInfo:
 
 def refuse_unsupported_layer_keys(src: SourceInfo, format_id: str, *, cfg: dict[str, Any] | None = None,
                                   file: Path | str | None = None) -> None:
-    """The one layer-key rule, on the source config as read (before any converter drops,
-    hoists or copies a key): a truthy :data:`specconv.format.facts.UNSUPPORTED_LAYER_KEYS`
-    at the top level, in ``dflash_config``, ``dspark_config`` or ``transformer_layer_config``
-    refuses the conversion. Every converter's ``plan`` runs it first on ``src.config``
-    (:class:`Converter`); ``cfg`` / ``file`` name another config the source is read with
-    (SpecForge's ``--draft-config``).
+    """Refuse a truthy :data:`specconv.format.facts.UNSUPPORTED_LAYER_KEYS` in the source config as read
+    (docs/formats.md); ``cfg`` / ``file`` name another config the source is read with (``--draft-config``).
 
     Raises:
-        UnsupportedFormatError: ``unsupported_layer_key``, naming each key, where it sat and
-            the config file.
+        UnsupportedFormatError: ``unsupported_layer_key``, naming each key, where it sat and the config file.
     """
     from specconv.format.facts import unsupported_layer_keys
 
@@ -247,24 +207,9 @@ def _refusing_layer_keys(plan: Any) -> Any:
 
 
 class Converter:
-    """One source format. Subclasses set the class attributes and implement ``plan``.
-
-    Every subclass's ``plan`` is wrapped (``__init_subclass__``) to apply the one rule all
-    converters share on the source config, :func:`refuse_unsupported_layer_keys`, before
-    anything else (a key a converter drops would be invisible to the lint of its output), and
-    the one flag all share on the planned config, ``--sliding-window-non-causal``, after.
-
-    Class attributes:
-        format_id: stable registry id (``zlab_dflash``, ``deepspec_dspark``, ...).
-        algorithm: target ``speculators_model_type`` (``dflash`` | ``dspark`` | ``peagle``),
-            or the source algorithm for refusals.
-        title: producer / where such checkpoints come from.
-        detection: human summary of the detection keys (docs/formats.md).
-        mapping: human summary of the mapping (docs/formats.md).
-        spec_ref: where the format facts come from (upstream repository + path).
-        supported: ``False`` for formats refused by name.
-        refusal: the reason given when ``supported`` is ``False``.
-    """
+    """One source format: subclasses set the class attributes (rendered into docs/formats.md) and
+    implement ``plan``, which ``__init_subclass__`` wraps with :func:`refuse_unsupported_layer_keys`
+    before (a key a converter drops would be invisible to the lint) and ``--sliding-window-non-causal`` after."""
 
     format_id: ClassVar[str]
     algorithm: ClassVar[str]
@@ -292,28 +237,18 @@ class Converter:
             UnsupportedFormatError: refused formats (``supported = False``).
             InvalidInputError: inconsistent checkpoint or flags; names key/tensor/flag.
         """
-        raise UnsupportedFormatError(
-            f"{self.title} ({self.format_id}) is not supported: {self.refusal}",
-            format_id=self.format_id,
-        )
+        raise UnsupportedFormatError(f"{self.title} ({self.format_id}) is not supported: {self.refusal}",
+                                     format_id=self.format_id)
 
     @classmethod
     def describe(cls) -> dict[str, Any]:
-        return {
-            "format": cls.format_id,
-            "algorithm": cls.algorithm,
-            "title": cls.title,
-            "supported": cls.supported,
-            "detection": cls.detection,
-            "mapping": cls.mapping if cls.supported else cls.refusal,
-            "spec_ref": cls.spec_ref,
-        }
+        return {"format": cls.format_id, "algorithm": cls.algorithm, "title": cls.title, "supported": cls.supported,
+                "detection": cls.detection, "mapping": cls.mapping if cls.supported else cls.refusal,
+                "spec_ref": cls.spec_ref}
 
 
 class RefusedFormat(Converter):
-    """A format recognised and refused by name (``supported = False``): subclasses set the
-    class attributes, ``refusal`` and ``detect``; the inherited ``plan`` raises
-    ``UnsupportedFormatError`` naming the refusal."""
+    """A format recognised and refused by name: the inherited ``plan`` raises naming ``refusal``."""
 
     supported: ClassVar[bool] = False
 

@@ -1,13 +1,5 @@
-"""F7 — DeepSeek DeepSpec native DSpark (``deepseek-ai/dspark_*_block7``, ``Qwen3DSparkModel``).
-
-deepseek-ai/DeepSpec ``deepspec/modeling/dspark/qwen3/{config,modeling}.py`` (HEAD ``afdfa7c9``).
-The config is a deep copy of the target's ``Qwen3Config`` with flat top-level overrides;
-``markov_head_type`` is written only when ``markov_rank > 0``, ``confidence_head_with_markov`` only
-when the confidence head is enabled (DeepSpec's model then treats it as ``false``). Every DeepSpec
-drafter is anchor-first (speculators PR #737 review). The frozen ``embed_tokens``/``lm_head``
-copies are kept (vLLM shares them when equal, speculators 0.9.0 reloads them from the verifier).
-Detection and mapping: the class attributes (``docs/formats.md``).
-"""
+"""DeepSeek DeepSpec native DSpark (``deepseek-ai/dspark_*_block7``, ``Qwen3DSparkModel``; deepseek-ai/DeepSpec
+``deepspec/modeling/dspark/qwen3/{config,modeling}.py`` at HEAD ``afdfa7c9``; docs/adding_a_converter.md)."""
 
 from __future__ import annotations
 

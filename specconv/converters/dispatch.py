@@ -1,11 +1,5 @@
-"""Detection by discriminator: which converters a source is tried against, and in what order.
-
-A source is not walked past every registered converter: its discriminators each select a short
-candidate list from :data:`ROUTES`, framed by :data:`FIRST`, :data:`CHECKPOINT` and :data:`LAST`;
-the first candidate whose ``detect`` matches wins (the rules, as users read them:
-:func:`routes_markdown`, rendered into ``docs/formats.md``). ``tests/converters/test_registry.py``
-checks that every registered format is reachable and every listed id registered.
-"""
+"""Detection by discriminator: which converters a source is tried against, and in what order (the rules:
+:func:`routes_markdown`, rendered into ``docs/formats.md``)."""
 
 from __future__ import annotations
 
@@ -25,9 +19,8 @@ FIRST = ("quantized_drafter",)
 #: embed a drafter, directories with no draft body.
 CHECKPOINT = ("deepseek_v4_dspark", "no_draft_body")
 
-#: Tried last on every source without ``speculators_model_type``: formats recognised by
-#: config keys or tensor names only (Laguna's ``model_type``, vLLM's eagle3 + parallel
-#: drafting layout, EAGLE-3).
+#: Tried last on every source without ``speculators_model_type``: formats recognised by config keys or
+#: tensor names only.
 LAST = ("laguna_dflash", "aws_peagle", "modelopt_eagle_parallel_heads", "eagle3")
 
 #: DFlash-family refusals, in the order they must run before any supported DFlash / DSpark
@@ -43,8 +36,7 @@ SPECULATORS_EARLY: dict[str, tuple[str, ...]] = {"speculators_peagle": ("specula
 
 
 def _speculators_routes() -> dict[str, tuple[str, ...]]:
-    """``speculators_model_type`` → candidates: every described algorithm is read by its
-    ``speculators_<name>`` converter (``speculators_trainer.py``), any other value is refused."""
+    """``speculators_model_type`` → candidates: ``speculators_<name>`` per described algorithm, else refused."""
     routes = {name: (*SPECULATORS_EARLY.get(f"speculators_{name}", ()), f"speculators_{name}")
               for name in algorithm_names()}
     return {**routes, "*": ("speculators_other",)}
@@ -118,8 +110,7 @@ def candidates(src: "SourceInfo") -> list[str]:
 
 
 def all_ids() -> list[str]:
-    """Every format id the routes reach, in first-appearance order (the listing order of
-    ``specconv formats`` and ``docs/formats.md``)."""
+    """Every format id the routes reach, in first-appearance order (the listing order of ``specconv formats``)."""
     ids: list[str] = list(FIRST)
     ids += [i for v in ROUTES["speculators_model_type"].values() for i in v]
     ids += CHECKPOINT

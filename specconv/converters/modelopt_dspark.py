@@ -1,11 +1,6 @@
-"""F5 — NVIDIA ModelOpt DSpark export (``modelopt/torch/export/plugins/hf_spec_export.py``).
-
-The config is ModelOpt's DFlash export plus ``dflash_config.{projector_type: "dspark", shift_label,
-markov_rank, markov_head_type, use_confidence_head}`` (``use_confidence_head``, not
-``enable_confidence_head``). The head tensors sit at the **top level** (:data:`_HEAD_RENAMES`)
-although ModelOpt's docstring claims the DeepSpec layout. Detection and mapping: the class
-attributes (``docs/formats.md``).
-"""
+"""NVIDIA ModelOpt DSpark export (``modelopt/torch/export/plugins/hf_spec_export.py``; docs/formats.md): ModelOpt's
+DFlash export plus ``dflash_config.{projector_type, shift_label, markov_rank, markov_head_type,
+use_confidence_head}``."""
 
 from __future__ import annotations
 

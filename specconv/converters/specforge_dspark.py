@@ -1,13 +1,5 @@
-"""F4 — SpecForge DSpark HF exports (``DSparkDraftModel``; sgl-project/SpecForge
-``specforge/modeling/draft/dspark.py``, HEAD ``a6b6b023``; configs ``configs/qwen3-8b-dspark.json``,
-``glm-5.2-dspark.json``, ``kimi-k3-dspark.json``).
-
-The F1 DFlash body plus the DSpark heads, the head/drafter keys in ``dflash_config`` (some versions
-declare the head keys at the top level instead: both are read; they must agree). SpecForge DSpark
-is trained 1+N (slot 0 = bonus token; llama.cpp PR #26275) and its exports omit
-``sample_from_anchor``. Early checkpoints nest the heads under ``logit_head.``. The mapping: the
-class attributes (``docs/formats.md``).
-"""
+"""SpecForge DSpark HF exports (``DSparkDraftModel``; sgl-project/SpecForge ``specforge/modeling/draft/dspark.py``,
+HEAD ``a6b6b023``; docs/formats.md, docs/adding_a_converter.md)."""
 
 from __future__ import annotations
 

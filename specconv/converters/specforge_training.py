@@ -1,14 +1,5 @@
-"""F4 — SpecForge training checkpoints ``<output_dir>/<run_id>-step<N>/`` (DataFlow runtime).
-
-sgl-project/SpecForge ``specforge/training/checkpoint.py``. Such a directory holds
-``training_state.pt`` (a rank-0 *pickle* that needs ``torch.load(weights_only=False)``), per-rank
-``training_state_rank{r}.pt`` (optimizer shards, RNG) and **no** ``config.json``: the drafter's
-architecture lives in the separate draft config (``configs/*.json``). ``training_state.pt`` holds
-``draft_state_dict`` (trainable weights only), ``strategy``
-(``eagle3``/``peagle``/``dflash``/``dspark``/``domino``), ``global_step``, ``epoch``, ``run_id``,
-``world_size`` and optimizer state. The opt-in and what it does: the class attributes
-(``docs/formats.md``); it is recorded in the plan notes and in ``specconv.json``'s options.
-"""
+"""SpecForge training checkpoints ``<output_dir>/<run_id>-step<N>/`` (sgl-project/SpecForge
+``specforge/training/checkpoint.py``; docs/formats.md, docs/adding_a_converter.md)."""
 
 from __future__ import annotations
 

@@ -1,17 +1,5 @@
-"""F11 — speculators trainer output (already the target format) and F10 — early
-speculators P-EAGLE branches (vllm-project/speculators ``src/speculators/train/checkpointer.py``).
-
-"Normalise, don't convert": a ``save_path/<epoch>/`` directory written by ``speculators train``
-(``save_pretrained`` of the draft) is already a Speculators drafter; the pipeline's
-``select_checkpoint`` picks ``checkpoint_best`` (resolved symlink) or the latest integer epoch
-(``--checkpoint`` chooses; ``interrupted/`` only when named). What is normalised: the classes'
-``mapping`` (``docs/formats.md``). ``transformer_layer_config`` keys that ``to_diff_dict`` left out
-(e.g. rope θ, ``rms_norm_eps``) are filled from transformers' config defaults, the values
-speculators itself rebuilds on load.
-
-F10 (speculators PRs #327/#343/#393/#480) is low confidence: the meaning of ``para_depths`` as a
-depth count is inferred.
-"""
+"""Speculators trainer output, normalised not converted (vllm-project/speculators
+``src/speculators/train/checkpointer.py``), and early speculators P-EAGLE branches (PRs #327–#480)."""
 
 from __future__ import annotations
 
@@ -40,9 +28,8 @@ TRAINING_FILES = (
     "train_command.txt", "run.yaml", "config.py",
 )
 
-#: Legacy training-only config keys of the block drafters' trainer output, dropped with a note.
+#: Legacy training-only config keys of trainer output (block drafters, P-EAGLE), dropped with a note.
 BLOCK_LEGACY_DROP = {"max_anchors": "training-only anchor budget (≤ v0.6); speculators and vLLM ignore it"}
-#: Legacy training-only config keys of P-EAGLE trainer output, dropped with a note.
 PEAGLE_LEGACY_DROP = {
     "down_sample_ratio": "COD training knob (moved out of the config in speculators #707)",
     "down_sample_ratio_min": "COD training knob (moved out of the config in speculators #707)",
@@ -50,8 +37,7 @@ PEAGLE_LEGACY_DROP = {
     "max_anchors": "training-only anchor budget",
 }
 
-#: First speculators release with the DSpark Markov prev-token alignment fix (PR #806,
-#: merged 2026-07-17; v0.6.0 predates DSpark itself, v0.7.0 — 2026-07-29 — contains both).
+#: First speculators release with the DSpark Markov prev-token alignment fix (PR #806, 2026-07-17).
 DSPARK_MARKOV_FIX = "0.7.0"
 
 #: F10 mask-token aliases, in the order vLLM reads them (speculators PRs #327–#480).
@@ -157,8 +143,7 @@ def _envelope(n: _Normalising) -> None:
 
 
 def _layer_config(n: _Normalising, src: SourceInfo) -> dict[str, Any]:
-    """``transformer_layer_config``: checked, omitted keys filled, RoPE checked (conflicts are
-    errors; M-RoPE keys stripped with a finding)."""
+    """``transformer_layer_config``: checked, omitted keys filled, RoPE resolved."""
     layer_config = n.raw.get("transformer_layer_config")
     if not isinstance(layer_config, dict):
         raise InvalidInputError(f"{n.where}: transformer_layer_config is missing or not an object")
@@ -244,8 +229,7 @@ def _peagle_depths(n: _Normalising, src: SourceInfo, opts: ConvertOptions, pm0: 
 
 
 def _peagle_norm_before_residual(n: _Normalising, opts: ConvertOptions) -> None:
-    """``norm_before_residual`` from the checkpoint or ``--(no-)norm-before-residual``, never
-    the class default; a flag-given value is written with a finding."""
+    """``norm_before_residual`` from the checkpoint or ``--(no-)norm-before-residual`` (a finding), never defaulted."""
     from specconv.format import Finding
 
     from ._peagle import resolve_norm_before_residual
@@ -262,8 +246,7 @@ def _peagle_norm_before_residual(n: _Normalising, opts: ConvertOptions) -> None:
 
 
 def _peagle_norm_flags(n: _Normalising, src: SourceInfo, plans: list, final_ids: list[int] | None) -> None:
-    """Absent ``norm_before_fc`` / ``fc_norm`` filled from the tensors (``input_norm``,
-    ``fc_norm.{i}``), each a finding; a value that contradicts them is an error."""
+    """Absent ``norm_before_fc`` / ``fc_norm`` filled from the tensors, each a finding."""
     from specconv.format import Finding
 
     from ._peagle import norm_flags_from_tensors
@@ -277,15 +260,13 @@ def _peagle_norm_flags(n: _Normalising, src: SourceInfo, plans: list, final_ids:
                                       f"{'present' if have else 'absent'})", key))
 
 
-#: DSpark head keys the class would otherwise default (speculators
-#: ``src/speculators/models/dspark/config.py``: markov_rank 256, vanilla, confidence head on).
+#: DSpark head keys the class would otherwise default (speculators ``src/speculators/models/dspark/config.py``).
 DSPARK_HEAD_KEYS = ("markov_rank", "markov_head_type", "enable_confidence_head", "confidence_head_with_markov")
 
 
 def _dspark_heads_from_tensors(n: _Normalising, src: SourceInfo, H: int) -> None:
-    """Fill absent DSpark head keys from the head tensors (never the class defaults), each
-    fill a finding: ``markov_w1 [V, r]`` gives ``r``; ``gate_proj`` / ``joint_proj`` the head
-    type; ``confidence_head.proj [1, H (+r)]`` the confidence head and its Markov input."""
+    """Fill absent DSpark head keys from the head tensors (``markov_w1 [V, r]``, ``gate_proj`` / ``joint_proj``,
+    ``confidence_head.proj [1, H (+r)]``), never the class defaults; each fill a finding."""
     from specconv.format import Finding
 
     absent = [k for k in DSPARK_HEAD_KEYS if k not in n.raw]
@@ -333,16 +314,12 @@ def _absent_layout_refusal(n: _Normalising, B: int, k_file: Any, told: bool | No
 
 
 def _legacy_sample_from_anchor(n: _Normalising, opts: ConvertOptions, B: int, k_file: Any) -> bool:
-    """Fill an absent ``sample_from_anchor``. Two readings: the legacy K rule (K == B-1 → 1+N,
-    K == B → anchor-first; :func:`specconv.format.facts.legacy_sample_from_anchor`) and the
-    value speculators 0.9.0 reads, its class default (DFlash false, DSpark true:
-    :func:`specconv.format.speculators_default`). When both agree the key is filled (info;
-    a contradicting flag is refused); otherwise ``--(no-)sample-from-anchor`` decides
-    (warning ``layout-from-flag``), else the conversion is refused (exit 3) naming both."""
+    """Fill an absent ``sample_from_anchor`` when the legacy K rule and speculators' class default agree,
+    else from ``--(no-)sample-from-anchor`` (``layout-from-flag``), else refuse (exit 3; docs/formats.md)."""
     from specconv.format import Finding, legacy_sample_from_anchor, speculators_default
     from specconv.format.facts import disputed_layout, layout_name
 
-    told = legacy_sample_from_anchor(B, k_file)  # the legacy rule (specconv.format.facts)
+    told = legacy_sample_from_anchor(B, k_file)
     default = speculators_default(n.algo, "sample_from_anchor")
     flag = opts.sample_from_anchor
     if told is not None and told == default:
@@ -387,7 +364,7 @@ def _block_layout(n: _Normalising, opts: ConvertOptions, pm0: dict[str, Any], k_
             f"--{'' if opts.sample_from_anchor else 'no-'}sample-from-anchor contradicts the checkpoint's "
             f"sample_from_anchor={str(sample_from_anchor).lower()}", code="conflicting_layout",
         )
-    exp = speculative_tokens_for(B, sample_from_anchor)  # the K rule (specconv.format.facts)
+    exp = speculative_tokens_for(B, sample_from_anchor)
     if opts.speculative_tokens is not None and opts.speculative_tokens != exp:
         raise InvalidInputError(
             f"--speculative-tokens {opts.speculative_tokens} contradicts block_size {B} with "
@@ -427,8 +404,7 @@ def _aux_ids(n: _Normalising, opts: ConvertOptions) -> tuple[list[int] | None, L
     raw = n.raw
     aux_key = n.alg.aux_ids_key
     ids = raw.get(aux_key)
-    if ids is not None and (not isinstance(ids, list) or not ids
-                            or not all(is_int(i) for i in ids)):
+    if ids is not None and (not isinstance(ids, list) or not ids or not all(is_int(i) for i in ids)):
         raise InvalidInputError(f"{n.where}: {aux_key} must be a non-empty list of integers, got {ids!r}",
                                 code="layer_ids_invalid")
     if opts.aux_layer_ids is not None:
@@ -517,17 +493,11 @@ def _files_not_carried(n: _Normalising, src: SourceInfo) -> None:
 
 
 def normalise(conv: Any, src: SourceInfo, verifier: VerifierView | None, opts: ConvertOptions, *, early: bool = False) -> ConversionPlan:
-    """Plan the normalised copy of a speculators trainer checkpoint.
-
-    Steps: envelope, layer config, mask token, trained depths (P-EAGLE) or block layout
-    (DFlash / DSpark), aux ids, tensors + vocabulary, P-EAGLE norm flags, verifier
-    reference, typed config. Every absent meaning-bearing key is filled only from the
-    checkpoint's evidence, a legacy rule or a flag, each fill a finding.
+    """Plan the normalised copy of a speculators trainer checkpoint; an absent meaning-bearing key is filled
+    only from the checkpoint's evidence, a legacy rule or a flag, each fill a finding.
 
     Raises:
-        InvalidInputError: a missing/contradictory key (mask token, block layout, aux ids,
-            speculative tokens, norm_before_residual), an invalid vocabulary mapping, or an
-            invalid config.
+        InvalidInputError: a missing/contradictory key, an invalid vocabulary mapping, or an invalid config.
     """
     raw = copy.deepcopy(src.config or {})
     algo = raw.get("speculators_model_type")
@@ -587,12 +557,9 @@ class _SpeculatorsTrainer(Converter):
 
 
 def is_early_peagle(src: SourceInfo) -> bool:
-    """F10: ``peagle`` with an early mask-token alias / COD key and no ``mask_token_id``."""
-    return (
-        src.cfg("speculators_model_type") == SpeculatorsEarlyPEagle.algorithm
-        and src.cfg("mask_token_id") is None
-        and any(src.cfg(k) is not None for k in EARLY_MASK_KEYS + EARLY_DEPTH_KEYS)
-    )
+    """``peagle`` with an early mask-token alias / COD key and no ``mask_token_id``."""
+    return (src.cfg("speculators_model_type") == SpeculatorsEarlyPEagle.algorithm and src.cfg("mask_token_id") is None
+            and any(src.cfg(k) is not None for k in EARLY_MASK_KEYS + EARLY_DEPTH_KEYS))
 
 
 @register
@@ -613,19 +580,15 @@ class SpeculatorsEarlyPEagle(_SpeculatorsTrainer):
         return is_early_peagle(src)
 
     def plan(self, src, verifier, opts):
+        from specconv.format import Finding
+
         plan = normalise(self, src, verifier, opts, early=True)
-        plan.findings.append(_finding(
+        plan.findings.append(Finding(
             "info", "early-peagle-low-confidence",
             "early speculators P-EAGLE layout (speculators PRs #327–#480, low confidence): check the converted drafter "
-            "with `specconv validate`",
+            "with `specconv validate`", None,
         ))
         return plan
-
-
-def _finding(level: str, code: str, msg: str):
-    from specconv.format import Finding
-
-    return Finding(level, code, msg, None)
 
 
 @register

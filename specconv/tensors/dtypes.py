@@ -1,8 +1,5 @@
-"""safetensors dtype facts, torch/numpy dtype maps, raw-byte casts and size parsing.
-
-Dtype sizes and order follow safetensors' Rust ``Dtype`` enum
-(``huggingface/safetensors`` ``safetensors/src/tensor.rs``). torch is imported lazily.
-"""
+"""safetensors dtype facts (``huggingface/safetensors`` ``safetensors/src/tensor.rs``), torch/numpy dtype maps,
+raw-byte casts and size parsing; torch is imported lazily."""
 
 from __future__ import annotations
 
@@ -18,41 +15,17 @@ if TYPE_CHECKING:  # pragma: no cover
 
 #: Bytes per element of each safetensors dtype string (safetensors ``Dtype::size``).
 DTYPE_SIZES: dict[str, int] = {
-    "BOOL": 1,
-    "U8": 1,
-    "I8": 1,
-    "I16": 2,
-    "U16": 2,
-    "F16": 2,
-    "BF16": 2,
-    "I32": 4,
-    "U32": 4,
-    "F32": 4,
-    "I64": 8,
-    "U64": 8,
-    "F64": 8,
-    "F8_E4M3": 1,
-    "F8_E5M2": 1,
+    "BOOL": 1, "U8": 1, "I8": 1, "I16": 2, "U16": 2, "F16": 2, "BF16": 2, "I32": 4, "U32": 4, "F32": 4,
+    "I64": 8, "U64": 8, "F64": 8, "F8_E4M3": 1, "F8_E5M2": 1,
 }
 
-# Order of safetensors' Rust ``Dtype`` enum (derive(Ord)); the library writes tensors
-# by descending rank then name. Checked against safetensors 0.8.0's ``save``.
-_DTYPE_RANK: dict[str, int] = {
-    d: i
-    for i, d in enumerate(
-        ["BOOL", "U8", "I8", "F8_E5M2", "F8_E4M3", "I16", "U16", "F16", "BF16",
-         "I32", "U32", "F32", "F64", "I64", "U64"]
-    )
-}
+# Order of safetensors' Rust ``Dtype`` enum (derive(Ord)); tensors are written by descending rank then name.
+_DTYPE_RANK: dict[str, int] = {d: i for i, d in enumerate(
+    ["BOOL", "U8", "I8", "F8_E5M2", "F8_E4M3", "I16", "U16", "F16", "BF16", "I32", "U32", "F32", "F64", "I64", "U64"])}
 
 
 def import_torch():
-    """torch, for the tensor paths that need it (``.bin`` / ``.pt`` checkpoints, casts of
-    ``convert --dtype``, tensors handed to the drafters).
-
-    Raises:
-        MissingExtraError: torch is not installed (exit 2, ``pip install 'specconv[validate]'``).
-    """
+    """torch, for the tensor paths that need it; MissingExtraError (exit 2) without the ``validate`` extra."""
     from ..extras import require
 
     return require("torch", "validate",
@@ -63,18 +36,9 @@ def _torch_dtype_map() -> dict[str, "torch.dtype"]:
     torch = import_torch()
 
     m = {
-        "BOOL": torch.bool,
-        "U8": torch.uint8,
-        "I8": torch.int8,
-        "I16": torch.int16,
-        "F16": torch.float16,
-        "BF16": torch.bfloat16,
-        "I32": torch.int32,
-        "F32": torch.float32,
-        "I64": torch.int64,
-        "F64": torch.float64,
-        "F8_E4M3": torch.float8_e4m3fn,
-        "F8_E5M2": torch.float8_e5m2,
+        "BOOL": torch.bool, "U8": torch.uint8, "I8": torch.int8, "I16": torch.int16, "F16": torch.float16,
+        "BF16": torch.bfloat16, "I32": torch.int32, "F32": torch.float32, "I64": torch.int64, "F64": torch.float64,
+        "F8_E4M3": torch.float8_e4m3fn, "F8_E5M2": torch.float8_e5m2,
     }
     for name, attr in (("U16", "uint16"), ("U32", "uint32"), ("U64", "uint64")):
         if hasattr(torch, attr):
@@ -83,11 +47,7 @@ def _torch_dtype_map() -> dict[str, "torch.dtype"]:
 
 
 def torch_dtype(dtype: str) -> "torch.dtype":
-    """Map a safetensors dtype string (``"BF16"``) to the torch dtype (imports torch).
-
-    Raises:
-        InvalidInputError: unknown dtype, or one this torch build lacks.
-    """
+    """The torch dtype of a safetensors dtype string (``"BF16"``); InvalidInputError when unknown here."""
     m = _torch_dtype_map()
     if dtype not in m:
         raise InvalidInputError(f"dtype {dtype!r} has no torch equivalent here")
@@ -95,11 +55,7 @@ def torch_dtype(dtype: str) -> "torch.dtype":
 
 
 def safetensors_dtype(dt: "torch.dtype") -> str:
-    """Map a torch dtype to its safetensors dtype string (``torch.bfloat16`` -> ``"BF16"``).
-
-    Raises:
-        InvalidInputError: a torch dtype safetensors cannot store (complex, ...).
-    """
+    """The safetensors dtype string of a torch dtype; InvalidInputError for one it cannot store (complex, ...)."""
     for k, v in _torch_dtype_map().items():
         if v == dt:
             return k
@@ -120,23 +76,13 @@ def _nbytes(dtype: str, shape: Iterable[int]) -> int:
 # --------------------------------------------------------------------------- casts
 
 def tensor_to_bytes(t: "torch.Tensor") -> tuple[str, tuple[int, ...], bytes]:
-    """Serialise a torch tensor to ``(safetensors dtype, shape, raw little-endian bytes)``.
-
-    Works for every dtype in :data:`DTYPE_SIZES`, BF16 and F8 included (the data is
-    viewed as ``uint8``; numpy never sees the float type). Non-contiguous or non-CPU
-    tensors are copied first.
-
-    Raises:
-        InvalidInputError: a dtype safetensors cannot store.
-    """
+    """``(safetensors dtype, shape, raw little-endian bytes)`` of a torch tensor (viewed as ``uint8``, so BF16
+    and F8 work); InvalidInputError for a dtype safetensors cannot store."""
     torch = import_torch()
 
     dtype = safetensors_dtype(t.dtype)
     shape = tuple(int(d) for d in t.shape)
-    t = t.detach()
-    if t.device.type != "cpu":
-        t = t.cpu()
-    t = t.contiguous()
+    t = t.detach().cpu().contiguous()
     if t.numel() == 0:
         return dtype, shape, b""
     flat = t.reshape(-1)
@@ -146,18 +92,8 @@ def tensor_to_bytes(t: "torch.Tensor") -> tuple[str, tuple[int, ...], bytes]:
 
 
 def cast_bytes(raw: bytes, src_dtype: str, dst_dtype: str, shape: Iterable[int], *, name: str = "tensor") -> bytes:
-    """Cast raw tensor bytes between safetensors dtypes with torch's ``Tensor.to`` rules,
-    refusing a cast that overflows (:func:`cast_tensor`).
-
-    Args:
-        raw: ``numel(shape) * DTYPE_SIZES[src_dtype]`` little-endian bytes.
-        src_dtype, dst_dtype: safetensors dtype strings, e.g. ``"BF16"`` -> ``"F32"``.
-        shape: the tensor shape.
-        name: how error messages name the tensor.
-
-    Returns:
-        ``numel(shape) * DTYPE_SIZES[dst_dtype]`` bytes (``raw`` itself when the dtypes
-        are equal).
+    """Cast raw little-endian tensor bytes between safetensors dtypes (e.g. ``"BF16"`` -> ``"F32"``) with
+    :func:`cast_tensor`; ``name`` names the tensor in errors.
 
     Raises:
         InvalidInputError: unknown dtype or ``raw`` of the wrong length.
@@ -169,9 +105,7 @@ def cast_bytes(raw: bytes, src_dtype: str, dst_dtype: str, shape: Iterable[int],
             raise InvalidInputError(f"cast: unknown dtype {d!r}")
     need = _nbytes(src_dtype, shape)
     if len(raw) != need:
-        raise InvalidInputError(
-            f"cast: {len(raw)} bytes given, {src_dtype} {list(shape)} needs {need}"
-        )
+        raise InvalidInputError(f"cast: {len(raw)} bytes given, {src_dtype} {list(shape)} needs {need}")
     if src_dtype == dst_dtype:
         return bytes(raw)
     if need == 0:
@@ -193,14 +127,7 @@ def _nonfinite(t: "torch.Tensor") -> int:
 
 
 def cast_tensor(t: "torch.Tensor", dst_dtype: str, *, name: str = "tensor") -> "torch.Tensor":
-    """``t.to(dst_dtype)`` (a safetensors dtype string), refusing values the cast creates.
-
-    The source and the result are scanned separately on their raw bits (in memory: the
-    bytes are read once): NaN/±Inf already in the source carry over (the writer's scan
-    reports them, ``--allow-nonfinite`` may accept them), but a finite source value the
-    target dtype cannot hold (bf16 70000 -> f16 inf) is an error, whatever the flags.
-    Counting, not comparing the maximum with the target's limit, keeps values that round
-    down to it (f16: up to 65519.99) legal.
+    """``t.to(dst_dtype)`` (a safetensors dtype string), refusing NaN/±Inf the cast creates (docs/tensors.md).
 
     Raises:
         CastOverflowError: naming ``name``, the source's max finite |value|, the target
@@ -250,13 +177,7 @@ _SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([A-Za-z]*)\s*$")
 
 
 def parse_size(size: int | str) -> int:
-    """Parse a size such as ``"5GB"``, ``"500MB"``, ``"2GiB"``, ``"1.5G"`` or an int.
-
-    Decimal units are powers of 10 and ``*iB`` powers of 2, as transformers'
-    ``convert_file_size_to_int``.
-
-    Returns:
-        Bytes, > 0.
+    """Bytes (> 0) of a size such as ``"5GB"``, ``"2GiB"``, ``"1.5G"`` or an int (units: docs/tensors.md).
 
     Raises:
         UsageError: unparsable, unknown unit, or not positive.
@@ -269,10 +190,8 @@ def parse_size(size: int | str) -> int:
         m = _SIZE_RE.match(str(size))
         unit = m.group(2).upper() if m else None
         if not m or unit not in _SIZE_UNITS:
-            raise UsageError(
-                f"invalid size {size!r}: use bytes or a number with KB/MB/GB/TB or "
-                "KiB/MiB/GiB/TiB, e.g. 5GB"
-            )
+            raise UsageError(f"invalid size {size!r}: use bytes or a number with KB/MB/GB/TB or "
+                             "KiB/MiB/GiB/TiB, e.g. 5GB")
         value = int(float(m.group(1)) * _SIZE_UNITS[unit])
     if value <= 0:
         raise UsageError(f"invalid size {size!r}: must be positive")

@@ -1,23 +1,5 @@
-"""The cold copy: read every source byte once, hash, scan and write it from one buffer.
-
-``copy_file_range`` never brings bytes into user space, so it cannot hash or scan them.
-A *cold* conversion (no cached hash / scan for a source file) instead reads each source
-file sequentially into two reused buffers (one being filled while the other is used)
-and, from each chunk, in worker threads that release the GIL:
-
-* updates the file's provenance sha256 (``hashlib`` releases the GIL above 2 KiB);
-* scans the float tensors in it for NaN/±Inf on raw bits (:mod:`.scan`, numpy);
-* writes the tensor bytes the output needs at their output offsets
-  (``copy_file_range`` of the just-read range, so the kernel copies from page cache;
-  ``pwrite`` of the buffer where the filesystem refuses it);
-* when asked, feeds the output file's sha256 (in output order; if the pieces do not
-  arrive in order the written file is hashed once more at the end, from page cache).
-
-A file whose sha256 is already known (the hash cache, or a Hub LFS blob named by its
-sha256) but whose tensors were never scanned is read only over those tensors' ranges. A
-*warm* file (sha256 and scan results known) keeps the kernel-side ``copy_file_range``.
-Peak user memory is two chunks (:data:`CHUNK`) whatever the checkpoint size.
-"""
+"""The cold copy: read every source byte once, hash, scan and write it from one buffer
+(docs/benchmarks.md, docs/tensors.md)."""
 
 from __future__ import annotations
 
@@ -39,14 +21,8 @@ CHUNK = 4 * 1024 * 1024
 
 @dataclass
 class SourceFile:
-    """What is known about one source (or verifier) weight file before the copy.
-
-    Attributes:
-        path: the file.
-        want_sha256: whether its whole-file sha256 is wanted (a provenance source file).
-        sha256: hex digest when already known (cache or Hub blob name), else ``None``.
-        scans: cached ``{tensor name: [count, first flat index]}`` scan results.
-    """
+    """What is known about one source (or verifier) weight file before the copy: whether its sha256 is
+    wanted (provenance), the digest when known, cached ``{tensor name: [count, first flat index]}`` scans."""
 
     path: Path
     want_sha256: bool = False
@@ -86,18 +62,9 @@ class _OrderedHash:
 
 
 class CopyPass:
-    """Engine for :func:`specconv.tensors.write_safetensors` (``engine=``).
-
-    Args:
-        files: what is known per source file (missing files are treated as unknown).
-        outs: every output tensor of the conversion (all shards), so a streamed source
-            file scans the tensors of later shards too.
-        hash_output: also compute each output file's sha256 (:attr:`output_sha256`).
-        threads: worker threads (hash, scan, write, output hash run in parallel).
-
-    After the write: :attr:`nonfinite` (output name -> :class:`NonFinite`, non-zero
-    only), :attr:`files` (with sha256 and scans filled in), :attr:`output_sha256`.
-    """
+    """Engine for :func:`specconv.tensors.write_safetensors` (``engine=``); ``outs``: every output tensor of
+    all shards (a streamed source file scans later shards' tensors too). After the write: :attr:`nonfinite`
+    (output name -> :class:`NonFinite`, non-zero only), :attr:`files` (filled in), :attr:`output_sha256`."""
 
     def __init__(self, files: dict[Path, SourceFile], outs: list[OutTensor], *,
                  hash_output: bool = False, threads: int = 4) -> None:
@@ -117,13 +84,10 @@ class CopyPass:
         self._pool: cf.ThreadPoolExecutor | None = None
         self._src_fd = -1
 
-    # ---- write_safetensors hooks
     def begin(self, n_files: int) -> None:
-        """Called once before the first output file is written."""
         self._pool = cf.ThreadPoolExecutor(self.threads, thread_name_prefix="specconv-copy")
 
     def finish(self) -> None:
-        """Called once after the last output file is written."""
         if self._pool is not None:
             self._pool.shutdown(wait=True)
             self._pool = None
@@ -156,7 +120,6 @@ class CopyPass:
         if out_hash is not None:
             self.output_sha256[name] = _file_sha256(tmp) if out_hash.broken else out_hash.h.hexdigest()
 
-    # ---- warm tensors: results from the cache, bytes copied kernel-side
     def _warm(self, t: OutTensor) -> bool:
         """True (and the cached scan recorded) when ``t`` needs no user-space read."""
         if t.src is None or t.src.start is None:
@@ -179,7 +142,6 @@ class CopyPass:
             out_hash.broken = True
         self.stats["kernel"] += 1
 
-    # ---- one cold tensor (or one whole streamed source file)
     def _write_tensor(self, fd: int, t: OutTensor, pos: dict[str, int], out_hash: Any) -> set[str]:
         if t.src is None or t.src.start is None:
             data = _produced_bytes(t)
@@ -207,7 +169,6 @@ class CopyPass:
         if count:
             self.nonfinite[t.name] = NonFinite(count, first)
 
-    # ---- the read loop
     def _stream(self, fd: int, path: Path, lo: int, hi: int, pieces: list[_Piece], h: Any, out_hash: Any) -> None:
         """Read ``path[lo:hi]`` once; hash it (``h``), scan and write the ``pieces``."""
         pieces = sorted(pieces, key=lambda p: p.start)
@@ -271,8 +232,7 @@ def _overlaps(pieces: list[_Piece], off: int, end: int) -> list[tuple[_Piece, in
 
 
 def _chunk_end(off: int, hi: int, pieces: list[_Piece], chunk: int) -> int:
-    """End of the chunk starting at ``off``: at most ``chunk`` bytes, never splitting an
-    element of the tensor it ends in (so every scanned slice holds whole elements)."""
+    """End of the chunk starting at ``off``: at most ``chunk`` bytes, never splitting an element."""
     end = min(off + chunk, hi)
     if end == hi:
         return end
@@ -292,10 +252,8 @@ def _scan_job(mv: memoryview, off: int, scans: list, acc: dict[str, NonFinite]) 
 
 
 def _write_job(fd: int, mv: memoryview, off: int, writes: list, out_hash: Any, src_fd: int) -> None:
-    """Write the chunk's pieces at their output offsets: ``copy_file_range`` from the
-    source (its pages were just read, so the kernel copies from page cache), ``pwrite``
-    of the buffer where the kernel refuses. Measured on this project's ext4 VM, 0.94 GB:
-    read + copy_file_range per chunk 1.2-1.3 s, read + pwrite 3.8-6.9 s."""
+    """Write the chunk's pieces at their output offsets: ``copy_file_range`` from the source (page cache),
+    ``pwrite`` of the buffer where the kernel refuses (docs/benchmarks.md)."""
     for p, a, b in writes:
         dst = p.pos + (a - p.start)
         if not _kernel_piece(src_fd, fd, a, dst, b - a):
@@ -308,8 +266,7 @@ _CFR_OK = [hasattr(os, "copy_file_range")]
 
 
 def _kernel_piece(src_fd: int, dst_fd: int, src_off: int, dst_off: int, n: int) -> bool:
-    """``copy_file_range`` of ``n`` bytes at explicit offsets; False (nothing or a prefix
-    copied, to be redone by ``pwrite``) when the kernel or filesystem refuses."""
+    """``copy_file_range`` of ``n`` bytes at explicit offsets; False (redo by ``pwrite``) when refused."""
     if not _CFR_OK[0]:
         return False
     done = 0
@@ -344,13 +301,8 @@ def _file_sha256(path: Path) -> str:
 
 
 def scan_store(store: Any) -> dict[str, NonFinite]:
-    """Scan every float tensor of a :class:`~specconv.tensors.TensorStore` for NaN/±Inf.
-
-    Each weight file is read once, sequentially, over the span of its float tensors, in
-    :data:`CHUNK` pieces (same engine as the cold copy, nothing written).
-
-    Returns:
-        ``{tensor name: NonFinite}`` for the tensors that hold any (empty when clean).
+    """``{tensor name: NonFinite}`` of the float tensors of a :class:`~specconv.tensors.TensorStore` that hold
+    NaN/±Inf, each file read once (the cold copy's engine, nothing written).
 
     Raises:
         InvalidInputError: a weight file cannot be read or ended early.

@@ -1,30 +1,15 @@
-"""Non-finite (NaN / ±Inf) scan of raw tensor bytes, on the bits (numpy, no torch).
-
-A float is non-finite exactly when all its exponent bits are set (IEEE 754; bf16 is the
-top half of an f32), i.e. when its bits without the sign bit, read as an unsigned
-integer of the same width, reach the all-ones-exponent pattern. The scan clears the sign
-bit and compares, so it works for BF16 and F8 too, which numpy has no float type for. ``F8_E4M3`` (the ``fn`` variant torch and safetensors use,
-``torch.float8_e4m3fn``) has no infinities; its only NaN is ``S.1111.111``.
-
-numpy's element-wise kernels release the GIL on large arrays, so scans of different
-chunks run in parallel threads with hashing and writing.
-"""
+"""Non-finite (NaN / ±Inf) scan of raw tensor bytes, on the bits (numpy, no torch; docs/tensors.md)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any
 
-#: dtype -> (unsigned view of the same width, threshold): an element is non-finite
-#: exactly when its bits without the sign bit are >= the threshold (exponent all ones;
-#: for ``F8_E4M3`` the single NaN pattern ``.1111.111``, the top of its range).
+#: dtype -> (unsigned view of the same width, threshold): non-finite iff the bits without the sign bit
+#: are >= the threshold (exponent all ones; for ``F8_E4M3`` its single NaN pattern ``.1111.111``).
 NONFINITE_BITS: dict[str, tuple[str, int]] = {
-    "F16": ("<u2", 0x7C00),
-    "BF16": ("<u2", 0x7F80),
-    "F32": ("<u4", 0x7F800000),
-    "F64": ("<u8", 0x7FF0000000000000),
-    "F8_E5M2": ("u1", 0x7C),
-    "F8_E4M3": ("u1", 0x7F),
+    "F16": ("<u2", 0x7C00), "BF16": ("<u2", 0x7F80), "F32": ("<u4", 0x7F800000),
+    "F64": ("<u8", 0x7FF0000000000000), "F8_E5M2": ("u1", 0x7C), "F8_E4M3": ("u1", 0x7F),
 }
 
 #: Elements per numpy step of the scan (bounds its temporaries to ~3 bytes x this).
@@ -37,12 +22,7 @@ def scannable(dtype: str) -> bool:
 
 @dataclass
 class NonFinite:
-    """Non-finite values found in one tensor.
-
-    Attributes:
-        count: number of NaN/±Inf elements.
-        first: flat (row-major) index of the first one; ``None`` when ``count == 0``.
-    """
+    """Non-finite values found in one tensor: their ``count`` and the flat (row-major) index of the ``first``."""
 
     count: int = 0
     first: int | None = None
@@ -56,16 +36,8 @@ class NonFinite:
 
 
 def scan_bytes(data: Any, dtype: str, elem_offset: int = 0) -> tuple[int, int | None]:
-    """Count NaN/±Inf in raw little-endian tensor bytes.
-
-    Args:
-        data: a bytes-like object holding whole elements of ``dtype``.
-        dtype: safetensors dtype string; non-float dtypes give ``(0, None)``.
-        elem_offset: flat index of the first element of ``data`` in its tensor (added to
-            the returned first index).
-
-    Returns:
-        ``(count, first flat index or None)``.
+    """``(count, first flat index or None)`` of NaN/±Inf in raw little-endian bytes of whole ``dtype`` elements
+    (non-float dtypes give ``(0, None)``); ``elem_offset``: flat index of ``data``'s first element.
 
     Raises:
         ValueError: ``data`` does not hold a whole number of elements.

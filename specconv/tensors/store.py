@@ -10,31 +10,20 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import InvalidInputError
 from .dtypes import _NUMPY_NAMES, import_torch, safetensors_dtype, tensor_to_bytes, torch_dtype
-from .header import (
-    SAFE_WEIGHTS_INDEX_NAME,
-    SAFE_WEIGHTS_NAME,
-    WEIGHTS_INDEX_NAME,
-    WEIGHTS_NAME,
-    TensorInfo,
-    _load_index,
-    _read_safetensors_header,
-)
+from .header import (SAFE_WEIGHTS_INDEX_NAME, SAFE_WEIGHTS_NAME, WEIGHTS_INDEX_NAME, WEIGHTS_NAME, TensorInfo,
+                     _load_index, _read_safetensors_header)
 
 if TYPE_CHECKING:  # pragma: no cover
     import numpy as np
     import torch
 
-# --------------------------------------------------------------------- .bin loading
-
-#: torch's own wrapper text around a weights-only refusal (it advises weights_only=False,
-#: which specconv never does, so it is not echoed).
+#: torch's own wrapper text around a weights-only refusal (it advises weights_only=False: not echoed).
 _TORCH_LOAD_BOILERPLATE = ("Weights only load failed", "Please file an issue", "Check the documentation",
                            "In PyTorch 2.6", "Re-running `torch.load`")
 
 
 def torch_load_error_detail(e: BaseException) -> str:
-    """One line saying why ``torch.load(weights_only=True)`` failed (e.g. ``UnpicklingError:
-    Trying to load unsupported GLOBAL posix.system ...``), without torch's boilerplate."""
+    """One line saying why ``torch.load(weights_only=True)`` failed, without torch's boilerplate."""
     lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
     useful = [ln for ln in lines if not ln.startswith(_TORCH_LOAD_BOILERPLATE)]
     line = useful[0] if useful else (lines[0] if lines else "")
@@ -43,14 +32,10 @@ def torch_load_error_detail(e: BaseException) -> str:
 
 
 def _torch_load_weights_only(path: Path) -> dict[str, Any]:
-    """``torch.load`` with ``weights_only=True`` (never a full unpickle).
-
-    ``mmap=True`` is used for the zip format; legacy (pre-1.6) files cannot be
-    memory-mapped, so they are read weights-only without mmap.
+    """``torch.load`` with ``weights_only=True`` (``mmap`` for the zip format; legacy files cannot be mapped).
 
     Raises:
-        InvalidInputError: the file needs arbitrary unpickling (refused) or is not a
-            torch checkpoint at all.
+        InvalidInputError: the file needs arbitrary unpickling (refused) or is not a torch checkpoint at all.
     """
     import zipfile
 
@@ -65,32 +50,24 @@ def _torch_load_weights_only(path: Path) -> dict[str, Any]:
     except Exception as e:  # UnpicklingError, RuntimeError, EOFError... for junk files
         raise _torch_load_refusal(path, e) from e
     if not isinstance(obj, dict):
-        raise InvalidInputError(
-            f"{path}: expected a state dict (name -> tensor), found {type(obj).__name__}"
-        )
+        raise InvalidInputError(f"{path}: expected a state dict (name -> tensor), found {type(obj).__name__}")
     for k, v in obj.items():
         if not isinstance(k, str):
-            raise InvalidInputError(
-                f"{path}: key {k!r} is a {type(k).__name__}, not a tensor name; expected a flat "
-                "state dict (name -> tensor)"
-            )
+            raise InvalidInputError(f"{path}: key {k!r} is a {type(k).__name__}, not a tensor name; expected a flat "
+                                    "state dict (name -> tensor)")
         if not isinstance(v, torch.Tensor):
-            raise InvalidInputError(
-                f"{path}: entry {k!r} is a {type(v).__name__}, not a tensor; expected a "
-                "flat state dict (a training checkpoint? extract its model state dict)"
-            )
+            raise InvalidInputError(f"{path}: entry {k!r} is a {type(v).__name__}, not a tensor; expected a "
+                                    "flat state dict (a training checkpoint? extract its model state dict)")
     return obj
 
 
 def _torch_load_refusal(path: Path, e: Exception) -> InvalidInputError:
-    """The error for a failed weights-only load: ``unsafe_pickle`` when torch's allow-list
-    blocked a global, a generic corrupt-file error otherwise."""
+    """``unsafe_pickle`` when torch's allow-list blocked a global, a generic corrupt-file error otherwise."""
     import pickle
 
     low = str(e).lower()
-    if isinstance(e, pickle.UnpicklingError) and (
-        "unsupported global" in low or "unsupported class" in low or "is blocked" in low
-    ):
+    if isinstance(e, pickle.UnpicklingError) and ("unsupported global" in low or "unsupported class" in low
+                                                  or "is blocked" in low):
         return InvalidInputError(
             f"{path}: needs arbitrary unpickling (it references code outside the "
             "tensor allow-list), which specconv refuses to execute; only "
@@ -104,45 +81,21 @@ def _torch_load_refusal(path: Path, e: Exception) -> InvalidInputError:
     )
 
 
-# ---------------------------------------------------------------------- TensorStore
-
 def _check_weight_map(expected: dict[str, str], infos: dict, root: Path, index_path: Path) -> None:
-    """Every name in an index's ``weight_map`` must be in the shard the index names.
-
-    Raises:
-        InvalidInputError: naming the index, the tensor and the shard.
-    """
+    """Every name in an index's ``weight_map`` must be in the shard the index names."""
     for name, shard in expected.items():
         info = infos.get(name)
         if info is None or info.file != root / shard:
-            raise InvalidInputError(
-                f"{index_path}: weight_map says {name!r} is in {shard}, but that "
-                "shard has no such tensor"
-            )
+            raise InvalidInputError(f"{index_path}: weight_map says {name!r} is in {shard}, but that "
+                                    "shard has no such tensor")
 
 
 class TensorStore:
-    """Lazy, read-only view of one checkpoint's tensors.
+    """Lazy, read-only view of one checkpoint's tensors (headers only, or a weights-only mapped ``.bin``):
+    ``files`` in use in name order, ``format`` ``"safetensors"`` | ``"bin"``, the first file's ``metadata``."""
 
-    Opening reads only headers (safetensors) or memory-maps the pickle archive
-    weights-only (``.bin``); tensor data is read on demand by byte range.
-
-    Attributes:
-        path: the path the store was opened from.
-        files: the weight files (shards) in use, in name order.
-        format: ``"safetensors"`` or ``"bin"``.
-        metadata: the first safetensors file's ``__metadata__`` (``{}`` for ``.bin``).
-    """
-
-    def __init__(
-        self,
-        path: Path,
-        infos: dict[str, TensorInfo],
-        files: list[Path],
-        fmt: str,
-        metadata: dict[str, str] | None = None,
-        tensors: dict[str, Any] | None = None,
-    ):
+    def __init__(self, path: Path, infos: dict[str, TensorInfo], files: list[Path], fmt: str,
+                 metadata: dict[str, str] | None = None, tensors: dict[str, Any] | None = None):
         self.path = path
         self._infos = infos
         self.files = files
@@ -152,16 +105,9 @@ class TensorStore:
         #: tensor-data bytes read through this store (headers not counted)
         self.bytes_read = 0
 
-    # ---- opening
     @classmethod
     def open(cls, path: str | os.PathLike) -> "TensorStore":
-        """Open a checkpoint directory or weight file.
-
-        Accepted, in this order of preference for a directory: ``model.safetensors``;
-        ``model.safetensors.index.json`` + shards; exactly one other ``*.safetensors``;
-        ``pytorch_model.bin``; ``pytorch_model.bin.index.json`` + shards. A file path
-        may be a ``.safetensors`` file, a ``*.index.json`` or a ``.bin``/``.pt``/``.pth``.
-        ``.bin`` files are loaded only with ``torch.load(weights_only=True, mmap=True)``.
+        """Open a checkpoint directory or weight file (what is accepted: docs/tensors.md).
 
         Raises:
             InvalidInputError: no weights found, ambiguous ``*.safetensors`` files,
@@ -181,9 +127,7 @@ class TensorStore:
             return cls._open_safetensors_files(p, [p])
         if name.endswith((".bin", ".pt", ".pth")):
             return cls._open_bin_files(p, [p])
-        raise InvalidInputError(
-            f"{p}: not a weight file (.safetensors, .bin, .pt, .pth or *.index.json)"
-        )
+        raise InvalidInputError(f"{p}: not a weight file (.safetensors, .bin, .pt, .pth or *.index.json)")
 
     @classmethod
     def _open_dir(cls, d: Path) -> "TensorStore":
@@ -210,10 +154,8 @@ class TensorStore:
         )
 
     @classmethod
-    def _open_safetensors_files(
-        cls, root: Path, files: list[Path], expected: dict[str, str] | None = None,
-        index_path: Path | None = None,
-    ) -> "TensorStore":
+    def _open_safetensors_files(cls, root: Path, files: list[Path], expected: dict[str, str] | None = None,
+                                index_path: Path | None = None) -> "TensorStore":
         infos: dict[str, TensorInfo] = {}
         first_meta: dict[str, str] | None = None
         for f in files:
@@ -231,8 +173,6 @@ class TensorStore:
 
     @classmethod
     def _open_index(cls, index: Path, root: Path | None = None) -> "TensorStore":
-        """A ``*.index.json`` and the shards its ``weight_map`` names (``.bin`` shards for
-        ``pytorch_model.bin.index.json``)."""
         root = root or index.parent
         wm = _load_index(index)
         paths = []
@@ -245,10 +185,8 @@ class TensorStore:
         return open_files(root, paths, expected=wm, index_path=index)
 
     @classmethod
-    def _open_bin_files(
-        cls, root: Path, files: list[Path], expected: dict[str, str] | None = None,
-        index_path: Path | None = None,
-    ) -> "TensorStore":
+    def _open_bin_files(cls, root: Path, files: list[Path], expected: dict[str, str] | None = None,
+                        index_path: Path | None = None) -> "TensorStore":
         tensors: dict[str, Any] = {}
         infos: dict[str, TensorInfo] = {}
         for f in files:
@@ -257,20 +195,16 @@ class TensorStore:
                 if name in tensors:
                     raise _in_two_shards(name, infos[name].file, f, root)
                 tensors[name] = t
-                infos[name] = TensorInfo(
-                    name, safetensors_dtype(t.dtype), tuple(t.shape), f, None, None,
-                    loader=_BinLoader(tensors, name),
-                )
+                infos[name] = TensorInfo(name, safetensors_dtype(t.dtype), tuple(t.shape), f, None, None,
+                                         loader=_BinLoader(tensors, name))
         if expected is not None:
             _check_weight_map(expected, infos, root, index_path)
             infos = {n: infos[n] for n in expected}
             tensors = {n: tensors[n] for n in expected}
             for n, i in infos.items():  # rebind loaders to the filtered dict
-                infos[n] = TensorInfo(i.name, i.dtype, i.shape, i.file, None, None,
-                                      loader=_BinLoader(tensors, n))
+                infos[n] = TensorInfo(i.name, i.dtype, i.shape, i.file, None, None, loader=_BinLoader(tensors, n))
         return cls(root, infos, list(files), "bin", {}, tensors)
 
-    # ---- queries
     def names(self) -> list[str]:
         """All tensor names, sorted."""
         return sorted(self._infos)
@@ -285,11 +219,7 @@ class TensorStore:
         return iter(self.names())
 
     def info(self, name: str) -> TensorInfo:
-        """Return the :class:`TensorInfo` of ``name``.
-
-        Raises:
-            InvalidInputError: no tensor of that name (the message names the checkpoint).
-        """
+        """The :class:`TensorInfo` of ``name``; InvalidInputError naming the checkpoint when there is none."""
         try:
             return self._infos[name]
         except KeyError:
@@ -299,11 +229,8 @@ class TensorStore:
         """All :class:`TensorInfo` objects, sorted by name."""
         return [self._infos[n] for n in self.names()]
 
-    # ---- data
     def read_bytes(self, name: str) -> bytes:
-        """Raw little-endian bytes of tensor ``name`` (row-major, ``nbytes`` long).
-
-        For safetensors only the tensor's byte range is read (no torch import).
+        """Raw little-endian row-major bytes of tensor ``name`` (safetensors: only its byte range, no torch).
 
         Raises:
             InvalidInputError: unknown name, or the file was truncated since opening.
@@ -326,23 +253,11 @@ class TensorStore:
         raw = self.read_bytes(name)
         if info.nbytes == 0:
             return torch.empty(info.shape, dtype=torch_dtype(info.dtype))
-        return torch.frombuffer(bytearray(raw), dtype=torch_dtype(info.dtype)).reshape(
-            info.shape
-        )
+        return torch.frombuffer(bytearray(raw), dtype=torch_dtype(info.dtype)).reshape(info.shape)
 
     def read_rows(self, name: str, rows: "np.ndarray") -> "torch.Tensor":
-        """Rows ``rows`` (along dim 0, in the given order) of tensor ``name``, reading only them.
-
-        A safetensors tensor is read as the contiguous runs of distinct rows, each with
-        one ``pread`` into one buffer, so a ``[Vd, H]`` selection of a ``[V, H]`` LM head
-        reads ``Vd·H`` elements, not ``V·H``; ``.bin`` tensors are indexed in memory.
-
-        Args:
-            name: a tensor of rank >= 1.
-            rows: int ``[n]`` row indices in ``[0, shape[0])`` (repeats allowed).
-
-        Returns:
-            ``[n, *shape[1:]]`` tensor of the stored dtype.
+        """``[n, *shape[1:]]`` tensor (stored dtype) of rows ``rows`` (int ``[n]`` in ``[0, shape[0])``, repeats
+        allowed) of tensor ``name``, reading only them (docs/tensors.md).
 
         Raises:
             InvalidInputError: unknown name, a row out of range, or a truncated file.
@@ -369,26 +284,16 @@ class TensorStore:
         return got.index_select(0, torch.from_numpy(np.searchsorted(uniq, rows)))
 
     def read_numpy(self, name: str) -> "np.ndarray":
-        """Tensor ``name`` as a numpy array (not for BF16/F8, which numpy lacks).
-
-        Raises:
-            InvalidInputError: unknown name.
-            ValueError: BF16 or F8 dtypes (use :meth:`read_tensor`).
-        """
+        """Tensor ``name`` as a numpy array; InvalidInputError for an unknown name, ValueError for BF16/F8."""
         import numpy as np
 
         info = self.info(name)
         if info.dtype not in _NUMPY_NAMES:
-            raise ValueError(
-                f"tensor {name!r} is {info.dtype}, which numpy cannot represent; "
-                "use read_tensor()"
-            )
-        return np.frombuffer(self.read_bytes(name), dtype=np.dtype(_NUMPY_NAMES[info.dtype])
-                             ).reshape(info.shape).copy()
+            raise ValueError(f"tensor {name!r} is {info.dtype}, which numpy cannot represent; use read_tensor()")
+        return np.frombuffer(self.read_bytes(name), dtype=np.dtype(_NUMPY_NAMES[info.dtype])).reshape(info.shape).copy()
 
     def __repr__(self) -> str:
-        return (f"TensorStore({str(self.path)!r}, format={self.format!r}, "
-                f"tensors={len(self)}, files={len(self.files)})")
+        return f"TensorStore({str(self.path)!r}, format={self.format!r}, tensors={len(self)}, files={len(self.files)})"
 
 
 class _BinLoader:
@@ -417,16 +322,12 @@ def _read_range(path: Path, start: int, length: int) -> bytes:
     except OSError as e:
         raise InvalidInputError(f"{path}: cannot read: {e.strerror or e}") from e
     if len(data) != length:
-        raise InvalidInputError(
-            f"{path}: wanted {length} bytes at offset {start}, got {len(data)} (file truncated?)"
-        )
+        raise InvalidInputError(f"{path}: wanted {length} bytes at offset {start}, got {len(data)} (file truncated?)")
     return data
 
 
-
 def _read_runs(path: Path, start: int, row_bytes: int, uniq: "np.ndarray", out: memoryview) -> None:
-    """Read the rows ``uniq`` (sorted, distinct) of a row-major tensor at ``start`` into
-    ``out``, one ``pread`` per run of consecutive rows."""
+    """Read rows ``uniq`` (sorted, distinct) of a row-major tensor at ``start`` into ``out``, one pread per run."""
     import numpy as np
 
     if not uniq.size or not row_bytes:

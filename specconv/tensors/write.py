@@ -1,5 +1,4 @@
-"""Streaming, deterministic, optionally sharded safetensors writer (no torch; the byte layout it
-reproduces and how it copies: :mod:`specconv.tensors`)."""
+"""Streaming, deterministic, optionally sharded safetensors writer (no torch; layout: docs/tensors.md)."""
 
 from __future__ import annotations
 
@@ -19,8 +18,7 @@ from .header import _HEADER_ALIGN, _METADATA_KEY, SAFE_WEIGHTS_INDEX_NAME, SAFE_
 
 #: Bytes moved per read/write in the user-space copy fallback (bounds its memory).
 COPY_CHUNK_SIZE = 16 * 1024 * 1024
-#: Bytes per copy_file_range/sendfile call (kernel-side, no user buffer; sendfile
-#: caps one call at 0x7ffff000 bytes anyway).
+#: Bytes per copy_file_range/sendfile call (kernel-side; sendfile caps one call at 0x7ffff000 bytes anyway).
 KERNEL_COPY_CHUNK = 1 << 30
 
 
@@ -28,13 +26,8 @@ KERNEL_COPY_CHUNK = 1 << 30
 
 @dataclass
 class OutTensor:
-    """One tensor to write.
-
-    Exactly one of ``src`` (copy that byte range as it is; its dtype must equal
-    ``dtype`` and its ``nbytes`` must match, a shape change is a free reshape) or
-    ``produce`` (a callable returning exactly ``numel * DTYPE_SIZES[dtype]`` raw
-    little-endian bytes, called once when the tensor is written).
-    """
+    """One tensor to write, from exactly one of ``src`` (that byte range as it is: same dtype and nbytes, a
+    shape change is a free reshape) or ``produce`` (called once, returns ``nbytes`` raw little-endian bytes)."""
 
     name: str
     dtype: str
@@ -60,9 +53,7 @@ def _check_out_tensors(tensors: list[OutTensor]) -> None:
         if not all(type(d) is int and d >= 0 for d in t.shape):
             raise InvalidInputError(f"output tensor {t.name!r}: bad shape {t.shape!r}")
         if (t.src is None) == (t.produce is None):
-            raise InvalidInputError(
-                f"output tensor {t.name!r}: give exactly one of src= and produce="
-            )
+            raise InvalidInputError(f"output tensor {t.name!r}: give exactly one of src= and produce=")
         if t.src is not None:
             if t.src.dtype != t.dtype:
                 raise InvalidInputError(
@@ -86,8 +77,7 @@ def _header_bytes(ordered: list[OutTensor]) -> bytes:
     header: dict[str, Any] = {_METADATA_KEY: {"format": "pt"}}
     off = 0
     for t in ordered:
-        header[t.name] = {"dtype": t.dtype, "shape": list(t.shape),
-                          "data_offsets": [off, off + t.nbytes]}
+        header[t.name] = {"dtype": t.dtype, "shape": list(t.shape), "data_offsets": [off, off + t.nbytes]}
         off += t.nbytes
     js = json.dumps(header, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
     js += b" " * (-len(js) % _HEADER_ALIGN)
@@ -121,18 +111,9 @@ def _write_all(fd: int, data: bytes | memoryview) -> None:
         mv = mv[n:]
 
 
-def _copy_range(src: Path, start: int, length: int, dst_fd: int, *, method: str | None = None
-                ) -> str:
-    """Append ``length`` bytes of ``src`` starting at ``start`` to ``dst_fd``.
-
-    Tries ``os.copy_file_range`` then ``os.sendfile`` (both kernel-side, no user-space
-    buffer; up to :data:`KERNEL_COPY_CHUNK` bytes per call, as ``cp`` does), falling
-    back to a read/write loop of :data:`COPY_CHUNK_SIZE` bytes. Peak user-space memory
-    is at most one chunk. ``method`` forces ``"copy_file_range"``,
-    ``"sendfile"`` or ``"readwrite"`` (tests).
-
-    Returns:
-        The method that completed the copy.
+def _copy_range(src: Path, start: int, length: int, dst_fd: int, *, method: str | None = None) -> str:
+    """Append ``length`` bytes of ``src`` at ``start`` to ``dst_fd`` by ``copy_file_range``, else ``sendfile``,
+    else a read/write loop (``method`` forces one); returns the method that completed the copy.
 
     Raises:
         InvalidInputError: the source ends before ``start + length`` (truncated).
@@ -149,17 +130,13 @@ def _copy_range(src: Path, start: int, length: int, dst_fd: int, *, method: str 
                 while done < length:
                     n = _copy_step(m, src_fd, dst_fd, start + done, length - done)
                     if n == 0:
-                        raise InvalidInputError(
-                            f"{src}: ended after {start + done} bytes while copying "
-                            f"{length} bytes from offset {start} (file truncated?)"
-                        )
+                        raise InvalidInputError(f"{src}: ended after {start + done} bytes while copying "
+                                                f"{length} bytes from offset {start} (file truncated?)")
                     done += n
                 return m
             except InvalidInputError:
                 raise
-            except OSError:
-                # Kernel/filesystem refused this method (EXDEV, ENOSYS, EINVAL...).
-                # Partial progress stays valid: dst's position and `done` agree.
+            except OSError:  # refused (EXDEV, ENOSYS, EINVAL...); partial progress stays valid
                 if m == methods[-1]:
                     raise
                 continue
@@ -169,8 +146,7 @@ def _copy_range(src: Path, start: int, length: int, dst_fd: int, *, method: str 
 
 
 def _copy_step(method: str, src_fd: int, dst_fd: int, offset: int, left: int) -> int:
-    """One call of ``method`` appending up to one chunk at ``offset`` of ``src_fd`` to
-    ``dst_fd``; returns the bytes moved (0 at end of file)."""
+    """One ``method`` call appending up to one chunk at ``offset``; returns the bytes moved (0 at EOF)."""
     if method == "readwrite":
         buf = os.pread(src_fd, min(COPY_CHUNK_SIZE, left), offset)
         if buf:
@@ -190,34 +166,15 @@ def _shard_name(i: int, n: int) -> str:
     return f"model-{i:05d}-of-{n:05d}.safetensors"
 
 
-#: The cold-copy engine (:class:`specconv.tensors.onepass.CopyPass`) of the running
-#: :func:`write_safetensors` call, if any; :func:`_write_one` hands each file to it.
+#: The cold-copy engine (:class:`specconv.tensors.onepass.CopyPass`) of the running write, if any.
 _ENGINE: ContextVar[Any] = ContextVar("specconv_copy_engine", default=None)
 
 
-def write_safetensors(
-    out_dir: str | os.PathLike,
-    tensors: list[OutTensor],
-    *,
-    max_shard_size: int | str | None = None,
-    engine: Any = None,
-) -> list[str]:
-    """Write tensors as safetensors, streaming, deterministic and optionally sharded.
-
-    Shards are filled greedily in sorted-name order; each file has the layout of
-    ``safetensors.torch.save(..., metadata={"format": "pt"})``, so identical input gives
-    identical bytes. Each file is written to a ``.tmp`` name, renamed when complete.
-
-    Args:
-        out_dir: target directory (created if missing).
-        tensors: what to write; names must be unique.
-        max_shard_size: bytes (or a string for :func:`parse_size`); above it, write
-            ``model-0000i-of-0000n.safetensors`` plus ``model.safetensors.index.json``.
-        engine: a :class:`specconv.tensors.onepass.CopyPass` that reads, hashes and
-            scans the bytes on their way (``None``: kernel-side copies only).
-
-    Returns:
-        File names written, relative to ``out_dir``.
+def write_safetensors(out_dir: str | os.PathLike, tensors: list[OutTensor], *,
+                      max_shard_size: int | str | None = None, engine: Any = None) -> list[str]:
+    """Write tensors as safetensors, streaming, deterministic and sharded above ``max_shard_size`` (bytes or a
+    :func:`parse_size` string; docs/tensors.md); ``engine``: a :class:`~specconv.tensors.onepass.CopyPass`
+    that hashes and scans on the way. Returns the file names written, relative to ``out_dir``.
 
     Raises:
         InvalidInputError: duplicate/invalid names, unknown dtype, a src whose dtype or
@@ -259,15 +216,11 @@ def _produced_bytes(t: OutTensor) -> bytes | bytearray | memoryview:
     """Call ``t.produce()`` (or a ``.bin`` loader) and check type and length."""
     data = t.produce() if t.produce is not None else t.src.loader()  # type: ignore[union-attr]
     if not isinstance(data, (bytes, bytearray, memoryview)):
-        raise InvalidInputError(
-            f"output tensor {t.name!r}: producer returned {type(data).__name__}, not bytes"
-        )
+        raise InvalidInputError(f"output tensor {t.name!r}: producer returned {type(data).__name__}, not bytes")
     got = memoryview(data).nbytes
     if got != t.nbytes:
-        raise InvalidInputError(
-            f"output tensor {t.name!r}: producer gave {got} bytes, but "
-            f"{t.dtype} {list(t.shape)} needs {t.nbytes}"
-        )
+        raise InvalidInputError(f"output tensor {t.name!r}: producer gave {got} bytes, but "
+                                f"{t.dtype} {list(t.shape)} needs {t.nbytes}")
     return data
 
 
@@ -312,18 +265,11 @@ def _write_tensors(fd: int, ordered: list[OutTensor]) -> None:
 
 
 def sha256_file(path: str | os.PathLike, *, chunk_size: int = 1 << 20) -> str:
-    """Hex SHA-256 of a file, read in ``chunk_size`` pieces (constant memory).
-
-    Raises:
-        InvalidInputError: unreadable file.
-    """
+    """Hex SHA-256 of a file, read in ``chunk_size`` pieces; InvalidInputError when unreadable."""
     h = hashlib.sha256()
     try:
         with open(path, "rb") as f:
-            while True:
-                b = f.read(chunk_size)
-                if not b:
-                    break
+            while b := f.read(chunk_size):
                 h.update(b)
     except OSError as e:
         raise InvalidInputError(f"{path}: cannot read: {e.strerror or e}") from e
