@@ -1,11 +1,7 @@
 """Drafter base class, result types, draft-vocabulary mapping and weight loading.
 
-Every per-algorithm fact comes from the algorithm's description (:mod:`specconv.format.algorithms`).
-Aux ids follow the speculators / vLLM capture convention (``docs/validate.md``, "Harness";
-speculators ``src/speculators/models/eagle3/core.py``, vLLM ``vllm/model_executor/models/llama_eagle3.py``);
-``d2t`` offsets: :class:`VocabMap` (vLLM ``llama_eagle3.py`` ``combine_hidden_states`` /
-``compute_logits``). The one step (:meth:`Drafter.step`) and its stateless, cached and exported
-paths: ``docs/architecture.md`` (``specconv/drafters/``) and ``docs/validate.md`` ("Harness").
+Aux ids: speculators ``src/speculators/models/eagle3/core.py``; ``d2t``: vLLM
+``vllm/model_executor/models/llama_eagle3.py``. Design: ``docs/architecture.md``, ``docs/validate.md``.
 """
 
 from __future__ import annotations
@@ -38,19 +34,9 @@ _IGNORABLE = ("t2d", "verifier_lm_head.weight", "verifier_norm.weight")
 
 @dataclass
 class DraftProposal:
-    """What one drafting step proposes.
-
-    Attributes:
-        tokens: LongTensor ``[k]`` — draft tokens as **target** (verifier) ids, ``d2t``
-            applied.
-        logits: FloatTensor ``[k, Vt]`` — target-vocab logits the tokens were picked
-            from (before temperature; a pruned draft vocab is scattered into a
-            ``-inf``-filled row). For DSpark these are the Markov-biased logits.
-            The draft distribution used at temperature ``T > 0`` is
-            ``softmax(logits / T)``.
-        confidence: FloatTensor ``[k]`` (DSpark with a confidence head): predicted
-            per-position acceptance probability (sigmoid of the head's logit); else None.
-    """
+    """One drafting step's proposal: ``tokens`` long ``[k]`` target ids; ``logits`` float ``[k, Vt]``
+    before temperature (``-inf`` outside a pruned vocab; DSpark: Markov-biased); ``confidence``
+    ``[k]`` sigmoid of DSpark's confidence head, else None."""
 
     tokens: torch.Tensor
     logits: torch.Tensor
@@ -61,25 +47,11 @@ class DraftProposal:
 class BlockOutput:
     """Full result of one drafting pass (what parity tests compare).
 
-    ``S`` is the number of rows the pass computes: DFlash/DSpark the ``B`` block slots;
-    P-EAGLE the ``T`` context entries followed by the ``K-1`` mask entries.
-
-    Attributes:
-        positions: LongTensor ``[S]`` — RoPE position of each row.
-        hidden: ``[S, H]`` — final-normed hidden state (``norm(h)``) of each row.
-        slot_logits: ``[S, Vd]`` — ``lm_head(norm(h))`` of each row (draft vocab, no
-            Markov bias).
-        draft_slots: LongTensor ``[k]`` — rows the drafts come from, in draft order
-            (DFlash sfa=false: ``1..B-1``; sfa=true: ``0..B-1``; P-EAGLE:
-            ``T-1, T, ..., T+K-2``).
-        draft_logits: ``[k, Vd]`` — logits the drafts were picked from (DSpark:
-            Markov-biased).
-        target_logits: ``[k, Vt]`` — ``draft_logits`` in target vocab (``-inf`` outside
-            the draft vocab).
-        draft_ids: LongTensor ``[k]`` — picked draft-vocab ids.
-        tokens: LongTensor ``[k]`` — picked target ids (``d2t`` applied).
-        confidence_logits / confidence: ``[k]`` DSpark confidence head logit /
-            sigmoid, else None.
+    ``S`` rows: DFlash/DSpark the ``B`` block slots; P-EAGLE ``T`` context then ``K-1`` mask entries.
+    ``positions`` long ``[S]``; ``hidden`` ``[S, H]`` (``norm(h)``); ``slot_logits`` ``[S, Vd]`` (no
+    Markov bias); ``draft_slots`` long ``[k]`` (sfa=false ``1..B-1``, true ``0..B-1``, P-EAGLE
+    ``T-1..T+K-2``); ``draft_logits`` ``[k, Vd]`` / ``target_logits`` ``[k, Vt]``; ``draft_ids`` /
+    ``tokens`` long ``[k]``; ``confidence_logits`` / ``confidence`` ``[k]`` (DSpark) or None.
     """
 
     positions: torch.Tensor
@@ -95,19 +67,10 @@ class BlockOutput:
 
 
 class VocabMap(nn.Module):
-    """Draft→target vocabulary mapping (vLLM ``vllm/model_executor/models/llama_eagle3.py``).
+    """Draft→target vocabulary map (vLLM ``vllm/model_executor/models/llama_eagle3.py``).
 
-    ``d2t`` holds offsets: ``target_id = draft_id + d2t[draft_id]``. With ``Vd == Vt``
-    (no pruning) the map is the identity.
-
-    Args:
-        d2t: int64 ``[Vd]`` offsets, or None for the identity.
-        target_vocab_size: ``Vt``.
-        draft_vocab_size: ``Vd``.
-
-    Raises:
-        InvalidInputError: ``d2t`` maps outside ``[0, Vt)`` or two draft ids to one
-            target id.
+    ``d2t``: int64 ``[Vd]`` offsets (``target = draft + d2t[draft]``), None for the identity.
+    Raises InvalidInputError when it maps outside ``[0, Vt)`` or two draft ids to one target id.
     """
 
     def __init__(self, d2t: torch.Tensor | None, target_vocab_size: int, draft_vocab_size: int,
@@ -157,15 +120,7 @@ class VocabMap(nn.Module):
 
 
 def open_verifier(verifier: Verifier | str | Path | None) -> Verifier | None:
-    """The :class:`~specconv.verifier.Verifier` for a drafter (None stays None).
-
-    Args:
-        verifier: a resolved ``Verifier``, or a local directory / Hub id for
-            :func:`specconv.verifier.resolve_verifier`.
-
-    Raises:
-        InvalidInputError: see :func:`specconv.verifier.resolve_verifier`.
-    """
+    """The :class:`~specconv.verifier.Verifier` of a Verifier, local dir or Hub id (None stays None)."""
     from ..verifier import Verifier, resolve_verifier
 
     if verifier is None or isinstance(verifier, Verifier):
@@ -187,15 +142,8 @@ def check_dtype(dtype: torch.dtype) -> None:
 
 def aux_ids_from_config(cfg: SpeculatorsDraftConfig, alg: Algorithm, verifier: Verifier | None,
                         source: str) -> list[int]:
-    """Aux hidden-state layer ids (speculators / vLLM capture convention: 0 = embeddings).
-
-    A null list resolves to ``[2, n//2, n-3]`` from the verifier's ``num_hidden_layers``
-    where the description says so (``aux_ids_default_from_verifier``: P-EAGLE), as
-    speculators' ``src/speculators/models/eagle3/core.py`` does.
-
-    Raises:
-        InvalidInputError: ids absent (and not derivable), empty or negative.
-    """
+    """Aux layer ids (0 = embeddings); null → ``[2, n//2, n-3]`` of the verifier where the description
+    says so (speculators ``src/speculators/models/eagle3/core.py``). InvalidInputError: absent, empty, < 0."""
     key, ids = alg.aux_ids_key, cfg.aux_layer_ids
     if ids is None:
         if alg.aux_ids_default_from_verifier and verifier is not None:
@@ -211,30 +159,13 @@ def aux_ids_from_config(cfg: SpeculatorsDraftConfig, alg: Algorithm, verifier: V
 
 
 class Drafter(nn.Module):
-    """Base class of the reference drafters: the weights every algorithm shares and the one
-    drafting step (:meth:`step`) the stateless, cached and exported paths run.
+    """Base of the reference drafters: shared weights and the one drafting step (:meth:`step`).
 
-    Subclasses take their own weights (``fc``, ``hidden_norm``, heads) after this
-    constructor and implement :meth:`_backbone` (the step's layers) and, for a sequential
-    head stage, :meth:`_draft`.
-
-    Attributes:
-        algorithm: ``speculators_model_type``; ``alg`` its description.
-        block_size: ``B`` (DFlash/DSpark); P-EAGLE: ``K`` (entries drafted per pass).
-        num_draft_tokens: ``k`` drafts returned per :meth:`propose` (``B-1``/``B`` by
-            ``sample_from_anchor``; P-EAGLE: ``speculative_tokens``).
-        aux_layer_ids: verifier aux layer ids (speculators convention: 0 = embeddings,
-            N = final pre-norm hidden), in ``aux_hidden`` concat order.
-        mask_token_id, sample_from_anchor (P-EAGLE: False), vocab_size (``Vt``),
-        draft_vocab_size (``Vd``), hidden_size (``H``), aux_hidden_size (``Ht``:
-        ``target_hidden_size`` or ``H``; ``aux_hidden`` is ``[1, T, A*Ht]``), config
-        (the typed :class:`~specconv.format.SpeculatorsDraftConfig`).
-        windows: per draft layer, its sliding window or None (full attention).
-        tied_head: the LM head weight is the embedding (a tied verifier's): the logits are
-            one GEMM on the embedding (an export stores it once).
-
-    Raises:
-        InvalidInputError / UnsupportedFormatError: see :func:`specconv.drafters.load_drafter`.
+    Subclasses take their own weights after this constructor and implement :meth:`_backbone` (and
+    :meth:`_draft` for a sequential head). ``block_size``: ``B`` (P-EAGLE: ``K``);
+    ``num_draft_tokens``: ``k`` per :meth:`propose`; ``aux_hidden_size``: ``Ht``
+    (``target_hidden_size`` or ``H``; ``aux_hidden`` is ``[1, T, A*Ht]``); ``windows``: per layer
+    window or None; ``tied_head``: LM head is the embedding (one GEMM; an export stores it once).
     """
 
     algorithm: str = ""
@@ -273,7 +204,6 @@ class Drafter(nn.Module):
         self.vocab = build_vocab(w, vocab_size=self.vocab_size, draft_vocab_size=self.draft_vocab_size)
         self.rotary = Rotary(layer.rope(), layer.head_dim, source=f"{source}: transformer_layer_config")
 
-    # -- helpers --------------------------------------------------------------------
     @property
     def dtype(self) -> torch.dtype:
         return self.embed_tokens.dtype
@@ -316,7 +246,6 @@ class Drafter(nn.Module):
         return context_tokens[0].to(self.device, torch.long), aux_hidden[0].to(self.device, self.dtype)
 
     def _request(self, tokens: torch.Tensor, g: torch.Tensor) -> StepBatch:
-        """The step's batch-1 inputs of one request checked by :meth:`_check_inputs`."""
         return request_inputs(self.shape, tokens, g)
 
     def _embed(self, ids: torch.Tensor) -> torch.Tensor:
@@ -338,7 +267,6 @@ class Drafter(nn.Module):
         self.tied_head = head.bias is None and head.weight.shape == emb.shape and (
             head.weight.data_ptr() == emb.data_ptr() or bool(torch.equal(head.weight, emb)))
 
-    # -- the drafting step ------------------------------------------------------------
     def _backbone(self, batch: StepBatch, attention, all_rows: bool) -> StepOutput:  # pragma: no cover - abstract
         raise NotImplementedError
 
@@ -354,20 +282,10 @@ class Drafter(nn.Module):
 
     def step(self, batch: StepBatch, *, pick: Pick | None = None, attention=attend, all_rows: bool = False,
              confidence: bool = True, prev_tokens: torch.Tensor | None = None) -> StepOutput:
-        """One batched drafting step (the export I/O contract, :mod:`specconv.drafters.step`).
+        """One batched drafting step on left-padded ``batch`` (the export I/O contract).
 
-        Args:
-            batch: the step's inputs (left-padded).
-            pick: how drafts are picked (default greedy); :func:`~.step.noise_pick` /
-                :func:`~.step.sample_pick`.
-            attention: :func:`~.layers.attend` (eager) or the exporter's attention op.
-            all_rows: run the LM head on every row (P-EAGLE's context entries too), not
-                only the rows the drafts come from.
-            confidence: compute a confidence head where the drafter has one.
-            prev_tokens: DSpark teacher forcing: int ``[B, N]`` target ids as ``prev_s``.
-
-        Returns:
-            :class:`~.step.StepOutput`.
+        ``pick`` default greedy; ``attention`` eager or the exporter's op; ``all_rows`` runs the LM
+        head on every row; ``prev_tokens``: DSpark teacher forcing, int ``[B, N]`` target ids.
         """
         out = self._backbone(batch, attention, all_rows)
         return self._draft(out, batch, pick or sample_pick(0.0, None), confidence, prev_tokens)
@@ -383,26 +301,14 @@ class Drafter(nn.Module):
             draft_ids=draft_ids, tokens=self.vocab.to_target_ids(draft_ids),
             confidence_logits=None if cl is None else cl[0], confidence=None if cl is None else torch.sigmoid(cl[0]))
 
-    # -- API ------------------------------------------------------------------------
     @torch.no_grad()
     def forward_block(self, context_tokens: torch.Tensor, aux_hidden: torch.Tensor, *,
                       temperature: float = 0.0, generator: torch.Generator | None = None,
                       prev_tokens: torch.Tensor | None = None) -> BlockOutput:
-        """One drafting pass at batch 1 (:meth:`step`), every row through the LM head.
+        """One drafting pass at batch 1, every row through the LM head (args as :meth:`propose`).
 
-        Args:
-            context_tokens, aux_hidden, temperature, generator: as :meth:`propose`; a
-                sequential head (DSpark) samples inside its loop, so each slot conditions on
-                the token actually drawn.
-            prev_tokens: DSpark only: LongTensor ``[N]`` of target ids to use as ``prev_s``
-                (teacher forcing, as in training); default: anchor, then own picks.
-
-        Returns:
-            :class:`BlockOutput` (``S`` rows: DFlash/DSpark the ``B`` block slots; P-EAGLE
-            the ``T`` context entries then the ``K-1`` mask entries).
-
-        Raises:
-            UsageError: wrong shapes; ``prev_tokens`` for a drafter without a Markov head.
+        ``prev_tokens``: DSpark only, long ``[N]`` target ids as ``prev_s`` (teacher forcing).
+        Raises UsageError: wrong shapes; ``prev_tokens`` without a Markov head.
         """
         prev = None if prev_tokens is None else prev_tokens.reshape(1, -1).to(self.device, torch.long)
         out = self.step(self._request(*self._check_inputs(context_tokens, aux_hidden)),
@@ -416,20 +322,9 @@ class Drafter(nn.Module):
                 ) -> DraftProposal:
         """One drafting step from the accepted context (full recompute, no cache).
 
-        Args:
-            context_tokens: LongTensor ``[1, T+1]`` — every token so far; index ``T`` is
-                the bonus/anchor token the verifier just sampled (no features yet).
-            aux_hidden: ``[1, T, A*H]`` — the verifier's aux hidden states of positions
-                ``0..T-1`` concatenated in ``aux_layer_ids`` order (any float dtype; cast
-                to the drafter's dtype).
-            temperature: 0 = greedy (argmax); > 0 samples from ``softmax(logits / T)``.
-            generator: optional ``torch.Generator`` for sampling.
-
-        Returns:
-            :class:`DraftProposal` with ``k = num_draft_tokens`` tokens (target ids).
-
-        Raises:
-            UsageError: wrong shapes.
+        ``context_tokens`` long ``[1, T+1]`` (index ``T``: the anchor, no features yet);
+        ``aux_hidden`` ``[1, T, A*H]`` in ``aux_layer_ids`` order (any float dtype); ``temperature``
+        0 = argmax. Returns ``k = num_draft_tokens`` target ids. Raises UsageError: wrong shapes.
         """
         out = self.forward_block(context_tokens, aux_hidden, temperature=temperature,
                                  generator=generator)
@@ -439,10 +334,8 @@ class Drafter(nn.Module):
 
 def build_lm_head(w: WeightTaker, verifier: Verifier | None, *, vocab_size: int,
                   draft_vocab_size: int, hidden: int, algorithm: str) -> Linear:
-    """``lm_head.weight [Vd, H]`` from the drafter dir, else (full vocab only) the
-    verifier's head (tied → embedding). Pruned drafts must ship it (speculators
-    ``src/speculators/model.py::load_verifier_weights`` would slice the verifier's head by
-    ``t2d``; vLLM reads the drafter's own)."""
+    """``lm_head.weight [Vd, H]`` from the drafter dir, else (full vocab only) the verifier's; pruned
+    drafts must ship it (vLLM reads the drafter's own)."""
     if w.has("lm_head.weight"):
         return Linear(w.take("lm_head.weight", (draft_vocab_size, hidden)))
     if draft_vocab_size != vocab_size:

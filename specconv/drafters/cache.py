@@ -1,16 +1,7 @@
-"""Drafter context cache: the projected context K/V kept between drafting steps (what it keeps,
-crops and never commits: ``docs/validate.md``, "Harness"; its cost: ``docs/benchmarks.md``).
-
-Which rows are cacheable (the roped keys/values, per draft layer):
-
-* DFlash / DSpark: context keys/values are ``k_proj``/``v_proj`` of
-  ``hidden_norm(fc(g_i))`` at RoPE position ``i`` — they depend on the features only.
-* P-EAGLE: context entries attend causally among themselves, so entry ``i``'s keys and
-  values at every layer depend on ``t_1..t_{i+1}`` and ``g_0..g_i`` only; the cache
-  also remembers the entry tokens and crops at the first one that changed.
-
-Contract: the features of a kept prefix must be the ones seen before (the validation
-loop only appends; features are not compared, that would cost ``O(T)``).
+"""Drafter context cache: the projected context K/V kept between drafting steps (``docs/validate.md``,
+"Harness"). DFlash / DSpark rows depend on the features only; P-EAGLE entry ``i`` also on tokens
+``t_1..t_{i+1}``, so the cache crops at the first changed token. Features of a kept prefix are
+assumed unchanged (not compared: that would cost ``O(T)``).
 """
 
 from __future__ import annotations
@@ -23,12 +14,8 @@ __all__ = ["KVBuffer", "ContextCache", "DraftSession"]
 
 
 class KVBuffer:
-    """Keys and values of one draft layer: ``[1, nKV, capacity, D]`` with a committed length.
-
-    Capacity grows by doubling, so appending ``s`` rows copies ``O(s)`` amortised;
-    :meth:`with_tail` writes uncommitted scratch rows (a step's block / mask rows) past
-    the committed length and returns views, so no ``torch.cat`` of the context is made.
-    """
+    """Keys and values of one draft layer, ``[1, nKV, capacity, D]`` (capacity doubles), with a committed
+    length; scratch rows go past it (:meth:`with_tail`) without a ``torch.cat`` of the context."""
 
     def __init__(self) -> None:
         self.k: torch.Tensor | None = None
@@ -63,11 +50,7 @@ class KVBuffer:
             self.length = self._write(k, v)
 
     def with_tail(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Committed rows followed by scratch rows ``k, v [1, nKV, s, D]`` (not committed).
-
-        Returns:
-            Views ``(K, V)`` each ``[1, nKV, length + s, D]``; valid until the next write.
-        """
+        """Views ``(K, V)`` ``[1, nKV, length + s, D]``: committed then scratch rows (valid until the next write)."""
         end = self._write(k, v)
         assert self.k is not None and self.v is not None
         return self.k[:, :, :end], self.v[:, :, :end]
@@ -78,11 +61,7 @@ class KVBuffer:
 
 
 class ContextCache:
-    """Per-layer :class:`KVBuffer` s plus the entry tokens the cached rows depend on.
-
-    Args:
-        num_layers: draft decoder layers.
-    """
+    """Per-layer :class:`KVBuffer` s plus the entry tokens the cached rows depend on."""
 
     def __init__(self, num_layers: int) -> None:
         self.layers = [KVBuffer() for _ in range(num_layers)]
@@ -102,18 +81,10 @@ class ContextCache:
 
     def reuse(self, ctx_len: int, entry_tokens: torch.Tensor | None = None, *,
               keep: int | None = None) -> int:
-        """Crop to what is still valid for a call with ``ctx_len`` context rows.
+        """Crop to what is valid for ``ctx_len`` rows; return the first row the call must compute.
 
-        Args:
-            ctx_len: ``T`` context rows of the call.
-            entry_tokens: LongTensor ``[T]`` — the token each context row depends on
-                (P-EAGLE ``t_{i+1}``); the cache is cropped at the first row whose token
-                differs from the cached one. ``None``: rows depend on features only.
-            keep: at most this many rows are kept (P-EAGLE recomputes row ``T-1``,
-                whose final hidden state drafts depth 1).
-
-        Returns:
-            The first row the call must compute (= the cache length after cropping).
+        ``entry_tokens`` long ``[T]`` (P-EAGLE ``t_{i+1}``): crop at the first changed token; ``keep``:
+        at most this many rows (P-EAGLE recomputes row ``T-1``, whose hidden state drafts depth 1).
         """
         n = min(self.length, ctx_len, ctx_len if keep is None else keep)
         if entry_tokens is not None and self.tokens is not None and n:
@@ -127,14 +98,8 @@ class ContextCache:
 
 
 class DraftSession:
-    """A drafter plus its :class:`ContextCache` for one request (the cached path).
-
-    Has the :class:`specconv.validate.backend.DrafterBackend` surface (``propose`` and
-    the ``algorithm`` / ``num_draft_tokens`` / ``aux_layer_ids`` attributes), so the
-    validation loop drives it like the stateless drafter. Open one per request with
-    ``drafter.new_session()``; the results equal the stateless path's up to float
-    rounding (fp32: same greedy tokens; ``tests/drafters/test_drafter_cache.py``).
-    """
+    """A drafter plus its :class:`ContextCache` for one request (``drafter.new_session()``), with the
+    DrafterBackend surface; equal to the stateless path up to float rounding."""
 
     def __init__(self, drafter: "Drafter") -> None:
         self.drafter = drafter
@@ -164,16 +129,9 @@ class DraftSession:
     def forward_block(self, context_tokens: torch.Tensor, aux_hidden: torch.Tensor, *,
                       temperature: float = 0.0, generator: torch.Generator | None = None
                       ) -> BlockOutput:
-        """:meth:`Drafter.forward_block` through the cache (same arguments).
-
-        Returns:
-            :class:`BlockOutput` of the rows computed this call: the ``B`` block slots
-            (DFlash/DSpark) or the new context entries then the mask entries (P-EAGLE;
-            ``draft_slots`` index those rows).
-        """
+        """:meth:`Drafter.forward_block` through the cache, over the rows computed this call (P-EAGLE:
+        the new context entries then the mask entries)."""
         return self.drafter.forward_cached(context_tokens, aux_hidden, self.cache,  # type: ignore[attr-defined]
                                            temperature=temperature, generator=generator)
 
-    #: :meth:`Drafter.propose` through the cache (same arguments and result): it only
-    #: calls ``self.forward_block``.
-    propose = Drafter.propose
+    propose = Drafter.propose  # it only calls self.forward_block

@@ -16,8 +16,7 @@ model_definitions}.py``; z-lab ``dflash/model.py``; vLLM
 4. ``logits = lm_head(norm(h))``; drafts from slots ``1..B-1`` (``sample_from_anchor``
    false) or ``0..B-1`` (true), mapped with ``d2t``.
 
-The stateless step and the cached session (:meth:`DFlashDrafter.new_session`) run the same
-block pass (:meth:`_block_pass`).
+The stateless step and the cached session run the same block pass (:meth:`_block_pass`).
 """
 
 from __future__ import annotations
@@ -78,7 +77,6 @@ class DFlashDrafter(Drafter):
         """Block slots the drafts come from: ``1..B-1``, or ``0..B-1`` with ``sample_from_anchor``."""
         return tuple(range(0 if self.sample_from_anchor else 1, self.block_size))
 
-    # -- masks ------------------------------------------------------------------------
     def block_mask(self, layer: int, batch: StepBatch) -> torch.Tensor:
         """Bool ``[B, S, C+S]``: the block queries of layer ``layer`` over ``[context, block]``
         keys (step 3 above; padding columns of the context are never visible)."""
@@ -95,16 +93,8 @@ class DFlashDrafter(Drafter):
         blk_vis = blk[None].expand(ctx_pos.shape[0], -1, -1)
         return torch.cat([ctx_vis, blk_vis], dim=2)
 
-    # -- the block pass ---------------------------------------------------------------
     def _block_pass(self, batch: StepBatch, keys, attention: Attend) -> torch.Tensor:
-        """The block through every layer → ``norm(h)`` ``[B, S, H]``.
-
-        Args:
-            batch: the step's inputs (the block rows; the context axis for the masks).
-            keys: ``keys(i)`` → layer ``i``'s :data:`~.layers.Keys` (context keys/values
-                followed by the block's: the stateless step's, or the cache's).
-            attention: :func:`~.layers.attend`, :func:`~.layers.attend_grouped` or ONNX's.
-        """
+        """The block through every layer → ``norm(h) [B, S, H]``; ``keys(i)``: layer ``i``'s :data:`~.layers.Keys`."""
         h = self._embed(batch.block_ids)
         cos, sin = self.rotary(batch.block_position_ids, self.dtype)
         for i, layer in enumerate(self.layers):
@@ -123,10 +113,8 @@ class DFlashDrafter(Drafter):
         return StepOutput(positions=batch.block_position_ids, hidden=hidden, slot_logits=self._logits(hidden),
                           first_row=self.draft_slots[0])
 
-    # -- cached path (specconv.drafters.cache) -------------------------------------------
     def _extend_context(self, g: torch.Tensor, cache: ContextCache) -> None:
-        """Project the context rows ``g[n:]`` not yet in ``cache`` (after cropping it to
-        ``T``) and commit their per-layer keys/values at RoPE positions ``n..T-1``."""
+        """Project and commit the context rows ``g[n:]`` not yet in ``cache`` (cropped to ``T``)."""
         T = g.shape[0]
         n = cache.reuse(T)
         if n == T:
@@ -140,13 +128,8 @@ class DFlashDrafter(Drafter):
     def forward_cached(self, context_tokens: torch.Tensor, aux_hidden: torch.Tensor,
                        cache: ContextCache, *, temperature: float = 0.0,
                        generator: torch.Generator | None = None) -> BlockOutput:
-        """:meth:`forward_block` through ``cache`` (use a :class:`DraftSession`).
-
-        Only the context rows new since the previous call are projected; the block's
-        keys/values are scratch rows past the cached context (never committed). Same
-        arguments and :class:`BlockOutput` as :meth:`forward_block`; ``cache`` is cropped /
-        extended to the given context (rows already cached must be the ones seen before).
-        """
+        """:meth:`forward_block` through ``cache``: only new context rows are projected; the block's
+        keys/values are never committed."""
         tokens, g = self._check_inputs(context_tokens, aux_hidden)
         self._extend_context(g, cache)
         batch = self._request(tokens, g)

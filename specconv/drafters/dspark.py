@@ -73,14 +73,12 @@ class DSparkDrafter(DFlashDrafter):
         self.confidence_proj: Linear | None = None
         if enabled:
             if self.confidence_with_markov and rank == 0:
-                raise InvalidInputError(
-                    f"{source}: confidence_head_with_markov requires markov_rank > 0",
-                    code="config_key")
+                raise InvalidInputError(f"{source}: confidence_head_with_markov requires markov_rank > 0",
+                                        code="config_key")
             width = H + (rank if self.confidence_with_markov else 0)
             if w.has("confidence_head.proj.weight"):
-                self.confidence_proj = Linear(
-                    w.take("confidence_head.proj.weight", (1, width)),
-                    w.take("confidence_head.proj.bias", (1,)))
+                self.confidence_proj = Linear(w.take("confidence_head.proj.weight", (1, width)),
+                                              w.take("confidence_head.proj.bias", (1,)))
             else:
                 warnings.warn(f"{source}: enable_confidence_head is true but confidence_head.* "
                               "tensors are absent; no confidence is reported", stacklevel=2)
@@ -104,12 +102,8 @@ class DSparkDrafter(DFlashDrafter):
 
     def _draft(self, out: StepOutput, batch: StepBatch, pick: Pick, confidence: bool,
                prev_tokens: torch.Tensor | None) -> StepOutput:
-        """The sequential Markov / confidence stage over the draft slots (module doc); the
-        batch's anchor ``block_ids[:, 0]`` is ``prev_0``, ``prev_tokens [B, N]`` forces them.
-
-        Raises:
-            InvalidInputError: ``prev_tokens`` without ``N`` entries per row.
-        """
+        """The sequential Markov / confidence stage (module doc); ``prev_tokens [B, N]`` forces ``prev_s``
+        (InvalidInputError without ``N`` per row)."""
         N, first = int(self.num_draft_tokens), out.first_row
         if prev_tokens is not None and prev_tokens.shape[-1] != N:
             raise InvalidInputError(f"prev_tokens must have {N} entries")

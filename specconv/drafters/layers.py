@@ -1,15 +1,8 @@
-"""Plain-torch building blocks shared by the reference drafters, in explicit tensor ops (no
-transformers model classes) so the numerics are easy to follow and to mirror in ONNX / TensorRT
-exports: :class:`RMSNorm` as transformers ``Qwen3RMSNorm`` / ``LlamaRMSNorm`` (gain applied in
-the input dtype), :class:`Rotary` (neox / rotate-half, absolute positions), :func:`attend` with
-its softmax in fp32 as transformers' ``eager_attention_forward``; :meth:`DecoderLayer.attend` is
-one layer of every drafting path (the caller says which keys / values the rows attend over: the
-stateless step's, or the context cache's).
+"""Plain-torch building blocks of the reference drafters, in explicit tensor ops mirrored by the exports.
 
-Every tensor carries a leading batch axis: rows are ``[B, S, ·]``, heads ``[B, n, S, D]``
-(the export I/O contract's layout; the stateless and the cached path run at ``B = 1``).
-Weights are held as frozen ``nn.Parameter`` so ``Module.to(dtype, device)`` works; the
-drafters are inference-only.
+Numerics as transformers: ``Qwen3RMSNorm`` (gain in the input dtype), neox rope, fp32 softmax as
+``eager_attention_forward``. Rows are ``[B, S, ·]``, heads ``[B, n, S, D]``; weights are frozen
+``nn.Parameter`` (inference only).
 """
 
 from __future__ import annotations
@@ -34,22 +27,8 @@ Attend = Callable[..., torch.Tensor]
 #: ``(keys, values)`` of the rows themselves → what they attend over (context + own rows).
 Keys = Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
 
-__all__ = [
-    "RMSNorm",
-    "Rotary",
-    "Linear",
-    "Attention",
-    "MLP",
-    "DecoderLayer",
-    "attend",
-    "attend_grouped",
-    "rotate_half",
-    "apply_rope",
-    "check_layers",
-    "merge_heads",
-    "sample_rows",
-    "WeightTaker",
-]
+__all__ = ["RMSNorm", "Rotary", "Linear", "Attention", "MLP", "DecoderLayer", "attend", "attend_grouped",
+           "rotate_half", "apply_rope", "check_layers", "merge_heads", "sample_rows", "WeightTaker"]
 
 
 def _param(t: torch.Tensor) -> nn.Parameter:
@@ -57,11 +36,7 @@ def _param(t: torch.Tensor) -> nn.Parameter:
 
 
 class WeightTaker:
-    """Hands out tensors from a name→tensor mapping and records which were used.
-
-    The drafter loaders use it for strict key accounting: anything left unused at the
-    end is an unsupported extra (e.g. gated-attention ``g_proj``) and is refused.
-    """
+    """Hands out tensors by name and records which were used (anything unused is refused)."""
 
     def __init__(self, tensors: Mapping[str, torch.Tensor], source: str):
         self.tensors = dict(tensors)
@@ -72,22 +47,13 @@ class WeightTaker:
         return name in self.tensors
 
     def take(self, name: str, shape: tuple[int, ...] | None = None) -> torch.Tensor:
-        """Return tensor ``name`` (checking ``shape`` when given) and mark it used.
-
-        Raises:
-            InvalidInputError: missing tensor or wrong shape; names the file.
-        """
+        """Tensor ``name`` (shape checked when given), marked used; InvalidInputError if missing or misshapen."""
         if name not in self.tensors:
-            raise InvalidInputError(
-                f"{self.source}: required tensor {name!r} is missing", code="missing_tensor"
-            )
+            raise InvalidInputError(f"{self.source}: required tensor {name!r} is missing", code="missing_tensor")
         t = self.tensors[name]
         if shape is not None and tuple(t.shape) != tuple(shape):
-            raise InvalidInputError(
-                f"{self.source}: tensor {name!r} has shape {tuple(t.shape)}, "
-                f"expected {tuple(shape)}",
-                code="tensor_shape",
-            )
+            raise InvalidInputError(f"{self.source}: tensor {name!r} has shape {tuple(t.shape)}, "
+                                    f"expected {tuple(shape)}", code="tensor_shape")
         self.used.add(name)
         return t
 
@@ -103,12 +69,7 @@ class WeightTaker:
 
 
 class RMSNorm(nn.Module):
-    """RMSNorm ``w * x / sqrt(mean(x^2) + eps)``; the variance is computed in fp32.
-
-    Args:
-        weight: ``[N]`` gain.
-        eps: ``rms_norm_eps``.
-    """
+    """RMSNorm ``w * x / sqrt(mean(x^2) + eps)`` with an ``[N]`` gain; the variance in fp32."""
 
     def __init__(self, weight: torch.Tensor, eps: float):
         super().__init__()
@@ -146,18 +107,9 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
 
 
 class Rotary(nn.Module):
-    """Rotary embedding tables from the rope parameters of a ``transformer_layer_config``.
+    """Rotary tables from :meth:`TransformerLayerConfig.rope` (types ``default``, ``linear``, ``llama3``).
 
-    Args:
-        rope: :meth:`TransformerLayerConfig.rope` (``rope_theta``, ``rope_type`` and the
-            type's parameters in one mapping). Supported types: ``default``, ``linear``,
-            ``llama3`` (formulas as transformers ``modeling_rope_utils``).
-        head_dim: ``D``.
-        source: names the config in errors.
-
-    Raises:
-        InvalidInputError: no rope θ.
-        UnsupportedFormatError: other rope types or ``partial_rotary_factor != 1``.
+    Raises InvalidInputError (no rope θ) or UnsupportedFormatError (another type, ``partial_rotary_factor != 1``).
     """
 
     def __init__(self, rope: Mapping[str, Any], head_dim: int, source: str = "transformer_layer_config"):
@@ -172,14 +124,11 @@ class Rotary(nn.Module):
         rope_type = rope.get("rope_type", rope.get("type", "default")) or "default"
         prf = rope.get("partial_rotary_factor", 1.0)
         if prf not in (None, 1, 1.0):
-            raise UnsupportedFormatError(
-                f"{source}: partial_rotary_factor={prf} is not supported by the reference drafters"
-            )
+            raise UnsupportedFormatError(f"{source}: partial_rotary_factor={prf} is not supported by the "
+                                         "reference drafters")
         self.theta = float(theta)
         self.rope_type = str(rope_type)
-        inv_freq = 1.0 / (
-            self.theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).to(torch.float32) / head_dim)
-        )
+        inv_freq = 1.0 / (self.theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).to(torch.float32) / head_dim))
         self.register_buffer("inv_freq", _scaled_inv_freq(inv_freq, self.rope_type, rope, source),
                              persistent=False)
         self.attention_scaling = 1.0
@@ -195,11 +144,7 @@ class Rotary(nn.Module):
 
 
 def _scaled_inv_freq(inv_freq: torch.Tensor, rope_type: str, params: Mapping, source: str) -> torch.Tensor:
-    """Apply a rope type's frequency scaling (transformers ``modeling_rope_utils``).
-
-    Raises:
-        UnsupportedFormatError: a rope type other than ``default`` / ``linear`` / ``llama3``.
-    """
+    """A rope type's frequency scaling (transformers ``modeling_rope_utils``)."""
     if rope_type == "default":
         return inv_freq
     if rope_type == "linear":
@@ -217,9 +162,7 @@ def _scaled_inv_freq(inv_freq: torch.Tensor, rope_type: str, params: Mapping, so
         medium = ~(wavelen < hi_wl) * ~(wavelen > lo_wl)
         return torch.where(medium, smoothed, inv_l)
     raise UnsupportedFormatError(
-        f"{source}: rope_type {rope_type!r} is not supported by the reference "
-        "drafters (default, linear, llama3)"
-    )
+        f"{source}: rope_type {rope_type!r} is not supported by the reference drafters (default, linear, llama3)")
 
 
 def merge_heads(out: torch.Tensor) -> torch.Tensor:
@@ -227,20 +170,9 @@ def merge_heads(out: torch.Tensor) -> torch.Tensor:
     return out.transpose(1, 2).reshape(out.shape[0], out.shape[2], -1)
 
 
-def attend(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float
-) -> torch.Tensor:
-    """GQA attention with an explicit boolean mask (the stateless step's formula).
-
-    Args:
-        q: ``[B, nH, Sq, D]``; k, v: ``[B, nKV, Sk, D]`` (``nH % nKV == 0``).
-        mask: bool ``[B, Sq, Sk]``, True = key visible to the query. Every row must see at
-            least one key.
-        scale: score scale (``D ** -0.5``).
-
-    Returns:
-        ``[B, Sq, nH * D]``.
-    """
+def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float) -> torch.Tensor:
+    """GQA attention: ``q [B, nH, Sq, D]``, ``k``/``v`` ``[B, nKV, Sk, D]``, bool ``mask [B, Sq, Sk]``
+    (True = visible; every row sees a key) → ``[B, Sq, nH * D]``."""
     n_rep = q.shape[1] // k.shape[1]
     if n_rep > 1:
         k = k.repeat_interleave(n_rep, dim=1)
@@ -251,16 +183,10 @@ def attend(
     return merge_heads(torch.matmul(probs, v))
 
 
-def attend_grouped(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float
-) -> torch.Tensor:
-    """:func:`attend` without materialising repeated K/V (the cached path's attention).
-
-    The ``n_rep = nH / nKV`` query heads sharing a key/value head are stacked along the
-    query axis instead of repeating ``k``/``v`` ``n_rep`` times, so a long cached
-    context is read once per step, not copied. Same arguments, result and head order as
-    :func:`attend` (equal up to float rounding); ``k``/``v`` may be strided views.
-    """
+def attend_grouped(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float
+                   ) -> torch.Tensor:
+    """:func:`attend` (up to rounding) with the query heads of one K/V head stacked along the query
+    axis instead of repeating K/V, so a long cached context is read once; ``k``/``v`` may be views."""
     (b, n_h, sq, d), n_kv = q.shape, k.shape[1]
     n_rep = n_h // n_kv
     qg = q.reshape(b, n_kv, n_rep * sq, d)
@@ -271,21 +197,10 @@ def attend_grouped(
 
 
 def check_layers(layer: TransformerLayerConfig, source: str) -> list[int | None]:
-    """Refuse the layer variants the drafters lack; return each layer's sliding window.
+    """Each draft layer's sliding window or None (full attention); refuses what the drafters lack.
 
-    Args:
-        layer: the typed ``transformer_layer_config``.
-        source: names the config in errors.
-
-    Returns:
-        Per draft layer, its window ``W`` or None (full attention), as speculators and vLLM
-        build the layers (:meth:`TransformerLayerConfig.layer_window`).
-
-    Raises:
-        InvalidInputError: heads not a multiple of the key/value heads, or ``layer_types``
-            not one entry per layer.
-        UnsupportedFormatError: an activation other than SiLU, gated attention, or a layer
-            type other than full / sliding attention.
+    Raises InvalidInputError (heads not a multiple of KV heads, ``layer_types`` length) or
+    UnsupportedFormatError (not SiLU, gated attention, another layer type).
     """
     if layer.num_attention_heads % layer.num_key_value_heads:
         raise InvalidInputError(
@@ -311,6 +226,10 @@ def check_layers(layer: TransformerLayerConfig, source: str) -> list[int | None]
     return [layer.layer_window(i) for i in range(layer.num_hidden_layers)]
 
 
+def _linear(w: WeightTaker, name: str, out: int, inp: int, bias: bool) -> Linear:
+    return Linear(w.take(f"{name}.weight", (out, inp)), w.take(f"{name}.bias", (out,)) if bias else None)
+
+
 class Attention(nn.Module):
     """q/k/v/o projections (+ optional per-head ``q_norm``/``k_norm``)."""
 
@@ -320,15 +239,10 @@ class Attention(nn.Module):
         H, D, eps = layer.hidden_size, layer.head_dim, layer.rms_norm_eps
         hq, hkv = layer.num_attention_heads * D, layer.num_key_value_heads * D
         b = layer.attention_bias
-
-        def lin(name: str, out: int, inp: int) -> Linear:
-            return Linear(w.take(f"{prefix}.{name}.weight", (out, inp)),
-                          w.take(f"{prefix}.{name}.bias", (out,)) if b else None)
-
-        self.q_proj = lin("q_proj", hq, in_features)
-        self.k_proj = lin("k_proj", hkv, in_features)
-        self.v_proj = lin("v_proj", hkv, in_features)
-        self.o_proj = lin("o_proj", H, hq)
+        self.q_proj = _linear(w, f"{prefix}.q_proj", hq, in_features, b)
+        self.k_proj = _linear(w, f"{prefix}.k_proj", hkv, in_features, b)
+        self.v_proj = _linear(w, f"{prefix}.v_proj", hkv, in_features, b)
+        self.o_proj = _linear(w, f"{prefix}.o_proj", H, hq, b)
         self.q_norm = RMSNorm(w.take(f"{prefix}.q_norm.weight", (D,)), eps) if qk_norm else None
         self.k_norm = RMSNorm(w.take(f"{prefix}.k_norm.weight", (D,)), eps) if qk_norm else None
         self.head_dim = D
@@ -357,23 +271,16 @@ class MLP(nn.Module):
     def __init__(self, w: WeightTaker, prefix: str, layer: TransformerLayerConfig):
         super().__init__()
         H, inter, b = layer.hidden_size, layer.intermediate_size, layer.mlp_bias
-
-        def lin(name: str, out: int, inp: int) -> Linear:
-            return Linear(w.take(f"{prefix}.{name}.weight", (out, inp)),
-                          w.take(f"{prefix}.{name}.bias", (out,)) if b else None)
-
-        self.gate_proj = lin("gate_proj", inter, H)
-        self.up_proj = lin("up_proj", inter, H)
-        self.down_proj = lin("down_proj", H, inter)
+        self.gate_proj = _linear(w, f"{prefix}.gate_proj", inter, H, b)
+        self.up_proj = _linear(w, f"{prefix}.up_proj", inter, H, b)
+        self.down_proj = _linear(w, f"{prefix}.down_proj", H, inter, b)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
 
 class DecoderLayer(nn.Module):
-    """Pre-norm decoder layer weights: ``input_layernorm``, ``self_attn``,
-    ``post_attention_layernorm``, ``mlp``. The algorithms say what the layer's rows attend
-    over (their key/value sets differ) through :meth:`attend`."""
+    """Pre-norm decoder layer weights; the algorithms say what its rows attend over (:meth:`attend`)."""
 
     def __init__(self, w: WeightTaker, idx: int, layer: TransformerLayerConfig, *, qk_norm: bool,
                  attn_in: int):
@@ -387,9 +294,7 @@ class DecoderLayer(nn.Module):
 
     def attend(self, x: torch.Tensor, residual: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                keys: Keys, mask: torch.Tensor, attention: Attend) -> torch.Tensor:
-        """One layer over rows ``x [B, S, in]`` (already normed): queries, keys and values
-        from ``x``, attention over ``keys(k, v)`` with ``mask [B, S, Sk]``, then
-        ``h = residual + o_proj(attn)`` and ``h + mlp(post_attention_layernorm(h))``."""
+        """One layer over normed rows ``x [B, S, in]``, attending over ``keys(k, v)`` with ``mask [B, S, Sk]``."""
         a = self.self_attn
         k, v = keys(*a.kv(x, cos, sin))
         h = residual + a.o_proj(attention(a.q(x, cos, sin), k, v, mask, a.scale))
@@ -403,8 +308,7 @@ def own_keys(k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tens
 
 def sample_rows(logits: torch.Tensor, temperature: float,
                 generator: torch.Generator | None) -> torch.Tensor:
-    """Pick one id per row: argmax at ``temperature <= 0``, else a draw from
-    ``softmax(logits / temperature)`` (fp32). ``logits``: ``[N, V]`` → LongTensor ``[N]``."""
+    """One id per row of ``[N, V]`` logits: argmax at ``temperature <= 0``, else a fp32 softmax draw."""
     if temperature <= 0:
         return torch.argmax(logits, dim=-1)
     probs = torch.softmax(logits.to(torch.float32) / float(temperature), dim=-1)

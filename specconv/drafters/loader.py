@@ -1,6 +1,5 @@
-"""``load_drafter``: build a reference drafter from a Speculators-format directory (the drafter
-class the algorithm's description names). A verifier-supplied LM head falls back to the
-verifier's tied embedding, as speculators ``src/speculators/model.py::load_verifier_weights`` does.
+"""``load_drafter``: build a reference drafter from a Speculators-format directory. A verifier-supplied
+LM head falls back to its tied embedding (speculators ``src/speculators/model.py::load_verifier_weights``).
 """
 
 from __future__ import annotations
@@ -25,30 +24,16 @@ __all__ = ["load_drafter"]
 def load_drafter(drafter_dir: str | Path, verifier: Verifier | str | Path | None = None, *,
                  config: SpeculatorsDraftConfig | None = None, dtype: torch.dtype = torch.float32,
                  device: str | torch.device = "cpu") -> Drafter:
-    """Load a Speculators-format drafter as a reference PyTorch module.
+    """Load a Speculators-format drafter as a reference PyTorch module in eval mode.
 
-    Args:
-        drafter_dir: directory with ``config.json`` + ``model.safetensors`` (or an
-            index + shards).
-        verifier: the run's :class:`~specconv.verifier.Verifier` (or, for a one-off load,
-            its local directory / Hub id, resolved once here); needed when the drafter
-            omits ``embed_tokens`` / ``lm_head`` (DFlash/DSpark full vocab) or when
-            P-EAGLE's ``eagle_aux_hidden_state_layer_ids`` is null.
-        config: the typed config of ``drafter_dir/config.json`` when the caller parsed it
-            already (not parsed again); None reads it.
-        dtype: ``torch.float32`` | ``torch.bfloat16`` | ``torch.float16``; every float
-            weight is cast to it and the forward computes in it (RMSNorm variance and
-            softmax in fp32, as transformers; DSpark confidence head in fp32, as vLLM).
-        device: torch device.
-
-    Returns:
-        :class:`~specconv.drafters.PEagleDrafter`, :class:`~specconv.drafters.DFlashDrafter`
-        or :class:`~specconv.drafters.DSparkDrafter` in eval mode.
+    ``verifier`` (a Verifier, dir or Hub id) is needed when the drafter omits ``embed_tokens`` /
+    ``lm_head`` or P-EAGLE's aux ids are null. ``dtype``: float32 | bfloat16 | float16 for every float
+    weight and the forward (RMSNorm variance, softmax and DSpark's confidence head in fp32).
 
     Raises:
         InvalidInputError: malformed config, missing/misshaped tensors, missing verifier.
-        UnsupportedFormatError: unsupported variants (rnn Markov head, gated attention,
-            unknown rope type, unexpected tensors, other algorithms).
+        UnsupportedFormatError: unsupported variants (rnn Markov head, gated attention, rope type,
+            unexpected tensors, other algorithms).
         UsageError: unsupported dtype.
     """
     check_dtype(dtype)

@@ -17,8 +17,7 @@ pre-norm decoder layers; what an entry attends to: :meth:`PEagleDrafter.entry_ma
 layers have per-head ``q_norm``/``k_norm``; llama layers do not. ``logits = lm_head(norm(h))``;
 drafts from the bonus entry (row ``T-1``) and the mask entries, mapped with ``d2t``.
 
-The stateless step and the cached session (:meth:`PEagleDrafter.new_session`, the new entries
-only) run the same entry pass (:meth:`_entry_pass`).
+The stateless step and the cached session (new entries only) run the same :meth:`_entry_pass`.
 """
 
 from __future__ import annotations
@@ -43,8 +42,7 @@ __all__ = ["PEagleDrafter"]
 
 def _commit_context(buf: KVBuffer, new_ctx: int, k: torch.Tensor, v: torch.Tensor
                     ) -> tuple[torch.Tensor, torch.Tensor]:
-    """The cached path's :data:`~.layers.Keys`: commit the first ``new_ctx`` rows' keys /
-    values, put the mask entries' after them as scratch, return cached + new."""
+    """The cached path's :data:`~.layers.Keys`: commit the first ``new_ctx`` rows, the mask entries as scratch."""
     buf.append(k[:, :, :new_ctx], v[:, :, :new_ctx])
     return buf.with_tail(k[:, :, new_ctx:], v[:, :, new_ctx:])
 
@@ -82,7 +80,6 @@ class PEagleDrafter(Drafter):
             w.take("mask_hidden", (1, 1, A * Ht)).reshape(A * Ht), requires_grad=False)
         self.hidden_norm = RMSNorm(w.take("layers.0.hidden_norm.weight", (H,)), eps)
 
-    # -- pieces -------------------------------------------------------------------------
     def prep_fc(self, x: torch.Tensor) -> torch.Tensor:
         """``fc(prep(x))`` for ``x [B, S, A*H]`` (aux concat or ``mask_hidden``)."""
         if self.input_norm is not None:
@@ -122,16 +119,8 @@ class PEagleDrafter(Drafter):
 
     def _entry_pass(self, batch: StepBatch, q_from: int, keys, attention: Attend
                     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Entries ``q_from..`` through every layer → ``(h [B, R - q_from, H] before the
-        final norm, their positions [B, R - q_from])``.
-
-        Args:
-            batch: the step's inputs (every entry: the masks see them all).
-            q_from: the first entry computed (the cached path: the first new one).
-            keys: ``keys(i)`` → layer ``i``'s :data:`~.layers.Keys` (own keys only, or
-                committed through the cache).
-            attention: :func:`~.layers.attend`, :func:`~.layers.attend_grouped` or ONNX's.
-        """
+        """Entries ``q_from..`` through every layer → ``(h [B, R - q_from, H]`` before the final norm,
+        ``positions [B, R - q_from])``; ``keys(i)``: layer ``i``'s :data:`~.layers.Keys`."""
         pos, depth, valid = self.entries(batch)
         new = batch.context_from(q_from)
         B, M = new.block_ids.shape
@@ -167,24 +156,13 @@ class PEagleDrafter(Drafter):
             raise UsageError("P-EAGLE needs at least one context position (T >= 1)")
         return tokens, g
 
-    # -- cached path (specconv.drafters.cache) -------------------------------------------
     @torch.no_grad()
     def forward_cached(self, context_tokens: torch.Tensor, aux_hidden: torch.Tensor,
                        cache: ContextCache, *, temperature: float = 0.0,
                        generator: torch.Generator | None = None) -> BlockOutput:
-        """:meth:`forward_block` through ``cache`` (use a :class:`DraftSession`).
-
-        Context entries attend causally among themselves, so their per-layer keys/values
-        are cached; only entries from the first new (or changed-token) one on, and
-        always the bonus entry ``T-1``, are run through the layers.
-
-        Returns:
-            :class:`BlockOutput` of the rows computed: context entries ``n..T-1`` then
-            the ``K-1`` mask entries; ``draft_slots`` index those rows.
-
-        Raises:
-            UsageError: ``T == 0``.
-        """
+        """:meth:`forward_block` through ``cache``: only entries from the first new (or changed-token)
+        one, and always the bonus entry ``T-1``, run; rows: entries ``n..T-1`` then the ``K-1`` mask
+        entries. UsageError when ``T == 0``."""
         tokens, g = self._check_inputs(context_tokens, aux_hidden)
         T = g.shape[0]
         n = cache.reuse(T, tokens[1:], keep=T - 1)

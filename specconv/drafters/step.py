@@ -1,15 +1,5 @@
-"""One drafting step over the export I/O contract: its inputs, its shape and its result.
-
-Every drafting path runs the drafter's one batched step (:meth:`Drafter.step`) over these
-inputs; their names, shapes, dtypes and meaning are ``docs/engines.md``'s input table ("The
-graph: one drafting step, stateless"), which of them an algorithm takes its description's
-``export`` (``context_ids``, ``block_rows``).
-
-:func:`request_inputs` builds them for one request (batch 1, no padding, no copy of the
-aux states: what ``forward_block`` and the context-cached path run), :func:`batch_inputs`
-for a left-padded batch (the export's example and parity inputs). A runtime that feeds an
-exported graph (ONNX Runtime, TensorRT) needs only a :class:`StepShape`, which
-:meth:`StepShape.from_meta` reads from ``onnx_meta.json``.
+"""One drafting step over the export I/O contract: its inputs, shape and result (the inputs:
+``docs/engines.md``, "The graph: one drafting step, stateless").
 """
 
 from __future__ import annotations
@@ -36,18 +26,8 @@ Pick = Callable[[torch.Tensor, "int | None"], torch.Tensor]
 
 @dataclass(frozen=True)
 class StepShape:
-    """The static shape of one drafting step: what building its inputs needs.
-
-    Attributes:
-        algorithm: ``speculators_model_type`` (its description gives the I/O contract).
-        block_size: ``B`` block slots (P-EAGLE: ``K``, the depths).
-        num_draft_tokens: ``N`` drafts per step.
-        mask_token_id, vocab_size (``Vt``), draft_vocab_size (``Vd``).
-        aux_width: ``A·Ht``, the width of ``aux_hidden``.
-        draft_slots: block rows the drafts come from (block drafters; empty for P-EAGLE,
-            whose draft rows follow the context).
-        dtype: dtype of ``aux_hidden``.
-    """
+    """The static shape of one drafting step: ``block_size`` ``B`` (P-EAGLE: ``K``), ``N`` drafts,
+    ``aux_width`` ``A·Ht``, ``draft_slots`` (empty for P-EAGLE), ``dtype`` of ``aux_hidden``."""
 
     algorithm: str
     block_size: int
@@ -110,17 +90,9 @@ class StepBatch:
 
 @dataclass
 class StepOutput:
-    """What one step computes, per batch row (``R`` rows reached the LM head).
-
-    Attributes:
-        positions: int ``[B, R]`` RoPE position of each row.
-        hidden: ``[B, R, H]`` final-normed hidden state of each row.
-        slot_logits: ``[B, R, Vd]`` ``lm_head`` of each row (no Markov bias).
-        first_row: the drafts come from rows ``first_row .. first_row + N - 1``.
-        draft_logits: ``[B, N, Vd]`` the logits each draft was picked from (DSpark:
-            Markov-biased); draft_ids: ``[B, N]`` the picks (draft vocabulary).
-        confidence_logits: ``[B, N]`` fp32 DSpark confidence-head logits, else None.
-    """
+    """What one step computes (``R`` rows reached the LM head): ``positions`` int ``[B, R]``, ``hidden``
+    ``[B, R, H]``, ``slot_logits`` ``[B, R, Vd]``; drafts from rows ``first_row..+N-1``: ``draft_logits``
+    ``[B, N, Vd]``, ``draft_ids`` ``[B, N]``, ``confidence_logits`` fp32 ``[B, N]`` (DSpark) or None."""
 
     positions: torch.Tensor
     hidden: torch.Tensor
@@ -132,13 +104,8 @@ class StepOutput:
 
 
 def request_inputs(shape: StepShape, context_tokens: torch.Tensor, aux_hidden: torch.Tensor) -> StepBatch:
-    """The step's inputs for one request (batch 1, no padding; ``aux_hidden`` not copied).
-
-    Args:
-        shape: the step's shape.
-        context_tokens: int ``[T+1]``; token ``T`` is the anchor / bonus token.
-        aux_hidden: ``[T, A·Ht]``.
-    """
+    """The step's inputs for one request (batch 1, no padding, ``aux_hidden [T, A·Ht]`` not copied;
+    ``context_tokens`` int ``[T+1]``, token ``T`` the anchor)."""
     T, dev = int(aux_hidden.shape[0]), aux_hidden.device
     S = shape.block_rows
     block = torch.full((1, S), shape.mask_token_id, dtype=torch.int32, device=dev)
@@ -153,19 +120,8 @@ def request_inputs(shape: StepShape, context_tokens: torch.Tensor, aux_hidden: t
 
 def batch_inputs(shape: StepShape, requests: list[tuple[torch.Tensor, torch.Tensor]], *,
                  sampling_noise: bool = False, pad_to: int | None = None) -> tuple[torch.Tensor, ...]:
-    """The step's inputs for a batch of requests, left-padded to a common context length.
-
-    Args:
-        shape: the step's shape (``dtype`` is the dtype of ``aux_hidden``).
-        requests: per request ``(context_tokens [T+1] int, aux_hidden [T, A·Ht])`` in the
-            :meth:`~specconv.drafters.Drafter.propose` convention.
-        sampling_noise: append a zero ``sampling_noise`` ``[B, N, Vd]`` input (greedy).
-        pad_to: context length ``C`` (default: the longest request).
-
-    Returns:
-        Tensors in :meth:`StepShape.input_names` order; padding is 0 (ids, positions,
-        features) and False (``ctx_valid``).
-    """
+    """Inputs (:meth:`StepShape.input_names` order) of ``[(context_tokens [T+1], aux_hidden [T, A·Ht])]``,
+    left-padded with 0 / False to ``pad_to`` (default: the longest); ``sampling_noise``: append zeros."""
     rows = [request_inputs(shape, tok.reshape(-1), aux.to(shape.dtype)) for tok, aux in requests]
     C = pad_to or max(int(aux.shape[0]) for _, aux in requests)
     out = []
@@ -193,8 +149,7 @@ def noise_pick(noise: torch.Tensor | None) -> Pick:
 
 
 def sample_pick(temperature: float, generator: torch.Generator | None) -> Pick:
-    """The reference pick: argmax at ``temperature <= 0``, else a draw from
-    ``softmax(logits / temperature)`` (:func:`~specconv.drafters.layers.sample_rows`)."""
+    """The reference pick (:func:`~specconv.drafters.layers.sample_rows`)."""
 
     def pick(logits: torch.Tensor, slot: int | None) -> torch.Tensor:
         flat = logits.reshape(-1, logits.shape[-1])

@@ -1,8 +1,6 @@
-"""The Speculators target format: typed configs, target facts, expected tensors,
-findings and the servability lint (which module owns what: docs/architecture.md, "Rooms").
+"""The Speculators target format: typed configs, target facts, expected tensors, findings and the lint.
 
-The names below are loaded on first use (PEP 562), so importing :mod:`.names` or :mod:`.facts`
-alone costs no pydantic; the package imports only pydantic and the standard library, never torch.
+Names load on first use (PEP 562): :mod:`.names` or :mod:`.facts` alone cost no pydantic; never torch.
 """
 
 from __future__ import annotations
@@ -57,51 +55,7 @@ _EXPORTS: dict[str, str] = {
     "speculators_model_type_of": "schema",
 }
 
-__all__ = [
-    "ALGORITHMS",
-    "CODES",
-    "LINT_RULES",
-    "SPECULATORS_VERSION",
-    "Algorithm",
-    "BlockDraftConfig",
-    "CodeInfo",
-    "DFlashConfig",
-    "DSparkConfig",
-    "Finding",
-    "GreedyProposal",
-    "Level",
-    "PEagleConfig",
-    "SpeculatorsDraftConfig",
-    "SpeculatorsSection",
-    "TensorSpec",
-    "VerifierFacts",
-    "VerifierRef",
-    "algorithm",
-    "config_class",
-    "config_to_dict",
-    "dump_config",
-    "expected_speculative_tokens",
-    "expected_tensors",
-    "find_algorithm",
-    "finding",
-    "has_errors",
-    "is_hub_repo_id",
-    "legacy_sample_from_anchor",
-    "lint",
-    "lint_dir",
-    "load_config",
-    "make_config",
-    "parse_config",
-    "read_added_special_tokens",
-    "read_config",
-    "resolve_layer_types",
-    "rope_theta_of",
-    "sort_findings",
-    "speculative_tokens_for",
-    "speculators_default",
-    "speculators_model_type_of",
-    "speculators_envelope",
-]
+__all__ = sorted(_EXPORTS)
 
 
 def __getattr__(name: str) -> Any:

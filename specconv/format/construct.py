@@ -37,36 +37,15 @@ def _fields(layer_config: Mapping[str, Any], fields: Mapping[str, Any], algorith
     return data
 
 
-def make_config(
-    algorithm: str,
-    *,
-    transformer_layer_config: Mapping[str, Any],
-    verifier_name_or_path: str | None = None,
-    verifier_architectures: list[str] | tuple[str, ...] | None = None,
-    speculative_tokens: int | None = None,
-    **fields: Any,
-) -> SpeculatorsDraftConfig:
-    """Build a config for ``algorithm`` with the speculators defaults filled in.
+def make_config(algorithm: str, *, transformer_layer_config: Mapping[str, Any],
+                verifier_name_or_path: str | None = None,
+                verifier_architectures: list[str] | tuple[str, ...] | None = None,
+                speculative_tokens: int | None = None, **fields: Any) -> SpeculatorsDraftConfig:
+    """A validated config for ``algorithm`` with the speculators defaults filled in, every field explicit.
 
-    ``draft_vocab_size`` defaults to ``transformer_layer_config["vocab_size"]`` (no
-    pruning); ``architectures`` to the description's ``[architecture]``; ``speculators_config``
-    is built from the ``verifier_*`` arguments and ``speculative_tokens`` (default for
-    DFlash/DSpark: the K rule :func:`specconv.format.facts.speculative_tokens_for`) unless
-    passed in ``fields``. All fields count as explicitly set (they are all written by
-    :func:`specconv.format.dump_config`).
-
-    Args:
-        algorithm: ``"peagle"``, ``"dflash"`` or ``"dspark"``.
-        transformer_layer_config: draft decoder config dict.
-        verifier_name_or_path: Hub repo id of the verifier (recorded as
-            ``speculators_config.verifier.name_or_path``).
-        verifier_architectures: the verifier's ``architectures``.
-        speculative_tokens: K; required for P-EAGLE (≤ trained depths).
-        **fields: any other top-level key (e.g. ``mask_token_id``, ``block_size``,
-            ``aux_hidden_state_layer_ids``, ``dtype``); unknown keys are kept as extras.
-
-    Returns:
-        The validated config.
+    ``draft_vocab_size`` defaults to the layer ``vocab_size``; ``speculators_config`` is built from the
+    ``verifier_*`` arguments and ``speculative_tokens`` (DFlash/DSpark default: the K rule) unless in
+    ``fields`` (other top-level keys; unknown ones kept as extras).
 
     Raises:
         InvalidInputError: a value is invalid, or P-EAGLE without ``speculative_tokens``.
@@ -81,9 +60,7 @@ def make_config(
         cfg = cls.model_validate(data)
     except ValidationError as err:
         text, key = validation_message(err)
-        raise InvalidInputError(
-            f"make_config({algorithm}): {text}", hint=f"fix key {key!r}" if key else None
-        ) from None
+        raise InvalidInputError(f"make_config({algorithm}): {text}", hint=f"fix key {key!r}" if key else None) from None
     # everything is written by dump_config, so nothing is "implicit"
     object.__setattr__(cfg, "__pydantic_fields_set__", set(type(cfg).model_fields))
     return cfg

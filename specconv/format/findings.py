@@ -1,10 +1,4 @@
-"""Findings and the one finding-code registry.
-
-Every finding specconv reports — converter findings in a conversion report, lint findings
-of ``convert`` / ``inspect`` / ``validate`` — carries a kebab-case ``code`` that is listed
-in :data:`CODES` with its level and a one-line description. ``docs/cli.md`` ("Finding
-codes") explains the naming and lists renamed codes.
-"""
+"""Findings and the one finding-code registry :data:`CODES` (``docs/cli.md``, "Finding codes")."""
 
 from __future__ import annotations
 
@@ -12,19 +6,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, Literal, NamedTuple
 
-__all__ = [
-    "CODES",
-    "CONVERT_FLAGS",
-    "LEVEL_ORDER",
-    "LINT_RULES",
-    "CodeInfo",
-    "Finding",
-    "Level",
-    "codes_markdown",
-    "finding",
-    "has_errors",
-    "sort_findings",
-]
+__all__ = ["CODES", "CONVERT_FLAGS", "LEVEL_ORDER", "LINT_RULES", "CodeInfo", "Finding", "Level", "codes_markdown",
+           "finding", "has_errors", "sort_findings"]
 
 Level = Literal["error", "warning", "info"]
 
@@ -33,15 +16,8 @@ LEVEL_ORDER: dict[str, int] = {"error": 0, "warning": 1, "info": 2}
 
 
 class CodeInfo(NamedTuple):
-    """Registry entry of one finding code.
-
-    Attributes:
-        level: the level every finding with this code has.
-        doc: one-line description.
-        origin: ``"lint"`` (the servability lint), ``"dir"`` (directory checks of
-            :func:`specconv.format.lint_dir`), ``"converter"`` or ``"validate"`` (what a
-            serving engine did in ``validate``).
-    """
+    """Registry entry of one finding code; ``origin``: ``lint``, ``dir`` (:func:`specconv.format.lint_dir`),
+    ``converter`` or ``validate`` (what a serving engine did)."""
 
     level: Level
     doc: str

@@ -1,14 +1,8 @@
-"""Typed Speculators ``config.json`` models (P-EAGLE, DFlash, DSpark) and their reader.
+"""Typed Speculators ``config.json`` models (P-EAGLE, DFlash, DSpark): the only parser of one.
 
-This is the only parser of a Speculators ``config.json`` in specconv
-(:func:`read_config`, :func:`load_config`, :func:`parse_config`). It imports only pydantic
-and the standard library, and builds each pydantic schema on first use
-(``defer_build``), so ``specconv --help`` and ``specconv convert`` start fast.
-
-Format facts: speculators 0.9.0 ``src/speculators/config.py`` and
-``src/speculators/models/{peagle,dflash,dspark}/config.py``; vLLM 0.33
-``vllm/transformers_utils/configs/speculators/algos.py`` (what vLLM reads);
-``docs/formats.md`` for the user-facing summary.
+Schemas build on first use (``defer_build``) so the CLI starts fast. Facts: speculators 0.9.0
+``src/speculators/config.py``, ``src/speculators/models/{peagle,dflash,dspark}/config.py``;
+vLLM 0.33 ``vllm/transformers_utils/configs/speculators/algos.py``.
 """
 
 from __future__ import annotations
@@ -21,7 +15,7 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, model_serializer, model_validator
 
-from ..errors import InvalidInputError, UnsupportedFormatError
+from ..errors import InvalidInputError
 from .algorithms import algorithm as describe
 from ..fileio import read_json_object
 from ..values import is_int
@@ -77,14 +71,10 @@ class _Model(BaseModel):
 
 
 class GreedyProposal(_Model):
-    """One entry of ``speculators_config.proposal_methods`` (speculators
-    ``src/speculators/proposals/greedy.py``).
+    """One ``proposal_methods`` entry (speculators ``src/speculators/proposals/greedy.py``).
 
-    vLLM reads only ``proposal_methods[0].speculative_tokens`` (→
-    ``num_speculative_tokens``). Bounds are not enforced here so that the lint can report
-    them; speculators itself requires ``speculative_tokens >= 1``,
-    ``verifier_accept_k >= 1`` and ``accept_tolerance >= 0``.
-    """
+    vLLM reads only ``[0].speculative_tokens``. Bounds (speculators: tokens, accept_k >= 1,
+    tolerance >= 0) are left to the lint."""
 
     proposal_type: Literal["greedy"] = "greedy"
     speculative_tokens: int = 5
@@ -93,11 +83,8 @@ class GreedyProposal(_Model):
 
 
 class VerifierRef(_Model):
-    """``speculators_config.verifier``: the verifier the draft was trained against.
-
-    ``name_or_path`` should be a Hub repo id (vLLM 0.33 ``vllm serve <dir>`` rejects local
-    paths; ``docs/formats.md``); ``architectures`` is copied from the verifier's config.json.
-    """
+    """``speculators_config.verifier``: ``name_or_path`` should be a Hub repo id (vLLM 0.33
+    rejects local paths); ``architectures`` copied from the verifier's config.json."""
 
     name_or_path: str | None
     architectures: list[str]
@@ -134,11 +121,7 @@ def _check_positive_ints(prefix: str, value: Mapping[str, Any]) -> None:
 
 
 def _check_layer_config(value: Any) -> Any:
-    """Validate the keys of ``transformer_layer_config`` that the lint and vLLM rely on.
-
-    Raises:
-        ValueError: naming the full dotted key that is missing or has the wrong type.
-    """
+    """Check the ``transformer_layer_config`` keys the lint and vLLM rely on; ValueError names the dotted key."""
     if isinstance(value, TransformerLayerConfig):
         return value
     if not isinstance(value, Mapping):
@@ -168,28 +151,11 @@ def _check_layer_config(value: Any) -> Any:
 class TransformerLayerConfig(_Model):
     """``transformer_layer_config``: the HF decoder config of the draft layers, typed.
 
-    The fields are the keys the drafters, the lint and vLLM read, with the defaults of the
-    format (transformers' Qwen3 / Llama config classes, which speculators and vLLM build
-    from this dict). Unknown keys are kept (``model_extra``), and the object serialises to
-    exactly the mapping it was read from (:meth:`written`), so ``config.json`` round-trips
-    byte for byte. The attention layout as speculators and vLLM build it is
-    :attr:`resolved_layer_types` / :attr:`window` / :meth:`layer_window` (the transformers
-    rules of :func:`resolve_layer_types` and :func:`effective_window`); the rope table's
-    parameters are :meth:`rope`.
-
-    Attributes:
-        model_type: ``llama`` | ``qwen3`` (vLLM builds these; the lint says which fits).
-        vocab_size: the target vocabulary ``Vt``. hidden_size: ``H``.
-        intermediate_size, num_hidden_layers, num_attention_heads, num_key_value_heads,
-        head_dim: the layer shapes (positive integers, all required).
-        rms_norm_eps: RMSNorm epsilon (required).
-        hidden_act: MLP activation (transformers' default ``silu``).
-        attention_bias, mlp_bias: q/k/v/o and MLP biases (default false).
-        layer_types: per-layer ``full_attention`` / ``sliding_attention`` as written (None:
-            absent; :attr:`resolved_layer_types` applies the default rule).
-        sliding_window: as written (None: absent or null; :attr:`window` is what layers use).
-        rope_theta, rope_parameters, rope_scaling, partial_rotary_factor: rope keys as
-            written (:meth:`rope` merges them).
+    Defaults are transformers' Qwen3 / Llama config classes'; ``model_type`` is ``llama`` |
+    ``qwen3``; ``vocab_size`` is ``Vt``. Unknown keys are kept and the object serialises to
+    exactly the mapping it was read from (:meth:`written`), so ``config.json`` round-trips.
+    Fields hold values as written (None: absent); :attr:`resolved_layer_types`, :attr:`window`
+    and :meth:`rope` give what speculators / vLLM build.
     """
 
     model_config = ConfigDict(extra="allow", frozen=True, defer_build=True)
@@ -266,14 +232,7 @@ class TransformerLayerConfig(_Model):
 
 
 def rope_theta_of(layer_cfg: Mapping[str, Any]) -> float | None:
-    """Return the explicit rope θ (``rope_parameters.rope_theta`` or ``rope_theta``).
-
-    Args:
-        layer_cfg: a ``transformer_layer_config`` (or HF config) mapping.
-
-    Returns:
-        θ as a float, or ``None`` when neither key holds a positive number.
-    """
+    """The explicit rope θ (``rope_parameters.rope_theta`` or ``rope_theta``) as a float; None if neither is > 0."""
     for src in (layer_cfg.get("rope_parameters"), layer_cfg):
         if isinstance(src, Mapping):
             t = src.get("rope_theta")
@@ -285,25 +244,10 @@ def rope_theta_of(layer_cfg: Mapping[str, Any]) -> float | None:
 class SpeculatorsDraftConfig(_Model):
     """Common envelope of a Speculators ``config.json`` (speculators ``src/speculators/config.py``).
 
-    Subclasses add the per-algorithm keys. Unknown keys are preserved in ``model_extra``
-    and written back by :func:`dump_config` (except a top-level ``model_type`` or
-    ``auto_map``, which are never written).
-
-    Attributes:
-        speculators_model_type: ``"peagle"`` | ``"dflash"`` | ``"dspark"``; the
-            discriminator speculators and vLLM switch on.
-        speculators_version: informational; never validated by speculators or vLLM.
-        architectures: the draft model class (the description's ``architecture``).
-        dtype: float dtype of the tensors on disk (e.g. ``"bfloat16"``); informational.
-        tie_word_embeddings: always ``False`` in speculators drafts.
-        draft_vocab_size: ``Vd``; equal to ``transformer_layer_config.vocab_size`` (Vt)
-            means no vocabulary pruning.
-        target_hidden_size: vLLM-only fc input hint; keep ``None``.
-        mask_token_id: target-vocab id fed to the masked slots; required by vLLM for all
-            three algorithms.
-        transformer_layer_config: HF decoder config dict of the draft layers, containing
-            ``model_type`` and an explicit rope θ.
-        speculators_config: algorithm, proposal methods and verifier reference.
+    Unknown keys are kept and written back (never a top-level ``model_type`` / ``auto_map``).
+    ``speculators_version`` and ``dtype`` are informational; ``tie_word_embeddings`` is always
+    false; ``draft_vocab_size`` (Vd) == Vt means no pruning; ``target_hidden_size`` is a
+    vLLM-only fc hint (keep None); ``mask_token_id`` is required by vLLM for all three.
     """
 
     algorithm: ClassVar[str] = ""
@@ -325,8 +269,6 @@ class SpeculatorsDraftConfig(_Model):
         if isinstance(data, dict) and "architectures" not in data and cls.algorithm:
             data = {**data, "architectures": [describe(cls.algorithm).architecture]}
         return data
-
-    # ---- convenience views (not fields; never serialized) -------------------------
 
     @property
     def vocab_size(self) -> int:
@@ -363,8 +305,7 @@ class SpeculatorsDraftConfig(_Model):
 
     @property
     def aux_layer_ids(self) -> list[int] | None:
-        """Aux hidden-state layer ids in the speculators/vLLM capture convention
-        (id ``ℓ`` = the verifier's residual stream after ``ℓ`` decoder layers)."""
+        """Aux layer ids (id ``ℓ`` = the verifier's residual stream after ``ℓ`` decoder layers)."""
         raise NotImplementedError
 
     @property
@@ -375,18 +316,12 @@ class SpeculatorsDraftConfig(_Model):
 
 
 class PEagleConfig(SpeculatorsDraftConfig):
-    """P-EAGLE draft config (speculators ``src/speculators/models/peagle/config.py``, a
-    subclass of the EAGLE-3 config).
+    """P-EAGLE draft config (speculators ``src/speculators/models/peagle/config.py``, EAGLE-3's subclass).
 
-    Attributes:
-        eagle_aux_hidden_state_layer_ids: aux ids; ``None`` means 3 aux inputs resolved
-            from the verifier as ``[2, n//2, n-3]`` — write them explicitly.
-        norm_before_residual: first layer uses the normalised fc feature as residual
-            (config default false, trainer default true; vLLM default false).
-        norm_before_fc: RMSNorm over the ``A·H`` concat before ``fc`` (``input_norm``).
-        fc_norm: per-chunk RMSNorm before ``fc``; not forwarded by vLLM.
-        norm_output: EAGLE-3.1 option, unused by P-EAGLE.
-        embed_requires_grad: training-only (P-EAGLE trains its embeddings).
+    Aux ids ``None`` mean 3 resolved from the verifier as ``[2, n//2, n-3]``.
+    ``norm_before_residual``: trainer default true, config and vLLM default false.
+    ``norm_before_fc``: RMSNorm over the ``A·H`` concat (``input_norm``); ``fc_norm`` is not
+    forwarded by vLLM; ``norm_output`` is unused by P-EAGLE; ``embed_requires_grad`` training-only.
     """
 
     algorithm: ClassVar[str] = "peagle"
@@ -410,22 +345,12 @@ class PEagleConfig(SpeculatorsDraftConfig):
 
 
 class BlockDraftConfig(SpeculatorsDraftConfig):
-    """Keys shared by the block drafters DFlash and DSpark (speculators
-    ``src/speculators/models/dflash/config.py``).
+    """Keys shared by DFlash and DSpark (speculators ``src/speculators/models/dflash/config.py``).
 
-    A file without ``sample_from_anchor`` is read with the documented legacy rule
-    (:func:`specconv.format.facts.legacy_sample_from_anchor`): ``K == B - 1`` → false,
-    ``K == B`` → true; the key still counts as absent (``model_fields_set``) and
-    :attr:`sample_from_anchor_from_legacy` says the rule was applied. When K decides
-    nothing the class default stays and the lint reports the mismatch.
-
-    Attributes:
-        aux_hidden_state_layer_ids: aux ids; effectively required.
-        block_size: ``B`` query slots per drafting pass, anchor included.
-        sample_from_anchor: false → slot 0 is the bonus token, ``B-1`` drafts;
-            true → all ``B`` slots predict.
-        sliding_window_non_causal: speculators: SWA layers are bidirectional inside the
-            block; vLLM >= 0.27 (DFlash only): ``causal = not flag`` for *every* layer.
+    A missing ``sample_from_anchor`` is told by the legacy rule (K == B-1 → false, K == B →
+    true) yet still counts as absent (``model_fields_set``); else the class default stays.
+    ``sliding_window_non_causal``: speculators makes SWA layers bidirectional in the block;
+    vLLM >= 0.27 (DFlash only) sets ``causal = not flag`` for every layer.
     """
 
     aux_hidden_state_layer_ids: list[int] | None = None
@@ -466,15 +391,10 @@ class DFlashConfig(BlockDraftConfig):
 class DSparkConfig(BlockDraftConfig):
     """DSpark draft config (speculators ``src/speculators/models/dspark/config.py``).
 
-    Attributes:
-        sample_from_anchor: default **true** here (DeepSpec convention) but vLLM's
-            updater defaults to false when absent — always written.
-        markov_rank: ``r``; 0 disables the Markov head in speculators (vLLM always
-            builds it).
-        markov_head_type: ``"vanilla"`` | ``"gated"`` | ``"rnn"``; vLLM: vanilla only.
-        enable_confidence_head: per-position acceptance-probability head.
-        confidence_head_with_markov: confidence input ``cat(out, markov_w1[prev])``;
-            requires ``markov_rank > 0``.
+    ``sample_from_anchor`` defaults true here but false in vLLM's updater: always written.
+    ``markov_rank`` 0 disables the Markov head in speculators (vLLM always builds it); vLLM
+    supports only ``vanilla`` heads; ``confidence_head_with_markov`` (input
+    ``cat(out, markov_w1[prev])``) requires ``markov_rank > 0``.
     """
 
     algorithm: ClassVar[str] = "dspark"
@@ -488,31 +408,14 @@ class DSparkConfig(BlockDraftConfig):
 
 
 def config_class(algorithm: str) -> type[SpeculatorsDraftConfig]:
-    """Return the config class for ``algorithm`` (its description's ``config_class``).
-
-    Raises:
-        UnsupportedFormatError: for any other ``speculators_model_type``.
-    """
+    """The config class of ``algorithm``; UnsupportedFormatError for another one."""
     return describe(algorithm).config_type()
 
 
 def speculators_default(algorithm: str, key: str) -> Any:
-    """The value speculators 0.9.0 reads for ``key`` when a config file of ``algorithm``
-    omits it: the typed classes here carry speculators' own field defaults, e.g.
-    ``sample_from_anchor`` false for DFlash (``src/speculators/models/dflash/config.py``)
-    and true for DSpark (``src/speculators/models/dspark/config.py``).
+    """The value speculators 0.9.0 reads for an omitted top-level ``key`` (the class default).
 
-    Args:
-        algorithm: ``speculators_model_type``.
-        key: a top-level config key.
-
-    Returns:
-        The class default (any JSON value).
-
-    Raises:
-        KeyError: ``key`` is no field of the algorithm's config class (a programming error).
-        UnsupportedFormatError: unknown algorithm.
-    """
+    Raises KeyError (no such field) or UnsupportedFormatError (unknown algorithm)."""
     field = config_class(algorithm).model_fields.get(key)
     if field is None:
         raise KeyError(f"{key!r} is not a field of the {algorithm} config")
@@ -520,38 +423,17 @@ def speculators_default(algorithm: str, key: str) -> Any:
 
 
 def expected_speculative_tokens(cfg: SpeculatorsDraftConfig) -> int | None:
-    """Number of drafts per pass the trained layout produces (the K rule,
-    :func:`specconv.format.facts.speculative_tokens_for`).
-
-    DFlash and DSpark: ``B`` when ``sample_from_anchor`` else ``B-1``. P-EAGLE: ``None``
-    — K must not exceed the number of depths trained, which the config does not record.
-
-    Args:
-        cfg: a loaded or constructed config.
-
-    Returns:
-        The expected ``speculative_tokens``, or ``None`` when it cannot be derived.
-    """
+    """Drafts per pass of the trained layout: ``B`` or ``B-1`` for block drafters; None for
+    P-EAGLE (the trained depth count is not recorded)."""
     if isinstance(cfg, BlockDraftConfig):
         return speculative_tokens_for(cfg.block_size, cfg.sample_from_anchor)
     return None
 
 
 def resolve_layer_types(layer_cfg: Mapping[str, Any]) -> list[str]:
-    """Per-layer attention kinds of the draft as speculators and vLLM will build them.
-
-    ``layer_types`` when present; otherwise transformers' Qwen3Config rule
-    (``sliding_attention`` for layers ``i >= max_window_layers`` when
-    ``use_sliding_window`` and ``sliding_window`` are set), all ``full_attention`` for
-    other model types.
-
-    Args:
-        layer_cfg: the ``transformer_layer_config`` dict.
-
-    Returns:
-        A list of ``"full_attention"`` / ``"sliding_attention"`` (other strings are
-        passed through unchanged) of length ``num_hidden_layers`` when derived.
-    """
+    """Per-layer attention kinds as speculators / vLLM build them: ``layer_types`` when present,
+    else transformers' Qwen3Config rule (sliding for ``i >= max_window_layers`` when a window is
+    in effect), else all ``full_attention``."""
     lt = layer_cfg.get("layer_types")
     if isinstance(lt, list):
         return list(lt)
@@ -572,11 +454,6 @@ def effective_window(layer_cfg: Mapping[str, Any]) -> int | None:
             return None
         return layer_cfg.get("sliding_window", 4096)
     return layer_cfg.get("sliding_window")
-
-
-# ----------------------------------------------------------------------------------
-# Reading and writing
-# ----------------------------------------------------------------------------------
 
 
 def _one_error(e: Mapping[str, Any]) -> tuple[str, str | None]:
@@ -609,20 +486,10 @@ def validation_message(err: ValidationError, limit: int = 8) -> tuple[str, str |
 
 
 def parse_config(data: Mapping[str, Any], *, source: str = "config.json") -> SpeculatorsDraftConfig:
-    """Validate a parsed ``config.json`` mapping into the right config class.
-
-    Types are checked strictly (JSON types: ``8`` is not ``"8"``, ``0`` is not ``false``).
-
-    Args:
-        data: the decoded JSON object.
-        source: file name used in error messages.
-
-    Returns:
-        A :class:`PEagleConfig`, :class:`DFlashConfig` or :class:`DSparkConfig`.
+    """Validate a decoded ``config.json`` strictly (``8`` is not ``"8"``) into its config class.
 
     Raises:
-        InvalidInputError: a key is missing or invalid; the message names the dotted key
-            and ``source``.
+        InvalidInputError: a key is missing or invalid (names the dotted key and ``source``).
         UnsupportedFormatError: ``speculators_model_type`` is not one of the algorithms.
     """
     if not isinstance(data, Mapping):
@@ -651,17 +518,9 @@ def _config_path(path: str | os.PathLike[str]) -> Path:
 
 
 def read_config(path: str | os.PathLike[str]) -> dict[str, Any]:
-    """Read the JSON object of a Speculators ``config.json`` (no schema check).
+    """The raw JSON object of ``path`` (a draft dir or its ``config.json``), no schema check.
 
-    Use :func:`load_config` for the typed config; this is for callers that need the raw
-    object too (e.g. to hash it or show it).
-
-    Args:
-        path: draft directory containing ``config.json``, or the JSON file.
-
-    Raises:
-        InvalidInputError: the file is missing, is not JSON, or is not a JSON object.
-    """
+    Raises InvalidInputError: missing, not JSON, or not an object."""
     cfg_path = _config_path(path)
     if not cfg_path.is_file():
         raise InvalidInputError(f"{cfg_path}: config.json not found")
@@ -670,19 +529,8 @@ def read_config(path: str | os.PathLike[str]) -> dict[str, Any]:
 
 
 def speculators_model_type_of(path: str | os.PathLike[str]) -> str | None:
-    """``speculators_model_type`` of a directory's ``config.json``, without a schema check.
-
-    For callers that must tell a Speculators directory from a source checkpoint before
-    choosing what to do with it (validate a drafter dir, or convert a source first).
-
-    Args:
-        path: a directory containing ``config.json``, or the JSON file.
-
-    Returns:
-        The value when ``config.json`` is a JSON object with a string
-        ``speculators_model_type`` (any algorithm, supported or not); ``None`` when the
-        file is absent, unreadable, not an object, or has no such key.
-    """
+    """The string ``speculators_model_type`` of ``path``'s config (any algorithm), without a schema
+    check; None when the file is absent, unreadable, not an object, or lacks it."""
     try:
         data = read_config(path)
     except InvalidInputError:
@@ -692,28 +540,14 @@ def speculators_model_type_of(path: str | os.PathLike[str]) -> str | None:
 
 
 def load_config(path: str | os.PathLike[str]) -> SpeculatorsDraftConfig:
-    """Read a Speculators ``config.json`` (a directory or the file itself).
-
-    Args:
-        path: draft directory containing ``config.json``, or the JSON file.
-
-    Returns:
-        The typed config (see :func:`parse_config`).
-
-    Raises:
-        InvalidInputError: the file is missing, is not JSON, or a key is missing or
-            invalid (the message names the key and the file).
-        UnsupportedFormatError: another ``speculators_model_type``.
-    """
+    """The typed config of ``path`` (a draft dir or its ``config.json``); raises as :func:`parse_config`
+    and :func:`read_config`."""
     return parse_config(read_config(path), source=str(_config_path(path)))
 
 
 def config_to_dict(cfg: SpeculatorsDraftConfig) -> dict[str, Any]:
-    """Plain-JSON dict of ``cfg`` with every field written explicitly.
-
-    Extra (legacy) keys are kept; a top-level ``model_type`` and ``auto_map`` are dropped
-    (a top-level ``model_type`` breaks vLLM's speculators detection).
-    """
+    """Plain-JSON dict of ``cfg``, every field explicit, extra keys kept; no top-level ``model_type``
+    (it breaks vLLM's speculators detection) or ``auto_map``."""
     d = cfg.model_dump(mode="json")
     for key in NEVER_WRITTEN:
         d.pop(key, None)
@@ -721,15 +555,7 @@ def config_to_dict(cfg: SpeculatorsDraftConfig) -> dict[str, Any]:
 
 
 def dump_config(cfg: SpeculatorsDraftConfig) -> bytes:
-    """Deterministic ``config.json`` bytes: sorted keys, indent 2, trailing newline, UTF-8.
-
-    Every meaning-bearing key (``mask_token_id``, ``block_size``, ``sample_from_anchor``,
-    ``sliding_window_non_causal``, aux ids, ``norm_before_residual``,
-    ``draft_vocab_size``, rope θ, ``speculative_tokens`` ...) is written explicitly;
-    never a top-level ``model_type`` or ``auto_map``.
-
-    Raises:
-        ValueError: a value is not representable in strict JSON (NaN/inf).
-    """
+    """Deterministic ``config.json`` bytes (sorted keys, indent 2, trailing newline, UTF-8), every
+    field explicit; ValueError on NaN/inf."""
     text = json.dumps(config_to_dict(cfg), sort_keys=True, indent=2, allow_nan=False)
     return (text + "\n").encode("utf-8")

@@ -19,17 +19,8 @@ __all__ = ["TensorSpec", "expected_tensors"]
 
 @dataclass(frozen=True)
 class TensorSpec:
-    """An expected tensor of a Speculators draft.
-
-    Attributes:
-        name: safetensors key (no ``model.`` prefix).
-        shape: expected shape.
-        kind: ``"float"`` (any float dtype), ``"I64"`` or ``"BOOL"``.
-        need: ``"required"`` (error if absent), ``"recommended"`` (warning) or
-            ``"optional"``.
-        missing_code: finding code used when a required/recommended tensor is absent.
-        why: short reason quoted in the finding.
-    """
+    """An expected tensor: ``kind`` ``float`` (any float dtype) | ``I64`` | ``BOOL``; ``need`` ``required``
+    (error if absent) | ``recommended`` (warning) | ``optional``; ``why`` is quoted in the finding."""
 
     name: str
     shape: tuple[int, ...]
@@ -128,17 +119,8 @@ def _add_dspark_heads(out: _Specs, cfg: DSparkConfig) -> None:
 
 
 def expected_tensors(cfg: SpeculatorsDraftConfig) -> dict[str, TensorSpec]:
-    """Tensors a servable draft for ``cfg`` holds, with shapes.
-
-    DFlash/DSpark without aux ids get no ``fc.weight`` entry (its width is unknown).
-
-    Args:
-        cfg: the draft config.
-
-    Returns:
-        Mapping tensor name → :class:`TensorSpec` (insertion-ordered): ``fc``, final norm,
-        the decoder layers, then the algorithm's heads and vocabulary maps.
-    """
+    """Name → :class:`TensorSpec` a servable draft for ``cfg`` holds, in order: ``fc`` (absent without aux
+    ids), final norm, the layers, the heads and vocabulary maps."""
     out = _Specs()
     H, A = cfg.hidden_size, cfg.num_aux
     if A:

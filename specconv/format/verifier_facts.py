@@ -1,10 +1,5 @@
-"""What the lint needs to know about the verifier (:class:`VerifierFacts`).
-
-The special-token facts come from the verifier's ``config.json`` (``bos``/``eos``/``pad``
-ids, ``eos`` possibly a list) and, when the verifier directory has them, from the added
-special tokens of ``tokenizer_config.json`` (``added_tokens_decoder``) and
-``tokenizer.json`` (``added_tokens``) as transformers writes them (transformers
-``tokenization_utils_base.py``).
+"""What the lint needs to know about the verifier (:class:`VerifierFacts`); added special tokens as
+transformers writes them (``tokenization_utils_base.py``).
 """
 
 from __future__ import annotations
@@ -90,19 +85,8 @@ def _added_from_tokenizer(data: Any) -> dict[int, str]:
 
 
 def read_added_special_tokens(verifier_dir: str | os.PathLike[str] | None) -> dict[int, str]:
-    """Added special tokens of a verifier directory: id → token text.
-
-    Reads ``tokenizer_config.json`` (``added_tokens_decoder`` entries with
-    ``"special": true``) and ``tokenizer.json`` (``added_tokens`` with
-    ``"special": true``); a missing or unreadable file contributes nothing.
-
-    Args:
-        verifier_dir: the verifier's local directory (a Hub snapshot for Hub ids), or
-            ``None``.
-
-    Returns:
-        Mapping token id → content (e.g. ``{0: "<|endoftext|>", 1: "<|im_start|>"}``).
-    """
+    """Id → text of the ``"special": true`` added tokens of ``tokenizer.json`` and ``tokenizer_config.json``
+    (a missing or unreadable file contributes nothing)."""
     if verifier_dir is None:
         return {}
     d = Path(verifier_dir)
@@ -113,22 +97,8 @@ def read_added_special_tokens(verifier_dir: str | os.PathLike[str] | None) -> di
 
 @dataclass
 class VerifierFacts:
-    """What the lint needs to know about the verifier.
-
-    Attributes:
-        num_hidden_layers: verifier decoder layers ``n`` (aux ids must lie in ``[0, n]``).
-        hidden_size: verifier ``H`` (must equal the draft's).
-        vocab_size: verifier vocabulary ``Vt``.
-        architectures: the verifier's ``architectures``.
-        bos_token_id, eos_token_id, pad_token_id: special ids (``eos`` may be a list);
-            ``None`` when unknown.
-        name_or_path: the id/path the verifier was resolved from.
-        is_local_path: True when ``name_or_path`` is a local directory (not a Hub id).
-        added_special_tokens: id → text of the tokenizer's added special tokens (see
-            :func:`read_added_special_tokens`); empty when the files are absent.
-        embedding_rows: rows of the verifier's embedding when they are known (local
-            verifiers); a draft whose vocab equals them matches a padded verifier.
-    """
+    """What the lint needs to know about the verifier (``eos_token_id`` may be a list; ``embedding_rows``:
+    known for local verifiers, a draft vocab equal to them matches a padded verifier)."""
 
     num_hidden_layers: int
     hidden_size: int
@@ -144,25 +114,15 @@ class VerifierFacts:
 
     @classmethod
     def from_verifier(cls, verifier: VerifierView, *, is_local_path: bool) -> VerifierFacts:
-        """Build facts from a resolved :class:`specconv.verifier.Verifier`.
-
-        Special ids are read whole from its (unwrapped, then raw) config, so an ``eos``
-        list keeps every id; the added special tokens come from its local directory.
-        """
+        """Facts of a resolved Verifier (special ids whole from its unwrapped, then raw, config)."""
         def pick(key: str) -> Any:
             return verifier.config.get(key, verifier.raw_config.get(key))
 
-        return cls(
-            num_hidden_layers=verifier.num_hidden_layers,
-            hidden_size=verifier.hidden_size,
-            vocab_size=verifier.vocab_size,
-            architectures=verifier.architectures,
-            **{k: pick(k) for k in _SPECIAL_KEYS},
-            name_or_path=verifier.name_or_path,
-            is_local_path=is_local_path,
-            added_special_tokens=read_added_special_tokens(verifier.local_dir),
-            embedding_rows=_local_embedding_rows(verifier),
-        )
+        return cls(num_hidden_layers=verifier.num_hidden_layers, hidden_size=verifier.hidden_size,
+                   vocab_size=verifier.vocab_size, architectures=verifier.architectures,
+                   **{k: pick(k) for k in _SPECIAL_KEYS}, name_or_path=verifier.name_or_path,
+                   is_local_path=is_local_path, added_special_tokens=read_added_special_tokens(verifier.local_dir),
+                   embedding_rows=_local_embedding_rows(verifier))
 
     def special_token_ids(self) -> dict[int, str]:
         """Map special token id → role (``bos``/``eos``/``pad``; every id of an eos list)."""
@@ -175,9 +135,8 @@ class VerifierFacts:
 
 
 def _local_embedding_rows(verifier: VerifierView) -> int | None:
-    """Rows of a local safetensors verifier's embedding (a header read); ``None`` for Hub
-    verifiers (no shard is downloaded for this), ``.bin`` checkpoints (never unpickled for
-    this) or when there is no readable embedding."""
+    """Rows of a local safetensors verifier's embedding (a header read); None for Hub verifiers, ``.bin``
+    checkpoints (never unpickled) or no readable embedding."""
     from specconv.errors import SpecconvError
 
     d = getattr(verifier, "local_dir", None)
@@ -191,7 +150,4 @@ def _local_embedding_rows(verifier: VerifierView) -> int | None:
         return None
 
 
-# The one Hub-repo-id predicate lives in the Hub module (a bare ``name`` or
-# ``namespace/name``, never an existing local path); re-exported under its historical name.
-# specconv.hub imports nothing beyond the standard library and specconv.errors at import time.
-from ..hub import is_hub_id as is_hub_repo_id  # noqa: E402
+from ..hub import is_hub_id as is_hub_repo_id  # noqa: E402  (re-exported; specconv.hub imports only stdlib + errors)

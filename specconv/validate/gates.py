@@ -1,6 +1,4 @@
-"""The four validation gates as steps, in order; what each checks and its tolerances are
-``docs/validate.md`` ("What it does").
-"""
+"""The four validation gates as steps, in order (checks and tolerances: ``docs/validate.md``)."""
 
 from __future__ import annotations
 
@@ -24,16 +22,7 @@ GATE_ORDER = ("structure", "parity", "acceptance", "lossless")
 
 @dataclass
 class GateResult:
-    """Outcome of one gate.
-
-    Attributes:
-        name: ``structure`` | ``parity`` | ``acceptance`` | ``lossless``.
-        passed: True / False, or None when skipped.
-        errors: reasons for failure (empty when passed).
-        warnings: non-fatal observations.
-        details: the numbers behind the decision.
-        skipped_reason: why the gate did not run.
-    """
+    """Outcome of one gate (``name`` in :data:`GATE_ORDER`; ``passed`` None when skipped)."""
 
     name: str
     passed: bool | None
@@ -43,23 +32,14 @@ class GateResult:
     skipped_reason: str | None = None
 
     def to_dict(self) -> dict:
-        return {
-            "name": self.name,
-            "passed": self.passed,
-            "status": "skipped" if self.passed is None else ("passed" if self.passed else "failed"),
-            "errors": self.errors,
-            "warnings": self.warnings,
-            "details": self.details,
-            "skipped_reason": self.skipped_reason,
-        }
+        status = "skipped" if self.passed is None else ("passed" if self.passed else "failed")
+        return {"name": self.name, "passed": self.passed, "status": status, "errors": self.errors,
+                "warnings": self.warnings, "details": self.details, "skipped_reason": self.skipped_reason}
 
 
 def skipped(name: str, reason: str) -> GateResult:
     """A gate that did not run."""
     return GateResult(name=name, passed=None, skipped_reason=reason)
-
-
-# ---------------------------------------------------------------------------------- G1
 
 
 def _verifier_tensor(verifier: Verifier, role: str):
@@ -74,8 +54,7 @@ def _verifier_tensor(verifier: Verifier, role: str):
 
 
 def _lm_head_frozen(drafter_dir: Path) -> bool:
-    """Whether the conversion record says the source format freezes the P-EAGLE LM head
-    (a ``lm-head-frozen`` finding, written by ``specconv/converters/_peagle.py``)."""
+    """Whether the conversion record has a ``lm-head-frozen`` finding (``specconv/converters/_peagle.py``)."""
     from ..errors import SpecconvError
     from ..record import read_record
 
@@ -88,19 +67,10 @@ def _lm_head_frozen(drafter_dir: Path) -> bool:
 
 
 def gate_structure(drafter_dir: str | Path, verifier: Verifier, *, config=None, source_config=None) -> GateResult:
-    """G1: lint, tensor accounting, verifier-supplied tensors, vocab map, aux ids.
+    """G1: lint (``details["findings"]``), tensor accounting, verifier-supplied tensors, vocab map, aux ids.
 
-    Args:
-        drafter_dir: the Speculators directory under test.
-        verifier: a :class:`specconv.verifier.Verifier` (``resolve_verifier``).
-        config: the directory's typed ``config.json`` when the caller parsed it already
-            (``validate_drafter`` does, once per run); else it is read here.
-        source_config: optional :class:`~specconv.format.SpeculatorsDraftConfig`
-            of the source converted afresh; its aux ids must equal the directory's.
-
-    Returns:
-        :class:`GateResult` named ``structure``. Findings of the lint are in
-        ``details["findings"]``.
+    ``config``: the typed config if already parsed; ``source_config``: the source converted afresh,
+    whose aux ids must equal the directory's.
     """
     from ..errors import SpecconvError
     from ..format import lint_dir, load_config
@@ -161,8 +131,7 @@ def _accounting_step(res: GateResult, cfg, store) -> set[str]:
 
 
 def _verifier_tensors_step(res: GateResult, store, names: set[str], verifier: Verifier, t2d, drafter_dir: Path) -> None:
-    """The tensors the format takes from the verifier (``embed_tokens.weight`` for
-    DFlash/DSpark, ``lm_head.weight`` full-vocab or its ``t2d`` rows) equal the verifier's."""
+    """The tensors the format takes from the verifier (embedding, LM head or its ``t2d`` rows) equal its."""
     from ..format.algorithms import algorithm
 
     alg = algorithm(res.details["algorithm"])
@@ -237,22 +206,15 @@ def _vocab_map_step(res: GateResult, store, names: set[str], t2d, vocab: int) ->
         res.errors.append(f"t2d has {t2d.shape[0]} entries, verifier vocab is {vocab}")
 
 
-# ---------------------------------------------------------------------------------- G2
-
-#: (max_abs, cosine_min, top1_min, mean_kl_max, top1 margin) per dtype, as the report records them:
-#: the algorithm descriptions' table (:data:`specconv.format.algorithms.PARITY_TOLERANCES`; ``docs/validate.md``).
+#: G2 tolerances per dtype as the report records them (:data:`specconv.format.algorithms.PARITY_TOLERANCES`).
 PARITY_TOLERANCES: dict[str, dict[str, float | None]] = {k: v.as_dict() for k, v in _PARITY_TABLE.items()}
 
 
 def compare_logits(ref, test, *, margin: float) -> dict:
     """Per-row comparison of two logit matrices ``[S, V]`` (float32, ``-inf`` allowed).
 
-    Returns:
-        dict with ``max_abs``, ``mean_abs``, ``rel_max``, ``cosine_min``, ``top1_agree``
-        (over rows whose reference top-1/top-2 margin > ``margin``), ``top1_agree_all``,
-        ``top1_rows``, ``top5_overlap``, ``kl_mean``, ``kl_max``, ``support_mismatch``
-        (rows where the finite entries differ: a vocab-map bug), and per-row lists
-        ``per_slot`` (max_abs, cosine, kl, top1 equal).
+    ``top1_agree`` counts rows whose reference top-1/top-2 margin > ``margin``; ``support_mismatch``
+    rows whose finite entries differ (a vocab-map bug); ``per_slot`` holds the per-row numbers.
     """
     import torch
 
@@ -292,9 +254,8 @@ def compare_logits(ref, test, *, margin: float) -> dict:
 
 
 def _cosine_rows(a, b, chunk: int = 64):
-    """Cosine of each row pair of ``a``, ``b`` ``[S, V]`` as float64 ``[S]``, computed in float64
-    ``chunk`` rows at a time: a float32 cosine of a 49,152-wide row with itself rounds to
-    0.9999989, under G2's float32 bound (0.999999); chunking bounds the float64 copies."""
+    """Row cosines of ``[S, V]`` pairs as float64 ``[S]``, ``chunk`` rows at a time (a float32 cosine
+    of a 49,152-wide row with itself rounds to 0.9999989, under G2's float32 bound 0.999999)."""
     import torch
 
     parts = [torch.nn.functional.cosine_similarity(x.double(), y.double(), dim=-1)
@@ -321,11 +282,7 @@ def _top_k_agreement(ref, test):
 
 
 def _aux_union(ids_a: Sequence[int], ids_b: Sequence[int]) -> list[int]:
-    out: list[int] = []
-    for i in list(ids_a) + list(ids_b):
-        if i not in out:
-            out.append(i)
-    return out
+    return list(dict.fromkeys([*ids_a, *ids_b]))
 
 
 def _select_aux(feats, union: Sequence[int], ids: Sequence[int], hidden: int):
@@ -336,11 +293,8 @@ def _select_aux(feats, union: Sequence[int], ids: Sequence[int], hidden: int):
 
 
 def parity_anchors(seq_len: int, prompt_len: int, per_sequence: int) -> list[int]:
-    """Anchor positions for parity: evenly spaced over the generated part, plus anchor 1.
-
-    An anchor ``a`` means: context tokens ``0…a`` (the anchor is token ``a``), features
-    of positions ``0…a−1``.
-    """
+    """Anchors evenly spaced over the generated part, plus 1 (anchor ``a``: tokens ``0…a``, features
+    ``0…a−1``)."""
     lo = max(1, prompt_len)
     hi = seq_len - 1
     out = {1} if seq_len > 1 else set()
@@ -375,23 +329,11 @@ def gate_parity(
     reference_kind: str = "",
     tolerance: dict[str, float | None] | None = None,
 ) -> GateResult:
-    """G2: compare the reference and converted drafters on real verifier features.
+    """G2: compare the reference and converted drafters (DrafterBackends) on real verifier features.
 
-    Args:
-        reference: source-side :class:`~specconv.validate.backend.DrafterBackend` (may
-            declare its own ``aux_layer_ids`` — its features are captured from the
-            verifier by *its* ids, so an aux-id off-by-one in the conversion shows up here).
-        test: the drafter under test (a DrafterBackend).
-        verifier: a :class:`~specconv.validate.verifier_runner.VerifierRunner`.
-        sequences: ``[(token ids, prompt length)]`` — real prompts with their greedy
-            continuations.
-        dtype: the run dtype (selects the tolerance row).
-        anchors_per_sequence: anchors in the generated part of each sequence.
-        reference_kind: recorded in the details (e.g. ``zlab-dflash``).
-        tolerance: the algorithm's row (``Algorithm.parity_tolerance(dtype).as_dict()``; None: the table's).
-
-    Returns:
-        :class:`GateResult` named ``parity``.
+    Each side's features are captured by its own ``aux_layer_ids``, so an aux-id off-by-one shows
+    here. ``sequences``: ``[(token ids, prompt length)]``; ``tolerance``: the algorithm's row (None:
+    the table's for ``dtype``).
     """
     import torch
 
@@ -417,8 +359,7 @@ def gate_parity(
 
 
 def _collect_proposals(reference, test, verifier: VerifierRunner, sequences, anchors_per_sequence: int) -> _Proposals:
-    """Capture the verifier's aux features once per sequence (the union of both drafters'
-    layer ids) and let both drafters propose from the same anchors."""
+    """Both drafters propose from the same anchors on one capture per sequence (union of aux ids)."""
     import torch
 
     ids_r, ids_t = list(reference.aux_layer_ids), list(test.aux_layer_ids)
@@ -502,27 +443,11 @@ def _parity_verdict(res: GateResult, cmp: dict, tol: dict, dtype: str) -> None:
         res.warnings.append(f"max |Δlogit| {cmp['max_abs']:.3g} reported only ({dtype}: gated on cosine/top-1/KL)")
 
 
-# ---------------------------------------------------------------------------------- G3
-
-
 def gate_acceptance(metrics: dict, *, source_metrics: dict | None = None, min_tau: float | None = None) -> GateResult:
-    """G3 on pooled τ (``docs/validate.md``: the band is max(2% of τ_src, the CI half-width)).
-
-    Args:
-        metrics: :func:`~specconv.validate.metrics.compute_metrics` of the converted drafter.
-        source_metrics: the same for the source drafter on the same prompts/dtype/loop.
-        min_tau: optional floor.
-    """
+    """G3 on pooled τ (:func:`~.metrics.compute_metrics` of converted and source drafters; ``docs/validate.md``)."""
     res = GateResult(name="acceptance", passed=True)
     tau = float(metrics["acceptance_length"])
-    res.details.update(
-        {
-            "tau": tau,
-            "tau_ci95": metrics.get("tau_ci95"),
-            "acceptance_at_pos": metrics.get("acceptance_at_pos"),
-            "num_drafts": metrics.get("num_drafts"),
-        }
-    )
+    res.details.update({"tau": tau, **{k: metrics.get(k) for k in ("tau_ci95", "acceptance_at_pos", "num_drafts")}})
     if source_metrics is not None:
         ts = float(source_metrics["acceptance_length"])
         hw = max(metrics.get("tau_ci95_half_width") or 0.0, source_metrics.get("tau_ci95_half_width") or 0.0)
@@ -554,15 +479,10 @@ def served_engine_checks(run: Any, g3: GateResult, engine: str, seen: Sequence[A
                          runners: Sequence[str] = ()) -> dict[str, Any]:
     """What G3 (``g3``, mutated) adds for a serving engine, one rule for every engine.
 
-    * Same prompt tokens: what the engine says it was given (``seen``, per request: its prompt
-      ids, their count, or None) must equal the run's rendered ids
-      (:func:`specconv.prompts.compare_prompt_ids`); each difference is a G3 error.
-    * The runner: a parallel-drafting drafter (its algorithm description) under a reported
-      ``runner`` not among ``runners`` (those that draft it in one pass) is the finding
-      ``sequential-drafting-runner``: a G3 warning and an entry of the report's ``findings``.
-
-    Returns:
-        ``{"prompt_tokens": "ids" | "count" | None}`` (what was compared).
+    The prompt ids the engine saw (``seen``: per request ids, a count or None) must equal the
+    rendered ones (each difference a G3 error); a parallel-drafting drafter under a reported
+    ``runner`` not among ``runners`` gives the finding ``sequential-drafting-runner``.
+    Returns ``{"prompt_tokens": "ids" | "count" | None}``.
     """
     from ..format.algorithms import find_algorithm
     from ..format.findings import finding
@@ -582,17 +502,9 @@ def served_engine_checks(run: Any, g3: GateResult, engine: str, seen: Sequence[A
     return {"prompt_tokens": checked}
 
 
-# ---------------------------------------------------------------------------------- G4
-
-
 def gate_lossless(spec: Sequence[Any], plain: Sequence[Any], *, dtype: str = "float32") -> GateResult:
-    """G4 (greedy): speculative output == plain greedy output, request by request.
-
-    Args:
-        spec, plain: :class:`~specconv.validate.loop.RequestResult` lists, same prompts
-            in the same order, both greedy.
-        dtype: the run dtype (fp32 → clear-margin divergences fail; else warnings).
-    """
+    """G4 (greedy): speculative == plain greedy output per request (RequestResult lists, same order);
+    clear-margin divergences fail in float32, else warn."""
     res = GateResult(name="lossless", passed=True)
     n = len(spec)
     exact = 0
@@ -623,8 +535,7 @@ def gate_lossless(spec: Sequence[Any], plain: Sequence[Any], *, dtype: str = "fl
 
 
 def _divergence(s, p, dtype: str) -> dict:
-    """Where speculative request ``s`` first differs from plain request ``p``, with the
-    verifier's top-1 − top-2 logit gap there (the smaller of the two runs')."""
+    """Where ``s`` first differs from ``p``, with the smaller top-1 − top-2 logit gap of the two there."""
     a, b = list(s.output_ids), list(p.output_ids)
     j = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
     gap_p = p.gaps[j] if j < len(p.gaps) else None
@@ -644,12 +555,7 @@ def _divergence(s, p, dtype: str) -> dict:
 
 
 def sampler_check(*, vocab: int = 50, k: int = 3, draws: int = 100_000, seed: int = 0) -> GateResult:
-    """G4 for T > 0: the rejection sampler's output law equals p on synthetic p, q.
-
-    Passes when the total-variation distance between the empirical law of the first
-    emitted token and ``p_0`` is < 0.01 (``docs/validate.md``; the sampler is
-    :func:`specconv.validate.sampling.speculative_sample`).
-    """
+    """G4 for T > 0: the first emitted token's empirical law is within TV 0.01 of ``p_0`` (synthetic p, q)."""
     import torch
 
     from .sampling import speculative_sample

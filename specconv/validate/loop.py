@@ -1,11 +1,5 @@
-"""Speculative decoding loop (greedy and T>0) with per-step bookkeeping (``docs/validate.md``,
-"What it does"; the order of z-lab ``dflash/model.py`` ``spec_generate``).
-
-The drafter is a :class:`specconv.validate.backend.DrafterBackend` black box; with
-``drafter=None`` the same loop decodes one token per verifier forward (the G4 / speedup
-baseline). Per step: ``k`` (drafts verified; fewer near the ``max_new_tokens`` cap),
-``accepted`` = tokens emitted − 1 (z-lab's ``produced − 1``), draft and verify wall time in ms
-(CUDA synchronised before each clock read).
+"""Speculative decoding loop (greedy and T>0) with per-step bookkeeping (``docs/validate.md``; the
+order of z-lab ``dflash/model.py`` ``spec_generate``). ``drafter=None`` decodes plainly (the baseline).
 """
 
 from __future__ import annotations
@@ -26,19 +20,9 @@ log = logging.getLogger("specconv.validate")
 
 @dataclass
 class StepRecord:
-    """One verify step.
-
-    Attributes:
-        k: drafts verified this step (0 for a plain-decode step).
-        accepted: emitted tokens − 1 (``a_t``; vLLM's accepted-token count), 0…k.
-        accepted_raw: drafts accepted by the verifier before the stop/length cut.
-        emitted: tokens emitted (``accepted + 1``).
-        draft_ms: drafter wall time (ms).
-        verify_ms: verifier forward + acceptance wall time (ms).
-        confidence: DSpark per-slot confidence (probabilities, first ``k_proposed``
-            slots) or ``None``.
-        k_proposed: drafts the drafter proposed before any truncation.
-    """
+    """One verify step: ``k`` drafts verified; ``accepted`` = emitted − 1 (z-lab's ``produced − 1``);
+    ``accepted_raw`` before the stop/length cut; wall times in ms (CUDA synchronised); DSpark
+    ``confidence`` probabilities; ``k_proposed`` before any truncation."""
 
     k: int
     accepted: int
@@ -52,20 +36,8 @@ class StepRecord:
 
 @dataclass
 class RequestResult:
-    """All bookkeeping of one request.
-
-    Attributes:
-        prompt_id: the prompt's id.
-        prompt_tokens: prompt length P.
-        output_ids: generated tokens, including ``x_0`` from the prefill.
-        steps: one :class:`StepRecord` per decode step.
-        k: nominal draft tokens per step (0 for plain decoding).
-        ttft_ms: prefill wall time (ms).
-        decode_ms: wall time of all decode steps (ms).
-        stopped: the request ended at a stop token.
-        gaps: verifier top-1 − top-2 logit gap at each output token (float32 logits).
-        top1: verifier top-1 logit at each output token.
-    """
+    """One request: ``output_ids`` include ``x_0``; ``k`` 0 for plain decoding; times in ms; ``gaps`` /
+    ``top1``: the verifier's top-1 − top-2 gap and top-1 logit at each output token."""
 
     prompt_id: str
     prompt_tokens: int
@@ -175,48 +147,16 @@ class _Draft:
     ms: float = 0.0
 
 
-def speculative_generate(
-    verifier: VerifierRunner,
-    drafter,
-    prompt_ids: Sequence[int],
-    *,
-    max_new_tokens: int,
-    temperature: float = 0.0,
-    stop_token_ids: Iterable[int] = (),
-    num_draft_tokens: int | None = None,
-    generator=None,
-    confidence_threshold: float | None = None,
-    prompt_id: str = "",
-    drafter_cache: bool = True,
-) -> RequestResult:
-    """Decode one request with speculative decoding (or plainly with ``drafter=None``).
+def speculative_generate(verifier: VerifierRunner, drafter, prompt_ids: Sequence[int], *, max_new_tokens: int,
+                         temperature: float = 0.0, stop_token_ids: Iterable[int] = (),
+                         num_draft_tokens: int | None = None, generator=None, confidence_threshold: float | None = None,
+                         prompt_id: str = "", drafter_cache: bool = True) -> RequestResult:
+    """Decode one request (``max_new_tokens`` counts ``x_0``; stop tokens are emitted, then stop).
 
-    Args:
-        verifier: a :class:`~specconv.validate.verifier_runner.VerifierRunner` whose
-            ``aux_layer_ids`` equal the drafter's.
-        drafter: a :class:`~specconv.validate.backend.DrafterBackend` (``propose``), or
-            ``None`` for plain decoding (k = 0).
-        prompt_ids: the rendered prompt token ids (length P ≥ 1).
-        max_new_tokens: cap on generated tokens (including ``x_0``).
-        temperature: 0 → greedy; > 0 → rejection sampling at this temperature.
-        stop_token_ids: tokens that end the request (emitted, then stop).
-        num_draft_tokens: use only the first ``k`` drafts (default: the drafter's k).
-        generator: ``torch.Generator`` for T > 0 (seeded by the caller).
-        confidence_threshold: DSpark only — verify only the leading drafts whose
-            cumulative confidence product is ≥ this value (vLLM-style dynamic draft
-            length). ``None`` verifies the full block (the lossless G3 run).
-        prompt_id: recorded in the result.
-        drafter_cache: draft through a context-cached session (``drafter.new_session()``,
-            :mod:`specconv.drafters.cache`) when the drafter offers one — a step's cost
-            then does not grow with the context; ``False`` calls the stateless
-            ``drafter.propose`` (full recompute) every step. Both give the same tokens.
-
-    Returns:
-        :class:`RequestResult`.
-
-    Raises:
-        InvalidInputError: empty prompt, non-positive ``max_new_tokens``, or a drafter
-            whose aux layer ids differ from the verifier runner's.
+    ``confidence_threshold``: DSpark only, verify the leading drafts whose cumulative confidence
+    product is ≥ it (None: the full block). ``drafter_cache``: draft through ``drafter.new_session()``
+    when offered, else stateless ``propose`` (same tokens). Raises InvalidInputError: empty prompt,
+    ``max_new_tokens`` < 1, aux layer ids differing from the verifier runner's.
     """
     k = _check_request(verifier, drafter, prompt_ids, max_new_tokens, num_draft_tokens, prompt_id)
     cfg = _loop_config(verifier, drafter, temperature, stop_token_ids, generator, confidence_threshold)
@@ -261,8 +201,7 @@ def _check_request(verifier: VerifierRunner, drafter, prompt_ids, max_new_tokens
 
 
 def _prefill(verifier: VerifierRunner, prompt_ids, cfg: _LoopConfig, *, capture: bool) -> tuple[_State, float]:
-    """Step 1: the verifier on the prompt (a new KV cache); ``x_0`` from its last row.
-    Returns (state, TTFT ms)."""
+    """Step 1: the verifier on the prompt (a new KV cache), ``x_0`` from its last row; (state, TTFT ms)."""
     import torch
 
     cache = verifier.new_cache()
@@ -361,27 +300,13 @@ def _verify_and_emit(verifier: VerifierRunner, st: _State, d: _Draft, budget: in
                                verify_ms=verify_ms, confidence=d.confidence, k_proposed=d.k_proposed))
 
 
-def run_requests(
-    verifier: VerifierRunner,
-    drafter,
-    prompts: Sequence[tuple[str, Sequence[int]]],
-    *,
-    max_new_tokens: int,
-    temperature: float = 0.0,
-    stop_token_ids: Iterable[int] = (),
-    seed: int = 0,
-    confidence_threshold: float | None = None,
-    num_draft_tokens: int | None = None,
-    on_done: Callable[[int, RequestResult], Any] | None = None,
-    drafter_cache: bool = True,
-) -> list[RequestResult]:
-    """Run :func:`speculative_generate` over ``prompts`` ([(id, token ids)]).
-
-    For T > 0 each request gets its own ``torch.Generator`` seeded with ``seed + i`` on
-    the verifier's device, so runs are reproducible. ``on_done(i, result)`` is called
-    after each request (progress reporting). ``drafter_cache`` as in
-    :func:`speculative_generate`.
-    """
+def run_requests(verifier: VerifierRunner, drafter, prompts: Sequence[tuple[str, Sequence[int]]], *,
+                 max_new_tokens: int, temperature: float = 0.0, stop_token_ids: Iterable[int] = (), seed: int = 0,
+                 confidence_threshold: float | None = None, num_draft_tokens: int | None = None,
+                 on_done: Callable[[int, RequestResult], Any] | None = None,
+                 drafter_cache: bool = True) -> list[RequestResult]:
+    """:func:`speculative_generate` over ``[(id, token ids)]``; at T > 0 request ``i`` gets a generator
+    seeded ``seed + i`` on the verifier's device; ``on_done(i, result)`` after each."""
     import torch
 
     stops = list(stop_token_ids)
@@ -390,19 +315,9 @@ def run_requests(
         gen = None
         if temperature > 0:
             gen = torch.Generator(device=verifier.device).manual_seed(int(seed) + i)
-        r = speculative_generate(
-            verifier,
-            drafter,
-            ids,
-            max_new_tokens=max_new_tokens,
-            temperature=temperature,
-            stop_token_ids=stops,
-            generator=gen,
-            confidence_threshold=confidence_threshold,
-            num_draft_tokens=num_draft_tokens,
-            prompt_id=str(pid),
-            drafter_cache=drafter_cache,
-        )
+        r = speculative_generate(verifier, drafter, ids, max_new_tokens=max_new_tokens, temperature=temperature,
+                                 stop_token_ids=stops, generator=gen, confidence_threshold=confidence_threshold,
+                                 num_draft_tokens=num_draft_tokens, prompt_id=str(pid), drafter_cache=drafter_cache)
         results.append(r)
         if on_done is not None:
             on_done(i, r)

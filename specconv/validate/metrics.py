@@ -1,23 +1,5 @@
-"""Acceptance metrics (``docs/validate.md``, "Metrics"), computed from loop step records.
-
-Convention (vLLM's, bonus token included): a *draft* is a verify step that carried
-at least one draft token; ``a_t`` is its accepted count (tokens emitted − 1).
-
-* pooled τ = ``1 + Σ_t a_t / T`` over all drafts of all requests (= vLLM
-  ``acceptance_length``; primary);
-* per-request mean τ = mean over requests of ``1 + mean_t a_t`` (what z-lab's
-  ``dflash`` benchmark prints; secondary);
-* acceptance rate α = ``Σ a_t / Σ k_t`` (draft tokens actually verified);
-* per-position ``p_i = #{t : a_t ≥ i} / T`` (vLLM ``acceptance_at_pos_{i-1}``;
-  τ = 1 + Σ p_i) and conditional ``c_i = p_i / p_{i−1}`` (p_0 = 1);
-* histogram of ``a_t`` over 0…k;
-* bootstrap 95% CI of pooled τ, resampling *requests* (seeded numpy RNG);
-* timings: mean draft / verify ms per step, TTFT, TPOT = decode wall time / decode
-  tokens (tokens after ``x_0``), speedup = TPOT(k=0) / TPOT(spec) from the same loop.
-
-All functions take plain Python data (lists of ints / dicts) so they also serve the
-vLLM backend, whose counters give only aggregate numbers.
-"""
+"""Acceptance metrics in vLLM's convention (``docs/validate.md``, "Metrics") from loop step records
+(``RequestResult`` objects or their dicts)."""
 
 from __future__ import annotations
 
@@ -31,21 +13,13 @@ def _mean(xs: Sequence[float]) -> float | None:
 
 
 def counts_from_steps(accepted: Sequence[int], k_per_step: Sequence[int], k: int) -> dict:
-    """Aggregate counters in vLLM's shape from per-step values (drafts only).
-
-    Returns:
-        ``{num_drafts, num_draft_tokens, num_accepted_tokens, accepted_per_pos[k]}``.
-    """
+    """vLLM's counters (``num_drafts``, ``num_draft_tokens``, ``num_accepted_tokens``, ``accepted_per_pos[k]``)."""
     per_pos = [0] * k
     for a in accepted:
         for i in range(min(a, k)):
             per_pos[i] += 1
-    return {
-        "num_drafts": len(accepted),
-        "num_draft_tokens": int(sum(k_per_step)),
-        "num_accepted_tokens": int(sum(accepted)),
-        "accepted_per_pos": per_pos,
-    }
+    return {"num_drafts": len(accepted), "num_draft_tokens": int(sum(k_per_step)),
+            "num_accepted_tokens": int(sum(accepted)), "accepted_per_pos": per_pos}
 
 
 def _draft_steps(req) -> list:
@@ -61,11 +35,7 @@ def _get(obj, name):
 
 
 def bootstrap_ci(requests: Sequence[Any], *, n_boot: int = 1000, seed: int = 0, level: float = 0.95) -> list[float] | None:
-    """Percentile bootstrap CI of pooled τ, resampling requests with replacement.
-
-    Returns:
-        ``[low, high]`` or ``None`` with fewer than 2 requests.
-    """
+    """Percentile bootstrap ``[low, high]`` of pooled τ over resampled requests; None under 2 requests."""
     import numpy as np
 
     sums = np.array([sum(_get(s, "accepted") for s in _draft_steps(r)) for r in requests], dtype=float)
@@ -87,68 +57,34 @@ def _tpot_ms(requests: Sequence[Any]) -> float | None:
     return tot_ms / toks if toks else None
 
 
-def compute_metrics(
-    requests: Sequence[Any],
-    k: int,
-    *,
-    baseline: Sequence[Any] | None = None,
-    n_boot: int = 1000,
-    seed: int = 0,
-) -> dict:
-    """All the metrics listed in the module docstring, for one run.
-
-    Args:
-        requests: speculative-run results (``RequestResult`` or their ``to_dict()``).
-        k: nominal drafts per step (length of the per-position lists).
-        baseline: the k = 0 run of the same prompts (for ``tpot_ar_ms`` / ``speedup``).
-        n_boot: bootstrap resamples for ``tau_ci95``.
-        seed: bootstrap RNG seed.
-
-    Returns:
-        dict with the vLLM/speculators counter fields (``num_drafts``,
-        ``num_draft_tokens``, ``num_accepted_tokens``, ``acceptance_length``,
-        ``acceptance_at_pos``) plus ``tau_pooled`` (same as acceptance_length),
-        ``tau_request_mean``, ``tau_ci95``, ``tau_ci95_half_width``,
-        ``acceptance_rate``, ``conditional_acceptance_at_pos``, ``histogram``
-        (counts of a_t = 0…k), ``n_requests``, ``n_output_tokens``, ``draft_ms``,
-        ``verify_ms`` (means per step), ``ttft_ms`` (mean), ``tpot_ms``,
-        ``tpot_ar_ms``, ``speedup``, ``per_request`` (id, τ, steps, tokens).
-    """
+def compute_metrics(requests: Sequence[Any], k: int, *, baseline: Sequence[Any] | None = None, n_boot: int = 1000,
+                    seed: int = 0) -> dict:
+    """The metrics of one run (``docs/validate.md``'s table, plus ``per_request``); ``k``: nominal drafts
+    per step; ``baseline``: the k = 0 run of the same prompts (``tpot_ar_ms``, ``speedup``)."""
     acc = [_get(s, "accepted") for r in requests for s in _draft_steps(r)]
     ks = [_get(s, "k") for r in requests for s in _draft_steps(r)]
     m = metrics_from_counts(**counts_from_steps(acc, ks, k))
     hist = [sum(1 for a in acc if min(a, k) == i) for i in range(k + 1)]
     per_req = [_per_request(r) for r in requests]
     ci = bootstrap_ci(requests, n_boot=n_boot, seed=seed)
-    m.update(
-        {
-            "k": k,
-            "tau_pooled": m["acceptance_length"],
-            "tau_request_mean": _mean([p["tau"] for p in per_req if p["tau"] is not None]),
-            "tau_ci95": ci,
-            "tau_ci95_half_width": (ci[1] - ci[0]) / 2 if ci else None,
-            "histogram": hist,
-            "n_requests": len(requests),
-            "n_output_tokens": sum(len(_get(r, "output_ids")) for r in requests),
-            **_timings(requests, baseline),
-            "per_request": per_req,
-            "convention": "vLLM: tau = 1 + accepted/num_drafts (bonus included); "
-            "a_t = tokens emitted per step - 1 (capped at stop token / max tokens)",
-        }
-    )
+    m.update({
+        "k": k, "tau_pooled": m["acceptance_length"],
+        "tau_request_mean": _mean([p["tau"] for p in per_req if p["tau"] is not None]),
+        "tau_ci95": ci, "tau_ci95_half_width": (ci[1] - ci[0]) / 2 if ci else None, "histogram": hist,
+        "n_requests": len(requests), "n_output_tokens": sum(len(_get(r, "output_ids")) for r in requests),
+        **_timings(requests, baseline), "per_request": per_req,
+        "convention": "vLLM: tau = 1 + accepted/num_drafts (bonus included); "
+        "a_t = tokens emitted per step - 1 (capped at stop token / max tokens)",
+    })
     return m
 
 
 def _per_request(r) -> dict:
     """One request's τ (None without drafts), drafts, output tokens, stop."""
     ds = _draft_steps(r)
-    return {
-        "prompt_id": _get(r, "prompt_id"),
-        "tau": 1.0 + sum(_get(s, "accepted") for s in ds) / len(ds) if ds else None,
-        "num_drafts": len(ds),
-        "output_tokens": len(_get(r, "output_ids")),
-        "stopped": bool(_get(r, "stopped")),
-    }
+    return {"prompt_id": _get(r, "prompt_id"),
+            "tau": 1.0 + sum(_get(s, "accepted") for s in ds) / len(ds) if ds else None,
+            "num_drafts": len(ds), "output_tokens": len(_get(r, "output_ids")), "stopped": bool(_get(r, "stopped"))}
 
 
 def _timings(requests: Sequence[Any], baseline: Sequence[Any] | None) -> dict:
@@ -156,30 +92,17 @@ def _timings(requests: Sequence[Any], baseline: Sequence[Any] | None) -> dict:
     all_steps = [s for r in requests for s in _steps(r)]
     tpot = _tpot_ms(requests)
     tpot_ar = _tpot_ms(baseline) if baseline else None
-    return {
-        "draft_ms": _mean([_get(s, "draft_ms") for s in all_steps if _get(s, "k") > 0]),
-        "verify_ms": _mean([_get(s, "verify_ms") for s in all_steps]),
-        "ttft_ms": _mean([_get(r, "ttft_ms") for r in requests]),
-        "tpot_ms": tpot,
-        "tpot_ar_ms": tpot_ar,
-        "speedup": (tpot_ar / tpot) if (tpot and tpot_ar) else None,
-    }
-
+    return {"draft_ms": _mean([_get(s, "draft_ms") for s in all_steps if _get(s, "k") > 0]),
+            "verify_ms": _mean([_get(s, "verify_ms") for s in all_steps]),
+            "ttft_ms": _mean([_get(r, "ttft_ms") for r in requests]), "tpot_ms": tpot, "tpot_ar_ms": tpot_ar,
+            "speedup": (tpot_ar / tpot) if (tpot and tpot_ar) else None}
 
 
 def calibration(requests: Sequence[Any], *, n_bins: int = 10) -> dict | None:
-    """DSpark confidence-head calibration against observed (conditional) acceptance.
+    """DSpark confidence-head calibration against conditional acceptance (None without confidences).
 
-    A slot ``i`` of a step is *reached* when slots ``< i`` were accepted (``i ≤ a_t``);
-    its outcome is 1 when accepted (``i < a_t``). The confidence head predicts exactly
-    this conditional acceptance probability (speculators' DSpark metrics: target
-    ``1 − TV(q, p)``).
-
-    Returns:
-        ``None`` when no step carries a confidence, else ``{n, mean_abs_error,
-        mean_confidence, mean_observed, ece, bins, cumprod_bias}`` where
-        ``cumprod_bias`` = mean over all slots of ``Π_{j≤i} conf_j − 1[a_t > i]`` (the
-        quantity confidence-scheduled draft length consumes).
+    Slot ``i`` is reached when ``i ≤ a_t`` and accepted when ``i < a_t`` (speculators' DSpark target
+    ``1 − TV(q, p)``); ``cumprod_bias``: mean over slots of ``Π_{j≤i} conf_j − 1[a_t > i]``.
     """
     pairs: list[tuple[float, float]] = []
     bias: list[float] = []
@@ -200,20 +123,13 @@ def calibration(requests: Sequence[Any], *, n_bins: int = 10) -> dict | None:
         return None
     n = len(pairs)
     bins, ece = _calibration_bins(pairs, n_bins)
-    return {
-        "n": n,
-        "mean_abs_error": sum(abs(c - o) for c, o in pairs) / n,
-        "mean_confidence": sum(c for c, _ in pairs) / n,
-        "mean_observed": sum(o for _, o in pairs) / n,
-        "ece": ece,
-        "bins": bins,
-        "cumprod_bias": _mean(bias),
-    }
+    return {"n": n, "mean_abs_error": sum(abs(c - o) for c, o in pairs) / n,
+            "mean_confidence": sum(c for c, _ in pairs) / n, "mean_observed": sum(o for _, o in pairs) / n,
+            "ece": ece, "bins": bins, "cumprod_bias": _mean(bias)}
 
 
 def _calibration_bins(pairs: list[tuple[float, float]], n_bins: int) -> tuple[list[dict], float]:
-    """Equal-width confidence bins (the last one includes 1.0) and the expected calibration
-    error: Σ_bins (n_bin / n)·|mean confidence − observed acceptance|."""
+    """Equal-width confidence bins (the last includes 1.0) and the ECE Σ (n_bin / n)·|confidence − observed|."""
     n = len(pairs)
     bins, ece = [], 0.0
     for b in range(n_bins):
@@ -229,9 +145,8 @@ def _calibration_bins(pairs: list[tuple[float, float]], n_bins: int) -> tuple[li
 
 
 def kl_rows(ref, test):
-    """KL(p_ref ‖ p_test) per row of logits ``[rows, V]``, nats, float64 (in float32 the rounding
-    of log_softmax over a large vocab alone gives |KL| ~ 1e-8, G2's fp32 tolerance); a ``-inf``
-    test logit where the reference has mass counts as ``-1e30``."""
+    """KL(p_ref ‖ p_test) per row of ``[rows, V]`` logits, nats, in float64 (float32 rounding alone gives
+    ~1e-8, G2's fp32 tolerance); a ``-inf`` test logit where the reference has mass counts as ``-1e30``."""
     import torch
 
     lp_r = torch.log_softmax(ref.double(), -1)
@@ -243,16 +158,6 @@ def kl_rows(ref, test):
 
 def summary(metrics: dict) -> dict:
     """The short summary recorded in ``specconv.json`` / shown to humans."""
-    keys = (
-        "acceptance_length",
-        "tau_request_mean",
-        "tau_ci95",
-        "acceptance_rate",
-        "acceptance_at_pos",
-        "num_drafts",
-        "n_requests",
-        "tpot_ms",
-        "tpot_ar_ms",
-        "speedup",
-    )
+    keys = ("acceptance_length", "tau_request_mean", "tau_ci95", "acceptance_rate", "acceptance_at_pos",
+            "num_drafts", "n_requests", "tpot_ms", "tpot_ar_ms", "speedup")
     return {k: metrics.get(k) for k in keys}

@@ -1,7 +1,4 @@
-"""Validation report: ``validation.json``, ``validation.md``, ``acceptance.png`` and the
-``validation`` section of ``specconv.json`` (:func:`validation_section`), written by
-:func:`finish_report` (``docs/validate.md``, "Outputs").
-"""
+"""Validation report files and the ``validation`` section of ``specconv.json`` (``docs/validate.md``, "Outputs")."""
 
 from __future__ import annotations
 
@@ -17,15 +14,12 @@ log = logging.getLogger("specconv.validate")
 REPORT_JSON = "validation.json"
 REPORT_MD = "validation.md"
 REPORT_PNG = "acceptance.png"
-#: z-lab's reference package (``pip install dflash``, ``validate/zlab_reference.py``): a
-#: package name that happens to spell an algorithm's, recorded with the library versions.
+#: z-lab's reference package (``pip install dflash``), recorded with the library versions.
 ZLAB_PACKAGE = "dflash"
 
 
 def library_versions() -> dict[str, str | None]:
-    """Versions of the libraries the numbers depend on (None when not installed). vLLM is
-    not among them: it runs in its own venv, and what ran is reported as ``vllm_load`` /
-    ``vllm_serve``."""
+    """Versions of the libraries the numbers depend on (None: not installed; vLLM runs in its own venv)."""
     from ..versions import library_versions as versions
 
     return versions(("torch", "transformers", "accelerate", "safetensors", "numpy", ZLAB_PACKAGE, "speculators"))
@@ -35,10 +29,8 @@ def torch_backend_flags() -> dict[str, Any]:
     """``torch.backends`` flags that change numerics (recorded so runs can be compared)."""
     import torch
 
-    flags: dict[str, Any] = {
-        "deterministic_algorithms": torch.are_deterministic_algorithms_enabled(),
-        "num_threads": torch.get_num_threads(),
-    }
+    flags: dict[str, Any] = {"deterministic_algorithms": torch.are_deterministic_algorithms_enabled(),
+                             "num_threads": torch.get_num_threads()}
     try:
         flags["cuda_matmul_allow_tf32"] = torch.backends.cuda.matmul.allow_tf32
         flags["cudnn_allow_tf32"] = torch.backends.cudnn.allow_tf32
@@ -50,18 +42,15 @@ def torch_backend_flags() -> dict[str, Any]:
 
 def _nvidia_smi_driver() -> str | None:
     try:
-        out = subprocess.run(
-            ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
-            capture_output=True, text=True, timeout=10, check=False,
-        )
+        out = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=10, check=False)
         return out.stdout.strip().splitlines()[0] if out.returncode == 0 and out.stdout.strip() else None
     except (OSError, subprocess.SubprocessError):
         return None
 
 
 def device_info(device: str) -> dict[str, Any]:
-    """Device description: CPU model/threads, or GPU name, compute capability, memory,
-    driver and torch/CUDA versions."""
+    """Device description: CPU model/threads, or GPU name, capability, memory, driver and CUDA versions."""
     import torch
 
     info: dict[str, Any] = {"device": device, "torch": torch.__version__}
@@ -69,18 +58,10 @@ def device_info(device: str) -> dict[str, Any]:
         idx = torch.device(device).index or 0
         props = torch.cuda.get_device_properties(idx)
         free, total = torch.cuda.mem_get_info(idx)
-        info.update(
-            {
-                "gpu_name": props.name,
-                "compute_capability": f"{props.major}.{props.minor}",
-                "gpu_memory_total_bytes": int(total),
-                "gpu_memory_free_bytes_at_start": int(free),
-                "gpu_count": torch.cuda.device_count(),
-                "cuda_version": torch.version.cuda,
-                "cudnn_version": torch.backends.cudnn.version(),
-                "driver_version": _nvidia_smi_driver(),
-            }
-        )
+        info.update({"gpu_name": props.name, "compute_capability": f"{props.major}.{props.minor}",
+                     "gpu_memory_total_bytes": int(total), "gpu_memory_free_bytes_at_start": int(free),
+                     "gpu_count": torch.cuda.device_count(), "cuda_version": torch.version.cuda,
+                     "cudnn_version": torch.backends.cudnn.version(), "driver_version": _nvidia_smi_driver()})
     else:
         info.update({"cpu": platform.processor() or platform.machine(), "cpu_count": os.cpu_count()})
     return info
@@ -195,14 +176,8 @@ def plot_acceptance(metrics: dict, path: Path, *, source_metrics: dict | None = 
 
 
 def write_report(report, report_dir: str | Path) -> dict[str, str]:
-    """Write ``validation.json`` (+ ``.md`` and the PNG) into ``report_dir``.
-
-    ``report`` is a :class:`~specconv.results.ValidationReport`; its ``plot`` key is set
-    to the PNG's file name.
-
-    Returns:
-        ``{"json": path, "markdown": path, "plot": path | None}``.
-    """
+    """Write a ValidationReport's ``validation.json`` / ``.md`` / PNG (its ``plot`` key set to the PNG's name)
+    into ``report_dir``; returns ``{"json", "markdown", "plot"}`` paths."""
     from ..fileio import atomic_write
 
     d = Path(report_dir)
@@ -222,11 +197,8 @@ def write_report(report, report_dir: str | Path) -> dict[str, str]:
 
 
 def vllm_summaries(report: dict[str, Any]) -> dict[str, Any]:
-    """What vLLM (and llama.cpp) checked, for the ``validation`` section: ``vllm_load
-    {distribution, version}`` when the ``--vllm-load-check`` passed, ``vllm_serve`` (every
-    :class:`specconv.record.VllmServeSummary` field) when ``--backend vllm`` served the prompts;
-    neither key when vLLM checked nothing; ``llamacpp_serve {commit, verifier_gguf, tau,
-    tau_torch, lossless, prompt_tokens}`` when ``--backend llamacpp`` served them."""
+    """What vLLM / llama.cpp checked, for the ``validation`` section: ``vllm_load`` (a passed load check),
+    ``vllm_serve``, ``llamacpp_serve``; absent when not checked."""
     out: dict[str, Any] = {}
     vl = report.get("vllm_load") or {}
     if vl.get("ok"):
@@ -248,17 +220,8 @@ def parity_kl_max(report: dict[str, Any]) -> float | None:
 
 
 def validation_section(report, drafter_dir: str | Path):
-    """The one ``validation`` section of ``<drafter_dir>/specconv.json`` for ``report`` (a
-    :class:`~specconv.results.ValidationReport` whose ``report_files`` are written): what
-    ``specconv validate`` and ``specconv release`` record.
-
-    Returns:
-        :class:`specconv.record.ValidationSection` (local paths relative to ``drafter_dir``;
-        ``files``: the sha256 of every drafter file validated).
-
-    Raises:
-        InvalidInputError: a drafter file cannot be read.
-    """
+    """The ``validation`` section (paths relative to ``drafter_dir``, sha256 of every drafter file) of a
+    written ValidationReport; InvalidInputError when a drafter file cannot be read."""
     from ..record import ValidationSection, as_record_path, file_hashes, relative_to_dir
 
     r = report.to_dict()
@@ -287,10 +250,8 @@ def _chat_template(facts: dict[str, Any], drafter_dir: str | Path) -> dict[str, 
 
 
 def finish_report(report, drafter_dir: Path, report_dir: Path) -> None:
-    """The last step of a validation: ``validation.json`` / ``.md`` / ``acceptance.png``
-    into ``report_dir`` (``report.report_files``), :func:`validation_section` into
-    ``drafter_dir/specconv.json`` and the drafter's card refreshed from it. A drafter dir
-    that cannot be written is logged: the report files still exist."""
+    """Write the report files, record :func:`validation_section` and refresh the card (an unwritable
+    drafter dir is logged)."""
     from ..engines.card import refresh_local_card
     from ..record import update_record
     from ..engines.vllm.remote import record_section

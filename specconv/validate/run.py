@@ -1,7 +1,4 @@
-"""``validate_drafter``: the whole ``specconv validate`` pipeline behind the CLI, as a sequence of
-steps (``docs/architecture.md``, "One validation"; ``docs/validate.md``). The backends live in
-:mod:`.backend` / :mod:`.torch_backend`.
-"""
+"""``validate_drafter``: the ``specconv validate`` pipeline as a sequence of steps (``docs/validate.md``)."""
 
 from __future__ import annotations
 
@@ -32,41 +29,14 @@ DSPARK_CONFIDENCE_THRESHOLD = 0.5
 
 @dataclass
 class ValidateOptions:
-    """Options of one validation run (the CLI flags).
+    """Options of one validation run: the CLI flags of the same names (``docs/cli.md``).
 
-    Attributes:
-        source: ``--source`` checkpoint (any convertible format or a Speculators dir).
-        prompts: ``humaneval`` | ``mtbench`` | ``sharegpt`` | ``eval`` | a ``.jsonl`` path.
-        num_prompts: prompts used (evenly spaced over the set; None = all).
-        max_new_tokens: generated tokens per request (including the prefill token).
-        temperature: 0 = greedy; > 0 = rejection sampling.
-        device: ``auto`` | ``cpu`` | ``cuda[:i]``.
-        dtype: ``float32`` | ``bfloat16`` | ``float16`` for verifier and drafter.
-        min_tau: optional τ floor for G3.
-        backend: ``torch`` (this harness) | ``vllm`` (a vLLM server) | ``llamacpp`` (the torch
-            loop, then ``DIR/gguf`` served by llama-server): a key of
-            :func:`specconv.validate.backend.backends`.
-        drafter_backend: the runtime that loads the drafter under test in the torch
-            harness (a key of :func:`specconv.validate.runtimes.runtimes`; ``torch`` = the
-            reference drafters of :mod:`specconv.drafters`).
-        attn_implementation: verifier attention (``sdpa`` | ``eager``).
-        seed: prompt-independent RNG seed (bootstrap, sampling).
-        confidence_threshold: DSpark truncated-run threshold (None disables that run).
-        drafter_cache: torch backend — draft through the context-cached session
-            (default) or statelessly (``--no-drafter-cache``); same tokens either way.
-        runtime: a runtime compared with the torch reference on the same requests (a key
-            of :func:`~specconv.validate.runtimes.runtimes`: ``onnx`` for ``--onnx``,
-            ``tensorrt`` for ``--engine``; its gate joins the others). runtime_path: the
-            exported graph / engine it runs.
-        engine_options: the engines' plain options, dest → value (``--llama-server``,
-            ``--verifier-gguf``, ``--vllm-python``, ``--vllm-port``; default: each at its default).
-        serve: engine key → the serving options its ``serve`` folded (``--backend vllm``'s
-            parallel sizes, ``--server-url`` …: :class:`specconv.engines.vllm.server.VllmServeOptions`).
-        load_checks: engine key → interpreter (None: its default) of each engine's own loader
-            run on the drafter (``--vllm-load-check``, ``--sglang-load-check``: the engines'
-            :class:`~specconv.engines.base.LoadCheck`); each payload is its own report key.
-        chat: how prompts become token ids (``--chat-template``, ``--chat-template-kwargs``,
-            ``--thinking``: :class:`specconv.prompts.ChatOptions`); every backend gets the ids.
+    ``drafter_backend``: the runtime loading the drafter in the torch harness (``runtimes()`` key);
+    ``runtime`` / ``runtime_path``: a runtime compared with the torch reference (``--onnx`` /
+    ``--engine``); ``engine_options``: the engines' plain options, dest → value (``--llama-server``,
+    ``--vllm-python``, ...; default: each at its default); ``serve``: engine key → its typed serving
+    options (a :class:`specconv.engines.vllm.server.VllmServeOptions`); ``load_checks``: engine
+    key → interpreter (None: its default) of each ``--*-load-check``.
     """
 
     source: str | None = None
@@ -98,8 +68,7 @@ _OWN_RESULT_OPTIONS = ("load_checks", "runtime", "runtime_path", "engine_options
 
 
 def _source_options(drafter_dir: Path):
-    """ConvertOptions recorded in the drafter's ``specconv.json`` ``conversion`` section
-    (so the source converts the same way); path options are relative to the drafter dir."""
+    """ConvertOptions recorded in the drafter's ``specconv.json`` (paths relative to the drafter dir)."""
     from specconv.converters import ConvertOptions
 
     from ..record import read_record
@@ -121,19 +90,9 @@ def _source_options(drafter_dir: Path):
 
 
 def prepare_source(source: str, verifier: "Verifier", drafter_dir: Path, workdir: Path) -> dict:
-    """Make the ``--source`` checkpoint loadable in the harness.
-
-    A Speculators directory is used as is, unless the drafter's conversion recorded options
-    that decide a value of its config (``--sample-from-anchor``, ``--sliding-window-non-causal``,
-    ``--mask-token-id``, ...: :meth:`ConvertOptions.decides_reading`): read as is, it would be
-    read otherwise. Anything else, and such a directory, is converted afresh with the converter
-    registry (the options recorded in the drafter's ``specconv.json``) into ``workdir``,
-    against the run's own resolved ``verifier``; a z-lab DFlash source additionally gets
-    z-lab's own reference forward.
-
-    Returns:
-        ``{"kind", "format", "path" (source dir), "converted" (Speculators dir)}``.
-    """
+    """Make ``--source`` loadable: a Speculators dir as is unless the recorded conversion options
+    decide its reading (:meth:`ConvertOptions.decides_reading`), else converted afresh into ``workdir``
+    with those options. Returns ``{"kind", "format", "path", "converted"}``."""
     from ..format import speculators_model_type_of
 
     p = Path(source)
@@ -148,22 +107,10 @@ def prepare_source(source: str, verifier: "Verifier", drafter_dir: Path, workdir
 
 
 def check_source_unchanged(drafter_dir: Path, source: dict) -> dict:
-    """``--source`` must be the checkpoint ``drafter_dir`` was converted from: the sha256 of
-    every source file recorded in its ``specconv.json`` (``conversion.source.files``) must
-    equal the source's now, else G2 and G3 would compare the drafter with other weights.
+    """Check ``--source`` against the sha256s in ``conversion.source.files`` of the drafter's record.
 
-    Args:
-        drafter_dir: the drafter under validation.
-        source: :func:`prepare_source`'s result (a fresh conversion records the source's
-            hashes; a Speculators dir used as it is gets the recorded files hashed).
-
-    Returns:
-        ``{"matches_record": True, "files": n}``, or ``{"matches_record": None, "why": ...}``
-        when the drafter records no source hashes (nothing to compare with).
-
-    Raises:
-        InvalidInputError: ``source_changed`` (exit 3), naming each differing file with the
-            recorded and the current sha256.
+    Returns ``{"matches_record": True, "files": n}``, or ``{"matches_record": None, "why": ...}``
+    when none are recorded. Raises InvalidInputError ``source_changed`` (exit 3) naming each file.
     """
     from ..record import read_record
 
@@ -190,8 +137,7 @@ def check_source_unchanged(drafter_dir: Path, source: dict) -> dict:
 
 
 def _source_hashes(source: dict, recorded: dict[str, str]) -> dict[str, str]:
-    """sha256 of the source's files now: from the fresh conversion's record, or (a
-    Speculators dir used as it is) of the recorded file names that exist in it."""
+    """sha256 of the source's files now: the fresh conversion's record, or the recorded names hashed."""
     from ..record import read_record
     from ..tensors import sha256_file
 
@@ -226,25 +172,12 @@ def validate_drafter(
     report_dir: str | Path | None = None,
     progress: Progress | None = None,
 ) -> "ValidationReport":
-    """Validate a Speculators drafter dir against ``verifier`` and finish the stage: the report
-    files, the ``validation`` section of ``DIR/specconv.json``
-    (:func:`specconv.validate.report.finish_report`) and ``DIR/README.md``.
+    """Validate a Speculators drafter dir against ``verifier``; write the report files
+    [``./specconv-validation/<DIR name>``], ``DIR/specconv.json``'s ``validation`` and ``DIR/README.md``.
 
-    ``config.json`` is parsed once and the verifier resolved once; both are handed to every
-    step (the ``--source`` conversion, G1, the drafter loader). A failed gate does not raise:
-    ``report.passed`` is false and ``report.gate_failure()`` is the exit-4 error.
-
-    Args:
-        drafter_dir: the converted drafter. verifier: local dir or Hub id, or a resolved ``Verifier``.
-        options: :class:`ValidateOptions`. progress: ``progress(phase, done, total)``.
-        report_dir: where ``validation.json/.md/.png`` go [``./specconv-validation/<DIR name>``].
-
-    Returns: :class:`~specconv.results.ValidationReport` (``gates``, ``passed``, ``report_files``).
-
-    Raises:
-        InvalidInputError: not a Speculators dir (``not_speculators_dir``), unreadable
-            inputs, models that do not fit, bad prompt sets, no vLLM interpreter.
-        UsageError: inconsistent options.
+    A failed gate does not raise: ``report.passed`` is false, ``report.gate_failure()`` the exit-4 error.
+    Raises InvalidInputError (``not_speculators_dir``, unreadable inputs, models that do not fit, bad
+    prompt sets, no vLLM interpreter) or UsageError (inconsistent options).
     """
     opts = options or ValidateOptions()
     d = Path(drafter_dir)
@@ -281,15 +214,10 @@ def _resolved(verifier: "str | Verifier") -> "Verifier":
 
 
 def _read_config(d: Path) -> "tuple[SpeculatorsDraftConfig | None, InvalidInputError | None]":
-    """The drafter's ``config.json``, read once: ``(typed config, None)``, or ``(None, the
-    error)`` when it is a Speculators config with an invalid value (G1 reports it, exit 4).
+    """``(typed config, None)``, or ``(None, error)`` for an invalid value (G1 reports it, exit 4).
 
-    Raises:
-        InvalidInputError: ``not_speculators_dir`` (exit 3, nothing written): no readable
-            ``config.json``, or one without ``speculators_model_type``; ``broken_hub_cache`` /
-            ``dangling_link``: links to nothing (:func:`specconv.fileio.check_no_dangling_links`).
-        UnsupportedFormatError: a Speculators dir specconv does not describe (exit 3, nothing
-            written): :func:`_refuse_unsupported`.
+    Raises (exit 3, nothing written) InvalidInputError ``not_speculators_dir`` / ``dangling_link`` /
+    ``broken_hub_cache``, or UnsupportedFormatError (:func:`_refuse_unsupported`).
     """
     from ..errors import SpecconvError
     from ..fileio import check_no_dangling_links
@@ -313,14 +241,8 @@ def _read_config(d: Path) -> "tuple[SpeculatorsDraftConfig | None, InvalidInputE
 
 
 def _refuse_unsupported(d: Path, model_type: str) -> None:
-    """Refuse a Speculators dir the converter registry refuses by name (exit 3, before anything
-    is written): a ``speculators_model_type`` no description in :mod:`specconv.format.algorithms`
-    names (``speculators_other``), or quantized weights (``quantized_drafter``). The registry's
-    own detection decides, so a type gains validation when its description is added.
-
-    Raises:
-        UnsupportedFormatError: naming the format, the type and the registry's reason.
-    """
+    """UnsupportedFormatError (exit 3) for a dir the converter registry's detection refuses
+    (``speculators_other``, ``quantized_drafter``), naming format, type and reason."""
     from ..converters import SourceInfo, detect
     from ..errors import UnsupportedFormatError
 
@@ -332,10 +254,7 @@ def _refuse_unsupported(d: Path, model_type: str) -> None:
 
 
 def _preflight(opts: ValidateOptions, d: Path, verifier_spec: str) -> None:
-    """Refusals (exit 3) before any model is loaded: each load check's (no interpreter, a drafter
-    the engine would serve wrongly), the backend's own (``--backend llamacpp``: ``preflight``;
-    ``--temperature`` > 0 is exit 2) (a runtime's refusals are
-    :func:`specconv.validate.runtimes.check_runtime`'s, in ``_check_inputs``)."""
+    """Refusals (exit 3) before any model loads: each load check's, then the backend's ``preflight``."""
     from ..engines import engines
 
     for e in engines():
@@ -347,9 +266,8 @@ def _preflight(opts: ValidateOptions, d: Path, verifier_spec: str) -> None:
 
 
 def _load_check_step(report: "ValidationReport", run: ValidationRun) -> None:
-    """Each engine's own loader asked for, in its own interpreter, in registry order; its payload
-    becomes the report's ``report_key``; a failed load fails the exit status, and ``passed`` too
-    when the check ``gates_validation``."""
+    """Run each asked-for engine load check into the report's ``report_key`` (``gates_validation``:
+    a failure fails ``passed``)."""
     from ..engines import engines
 
     for e in engines():
@@ -428,8 +346,7 @@ def _source_step(run: ValidationRun, workdir: Path) -> None:
 
 
 def _structure_step(run: ValidationRun, config_error: "InvalidInputError | None") -> bool:
-    """G1 (``config_error``: why ``config.json`` did not parse); on failure the other gates
-    are recorded as skipped. Returns whether it passed."""
+    """G1; on failure the other gates are recorded as skipped. Returns whether it passed."""
     from .gates import gate_structure
 
     run.progress("structure", 0, 1)
@@ -460,8 +377,7 @@ def _prompts_step(run: ValidationRun) -> None:
 
 
 def rendered_digest(rendered: list[tuple[str, list[int]]]) -> str:
-    """sha256 of the rendered prompts (``[[id, [token ids]], …]`` as compact JSON): two runs with
-    the same digest gave their engines the same token ids."""
+    """sha256 of the rendered prompts (``[[id, [token ids]], …]`` as compact JSON)."""
     import hashlib
     import json
 
@@ -469,8 +385,7 @@ def rendered_digest(rendered: list[tuple[str, list[int]]]) -> str:
 
 
 def _render_step(run: ValidationRun) -> None:
-    """Render every prompt once with the verifier's tokenizer (:func:`specconv.prompts.chat_renderer`):
-    every backend gets these token ids; the template's facts go into the report."""
+    """Render every prompt once with the verifier's tokenizer; every backend gets these token ids."""
     from ..prompts import chat_renderer
 
     run.progress("rendering prompts", 0, 1)
@@ -483,11 +398,7 @@ def _render_step(run: ValidationRun) -> None:
 
 
 def _tokenizer(verifier: "Verifier") -> Any:
-    """The verifier's tokenizer (transformers; a Hub id from the local cache, as the torch runner loads it).
-
-    Raises:
-        InvalidInputError: ``verifier_tokenizer`` — no loadable tokenizer there.
-    """
+    """The verifier's tokenizer (local cache only); InvalidInputError ``verifier_tokenizer`` if none loads."""
     from transformers import AutoTokenizer
 
     where = str(verifier.hub_id or verifier.local_dir)

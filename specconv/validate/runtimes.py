@@ -1,7 +1,4 @@
-"""Drafter runtimes, registered once as the engines' ``runtime`` capability (:func:`runtimes`), and
-the one gate comparing a runtime with the torch reference (:func:`compare_runtime`); see
-``docs/architecture.md``, "Adding an engine".
-"""
+"""Drafter runtimes (:func:`runtimes`) and the gate comparing one with the torch reference (``docs/validate.md``)."""
 
 from __future__ import annotations
 
@@ -26,8 +23,7 @@ TORCH = Runtime("torch reference", "specconv.validate.runtimes:load_torch")
 
 
 def runtimes() -> dict[str, Runtime]:
-    """Runtime name → runtime: ``torch`` (the reference) and every registered engine's
-    ``runtime`` capability, under the engine's key."""
+    """Runtime name → runtime: ``torch`` (the reference), then each engine's ``runtime`` under its key."""
     from ..engines import with_capability
 
     return {"torch": TORCH, **{e.key: e.runtime for e in with_capability("runtime")}}
@@ -35,8 +31,7 @@ def runtimes() -> dict[str, Runtime]:
 
 def load_torch(drafter_dir: Path, verifier: "Verifier", *, path: str | None, dtype: str, device: str,
                config: "SpeculatorsDraftConfig | None" = None):
-    """The reference drafter (:func:`specconv.drafters.load_drafter`, from ``config`` when the
-    run parsed it); ``path`` is unused."""
+    """The reference drafter (:func:`specconv.drafters.load_drafter`); ``path`` is unused."""
     import torch
 
     from ..drafters import load_drafter
@@ -45,11 +40,7 @@ def load_torch(drafter_dir: Path, verifier: "Verifier", *, path: str | None, dty
 
 
 def get_runtime(name: str, what: str = "runtime") -> Runtime:
-    """The runtime registered as ``name``.
-
-    Raises:
-        UsageError: unknown name (``what`` names the option in the message).
-    """
+    """The runtime registered as ``name``; UsageError (naming option ``what``) for an unknown one."""
     from ..errors import UsageError
 
     known = runtimes()
@@ -59,11 +50,10 @@ def get_runtime(name: str, what: str = "runtime") -> Runtime:
 
 
 def check_runtime(name: str | None, path: str | None, drafter_dir: Path, dtype: str) -> None:
-    """Refuse a compared runtime that cannot run, before any model is loaded (None: no-op).
+    """Refuse a compared runtime that cannot run, before any model loads (None: no-op).
 
-    Raises:
-        UsageError: unknown runtime, the reference itself, no path for a runtime that reads one.
-        MissingExtraError, InvalidInputError: its preflight's refusals (exit 2, 3).
+    Raises UsageError (unknown, the reference, no PATH) or its preflight's MissingExtraError /
+    InvalidInputError (exit 2, 3).
     """
     from ..errors import UsageError
 
@@ -82,11 +72,8 @@ def runtime_flags(name: str | None, path: str | None) -> dict[str, str | None]:
 
 
 def runtime_from_flags(paths: dict[str, Any], backend: str = "torch") -> tuple[str | None, str | None]:
-    """``(name, path)`` of the runtime flag given (``{"onnx": PATH, "engine": None}``), else Nones.
-
-    Raises:
-        UsageError: more than one runtime picked (:func:`check_one_runtime`; exit 2).
-    """
+    """``(name, path)`` of the runtime flag given (``{"onnx": PATH, "engine": None}``), else Nones;
+    UsageError (exit 2) for more than one runtime."""
     known = runtimes()
     given = [n for n, rt in known.items() if rt.key and paths.get(rt.key)]
     check_one_runtime(backend, given)
@@ -94,12 +81,8 @@ def runtime_from_flags(paths: dict[str, Any], backend: str = "torch") -> tuple[s
 
 
 def check_one_runtime(backend: str, runtimes: list[str]) -> None:
-    """``--backend vllm|llamacpp``, ``--onnx`` and ``--engine`` pick one runtime each: at most
-    one of them (``backend``: a ``--backend`` name; ``runtimes``: compared runtime names).
-
-    Raises:
-        UsageError: two or more picked, named as their CLI flags (exit 2); an unknown runtime.
-    """
+    """At most one of a non-torch ``--backend`` and the compared ``runtimes``; UsageError (exit 2) names
+    the flags (or an unknown runtime)."""
     from ..errors import UsageError
 
     given = [f"--backend {backend}"] if backend != "torch" else []
@@ -109,11 +92,9 @@ def check_one_runtime(backend: str, runtimes: list[str]) -> None:
 
 
 class ComparingDrafter:
-    """Proposes with ``primary`` (the runtime under test) and, at greedy steps, compares its
-    drafts with ``reference`` (the torch drafter) on the same inputs: ``steps``, ``drafts``,
-    ``mismatches``, ``near_ties`` (torch top-1 − top-2 margin below ``margin``),
-    ``near_tie_mismatches``; with ``kl`` also KL(torch ‖ primary) per draft
-    (:func:`~specconv.validate.metrics.kl_rows`) where both return logits of one shape."""
+    """Proposes with ``primary`` and, at greedy steps, counts its differences from ``reference`` (the
+    torch drafter) on the same inputs: near ties are torch top-1 − top-2 < ``margin``; ``kl``: also
+    KL(torch ‖ primary) per draft where the logits have one shape."""
 
     def __init__(self, primary: "DrafterBackend", reference: "DrafterBackend", *, margin: float, kl: bool = False):
         self.primary, self.reference, self.margin, self.kl = primary, reference, float(margin), kl
@@ -164,11 +145,7 @@ class ComparingDrafter:
 
 def judge(rule: CompareRule, tau_torch: float, tau_runtime: float, counts: dict, tokens_identical: bool,
           temperature: float) -> tuple[dict, bool | None, list[str]]:
-    """Apply ``rule`` to one comparison (``counts``: :meth:`ComparingDrafter.counts`).
-
-    Returns:
-        ``(verdict keys for the report, passed — None when nothing was gated —, errors)``.
-    """
+    """``rule`` on one comparison: ``(verdict keys, passed (None: nothing gated), errors)``."""
     verdict: dict[str, Any] = {}
     checks: dict[str, bool] = {}
     if rule.identical_tokens:
@@ -188,18 +165,9 @@ def judge(rule: CompareRule, tau_torch: float, tau_runtime: float, counts: dict,
 
 def compare_runtime(run: "ValidationRun", reference: "DrafterBackend", decode: Callable[..., list],
                     spec_results: list, plain: list) -> "GateResult":
-    """The gate "compare a runtime against the torch reference".
-
-    Loads ``run.options.runtime`` on ``runtime_path``, runs the requests through
-    ``decode(name, drafter)`` (the torch backend's harness) with it drafting, each greedy step
-    compared with ``reference``, and judges both runs by the runtime's :class:`CompareRule`.
-    Stores ``run.report[key]``: the drafter's ``describe()`` (graph / engine), ``torch`` and
-    the runtime's side (:data:`SIDE_KEYS`), ``drafts`` (counts), the :func:`judge` keys,
-    ``passed``, ``timing_note``, ``rule``.
-
-    Returns:
-        The gate named ``key`` (skipped when the rule gates nothing at this temperature).
-    """
+    """The gate comparing ``run.options.runtime`` with the torch ``reference``: its requests run through
+    ``decode(name, drafter)``, judged by its :class:`CompareRule`; fills ``run.report[key]``.
+    Skipped when the rule gates nothing at this temperature."""
     from .gates import GateResult
     from .metrics import compute_metrics
 

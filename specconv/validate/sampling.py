@@ -1,18 +1,9 @@
-"""Acceptance rules of speculative decoding (greedy and T>0 rejection sampling).
+"""Acceptance rules of speculative decoding: greedy prefix match, and T>0 rejection sampling.
 
-Greedy: accept the longest prefix of draft tokens that equal the verifier's argmax at
-the preceding position; the bonus token is the verifier argmax right after it.
-
-T>0 (Leviathan et al. 2023; Chen et al. 2023; the same rule as z-lab's
-``dflash._rejection_sample`` and vLLM's rejection sampler): draft token ``x_i`` drawn
-from ``q_i`` is accepted with probability ``min(1, p_i(x_i) / q_i(x_i))`` — implemented
-as ``u·q < p`` with ``u ~ U[0, 1)`` so that ``q = 0`` never divides — sequentially; at
-the first rejection the next token is sampled from ``normalize(max(p_i − q_i, 0))``
-(falling back to ``p_i`` when that residual is all zero); when every draft is accepted
-the bonus is sampled from ``p_{k}``. The emitted sequence is then distributed exactly
-as sampling from ``p`` token by token (Leviathan et al. 2023, "Fast Inference from
-Transformers via Speculative Decoding", Algorithm 1; vLLM
-``vllm/v1/sample/rejection_sampler.py``).
+T>0 (Leviathan et al. 2023, Algorithm 1; z-lab ``dflash._rejection_sample``; vLLM
+``vllm/v1/sample/rejection_sampler.py``): accept ``x_i ~ q_i`` when ``u·q < p`` (``u ~ U[0, 1)``, no
+division by ``q = 0``); at the first rejection sample ``normalize(max(p_i − q_i, 0))`` (``p_i`` when
+all zero); after full acceptance the bonus comes from ``p_k``.
 """
 
 from __future__ import annotations
@@ -21,29 +12,15 @@ from typing import Any
 
 
 def probs_from_logits(logits, temperature: float):
-    """Softmax of ``logits / temperature`` in float32 (``-inf`` entries get probability 0).
-
-    Args:
-        logits: FloatTensor[..., V].
-        temperature: > 0.
-    """
+    """Softmax of ``logits [..., V] / temperature`` (> 0) in float32 (``-inf`` → probability 0)."""
     import torch
 
     return torch.softmax(logits.float() / float(temperature), dim=-1)
 
 
 def greedy_accept(draft_tokens, verifier_logits) -> tuple[int, int]:
-    """Greedy acceptance for one block.
-
-    Args:
-        draft_tokens: LongTensor[k] proposed after the anchor.
-        verifier_logits: FloatTensor[k+1, V]; row ``i`` predicts the token after input
-            position ``i`` of ``[anchor, d_1 … d_k]``.
-
-    Returns:
-        ``(a, bonus)``: the number of accepted drafts (0…k) and the verifier's argmax
-        token at row ``a``.
-    """
+    """``(a, bonus)`` for drafts ``[k]`` and verifier logits ``[k+1, V]`` of ``[anchor, d_1 … d_k]``:
+    accepted drafts (0…k) and the verifier's argmax at row ``a``."""
     import torch
 
     target = torch.argmax(verifier_logits, dim=-1)
@@ -56,18 +33,8 @@ def greedy_accept(draft_tokens, verifier_logits) -> tuple[int, int]:
 
 
 def speculative_sample(draft_tokens, q, p, generator=None) -> tuple[Any, Any]:
-    """Batched rejection sampling (vectorised over ``N`` independent blocks).
-
-    Args:
-        draft_tokens: LongTensor[N, k] sampled from ``q``.
-        q: FloatTensor[N, k, V] draft probabilities (rows sum to 1).
-        p: FloatTensor[N, k+1, V] verifier probabilities; row ``k`` is the bonus row.
-        generator: optional ``torch.Generator`` (on the tensors' device).
-
-    Returns:
-        ``(accepted, next_token)``: LongTensor[N] accepted counts (0…k) and LongTensor[N]
-        the token emitted after the accepted drafts (residual sample or bonus).
-    """
+    """Rejection sampling over ``N`` blocks: drafts ``[N, k]`` from ``q [N, k, V]``, verifier ``p [N, k+1, V]``
+    (row ``k``: bonus) → long ``(accepted [N], next_token [N])``."""
     import torch
 
     n, k = draft_tokens.shape

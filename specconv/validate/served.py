@@ -1,11 +1,5 @@
-"""The validate side of a served check: the one driver that judges a drafter served by a registered
-engine (``--backend vllm``, ``--backend llamacpp``, a plug-in's). The engine part (its argv, server,
-counters, version probe and refusals) is its :class:`~specconv.engines.base.Serve` and imports
-nothing from here; what every served engine adds to G3 is
-:func:`specconv.validate.gates.served_engine_checks`, its G4 reference is either the engine's own
-plain server (``after_torch``) or a non-speculative reference (the engine's, else
-:func:`torch_reference_outputs`). ``docs/validate.md`` ("``--backend vllm``", "G4 with ``--backend
-vllm``"), ``docs/llamacpp.md`` ("The check").
+"""The one driver judging a drafter served by a registered engine's :class:`~specconv.engines.base.Serve`
+(``docs/validate.md``, "``--backend vllm``"; ``docs/llamacpp.md``, "The check").
 """
 
 from __future__ import annotations
@@ -29,9 +23,7 @@ MIN_TOKEN_AGREEMENT = 0.90
 
 
 class ServedBackend:
-    """``--backend <engine>``: the drafter served by a registered engine's
-    :class:`~specconv.engines.base.Serve` (its counters are G3, or, ``after_torch``, it is compared
-    with the torch gates' run)."""
+    """``--backend <engine>``: its counters are G3, or (``after_torch``) it is compared with the torch run."""
 
     def __init__(self, serve: Serve) -> None:
         self.serve = serve
@@ -47,12 +39,8 @@ class ServedBackend:
 
 
 def _served_gates(s: Serve, run: ValidationRun) -> None:
-    """Serve (the engine's :meth:`~specconv.engines.base.Serve.measure`), then G3 on the engine's
-    counters (:meth:`~specconv.engines.base.Serve.after_acceptance` adds its own errors) and G4
-    against a non-speculative reference (:func:`lossless_gate`); G2 is skipped. The server gets the
-    run's rendered token ids; what it says it saw and the model runner it ran are checked on G3
-    (:func:`specconv.validate.gates.served_engine_checks`). Fills ``device``, the engine's
-    ``report_key`` section, ``metrics``, ``k`` and the top-level metrics of the report."""
+    """Serve, then G3 on the engine's counters (plus ``after_acceptance``'s errors) and G4 against a
+    non-speculative reference (:func:`lossless_gate`); G2 is skipped."""
     from ..format.algorithms import find_algorithm
     from .metrics import summary
 
@@ -75,14 +63,9 @@ def _served_gates(s: Serve, run: ValidationRun) -> None:
 
 
 def lossless_gate(run: ValidationRun, vm: dict, s: Serve) -> GateResult:
-    """G4 of a served run: the server's greedy outputs against a non-speculative reference (the
-    engine's :meth:`~specconv.engines.base.Serve.reference`, ``--reference-url`` for vLLM, else
-    specconv's torch loop when the verifier fits here); skipped with "not checked: <reason>" otherwise.
-
-    Passes when the outputs agree on ≥ :data:`MIN_TOKEN_AGREEMENT` of the tokens (common
-    prefix per request / the longer output: vLLM's and transformers' kernels may flip a
-    near-tie); divergences are warnings.
-    """
+    """G4 of a served run: greedy outputs against the engine's ``reference`` or else the torch loop
+    (skipped "not checked: <reason>" without one); passes at ≥ :data:`MIN_TOKEN_AGREEMENT` of the
+    tokens (kernels may flip a near-tie)."""
     from ..engines.served import token_agreement
 
     if run.options.temperature > 0:
@@ -101,9 +84,7 @@ def lossless_gate(run: ValidationRun, vm: dict, s: Serve) -> GateResult:
 
 
 def available_memory(meminfo: str = "/proc/meminfo") -> int:
-    """Bytes of memory a new process can use: Linux's ``MemAvailable`` (free memory plus the
-    page cache it may reclaim), else the free pages (``SC_AVPHYS_PAGES``, which leaves the
-    page cache out and reads low on a busy machine)."""
+    """Bytes a new process can use: ``MemAvailable`` (counts reclaimable page cache), else ``SC_AVPHYS_PAGES``."""
     try:
         for line in Path(meminfo).read_text().splitlines():
             if line.startswith("MemAvailable:"):
@@ -114,8 +95,8 @@ def available_memory(meminfo: str = "/proc/meminfo") -> int:
 
 
 def fits_here(verifier: Verifier, dtype: str, device: str) -> str | None:
-    """None when the verifier's weights fit on ``device`` here (CUDA: the torch backend's
-    placement rule; CPU: 1.15 × the weights + 1 GiB ≤ :func:`available_memory`), else why not."""
+    """None when the verifier fits on ``device`` (CUDA: the placement rule; CPU: 1.15 × weights + 1 GiB),
+    else why not."""
     from ..errors import SpecconvError
     from .torch_backend import _float_numel, plan_placement
 
@@ -167,9 +148,7 @@ def torch_reference_outputs(run: ValidationRun) -> list[list[int]] | str:
 
 
 def _after_torch_gates(s: Serve, run: ValidationRun) -> None:
-    """The torch backend's gates, then the engine serves the torch loop's token ids
-    (:meth:`~specconv.engines.base.Serve.measure`); its section is the report's ``report_key`` and
-    G3 / G4 also judge it (:func:`_engine_judged`)."""
+    """The torch backend's gates, then the engine serves the same token ids and G3 / G4 judge it too."""
     from .torch_backend import TorchBackend
 
     found = s.prepare(run.drafter_dir, run.verifier, run.options, s.preflight(run.drafter_dir, run.options))
@@ -181,9 +160,8 @@ def _after_torch_gates(s: Serve, run: ValidationRun) -> None:
 
 
 def _engine_judged(run: ValidationRun, s: Serve, sec: dict[str, Any], prompt_n: list[int | None]) -> None:
-    """G3 and G4 also judge the engine (details under the engine's key): G3 its τ against the torch
-    loop's within ``band`` and that it evaluated the torch loop's prompt tokens (``prompt_n``, per
-    request); G4 its divergences from its own plain server (a near tie is a warning)."""
+    """G3: the engine's τ within ``band`` of the torch loop's, on the same prompt tokens (``prompt_n``);
+    G4: its divergences from its own plain server (a near tie warns)."""
     by = {g.name: g for g in run.results}
     g3, g4 = by.get("acceptance"), by.get("lossless")
     key, display = s.engine.key, s.engine.display

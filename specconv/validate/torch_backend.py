@@ -31,19 +31,10 @@ def _float_numel(store) -> int:
 
 
 def plan_placement(verifier: Verifier, drafter_dir: Path, device: str, dtype: str) -> dict:
-    """Check that verifier + drafter fit on ``device``; choose ``device_map``.
+    """Check that verifier + drafter fit on ``device`` (the rule: ``docs/validate.md``); choose ``device_map``.
 
-    On CUDA, the weights at the run dtype (drafter: plus the verifier's embedding and LM
-    head it may borrow) plus 15% and 1 GiB headroom must fit in free memory of device
-    ``cuda:i``; when only the verifier is too large (and accelerate is installed) it is
-    placed with ``device_map="auto"`` (sharded over the GPUs; with a single GPU,
-    accelerate offloads the rest to CPU memory).
-
-    Returns:
-        ``{"device_map": None | "auto", "need_bytes", "free_bytes"}`` (bytes).
-
-    Raises:
-        InvalidInputError: the models do not fit (names the sizes).
+    Returns ``{"device_map": None | "auto", "need_bytes", "free_bytes"}``; InvalidInputError (naming the
+    sizes) when the models do not fit.
     """
     import torch
 
@@ -218,8 +209,7 @@ class TorchBackend:
 
 
 def _load_reference(src_info: dict, h: _Harness):
-    """Reference drafter for G2/G3: z-lab's forward for z-lab DFlash, else the source
-    converted afresh loaded by specconv's reference drafter."""
+    """Reference drafter for G2/G3: z-lab's forward for z-lab DFlash, else the source converted afresh."""
     from ..drafters import load_drafter
 
     if src_info.get("format") == "zlab_dflash":

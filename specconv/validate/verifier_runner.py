@@ -1,22 +1,7 @@
-"""Run the verifier (a transformers causal LM) and capture aux hidden states.
+"""Run the verifier (a transformers causal LM) and capture aux hidden states by forward hooks.
 
-The verifier is loaded with ``AutoModelForCausalLM`` from a local directory (or a Hub
-id already in the local cache; the Hub itself is never contacted unless the caller
-allows it). Each forward returns float32 logits and the aux hidden states the drafter
-needs, captured in the **Speculators / vLLM convention** (vLLM
-``vllm/model_executor/models/llama.py``: ``LlamaModel.forward`` records the residual
-stream *entering* each layer listed in ``aux_hidden_state_layers``):
-
-* id ``0``      — the embedding output (= HF ``hidden_states[0]``);
-* id ``ℓ < N``  — the residual stream after ``ℓ`` decoder layers (= HF ``hidden_states[ℓ]``);
-* id ``N``      — the final **pre-norm** hidden state. transformers 5 returns the
-  *post*-norm tensor as ``hidden_states[N]`` for Llama-style models, so we never use
-  ``output_hidden_states``: forward hooks on the embedding module and on the decoder
-  layers record the residual stream directly.
-
-The KV cache is a ``transformers.DynamicCache``; :meth:`VerifierRunner.crop` shortens it
-after a partially accepted block so the next verify pass continues from the last
-accepted position.
+Capture convention as vLLM ``vllm/model_executor/models/llama.py`` (``LlamaModel.forward`` records
+the residual stream entering each layer of ``aux_hidden_state_layers``); ``docs/validate.md``, "Harness".
 """
 
 from __future__ import annotations
@@ -35,11 +20,7 @@ _DTYPES = ("float32", "bfloat16", "float16", "float64")
 
 
 def torch_dtype(name: str | Any):
-    """Map ``"float32" | "bfloat16" | "float16" | "float64"`` (or a torch dtype) to torch.dtype.
-
-    Raises:
-        InvalidInputError: unknown dtype name.
-    """
+    """torch.dtype of a name in ``_DTYPES`` (or a torch dtype); InvalidInputError for another name."""
     import torch
 
     if isinstance(name, torch.dtype):
@@ -50,11 +31,7 @@ def torch_dtype(name: str | Any):
 
 
 def resolve_device(device: str = "auto") -> str:
-    """``auto`` → ``cuda`` when a CUDA device is usable, else ``cpu``.
-
-    Raises:
-        InvalidInputError: ``cuda`` requested but unavailable.
-    """
+    """``auto`` → ``cuda`` when usable, else ``cpu``; InvalidInputError for unavailable cuda or another name."""
     import torch
 
     if device == "auto":
@@ -68,21 +45,15 @@ def resolve_device(device: str = "auto") -> str:
 
 @dataclass
 class VerifyOutput:
-    """Result of one verifier forward.
-
-    Attributes:
-        logits: FloatTensor[n, V] in float32 (the verifier's vocab, V = lm_head rows).
-        aux: Tensor[n, A*H] — the requested aux hidden states of the ``n`` input
-            positions, concatenated in the order of ``aux_layer_ids`` (verifier dtype);
-            ``None`` when no aux ids were requested.
-    """
+    """One verifier forward: float32 ``logits [n, V]``; ``aux [n, A*H]`` in ``aux_layer_ids`` order
+    (verifier dtype), None when none were requested."""
 
     logits: Any
     aux: Any | None
 
 
 def _decoder_parts(model) -> tuple[Any, Any, Any]:
-    """Return (embedding module, decoder layer ModuleList, final norm or None)."""
+    """(embedding module, decoder layer ModuleList, final norm or None)."""
     base = None
     get_decoder = getattr(model, "get_decoder", None)
     if callable(get_decoder):
@@ -105,24 +76,16 @@ def _decoder_parts(model) -> tuple[Any, Any, Any]:
 
 def _load_model(verifier: str | Path, *, device: str, dtype, attn_implementation: str, device_map: str | None,
                 local_files_only: bool):
-    """``AutoModelForCausalLM.from_pretrained`` in eval mode, on ``device`` (or placed by
-    ``device_map``).
-
-    Raises:
-        InvalidInputError: bad attention implementation, ``device_map`` without CUDA, or
-            the checkpoint cannot be loaded.
-    """
+    """The model in eval mode on ``device`` (or placed by ``device_map``); InvalidInputError: bad attention
+    implementation, ``device_map`` without CUDA, or an unloadable checkpoint."""
     import torch
     from transformers import AutoModelForCausalLM
 
     quiet_library_bars()  # "Loading weights" bars only on a TTY
     if attn_implementation not in ("eager", "sdpa"):
         raise InvalidInputError(f"attention implementation must be eager or sdpa, not {attn_implementation!r}")
-    kwargs: dict[str, Any] = {
-        "dtype": torch_dtype(dtype),
-        "attn_implementation": attn_implementation,
-        "local_files_only": local_files_only,
-    }
+    kwargs: dict[str, Any] = {"dtype": torch_dtype(dtype), "attn_implementation": attn_implementation,
+                              "local_files_only": local_files_only}
     if device_map is not None:
         if not torch.cuda.is_available():
             raise InvalidInputError("device_map='auto' needs CUDA; use --device cpu")
@@ -137,19 +100,7 @@ def _load_model(verifier: str | Path, *, device: str, dtype, attn_implementation
 
 
 class VerifierRunner:
-    """A loaded verifier plus aux-hidden-state capture and KV-cache helpers.
-
-    Args:
-        model: a transformers causal LM in eval mode.
-        tokenizer: its tokenizer (may be ``None`` in unit tests).
-        aux_layer_ids: Speculators-convention ids to capture (may be empty).
-        device: device of the input tensors (``"cpu"``, ``"cuda"``, ``"cuda:0"``).
-
-    Attributes:
-        num_layers (int): N, the verifier's decoder layer count.
-        hidden_size (int), vocab_size (int): from the model config.
-        dtype: torch dtype of the weights.
-    """
+    """A loaded verifier (eval mode; ``tokenizer`` may be None) plus aux capture and KV-cache helpers."""
 
     def __init__(self, model, tokenizer=None, aux_layer_ids: Sequence[int] = (), device: str = "cpu"):
         self.model = model
@@ -168,33 +119,13 @@ class VerifierRunner:
         self.aux_layer_ids: list[int] = []
         self.set_aux_layer_ids(aux_layer_ids)
 
-    # ------------------------------------------------------------------ loading
     @classmethod
-    def load(
-        cls,
-        verifier: str | Path,
-        *,
-        device: str = "cpu",
-        dtype: str | Any = "float32",
-        attn_implementation: str = "sdpa",
-        aux_layer_ids: Sequence[int] = (),
-        device_map: str | None = None,
-        local_files_only: bool = True,
-    ) -> "VerifierRunner":
-        """Load a verifier with ``AutoModelForCausalLM``.
+    def load(cls, verifier: str | Path, *, device: str = "cpu", dtype: str | Any = "float32",
+             attn_implementation: str = "sdpa", aux_layer_ids: Sequence[int] = (), device_map: str | None = None,
+             local_files_only: bool = True) -> "VerifierRunner":
+        """Load a local dir or cached Hub id; ``device_map="auto"`` shards over the GPUs (accelerate, CUDA).
 
-        Args:
-            verifier: local HF directory, or a Hub id resolved from the local cache.
-            device: ``cpu`` or ``cuda[:i]`` (already resolved; see :func:`resolve_device`).
-            dtype: weight dtype name.
-            attn_implementation: ``"eager"`` or ``"sdpa"``.
-            aux_layer_ids: Speculators-convention ids to capture.
-            device_map: ``"auto"`` to shard a verifier larger than one device over the
-                available GPUs (needs accelerate and CUDA); ``None`` puts it on ``device``.
-            local_files_only: never contact the Hub (default).
-
-        Raises:
-            InvalidInputError: the verifier cannot be loaded (message names the path).
+        Raises InvalidInputError: the verifier cannot be loaded (the message names the path).
         """
         from transformers import AutoTokenizer
 
@@ -210,13 +141,8 @@ class VerifierRunner:
             in_device = str(model.get_input_embeddings().weight.device)
         return cls(model, tok, aux_layer_ids=aux_layer_ids, device=in_device)
 
-    # ------------------------------------------------------------------ capture hooks
     def set_aux_layer_ids(self, ids: Sequence[int]) -> None:
-        """(Re)install capture hooks for Speculators-convention ``ids``.
-
-        Raises:
-            InvalidInputError: an id outside ``[0, N]``.
-        """
+        """(Re)install capture hooks for ``ids``; InvalidInputError for an id outside ``[0, N]``."""
         for h in self._hooks:
             h.remove()
         self._hooks = []
@@ -246,7 +172,6 @@ class VerifierRunner:
             h.remove()
         self._hooks = []
 
-    # ------------------------------------------------------------------ cache
     def new_cache(self):
         """Return an empty ``DynamicCache`` for this verifier."""
         from transformers import DynamicCache
@@ -268,19 +193,9 @@ class VerifierRunner:
         if remove > 0:
             cache.crop(-remove)
 
-    # ------------------------------------------------------------------ forward
     def forward(self, tokens, cache=None, *, start: int | None = None, capture: bool = True) -> VerifyOutput:
-        """Run the verifier on ``tokens`` that continue the sequence held in ``cache``.
-
-        Args:
-            tokens: LongTensor[1, n] (or a list of ints) — positions ``start..start+n-1``.
-            cache: a DynamicCache (extended in place) or ``None`` for a stateless forward.
-            start: position of ``tokens[0]``; defaults to the cache length.
-            capture: also return the aux hidden states.
-
-        Returns:
-            :class:`VerifyOutput` with float32 logits ``[n, V]`` and aux ``[n, A*H]``.
-        """
+        """Run ``tokens`` (long ``[1, n]`` or ints) at positions ``start..`` (default: the cache length),
+        extending ``cache`` in place (None: stateless)."""
         import torch
 
         if not torch.is_tensor(tokens):
@@ -294,12 +209,7 @@ class VerifierRunner:
         pos = torch.arange(start, start + n, device=self.device)[None]
         self._captured = {}
         with torch.inference_mode():
-            out = self.model(
-                input_ids=tokens,
-                position_ids=pos,
-                past_key_values=cache,
-                use_cache=cache is not None,
-            )
+            out = self.model(input_ids=tokens, position_ids=pos, past_key_values=cache, use_cache=cache is not None)
         logits = out.logits[0].float()
         aux = None
         if capture and self.aux_layer_ids:
@@ -318,14 +228,8 @@ class VerifierRunner:
         finally:
             self.set_aux_layer_ids(saved)
 
-    # ------------------------------------------------------------------ info
     def stop_token_ids(self) -> list[int]:
-        """eos id(s) of the config/generation config/tokenizer plus the chat end token.
-
-        The chat end token is the tokenizer's ``eos_token`` and, when present, the
-        ``<|im_end|>`` / ``<|eot_id|>`` / ``<end_of_turn>`` token that closes an assistant
-        turn in the chat template.
-        """
+        """eos id(s) of config, generation config and tokenizer, plus the template's turn-closing token."""
         ids: set[int] = set()
 
         def add(v):

@@ -1,8 +1,7 @@
 """Source reference forward for z-lab DFlash checkpoints (G2 parity, ``docs/validate.md``).
 
-Wraps z-lab's own ``dflash.model.DFlashDraftModel`` (the MIT ``dflash`` 0.1.0 wheel)
-behind the drafter ``propose`` API so G2 can compare it with the converted drafter on
-the same real verifier hidden states. Facts used (z-lab ``dflash/model.py``):
+Wraps z-lab's ``dflash.model.DFlashDraftModel`` (the MIT ``dflash`` 0.1.0 wheel) behind ``propose``.
+Facts used (z-lab ``dflash/model.py``):
 
 * z-lab's ``target_layer_ids`` index decoder-layer *outputs*; the hidden state used is
   ``hidden_states[id + 1]``, i.e. Speculators id ``id + 1`` — so this adapter declares
@@ -11,9 +10,7 @@ the same real verifier hidden states. Facts used (z-lab ``dflash/model.py``):
 * the block is ``[anchor, mask × (B−1)]`` embedded with the verifier's input embedding
   (times ``input_embedding_scale`` when present) at positions ``T … T+B−1``; the context
   features occupy positions ``0 … T−1``; drafts are slots ``1 … B−1`` through the
-  verifier's LM head (``compute_logits`` applies ``output_multiplier`` / softcapping).
-
-No KV cache: every call recomputes the block, like the reference drafters.
+  verifier's LM head (``compute_logits`` applies ``output_multiplier`` / softcapping). No KV cache.
 """
 
 from __future__ import annotations
@@ -34,18 +31,8 @@ class _Proposal:
 
 
 class ZLabDFlashReference:
-    """``propose``-compatible wrapper of z-lab's ``DFlashDraftModel``.
-
-    Args:
-        source_dir: the z-lab DFlash checkpoint directory.
-        verifier_model: the loaded verifier (a transformers causal LM); its input
-            embedding and LM head are used, as in ``dflash_generate``.
-        dtype: torch dtype for the draft model.
-        device: torch device.
-
-    Raises:
-        InvalidInputError: the ``dflash`` package is missing or the checkpoint does not load.
-    """
+    """``propose``-compatible wrapper of z-lab's ``DFlashDraftModel`` over the loaded verifier's embedding and
+    LM head (as ``dflash_generate``); InvalidInputError without ``dflash`` or a loadable checkpoint."""
 
     algorithm = "dflash"
     sample_from_anchor = False

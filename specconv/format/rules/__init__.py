@@ -1,10 +1,5 @@
-"""The servability lint of a Speculators draft: what speculators and vLLM need to load
-and serve it faithfully.
-
-Rules are registered by decorator (:func:`specconv.format.rules.registry.rule`) in
-:mod:`.envelope_rules`, :mod:`.layout_rules` and :mod:`.tensor_rules`; :func:`lint` and
-:func:`lint_dir` run the registry. Codes, levels and descriptions:
-:data:`specconv.format.findings.CODES`.
+"""The servability lint of a Speculators draft: what speculators and vLLM need to load and serve it
+faithfully (rules registered in :mod:`.envelope_rules`, :mod:`.layout_rules`, :mod:`.tensor_rules`).
 """
 
 from __future__ import annotations
@@ -26,37 +21,19 @@ __all__ = ["RULES", "lint", "lint_dir", "rule"]
 _LEFTOVERS = ("optimizer_state_dict.pt", "scheduler_state_dict.pt", "train_command.txt", "run.yaml")
 
 
-def lint(
-    cfg: SpeculatorsDraftConfig,
-    tensors: Mapping[str, tuple[tuple[int, ...], str]] | None = None,
-    verifier: VerifierFacts | None = None,
-    *,
-    serve_method: str | None = None,
-) -> list[Finding]:
-    """Servability lint of a Speculators draft.
+def lint(cfg: SpeculatorsDraftConfig, tensors: Mapping[str, tuple[tuple[int, ...], str]] | None = None,
+         verifier: VerifierFacts | None = None, *, serve_method: str | None = None) -> list[Finding]:
+    """Servability lint of a Speculators draft; findings errors first, then in rule order.
 
-    Checks the config alone, the tensor names/shapes/dtypes against the config when
-    ``tensors`` is given, compatibility with the verifier when ``verifier`` is given, and
-    the vLLM ``method`` when ``serve_method`` is given.
-
-    Args:
-        cfg: the draft config.
-        tensors: ``name -> (shape, safetensors dtype string)`` (e.g. ``((64, 192), "BF16")``);
-            ``None`` skips the tensor checks.
-        verifier: facts about the verifier; ``None`` skips the checks that need it.
-        serve_method: the ``method`` of vLLM's ``--speculative-config`` (e.g.
-            ``"dflash"``); ``None`` skips that check.
-
-    Returns:
-        Findings sorted by level (errors first), then in rule order.
+    ``tensors``: ``name -> (shape, safetensors dtype)`` (e.g. ``((64, 192), "BF16")``); ``serve_method``:
+    vLLM's ``--speculative-config`` method. A None input skips the rules that need it.
     """
     ctx = LintContext(cfg, tensors, verifier, serve_method)
     return sort_findings(run_rules(ctx))
 
 
 def _read_tensor_headers(path: Path) -> dict[str, tuple[tuple[int, ...], str]]:
-    """Names → (shape, safetensors dtype) of a draft directory's weights, headers only
-    (:class:`specconv.tensors.TensorStore`; no tensor data is read for safetensors)."""
+    """Names → (shape, safetensors dtype) of a draft directory's weights, from the headers only."""
     from ...tensors import TensorStore
 
     store = TensorStore.open(path)
@@ -73,28 +50,11 @@ def _dir_findings(p: Path, has_weights: bool) -> list[Finding]:
     return out
 
 
-def lint_dir(
-    path: str | os.PathLike[str],
-    verifier: VerifierFacts | None = None,
-    *,
-    serve_method: str | None = None,
-    config: SpeculatorsDraftConfig | None = None,
-) -> list[Finding]:
-    """Lint a Speculators draft directory (config.json + tensor headers; no weights read).
+def lint_dir(path: str | os.PathLike[str], verifier: VerifierFacts | None = None, *, serve_method: str | None = None,
+             config: SpeculatorsDraftConfig | None = None) -> list[Finding]:
+    """:func:`lint` of a draft directory (config.json + tensor headers) plus its directory findings.
 
-    Args:
-        path: the draft directory.
-        verifier: optional verifier facts.
-        serve_method: optional vLLM ``method`` (see :func:`lint`).
-        config: its typed ``config.json`` when the caller parsed it already (else read here).
-
-    Returns:
-        Findings as :func:`lint`, plus directory-level ones (``weights-missing``,
-        ``training-leftovers``).
-
-    Raises:
-        InvalidInputError: ``config.json`` is missing or invalid, or the weights cannot be
-            read.
+    Raises InvalidInputError: ``config.json`` missing or invalid, or unreadable weights.
     """
     p = Path(path)
     if not p.is_dir():

@@ -1,10 +1,7 @@
 """Lint rules on the envelope, the mask token, K and the verifier reference.
 
 Facts: speculators 0.9.0 ``src/speculators/config.py``; vLLM 0.33
-``vllm/transformers_utils/configs/speculators/algos.py`` and ``vllm/config/speculative.py``
-(what vLLM reads and defaults); ``docs/formats.md``. Per-algorithm facts (architecture,
-serve method, implicit keys, what vLLM does with ``sample_from_anchor``) are the
-descriptions' (:mod:`specconv.format.algorithms`).
+``vllm/transformers_utils/configs/speculators/algos.py``, ``vllm/config/speculative.py``.
 """
 
 from __future__ import annotations
@@ -20,10 +17,8 @@ from .registry import Hit, LintContext, rule
 K_KEY = "speculators_config.proposal_methods.0.speculative_tokens"
 
 def serve_hint(ctx: LintContext) -> str:
-    """The long-form ``vllm serve`` command line for the draft, on one line: the words of
-    ``specconv.engines.vllm.serve_line.long_form_argv`` (the card's; a test holds them equal) with
-    the ``--speculative-config`` of the description (:meth:`.algorithms.VllmFacts.speculative_config`),
-    shell-quoted (``shlex.join``)."""
+    """The long-form ``vllm serve`` line for the draft, shell-quoted: the words of
+    ``specconv.engines.vllm.serve_line.long_form_argv`` (a test holds them equal)."""
     spec = ctx.alg.vllm.speculative_config("<draft_dir>", ctx.cfg.speculative_tokens)
     return shlex.join(["vllm", "serve", "<verifier>", "--speculative-config", json.dumps(spec)])
 
@@ -116,9 +111,6 @@ def _serve_method(ctx: LintContext) -> Hit | None:
     return None
 
 
-# ---- mask token -----------------------------------------------------------------
-
-
 @rule("mask-token-missing", "error")
 def _mask_missing(ctx: LintContext) -> Hit | None:
     if ctx.cfg.mask_token_id is None:
@@ -151,9 +143,6 @@ def _mask_special(ctx: LintContext) -> Hit | None:
                 "slots then look like that token wherever the verifier emits it — check the "
                 "training config", "mask_token_id")
     return None
-
-
-# ---- speculative tokens / block layout ------------------------------------------
 
 
 @rule("speculative-tokens-invalid", "error")
@@ -253,8 +242,6 @@ def _sample_from_anchor_vllm(ctx: LintContext) -> Hit | None:
                 "pin and test the vLLM version", "sample_from_anchor")
     return None
 
-
-# ---- verifier reference -----------------------------------------------------------
 
 V_KEY = "speculators_config.verifier.name_or_path"
 

@@ -1,10 +1,8 @@
 """Lint rules on the draft layers, attention layout, heads, aux ids and the verifier.
 
-Facts: speculators 0.9.0 ``src/speculators/models/{peagle,dflash,dspark}/`` (config and
-core); vLLM 0.33 ``vllm/transformers_utils/configs/speculators/algos.py`` and the draft
-models under ``vllm/model_executor/models/``; transformers
-``models/qwen3/configuration_qwen3.py`` (the sliding-window defaults). User-facing
-summary: ``docs/formats.md``.
+Facts: speculators 0.9.0 ``src/speculators/models/{peagle,dflash,dspark}/``; vLLM 0.33
+``vllm/transformers_utils/configs/speculators/algos.py`` and ``vllm/model_executor/models/``;
+transformers ``models/qwen3/configuration_qwen3.py`` (sliding-window defaults).
 """
 
 from __future__ import annotations
@@ -177,9 +175,6 @@ def _dspark_swa_flag(ctx: LintContext) -> Hit | None:
     return None
 
 
-# ---- DSpark heads -------------------------------------------------------------------
-
-
 @rule("markov-rank-invalid", "error")
 def _markov_rank_invalid(ctx: LintContext) -> Hit | None:
     cfg = ctx.cfg
@@ -213,9 +208,6 @@ def _markov_head_type(ctx: LintContext) -> Hit | None:
         return (f"markov_head_type={cfg.markov_head_type!r}: vLLM implements the vanilla head only; "
                 "the extra weights have nowhere to load", "markov_head_type")
     return None
-
-
-# ---- P-EAGLE -------------------------------------------------------------------------
 
 
 @rule("norm-flags-exclusive", "error")
@@ -274,9 +266,6 @@ def _peagle_aux_count(ctx: LintContext) -> Hit | None:
             f"vLLM releases size mask_hidden as 3·H = {3 * H} and fail to load this draft; serve it "
             "with a vLLM that sizes mask_hidden from the aux count (check with "
             "`specconv validate --vllm-load-check`)", "eagle_aux_hidden_state_layer_ids")
-
-
-# ---- aux ids ---------------------------------------------------------------------------
 
 
 @rule("aux-ids-implicit", "warning")
@@ -338,9 +327,6 @@ def _aux_final(ctx: LintContext) -> Hit | None:
             "final pre-norm hidden state (HF output_hidden_states[n] is the post-norm one). Only "
             f"engines that capture the last decoder layer's output can serve it — {FINAL_STATE_ENGINES}; "
             "pin such a version and check with `specconv validate --vllm-load-check`", key)
-
-
-# ---- verifier compatibility ------------------------------------------------------------
 
 
 @rule("hidden-size-mismatch", "error", needs=("verifier",))

@@ -1,8 +1,5 @@
-"""The lint rule registry: rules are plain functions registered by :func:`rule`.
-
-A rule gets a :class:`LintContext` and returns ``None`` (silent), one ``(message, key)``
-hit or a list of them; its code and level are fixed on the decorator and must match the
-finding-code registry :data:`specconv.format.findings.CODES`.
+"""The lint rule registry: a rule gets a :class:`LintContext` and returns ``None``, one ``(message, key)``
+hit or a list of them; its code and level (on :func:`rule`) must match :data:`~specconv.format.findings.CODES`.
 """
 
 from __future__ import annotations
@@ -27,15 +24,7 @@ Needs = Literal["config", "tensors", "verifier", "serve_method"]
 
 @dataclass
 class LintContext:
-    """Inputs of one lint run plus views several rules share.
-
-    Attributes:
-        cfg: the draft config.
-        tensors: ``name -> (shape, safetensors dtype)``, or ``None`` (tensor rules skipped).
-        verifier: verifier facts, or ``None`` (verifier rules skipped).
-        serve_method: the ``method`` of the vLLM ``--speculative-config`` to be used, or
-            ``None``.
-    """
+    """Inputs of one lint run (see :func:`~specconv.format.rules.lint`) plus views several rules share."""
 
     cfg: SpeculatorsDraftConfig
     tensors: Mapping[str, tuple[tuple[int, ...], str]] | None = None
@@ -88,17 +77,8 @@ RULES: list[Rule] = []
 
 
 def rule(code: str, level: Level, *, needs: tuple[Needs, ...] = ()) -> Callable:
-    """Register a lint rule.
-
-    Args:
-        code: its finding code (a key of :data:`~specconv.format.findings.CODES`).
-        level: the finding level; must equal the registry's level for ``code``.
-        needs: inputs besides the config the rule needs (``"tensors"``, ``"verifier"``,
-            ``"serve_method"``); the rule is skipped when one is missing.
-
-    Raises:
-        ValueError: ``code`` is unregistered or registered with another level.
-    """
+    """Register a lint rule, skipped when an input of ``needs`` is missing; ValueError when ``code`` /
+    ``level`` do not match the registry."""
     info = CODES.get(code)
     if info is None or info.level != level:
         raise ValueError(f"lint rule {code!r} ({level}) does not match the finding-code registry ({info})")

@@ -1,9 +1,7 @@
 """Lint rules on the tensors of a draft (names, shapes, dtypes) against its config.
 
-Expected names and shapes come from :func:`specconv.format.expected_tensors`; what vLLM 0.33
-does with missing or extra tensors: the draft models under ``vllm/model_executor/models/``
-(their ``load_weights`` return nothing, so vLLM's strict check is off and a missing tensor
-loads silently — the lint is what catches it).
+vLLM 0.33's draft models (``vllm/model_executor/models/``) return nothing from ``load_weights``, so
+a missing tensor loads silently: the lint is what catches it.
 """
 
 from __future__ import annotations
