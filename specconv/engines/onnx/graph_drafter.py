@@ -1,11 +1,6 @@
-"""An exported drafting step (ONNX graph, TensorRT engine) as a drafter of the acceptance loop.
-
-:class:`GraphDrafter` reads the step's facts from ``onnx_meta.json`` (or ``build.json``'s
-``drafter_meta``), builds the stateless step's inputs at batch 1 (I/O contract:
-``docs/engines.md``; the algorithm's :class:`~specconv.format.algorithms.ExportFacts` say
-whether it reads ``context_ids`` and what the ``block_ids`` rows hold) and has the drafter
-surface over a runtime's ``_run(feeds)`` (:class:`.ort_drafter.OrtDrafter`,
-:class:`.engine_drafter.EngineDrafter`).
+"""An exported drafting step (ONNX graph, TensorRT engine) as a drafter of the acceptance loop: the
+step's facts, its stateless inputs at batch 1 (docs/engines.md) and the drafter surface over a
+runtime's ``_run(feeds)``.
 """
 
 from __future__ import annotations

@@ -63,10 +63,8 @@ def _reuse(drafter: Path, work: Path) -> dict[str, Any] | None:
 
 
 def export_step(drafter: Path, work: Path, verifier: str | None) -> dict[str, Any]:
-    """``--export-onnx``: re-use the earlier export of the same drafter bytes, else export.
-
-    An earlier export of another format version is refused for re-use (a warning and
-    ``reuse_refused`` in the result say so) and the drafter is exported again.
+    """``--export-onnx``: re-use the earlier export of the same drafter bytes, else export (an
+    earlier one of another format version: ``reuse_refused`` and a warning).
 
     Returns:
         ``{"reused": bool, "contains_verifier_weights": bool, "parity_passed": ...}``
