@@ -54,9 +54,8 @@ class Payload(CardFiles):
 
 
 def _gate_verifier_weights(label: str, contains: bool, allow_vw: bool, p: Payload, note: str = "") -> None:
-    """The one rule for engine files (``onnx/``, ``trt/``, ``gguf/``) that embed the
-    verifier's embedding / LM head: refused without ``--allow-verifier-weights``, else
-    ``p.contains_verifier_weights`` is set (the card says so).
+    """Engine files that embed the verifier's embedding / LM head: refused without
+    ``--allow-verifier-weights``, else ``p.contains_verifier_weights`` is set (the card says so).
 
     Raises:
         GateFailedError: ``contains_verifier_weights`` (exit 4) when ``contains`` and not ``allow_vw``.
@@ -70,13 +69,9 @@ def _gate_verifier_weights(label: str, contains: bool, allow_vw: bool, p: Payloa
     p.contains_verifier_weights = True
 
 
-
-
 def _owner(d: Path, rec: Any, rel: str) -> Any:
     """The export capability whose files include ``rel``, or None."""
     return next((cap for cap in exporters() if cap.owns(d, rec, rel)), None)
-
-
 
 
 def _link_problem(root: Path, path: Path) -> str | None:
@@ -169,16 +164,9 @@ def _report_files(rec: Any) -> set[str]:
     return {(f"{folder}/{n}" if folder != "." else n) for n in ("validation.json", "validation.md", "acceptance.png")}
 
 
-
-
 def check_verifier_hub_id(name: str | None, where: str, hint: str) -> None:
-    """Refuse to publish a drafter whose verifier is not named by a Hub repo id
-    (:func:`specconv.hub.is_hub_id`; why: docs/cli.md, "Gates"). No flag waives it.
-
-    Args:
-        name: the verifier name the drafter records (or would record).
-        where: what holds it, for the message (a file, or the release options).
-        hint: how to fix it from where the user stands.
+    """Refuse to publish a drafter whose verifier ``name`` is not a Hub repo id (docs/cli.md, "Gates";
+    no flag waives it); ``where`` holds it, ``hint`` says how to fix it.
 
     Raises:
         GateFailedError: ``verifier_not_hub_id``.

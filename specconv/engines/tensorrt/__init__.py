@@ -1,7 +1,6 @@
-"""TensorRT: engines built from the ONNX export (``specconv build-engine``: TensorRT on a GPU,
-TensorRT-RTX ahead of time; ``release --build-engine``) and run as the drafter in the validation
-loop (``validate --engine``); docs/engines.md. This module is the engine's declaration (standard
-library only).
+"""TensorRT: engines built from the ONNX export (``specconv build-engine``, ``release --build-engine``)
+and run as the drafter in the validation loop (``validate --engine``); docs/engines.md. The engine's
+declaration (standard library only).
 """
 
 from __future__ import annotations

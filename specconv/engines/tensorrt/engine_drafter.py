@@ -1,10 +1,6 @@
-"""A built TensorRT engine as a drafter runtime (``validate --engine``; registered as
-``tensorrt`` in :func:`specconv.validate.runtimes.runtimes`: :func:`load`, :func:`preflight_engine`).
-
-Its refusals, all made before a TensorRT object exists, and its name-based I/O:
-``docs/engines.md`` ("Engine validation"); API names: NVIDIA TensorRT Python API reference,
-``IExecutionContext``. :class:`EngineDrafter` is fed like every exported step
-(:meth:`.graph_drafter.GraphDrafter.feeds`).
+"""A built TensorRT engine as a drafter runtime (``validate --engine``: :func:`load`,
+:func:`preflight_engine`); its refusals, made before a TensorRT object exists: docs/engines.md,
+"Engine validation".
 """
 
 from __future__ import annotations
@@ -80,12 +76,7 @@ def _ver(v: str) -> tuple[int, ...]:
 
 
 def version_ok(built: str, installed: str, version_compatible: bool) -> bool:
-    """Can a runtime ``installed`` load a plan built by ``built``?
-
-    Same version always; a version-compatible engine also on a later runtime of the same
-    major, and 10.x version-compatible engines on 11.x (TensorRT 11 engine-compatibility
-    notes, docs/engines.md). Nothing else crosses versions.
-    """
+    """Can a runtime ``installed`` load a plan built by ``built`` (docs/engines.md, "Engine validation")?"""
     b, i = _ver(built), _ver(installed)
     if b and b == i[:len(b)] or str(built) == str(installed):
         return True
@@ -95,11 +86,7 @@ def version_ok(built: str, installed: str, version_compatible: bool) -> bool:
 
 
 def cc_ok(build: dict, gpu_cc: str) -> bool:
-    """Does the build target this GPU's compute capability (``X.Y``)?
-
-    TensorRT: the build GPU's CC, or any CC ≥ 8.0 for a ``hardware_compat: ampere+`` build.
-    TensorRT-RTX: one of ``target_compute_capabilities`` (else the build GPU's CC).
-    """
+    """Does the build target this GPU's compute capability (``X.Y``; docs/engines.md)?"""
     if build.get("builder") == "rtx" and build.get("target_compute_capabilities"):
         return gpu_cc in build["target_compute_capabilities"]
     if build.get("hardware_compat") == "ampere+" and _ver(gpu_cc)[:1] >= (8,):
@@ -129,11 +116,8 @@ def check_versions(build: dict, installed: str, gpu_cc: str) -> None:
 
 
 def check_provenance(plan: Path, build: dict, drafter_dir: Path) -> None:
-    """The plan's sha256 matches ``build.json`` and the engine comes from ``drafter_dir``.
-
-    The drafter hashes come from ``build.json`` (``drafter_files``) or else from the ONNX
-    export it was built from (``DIR/onnx/onnx_meta.json`` holding ``build["onnx"]`` with
-    ``build["onnx_sha256"]``), compared by :func:`specconv.engines.exportdir.check_drafter_files`.
+    """The plan's sha256 matches ``build.json`` and the engine comes from ``drafter_dir`` (its
+    ``drafter_files``, else those of the ONNX export with ``build["onnx_sha256"]``).
 
     Raises:
         InvalidInputError: corrupt plan, unknown provenance, another drafter (exit 3).
@@ -197,17 +181,8 @@ def torch_dtype(trt, trt_dtype) -> torch.dtype:
 
 def run_engine(trt, engine, ctx, feeds: dict[str, torch.Tensor], stream: int,
                device: str | torch.device = "cuda") -> dict[str, torch.Tensor]:
-    """Bind named inputs, allocate outputs after all input shapes are set, execute.
-
-    Args:
-        trt: the TensorRT module (for ``TensorIOMode`` / ``DataType``).
-        engine, ctx: ``ICudaEngine`` and its ``IExecutionContext``.
-        feeds: input name → tensor (cast here to the engine's dtype, contiguous, on
-            ``device``).
-        stream: CUDA stream handle (``torch.cuda.current_stream().cuda_stream``).
-
-    Returns:
-        Output name → tensor on ``device`` (valid after the stream is synchronized).
+    """Bind named inputs (cast to the engine's dtypes), allocate outputs after all input shapes are
+    set, execute on CUDA stream handle ``stream``; the outputs are valid after it is synchronized.
 
     Raises:
         InvalidInputError: a missing input, or ``execute_async_v3`` reports failure.
@@ -281,12 +256,7 @@ def load(drafter_dir: Path, verifier: "Verifier", *, path: str | Path, dtype: st
 
 
 class EngineDrafter(GraphDrafter):
-    """A TensorRT engine (``trt/<key>/drafter.plan``) as the drafter, batch 1, on CUDA, with the
-    surface of :class:`.graph_drafter.GraphDrafter` (``device`` cuda, ``dtype`` the plan's).
-
-    Args:
-        path: ``--engine`` PATH (a ``trt/<key>/`` dir or its ``drafter.plan``).
-        drafter_dir: the Speculators dir the engine must be built from.
+    """A TensorRT engine (``--engine`` PATH) built from ``drafter_dir`` as the drafter, batch 1, on CUDA.
 
     Raises:
         InvalidInputError: every :func:`preflight_engine` refusal; the plan does not

@@ -16,18 +16,8 @@ _MODULES = {"tensorrt": "tensorrt", "rtx": "tensorrt_rtx"}
 
 
 def engine_unavailable(builder: str = RELEASE_BUILDER) -> str | None:
-    """Why an engine cannot be built on this machine, or None when it can.
-
-    Checks that the builder's Python module is importable (without importing it) and that a
-    CUDA GPU is present: ``--builder tensorrt`` always needs one, and ``rtx`` without a GPU
-    needs explicit ``--compute-capability`` targets, which ``release`` does not take.
-
-    Args:
-        builder: ``tensorrt`` | ``rtx``.
-
-    Returns:
-        A one-line reason (str) or None.
-    """
+    """Why an engine cannot be built here (one line), or None: the builder's module is not
+    importable, or no CUDA GPU (``release`` takes no ``--compute-capability``)."""
     mod = _MODULES[builder]
     if importlib.util.find_spec(mod) is None:
         return f"--builder {builder}: the Python module {mod!r} is not installed"
