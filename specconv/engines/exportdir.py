@@ -108,9 +108,8 @@ def files_of(d: Path, but: str) -> dict[str, str]:
 
 
 def write_output(out_dir: Path, kind: str, overwrite: bool, fill: Callable[[Path], Any]) -> Any:
-    """Write an output dir of ``kind`` through a locked temp dir beside it: ``fill(tmp)`` writes
-    the files (raising refuses them: nothing is written), the modes a plain ``mkdir`` gives, then
-    the swap into place (:mod:`specconv.outdir`). Returns ``fill``'s value."""
+    """Write an output dir of ``kind`` through a locked temp dir beside it (``fill(tmp)`` writes the
+    files; raising writes nothing) and swap it into place; returns ``fill``'s value."""
     from ..outdir import move_into_place, public_modes, temp_output
 
     with temp_output(out_dir) as tmp:

@@ -88,10 +88,8 @@ def _link_problem(root: Path, path: Path) -> str | None:
 
 
 def _walk(d: Path) -> tuple[list[str], dict[str, str]]:
-    """The files under ``d`` (hidden entries skipped) as relative POSIX paths, and the links
-    refused (``"path"`` of a file, ``"path/"`` of a directory → why). A link is followed when
-    its real path lies inside ``d``'s: a file link is published under its own name, a directory
-    link walked; one that would walk a directory it is already in is refused (a loop)."""
+    """The files under ``d`` (hidden entries skipped) as relative POSIX paths, and the links refused
+    (``"path"`` / ``"path/"`` → why; docs/cli.md: a link inside ``d`` is followed, a loop refused)."""
     root = Path(os.path.realpath(d))
     files: list[str] = []
     refused: dict[str, str] = {}
@@ -133,9 +131,7 @@ def _local_files(d: Path, include: tuple[str, ...], exclude: tuple[str, ...]) ->
 
 
 def check_links(d: Path, refused: dict[str, str], what: str = "DIR") -> None:
-    """Push publishes only what lies inside ``d``: the links of ``refused`` (path → why, from
-    :func:`_walk` or :func:`link_problems`) are refused before any network use, with or without
-    ``--allow-unvalidated``.
+    """Refuse the links of ``refused`` (path → why: :func:`_walk`, :func:`link_problems`) before any network use.
 
     Raises:
         GateFailedError: ``link_outside_dir`` (exit 4), naming each link and its target.
@@ -259,10 +255,7 @@ def _check_filters_keep_drafter(d: Path, core: list[str], include: tuple[str, ..
 
 def collect(d: Path, *, include: tuple[str, ...] = (), exclude: tuple[str, ...] = (), allow_unvalidated: bool = False,
             allow_verifier_weights: bool = False) -> tuple[Payload, Any]:
-    """The pushable files of drafter dir ``d`` (derived files not yet added).
-
-    Returns:
-        ``(payload, record)``.
+    """``(payload, record)``: the pushable files of drafter dir ``d`` (derived files not yet added).
 
     Raises:
         GateFailedError: a verifier not named by a Hub id, not validated, modified after

@@ -13,6 +13,7 @@ from typing import Any
 
 from ...errors import GateFailedError, UsageError
 from ..base import Exporter, OptionSpec, PushVerdict, Surface
+from .reuse import keep_previous_export
 
 log = logging.getLogger("specconv.export")
 
@@ -286,10 +287,7 @@ class OnnxExporter(Exporter):
 
         require_extra("onnx", feature="specconv release --export-onnx")
 
-    def before_reconvert(self, drafter: Path, work: Path) -> None:
-        from .reuse import keep_previous_export
-
-        keep_previous_export(drafter, work)
+    before_reconvert = staticmethod(keep_previous_export)
 
     def release_step(self, drafter: Path, work: Path, options: Any, value: Any) -> dict[str, Any]:
         from .reuse import export_step

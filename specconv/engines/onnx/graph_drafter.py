@@ -14,10 +14,8 @@ __all__ = ["GraphDrafter"]
 
 
 class GraphDrafter:
-    """The drafter surface over an exported step (``algorithm``, ``num_draft_tokens``,
-    ``aux_layer_ids``, ``block_size``, ``device``, ``dtype``, :meth:`propose`). A subclass
-    calls :meth:`_read_facts`, sets ``device`` / ``dtype``, implements :meth:`_run`, and names
-    itself in errors (``KIND``, ``CONTEXT_HINT``, ``SAMPLING_NEEDS``)."""
+    """The drafter surface over an exported step; a subclass calls :meth:`_read_facts`, sets ``device``
+    / ``dtype``, implements :meth:`_run` and names itself in errors (``KIND``, ``CONTEXT_HINT``, ``SAMPLING_NEEDS``)."""
 
     KIND = "graph"
     CONTEXT_HINT = ""

@@ -24,13 +24,7 @@ _CONTROL_FLOW = ("If", "Loop", "Scan")
 
 
 class ExportSettings:
-    """Static settings of one export (the CLI flags).
-
-    Attributes:
-        opset: 23 or 24.
-        max_batch, max_context: upper bounds of the dynamic axes.
-        outputs, top_k, sampling_noise: as :class:`~specconv.engines.onnx.wrappers.StepWrapper`.
-    """
+    """Static settings of one export (the CLI flags; ``max_*``: the dynamic axes' upper bounds)."""
 
     def __init__(self, *, opset: int = 23, max_batch: int = 8, max_context: int = 4096,
                  outputs=("ids", "logprobs"), top_k: int = 4, sampling_noise: bool = False):

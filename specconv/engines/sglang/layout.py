@@ -47,13 +47,11 @@ def _refuse(code: str, message: str, hint: str | None = None) -> InvalidInputErr
 
 
 def layer_causality(layer_cfg: Mapping[str, Any], sliding_window_non_causal: bool) -> list[bool]:
-    """Per draft layer, whether the block attends causally, as the Speculators reference does
-    (:class:`specconv.drafters.dflash.DFlashDrafter`): full-attention layers never; a
-    sliding-window layer unless ``sliding_window_non_causal``.
+    """Per draft layer, whether the block attends causally, as the Speculators reference does: a
+    sliding-window layer unless ``sliding_window_non_causal``, never a full-attention one.
 
     Raises:
-        InvalidInputError: ``sglang_layer_types``: a ``sliding_attention`` layer without a
-            window (Speculators attends like a full layer there; SGLang refuses it).
+        InvalidInputError: ``sglang_layer_types``: a ``sliding_attention`` layer without a window.
     """
     from ...format.schema import effective_window, resolve_layer_types
 
@@ -72,8 +70,8 @@ def _sglang_causal(types: Sequence[str], is_causal: bool | None) -> list[bool]:
 
 
 def _is_causal(layer_cfg: Mapping[str, Any], causal: list[bool]) -> bool | None:
-    """The ``is_causal`` to write: the layers' common value; None (omitted) when they differ
-    and SGLang's per-layer-type default gives each one its own causality.
+    """The ``is_causal`` to write: the layers' common value; None (omitted) when SGLang's
+    per-layer-type default reproduces them.
 
     Raises:
         InvalidInputError: ``sglang_mixed_causality``: neither reproduces every layer.
@@ -89,12 +87,8 @@ def _is_causal(layer_cfg: Mapping[str, Any], causal: list[bool]) -> bool | None:
 
 
 def _sglang_ids(aux: list[int] | None, offset: int, n_layers: int, key: str) -> list[int]:
-    """The Speculators aux ids in SGLang's convention (``id + offset``).
-
-    Raises:
-        InvalidInputError: no ids, id 0 (``sglang_aux_id_embedding``) or an id ≥ the
-            verifier's layer count (``sglang_aux_id_final_state``).
-    """
+    """The Speculators aux ids in SGLang's convention (``id + offset``); refuses none, id 0 and an id ≥
+    the verifier's layer count (exit 3)."""
     if not aux:
         raise _refuse("sglang_aux_ids_missing", f"{key} is not set: SGLang needs the verifier layers to capture")
     if 0 in aux:

@@ -165,11 +165,8 @@ def environment() -> dict:
 
 # ------------------------------------------------------------------ load recording
 class Recorder:
-    """Checkpoint tensors yielded to ``load_weights`` and the ones that reached a weight loader.
-
-    A weight loader's tensor is matched to its checkpoint name by object identity, then by
-    data pointer (a view), then as the tensor yielded last (a copy made on the way).
-    """
+    """Checkpoint tensors yielded to ``load_weights`` and the ones that reached a weight loader (matched
+    by object identity, then data pointer, then as the tensor yielded last)."""
 
     def __init__(self) -> None:
         self.active = False

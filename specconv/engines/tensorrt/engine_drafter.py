@@ -55,11 +55,7 @@ def resolve_engine(path: str | Path) -> tuple[Path, dict]:
 
 
 def import_runtime(builder: str):
-    """Import the runtime module for a build (``tensorrt`` or ``tensorrt_rtx``).
-
-    Raises:
-        MissingExtraError: not installed (exit 2, slug ``tensorrt_missing``, names the extra).
-    """
+    """Import the runtime module for a build (``tensorrt`` or ``tensorrt_rtx``; missing: exit 2)."""
     from .build import import_builder
 
     builder = builder if builder == "rtx" else "tensorrt"
@@ -95,12 +91,8 @@ def cc_ok(build: dict, gpu_cc: str) -> bool:
 
 
 def check_versions(build: dict, installed: str, gpu_cc: str) -> None:
-    """Refuse a plan the installed runtime / this GPU cannot load.
-
-    Raises:
-        InvalidInputError: TensorRT version mismatch (not version-compatible) or
-            compute-capability mismatch (not hardware-compatible); exit 3.
-    """
+    """Refuse a plan the installed runtime / this GPU cannot load (exit 3: ``engine_version_mismatch``,
+    ``engine_cc_mismatch``)."""
     built = str(build.get("trt_version"))
     if not version_ok(built, installed, bool(build.get("version_compatible"))):
         raise InvalidInputError(
@@ -140,16 +132,8 @@ def check_provenance(plan: Path, build: dict, drafter_dir: Path) -> None:
 
 
 def preflight_engine(path: str | Path, drafter_dir: str | Path, dtype: str | None = None) -> tuple[Path, dict, object]:
-    """Every ``--engine`` refusal, before any TensorRT object is created (``dtype``, the run's,
-    is unused: the plan has its own).
-
-    Returns:
-        ``(plan path, build.json dict, runtime module)``.
-
-    Raises:
-        InvalidInputError: see :func:`resolve_engine`, :func:`check_versions`,
-            :func:`check_provenance`; no CUDA GPU or no TensorRT module (exit 3).
-    """
+    """Every ``--engine`` refusal (exit 3), before any TensorRT object is created (``dtype`` unused: the
+    plan has its own): ``(plan path, build.json dict, runtime module)``."""
     plan, build = resolve_engine(path)
     if not cuda_available():
         raise InvalidInputError("--engine needs a CUDA GPU and none was found (torch.cuda.is_available() "
@@ -208,11 +192,7 @@ def run_engine(trt, engine, ctx, feeds: dict[str, torch.Tensor], stream: int,
 
 
 def deserialize(trt, plan: Path, build: dict):
-    """``Runtime.deserialize_cuda_engine`` (host code allowed for version-compatible plans).
-
-    Raises:
-        InvalidInputError: it returns None (exit 3; versions and CC named).
-    """
+    """``Runtime.deserialize_cuda_engine`` (host code allowed for version-compatible plans; None: exit 3)."""
     logger = trt.Logger(trt.Logger.WARNING)
     runtime = trt.Runtime(logger)
     if build.get("version_compatible"):
@@ -227,8 +207,7 @@ def deserialize(trt, plan: Path, build: dict):
 
 
 def _read_graph_facts(drafter: GraphDrafter, build: dict, drafter_dir: Path) -> None:
-    """The facts of the graph the engine was built from (``build.json`` ``drafter_meta``, else
-    ``DIR/onnx/onnx_meta.json``), bounded by the engine profile's context."""
+    """The graph's facts (``build.json`` ``drafter_meta``, else ``onnx_meta.json``), bounded by the profile."""
     meta_p = drafter_dir / "onnx" / "onnx_meta.json"
     try:
         meta = build.get("drafter_meta") or json.loads(meta_p.read_text())

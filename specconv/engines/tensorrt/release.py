@@ -5,10 +5,11 @@ ONNX export step (docs/cli.md, "release").
 from __future__ import annotations
 
 import importlib.util
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from ...errors import InvalidInputError
+from ...errors import InvalidInputError, UsageError
 
 #: the builder a release uses (TensorRT-RTX: one engine per GPU generation, ``docs/engines.md``)
 RELEASE_BUILDER = "rtx"
@@ -28,8 +29,11 @@ def engine_unavailable(builder: str = RELEASE_BUILDER) -> str | None:
     return None
 
 
-def preflight(mode: str) -> None:
-    """``--build-engine`` (``always``): the builder installed (exit 2) and a GPU here (exit 3)."""
+def preflight(options: Mapping[str, Any], mode: Any) -> None:
+    """``--build-engine`` needs ``--export-onnx`` (exit 2); ``always``: the builder installed (exit 2)
+    and a GPU here (exit 3)."""
+    if mode and not (options.get("exports") or {}).get("onnx"):
+        raise UsageError("--build-engine needs --export-onnx (the engine is built from onnx/)")
     if mode != "always":
         return
     from .build import import_builder
@@ -41,7 +45,7 @@ def preflight(mode: str) -> None:
                                 hint="--build-engine=if-available records the skip and releases without it")
 
 
-def engine_step(drafter: Path, mode: str) -> dict[str, Any]:
+def engine_step(drafter: Path, work: Path, options: Mapping[str, Any], mode: str) -> dict[str, Any]:
     """``--build-engine`` (``always``) or ``--build-engine=if-available``: build one
     ``--builder rtx`` engine under ``drafter/trt/<key>/``; ``if-available`` returns
     ``{"skipped": reason}`` when :func:`engine_unavailable` says no."""
