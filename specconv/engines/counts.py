@@ -1,9 +1,5 @@
-"""Speculative counters → acceptance metrics, and G4's near-tie rule: the pure arithmetic every
-served engine check and the torch loop share (``docs/validate.md``, "Metrics" and "What it does").
-
-Convention (vLLM's, bonus token included): a *draft* is a verify step that carried at least one
-draft token; pooled τ = ``1 + accepted / drafts``; ``p_i`` = drafts whose position ``i`` was
-accepted / drafts; ``c_i = p_i / p_{i−1}``. Standard library only.
+"""Speculative counters → acceptance metrics, and G4's near-tie rule: the arithmetic every served
+engine check and the torch loop share (docs/validate.md, "Metrics"). Standard library only.
 """
 
 from __future__ import annotations
@@ -13,17 +9,11 @@ from typing import Sequence
 __all__ = ["metrics_from_counts", "near_tie"]
 
 
-def metrics_from_counts(
-    num_drafts: float, num_draft_tokens: float, num_accepted_tokens: float, accepted_per_pos: Sequence[float]
-) -> dict:
-    """Derive τ, α, p_i, c_i from vLLM-style counters (speculators' ``acceptance.csv`` fields).
-
-    Returns:
-        dict with ``num_drafts, num_draft_tokens, num_accepted_tokens,
-        acceptance_length`` (pooled τ; 1.0 when there were no drafts),
-        ``acceptance_rate`` (None without draft tokens), ``acceptance_at_pos`` [p_i],
-        ``conditional_acceptance_at_pos`` [c_i].
-    """
+def metrics_from_counts(num_drafts: float, num_draft_tokens: float, num_accepted_tokens: float,
+                        accepted_per_pos: Sequence[float]) -> dict:
+    """τ (``acceptance_length``, 1.0 without drafts), α (``acceptance_rate``, None without draft tokens),
+    p_i (``acceptance_at_pos``) and c_i (``conditional_acceptance_at_pos``) of vLLM-style counters,
+    bonus token included, plus the counts."""
     T = float(num_drafts)
     tau = 1.0 + float(num_accepted_tokens) / T if T > 0 else 1.0
     p = [float(x) / T if T > 0 else 0.0 for x in accepted_per_pos]
@@ -31,15 +21,10 @@ def metrics_from_counts(
     for pi in p:
         c.append(pi / prev if prev > 0 else 0.0)
         prev = pi
-    return {
-        "num_drafts": int(num_drafts),
-        "num_draft_tokens": int(num_draft_tokens),
-        "num_accepted_tokens": int(num_accepted_tokens),
-        "acceptance_length": tau,
-        "acceptance_rate": float(num_accepted_tokens) / float(num_draft_tokens) if num_draft_tokens else None,
-        "acceptance_at_pos": p,
-        "conditional_acceptance_at_pos": c,
-    }
+    return {"num_drafts": int(num_drafts), "num_draft_tokens": int(num_draft_tokens),
+            "num_accepted_tokens": int(num_accepted_tokens), "acceptance_length": tau,
+            "acceptance_rate": float(num_accepted_tokens) / float(num_draft_tokens) if num_draft_tokens else None,
+            "acceptance_at_pos": p, "conditional_acceptance_at_pos": c}
 
 
 def near_tie(gap: float, top1: float, dtype: str) -> bool:

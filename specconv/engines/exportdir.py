@@ -1,8 +1,6 @@
 """The one lifecycle of an export directory, whatever the engine (docs/architecture.md, "Adding an
-engine"): refusals before anything is written, a locked temp dir beside the output, the engine's files
-and its own check on them, the meta file (``format``, ``format_version``, the sha256 of every file,
-the drafter files it was made from), the swap into place, and ``export.<key>`` in ``DIR/specconv.json``.
-A failed check writes nothing.
+engine"): refusals, a locked temp dir, the engine's files and check, the meta file, the swap into
+place and ``export.<key>`` in ``DIR/specconv.json``. A failed check writes nothing.
 """
 
 from __future__ import annotations
@@ -30,15 +28,8 @@ __all__ = ["ExportJob", "check_meta", "check_speculators_dir", "default_verifier
 
 @dataclass
 class ExportJob:
-    """One export in progress.
-
-    Attributes:
-        drafter_dir: the Speculators dir exported. out_dir: where the export goes.
-        options: the command's engine options (``dest`` → value).
-        overwrite: ``--overwrite``. verifier_spec: ``--verifier`` (None: the recorded one).
-        state: what :meth:`~specconv.engines.base.Exporter.prepare` keeps for the later steps.
-        created: the export's ISO-8601 time (UTC, seconds).
-    """
+    """One export in progress (``options``: the engine's, by ``dest``; ``state``: what
+    :meth:`~specconv.engines.base.Exporter.prepare` keeps; ``created``: ISO-8601 UTC)."""
 
     drafter_dir: Path
     out_dir: Path
@@ -117,9 +108,8 @@ def files_of(d: Path, but: str) -> dict[str, str]:
 
 
 def write_output(out_dir: Path, kind: str, overwrite: bool, fill: Callable[[Path], Any]) -> Any:
-    """Write an output dir of ``kind`` through a locked temp dir beside it: ``fill(tmp)`` writes
-    the files (raising refuses them: nothing is written), the modes a plain ``mkdir`` gives, then
-    the swap into place (:mod:`specconv.outdir`). Returns ``fill``'s value."""
+    """Write an output dir of ``kind`` through a locked temp dir beside it (``fill(tmp)`` writes the
+    files; raising writes nothing) and swap it into place; returns ``fill``'s value."""
     from ..outdir import move_into_place, public_modes, temp_output
 
     with temp_output(out_dir) as tmp:
@@ -132,18 +122,8 @@ def write_output(out_dir: Path, kind: str, overwrite: bool, fill: Callable[[Path
 
 def export(cap: Exporter, drafter_dir: str | Path, out: str | Path | None = None, *, overwrite: bool = False,
            verifier: str | None = None, record: bool = True, **options: Any) -> Any:
-    """Export ``drafter_dir`` with the engine's export capability ``cap``: see the module docstring.
-
-    Args:
-        cap: the engine's :class:`~specconv.engines.base.Exporter`.
-        drafter_dir: the Speculators dir. out: the output dir (default ``DIR/<cap.dir_name>``).
-        overwrite: replace an earlier export of this kind (or an empty dir).
-        verifier: verifier dir or Hub id (default: the one ``DIR/specconv.json`` records).
-        record: set ``export.<cap.record_key>`` in ``DIR/specconv.json``.
-        options: the engine's own options (its surface's ``dest`` names).
-
-    Returns:
-        ``cap.result_type`` built from :meth:`~specconv.engines.base.Exporter.result`.
+    """Export ``drafter_dir`` with the engine's export capability ``cap`` (``out`` default
+    ``DIR/<cap.dir_name>``; ``options``: the engine's own); returns ``cap.result_type``.
 
     Raises:
         InvalidInputError: not a Speculators dir, an existing output without ``overwrite`` or not

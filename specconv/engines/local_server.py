@@ -1,6 +1,5 @@
 """A server process specconv starts on 127.0.0.1 (vLLM's, ``llama-server``) and the standard-library
-HTTP calls made to it and to ``--server-url``; the lifecycle is ``docs/architecture.md``'s
-(``specconv/validate/``).
+HTTP calls made to it and to ``--server-url``.
 """
 
 from __future__ import annotations
@@ -93,20 +92,10 @@ def group_alive(pgid: int) -> bool:
 
 
 class LocalServer:
-    """One server subprocess on 127.0.0.1, used as a context manager: ``__enter__`` starts it
-    (own process group, stdout and stderr appended to ``log_path``) and polls ``health_path``
-    every ``poll_s`` seconds for at most ``startup_timeout``; ``__exit__`` calls :meth:`stop`.
-
-    A subclass names the server (``name``, in the log), may say what a healthy answer is
-    (:meth:`healthy`) and builds its own error from the texts ``exited`` (``{rc}``) and
-    ``unhealthy`` (``{timeout}``) (:meth:`failed`).
-
-    Args:
-        argv: the full argv; must contain ``--port``.
-        log_path: the log file (kept as given: ``str`` or ``Path``).
-        env: the server's environment (None: this process's).
-        startup_timeout: seconds to wait for health.
-        stop_timeout: seconds between SIGTERM and SIGKILL.
+    """One server subprocess on 127.0.0.1 (``argv`` with ``--port``), a context manager: ``__enter__``
+    starts it (own process group, output appended to ``log_path``) and polls ``health_path`` every
+    ``poll_s`` s for at most ``startup_timeout`` s; ``__exit__`` calls :meth:`stop` (SIGKILL after
+    ``stop_timeout`` s). A subclass names the server and builds its errors (:meth:`failed`).
 
     Raises (on enter):
         what :meth:`failed` returns: the server exited, or was not healthy in time.

@@ -1,11 +1,6 @@
-"""The generic part of a served check, for every engine that serves a drafter on loopback (today
-vLLM and ``llama-server``): the run's prompts sent between two scrapes of the server's ``/metrics``,
-the speculative counters parsed by the engine's series names, their difference, τ and per-position
-acceptance from it (:func:`specconv.engines.counts.metrics_from_counts`), and how two greedy outputs
-agree. The engine keeps only its own: argv, server start and health (a
-:class:`specconv.engines.local_server.LocalServer`), its :class:`CounterNames`, its request and its
-version probe. The gates that judge the numbers are ``specconv.validate``'s (``docs/validate.md``,
-"``--backend vllm``"; ``docs/llamacpp.md``, "The check"). Standard library only.
+"""The generic part of a served check (vLLM, ``llama-server``): the prompts sent between two scrapes of
+``/metrics``, the speculative counters parsed by the engine's series names, their difference, τ from
+it, and how two greedy outputs agree. The gates are ``specconv.validate``'s. Standard library only.
 """
 
 from __future__ import annotations
@@ -32,14 +27,9 @@ R = TypeVar("R")
 
 @dataclass(frozen=True)
 class CounterNames:
-    """The ``/metrics`` series an engine exports its speculative counters under (Prometheus
-    counter names without the ``_total`` suffix, which is optional on the page).
-
-    Attributes:
-        counters: series → one of :data:`SPEC_KEYS`.
-        per_position: the series labelled ``position="i"``: accepted drafts per draft position.
-        traffic: series of all the server's work → a key of its own (e.g. ``request_success``).
-    """
+    """The ``/metrics`` series (without the optional ``_total``) of an engine's counters: ``counters``
+    (series → one of :data:`SPEC_KEYS`), ``per_position`` (labelled ``position="i"``) and ``traffic``
+    (series of all the server's work → a key of its own)."""
 
     counters: Mapping[str, str]
     per_position: str
@@ -128,14 +118,8 @@ def first_divergence(a: Sequence[int], b: Sequence[int]) -> int:
 
 
 def token_agreement(a: Sequence[Sequence[int]], b: Sequence[Sequence[int]]) -> dict:
-    """How far two sets of greedy outputs agree, request by request.
-
-    A request's agreeing tokens are its common prefix (tokens after the first divergence
-    are conditioned on different histories and are not compared).
-
-    Args:
-        a: output token ids per request (e.g. the served engine's).
-        b: output token ids per request (e.g. specconv's loop), same order.
+    """How far two sets of greedy outputs (token ids per request, same order) agree, request by
+    request: its common prefix (later tokens have different histories).
 
     Returns:
         ``{agreement: Σ common prefix / Σ max(len), exact_match: fraction of identical

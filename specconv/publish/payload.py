@@ -54,9 +54,8 @@ class Payload(CardFiles):
 
 
 def _gate_verifier_weights(label: str, contains: bool, allow_vw: bool, p: Payload, note: str = "") -> None:
-    """The one rule for engine files (``onnx/``, ``trt/``, ``gguf/``) that embed the
-    verifier's embedding / LM head: refused without ``--allow-verifier-weights``, else
-    ``p.contains_verifier_weights`` is set (the card says so).
+    """Engine files that embed the verifier's embedding / LM head: refused without
+    ``--allow-verifier-weights``, else ``p.contains_verifier_weights`` is set (the card says so).
 
     Raises:
         GateFailedError: ``contains_verifier_weights`` (exit 4) when ``contains`` and not ``allow_vw``.
@@ -70,13 +69,9 @@ def _gate_verifier_weights(label: str, contains: bool, allow_vw: bool, p: Payloa
     p.contains_verifier_weights = True
 
 
-
-
 def _owner(d: Path, rec: Any, rel: str) -> Any:
     """The export capability whose files include ``rel``, or None."""
     return next((cap for cap in exporters() if cap.owns(d, rec, rel)), None)
-
-
 
 
 def _link_problem(root: Path, path: Path) -> str | None:
@@ -93,10 +88,8 @@ def _link_problem(root: Path, path: Path) -> str | None:
 
 
 def _walk(d: Path) -> tuple[list[str], dict[str, str]]:
-    """The files under ``d`` (hidden entries skipped) as relative POSIX paths, and the links
-    refused (``"path"`` of a file, ``"path/"`` of a directory → why). A link is followed when
-    its real path lies inside ``d``'s: a file link is published under its own name, a directory
-    link walked; one that would walk a directory it is already in is refused (a loop)."""
+    """The files under ``d`` (hidden entries skipped) as relative POSIX paths, and the links refused
+    (``"path"`` / ``"path/"`` → why; docs/cli.md: a link inside ``d`` is followed, a loop refused)."""
     root = Path(os.path.realpath(d))
     files: list[str] = []
     refused: dict[str, str] = {}
@@ -138,9 +131,7 @@ def _local_files(d: Path, include: tuple[str, ...], exclude: tuple[str, ...]) ->
 
 
 def check_links(d: Path, refused: dict[str, str], what: str = "DIR") -> None:
-    """Push publishes only what lies inside ``d``: the links of ``refused`` (path → why, from
-    :func:`_walk` or :func:`link_problems`) are refused before any network use, with or without
-    ``--allow-unvalidated``.
+    """Refuse the links of ``refused`` (path → why: :func:`_walk`, :func:`link_problems`) before any network use.
 
     Raises:
         GateFailedError: ``link_outside_dir`` (exit 4), naming each link and its target.
@@ -169,16 +160,9 @@ def _report_files(rec: Any) -> set[str]:
     return {(f"{folder}/{n}" if folder != "." else n) for n in ("validation.json", "validation.md", "acceptance.png")}
 
 
-
-
 def check_verifier_hub_id(name: str | None, where: str, hint: str) -> None:
-    """Refuse to publish a drafter whose verifier is not named by a Hub repo id
-    (:func:`specconv.hub.is_hub_id`; why: docs/cli.md, "Gates"). No flag waives it.
-
-    Args:
-        name: the verifier name the drafter records (or would record).
-        where: what holds it, for the message (a file, or the release options).
-        hint: how to fix it from where the user stands.
+    """Refuse to publish a drafter whose verifier ``name`` is not a Hub repo id (docs/cli.md, "Gates";
+    no flag waives it); ``where`` holds it, ``hint`` says how to fix it.
 
     Raises:
         GateFailedError: ``verifier_not_hub_id``.
@@ -271,10 +255,7 @@ def _check_filters_keep_drafter(d: Path, core: list[str], include: tuple[str, ..
 
 def collect(d: Path, *, include: tuple[str, ...] = (), exclude: tuple[str, ...] = (), allow_unvalidated: bool = False,
             allow_verifier_weights: bool = False) -> tuple[Payload, Any]:
-    """The pushable files of drafter dir ``d`` (derived files not yet added).
-
-    Returns:
-        ``(payload, record)``.
+    """``(payload, record)``: the pushable files of drafter dir ``d`` (derived files not yet added).
 
     Raises:
         GateFailedError: a verifier not named by a Hub id, not validated, modified after

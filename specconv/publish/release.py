@@ -1,13 +1,5 @@
-"""``specconv release``: convert → validate (gates) → push, for CI.
-
-The stage functions are called directly (``specconv.convert.convert``,
-``specconv.validate.run.validate_drafter``, :func:`specconv.publish.push.push`), never
-the CLI. The run stops at the first failed step with that step's exit code; the result
-records every step with its duration. In GitHub Actions (``GITHUB_OUTPUT`` /
-``GITHUB_STEP_SUMMARY`` set) it writes ``commit_oid``, ``commit_url``, ``pr_url`` and a
-summary table. Each engine's release flag (``--export-onnx``, ``--build-engine``,
-``--export-sglang``, ``--export-gguf``) adds that engine's step between validate and push, in
-registry order (:meth:`specconv.engines.base.Exporter.release_step`).
+"""``specconv release``: convert → validate (gates) → each asked-for engine's step → push, for CI
+(docs/cli.md, "release"; docs/ci.md). Stops at the first failed step with its exit code.
 """
 
 from __future__ import annotations
@@ -107,15 +99,8 @@ def _validate(src: str, opts: ReleaseOptions, drafter: Path, report_dir: Path) -
 
 
 def release(src: str, opts: ReleaseOptions, push_opts: PushOptions) -> ReleaseResult:
-    """Convert ``src``, validate it against ``opts.verifier``, push it.
-
-    Args:
-        src: source checkpoint (any convertible format).
-        opts: :class:`ReleaseOptions`.
-        push_opts: :class:`PushOptions` (``dry_run`` plans the push without writing).
-
-    Returns:
-        :class:`ReleaseResult` with every step's status and duration and the push result.
+    """Convert ``src``, validate it against ``opts.verifier``, push it; every step's status and
+    duration in the result.
 
     Raises:
         SpecconvError: the first failed step's error (its ``result`` is the release record).

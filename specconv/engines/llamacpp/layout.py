@@ -1,17 +1,9 @@
-"""What llama.cpp can represent, and the GGUF plan of a Speculators block drafter.
+"""What llama.cpp can represent, and the GGUF plan of a Speculators block drafter (docs/llamacpp.md).
 
-Facts of llama.cpp at ggml-org/llama.cpp@0c1e57098 (the tree llama-cpp-python 0.3.36 vendors;
-docs/llamacpp.md): ``src/models/dflash.cpp`` (``load_arch_hparams``, ``load_arch_tensors``, the
-DSpark Markov head ``base + markov_w2 · markov_w1[prev]``, the confidence head over
-``[t_embd ; markov_w1[prev]]``, no attention / MLP biases, ``fc`` of width
-``len(target_layers) · n_embd`` of the *draft*, one global causal flag), ``common/speculative.cpp``
-(``draft-dflash`` / ``draft-dspark``, the n-max clamp) and ``conversion/qwen.py`` +
-``conversion/base.py`` (GGML types: 1-D tensors, ``*_norm.weight`` and names not ending in
-``.weight`` are F32; ``d2t`` is I64 holding absolute target ids). Names come from the algorithm
-description (:class:`specconv.format.algorithms.LlamaCppFacts`).
-
-:func:`plan_gguf` refuses by name (exit 3; the list: ``docs/llamacpp.md``, "Refused") or returns
-a :class:`GgufPlan`, in which every drafter tensor is written or named in ``not_written``.
+Facts of ggml-org/llama.cpp@0c1e57098: ``src/models/dflash.cpp``, ``common/speculative.cpp`` and
+``conversion/qwen.py`` + ``conversion/base.py``; names come from the algorithm description
+(:class:`specconv.format.algorithms.LlamaCppFacts`). :func:`plan_gguf` refuses by name (exit 3) or
+returns a :class:`GgufPlan`, in which every drafter tensor is written or named in ``not_written``.
 """
 
 from __future__ import annotations
@@ -96,10 +88,8 @@ class GgufPlan:
 
 
 def target_layers(aux_layer_ids: list[int]) -> list[int]:
-    """``dflash.target_layers`` for Speculators aux ids: the same numbers. A Speculators id ``i``
-    is ``hidden_states[i]`` (0 = embeddings), the *input* of verifier layer ``i``, which is what
-    llama.cpp records (``llama_set_embeddings_layer_inp``); its converter maps Speculators ids
-    through ``i - 1`` then ``+ 1`` (``conversion/qwen.py``)."""
+    """``dflash.target_layers`` for Speculators aux ids: the same numbers (``llama_set_embeddings_layer_inp``
+    records layer inputs; ``conversion/qwen.py`` maps ids through ``i - 1`` then ``+ 1``)."""
     return [int(i) for i in aux_layer_ids]
 
 
@@ -116,9 +106,7 @@ def refuse_algorithm(alg: "Algorithm") -> None:
 
 
 def refuse_config(cfg: "SpeculatorsDraftConfig", alg: "Algorithm", spec: Any, verifier: "Verifier") -> None:
-    """Config-level refusals (exit 3, one code each): Markov head type, confidence head without
-    the Markov input, mixed causality, sliding-window layers, ``target_hidden_size`` ≠
-    ``hidden_size``, an aux id at the verifier's layer count, biases, RoPE scaling, activation."""
+    """Config-level refusals (exit 3, one code each; docs/llamacpp.md, "Refused")."""
     if alg.markov_head:
         _refuse_heads(cfg)
     kinds = {(spec.layer_window(i) is not None) and not cfg.sliding_window_non_causal for i in range(spec.num_hidden_layers)}
@@ -193,14 +181,7 @@ def refuse_tensors(store: "TensorStore", names: list[str], vocab_size: int) -> "
 # ------------------------------------------------------------------ the plan
 def plan_gguf(cfg: "SpeculatorsDraftConfig", store: "TensorStore", verifier: "Verifier", dtype: str = "keep",
               source: str = "config.json") -> GgufPlan:
-    """The GGUF of a Speculators DFlash / DSpark drafter, or a refusal.
-
-    Args:
-        cfg: the typed config of the drafter dir. store: its tensors. verifier: the resolved
-            verifier (layer count for the aux-id rule; embedding / LM head when the GGUF needs them).
-        dtype: ``keep`` (each tensor's own float type) | ``float32`` | ``float16`` | ``bfloat16``
-            for the 2-D weights; 1-D tensors and norms are F32 either way.
-        source: how messages name the config.
+    """The GGUF of a Speculators DFlash / DSpark drafter (``dtype``: ``--dtype``), or a refusal.
 
     Raises:
         UnsupportedFormatError: exit 3, ``gguf_*``: what llama.cpp cannot represent.
@@ -213,7 +194,7 @@ def plan_gguf(cfg: "SpeculatorsDraftConfig", store: "TensorStore", verifier: "Ve
         raise UsageError(f"--dtype must be one of {', '.join(DTYPES)}")
     alg = algorithm(cfg.speculators_model_type)
     refuse_algorithm(alg)
-    spec = cfg.transformer_layer_config  # the typed layer config (format.schema.TransformerLayerConfig)
+    spec = cfg.transformer_layer_config
     refuse_config(cfg, alg, spec, verifier)
     names = store.names()
     d2t = refuse_tensors(store, names, spec.vocab_size)
@@ -281,9 +262,8 @@ def _disabled_heads(cfg: Any, alg: "Algorithm", store: "TensorStore") -> dict[st
 
 def _embed_and_head(plan: GgufPlan, cfg: Any, store: "TensorStore", spec: Any, names: dict[str, str],
                     dtype: str) -> None:
-    """``token_embd`` and ``output`` together or neither: with ``token_embd`` alone llama.cpp
-    takes it for the head (``TENSOR_DUPLICATED``); a pruned vocabulary always needs ``output``.
-    A missing one is the verifier's (``from_verifier``); neither: llama.cpp borrows the target's."""
+    """``token_embd`` and ``output`` together or neither (``TENSOR_DUPLICATED``; docs/llamacpp.md);
+    a missing one is the verifier's (``from_verifier``)."""
     vt, h = spec.vocab_size, spec.hidden_size
     pruned = int(cfg.draft_vocab_size or vt) != vt
     own = {k: k in store for k in ("embed_tokens.weight", "lm_head.weight")}
@@ -323,9 +303,7 @@ def _account(plan: GgufPlan, store: "TensorStore", cfg: Any, spec: Any) -> None:
 
 
 def _serve_flags(plan: GgufPlan, cfg: Any, alg: "Algorithm") -> None:
-    """``--spec-type``: the Markov type whenever ``sample_from_anchor`` is true or a Markov head is
-    written (``draft-dflash`` ignores ``sample_from_anchor``); ``--spec-draft-n-max``: the K rule
-    (block size with ``sample_from_anchor``, else block size − 1; llama.cpp clamps to it)."""
+    """``--spec-type`` and ``--spec-draft-n-max`` (docs/llamacpp.md, "The check")."""
     from ...format.facts import speculative_tokens_for
 
     markov = any(t.gguf_name.startswith("markov_") for t in plan.tensors)
@@ -336,9 +314,7 @@ def _serve_flags(plan: GgufPlan, cfg: Any, alg: "Algorithm") -> None:
 
 def _arch_keys(plan: GgufPlan, cfg: Any, alg: "Algorithm", spec: Any) -> list[tuple[str, Any, str]]:
     """The ``dflash.*`` keys and the mask token, in the converter's order (``conversion/base.py``
-    ``TextModel.set_gguf_parameters``, ``conversion/qwen.py`` DFlash / DSpark); llama.cpp reads
-    ``sample_from_anchor``, ``has_confidence_head`` and ``attention.causal`` with defaults, so
-    specconv always writes them (docs/llamacpp.md, "Keys beyond the converter's")."""
+    ``TextModel.set_gguf_parameters``, ``conversion/qwen.py``; docs/llamacpp.md, "Keys beyond the converter's")."""
     from ...format import rope_theta_of
 
     k = alg.llamacpp.gguf_keys
@@ -357,7 +333,5 @@ def _arch_keys(plan: GgufPlan, cfg: Any, alg: "Algorithm", spec: Any) -> list[tu
              (k["block_size"], int(cfg.block_size), "u32"), (k["target_layers"], plan.target_layers, "array"),
              (k["sample_from_anchor"], bool(cfg.sample_from_anchor), "bool"),
              (k["has_confidence_head"], any(t.gguf_name.startswith("conf_proj.") for t in plan.tensors), "bool"),
-             # every written layer is a full-attention layer (SWA and mixed causality are refused):
-             # bidirectional inside the block, as the reference drafter
              (k["causal"], False, "bool"), (k["mask_token_id"], int(cfg.mask_token_id), "u32")]
     return rows

@@ -11,19 +11,21 @@ from ...errors import InvalidInputError
 from . import LLAMA_SERVER_ENV
 
 
-def preflight(llama_server: str | None) -> None:
-    """``--export-gguf`` needs the ``gguf`` extra (exit 2) and a llama-server (exit 3,
+def preflight(options: Mapping[str, Any], value: Any) -> None:
+    """``--export-gguf`` (``value``) needs the ``gguf`` extra (exit 2) and a llama-server (exit 3,
     ``llama_server_missing``): push takes ``gguf/`` only with a passed llama-server check."""
     from ...extras import require_extra
     from .server import resolve_server
 
+    if not value:
+        return
     require_extra("gguf", feature="specconv release --export-gguf")
-    if resolve_server(llama_server) is None:  # a named binary that does not exist raises here
+    if resolve_server(options.get("llama_server")) is None:  # a named binary that does not exist raises here
         raise InvalidInputError("--export-gguf: no llama-server to check the GGUF with", code="llama_server_missing",
                                 hint=f"pass --llama-server PATH, set ${LLAMA_SERVER_ENV}, or run `make llama-cpp`")
 
 
-def gguf_step(drafter: Path, options: Mapping[str, Any]) -> dict[str, Any]:
+def gguf_step(drafter: Path, work: Path, options: Mapping[str, Any], value: Any) -> dict[str, Any]:
     """``export gguf`` into ``DRAFTER/gguf`` with its llama-server check; a skipped check (no
     verifier GGUF) is exit 3, as push would refuse the unchecked ``gguf/``."""
     from .export import export_gguf_dir

@@ -1,10 +1,5 @@
-"""``llama-server`` on 127.0.0.1: the argv, the process, ``/completion`` and the ``/metrics`` counters.
-
-The binary: ``docs/cli.md`` (``SPECCONV_LLAMA_SERVER``); the process lifecycle is
-``engines/local_server.py``'s (``docs/architecture.md``); the requests (prompt token ids, no chat
-template, no BOS added) and the counters: ``docs/llamacpp.md`` ("The check") and
-``docs/engines.md`` ("llama.cpp build").
-"""
+"""``llama-server`` on 127.0.0.1: the argv, the process, ``/completion`` and the ``/metrics`` counters
+(docs/llamacpp.md, "The check")."""
 
 from __future__ import annotations
 
@@ -27,14 +22,11 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("specconv.engines.llamacpp")
 
-__all__ = ["COUNTERS", "LLAMA_SERVER_ENV", "LlamaServer", "PER_POSITION", "PORTABLE_ARGS",
-           "completion", "launch_argv", "parse_counters",
-           "resolve_server", "server_argv", "server_version"]
+__all__ = ["COUNTERS", "LLAMA_SERVER_ENV", "LlamaServer", "PER_POSITION", "PORTABLE_ARGS", "completion", "launch_argv",
+           "parse_counters", "resolve_server", "server_argv", "server_version"]
 
 #: ``/metrics`` series (``_total`` optional) → counter (``llamacpp:spec_decode_*``; ``--metrics``).
-COUNTERS = {"llamacpp:spec_decode_num_drafts": "num_drafts",
-            "llamacpp:spec_decode_num_draft_tokens": "num_draft_tokens",
-            "llamacpp:spec_decode_num_accepted_tokens": "num_accepted_tokens"}
+COUNTERS = {f"llamacpp:spec_decode_{k}": k for k in ("num_drafts", "num_draft_tokens", "num_accepted_tokens")}
 #: labelled ``{position="i"}``: accepted drafts per draft position
 PER_POSITION = "llamacpp:spec_decode_num_accepted_tokens_per_pos"
 #: llama-server's series, for the generic parser (:func:`specconv.engines.served.parse_counters`).
@@ -56,7 +48,6 @@ def resolve_server(explicit: str | os.PathLike | None = None) -> Path | None:
     p = named_file(explicit, LLAMA_SERVER_ENV, "llama-server", "llama_server_missing")
     if p is not None:
         return p.absolute()
-
     d = llamacpp_build.build_dir()
     return llamacpp_build.paths(d)["server"] if d is not None else None
 
@@ -72,19 +63,15 @@ def server_version(server: Path) -> dict[str, Any]:
     return {"version": line or None, "commit": m.group(1) if m else None}
 
 
-#: Flags every llama-server line specconv runs or prints carries. ``--no-repack`` keeps the
-#: weights in the GGUF's own layout: on CPUs with AMX (Intel Sapphire Rapids and later) the
-#: repacked AMX buffer segfaults in ``ggml_backend_amx_mul_mat`` at the first decode
-#: (ggml-org/llama.cpp#20824; seen here with the bundled Q4_1 verifier on an AMX Xeon), and one
-#: kernel path keeps AMD and Intel runs alike.
+#: Flags every llama-server line specconv runs or prints carries (``--no-repack``: the AMX segfault,
+#: ggml-org/llama.cpp#20824, docs/llamacpp.md; one kernel path keeps AMD and Intel runs alike).
 PORTABLE_ARGS = ("--no-repack",)
 
 
 def server_argv(server: Path, target: Path, port: int, *, draft: Path | None = None, spec_type: str | None = None,
                 n_max: int | None = None, threads: int = 1, ctx: int = 4096) -> list[str]:
-    """The ``llama-server`` argv: the target, loopback, ``--metrics``, one slot; with ``draft``
-    also ``-md``, ``--spec-type`` and ``--spec-draft-n-max`` (always explicit: llama.cpp's
-    defaults are another type and 3) and :data:`PORTABLE_ARGS`."""
+    """The ``llama-server`` argv: the target, loopback, ``--metrics``, one slot; with ``draft`` also
+    ``-md``, ``--spec-type`` and ``--spec-draft-n-max`` (always explicit)."""
     argv = [str(server), "-m", str(target), "--host", "127.0.0.1", "--port", str(port), "--metrics",
             "-np", "1", "-c", str(ctx), "-t", str(threads), "--no-webui", *PORTABLE_ARGS]
     if draft is not None:
@@ -94,33 +81,22 @@ def server_argv(server: Path, target: Path, port: int, *, draft: Path | None = N
 
 
 def launch_argv(export: GgufExport, draft_repo: str | None) -> list[str]:
-    """The ``llama-server`` argv a card prints for the recorded export ``export`` (the record's
-    ``export.gguf``: ``file``, ``spec_type``, ``spec_draft_n_max``, ``verifier_gguf``).
-
-    The target is the checked verifier GGUF: ``-hf REPO -hff NAME`` when its Hub repo is
-    recorded, else ``-m NAME`` (a local file). The draft is ``-hfd DRAFT_REPO -md gguf/FILE``
-    (llama.cpp takes ``-md`` as the file inside the ``-hfd`` repo) when ``draft_repo`` names the
-    Hub repo, else ``-md ./gguf/FILE`` (the drafter dir's own export, relative to the dir).
-    """
+    """The ``llama-server`` argv a card prints for the record's ``export.gguf`` (docs/llamacpp.md,
+    "Publishing"; ``draft_repo`` None: the drafter dir's own card)."""
     vg = export.verifier_gguf or {}
     target = ["-hf", str(vg["repo"]), "-hff", str(vg["name"])] if vg.get("repo") else ["-m", str(vg.get("name"))]
-    draft = (["-hfd", draft_repo, "-md", f"gguf/{export.file}"] if draft_repo
-             else ["-md", f"./gguf/{export.file}"])
+    draft = ["-hfd", draft_repo, "-md", f"gguf/{export.file}"] if draft_repo else ["-md", f"./gguf/{export.file}"]
     return ["llama-server", *target, *draft, "--spec-type", str(export.spec_type),
             "--spec-draft-n-max", str(export.spec_draft_n_max), *PORTABLE_ARGS]
 
 
 def parse_counters(text: str) -> dict[str, Any]:
-    """The speculative counters of a ``/metrics`` page: ``{num_drafts, num_draft_tokens,
-    num_accepted_tokens, accepted_per_pos, spec_counters}`` (floats; per position in position order;
-    :func:`specconv.engines.served.parse_counters` with :data:`NAMES`)."""
+    """The speculative counters of a ``/metrics`` page (:func:`specconv.engines.served.parse_counters`)."""
     return parse_counters_of(text, NAMES)
 
 
 class LlamaServer(LocalServer):
-    """One ``llama-server`` process (context manager, :class:`specconv.engines.local_server.LocalServer`):
-    its output in ``log_path``, ``LLAMA_ARG_HOST=127.0.0.1``, healthy (``/health`` says ``"ok"``)
-    within :data:`STARTUP_TIMEOUT_S` or refused, always stopped (SIGKILL after :data:`STOP_TIMEOUT_S`).
+    """One ``llama-server`` process (a :class:`specconv.engines.local_server.LocalServer`).
 
     Raises (on enter):
         InvalidInputError: ``llama_server_failed`` with the log tail (exited or never healthy).
@@ -157,9 +133,7 @@ def completion(server: LlamaServer, prompt_ids: Sequence[int], n_predict: int, *
 
     Returns:
         ``{tokens: [ids], margins: [top-1 − top-2 logprob per token] (n_probs ≥ 2), top1: [logprob],
-        draft_n, draft_n_accepted, stop_type, prompt_n}``; ``prompt_n``: the prompt tokens the
-        server evaluated (``tokens_evaluated``: the ids as sent, no BOS added to a token array,
-        ``tools/server/server-common.cpp`` ``tokenize_mixed``), None when it does not say.
+        draft_n, draft_n_accepted, stop_type, prompt_n}``; ``prompt_n``: ``tokens_evaluated`` or None.
 
     Raises:
         InvalidInputError: ``llama_server_failed``: no answer, an HTTP error or no ``tokens``.

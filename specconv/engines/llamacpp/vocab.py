@@ -1,25 +1,5 @@
-"""The verifier's tokenizer as llama.cpp's converter writes it into a drafter GGUF (``tokenizer.ggml.*``).
-
-llama.cpp's converter gives a DFlash / DSpark draft the *target's* tokenizer: it runs the
-target architecture's own ``set_vocab`` on the target dir (``conversion/qwen.py``
-``DFlashModel.set_vocab``). specconv writes the same keys for GPT-2 BPE tokenizers (a
-``tokenizer.json`` BPE model without byte fallback, no ``tokenizer.model``), the path every
-supported verifier architecture takes there (``conversion/base.py`` ``_set_vocab_gpt2``,
-``get_vocab_base``, ``get_vocab_base_pre``; ``gguf-py/gguf/vocab.py`` ``SpecialVocab``, all at
-ggml-org/llama.cpp@0c1e57098):
-
-* ``tokenizer.ggml.model`` ``gpt2``; ``pre`` named by the sha256 of the token ids of the
-  converter's test text (:data:`PRE_TOKENIZERS`); ``tokens`` / ``token_type`` from
-  transformers' tokenizer (added tokens: CONTROL when special or special-looking, else
-  USER_DEFINED; ids without a token: ``[PAD<i>]``, UNUSED);
-* merges, special-token ids and the chat template through PyPI ``gguf.SpecialVocab``; the
-  ``add_bos`` / ``add_eos`` flags as the tested converter's ``SpecialVocab`` derives them (its
-  post-processor rules differ from PyPI 0.19.0's: :func:`add_flags`);
-* the target class's own additions (:data:`ARCH_RULES`: LlamaModel's ``add_space_prefix`` and
-  its ``add_bos_token false`` for 49,152-token vocabularies).
-
-Anything else (SentencePiece, byte-fallback BPE, WordPiece, an unknown pre-tokenizer, a
-normalizer the converter would record) is refused by name, exit 3.
+"""The verifier's tokenizer as llama.cpp's converter writes it into a drafter GGUF (``tokenizer.ggml.*``;
+GPT-2 BPE only, at ggml-org/llama.cpp@0c1e57098: docs/llamacpp.md, "The tokenizer and the tensor bytes").
 """
 
 from __future__ import annotations
@@ -98,11 +78,8 @@ def check_tokenizer(verifier_dir: Path, architecture: str | None) -> tuple[dict,
 
 
 def vocab_base(tokenizer: Any, vocab_size: int) -> tuple[list[str], list[int], str]:
-    """Tokens, token types and the pre-tokenizer name (``get_vocab_base`` / ``get_vocab_base_pre``).
-
-    Args:
-        tokenizer: transformers' tokenizer of the verifier. vocab_size: the draft config's
-            ``vocab_size`` (what the converter iterates over).
+    """Tokens, token types and the pre-tokenizer name (``get_vocab_base`` / ``get_vocab_base_pre``)
+    of transformers' ``tokenizer`` over the draft config's ``vocab_size``.
 
     Raises:
         UnsupportedFormatError: ``gguf_tokenizer``: a pre-tokenizer hash not in :data:`PRE_TOKENIZERS`.

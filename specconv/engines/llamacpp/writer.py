@@ -1,11 +1,5 @@
-"""Write a :class:`~specconv.engines.llamacpp.layout.GgufPlan` as one GGUF file (PyPI ``gguf``'s ``GGUFWriter``).
-
-Tensor data follows llama.cpp's converter byte for byte: each tensor is read at its stored
-dtype, widened to float32 and converted with ``gguf.quants.quantize`` to its GGML type
-(``conversion/base.py`` ``prepare_tensors``: BF16 rounds to nearest even, F16 is numpy's
-cast); ``d2t`` is written as I64 absolute target ids. Metadata: ``general.*`` (architecture,
-type, name, file type, quantisation version), the plan's ``dflash.*`` keys and the verifier's
-tokenizer (:func:`specconv.engines.llamacpp.vocab.add_tokenizer`).
+"""Write a :class:`~specconv.engines.llamacpp.layout.GgufPlan` as one GGUF file (PyPI ``gguf``'s
+``GGUFWriter``), byte for byte as llama.cpp's converter (docs/llamacpp.md, "The tokenizer and the tensor bytes").
 """
 
 from __future__ import annotations
@@ -53,12 +47,7 @@ def _tensor_data(t: "PlannedTensor", plan: "GgufPlan", store: "TensorStore", ver
 
 def write_gguf(plan: "GgufPlan", path: Path, *, store: "TensorStore", verifier: "Verifier", name: str,
                vocab_size: int) -> None:
-    """Write ``plan`` to ``path``.
-
-    Args:
-        plan: from :func:`specconv.engines.llamacpp.layout.plan_gguf`. path: the file to create.
-        store: the drafter's tensors. verifier: the resolved verifier (tokenizer dir,
-            borrowed embedding / head). name: ``general.name``. vocab_size: the draft config's.
+    """Write ``plan`` to ``path`` (``name``: ``general.name``; ``vocab_size``: the draft config's).
 
     Raises:
         UnsupportedFormatError: ``gguf_tokenizer`` (:mod:`specconv.engines.llamacpp.vocab`).

@@ -1,7 +1,5 @@
 """``specconv export onnx DIR``: a Speculators dir → ``onnx/`` (graph, fp32 twin, meta) through the
-generic export lifecycle (:mod:`specconv.engines.exportdir`). The layout, what ``onnx_meta.json``
-holds and why every graph is standard ONNX: ``docs/engines.md`` ("Files", "Prepare for TensorRT").
-``export.onnx`` in ``DIR/specconv.json`` records the result and the parity numbers.
+generic export lifecycle (docs/engines.md, "Files", "Prepare for TensorRT").
 """
 
 from __future__ import annotations
@@ -15,15 +13,14 @@ from typing import Any
 
 from ...errors import GateFailedError, UsageError
 from ..base import Exporter, OptionSpec, PushVerdict, Surface
+from .reuse import keep_previous_export
 
 log = logging.getLogger("specconv.export")
 
 __all__ = ["DTYPES", "GRAPH_NAME", "META_FORMAT_VERSION", "META_NAME", "OnnxExporter", "check_meta_format", "graph_for_dtype"]
 
-#: the one ``format_version`` every reader accepts (``validate --onnx``, ``build-engine``,
-#: ``push``, ``release``'s re-use), through :func:`check_meta_format`. Version 2: standard
-#: ONNX graphs (no TensorRT-only attributes in the file), each graph written once (no fp32
-#: twin for ``--dtype float32``).
+#: the one ``format_version`` every reader accepts (:func:`check_meta_format`): standard ONNX graphs,
+#: each written once (no fp32 twin for ``--dtype float32``).
 META_FORMAT_VERSION = 2
 #: the export dir's meta file (what marks it as an ONNX export)
 META_NAME = "onnx_meta.json"
@@ -72,12 +69,7 @@ def _baked_from_verifier(d: Path) -> list[str]:
     from ...tensors import open_store
 
     names = set(open_store(d).names())
-    baked = []
-    if "embed_tokens.weight" not in names:
-        baked.append("embed_tokens")
-    if "lm_head.weight" not in names:
-        baked.append("lm_head")
-    return baked
+    return [t for t in ("embed_tokens", "lm_head") if f"{t}.weight" not in names]
 
 
 def _example(shape, settings):
@@ -133,8 +125,6 @@ def _export_graphs(tmp: Path, load, ref32, s, dtype: str, check: bool) -> dict[s
         graphs[GRAPH_NAME] = _export_one(refd, dtype, tmp / GRAPH_NAME, s, work, check)
     shutil.rmtree(work)
     return graphs
-
-
 
 
 def _settings(options: dict[str, Any]) -> Any:
@@ -211,10 +201,11 @@ class OnnxExporter(Exporter):
         from ...drafters import load_drafter
         from ...extras import require_extra
         from ...format import load_config
+        from ..exportdir import default_verifier
 
         require_extra("onnx", feature="specconv export onnx")
         s = _settings(dict(job.options))
-        has_verifier = job.verifier_spec or _recorded_verifier(job.drafter_dir)
+        has_verifier = job.verifier_spec or default_verifier(job.drafter_dir)
         ver = job.verifier() if has_verifier else None
         load = partial(load_drafter, job.drafter_dir, ver, config=load_config(job.drafter_dir))
         ref32 = load(dtype=torch.float32)
@@ -250,9 +241,8 @@ class OnnxExporter(Exporter):
 
     # ------------------------------------------------------------------------ push
     def push_verdict(self, d: Path, rec: Any, rel: str) -> PushVerdict:
-        """A file of ``onnx/`` is pushable with a passed export check of these bytes: ``export.onnx``
-        passed, its sha256 the meta's and the meta's ``drafter_files`` the validated files (the
-        ``onnx/fp32/`` twin stays local).
+        """A file of ``onnx/`` is pushable with a passed export check of these bytes (docs/cli.md,
+        "Gates"; the ``onnx/fp32/`` twin stays local).
 
         Raises:
             InvalidInputError: a meta of another format version (exit 3, "re-export").
@@ -297,10 +287,7 @@ class OnnxExporter(Exporter):
 
         require_extra("onnx", feature="specconv release --export-onnx")
 
-    def before_reconvert(self, drafter: Path, work: Path) -> None:
-        from .reuse import keep_previous_export
-
-        keep_previous_export(drafter, work)
+    before_reconvert = staticmethod(keep_previous_export)
 
     def release_step(self, drafter: Path, work: Path, options: Any, value: Any) -> dict[str, Any]:
         from .reuse import export_step
@@ -312,12 +299,6 @@ def verifier_weights(rec: Any, meta: dict[str, Any]) -> bool:
     """Whether the ``onnx/`` graphs embed verifier tensors (their meta or ``export.onnx`` says so)."""
     onnx = rec.export.onnx if rec.export is not None else None
     return bool(meta.get("contains_verifier_weights") or (onnx and onnx.contains_verifier_weights))
-
-
-def _recorded_verifier(d: Path) -> str | None:
-    from ..exportdir import default_verifier
-
-    return default_verifier(d)
 
 
 def _parity_passed(graphs: dict[str, Any]) -> bool | None:

@@ -1,11 +1,6 @@
-"""An exported drafting step (ONNX graph, TensorRT engine) as a drafter of the acceptance loop.
-
-:class:`GraphDrafter` reads the step's facts from ``onnx_meta.json`` (or ``build.json``'s
-``drafter_meta``), builds the stateless step's inputs at batch 1 (I/O contract:
-``docs/engines.md``; the algorithm's :class:`~specconv.format.algorithms.ExportFacts` say
-whether it reads ``context_ids`` and what the ``block_ids`` rows hold) and has the drafter
-surface over a runtime's ``_run(feeds)`` (:class:`.ort_drafter.OrtDrafter`,
-:class:`.engine_drafter.EngineDrafter`).
+"""An exported drafting step (ONNX graph, TensorRT engine) as a drafter of the acceptance loop: the
+step's facts, its stateless inputs at batch 1 (docs/engines.md) and the drafter surface over a
+runtime's ``_run(feeds)``.
 """
 
 from __future__ import annotations
@@ -19,10 +14,8 @@ __all__ = ["GraphDrafter"]
 
 
 class GraphDrafter:
-    """The drafter surface over an exported step (``algorithm``, ``num_draft_tokens``,
-    ``aux_layer_ids``, ``block_size``, ``device``, ``dtype``, :meth:`propose`). A subclass
-    calls :meth:`_read_facts`, sets ``device`` / ``dtype``, implements :meth:`_run`, and names
-    itself in errors (``KIND``, ``CONTEXT_HINT``, ``SAMPLING_NEEDS``)."""
+    """The drafter surface over an exported step; a subclass calls :meth:`_read_facts`, sets ``device``
+    / ``dtype``, implements :meth:`_run` and names itself in errors (``KIND``, ``CONTEXT_HINT``, ``SAMPLING_NEEDS``)."""
 
     KIND = "graph"
     CONTEXT_HINT = ""

@@ -1,8 +1,5 @@
-"""ONNX export of a drafting step: ``torch.onnx.export(dynamo=True)`` + "prepare for TensorRT".
-
-The pipeline, the opset, and why the written (shipped) graph carries no TensorRT-only attribute:
-``docs/engines.md`` ("Prepare for TensorRT"). The graph is written with external data (no 2 GB
-protobuf limit); opset 23 keeps ``Attention`` / ``RMSNormalization`` / ``RotaryEmbedding`` nodes.
+"""ONNX export of a drafting step: ``torch.onnx.export(dynamo=True)`` + "prepare for TensorRT"
+(docs/engines.md, "Prepare for TensorRT"); external data, opset 23.
 """
 
 from __future__ import annotations
@@ -27,13 +24,7 @@ _CONTROL_FLOW = ("If", "Loop", "Scan")
 
 
 class ExportSettings:
-    """Static settings of one export (the CLI flags).
-
-    Attributes:
-        opset: 23 or 24.
-        max_batch, max_context: upper bounds of the dynamic axes.
-        outputs, top_k, sampling_noise: as :class:`~specconv.engines.onnx.wrappers.StepWrapper`.
-    """
+    """Static settings of one export (the CLI flags; ``max_*``: the dynamic axes' upper bounds)."""
 
     def __init__(self, *, opset: int = 23, max_batch: int = 8, max_context: int = 4096,
                  outputs=("ids", "logprobs"), top_k: int = 4, sampling_noise: bool = False):
@@ -57,17 +48,9 @@ def _dynamic_shapes(names: list[str], max_batch: int, max_context: int):
 
 def export_graph(wrapper, example: tuple[torch.Tensor, ...], out_path: Path,
                  settings: ExportSettings, workdir: Path) -> dict:
-    """Export ``wrapper`` to ``out_path`` (+ ``out_path.data``) and prepare it for TensorRT.
-
-    Args:
-        wrapper: a :class:`~specconv.engines.onnx.wrappers.StepWrapper` (``onnx_attention=True``).
-        example: example inputs (batch ≥ 2 and context ≥ 2 so no axis specialises).
-        out_path: final ``.onnx`` path (its directory must exist).
-        settings: :class:`ExportSettings`.
-        workdir: scratch dir for the raw export.
-
-    Returns:
-        ``{"census": {op: count}, "prepare": {...}}``.
+    """Export ``wrapper`` (``onnx_attention=True``) to ``out_path`` (+ ``.data``) and prepare it for
+    TensorRT; ``example``: batch ≥ 2 and context ≥ 2 so no axis specialises. Returns
+    :func:`prepare_for_tensorrt`'s dict plus ``census`` (``{op: count}``).
 
     Raises:
         InvalidInputError: the exporter failed, or the graph breaks a TensorRT rule.
@@ -89,12 +72,8 @@ def export_graph(wrapper, example: tuple[torch.Tensor, ...], out_path: Path,
 
 
 def prepare_for_tensorrt(src: Path, dst: Path) -> dict:
-    """Constant-fold, deduplicate identical weights, check the TensorRT rules, write the
-    graph and check the written file.
-
-    Writes ``dst`` with its weights in ``dst.name + ".data"`` (standard ONNX: no
-    TensorRT-only attribute; ``build-engine`` adds those in memory), then runs
-    :func:`check_graph` on ``dst`` itself.
+    """Constant-fold, deduplicate identical weights, check the TensorRT rules, write ``dst`` (weights
+    in ``dst.name + ".data"``, standard ONNX) and :func:`check_graph` the written file.
 
     Returns:
         ``{"attention_nodes": n, "folded": True, "checked": "..."}``.
@@ -145,11 +124,7 @@ def _dedupe_initializers(model, min_size: int = 1024) -> int:
 def _subgraph_ops(node) -> set[str]:
     ops: set[str] = set()
     for attr in node.attributes.values():
-        graphs = []
-        if attr.type.name == "GRAPH":
-            graphs = [attr.value]
-        elif attr.type.name == "GRAPHS":
-            graphs = list(attr.value)
+        graphs = [attr.value] if attr.type.name == "GRAPH" else list(attr.value) if attr.type.name == "GRAPHS" else []
         for g in graphs:
             for n in g.all_nodes() if hasattr(g, "all_nodes") else g:
                 ops.add(n.op_type)

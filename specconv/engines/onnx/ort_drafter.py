@@ -1,12 +1,6 @@
-"""ONNX Runtime as a drafter runtime (``specconv validate --onnx``; registered as ``onnx`` in
-:func:`specconv.validate.runtimes.runtimes`: :func:`load`, :func:`preflight`).
-
-:class:`OrtDrafter` runs an exported ``drafter.onnx`` (stateless contract, :mod:`.wrappers`)
-at batch 1 with the drafter surface of :class:`.graph_drafter.GraphDrafter`.
-
-Before loading it checks the graph against its ``onnx_meta.json``: the sha256 of the
-graph and weights files (a truncated or edited file is refused) and of the drafter files
-it was exported from (a graph from another drafter is refused).
+"""ONNX Runtime as a drafter runtime (``specconv validate --onnx``: :func:`load`, :func:`preflight`):
+an exported ``drafter.onnx`` at batch 1, checked against its ``onnx_meta.json`` (sha256 of the graph
+and of the drafter files it came from) before it loads.
 """
 
 from __future__ import annotations
@@ -30,16 +24,8 @@ _NP_DTYPES = {"float32": np.float32, "float16": np.float16}
 
 
 def resolve_graph(path: str | Path, dtype: str | None = None) -> tuple[Path, Path, dict]:
-    """Find the graph, its meta dir and meta for ``--onnx PATH`` (also ``build-engine``).
-
-    Args:
-        path: a ``drafter.onnx`` file, or an export dir (``onnx/``): then the graph whose
-            dtype is ``dtype`` (:func:`~.export.graph_for_dtype`: ``drafter.onnx`` of a
-            float32 export, else the fp32 twin ``fp32/drafter.onnx``) is used.
-        dtype: the run dtype (directory form only).
-
-    Returns:
-        ``(graph path, meta dir, meta dict)``.
+    """``(graph path, meta dir, meta dict)`` for ``--onnx PATH`` (also ``build-engine``): a graph file,
+    or an export dir's graph for ``dtype`` (:func:`~.export.graph_for_dtype`).
 
     Raises:
         InvalidInputError: no graph / no ``onnx_meta.json`` / unreadable meta / a meta of
@@ -111,13 +97,8 @@ def load(drafter_dir: Path, verifier: "Verifier", *, path: str | Path, dtype: st
 
 
 class OrtDrafter(GraphDrafter):
-    """An exported drafter graph run by ONNX Runtime (CPU), batch 1.
-
-    Args:
-        path: ``--onnx`` PATH (file or export dir; see :func:`resolve_graph`).
-        drafter_dir: the Speculators dir the graph must come from (checked by sha256);
-            None skips that check.
-        dtype: run dtype, used to pick the graph in an export dir.
+    """An exported drafter graph (``--onnx`` PATH, :func:`resolve_graph`) run by ONNX Runtime (CPU),
+    batch 1; ``drafter_dir``: the dir it must come from (None: not checked).
 
     Raises:
         InvalidInputError: missing / corrupt / foreign graph.

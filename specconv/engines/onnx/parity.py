@@ -1,8 +1,5 @@
-"""Numerical parity of an exported graph with the PyTorch wrapper.
-
-Runtimes: ONNX Runtime (CPU) for fp32 and fp16 graphs; the ONNX reference evaluator for
-bf16 graphs (ONNX Runtime's CPU provider has no bf16 MatMul), only for small graphs.
-Gates: :data:`TOLERANCES` (the table of docs/engines.md, "Parity and acceptance").
+"""Numerical parity of an exported graph with the PyTorch wrapper (ONNX Runtime CPU; the ONNX
+reference evaluator for small bf16 graphs): :data:`TOLERANCES`, docs/engines.md, "Parity and acceptance".
 """
 
 from __future__ import annotations
@@ -22,16 +19,9 @@ _REFERENCE_EVALUATOR_MAX_PARAMS = 2_000_000
 
 def parity_inputs(shape, *, sampling_noise: bool, seed: int = 0,
                   max_context: int = 4096) -> list[tuple[torch.Tensor, ...]]:
-    """Two input sets: batch 1 (context 12) and a left-padded batch 3 (contexts 3/17/30),
-    lengths capped at ``max_context``.
-
-    Aux hidden states are Gaussian with a few large outlier channels (real aux states
-    have them, validation.md); ids are uniform over the vocabulary.
-
-    Args:
-        shape: the step's :class:`~specconv.drafters.step.StepShape` (a drafter's
-            ``shape``, or :meth:`~specconv.drafters.step.StepShape.from_meta`).
-    """
+    """Two input sets of step ``shape``: batch 1 (context 12) and a left-padded batch 3 (contexts
+    3/17/30), capped at ``max_context``; Gaussian aux states with a few large outlier channels (as
+    real ones have), uniform ids."""
     from ...drafters.step import batch_inputs
 
     g = torch.Generator().manual_seed(seed)
@@ -83,12 +73,8 @@ def run_reference(path: Path, names: list[str], inputs: tuple[torch.Tensor, ...]
 
 
 def compare(ref: dict[str, torch.Tensor], got: dict[str, np.ndarray], atol: float) -> dict:
-    """Compare graph outputs with the torch wrapper's (all outputs, fp32).
-
-    Args:
-        ref: torch wrapper outputs by name; must include ``logits`` (for the margins).
-        got: graph outputs by name.
-        atol: near-tie threshold is ``2·atol`` on the torch top-1/top-2 logit margin.
+    """Compare graph outputs ``got`` with the torch wrapper's ``ref`` (with ``logits``), fp32; a near
+    tie is a torch top-1/top-2 margin below ``2·atol``.
 
     Returns:
         ``{"top1": agreement, "n": drafts, "mismatches", "near_tie_mismatches",

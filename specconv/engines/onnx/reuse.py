@@ -36,10 +36,8 @@ def keep_previous_export(drafter: Path, work: Path) -> None:
 
 
 def _reuse(drafter: Path, work: Path) -> dict[str, Any] | None:
-    """Put the earlier export back when it was made from these exact drafter files.
-
-    Returns:
-        The earlier ``export.onnx`` section, or None (no earlier export, other drafter bytes).
+    """Put the earlier export back when it was made from these exact drafter files; returns its
+    ``export.onnx`` section, or None.
 
     Raises:
         InvalidInputError: the earlier export is of another format version
@@ -63,14 +61,11 @@ def _reuse(drafter: Path, work: Path) -> dict[str, Any] | None:
 
 
 def export_step(drafter: Path, work: Path, verifier: str | None) -> dict[str, Any]:
-    """``--export-onnx``: re-use the earlier export of the same drafter bytes, else export.
-
-    An earlier export of another format version is refused for re-use (a warning and
-    ``reuse_refused`` in the result say so) and the drafter is exported again.
+    """``--export-onnx``: re-use the earlier export of the same drafter bytes, else export (an
+    earlier one of another format version: ``reuse_refused`` and a warning).
 
     Returns:
-        ``{"reused": bool, "contains_verifier_weights": bool, "parity_passed": ...}``
-        (+ ``reuse_refused``: the reason, when an earlier export was refused).
+        ``{"reused", "contains_verifier_weights", "parity_passed"}`` (+ ``reuse_refused``).
 
     Raises:
         InvalidInputError / GateFailedError: from the export.

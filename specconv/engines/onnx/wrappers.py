@@ -1,10 +1,5 @@
-"""Export wrapper: a reference drafter's one drafting step as the module torch.export traces.
-
-The stateless I/O contract, its inputs (the step's, :mod:`specconv.drafters.step`, in the
-description's ``export.inputs`` order, plus ``sampling_noise``) and outputs: ``docs/engines.md``
-("The graph: one drafting step, stateless"). The wrapper adds only the output selection and, with
-``onnx_attention=True`` (what the exporter sets), attention as ``torch.onnx.ops.attention``: one
-ONNX ``Attention`` node per layer, with the step's explicit boolean masks.
+"""Export wrapper: a reference drafter's one drafting step as the module torch.export traces (the
+stateless I/O contract: docs/engines.md); with ``onnx_attention=True`` one ONNX ``Attention`` node per layer.
 """
 
 from __future__ import annotations
@@ -29,16 +24,8 @@ def onnx_attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.T
 
 
 class StepWrapper(nn.Module):
-    """A reference drafter's :meth:`~specconv.drafters.Drafter.step` with named outputs.
-
-    Args:
-        drafter: a loaded reference drafter (its weights keep their names in the graph).
-        outputs: subset of :data:`OUTPUT_CHOICES` (``ids`` always emitted;
-            ``confidence`` only where the drafter has a confidence head).
-        top_k: ``k`` of the ``topk`` outputs.
-        sampling_noise: take a ``sampling_noise`` input.
-        onnx_attention: attention as ``torch.onnx.ops.attention`` (export) instead of the
-            reference formula.
+    """A reference drafter's :meth:`~specconv.drafters.Drafter.step` with named outputs (a subset of
+    :data:`OUTPUT_CHOICES`: ``ids`` always; ``confidence`` only with a confidence head).
 
     Raises:
         UnsupportedFormatError: a P-EAGLE drafter with one depth (no mask entries; the
@@ -57,13 +44,8 @@ class StepWrapper(nn.Module):
         self.top_k = int(top_k)
         self.sampling_noise = bool(sampling_noise)
         self.attention = onnx_attend if onnx_attention else attend
-        outs = ["draft_ids"]
-        if "logprobs" in outputs:
-            outs.append("draft_logprobs")
-        if "topk" in outputs:
-            outs += ["topk_ids", "topk_logprobs"]
-        if "logits" in outputs:
-            outs.append("logits")
+        outs = ["draft_ids", *(["draft_logprobs"] if "logprobs" in outputs else []),
+                *(["topk_ids", "topk_logprobs"] if "topk" in outputs else []), *(["logits"] if "logits" in outputs else [])]
         if ("confidence" in outputs and drafter.alg.export.confidence_output
                 and getattr(drafter, "confidence_proj", None) is not None):
             outs.append("confidence")

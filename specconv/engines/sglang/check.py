@@ -1,10 +1,5 @@
-"""SGLang 0.5.23 as a real consumer: load SGLang exports with SGLang's own loader (specconv side).
-
-The job file for ``runner.py`` (this package), run in ``.venv-sglang``, and the comparison of
-what SGLang resolved with the export's ``expected``. What travels in the job file and what the
-check requires: ``docs/architecture.md`` (``specconv/engines/sglang/check.py``), ``docs/sglang.md`` ("The
-check") and ``docs/engines.md`` ("SGLang loader venv", "The runner"). Only the standard library
-is imported at module level.
+"""SGLang 0.5.23 as a real consumer: SGLang exports loaded by SGLang's own loader (``runner.py`` in
+``.venv-sglang``) and judged against the export's ``expected`` (docs/sglang.md, "The check").
 """
 
 from __future__ import annotations
@@ -29,8 +24,7 @@ DEFAULT_VENV = Path(__file__).resolve().parents[3] / ".venv-sglang"
 
 
 def find_sglang_python(explicit: str | os.PathLike | None = None) -> Path:
-    """The SGLang interpreter: ``explicit``, else ``$SPECCONV_SGLANG_LOADER_PYTHON``, else the
-    repo's ``.venv-sglang/bin/python``.
+    """The SGLang interpreter: ``explicit``, else ``$SPECCONV_SGLANG_LOADER_PYTHON``, else ``.venv-sglang``.
 
     Raises:
         InvalidInputError: (exit 3) none of them names an existing file.
@@ -42,22 +36,16 @@ def find_sglang_python(explicit: str | os.PathLike | None = None) -> Path:
                             purpose="the SGLang loader check needs SGLang 0.5.23 in a separate venv")
 
 
-#: What the runner's environment changes beyond :func:`specconv.offline.runner_env`: no GPU
-#: (the load runs on CPU), and no ``SGLANG_RAGGED_VERIFY_MODE`` (each check names its own).
+#: The runner's environment beyond :func:`specconv.offline.runner_env`: no GPU, no ``SGLANG_RAGGED_VERIFY_MODE``.
 _ENV_OVERRIDES: dict[str, str | None] = {"CUDA_VISIBLE_DEVICES": "", "SGLANG_RAGGED_VERIFY_MODE": None}
 
 
 def run_checks(checks: list[dict[str, Any]], *, python: str | os.PathLike | None = None, dtype: str = "float32",
                timeout: float = 1800.0) -> dict[str, Any]:
-    """Run the runner once over ``checks`` (its job entries: ``dir``, ``verifier`` and the
-    optional ``env``, ``target_supplied``, ``serve_argv``).
-
-    Returns:
-        The runner's ``{"env": {...}, "results": [...]}`` plus ``log_tail``.
+    """Run the runner once over ``checks`` (its job entries): its ``{"env", "results"}`` plus ``log_tail``.
 
     Raises:
-        InvalidInputError: no interpreter, a timeout, or SGLang could not be imported (the
-            log tail is in the message).
+        InvalidInputError: no interpreter, a timeout, or SGLang could not be imported.
     """
     from ...offline import run_runner, runner_env
 
@@ -66,15 +54,8 @@ def run_checks(checks: list[dict[str, Any]], *, python: str | os.PathLike | None
 
 
 def judge(env: dict[str, Any], r: dict[str, Any], expected: dict[str, Any], files: dict[str, str]) -> dict[str, Any]:
-    """The check payload of one export (``export.sglang.check``): SGLang's strict load plus
-    its resolved values against ``expected``.
-
-    Returns:
-        ``{ok, distribution, version, torch, transformers, python, stubs, class, env,
-        resolved, mismatches, errors, unfilled_params, unconsumed_tensors,
-        target_supplied_skipped, checkpoint_tensors, serve_args, files}``; ``ok`` needs no
-        error and no mismatch.
-    """
+    """The check payload of one export (``export.sglang.check``): SGLang's strict load plus its
+    resolved values against ``expected``; ``ok`` needs no error and no mismatch."""
     resolved = r.get("resolved") or {}
     seen = {**resolved, "architecture": r.get("architecture")}
     mismatches = [f"{k}: SGLang resolved {seen.get(k)!r}, the Speculators dir says {v!r}"
@@ -109,7 +90,7 @@ def _meta(d: Path) -> dict[str, Any]:
 def export_job(d: str | os.PathLike, verifier_dir: str | os.PathLike,
                serve_argv: list[str] | None = None) -> tuple[dict[str, Any], dict[str, Any], dict[str, str]]:
     """The runner's job entry for SGLang export ``d``, its ``sglang_export.json`` and the sha256
-    of the files the runner will load (taken now, before the load).
+    of the files the runner will load (taken before the load).
 
     Raises:
         InvalidInputError: ``d`` is no specconv SGLang export.
@@ -126,17 +107,9 @@ def export_job(d: str | os.PathLike, verifier_dir: str | os.PathLike,
 
 def check_sglang_dirs(dirs: list[Path], verifier: str, *, python: str | os.PathLike | None = None,
                       serve_argv: list[list[str] | None] | None = None) -> list[dict[str, Any]]:
-    """Load every SGLang export of ``dirs`` with SGLang's own loader in ONE subprocess.
-
-    Args:
-        dirs: dirs written by :func:`specconv.engines.sglang.export.export_sglang_dir`.
-        verifier: the verifier (local dir or a Hub id in the local cache).
-        python: the SGLang interpreter (:func:`find_sglang_python`).
-        serve_argv: per dir, a serve line's words after ``python -m sglang.launch_server``
-            to parse with SGLang's parser (None: none).
-
-    Returns:
-        One :func:`judge` payload per dir, in order.
+    """Load every SGLang export of ``dirs`` with SGLang's own loader in ONE subprocess; one
+    :func:`judge` payload per dir (``serve_argv``: per dir, a serve line's words after
+    ``python -m sglang.launch_server`` to parse with SGLang's parser, or None).
 
     Raises:
         InvalidInputError: a dir is no specconv SGLang export, or the runner could not run.
@@ -152,11 +125,8 @@ def check_sglang_dirs(dirs: list[Path], verifier: str, *, python: str | os.PathL
 
 
 def validate_check(drafter_dir: str | os.PathLike, verifier: str, *, python: str | None = None) -> dict[str, Any]:
-    """``specconv validate --sglang-load-check``: export DIR to a temp dir, load it with SGLang,
-    record the result under ``export.sglang.check`` (never in the validation section).
-
-    Returns:
-        The check payload (:func:`judge`), also the report's ``sglang_load``.
+    """``specconv validate --sglang-load-check``: export DIR to a temp dir, load it with SGLang, record
+    the payload (:func:`judge`) under ``export.sglang.check`` (never in the validation section).
 
     Raises:
         InvalidInputError: a refusal by name (exit 3) or the runner could not run.
@@ -186,11 +156,8 @@ def preflight(drafter_dir: str | os.PathLike, verifier: str, python: str | None 
 def export_checked(drafter_dir: str | os.PathLike, out: str | os.PathLike | None = None, *,
                    verifier: str | None = None, overwrite: bool = False, python: str | None = None,
                    record: bool = True) -> "ExportSglangResult":
-    """``specconv export sglang --check``: :func:`specconv.engines.sglang.export.export_sglang_dir`
-    with SGLang's own loader run on the written files before they are moved into place.
-
-    Returns:
-        Its :class:`~specconv.results.ExportSglangResult` with the ``check`` payload (:func:`judge`).
+    """``specconv export sglang --check``: the export with SGLang's own loader run on the written
+    files before they are moved into place (``check``: the :func:`judge` payload).
 
     Raises:
         InvalidInputError: no SGLang interpreter (before anything is written), a refusal (exit 3).

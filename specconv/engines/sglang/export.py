@@ -1,8 +1,5 @@
-"""``specconv export sglang DIR``: a Speculators dir → SGLang's layout (``DIR/sglang`` by default),
-written through a locked temp dir renamed at the end (:mod:`specconv.outdir`). The files and
-``--check``: ``docs/sglang.md`` ("The layout", "The check"). The result is recorded under
-``export.sglang`` in ``DIR/specconv.json``; a check made earlier on the same bytes
-(``validate --sglang-load-check`` exports to a temp dir) is kept.
+"""``specconv export sglang DIR``: a Speculators dir → SGLang's layout (``DIR/sglang`` by default)
+through the one export lifecycle (docs/sglang.md, "The layout", "The check").
 """
 
 from __future__ import annotations
@@ -24,7 +21,6 @@ log = logging.getLogger("specconv.export")
 
 __all__ = ["FORMAT", "FORMAT_VERSION", "META_NAME", "export_sglang_dir", "plan_sglang", "record_sglang_check",
            "layout_files", "weight_files"]
-
 
 
 def weight_files(d: Path) -> list[str]:
@@ -54,9 +50,7 @@ def _verifier(d: Path, spec: str | None):
 
 
 def _target_supplied(d: Path, store: Any, verifier: Verifier) -> list[str]:
-    """The drafter tensors SGLang replaces by the target's, each proven equal to it: the same
-    bytes, or (another dtype) the verifier's tensor cast to the drafter's dtype, element for
-    element — what SGLang serves in that dtype.
+    """The drafter tensors SGLang replaces by the target's, each proven equal to it (:func:`_equal`).
 
     Raises:
         InvalidInputError: ``sglang_target_tensor_differs``: SGLang would serve the
@@ -91,11 +85,8 @@ def _equal(store: Any, name: str, verifier: Verifier, vname: str) -> bool:
 
 
 def plan_sglang(drafter_dir: str | Path, verifier: str | None = None) -> tuple[Any, dict[str, Any], str]:
-    """SGLang's layout of ``drafter_dir`` and what its export records, nothing written.
-
-    Returns:
-        ``(layout, meta, verifier)``: :class:`specconv.engines.sglang.layout.SglangLayout`, the
-        ``sglang_export.json`` content without ``files``, and the verifier spec used.
+    """``(layout, meta, verifier spec)`` of ``drafter_dir``: the :class:`.layout.SglangLayout`, the
+    ``sglang_export.json`` content without ``files``; nothing written.
 
     Raises:
         InvalidInputError: not a Speculators dir, no verifier, or a refusal by name
@@ -138,23 +129,9 @@ def _published_verifier(raw: dict[str, Any], spec: str) -> str | None:
 def export_sglang_dir(drafter_dir: str | Path, out: str | Path | None = None, *, verifier: str | None = None,
                       overwrite: bool = False, check: Callable[[Path, str], dict[str, Any]] | None = None,
                       record: bool = True) -> "ExportSglangResult":
-    """Write SGLang's layout of a Speculators dir through the one export lifecycle
-    (:func:`specconv.engines.exportdir.export`; the engine's part: :func:`prepare`, :func:`write`,
-    :func:`result`, :func:`record_value`).
-
-    Args:
-        drafter_dir: the Speculators-format DFlash or DSpark dir.
-        out: output dir (default ``DIR/sglang``).
-        verifier: verifier dir or Hub id (default: the one in ``DIR/specconv.json``).
-        overwrite: replace an earlier SGLang export (:func:`specconv.outdir.check_replaceable`).
-        check: ``check(files_dir, verifier)``, run on the written files before they are moved into
-            place, returns the ``check`` payload or raises (:func:`specconv.engines.sglang.check.export_checked`
-            passes SGLang's own loader).
-        record: set ``export.sglang`` in ``DIR/specconv.json``.
-
-    Returns:
-        :class:`~specconv.results.ExportSglangResult` (what ``export.sglang`` records, ``output``
-        absolute, ``launch`` the argv with the recorded verifier; ``check`` with ``check``).
+    """Write SGLang's layout of a Speculators dir (``out`` default ``DIR/sglang``). ``check(files_dir,
+    verifier)`` runs on the written files before they are moved into place and returns the ``check``
+    payload or raises; ``record``: set ``export.sglang`` in ``DIR/specconv.json``.
 
     Raises:
         InvalidInputError: a refusal (exit 3, nothing written), an existing output

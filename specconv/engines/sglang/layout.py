@@ -1,12 +1,6 @@
-"""SGLang's layout of a Speculators drafter: the config rewrite, the refusals, the serve line.
-
-Config only (the weights are copied byte for byte by :mod:`.sglang_dir`). What SGLang 0.5.23
-reads, each convention that differs from Speculators' and each refusal, with the sglang wheel
-files they come from: ``docs/sglang.md``; every SGLang fact comes from the algorithm description
-(:class:`specconv.format.algorithms.SglangFacts`).
-
-Standard library and :mod:`specconv.format` only (no torch): refusals are decided before
-anything is read beyond ``config.json`` and the tensor names.
+"""SGLang's layout of a Speculators drafter: the config rewrite, the refusals, the serve line
+(docs/sglang.md; SGLang facts from :class:`specconv.format.algorithms.SglangFacts`). Config and tensor
+names only (no torch): refusals are decided before any weight is read.
 """
 
 from __future__ import annotations
@@ -37,21 +31,9 @@ _TRANSLATED = ("architectures", "aux_hidden_state_layer_ids", "block_size", "dty
 
 @dataclass
 class SglangLayout:
-    """A Speculators drafter as SGLang reads it.
-
-    Attributes:
-        algorithm: ``speculators_model_type``.
-        config: the ``config.json`` SGLang reads (flat, with ``model_type``).
-        env: environment the serve command (and the loader check) needs, e.g.
-            ``{"SGLANG_RAGGED_VERIFY_MODE": "compact"}`` for a DSpark confidence head.
-        expected: what SGLang must resolve from it, in the Speculators dir's terms:
-            ``captured_layer_ids`` (SGLang ids), ``capture_layer_inputs`` (= the
-            Speculators aux ids), ``verifier_layers``, ``mask_token_id``, ``block_slots``
-            (``B``), ``drafts_per_block`` (``K``), ``sample_from_anchor``, ``layer_causal``
-            (one bool per draft layer); DSpark also ``markov_rank``, ``markov_head_type``,
-            ``confidence_head``.
-        notes: what the export could not prove or did not carry (each names the key).
-    """
+    """A Speculators drafter as SGLang reads it: ``config`` (flat), ``env`` the serve command (and
+    the check) needs, ``expected``: what SGLang must resolve from it (docs/sglang.md), ``notes``:
+    what the export could not prove or did not carry."""
 
     algorithm: str
     config: dict[str, Any]
@@ -65,13 +47,11 @@ def _refuse(code: str, message: str, hint: str | None = None) -> InvalidInputErr
 
 
 def layer_causality(layer_cfg: Mapping[str, Any], sliding_window_non_causal: bool) -> list[bool]:
-    """Per draft layer, whether the block attends causally, as the Speculators reference does
-    (:class:`specconv.drafters.dflash.DFlashDrafter`): full-attention layers never; a
-    sliding-window layer unless ``sliding_window_non_causal``.
+    """Per draft layer, whether the block attends causally, as the Speculators reference does: a
+    sliding-window layer unless ``sliding_window_non_causal``, never a full-attention one.
 
     Raises:
-        InvalidInputError: ``sglang_layer_types``: a ``sliding_attention`` layer without a
-            window (Speculators attends like a full layer there; SGLang refuses it).
+        InvalidInputError: ``sglang_layer_types``: a ``sliding_attention`` layer without a window.
     """
     from ...format.schema import effective_window, resolve_layer_types
 
@@ -90,8 +70,8 @@ def _sglang_causal(types: Sequence[str], is_causal: bool | None) -> list[bool]:
 
 
 def _is_causal(layer_cfg: Mapping[str, Any], causal: list[bool]) -> bool | None:
-    """The ``is_causal`` to write: the layers' common value; None (omitted) when they differ
-    and SGLang's per-layer-type default gives each one its own causality.
+    """The ``is_causal`` to write: the layers' common value; None (omitted) when SGLang's
+    per-layer-type default reproduces them.
 
     Raises:
         InvalidInputError: ``sglang_mixed_causality``: neither reproduces every layer.
@@ -107,12 +87,8 @@ def _is_causal(layer_cfg: Mapping[str, Any], causal: list[bool]) -> bool | None:
 
 
 def _sglang_ids(aux: list[int] | None, offset: int, n_layers: int, key: str) -> list[int]:
-    """The Speculators aux ids in SGLang's convention (``id + offset``).
-
-    Raises:
-        InvalidInputError: no ids, id 0 (``sglang_aux_id_embedding``) or an id ≥ the
-            verifier's layer count (``sglang_aux_id_final_state``).
-    """
+    """The Speculators aux ids in SGLang's convention (``id + offset``); refuses none, id 0 and an id ≥
+    the verifier's layer count (exit 3)."""
     if not aux:
         raise _refuse("sglang_aux_ids_missing", f"{key} is not set: SGLang needs the verifier layers to capture")
     if 0 in aux:
@@ -170,24 +146,10 @@ def _check_confidence_head(cfg: Any, names: Sequence[str]) -> None:
 
 def sglang_layout(raw: Mapping[str, Any], names: Sequence[str], verifier_layers: int, *,
                   source: str = "config.json") -> SglangLayout:
-    """SGLang's config for the Speculators drafter whose ``config.json`` is ``raw``.
-
-    Args:
-        raw: the Speculators ``config.json`` object.
-        names: the drafter's tensor names (the checkpoint's).
-        verifier_layers: the verifier's ``num_hidden_layers`` (SGLang's ``num_target_layers``).
-        source: the file, for messages.
-
-    Returns:
-        :class:`SglangLayout`.
+    """SGLang's layout of the drafter whose ``config.json`` is ``raw`` (``names``: its tensor names).
 
     Raises:
-        InvalidInputError: a refusal by name (exit 3): ``sglang_unsupported_algorithm``
-            (P-EAGLE), ``sglang_pruned_vocab``, ``sglang_block_layout``,
-            ``sglang_missing_key``, ``sglang_key_not_positive``, ``sglang_target_hidden_size``,
-            ``sglang_confidence_head``, ``sglang_aux_ids_missing``, ``sglang_aux_id_embedding``,
-            ``sglang_aux_id_final_state``, ``sglang_layer_types``, ``sglang_mixed_causality``;
-            or the config does not parse.
+        InvalidInputError: a refusal by name (exit 3; docs/sglang.md), or the config does not parse.
     """
     from ...format import expected_speculative_tokens, parse_config
     from ...format.algorithms import algorithm

@@ -1,9 +1,5 @@
-"""What publishing SGLang's layout as its own Hub repo rests on (``push --sglang-repo-id``:
-:mod:`specconv.publish.sglang_repo`) and the cards' SGLang lines.
-
-SGLang's ``--speculative-draft-model-path`` takes a folder or a repo id, never a subfolder, so
-the layout is published as a second repo after the Speculators one; the gate is
-:func:`sglang_problem` (docs/sglang.md).
+"""What publishing SGLang's layout as its own Hub repo rests on (``push --sglang-repo-id``; the
+gate: :func:`sglang_problem`, docs/sglang.md) and the cards' SGLang lines.
 """
 
 from __future__ import annotations

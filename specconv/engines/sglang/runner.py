@@ -1,20 +1,6 @@
-"""SGLang loader check — the script that runs INSIDE the SGLang interpreter (a subprocess).
-
-Usage: ``python runner.py JOB.json RESULT.json``. Imports nothing from specconv (the
-SGLang venv ``.venv-sglang``, ``make sglang-venv``, does not have it). ``JOB.json``::
-
-    {"checks": [{"dir": "DRAFT_DIR", "verifier": "VERIFIER_DIR",
-                 "env": {"SGLANG_RAGGED_VERIFY_MODE": "compact"},    # optional (absent: compact;
-                                                                      # a name left out: unset)
-                 "target_supplied": ["embed_tokens.weight"],         # optional
-                 "serve_argv": ["--model-path", ...]},               # optional
-                ...], "dtype": "float32"}
-
-Every dir is a drafter as SGLang reads it. The call sequence that loads a draft on CPU
-(strictly: every floating parameter NaN before ``load_weights`` and overwritten after, every
-checkpoint tensor reaching a weight loader), the stubs, the result and the exit codes, each
-with the sglang 0.5.23 file it comes from: ``docs/engines.md`` ("The runner"). It writes
-``{"env": {...}, "results": [...]}``.
+"""SGLang loader check — the script that runs INSIDE the SGLang interpreter (a subprocess; imports
+nothing from specconv). Usage: ``python runner.py JOB.json RESULT.json``; the job, the strict CPU
+load, the stubs and the result: ``docs/engines.md`` ("The runner").
 """
 
 from __future__ import annotations
@@ -29,19 +15,11 @@ import time
 import traceback
 import types
 
-#: SGLang's draft-model families: its model modules ``srt/models/dflash.py``, ``dspark.py``,
-#: ``llama_eagle3.py`` (SGLang's names, reported as ``family``; this script imports nothing
-#: from specconv).
-FAMILY_DFLASH = "dflash"
-FAMILY_DSPARK = "dspark"
-FAMILY_EAGLE3 = "eagle3"
+#: SGLang's draft-model families (``srt/models/dflash.py``, ``dspark.py``, ``llama_eagle3.py``).
+FAMILY_DFLASH, FAMILY_DSPARK, FAMILY_EAGLE3 = "dflash", "dspark", "eagle3"
 #: ``architectures[0]`` → (family, ``ServerArgs.speculative_algorithm``), ``srt/models/registry.py``.
-DRAFT_CLASSES = {
-    "DFlashDraftModel": (FAMILY_DFLASH, None),
-    "Qwen3DSparkModel": (FAMILY_DSPARK, None),
-    "DSparkDraftModel": (FAMILY_DSPARK, None),
-    "LlamaForCausalLMEagle3": (FAMILY_EAGLE3, "EAGLE3"),
-}
+DRAFT_CLASSES = {"DFlashDraftModel": (FAMILY_DFLASH, None), "Qwen3DSparkModel": (FAMILY_DSPARK, None),
+                 "DSparkDraftModel": (FAMILY_DSPARK, None), "LlamaForCausalLMEagle3": (FAMILY_EAGLE3, "EAGLE3")}
 #: The ``vllm._custom_ops`` functions SGLang's layers import off CUDA (never called by a load).
 VLLM_OPS = ("rotary_embedding", "rms_norm", "fused_add_rms_norm")
 RAGGED_VERIFY_MODE = "compact"
@@ -187,11 +165,8 @@ def environment() -> dict:
 
 # ------------------------------------------------------------------ load recording
 class Recorder:
-    """Checkpoint tensors yielded to ``load_weights`` and the ones that reached a weight loader.
-
-    A weight loader's tensor is matched to its checkpoint name by object identity, then by
-    data pointer (a view), then as the tensor yielded last (a copy made on the way).
-    """
+    """Checkpoint tensors yielded to ``load_weights`` and the ones that reached a weight loader (matched
+    by object identity, then data pointer, then as the tensor yielded last)."""
 
     def __init__(self) -> None:
         self.active = False
@@ -320,14 +295,7 @@ def verifier_layers(sa) -> int:
 
 # ------------------------------------------------------------------ resolved values
 def resolved_block_values(hf_config, model, family: str, n_target: int) -> dict:
-    """What SGLang resolved for a DFlash / DSpark draft (the worker's rules).
-
-    ``captured_layer_ids``: SGLang ids (= the output of that 0-based verifier layer; the
-    target sets ``layers_to_capture`` to id + 1, given as ``capture_layer_inputs``).
-    ``block_slots`` / ``drafts_per_block``: the query rows of one drafting pass and the
-    tokens drafted from them; ``layer_causal``: per draft layer, whether SGLang built its
-    attention causal (``AttentionType.DECODER``).
-    """
+    """What SGLang resolved for a DFlash / DSpark draft (the worker's rules; docs/engines.md, "The runner")."""
     from sglang.srt.speculative.dflash_utils import parse_dflash_draft_config
 
     cfg = parse_dflash_draft_config(draft_hf_config=hf_config)
@@ -398,10 +366,8 @@ def resolved_eagle3_values(hf_config, n_target: int) -> dict:
 
 # ------------------------------------------------------------------ one dir
 def strict_compare(model, recorder: Recorder, target_supplied=()) -> dict:
-    """Parameters still holding NaN (unfilled) and checkpoint tensors no weight loader took.
-
-    ``target_supplied``: tensors SGLang takes from the target (the job says the checkpoint's
-    copy equals the verifier's); when no loader took them they are listed apart."""
+    """Parameters still holding NaN (unfilled) and checkpoint tensors no weight loader took
+    (``target_supplied`` ones listed apart)."""
     import torch
 
     unfilled = [n for n, p in model.named_parameters() if p.is_floating_point() and bool(torch.isnan(p).any())]

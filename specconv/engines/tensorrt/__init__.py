@@ -1,16 +1,14 @@
-"""TensorRT: engines built from the ONNX export (``specconv build-engine``: TensorRT on a GPU,
-TensorRT-RTX ahead of time; ``release --build-engine``) and run as the drafter in the validation
-loop (``validate --engine``); docs/engines.md. This module is the engine's declaration (standard
-library only).
+"""TensorRT: engines built from the ONNX export (``specconv build-engine``, ``release --build-engine``)
+and run as the drafter in the validation loop (``validate --engine``); docs/engines.md. The engine's
+declaration (standard library only).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from importlib import import_module
 from pathlib import Path
 from typing import Any
 
-from ...errors import UsageError
 from ...outdir import OutputKind, files_listed
 from ..base import CompareRule, Engine, Exporter, OptionSpec, Runtime, Surface
 
@@ -56,6 +54,13 @@ _OPTIONS = (
 )
 
 
+def _lazy(module: str, name: str) -> Any:
+    """A method calling ``.<module>.<name>`` with its arguments (the module imported on the first call)."""
+    def method(self: Any, *args: Any, **kwargs: Any) -> Any:
+        return getattr(import_module(f"{__name__}.{module}"), name)(*args, **kwargs)
+    return method
+
+
 class EngineBuilder(Exporter):
     """``specconv build-engine``: ``DIR/trt/<key>/`` from ``DIR/onnx`` (:func:`.build.build_engine_dir`)."""
 
@@ -88,15 +93,10 @@ class EngineBuilder(Exporter):
                             workspace_mb=o.get("workspace_mb", 4096), overwrite=bool(o.get("overwrite")))
         return build_engine_dir(drafter_dir, o.get("onnx_path"), opts)
 
-    def push_verdict(self, d: Path, rec: Any, rel: str) -> Any:
-        from .push import verdict
-
-        return verdict(d, rel)
-
-    def holds_verifier_weights(self, d: Path, rec: Any, rels: list[str]) -> bool:
-        from .push import holds_verifier_weights
-
-        return holds_verifier_weights(d, rels)
+    push_verdict = _lazy("push", "verdict")
+    holds_verifier_weights = _lazy("push", "holds_verifier_weights")
+    release_preflight = _lazy("release", "preflight")
+    release_step = _lazy("release", "engine_step")
 
     def card_rows(self, files: Any) -> list[tuple[str, str]]:
         return [(p, "TensorRT engine") for p in files if p.startswith("trt/") and p.endswith((".onnx", ".plan", ".engine"))]
@@ -105,19 +105,6 @@ class EngineBuilder(Exporter):
         """Every file of ``trt/`` (the local card lists the variants' engines)."""
         root = d / self.dir_name
         return sorted(f.relative_to(d).as_posix() for f in root.rglob("*") if f.is_file()) if root.is_dir() else []
-
-    def release_preflight(self, options: Mapping[str, Any], value: Any) -> None:
-        if value and not (options.get("exports") or {}).get("onnx"):
-            raise UsageError("--build-engine needs --export-onnx (the engine is built from onnx/)")
-        if value:
-            from .release import preflight
-
-            preflight(value)
-
-    def release_step(self, drafter: Path, work: Path, options: Mapping[str, Any], value: Any) -> dict[str, Any]:
-        from .release import engine_step
-
-        return engine_step(drafter, value)
 
 
 ENGINE = Engine(

@@ -1,12 +1,6 @@
-"""``specconv build-engine DIR``: TensorRT / TensorRT-RTX engines from an exported graph.
-
-``docs/engines.md`` owns the facts: the one code path for TensorRT 10.15+ / 11.x and TensorRT-RTX
-(a strongly typed network, TF32 cleared for fp32), the TensorRT-only attributes set in memory and
-the ``OnnxParser.parse(model, path)`` call with its sources ("Prepare for TensorRT", step 5), the
-layout ("Files") and why no TensorRT object exists before a GPU is found ("GPU tests"). The
-builder module (``tensorrt`` or ``tensorrt_rtx``) is passed in, so unit tests can inject a fake;
-one optimization profile spans the dynamic ``batch`` / ``context`` axes. API names: NVIDIA
-TensorRT Python API reference (``IBuilder``, ``IBuilderConfig``, ``OnnxParser``).
+"""``specconv build-engine DIR``: TensorRT / TensorRT-RTX engines from an exported graph (docs/engines.md:
+the code path, the in-memory TensorRT attributes, the layout). The builder module (``tensorrt`` or
+``tensorrt_rtx``) is passed in, so unit tests can inject a fake.
 """
 
 from __future__ import annotations
@@ -30,29 +24,14 @@ __all__ = ["BuildOptions", "parse_profile", "profile_shapes", "build_engine_dir"
 
 AXES = ("batch", "context")
 _DTYPE_TAG = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16"}
-#: TensorRT-only node attributes ``(op type, attribute, value)``, set in memory on the
-#: parsed proto and never written to the shipped graph (``onnx.checker`` and ONNX Runtime
-#: refuse unknown attributes). The onnx-tensorrt ``Attention`` importer reads
-#: ``TRT_decomposable`` (default 0) and marks the ``IAttention`` decomposable; without it an
-#: attention with no fused kernel (e.g. fp32) fails to build (docs/engines.md).
+#: TensorRT-only node attributes ``(op type, attribute, value)``, set in memory on the parsed proto,
+#: never in the shipped graph (docs/engines.md, "Prepare for TensorRT").
 TENSORRT_ATTRIBUTES = (("Attention", "TRT_decomposable", 1),)
 
 
 @dataclass
 class BuildOptions:
-    """``build-engine`` flags.
-
-    Attributes:
-        builder: ``tensorrt`` | ``rtx``.
-        profile: ``batch=MIN:OPT:MAX,context=MIN:OPT:MAX`` (missing axes: the graph's range).
-        hardware_compat: ``none`` | ``ampere+``.
-        version_compatible: build a version-compatible engine.
-        timing_cache: timing cache file (read when present, written after the build).
-        builder_opt_level: 0–5 or None (TensorRT's default).
-        compute_capabilities: TensorRT-RTX targets, e.g. ``["8.9", "12.0"]``.
-        workspace_mb: builder workspace limit.
-        overwrite: replace an existing variant.
-    """
+    """``build-engine`` flags (docs/cli.md); ``profile`` as given on the command line."""
 
     builder: str = "tensorrt"
     profile: str = ""
@@ -66,14 +45,12 @@ class BuildOptions:
 
 
 def parse_profile(spec: str | None, dynamic: dict) -> dict[str, tuple[int, int, int]]:
-    """Parse ``batch=1:4:8,context=16:1024:4096`` against the graph's dynamic ranges.
-
-    Missing axes default to ``1 : min(max, 4 | 1024) : max``.
+    """Parse ``batch=1:4:8,context=16:1024:4096`` against the graph's dynamic ranges (a missing
+    axis: ``1 : min(max, 4 | 1024) : max``).
 
     Raises:
-        UsageError: unknown or repeated axis (an empty entry is an unknown axis ``''``),
-            malformed triple, ``min <= opt <= max`` violated, or a
-            bound outside the graph's range (``onnx_meta.json`` ``dynamic``).
+        UsageError: unknown or repeated axis, malformed triple, ``min <= opt <= max`` violated, or
+            a bound outside the graph's range.
     """
     out: dict[str, tuple[int, int, int]] = {}
     for part in (spec.split(",") if spec and spec.strip() else []):
@@ -107,11 +84,9 @@ def profile_shapes(inputs: list[dict], profile: dict) -> dict[str, tuple[tuple, 
     out = {}
     for inp in inputs:
         dims = inp["shape"]
-        if not any(isinstance(d, str) for d in dims):
-            continue
-        shapes = tuple(tuple(profile[d][k] if isinstance(d, str) else int(d) for d in dims)
-                       for k in range(3))
-        out[inp["name"]] = shapes
+        if any(isinstance(d, str) for d in dims):
+            out[inp["name"]] = tuple(tuple(profile[d][k] if isinstance(d, str) else int(d) for d in dims)
+                                     for k in range(3))
     return out
 
 
@@ -138,12 +113,10 @@ def gpu_info() -> dict | None:
 
 
 def import_builder(builder: str, *, feature: str | None = None):
-    """Import ``tensorrt`` (``--builder tensorrt``) or ``tensorrt_rtx`` (``rtx``), the builders'
-    and the engines' runtime module.
+    """Import ``tensorrt`` (``--builder tensorrt``) or ``tensorrt_rtx`` (``rtx``).
 
     Raises:
-        MissingExtraError: not installed (exit 2, slug ``tensorrt_missing``; the hint is the
-            ``pip install 'specconv[tensorrt|trt-rtx]'`` line).
+        MissingExtraError: not installed (exit 2, slug ``tensorrt_missing``).
     """
     from ...extras import MissingExtraError, require
 
@@ -228,12 +201,8 @@ def _failing_layer(lines: list[str]) -> str | None:
 
 
 def tensorrt_model(onnx_path: Path) -> tuple[bytes, list[dict]]:
-    """The serialized graph TensorRT parses: the proto of ``onnx_path`` (external data not
-    loaded) with :data:`TENSORRT_ATTRIBUTES` set on every default-domain node of their op
-    type. The file itself is not changed.
-
-    Returns:
-        ``(model bytes, [{"op_type", "name", "value", "count"}, ...])``.
+    """``(model bytes, [{"op_type", "name", "value", "count"}])``: the proto of ``onnx_path`` (external
+    data not loaded) with :data:`TENSORRT_ATTRIBUTES` set; the file itself is not changed.
 
     Raises:
         MissingExtraError: the ``onnx`` package is not installed (exit 2).
@@ -258,17 +227,10 @@ def tensorrt_model(onnx_path: Path) -> tuple[bytes, list[dict]]:
 
 def build_plan(trt, model: bytes, onnx_path: Path, opts: BuildOptions, shapes: dict, dtype: str,
                cache_bytes: bytes | None) -> tuple[bytes, bytes | None, list[str]]:
-    """Parse ``model`` (:func:`tensorrt_model` of ``onnx_path``) and build a serialized plan.
-
-    The parser reads external data beside ``onnx_path`` (``OnnxParser.parse(model, path)``).
-
-    Returns:
-        ``(plan bytes, timing cache bytes or None, log lines)``.
+    """Parse ``model`` (external data beside ``onnx_path``) and build: ``(plan, timing cache or None, log lines)``.
 
     Raises:
-        InvalidInputError: the parser rejects the graph (its errors listed) or
-            ``build_serialized_network`` returns None (failing layer named when the log
-            says it).
+        InvalidInputError: the parser rejects the graph, or ``build_serialized_network`` returns None.
     """
     logger = _Log.make(trt)
     builder = trt.Builder(logger)
@@ -299,26 +261,11 @@ def build_plan(trt, model: bytes, onnx_path: Path, opts: BuildOptions, shapes: d
     return bytes(plan), out_cache, logger.lines
 
 
-def _sha(b: bytes) -> str:
-    return hashlib.sha256(b).hexdigest()
-
-
 def build_engine_dir(drafter_dir: str | Path, onnx_path: str | Path | None, opts: BuildOptions, *,
                      trt_module=None) -> BuildEngineResult:
-    """Build one engine variant under ``DIR/trt/<key>/`` and update ``trt/manifest.json``.
-
-    Args:
-        drafter_dir: the Speculators dir (holds ``onnx/`` and gets ``trt/``).
-        onnx_path: graph (default ``DIR/onnx/drafter.onnx``); checked against its
-            ``onnx_meta.json`` (format version, sha256) before anything is built. The
-            TensorRT-only attributes are set in memory (:func:`tensorrt_model`) and
-            recorded in ``build.json`` under ``onnx_in_memory``.
-        opts: :class:`BuildOptions` (``profile`` as given on the CLI, parsed here).
-        trt_module: the TensorRT module to use (tests inject a fake); default imports it
-            after the GPU check.
-
-    Returns:
-        :class:`~specconv.results.BuildEngineResult`: ``build.json`` + ``path``, ``manifest``, ``variants``.
+    """Build one engine variant under ``DIR/trt/<key>/`` from ``onnx_path`` (default
+    ``DIR/onnx/drafter.onnx``, checked first) and update ``trt/manifest.json``; ``trt_module``: a
+    fake for tests (default: imported after the GPU check).
 
     Raises:
         InvalidInputError: no GPU (``--builder tensorrt``), TensorRT missing, a bad or
@@ -393,6 +340,8 @@ def _check_target(out: Path, overwrite: bool) -> None:
 def _build_record(key: str, opts: BuildOptions, version: str, trt, gpu: dict | None, dtype: str,
                   shapes: dict, rel: str, onnx_sha: str, plan: bytes) -> dict:
     """The ``build.json`` content (GPU fields null for a CPU build)."""
+    from ... import __version__
+
     return {
         "format": BUILD_FORMAT, "key": key, "builder": opts.builder,
         "trt_version": version, "cuda": gpu["cuda"] if gpu else None,
@@ -405,29 +354,21 @@ def _build_record(key: str, opts: BuildOptions, version: str, trt, gpu: dict | N
         "builder_optimization_level": opts.builder_opt_level,
         "flags": {"strongly_typed": True, "tf32": dtype != "float32"},
         "profiles": [{n: {"min": list(s[0]), "opt": list(s[1]), "max": list(s[2])} for n, s in shapes.items()}],
-        "onnx": rel, "onnx_sha256": onnx_sha, "plan_sha256": _sha(plan), "plan_bytes": len(plan),
+        "onnx": rel, "onnx_sha256": onnx_sha, "plan_sha256": hashlib.sha256(plan).hexdigest(), "plan_bytes": len(plan),
         "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-        "specconv_version": _specconv_version(),
+        "specconv_version": __version__,
     }
 
 
 def _provenance(meta: dict, g: dict) -> dict:
-    """The drafter files the graph was exported from, whether it embeds the verifier's
-    embedding / LM head (``contains_verifier_weights``, the gate ``push`` applies to
-    ``trt/``; a meta without the key counts as embedding them) and the graph facts the
-    engine's runner needs (``specconv.engines.tensorrt.engine_drafter``)."""
+    """The graph's drafter files, ``contains_verifier_weights`` (a meta without the key counts as
+    embedding them) and the graph facts the engine's runner needs."""
     keys = ("algorithm", "block_size", "num_draft_tokens", "aux_layer_ids", "mask_token_id",
             "draft_vocab_size", "dynamic")
     return {"drafter_files": meta.get("drafter_files"),
             "contains_verifier_weights": bool(meta.get("contains_verifier_weights", True)),
             "drafter_meta": {**{k: meta.get(k) for k in keys}, "inputs": g.get("inputs"),
                              "outputs": g.get("outputs")}}
-
-
-def _specconv_version() -> str:
-    from ... import __version__
-
-    return __version__
 
 
 def _write_variant(trt_dir: Path, key: str, plan: bytes, build: dict, cache: bytes | None,

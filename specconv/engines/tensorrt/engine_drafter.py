@@ -1,10 +1,6 @@
-"""A built TensorRT engine as a drafter runtime (``validate --engine``; registered as
-``tensorrt`` in :func:`specconv.validate.runtimes.runtimes`: :func:`load`, :func:`preflight_engine`).
-
-Its refusals, all made before a TensorRT object exists, and its name-based I/O:
-``docs/engines.md`` ("Engine validation"); API names: NVIDIA TensorRT Python API reference,
-``IExecutionContext``. :class:`EngineDrafter` is fed like every exported step
-(:meth:`.graph_drafter.GraphDrafter.feeds`).
+"""A built TensorRT engine as a drafter runtime (``validate --engine``: :func:`load`,
+:func:`preflight_engine`); its refusals, made before a TensorRT object exists: docs/engines.md,
+"Engine validation".
 """
 
 from __future__ import annotations
@@ -59,11 +55,7 @@ def resolve_engine(path: str | Path) -> tuple[Path, dict]:
 
 
 def import_runtime(builder: str):
-    """Import the runtime module for a build (``tensorrt`` or ``tensorrt_rtx``).
-
-    Raises:
-        MissingExtraError: not installed (exit 2, slug ``tensorrt_missing``, names the extra).
-    """
+    """Import the runtime module for a build (``tensorrt`` or ``tensorrt_rtx``; missing: exit 2)."""
     from .build import import_builder
 
     builder = builder if builder == "rtx" else "tensorrt"
@@ -80,12 +72,7 @@ def _ver(v: str) -> tuple[int, ...]:
 
 
 def version_ok(built: str, installed: str, version_compatible: bool) -> bool:
-    """Can a runtime ``installed`` load a plan built by ``built``?
-
-    Same version always; a version-compatible engine also on a later runtime of the same
-    major, and 10.x version-compatible engines on 11.x (TensorRT 11 engine-compatibility
-    notes, docs/engines.md). Nothing else crosses versions.
-    """
+    """Can a runtime ``installed`` load a plan built by ``built`` (docs/engines.md, "Engine validation")?"""
     b, i = _ver(built), _ver(installed)
     if b and b == i[:len(b)] or str(built) == str(installed):
         return True
@@ -95,11 +82,7 @@ def version_ok(built: str, installed: str, version_compatible: bool) -> bool:
 
 
 def cc_ok(build: dict, gpu_cc: str) -> bool:
-    """Does the build target this GPU's compute capability (``X.Y``)?
-
-    TensorRT: the build GPU's CC, or any CC ≥ 8.0 for a ``hardware_compat: ampere+`` build.
-    TensorRT-RTX: one of ``target_compute_capabilities`` (else the build GPU's CC).
-    """
+    """Does the build target this GPU's compute capability (``X.Y``; docs/engines.md)?"""
     if build.get("builder") == "rtx" and build.get("target_compute_capabilities"):
         return gpu_cc in build["target_compute_capabilities"]
     if build.get("hardware_compat") == "ampere+" and _ver(gpu_cc)[:1] >= (8,):
@@ -108,12 +91,8 @@ def cc_ok(build: dict, gpu_cc: str) -> bool:
 
 
 def check_versions(build: dict, installed: str, gpu_cc: str) -> None:
-    """Refuse a plan the installed runtime / this GPU cannot load.
-
-    Raises:
-        InvalidInputError: TensorRT version mismatch (not version-compatible) or
-            compute-capability mismatch (not hardware-compatible); exit 3.
-    """
+    """Refuse a plan the installed runtime / this GPU cannot load (exit 3: ``engine_version_mismatch``,
+    ``engine_cc_mismatch``)."""
     built = str(build.get("trt_version"))
     if not version_ok(built, installed, bool(build.get("version_compatible"))):
         raise InvalidInputError(
@@ -129,11 +108,8 @@ def check_versions(build: dict, installed: str, gpu_cc: str) -> None:
 
 
 def check_provenance(plan: Path, build: dict, drafter_dir: Path) -> None:
-    """The plan's sha256 matches ``build.json`` and the engine comes from ``drafter_dir``.
-
-    The drafter hashes come from ``build.json`` (``drafter_files``) or else from the ONNX
-    export it was built from (``DIR/onnx/onnx_meta.json`` holding ``build["onnx"]`` with
-    ``build["onnx_sha256"]``), compared by :func:`specconv.engines.exportdir.check_drafter_files`.
+    """The plan's sha256 matches ``build.json`` and the engine comes from ``drafter_dir`` (its
+    ``drafter_files``, else those of the ONNX export with ``build["onnx_sha256"]``).
 
     Raises:
         InvalidInputError: corrupt plan, unknown provenance, another drafter (exit 3).
@@ -156,16 +132,8 @@ def check_provenance(plan: Path, build: dict, drafter_dir: Path) -> None:
 
 
 def preflight_engine(path: str | Path, drafter_dir: str | Path, dtype: str | None = None) -> tuple[Path, dict, object]:
-    """Every ``--engine`` refusal, before any TensorRT object is created (``dtype``, the run's,
-    is unused: the plan has its own).
-
-    Returns:
-        ``(plan path, build.json dict, runtime module)``.
-
-    Raises:
-        InvalidInputError: see :func:`resolve_engine`, :func:`check_versions`,
-            :func:`check_provenance`; no CUDA GPU or no TensorRT module (exit 3).
-    """
+    """Every ``--engine`` refusal (exit 3), before any TensorRT object is created (``dtype`` unused: the
+    plan has its own): ``(plan path, build.json dict, runtime module)``."""
     plan, build = resolve_engine(path)
     if not cuda_available():
         raise InvalidInputError("--engine needs a CUDA GPU and none was found (torch.cuda.is_available() "
@@ -197,17 +165,8 @@ def torch_dtype(trt, trt_dtype) -> torch.dtype:
 
 def run_engine(trt, engine, ctx, feeds: dict[str, torch.Tensor], stream: int,
                device: str | torch.device = "cuda") -> dict[str, torch.Tensor]:
-    """Bind named inputs, allocate outputs after all input shapes are set, execute.
-
-    Args:
-        trt: the TensorRT module (for ``TensorIOMode`` / ``DataType``).
-        engine, ctx: ``ICudaEngine`` and its ``IExecutionContext``.
-        feeds: input name → tensor (cast here to the engine's dtype, contiguous, on
-            ``device``).
-        stream: CUDA stream handle (``torch.cuda.current_stream().cuda_stream``).
-
-    Returns:
-        Output name → tensor on ``device`` (valid after the stream is synchronized).
+    """Bind named inputs (cast to the engine's dtypes), allocate outputs after all input shapes are
+    set, execute on CUDA stream handle ``stream``; the outputs are valid after it is synchronized.
 
     Raises:
         InvalidInputError: a missing input, or ``execute_async_v3`` reports failure.
@@ -233,11 +192,7 @@ def run_engine(trt, engine, ctx, feeds: dict[str, torch.Tensor], stream: int,
 
 
 def deserialize(trt, plan: Path, build: dict):
-    """``Runtime.deserialize_cuda_engine`` (host code allowed for version-compatible plans).
-
-    Raises:
-        InvalidInputError: it returns None (exit 3; versions and CC named).
-    """
+    """``Runtime.deserialize_cuda_engine`` (host code allowed for version-compatible plans; None: exit 3)."""
     logger = trt.Logger(trt.Logger.WARNING)
     runtime = trt.Runtime(logger)
     if build.get("version_compatible"):
@@ -252,8 +207,7 @@ def deserialize(trt, plan: Path, build: dict):
 
 
 def _read_graph_facts(drafter: GraphDrafter, build: dict, drafter_dir: Path) -> None:
-    """The facts of the graph the engine was built from (``build.json`` ``drafter_meta``, else
-    ``DIR/onnx/onnx_meta.json``), bounded by the engine profile's context."""
+    """The graph's facts (``build.json`` ``drafter_meta``, else ``onnx_meta.json``), bounded by the profile."""
     meta_p = drafter_dir / "onnx" / "onnx_meta.json"
     try:
         meta = build.get("drafter_meta") or json.loads(meta_p.read_text())
@@ -281,12 +235,7 @@ def load(drafter_dir: Path, verifier: "Verifier", *, path: str | Path, dtype: st
 
 
 class EngineDrafter(GraphDrafter):
-    """A TensorRT engine (``trt/<key>/drafter.plan``) as the drafter, batch 1, on CUDA, with the
-    surface of :class:`.graph_drafter.GraphDrafter` (``device`` cuda, ``dtype`` the plan's).
-
-    Args:
-        path: ``--engine`` PATH (a ``trt/<key>/`` dir or its ``drafter.plan``).
-        drafter_dir: the Speculators dir the engine must be built from.
+    """A TensorRT engine (``--engine`` PATH) built from ``drafter_dir`` as the drafter, batch 1, on CUDA.
 
     Raises:
         InvalidInputError: every :func:`preflight_engine` refusal; the plan does not

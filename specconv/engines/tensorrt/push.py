@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 from ..base import PushVerdict
 from . import BUILD_NAME
@@ -22,9 +23,8 @@ def _build(v: Path) -> dict:
 
 
 def variant_verifier_weights(v: Path) -> tuple[bool, str]:
-    """Whether variant dir ``trt/<key>/`` embeds verifier tensors, from its ``build.json``
-    (copied from the graph's ``onnx_meta.json`` by build-engine), and the note when assumed:
-    a ``build.json`` that does not record it (an older specconv's) counts as containing them."""
+    """Whether variant dir ``trt/<key>/`` embeds verifier tensors (its ``build.json`` says; one that does
+    not record it counts as containing them), and the note when assumed."""
     build = _build(v)
     if "contains_verifier_weights" in build:
         return bool(build["contains_verifier_weights"]), ""
@@ -32,7 +32,7 @@ def variant_verifier_weights(v: Path) -> tuple[bool, str]:
                   "is treated as containing them: rebuild it with `specconv build-engine`")
 
 
-def verdict(d: Path, rel: str) -> PushVerdict:
+def verdict(d: Path, rec: Any, rel: str) -> PushVerdict:
     """``trt/<key>/*`` needs its variant's ``build.json``; ``trt/manifest.json`` needs the
     ``build.json`` of every variant it lists."""
     parts = Path(rel).parts
@@ -52,7 +52,7 @@ def verdict(d: Path, rel: str) -> PushVerdict:
     return PushVerdict(covered=bool(keys) and all((d / "trt" / k / BUILD_NAME).is_file() for k in keys))
 
 
-def holds_verifier_weights(d: Path, rels: list[str]) -> bool:
+def holds_verifier_weights(d: Path, rec: Any, rels: list[str]) -> bool:
     """Whether any variant among ``rels`` embeds verifier tensors (the card says so)."""
     keys = {Path(r).parts[1] for r in rels if len(Path(r).parts) >= 3 and Path(r).parts[0] == "trt"}
     return any(variant_verifier_weights(d / "trt" / k)[0] for k in sorted(keys))

@@ -5,10 +5,11 @@ ONNX export step (docs/cli.md, "release").
 from __future__ import annotations
 
 import importlib.util
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from ...errors import InvalidInputError
+from ...errors import InvalidInputError, UsageError
 
 #: the builder a release uses (TensorRT-RTX: one engine per GPU generation, ``docs/engines.md``)
 RELEASE_BUILDER = "rtx"
@@ -16,18 +17,8 @@ _MODULES = {"tensorrt": "tensorrt", "rtx": "tensorrt_rtx"}
 
 
 def engine_unavailable(builder: str = RELEASE_BUILDER) -> str | None:
-    """Why an engine cannot be built on this machine, or None when it can.
-
-    Checks that the builder's Python module is importable (without importing it) and that a
-    CUDA GPU is present: ``--builder tensorrt`` always needs one, and ``rtx`` without a GPU
-    needs explicit ``--compute-capability`` targets, which ``release`` does not take.
-
-    Args:
-        builder: ``tensorrt`` | ``rtx``.
-
-    Returns:
-        A one-line reason (str) or None.
-    """
+    """Why an engine cannot be built here (one line), or None: the builder's module is not
+    importable, or no CUDA GPU (``release`` takes no ``--compute-capability``)."""
     mod = _MODULES[builder]
     if importlib.util.find_spec(mod) is None:
         return f"--builder {builder}: the Python module {mod!r} is not installed"
@@ -38,8 +29,11 @@ def engine_unavailable(builder: str = RELEASE_BUILDER) -> str | None:
     return None
 
 
-def preflight(mode: str) -> None:
-    """``--build-engine`` (``always``): the builder installed (exit 2) and a GPU here (exit 3)."""
+def preflight(options: Mapping[str, Any], mode: Any) -> None:
+    """``--build-engine`` needs ``--export-onnx`` (exit 2); ``always``: the builder installed (exit 2)
+    and a GPU here (exit 3)."""
+    if mode and not (options.get("exports") or {}).get("onnx"):
+        raise UsageError("--build-engine needs --export-onnx (the engine is built from onnx/)")
     if mode != "always":
         return
     from .build import import_builder
@@ -51,7 +45,7 @@ def preflight(mode: str) -> None:
                                 hint="--build-engine=if-available records the skip and releases without it")
 
 
-def engine_step(drafter: Path, mode: str) -> dict[str, Any]:
+def engine_step(drafter: Path, work: Path, options: Mapping[str, Any], mode: str) -> dict[str, Any]:
     """``--build-engine`` (``always``) or ``--build-engine=if-available``: build one
     ``--builder rtx`` engine under ``drafter/trt/<key>/``; ``if-available`` returns
     ``{"skipped": reason}`` when :func:`engine_unavailable` says no."""
