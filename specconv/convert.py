@@ -1,9 +1,5 @@
-"""The conversion pipeline: resolve source → detect → plan → lint → write.
-
-``inspect_source`` and ``convert`` are what the CLI calls; nothing here knows any source
-format (that lives in ``specconv/converters/``), and nothing here writes outside the writer
-(the model card is rendered by the writer's ``card`` hook, inside its temp dir).
-"""
+"""The conversion pipeline: resolve source → detect → plan → lint → write (docs/architecture.md,
+"One conversion")."""
 
 from __future__ import annotations
 
@@ -34,23 +30,12 @@ _STEP = re.compile(r"(?:.*[-_])?step_?(\d+)")
 
 def resolve_source(spec: str, *, subfolder: str | None = None, revision: str | None = None,
                    headers_only: bool = False, endpoint: str | None = None) -> Path:
-    """A local dir, or a Hub id downloaded with only ``*.json``, safetensors, indexes, text and
-    the named side files (vocab maps, ``eagle_meta.pt``, ``mask_embedding.pt``).
-
-    Args:
-        spec: local path or Hub repo id.
-        subfolder: ``--subfolder`` inside the source.
-        revision: Hub branch, tag or commit.
-        headers_only: for a Hub id while online, read only the safetensors headers (range
-            requests; :func:`specconv.hub.header_snapshot`) instead of downloading tensor data.
-            For detection and header checks only (``inspect`` without a verifier): the data
-            of such a view is zeros. Offline, the Hub cache is used as it is.
-        endpoint: ``--endpoint`` (None: ``HF_ENDPOINT`` at call time, else the default).
+    """A local dir, or a Hub id's snapshot of config, safetensors, text and the named side files
+    (``headers_only`` while online: :func:`specconv.hub.header_snapshot`, for detection only).
 
     Raises:
-        UsageError: empty ``spec``, bad ``--subfolder``.
-        InvalidInputError: neither an existing path nor a reachable Hub repo.
-        HubAuthError, TransientRemoteError, RemoteNotFoundError: see :mod:`specconv.hub`.
+        UsageError: empty ``spec``, bad ``--subfolder``. InvalidInputError: neither an existing
+            path nor a reachable Hub repo; the Hub's errors (:mod:`specconv.hub`).
     """
     if not spec or not spec.strip():
         raise UsageError("SRC is empty: give a checkpoint directory or a Hub repo id")
@@ -142,10 +127,7 @@ def _descend(p: Path) -> Path:
 
 def open_source(spec: str, *, subfolder: str | None = None, checkpoint: str | None = None, revision: str | None = None,
                 headers_only: bool = False, endpoint: str | None = None):
-    """Resolve and open a source; returns ``(SourceInfo, selection note)``.
-
-    ``endpoint``: ``--endpoint`` for a Hub id (None: ``HF_ENDPOINT`` at call time).
-    """
+    """Resolve and open a source; returns ``(SourceInfo, selection note)``."""
     from specconv.converters import SourceInfo
 
     path = resolve_source(spec, subfolder=subfolder, revision=revision, headers_only=headers_only, endpoint=endpoint)
@@ -180,19 +162,8 @@ def detect(src: "SourceInfo") -> type["Converter"]:
 
 def inspect_source(spec: str, *, verifier: str | None = None, verifier_name: str | None = None, scan: bool = False,
                    **kw: Any) -> "InspectResult":
-    """Detect a source (headers only) and, for Speculators dirs, lint it.
-
-    Args:
-        spec: local dir or Hub id. verifier / verifier_name: with a verifier the
-            conversion plan is dry-run too. scan: also read every float tensor and report
-            NaN/Inf (``nonfinite``). ``kw``: ``subfolder``, ``checkpoint``, ``revision``,
-            ``endpoint`` (Hub endpoint), ``options`` (ConvertOptions).
-
-    Returns:
-        :class:`~specconv.results.InspectResult`: ``format`` (registry id), ``algorithm``,
-        ``supported``, ``reason``, ``findings`` (lint), ``path``, ``title`` and, with a
-        verifier, the dry-run ``plan``; with ``scan``, ``nonfinite``.
-    """
+    """Detect a source (headers only), lint a Speculators dir; with a verifier dry-run the plan too,
+    with ``scan`` report NaN/Inf. ``kw``: subfolder, checkpoint, revision, endpoint, options."""
     from .results import InspectResult
 
     result = InspectResult.of(_inspect(spec, verifier, verifier_name, kw))
@@ -241,34 +212,24 @@ def _inspect(spec: str, verifier: str | None, verifier_name: str | None, kw: dic
             lint_plan(plan, v)  # the lint convert (and its --dry-run) runs: the same findings
             out["plan"] = summarize_plan(plan)
             out["findings"] = _dedupe(out["findings"] + [f.to_dict() for f in plan.findings])
-        except UnsupportedFormatError as e:
-            out.update(supported=False, reason=e.message)
-        except InvalidInputError as e:
+        except InvalidInputError as e:  # UnsupportedFormatError included
             out.update(supported=False, reason=e.message)
     return out
 
 
 def summarize_plan(plan: "ConversionPlan") -> dict[str, Any]:
-    """The plan as the conversion report shows it: config, tensor fates and bytes, casts,
-    dropped tensors, layer ids, notes."""
+    """The plan as the conversion report shows it."""
     from collections import Counter
 
     from .format import config_to_dict
 
     fates = Counter(t.fate for t in plan.tensors)
     casts = Counter(f"{t.src_dtype}->{t.dtype}" for t in plan.tensors if t.cast)
-    return {
-        "casts": dict(sorted(casts.items())),
-        "format": plan.format_id,
-        "algorithm": plan.algorithm,
-        "config": config_to_dict(plan.config),
-        "tensors": len(plan.tensors),
-        "fates": dict(sorted(fates.items())),
-        "dropped": [d.to_dict() for d in plan.dropped],
-        "layer_ids": plan.layer_ids.to_dict() if plan.layer_ids else None,
-        "notes": plan.notes,
-        "bytes": sum(_nbytes(t) for t in plan.tensors),
-    }
+    return {"casts": dict(sorted(casts.items())), "format": plan.format_id, "algorithm": plan.algorithm,
+            "config": config_to_dict(plan.config), "tensors": len(plan.tensors), "fates": dict(sorted(fates.items())),
+            "dropped": [d.to_dict() for d in plan.dropped],
+            "layer_ids": plan.layer_ids.to_dict() if plan.layer_ids else None, "notes": plan.notes,
+            "bytes": sum(_nbytes(t) for t in plan.tensors)}
 
 
 def _nbytes(t) -> int:
@@ -280,35 +241,13 @@ def _nbytes(t) -> int:
     return n
 
 
-def convert(
-    source: str,
-    *,
-    verifier: "str | Verifier",
-    output: Path | None,
-    options: "ConvertOptions | None" = None,
-    verifier_name: str | None = None,
-    subfolder: str | None = None,
-    revision: str | None = None,
-    max_shard_size: int | None = None,
-    overwrite: bool = False,
-    dry_run: bool = False,
-    allow_nonfinite: bool = False, endpoint: str | None = None,
-) -> "ConversionResult":
-    """Convert ``source`` to a Speculators dir at ``output`` (Hub reads go to ``endpoint``, else ``HF_ENDPOINT``).
-
-    Everything (weights, ``config.json``, the card ``README.md``, ``specconv.json`` once) is
-    written inside the writer's temp dir before the swap. ``verifier``: a local dir or Hub id
-    (resolved with ``verifier_name``), or a resolved :class:`~specconv.verifier.Verifier`.
-
-    Returns:
-        :class:`~specconv.results.ConversionResult`: ``format``, ``algorithm``,
-        ``source`` (resolved dir), ``output``, ``findings`` (lint + converter), ``plan``
-        summary, ``dry_run`` and, when written, ``files``. Lint errors fail the conversion.
-
-    Raises:
-        UnsupportedFormatError: refused or unknown source (exit 3).
-        InvalidInputError: inconsistent checkpoint / flags (exit 3).
-    """
+def convert(source: str, *, verifier: "str | Verifier", output: Path | None, options: "ConvertOptions | None" = None,
+            verifier_name: str | None = None, subfolder: str | None = None, revision: str | None = None,
+            max_shard_size: int | None = None, overwrite: bool = False, dry_run: bool = False,
+            allow_nonfinite: bool = False, endpoint: str | None = None) -> "ConversionResult":
+    """Convert ``source`` to a Speculators dir at ``output``; ``verifier``: a local dir or Hub id, or a
+    resolved :class:`~specconv.verifier.Verifier`. Raises UnsupportedFormatError, InvalidInputError
+    (lint errors included): exit 3."""
     from specconv.converters import ConvertOptions
 
     from .results import ConversionResult
@@ -337,30 +276,26 @@ def _resolved_verifier(verifier: "str | Verifier", name: str | None, endpoint: s
     """``verifier`` as is when already resolved, else :func:`specconv.verifier.resolve_verifier`."""
     from .verifier import Verifier, resolve_verifier
 
-    return verifier if isinstance(verifier, Verifier) else resolve_verifier(verifier, name=name, revision=None,
-                                                                            endpoint=endpoint)
+    return verifier if isinstance(verifier, Verifier) else resolve_verifier(verifier, name=name, endpoint=endpoint)
 
 
 def _card(output: Path):
-    """The writer's card hook (:func:`specconv.engines.card.conversion_card`); jinja2 is
-    imported only when the card renders."""
+    """The writer's card hook (jinja2 imported only when the card renders)."""
     from .engines.card import conversion_card
 
     return conversion_card(Path(output).name)
 
 
 def output_kinds() -> "Mapping[str, OutputKind]":
-    """Every kind of output dir (:func:`specconv.engines.exportdir.output_kinds`: a conversion lists
-    the exports inside it), looked up only when an existing output is judged."""
+    """Every kind of output dir (:func:`specconv.engines.exportdir.output_kinds`), looked up lazily."""
     from .engines.exportdir import output_kinds as kinds
 
     return kinds()
 
 
 def _dry_run_warning(result: "ConversionResult", output: Path | None, overwrite: bool) -> "ConversionResult":
-    """A dry run's result, warned (``output-exists``) when the real run would not write ``output``
-    as asked: it exists and needs ``--overwrite``, or :func:`specconv.outdir.check_replaceable`
-    (the one ``--overwrite`` rule) refuses it, so ``--overwrite`` would not help either."""
+    """A dry run's result, warned (``output-exists``) when the real run would need ``--overwrite``
+    or refuse ``output`` even with it (:func:`specconv.outdir.check_replaceable`)."""
     if output is None or not (Path(output).exists() or Path(output).is_symlink()):
         return result
     from .outdir import check_replaceable
@@ -378,8 +313,7 @@ def _dry_run_warning(result: "ConversionResult", output: Path | None, overwrite:
 
 
 def _written(result: "ConversionResult", record: Any, plan: "ConversionPlan", v: "Verifier") -> None:
-    """Fill in what the write did: files, findings (+ the write's, e.g. nonfinite-weights)
-    and the verifier bytes read / needed."""
+    """Fill in what the write did: files, findings (+ the write's) and the verifier bytes read / needed."""
     from .writer import verifier_bytes_needed
 
     result.files = record.conversion.output_files
@@ -388,11 +322,8 @@ def _written(result: "ConversionResult", record: Any, plan: "ConversionPlan", v:
 
 
 def _supported_converter(src: "SourceInfo", opts: "ConvertOptions") -> type["Converter"]:
-    """The converter for ``src``; refused when unsupported or not the ``--algorithm`` asked for.
-
-    Formats whose algorithm is only known after reading (e.g. ``dflash|dspark|peagle``)
-    check ``--algorithm`` in their own plan.
-    """
+    """The converter for ``src``; refused when unsupported or not the ``--algorithm`` asked for
+    (``a|b`` algorithms check it in their own plan)."""
     cls = detect(src)
     if opts.algorithm and "|" not in cls.algorithm and cls.algorithm != opts.algorithm:
         raise InvalidInputError(
@@ -424,10 +355,8 @@ def _linted_plan(cls: type["Converter"], src: "SourceInfo", v: "Verifier", opts:
 
 
 def lint_plan(plan: "ConversionPlan", v: "Verifier") -> None:
-    """Add the lint of the planned ``config.json`` and tensors (shapes, dtypes) against the
-    verifier's facts (layers, vocab, its tokenizer's special tokens) to ``plan.findings``,
-    duplicates dropped: the one lint ``convert``, ``convert --dry-run`` and ``inspect
-    --verifier`` run on a plan. Raises nothing; the caller decides what an error means."""
+    """Add the lint of the planned config and tensors against the verifier's facts to ``plan.findings``
+    (deduplicated): the one lint convert, its dry run and ``inspect --verifier`` run. Raises nothing."""
     from .format import lint
 
     tensors = {t.out: (tuple(t.shape), t.dtype) for t in plan.tensors}
@@ -435,10 +364,8 @@ def lint_plan(plan: "ConversionPlan", v: "Verifier") -> None:
 
 
 def source_ref(spec: str, path: Path, *, subfolder: str | None, revision: str | None) -> dict[str, Any] | None:
-    """How ``specconv.json`` names a source: ``None`` for a local dir (the writer records
-    it relative to the drafter dir), else the Hub id with the snapshot's commit (the
-    directory name under ``snapshots/`` in the huggingface_hub cache layout), the
-    ``--subfolder`` and the path of the selected checkpoint inside the snapshot."""
+    """How ``specconv.json`` names a Hub source (None: a local dir): Hub id, the snapshot's commit (its
+    dir under ``snapshots/``), ``--subfolder`` and the checkpoint's path inside the snapshot."""
     if Path(spec).expanduser().exists():
         return None
     parts = Path(path).parts
@@ -451,8 +378,7 @@ def source_ref(spec: str, path: Path, *, subfolder: str | None, revision: str | 
 
 
 def write_plan(*a: Any, **kw: Any):
-    """:func:`specconv.writer.write_plan` (imported on first use) judging an existing output with
-    every engine's output kinds (:func:`output_kinds`); returns the record."""
+    """:func:`specconv.writer.write_plan` judging an existing output with :func:`output_kinds`."""
     from .writer import write_plan as _w
 
     kw.setdefault("kinds", output_kinds)
@@ -460,8 +386,7 @@ def write_plan(*a: Any, **kw: Any):
 
 
 def _dedupe(findings: list) -> list:
-    """Findings (``Finding`` objects, or their dicts: ``inspect`` adds the plan's to the source
-    dir's lint) in order, each (level, code, message) once."""
+    """Findings (objects or dicts) in order, each (level, code, message) once."""
     seen, out = set(), []
     for f in findings:
         d = f if isinstance(f, dict) else {"level": f.level, "code": f.code, "message": f.message}

@@ -1,9 +1,5 @@
-"""Exception classes carrying the project-wide exit codes.
-
-Every user-facing failure raises a subclass of :class:`SpecconvError`; the CLI maps
-``exc.exit_code`` to the process exit status (click's ``ClickException`` pattern).
-User errors never use ``assert``. :data:`EXIT_CODES` is the one table of exit codes
-(``specconv --help`` prints it; tests check that README.md and docs/cli.md list every code).
+"""Exception classes carrying the project-wide exit codes; :data:`EXIT_CODES` is the one table
+(``specconv --help`` prints it; tests check README.md and docs/cli.md list every code).
 """
 
 from __future__ import annotations
@@ -38,12 +34,8 @@ EXIT_CODES: dict[int, str] = {
 
 
 class SpecconvError(Exception):
-    """Base class. ``exit_code`` is the process exit status; ``code`` a stable slug.
-
-    ``result``, when set, is the stage's typed result (a ``specconv.results`` model) that
-    the CLI prints instead of the bare error object — e.g. the full validation report of
-    a run whose gate failed.
-    """
+    """Base class: ``exit_code`` the process exit status, ``code`` a stable slug; ``result``, when set,
+    the stage's typed result the CLI prints instead of the error object."""
 
     exit_code: int = EXIT_INVALID_INPUT
     code: str = "error"
@@ -78,11 +70,7 @@ class InvalidInputError(SpecconvError):
 
 
 class UnsupportedFormatError(InvalidInputError):
-    """A recognised but unsupported source format, or an unknown one (exit 3).
-
-    ``format_id`` names the detected format (registry id or descriptive id) so
-    ``inspect`` can report it.
-    """
+    """A recognised but unsupported source format, or an unknown one (``format_id``) (exit 3)."""
 
     code = "unsupported_format"
 
@@ -92,20 +80,13 @@ class UnsupportedFormatError(InvalidInputError):
 
 
 class CastOverflowError(InvalidInputError):
-    """A ``--dtype`` cast would turn finite source values into ±inf (exit 3).
-
-    Never covered by ``--allow-nonfinite``: the values are the cast's, not the source's.
-    """
+    """A ``--dtype`` cast would turn finite source values into ±inf (exit 3; never ``--allow-nonfinite``)."""
 
     code = "cast_overflow"
 
 
 class GateFailedError(SpecconvError):
-    """A validation gate (structure, parity, acceptance, losslessness) failed (exit 4).
-
-    Raised by ``specconv validate`` with the report as ``result`` (the report carries
-    ``error``, ``exit_code`` and ``message`` too, so the JSON stays one object).
-    """
+    """A validation gate failed (exit 4); ``result``: the report (which carries error, exit_code, message)."""
 
     exit_code = EXIT_GATE_FAILED
     code = "gate_failed"

@@ -1,10 +1,6 @@
-"""Optional extras: import an optional dependency or say how to install it (exit 2); the rule
-of who calls :func:`require` is docs/architecture.md's ("Optional extras")::
-
-    torch = require("torch", "validate", feature="specconv validate")
-
-Every command and every library path that loads a model calls :func:`quiet_library_bars`
-first, so the libraries' tqdm bars show only on a terminal.
+"""Optional extras: import an optional dependency or say how to install it (exit 2;
+docs/architecture.md, "Optional extras"). Every command and model-loading path calls
+:func:`quiet_library_bars` first.
 """
 
 from __future__ import annotations
@@ -23,9 +19,8 @@ __all__ = ["EXTRAS", "OPTIONAL_MODULES", "MissingExtraError", "install_line", "m
 #: The extras ``pyproject.toml`` declares (``tests/structure/test_packaging.py`` keeps the two equal).
 EXTRAS = ("validate", "vllm", "onnx", "tensorrt", "trt-rtx", "gguf", "test")
 
-#: Top-level import name -> the extra whose ``pyproject.toml`` list installs it, for every
-#: optional package specconv's own interpreter imports (``tests/structure/test_packaging.py`` checks
-#: each against pyproject.toml and the installed distributions).
+#: Top-level import name -> the extra installing it, for every optional package specconv imports
+#: (``tests/structure/test_packaging.py`` checks them).
 OPTIONAL_MODULES = {
     "torch": "validate", "transformers": "validate", "accelerate": "validate", "matplotlib": "validate",
     "onnx": "onnx", "onnxscript": "onnx", "onnx_ir": "onnx", "onnxruntime": "onnx", "ml_dtypes": "onnx",
@@ -34,10 +29,7 @@ OPTIONAL_MODULES = {
 
 
 class MissingExtraError(UsageError):
-    """A command needs an optional package that is not installed (exit 2).
-
-    The invocation cannot work in this installation; the hint is the ``pip install`` line.
-    """
+    """A command needs an optional package that is not installed (exit 2; the hint: the install line)."""
 
     code = "missing_extra"
 
@@ -54,20 +46,11 @@ def install_line(extra: str) -> str:
 
 
 def require(module: str, extra: str, *, feature: str) -> ModuleType:
-    """Import ``module`` or raise :class:`MissingExtraError` naming the extra that provides it.
-
-    Args:
-        module: import name (``"torch"``, ``"onnxruntime"``, ``"tensorrt"``).
-        extra: the ``pyproject.toml`` extra that installs it (one of :data:`EXTRAS`).
-        feature: what needs it, for the message (``"the reference drafters"``).
-
-    Returns:
-        The imported module.
+    """Import ``module`` (``feature``: what needs it, for the message).
 
     Raises:
-        MissingExtraError: ``module`` (or one of its own imports) is not installed; the
-            message and hint carry ``pip install 'specconv[extra]'``.
-        ValueError: ``extra`` is not a declared extra (a programming error).
+        MissingExtraError: it (or one of its imports) is missing; the hint installs ``extra``.
+        ValueError: ``extra`` is not one of :data:`EXTRAS`.
     """
     if extra not in EXTRAS:
         raise ValueError(f"unknown extra {extra!r} (declared: {', '.join(EXTRAS)})")
@@ -78,11 +61,8 @@ def require(module: str, extra: str, *, feature: str) -> ModuleType:
 
 
 def require_extra(extra: str, *, feature: str) -> None:
-    """Check that every module :data:`OPTIONAL_MODULES` maps to ``extra`` (``onnx``: onnx,
-    onnxscript, onnx_ir, onnxruntime, ml_dtypes) is installed, before a command starts work
-    that wraps library errors (a missing module would otherwise surface as that command's
-    own error). Found without importing (``importlib.util.find_spec``): a preflight must not
-    pay the imports nor their side effects (ONNX Runtime writes a device id under ``$HOME``).
+    """Check every module of ``extra`` (:data:`OPTIONAL_MODULES`) is installed, without importing it (ONNX
+    Runtime's import writes a device id under ``$HOME``), before work that wraps library errors.
 
     Raises:
         MissingExtraError: one of them is not installed (exit 2).
@@ -106,15 +86,8 @@ def _missing(module: str, extra: str, feature: str) -> MissingExtraError:
 
 
 def missing_extra_error(e: ImportError, *, feature: str) -> MissingExtraError | None:
-    """The :class:`MissingExtraError` for a ``ModuleNotFoundError`` of a top-level module of
-    :data:`OPTIONAL_MODULES` (``No module named 'torch'`` -> ``specconv[validate]``), or None
-    for any other error (another module, or a package that is there but broken: the caller
-    re-raises it).
-
-    Args:
-        e: the error (its ``name`` is the module that could not be found).
-        feature: what needed it, for the message (``"specconv export onnx"``).
-    """
+    """The :class:`MissingExtraError` for a ``ModuleNotFoundError`` of a module of :data:`OPTIONAL_MODULES`,
+    or None for any other error (the caller re-raises it)."""
     name = getattr(e, "name", None)
     if not isinstance(e, ModuleNotFoundError) or name not in OPTIONAL_MODULES:
         return None
@@ -122,14 +95,9 @@ def missing_extra_error(e: ImportError, *, feature: str) -> MissingExtraError | 
 
 
 def quiet_library_bars() -> None:
-    """Turn the libraries' tqdm progress bars off unless stderr is a terminal.
-
-    tqdm reads ``TQDM_DISABLE`` when it is first imported: set here, for this process and the
-    runners it starts. A tqdm already imported gets ``disable=True`` as its default instead
-    (transformers' ``Loading weights`` and the GGUF reader's ``Converting and de-quantizing``
-    bars subclass it; huggingface_hub passes ``disable=None``, tqdm's own TTY check). A
-    caller's explicit ``disable=`` still wins. Idempotent; a no-op on a TTY.
-    """
+    """Turn the libraries' tqdm bars off unless stderr is a terminal: ``TQDM_DISABLE`` (read at tqdm's
+    import, inherited by runners), or, tqdm already imported, ``disable=True`` as its default (an
+    explicit ``disable=`` wins). Idempotent."""
     if sys.stderr.isatty():
         return
     os.environ["TQDM_DISABLE"] = "1"

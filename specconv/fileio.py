@@ -1,9 +1,4 @@
-"""The file helpers every room shares: an atomic file write, reading a JSON object and the
-refusal of links that point to nothing (a Hugging Face cache snapshot whose blob was deleted).
-
-Standard library and :mod:`specconv.errors` only, so any room (``format`` and
-``tensors`` included) may import it. A directory swap lives in :mod:`specconv.outdir`.
-"""
+"""The file helpers every room shares (standard library and :mod:`specconv.errors` only)."""
 
 from __future__ import annotations
 
@@ -20,14 +15,8 @@ __all__ = ["atomic_write", "check_no_dangling_links", "hub_cache_snapshot", "rea
 
 
 def atomic_write(path: str | os.PathLike[str], data: str | bytes) -> None:
-    """Write ``data`` (text as UTF-8) to ``path`` atomically: a temp file in the same dir,
-    then ``os.replace``, so a reader sees the old file or the new one, never half of one.
-    The file gets the mode a plain ``open(..., "w")`` would give it; missing parent
-    directories are created.
-
-    Raises:
-        OSError: the directory is not writable (no temp file is left behind).
-    """
+    """Write ``data`` (text as UTF-8) to ``path`` atomically (temp file + ``os.replace``), with the mode
+    a plain ``open`` gives, parents created. Raises OSError (no temp file left behind)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
@@ -47,21 +36,8 @@ def atomic_write(path: str | os.PathLike[str], data: str | bytes) -> None:
 def read_json_object(path: str | os.PathLike[str], *, code: str | None = None,
                      unreadable: str = "{path}: cannot read ({error})",
                      not_object: str = "{path}: not a JSON object") -> dict[str, Any]:
-    """The JSON object in ``path`` (strict UTF-8).
-
-    Args:
-        path: the file.
-        code: the error slug (None: ``invalid_input``).
-        unreadable: message when the file cannot be read or decoded (I/O, UTF-8, JSON,
-            nesting too deep); a ``str.format`` template over ``path`` and ``error``.
-        not_object: message when the JSON is valid but no object (same template keys).
-
-    Returns:
-        The object (NaN / Infinity literals are accepted here; callers that refuse them check).
-
-    Raises:
-        InvalidInputError: either case above, naming the file.
-    """
+    """The JSON object in ``path`` (strict UTF-8; NaN / Infinity accepted). Raises InvalidInputError
+    (``code``) with ``unreadable`` or ``not_object`` (``str.format`` over path and error)."""
     try:
         data = json.loads(Path(path).read_bytes().decode("utf-8"))
     except (OSError, ValueError, RecursionError) as e:  # UnicodeDecodeError, JSONDecodeError, nesting
@@ -72,10 +48,8 @@ def read_json_object(path: str | os.PathLike[str], *, code: str | None = None,
 
 
 def hub_cache_snapshot(path: str | os.PathLike[str]) -> tuple[str, str, Path, Path] | None:
-    """Where ``path`` lies in a huggingface_hub cache: ``(repo id, revision, cache dir, snapshot
-    dir)``, or None. The layout is huggingface_hub 2.4's (``file_download.py``
-    ``repo_folder_name``: ``CACHE/models--ORG--NAME/snapshots/REVISION/...``, the ``/`` of the
-    repo id written ``--``, which a repo id itself may not contain)."""
+    """``(repo id, revision, cache dir, snapshot dir)`` of ``path`` in a huggingface_hub 2.4 cache
+    (``file_download.py`` ``repo_folder_name``: ``CACHE/models--ORG--NAME/snapshots/REVISION/``), or None."""
     parts = Path(os.path.abspath(path)).parts
     for i in range(len(parts) - 2, 1, -1):
         if parts[i] == "snapshots" and parts[i - 1].startswith("models--") and len(parts[i - 1]) > len("models--"):
@@ -84,26 +58,14 @@ def hub_cache_snapshot(path: str | os.PathLike[str]) -> tuple[str, str, Path, Pa
     return None
 
 
-#: what a dangling link outside a Hub cache is refused for: the files a reader opens (configs,
-#: indexes, weights); any other (a stale ``latest``, a link loop) stays ignored, as before
+#: the dangling links refused outside a Hub cache: files a reader opens (others stay ignored)
 _READ_SUFFIXES = (".json", ".safetensors", ".bin")
 
 
 def check_no_dangling_links(root: str | os.PathLike[str], what: str = "") -> None:
-    """Refuse a directory holding links that point to nothing (below ``root``, hidden entries
-    such as a tool's ``.cache`` skipped): read as missing files they would be misdiagnosed
-    ("no config.json", "no draft-body tensors"). In a Hugging Face cache snapshot every such
-    link counts (a blob deleted from the cache) and the hint is the ``hf download`` line that
-    restores them; elsewhere only links named like a file a reader opens (:data:`_READ_SUFFIXES`).
-
-    Args:
-        root: the directory (a source, a drafter dir, a verifier dir). what: how the message
-            names it (``"source"``, ``"verifier"``...; empty: the path alone).
-
-    Raises:
-        InvalidInputError: ``broken_hub_cache`` (in a cache snapshot) or ``dangling_link``
-            (exit 3), naming every such link and its target.
-    """
+    """Refuse a directory (``what``: its name in the message) holding links to nothing, hidden entries
+    skipped: every link in a Hugging Face cache snapshot (``broken_hub_cache``, hint: the ``hf download``
+    line), elsewhere those of :data:`_READ_SUFFIXES` (``dangling_link``); exit 3."""
     root = Path(root)
     links = sorted(p for p in root.rglob("*") if p.is_symlink() and not p.exists()
                    and not any(x.startswith(".") for x in p.relative_to(root).parts))

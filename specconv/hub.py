@@ -1,13 +1,7 @@
-"""The one module that talks to the Hugging Face Hub (a test scans ``specconv/`` for any other
-import of ``huggingface_hub``; importing this module does not import it).
-
-Every function here that calls the Hub raises the specconv error that :data:`HUB_ERROR_RULES`
-maps huggingface_hub's exception to, naming what its caller wanted (:class:`Wanted`), so no
-caller catches huggingface_hub's exceptions (a test scans for that). The endpoint and token are
-read at call time (:func:`api`); the token is never logged or put into an error message.
-The download functions take ``repo_id`` (``namespace/name``), ``revision`` (branch, tag or
-commit; None: ``main``), ``endpoint_url`` (``--endpoint``, :func:`endpoint`) and ``wanted``
-(how a failure names what was wanted; default: the file, or the snapshot, code ``hub_error``).
+"""The one module that talks to the Hugging Face Hub (docs/architecture.md, "The Hub"); importing
+it does not import huggingface_hub. The token is never logged or put into an error message.
+The download functions take ``repo_id``, ``revision`` (None: ``main``), ``endpoint_url``
+(``--endpoint``) and ``wanted`` (default: the file, or the snapshot, code ``hub_error``).
 """
 
 from __future__ import annotations
@@ -44,22 +38,9 @@ _REPO_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.\-]*(/[A-Za-z0-9][A-Za-z0-9_.\
 
 # ------------------------------------------------------------------------ identity
 def is_hub_id(name: str | None) -> bool:
-    """Whether ``name`` is a Hub repo id (``namespace/name`` or a bare ``name``) and no local path.
-
-    Decision: a bare ``name`` (``gpt2``) counts, because the Hub, huggingface_hub's
-    ``validate_repo_id`` (``src/huggingface_hub/utils/_validators.py``) and vLLM all accept
-    one; a string that exists as a local path never counts (vLLM 0.33 decides local vs
-    remote the same way). The character rules mirror ``validate_repo_id`` (1–96 chars of
-    ``[A-Za-z0-9-_.]``, at most one ``/``, no ``--`` or ``..``, no part ending in ``-`` or
-    ``.``, not ending in ``.git``) without importing huggingface_hub;
-    ``tests/hub/test_hub_module.py`` cross-checks the two.
-
-    Args:
-        name: a ``SRC`` / ``--verifier`` value or a recorded ``name_or_path``.
-
-    Returns:
-        True for a syntactically valid repo id that is not an existing path.
-    """
+    """Whether ``name`` is a Hub repo id (``namespace/name`` or a bare ``name``, as vLLM accepts)
+    that is not an existing local path. The rules mirror huggingface_hub's ``validate_repo_id``
+    (``src/huggingface_hub/utils/_validators.py``) without importing it (tests/hub cross-checks)."""
     if not name or len(name) > 96 or name.count("/") > 1 or not _REPO_ID_RE.fullmatch(name):
         return False
     if "--" in name or ".." in name or name.endswith(".git"):
@@ -71,10 +52,7 @@ def is_hub_id(name: str | None) -> bool:
 
 # ----------------------------------------------------------------------- settings
 def endpoint(explicit: str | None = None) -> str | None:
-    """The Hub endpoint: ``explicit`` (``--endpoint``), else ``HF_ENDPOINT`` now, else None.
-
-    None lets huggingface_hub use its default (``https://huggingface.co``).
-    """
+    """The Hub endpoint: ``explicit`` (``--endpoint``), else ``HF_ENDPOINT`` now, else None (the default)."""
     value = explicit or os.environ.get("HF_ENDPOINT") or None
     return value.rstrip("/") if value else None
 
@@ -99,15 +77,7 @@ def cache_dir() -> str:
 
 
 def api(endpoint_url: str | None = None, token_value: str | None = None) -> HfApi:
-    """The one ``HfApi`` factory: explicit endpoint and token, resolved at call time.
-
-    Args:
-        endpoint_url: ``--endpoint``; None → ``HF_ENDPOINT`` → library default.
-        token_value: explicit token; None → ``HF_TOKEN`` → stored login.
-
-    Returns:
-        ``huggingface_hub.HfApi`` tagged ``library_name="specconv"``.
-    """
+    """The one ``HfApi`` factory (:func:`endpoint`, :func:`token`), tagged ``library_name="specconv"``."""
     from huggingface_hub import HfApi
 
     from . import __version__
@@ -120,20 +90,8 @@ def api(endpoint_url: str | None = None, token_value: str | None = None) -> HfAp
 # ---------------------------------------------------------------------- downloads
 def download_file(repo_id: str, filename: str, *, revision: str | None = None, endpoint_url: str | None = None,
                   wanted: Wanted | None = None, missing_ok: bool = False) -> Path | None:
-    """Download (or find in the cache) one file of a model repo.
-
-    Args:
-        filename: path inside the repo.
-        missing_ok: return None when the file is absent (from the repo, or from the cache
-            when offline or unreachable: huggingface_hub's ``EntryNotFoundError``).
-
-    Returns:
-        The file's path inside the Hub cache snapshot (None: absent and ``missing_ok``).
-
-    Raises:
-        SpecconvError: the :func:`hub_error` of what huggingface_hub raised (e.g.
-            ``LocalEntryNotFoundError`` when offline and not cached: exit 3).
-    """
+    """One file of a model repo, downloaded or from the cache: its path in the cache snapshot; None
+    when absent (``EntryNotFoundError``) and ``missing_ok``. Raises the :func:`hub_error`."""
     from huggingface_hub import errors as hf_errors
 
     with _mapped(repo_id, wanted or Wanted(filename)):
@@ -147,18 +105,8 @@ def download_file(repo_id: str, filename: str, *, revision: str | None = None, e
 
 def download_snapshot(repo_id: str, *, revision: str | None = None, allow_patterns: list[str] | None = None,
                       endpoint_url: str | None = None, wanted: Wanted | None = None) -> Path:
-    """Download (or find in the cache) the files of a model repo matching ``allow_patterns``.
-
-    Args:
-        allow_patterns: fnmatch globs (huggingface_hub ``filter_repo_objects``); None = all.
-
-    Returns:
-        The snapshot directory inside the Hub cache.
-
-    Raises:
-        SpecconvError: the :func:`hub_error` of what huggingface_hub raised, e.g.
-            ``IncompleteSnapshotError`` when offline and the cached tree lists missing files.
-    """
+    """The cache snapshot dir of the repo's files matching ``allow_patterns`` (fnmatch; None: all).
+    Raises the :func:`hub_error`."""
     with _mapped(repo_id, wanted or Wanted("the snapshot")):
         return Path(api(endpoint_url).snapshot_download(repo_id, revision=revision, allow_patterns=allow_patterns))
 
@@ -220,10 +168,7 @@ HEADERS_ONLY_MARKER = ".cache/specconv-headers-only.json"
 
 
 def _write_header_stub(path: Path, meta: Any) -> None:
-    """A safetensors file with the remote header and a sparse (all-zero, unallocated) data area.
-
-    Only headers may be read from it: the tensor bytes were never downloaded.
-    """
+    """A safetensors file with the remote header and a sparse (all-zero, unallocated) data area."""
     header: dict[str, Any] = {"__metadata__": dict(meta.metadata)} if meta.metadata else {}
     for name, t in meta.tensors.items():
         header[name] = {"dtype": t.dtype, "shape": list(t.shape), "data_offsets": list(t.data_offsets)}
@@ -239,43 +184,17 @@ def _write_header_stub(path: Path, meta: Any) -> None:
 
 def safetensors_header(repo_id: str, filename: str, *, revision: str | None = None,
                        endpoint_url: str | None = None, wanted: Wanted | None = None) -> Any:
-    """The header of one remote safetensors file, read with HTTP range requests (no tensor data).
-
-    Args:
-        filename: the ``.safetensors`` path in the repo.
-
-    Returns:
-        ``huggingface_hub.utils.SafetensorsFileMetadata``: ``tensors`` maps each name to
-        ``(dtype, shape, data_offsets)``; ``metadata`` is the ``__metadata__`` dict.
-
-    Raises:
-        SpecconvError: the :func:`hub_error` of what huggingface_hub raised, e.g.
-            ``SafetensorsParsingError`` for a corrupt header (exit 3).
-    """
+    """The ``SafetensorsFileMetadata`` of one remote safetensors file, by HTTP range requests
+    (``tensors``: name → dtype, shape, data_offsets). Raises the :func:`hub_error`."""
     with _mapped(repo_id, wanted or Wanted(filename)):
         return api(endpoint_url).parse_safetensors_file_metadata(repo_id, filename, revision=revision)
 
 
 def header_snapshot(repo_id: str, *, revision: str | None = None, allow_patterns: list[str] | None = None,
                     endpoint_url: str | None = None, wanted: Wanted | None = None) -> Path:
-    """A local view of a Hub repo for headers-only inspection; downloads no tensor data.
-
-    Files matching ``allow_patterns`` are fetched as :func:`download_snapshot` would, except
-    ``*.safetensors``: of those only the header is read (HTTP range requests through
-    huggingface_hub) and written as a sparse stub of the right shape. The view lives under
-    ``$SPECCONV_CACHE/hub-headers/models--ORG--NAME/<commit>/`` and carries
-    :data:`HEADERS_ONLY_MARKER`; reading tensor data from it gives zeros, so it is for
-    detection and header checks only (``specconv inspect``), never for a conversion.
-
-    Args:
-        allow_patterns: fnmatch globs over repo paths; None = all files.
-
-    Returns:
-        The view's root directory (repo paths below it).
-
-    Raises:
-        SpecconvError: the :func:`hub_error` of what huggingface_hub raised.
-    """
+    """A headers-only local view of a Hub repo (``$SPECCONV_CACHE/hub-headers/models--ORG--NAME/<commit>/``,
+    :data:`HEADERS_ONLY_MARKER`): files as :func:`download_snapshot`, safetensors as sparse stubs whose
+    data reads as zeros, so for detection only, never a conversion. Raises the :func:`hub_error`."""
     with _mapped(repo_id, wanted or Wanted("the snapshot")):
         return _header_view(api(endpoint_url), repo_id, revision, allow_patterns)
 
@@ -328,19 +247,10 @@ def _status(e: BaseException) -> int | None:
 
 @dataclass(frozen=True)
 class HubErrorRule:
-    """One row of :data:`HUB_ERROR_RULES`.
-
-    Attributes:
-        exc: class name in ``huggingface_hub.errors`` (or a builtin exception name).
-        error: the specconv error class raised (its ``exit_code`` is the process exit).
-        code: the error's stable slug; None keeps the caller's code (e.g. ``source_not_found``).
-        hint: what the user can do, or None.
-        when: extra condition on the exception (status code, offline mode), or None.
-        message: the message as a ``str.format`` template over ``what``, ``repo``, ``error``
-            and ``status``; None: the download wording of :func:`_describe`.
-        writes: the row applies to upload-side calls only (push / release), which see the
-            table's ``writes`` rows first.
-    """
+    """One row of :data:`HUB_ERROR_RULES`: ``exc`` (a ``huggingface_hub.errors`` or builtin class
+    name), ``when`` (extra condition), the ``error`` class, ``code`` (None: the caller's), ``hint``,
+    ``message`` (``str.format`` over what, repo, error, status; None: :func:`_describe`), ``writes``
+    (upload-side calls only)."""
 
     exc: str
     error: type[SpecconvError]
@@ -351,7 +261,6 @@ class HubErrorRule:
     writes: bool = False
 
     def matches(self, e: BaseException) -> bool:
-        """Whether ``e`` is an instance of :attr:`exc` and satisfies :attr:`when`."""
         from huggingface_hub import errors as hf_errors
 
         cls = getattr(hf_errors, self.exc, None) or _BUILTIN.get(self.exc)
@@ -366,15 +275,10 @@ _OFFLINE_PUSH = "unset HF_HUB_OFFLINE: publishing reads the repo's state on the 
 _PRIVATE = "check the repo id; if the repo is private, set HF_TOKEN to a token that can read it"
 _NETWORK = "check the network / HF_ENDPOINT and retry"
 
-#: Ordered: the first matching row decides. Subclasses come before their bases, as in
-#: the ``hf`` CLI's ``CLI_ERROR_MAPPINGS`` (GatedRepoError before RepositoryNotFoundError,
-#: IncompleteSnapshotError before LocalEntryNotFoundError, OfflineModeIsEnabled before
-#: ConnectionError). Upload-side calls see the ``writes`` rows first: a ``ValueError``
-#: (invalid README metadata, a bad parent commit: raised before any upload, and a 400's
-#: ``BadRequestError``), then 412 / 409 / 401 / 403 (huggingface_hub reports a 401 on a repo
-#: URL as ``RepositoryNotFoundError``), then offline mode (its hint: no cache makes a push
-#: work; a download's offline rows below point at the cache). Exit codes: 5 auth, 6 conflict, 7 transient,
-#: 9 repo/revision not found, 3 otherwise.
+#: Ordered: the first matching row decides; subclasses before their bases, as in the ``hf`` CLI's
+#: ``CLI_ERROR_MAPPINGS``. Upload-side calls see the ``writes`` rows first (a ``ValueError`` is
+#: raised before any upload, or is a 400's ``BadRequestError``; a 401 on a repo URL comes as
+#: ``RepositoryNotFoundError``).
 HUB_ERROR_RULES: tuple[HubErrorRule, ...] = (
     HubErrorRule("ValueError", InvalidInputError, "hub_rejected", message="{what} on {repo!r}: {error}", writes=True),
     HubErrorRule("HfHubHTTPError", HubConflictError, "parent_commit_moved",
@@ -412,12 +316,8 @@ HUB_ERROR_RULES: tuple[HubErrorRule, ...] = (
 
 
 def _describe(what: str, repo: str, e: BaseException) -> str:
-    """Message for a Hub file that could not be had.
-
-    In offline mode a file missing from the cache raises ``LocalEntryNotFoundError`` whose
-    own text blames the network; say instead that it is not cached and where the cache is.
-    ``IncompleteSnapshotError``'s own message lists the missing files, so it is kept.
-    """
+    """Message for a Hub file that could not be had (offline: not cached, and where the cache is;
+    ``LocalEntryNotFoundError``'s own text would blame the network)."""
     from huggingface_hub import errors as hf_errors
 
     if (is_offline() and isinstance(e, hf_errors.LocalEntryNotFoundError)
@@ -429,20 +329,8 @@ def _describe(what: str, repo: str, e: BaseException) -> str:
 
 def hub_error(what: str, repo: str, e: BaseException, *, code: str, hint: str | None = None,
               writes: bool = False) -> SpecconvError:
-    """The project error for a failed Hub call, chosen by :data:`HUB_ERROR_RULES`.
-
-    Args:
-        what: the thing that was wanted (``"config.json"``, ``"shard X (holding Y)"``,
-            ``"committing"``).
-        repo: the repo id.
-        e: the exception huggingface_hub (or its HTTP client) raised.
-        code: slug for rows that keep the caller's code (``verifier_not_found`` ...).
-        hint: the caller's hint; used when the matching row has none, and for exit-3 rows.
-        writes: an upload-side call: the table's ``writes`` rows apply (first).
-
-    Returns:
-        A :class:`~specconv.errors.SpecconvError` subclass instance (not raised).
-    """
+    """The (unraised) project error for ``e`` from a Hub call, by :data:`HUB_ERROR_RULES`: ``code``
+    for rows that keep the caller's; ``hint`` where the row has none, and for exit-3 rows."""
     import httpx2  # huggingface_hub 2.x sends its requests with it
 
     _BUILTIN["TransportError"] = httpx2.TransportError
@@ -457,14 +345,8 @@ def hub_error(what: str, repo: str, e: BaseException, *, code: str, hint: str | 
 
 @dataclass(frozen=True)
 class Wanted:
-    """What a caller wants from the Hub, named in the error a failed call raises.
-
-    Attributes:
-        what: the thing wanted (``"config.json"``, ``"shard X (holding Y)"``).
-        code: the slug of table rows that keep the caller's code (``verifier_not_found`` ...).
-        hint: the caller's hint (see :func:`hub_error`).
-        role: ``"verifier"`` / ``"source"``: the message starts with ``"<role>: "``.
-    """
+    """What a caller wants from the Hub (:func:`hub_error`'s what, code, hint); ``role``
+    (``verifier`` / ``source``) prefixes the message."""
 
     what: str
     code: str = "hub_error"
@@ -474,11 +356,7 @@ class Wanted:
 
 @contextmanager
 def _mapped(repo: str, wanted: Wanted, *, writes: bool = False) -> Iterator[None]:
-    """Raise what huggingface_hub raises inside the block as the :func:`hub_error` of ``wanted``.
-
-    The one place a Hub call's exception becomes a specconv error; specconv's own errors
-    pass through unchanged.
-    """
+    """Raise what huggingface_hub raises inside the block as the :func:`hub_error` of ``wanted``."""
     try:
         yield
     except SpecconvError:
@@ -491,19 +369,10 @@ def _mapped(repo: str, wanted: Wanted, *, writes: bool = False) -> Iterator[None
 
 
 # --------------------------------------------------------------------- publishing
-# Upload-side calls for ``specconv push`` / ``release`` (specconv/publish/). Each takes the
-# ``HfApi`` made by :func:`api`; huggingface_hub types stay in this module.
-
 @dataclass(frozen=True)
 class RemoteFile:
-    """One file of a remote tree (huggingface_hub ``RepoFile``).
-
-    Attributes:
-        path: path in the repo.
-        size: bytes.
-        blob_id: git blob sha1 (of the LFS pointer for LFS files).
-        sha256: the content sha256 for LFS files, None for regular git files.
-    """
+    """One file of a remote tree: ``blob_id`` the git sha1 (of the LFS pointer for LFS files),
+    ``sha256`` the content's for LFS files (None for regular git files)."""
 
     path: str
     size: int
@@ -512,9 +381,7 @@ class RemoteFile:
 
 
 def _upload_side(what: str):
-    """Decorator of the upload-side calls: what huggingface_hub raises in one becomes the
-    :func:`hub_error` (``writes`` rows first) naming ``what`` (a call may pass its own
-    ``what=``, e.g. ``"verifying"``)."""
+    """Map an upload-side call's errors (``writes`` rows first) naming ``what`` (or the call's ``what=``)."""
     def wrap(fn: Callable[..., Any]) -> Callable[..., Any]:
         @functools.wraps(fn)
         def call(hf: Any, repo_id: str, *args: Any, what: str = what, **kwargs: Any) -> Any:
@@ -526,12 +393,8 @@ def _upload_side(what: str):
 
 @_upload_side("the repo state")
 def repo_state(hf: HfApi, repo_id: str, revision: str) -> tuple[str, bool] | None:
-    """``(head commit, private)`` of ``repo_id`` at ``revision``; None when the repo does not exist.
-
-    Raises:
-        SpecconvError: any other failure (``RevisionNotFoundError`` is exit 9; a 401 / 403
-            on the repo, which huggingface_hub reports as not found, is exit 5).
-    """
+    """``(head commit, private)`` at ``revision``; None when the repo does not exist (a 401 / 403,
+    which huggingface_hub reports as not found, raises: exit 5)."""
     from huggingface_hub import errors as hf_errors
 
     try:
@@ -545,12 +408,8 @@ def repo_state(hf: HfApi, repo_id: str, revision: str) -> tuple[str, bool] | Non
 
 @_upload_side("creating the repo")
 def ensure_repo(hf: HfApi, repo_id: str, private: bool | None) -> bool:
-    """``create_repo(exist_ok=True)`` then the repo's actual visibility (``private`` is
-    ignored by the Hub for an existing repo, so callers compare the returned value).
-
-    Returns:
-        Whether the repo is private.
-    """
+    """``create_repo(exist_ok=True)``; whether the repo is private (the Hub ignores ``private`` for an
+    existing repo)."""
     hf.create_repo(repo_id, private=private, exist_ok=True)
     return bool(hf.model_info(repo_id).private)
 
@@ -583,22 +442,9 @@ def create_branch(hf: HfApi, repo_id: str, branch: str) -> None:
 @_upload_side("committing")
 def commit(hf: HfApi, repo_id: str, adds: dict[str, bytes | Path], deletes: list[str], *, message: str,
            description: str, revision: str, parent_commit: str) -> tuple[str, str]:
-    """One atomic ``create_commit`` guarded by ``parent_commit`` (HTTP 412 when the head moved).
-
-    Args:
-        adds: path in repo → bytes or a local file.
-        deletes: paths in repo to delete.
-        revision: branch or ``refs/pr/N``.
-        parent_commit: the head the plan was made against.
-
-    Returns:
-        ``(commit oid, commit url)``; when every addition is already there byte for byte,
-        huggingface_hub creates no commit and returns the current head.
-
-    Raises:
-        HubConflictError: the head moved (``parent_commit_moved``, exit 6); other failures
-            as :data:`HUB_ERROR_RULES` maps them.
-    """
+    """One atomic ``create_commit`` on ``revision`` (a branch or ``refs/pr/N``) guarded by
+    ``parent_commit`` (moved: ``parent_commit_moved``, exit 6). ``adds``: repo path → bytes or a file.
+    Returns ``(commit oid, commit url)`` (no change: the current head)."""
     from huggingface_hub import CommitOperationAdd, CommitOperationDelete
 
     ops: list[Any] = [CommitOperationAdd(path_in_repo=p, path_or_fileobj=src if isinstance(src, bytes) else str(src))
@@ -619,12 +465,8 @@ def create_tag(hf: HfApi, repo_id: str, tag: str, revision: str, *, replace: boo
 
 @_upload_side("finding the pull request")
 def open_pull_request(hf: HfApi, repo_id: str, *, title: str, dry_run: bool = False) -> int | None:
-    """The open pull request titled ``title`` (one specconv opened: the title carries its
-    marker), reused; else a new one (``create_pull_request``; none when ``dry_run``).
-
-    Returns:
-        The PR number; None on a dry run that would open one.
-    """
+    """The number of the open pull request titled ``title`` (reused), else of a new one (None on a
+    ``dry_run`` that would open one)."""
     for d in hf.get_repo_discussions(repo_id, discussion_type="pull_request", discussion_status="open"):
         if d.title == title:
             return int(d.num)
@@ -634,15 +476,8 @@ def open_pull_request(hf: HfApi, repo_id: str, *, title: str, dry_run: bool = Fa
 
 
 def check_card(content: str) -> dict[str, Any]:
-    """Parse a model card with huggingface_hub's card tools (``ModelCard`` +
-    ``ModelCardData``, ``src/huggingface_hub/repocard.py`` / ``repocard_data.py``), locally.
-
-    Returns:
-        The metadata as a dict.
-
-    Raises:
-        InvalidInputError: the YAML front matter is missing or invalid.
-    """
+    """A model card's metadata dict, parsed locally by huggingface_hub's ``ModelCard``
+    (``src/huggingface_hub/repocard.py``). Raises InvalidInputError (``bad_card``): missing or invalid."""
     from huggingface_hub import ModelCard
 
     try:

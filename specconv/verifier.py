@@ -1,12 +1,5 @@
-"""The verifier: its config and the few tensors a conversion or a drafter needs, local or Hub.
-
-One class, :class:`Verifier`, serves convert, the reference drafters and validate. From the
-Hub only ``config.json``, the safetensors index and, on demand, the shards holding the tensors
-asked for are fetched, through :mod:`specconv.hub`. Multimodal verifiers are unwrapped
-(:func:`unwrap_text_config`). The embedding / LM head / final-norm names are the ones
-speculators' verifier loader resolves (:data:`EMBED_SUFFIXES` ...); a verifier whose tensors
-have other names is refused when it is resolved, naming what it has. The lint checks the draft
-against :meth:`Verifier.facts`.
+"""The verifier: its config and the few tensors a conversion or a drafter needs, local or Hub (from
+the Hub: ``config.json``, the index and, on demand, only the shards holding the tensors asked for).
 """
 
 from __future__ import annotations
@@ -51,19 +44,9 @@ def unwrap_text_config(cfg: dict[str, Any]) -> dict[str, Any]:
 
 @dataclass
 class Verifier:
-    """A resolved verifier.
-
-    Attributes:
-        spec: the ``--verifier`` value: a Hub id as given, a local path made absolute
-            (:func:`resolve_verifier`, the boundary: nothing after it depends on the working
-            directory; the record still names it relative to the drafter dir).
-        name_or_path: what is recorded as ``speculators_config.verifier.name_or_path``
-            (``--verifier-name`` when given, else the Hub id, else the local path).
-        local_dir: directory holding ``config.json``, absolute (a Hub cache snapshot for Hub ids).
-        config: the text config (unwrapped), a dict.
-        raw_config: the config as on disk.
-        hub_id: repo id when fetched from the Hub.
-    """
+    """A resolved verifier: ``spec`` (a Hub id, or the local path made absolute), ``name_or_path``
+    (recorded: ``--verifier-name``, else the Hub id, else the path), ``local_dir`` (holding
+    ``config.json``), ``config`` (the unwrapped text config), ``raw_config`` (as on disk)."""
 
     spec: str
     name_or_path: str
@@ -89,8 +72,7 @@ class Verifier:
 
     @property
     def model_ref(self) -> str:
-        """What another process loads this verifier by (vLLM's ``--model``, the loader
-        checks' job files): the Hub id, else the absolute local directory."""
+        """What another process loads this verifier by: the Hub id, else the absolute local directory."""
         return self.hub_id or str(self.local_dir)
 
     @property
@@ -114,8 +96,7 @@ class Verifier:
         return bool(self.config.get("tie_word_embeddings", self.raw_config.get("tie_word_embeddings")))
 
     def facts(self):
-        """Return :class:`specconv.format.VerifierFacts` for the lint (every eos id of a
-        list, and the tokenizer's added special tokens when the files are present)."""
+        """:class:`specconv.format.VerifierFacts` for the lint."""
         from .format import VerifierFacts
 
         return VerifierFacts.from_verifier(self, is_local_path=not is_hub_id(self.name_or_path))
@@ -162,22 +143,10 @@ class Verifier:
         return self._store
 
     def find_tensor(self, role: str) -> str | None:
-        """Name of the verifier tensor playing ``role`` (``embed``, ``lm_head``, ``norm``).
-
-        Matching is speculators' (``src/speculators/utils/loading.py::_resolve_key``): each
-        alias in turn, exact name then the shortest name ending in it; vision / audio /
-        MTP towers and per-layer norms are skipped (they share the suffixes). ``lm_head``
-        falls back to the embedding when the verifier ties them.
-
-        Args:
-            role: ``"embed"``, ``"lm_head"`` or ``"norm"``.
-
-        Returns:
-            The tensor name, or ``None`` when the verifier has none under these names.
-
-        Raises:
-            SpecconvError: the verifier's tensor names cannot be listed (Hub file missing).
-        """
+        """Name of the tensor playing ``role`` (``embed``, ``lm_head``, ``norm``), or None. Matched as
+        speculators' ``src/speculators/utils/loading.py::_resolve_key`` (each alias: exact, then the
+        shortest name ending in it; vision / audio / MTP towers and per-layer norms skipped); a tied
+        ``lm_head`` falls back to the embedding. Raises SpecconvError: names not listable."""
         names = self._names()
         for suf in _ROLE_SUFFIXES[role]:
             hits = [n for n in names if n.endswith(suf) and not _NOT_TEXT.search(n)]
@@ -190,19 +159,9 @@ class Verifier:
         return None
 
     def check_loadable(self) -> None:
-        """Refuse a verifier whose embedding / LM head / final norm have names consumers cannot load.
-
-        speculators loads these three from the verifier by the names of
-        :data:`EMBED_SUFFIXES` / :data:`LM_HEAD_SUFFIXES` / :data:`NORM_SUFFIXES`; a
-        GPT-2-style checkpoint (``transformer.wte`` / ``transformer.ln_f``) has none of
-        them, so a conversion for it could never be validated or loaded. Skipped when the
-        tensor names cannot be listed here (a config-only dir, Hub weights not cached):
-        converters that need a tensor then fail naming it.
-
-        Raises:
-            InvalidInputError: ``verifier_tensor_names``; the message lists the roles not
-                found and the verifier's non-layer tensor names.
-        """
+        """Refuse (``verifier_tensor_names``) a verifier whose embedding / LM head / final norm have none of
+        the names speculators loads (a GPT-2-style ``transformer.wte``); skipped when the names cannot be
+        listed (a config-only dir, Hub weights not cached)."""
         from .errors import SpecconvError
 
         try:
@@ -224,12 +183,8 @@ class Verifier:
             hint="use a verifier checkpoint with Llama/Qwen-style names (model.embed_tokens, model.norm, lm_head)")
 
     def read_tensor(self, name: str):
-        """The verifier tensor ``name`` as a torch tensor (read once, then cached).
-
-        Raises:
-            InvalidInputError: no such tensor; its Hub shard cannot be had.
-            MissingExtraError: torch is not installed (``pip install 'specconv[validate]'``).
-        """
+        """The verifier tensor ``name`` as a torch tensor (cached). Raises InvalidInputError: no such
+        tensor or shard; MissingExtraError: no torch."""
         if name not in self._tensors:
             from .extras import require
 
@@ -238,13 +193,7 @@ class Verifier:
         return self._tensors[name]
 
     def tensor_store(self, name: str):
-        """The :class:`~specconv.tensors.TensorStore` holding tensor ``name``: the local
-        checkpoint's, or (Hub) its shard's, opened once; reads through it are counted in
-        :attr:`bytes_read`.
-
-        Raises:
-            InvalidInputError: no such tensor; its Hub shard cannot be had.
-        """
+        """The TensorStore holding tensor ``name`` (local, or its Hub shard's, opened once; reads counted)."""
         if self.hub_id is None:
             return self.store()
         path = str(self.tensor_info(name).file)
@@ -259,14 +208,12 @@ class Verifier:
         return self.tensor_store(name).read_bytes(name)
 
     def add_bytes_read(self, n: int) -> None:
-        """Count ``n`` bytes of the verifier's tensor data read outside its stores (the
-        writer's copy engine copying a verifier tensor into the output)."""
+        """Count ``n`` bytes of tensor data read outside its stores (the writer's copy engine)."""
         self._copied_bytes += int(n)
 
     @property
     def bytes_read(self) -> int:
-        """Tensor-data bytes read from the verifier's weight files so far (headers and
-        ``config.json`` not counted): its stores' reads plus the copy engine's."""
+        """Tensor-data bytes read from the verifier's weight files so far (headers not counted)."""
         stores = list(self._shard_stores.values()) + ([self._store] if self._store is not None else [])
         return self._copied_bytes + sum(getattr(st, "bytes_read", 0) for st in stores)
 
@@ -307,26 +254,12 @@ def _read_config(p: Path) -> dict[str, Any]:
 
 def resolve_verifier(spec: str, *, name: str | None = None, revision: str | None = None,
                      endpoint: str | None = None) -> Verifier:
-    """Resolve ``--verifier`` (local dir or Hub id) and read its config.
-
-    A local ``spec`` (an existing path, ``~`` expanded, relative to the working directory) is
-    made absolute here, once: the returned ``spec`` and ``local_dir`` are what every later
-    step, runner and server sees (symlinks are kept, so the path recorded relative to the
-    drafter dir is the one the user's path gives).
-
-    Args:
-        spec: local directory (containing ``config.json``) or Hub repo id.
-        name: ``--verifier-name``: the Hub id to record when ``spec`` is local.
-        revision: Hub revision for Hub ids.
-        endpoint: ``--endpoint`` for Hub ids (None: ``HF_ENDPOINT`` at call time, else the default).
-
-    Returns:
-        The :class:`Verifier`, already checked by :meth:`Verifier.check_loadable`.
+    """Resolve ``--verifier`` (local dir or Hub id; ``name``: ``--verifier-name``), read its config and
+    :meth:`Verifier.check_loadable`. A local path is made absolute here, once (symlinks kept).
 
     Raises:
-        InvalidInputError: no config, unreadable config, Hub id not reachable, tensor
-            names no consumer loads.
-        HubAuthError, TransientRemoteError, RemoteNotFoundError: see :mod:`specconv.hub`.
+        InvalidInputError: no or unreadable config, Hub id not reachable, unloadable tensor names;
+            the Hub's errors (:mod:`specconv.hub`).
     """
     if not spec or not spec.strip():
         raise InvalidInputError("--verifier is empty: give a local directory or a Hub repo id", code="verifier_not_found")

@@ -1,10 +1,5 @@
-"""Write a :class:`~specconv.plan.ConversionPlan` as a Speculators-format directory.
-
-Everything is written into a temporary sibling directory and renamed into place at the
-end, so bad input never leaves a half-written output and never destroys an existing one
-(``--overwrite`` swaps atomically). Output is byte-identical for identical input:
-sorted tensor order, deterministic JSON, no timestamps. The writer knows nothing about
-source formats.
+"""Write a :class:`~specconv.plan.ConversionPlan` as a Speculators-format directory, atomically
+(docs/cli.md) and byte-identical for identical input (sorted tensors, deterministic JSON, no timestamps).
 """
 
 from __future__ import annotations
@@ -35,13 +30,8 @@ CARD = "README.md"
 
 
 def _sha256(path: Path) -> str:
-    """sha256 of a source file, reusing a cached digest when the file is unchanged.
-
-    The cache (``$SPECCONV_CACHE/sha256.json``) is keyed by real path and validated by
-    (size, mtime_ns, inode) — git's stat-cache rule — so re-converting the same checkpoint
-    (a common loop: convert, lint, change a flag, convert again) does not re-read it.
-    ``SPECCONV_HASH_CACHE=0`` disables it.
-    """
+    """sha256 of a source file; cached in ``$SPECCONV_CACHE/sha256.json`` by real path, validated by
+    (size, mtime_ns, inode) as git's stat cache (``SPECCONV_HASH_CACHE=0``: off)."""
     from .tensors import sha256_file
 
     blob = hub_blob_sha256(path)
@@ -63,13 +53,8 @@ _SHA256_HEX = frozenset("0123456789abcdef")
 
 
 def hub_blob_sha256(path: Path) -> str | None:
-    """The sha256 of a Hub-cache file, read from its blob name, or ``None``.
-
-    huggingface_hub stores a snapshot file as a symlink into ``blobs/``; an LFS file's
-    blob is named by the sha256 of its content (a plain git file's by its 40-hex git
-    sha1), and huggingface_hub checks that digest on download
-    (``huggingface_hub/file_download.py``), so hashing it again would only repeat it.
-    """
+    """The sha256 of a Hub-cache LFS file, read from its ``blobs/`` name (huggingface_hub checks it on
+    download, ``huggingface_hub/file_download.py``), or ``None``."""
     if not os.path.islink(path):
         return None
     real = Path(os.path.realpath(path))
@@ -80,7 +65,6 @@ def hub_blob_sha256(path: Path) -> str | None:
 
 
 def _hash_cache_on() -> bool:
-    """The hash cache is used unless ``SPECCONV_HASH_CACHE=0``."""
     return os.environ.get("SPECCONV_HASH_CACHE", "1") != "0"
 
 
@@ -125,8 +109,7 @@ def _save_hash_cache() -> None:
 
 
 def library_versions() -> dict[str, str]:
-    """Versions of the libraries that shape the output (recorded in specconv.json; the
-    ones not installed are left out)."""
+    """Versions of the installed libraries that shape the output (recorded in specconv.json)."""
     from .versions import library_versions as versions
 
     return {k: v for k, v in versions(("safetensors", "pydantic", "huggingface_hub", "torch")).items() if v}
@@ -162,8 +145,7 @@ def _count_verifier_copies(plan: ConversionPlan, verifier: Verifier | None, engi
 
 
 def verifier_bytes_needed(plan: ConversionPlan) -> int:
-    """Bytes of verifier tensor data the output holds, in the verifier's dtype: the
-    embedding / LM head (its ``t2d`` rows when pruned) / final norm taken from it."""
+    """Bytes of verifier tensor data the output holds, in the verifier's dtype."""
     from .tensors import DTYPE_SIZES
 
     return sum(math.prod(t.shape) * DTYPE_SIZES.get(t.src_dtype, 1) for t in plan.tensors if t.origin == "verifier")
@@ -175,18 +157,9 @@ _PATH_OPTIONS = ("vocab_mapping", "draft_config")
 
 def build_record(plan: ConversionPlan, verifier: "Verifier | None", source_hashes: dict[str, str], files: list[str], *,
                  out_dir: Path, source_ref: dict[str, Any] | None = None) -> "SpecconvRecord":
-    """The ``specconv.json`` record of a conversion (no timestamps: byte-identical re-runs).
-
-    Every local path is written relative to ``out_dir`` (the final drafter dir); a Hub
-    source is named by ``source_ref`` (``hub_id``, resolved ``revision``, ``subfolder``,
-    ``path`` inside the snapshot) as :func:`specconv.convert.convert` builds it. The
-    models are assembled with ``model_construct`` (values derived here; no schema build
-    on the convert path); :func:`specconv.record.read_record` validates them on reading.
-
-    Returns:
-        :class:`~specconv.record.SpecconvRecord` with ``schema_version``,
-        ``specconv_version`` and the ``conversion`` section.
-    """
+    """The ``specconv.json`` record of a conversion; local paths relative to ``out_dir``, a Hub source
+    named by ``source_ref`` (:func:`specconv.convert.source_ref`). Built with ``model_construct``: no
+    schema build on the convert path (:func:`specconv.record.read_record` validates)."""
     from .record import (SCHEMA_VERSION, ConversionSection, SourceRef, SpecconvRecord, VerifierRef, as_record_path,
                          relative_to_dir)
 
@@ -197,35 +170,22 @@ def build_record(plan: ConversionPlan, verifier: "Verifier | None", source_hashe
         if isinstance(options.get(k), str):
             options[k] = as_record_path(options[k], out_dir)
     ver = None if verifier is None else VerifierRef.model_construct(
-        spec=as_record_path(verifier.spec, out_dir),
-        name_or_path=as_record_path(verifier.name_or_path, out_dir),
-        architectures=verifier.architectures,
-        num_hidden_layers=verifier.num_hidden_layers,
-        hidden_size=verifier.hidden_size,
-        vocab_size=verifier.vocab_size,
-    )
+        spec=as_record_path(verifier.spec, out_dir), name_or_path=as_record_path(verifier.name_or_path, out_dir),
+        architectures=verifier.architectures, num_hidden_layers=verifier.num_hidden_layers,
+        hidden_size=verifier.hidden_size, vocab_size=verifier.vocab_size)
     conversion = ConversionSection.model_construct(
-        format=plan.format_id,
-        algorithm=plan.algorithm,
-        source=SourceRef.model_construct(**source, files=source_hashes),
-        verifier=ver,
-        layer_ids=plan.layer_ids.to_dict() if plan.layer_ids else None,
-        dtype=getattr(cfg, "dtype", None) if not isinstance(cfg, dict) else cfg.get("dtype"),
-        options=options,
-        tensors=plan.tensor_fates(),
-        findings=[f.to_dict() for f in plan.findings],
-        notes=plan.notes,
-        output_files=files,
-        versions=library_versions(),
-    )
+        format=plan.format_id, algorithm=plan.algorithm, source=SourceRef.model_construct(**source, files=source_hashes),
+        verifier=ver, layer_ids=plan.layer_ids.to_dict() if plan.layer_ids else None,
+        dtype=getattr(cfg, "dtype", None) if not isinstance(cfg, dict) else cfg.get("dtype"), options=options,
+        tensors=plan.tensor_fates(), findings=[f.to_dict() for f in plan.findings], notes=plan.notes,
+        output_files=files, versions=library_versions())
     return SpecconvRecord.model_construct(schema_version=SCHEMA_VERSION, specconv_version=__version__,
                                           conversion=conversion)
 
 
 def _source_key(plan: ConversionPlan, p: Path) -> str:
-    """A source file's name in the record, as the user sees it: Hub snapshots are symlinks
-    into blobs/, so the unresolved path relative to the source dir is tried first, then
-    the resolved one, then an absolute path."""
+    """A source file's name in the record: relative to the source dir unresolved (Hub snapshots link
+    into blobs/), else resolved, else absolute."""
     root = Path(plan.source_dir).resolve()
     aroot = Path(os.path.abspath(plan.source_dir))
     rp, ap = Path(p).resolve(), Path(os.path.abspath(p))
@@ -238,11 +198,8 @@ def _source_key(plan: ConversionPlan, p: Path) -> str:
 
 def hash_sources(plan: ConversionPlan, skip: frozenset[str] = frozenset()
                  ) -> "concurrent.futures.Future[dict[str, str]]":
-    """Start hashing every source file in a background thread (hashlib releases the GIL),
-    so it overlaps the tensor copy instead of adding to it. Files whose real path is in
-    ``skip`` are left out (the copy pass hashes them as it reads them). The thread is a
-    daemon: an interrupted conversion exits at once instead of waiting for a large
-    source to be hashed."""
+    """Hash every source file but ``skip`` (real paths the copy pass hashes) in a daemon thread,
+    overlapping the copy (hashlib releases the GIL); an interrupt does not wait for it."""
     fut: concurrent.futures.Future[dict[str, str]] = concurrent.futures.Future()
 
     def run() -> dict[str, str]:
@@ -264,11 +221,7 @@ def hash_sources(plan: ConversionPlan, skip: frozenset[str] = frozenset()
 
 
 def _copy_engine(plan: ConversionPlan, outs: list, hash_output: bool) -> tuple[Any, dict[str, list[int]]]:
-    """The cold/warm copy engine, told what the cache already knows about each weight file.
-
-    Returns:
-        (engine, ``{real path: stat stamp}`` taken before the copy, for the cache update).
-    """
+    """``(copy engine told what the cache knows of each weight file, {real path: stat stamp before it})``."""
     from .tensors.onepass import CopyPass, SourceFile
 
     provenance = {os.path.realpath(p) for p in plan.source_files}
@@ -283,8 +236,7 @@ def _copy_engine(plan: ConversionPlan, outs: list, hash_output: bool) -> tuple[A
 
 
 def _remember(engine: Any, stamps: dict[str, list[int]]) -> dict[str, str]:
-    """Store the pass's digests and scan results in the hash cache; return the digests
-    of the files it hashed, by real path."""
+    """Store the pass's digests and scans in the hash cache; return its digests by real path."""
     cache = _hash_cache() if _hash_cache_on() else {}
     digests = {}
     for f, sf in engine.files.items():
@@ -303,12 +255,8 @@ def _remember(engine: Any, stamps: dict[str, list[int]]) -> dict[str, str]:
 
 
 def _nonfinite_check(plan: ConversionPlan, outs: list, engine: Any, allow: bool) -> None:
-    """Refuse (exit 3) or, with ``allow``, record a finding for every tensor holding NaN/Inf.
-
-    Raises:
-        InvalidInputError: ``nonfinite_weights``, naming each tensor, its count and the
-            first index (in the source tensor's shape).
-    """
+    """Refuse (``nonfinite_weights``, exit 3) or, with ``allow``, record a finding for every tensor
+    holding NaN/Inf, naming its count and first index (in the source tensor's shape)."""
     from .tensors.scan import unravel
 
     if not engine.nonfinite:
@@ -333,30 +281,16 @@ def _nonfinite_check(plan: ConversionPlan, outs: list, engine: Any, allow: bool)
 
 
 def write_plan(
-    plan: ConversionPlan,
-    out_dir: Path,
-    *,
-    source_store: Any,
-    verifier: Verifier | None,
+    plan: ConversionPlan, out_dir: Path, *, source_store: Any, verifier: Verifier | None,
     max_shard_size: int | None = None, overwrite: bool = False, kinds: "Kinds | None" = None,
     source_ref: dict[str, Any] | None = None, allow_nonfinite: bool = False,
     hash_output: bool = False, output_sha256: dict[str, str] | None = None,
     card: "Callable[[Path, SpecconvRecord], str | None] | None" = None,
 ) -> "SpecconvRecord":
-    """Write ``plan`` to ``out_dir`` atomically; return the ``specconv.json`` record
-    (``source_ref``: see :func:`build_record`), written once. ``card(temp dir, record)`` renders
-    ``README.md``, written and listed in ``output_files`` before the swap (None: no card).
-
-    Every weight byte is read once (:mod:`specconv.tensors.onepass`): a cold source is
-    hashed, scanned for NaN/Inf and written from one buffer; a warm one (digest and scan
-    cached by size, mtime and inode) is copied kernel-side. NaN/Inf in any output tensor
-    fails (exit 3) unless ``allow_nonfinite``, which records a ``nonfinite-weights``
-    finding. With ``hash_output`` the sha256 of each written safetensors file is put
-    into ``output_sha256`` (file name -> hex digest) when that dict is given.
-
-    The output is written to a hidden temp dir next to ``out_dir`` and renamed into place;
-    an error, Ctrl-C, SIGTERM or SIGHUP removes the temp dir and leaves any previous output
-    untouched (signals arriving during the final rename are deferred until it is done).
+    """Write ``plan`` to ``out_dir`` atomically; return the ``specconv.json`` record, written once.
+    ``card(temp dir, record)`` renders ``README.md`` (None: no card). NaN/Inf in an output tensor fails
+    unless ``allow_nonfinite``. With ``hash_output``, ``output_sha256`` gets file name → sha256 of each
+    written safetensors file. Signals during the final rename wait until it is done.
 
     Raises:
         InvalidInputError: ``out_dir`` exists and ``overwrite`` is false (or it is not a
@@ -452,10 +386,8 @@ def _check_output(out_dir: Path, plan: ConversionPlan, verifier: Verifier | None
 
 
 class _Interrupts(contextlib.AbstractContextManager):
-    """While writing (main thread only): SIGTERM / SIGHUP raise ``SystemExit(128 + n)``
-    like Ctrl-C raises ``KeyboardInterrupt``, so ``finally`` blocks remove the temp dir;
-    inside :meth:`deferred` every such signal waits until the block is done. Handlers
-    the application installed itself (or ``SIG_IGN``) are left alone."""
+    """While writing (main thread only): SIGTERM / SIGHUP raise ``SystemExit(128 + n)`` as Ctrl-C raises
+    ``KeyboardInterrupt`` (:meth:`deferred`: after the block); the application's own handlers stay."""
 
     def __init__(self) -> None:
         self._saved: dict[int, Any] = {}

@@ -16,7 +16,6 @@ MAX_FUNCTION, MAX_MODULE = 50, 800
 
 # "path:qualname" → lines today, "path" → module lines today. Only ever remove or lower entries.
 ALLOWED: dict[str, int] = {
-    "specconv/convert.py:convert": 51,
 }
 
 
