@@ -41,6 +41,11 @@ def _has_cuda() -> bool:
 
 
 def pytest_collection_modifyitems(config, items):
+    import tiers
+
+    for item in items:  # the engine tiers (tests/tiers.py): fixture-keyed and implied markers
+        for name in sorted(tiers.implied_marks({m.name for m in item.iter_markers()}, item.fixturenames)):
+            item.add_marker(name)
     if not any("gpu" in i.keywords for i in items):
         return
     if _has_cuda():
@@ -49,6 +54,57 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+_GUARD = None
+
+
+def pytest_configure(config):
+    """Install the engine-tier guard (tests/tiers.py): a test that starts an engine process
+    without its marker fails."""
+    global _GUARD
+    import tiers
+
+    _GUARD = tiers.Guard()
+    _GUARD.install()
+
+
+def pytest_unconfigure(config):
+    if _GUARD is not None:
+        _GUARD.uninstall()
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    if _GUARD is not None:
+        _GUARD.item = item
+    try:
+        yield
+    finally:
+        if _GUARD is not None:
+            _GUARD.item = None
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    rep = outcome.get_result()
+    msg = _GUARD.refused.get(item.nodeid) if _GUARD is not None else None
+    if msg and rep.passed and call.when == "call":  # the refusal was swallowed: fail anyway
+        rep.outcome, rep.longrepr = "failed", msg
+
+
+@pytest.fixture(scope="session")
+def llamacpp_build() -> dict[str, Path]:
+    """This machine's llama.cpp build (``make llama-cpp``) as
+    ``specconv.engines.llamacpp.build.paths``: ``server``, ``converter``, ``gguf_py``, ``site``;
+    skips where it is absent. A test using it is marked ``llamacpp`` (tests/tiers.py)."""
+    from specconv.engines.llamacpp import build
+
+    d = build.build_dir()
+    if d is None:
+        pytest.skip("no `make llama-cpp` build for this machine")
+    return build.paths(d)
 
 
 @contextlib.contextmanager
