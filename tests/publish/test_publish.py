@@ -21,7 +21,7 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("jinja2")
 
-from cli_runner import online_env, run_specconv
+from cli_runner import online_env, run_specconv, specconv_argv
 from hub_double import HubDouble
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "smollm2-dflash-b8"
@@ -258,7 +258,7 @@ def test_killed_upload_leaves_nothing_and_a_rerun_completes(drafter, double, tmp
     double.fault("POST", repo_id + r"/commit/", 0)  # the commit request hangs: kill the client there
     cwd = tmp_path / "cwd"
     cwd.mkdir()
-    proc = subprocess.Popen([sys.executable, "-m", "specconv.cli.main", "push", str(drafter), "--repo-id", repo_id],
+    proc = subprocess.Popen(specconv_argv("push", drafter, "--repo-id", repo_id, as_json=False),
                             cwd=cwd, env=_env(tmp_path, double), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         deadline = time.monotonic() + 120
