@@ -1,7 +1,9 @@
 """Shared fixtures: the real SmolLM2 verifier, tiny random verifiers, the bundled drafter and
 the DSpark fixture sources converted once per session, repo paths, torch on one thread. The
 CLI runners are ``tests/cli_runner.py`` (``from cli_runner import invoke``) and the harness
-drafter doubles ``tests/validate/drafter_doubles.py``.
+drafter doubles ``tests/validate/drafter_doubles.py``. The engine tiers (markers ``server``,
+``engine_venv``, ``llamacpp`` applied by fixture and implication, and the guard that fails an
+unmarked test starting an engine process) are ``tests/tiers.py``, hooked in here.
 
 Owned by the lead; add fixtures here only through the lead.
 """
