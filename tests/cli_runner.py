@@ -1,7 +1,8 @@
 """The suite's one way to run ``specconv``: in-process through click's ``CliRunner``
 (:func:`invoke`) or as the real entry point in a subprocess (:func:`run_specconv`), both
-answering a :class:`CliOutcome`; :func:`online_env` is the subprocess environment for the
-loopback Hub double (``tests/hub_double.py``).
+answering a :class:`CliOutcome`; :func:`online_env` / :func:`run_online` run it against the
+loopback Hub double (``tests/hub_double.py``), :func:`offline_env` without any inherited Hub
+setting; :func:`specconv_argv` is the command line for a test that needs the process itself.
 
 Importable by name from every room (``from cli_runner import invoke``), like
 ``fixtures_dflash``. tests/golden/ keeps its own recording runner (``workspace.run_cli``).
@@ -63,16 +64,25 @@ def _argv(argv: tuple, as_json: bool) -> list[str]:
 
 
 def invoke(*argv: Any, as_json: bool = True, env: dict[str, str] | None = None, catch: bool = False,
-           command=None) -> CliOutcome:
+           command=None, prog_name: str | None = None, terminal_width: int | None = None) -> CliOutcome:
     """``specconv ARGV`` (+ ``--format json`` when ``as_json``) in-process. ``catch=False``
     lets an unexpected exception propagate (a traceback fails the test); ``command`` runs one
-    click command (e.g. ``validate_cmd``) instead of the whole group."""
+    click command (e.g. ``validate_cmd``) instead of the whole group; ``prog_name`` and
+    ``terminal_width`` go to click (``--help`` as a terminal prints it)."""
     from click.testing import CliRunner
 
     if command is None:
         from specconv.cli.main import cli as command
-    r = CliRunner().invoke(command, _argv(argv, as_json), env=env, catch_exceptions=catch)
+    extra = {k: v for k, v in (("prog_name", prog_name), ("terminal_width", terminal_width)) if v is not None}
+    r = CliRunner().invoke(command, _argv(argv, as_json), env=env, catch_exceptions=catch, **extra)
     return CliOutcome(r.exit_code, r.stdout, r.stderr, r.exception)
+
+
+def specconv_argv(*argv: Any, as_json: bool = True) -> list[str]:
+    """The command line :func:`run_specconv` runs (this interpreter as the ``specconv`` entry
+    point), for a test that needs the process itself (``subprocess.Popen``: to kill it, or to
+    run two at once)."""
+    return [sys.executable, "-c", _ENTRY, *_argv(argv, as_json)]
 
 
 def run_specconv(*argv: Any, as_json: bool = True, cwd: Path | None = None, env: dict[str, str] | None = None,
@@ -84,9 +94,26 @@ def run_specconv(*argv: Any, as_json: bool = True, cwd: Path | None = None, env:
         env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
     if cwd is not None:
         Path(cwd).mkdir(parents=True, exist_ok=True)
-    p = subprocess.run([sys.executable, "-c", _ENTRY, *_argv(argv, as_json)], cwd=cwd, env=env,
+    p = subprocess.run(specconv_argv(*argv, as_json=as_json), cwd=cwd, env=env,
                        capture_output=True, text=True, timeout=timeout)
     return CliOutcome(p.returncode, p.stdout, p.stderr)
+
+
+def run_online(endpoint: str, hf_home: Path, *argv: Any, token: str | None = None, as_json: bool = True,
+               cwd: Path | None = None, timeout: int = 300, **extra: str) -> CliOutcome:
+    """:func:`run_specconv` with :func:`online_env` (``endpoint``: the loopback Hub double's URL;
+    ``extra``: more variables on top)."""
+    return run_specconv(*argv, as_json=as_json, cwd=cwd, env=online_env(endpoint, hf_home, token, **extra),
+                        timeout=timeout)
+
+
+def offline_env(**extra: str) -> dict[str, str]:
+    """This environment without any ``HF_*`` / ``HUGGINGFACE_*`` / ``GITHUB_*`` variable, then
+    huggingface_hub offline, one OpenMP thread, and ``extra`` on top (e.g. ``HF_HOME``, ``HOME``)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "HUGGINGFACE_", "GITHUB_"))}
+    env.update(HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1")
+    env.update(extra)
+    return env
 
 
 def online_env(endpoint: str, hf_home: Path, token: str | None = None, **extra: str) -> dict[str, str]:

@@ -1,7 +1,9 @@
 """Shared fixtures: the real SmolLM2 verifier, tiny random verifiers, the bundled drafter and
 the DSpark fixture sources converted once per session, repo paths, torch on one thread. The
 CLI runners are ``tests/cli_runner.py`` (``from cli_runner import invoke``) and the harness
-drafter doubles ``tests/validate/drafter_doubles.py``.
+drafter doubles ``tests/validate/drafter_doubles.py``. The engine tiers (markers ``server``,
+``engine_venv``, ``llamacpp`` applied by fixture and implication, and the guard that fails an
+unmarked test starting an engine process) are ``tests/tiers.py``, hooked in here.
 
 Owned by the lead; add fixtures here only through the lead.
 """
@@ -41,6 +43,11 @@ def _has_cuda() -> bool:
 
 
 def pytest_collection_modifyitems(config, items):
+    import tiers
+
+    for item in items:  # the engine tiers (tests/tiers.py): fixture-keyed and implied markers
+        for name in sorted(tiers.implied_marks({m.name for m in item.iter_markers()}, item.fixturenames)):
+            item.add_marker(name)
     if not any("gpu" in i.keywords for i in items):
         return
     if _has_cuda():
@@ -49,6 +56,57 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+_GUARD = None
+
+
+def pytest_configure(config):
+    """Install the engine-tier guard (tests/tiers.py): a test that starts an engine process
+    without its marker fails."""
+    global _GUARD
+    import tiers
+
+    _GUARD = tiers.Guard()
+    _GUARD.install()
+
+
+def pytest_unconfigure(config):
+    if _GUARD is not None:
+        _GUARD.uninstall()
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    if _GUARD is not None:
+        _GUARD.item = item
+    try:
+        yield
+    finally:
+        if _GUARD is not None:
+            _GUARD.item = None
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    rep = outcome.get_result()
+    msg = _GUARD.refused.get(item.nodeid) if _GUARD is not None else None
+    if msg and rep.passed and call.when == "call":  # the refusal was swallowed: fail anyway
+        rep.outcome, rep.longrepr = "failed", msg
+
+
+@pytest.fixture(scope="session")
+def llamacpp_build() -> dict[str, Path]:
+    """This machine's llama.cpp build (``make llama-cpp``) as
+    ``specconv.engines.llamacpp.build.paths``: ``server``, ``converter``, ``gguf_py``, ``site``;
+    skips where it is absent. A test using it is marked ``llamacpp`` (tests/tiers.py)."""
+    from specconv.engines.llamacpp import build
+
+    d = build.build_dir()
+    if d is None:
+        pytest.skip("no `make llama-cpp` build for this machine")
+    return build.paths(d)
 
 
 @contextlib.contextmanager

@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
-from cli_runner import invoke
+from cli_runner import invoke, specconv_argv
 from fixtures_dflash import HUB, make_source, sha_tree
 
 PY = sys.executable
@@ -411,9 +411,7 @@ def test_failed_rename_restores_previous_output(tmp_path, tiny_verifier_dir, mon
 def test_two_converts_into_one_output(tmp_path, tiny_verifier_dir):
     """Two processes at once: each either writes a complete output or fails cleanly."""
     src, out = make_source(tmp_path), tmp_path / "out"
-    code = "import sys; from specconv.cli.main import main; sys.argv[0] = 'specconv'; main()"
-    argv = [PY, "-c", code, "convert", str(src), "--verifier", str(tiny_verifier_dir), "--verifier-name", HUB,
-            "-o", str(out), "--format", "json"]
+    argv = specconv_argv("convert", src, "--verifier", tiny_verifier_dir, "--verifier-name", HUB, "-o", out)
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
     procs = [subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env) for _ in range(2)]
     results = [(p.wait(timeout=120), *p.communicate()) for p in procs]

@@ -12,7 +12,7 @@ import pytest
 
 pytest.importorskip("torch")
 
-from cli_runner import invoke, online_env, run_specconv
+from cli_runner import invoke, run_online
 from hub_double import HubDouble
 
 
@@ -31,11 +31,6 @@ def double():
 def converted(bundled_drafter) -> Path:
     """conftest's shared conversion of the bundled drafter (push dry runs and refusals only read it)."""
     return bundled_drafter
-
-
-def _online(double, tmp: Path, *argv) -> tuple[int, dict]:
-    """A subprocess with the real huggingface_hub client online against the loopback double."""
-    return run_specconv(*argv, env=online_env(double.url, tmp / "hf-home", TOKEN)).code_json
 
 
 def _hub_env(double) -> dict:
@@ -60,17 +55,16 @@ def test_release_with_a_bad_tag_converts_nothing(double, tmp_path, smollm2_dir):
 
 
 def test_push_accepts_a_version_tag_in_a_dry_run(converted, double, tmp_path):
-    code, out = _online(double, tmp_path, "push", converted, "--repo-id", "specconv-test/tags-ok", "--allow-unvalidated",
-                     "--tag", "v1.2.3", "--dry-run")
+    code, out = run_online(double.url, tmp_path / "hf-home", "push", converted, "--repo-id", "specconv-test/tags-ok",
+                           "--allow-unvalidated", "--tag", "v1.2.3", "--dry-run", token=TOKEN).code_json
     assert code == 0 and out["status"] == "dry_run" and out["tag"] == "v1.2.3", out
 
 
 def test_push_dry_run_offline_is_exit_3_with_a_hint_for_a_push(converted, double, tmp_path):
     """``HF_HUB_OFFLINE=1`` (the Makefile's default): a push reads the remote state even for
     ``--dry-run``; the hint says to go online, not to fill a download cache."""
-    env = online_env(double.url, tmp_path / "hf-home", TOKEN, HF_HUB_OFFLINE="1")
-    code, out = run_specconv("push", converted, "--repo-id", "specconv-test/offline", "--allow-unvalidated",
-                             "--dry-run", env=env).code_json
+    code, out = run_online(double.url, tmp_path / "hf-home", "push", converted, "--repo-id", "specconv-test/offline",
+                           "--allow-unvalidated", "--dry-run", token=TOKEN, HF_HUB_OFFLINE="1").code_json
     assert code == 3 and "HF_HUB_OFFLINE" in out["hint"], out
     assert "cache" not in out["hint"] and "hf download" not in out["hint"], out
 
@@ -89,8 +83,8 @@ def test_filters_that_drop_only_extra_files_still_plan(converted, double, tmp_pa
     d = tmp_path / "d"
     shutil.copytree(converted, d)
     (d / "notes.txt").write_text("scratch\n")
-    code, out = _online(double, tmp_path, "push", d, "--repo-id", "specconv-test/filters-ok",
-                        "--allow-unvalidated", "--dry-run", "--exclude", "notes.txt")
+    code, out = run_online(double.url, tmp_path / "hf-home", "push", d, "--repo-id", "specconv-test/filters-ok",
+                           "--allow-unvalidated", "--dry-run", "--exclude", "notes.txt", token=TOKEN).code_json
     assert code == 0, out
     paths = {f["path"] for f in out["files"]}
     assert "model.safetensors" in paths and "config.json" in paths and "notes.txt" not in paths

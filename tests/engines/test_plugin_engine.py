@@ -12,7 +12,7 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("jinja2")
 
-from cli_runner import online_env, run_specconv  # noqa: E402
+from cli_runner import run_online  # noqa: E402
 from hub_double import HubDouble  # noqa: E402
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -42,9 +42,9 @@ def double():
 
 
 def _run(tmp: Path, double: HubDouble, plugin_path: str, *argv, as_json: bool = True):
-    env = online_env(double.url, tmp / "hf-home", TOKEN, PYTHONPATH=plugin_path)
-    r = run_specconv(*argv, cwd=tmp / "cwd", env=env, timeout=600, as_json=as_json)
-    return r.code, (r.json if as_json else None), r.stdout + r.stderr
+    r = run_online(double.url, tmp / "hf-home", *argv, token=TOKEN, cwd=tmp / "cwd", timeout=600, as_json=as_json,
+                   PYTHONPATH=plugin_path)
+    return r.code, (r.json if as_json else None), r.output
 
 
 @pytest.mark.slow

@@ -41,7 +41,8 @@ def _build():
     return llamacpp_build.paths(d) if d is not None else None
 
 
-needs_build = pytest.mark.skipif(_build() is None, reason="no `make llama-cpp` build for this machine")
+#: the tests that run the build (marked ``llamacpp`` through the fixture, skipped without it; tests/tiers.py)
+needs_build = pytest.mark.usefixtures("llamacpp_build")
 
 
 def _read(path: Path) -> tuple[dict, dict]:
@@ -405,6 +406,7 @@ def served(bundled, root, dspark_served):
     return _export(bundled, check=True)
 
 
+@pytest.mark.server
 @needs_build
 def test_bundled_gguf_serves_losslessly_with_accepted_drafts_and_is_recorded(served, bundled):
     c = served.check
@@ -416,12 +418,14 @@ def test_bundled_gguf_serves_losslessly_with_accepted_drafts_and_is_recorded(ser
     assert rec["sha256"] == json.loads((bundled / "gguf" / "gguf_meta.json").read_text())["files"]["drafter-bf16.gguf"]
 
 
+@pytest.mark.server
 @needs_build
 def test_random_dspark_gguf_drafts_and_stays_lossless(dspark_served):
     out = dspark_served.result()
     assert out["lossless"] and out["num_drafts"] > 0 and out["num_draft_tokens"] > 0, out
 
 
+@pytest.mark.server
 @needs_build
 def test_the_cards_llamacpp_line_serves_the_exported_drafter(served, bundled, smollm2_dir, tmp_path):
     """The drafter dir's card (refreshed by ``export gguf``) prints the llama-server line; run as

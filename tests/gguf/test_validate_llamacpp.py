@@ -22,12 +22,6 @@ REPO = Path(__file__).resolve().parents[2]
 SMOL_HUB = "HuggingFaceTB/SmolLM2-135M-Instruct"
 
 
-def _has_build() -> bool:
-    from specconv.engines.llamacpp import build as llamacpp_build
-
-    return llamacpp_build.build_dir() is not None
-
-
 @pytest.fixture(scope="module")
 def bundled(tmp_path_factory, smollm2_dir) -> Path:
     out = tmp_path_factory.mktemp("vl") / "bundled"
@@ -56,7 +50,8 @@ def test_no_gguf_export_is_exit_3(bundled, smollm2_dir):
     assert r.code == 3 and "gguf_missing" in r.output, r.output
 
 
-@pytest.mark.skipif(not _has_build(), reason="no `make llama-cpp` build for this machine")
+@pytest.mark.server
+@pytest.mark.usefixtures("llamacpp_build")
 def test_a_gguf_with_target_layers_shifted_by_one_fails_the_gate(bundled, smollm2_dir, tmp_path):
     from specconv.engines.llamacpp.export import export_gguf_dir
     from specconv.record import file_hashes

@@ -275,6 +275,6 @@ def _vllm_venv() -> str | None:
 #: case → (pytest markers, a check returning why the case cannot run here, or None)
 NEEDS: dict[str, tuple[tuple[str, ...], Callable[[], str | None] | None]] = {
     "sglang_load_check": (("sglang",), _sglang_venv),
-    "gguf_llamacpp": (("llamacpp",), _llama_build),
+    "gguf_llamacpp": (("llamacpp", "server"), _llama_build),
     "vllm_load_check": (("vllm",), _vllm_venv),
 }

@@ -12,13 +12,12 @@ component, which an absolute-path filter once mistook for a tool cache inside th
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import pytest
 
 import fixtures_dflash as fd
-from cli_runner import run_specconv
+from cli_runner import offline_env, run_specconv
 from test_hub_paths import COMMIT, INDEX, FakeHub, _shard, _verifier_files, _zlab_files
 
 VERIFIER = "owner/verifier"
@@ -26,9 +25,8 @@ OTHER = "fedcba9876543210fedcba9876543210fedcba98"
 
 
 def _cli(home: Path, cwd: Path, *argv) -> tuple[int, dict | None, str]:
-    env = {k: v for k, v in os.environ.items() if k not in ("HF_HOME", "HF_HUB_CACHE", "XDG_CACHE_HOME",
-                                                           "HUGGINGFACE_HUB_CACHE")}
-    env.update(HOME=str(home), HF_HUB_OFFLINE="1")
+    env = offline_env(HOME=str(home))  # no HF_HOME / HF_HUB_CACHE / HUGGINGFACE_HUB_CACHE
+    env.pop("XDG_CACHE_HOME", None)
     return run_specconv(*argv, cwd=cwd, env=env).code_json_stderr
 
 

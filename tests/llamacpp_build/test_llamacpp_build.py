@@ -84,7 +84,7 @@ def test_docs_show_the_cmake_flags_the_build_uses():
 
 # ------------------------------------------------------------------ end to end
 BUILD = lb.build_dir()
-needs_build = pytest.mark.skipif(BUILD is None, reason="no llama.cpp build for this machine: run `make llama-cpp`")
+needs_build = pytest.mark.usefixtures("llamacpp_build")  # marked llamacpp, skipped without the build (tests/tiers.py)
 
 
 def _free_port() -> int:
@@ -122,7 +122,7 @@ def _get(url: str, data: dict | None = None, timeout: float = 300) -> str:
 
 
 @pytest.mark.slow
-@pytest.mark.llamacpp
+@pytest.mark.server
 @needs_build
 def test_llama_server_speculates_with_the_converted_drafter(tmp_path, smollm2_dir):
     from specconv.offline import SMOLLM2_GGUF, package_file

@@ -21,21 +21,24 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("jinja2")
 
-from cli_runner import online_env, run_specconv
+from cli_runner import online_env, run_online, specconv_argv
 from hub_double import HubDouble
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "smollm2-dflash-b8"
 TOKEN = "hf_specconvFAKEtoken0123456789abcdef"
 REPO = "specconv-test/smollm2-dflash-b8"
 TINY = ("--prompts", "humaneval", "--num-prompts", "2", "--max-new-tokens", "16", "--device", "cpu")
+#: a retried Hub request waits 1 ms, not 2 s
+FAST_RETRY = {"SPECCONV_HUB_RETRY_DELAY": "0.001"}
 
 
 def _env(tmp: Path, double: HubDouble, token: str = TOKEN) -> dict[str, str]:
-    return online_env(double.url, tmp / "hf-home", token, SPECCONV_HUB_RETRY_DELAY="0.001")
+    return online_env(double.url, tmp / "hf-home", token, **FAST_RETRY)
 
 
 def _cli(tmp: Path, double: HubDouble, *argv, token: str = TOKEN, env_extra=None):
-    r = run_specconv(*argv, cwd=tmp / "cwd", env={**_env(tmp, double, token), **(env_extra or {})}, timeout=600)
+    r = run_online(double.url, tmp / "hf-home", *argv, token=token, cwd=tmp / "cwd", timeout=600,
+                   **{**FAST_RETRY, **(env_extra or {})})
     return r.code, r.json, r.stdout + r.stderr
 
 
@@ -258,7 +261,7 @@ def test_killed_upload_leaves_nothing_and_a_rerun_completes(drafter, double, tmp
     double.fault("POST", repo_id + r"/commit/", 0)  # the commit request hangs: kill the client there
     cwd = tmp_path / "cwd"
     cwd.mkdir()
-    proc = subprocess.Popen([sys.executable, "-m", "specconv.cli.main", "push", str(drafter), "--repo-id", repo_id],
+    proc = subprocess.Popen(specconv_argv("push", drafter, "--repo-id", repo_id, as_json=False),
                             cwd=cwd, env=_env(tmp_path, double), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         deadline = time.monotonic() + 120
@@ -732,13 +735,8 @@ def test_release_export_gguf_without_a_llama_server_is_exit_3_before_converting(
     assert not (tmp_path / "w2").exists()
 
 
-def _no_llamacpp_build() -> bool:
-    from specconv.engines.llamacpp import build as llamacpp_build
-
-    return llamacpp_build.build_dir() is None
-
-
-@pytest.mark.skipif(_no_llamacpp_build(), reason="no `make llama-cpp` build for this machine")
+@pytest.mark.server  # the release's gguf check serves it with llama-server (in the CLI's subprocess)
+@pytest.mark.usefixtures("llamacpp_build")
 def test_release_with_export_gguf_pushes_the_checked_gguf_and_its_card_line(double, tmp_path, smollm2_dir):
     pytest.importorskip("gguf")
     from card_commands import llamacpp_command

@@ -13,7 +13,6 @@ relative paths are equal too. Both render the prompts with the same ``--chat-tem
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
@@ -22,7 +21,7 @@ pytest.importorskip("torch")
 pytest.importorskip("dflash")
 pytest.importorskip("jinja2")
 
-from cli_runner import online_env, run_specconv  # noqa: E402
+from cli_runner import offline_env, online_env, run_specconv  # noqa: E402
 from chat_templates import THINKING_TEMPLATE  # noqa: E402
 from hub_double import HubDouble  # noqa: E402
 
@@ -33,8 +32,7 @@ def _cli(cwd: Path, *argv, endpoint: str | None = None) -> tuple[int, dict]:
     if endpoint:
         env = online_env(endpoint, cwd / "hf-home", "hf_specconvFAKE0")
     else:
-        env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "HUGGINGFACE_", "GITHUB_"))}
-        env.update(OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", HF_HOME=str(cwd / "hf-home"))
+        env = offline_env(HF_HOME=str(cwd / "hf-home"))
     r = run_specconv(*argv, cwd=cwd, env=env, timeout=900)
     assert r.stdout.strip(), r.stderr[-3000:]
     return r.code_json

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 from cli_runner import invoke
-from fixtures_dflash import HUB, make_source
+from fixtures_dflash import HUB, cli_convert, make_source
 
 
 PY = sys.executable
@@ -103,7 +103,7 @@ CONVERT_SH = ('"$PY" -m specconv.cli.main convert "$SRC" --verifier "$VER" --ver
 
 
 def _convert(src, ver, out, *extra) -> tuple[int, dict]:
-    return invoke("convert", src, "--verifier", ver, "--verifier-name", HUB, "-o", out, *extra).code_json
+    return cli_convert(src, ver, out, *extra)[:2]
 
 
 @pytest.fixture
