@@ -182,7 +182,8 @@ def pop_serve_options(kw: dict[str, Any], backend: str) -> tuple[dict[str, Any],
 
     plain = {dest: kw.pop(dest, spec.default) for dest, spec in _engine_specs(serve=True).items()}
     ctx = click.get_current_context(silent=True)
-    given = {d for d in plain if ctx is not None and ctx.get_parameter_source(d) == click.core.ParameterSource.COMMANDLINE}
+    cmdline = click.core.ParameterSource.COMMANDLINE
+    given = {d for d in plain if ctx is not None and ctx.get_parameter_source(d) == cmdline}
     typed: dict[str, Any] = {}
     for e in with_capability("serve"):
         value = e.serve.serve_options({s.dest: kw.pop(s.dest, s.default) for s in e.serve.serving_options})

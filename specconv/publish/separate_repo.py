@@ -42,9 +42,9 @@ def _asked(opts: PushOptions) -> list[tuple[Exporter, str]]:
 
     caps = [cap for cap in exporters() if cap.repo_option is not None and opts.separate_repos.get(cap.engine.key)]
     for cap in caps:
+        flag = cap.repo_option.flags[0] if cap.repo_option is not None else "--repo-id"
         if opts.separate_repos[cap.engine.key] == opts.repo_id:
-            raise UsageError(f"{cap.repo_option.flags[0]} must name another repo than --repo-id "  # type: ignore[union-attr]
-                             f"({cap.engine.display} loads a whole repo)")
+            raise UsageError(f"{flag} must name another repo than --repo-id ({cap.engine.display} loads a whole repo)")
     return [(cap, opts.separate_repos[cap.engine.key]) for cap in caps]
 
 
