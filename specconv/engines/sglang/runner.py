@@ -16,7 +16,9 @@ import traceback
 import types
 
 #: SGLang's draft-model families (``srt/models/dflash.py``, ``dspark.py``, ``llama_eagle3.py``).
-FAMILY_DFLASH, FAMILY_DSPARK, FAMILY_EAGLE3 = "dflash", "dspark", "eagle3"
+FAMILY_DFLASH = "dflash"
+FAMILY_DSPARK = "dspark"
+FAMILY_EAGLE3 = "eagle3"
 #: ``architectures[0]`` → (family, ``ServerArgs.speculative_algorithm``), ``srt/models/registry.py``.
 DRAFT_CLASSES = {"DFlashDraftModel": (FAMILY_DFLASH, None), "Qwen3DSparkModel": (FAMILY_DSPARK, None),
                  "DSparkDraftModel": (FAMILY_DSPARK, None), "LlamaForCausalLMEagle3": (FAMILY_EAGLE3, "EAGLE3")}
