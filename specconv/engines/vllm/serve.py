@@ -97,9 +97,9 @@ def metrics_from_vllm(before: dict, after: dict) -> dict:
 
 
 # --------------------------------------------------------------------------- serving
-#: The serve venv the Makefile builds (``make vllm-cpu-venv``; docs/validate.md) and the environment
-#: variable naming the vLLM interpreter (same as ``--vllm-python``).
-DEFAULT_VENV, PYTHON_ENV = SERVE_VENV, PYTHON_ENV
+#: The serve venv the Makefile builds (``make vllm-cpu-venv``; docs/validate.md); ``PYTHON_ENV``
+#: (imported from the engine's declaration) names the vLLM interpreter, as ``--vllm-python`` does.
+DEFAULT_VENV = SERVE_VENV
 #: The server's module entry point. The ``vllm`` console script cannot be used with
 #: ``vllm-cpu``: it looks up the version of a distribution named ``vllm``.
 SERVER_MODULE = "vllm.entrypoints.openai.api_server"
