@@ -84,9 +84,8 @@ def _peagle(work: Path, size: str) -> dict | None:
 
 def run_size(work: Path, size: str) -> dict[str, dict]:
     """Convert the four cases against the ``size`` verifier; ``{case: {read, needed}}``."""
-    from fixtures_dspark import make_specforge_dspark, make_zlab_dflash
-
     from conftest import make_tiny_verifier
+    from fixtures_dspark import make_specforge_dspark, make_zlab_dflash
 
     plain = make_tiny_verifier(work / f"{size}-qwen3", model_type="qwen3", **SIZES[size])
     ver = _verifier(work, size, "qwen3")

@@ -13,10 +13,9 @@ from .errors import InvalidInputError, UnsupportedFormatError, UsageError
 if TYPE_CHECKING:
     from collections.abc import Mapping
 
-    from specconv.converters import ConvertOptions, Converter, SourceInfo
+    from specconv.converters import Converter, ConvertOptions, SourceInfo
 
     from .outdir import OutputKind
-
     from .plan import ConversionPlan
     from .results import ConversionResult, InspectResult
     from .verifier import Verifier
@@ -135,7 +134,7 @@ def open_source(spec: str, *, subfolder: str | None = None, checkpoint: str | No
     return SourceInfo.open(path), note
 
 
-def detect(src: "SourceInfo") -> type["Converter"]:
+def detect(src: SourceInfo) -> type[Converter]:
     """The matching converter class, or raise UnsupportedFormatError listing what was seen."""
     from specconv.converters import detect as _detect
 
@@ -161,7 +160,7 @@ def detect(src: "SourceInfo") -> type["Converter"]:
 
 
 def inspect_source(spec: str, *, verifier: str | None = None, verifier_name: str | None = None, scan: bool = False,
-                   **kw: Any) -> "InspectResult":
+                   **kw: Any) -> InspectResult:
     """Detect a source (headers only), lint a Speculators dir; with a verifier dry-run the plan too,
     with ``scan`` report NaN/Inf. ``kw``: subfolder, checkpoint, revision, endpoint, options."""
     from .results import InspectResult
@@ -217,7 +216,7 @@ def _inspect(spec: str, verifier: str | None, verifier_name: str | None, kw: dic
     return out
 
 
-def summarize_plan(plan: "ConversionPlan") -> dict[str, Any]:
+def summarize_plan(plan: ConversionPlan) -> dict[str, Any]:
     """The plan as the conversion report shows it."""
     from collections import Counter
 
@@ -241,10 +240,10 @@ def _nbytes(t) -> int:
     return n
 
 
-def convert(source: str, *, verifier: "str | Verifier", output: Path | None, options: "ConvertOptions | None" = None,
+def convert(source: str, *, verifier: str | Verifier, output: Path | None, options: ConvertOptions | None = None,
             verifier_name: str | None = None, subfolder: str | None = None, revision: str | None = None,
             max_shard_size: int | None = None, overwrite: bool = False, dry_run: bool = False,
-            allow_nonfinite: bool = False, endpoint: str | None = None) -> "ConversionResult":
+            allow_nonfinite: bool = False, endpoint: str | None = None) -> ConversionResult:
     """Convert ``source`` to a Speculators dir at ``output``; ``verifier``: a local dir or Hub id, or a
     resolved :class:`~specconv.verifier.Verifier`. Raises UnsupportedFormatError, InvalidInputError
     (lint errors included): exit 3."""
@@ -272,7 +271,7 @@ def convert(source: str, *, verifier: "str | Verifier", output: Path | None, opt
     return result
 
 
-def _resolved_verifier(verifier: "str | Verifier", name: str | None, endpoint: str | None) -> "Verifier":
+def _resolved_verifier(verifier: str | Verifier, name: str | None, endpoint: str | None) -> Verifier:
     """``verifier`` as is when already resolved, else :func:`specconv.verifier.resolve_verifier`."""
     from .verifier import Verifier, resolve_verifier
 
@@ -286,14 +285,14 @@ def _card(output: Path):
     return conversion_card(Path(output).name)
 
 
-def output_kinds() -> "Mapping[str, OutputKind]":
+def output_kinds() -> Mapping[str, OutputKind]:
     """Every kind of output dir (:func:`specconv.engines.exportdir.output_kinds`), looked up lazily."""
     from .engines.exportdir import output_kinds as kinds
 
     return kinds()
 
 
-def _dry_run_warning(result: "ConversionResult", output: Path | None, overwrite: bool) -> "ConversionResult":
+def _dry_run_warning(result: ConversionResult, output: Path | None, overwrite: bool) -> ConversionResult:
     """A dry run's result, warned (``output-exists``) when the real run would need ``--overwrite``
     or refuse ``output`` even with it (:func:`specconv.outdir.check_replaceable`)."""
     if output is None or not (Path(output).exists() or Path(output).is_symlink()):
@@ -312,7 +311,7 @@ def _dry_run_warning(result: "ConversionResult", output: Path | None, overwrite:
     return result
 
 
-def _written(result: "ConversionResult", record: Any, plan: "ConversionPlan", v: "Verifier") -> None:
+def _written(result: ConversionResult, record: Any, plan: ConversionPlan, v: Verifier) -> None:
     """Fill in what the write did: files, findings (+ the write's) and the verifier bytes read / needed."""
     from .writer import verifier_bytes_needed
 
@@ -321,7 +320,7 @@ def _written(result: "ConversionResult", record: Any, plan: "ConversionPlan", v:
     result.verifier_bytes_read, result.verifier_bytes_needed = v.bytes_read, verifier_bytes_needed(plan)
 
 
-def _supported_converter(src: "SourceInfo", opts: "ConvertOptions") -> type["Converter"]:
+def _supported_converter(src: SourceInfo, opts: ConvertOptions) -> type[Converter]:
     """The converter for ``src``; refused when unsupported or not the ``--algorithm`` asked for
     (``a|b`` algorithms check it in their own plan)."""
     cls = detect(src)
@@ -335,8 +334,8 @@ def _supported_converter(src: "SourceInfo", opts: "ConvertOptions") -> type["Con
     return cls
 
 
-def _linted_plan(cls: type["Converter"], src: "SourceInfo", v: "Verifier", opts: "ConvertOptions",
-                 note: str | None) -> "ConversionPlan":
+def _linted_plan(cls: type[Converter], src: SourceInfo, v: Verifier, opts: ConvertOptions,
+                 note: str | None) -> ConversionPlan:
     """Plan the conversion and lint the planned config + tensors; lint errors refuse it."""
     plan = cls().plan(src, v, opts)
     if note:
@@ -354,7 +353,7 @@ def _linted_plan(cls: type["Converter"], src: "SourceInfo", v: "Verifier", opts:
     return plan
 
 
-def lint_plan(plan: "ConversionPlan", v: "Verifier") -> None:
+def lint_plan(plan: ConversionPlan, v: Verifier) -> None:
     """Add the lint of the planned config and tensors against the verifier's facts to ``plan.findings``
     (deduplicated): the one lint convert, its dry run and ``inspect --verifier`` run. Raises nothing."""
     from .format import lint

@@ -21,8 +21,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .errors import (HubAuthError, HubConflictError, InvalidInputError, RemoteNotFoundError, SpecconvError,
-                     TransientRemoteError)
+from .errors import (
+    HubAuthError,
+    HubConflictError,
+    InvalidInputError,
+    RemoteNotFoundError,
+    SpecconvError,
+    TransientRemoteError,
+)
 
 if TYPE_CHECKING:  # pragma: no cover
     from huggingface_hub import HfApi

@@ -12,10 +12,9 @@ import hashlib
 import json
 import os
 import shutil
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from collections.abc import Mapping
-from typing import Callable, Iterator
 
 from .errors import InvalidInputError, SpecconvError
 

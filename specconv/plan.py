@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Literal
+from typing import Any, Literal
 
 #: What happened to a tensor on its way to the output: copied / renamed / reshaped keep its bytes, sliced
 #: selects rows (``markov_w2`` by ``t2d``), generated builds it from others (``t2d`` from ``d2t``).

@@ -10,10 +10,10 @@ import gzip
 import hashlib
 import itertools
 import json
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import Any
 
 from .errors import InvalidInputError, UsageError
 from .extras import install_line

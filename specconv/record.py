@@ -11,14 +11,15 @@ from __future__ import annotations
 import json
 import os
 import posixpath
+from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, Any, Callable
+from typing import Annotated, Any
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, ValidationInfo
 
 from .errors import InvalidInputError
-from .results import GgufExport, OnnxExport, SglangExport
 from .fileio import atomic_write, read_json_object
+from .results import GgufExport, OnnxExport, SglangExport
 
 #: file name inside a drafter directory
 SPECCONV_JSON = "specconv.json"

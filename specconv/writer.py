@@ -11,8 +11,9 @@ import math
 import os
 import signal
 import threading
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any
 
 from . import __version__
 from .errors import InvalidInputError
@@ -155,13 +156,20 @@ def verifier_bytes_needed(plan: ConversionPlan) -> int:
 _PATH_OPTIONS = ("vocab_mapping", "draft_config")
 
 
-def build_record(plan: ConversionPlan, verifier: "Verifier | None", source_hashes: dict[str, str], files: list[str], *,
-                 out_dir: Path, source_ref: dict[str, Any] | None = None) -> "SpecconvRecord":
+def build_record(plan: ConversionPlan, verifier: Verifier | None, source_hashes: dict[str, str], files: list[str], *,
+                 out_dir: Path, source_ref: dict[str, Any] | None = None) -> SpecconvRecord:
     """The ``specconv.json`` record of a conversion; local paths relative to ``out_dir``, a Hub source
     named by ``source_ref`` (:func:`specconv.convert.source_ref`). Built with ``model_construct``: no
     schema build on the convert path (:func:`specconv.record.read_record` validates)."""
-    from .record import (SCHEMA_VERSION, ConversionSection, SourceRef, SpecconvRecord, VerifierRef, as_record_path,
-                         relative_to_dir)
+    from .record import (
+        SCHEMA_VERSION,
+        ConversionSection,
+        SourceRef,
+        SpecconvRecord,
+        VerifierRef,
+        as_record_path,
+        relative_to_dir,
+    )
 
     cfg = plan.config
     source = dict(source_ref) if source_ref else {"path": relative_to_dir(plan.source_dir, out_dir)}
@@ -197,7 +205,7 @@ def _source_key(plan: ConversionPlan, p: Path) -> str:
 
 
 def hash_sources(plan: ConversionPlan, skip: frozenset[str] = frozenset()
-                 ) -> "concurrent.futures.Future[dict[str, str]]":
+                 ) -> concurrent.futures.Future[dict[str, str]]:
     """Hash every source file but ``skip`` (real paths the copy pass hashes) in a daemon thread,
     overlapping the copy (hashlib releases the GIL); an interrupt does not wait for it."""
     fut: concurrent.futures.Future[dict[str, str]] = concurrent.futures.Future()
@@ -282,11 +290,11 @@ def _nonfinite_check(plan: ConversionPlan, outs: list, engine: Any, allow: bool)
 
 def write_plan(
     plan: ConversionPlan, out_dir: Path, *, source_store: Any, verifier: Verifier | None,
-    max_shard_size: int | None = None, overwrite: bool = False, kinds: "Kinds | None" = None,
+    max_shard_size: int | None = None, overwrite: bool = False, kinds: Kinds | None = None,
     source_ref: dict[str, Any] | None = None, allow_nonfinite: bool = False,
     hash_output: bool = False, output_sha256: dict[str, str] | None = None,
-    card: "Callable[[Path, SpecconvRecord], str | None] | None" = None,
-) -> "SpecconvRecord":
+    card: Callable[[Path, SpecconvRecord], str | None] | None = None,
+) -> SpecconvRecord:
     """Write ``plan`` to ``out_dir`` atomically; return the ``specconv.json`` record, written once.
     ``card(temp dir, record)`` renders ``README.md`` (None: no card). NaN/Inf in an output tensor fails
     unless ``allow_nonfinite``. With ``hash_output``, ``output_sha256`` gets file name → sha256 of each
@@ -316,7 +324,7 @@ def write_plan(
 
 def _write_tmp(tmp: Path, plan: ConversionPlan, source_store: Any, verifier: Verifier | None, *, max_shard_size: int | None,
                allow_nonfinite: bool, hash_output: bool, output_sha256: dict[str, str] | None, out_dir: Path,
-               source_ref: dict[str, Any] | None) -> "SpecconvRecord":
+               source_ref: dict[str, Any] | None) -> SpecconvRecord:
     """Write weights and config into ``tmp``; return the record (not written yet)."""
     from .format import dump_config
     from .tensors import write_safetensors
@@ -340,7 +348,7 @@ def _write_tmp(tmp: Path, plan: ConversionPlan, source_store: Any, verifier: Ver
                         out_dir=out_dir, source_ref=source_ref)
 
 
-def _write_record(tmp: Path, record: "SpecconvRecord", card: "Callable[[Path, SpecconvRecord], str | None] | None"
+def _write_record(tmp: Path, record: SpecconvRecord, card: Callable[[Path, SpecconvRecord], str | None] | None
                   ) -> None:
     """The card (when ``card`` renders one, listed in ``output_files``), then ``specconv.json``."""
     text = card(tmp, record) if card is not None else None
@@ -351,7 +359,7 @@ def _write_record(tmp: Path, record: "SpecconvRecord", card: "Callable[[Path, Sp
 
 
 def _check_output(out_dir: Path, plan: ConversionPlan, verifier: Verifier | None, overwrite: bool,
-                  kinds: "Kinds | None") -> None:
+                  kinds: Kinds | None) -> None:
     """Refuse outputs that would clobber a non-directory, delete an input or replace a
     directory specconv did not write (:func:`specconv.outdir.check_replaceable`)."""
     from .outdir import check_output, check_replaceable
@@ -394,7 +402,7 @@ class _Interrupts(contextlib.AbstractContextManager):
         self._defer = False
         self._pending: int | None = None
 
-    def __enter__(self) -> "_Interrupts":
+    def __enter__(self) -> _Interrupts:
         if threading.current_thread() is not threading.main_thread():
             return self
         for sig in (signal.SIGINT, signal.SIGTERM, getattr(signal, "SIGHUP", None)):

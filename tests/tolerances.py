@@ -27,9 +27,10 @@ same inputs (seeded determinism, masked entries that must not leak).
 from __future__ import annotations
 
 import warnings
+from collections.abc import Sequence
 from dataclasses import dataclass
 from types import SimpleNamespace
-from typing import Any, Sequence
+from typing import Any
 
 import torch
 

@@ -5,8 +5,9 @@ options, declared once and folded into one ``chat`` argument (a
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import click
 

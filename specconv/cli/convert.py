@@ -7,8 +7,15 @@ from pathlib import Path
 import click
 
 from .common import run_command
-from .options import (checkpoint_option, endpoint_option, output_format_option, revision_option, subfolder_option, verifier_name_option,
-                      verifier_option)
+from .options import (
+    checkpoint_option,
+    endpoint_option,
+    output_format_option,
+    revision_option,
+    subfolder_option,
+    verifier_name_option,
+    verifier_option,
+)
 
 
 def _ids(ctx, param, value):

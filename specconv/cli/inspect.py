@@ -5,7 +5,14 @@ from __future__ import annotations
 import click
 
 from .common import run_command
-from .options import checkpoint_option, endpoint_option, output_format_option, subfolder_option, verifier_name_option, verifier_option
+from .options import (
+    checkpoint_option,
+    endpoint_option,
+    output_format_option,
+    subfolder_option,
+    verifier_name_option,
+    verifier_option,
+)
 
 
 @click.command("inspect")

@@ -11,8 +11,14 @@ import click
 from ..validate.backend import backends
 from .chat_options import chat_options
 from .common import progress_enabled, run_command
-from .engine_options import (load_check_options, pop_load_checks, pop_runtime_paths, pop_serve_options, runtime_options,
-                             serve_options)
+from .engine_options import (
+    load_check_options,
+    pop_load_checks,
+    pop_runtime_paths,
+    pop_serve_options,
+    runtime_options,
+    serve_options,
+)
 from .options import output_format_option, verifier_option
 
 log = logging.getLogger("specconv")

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import math
 import re
-from typing import TYPE_CHECKING, Any, Callable, Iterable
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, Any
 
 from specconv.errors import InvalidInputError, UnsupportedFormatError
 from specconv.format import names

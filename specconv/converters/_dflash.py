@@ -3,8 +3,9 @@ deepseek-ai/DeepSpec ``deepspec/modeling/dspark/qwen3/modeling.py``): a :class:`
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any
 
 from specconv.errors import InvalidInputError
 from specconv.format.facts import SPECULATORS_VERSION as SPECULATORS_FORMAT_VERSION

@@ -5,17 +5,18 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Mapping
+from typing import TYPE_CHECKING, Any
 
-from specconv.format import names
 from specconv.errors import InvalidInputError, UnsupportedFormatError
+from specconv.format import names
 from specconv.plan import ConversionPlan, LayerIdConversion, TensorPlan
 from specconv.values import is_int
 
 from . import _common as common
-from ._vocab import merge_vocab, resolve_vocab
 from ._dflash import SPECULATORS_FORMAT_VERSION, speculators_envelope
+from ._vocab import merge_vocab, resolve_vocab
 from .base import ConvertOptions, SourceInfo
 
 if TYPE_CHECKING:

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import functools
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterable, Literal, Mapping
+from typing import TYPE_CHECKING, Any, Literal
 
 from specconv.errors import InvalidInputError
 from specconv.format.names import VOCAB_MAP_PATTERNS
@@ -31,7 +32,7 @@ __all__ = [
 ]
 
 
-def _as_bool(t2d: "np.ndarray", what: str) -> "np.ndarray":
+def _as_bool(t2d: np.ndarray, what: str) -> np.ndarray:
     import numpy as np
 
     if t2d.dtype == np.bool_:
@@ -42,7 +43,7 @@ def _as_bool(t2d: "np.ndarray", what: str) -> "np.ndarray":
     return t2d.astype(np.bool_)
 
 
-def t2d_from_d2t(d2t: Any, vocab_size: int) -> "np.ndarray":
+def t2d_from_d2t(d2t: Any, vocab_size: int) -> np.ndarray:
     """Rebuild ``t2d`` (bool ``[V]``) from offset-form ``d2t`` (``t2d[i + d2t[i]] = True``).
 
     Raises:
@@ -59,7 +60,7 @@ def t2d_from_d2t(d2t: Any, vocab_size: int) -> "np.ndarray":
     return out
 
 
-def _offset_problems(d2t: "np.ndarray", vocab_size: int, t2d: "np.ndarray | None") -> list[str]:
+def _offset_problems(d2t: np.ndarray, vocab_size: int, t2d: np.ndarray | None) -> list[str]:
     """Why ``d2t`` (read as offsets) is not a valid mapping; ``[]`` when it is."""
     import numpy as np
 
@@ -68,7 +69,7 @@ def _offset_problems(d2t: "np.ndarray", vocab_size: int, t2d: "np.ndarray | None
     return _target_problems(tgt, vocab_size, t2d, "i + d2t[i]")
 
 
-def _target_problems(tgt: "np.ndarray", vocab_size: int, t2d: "np.ndarray | None", label: str) -> list[str]:
+def _target_problems(tgt: np.ndarray, vocab_size: int, t2d: np.ndarray | None, label: str) -> list[str]:
     import numpy as np
 
     probs = []
@@ -108,7 +109,7 @@ class D2TReading:
     """Result of :func:`normalise_d2t`: int64 ``offsets [Vd]``, the ``form`` read, a finding ``message``
     (``""`` when unremarkable), ``ambiguous_but_offsets`` (both readings valid, offsets kept)."""
 
-    offsets: "np.ndarray"
+    offsets: np.ndarray
     form: Literal["offsets", "absolute"]
     message: str = ""
     ambiguous_but_offsets: bool = False
@@ -153,7 +154,7 @@ def normalise_d2t(d2t: Any, t2d: Any | None, vocab_size: int, draft_vocab_size: 
     )
 
 
-def _check_lengths(d: "np.ndarray", t: "np.ndarray | None", vocab_size: int, draft_vocab_size: int, pre: str) -> None:
+def _check_lengths(d: np.ndarray, t: np.ndarray | None, vocab_size: int, draft_vocab_size: int, pre: str) -> None:
     vd = d.shape[0]
     if vd != draft_vocab_size:
         raise InvalidInputError(f"{pre}d2t has {vd} entries but draft_vocab_size is {draft_vocab_size}", code="vocab_map_invalid")
@@ -166,7 +167,7 @@ def _check_lengths(d: "np.ndarray", t: "np.ndarray | None", vocab_size: int, dra
             )
 
 
-def _offsets_reading(d: "np.ndarray", t: "np.ndarray | None", abs_probs: list[str], pre: str) -> D2TReading:
+def _offsets_reading(d: np.ndarray, t: np.ndarray | None, abs_probs: list[str], pre: str) -> D2TReading:
     import numpy as np
 
     if t is not None or abs_probs:
@@ -197,15 +198,15 @@ class VocabResult:
     kind: Literal["pruned", "full", "padded"]
     vocab_size: int
     draft_vocab_size: int
-    d2t: "np.ndarray | None" = None
-    t2d: "np.ndarray | None" = None
+    d2t: np.ndarray | None = None
+    t2d: np.ndarray | None = None
     tensors: list[TensorPlan] = field(default_factory=list)
     dropped: list[DroppedTensor] = field(default_factory=list)
     findings: list[Any] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     consumed: set[str] = field(default_factory=set)
 
-    def target_ids(self) -> "np.ndarray":
+    def target_ids(self) -> np.ndarray:
         """int64 ``[Vd]``: target id of each draft row (``arange(Vd) + d2t``; identity unless pruned)."""
         import numpy as np
 
@@ -217,7 +218,7 @@ class VocabResult:
 
 @dataclass
 class _Found:
-    value: "np.ndarray"
+    value: np.ndarray
     where: str  # human label
     source_name: str | None = None  # tensor name in the source store
     src_dtype: str | None = None
@@ -225,7 +226,7 @@ class _Found:
     generated: bool = False  # built by a documented rule, not read
 
 
-def _bytes_plan(out: str, arr: "np.ndarray", dtype: str, fate: str, origin: str, source: str | None, src_dtype: str, note: str) -> TensorPlan:
+def _bytes_plan(out: str, arr: np.ndarray, dtype: str, fate: str, origin: str, source: str | None, src_dtype: str, note: str) -> TensorPlan:
     import numpy as np
 
     np_dtype = {"I64": np.dtype("<i8"), "BOOL": np.dtype(np.bool_)}[dtype]
@@ -236,7 +237,7 @@ def _bytes_plan(out: str, arr: "np.ndarray", dtype: str, fate: str, origin: str,
     )
 
 
-def _find_mappings(src: "SourceInfo", opts: "ConvertOptions", res: VocabResult, d2t_names: Iterable[str],
+def _find_mappings(src: SourceInfo, opts: ConvertOptions, res: VocabResult, d2t_names: Iterable[str],
                    t2d_names: Iterable[str], extra: Mapping[str, Any] | None, extra_label: str,
                    side_files: bool) -> dict[str, _Found]:
     """d2t/t2d from the weights, ``extra``, side files, then ``--vocab-mapping`` (must agree)."""
@@ -276,7 +277,7 @@ def _find_mappings(src: "SourceInfo", opts: "ConvertOptions", res: VocabResult, 
     return found
 
 
-def _identity(src: "SourceInfo", res: VocabResult, found: dict[str, _Found]) -> VocabResult:
+def _identity(src: SourceInfo, res: VocabResult, found: dict[str, _Found]) -> VocabResult:
     import numpy as np
 
     from specconv.format import Finding
@@ -328,7 +329,7 @@ def _logical_identity(res: VocabResult, logical: int) -> dict[str, _Found]:
             "t2d": _Found(t2d, label, generated=True)}
 
 
-def _drop_default_t2d(res: VocabResult, t2d_f: _Found | None) -> "tuple[_Found | None, np.ndarray | None]":
+def _drop_default_t2d(res: VocabResult, t2d_f: _Found | None) -> tuple[_Found | None, np.ndarray | None]:
     from specconv.format import Finding
 
     if t2d_f is None:
@@ -345,7 +346,7 @@ def _drop_default_t2d(res: VocabResult, t2d_f: _Found | None) -> "tuple[_Found |
     return None, None
 
 
-def _read_plan(role: str, dtype: str, f: _Found, arr: "np.ndarray") -> TensorPlan:
+def _read_plan(role: str, dtype: str, f: _Found, arr: np.ndarray) -> TensorPlan:
     if f.source_name and f.src_dtype == dtype:
         return TensorPlan(out=role, fate="copied", origin="source", source=f.source_name, shape=tuple(arr.shape),
                           dtype=dtype, src_dtype=dtype)
@@ -354,7 +355,7 @@ def _read_plan(role: str, dtype: str, f: _Found, arr: "np.ndarray") -> TensorPla
     return _bytes_plan(role, arr, dtype, "copied", "source", f.source_name or f.where, f.src_dtype or dtype, note)
 
 
-def _t2d_plan(res: VocabResult, t2d_f: _Found | None, t2d_arr: "np.ndarray") -> TensorPlan:
+def _t2d_plan(res: VocabResult, t2d_f: _Found | None, t2d_arr: np.ndarray) -> TensorPlan:
     if t2d_f is not None and t2d_f.generated:
         return _bytes_plan("t2d", t2d_arr, "BOOL", "generated", "generated", None, "BOOL", t2d_f.where)
     if t2d_f is None:
@@ -374,7 +375,7 @@ def _d2t_plan(d2t_f: _Found, reading: D2TReading) -> TensorPlan:
     return _read_plan("d2t", "I64", d2t_f, d2t)
 
 
-def _pruned(src: "SourceInfo", res: VocabResult, found: dict[str, _Found], extra_label: str) -> VocabResult:
+def _pruned(src: SourceInfo, res: VocabResult, found: dict[str, _Found], extra_label: str) -> VocabResult:
     from specconv.format import Finding
 
     V, Vd = res.vocab_size, res.draft_vocab_size
@@ -404,7 +405,7 @@ def _pruned(src: "SourceInfo", res: VocabResult, found: dict[str, _Found], extra
 
 
 def resolve_vocab(
-    src: "SourceInfo", opts: "ConvertOptions", *, vocab_size: int, draft_vocab_size: int,
+    src: SourceInfo, opts: ConvertOptions, *, vocab_size: int, draft_vocab_size: int,
     d2t_names: Iterable[str] = ("d2t",), t2d_names: Iterable[str] = ("t2d",), extra: Mapping[str, Any] | None = None,
     extra_label: str = "", side_files: bool = True, logical_vocab_size: int | None = None,
 ) -> VocabResult:
@@ -433,7 +434,7 @@ def merge_vocab(plans: list[TensorPlan], dropped: list[DroppedTensor], vocab: Vo
     return kept + list(vocab.tensors), list(dropped) + list(vocab.dropped)
 
 
-def _sliced_bytes(store: Any, source: str, rows: "np.ndarray", out_dtype: str) -> bytes:
+def _sliced_bytes(store: Any, source: str, rows: np.ndarray, out_dtype: str) -> bytes:
     """Rows ``rows`` of ``source`` as ``out_dtype`` safetensors bytes (run at write time; only those rows read)."""
     from specconv.tensors import cast_tensor, tensor_to_bytes
 

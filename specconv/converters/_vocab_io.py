@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterable, Mapping
+from typing import TYPE_CHECKING, Any
 
 from specconv.errors import InvalidInputError
 
@@ -18,7 +19,7 @@ T2D_KEYS = ("t2d", "target_id_to_draft_id")
 SIDE_FILES = {"d2t": ("d2t.npy", "d2t.pt"), "t2d": ("t2d.npy", "t2d.pt")}
 
 
-def as_array(x: Any, *, what: str = "tensor") -> "np.ndarray":
+def as_array(x: Any, *, what: str = "tensor") -> np.ndarray:
     """``x`` (array, torch tensor, list or ``(TensorStore, name)``) as a 1-D numpy array; ``what`` labels errors.
 
     Raises:
@@ -74,7 +75,7 @@ def _pick(d: Mapping[str, Any], keys: Iterable[str]) -> Any:
     return None
 
 
-def read_mapping_file(path: str | Path, *, role: str | None = None, draft_vocab_size: int | None = None) -> dict[str, "np.ndarray"]:
+def read_mapping_file(path: str | Path, *, role: str | None = None, draft_vocab_size: int | None = None) -> dict[str, np.ndarray]:
     """``{"d2t": int array, "t2d": bool/int array}`` (whichever was found) from a side file or a directory of
     them (accepted files: docs/adding_a_converter.md); ``role`` names a single ``.npy`` array's role.
 

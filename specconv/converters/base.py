@@ -21,7 +21,7 @@ PROJECTOR_DSPARK = "dspark"
 PROJECTOR_DOMINO = "domino"
 
 #: Registered converter classes, in registration order (see :func:`ordered`).
-REGISTRY: dict[str, type["Converter"]] = {}
+REGISTRY: dict[str, type[Converter]] = {}
 
 
 @dataclass
@@ -89,7 +89,7 @@ class SourceInfo:
     _store_error: Exception | None = field(default=None, repr=False)
 
     @classmethod
-    def open(cls, path: Path) -> "SourceInfo":
+    def open(cls, path: Path) -> SourceInfo:
         path = Path(path)
         if not path.is_dir():
             raise InvalidInputError(f"source {path} is not a directory")
@@ -196,7 +196,7 @@ def _refusing_layer_keys(plan: Any) -> Any:
     import functools
 
     @functools.wraps(plan)
-    def checked(self: "Converter", src: SourceInfo, verifier: VerifierView | None, opts: "ConvertOptions") -> ConversionPlan:
+    def checked(self: Converter, src: SourceInfo, verifier: VerifierView | None, opts: ConvertOptions) -> ConversionPlan:
         from ._layout_flags import apply_sliding_window_non_causal
 
         refuse_unsupported_layer_keys(src, self.format_id)

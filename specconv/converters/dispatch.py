@@ -3,7 +3,8 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Iterable
+from collections.abc import Iterable
+from typing import TYPE_CHECKING
 
 from specconv.format.algorithms import algorithm_names
 
@@ -75,7 +76,7 @@ ROUTES: dict[str, dict[str, tuple[str, ...]]] = {
 CONFIG_MARKERS = ("dflash_config",)
 
 
-def discriminators(src: "SourceInfo") -> list[tuple[str, str]]:
+def discriminators(src: SourceInfo) -> list[tuple[str, str]]:
     """The source's ``(discriminator, value)`` pairs that have a route, in precedence order."""
     keys: list[tuple[str, str]] = []
     smt = src.cfg("speculators_model_type")
@@ -95,7 +96,7 @@ def discriminators(src: "SourceInfo") -> list[tuple[str, str]]:
     return keys
 
 
-def candidates(src: "SourceInfo") -> list[str]:
+def candidates(src: SourceInfo) -> list[str]:
     """Format ids to try on ``src``, in order (each at most once)."""
     keys = discriminators(src)
     smt = bool(keys) and keys[0][0] == "speculators_model_type"
@@ -120,7 +121,7 @@ def all_ids() -> list[str]:
     return list(dict.fromkeys(ids))
 
 
-def detect(src: "SourceInfo", registry: dict[str, type["Converter"]]) -> type["Converter"] | None:
+def detect(src: SourceInfo, registry: dict[str, type[Converter]]) -> type[Converter] | None:
     """The first candidate converter whose ``detect`` matches ``src`` (``None``: unknown)."""
     for fid in candidates(src):
         cls = registry.get(fid)

@@ -14,8 +14,8 @@ from pathlib import Path
 
 from specconv.errors import InvalidInputError
 
-from ._vocab import read_mapping_file
 from ._peagle import UNKNOWN_AUX_KEYS, peagle_layout, plan_peagle_family, strip_prefix_rename
+from ._vocab import read_mapping_file
 from .base import Converter, SourceInfo, register
 
 TOP_LEVEL = ("lm_head.weight", "d2t", "t2d", "mask_hidden")

@@ -348,8 +348,7 @@ def _legacy_sample_from_anchor(n: _Normalising, opts: ConvertOptions, B: int, k_
 
 def _block_layout(n: _Normalising, opts: ConvertOptions, pm0: dict[str, Any], k_file: Any) -> None:
     """DFlash / DSpark: ``block_size``, ``sample_from_anchor`` and the K they imply."""
-    from specconv.format import speculative_tokens_for
-    from specconv.format import Finding
+    from specconv.format import Finding, speculative_tokens_for
 
     raw, where, findings = n.raw, n.where, n.findings
     B = raw.get("block_size")

@@ -8,7 +8,6 @@ from __future__ import annotations
 from ._dflash import DFlashLayout, plan_dflash_family
 from .base import PROJECTOR_DFLASH, Converter, SourceInfo, register
 
-
 #: Why a ``sample_from_anchor`` in a z-lab-layout config means nothing: z-lab ``dflash`` 0.1.0
 #: ``dflash/model.py`` (``dflash_generate``) always drafts block slots 1..B-1 and no code reads the key.
 ZLAB_RUNTIME_LAYOUT = "z-lab dflash 0.1.0 `dflash/model.py` drafts slots 1..B-1 and never reads the key"

@@ -101,7 +101,7 @@ class DraftSession:
     """A drafter plus its :class:`ContextCache` for one request (``drafter.new_session()``), with the
     DrafterBackend surface; equal to the stateless path up to float rounding."""
 
-    def __init__(self, drafter: "Drafter") -> None:
+    def __init__(self, drafter: Drafter) -> None:
         self.drafter = drafter
         self.cache = ContextCache(len(drafter.layers))  # type: ignore[arg-type]
         self.algorithm = drafter.algorithm

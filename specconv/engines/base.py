@@ -236,8 +236,8 @@ class Runtime(Capability):
     rule: CompareRule | None = None
     help: str = ""
 
-    def load(self, drafter_dir: Path, verifier: "Verifier", *, path: str | None, dtype: str,
-             device: str, config: "SpeculatorsDraftConfig | None" = None) -> Any:
+    def load(self, drafter_dir: Path, verifier: Verifier, *, path: str | None, dtype: str,
+             device: str, config: SpeculatorsDraftConfig | None = None) -> Any:
         """Load the drafter with this runtime (see :attr:`loader`)."""
         from ..format.algorithms import import_object
 
@@ -328,12 +328,12 @@ class Serve(Capability):
         """Refusals before any model is loaded (exit 2 / 3); returns what :meth:`measure` needs."""
         return None
 
-    def prepare(self, drafter_dir: Path, verifier: "Verifier", options: Any, found: Any) -> Any:
+    def prepare(self, drafter_dir: Path, verifier: Verifier, options: Any, found: Any) -> Any:
         """Refusals that need the resolved verifier, before the torch gates run (``after_torch``);
         returns :meth:`measure`'s ``found`` (default: :meth:`preflight`'s)."""
         return found
 
-    def measure(self, drafter_dir: Path, verifier: "Verifier", rendered: list[tuple[str, list[int]]], options: Any,
+    def measure(self, drafter_dir: Path, verifier: Verifier, rendered: list[tuple[str, list[int]]], options: Any,
                 found: Any, torch_report: dict[str, Any]) -> dict[str, Any]:
         """Serve the drafter on the run's token ids (``rendered``: ``(prompt id, ids)``).
 
@@ -356,7 +356,7 @@ class Serve(Capability):
     def after_acceptance(self, g3: Any, measured: dict[str, Any], options: Any) -> None:
         """Add the engine's own G3 errors (``g3``: the gate result, mutated)."""
 
-    def reference(self, drafter_dir: Path, verifier: "Verifier", rendered: list[tuple[str, list[int]]],
+    def reference(self, drafter_dir: Path, verifier: Verifier, rendered: list[tuple[str, list[int]]],
                   options: Any) -> tuple[list[list[int]], str] | None:
         """G4's non-speculative reference outputs and their source name, or None (the torch loop's)."""
         return None

@@ -16,11 +16,10 @@ from __future__ import annotations
 import json
 import logging
 import re
-from pathlib import Path
 from collections.abc import Mapping
-from typing import Any
-
 from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
 
 from ..errors import SpecconvError
 from . import exporters

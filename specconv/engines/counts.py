@@ -4,7 +4,7 @@ engine check and the torch loop share (docs/validate.md, "Metrics"). Standard li
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 __all__ = ["metrics_from_counts", "near_tie"]
 

@@ -9,8 +9,9 @@ import logging
 import os
 import subprocess
 import time
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from .vllm.server import LOOPBACK, redact_argv
 
@@ -138,7 +139,7 @@ class LocalServer:
         """``GET path`` on the server: :func:`http_get`."""
         return http_get(self.base + path, timeout)
 
-    def __enter__(self) -> "LocalServer":
+    def __enter__(self) -> LocalServer:
         self.logger.info("starting %s: %s (log %s)", self.name, " ".join(redact_argv(self.argv)), self.log_path)
         with open(self.log_path, "ab") as logf:
             self.proc = subprocess.Popen(self.argv, stdout=logf, stderr=subprocess.STDOUT, env=self.env,

@@ -16,9 +16,9 @@ from typing import Any, ClassVar, Literal
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, model_serializer, model_validator
 
 from ..errors import InvalidInputError
-from .algorithms import algorithm as describe
 from ..fileio import read_json_object
 from ..values import is_int
+from .algorithms import algorithm as describe
 from .facts import (
     MAX_DRAFT_LAYERS,
     NEVER_WRITTEN,

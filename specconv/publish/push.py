@@ -111,7 +111,7 @@ def _owned(hf: Any, repo_id: str, head: str, remote: dict[str, Any]) -> list[str
         return []
     raw = hub.read_remote_file(hf, repo_id, MANIFEST, head)
     try:
-        return sorted((json.loads(raw or b"{}").get("files") or {}))
+        return sorted(json.loads(raw or b"{}").get("files") or {})
     except ValueError:
         return []
 

@@ -32,7 +32,7 @@ def import_torch():
                    feature="reading or casting tensors with torch (.bin / .pt checkpoints, convert --dtype)")
 
 
-def _torch_dtype_map() -> dict[str, "torch.dtype"]:
+def _torch_dtype_map() -> dict[str, torch.dtype]:
     torch = import_torch()
 
     m = {
@@ -46,7 +46,7 @@ def _torch_dtype_map() -> dict[str, "torch.dtype"]:
     return m
 
 
-def torch_dtype(dtype: str) -> "torch.dtype":
+def torch_dtype(dtype: str) -> torch.dtype:
     """The torch dtype of a safetensors dtype string (``"BF16"``); InvalidInputError when unknown here."""
     m = _torch_dtype_map()
     if dtype not in m:
@@ -54,7 +54,7 @@ def torch_dtype(dtype: str) -> "torch.dtype":
     return m[dtype]
 
 
-def safetensors_dtype(dt: "torch.dtype") -> str:
+def safetensors_dtype(dt: torch.dtype) -> str:
     """The safetensors dtype string of a torch dtype; InvalidInputError for one it cannot store (complex, ...)."""
     for k, v in _torch_dtype_map().items():
         if v == dt:
@@ -75,7 +75,7 @@ def _nbytes(dtype: str, shape: Iterable[int]) -> int:
 
 # --------------------------------------------------------------------------- casts
 
-def tensor_to_bytes(t: "torch.Tensor") -> tuple[str, tuple[int, ...], bytes]:
+def tensor_to_bytes(t: torch.Tensor) -> tuple[str, tuple[int, ...], bytes]:
     """``(safetensors dtype, shape, raw little-endian bytes)`` of a torch tensor (viewed as ``uint8``, so BF16
     and F8 work); InvalidInputError for a dtype safetensors cannot store."""
     torch = import_torch()
@@ -116,7 +116,7 @@ def cast_bytes(raw: bytes, src_dtype: str, dst_dtype: str, shape: Iterable[int],
     return tensor_to_bytes(cast_tensor(t, dst_dtype, name=name))[2]
 
 
-def _nonfinite(t: "torch.Tensor") -> int:
+def _nonfinite(t: torch.Tensor) -> int:
     """NaN/±Inf count of ``t``, on its raw bits (:func:`specconv.tensors.scan.scan_bytes`)."""
     from .scan import scan_bytes
 
@@ -126,7 +126,7 @@ def _nonfinite(t: "torch.Tensor") -> int:
     return scan_bytes(flat.view(import_torch().uint8).numpy(), safetensors_dtype(t.dtype))[0]
 
 
-def cast_tensor(t: "torch.Tensor", dst_dtype: str, *, name: str = "tensor") -> "torch.Tensor":
+def cast_tensor(t: torch.Tensor, dst_dtype: str, *, name: str = "tensor") -> torch.Tensor:
     """``t.to(dst_dtype)`` (a safetensors dtype string), refusing NaN/±Inf the cast creates (docs/tensors.md).
 
     Raises:
@@ -142,7 +142,7 @@ def cast_tensor(t: "torch.Tensor", dst_dtype: str, *, name: str = "tensor") -> "
     return out
 
 
-def _overflow_error(t: "torch.Tensor", dst_dtype: str, name: str, created: int) -> Exception:
+def _overflow_error(t: torch.Tensor, dst_dtype: str, name: str, created: int) -> Exception:
     from ..errors import CastOverflowError
 
     torch = import_torch()

@@ -10,8 +10,15 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import InvalidInputError
 from .dtypes import _NUMPY_NAMES, import_torch, safetensors_dtype, tensor_to_bytes, torch_dtype
-from .header import (SAFE_WEIGHTS_INDEX_NAME, SAFE_WEIGHTS_NAME, WEIGHTS_INDEX_NAME, WEIGHTS_NAME, TensorInfo,
-                     _load_index, _read_safetensors_header)
+from .header import (
+    SAFE_WEIGHTS_INDEX_NAME,
+    SAFE_WEIGHTS_NAME,
+    WEIGHTS_INDEX_NAME,
+    WEIGHTS_NAME,
+    TensorInfo,
+    _load_index,
+    _read_safetensors_header,
+)
 
 if TYPE_CHECKING:  # pragma: no cover
     import numpy as np
@@ -106,7 +113,7 @@ class TensorStore:
         self.bytes_read = 0
 
     @classmethod
-    def open(cls, path: str | os.PathLike) -> "TensorStore":
+    def open(cls, path: str | os.PathLike) -> TensorStore:
         """Open a checkpoint directory or weight file (what is accepted: docs/tensors.md).
 
         Raises:
@@ -130,7 +137,7 @@ class TensorStore:
         raise InvalidInputError(f"{p}: not a weight file (.safetensors, .bin, .pt, .pth or *.index.json)")
 
     @classmethod
-    def _open_dir(cls, d: Path) -> "TensorStore":
+    def _open_dir(cls, d: Path) -> TensorStore:
         if (d / SAFE_WEIGHTS_NAME).is_file():
             return cls._open_safetensors_files(d, [d / SAFE_WEIGHTS_NAME])
         if (d / SAFE_WEIGHTS_INDEX_NAME).is_file():
@@ -155,7 +162,7 @@ class TensorStore:
 
     @classmethod
     def _open_safetensors_files(cls, root: Path, files: list[Path], expected: dict[str, str] | None = None,
-                                index_path: Path | None = None) -> "TensorStore":
+                                index_path: Path | None = None) -> TensorStore:
         infos: dict[str, TensorInfo] = {}
         first_meta: dict[str, str] | None = None
         for f in files:
@@ -172,7 +179,7 @@ class TensorStore:
         return cls(root, infos, list(files), "safetensors", first_meta)
 
     @classmethod
-    def _open_index(cls, index: Path, root: Path | None = None) -> "TensorStore":
+    def _open_index(cls, index: Path, root: Path | None = None) -> TensorStore:
         root = root or index.parent
         wm = _load_index(index)
         paths = []
@@ -186,7 +193,7 @@ class TensorStore:
 
     @classmethod
     def _open_bin_files(cls, root: Path, files: list[Path], expected: dict[str, str] | None = None,
-                        index_path: Path | None = None) -> "TensorStore":
+                        index_path: Path | None = None) -> TensorStore:
         tensors: dict[str, Any] = {}
         infos: dict[str, TensorInfo] = {}
         for f in files:
@@ -242,7 +249,7 @@ class TensorStore:
             return info.loader()
         return _read_range(info.file, info.start, info.nbytes)
 
-    def read_tensor(self, name: str) -> "torch.Tensor":
+    def read_tensor(self, name: str) -> torch.Tensor:
         """Tensor ``name`` as a CPU ``torch.Tensor`` of its stored dtype and shape."""
         torch = import_torch()
 
@@ -255,7 +262,7 @@ class TensorStore:
             return torch.empty(info.shape, dtype=torch_dtype(info.dtype))
         return torch.frombuffer(bytearray(raw), dtype=torch_dtype(info.dtype)).reshape(info.shape)
 
-    def read_rows(self, name: str, rows: "np.ndarray") -> "torch.Tensor":
+    def read_rows(self, name: str, rows: np.ndarray) -> torch.Tensor:
         """``[n, *shape[1:]]`` tensor (stored dtype) of rows ``rows`` (int ``[n]`` in ``[0, shape[0])``, repeats
         allowed) of tensor ``name``, reading only them (docs/tensors.md).
 
@@ -283,7 +290,7 @@ class TensorStore:
             got = torch.frombuffer(buf, dtype=torch_dtype(info.dtype)).reshape(shape)
         return got.index_select(0, torch.from_numpy(np.searchsorted(uniq, rows)))
 
-    def read_numpy(self, name: str) -> "np.ndarray":
+    def read_numpy(self, name: str) -> np.ndarray:
         """Tensor ``name`` as a numpy array; InvalidInputError for an unknown name, ValueError for BF16/F8."""
         import numpy as np
 
@@ -326,7 +333,7 @@ def _read_range(path: Path, start: int, length: int) -> bytes:
     return data
 
 
-def _read_runs(path: Path, start: int, row_bytes: int, uniq: "np.ndarray", out: memoryview) -> None:
+def _read_runs(path: Path, start: int, row_bytes: int, uniq: np.ndarray, out: memoryview) -> None:
     """Read rows ``uniq`` (sorted, distinct) of a row-major tensor at ``start`` into ``out``, one pread per run."""
     import numpy as np
 

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Protocol, Sequence, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
     import torch
@@ -31,8 +32,8 @@ class DrafterBackend(Protocol):
     num_draft_tokens: int
     aux_layer_ids: Sequence[int]
 
-    def propose(self, context_tokens: "torch.Tensor", aux_hidden: "torch.Tensor", *, temperature: float = 0.0,
-                generator: "torch.Generator | None" = None) -> "DraftProposal":
+    def propose(self, context_tokens: torch.Tensor, aux_hidden: torch.Tensor, *, temperature: float = 0.0,
+                generator: torch.Generator | None = None) -> DraftProposal:
         """Draft ``k`` tokens as :meth:`specconv.drafters.base.Drafter.propose` (a ``DraftProposal``)."""
         ...  # pragma: no cover
 
@@ -47,18 +48,18 @@ class ValidationRun:
     """
 
     drafter_dir: Path
-    verifier: "Verifier"
+    verifier: Verifier
     verifier_spec: str
-    config: "SpeculatorsDraftConfig | None"
-    options: "ValidateOptions"
+    config: SpeculatorsDraftConfig | None
+    options: ValidateOptions
     progress: Progress
     report: dict[str, Any] = field(default_factory=dict)
-    results: "list[GateResult]" = field(default_factory=list)
+    results: list[GateResult] = field(default_factory=list)
     source: dict[str, Any] | None = None
-    source_config: "SpeculatorsDraftConfig | None" = None
+    source_config: SpeculatorsDraftConfig | None = None
     prompts: list = field(default_factory=list)
     rendered: list[tuple[str, list[int]]] = field(default_factory=list)
-    chat: "TemplateFacts | None" = None
+    chat: TemplateFacts | None = None
 
 
 class ValidationBackend(Protocol):

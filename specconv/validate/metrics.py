@@ -3,7 +3,8 @@
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from ..engines.counts import metrics_from_counts
 

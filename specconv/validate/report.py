@@ -253,8 +253,8 @@ def finish_report(report, drafter_dir: Path, report_dir: Path) -> None:
     """Write the report files, record :func:`validation_section` and refresh the card (an unwritable
     drafter dir is logged)."""
     from ..engines.card import refresh_local_card
-    from ..record import update_record
     from ..engines.vllm.remote import record_section
+    from ..record import update_record
 
     report.report_files = write_report(report, report_dir)
     try:

@@ -89,7 +89,7 @@ def _source_options(drafter_dir: Path):
         return ConvertOptions()
 
 
-def prepare_source(source: str, verifier: "Verifier", drafter_dir: Path, workdir: Path) -> dict:
+def prepare_source(source: str, verifier: Verifier, drafter_dir: Path, workdir: Path) -> dict:
     """Make ``--source`` loadable: a Speculators dir as is unless the recorded conversion options
     decide its reading (:meth:`ConvertOptions.decides_reading`), else converted afresh into ``workdir``
     with those options. Returns ``{"kind", "format", "path", "converted"}``."""
@@ -152,7 +152,7 @@ def _gate_map(results: list[GateResult]) -> dict[str, bool]:
     return {g.name: bool(g.passed) for g in results if g.passed is not None}
 
 
-def _finish(report: dict, results: list[GateResult]) -> "ValidationReport":
+def _finish(report: dict, results: list[GateResult]) -> ValidationReport:
     from ..results import ValidationReport
 
     by = {g.name: g for g in results}
@@ -166,12 +166,12 @@ def _finish(report: dict, results: list[GateResult]) -> "ValidationReport":
 
 def validate_drafter(
     drafter_dir: str | Path,
-    verifier: "str | Verifier",
+    verifier: str | Verifier,
     options: ValidateOptions | None = None,
     *,
     report_dir: str | Path | None = None,
     progress: Progress | None = None,
-) -> "ValidationReport":
+) -> ValidationReport:
     """Validate a Speculators drafter dir against ``verifier``; write the report files
     [``./specconv-validation/<DIR name>``], ``DIR/specconv.json``'s ``validation`` and ``DIR/README.md``.
 
@@ -195,7 +195,7 @@ def validate_drafter(
     return report
 
 
-def _run_gates(run: ValidationRun, config_error: InvalidInputError | None) -> "ValidationReport":
+def _run_gates(run: ValidationRun, config_error: InvalidInputError | None) -> ValidationReport:
     """Start the report, then [the source] → G1 → prompts → the backend's gates."""
     run.report.update(_start_report(run))
     with tempfile.TemporaryDirectory(prefix="specconv-validate-") as tmp:
@@ -207,13 +207,13 @@ def _run_gates(run: ValidationRun, config_error: InvalidInputError | None) -> "V
     return _finish(run.report, run.results)
 
 
-def _resolved(verifier: "str | Verifier") -> "Verifier":
+def _resolved(verifier: str | Verifier) -> Verifier:
     from ..verifier import Verifier, resolve_verifier
 
     return verifier if isinstance(verifier, Verifier) else resolve_verifier(verifier)
 
 
-def _read_config(d: Path) -> "tuple[SpeculatorsDraftConfig | None, InvalidInputError | None]":
+def _read_config(d: Path) -> tuple[SpeculatorsDraftConfig | None, InvalidInputError | None]:
     """``(typed config, None)``, or ``(None, error)`` for an invalid value (G1 reports it, exit 4).
 
     Raises (exit 3, nothing written) InvalidInputError ``not_speculators_dir`` / ``dangling_link`` /
@@ -265,7 +265,7 @@ def _preflight(opts: ValidateOptions, d: Path, verifier_spec: str) -> None:
         backend.preflight(d, opts)
 
 
-def _load_check_step(report: "ValidationReport", run: ValidationRun) -> None:
+def _load_check_step(report: ValidationReport, run: ValidationRun) -> None:
     """Run each asked-for engine load check into the report's ``report_key`` (``gates_validation``:
     a failure fails ``passed``)."""
     from ..engines import engines
@@ -282,10 +282,10 @@ def _load_check_step(report: "ValidationReport", run: ValidationRun) -> None:
 
 def _check_inputs(drafter_dir: str | Path, opts: ValidateOptions) -> Path:
     """Options that cannot work, and missing extras: refused before anything is read."""
+    from ..engines import with_capability
     from ..extras import require
     from .runtimes import check_one_runtime, check_runtime, get_runtime
     from .verifier_runner import torch_dtype
-    from ..engines import with_capability
 
     require("torch", "validate", feature="specconv validate")  # G1 reads tensors with torch (every backend)
     require("transformers", "validate", feature="specconv validate")  # the tokenizer renders for every backend
@@ -345,7 +345,7 @@ def _source_step(run: ValidationRun, workdir: Path) -> None:
     run.report["source"] = run.source
 
 
-def _structure_step(run: ValidationRun, config_error: "InvalidInputError | None") -> bool:
+def _structure_step(run: ValidationRun, config_error: InvalidInputError | None) -> bool:
     """G1; on failure the other gates are recorded as skipped. Returns whether it passed."""
     from .gates import gate_structure
 
@@ -397,7 +397,7 @@ def _render_step(run: ValidationRun) -> None:
                                  rendered_sha256=rendered_digest(run.rendered))
 
 
-def _tokenizer(verifier: "Verifier") -> Any:
+def _tokenizer(verifier: Verifier) -> Any:
     """The verifier's tokenizer (local cache only); InvalidInputError ``verifier_tokenizer`` if none loads."""
     from transformers import AutoTokenizer
 

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any
 
 from ..engines.base import CompareRule, Runtime
 from ..format.algorithms import import_object
@@ -29,8 +30,8 @@ def runtimes() -> dict[str, Runtime]:
     return {"torch": TORCH, **{e.key: e.runtime for e in with_capability("runtime")}}
 
 
-def load_torch(drafter_dir: Path, verifier: "Verifier", *, path: str | None, dtype: str, device: str,
-               config: "SpeculatorsDraftConfig | None" = None):
+def load_torch(drafter_dir: Path, verifier: Verifier, *, path: str | None, dtype: str, device: str,
+               config: SpeculatorsDraftConfig | None = None):
     """The reference drafter (:func:`specconv.drafters.load_drafter`); ``path`` is unused."""
     import torch
 
@@ -96,7 +97,7 @@ class ComparingDrafter:
     torch drafter) on the same inputs: near ties are torch top-1 − top-2 < ``margin``; ``kl``: also
     KL(torch ‖ primary) per draft where the logits have one shape."""
 
-    def __init__(self, primary: "DrafterBackend", reference: "DrafterBackend", *, margin: float, kl: bool = False):
+    def __init__(self, primary: DrafterBackend, reference: DrafterBackend, *, margin: float, kl: bool = False):
         self.primary, self.reference, self.margin, self.kl = primary, reference, float(margin), kl
         for a in ("algorithm", "block_size", "num_draft_tokens", "aux_layer_ids", "device", "dtype"):
             setattr(self, a, getattr(primary, a))
@@ -163,8 +164,8 @@ def judge(rule: CompareRule, tau_torch: float, tau_runtime: float, counts: dict,
     return verdict, (all(checks.values()) if checks else None), [m for m, ok in checks.items() if not ok]
 
 
-def compare_runtime(run: "ValidationRun", reference: "DrafterBackend", decode: Callable[..., list],
-                    spec_results: list, plain: list) -> "GateResult":
+def compare_runtime(run: ValidationRun, reference: DrafterBackend, decode: Callable[..., list],
+                    spec_results: list, plain: list) -> GateResult:
     """The gate comparing ``run.options.runtime`` with the torch ``reference``: its requests run through
     ``decode(name, drafter)``, judged by its :class:`CompareRule`; fills ``run.report[key]``.
     Skipped when the rule gates nothing at this temperature."""

@@ -79,11 +79,11 @@ class _Harness:
     """The loaded models of one torch run and a ``decode(name, drafter)`` over the prompts."""
 
     run: ValidationRun
-    runner: "VerifierRunner"
-    drafter: "DrafterBackend"
+    runner: VerifierRunner
+    drafter: DrafterBackend
     rendered: list[tuple[str, list[int]]]
     stops: list[int]
-    dtype: "torch.dtype"
+    dtype: torch.dtype
     device: str
 
     def decode(self, name: str, drafter, **kw):

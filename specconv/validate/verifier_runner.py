@@ -7,9 +7,10 @@ the residual stream entering each layer of ``aux_hidden_state_layers``); ``docs/
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from ..errors import InvalidInputError
 from ..extras import quiet_library_bars
@@ -122,7 +123,7 @@ class VerifierRunner:
     @classmethod
     def load(cls, verifier: str | Path, *, device: str = "cpu", dtype: str | Any = "float32",
              attn_implementation: str = "sdpa", aux_layer_ids: Sequence[int] = (), device_map: str | None = None,
-             local_files_only: bool = True) -> "VerifierRunner":
+             local_files_only: bool = True) -> VerifierRunner:
         """Load a local dir or cached Hub id; ``device_map="auto"`` shards over the GPUs (accelerate, CUDA).
 
         Raises InvalidInputError: the verifier cannot be loaded (the message names the path).

@@ -15,7 +15,6 @@ pytest.importorskip("torch")
 from cli_runner import invoke, run_online
 from hub_double import HubDouble
 
-
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "smollm2-dflash-b8"
 TOKEN = "hf_specconvFAKEtoken0123456789abcdef"
 
@@ -106,8 +105,8 @@ def test_release_never_replaces_a_foreign_work_dir_drafter(double, tmp_path, smo
 
 @pytest.mark.parametrize("spec", [",", "batch=1:2:8,", "batch=1:1:1,batch=1:2:2", "context=1:8:64,,batch=1:1:1"])
 def test_profile_with_empty_or_repeated_entries_is_a_usage_error(spec):
-    from specconv.errors import UsageError
     from specconv.engines.tensorrt.build import parse_profile
+    from specconv.errors import UsageError
 
     dynamic = {"batch": {"min": 1, "max": 8}, "context": {"min": 1, "max": 64}}
     with pytest.raises(UsageError):
@@ -118,9 +117,9 @@ def test_profile_with_empty_or_repeated_entries_is_a_usage_error(spec):
 def test_relative_vllm_interpreters_resolve_to_absolute_paths(tmp_path, monkeypatch):
     """A bare relative --vllm-python / --vllm-loader-python was looked up on PATH by the
     subprocess ("No such file or directory" for an existing file)."""
-    from specconv.errors import InvalidInputError
-    from specconv.engines.vllm.serve import resolve_vllm_python
     from specconv.engines.vllm.check import find_vllm_python
+    from specconv.engines.vllm.serve import resolve_vllm_python
+    from specconv.errors import InvalidInputError
 
     monkeypatch.chdir(tmp_path)
     py = tmp_path / "mypython"

@@ -9,12 +9,10 @@ and a config speculators loads and runs.
 from __future__ import annotations
 
 import json
-from pathlib import Path
-
-import pytest
-from cli_runner import invoke
 
 import fixtures_peagle as fp
+import pytest
+from cli_runner import invoke
 
 pytestmark = pytest.mark.peer
 pytest.importorskip("speculators")

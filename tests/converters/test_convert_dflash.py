@@ -16,10 +16,23 @@ import json
 import os
 
 import pytest
-
 from fixtures_dflash import (
-    DELETE, FORMATS, H, HUB, MASK, VERIFIER_LAYERS, VOCAB, api_convert, cli_convert, codes, make_source, out_tensors, read, sha_tree,
+    DELETE,
+    FORMATS,
+    HUB,
+    MASK,
+    VERIFIER_LAYERS,
+    VOCAB,
+    H,
+    api_convert,
+    cli_convert,
+    codes,
+    make_source,
+    out_tensors,
+    read,
+    sha_tree,
 )
+
 
 def _peer():
     pytest.importorskip("speculators")
@@ -79,6 +92,7 @@ def zlab_real(tmp_path_factory):
 def test_real_zlab_converts_and_runs_in_speculators(variant, zlab_real, smollm2_dir, tmp_path):
     _peer()
     from interop import load_with_speculators, run_speculators_forward
+
     from specconv.offline import SMOLLM2_HUB_ID
 
     out = tmp_path / "out"

@@ -13,7 +13,6 @@ from fixtures_dspark import draft_dims, make_deepspec_dspark
 
 from specconv.errors import InvalidInputError, UnsupportedFormatError
 
-
 FMT = "deepspec_dspark"  # the shared conversion tests read: conftest ``converted``
 
 

@@ -16,9 +16,8 @@ import json
 import shutil
 from pathlib import Path
 
-import pytest
-
 import fixtures_peagle as fp
+import pytest
 from fixtures_dflash import api_convert, cli_convert, make_source
 from fixtures_dspark import make_specforge_dspark
 

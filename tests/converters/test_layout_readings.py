@@ -21,9 +21,8 @@ from __future__ import annotations
 import json
 import subprocess
 
-import pytest
-
 import fixtures_peagle as fp
+import pytest
 
 pytestmark = pytest.mark.peer
 pytest.importorskip("speculators")
@@ -269,8 +268,8 @@ print(json.dumps([_dflash_layer_causal(SimpleNamespace(**pre), i) for i in range
 def test_vllm_runs_the_flagged_layers_bidirectionally(built, tiny_verifier_dir, tmp_path):
     """vLLM 0.33's own updater and layer-causality rule on the written config: every layer
     non-causal with the flag, every layer causal without (what the lint refuses)."""
-    from specconv.errors import InvalidInputError
     from specconv.engines.vllm.check import find_vllm_python
+    from specconv.errors import InvalidInputError
 
     try:
         py = find_vllm_python()

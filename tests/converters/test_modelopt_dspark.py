@@ -14,7 +14,6 @@ from fixtures_dspark import draft_dims, make_modelopt_dspark
 
 from specconv.errors import InvalidInputError
 
-
 FMT = "modelopt_dspark"  # the shared conversion tests read: conftest ``converted``
 
 

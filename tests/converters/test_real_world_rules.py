@@ -21,10 +21,9 @@ import json
 import shutil
 from pathlib import Path
 
+import fixtures_peagle as fp
 import numpy as np
 import pytest
-
-import fixtures_peagle as fp
 from fixtures_dflash import DELETE, api_convert, codes, make_source, read
 
 from specconv.errors import InvalidInputError, UnsupportedFormatError
@@ -227,8 +226,8 @@ def test_bad_d2t_from_vocab_mapping_names_that_file(speculators_peagle, tiny_lla
     np.savez(bad, d2t=np.full(8, 1000, dtype=np.int64))  # every target out of range
     d = tmp_path / "src"
     d.mkdir()
-    from safetensors.torch import save_file
     import torch
+    from safetensors.torch import save_file
 
     save_file({"w": torch.zeros(2)}, str(d / "model.safetensors"))
     (d / "config.json").write_text("{}")

@@ -16,7 +16,6 @@ from fixtures_dspark import make_specforge_dspark, verifier_tensor
 
 from specconv.errors import InvalidInputError, UnsupportedFormatError
 
-
 FMT = "specforge_dspark"  # the shared conversion tests read: conftest ``converted``
 
 

@@ -12,9 +12,8 @@ from __future__ import annotations
 
 import json
 
-import pytest
-
 import fixtures_peagle as fp
+import pytest
 
 pytestmark = pytest.mark.peer
 pytest.importorskip("speculators")

@@ -24,7 +24,6 @@ from tests import fixtures_dspark as fs  # noqa: E402
 from tests import fixtures_peagle as fp  # noqa: E402
 from tests.tolerances import assert_close, assert_logits_match  # noqa: E402
 
-
 pytestmark = pytest.mark.usefixtures("one_thread_module")  # conftest: torch on one thread
 
 

@@ -496,7 +496,6 @@ def test_peagle_model_type_checked(tmp_path, verifier_dir):
 
 def test_rope_theta_top_level_and_llama3(tmp_path, verifier_dir):
     from specconv.drafters.layers import Rotary
-
     from specconv.format.schema import TransformerLayerConfig
 
     def rope(**keys):

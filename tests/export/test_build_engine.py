@@ -18,9 +18,9 @@ from cli_runner import invoke  # noqa: E402
 from test_export_onnx import exported  # noqa: E402,F401
 from test_export_wrappers import verifier_dir  # noqa: E402,F401
 
-from specconv.errors import InvalidInputError, UsageError  # noqa: E402
 from specconv.engines.tensorrt import build as engine  # noqa: E402
 from specconv.engines.tensorrt.build import BuildOptions, build_engine_dir, parse_profile, profile_shapes  # noqa: E402
+from specconv.errors import InvalidInputError, UsageError  # noqa: E402
 from specconv.tensors import sha256_file  # noqa: E402
 
 GPU = {"name": "Fake H100", "compute_capability": "9.0", "cuda": "13.0", "driver": "580.1"}

@@ -17,11 +17,10 @@ pytest.importorskip("onnxscript")
 from cli_runner import invoke  # noqa: E402
 from test_export_wrappers import make_case, verifier_dir  # noqa: E402,F401
 
-from specconv.errors import InvalidInputError  # noqa: E402
 from specconv.engines.onnx import ENGINE as ONNX  # noqa: E402
+from specconv.errors import InvalidInputError  # noqa: E402
 from specconv.tensors import sha256_file  # noqa: E402
 from tests.tolerances import assert_close, assert_logits_match  # noqa: E402
-
 
 _EXPORTED: dict = {}  # one set of exports per session, shared with test_build_engine.py
 
@@ -273,8 +272,8 @@ def test_parity_failure_is_exit_4_and_writes_nothing(exported, tmp_path, monkeyp
 
 def test_ort_drafter_samples_with_gumbel_noise(exported):
     """T > 0: noise drawn from the generator, picks distributed as softmax(logits / T)."""
-    from specconv.errors import UsageError
     from specconv.engines.onnx.ort_drafter import OrtDrafter
+    from specconv.errors import UsageError
 
     d, _ = exported["dflash"]
     od = OrtDrafter(d / "onnx", d, dtype="float32")

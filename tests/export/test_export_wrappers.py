@@ -20,17 +20,16 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from specconv.drafters import load_drafter  # noqa: E402
+from specconv.drafters.step import batch_inputs  # noqa: E402
+from specconv.engines.onnx.wrappers import OUTPUT_CHOICES, make_wrapper  # noqa: E402
 from tests.drafters.test_drafters import (  # noqa: E402,F401  (another room: not on sys.path)
-    H,
     VT,
+    H,
     make_dflash,
     make_peagle,
     verifier_dir,  # the fixture: a tied-embedding verifier (like SmolLM2)
 )
-
-from specconv.drafters import load_drafter  # noqa: E402
-from specconv.drafters.step import batch_inputs  # noqa: E402
-from specconv.engines.onnx.wrappers import OUTPUT_CHOICES, make_wrapper  # noqa: E402
 from tests.tolerances import assert_close, assert_ids_match, assert_logits_match  # noqa: E402
 
 CASES = {

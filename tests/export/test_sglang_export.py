@@ -15,11 +15,10 @@ import shlex
 import shutil
 from pathlib import Path
 
-import pytest
-
 import fixtures_dflash as fd
-from cli_runner import invoke
 import fixtures_dspark as fs
+import pytest
+from cli_runner import invoke
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO / "examples" / "smollm2-dflash-b8"
@@ -282,9 +281,9 @@ def _fake_check(d: Path, ok: bool = True) -> None:
 
 
 def test_the_card_prints_the_sglang_line_only_after_a_passed_check(dflash, tmp_path):
-    from specconv.engines.sglang.layout import launch_argv
-    from specconv.engines.sglang.export import export_sglang_dir
     from specconv.engines.card import write_local_card
+    from specconv.engines.sglang.export import export_sglang_dir
+    from specconv.engines.sglang.layout import launch_argv
 
     d = _copy(dflash, tmp_path / "card")
     export_sglang_dir(d)

@@ -12,10 +12,9 @@ from __future__ import annotations
 import json
 import shutil
 
+import fixtures_peagle as fp
 import pytest
 from cli_runner import invoke
-
-import fixtures_peagle as fp
 
 pytestmark = pytest.mark.peer
 pytest.importorskip("speculators")

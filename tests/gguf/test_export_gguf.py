@@ -18,11 +18,10 @@ import shutil
 import subprocess
 from pathlib import Path
 
-import pytest
-from cli_runner import invoke
-
 import fixtures_dflash as fd
 import fixtures_dspark as fs
+import pytest
+from cli_runner import invoke
 
 pytest.importorskip("gguf")
 
@@ -207,7 +206,6 @@ def test_pruned_vocabulary_equals_llamacpps_converter_and_writes_both_embedding_
     (ka, ta), (kb, tb) = _assert_equal_but(root / "pruned-gguf" / res.file, theirs, only_ours={"token_embd.weight"})
     assert ta["d2t"][0] == "I64" and ta["output.weight"][1] == (576, 8192)
     import numpy as np
-
     from safetensors import safe_open
 
     with safe_open(str(dspark_pruned / "model.safetensors"), "np") as f:
@@ -321,8 +319,8 @@ def test_refused_peagle_from_the_algorithm_description(tiny_verifier_dir, root):
 
 
 def test_representable_so_not_refused_markov_rank_zero_and_four_target_layers(root, smollm2_dir):
-    from specconv.format import load_config
     from specconv.engines.llamacpp.layout import plan_gguf
+    from specconv.format import load_config
     from specconv.tensors import open_store
     from specconv.verifier import resolve_verifier
 
@@ -354,8 +352,8 @@ def test_a_foreign_output_is_refused_without_suggesting_overwrite(dspark, root):
 
 # ------------------------------------------------------------------ --verifier-gguf refusals
 def test_a_target_gguf_is_refused_by_architecture_and_by_size(smollm2_dir):
-    from specconv.errors import UnsupportedFormatError
     from specconv.engines.llamacpp.target import default_verifier_gguf, read_target, refuse_target
+    from specconv.errors import UnsupportedFormatError
     from specconv.verifier import resolve_verifier
 
     v = resolve_verifier(str(smollm2_dir))
@@ -436,8 +434,8 @@ def test_the_cards_llamacpp_line_serves_the_exported_drafter(served, bundled, sm
     from specconv.engines.llamacpp.check import serve_prompts
     from specconv.engines.llamacpp.export import render_prompts
     from specconv.engines.llamacpp.target import default_verifier_gguf
-    from specconv.tensors import sha256_file
     from specconv.engines.local_server import free_port
+    from specconv.tensors import sha256_file
     from specconv.verifier import resolve_verifier
 
     assert served.check["passed"]
@@ -457,8 +455,8 @@ def test_the_cards_llamacpp_line_serves_the_exported_drafter(served, bundled, sm
 def test_push_refuses_an_old_gguf_meta_and_the_card_reads_verifier_weights_leniently(tmp_path):
     """``pushable`` refuses a ``gguf_meta.json`` of another format version (exit 3, before any
     file is let in); the card's ``holds_verifier_weights`` only reads the key, as before."""
-    from specconv.errors import InvalidInputError
     from specconv.engines.llamacpp.export import META_NAME, holds_verifier_weights, pushable
+    from specconv.errors import InvalidInputError
 
     (tmp_path / "gguf").mkdir()
     meta = tmp_path / "gguf" / META_NAME

@@ -11,10 +11,9 @@ import json
 import shutil
 from pathlib import Path
 
+import fixtures_dflash as fd
 import pytest
 from cli_runner import invoke
-
-import fixtures_dflash as fd
 
 pytest.importorskip("gguf")
 

@@ -74,8 +74,8 @@ def release_foreign_work_dir(ws: Workspace, d: Path) -> dict[str, Any]:
 def engine_profile(spec: str) -> Runner:
     """test_profile_with_empty_or_repeated_entries_is_a_usage_error (the parser itself)."""
     def run(ws: Workspace, d: Path) -> dict[str, Any]:
-        from specconv.errors import SpecconvError
         from specconv.engines.tensorrt.build import parse_profile
+        from specconv.errors import SpecconvError
 
         dynamic = {"batch": {"min": 1, "max": 8}, "context": {"min": 1, "max": 64}}
         try:

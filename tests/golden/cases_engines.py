@@ -262,8 +262,8 @@ def _llama_build() -> str | None:
 
 
 def _vllm_venv() -> str | None:
-    from specconv.errors import InvalidInputError
     from specconv.engines.vllm.check import find_vllm_python
+    from specconv.errors import InvalidInputError
 
     try:
         find_vllm_python()

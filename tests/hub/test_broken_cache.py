@@ -18,9 +18,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
 import fixtures_dflash as fd
+import pytest
 from cli_runner import invoke, online_env, run_specconv
 from hub_double import HubDouble
 

@@ -12,9 +12,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import pytest
-
 import fixtures_dflash as fd
+import pytest
 from cli_runner import online_env, run_specconv
 from hub_double import HubDouble
 

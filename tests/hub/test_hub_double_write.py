@@ -9,7 +9,6 @@ import hashlib
 import json
 
 import pytest
-
 from hub_double import HubDouble
 
 TOKEN = "hf_doubleFAKE0123456789"

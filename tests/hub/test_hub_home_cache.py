@@ -14,9 +14,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import pytest
-
 import fixtures_dflash as fd
+import pytest
 from cli_runner import offline_env, run_specconv
 from test_hub_paths import COMMIT, INDEX, FakeHub, _shard, _verifier_files, _zlab_files
 

@@ -108,10 +108,10 @@ def test_a_local_verifier_path_is_quoted_and_never_linked(tmp_path, tiny_verifie
     import shutil
 
     import fixtures_dflash as fd
-
     from card_commands import launch_commands
-    from specconv.hub import check_card
+
     from specconv.engines.card import refresh_local_card
+    from specconv.hub import check_card
 
     verifier = tmp_path / "my models" / "verifier v1"
     shutil.copytree(tiny_verifier_dir, verifier)
@@ -281,9 +281,9 @@ def test_the_local_cards_sglang_line_says_where_to_run_it(cards, tmp_path, monke
     dir: it says "(in this directory)", as the llama.cpp line does; the pushed card (a repo id) does not."""
     import shutil
 
+    from specconv.engines.card import render_card, write_local_card
     from specconv.engines.exportdir import record_export
     from specconv.engines.sglang import repo as sglang_repo
-    from specconv.engines.card import render_card, write_local_card
     from specconv.publish.payload import Payload
     from specconv.record import read_record
 
@@ -317,8 +317,8 @@ def test_the_card_prints_the_rendering_and_the_findings(cards, tmp_path):
     were rendered are printed under Validation."""
     import shutil
 
-    from specconv.format.findings import finding
     from specconv.engines.card import write_local_card
+    from specconv.format.findings import finding
     from specconv.record import update_record
     from specconv.results import ValidationReport
     from specconv.validate.report import validation_section

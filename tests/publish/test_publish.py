@@ -316,8 +316,8 @@ def test_release_with_a_failed_gate_publishes_nothing(double, tmp_path, smollm2_
 
 
 def test_onnx_files_need_a_passed_export_check_and_the_verifier_weights_flag(drafter, double, tmp_path):
-    from specconv.errors import GateFailedError, InvalidInputError
     from specconv.engines.onnx.export import META_FORMAT_VERSION
+    from specconv.errors import GateFailedError, InvalidInputError
     META_FORMAT = "specconv-onnx-drafter"
     from specconv.engines.card import render_card
     from specconv.publish.payload import collect
@@ -457,8 +457,8 @@ def test_report_inside_the_dir_is_left_out_and_other_files_are_ungated(drafter):
 
 
 def test_build_engine_that_cannot_be_built_exits_3_before_writing(tmp_path, monkeypatch, smollm2_dir):
-    from specconv.errors import InvalidInputError
     from specconv.engines.tensorrt import release as release_export
+    from specconv.errors import InvalidInputError
     from specconv.publish.push import PushOptions
     from specconv.publish.release import ReleaseOptions, release
 
@@ -606,9 +606,9 @@ def test_version_1_earlier_export_is_not_reused(released_onnx, tmp_path, monkeyp
     re-export) and the drafter is exported again."""
     import shutil
 
-    from specconv.errors import InvalidInputError
     from specconv.engines.onnx import ENGINE as ONNX
     from specconv.engines.onnx.reuse import _reuse, export_step, keep_previous_export
+    from specconv.errors import InvalidInputError
 
     assert released_onnx["code"] == 0, released_onnx["text"][-2000:]
     work = tmp_path / "work"

@@ -99,8 +99,8 @@ def test_refused_links_name_the_link_and_why(tmp_path, case):
 def test_the_sglang_repo_refuses_a_link_out_of_its_export(tmp_path):
     """``--sglang-repo-id`` publishes the export dir's files: a link out of it is refused too,
     even when its bytes are the ones the passed check recorded."""
-    from specconv.engines.sglang.export import layout_files
     from specconv.engines import engine
+    from specconv.engines.sglang.export import layout_files
     from specconv.publish.separate_repo import separate_payload
     from specconv.record import file_hashes, read_record, update_section_key
 

@@ -21,8 +21,8 @@ pytest.importorskip("torch")
 pytest.importorskip("dflash")
 pytest.importorskip("jinja2")
 
-from cli_runner import offline_env, online_env, run_specconv  # noqa: E402
 from chat_templates import THINKING_TEMPLATE  # noqa: E402
+from cli_runner import offline_env, online_env, run_specconv  # noqa: E402
 from hub_double import HubDouble  # noqa: E402
 
 TINY = ("--num-prompts", "1", "--max-new-tokens", "4", "--device", "cpu")
@@ -40,7 +40,6 @@ def _cli(cwd: Path, *argv, endpoint: str | None = None) -> tuple[int, dict]:
 
 def test_release_records_the_validation_section_validate_records(tmp_path, smollm2_dir):
     import torch
-
     from conftest import make_validate_set
 
     from specconv.record import read_record

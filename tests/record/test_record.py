@@ -10,8 +10,7 @@ import shutil
 import pytest
 
 from specconv.errors import InvalidInputError, UsageError
-from specconv.record import (SCHEMA_VERSION, SpecconvRecord, ValidationSection, file_hashes, read_record,
-                             update_record)
+from specconv.record import SCHEMA_VERSION, SpecconvRecord, ValidationSection, file_hashes, read_record, update_record
 
 
 def _write(d, data):

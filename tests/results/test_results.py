@@ -8,7 +8,6 @@ import subprocess
 import sys
 
 import pytest
-
 from fixtures_dflash import HUB, api_convert, make_source
 
 

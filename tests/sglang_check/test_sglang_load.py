@@ -20,12 +20,11 @@ import shlex
 import shutil
 from pathlib import Path
 
-import pytest
-from cli_runner import invoke
-
 import fixtures_dflash as fd
 import fixtures_dspark as fs
+import pytest
 import sglang_batch
+from cli_runner import invoke
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO / "examples" / "smollm2-dflash-b8"
@@ -90,8 +89,8 @@ def sglang_jobs(root: Path, smollm2_dir: Path, tiny_verifier_dir: Path):
     """The runner's checks of every export, the broken copies and the oracle, and how the
     results become ``checked`` (``tests/sglang_check/sglang_batch.py`` runs them with the room's
     other checks in one subprocess)."""
-    from specconv.engines.sglang.layout import LAUNCHER, launch_argv
     from specconv.engines.sglang.check import export_job, judge
+    from specconv.engines.sglang.layout import LAUNCHER, launch_argv
 
     good = _drafters(root, smollm2_dir, tiny_verifier_dir)
     bundled = good["bundled"]["dir"] / "sglang"
@@ -200,8 +199,8 @@ def test_a_load_that_reads_another_meaning_fails(checked, name, key):
 
 @pytest.mark.parametrize("name", ("bundled", "dspark"))
 def test_sglangs_parser_reads_the_serve_line_the_card_prints(checked, name):
-    from specconv.engines.sglang.export import record_sglang_check
     from specconv.engines.card import write_local_card
+    from specconv.engines.sglang.export import record_sglang_check
 
     g = checked[0][name]
     p = g["payload"]
@@ -256,6 +255,7 @@ def test_validate_sglang_load_check_records_under_export_not_validation(validate
 def test_export_keeps_the_check_of_the_same_bytes_and_push_publishes_both(validated, tmp_path):
     from hub_double import HubDouble
     from test_publish import TOKEN, _cli
+
     from specconv.record import read_record
 
     d, code, _ = validated

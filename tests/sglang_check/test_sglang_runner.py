@@ -14,9 +14,8 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-import pytest
-
 import fixtures_dspark as fs
+import pytest
 import sglang_batch
 
 REPO = Path(__file__).resolve().parents[2]

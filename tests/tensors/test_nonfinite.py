@@ -8,13 +8,12 @@ import os
 from pathlib import Path
 
 import pytest
-from cli_runner import invoke
 import torch
+from cli_runner import invoke
+from fixtures_dflash import HUB, cli_convert, make_source, read
 from safetensors.torch import load_file, save_file
 
-from fixtures_dflash import HUB, cli_convert, make_source, read
-from specconv.tensors import OutTensor, open_store, sha256_file, tensor_to_bytes, write_safetensors
-from specconv.tensors import onepass
+from specconv.tensors import OutTensor, onepass, open_store, sha256_file, tensor_to_bytes, write_safetensors
 from specconv.tensors.onepass import CopyPass, SourceFile
 from specconv.tensors.scan import scan_bytes, unravel
 

@@ -14,7 +14,6 @@ import torch
 from safetensors.torch import load_file, save, save_file
 
 from specconv import tensors as T
-from specconv.tensors import write as TW
 from specconv.errors import InvalidInputError, UsageError
 from specconv.tensors import (
     DTYPE_SIZES,
@@ -27,6 +26,7 @@ from specconv.tensors import (
     tensor_to_bytes,
     write_safetensors,
 )
+from specconv.tensors import write as TW
 
 
 def _sample(seed: int = 0) -> dict[str, torch.Tensor]:

@@ -14,14 +14,12 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 pytest.importorskip("dflash")
 
-from cli_runner import invoke  # noqa: E402
 from chat_templates import THINKING_TEMPLATE  # noqa: E402
+from cli_runner import invoke  # noqa: E402
 from conftest import copy_validate_set  # noqa: E402
 
 from specconv.cli.validate import validate_cmd  # noqa: E402
-
 from tests.tolerances import lossless_near_ties  # noqa: E402
-
 
 pytestmark = pytest.mark.usefixtures("one_thread_module")  # conftest: torch on one thread
 
@@ -124,10 +122,10 @@ def test_random_lm_head_fails_structure_with_exit_4(tiny, tmp_path):
 
 
 def test_verifier_lm_head_copy_passes_structure(tiny, tmp_path):
+    from safetensors.torch import load_file
+
     from specconv.validate.gates import gate_structure
     from specconv.verifier import resolve_verifier
-
-    from safetensors.torch import load_file
 
     emb = load_file(str(tiny["verifier"] / "model.safetensors"))["model.embed_tokens.weight"]
     d = _copy_with(tiny, tmp_path, {"lm_head.weight": emb.clone(), "embed_tokens.weight": emb.clone()})
@@ -277,8 +275,7 @@ def test_chat_template_file_and_thinking_are_recorded(tiny, tmp_path):
     # the torch loop decoded the ids this template renders with thinking off (one rendering per run)
     from transformers import AutoTokenizer
 
-    from specconv.prompts import ChatOptions, chat_renderer
-    from specconv.prompts import select_prompts
+    from specconv.prompts import ChatOptions, chat_renderer, select_prompts
     from specconv.validate.run import rendered_digest
 
     renderer = chat_renderer(AutoTokenizer.from_pretrained(str(tiny["verifier"])), ChatOptions(str(tpl), thinking="off"))

@@ -17,9 +17,10 @@ from test_build_engine import GPU, fake_trt, onnx_dir  # noqa: E402,F401
 from test_export_onnx import exported  # noqa: E402,F401
 from test_export_wrappers import verifier_dir  # noqa: E402,F401
 
-from specconv.errors import InvalidInputError  # noqa: E402
-from specconv.engines.tensorrt import build as engine, engine_drafter as ed  # noqa: E402
+from specconv.engines.tensorrt import build as engine  # noqa: E402
+from specconv.engines.tensorrt import engine_drafter as ed
 from specconv.engines.tensorrt.build import BuildOptions, build_engine_dir  # noqa: E402
+from specconv.errors import InvalidInputError  # noqa: E402
 from specconv.validate.metrics import kl_rows  # noqa: E402
 from specconv.validate.runtimes import judge, runtimes  # noqa: E402
 

@@ -7,10 +7,6 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from specconv.validate.loop import run_requests, speculative_generate  # noqa: E402
-from specconv.engines.counts import metrics_from_counts  # noqa: E402
-from specconv.validate.metrics import compute_metrics  # noqa: E402
-from specconv.validate.sampling import speculative_sample  # noqa: E402
 from drafter_doubles import (  # noqa: E402
     MixedDrafter,
     OracleDrafter,
@@ -18,8 +14,12 @@ from drafter_doubles import (  # noqa: E402
     SpyDrafter,
     tiny_verifier,
 )
-from tests.tolerances import assert_close, assert_same_greedy  # noqa: E402
 
+from specconv.engines.counts import metrics_from_counts  # noqa: E402
+from specconv.validate.loop import run_requests, speculative_generate  # noqa: E402
+from specconv.validate.metrics import compute_metrics  # noqa: E402
+from specconv.validate.sampling import speculative_sample  # noqa: E402
+from tests.tolerances import assert_close, assert_same_greedy  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("one_thread_module")  # conftest: torch on one thread
 

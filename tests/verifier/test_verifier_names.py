@@ -8,9 +8,8 @@ import json
 import shutil
 from pathlib import Path
 
-import pytest
-
 import fixtures_dflash as fd
+import pytest
 from cli_runner import invoke
 
 

@@ -15,9 +15,8 @@ import shutil
 import subprocess
 from pathlib import Path
 
-import pytest
-
 import fixtures_dflash as fd
+import pytest
 from card_commands import launch_commands
 from test_vllm_load import VLLM_PY, _mark
 

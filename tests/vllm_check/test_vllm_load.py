@@ -14,19 +14,16 @@ the recorded verifier Hub ids in a real default Hugging Face cache under a tempo
 from __future__ import annotations
 
 import json
-import os
 import shutil
 from pathlib import Path
-
-import pytest
-from cli_runner import invoke
 
 import fixtures_dflash as fd
 import fixtures_dspark as fs
 import fixtures_peagle as fp
+import pytest
 from card_commands import card_speculative_config
+from cli_runner import invoke
 from test_hub_paths import FakeHub
-
 
 REPO = Path(__file__).resolve().parents[2]
 LLAMA_HUB = "org/tiny-llama"
@@ -34,8 +31,8 @@ SMOL_HUB = "HuggingFaceTB/SmolLM2-135M-Instruct"
 
 
 def _vllm_python() -> Path | None:
-    from specconv.errors import InvalidInputError
     from specconv.engines.vllm.check import find_vllm_python
+    from specconv.errors import InvalidInputError
 
     try:
         return find_vllm_python()

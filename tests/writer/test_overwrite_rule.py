@@ -23,7 +23,6 @@ import pytest
 from cli_runner import invoke
 from fixtures_dflash import HUB, cli_convert, make_source
 
-
 PY = sys.executable
 
 

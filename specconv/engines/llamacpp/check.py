@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import logging
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 log = logging.getLogger("specconv.engines.llamacpp")
 

@@ -11,8 +11,8 @@ from pathlib import Path
 from typing import Any
 
 from ...errors import GateFailedError, InvalidInputError
-from . import META_FORMAT, META_FORMAT_VERSION, META_NAME
 from ...results import ExportGgufResult
+from . import META_FORMAT, META_FORMAT_VERSION, META_NAME
 from .server import LLAMA_SERVER_ENV
 from .target import VERIFIER_GGUF_ENV
 

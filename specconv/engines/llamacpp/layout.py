@@ -8,8 +8,9 @@ returns a :class:`GgufPlan`, in which every drafter tensor is written or named i
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import TYPE_CHECKING, Any
 
 from ...errors import InvalidInputError, UnsupportedFormatError, UsageError
 
@@ -93,19 +94,19 @@ def target_layers(aux_layer_ids: list[int]) -> list[int]:
     return [int(i) for i in aux_layer_ids]
 
 
-def _layer_config(cfg: "SpeculatorsDraftConfig") -> Mapping[str, Any]:
+def _layer_config(cfg: SpeculatorsDraftConfig) -> Mapping[str, Any]:
     return cfg.transformer_layer_config.written()
 
 
 # ------------------------------------------------------------------ refusals
-def refuse_algorithm(alg: "Algorithm") -> None:
+def refuse_algorithm(alg: Algorithm) -> None:
     """P-EAGLE and any algorithm llama.cpp has no GGUF architecture for (the description says why)."""
     facts = alg.llamacpp
     if facts.refusal or not facts.gguf_architecture:
         raise refuse("algorithm", f"{alg.display_name}: {facts.refusal or 'llama.cpp has no GGUF architecture for it'}")
 
 
-def refuse_config(cfg: "SpeculatorsDraftConfig", alg: "Algorithm", spec: Any, verifier: "Verifier") -> None:
+def refuse_config(cfg: SpeculatorsDraftConfig, alg: Algorithm, spec: Any, verifier: Verifier) -> None:
     """Config-level refusals (exit 3, one code each; docs/llamacpp.md, "Refused")."""
     if alg.markov_head:
         _refuse_heads(cfg)
@@ -154,7 +155,7 @@ def _refuse_layer_options(spec: Any, tl: Mapping[str, Any]) -> None:
                      f"{prf!r}; specconv writes plain RoPE (rope.freq_base) only")
 
 
-def refuse_tensors(store: "TensorStore", names: list[str], vocab_size: int) -> "Any":
+def refuse_tensors(store: TensorStore, names: list[str], vocab_size: int) -> Any:
     """Bias tensors and a bad ``d2t``; returns ``d2t`` as absolute target ids (int64 numpy) or None.
 
     Raises:
@@ -179,7 +180,7 @@ def refuse_tensors(store: "TensorStore", names: list[str], vocab_size: int) -> "
 
 
 # ------------------------------------------------------------------ the plan
-def plan_gguf(cfg: "SpeculatorsDraftConfig", store: "TensorStore", verifier: "Verifier", dtype: str = "keep",
+def plan_gguf(cfg: SpeculatorsDraftConfig, store: TensorStore, verifier: Verifier, dtype: str = "keep",
               source: str = "config.json") -> GgufPlan:
     """The GGUF of a Speculators DFlash / DSpark drafter (``dtype``: ``--dtype``), or a refusal.
 
@@ -207,7 +208,7 @@ def plan_gguf(cfg: "SpeculatorsDraftConfig", store: "TensorStore", verifier: "Ve
     return plan
 
 
-def _file_type(store: "TensorStore", dtype: str) -> str:
+def _file_type(store: TensorStore, dtype: str) -> str:
     """GGML type of the 2-D weights: ``--dtype``'s, or (``keep``) ``fc.weight``'s."""
     if DTYPES[dtype]:
         return DTYPES[dtype]
@@ -232,7 +233,7 @@ def ggml_type(gguf_name: str, ndim: int, src_dtype: str, dtype: str) -> str:
     return _FLOAT[src_dtype]
 
 
-def _tensor_plan(plan: GgufPlan, cfg: Any, alg: "Algorithm", store: "TensorStore", spec: Any, dtype: str) -> None:
+def _tensor_plan(plan: GgufPlan, cfg: Any, alg: Algorithm, store: TensorStore, spec: Any, dtype: str) -> None:
     """Every tensor of the description's map that the drafter holds, the embedding / head rule,
     the heads the config enables; every other drafter tensor is named in ``not_written``."""
     facts = alg.llamacpp
@@ -251,7 +252,7 @@ def _tensor_plan(plan: GgufPlan, cfg: Any, alg: "Algorithm", store: "TensorStore
     _account(plan, store, cfg, spec)
 
 
-def _disabled_heads(cfg: Any, alg: "Algorithm", store: "TensorStore") -> dict[str, str]:
+def _disabled_heads(cfg: Any, alg: Algorithm, store: TensorStore) -> dict[str, str]:
     """A disabled confidence head's tensors: speculators ignores them, so llama.cpp gets none
     (its converter infers the head from the tensors instead: docs/llamacpp.md)."""
     if not alg.markov_head or cfg.enable_confidence_head:
@@ -260,7 +261,7 @@ def _disabled_heads(cfg: Any, alg: "Algorithm", store: "TensorStore") -> dict[st
     return {n: why for n in ("confidence_head.proj.weight", "confidence_head.proj.bias") if n in store}
 
 
-def _embed_and_head(plan: GgufPlan, cfg: Any, store: "TensorStore", spec: Any, names: dict[str, str],
+def _embed_and_head(plan: GgufPlan, cfg: Any, store: TensorStore, spec: Any, names: dict[str, str],
                     dtype: str) -> None:
     """``token_embd`` and ``output`` together or neither (``TENSOR_DUPLICATED``; docs/llamacpp.md);
     a missing one is the verifier's (``from_verifier``)."""
@@ -282,7 +283,7 @@ def _embed_and_head(plan: GgufPlan, cfg: Any, store: "TensorStore", spec: Any, n
             plan.from_verifier.append(role)
 
 
-def _account(plan: GgufPlan, store: "TensorStore", cfg: Any, spec: Any) -> None:
+def _account(plan: GgufPlan, store: TensorStore, cfg: Any, spec: Any) -> None:
     """Never drop: every drafter tensor is written or in ``not_written``; every layer tensor the
     layout needs is there."""
     used = {t.source for t in plan.tensors} | set(plan.not_written)
@@ -302,7 +303,7 @@ def _account(plan: GgufPlan, store: "TensorStore", cfg: Any, spec: Any) -> None:
         raise InvalidInputError(f"model.safetensors lacks {', '.join(missing[:6])}", code="gguf_missing_tensor")
 
 
-def _serve_flags(plan: GgufPlan, cfg: Any, alg: "Algorithm") -> None:
+def _serve_flags(plan: GgufPlan, cfg: Any, alg: Algorithm) -> None:
     """``--spec-type`` and ``--spec-draft-n-max`` (docs/llamacpp.md, "The check")."""
     from ...format.facts import speculative_tokens_for
 
@@ -312,7 +313,7 @@ def _serve_flags(plan: GgufPlan, cfg: Any, alg: "Algorithm") -> None:
     plan.spec_draft_n_max = speculative_tokens_for(int(cfg.block_size), bool(cfg.sample_from_anchor))
 
 
-def _arch_keys(plan: GgufPlan, cfg: Any, alg: "Algorithm", spec: Any) -> list[tuple[str, Any, str]]:
+def _arch_keys(plan: GgufPlan, cfg: Any, alg: Algorithm, spec: Any) -> list[tuple[str, Any, str]]:
     """The ``dflash.*`` keys and the mask token, in the converter's order (``conversion/base.py``
     ``TextModel.set_gguf_parameters``, ``conversion/qwen.py``; docs/llamacpp.md, "Keys beyond the converter's")."""
     from ...format import rope_theta_of

@@ -8,8 +8,9 @@ import logging
 import os
 import re
 import subprocess
+from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Any
 
 from ...errors import InvalidInputError
 from ..local_server import LocalServer, post_json

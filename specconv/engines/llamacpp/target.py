@@ -9,8 +9,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ...errors import InvalidInputError
-from .layout import refuse
 from . import VERIFIER_GGUF_ENV
+from .layout import refuse
 
 if TYPE_CHECKING:
     from ...verifier import Verifier

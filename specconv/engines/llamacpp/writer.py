@@ -24,7 +24,7 @@ def _add_key(writer: Any, key: str, value: Any, kind: str) -> None:
     add(key, value)
 
 
-def _tensor_data(t: "PlannedTensor", plan: "GgufPlan", store: "TensorStore", verifier: "Verifier"):
+def _tensor_data(t: PlannedTensor, plan: GgufPlan, store: TensorStore, verifier: Verifier):
     """The tensor as the converter writes it: a float32 array through ``gguf.quants.quantize``."""
     import gguf
     import torch
@@ -45,7 +45,7 @@ def _tensor_data(t: "PlannedTensor", plan: "GgufPlan", store: "TensorStore", ver
     return gguf.quants.quantize(data, gguf.GGMLQuantizationType[t.ggml_type])
 
 
-def write_gguf(plan: "GgufPlan", path: Path, *, store: "TensorStore", verifier: "Verifier", name: str,
+def write_gguf(plan: GgufPlan, path: Path, *, store: TensorStore, verifier: Verifier, name: str,
                vocab_size: int) -> None:
     """Write ``plan`` to ``path`` (``name``: ``general.name``; ``vocab_size``: the draft config's).
 

@@ -89,8 +89,8 @@ def preflight(path: str | Path, drafter_dir: str | Path, dtype: str | None = Non
     check_graph(graph, meta_dir, meta, Path(drafter_dir))
 
 
-def load(drafter_dir: Path, verifier: "Verifier", *, path: str | Path, dtype: str, device: str,
-         config: object = None) -> "OrtDrafter":
+def load(drafter_dir: Path, verifier: Verifier, *, path: str | Path, dtype: str, device: str,
+         config: object = None) -> OrtDrafter:
     """The registry's loader: the graph at ``path`` (checked against ``drafter_dir``), run on
     the CPU whatever ``device``; the verifier is not needed (its tensors are in the graph)."""
     return OrtDrafter(path, drafter_dir, dtype=dtype)

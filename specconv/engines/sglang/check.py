@@ -76,8 +76,8 @@ def judge(env: dict[str, Any], r: dict[str, Any], expected: dict[str, Any], file
 
 
 def _meta(d: Path) -> dict[str, Any]:
-    from .export import FORMAT, META_NAME
     from ...fileio import read_json_object
+    from .export import FORMAT, META_NAME
 
     p = d / META_NAME
     meta = read_json_object(p, code="not_sglang_export",
@@ -155,7 +155,7 @@ def preflight(drafter_dir: str | os.PathLike, verifier: str, python: str | None 
 
 def export_checked(drafter_dir: str | os.PathLike, out: str | os.PathLike | None = None, *,
                    verifier: str | None = None, overwrite: bool = False, python: str | None = None,
-                   record: bool = True) -> "ExportSglangResult":
+                   record: bool = True) -> ExportSglangResult:
     """``specconv export sglang --check``: the export with SGLang's own loader run on the written
     files before they are moved into place (``check``: the :func:`judge` payload).
 

@@ -7,8 +7,9 @@ from __future__ import annotations
 import json
 import logging
 import shutil
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any
 
 from ...errors import InvalidInputError
 from ...results import ExportSglangResult
@@ -128,7 +129,7 @@ def _published_verifier(raw: dict[str, Any], spec: str) -> str | None:
 
 def export_sglang_dir(drafter_dir: str | Path, out: str | Path | None = None, *, verifier: str | None = None,
                       overwrite: bool = False, check: Callable[[Path, str], dict[str, Any]] | None = None,
-                      record: bool = True) -> "ExportSglangResult":
+                      record: bool = True) -> ExportSglangResult:
     """Write SGLang's layout of a Speculators dir (``out`` default ``DIR/sglang``). ``check(files_dir,
     verifier)`` runs on the written files before they are moved into place and returns the ``check``
     payload or raises; ``record``: set ``export.sglang`` in ``DIR/specconv.json``.
@@ -191,7 +192,7 @@ def record_value(result: dict[str, Any], prev: dict[str, Any] | None) -> dict[st
     return new
 
 
-def record_sglang_check(drafter_dir: str | Path, result: "ExportSglangResult", check: dict[str, Any]) -> None:
+def record_sglang_check(drafter_dir: str | Path, result: ExportSglangResult, check: dict[str, Any]) -> None:
     """Record a check of an export made elsewhere (``validate --sglang-load-check``'s temp
     dir, ``result`` its :func:`export_sglang_dir`) under ``export.sglang.check``: beside the
     recorded export when its files are these bytes, else as an export without ``output``

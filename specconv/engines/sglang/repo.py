@@ -40,8 +40,8 @@ def is_sglang_file(d: Path, rec: Any, rel: str) -> bool:
 
 def sglang_problem(d: Path, rec: Any) -> str | None:
     """Why ``d``'s SGLang layout cannot be published or printed as checked (None: it can)."""
-    from .export import layout_files
     from ...record import file_hashes
+    from .export import layout_files
 
     exp = _export(rec)
     out = _export_dir(d, rec)

@@ -16,8 +16,8 @@ from typing import Any
 
 from ...errors import InvalidInputError, UsageError
 from ...fileio import atomic_write, read_json_object
-from . import BUILD_FORMAT, BUILD_NAME, MANIFEST_FORMAT
 from ...results import BuildEngineResult
+from . import BUILD_FORMAT, BUILD_NAME, MANIFEST_FORMAT
 
 __all__ = ["BuildOptions", "parse_profile", "profile_shapes", "build_engine_dir", "gpu_info",
            "variant_key", "import_builder", "tensorrt_model", "TENSORRT_ATTRIBUTES"]

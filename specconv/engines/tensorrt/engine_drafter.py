@@ -227,8 +227,8 @@ def _profile_max_context(build: dict, graph_max: int) -> int:
     return graph_max
 
 
-def load(drafter_dir: Path, verifier: "Verifier", *, path: str | Path, dtype: str, device: str,
-         config: object = None) -> "EngineDrafter":
+def load(drafter_dir: Path, verifier: Verifier, *, path: str | Path, dtype: str, device: str,
+         config: object = None) -> EngineDrafter:
     """The registry's loader: the engine at ``path`` (checked against ``drafter_dir``), on CUDA
     at the plan's dtype whatever ``dtype`` / ``device``; the verifier is not needed."""
     return EngineDrafter(path, drafter_dir)

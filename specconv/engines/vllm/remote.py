@@ -9,11 +9,12 @@ import json
 import logging
 import os
 import re
+from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Any
 
-from . import serve_options
 from ...errors import InvalidInputError, UsageError
+from . import serve_options
 
 if TYPE_CHECKING:
     from ...verifier import Verifier
@@ -188,8 +189,16 @@ def run_remote_validation(drafter_dir: Path, verifier: Verifier, prompts: Sequen
     """
     from ...format import load_config
     from ..served import settled as scrape_settled
-    from .serve import (_served_details, _version, check_served, completion_request, measure, metrics_from_vllm,
-                        other_traffic, serving_facts)
+    from .serve import (
+        _served_details,
+        _version,
+        check_served,
+        completion_request,
+        measure,
+        metrics_from_vllm,
+        other_traffic,
+        serving_facts,
+    )
     from .server import check_rejection_method
     vopts = serve_options(opts)
     key = api_key(vopts.api_key_env)

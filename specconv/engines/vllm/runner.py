@@ -28,7 +28,6 @@ import time
 import traceback
 
 
-
 # ------------------------------------------------------------------ torch stubs
 def apply_stubs() -> list[dict]:
     """Stub the two torch attributes vLLM's CPU path needs, only where missing or unusable.

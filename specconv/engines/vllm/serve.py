@@ -9,14 +9,15 @@ import logging
 import os
 import subprocess
 import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any
 
 from ...errors import InvalidInputError
-from . import PYTHON_ENV, SERVE_VENV, engine_option, serve_options
 from ..local_server import LocalServer, free_port, post_json
 from ..served import CounterNames, counter_metrics, diff_counters, parse_counters, settled
 from ..served import measure as served_measure
+from . import PYTHON_ENV, SERVE_VENV, engine_option, serve_options
 
 if TYPE_CHECKING:
     from ...verifier import Verifier
@@ -215,7 +216,7 @@ class VllmServer(LocalServer):
         super().__init__(argv, str(log_path), env=server_env() if env is None else env,
                          startup_timeout=startup_timeout, stop_timeout=STOP_TIMEOUT_S)
 
-    def failed(self, message: str) -> "ServerFailed":
+    def failed(self, message: str) -> ServerFailed:
         """A :class:`ServerFailed` carrying vLLM's own reason from the log
         (:func:`specconv.engines.vllm.server.startup_reason`), the log's end and path."""
         from .server import startup_reason

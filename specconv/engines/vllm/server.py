@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import re
 import urllib.parse
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any
 
 from ...errors import InvalidInputError, UsageError
 

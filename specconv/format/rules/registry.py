@@ -17,7 +17,7 @@ from ..verifier_facts import VerifierFacts
 
 __all__ = ["RULES", "Hit", "LintContext", "Rule", "rule", "run_rules"]
 
-Hit = tuple[str, Union[str, None]]
+Hit = tuple[str, str | None]
 RuleResult = Union[Hit, list[Hit], None]
 Needs = Literal["config", "tensors", "verifier", "serve_method"]
 
