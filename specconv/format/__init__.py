@@ -15,6 +15,7 @@ _EXPORTS: dict[str, str] = {
     "BlockDraftConfig": "schema",
     "CODES": "findings",
     "CodeInfo": "findings",
+    "DFlash2Config": "schema",
     "DFlashConfig": "schema",
     "DSparkConfig": "schema",
     "Finding": "findings",

@@ -415,8 +415,41 @@ DSPARK = Algorithm(
     export=ExportFacts(inputs=_BLOCK_INPUTS, context_ids=False, block_rows="block", confidence_output=True),
 )
 
+#: DFlash2 = DFlash + per-layer grouped dynamic causal convolutions + a candidate selector that walks the
+#: top-K candidates of each drafted slot greedily from the anchor (speculators 0.9.0 ``models/dflash2/``;
+#: vLLM 0.33 ``transformers_utils/configs/speculators/algos.py`` ``update_dflash2``, ``models/qwen3_dflash2.py``;
+#: ``../shared/reference/dflash2.md``). vLLM builds it only under Model Runner V2 (the walk is a Triton kernel;
+#: V1 refuses "DFlash candidate-head drafts"), and its updater forwards the four keys only when set.
+DFLASH2 = Algorithm(
+    name="dflash2", display_name="DFlash2", architecture="DFlash2DraftModel",
+    config_class="specconv.format.schema:DFlash2Config", drafter_class="specconv.drafters.dflash2:DFlash2Drafter",
+    block_drafter=True, parallel_drafting=False, markov_head=False,
+    aux_ids_key="aux_hidden_state_layer_ids", aux_ids_default_from_verifier=False,
+    layer0_width_factor=1, layer_model_types=("qwen3",), qk_norm_always=True,
+    trains_embedding=False, lm_head_may_train=False, mask_hidden=False,
+    tensor_patterns=_BLOCK_PATTERNS + _names.DFLASH2_PATTERNS,
+    implicit_keys=(
+        ImplicitKey("block_size", False, "the config default is 8; z-lab, SGLang and llama.cpp default to 16"),
+        ImplicitKey("sample_from_anchor", True, "speculators and vLLM both default to false"),
+        ImplicitKey("sliding_window_non_causal", True, "speculators defaults to true for dflash2, vLLM to true"),
+        ImplicitKey("conv_kernel_size", False, "speculators defaults to 2; vLLM copies it only when set"),
+        ImplicitKey("conv_group_size", False, "speculators defaults to 16; vLLM copies it only when set"),
+        ImplicitKey("selector_rank", False, "speculators defaults to 256; vLLM copies it only when set"),
+        ImplicitKey("selector_top_k", False, "speculators defaults to 16; vLLM copies it only when set"),
+    ),
+    vllm=VllmFacts(method="dflash", draft_classes=("DFlash2Qwen3ForCausalLM",), v2_model_runner=True,
+                   runners=("v2",), sample_from_anchor="rejected", sliding_window_non_causal="every-layer"),
+    sglang=SglangFacts(refusal=(
+        "specconv does not write DFlash2's convolution and selector keys into an SGLang dflash_config yet "
+        "(SGLang reads them there only and builds no convolution without them)")),
+    llamacpp=LlamaCppFacts(refusal=(
+        "specconv does not write llama.cpp's DFlash2 metadata (dflash.conv_kernel_size, dflash.selector_top_k, "
+        "…) and selector tensors yet")),
+    export=ExportFacts(inputs=_BLOCK_INPUTS, context_ids=False, block_rows="block"),
+)
+
 #: ``speculators_model_type`` → description, in the order specconv lists algorithms.
-ALGORITHMS: Mapping[str, Algorithm] = MappingProxyType({a.name: a for a in (PEAGLE, DFLASH, DSPARK)})
+ALGORITHMS: Mapping[str, Algorithm] = MappingProxyType({a.name: a for a in (PEAGLE, DFLASH, DSPARK, DFLASH2)})
 
 
 def algorithm_names() -> tuple[str, ...]:

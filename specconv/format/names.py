@@ -29,6 +29,13 @@ DSPARK_HEAD_PATTERNS: tuple[str, ...] = (
     r"markov_head\.joint_proj\.(weight|bias)",
     r"confidence_head\.proj\.(weight|bias)",
 )
+#: DFlash2's per-layer convolutions and candidate selector (speculators 0.9.0 ``models/dflash2/``; bare codebook names).
+DFLASH2_PATTERNS: tuple[str, ...] = (
+    r"layers\.\d+\.(attention_conv|mlp_conv)\.base_kernel",
+    r"layers\.\d+\.(attention_conv|mlp_conv)\.kernel_projection\.weight",
+    r"candidate_selector\.hidden_projection\.weight",
+    r"candidate_selector\.(predecessor|successor)_codebook",
+)
 #: Vocabulary maps of a pruned draft vocabulary.
 VOCAB_MAP_PATTERNS: tuple[str, ...] = (r"d2t", r"t2d")
 #: Everything a P-EAGLE draft may hold.

@@ -29,6 +29,7 @@ from .facts import (
 
 __all__ = [
     "BlockDraftConfig",
+    "DFlash2Config",
     "DFlashConfig",
     "DSparkConfig",
     "GreedyProposal",
@@ -293,6 +294,10 @@ class SpeculatorsDraftConfig(_Model):
             raise InvalidInputError("transformer_layer_config: no explicit rope_theta")
         return theta
 
+    def extra_tensors(self) -> list[tuple[str, tuple[int, ...], str]]:
+        """Tensors the algorithm adds beyond the layers, heads and vocabulary maps: ``(name, shape, why)``."""
+        return []
+
     @property
     def is_pruned(self) -> bool:
         """True when the draft vocabulary is a pruned subset (``Vd < Vt``)."""
@@ -386,6 +391,41 @@ class DFlashConfig(BlockDraftConfig):
     algorithm: ClassVar[str] = "dflash"
 
     speculators_model_type: Literal["dflash"] = "dflash"
+
+
+class DFlash2Config(BlockDraftConfig):
+    """DFlash2 draft config (speculators 0.9.0 ``src/speculators/models/dflash2/config.py``
+    ``DFlash2SpeculatorConfig``): DFlash plus per-layer grouped dynamic causal convolutions
+    (``conv_kernel_size`` taps, ``conv_group_size`` channels per dynamic group) and a low-rank
+    candidate selector (``selector_rank``, ``selector_top_k``). The defaults are speculators';
+    z-lab, SGLang and vLLM have none or others, so specconv writes all four and
+    ``sliding_window_non_causal`` (true here, false for DFlash) explicitly.
+    """
+
+    algorithm: ClassVar[str] = "dflash2"
+
+    speculators_model_type: Literal["dflash2"] = "dflash2"
+    sliding_window_non_causal: bool = True
+    conv_kernel_size: int = 2
+    conv_group_size: int = 16
+    selector_rank: int = 256
+    selector_top_k: int = 16
+
+    def extra_tensors(self) -> list[tuple[str, tuple[int, ...], str]]:
+        """The convolution and selector tensors (speculators ``models/dflash2/model_definitions.py``):
+        ``(name, shape, why)``, codebooks under their bare names (vLLM raises on ``….weight``)."""
+        H, k, R, V = self.hidden_size, self.conv_kernel_size, self.selector_rank, self.vocab_size
+        G = H // self.conv_group_size if self.conv_group_size > 0 else 0
+        out: list[tuple[str, tuple[int, ...], str]] = []
+        for i in range(self.num_layers):
+            for conv in ("attention_conv", "mlp_conv"):
+                out.append((f"layers.{i}.{conv}.base_kernel", (2, k, H), "static convolution taps"))
+                out.append((f"layers.{i}.{conv}.kernel_projection.weight", (2 * k * G, H),
+                            "dynamic convolution taps per group"))
+        out.append(("candidate_selector.hidden_projection.weight", (R, H), "selector hidden projection"))
+        out.append(("candidate_selector.predecessor_codebook", (V, R), "selector predecessor codebook"))
+        out.append(("candidate_selector.successor_codebook", (V, R), "selector successor codebook"))
+        return out
 
 
 class DSparkConfig(BlockDraftConfig):

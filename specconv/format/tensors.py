@@ -135,4 +135,6 @@ def expected_tensors(cfg: SpeculatorsDraftConfig) -> dict[str, TensorSpec]:
     _add_vocab_maps(out, cfg)
     if isinstance(cfg, DSparkConfig):
         _add_dspark_heads(out, cfg)
+    for name, shape, why in cfg.extra_tensors():
+        out.add(name, shape, why=why)
     return dict(out)
