@@ -26,7 +26,7 @@ LAST = ("laguna_dflash", "aws_peagle", "modelopt_eagle_parallel_heads", "eagle3"
 
 #: DFlash-family refusals, in the order they must run before any supported DFlash / DSpark
 #: converter (each looks at ``dflash_config`` keys or tensor names).
-_DFLASH_REFUSALS = ("dflash2", "domino", "mla_dspark", "laguna_dflash", "mimo_dflash", "causal_dflash")
+_DFLASH_REFUSALS = ("dflash2_variant", "domino", "mla_dspark", "laguna_dflash", "mimo_dflash", "causal_dflash")
 _DSPARK_EXPORTS = ("modelopt_dspark", "specforge_dspark")
 #: DSpark exports run before the refusals that look at tensor names / layout flags.
 _DSPARK_FAMILY = _DFLASH_REFUSALS[:3] + _DSPARK_EXPORTS + _DFLASH_REFUSALS[3:]
@@ -54,8 +54,11 @@ ROUTES: dict[str, dict[str, tuple[str, ...]]] = {
     "architectures[0]": {
         "DFlashDraftModel": _DFLASH_REFUSALS + ("modelopt_dflash", "specforge_dflash", "zlab_dflash"),
         "Qwen3DFlashDraftModel": _DFLASH_REFUSALS + ("nemo_dflash",),
-        "DFlash2DraftModel": ("dflash2",),
-        "Qwen3DFlash2DraftModel": ("dflash2",),
+        "DFlash2DraftModel": ("zlab_dflash2",),
+        "Qwen3DFlash2DraftModel": ("zlab_dflash2",),
+        "DFlash2BeamDraftModel": ("dflash2_variant",),
+        "MiniMaxDFlash2DraftModel": ("dflash2_variant",),
+        "LiLiCorrDraftModel": ("lilicorr",),
         "DominoDraftModel": ("domino",),
         "DSparkDraftModel": _DSPARK_FAMILY,
         "Qwen3DSparkModel": _DFLASH_REFUSALS[:3] + ("deepspec_dflash", "deepspec_dspark"),

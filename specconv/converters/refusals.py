@@ -155,30 +155,59 @@ class NoDraftBody(RefusedFormat):
 # ------------------------------------------------------------------ architecture level
 
 
+#: DFlash2 architectures specconv converts (:mod:`.zlab_dflash2`); any other DFlash-family source carrying DFlash2's
+#: keys or tensors is refused by :class:`DFlash2Variant`.
+DFLASH2_ARCHITECTURES = ("DFlash2DraftModel", "Qwen3DFlash2DraftModel")
+
+
 @register
-class DFlash2(RefusedFormat):
-    format_id = "dflash2"
+class DFlash2Variant(RefusedFormat):
+    format_id = "dflash2_variant"
     algorithm = "dflash2"
-    title = "z-lab DFlash2 (conv + candidate selector)"
+    title = "DFlash2 variants (beam search, MiniMax) and mislabelled DFlash2 dirs"
     detection = (
-        "`architectures` ∈ {`DFlash2DraftModel`, `Qwen3DFlash2DraftModel`}, `dflash_config.conv_kernel_size`/"
-        "`selector_rank`, or `candidate_selector.*` / `*_conv.base_kernel` tensors"
+        "`architectures` ∈ {`DFlash2BeamDraftModel`, `MiniMaxDFlash2DraftModel`}, or a DFlash-family dir that is "
+        "not `DFlash2DraftModel` yet holds `dflash_config.conv_kernel_size`/`selector_rank` or "
+        "`candidate_selector.*` / `*_conv.base_kernel` tensors"
     )
     refusal = (
-        "DFlash2 adds per-layer convolutions and a candidate selector (attention_conv/mlp_conv, candidate_selector.*) "
-        "that the Speculators dflash type cannot hold; dropping them would silently degrade the drafter "
-        "(never downgraded to plain DFlash)"
+        "speculators 0.9.0 has no type for the beam-search or MiniMax DFlash2 variants (vLLM 0.33 serves the beam "
+        "variant through its own `DFlash2BeamForCausalLM`, SGLang 0.5.23 both through `models/dflash.py`); a "
+        "DFlash-labelled dir with convolutions or a selector would lose them as plain DFlash (never downgraded). "
+        "z-lab `DFlash2DraftModel` dirs convert (format `zlab_dflash2`)"
     )
-    spec_ref = "vLLM `vllm/model_executor/models/qwen3_dflash2.py` (vLLM PR #52816); z-lab/Qwen3.8-27B-DFlash2"
+    spec_ref = ("vLLM 0.33 `vllm/model_executor/models/registry.py` (`DFlash2BeamDraftModel`); SGLang 0.5.23 "
+                "`srt/models/dflash.py` (`MiniMaxDFlash2DraftModel`)")
 
     @classmethod
     def detect(cls, src: SourceInfo) -> bool:
-        if any(a in ("DFlash2DraftModel", "Qwen3DFlash2DraftModel") for a in src.architectures):
+        if any(a in ("DFlash2BeamDraftModel", "MiniMaxDFlash2DraftModel") for a in src.architectures):
             return True
+        if any(a in DFLASH2_ARCHITECTURES for a in src.architectures):
+            return False
         dc = src.dflash_config
         if isinstance(src.cfg("dflash_config"), dict) and ("conv_kernel_size" in dc or "selector_rank" in dc):
             return True
         return _is_dflash_family(src) and _any_name(src, r"^candidate_selector\.|(attention|mlp)_conv\.")
+
+
+@register
+class LiLiCorr(RefusedFormat):
+    format_id = "lilicorr"
+    algorithm = "lilicorr"
+    title = "LiLiCorr (DFlash2 with an anchor-hidden correction)"
+    detection = "`architectures[0] == LiLiCorrDraftModel`"
+    refusal = (
+        "speculators 0.9.0 has no LiLiCorr type and specconv describes none; vLLM 0.33 serves it with its own "
+        "`LiLiCorrForCausalLM` and a speculator that carries the anchor's hidden state between steps, which the "
+        "Speculators dflash2 type cannot hold"
+    )
+    spec_ref = ("vLLM 0.33 `vllm/model_executor/models/registry.py` (`LiLiCorrDraftModel`), "
+                "`vllm/v1/worker/gpu/spec_decode/lilicorr/speculator.py`")
+
+    @classmethod
+    def detect(cls, src: SourceInfo) -> bool:
+        return "LiLiCorrDraftModel" in src.architectures
 
 
 @register

@@ -621,6 +621,15 @@ class SpeculatorsDSpark(_SpeculatorsTrainer):
     detection = "`speculators_model_type: dspark`"
 
 
+@register
+class SpeculatorsDFlash2(_SpeculatorsTrainer):
+    format_id = "speculators_dflash2"
+    algorithm = "dflash2"
+    legacy_drop = BLOCK_LEGACY_DROP
+    title = "Speculators-format dir (speculators trainer output or a conversion) — DFlash2"
+    detection = "`speculators_model_type: dflash2`"
+
+
 #: other ``speculators_model_type`` values the speculators 0.9.0 registry knows, named as examples
 #: in the refusal's detection text while no description covers them.
 _OTHER_TYPES = tuple(t for t in ("dflash2", "eagle3", "mtp", "xpress") if find_algorithm(t) is None)

@@ -11,10 +11,15 @@ Facts used (z-lab ``dflash/model.py``):
   (times ``input_embedding_scale`` when present) at positions ``T … T+B−1``; the context
   features occupy positions ``0 … T−1``; drafts are slots ``1 … B−1`` through the
   verifier's LM head (``compute_logits`` applies ``output_multiplier`` / softcapping). No KV cache.
+* DFlash2 (``DFlash2DraftModel``): the drafts are z-lab's ``propose`` (``CandidateSelector.select``: the greedy
+  walk over the top-K candidates from the anchor at T = 0, a draw from its ``q`` at T > 0); each draft's
+  logits row holds the selector's scores on the candidates along that path (``-inf`` elsewhere), as
+  specconv's drafter reports them.
 """
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -30,6 +35,26 @@ class _Proposal:
     confidence: Any = None
 
 
+#: source formats whose reference forward is z-lab's own model (:func:`specconv.validate.torch_backend`).
+ZLAB_FORMATS = ("zlab_dflash", "zlab_dflash2")
+
+
+def _selector_rows(selector, hidden, unary_logits, anchor, path):
+    """z-lab's selector scores ``[N, V]`` along ``path`` (``-inf`` off the candidates; z-lab ``select``'s terms)."""
+    import torch
+
+    unary, candidates = torch.topk(unary_logits, selector.top_k, dim=-1, sorted=False)
+    projected = selector.hidden_projection(hidden)
+    rows = torch.full_like(unary_logits, float("-inf"))
+    prev = anchor
+    for j in range(hidden.shape[1]):
+        scores = unary[:, j] + torch.einsum("br,bkr->bk", selector.predecessor_codebook(prev) * projected[:, j],
+                                            selector.successor_codebook(candidates[:, j]))
+        rows[:, j].scatter_(-1, candidates[:, j], scores)
+        prev = path[:, j]
+    return rows
+
+
 class ZLabDFlashReference:
     """``propose``-compatible wrapper of z-lab's ``DFlashDraftModel`` over the loaded verifier's embedding and
     LM head (as ``dflash_generate``); InvalidInputError without ``dflash`` or a loadable checkpoint."""
@@ -41,7 +66,7 @@ class ZLabDFlashReference:
         import torch
 
         try:
-            from dflash.model import DFlashDraftModel, _draft_value
+            from dflash.model import DFlash2DraftModel, DFlashDraftModel, _draft_value
         except ImportError as e:  # pragma: no cover - depends on the environment
             raise InvalidInputError(
                 "the z-lab reference forward needs the `dflash` package (pip install --no-deps dflash)"
@@ -49,8 +74,10 @@ class ZLabDFlashReference:
         dtype = dtype or torch.float32
         quiet_library_bars()
         try:
-            self.model = DFlashDraftModel.from_pretrained(str(source_dir), dtype=dtype).to(device).eval()
-        except (OSError, ValueError, KeyError) as e:
+            archs = (json.loads((Path(source_dir) / "config.json").read_text()).get("architectures") or [])
+            cls = DFlash2DraftModel if any("DFlash2" in a for a in archs) else DFlashDraftModel
+            self.model = cls.from_pretrained(str(source_dir), dtype=dtype).to(device).eval()
+        except (OSError, ValueError, KeyError, TypeError) as e:
             raise InvalidInputError(f"z-lab DFlashDraftModel cannot load {source_dir}: {e}") from e
         cfg = self.model.config
         self.block_size = int(self.model.block_size)
@@ -85,7 +112,12 @@ class ZLabDFlashReference:
                 use_cache=False,
             )[:, 1:, :]
             head = getattr(self.verifier, "lm_head", None) or self.verifier.get_output_embeddings()
-            logits = self.model.compute_logits(h.to(head.weight.device, head.weight.dtype), head)[0].float()
+            h = h.to(head.weight.device, head.weight.dtype)
+            logits = self.model.compute_logits(h, head)[0].float()
+            if hasattr(self.model, "propose"):  # DFlash2: the selector walk
+                path, _, _ = self.model.propose(h, block[:1], head, float(temperature))
+                rows = _selector_rows(self.model.candidate_selector, h, logits[None].to(h.dtype), block[:1], path)
+                return _Proposal(tokens=path[0], logits=rows[0].float())
         if temperature > 0:
             probs = torch.softmax(logits / float(temperature), -1)
             gen = generator if generator is not None and generator.device == probs.device else None
