@@ -157,6 +157,9 @@ class SglangFacts:
         confidence_head_env: environment SGLang needs to build the confidence head: it is
             skipped without a word under ``SGLANG_RAGGED_VERIFY_MODE=static``, the default
             (``srt/models/dspark.py`` ``build_confidence_head``); set for drafters that have one.
+        dflash_config_keys: Speculators top-level keys SGLang reads from ``dflash_config`` only
+            (``srt/speculative/dflash_utils.py`` ``parse_dflash_draft_config``; absent = 0 = off):
+            written there and compared with what SGLang parsed.
     """
 
     speculative_algorithm: str | None = None
@@ -169,6 +172,7 @@ class SglangFacts:
     required_keys: tuple[str, ...] = ()
     positive_keys: tuple[str, ...] = ()
     confidence_head_env: tuple[tuple[str, str], ...] = ()
+    dflash_config_keys: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -448,10 +452,8 @@ DFLASH2 = Algorithm(
                        "Model Runner V2 needs Triton, which has no CPU backend (\"Model Runner V2 requires Triton.\"); "
                        "serve it with vLLM >= 0.33 on a GPU (Model Runner V2), or measure it here with --backend torch "
                        "or llamacpp")),
-    sglang=SglangFacts(refusal=(
-        "specconv does not write DFlash2's convolution and selector keys into an SGLang dflash_config yet "
-        "(SGLang reads them there only and builds no convolution without them)")),
-    llamacpp=LlamaCppFacts(refusal=(
+    sglang=SglangFacts(speculative_algorithm="DFLASH", architecture="DFlash2DraftModel", sample_from_anchor=False,
+                       dflash_config_keys=("conv_kernel_size", "conv_group_size", "selector_rank", "selector_top_k")),    llamacpp=LlamaCppFacts(refusal=(
         "specconv does not write llama.cpp's DFlash2 metadata (dflash.conv_kernel_size, dflash.selector_top_k, "
         "…) and selector tensors yet")),
     export=ExportFacts(inputs=_BLOCK_INPUTS, context_ids=False, block_rows="block"),

@@ -171,6 +171,7 @@ def sglang_layout(raw: Mapping[str, Any], names: Sequence[str], verifier_layers:
         "drafts_per_block": k, "sample_from_anchor": cfg.sample_from_anchor, "layer_causal": causal}
     if alg.markov_head:
         expected.update(markov_rank=cfg.markov_rank, markov_head_type=cfg.markov_head_type, confidence_head=head)
+    expected.update({key: getattr(cfg, key) for key in facts.dflash_config_keys})
     return SglangLayout(alg.name, config, env, expected, _notes(cfg, raw, facts, k))
 
 
@@ -184,7 +185,8 @@ def _flat_config(cfg: Any, raw: Mapping[str, Any], facts: Any, ids: list[int], n
     if raw.get("dtype") is not None:
         out["dtype"] = raw["dtype"]
     out["block_size"] = k if facts.block_size_counts == "drafts" else cfg.block_size
-    out["dflash_config"] = {"mask_token_id": cfg.mask_token_id, "target_layer_ids": ids}
+    out["dflash_config"] = {"mask_token_id": cfg.mask_token_id, "target_layer_ids": ids,
+                            **{key: getattr(cfg, key) for key in facts.dflash_config_keys}}
     out["num_target_layers"] = int(n_layers)
     if is_causal is not None:
         out["is_causal"] = is_causal
@@ -205,7 +207,8 @@ def _notes(cfg: Any, raw: Mapping[str, Any], facts: Any, k: int) -> list[str]:
         notes.append("sliding_window: SGLang applies it per query row with window_left = sliding_window - 1 "
                      "(srt/speculative/dflash_utils.py); that the masks equal the Speculators reference's is not "
                      "proven here (loading and configuration only)")
-    extra = sorted(key for key in raw if key not in _TRANSLATED and key not in facts.explicit_keys)
+    carried = (*_TRANSLATED, *facts.explicit_keys, *facts.dflash_config_keys)
+    extra = sorted(key for key in raw if key not in carried)
     if extra:
         notes.append(f"config.json keys SGLang has no counterpart for, not written: {', '.join(extra)}")
     if cfg.speculative_tokens != k:

@@ -20,7 +20,8 @@ FAMILY_DFLASH = "dflash"
 FAMILY_DSPARK = "dspark"
 FAMILY_EAGLE3 = "eagle3"
 #: ``architectures[0]`` → (family, ``ServerArgs.speculative_algorithm``), ``srt/models/registry.py``.
-DRAFT_CLASSES = {"DFlashDraftModel": (FAMILY_DFLASH, None), "Qwen3DSparkModel": (FAMILY_DSPARK, None),
+DRAFT_CLASSES = {"DFlashDraftModel": (FAMILY_DFLASH, None), "DFlash2DraftModel": (FAMILY_DFLASH, None),
+                 "Qwen3DSparkModel": (FAMILY_DSPARK, None),
                  "DSparkDraftModel": (FAMILY_DSPARK, None), "LlamaForCausalLMEagle3": (FAMILY_EAGLE3, "EAGLE3")}
 #: The ``vllm._custom_ops`` functions SGLang's layers import off CUDA (never called by a load).
 VLLM_OPS = ("rotary_embedding", "rms_norm", "fused_add_rms_norm")
@@ -314,7 +315,7 @@ def resolved_block_values(hf_config, model, family: str, n_target: int) -> dict:
         rows = dflash_draft_rows(int(model.block_size))
         # srt/speculative/dflash_worker_v2.py: one pass verifies the block; its rows 1.. are drafted
         out.update(draft_rows=rows, block_slots=int(model.block_size), drafts_per_block=len(rows),
-                   sample_from_anchor=rows[:1] == [0])
+                   sample_from_anchor=rows[:1] == [0], **_dflash2_values(cfg, model))
     out.update(captured_layer_ids=[int(i) for i in ids], capture_layer_inputs=[int(i) + 1 for i in ids],
                verifier_layers=n_target)
     return out
@@ -331,6 +332,15 @@ def _markov_values(hf_config, model) -> dict:
             "markov_head_type": ds.markov_head_type, "gamma": gamma, "block_slots": gamma if sfa else gamma + 1,
             "drafts_per_block": gamma, "confidence_head": model.confidence_head is not None,
             "target_layer_ids": list(ds.target_layer_ids) if ds.target_layer_ids is not None else None}
+
+
+def _dflash2_values(cfg, model) -> dict:
+    """The convolution / selector settings SGLang parsed (0 = off) and whether it built the modules."""
+    layers = getattr(model, "layers", [])
+    return {"conv_kernel_size": cfg.conv_kernel_size, "conv_group_size": cfg.conv_group_size,
+            "selector_rank": cfg.selector_rank, "selector_top_k": cfg.selector_top_k,
+            "convolutions_built": sum(getattr(x, "attention_conv", None) is not None for x in layers),
+            "candidate_selector_built": getattr(model, "candidate_selector", None) is not None}
 
 
 def _layer_attention(model) -> dict:
