@@ -192,6 +192,11 @@ class LlamaCppFacts:
             the mask slots only (``draft-dflash``; it ignores ``dflash.sample_from_anchor``).
         spec_type_markov: ``--spec-type`` when the GGUF has a Markov head or
             ``sample_from_anchor`` is true (``draft-dspark``: reads slot 0 with the anchor).
+        config_keys: ``(Speculators config key, GGUF metadata key)`` written as u32 after the block
+            size (DFlash2: ``conversion/qwen.py`` 710-717; ``src/models/dflash.cpp`` requires each > 0).
+        lattice_top_k_key: the config key of a candidate count ``K`` whose ``K × (K + 1)`` lattice
+            llama.cpp packs into one ``hidden_size``-wide row (``src/models/dflash.cpp`` 250-257:
+            refused when ``hidden_size < K (K + 1)``).
     """
 
     gguf_architecture: str | None = None
@@ -201,6 +206,8 @@ class LlamaCppFacts:
     gguf_not_written: tuple[tuple[str, str], ...] = ()
     spec_type: str | None = None
     spec_type_markov: str | None = None
+    config_keys: tuple[tuple[str, str], ...] = ()
+    lattice_top_k_key: str | None = None
 
 
 @dataclass(frozen=True)
@@ -341,6 +348,17 @@ _DSPARK_GGUF_TENSORS: tuple[tuple[str, str], ...] = (
     ("markov_head.markov_w1.weight", "markov_w1.weight"), ("markov_head.markov_w2.weight", "markov_w2.weight"),
     ("confidence_head.proj.weight", "conf_proj.weight"), ("confidence_head.proj.bias", "conf_proj.bias"),
 )
+#: DFlash2's convolution and selector tensors (``gguf-py/gguf/constants.py`` 2002-2008, ``tensor_mapping.py``
+#: 1410-1437; the converter appends ``.weight`` to the codebooks, ``conversion/qwen.py`` 852-856).
+_DFLASH2_GGUF_TENSORS: tuple[tuple[str, str], ...] = (
+    ("layers.{i}.attention_conv.base_kernel", "blk.{i}.attn_conv_base"),
+    ("layers.{i}.attention_conv.kernel_projection.weight", "blk.{i}.attn_conv_proj.weight"),
+    ("layers.{i}.mlp_conv.base_kernel", "blk.{i}.ffn_conv_base"),
+    ("layers.{i}.mlp_conv.kernel_projection.weight", "blk.{i}.ffn_conv_proj.weight"),
+    ("candidate_selector.predecessor_codebook", "selector_predecessor.weight"),
+    ("candidate_selector.successor_codebook", "selector_successor.weight"),
+    ("candidate_selector.hidden_projection.weight", "selector_hidden.weight"),
+)
 _GGUF_NOT_WRITTEN = (("t2d", "llama.cpp reads d2t only (t2d is its inverse; conversion/qwen.py drops it too)"),)
 
 
@@ -453,10 +471,12 @@ DFLASH2 = Algorithm(
                        "serve it with vLLM >= 0.33 on a GPU (Model Runner V2), or measure it here with --backend torch "
                        "or llamacpp")),
     sglang=SglangFacts(speculative_algorithm="DFLASH", architecture="DFlash2DraftModel", sample_from_anchor=False,
-                       dflash_config_keys=("conv_kernel_size", "conv_group_size", "selector_rank", "selector_top_k")),    llamacpp=LlamaCppFacts(refusal=(
-        "specconv does not write llama.cpp's DFlash2 metadata (dflash.conv_kernel_size, dflash.selector_top_k, "
-        "…) and selector tensors yet")),
-    export=ExportFacts(inputs=_BLOCK_INPUTS, context_ids=False, block_rows="block"),
+                       dflash_config_keys=("conv_kernel_size", "conv_group_size", "selector_rank", "selector_top_k")),    llamacpp=LlamaCppFacts(
+        gguf_architecture="dflash", gguf_keys=_DFLASH_GGUF_KEYS, gguf_tensors=_DFLASH_GGUF_TENSORS + _DFLASH2_GGUF_TENSORS,
+        gguf_not_written=_GGUF_NOT_WRITTEN, spec_type="draft-dflash", spec_type_markov="draft-dspark",
+        config_keys=(("conv_kernel_size", "dflash.conv_kernel_size"), ("conv_group_size", "dflash.conv_group_size"),
+                     ("selector_rank", "dflash.selector_rank"), ("selector_top_k", "dflash.selector_top_k")),
+        lattice_top_k_key="selector_top_k"),    export=ExportFacts(inputs=_BLOCK_INPUTS, context_ids=False, block_rows="block"),
 )
 
 #: ``speculators_model_type`` → description, in the order specconv lists algorithms.

@@ -120,6 +120,12 @@ def refuse_config(cfg: SpeculatorsDraftConfig, alg: Algorithm, spec: Any, verifi
         raise refuse("sliding_window", f"config.json: layers {swa} are sliding-window layers (window "
                      f"{spec.window}); specconv writes no SWA into a GGUF until a test shows llama.cpp's "
                      "window equals the reference drafter's")
+    top_k_key = alg.llamacpp.lattice_top_k_key
+    top_k = int(getattr(cfg, top_k_key)) if top_k_key else 0
+    if spec.hidden_size < top_k * (top_k + 1):
+        raise refuse("selector_lattice", f"config.json: {top_k_key} {top_k} needs hidden_size >= "
+                     f"{top_k * (top_k + 1)} (K x (K + 1)); llama.cpp packs the candidate lattice into one "
+                     f"{spec.hidden_size}-wide row (src/models/dflash.cpp)")
     th = cfg.target_hidden_size
     if th is not None and int(th) != spec.hidden_size:
         raise refuse("target_hidden_size", f"config.json: target_hidden_size {th} != hidden_size {spec.hidden_size}; "
@@ -331,7 +337,9 @@ def _arch_keys(plan: GgufPlan, cfg: Any, alg: Algorithm, spec: Any) -> list[tupl
              (k["head_count"], spec.num_attention_heads, "u32"), (k["head_count_kv"], spec.num_key_value_heads, "u32"),
              (k["rope_freq_base"], float(theta), "f32"), (k["rms_eps"], spec.rms_norm_eps, "f32"),
              (k["key_length"], spec.head_dim, "u32"), (k["value_length"], spec.head_dim, "u32"),
-             (k["block_size"], int(cfg.block_size), "u32"), (k["target_layers"], plan.target_layers, "array"),
+             (k["block_size"], int(cfg.block_size), "u32"),
+             *[(gguf_key, int(getattr(cfg, key)), "u32") for key, gguf_key in alg.llamacpp.config_keys],
+             (k["target_layers"], plan.target_layers, "array"),
              (k["sample_from_anchor"], bool(cfg.sample_from_anchor), "bool"),
              (k["has_confidence_head"], any(t.gguf_name.startswith("conf_proj.") for t in plan.tensors), "bool"),
              (k["causal"], False, "bool"), (k["mask_token_id"], int(cfg.mask_token_id), "u32")]
