@@ -20,8 +20,9 @@ import torch
 KEYS = {"conv_kernel_size": 2, "conv_group_size": 16, "selector_rank": 8, "selector_top_k": 4}
 
 
-def _randomise(model: torch.nn.Module, seed: int) -> None:
-    """O(1) random weights (norm gains near 1), identity-plus-noise convolution taps, strong codebooks."""
+def _randomise(model: torch.nn.Module, seed: int, codebook_std: float = 2.0) -> None:
+    """O(1) random weights (norm gains near 1), identity-plus-noise convolution taps, codebooks of
+    ``codebook_std`` (2: strong enough that the selector reorders the top-K)."""
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, p in model.named_parameters():
@@ -31,7 +32,7 @@ def _randomise(model: torch.nn.Module, seed: int) -> None:
                 p.copy_(0.2 * torch.randn(p.shape, generator=g))
                 p[:, 0] += 1.0
             elif "codebook" in name:
-                p.copy_(2.0 * torch.randn(p.shape, generator=g))
+                p.copy_(codebook_std * torch.randn(p.shape, generator=g))
             elif p.dim() == 1:
                 p.copy_(1.0 + 0.2 * torch.randn(p.shape, generator=g))
             else:
@@ -48,7 +49,8 @@ def _layer_keys(verifier: Path, layers: int) -> dict[str, Any]:
 
 def zlab_dflash2(out: Path, verifier: Path, *, layers: int = 2, block_size: int = 8, target_layer_ids=(0, 2, 4),
                  mask_token_id: int | None = None, keys: dict[str, Any] | None = None, top_level: bool = False,
-                 bare: bool = False, seed: int = 0, dtype: torch.dtype = torch.float32, **extra: Any) -> Path:
+                 bare: bool = False, seed: int = 0, dtype: torch.dtype = torch.float32, codebook_std: float = 2.0,
+                 **extra: Any) -> Path:
     """A z-lab DFlash2 checkpoint of ``layers`` layers for ``verifier``; ``top_level``: the four keys at the top
     level instead of in ``dflash_config`` (z-lab reads both); ``extra``: more top-level config keys."""
     from dflash.model import DFlash2DraftModel
@@ -69,7 +71,7 @@ def zlab_dflash2(out: Path, verifier: Path, *, layers: int = 2, block_size: int 
             setattr(cfg, key, v)
     torch.manual_seed(seed)
     model = DFlash2DraftModel(cfg)
-    _randomise(model, seed)
+    _randomise(model, seed, codebook_std)
     model.to(dtype).save_pretrained(out)
     if bare:
         from safetensors.torch import load_file, save_file

@@ -220,12 +220,16 @@ class ExportFacts:
         block_rows: what the static ``block_ids`` axis holds: ``"block"`` (the ``B`` block
             slots, anchor first) or ``"mask-depths"`` (P-EAGLE's ``K - 1`` mask entries).
         confidence_output: a ``confidence`` output exists when the drafter has the head.
+        sequential_picks: each draft is picked after the previous one and conditioned on it (DSpark's
+            Markov stage, DFlash2's selector walk): a flip at slot ``j`` changes every later slot's input,
+            so ONNX parity compares a request's drafts up to its first flip.
     """
 
     inputs: tuple[str, ...]
     context_ids: bool
     block_rows: str
     confidence_output: bool = False
+    sequential_picks: bool = False
 
 
 @dataclass(frozen=True)
@@ -437,7 +441,8 @@ DSPARK = Algorithm(
         required_keys=("markov_head_type",), positive_keys=("markov_rank",),
         confidence_head_env=(("SGLANG_RAGGED_VERIFY_MODE", "compact"),)),
     llamacpp=_llamacpp(_DFLASH_GGUF_TENSORS + _DSPARK_GGUF_TENSORS),
-    export=ExportFacts(inputs=_BLOCK_INPUTS, context_ids=False, block_rows="block", confidence_output=True),
+    export=ExportFacts(inputs=_BLOCK_INPUTS, context_ids=False, block_rows="block", confidence_output=True,
+                       sequential_picks=True),
 )
 
 #: DFlash2 = DFlash + per-layer grouped dynamic causal convolutions + a candidate selector that walks the
@@ -471,12 +476,14 @@ DFLASH2 = Algorithm(
                        "serve it with vLLM >= 0.33 on a GPU (Model Runner V2), or measure it here with --backend torch "
                        "or llamacpp")),
     sglang=SglangFacts(speculative_algorithm="DFLASH", architecture="DFlash2DraftModel", sample_from_anchor=False,
-                       dflash_config_keys=("conv_kernel_size", "conv_group_size", "selector_rank", "selector_top_k")),    llamacpp=LlamaCppFacts(
-        gguf_architecture="dflash", gguf_keys=_DFLASH_GGUF_KEYS, gguf_tensors=_DFLASH_GGUF_TENSORS + _DFLASH2_GGUF_TENSORS,
-        gguf_not_written=_GGUF_NOT_WRITTEN, spec_type="draft-dflash", spec_type_markov="draft-dspark",
+                       dflash_config_keys=("conv_kernel_size", "conv_group_size", "selector_rank", "selector_top_k")),
+    llamacpp=LlamaCppFacts(
+        gguf_architecture="dflash", gguf_keys=_DFLASH_GGUF_KEYS,
+        gguf_tensors=_DFLASH_GGUF_TENSORS + _DFLASH2_GGUF_TENSORS, gguf_not_written=_GGUF_NOT_WRITTEN, spec_type="draft-dflash", spec_type_markov="draft-dspark",
         config_keys=(("conv_kernel_size", "dflash.conv_kernel_size"), ("conv_group_size", "dflash.conv_group_size"),
                      ("selector_rank", "dflash.selector_rank"), ("selector_top_k", "dflash.selector_top_k")),
-        lattice_top_k_key="selector_top_k"),    export=ExportFacts(inputs=_BLOCK_INPUTS, context_ids=False, block_rows="block"),
+        lattice_top_k_key="selector_top_k"),
+    export=ExportFacts(inputs=_BLOCK_INPUTS, context_ids=False, block_rows="block", sequential_picks=True),
 )
 
 #: ``speculators_model_type`` → description, in the order specconv lists algorithms.

@@ -6,7 +6,12 @@ written by ``dflash`` 0.1.0 (1 layer, K = 16, R = 16, bare codebook names), conv
   what ``validate --backend vllm`` refuses with;
 * SGLang 0.5.23 loads ``export sglang`` strictly and resolves the convolution / selector settings;
 * ``export gguf`` equals llama.cpp's own converter on the z-lab source; ``llama-server --spec-type draft-dflash``
-  serves it losslessly.
+  serves it losslessly;
+* ``export onnx`` puts the selector walk in the graph (TopK, ScatterElements) and passes ORT parity in fp32 and
+  fp16; TensorRT-RTX builds the graph ahead of time on this CPU.
+
+The codebooks have std 0.5 here (realistic against the unary logits; the drafter parity tests use 2 so that the
+selector reorders): with std 2 the fp16 graph's first picks flip outside the near-tie margin.
 """
 
 from __future__ import annotations
@@ -33,7 +38,7 @@ def dflash2(tmp_path_factory, smollm2_dir) -> dict[str, Path]:
 
     root = tmp_path_factory.mktemp("dflash2_engines")
     src = f2.zlab_dflash2(root / "zlab", smollm2_dir, layers=1, target_layer_ids=(1, 14, 27), mask_token_id=16,
-                          keys=KEYS, bare=True)
+                          keys=KEYS, bare=True, codebook_std=0.5)
     api_convert(src, smollm2_dir, root / "spec", name=SMOL_HUB)
     return {"zlab": src, "spec": root / "spec", "root": root}
 
@@ -172,3 +177,20 @@ def test_llama_server_serves_the_dflash2_gguf_losslessly(dflash2, smollm2_dir):
                     n_predict=16, spec_type=res.spec_type, n_max=res.spec_draft_n_max)
     assert res.spec_type == "draft-dflash"
     assert out["lossless"] and out["num_drafts"] > 0 and out["num_draft_tokens"] > 0, out
+
+
+def test_onnx_graph_holds_the_selector_and_matches_torch_in_ort(dflash2, smollm2_dir, tmp_path):
+    from cli_runner import invoke
+
+    code, rep = invoke("export", "onnx", dflash2["spec"], "--verifier", smollm2_dir, "-o", tmp_path / "onnx",
+                       "--format", "json").code_json
+    assert code == 0, rep
+    assert rep["algorithm"] == "dflash2" and {"TopK", "ScatterElements"} <= set(rep["census"])
+    assert all(p["passed"] for p in rep["parity"].values()), rep["parity"]
+    assert {p["dtype"] for p in rep["parity"].values()} == {"float32", "float16"}
+    code, eng = invoke("build-engine", dflash2["spec"], "--onnx", tmp_path / "onnx", "--builder", "rtx",
+                       "--compute-capability", "8.9", "--format", "json").code_json
+    if code == 2 and "tensorrt" in json.dumps(eng).lower():
+        pytest.skip(f"TensorRT-RTX not installed: {eng}")
+    assert code == 0, eng
+    assert eng["drafter_meta"]["algorithm"] == "dflash2"

@@ -72,9 +72,17 @@ def run_reference(path: Path, names: list[str], inputs: tuple[torch.Tensor, ...]
     return ev.run(None, {n: _np(t) for n, t in zip(names, inputs)})
 
 
-def compare(ref: dict[str, torch.Tensor], got: dict[str, np.ndarray], atol: float) -> dict:
+def _upstream(diff: np.ndarray) -> np.ndarray:
+    """Bool ``[B, N]``: the drafts up to and including each request's first flip (a sequential stage's later
+    drafts are conditioned on a different pick, so they are not comparable)."""
+    before = np.cumsum(diff, axis=-1) - diff == 0
+    return before
+
+
+def compare(ref: dict[str, torch.Tensor], got: dict[str, np.ndarray], atol: float, *, sequential: bool = False) -> dict:
     """Compare graph outputs ``got`` with the torch wrapper's ``ref`` (with ``logits``), fp32; a near
-    tie is a torch top-1/top-2 margin below ``2·atol``.
+    tie is a torch top-1/top-2 margin below ``2·atol``; ``sequential`` (``ExportFacts.sequential_picks``):
+    each request is compared up to its first flip.
 
     Returns:
         ``{"top1": agreement, "n": drafts, "mismatches", "near_tie_mismatches",
@@ -85,6 +93,8 @@ def compare(ref: dict[str, torch.Tensor], got: dict[str, np.ndarray], atol: floa
     top2 = torch.topk(ref["logits"].nan_to_num(neginf=-1e30), 2, dim=-1).values
     margin = (top2[..., 0] - top2[..., 1]).numpy()
     diff = t_ids != g_ids
+    keep = _upstream(diff) if sequential else np.ones_like(diff, dtype=bool)
+    diff = diff & keep
     out = {"n": int(t_ids.size), "top1": float(1.0 - diff.mean()), "mismatches": int(diff.sum()),
            "near_tie_mismatches": int((diff & (margin < 2 * atol)).sum()), "max_abs": {}}
     for name, arr in got.items():
@@ -92,6 +102,8 @@ def compare(ref: dict[str, torch.Tensor], got: dict[str, np.ndarray], atol: floa
             continue
         r = ref[name].to(torch.float32).numpy()
         a = np.asarray(arr, dtype=np.float32)
+        if sequential and r.shape[:2] == keep.shape:
+            r, a = r[keep], a[keep]
         fin = np.isfinite(r) & np.isfinite(a)
         if not np.array_equal(np.isfinite(r), np.isfinite(a)):
             out["max_abs"][name] = float("inf")
@@ -108,7 +120,10 @@ def check_parity(path: Path, wrapper_all, output_names: list[str], input_names: 
         ``{"runtime", "dtype", "cases": [...], "passed": bool | None, "tolerance"}``;
         ``passed`` is None when no runtime could run the graph (reason in ``skipped``).
     """
+    from ...format.algorithms import algorithm
+
     atol, gate = TOLERANCES[dtype]
+    sequential = algorithm(wrapper_all.shape.algorithm).export.sequential_picks
     n_params = sum(p.numel() for p in wrapper_all.parameters())
     runtime = "onnxruntime-cpu"
     if dtype == "bfloat16":
@@ -132,7 +147,7 @@ def check_parity(path: Path, wrapper_all, output_names: list[str], input_names: 
                         "skipped": f"the ONNX reference evaluator cannot run this graph "
                                    f"({type(e).__name__}: {str(e)[:200]}); checked by the fp32 twin"}
         got = dict(zip(output_names, raw))
-        case = compare(ref, got, atol)
+        case = compare(ref, got, atol, sequential=sequential)
         case["shape"] = {"batch": int(inputs[0].shape[0]), "context": int(inputs[0].shape[1])}
         cases.append(case)
     ok_top1 = all(case["mismatches"] == (0 if gate else case["near_tie_mismatches"]) for case in cases)
