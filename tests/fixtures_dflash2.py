@@ -84,8 +84,9 @@ def zlab_dflash2(out: Path, verifier: Path, *, layers: int = 2, block_size: int 
 
 
 def speculators_dflash2(out: Path, verifier: Path, *, layers: int = 2, block_size: int = 8, seed: int = 0,
-                        **keys: Any) -> Path:
-    """A speculators 0.9.0 ``dflash2`` dir (its ``save_pretrained``) for ``verifier``."""
+                        verifier_name: str = "org/tiny-qwen3", **keys: Any) -> Path:
+    """A speculators 0.9.0 ``dflash2`` dir (its ``save_pretrained``) for ``verifier``, recorded as
+    ``verifier_name`` (as a trainer run against a Hub verifier records it; the local path would vary)."""
     from speculators.models import DFlash2DraftModel
     from transformers import Qwen3Config
 
@@ -96,4 +97,7 @@ def speculators_dflash2(out: Path, verifier: Path, *, layers: int = 2, block_siz
         draft_attn_impl="eager", **(KEYS | keys))
     _randomise(model, seed)
     model.eval().save_pretrained(out)
+    cfg = json.loads((out / "config.json").read_text())
+    cfg["speculators_config"]["verifier"]["name_or_path"] = verifier_name
+    (out / "config.json").write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
     return out

@@ -368,15 +368,20 @@ def make_refusal(kind: str, out: Path, verifier_dir: Path) -> Path:
 
     out = Path(out)
     fid, _, variant = kind.partition(":")
-    if fid == "dflash2":
+    if fid == "dflash2_variant":
         cfg, t = _f1(verifier_dir, out)
-        if variant == "config":
+        if variant == "config":  # DFlash-labelled, with DFlash2 keys
             cfg["dflash_config"].update(conv_kernel_size=2, conv_group_size=16, selector_rank=8, selector_top_k=4)
-        elif variant == "tensors":
+        elif variant == "tensors":  # DFlash-labelled, with a selector tensor
             t["candidate_selector.hidden_projection.weight"] = _tiny((8, 64))
         else:
-            cfg.update(architectures=["DFlash2DraftModel"], is_causal=False)
-            cfg["dflash_config"].update(conv_kernel_size=2, selector_rank=8)
+            cfg.update(architectures=["MiniMaxDFlash2DraftModel" if variant == "minimax" else "DFlash2BeamDraftModel"],
+                       is_causal=False)
+            cfg["dflash_config"].update(conv_kernel_size=2, conv_group_size=16, selector_rank=8, selector_top_k=4)
+        return save(out, cfg, t)
+    if fid == "lilicorr":
+        cfg, t = _f1(verifier_dir, out)
+        cfg.update(architectures=["LiLiCorrDraftModel"], is_causal=False)
         return save(out, cfg, t)
     if fid == "laguna_dflash":
         cfg, t = _f1(verifier_dir, out)
@@ -472,7 +477,9 @@ def make_refusal(kind: str, out: Path, verifier_dir: Path) -> Path:
 
 #: every refusal trigger: (kind, expected format id)
 REFUSAL_CASES = [
-    ("dflash2", "dflash2"), ("dflash2:config", "dflash2"), ("dflash2:tensors", "dflash2"),
+    ("dflash2_variant", "dflash2_variant"), ("dflash2_variant:minimax", "dflash2_variant"),
+    ("dflash2_variant:config", "dflash2_variant"), ("dflash2_variant:tensors", "dflash2_variant"),
+    ("lilicorr", "lilicorr"),
     ("laguna_dflash", "laguna_dflash"), ("laguna_dflash:tensors", "laguna_dflash"), ("laguna_dflash:qkv", "laguna_dflash"),
     ("mimo_dflash", "mimo_dflash"), ("mimo_dflash:file", "mimo_dflash"), ("mimo_dflash:tensor", "mimo_dflash"),
     ("domino", "domino"), ("domino:projector", "domino"),

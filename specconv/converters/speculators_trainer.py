@@ -632,7 +632,7 @@ class SpeculatorsDFlash2(_SpeculatorsTrainer):
 
 #: other ``speculators_model_type`` values the speculators 0.9.0 registry knows, named as examples
 #: in the refusal's detection text while no description covers them.
-_OTHER_TYPES = tuple(t for t in ("dflash2", "eagle3", "mtp", "xpress") if find_algorithm(t) is None)
+_OTHER_TYPES = tuple(t for t in ("eagle3", "mtp", "xpress") if find_algorithm(t) is None)
 
 
 @register
@@ -643,7 +643,7 @@ class SpeculatorsOther(RefusedFormat):
     detection = (f"`speculators_model_type` not in {{{', '.join(algorithm_names())}}} (the algorithms "
                  "`specconv/format/algorithms.py` describes)" + (f", e.g. {', '.join(_OTHER_TYPES)}" if _OTHER_TYPES else ""))
     spec_ref = ("vllm-project/speculators 0.9.0 `src/speculators/config.py` (`speculators_model_type` registry), "
-                "`src/speculators/models/{dflash2,eagle3,mtp,xpress}/config.py` (`SpeculatorModelConfig.register`)")
+                "`src/speculators/models/{eagle3,mtp,xpress}/config.py` (`SpeculatorModelConfig.register`)")
     refusal = (
         f"specconv describes only {', '.join(algorithm_names())} (`specconv/format/algorithms.py`), so it neither "
         "converts nor validates this type; the directory is already a Speculators drafter of another algorithm — "

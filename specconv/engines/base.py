@@ -510,3 +510,11 @@ class Exporter(Capability):
     def release_step(self, drafter: Path, work: Path, options: Mapping[str, Any], value: Any) -> dict[str, Any]:
         """``release``'s step: export the validated drafter; returns the step's summary."""
         raise NotImplementedError
+
+
+def served_algorithms(facts_attr: str) -> str:
+    """``"DFlash / DSpark / …"``: the display names of the algorithms whose ``facts_attr`` facts
+    (``sglang``, ``llamacpp``) carry no refusal, for help texts."""
+    from ..format.algorithms import ALGORITHMS
+
+    return " / ".join(a.display_name for a in ALGORITHMS.values() if not getattr(a, facts_attr).refusal)

@@ -64,7 +64,7 @@ def test_projector_type_precedes_architecture(dirs, tiny_verifier_dir, tmp_path)
 def test_a_dflash_source_is_never_tried_as_peagle(dirs):
     cands = candidates(SourceInfo.open(dirs["zlab_dflash"]))
     assert not {"specforge_peagle", "nemo_peagle", "speculators_peagle"} & set(cands)
-    assert cands.index("dflash2") < cands.index("zlab_dflash")  # refusals before the generic layout
+    assert cands.index("dflash2_variant") < cands.index("zlab_dflash")  # refusals before the generic layout
 
 
 def test_routes_name_only_registered_formats_and_reach_all():

@@ -5,7 +5,7 @@ over the supported format it would otherwise be mistaken for.
 
 Inputs: ``tests/fixtures_dspark.make_refusal`` (the smallest trigger per rule;
 ``REFUSAL_CASES`` lists every (trigger, format id) pair). Refused ids covered:
-dflash2, laguna_dflash, mimo_dflash, domino, causal_dflash, gemma4_dspark, mla_dspark,
+dflash2_variant, lilicorr, laguna_dflash, mimo_dflash, domino, causal_dflash, gemma4_dspark, mla_dspark,
 deepseek_v4_dspark, quantized_drafter, no_draft_body, eagle3, modelopt_eagle_parallel_heads.
 """
 
@@ -78,8 +78,8 @@ def test_convert_refuses_before_writing(refusal_dirs, kind, fid, tiny_verifier_d
 #: refusals that would otherwise be converted by a supported (generic) converter
 SHADOWED = {
     "laguna_dflash": "zlab_dflash", "laguna_dflash:tensors": "zlab_dflash", "mimo_dflash": "zlab_dflash",
-    "mimo_dflash:file": "zlab_dflash", "mimo_dflash:tensor": "zlab_dflash", "dflash2:config": "zlab_dflash",
-    "dflash2:tensors": "zlab_dflash", "causal_dflash": "nemo_dflash", "quantized_drafter": "zlab_dflash",
+    "mimo_dflash:file": "zlab_dflash", "mimo_dflash:tensor": "zlab_dflash", "dflash2_variant:config": "zlab_dflash",
+    "dflash2_variant:tensors": "zlab_dflash", "causal_dflash": "nemo_dflash", "quantized_drafter": "zlab_dflash",
     "quantized_drafter:scale": "zlab_dflash", "quantized_drafter:hf_quant": "zlab_dflash",
     "mla_dspark": "specforge_dspark", "mla_dspark:kv_lora": "deepspec_dspark", "no_draft_body": "zlab_dflash",
 }

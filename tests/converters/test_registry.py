@@ -27,7 +27,8 @@ from specconv.converters import REGISTRY, ordered
 TESTS = Path(__file__).resolve().parents[1]
 REPO = TESTS.parent
 DOCS = REPO / "docs" / "formats.md"
-SPECULATORS_ALGORITHMS = {"peagle", "dflash", "dspark"}
+#: the algorithms a converter may target: the ones specconv describes (speculators 0.9.0 types)
+SPECULATORS_ALGORITHMS = {"peagle", "dflash", "dspark", "dflash2"}
 
 #: format id → test module (relative to tests/) when it is not ``converters/test_<id>.py``
 #: (one module covering several formats of the same producer).
@@ -37,6 +38,8 @@ TEST_MODULES = {
     "speculators_peagle": "converters/test_speculators_trainer.py",
     "speculators_peagle_early": "converters/test_speculators_trainer.py",
     "speculators_other": "converters/test_speculators_trainer.py",
+    "zlab_dflash2": "converters/test_dflash2.py",
+    "speculators_dflash2": "converters/test_dflash2.py",
 }
 
 

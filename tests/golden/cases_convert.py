@@ -158,6 +158,16 @@ def speculators_block(algorithm: str, legacy: bool = False) -> Build:
     return build
 
 
+def dflash2(producer: str, **kw) -> Build:
+    """A DFlash2 dir written by z-lab's ``dflash`` (``zlab``) or speculators 0.9.0 (``speculators``)."""
+    def build(ws: Workspace, d: Path) -> tuple[Path, tuple]:
+        import fixtures_dflash2 as f2
+
+        make = f2.zlab_dflash2 if producer == "zlab" else f2.speculators_dflash2
+        return make(d / producer, ws.verifier("qwen3"), **kw), ()
+    return build
+
+
 def example(ws: Workspace, d: Path) -> tuple[Path, tuple]:
     """The bundled trained drafter (examples/smollm2-dflash-b8), copied into the case dir."""
     import shutil
@@ -191,6 +201,9 @@ CASES: dict[str, Conversion] = {
     "speculators_dflash-legacy": Conversion(speculators_block("dflash", legacy=True)),
     "speculators_dspark": Conversion(speculators_block("dspark")),
     "speculators_dspark-legacy": Conversion(speculators_block("dspark", legacy=True)),
+    "zlab_dflash2": Conversion(dflash2("zlab")),
+    "zlab_dflash2-bare_top_level": Conversion(dflash2("zlab", bare=True, top_level=True)),
+    "speculators_dflash2": Conversion(dflash2("speculators")),
     "example-smollm2-dflash-b8": Conversion(example, verifier="smollm2", name=SMOLLM2_HUB_ID),
 }
 

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from ...outdir import OutputKind, files_listed
 from ..base import Engine, Exporter, OptionSpec, Serve, Surface
+from ..base import served_algorithms as _served
 
 if TYPE_CHECKING:
     from ...verifier import Verifier
@@ -58,7 +59,7 @@ class GgufExporter(Exporter):
         flag=OptionSpec(("--export-gguf",), "export_gguf", "After validate, write gguf/ and serve it with llama-server "
                         "(exit 3 up front without a llama-server); pushed in the same repo (docs/llamacpp.md).",
                         kind="flag", default=False),
-        help="""Export the DFlash / DSpark drafter in DIR as a llama.cpp GGUF drafter.
+        help=f"""Export the {_served("llamacpp")} drafter in DIR as a llama.cpp GGUF drafter.
 
     Writes drafter-<dtype>.gguf (llama.cpp's dflash architecture, the verifier's tokenizer) and
     gguf_meta.json; refuses what llama.cpp cannot represent (exit 3, nothing written); when a

@@ -12,6 +12,7 @@ from typing import Any
 
 from ...outdir import OutputKind, files_listed
 from ..base import Engine, Exporter, LoadCheck, OptionSpec, Surface
+from ..base import served_algorithms as _served
 
 #: the record of an SGLang export dir, its ``format`` and the one ``format_version`` every reader accepts
 META_NAME, FORMAT, FORMAT_VERSION = "sglang_export.json", "specconv-sglang-drafter", 1
@@ -45,7 +46,7 @@ class SglangExporter(Exporter):
         flag=OptionSpec(("--export-sglang",), "export_sglang", "After validate, write SGLang's layout and check it "
                         "with SGLang's own loader (exit 3 up front without the SGLang venv); --sglang-repo-id "
                         "publishes it.", kind="flag", default=False),
-        help="""Write SGLang's layout of the Speculators drafter in DIR (DFlash, DSpark).
+        help=f"""Write SGLang's layout of the Speculators drafter in DIR ({_served("sglang").replace(" / ", ", ")}).
 
     The weights are copied byte for byte; config.json is rewritten as SGLang 0.5.23 reads it
     (docs/sglang.md). What SGLang would serve wrongly is refused by name (exit 3, nothing
