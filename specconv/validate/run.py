@@ -315,7 +315,7 @@ def _start_report(run: ValidationRun) -> dict[str, Any]:
     opts, v = run.options, run.verifier
     return {
         "specconv_version": __version__,
-        "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "created": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
         "drafter": str(run.drafter_dir),
         "verifier": v.name_or_path,
         "verifier_dir": str(v.local_dir),

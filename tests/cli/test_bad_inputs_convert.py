@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 import pytest
+
 from cli_runner import invoke, specconv_argv
 from fixtures_dflash import HUB, make_source, sha_tree
 
@@ -566,8 +567,9 @@ def test_output_dot_is_refused(tmp_path, tiny_verifier_dir, monkeypatch, out):
 
 @pytest.mark.peer
 def test_aws_peagle_scalar_lm_head(speculators_peagle_dir, tiny_llama_verifier_dir, tmp_path):
-    import fixtures_peagle as fp
     import torch
+
+    import fixtures_peagle as fp
 
     src = fp.to_aws(speculators_peagle_dir, tmp_path / "aws")
     t = fp.load_tensors(src)
@@ -636,8 +638,9 @@ def test_read_only_output_parent(tmp_path, tiny_verifier_dir, monkeypatch):
 
 @pytest.mark.peer
 def test_malicious_vocab_mapping_pickle(speculators_peagle_dir, tiny_llama_verifier_dir, tmp_path):
-    import fixtures_peagle as fp
     import torch
+
+    import fixtures_peagle as fp
 
     marker = tmp_path / "PWNED"
     evil = tmp_path / "d2t.pt"

@@ -16,6 +16,7 @@ import json
 import os
 
 import pytest
+
 from fixtures_dflash import (
     DELETE,
     FORMATS,
@@ -92,7 +93,6 @@ def zlab_real(tmp_path_factory):
 def test_real_zlab_converts_and_runs_in_speculators(variant, zlab_real, smollm2_dir, tmp_path):
     _peer()
     from interop import load_with_speculators, run_speculators_forward
-
     from specconv.offline import SMOLLM2_HUB_ID
 
     out = tmp_path / "out"

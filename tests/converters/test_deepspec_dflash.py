@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from fixtures_dflash import MASK, api_convert, cli_convert, codes, make_source, out_tensors, read
 
 FMT = "deepspec_dflash"

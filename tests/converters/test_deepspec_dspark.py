@@ -8,9 +8,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from _dspark_helpers import detected, out_tensors, plan_for, record
+
 from fixtures_dflash import cli_convert, read
 from fixtures_dspark import draft_dims, make_deepspec_dspark
-
 from specconv.errors import InvalidInputError, UnsupportedFormatError
 
 FMT = "deepspec_dspark"  # the shared conversion tests read: conftest ``converted``

@@ -21,11 +21,11 @@ import json
 import shutil
 from pathlib import Path
 
-import fixtures_peagle as fp
 import numpy as np
 import pytest
-from fixtures_dflash import DELETE, api_convert, codes, make_source, read
 
+import fixtures_peagle as fp
+from fixtures_dflash import DELETE, api_convert, codes, make_source, read
 from specconv.errors import InvalidInputError, UnsupportedFormatError
 
 HUB = "org/tiny"

@@ -17,11 +17,11 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+import pytest
+
 import fixtures_dflash
 import fixtures_dspark
-import pytest
 from cli_runner import invoke
-
 from specconv.converters import REGISTRY, ordered
 
 TESTS = Path(__file__).resolve().parents[1]

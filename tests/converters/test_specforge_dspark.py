@@ -10,10 +10,10 @@ import json
 import numpy as np
 import pytest
 from _dspark_helpers import detected, out_tensors, plan_for, record
+
 from cli_runner import invoke
 from fixtures_dflash import cli_convert, read
 from fixtures_dspark import make_specforge_dspark, verifier_tensor
-
 from specconv.errors import InvalidInputError, UnsupportedFormatError
 
 FMT = "specforge_dspark"  # the shared conversion tests read: conftest ``converted``

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import json
 
-import fixtures_peagle as fp
 import pytest
+
+import fixtures_peagle as fp
 
 pytestmark = pytest.mark.peer
 pytest.importorskip("speculators")
@@ -40,6 +41,7 @@ def ref_pruned(tiny_llama_verifier_dir, tmp_path_factory):
 
 def test_end_to_end_full_vocab_drops_default_mapping(ref_full, tiny_llama_verifier_dir, tmp_path):
     import torch
+
     from interop import load_with_speculators, run_speculators_forward
 
     src = fp.to_specforge(ref_full, tmp_path / "sf")
@@ -87,8 +89,9 @@ def test_aux_ids_required_unless_in_config(ref_full, tiny_llama_verifier_dir, tm
 
 def test_pruned_vocab_all_true_t2d_rebuilt_from_d2t(ref_pruned, tiny_llama_verifier_dir, tmp_path):
     import torch
-    from interop import load_with_speculators
     from safetensors.torch import save_file
+
+    from interop import load_with_speculators
 
     src = fp.to_specforge(ref_pruned, tmp_path / "sf")
     t = fp.load_tensors(src)

@@ -12,10 +12,10 @@ import json
 
 import pytest
 from _dspark_helpers import out_tensors, record
+
 from cli_runner import invoke
 from fixtures_dflash import cli_convert, read
 from fixtures_dspark import make_specforge_dspark, make_specforge_training
-
 from specconv.errors import InvalidInputError, UnsupportedFormatError
 
 

@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import dataclasses
 import re
+import tomllib
 from pathlib import Path
 
 import pytest
-import tomllib
 
 from specconv.engines import ENTRY_POINT_GROUP, engine, engines, reset
 from specconv.engines.base import Engine, Exporter, LoadCheck, OptionSpec, Runtime, Serve, Surface

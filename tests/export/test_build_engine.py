@@ -14,10 +14,10 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("onnxruntime")
 
-from cli_runner import invoke  # noqa: E402
 from test_export_onnx import exported  # noqa: E402,F401
 from test_export_wrappers import verifier_dir  # noqa: E402,F401
 
+from cli_runner import invoke  # noqa: E402
 from specconv.engines.tensorrt import build as engine  # noqa: E402
 from specconv.engines.tensorrt.build import BuildOptions, build_engine_dir, parse_profile, profile_shapes  # noqa: E402
 from specconv.errors import InvalidInputError, UsageError  # noqa: E402

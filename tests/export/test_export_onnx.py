@@ -14,9 +14,9 @@ onnx = pytest.importorskip("onnx")
 pytest.importorskip("onnxruntime")
 pytest.importorskip("onnxscript")
 
-from cli_runner import invoke  # noqa: E402
 from test_export_wrappers import make_case, verifier_dir  # noqa: E402,F401
 
+from cli_runner import invoke  # noqa: E402
 from specconv.engines.onnx import ENGINE as ONNX  # noqa: E402
 from specconv.errors import InvalidInputError  # noqa: E402
 from specconv.tensors import sha256_file  # noqa: E402

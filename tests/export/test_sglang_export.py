@@ -15,9 +15,10 @@ import shlex
 import shutil
 from pathlib import Path
 
+import pytest
+
 import fixtures_dflash as fd
 import fixtures_dspark as fs
-import pytest
 from cli_runner import invoke
 
 REPO = Path(__file__).resolve().parents[2]

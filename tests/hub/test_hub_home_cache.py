@@ -14,10 +14,11 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import fixtures_dflash as fd
 import pytest
-from cli_runner import offline_env, run_specconv
 from test_hub_paths import COMMIT, INDEX, FakeHub, _shard, _verifier_files, _zlab_files
+
+import fixtures_dflash as fd
+from cli_runner import offline_env, run_specconv
 
 VERIFIER = "owner/verifier"
 OTHER = "fedcba9876543210fedcba9876543210fedcba98"

@@ -267,9 +267,10 @@ def test_hub_module_never_imports_torch():
 def test_bytes_counter_counts_what_the_client_reads(tmp_path, monkeypatch):
     """The response hook counts body bytes on huggingface_hub's own session (loopback double;
     offline mode, which blocks loopback too, is lifted on the library's constants for this test)."""
-    from hub_double import HubDouble
     from huggingface_hub import constants
     from huggingface_hub.utils import get_session
+
+    from hub_double import HubDouble
 
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
 

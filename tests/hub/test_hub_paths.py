@@ -27,8 +27,9 @@ import json
 import os
 from pathlib import Path
 
-import fixtures_dflash as fd
 import pytest
+
+import fixtures_dflash as fd
 from cli_runner import invoke
 
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
@@ -444,6 +445,7 @@ def test_dspark_pruned_vocab_takes_lm_head_rows_from_hub_verifier(hub, sharded_q
     """DeepSpec DSpark shipping no lm_head + ``--vocab-mapping``: the output ``lm_head`` is the
     verifier's LM head rows of the draft tokens, read from the one cached shard holding it."""
     import torch
+
     from fixtures_dspark import make_deepspec_dspark
 
     src = make_deepspec_dspark(tmp_path / "src" / "dspark", tiny_verifier_dir, embed=False)
@@ -471,9 +473,10 @@ def test_dspark_pruned_vocab_takes_lm_head_rows_from_hub_verifier(hub, sharded_q
 def test_peagle_takes_embed_and_lm_head_from_hub_verifier(hub, tiny_llama_verifier_dir, tmp_path):
     """An AWS P-EAGLE export shipping neither embed_tokens nor lm_head: both come from the
     (sharded, partly cached) Hub verifier and equal its tensors bit for bit."""
-    import fixtures_peagle as fp
     import torch
     from safetensors.torch import load_file, save_file
+
+    import fixtures_peagle as fp
 
     ref = fp.build_speculators_peagle(tiny_llama_verifier_dir, tmp_path / "ref", layers=1, aux=[2, 5], nbr=False, seed=1)
     src = fp.to_aws(ref, tmp_path / "src" / "aws", keep_embed=False)

@@ -61,7 +61,6 @@ def cards(tmp_path_factory, tiny_verifier_dir, tiny_llama_verifier_dir) -> dict[
     card written by ``specconv.convert.convert`` itself."""
     pytest.importorskip("speculators")
     from card_commands import convert_each_algorithm
-
     from specconv.engines.card import refresh_local_card
 
     out = convert_each_algorithm(tmp_path_factory.mktemp("cards"), tiny_verifier_dir, tiny_llama_verifier_dir)
@@ -86,7 +85,6 @@ SERVES = {"dflash": {"method": "dflash"}, "dspark": {"method": "dspark"},
 @pytest.mark.parametrize("algo", sorted(SERVES))
 def test_the_card_serve_commands_serve_the_algorithm(cards, algo):
     from card_commands import launch_commands
-
     from specconv.engines.vllm.serve import build_serve_command
 
     d = cards[algo]
@@ -109,7 +107,6 @@ def test_a_local_verifier_path_is_quoted_and_never_linked(tmp_path, tiny_verifie
 
     import fixtures_dflash as fd
     from card_commands import launch_commands
-
     from specconv.engines.card import refresh_local_card
     from specconv.hub import check_card
 
@@ -208,7 +205,6 @@ def test_the_card_gives_the_llamacpp_command_only_when_the_gguf_check_passed(car
     import shutil
 
     from card_commands import llamacpp_command
-
     from specconv.engines.card import render_card, write_local_card
     from specconv.publish.payload import Payload
     from specconv.record import read_record
@@ -262,7 +258,6 @@ def test_the_local_cards_vllm_lines_say_where_to_run_them(cards):
     """``vllm serve <name>`` of the local card finds the drafter only from the dir holding it
     (a name vLLM does not find locally is a Hub id): the card says so; the pushed card does not."""
     from card_commands import launch_commands
-
     from specconv.engines.card import render_card
     from specconv.publish.payload import Payload
     from specconv.record import read_record

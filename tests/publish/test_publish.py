@@ -683,7 +683,6 @@ def _dry_push(tmp: Path, double: HubDouble, d: Path, repo: str, *flags):
 
 def test_gguf_files_need_their_recorded_bytes_and_the_verifier_weights_flag(drafter, double, tmp_path):
     from card_commands import llamacpp_command
-
     from specconv.publish.push import PushOptions, build_payload
 
     repo = "specconv-test/with-gguf"

@@ -40,8 +40,8 @@ def _cli(cwd: Path, *argv, endpoint: str | None = None) -> tuple[int, dict]:
 
 def test_release_records_the_validation_section_validate_records(tmp_path, smollm2_dir):
     import torch
-    from conftest import make_validate_set
 
+    from conftest import make_validate_set
     from specconv.record import read_record
 
     torch.manual_seed(0)

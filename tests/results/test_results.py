@@ -8,6 +8,7 @@ import subprocess
 import sys
 
 import pytest
+
 from fixtures_dflash import HUB, api_convert, make_source
 
 

@@ -20,10 +20,11 @@ import shlex
 import shutil
 from pathlib import Path
 
-import fixtures_dflash as fd
-import fixtures_dspark as fs
 import pytest
 import sglang_batch
+
+import fixtures_dflash as fd
+import fixtures_dspark as fs
 from cli_runner import invoke
 
 REPO = Path(__file__).resolve().parents[2]
@@ -73,8 +74,9 @@ def _drafters(root: Path, smol: Path, v: Path) -> dict[str, dict]:
         src = fs.make_deepspec_dspark(root / "src" / name, v, target_layer_ids=(0, 2, 4), **kw)
         out[name] = _export(Path(fd.api_convert(src, v, root / "out" / name).output), v, fd.HUB)
     try:
-        import fixtures_peagle as fp
         import speculators  # noqa: F401
+
+        import fixtures_peagle as fp
     except ImportError:
         return out
     for name, alg, kw in (("speculators_dflash", "dflash", {}), ("speculators_dspark", "dspark", {"sample_from_anchor": True}),
@@ -253,9 +255,9 @@ def test_validate_sglang_load_check_records_under_export_not_validation(validate
 
 
 def test_export_keeps_the_check_of_the_same_bytes_and_push_publishes_both(validated, tmp_path):
-    from hub_double import HubDouble
     from test_publish import TOKEN, _cli
 
+    from hub_double import HubDouble
     from specconv.record import read_record
 
     d, code, _ = validated

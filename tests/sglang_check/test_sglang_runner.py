@@ -14,9 +14,10 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-import fixtures_dspark as fs
 import pytest
 import sglang_batch
+
+import fixtures_dspark as fs
 
 REPO = Path(__file__).resolve().parents[2]
 DRAFTER = REPO / "examples" / "smollm2-dflash-b8"

@@ -15,17 +15,18 @@ import os
 import shutil
 import subprocess
 import sys
+import tomllib
 import zipfile
 from email.parser import Parser
 from importlib import metadata
 from pathlib import Path
 
-import fixtures_dflash as fd
 import pytest
-import tomllib
-from cli_runner import invoke
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
+
+import fixtures_dflash as fd
+from cli_runner import invoke
 
 ROOT = Path(__file__).resolve().parents[2]
 PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())

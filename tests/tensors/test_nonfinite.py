@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 import torch
-from cli_runner import invoke
-from fixtures_dflash import HUB, cli_convert, make_source, read
 from safetensors.torch import load_file, save_file
 
+from cli_runner import invoke
+from fixtures_dflash import HUB, cli_convert, make_source, read
 from specconv.tensors import OutTensor, onepass, open_store, sha256_file, tensor_to_bytes, write_safetensors
 from specconv.tensors.onepass import CopyPass, SourceFile
 from specconv.tensors.scan import scan_bytes, unravel

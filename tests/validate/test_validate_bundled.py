@@ -13,6 +13,7 @@ import warnings
 from pathlib import Path
 
 import pytest
+
 from cli_runner import invoke
 
 torch = pytest.importorskip("torch")

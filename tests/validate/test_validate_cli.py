@@ -17,7 +17,6 @@ pytest.importorskip("dflash")
 from chat_templates import THINKING_TEMPLATE  # noqa: E402
 from cli_runner import invoke  # noqa: E402
 from conftest import copy_validate_set  # noqa: E402
-
 from specconv.cli.validate import validate_cmd  # noqa: E402
 from tests.tolerances import lossless_near_ties  # noqa: E402
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 
 import pytest
+
 from cli_runner import invoke
 
 torch = pytest.importorskip("torch")

@@ -12,11 +12,11 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("onnxruntime")
 
-from cli_runner import invoke  # noqa: E402
 from test_build_engine import GPU, fake_trt, onnx_dir  # noqa: E402,F401
 from test_export_onnx import exported  # noqa: E402,F401
 from test_export_wrappers import verifier_dir  # noqa: E402,F401
 
+from cli_runner import invoke  # noqa: E402
 from specconv.engines.tensorrt import build as engine  # noqa: E402
 from specconv.engines.tensorrt import engine_drafter as ed
 from specconv.engines.tensorrt.build import BuildOptions, build_engine_dir  # noqa: E402

@@ -11,8 +11,8 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from cli_runner import invoke
 
+from cli_runner import invoke
 from specconv.engines.local_server import free_port, group_alive
 from specconv.engines.served import token_agreement
 from specconv.engines.vllm import serve as vb

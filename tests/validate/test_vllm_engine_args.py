@@ -10,8 +10,8 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-from cli_runner import invoke
 
+from cli_runner import invoke
 from specconv.engines.vllm import serve as vb
 from specconv.engines.vllm import server as vs
 from specconv.errors import InvalidInputError, UsageError

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+
 from cli_runner import invoke
 
 HUB_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"

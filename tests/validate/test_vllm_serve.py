@@ -45,8 +45,8 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-from cli_runner import invoke
 
+from cli_runner import invoke
 from specconv.engines.local_server import group_alive
 from specconv.engines.served import token_agreement
 from specconv.engines.vllm import serve as vb

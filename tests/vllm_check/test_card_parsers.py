@@ -15,10 +15,11 @@ import shutil
 import subprocess
 from pathlib import Path
 
-import fixtures_dflash as fd
 import pytest
-from card_commands import launch_commands
 from test_vllm_load import VLLM_PY, _mark
+
+import fixtures_dflash as fd
+from card_commands import launch_commands
 
 HERE = Path(__file__).resolve().parent
 
@@ -29,7 +30,6 @@ def cards(tmp_path_factory, tiny_verifier_dir, tiny_llama_verifier_dir) -> dict[
     and a local card whose verifier is a local path with spaces."""
     pytest.importorskip("speculators")
     from card_commands import convert_each_algorithm
-
     from specconv.engines.card import refresh_local_card, render_card
     from specconv.publish.payload import Payload
     from specconv.record import read_record

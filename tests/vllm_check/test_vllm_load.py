@@ -17,13 +17,14 @@ import json
 import shutil
 from pathlib import Path
 
+import pytest
+from test_hub_paths import FakeHub
+
 import fixtures_dflash as fd
 import fixtures_dspark as fs
 import fixtures_peagle as fp
-import pytest
 from card_commands import card_speculative_config
 from cli_runner import invoke
-from test_hub_paths import FakeHub
 
 REPO = Path(__file__).resolve().parents[2]
 LLAMA_HUB = "org/tiny-llama"

@@ -20,6 +20,7 @@ import sys
 from pathlib import Path
 
 import pytest
+
 from cli_runner import invoke
 from fixtures_dflash import HUB, cli_convert, make_source
 

@@ -164,8 +164,9 @@ def add_tokenizer(writer: Any, verifier_dir: Path, architecture: str | None, voc
     Raises:
         UnsupportedFormatError: ``gguf_tokenizer`` (:func:`check_tokenizer`).
     """
-    import gguf
     from transformers import AutoTokenizer
+
+    import gguf
 
     tj, tc = check_tokenizer(verifier_dir, architecture)
     rules = ARCH_RULES[architecture]
