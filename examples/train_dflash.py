@@ -613,8 +613,8 @@ def stage_train(args) -> None:
                 cnt = torch.zeros(B - 1)
                 eal_sum, eal_n, vloss = 0.0, 0, 0.0
                 for i in range(0, len(val), args.seqs):
-                    l, acc, vv = run(val[i : i + args.seqs], False)
-                    vloss += l.item()
+                    vl, acc, vv = run(val[i : i + args.seqs], False)
+                    vloss += vl.item()
                     tot += (acc * vv).sum((0, 1))
                     cnt += vv.sum((0, 1))
                     full = (acc * vv).reshape(-1, B - 1)

@@ -460,13 +460,13 @@ def compare_prompt_ids(sent: Sequence[tuple[str, list[int]]],
     if not kinds:
         return None, []
     out = []
-    for (pid, ids), s in zip(sent, seen):
+    for (pid, ids), s in zip(sent, seen, strict=True):
         if s is None:
             out.append(f"{pid}: the engine did not say which prompt tokens it saw")
         elif isinstance(s, int) and s != len(ids):
             out.append(f"{pid}: the engine evaluated {s} prompt tokens, specconv sent {len(ids)}")
         elif not isinstance(s, int) and list(s) != list(ids):
-            j = next((i for i, (a, b) in enumerate(zip(s, ids)) if a != b), min(len(s), len(ids)))
+            j = next((i for i, (a, b) in enumerate(zip(s, ids, strict=False)) if a != b), min(len(s), len(ids)))
             out.append(f"{pid}: the engine's prompt differs from specconv's at token {j} "
                        f"({len(s)} vs {len(ids)} tokens)")
     return ("count" if kinds == {"count"} else "ids"), out

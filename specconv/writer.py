@@ -283,7 +283,7 @@ def _nonfinite_check(plan: ConversionPlan, outs: list, engine: Any, allow: bool)
                                 code="nonfinite_weights")
     from .format.findings import Finding
 
-    for name, part in zip(sorted(engine.nonfinite), parts):
+    for name, part in zip(sorted(engine.nonfinite), parts, strict=True):
         plan.findings.append(Finding("warning", "nonfinite-weights",
                                      f"converted with --allow-nonfinite: {part}", key=name))
 

@@ -232,6 +232,32 @@ def tiny_llama_verifier_dir(tmp_path_factory) -> Path:
     return make_tiny_verifier(tmp_path_factory.mktemp("tiny_llama") / "llama", model_type="llama")
 
 
+@pytest.fixture(scope="module")
+def verifier_dir(tmp_path_factory) -> Path:
+    """Tied-embedding verifier (like SmolLM2): only model.embed_tokens.weight, in the sizes of
+    ``tests/drafters/test_drafters.py`` (whose drafters the drafter and export rooms build on it)."""
+    import torch
+    from safetensors.torch import save_file
+    from test_drafters import VT, H
+
+    d = tmp_path_factory.mktemp("verifier")
+    g = torch.Generator().manual_seed(42)
+    (d / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLM"],
+                                               "hidden_size": H, "num_hidden_layers": 6,
+                                               "vocab_size": VT, "tie_word_embeddings": True}))
+    save_file({"model.embed_tokens.weight": torch.randn(VT, H, generator=g),
+               "model.norm.weight": torch.ones(H)}, str(d / "model.safetensors"))
+    return d
+
+
+@pytest.fixture(scope="module")
+def sharded_qwen3(tiny_verifier_dir, tmp_path_factory) -> Path:
+    """``tiny_verifier_dir`` re-saved as 3 shards + index (``tests/hub/test_hub_paths.py::_shard``)."""
+    from test_hub_paths import _shard
+
+    return _shard(tiny_verifier_dir, tmp_path_factory.mktemp("sharded") / "qwen3")
+
+
 class Converted(NamedTuple):
     """One shared conversion: the source dir, the output dir and ``convert``'s JSON report."""
 

@@ -57,7 +57,7 @@ def body_tensors(verifier_dir: Path, *, n_aux: int, num_layers: int = 2, dtype: 
 
     d = draft_dims(verifier_dir)
     g = torch.Generator().manual_seed(seed)
-    H, I, hd = d["H"], d["I"], d["hd"]
+    H, inter, hd = d["H"], d["I"], d["hd"]
     t = {
         "fc.weight": _rand(g, H, n_aux * H, dtype=dtype),
         "hidden_norm.weight": _norm(g, H, dtype),
@@ -73,9 +73,9 @@ def body_tensors(verifier_dir: Path, *, n_aux: int, num_layers: int = 2, dtype: 
         t[p + "self_attn.o_proj.weight"] = _rand(g, H, d["nq"] * hd, dtype=dtype)
         t[p + "self_attn.q_norm.weight"] = _norm(g, hd, dtype)
         t[p + "self_attn.k_norm.weight"] = _norm(g, hd, dtype)
-        t[p + "mlp.gate_proj.weight"] = _rand(g, I, H, dtype=dtype)
-        t[p + "mlp.up_proj.weight"] = _rand(g, I, H, dtype=dtype)
-        t[p + "mlp.down_proj.weight"] = _rand(g, H, I, dtype=dtype)
+        t[p + "mlp.gate_proj.weight"] = _rand(g, inter, H, dtype=dtype)
+        t[p + "mlp.up_proj.weight"] = _rand(g, inter, H, dtype=dtype)
+        t[p + "mlp.down_proj.weight"] = _rand(g, H, inter, dtype=dtype)
     return t
 
 

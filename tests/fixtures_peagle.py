@@ -307,7 +307,7 @@ def to_nemo(
     if mask_hidden_2d:
         t["mask_hidden"] = t["mask_hidden"].reshape(1, -1)
     t = {(k if k in top else "model." + k): v for k, v in t.items()}
-    for step, final in ((10, False), (20, True)):
+    for step, _final in ((10, False), (20, True)):
         epoch = root / f"epoch_0_step_{step}"
         d = epoch / "model" / ("consolidated" if consolidated else "")
         save_tensors(d, t, shards=shards)

@@ -24,7 +24,7 @@ def _ids(ctx, param, value):
     try:
         ids = [int(x) for x in value.replace(" ", "").split(",") if x != ""]
     except ValueError:
-        raise click.BadParameter("expected comma-separated integers, e.g. 2,15,28")
+        raise click.BadParameter("expected comma-separated integers, e.g. 2,15,28") from None
     if not ids:
         raise click.BadParameter("no layer ids given; expected comma-separated integers, e.g. 2,15,28")
     return ids
@@ -39,9 +39,9 @@ def _size(ctx, param, value):
     try:
         return parse_size(value)
     except UsageError as e:
-        raise click.BadParameter(e.message)
+        raise click.BadParameter(e.message) from e
     except (ValueError, TypeError) as e:
-        raise click.BadParameter(str(e))
+        raise click.BadParameter(str(e)) from e
 
 
 def _algorithms() -> list[str]:

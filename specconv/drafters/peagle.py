@@ -86,7 +86,7 @@ class PEagleDrafter(Drafter):
             x = self.input_norm(x)
         if self.fc_norm is not None:
             chunks = x.chunk(len(self.fc_norm), dim=-1)
-            x = torch.cat([n(c) for n, c in zip(self.fc_norm, chunks)], dim=-1)
+            x = torch.cat([n(c) for n, c in zip(self.fc_norm, chunks, strict=True)], dim=-1)
         return self.fc(x)
 
     @staticmethod

@@ -124,7 +124,7 @@ def _md_acceptance(m: dict) -> list[str]:
         "| position | p_i | c_i |",
         "| --- | --- | --- |",
     ]
-    for i, (p, c) in enumerate(zip(m.get("acceptance_at_pos", []), m.get("conditional_acceptance_at_pos", [])), 1):
+    for i, (p, c) in enumerate(zip(m.get("acceptance_at_pos", []), m.get("conditional_acceptance_at_pos", []), strict=True), 1):
         lines.append(f"| {i} | {p:.3f} | {c:.3f} |")
     return lines
 

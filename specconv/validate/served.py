@@ -77,7 +77,7 @@ def lossless_gate(run: ValidationRun, vm: dict, s: Serve) -> GateResult:
     agree = token_agreement([r["output_ids"] for r in vm["requests"]], ref)
     g = GateResult(name="lossless", passed=agree["agreement"] >= MIN_TOKEN_AGREEMENT,
                    details={"reference": source, **agree, "min_agreement": MIN_TOKEN_AGREEMENT})
-    diverged = [f"{r['prompt_id']}: first divergence at token {d}" for r, d in zip(vm["requests"], agree["first_divergence"])
+    diverged = [f"{r['prompt_id']}: first divergence at token {d}" for r, d in zip(vm["requests"], agree["first_divergence"], strict=True)
                 if d is not None]
     (g.warnings if g.passed else g.errors).extend(diverged[:5])
     return g

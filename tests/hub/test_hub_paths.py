@@ -144,18 +144,13 @@ def _shard(vdir: Path, out: Path) -> Path:
     for name, t in sd.items():
         parts[which(name)][name] = t
     assert all(parts), "every shard holds something"
-    for fname, part in zip(SHARDS, parts):
+    for fname, part in zip(SHARDS, parts, strict=True):
         save_file(part, str(out / fname), metadata={"format": "pt"})
     wm = {n: SHARDS[i] for i, part in enumerate(parts) for n in part}
     total = sum(t.numel() * t.element_size() for t in sd.values())
     (out / INDEX).write_text(json.dumps({"metadata": {"total_size": total}, "weight_map": wm}, indent=2))
     (out / "config.json").write_bytes((vdir / "config.json").read_bytes())
     return out
-
-
-@pytest.fixture(scope="module")
-def sharded_qwen3(tiny_verifier_dir, tmp_path_factory) -> Path:
-    return _shard(tiny_verifier_dir, tmp_path_factory.mktemp("sharded") / "qwen3")
 
 
 def _verifier_files(d: Path, shards=(1, 3)) -> dict[str, Path]:

@@ -111,7 +111,7 @@ def sglang_jobs(root: Path, smollm2_dir: Path, tiny_verifier_dir: Path):
 
     def finish(result):
         out = {name: {**good.get(name, {}), "payload": judge(result["env"], r, meta["expected"], files)}
-               for (name, (_, meta, files)), r in zip(entries.items(), result["results"])}
+               for (name, (_, meta, files)), r in zip(entries.items(), result["results"], strict=False)}
         out["zlab_original"] = {"raw": result["results"][-1]}
         return out, result["env"]
 

@@ -320,7 +320,7 @@ def link_closure(dists: dict[str, metadata.Distribution], target: Path) -> Path:
         for top in _top_level(d):
             owners.setdefault(top, set()).add(canonicalize_name(d.metadata["Name"]))
     target.mkdir(parents=True)
-    for name, dist in dists.items():
+    for dist in dists.values():
         for top in _top_level(dist):
             dst = target / top
             if owners[top] <= set(dists):

@@ -43,7 +43,7 @@ HEAD_DIM_LOG = """\
 (Worker pid=22900) ERROR 12-04 14:59:22 [multiproc_executor.py:1063]     return self._op(*args, **kwargs)
 (Worker pid=22900) ERROR 12-04 14:59:22 [multiproc_executor.py:1063]            ^^^^^^^^^^^^^^^^^^^^^^^^^
 (Worker pid=22900) ERROR 12-04 14:59:22 [multiproc_executor.py:1063] RuntimeError: Unsupported CPU attention configuration: head_dim=16 isa=2 kv_cache_idx=0
-(Worker pid=22900) ERROR 12-04 14:59:22 [multiproc_executor.py:1063] 
+(Worker pid=22900) ERROR 12-04 14:59:22 [multiproc_executor.py:1063]\x20
 (EngineCore pid=22056) ERROR 12-04 14:59:22 [core.py:1512] EngineCore encountered a fatal error.
 (EngineCore pid=22056) ERROR 12-04 14:59:22 [core.py:1512]     raise RuntimeError(
 (EngineCore pid=22056) ERROR 12-04 14:59:22 [core.py:1512] RuntimeError: Worker failed with error 'Unsupported CPU attention configuration: head_dim=16 isa=2 kv_cache_idx=0', please check the stack trace above for the root cause

@@ -189,7 +189,7 @@ def test_server_url_run_measures_records_apart_and_redacts(fake, converted, smol
 
     # (two requests in flight: the server may see them in either order)
     seen = state.prompts[1:]
-    assert any(rendered_digest(list(zip(out["prompts"]["ids"], order))) == out["prompts"]["rendered_sha256"]
+    assert any(rendered_digest(list(zip(out["prompts"]["ids"], order, strict=True))) == out["prompts"]["rendered_sha256"]
                for order in itertools.permutations(seen))
     assert sorted(len(q) for q in seen) == sorted(out["prompts"]["token_counts"])
     rep = (tmp_path / "rep" / "validation.json").read_text()

@@ -171,7 +171,7 @@ def _serve_and_compare(drafter_dir: Path, smollm2_dir: Path, hub_env: dict, n: i
 
 def _assert_same_run(served: dict, loop: dict, agree: dict, n: int = NUM_PROMPTS) -> None:
     assert served["n_served"] == served["n_requests"] == n
-    for r, (pid, ids) in zip(served["requests"], loop["rendered"]):
+    for r, (pid, ids) in zip(served["requests"], loop["rendered"], strict=True):
         assert r["prompt_id"] == pid
         assert r["prompt_token_ids"] == ids, f"{pid}: vLLM saw other prompt tokens than specconv rendered"
         assert r["output_ids"], f"{pid}: no output tokens returned"
@@ -179,7 +179,7 @@ def _assert_same_run(served: dict, loop: dict, agree: dict, n: int = NUM_PROMPTS
     assert abs(served["acceptance_length"] - loop["acceptance_length"]) <= TAU_TOLERANCE
     k = len(loop["acceptance_at_pos"])
     assert len(served["acceptance_at_pos"]) == k
-    for i, (a, b) in enumerate(zip(served["acceptance_at_pos"], loop["acceptance_at_pos"])):
+    for i, (a, b) in enumerate(zip(served["acceptance_at_pos"], loop["acceptance_at_pos"], strict=True)):
         assert abs(a - b) <= POS_TOLERANCE, f"position {i}: vLLM {a:.3f} vs specconv {b:.3f}"
     assert agree["agreement"] >= MIN_TOKEN_AGREEMENT
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from test_hub_paths import _shard, sharded_qwen3  # noqa: F401  (sharded_qwen3: the fixture)
+from test_hub_paths import _shard
 
 from cli_runner import invoke
 from fixtures_dspark import make_specforge_dspark, make_zlab_dflash, verifier_tensor

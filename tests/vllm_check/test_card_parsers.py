@@ -62,7 +62,7 @@ def test_every_card_serve_line_is_read_by_vllms_own_parser(cards, tmp_path):
     lines = {f"{name}:{form}": argv for name, text in cards.items() for form, argv in launch_commands(text).items()}
     assert "dflash/local-verifier-path:short" not in lines  # a local verifier: the long form only
     assert len(lines) == 13
-    parsed = dict(zip(lines, _parse(list(lines.values()), tmp_path)))
+    parsed = dict(zip(lines, _parse(list(lines.values()), tmp_path), strict=True))
     for key, argv in lines.items():
         got = parsed[key]
         assert "error" not in got, (key, argv, got)

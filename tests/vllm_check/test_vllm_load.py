@@ -210,7 +210,7 @@ def checked(tmp_path_factory, tiny_verifier_dir, tiny_llama_verifier_dir, tiny_h
     home = _home_with_cache(root / "home", {fd.HUB: v, LLAMA_HUB: vl, SMOL_HUB: smollm2_dir})
     result = run_load_checks(checks, python=VLLM_PY, env=_subprocess_env(home))
     assert len(result["results"]) == len(checks)
-    by_name = {n: (dirs[n], r) for n, r in zip(dirs, result["results"])}
+    by_name = {n: (dirs[n], r) for n, r in zip(dirs, result["results"], strict=True)}
     return {"good": sorted(good), "broken": sorted(broken) + ["other_hidden_size"], "by_name": by_name,
             "env": result["env"], "result": result, "spec_of": spec_of}
 

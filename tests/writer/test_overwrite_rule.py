@@ -194,7 +194,7 @@ def test_convert_replaces_a_symlink_to_its_own_output_and_keeps_the_target(tmp_p
 try:  # the export / engine / release cases need the onnx extra; convert's do not
     import importlib.util
 
-    from test_export_wrappers import make_case, verifier_dir  # noqa: F401  (a fixture)
+    from test_export_wrappers import make_case
 
     HAVE_ONNX = all(importlib.util.find_spec(m) for m in ("onnx", "onnxruntime", "onnxscript"))
 except pytest.skip.Exception:
