@@ -25,7 +25,8 @@ if str(REPO) not in sys.path:
 #: tests/<room>/ mirrors specconv/; a room's test module that builds inputs other rooms reuse
 #: (tests/drafters/test_drafters.make_dflash, tests/hub/test_hub_paths.FakeHub, ...) is importable by
 #: its name from any room, whichever file pytest collects first (the names are unique).
-for _room in sorted(p for p in Path(__file__).resolve().parent.iterdir() if p.is_dir() and p.name not in ("golden", "__pycache__")):
+for _room in sorted(p for p in Path(__file__).resolve().parent.iterdir()
+                    if p.is_dir() and p.name not in ("golden", "__pycache__")):
     if str(_room) not in sys.path:
         sys.path.append(str(_room))
 
@@ -153,7 +154,8 @@ BUNDLED_DRAFTER = REPO / "examples" / "smollm2-dflash-b8"
 def _tree_digest(d: Path) -> dict[str, str]:
     import hashlib
 
-    return {str(p.relative_to(d)): hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(d.rglob("*")) if p.is_file()}
+    return {str(p.relative_to(d)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(d.rglob("*")) if p.is_file()}
 
 
 @pytest.fixture(scope="session")

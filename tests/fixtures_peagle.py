@@ -83,7 +83,8 @@ def save_tensors(d: Path, tensors: dict[str, Any], *, shards: int = 1) -> None:
         for n in part:
             wm[n] = fname
             total += tensors[n].numel() * tensors[n].element_size()
-    (d / "model.safetensors.index.json").write_text(json.dumps({"metadata": {"total_size": total}, "weight_map": wm}, indent=2))
+    (d / "model.safetensors.index.json").write_text(json.dumps({"metadata": {"total_size": total}, "weight_map": wm},
+                                                               indent=2))
 
 
 def read_json(p: Path) -> dict:

@@ -67,7 +67,8 @@ class PEagleDrafter(Drafter):
         if self.alg.trains_embedding and not w.has("embed_tokens.weight"):
             warnings.warn(f"{source}: P-EAGLE without embed_tokens.weight; using the verifier's "
                           "embedding (P-EAGLE normally trains its own)", stacklevel=2)
-        H, A, Ht, eps = self.hidden_size, len(self.aux_layer_ids), self.aux_hidden_size, config.transformer_layer_config.rms_norm_eps
+        H, A, Ht, eps = (self.hidden_size, len(self.aux_layer_ids), self.aux_hidden_size,
+                         config.transformer_layer_config.rms_norm_eps)
         self.fc = Linear(w.take("fc.weight", (H, A * Ht)))
         self.input_norm = RMSNorm(w.take("input_norm.weight", (A * Ht,)), eps) if config.norm_before_fc else None
         self.fc_norm = (torch.nn.ModuleList([RMSNorm(w.take(f"fc_norm.{i}.weight", (Ht,)), eps) for i in range(A)])

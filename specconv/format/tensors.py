@@ -2,7 +2,8 @@
 
 Names and shapes: speculators 0.9.0 ``src/speculators/models/{peagle,dflash,dspark}/core.py``
 (module names as saved, no ``model.`` prefix) and the vLLM 0.33 draft models under
-``vllm/model_executor/models/`` (what their ``load_weights`` map). ``nn.Linear`` weights are ``[out, in]``; q/k/v and gate/up are
+``vllm/model_executor/models/`` (what their ``load_weights`` map). ``nn.Linear`` weights are ``[out, in]``; q/k/v and \
+gate/up are
 stored separately.
 """
 

@@ -154,7 +154,8 @@ def test_real_last_layer_speculators_drops_we_keep(zlab_real, smollm2_dir, tmp_p
 
     src = zlab_real["last"]
     with pytest.raises(RuntimeError, match="fc.weight"):
-        convert_model(model=str(src), verifier=str(smollm2_dir), algorithm="dflash", output_path=str(tmp_path / "theirs"))
+        convert_model(model=str(src), verifier=str(smollm2_dir), algorithm="dflash",
+                      output_path=str(tmp_path / "theirs"))
     rep = api_convert(src, smollm2_dir, tmp_path / "ours")
     cfg = read(tmp_path / "ours")
     assert VERIFIER_LAYERS != 30 and cfg["aux_hidden_state_layer_ids"][-1] == 30

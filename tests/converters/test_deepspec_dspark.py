@@ -76,7 +76,8 @@ def test_confidence_enabled_without_with_markov_key_is_an_error(tmp_path, tiny_v
 def test_confidence_width_contradicting_config_names_tensor(tmp_path, tiny_verifier_dir):
     # config says with_markov, tensor is [1, H] (no Markov part)
     src = make_deepspec_dspark(tmp_path / "s", tiny_verifier_dir, tensor_heads={"with_markov": False})
-    with pytest.raises(InvalidInputError, match=r"confidence_head\.proj\.weight.*implies confidence_head_with_markov=false"):
+    with pytest.raises(InvalidInputError,
+                       match=r"confidence_head\.proj\.weight.*implies confidence_head_with_markov=false"):
         plan_for(src, tiny_verifier_dir)
 
 

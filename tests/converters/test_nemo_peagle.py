@@ -60,7 +60,8 @@ def test_sharded_consolidated_end_to_end(ref, tiny_llama_verifier_dir, tmp_path)
     for k in want:
         assert torch.equal(got[k], want[k]), k
     rec = json.loads((out / "specconv.json").read_text())["conversion"]
-    assert rec["tensors"]["fc.weight"]["source"] == "model.fc.weight" and rec["tensors"]["fc.weight"]["fate"] == "renamed"
+    assert (rec["tensors"]["fc.weight"]["source"] == "model.fc.weight"
+            and rec["tensors"]["fc.weight"]["fate"] == "renamed")
     assert rec["tensors"]["lm_head.weight"]["fate"] == "copied"
     assert rec["tensors"]["mask_hidden"]["fate"] == "reshaped"
     run_speculators_forward(load_with_speculators(out, tiny_llama_verifier_dir))

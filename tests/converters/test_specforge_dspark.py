@@ -43,7 +43,8 @@ def test_top_level_head_keys(tmp_path, tiny_verifier_dir):
 
 def test_nested_and_top_level_disagree(tmp_path, tiny_verifier_dir):
     src = make_specforge_dspark(tmp_path / "s", tiny_verifier_dir, extra_cfg={"markov_rank": 16})
-    with pytest.raises(InvalidInputError, match=r"markov_rank disagrees between dflash_config\.markov_rank=8 and markov_rank=16"):
+    with pytest.raises(InvalidInputError,
+                       match=r"markov_rank disagrees between dflash_config\.markov_rank=8 and markov_rank=16"):
         plan_for(src, tiny_verifier_dir)
 
 

@@ -31,12 +31,14 @@ def convert(src, verifier, out=None, **opts):
 
 @pytest.fixture(scope="module")
 def ref_full(tiny_llama_verifier_dir, tmp_path_factory):
-    return fp.build_speculators_peagle(tiny_llama_verifier_dir, tmp_path_factory.mktemp("ref") / "full", layers=2, seed=2)
+    return fp.build_speculators_peagle(tiny_llama_verifier_dir, tmp_path_factory.mktemp("ref") / "full", layers=2,
+                                       seed=2)
 
 
 @pytest.fixture(scope="module")
 def ref_pruned(tiny_llama_verifier_dir, tmp_path_factory):
-    return fp.build_speculators_peagle(tiny_llama_verifier_dir, tmp_path_factory.mktemp("refp") / "pruned", vd=48, seed=3)
+    return fp.build_speculators_peagle(tiny_llama_verifier_dir, tmp_path_factory.mktemp("refp") / "pruned", vd=48,
+                                       seed=3)
 
 
 def test_end_to_end_full_vocab_drops_default_mapping(ref_full, tiny_llama_verifier_dir, tmp_path):

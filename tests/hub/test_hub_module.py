@@ -260,7 +260,8 @@ def test_error_table_rows(make, cls, exit_code, code):
 def test_hub_module_never_imports_torch():
     tree = ast.parse((ROOT / "specconv" / "hub.py").read_text(encoding="utf-8"))
     mods = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
-    mods |= {n.module.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module and not n.level}
+    mods |= {n.module.split(".")[0]
+             for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module and not n.level}
     assert "torch" not in mods and "huggingface_hub" in mods
 
 

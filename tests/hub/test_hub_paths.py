@@ -249,8 +249,10 @@ def _multimodal(d: Path, *, tie: bool) -> dict[str, bytes]:
     raw = {"architectures": ["Qwen2_5_VLForConditionalGeneration"], "model_type": "qwen2_5_vl",
            "text_config": text, "vision_config": {"hidden_size": 32, "depth": 2}, "image_token_id": 151655}
     names = ["model.language_model.embed_tokens.weight", "model.language_model.norm.weight",
-             "model.language_model.layers.0.input_layernorm.weight", "model.language_model.layers.0.self_attn.q_norm.weight",
-             "model.visual.blocks.0.norm1.weight", "model.visual.merger.ln_q.weight", "model.visual.patch_embed.proj.weight"]
+             "model.language_model.layers.0.input_layernorm.weight",
+             "model.language_model.layers.0.self_attn.q_norm.weight",
+             "model.visual.blocks.0.norm1.weight", "model.visual.merger.ln_q.weight",
+             "model.visual.patch_embed.proj.weight"]
     if not tie:
         names.append("lm_head.weight")
     wm = {n: SHARDS[i % 3] for i, n in enumerate(names)}
@@ -286,7 +288,8 @@ def _check_hub_output(out: Path, rep: dict, snap_src: Path) -> dict:
     assert rec["verifier"]["spec"] == VERIFIER and rec["verifier"]["name_or_path"] == VERIFIER
     # the absolute snapshot path is in the conversion report; the record names the Hub repo
     assert Path(rep["source"]) == snap_src
-    assert rec["source"]["hub_id"] == snap_src.parts[snap_src.parts.index("snapshots") - 1][len("models--"):].replace("--", "/")
+    assert (rec["source"]["hub_id"]
+            == snap_src.parts[snap_src.parts.index("snapshots") - 1][len("models--"):].replace("--", "/"))
     assert not Path(rec["source"]["path"]).is_absolute()
     return rec
 
@@ -473,7 +476,8 @@ def test_peagle_takes_embed_and_lm_head_from_hub_verifier(hub, tiny_llama_verifi
 
     import fixtures_peagle as fp
 
-    ref = fp.build_speculators_peagle(tiny_llama_verifier_dir, tmp_path / "ref", layers=1, aux=[2, 5], nbr=False, seed=1)
+    ref = fp.build_speculators_peagle(tiny_llama_verifier_dir, tmp_path / "ref", layers=1, aux=[2, 5], nbr=False,
+                                      seed=1)
     src = fp.to_aws(ref, tmp_path / "src" / "aws", keep_embed=False)
     t = load_file(str(src / "model.safetensors"))
     t.pop("lm_head.weight")

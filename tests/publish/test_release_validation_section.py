@@ -58,7 +58,8 @@ def test_release_records_the_validation_section_validate_records(tmp_path, smoll
     double = HubDouble().start()
     try:
         code, released = _cli(tmp_path / "cwd", "release", b["zlab"], *name, "--repo-id", "specconv-test/sections",
-                              "--work-dir", w, "--prompts", b["prompts"], *TINY, *chat, "--dry-run", endpoint=double.url)
+                              "--work-dir", w, "--prompts", b["prompts"], *TINY, *chat, "--dry-run",
+                              endpoint=double.url)
     finally:
         double.stop()
     assert code == 0 and released["status"] == "dry_run", released

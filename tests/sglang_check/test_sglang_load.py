@@ -79,7 +79,8 @@ def _drafters(root: Path, smol: Path, v: Path) -> dict[str, dict]:
         import fixtures_peagle as fp
     except ImportError:
         return out
-    for name, alg, kw in (("speculators_dflash", "dflash", {}), ("speculators_dspark", "dspark", {"sample_from_anchor": True}),
+    for name, alg, kw in (("speculators_dflash", "dflash", {}),
+                          ("speculators_dspark", "dspark", {"sample_from_anchor": True}),
                           ("speculators_dspark_1n", "dspark", {"sample_from_anchor": False})):
         conv = fd.api_convert(fp.trainer_save_dir(root / "save" / name, {0: fp.build_speculators_block(
             v, root / "ref" / name, alg, **kw)}), v, root / "out" / name).output
@@ -286,11 +287,13 @@ def test_export_keeps_the_check_of_the_same_bytes_and_push_publishes_both(valida
     assert sgl["model.safetensors"] == (d / "model.safetensors").read_bytes()
     assert json.loads(sgl["config.json"])["architectures"] == ["DFlashDraftModel"]
     card = sgl["README.md"].decode()
-    assert "[`org/tiny`](https://huggingface.co/org/tiny)" in card and "--speculative-draft-model-path org/tiny-sglang" in card
+    assert ("[`org/tiny`](https://huggingface.co/org/tiny)" in card
+            and "--speculative-draft-model-path org/tiny-sglang" in card)
     assert "https://huggingface.co/org/tiny-sglang" in spec["README.md"].decode()  # the Speculators card names it
     assert read_record(d).publish.model_dump()["sglang"]["repo_id"] == "org/tiny-sglang"
     # every card's SGLang line, as printed, through SGLang's own parser (issue 24, "Done when")
-    lines = {"local Speculators card": (d / "README.md").read_text(), "pushed Speculators card": spec["README.md"].decode(),
+    lines = {"local Speculators card": (d / "README.md").read_text(),
+             "pushed Speculators card": spec["README.md"].decode(),
              "SGLang repo card": card}
     parsed = _sglang_parse(lines)
     drafts = {"local Speculators card": "./sglang", "pushed Speculators card": "org/tiny-sglang",

@@ -211,7 +211,8 @@ def _harvest() -> tuple[list[str], list[str]]:
 
 
 KEYS, ARCHS = _harvest()
-VALUE = JSON | st.sampled_from(ARCHS or ["X"]) | st.lists(st.sampled_from(ARCHS or ["X"]), max_size=2) | st.integers(-3, 300)
+VALUE = JSON | st.sampled_from(ARCHS or ["X"]) | st.lists(st.sampled_from(ARCHS or ["X"]),
+                                                          max_size=2) | st.integers(-3, 300)
 
 
 @pytest.fixture(scope="module")
@@ -227,7 +228,8 @@ def bases(tiny_verifier_dir, tmp_path_factory):
     out.append(("speculators_peagle", json.loads((pe / "config.json").read_text()),
                 load_file(str(pe / "model.safetensors"))))
     ex = ROOT / "examples" / "smollm2-dflash-b8"
-    out.append(("speculators_dflash", json.loads((ex / "config.json").read_text()), load_file(str(ex / "model.safetensors"))))
+    out.append(("speculators_dflash", json.loads((ex / "config.json").read_text()),
+                load_file(str(ex / "model.safetensors"))))
     return out
 
 

@@ -202,7 +202,8 @@ def test_convert_help_imports_no_registry_numpy_or_pydantic():
     import subprocess
     import sys
 
-    code = ("import sys\nfrom specconv.cli.main import cli\ntry:\n    cli(['convert', '--help'], prog_name='specconv')\n"
+    code = ("import sys\nfrom specconv.cli.main import cli\ntry:\n    cli(['convert', '--help'], "
+            "prog_name='specconv')\n"
             "except SystemExit:\n    pass\n"
             "print('IMPORTED', sorted(m for m in ('specconv.converters', 'numpy', 'pydantic', 'rich', 'torch')"
             " if m in sys.modules), file=sys.stderr)\n")

@@ -38,7 +38,8 @@ def cards(tmp_path_factory, tiny_verifier_dir, tiny_llama_verifier_dir) -> dict[
     out = {}
     for algo, d in convert_each_algorithm(root, v, tiny_llama_verifier_dir).items():
         out[f"{algo}/local"] = refresh_local_card(d).read_text()
-        out[f"{algo}/pushed"] = render_card(d, read_record(d), Payload(), f"org/{algo}-drafter", plot=False, check=False)
+        out[f"{algo}/pushed"] = render_card(d, read_record(d), Payload(), f"org/{algo}-drafter", plot=False,
+                                            check=False)
     verifier = root / "my models" / "verifier v1"
     shutil.copytree(v, verifier)
     d = root / "my drafter"

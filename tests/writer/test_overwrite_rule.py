@@ -351,7 +351,8 @@ def double():
 
 def _release(double, smollm2_dir, work: Path, *extra) -> tuple[int, dict]:
     env = {"HF_ENDPOINT": double.url, "HF_TOKEN": TOKEN, "HF_HUB_DISABLE_XET": "1"}
-    return invoke("release", EXAMPLE, "--verifier", smollm2_dir, "--verifier-name", "HuggingFaceTB/SmolLM2-135M-Instruct",
+    return invoke("release", EXAMPLE, "--verifier", smollm2_dir, "--verifier-name",
+                  "HuggingFaceTB/SmolLM2-135M-Instruct",
                   "--repo-id", "specconv-test/overwrite",
                   "--work-dir", work, "--dry-run", *extra, env=env).code_json
 
