@@ -70,8 +70,8 @@ def test_hub_source_subfolder_and_revision_in_default_cache(home):
     rec = json.loads((out / "specconv.json").read_text())["conversion"]
     # the absolute snapshot path is in the conversion report; the record names the Hub repo
     assert Path(rep["source"]) == snap / "dflash"
-    assert (rec["source"]["hub_id"], rec["source"]["revision"], rec["source"]["path"]) == ("xiaomi/mimo-like", OTHER,
-                                                                                           "dflash")
+    assert ((rec["source"]["hub_id"], rec["source"]["revision"], rec["source"]["path"])
+            == ("xiaomi/mimo-like", OTHER, "dflash"))
     assert "model.safetensors" in rec["source"]["files"]
 
 

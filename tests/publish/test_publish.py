@@ -311,8 +311,8 @@ def test_release_with_a_failed_gate_publishes_nothing(double, tmp_path, smollm2_
                            "HuggingFaceTB/SmolLM2-135M-Instruct", "--repo-id", "specconv-test/gated",
                            "--work-dir", tmp_path / "w", "--min-tau", "7.5", *TINY)
     assert code == 4, text[-2000:]
-    assert out["failed_step"] == "validate" and [s["step"] for s in out["steps"]] == ["preflight", "convert",
-                                                                                      "validate"]
+    assert (out["failed_step"] == "validate"
+            and [s["step"] for s in out["steps"]] == ["preflight", "convert", "validate"])
     assert out["steps"][2]["status"] == "failed" and out["steps"][1]["duration_s"] >= 0
     assert "specconv-test/gated" not in double.repos
 

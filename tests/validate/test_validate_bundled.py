@@ -24,8 +24,8 @@ from tests.tolerances import NearTieWarning  # noqa: E402
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 TRAINED = EXAMPLES / "smollm2-dflash-b8"
 RANDOM = EXAMPLES / "smollm2-dflash-b8-random"
-ARGS = ["--prompts", "humaneval", "--num-prompts", "3", "--max-new-tokens", "32", "--dtype", "float32", "--format",
-        "json"]
+ARGS = ["--prompts", "humaneval", "--num-prompts", "3", "--max-new-tokens", "32", "--dtype", "float32",
+        "--format", "json"]
 
 
 def _convert(src: Path, verifier: Path, out: Path, *extra: str) -> Path:
