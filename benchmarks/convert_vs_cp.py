@@ -350,9 +350,9 @@ def _measure(cmds: dict[str, tuple[list[str], dict]], work: Path, repeats: int) 
 def _summary(runs: dict[str, list]) -> dict:
     med = {k: statistics.median(r["wall_s"] for r in v) for k, v in runs.items()}
     pairs = {
-        "warm_vs_cp": [w["wall_s"] / c["wall_s"] for w, c in zip(runs["convert_warm"], runs["cp"])],
+        "warm_vs_cp": [w["wall_s"] / c["wall_s"] for w, c in zip(runs["convert_warm"], runs["cp"], strict=True)],
         "cold_vs_cp_and_sha256sum": [w["wall_s"] / c["wall_s"]
-                                     for w, c in zip(runs["convert_cold"], runs["cp_and_sha256sum"])],
+                                     for w, c in zip(runs["convert_cold"], runs["cp_and_sha256sum"], strict=True)],
     }
     out = {f"{k}_s": [round(r["wall_s"], 3) for r in v] for k, v in runs.items()}
     out.update({f"{k}_median_s": round(v, 3) for k, v in med.items()})

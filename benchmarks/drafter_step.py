@@ -68,10 +68,10 @@ def step_points(spec_dir: Path, verifier: Path, reps: int) -> list[dict]:
             reqs = [(torch.randint(0, wrapper.shape.vocab_size, (ctx + 1,), generator=g),
                      torch.randn(ctx, wrapper.shape.aux_width, generator=g)) for _ in range(batch)]
             inputs = batch_inputs(wrapper.shape, reqs)
-            feeds = {n: t.numpy() for n, t in zip(wrapper.input_names, inputs)}
+            feeds = {n: t.numpy() for n, t in zip(wrapper.input_names, inputs, strict=True)}
             with torch.inference_mode():
-                t_ms = _median_ms(lambda: wrapper(*inputs), reps)
-            o_ms = _median_ms(lambda: sess.run(None, feeds), reps)
+                t_ms = _median_ms(lambda inputs=inputs: wrapper(*inputs), reps)
+            o_ms = _median_ms(lambda feeds=feeds: sess.run(None, feeds), reps)
             points.append({"context": ctx, "batch": batch, "torch_ms": round(t_ms, 2),
                            "ort_ms": round(o_ms, 2), "ratio_ort_over_torch": round(o_ms / t_ms, 3)})
     return points

@@ -56,7 +56,7 @@ def bundled_drafter(work: Path):
     return load_drafter(out, verifier, dtype=torch.float32)
 
 
-def _layer_tensors(i: int, g: torch.Generator, H: int, I: int, nh: int, nkv: int, D: int) -> dict:
+def _layer_tensors(i: int, g: torch.Generator, H: int, inter: int, nh: int, nkv: int, D: int) -> dict:
     p = f"layers.{i}"
 
     def r(*shape):
@@ -68,8 +68,8 @@ def _layer_tensors(i: int, g: torch.Generator, H: int, I: int, nh: int, nkv: int
             f"{p}.self_attn.v_proj.weight": r(nkv * D, H), f"{p}.self_attn.o_proj.weight": r(H, nh * D),
             f"{p}.self_attn.q_norm.weight": torch.ones(D, dtype=torch.bfloat16),
             f"{p}.self_attn.k_norm.weight": torch.ones(D, dtype=torch.bfloat16),
-            f"{p}.mlp.gate_proj.weight": r(I, H), f"{p}.mlp.up_proj.weight": r(I, H),
-            f"{p}.mlp.down_proj.weight": r(H, I)}
+            f"{p}.mlp.gate_proj.weight": r(inter, H), f"{p}.mlp.up_proj.weight": r(inter, H),
+            f"{p}.mlp.down_proj.weight": r(H, inter)}
 
 
 def big_drafter(work: Path, layers: int, vocab: int):
@@ -78,7 +78,7 @@ def big_drafter(work: Path, layers: int, vocab: int):
 
     from specconv.drafters import load_drafter
 
-    H, I, nh, nkv, D, A, B = 4096, 12288, 32, 8, 128, 5, 16
+    H, inter, nh, nkv, D, A, B = 4096, 12288, 32, 8, 128, 5, 16
     g = torch.Generator().manual_seed(0)
     t = {"fc.weight": (torch.randn(H, A * H, generator=g) / (A * H) ** 0.5).to(torch.bfloat16),
          "hidden_norm.weight": torch.ones(H, dtype=torch.bfloat16),
@@ -86,8 +86,8 @@ def big_drafter(work: Path, layers: int, vocab: int):
          "embed_tokens.weight": torch.randn(vocab, H, generator=g).to(torch.bfloat16),
          "lm_head.weight": (torch.randn(vocab, H, generator=g) / H ** 0.5).to(torch.bfloat16)}
     for i in range(layers):
-        t.update(_layer_tensors(i, g, H, I, nh, nkv, D))
-    tl = {"model_type": "qwen3", "vocab_size": vocab, "hidden_size": H, "intermediate_size": I,
+        t.update(_layer_tensors(i, g, H, inter, nh, nkv, D))
+    tl = {"model_type": "qwen3", "vocab_size": vocab, "hidden_size": H, "intermediate_size": inter,
           "num_hidden_layers": layers, "num_attention_heads": nh, "num_key_value_heads": nkv,
           "head_dim": D, "hidden_act": "silu", "rms_norm_eps": 1e-6, "max_position_embeddings": 40960,
           "rope_parameters": {"rope_type": "default", "rope_theta": 1000000.0},

@@ -22,7 +22,8 @@ import tempfile
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-DRAFTERS = {"trained": REPO / "examples" / "smollm2-dflash-b8", "random": REPO / "examples" / "smollm2-dflash-b8-random"}
+DRAFTERS = {"trained": REPO / "examples" / "smollm2-dflash-b8",
+            "random": REPO / "examples" / "smollm2-dflash-b8-random"}
 
 
 def specconv() -> list[str]:
@@ -59,7 +60,8 @@ def main(argv: list[str] | None = None) -> int:
                 "validate", str(out), "--verifier", verifier, "--prompts", args.prompts,
                 "--num-prompts", str(args.num_prompts), "--max-new-tokens", str(args.max_new_tokens),
                 "--temperature", str(args.temperature), "--dtype", args.dtype, "--device", args.device,
-                "--report-dir", str(Path(tmp) / f"report-{name}"), "--format", "json"], env=env, capture_output=True, text=True)
+                "--report-dir", str(Path(tmp) / f"report-{name}"), "--format", "json"], env=env, capture_output=True,
+                               text=True)
             rep = json.loads(r.stdout)
             results[name] = {k: rep.get(k) for k in (
                 "acceptance_length", "tau_request_mean", "tau_ci95", "acceptance_rate", "acceptance_at_pos",
@@ -74,7 +76,8 @@ def main(argv: list[str] | None = None) -> int:
         "results": results,
     }
     if "acceptance_length" in results.get("trained", {}) and "acceptance_length" in results.get("random", {}):
-        summary["tau_ratio_trained_vs_random"] = round(results["trained"]["acceptance_length"] / results["random"]["acceptance_length"], 3)
+        summary["tau_ratio_trained_vs_random"] = round(results["trained"]["acceptance_length"]
+                                                       / results["random"]["acceptance_length"], 3)
     text = json.dumps(summary, indent=2, sort_keys=True, default=str)
     print(text)
     if args.out:

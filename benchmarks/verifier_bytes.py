@@ -44,8 +44,9 @@ SIZES = {"tiny": {"hidden_size": 64, "vocab_size": 256}, "moderate": {"hidden_si
 
 
 def _verifier(work: Path, size: str, model_type: str) -> Path:
-    from conftest import make_tiny_verifier
     from test_hub_paths import _shard
+
+    from conftest import make_tiny_verifier
 
     plain = make_tiny_verifier(work / f"{size}-{model_type}", model_type=model_type, **SIZES[size])
     return _shard(plain, work / f"{size}-{model_type}-sharded")

@@ -604,7 +604,8 @@ def stage_train(args) -> None:
         step += 1
         if step % 10 == 0:
             pa = (acc * vv).sum((0, 1)) / vv.sum((0, 1)).clamp_min(1)
-            log(f"step {step} loss {loss.item():.3f} lr {lr_at(step):.2e} acc " + " ".join(f"{x:.2f}" for x in pa.tolist()))
+            log(f"step {step} loss {loss.item():.3f} lr {lr_at(step):.2e} acc "
+                + " ".join(f"{x:.2f}" for x in pa.tolist()))
         if step % args.eval_every == 0 or step == args.steps:
             with torch.no_grad():
                 vrng_state = rng.getstate()
@@ -613,8 +614,8 @@ def stage_train(args) -> None:
                 cnt = torch.zeros(B - 1)
                 eal_sum, eal_n, vloss = 0.0, 0, 0.0
                 for i in range(0, len(val), args.seqs):
-                    l, acc, vv = run(val[i : i + args.seqs], False)
-                    vloss += l.item()
+                    vl, acc, vv = run(val[i : i + args.seqs], False)
+                    vloss += vl.item()
                     tot += (acc * vv).sum((0, 1))
                     cnt += vv.sum((0, 1))
                     full = (acc * vv).reshape(-1, B - 1)
@@ -784,7 +785,8 @@ def stage_meta(args) -> None:
             "mask": "context keys strictly before the anchor; block keys bidirectional within the block",
             "model": f"{NUM_LAYERS} Qwen3-style layers, hidden 576, 9/3 heads, block_size {BLOCK_SIZE}, "
             f"mask_token_id {SMOLLM2_MASK_TOKEN_ID} (<empty_output>); embeddings and LM head = verifier's, frozen",
-            "optimizer": f"AdamW lr {args.lr} betas (0.9, 0.95) wd 0.01, warmup {args.warmup}, cosine to 5%, grad clip 1.0",
+            "optimizer": f"AdamW lr {args.lr} betas (0.9, 0.95) wd 0.01, warmup {args.warmup}, cosine "
+                         "to 5%, grad clip 1.0",
             "dtype": "fp32 training, saved bf16",
         },
         "dataset": {

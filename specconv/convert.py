@@ -92,7 +92,8 @@ def select_checkpoint(path: Path, choice: str | None = None) -> tuple[Path, str 
     kids = {c.name: c for c in path.iterdir() if c.is_dir()} if path.is_dir() else {}
     if choice and choice not in ("best", "latest"):
         if choice not in kids:
-            raise InvalidInputError(f"--checkpoint {choice!r} not found in {path} (have: {', '.join(sorted(kids)) or 'nothing'})")
+            raise InvalidInputError(f"--checkpoint {choice!r} not found in {path} (have: "
+                                    f"{', '.join(sorted(kids)) or 'nothing'})")
         return _descend(kids[choice]), f"--checkpoint {choice}"
     if choice in (None, "best") and "checkpoint_best" in kids:
         target = kids["checkpoint_best"].resolve()
@@ -147,7 +148,8 @@ def detect(src: SourceInfo) -> type[Converter]:
             seen.append(f"architectures={src.architectures}")
             if src.cfg("model_type"):
                 seen.append(f"model_type={src.cfg('model_type')!r}")
-            keys = sorted(k for k in src.config if k in ("dflash_config", "speculators_model_type", "eagle_config", "draft_vocab_size"))
+            keys = sorted(k for k in src.config
+                          if k in ("dflash_config", "speculators_model_type", "eagle_config", "draft_vocab_size"))
             if keys:
                 seen.append("keys " + ", ".join(keys))
         seen.append(f"{len(src.tensor_names())} tensors")
@@ -180,7 +182,8 @@ def _inspect(spec: str, verifier: str | None, verifier_name: str | None, kw: dic
 
     before = hub.bytes_downloaded()
     # without a verifier nothing reads tensor data: a Hub source is read headers-only
-    src, note = open_source(spec, subfolder=kw.get("subfolder"), checkpoint=kw.get("checkpoint"), revision=kw.get("revision"),
+    src, note = open_source(spec, subfolder=kw.get("subfolder"), checkpoint=kw.get("checkpoint"),
+                            revision=kw.get("revision"),
                             headers_only=not verifier, endpoint=kw.get("endpoint"))
     out: dict[str, Any] = {"path": str(src.path), "selected": note, "findings": [],
                            "bytes_downloaded": hub.bytes_downloaded() - before}
@@ -252,7 +255,8 @@ def convert(source: str, *, verifier: str | Verifier, output: Path | None, optio
     from .results import ConversionResult
 
     opts = options or ConvertOptions()
-    src, note = open_source(source, subfolder=subfolder, checkpoint=opts.checkpoint, revision=revision, endpoint=endpoint)
+    src, note = open_source(source, subfolder=subfolder, checkpoint=opts.checkpoint, revision=revision,
+                            endpoint=endpoint)
     cls = _supported_converter(src, opts)
     v = _resolved_verifier(verifier, verifier_name, endpoint)
     log.info("detected %s (%s); verifier %s", cls.format_id, cls.algorithm, v.name_or_path)
@@ -326,11 +330,13 @@ def _supported_converter(src: SourceInfo, opts: ConvertOptions) -> type[Converte
     cls = detect(src)
     if opts.algorithm and "|" not in cls.algorithm and cls.algorithm != opts.algorithm:
         raise InvalidInputError(
-            f"--algorithm {opts.algorithm} given but {src.path} is {cls.title} ({cls.format_id}, algorithm {cls.algorithm})",
+            f"--algorithm {opts.algorithm} given but {src.path} is {cls.title} ({cls.format_id}, "
+            f"algorithm {cls.algorithm})",
             code="algorithm_mismatch",
         )
     if not cls.supported:
-        raise UnsupportedFormatError(f"{cls.title} ({cls.format_id}) is not supported: {cls.refusal}", format_id=cls.format_id)
+        raise UnsupportedFormatError(f"{cls.title} ({cls.format_id}) is not supported: {cls.refusal}",
+                                     format_id=cls.format_id)
     return cls
 
 

@@ -56,7 +56,8 @@ class DroppedTensor:
 
 @dataclass
 class LayerIdConversion:
-    """How aux hidden-state layer ids were obtained (vLLM ``vllm/transformers_utils/configs/speculators/algos.py``: capture ids)."""
+    """How aux hidden-state layer ids were obtained (vLLM \
+``vllm/transformers_utils/configs/speculators/algos.py``: capture ids)."""
 
     source_key: str | None  # e.g. "dflash_config.target_layer_ids"
     source_convention: str  # "z-lab" (0-based layer outputs, -1 = embeddings) | "speculators" | "override"

@@ -288,7 +288,8 @@ class ChatOptions:
                              "--thinking on|off have nothing to apply to")
         reserved = sorted(set(kw) & set(RESERVED_KWARGS))
         if reserved:
-            raise UsageError(f"--chat-template-kwargs: {', '.join(reserved)} is set by specconv itself, not a template variable")
+            raise UsageError(f"--chat-template-kwargs: {', '.join(reserved)} is set by specconv itself, "
+                             "not a template variable")
         if self.thinking != "auto":
             want = self.thinking == "on"
             if THINKING_VARIABLE in kw and bool(kw[THINKING_VARIABLE]) != want:
@@ -390,7 +391,8 @@ def _template_text(tokenizer: Any, template: str) -> tuple[str, str, str | None]
         try:
             return Path(template).read_text(encoding="utf-8"), "file", template
         except (OSError, UnicodeDecodeError) as e:
-            raise InvalidInputError(f"--chat-template {template}: cannot read it ({e})", code="chat_template_file") from e
+            raise InvalidInputError(f"--chat-template {template}: cannot read it ({e})",
+                                    code="chat_template_file") from e
     own = getattr(tokenizer, "chat_template", None)
     if isinstance(own, dict):  # named templates: apply_chat_template's own choice is "default"
         own = own.get("default")
@@ -460,13 +462,13 @@ def compare_prompt_ids(sent: Sequence[tuple[str, list[int]]],
     if not kinds:
         return None, []
     out = []
-    for (pid, ids), s in zip(sent, seen):
+    for (pid, ids), s in zip(sent, seen, strict=True):
         if s is None:
             out.append(f"{pid}: the engine did not say which prompt tokens it saw")
         elif isinstance(s, int) and s != len(ids):
             out.append(f"{pid}: the engine evaluated {s} prompt tokens, specconv sent {len(ids)}")
         elif not isinstance(s, int) and list(s) != list(ids):
-            j = next((i for i, (a, b) in enumerate(zip(s, ids)) if a != b), min(len(s), len(ids)))
+            j = next((i for i, (a, b) in enumerate(zip(s, ids, strict=False)) if a != b), min(len(s), len(ids)))
             out.append(f"{pid}: the engine's prompt differs from specconv's at token {j} "
                        f"({len(s)} vs {len(ids)} tokens)")
     return ("count" if kinds == {"count"} else "ids"), out

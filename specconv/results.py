@@ -204,7 +204,8 @@ class InspectResult(StageResult):
         lines += _finding_lines(self.findings)
         if self.nonfinite is not None:
             lines.append(f"scan:      {len(self.nonfinite)} tensor(s) with NaN/Inf")
-            lines += [f"  {n['tensor']}: {n['count']} of {n['numel']}, first at {n['first_index']}" for n in self.nonfinite]
+            lines += [f"  {n['tensor']}: {n['count']} of {n['numel']}, first at {n['first_index']}"
+                      for n in self.nonfinite]
         return "\n".join(lines)
 
 
@@ -282,7 +283,8 @@ class ValidationReport(StageResult):
         ``specconv.engines.base.LoadCheck``)."""
         failed = [k for k, v in self.gates.items() if v is False]
         loads = {**{k: getattr(self, k) for k in type(self).model_fields}, **(self.__pydantic_extra__ or {})}
-        return failed + [k for k, v in loads.items() if k.endswith(LOAD_SUFFIX) and isinstance(v, dict) and not v.get("ok")]
+        return failed + [k for k, v in loads.items()
+                         if k.endswith(LOAD_SUFFIX) and isinstance(v, dict) and not v.get("ok")]
 
     def exit_status(self) -> int:
         """4 when a gate that ran (or the vLLM load check) failed, else 0."""
@@ -376,7 +378,8 @@ class FormatsResult(StageResult):
     def human(self) -> str:
         lines = [f"{'format':28} {'algorithm':9} {'supported':9} source"]
         for r in self.formats:
-            lines.append(f"{r['format']:28} {r['algorithm']:9} {('yes' if r['supported'] else 'refused'):9} {r['title']}")
+            lines.append(f"{r['format']:28} {r['algorithm']:9} "
+                         f"{('yes' if r['supported'] else 'refused'):9} {r['title']}")
         return "\n".join(lines)
 
 
@@ -499,7 +502,8 @@ class PushResult(StageResult):
         return EXIT_WOULD_CHANGE if self.would_change and self.detailed_exitcode else 0
 
     def human(self) -> str:
-        lines = [f"{self.status}: {self.repo_id}@{self.revision}" + (f" commit {self.commit_oid}" if self.commit_oid else "")]
+        lines = [f"{self.status}: {self.repo_id}@{self.revision}"
+                 + (f" commit {self.commit_oid}" if self.commit_oid else "")]
         lines += [f"  {f['action']:9} {f['path']}" for f in self.files if f["action"] != "unchanged"]
         if self.pr_url:
             lines.append(f"  pull request: {self.pr_url}")

@@ -262,7 +262,8 @@ def resolve_verifier(spec: str, *, name: str | None = None, revision: str | None
             the Hub's errors (:mod:`specconv.hub`).
     """
     if not spec or not spec.strip():
-        raise InvalidInputError("--verifier is empty: give a local directory or a Hub repo id", code="verifier_not_found")
+        raise InvalidInputError("--verifier is empty: give a local directory or a Hub repo id",
+                                code="verifier_not_found")
     p = Path(spec).expanduser()
     if p.exists():
         p = Path(os.path.abspath(p))  # not .resolve(): a symlinked path is recorded as given

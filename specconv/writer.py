@@ -182,7 +182,8 @@ def build_record(plan: ConversionPlan, verifier: Verifier | None, source_hashes:
         architectures=verifier.architectures, num_hidden_layers=verifier.num_hidden_layers,
         hidden_size=verifier.hidden_size, vocab_size=verifier.vocab_size)
     conversion = ConversionSection.model_construct(
-        format=plan.format_id, algorithm=plan.algorithm, source=SourceRef.model_construct(**source, files=source_hashes),
+        format=plan.format_id, algorithm=plan.algorithm,
+        source=SourceRef.model_construct(**source, files=source_hashes),
         verifier=ver, layer_ids=plan.layer_ids.to_dict() if plan.layer_ids else None,
         dtype=getattr(cfg, "dtype", None) if not isinstance(cfg, dict) else cfg.get("dtype"), options=options,
         tensors=plan.tensor_fates(), findings=[f.to_dict() for f in plan.findings], notes=plan.notes,
@@ -283,7 +284,7 @@ def _nonfinite_check(plan: ConversionPlan, outs: list, engine: Any, allow: bool)
                                 code="nonfinite_weights")
     from .format.findings import Finding
 
-    for name, part in zip(sorted(engine.nonfinite), parts):
+    for name, part in zip(sorted(engine.nonfinite), parts, strict=True):
         plan.findings.append(Finding("warning", "nonfinite-weights",
                                      f"converted with --allow-nonfinite: {part}", key=name))
 
@@ -322,7 +323,8 @@ def write_plan(
     return record
 
 
-def _write_tmp(tmp: Path, plan: ConversionPlan, source_store: Any, verifier: Verifier | None, *, max_shard_size: int | None,
+def _write_tmp(tmp: Path, plan: ConversionPlan, source_store: Any, verifier: Verifier | None, *,
+               max_shard_size: int | None,
                allow_nonfinite: bool, hash_output: bool, output_sha256: dict[str, str] | None, out_dir: Path,
                source_ref: dict[str, Any] | None) -> SpecconvRecord:
     """Write weights and config into ``tmp``; return the record (not written yet)."""

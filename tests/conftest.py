@@ -25,7 +25,8 @@ if str(REPO) not in sys.path:
 #: tests/<room>/ mirrors specconv/; a room's test module that builds inputs other rooms reuse
 #: (tests/drafters/test_drafters.make_dflash, tests/hub/test_hub_paths.FakeHub, ...) is importable by
 #: its name from any room, whichever file pytest collects first (the names are unique).
-for _room in sorted(p for p in Path(__file__).resolve().parent.iterdir() if p.is_dir() and p.name not in ("golden", "__pycache__")):
+for _room in sorted(p for p in Path(__file__).resolve().parent.iterdir()
+                    if p.is_dir() and p.name not in ("golden", "__pycache__")):
     if str(_room) not in sys.path:
         sys.path.append(str(_room))
 
@@ -153,7 +154,8 @@ BUNDLED_DRAFTER = REPO / "examples" / "smollm2-dflash-b8"
 def _tree_digest(d: Path) -> dict[str, str]:
     import hashlib
 
-    return {str(p.relative_to(d)): hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(d.rglob("*")) if p.is_file()}
+    return {str(p.relative_to(d)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(d.rglob("*")) if p.is_file()}
 
 
 @pytest.fixture(scope="session")
@@ -230,6 +232,32 @@ def tiny_verifier_dir(tmp_path_factory) -> Path:
 def tiny_llama_verifier_dir(tmp_path_factory) -> Path:
     """Tiny random Llama verifier: H=64, 6 layers, vocab 256, untied."""
     return make_tiny_verifier(tmp_path_factory.mktemp("tiny_llama") / "llama", model_type="llama")
+
+
+@pytest.fixture(scope="module")
+def verifier_dir(tmp_path_factory) -> Path:
+    """Tied-embedding verifier (like SmolLM2): only model.embed_tokens.weight, in the sizes of
+    ``tests/drafters/test_drafters.py`` (whose drafters the drafter and export rooms build on it)."""
+    import torch
+    from safetensors.torch import save_file
+    from test_drafters import VT, H
+
+    d = tmp_path_factory.mktemp("verifier")
+    g = torch.Generator().manual_seed(42)
+    (d / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLM"],
+                                               "hidden_size": H, "num_hidden_layers": 6,
+                                               "vocab_size": VT, "tie_word_embeddings": True}))
+    save_file({"model.embed_tokens.weight": torch.randn(VT, H, generator=g),
+               "model.norm.weight": torch.ones(H)}, str(d / "model.safetensors"))
+    return d
+
+
+@pytest.fixture(scope="module")
+def sharded_qwen3(tiny_verifier_dir, tmp_path_factory) -> Path:
+    """``tiny_verifier_dir`` re-saved as 3 shards + index (``tests/hub/test_hub_paths.py::_shard``)."""
+    from test_hub_paths import _shard
+
+    return _shard(tiny_verifier_dir, tmp_path_factory.mktemp("sharded") / "qwen3")
 
 
 class Converted(NamedTuple):

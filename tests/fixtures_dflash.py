@@ -277,7 +277,8 @@ def write_source(out: Path, config: dict[str, Any] | None, tensors: dict[str, An
     out.mkdir(parents=True, exist_ok=True)
     if config is not None:
         (out / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
-    save_file({k: v.contiguous() for k, v in tensors.items()}, str(out / "model.safetensors"), metadata={"format": "pt"})
+    save_file({k: v.contiguous() for k, v in tensors.items()}, str(out / "model.safetensors"),
+              metadata={"format": "pt"})
     for name, data in (extra_files or {}).items():
         (out / name).write_bytes(data)
     return out

@@ -51,13 +51,14 @@ def draft_dims(verifier_dir: Path) -> dict[str, int]:
     )
 
 
-def body_tensors(verifier_dir: Path, *, n_aux: int, num_layers: int = 2, dtype: str = "bfloat16", seed: int = 0) -> dict:
+def body_tensors(verifier_dir: Path, *, n_aux: int, num_layers: int = 2, dtype: str = "bfloat16",
+                 seed: int = 0) -> dict:
     """F1 DFlash body (external_formats.md §3 table): fc, hidden_norm, norm, layers.*"""
     import torch
 
     d = draft_dims(verifier_dir)
     g = torch.Generator().manual_seed(seed)
-    H, I, hd = d["H"], d["I"], d["hd"]
+    H, inter, hd = d["H"], d["I"], d["hd"]
     t = {
         "fc.weight": _rand(g, H, n_aux * H, dtype=dtype),
         "hidden_norm.weight": _norm(g, H, dtype),
@@ -73,15 +74,16 @@ def body_tensors(verifier_dir: Path, *, n_aux: int, num_layers: int = 2, dtype: 
         t[p + "self_attn.o_proj.weight"] = _rand(g, H, d["nq"] * hd, dtype=dtype)
         t[p + "self_attn.q_norm.weight"] = _norm(g, hd, dtype)
         t[p + "self_attn.k_norm.weight"] = _norm(g, hd, dtype)
-        t[p + "mlp.gate_proj.weight"] = _rand(g, I, H, dtype=dtype)
-        t[p + "mlp.up_proj.weight"] = _rand(g, I, H, dtype=dtype)
-        t[p + "mlp.down_proj.weight"] = _rand(g, H, I, dtype=dtype)
+        t[p + "mlp.gate_proj.weight"] = _rand(g, inter, H, dtype=dtype)
+        t[p + "mlp.up_proj.weight"] = _rand(g, inter, H, dtype=dtype)
+        t[p + "mlp.down_proj.weight"] = _rand(g, H, inter, dtype=dtype)
     return t
 
 
 def head_tensors(
     verifier_dir: Path, *, rank: int, mtype: str = "vanilla", confidence: bool = True, with_markov: bool = True,
-    dtype: str = "bfloat16", seed: int = 1, prefix_markov: str = "markov_head.", prefix_conf: str = "confidence_head.proj.",
+    dtype: str = "bfloat16", seed: int = 1, prefix_markov: str = "markov_head.",
+    prefix_conf: str = "confidence_head.proj.",
 ) -> dict:
     """DSpark heads (speculators_format.md §5.2, full vocab): markov_w1/w2 [V, r], gate/joint, confidence."""
     import torch
@@ -118,7 +120,8 @@ def f1_config(verifier_dir: Path, *, num_layers: int = 2, dtype: str = "bfloat16
         "rope_theta": (v.get("rope_parameters") or {}).get("rope_theta", v.get("rope_theta")),
         "rope_scaling": None, "tie_word_embeddings": False, "num_target_layers": d["L"],
         "layer_types": ["full_attention"] * num_layers, "torch_dtype": dtype,
-        "bos_token_id": v.get("bos_token_id"), "eos_token_id": v.get("eos_token_id"), "pad_token_id": v.get("pad_token_id"),
+        "bos_token_id": v.get("bos_token_id"), "eos_token_id": v.get("eos_token_id"),
+        "pad_token_id": v.get("pad_token_id"),
     }
 
 
@@ -130,7 +133,8 @@ def save(out: Path, cfg: dict[str, Any] | None, tensors: dict, *, files: dict[st
     if cfg is not None:
         (out / "config.json").write_text(json.dumps(cfg, indent=2))
     if tensors:
-        save_file({k: v.contiguous() for k, v in tensors.items()}, str(out / "model.safetensors"), metadata={"format": "pt"})
+        save_file({k: v.contiguous() for k, v in tensors.items()}, str(out / "model.safetensors"),
+                  metadata={"format": "pt"})
     for name, text in (files or {}).items():
         (out / name).parent.mkdir(parents=True, exist_ok=True)
         (out / name).write_text(text)
@@ -147,7 +151,8 @@ def verifier_tensor(verifier_dir: Path, role: str):
 
 # ----------------------------------------------------------------------------- F7
 def make_deepspec_dspark(
-    out: Path, verifier_dir: Path, *, target_layer_ids=(-1, 2, 4), block_size: int = 4, mask_token_id: int | None = MASK,
+    out: Path, verifier_dir: Path, *, target_layer_ids=(-1, 2, 4), block_size: int = 4,
+    mask_token_id: int | None = MASK,
     markov_rank: int | None = 8, markov_head_type: str | None = "vanilla", enable_confidence_head: bool | None = True,
     confidence_head_with_markov: bool | None = True, num_layers: int = 2, embed: bool = True, drop_keys=(),
     extra_cfg: dict | None = None, extra_tensors: dict | None = None, drop_tensors=(), dtype: str = "bfloat16",
@@ -165,7 +170,8 @@ def make_deepspec_dspark(
         tie_word_embeddings=False, layer_types=["full_attention"] * num_layers, target_layer_ids=list(target_layer_ids),
         num_anchors=16, dtype=dtype,
     )
-    for k, v in (("mask_token_id", mask_token_id), ("markov_rank", markov_rank), ("enable_confidence_head", enable_confidence_head)):
+    for k, v in (("mask_token_id", mask_token_id), ("markov_rank", markov_rank),
+                 ("enable_confidence_head", enable_confidence_head)):
         if v is not None:
             cfg[k] = v
     if markov_rank and markov_head_type is not None:
@@ -201,8 +207,10 @@ def make_specforge_dspark(
     heads, ``dflash_config`` holds the head/drafter keys (``head_location="top"``: the
     ``DSparkConfig`` top-level variant). ``logit_head=True``: early nested head names."""
     cfg = f1_config(verifier_dir, num_layers=num_layers, dtype=dtype)
-    cfg.update(architectures=["DSparkDraftModel"], auto_map={"AutoModel": "dspark.DSparkDraftModel"}, block_size=block_size)
-    heads = dict(markov_rank=markov_rank, markov_head_type=markov_head_type, enable_confidence_head=enable_confidence_head,
+    cfg.update(architectures=["DSparkDraftModel"], auto_map={"AutoModel": "dspark.DSparkDraftModel"},
+               block_size=block_size)
+    heads = dict(markov_rank=markov_rank, markov_head_type=markov_head_type,
+                 enable_confidence_head=enable_confidence_head,
                  confidence_head_with_markov=confidence_head_with_markov, confidence_head_alpha=1.0)
     dc = {"projector_type": "dspark", "attention_mode": attention_mode, "target_layer_ids": list(target_layer_ids)}
     if mask_token_id is not None:
@@ -275,7 +283,8 @@ def make_source(out: Path, fmt: str, verifier_dir: Path, **kw) -> Path:
 
 # ----------------------------------------------------------------------------- F4 training dir
 def make_specforge_training(
-    run_dir: Path, verifier_dir: Path, *, strategy: str = "dspark", step: int = 100, prefix: str = "draft_model._orig_mod.",
+    run_dir: Path, verifier_dir: Path, *, strategy: str = "dspark", step: int = 100,
+    prefix: str = "draft_model._orig_mod.",
     run_id: str = "run0", **kw,
 ) -> tuple[Path, Path]:
     """A SpecForge DataFlow checkpoint ``<run_dir>/<run_id>-step<N>/training_state.pt`` (external_formats.md §6.1):
@@ -316,7 +325,8 @@ def make_specforge_training(
 
 
 def training_dir_from_export(
-    run_dir: Path, export: Path, *, strategy: str, step: int = 7, prefix: str = "draft_model.", drop=(), run_id: str = "run1",
+    run_dir: Path, export: Path, *, strategy: str, step: int = 7, prefix: str = "draft_model.", drop=(),
+    run_id: str = "run1",
 ) -> tuple[Path, Path]:
     """Wrap an existing HF export dir as a SpecForge training checkpoint (same pickle layout
     as :func:`make_specforge_training`); ``drop`` removes tensors the training state does not
@@ -341,7 +351,8 @@ def make_zlab_dflash(out: Path, verifier_dir: Path, *, target_layer_ids=(1, 3, 5
                      mask_token_id: int = MASK, num_layers: int = 2, dtype: str = "bfloat16") -> Path:
     """A z-lab F1 DFlash export (external_formats.md §3), for the SpecForge dflash strategy."""
     cfg = f1_config(verifier_dir, num_layers=num_layers, dtype=dtype)
-    cfg.update(architectures=["DFlashDraftModel"], auto_map={"AutoModel": "dflash.DFlashDraftModel"}, block_size=block_size,
+    cfg.update(architectures=["DFlashDraftModel"], auto_map={"AutoModel": "dflash.DFlashDraftModel"},
+               block_size=block_size,
                dflash_config={"mask_token_id": mask_token_id, "target_layer_ids": list(target_layer_ids)})
     return save(out, cfg, body_tensors(verifier_dir, n_aux=len(target_layer_ids), num_layers=num_layers, dtype=dtype))
 
@@ -419,11 +430,13 @@ def make_refusal(kind: str, out: Path, verifier_dir: Path) -> Path:
         cfg["architectures"] = ["Qwen3DFlashDraftModel"]
         return save(out, cfg, t)
     if fid == "gemma4_dspark":
-        make_deepspec_dspark(out, verifier_dir, extra_cfg={"architectures": ["Gemma4DSparkModel"], "target_model_type": "gemma4"})
+        make_deepspec_dspark(out, verifier_dir,
+                             extra_cfg={"architectures": ["Gemma4DSparkModel"], "target_model_type": "gemma4"})
         return out
     if fid == "mla_dspark":
         if variant == "glm5":
-            return save(out, {"architectures": ["Glm5DSparkForCausalLM"], "hidden_size": 64}, {"fc.weight": _tiny((64, 192))})
+            return save(out, {"architectures": ["Glm5DSparkForCausalLM"], "hidden_size": 64},
+                        {"fc.weight": _tiny((64, 192))})
         if variant == "kv_lora":
             return make_deepspec_dspark(out, verifier_dir, extra_cfg={"kv_lora_rank": 16, "q_lora_rank": 32})
         return make_specforge_dspark(out, verifier_dir, attention_mode="mla")
@@ -431,13 +444,15 @@ def make_refusal(kind: str, out: Path, verifier_dir: Path) -> Path:
         cfg = {"architectures": ["DeepseekV4ForCausalLM"], "model_type": "deepseek_v4", "hidden_size": 64}
         if variant == "inference":
             return save(out, cfg, {"mtp.0.fc.weight": _tiny((64, 128))},
-                        files={"inference/config.json": json.dumps({"dspark_block_size": 8, "dspark_markov_rank": 256})})
+                        files={"inference/config.json": json.dumps({"dspark_block_size": 8,
+                                                                    "dspark_markov_rank": 256})})
         cfg.update(dspark_block_size=8, dspark_markov_rank=256, dspark_target_layer_ids=[1, 2], dspark_noise_token_id=5)
         return save(out, cfg, {"layers.0.attn.wq_a.weight": _tiny((64, 64)), "embed.weight": _tiny((256, 64))})
     if fid == "quantized_drafter":
         cfg, t = _f1(verifier_dir, out)
         if variant == "hf_quant":
-            return save(out, cfg, t, files={"hf_quant_config.json": json.dumps({"quantization": {"quant_algo": "FP8"}})})
+            return save(out, cfg, t,
+                        files={"hf_quant_config.json": json.dumps({"quantization": {"quant_algo": "FP8"}})})
         if variant == "scale":
             t["layers.0.self_attn.q_proj.weight_scale"] = torch.ones(1, dtype=torch.float32)
         elif variant == "packed":
@@ -451,19 +466,23 @@ def make_refusal(kind: str, out: Path, verifier_dir: Path) -> Path:
         cfg, t = _f1(verifier_dir, out)
         if variant == "embed_only":
             d = draft_dims(verifier_dir)
-            return save(out, cfg, {"embed_tokens.weight": _tiny((d["V"], d["H"])), "lm_head.weight": _tiny((d["V"], d["H"]))})
+            return save(out, cfg,
+                        {"embed_tokens.weight": _tiny((d["V"], d["H"])), "lm_head.weight": _tiny((d["V"], d["H"]))})
         return save(out, cfg, {})
     if fid == "eagle3":
-        cfg = {"architectures": ["LlamaForCausalLMEagle3"], "model_type": "llama", "hidden_size": 64, "draft_vocab_size": 32,
+        cfg = {"architectures": ["LlamaForCausalLMEagle3"], "model_type": "llama", "hidden_size": 64,
+               "draft_vocab_size": 32,
                "vocab_size": 256, "num_hidden_layers": 1}
-        t = {"midlayer.self_attn.q_proj.weight": _tiny((64, 128)), "fc.weight": _tiny((64, 192)), "d2t": torch.zeros(32, dtype=torch.int64)}
+        t = {"midlayer.self_attn.q_proj.weight": _tiny((64, 128)), "fc.weight": _tiny((64, 192)),
+             "d2t": torch.zeros(32, dtype=torch.int64)}
         if variant == "vocab_only":
             cfg["architectures"] = ["LlamaForCausalLM"]
         if variant == "nemo":
             cfg["architectures"] = ["LlamaEagle3DraftModel"]
         return save(out, cfg, t)
     if fid == "modelopt_eagle_parallel_heads":
-        cfg = {"architectures": ["LlamaForCausalLMEagle3"], "model_type": "llama", "hidden_size": 64, "draft_vocab_size": 32,
+        cfg = {"architectures": ["LlamaForCausalLMEagle3"], "model_type": "llama", "hidden_size": 64,
+               "draft_vocab_size": 32,
                "eagle_config": {"eagle_aux_hidden_state_layer_ids": [1, 3, 5], "parallel_draft_step": 3}}
         t = {"layers.0.self_attn.q_proj.weight": _tiny((64, 128)),
              "parallel_draft_heads.0.medusa_layers.0.linear.weight": _tiny((64, 64)),
@@ -480,7 +499,8 @@ REFUSAL_CASES = [
     ("dflash2_variant", "dflash2_variant"), ("dflash2_variant:minimax", "dflash2_variant"),
     ("dflash2_variant:config", "dflash2_variant"), ("dflash2_variant:tensors", "dflash2_variant"),
     ("lilicorr", "lilicorr"),
-    ("laguna_dflash", "laguna_dflash"), ("laguna_dflash:tensors", "laguna_dflash"), ("laguna_dflash:qkv", "laguna_dflash"),
+    ("laguna_dflash", "laguna_dflash"), ("laguna_dflash:tensors", "laguna_dflash"),
+    ("laguna_dflash:qkv", "laguna_dflash"),
     ("mimo_dflash", "mimo_dflash"), ("mimo_dflash:file", "mimo_dflash"), ("mimo_dflash:tensor", "mimo_dflash"),
     ("domino", "domino"), ("domino:projector", "domino"),
     ("causal_dflash", "causal_dflash"),

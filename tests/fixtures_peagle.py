@@ -83,7 +83,8 @@ def save_tensors(d: Path, tensors: dict[str, Any], *, shards: int = 1) -> None:
         for n in part:
             wm[n] = fname
             total += tensors[n].numel() * tensors[n].element_size()
-    (d / "model.safetensors.index.json").write_text(json.dumps({"metadata": {"total_size": total}, "weight_map": wm}, indent=2))
+    (d / "model.safetensors.index.json").write_text(json.dumps({"metadata": {"total_size": total}, "weight_map": wm},
+                                                               indent=2))
 
 
 def read_json(p: Path) -> dict:
@@ -307,7 +308,7 @@ def to_nemo(
     if mask_hidden_2d:
         t["mask_hidden"] = t["mask_hidden"].reshape(1, -1)
     t = {(k if k in top else "model." + k): v for k, v in t.items()}
-    for step, final in ((10, False), (20, True)):
+    for step, _final in ((10, False), (20, True)):
         epoch = root / f"epoch_0_step_{step}"
         d = epoch / "model" / ("consolidated" if consolidated else "")
         save_tensors(d, t, shards=shards)

@@ -144,7 +144,8 @@ class HubDouble:
         return repo
 
     def add_dir(self, repo_id: str, root: Path, prefix: str = "") -> Repo:
-        files = {prefix + p.relative_to(root).as_posix(): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+        files = {prefix + p.relative_to(root).as_posix(): p.read_bytes()
+                 for p in sorted(root.rglob("*")) if p.is_file()}
         return self.add_repo(repo_id, files)
 
     @property

@@ -166,7 +166,8 @@ def run_speculators_forward(model, *, seq_len: int | None = None, num_blocks: in
         handle.remove()
     assert captured, "speculators' forward never called lm_head"
     logits = captured[-1]
-    assert logits.shape[-1] == cfg.draft_vocab_size, f"logits width {logits.shape[-1]} != draft vocab {cfg.draft_vocab_size}"
+    assert logits.shape[-1] == cfg.draft_vocab_size, (f"logits width {logits.shape[-1]} != draft vocab "
+                                                      f"{cfg.draft_vocab_size}")
     assert torch.isfinite(logits).all(), "speculators' forward produced non-finite logits"
     loss = out[1] if isinstance(out, tuple) else None
     if isinstance(loss, torch.Tensor):

@@ -24,7 +24,7 @@ def _ids(ctx, param, value):
     try:
         ids = [int(x) for x in value.replace(" ", "").split(",") if x != ""]
     except ValueError:
-        raise click.BadParameter("expected comma-separated integers, e.g. 2,15,28")
+        raise click.BadParameter("expected comma-separated integers, e.g. 2,15,28") from None
     if not ids:
         raise click.BadParameter("no layer ids given; expected comma-separated integers, e.g. 2,15,28")
     return ids
@@ -39,9 +39,9 @@ def _size(ctx, param, value):
     try:
         return parse_size(value)
     except UsageError as e:
-        raise click.BadParameter(e.message)
+        raise click.BadParameter(e.message) from e
     except (ValueError, TypeError) as e:
-        raise click.BadParameter(str(e))
+        raise click.BadParameter(str(e)) from e
 
 
 def _algorithms() -> list[str]:
@@ -73,9 +73,12 @@ class _AlgoChoice(click.Choice):
 @verifier_option()
 @verifier_name_option()
 @click.option("-o", "--output", type=click.Path(path_type=Path), help="Output directory (written atomically).")
-@click.option("--algorithm", type=_AlgoChoice(), help="Refuse unless the detected source has this target algorithm (dflash, dspark, peagle: see `specconv formats`).")
-@click.option("--mask-token-id", type=int, help="Mask token the drafter was trained with (when the checkpoint lacks it).")
-@click.option("--aux-layer-ids", callback=_ids, help="Override aux layer ids (speculators convention: 0 = embeddings), e.g. 2,15,28.")
+@click.option("--algorithm", type=_AlgoChoice(), help="Refuse unless the detected source has this target algorithm "
+                                                      "(dflash, dspark, peagle: see `specconv formats`).")
+@click.option("--mask-token-id", type=int,
+              help="Mask token the drafter was trained with (when the checkpoint lacks it).")
+@click.option("--aux-layer-ids", callback=_ids,
+              help="Override aux layer ids (speculators convention: 0 = embeddings), e.g. 2,15,28.")
 @click.option("--speculative-tokens", type=int, help="Drafts per step (P-EAGLE trained K when the config lacks it).")
 @click.option("--sample-from-anchor/--no-sample-from-anchor", default=None,
               help="Block layout when the checkpoint cannot tell, or when its readings disagree (a missing key "
@@ -83,17 +86,23 @@ class _AlgoChoice(click.Choice):
 @click.option("--sliding-window-non-causal", is_flag=True,
               help="DFlash whose layers are all full attention: write sliding_window_non_causal: true (a no-op "
               "for speculators; vLLM then runs the layers bidirectionally, as trained). Refused elsewhere.")
-@click.option("--norm-before-residual/--no-norm-before-residual", default=None, help="P-EAGLE flag when the source config lacks it.")
-@click.option("--vocab-mapping", type=click.Path(path_type=Path, exists=True), help="d2t/t2d side file (.pt/.npy/.safetensors dir).")
-@click.option("--draft-config", type=click.Path(path_type=Path, exists=True), help="Draft config for sources without config.json.")
-@click.option("--allow-unpickle", is_flag=True, help="Explicitly allow unpickling a trusted training_state.pt (SpecForge).")
+@click.option("--norm-before-residual/--no-norm-before-residual", default=None,
+              help="P-EAGLE flag when the source config lacks it.")
+@click.option("--vocab-mapping", type=click.Path(path_type=Path, exists=True),
+              help="d2t/t2d side file (.pt/.npy/.safetensors dir).")
+@click.option("--draft-config", type=click.Path(path_type=Path, exists=True),
+              help="Draft config for sources without config.json.")
+@click.option("--allow-unpickle", is_flag=True,
+              help="Explicitly allow unpickling a trusted training_state.pt (SpecForge).")
 @checkpoint_option
 @subfolder_option
 @revision_option
 @endpoint_option
-@click.option("--dtype", type=click.Choice(["keep", "bfloat16", "float16", "float32"]), default="keep", show_default=True,
+@click.option("--dtype", type=click.Choice(["keep", "bfloat16", "float16", "float32"]), default="keep",
+              show_default=True,
               help="Cast float tensors; a cast that overflows (a value the dtype cannot hold) is refused (exit 3).")
-@click.option("--max-shard-size", callback=_size, help="Shard above this size (e.g. 5GB); default: one model.safetensors.")
+@click.option("--max-shard-size", callback=_size,
+              help="Shard above this size (e.g. 5GB); default: one model.safetensors.")
 @click.option("--overwrite", is_flag=True, help="Replace an existing output directory (atomically) that is empty or an "
               "earlier specconv conversion; anything else is refused (exit 3).")
 @click.option("--dry-run", is_flag=True, help="Plan and lint only; write nothing.")
@@ -121,7 +130,8 @@ def convert_cmd(src: str, verifier: str, verifier_name, output, algorithm, mask_
     opts = ConvertOptions(
         mask_token_id=mask_token_id, aux_layer_ids=aux_layer_ids, dtype=dtype, speculative_tokens=speculative_tokens,
         sample_from_anchor=sample_from_anchor, vocab_mapping=vocab_mapping, draft_config=draft_config,
-        allow_unpickle=allow_unpickle, checkpoint=checkpoint, algorithm=algorithm, norm_before_residual=norm_before_residual,
+        allow_unpickle=allow_unpickle, checkpoint=checkpoint, algorithm=algorithm,
+        norm_before_residual=norm_before_residual,
         sliding_window_non_causal=sliding_window_non_causal,
     )
     return convert(src, verifier=verifier, output=output, options=opts, verifier_name=verifier_name,

@@ -218,7 +218,8 @@ def load_check_options(fn: Callable[..., Any]) -> Callable[..., Any]:
     ``--vllm-loader-python``, ``--sglang-load-check``, ...), from the registry."""
     from ..engines import with_capability
 
-    return with_options([s for e in with_capability("load_check") for s in (e.load_check.flag, e.load_check.python)])(fn)
+    return with_options([s for e in with_capability("load_check")
+                         for s in (e.load_check.flag, e.load_check.python)])(fn)
 
 
 def pop_load_checks(kw: dict[str, Any]) -> dict[str, str | None]:

@@ -64,7 +64,8 @@ def formats_markdown() -> str:
     ]
     for i, r in enumerate(rows, 1):
         out.append(
-            f"| {i} | `{r['format']}` | {_cell(r['algorithm'])} | {'yes' if r['supported'] else 'refused'} | {_cell(r['title'])} |"
+            f"| {i} | `{r['format']}` | {_cell(r['algorithm'])} | {'yes' if r['supported'] else 'refused'} | "
+            f"{_cell(r['title'])} |"
         )
     out += [""] + routes_markdown()
     for r in rows:

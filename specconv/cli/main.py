@@ -65,7 +65,7 @@ class LazyGroup(click.Group):
 
 
 def _wants_json(args: list[str]) -> bool:
-    return "--format=json" in args or any(a == "--format" and b == "json" for a, b in zip(args, args[1:]))
+    return "--format=json" in args or any(a == "--format" and b == "json" for a, b in zip(args, args[1:], strict=False))
 
 
 @click.group(cls=LazyGroup, epilog=EPILOG, context_settings={"help_option_names": ["-h", "--help"]})

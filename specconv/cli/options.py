@@ -25,7 +25,8 @@ subfolder_option = click.option("--subfolder", help="Subfolder of SRC holding th
 revision_option = click.option("--revision", help="Hub revision of SRC.")
 
 #: ``--endpoint``: the Hub endpoint; click reads ``HF_ENDPOINT`` when the command runs, not at import
-endpoint_option = click.option("--endpoint", envvar="HF_ENDPOINT", help="Hub endpoint [env HF_ENDPOINT, read at call time].")
+endpoint_option = click.option("--endpoint", envvar="HF_ENDPOINT",
+                               help="Hub endpoint [env HF_ENDPOINT, read at call time].")
 
 #: ``--checkpoint``: which checkpoint of a trainer's save dir
 checkpoint_option = click.option("--checkpoint", help="Trainer save dir: best | latest | a child name.")

@@ -16,7 +16,8 @@ def push_options(f):
     opts = [
         click.option("--repo-id", required=True, help="Target Hub repo ORG/NAME (created when missing)."),
         endpoint_option,
-        click.option("--private/--public", "private", default=None, help="Visibility; an existing repo of the other kind is a conflict (exit 6)."),
+        click.option("--private/--public", "private", default=None,
+                     help="Visibility; an existing repo of the other kind is a conflict (exit 6)."),
         click.option("--branch", help="Target branch (created from main when missing)."),
         click.option("--create-pr", is_flag=True, help="Commit to a pull request (an open specconv PR is reused)."),
         click.option("--tag", help="Tag the published commit (vX.Y.Z); never moved without --force-tag."),
@@ -24,13 +25,18 @@ def push_options(f):
         click.option("--commit-message", help="Commit title."),
         click.option("--include", multiple=True, help="Only push files matching this glob (repeatable)."),
         click.option("--exclude", multiple=True, help="Do not push files matching this glob (repeatable)."),
-        click.option("--delete-stale", is_flag=True, help="Delete remote files specconv published before that are gone locally."),
+        click.option("--delete-stale", is_flag=True,
+                     help="Delete remote files specconv published before that are gone locally."),
         click.option("--max-retries", type=click.IntRange(min=0), default=3, show_default=True,
-                     help="Retries after a 412 (re-plan) or a transient 5xx/429 (backoff: SPECCONV_HUB_RETRY_DELAY s, doubling)."),
+                     help="Retries after a 412 (re-plan) or a transient 5xx/429 (backoff: "
+                          "SPECCONV_HUB_RETRY_DELAY s, doubling)."),
         click.option("--dry-run", is_flag=True, help="Print the plan; send no write request."),
-        click.option("--detailed-exitcode", is_flag=True, help="With --dry-run: exit 10 when something would change, 0 when not."),
-        click.option("--verify/--no-verify", default=True, show_default=True, help="Check the remote checksums after the commit (exit 8)."),
-        click.option("--allow-unvalidated", is_flag=True, help="Push files no passed validation covers (recorded in the card)."),
+        click.option("--detailed-exitcode", is_flag=True,
+                     help="With --dry-run: exit 10 when something would change, 0 when not."),
+        click.option("--verify/--no-verify", default=True, show_default=True,
+                     help="Check the remote checksums after the commit (exit 8)."),
+        click.option("--allow-unvalidated", is_flag=True,
+                     help="Push files no passed validation covers (recorded in the card)."),
         click.option("--allow-verifier-weights", is_flag=True, help="Push onnx/, trt/ and gguf/ files that embed the "
                      "verifier's weights (its embedding / LM head)."),
     ]

@@ -65,7 +65,8 @@ def one_of(src: SourceInfo, keys: list[tuple[str, Any]], what: str) -> tuple[Any
 def resolve_block_size(src: SourceInfo, nested: dict[str, Any] | None = None) -> int:
     """``block_size`` from top level and/or ``dflash_config`` (must agree; never defaulted)."""
     nested = src.dflash_config if nested is None else nested
-    v, _ = one_of(src, [("block_size", src.cfg("block_size")), ("dflash_config.block_size", nested.get("block_size"))], "block_size")
+    v, _ = one_of(src, [("block_size", src.cfg("block_size")), ("dflash_config.block_size", nested.get("block_size"))],
+                  "block_size")
     if v is None:
         raise InvalidInputError(
             f"{src.path}/config.json has no block_size (top level or dflash_config); it is never defaulted",
@@ -116,7 +117,8 @@ def resolve_mask_token(
 
 
 def zlab_to_speculators_ids(
-    src: SourceInfo, ids: Any, key: str, opts: ConvertOptions, verifier: VerifierView | None, findings: list, *, allow_minus_one: bool = False
+    src: SourceInfo, ids: Any, key: str, opts: ConvertOptions, verifier: VerifierView | None, findings: list, *,
+    allow_minus_one: bool = False
 ) -> LayerIdConversion:
     """Convert z-lab-convention target layer ids to Speculators aux ids (+1; -1 → 0; docs/adding_a_converter.md);
     ``--aux-layer-ids`` overrides and is recorded."""
@@ -135,17 +137,21 @@ def zlab_to_speculators_ids(
         if ids is not None and ovr != converted:
             findings.append(Finding(
                 "warning", "aux-ids-override",
-                f"--aux-layer-ids {ovr} replaces the checkpoint's {key}={ids} (→ {converted})", "aux_hidden_state_layer_ids",
+                f"--aux-layer-ids {ovr} replaces the checkpoint's {key}={ids} (→ {converted})",
+                "aux_hidden_state_layer_ids",
             ))
-        conv = LayerIdConversion(key if ids is not None else None, "override", ids, ovr, "explicit --aux-layer-ids (speculators convention)")
+        conv = LayerIdConversion(key if ids is not None else None, "override", ids, ovr,
+                                 "explicit --aux-layer-ids (speculators convention)")
     elif ids is None:
         raise InvalidInputError(
             f"{src.path}/config.json has no {key}; layer ids are never recomputed from a formula",
             code="missing_layer_ids",
-            hint="pass the ids the drafter was trained with (speculators convention, 0 = embeddings): --aux-layer-ids 2,15,28",
+            hint="pass the ids the drafter was trained with (speculators convention, 0 = embeddings): "
+                 "--aux-layer-ids 2,15,28",
         )
     else:
-        rule = "+1 (z-lab 0-based layer outputs → speculators capture ids)" + ("; -1 (embeddings) → 0" if allow_minus_one else "")
+        rule = ("+1 (z-lab 0-based layer outputs → speculators capture ids)"
+                + ("; -1 (embeddings) → 0" if allow_minus_one else ""))
         conv = LayerIdConversion(key, "z-lab", list(ids), converted, rule)
     _check_converted_ids(conv.speculators_ids, "--aux-layer-ids" if opts.aux_layer_ids is not None else key, verifier)
     return conv
@@ -186,7 +192,8 @@ MROPE_KEYS = ("mrope_section", "mrope_interleaved")
 
 def _check_theta(where_file: str, where: str, v: Any) -> float:
     if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
-        raise InvalidInputError(f"{where_file}: {where} must be a positive number, got {v!r}", code="invalid_rope_theta")
+        raise InvalidInputError(f"{where_file}: {where} must be a positive number, got {v!r}",
+                                code="invalid_rope_theta")
     return float(v)
 
 
@@ -269,7 +276,8 @@ def _check_layer_ints(src: SourceInfo, out: dict[str, Any]) -> None:
               "num_key_value_heads", "head_dim"):
         v = out.get(k)
         if k in out and v is not None and not is_int(v, minimum=1):
-            raise InvalidInputError(f"{src.path}/config.json: {k} must be a positive integer, got {v!r}", code="invalid_key")
+            raise InvalidInputError(f"{src.path}/config.json: {k} must be a positive integer, got {v!r}",
+                                    code="invalid_key")
     lt = out.get("layer_types")
     if lt is not None and (not isinstance(lt, list) or not all(isinstance(t, str) for t in lt)):
         raise InvalidInputError(f"{src.path}/config.json: layer_types must be a list of strings, got {lt!r}")
@@ -490,7 +498,8 @@ def verifier_embedding_rows(verifier: VerifierView) -> int | None:
     return None if name is None else int(verifier.tensor_info(name).shape[0])
 
 
-def check_verifier_shape(src: SourceInfo, verifier: VerifierView | None, hidden: int, vocab: int, findings: list | None = None) -> None:
+def check_verifier_shape(src: SourceInfo, verifier: VerifierView | None, hidden: int, vocab: int,
+                         findings: list | None = None) -> None:
     """The draft's hidden size and target vocabulary must be the verifier's (its config ``vocab_size``, or
     the rows of a padded embedding: an info finding).
 
@@ -527,7 +536,8 @@ def dflash_causality(src: SourceInfo, layer_config: dict[str, Any], findings: li
     ``vllm/model_executor/models/qwen3_dflash.py``; z-lab ``dflash/model.py``; docs/adding_a_converter.md)."""
     from specconv.format import Finding
 
-    causal, where = one_of(src, [("is_causal", src.cfg("is_causal")), ("dflash_config.causal", src.dflash_config.get("causal"))], "causality")
+    causal, where = one_of(src, [("is_causal", src.cfg("is_causal")),
+                                 ("dflash_config.causal", src.dflash_config.get("causal"))], "causality")
     if causal is not None and not isinstance(causal, bool):
         raise InvalidInputError(f"{src.path}/config.json: {where} must be true or false, got {causal!r}")
     n = layer_config["num_hidden_layers"]
@@ -535,7 +545,8 @@ def dflash_causality(src: SourceInfo, layer_config: dict[str, Any], findings: li
     if causal is True:
         raise UnsupportedFormatError(
             f"{src.path}: {where}=true makes every draft layer block-causal (JetSpec-style causal DFlash); "
-            "Speculators DFlash full-attention layers are always bidirectional, so the conversion would not be faithful",
+            "Speculators DFlash full-attention layers are always bidirectional, so the conversion would not be "
+            "faithful",
             format_id="causal_dflash",
         )
     if causal is False:
@@ -543,7 +554,8 @@ def dflash_causality(src: SourceInfo, layer_config: dict[str, Any], findings: li
     if "sliding_attention" in types and "full_attention" in types:
         findings.append(Finding(
             "warning", "mixed-attention-layers",
-            "draft mixes full and sliding layers: vLLM ≥ 0.27 applies one causality to all layers, so it cannot serve it faithfully",
+            "draft mixes full and sliding layers: vLLM ≥ 0.27 applies one causality to all layers, so it "
+            "cannot serve it faithfully",
             "layer_types",
         ))
     return "sliding_attention" not in types

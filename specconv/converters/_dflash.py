@@ -80,10 +80,12 @@ def _check_verifier_copies(plans: list, layer_config: dict[str, Any]) -> None:
             p.note = "shipped by the source; equals the verifier's (vLLM shares it when equal)"
 
 
-def _check_body(src: SourceInfo, plans: list, layer_config: dict[str, Any], conv_ids: Any, verifier: VerifierView | None,
+def _check_body(src: SourceInfo, plans: list, layer_config: dict[str, Any], conv_ids: Any,
+                verifier: VerifierView | None,
                 findings: list) -> None:
     """``fc`` width, layer count, absent decoder keys from the tensors, KV paging, copies."""
-    common.check_fc_width(src, plans, len(conv_ids.speculators_ids), layer_config["hidden_size"], conv_ids.source_key or "--aux-layer-ids")
+    common.check_fc_width(src, plans, len(conv_ids.speculators_ids), layer_config["hidden_size"],
+                          conv_ids.source_key or "--aux-layer-ids")
     common.check_layers(src, plans, layer_config["num_hidden_layers"])
     common.complete_layer_config(src, layer_config, plans, findings)
     common.kv_page_finding(layer_config, verifier, findings)
@@ -103,7 +105,8 @@ def _ignored_layout_keys(src: SourceInfo, layout: DFlashLayout, findings: list) 
                 "warning", "sample-from-anchor-ignored",
                 f"{where}={value!r} in the source config is ignored by its runtime "
                 f"({layout.runtime_ignores_sample_from_anchor}); written as "
-                f"sample_from_anchor={str(layout.sample_from_anchor).lower()} ({layout_name(layout.sample_from_anchor)}, "
+                f"sample_from_anchor={str(layout.sample_from_anchor).lower()} "
+                f"({layout_name(layout.sample_from_anchor)}, "
                 "as that runtime drafts) — if the drafter was trained otherwise, acceptance will show it "
                 "(`specconv validate --source`)", "sample_from_anchor"))
 
@@ -139,7 +142,8 @@ def plan_dflash_family(conv: Any, src: SourceInfo, verifier: VerifierView | None
     cfg = src.config or {}
     findings: list = [Finding(lvl, code, msg, None) for lvl, code, msg in layout.extra_findings]
     _refuse_scaling(conv, src, cfg)
-    block = common.resolve_block_size(src, layout.block_nested if layout.block_nested is not None else src.dflash_config)
+    block = common.resolve_block_size(src,
+                                      layout.block_nested if layout.block_nested is not None else src.dflash_config)
     mask, mask_where = common.resolve_mask_token(src, opts, layout.mask_locations, verifier)
     conv_ids = common.zlab_to_speculators_ids(src, layout.ids, layout.ids_key, opts, verifier, findings,
                                               allow_minus_one=layout.allow_minus_one)
@@ -147,7 +151,8 @@ def plan_dflash_family(conv: Any, src: SourceInfo, verifier: VerifierView | None
     common.check_verifier_shape(src, verifier, layer_config["hidden_size"], layer_config["vocab_size"], findings)
     if mask >= layer_config["vocab_size"]:
         raise InvalidInputError(f"mask token id {mask} ({mask_where}) ≥ vocab_size {layer_config['vocab_size']}")
-    sliding_window_non_causal = True if layout.force_non_causal else common.dflash_causality(src, layer_config, findings)
+    sliding_window_non_causal = (True if layout.force_non_causal
+                                 else common.dflash_causality(src, layer_config, findings))
     accept = common.DFLASH_BODY + common.VERIFIER_COPIES + layout.extra_accept
     plans, dropped = common.tensor_plan(
         src, opts, accept=accept, rename=layout.rename, drop=layout.drop, refuse=layout.refuse, format_title=conv.title

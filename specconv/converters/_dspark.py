@@ -150,7 +150,8 @@ def _expected_heads(heads: DSparkHeads, H: int, V: int) -> tuple[dict[str, tuple
     return want, forbid
 
 
-def plan_dspark_family(conv: Any, src: SourceInfo, verifier: VerifierView | None, opts: Any, layout: Any, heads: DSparkHeads,
+def plan_dspark_family(conv: Any, src: SourceInfo, verifier: VerifierView | None, opts: Any, layout: Any,
+                       heads: DSparkHeads,
                        notes: Callable[[ConversionPlan], list[str]] | None = None) -> ConversionPlan:
     """The Speculators ``dspark`` plan of a DSpark source: its DFlash-family body with ``heads.fields()``, the
     head tensors checked, ``--vocab-mapping`` pruning, then notes (head fields, the source's ``notes(plan)``).
@@ -173,7 +174,8 @@ def plan_dspark_family(conv: Any, src: SourceInfo, verifier: VerifierView | None
     return plan
 
 
-def maybe_prune(conv: Any, plan: ConversionPlan, src: SourceInfo, verifier: VerifierView | None, opts: Any) -> ConversionPlan:
+def maybe_prune(conv: Any, plan: ConversionPlan, src: SourceInfo, verifier: VerifierView | None,
+                opts: Any) -> ConversionPlan:
     """Prune a full-vocabulary DSpark plan to the draft vocabulary of ``--vocab-mapping`` (unchanged without
     it; docs/adding_a_converter.md).
 
@@ -220,7 +222,8 @@ def _pruned_tensors(plan: ConversionPlan, src: SourceInfo, verifier: VerifierVie
         elif t.out == "lm_head.weight":
             have_lm_head = True
             t = slice_rows_plan(src.store, t.source, t.out, vocab, dtype=t.dtype,
-                                note=f"rows of the {Vd} draft tokens (t2d order) of the source's verifier-equal LM head")
+                                note=f"rows of the {Vd} draft tokens (t2d order) of the source's "
+                                     "verifier-equal LM head")
         tensors.append(t)
     if not have_lm_head:
         tensors.append(_verifier_lm_head_rows(verifier, vocab, plan.config.dtype))
@@ -236,7 +239,8 @@ def _verifier_lm_head_rows(verifier: VerifierView | None, vocab: Any, dtype_name
         raise InvalidInputError("a pruned DSpark output needs the verifier's LM head (no --verifier given)")
     name = verifier.find_tensor("lm_head")
     if name is None:
-        raise InvalidInputError(f"verifier {verifier.spec} has no LM head (or tied embedding) tensor", code="verifier_tensor_missing")
+        raise InvalidInputError(f"verifier {verifier.spec} has no LM head (or tied embedding) tensor",
+                                code="verifier_tensor_missing")
     store = verifier.tensor_store(name)
     info = store.info(name)
     out_dtype = DTYPE_FLAG.get(dtype_name or "", info.dtype) if info.dtype in FLOAT_DTYPES else info.dtype

@@ -109,7 +109,8 @@ def _missing_aux_ids(src: SourceInfo, layout: PEagleLayout) -> InvalidInputError
     )
 
 
-def resolve_aux_ids(src: SourceInfo, opts: ConvertOptions, layout: PEagleLayout, verifier: VerifierView | None, findings: list) -> LayerIdConversion:
+def resolve_aux_ids(src: SourceInfo, opts: ConvertOptions, layout: PEagleLayout, verifier: VerifierView | None,
+                    findings: list) -> LayerIdConversion:
     """Aux ids from the checkpoint (EAGLE-3 convention = Speculators ids) or ``--aux-layer-ids``.
 
     Raises InvalidInputError: no ids anywhere (``missing_layer_ids``), disagreeing locations, duplicates,
@@ -150,7 +151,8 @@ def resolve_aux_ids(src: SourceInfo, opts: ConvertOptions, layout: PEagleLayout,
     return conv
 
 
-def _mask_token(src: SourceInfo, opts: ConvertOptions, layout: PEagleLayout, verifier: VerifierView | None, V: int) -> tuple[int, str]:
+def _mask_token(src: SourceInfo, opts: ConvertOptions, layout: PEagleLayout, verifier: VerifierView | None,
+                V: int) -> tuple[int, str]:
     mask, where = common.resolve_mask_token(src, opts, layout.mask_locations, verifier)
     if mask >= V:
         raise InvalidInputError(f"mask token id {mask} ({where}) ≥ vocab_size {V}", code="mask_token_out_of_vocab")
@@ -217,7 +219,8 @@ def lm_head_finding(format_id: str, title: str) -> Any:
                    "lm_head.weight")
 
 
-def _shape_keys(conv: Any, src: SourceInfo, cfg: dict[str, Any], verifier: VerifierView | None, findings: list) -> tuple[int, int, int]:
+def _shape_keys(conv: Any, src: SourceInfo, cfg: dict[str, Any], verifier: VerifierView | None,
+                findings: list) -> tuple[int, int, int]:
     """``(V, H, L)`` from the source config, checked against the verifier."""
     for key in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads"):
         if not isinstance(cfg.get(key), int):
@@ -268,9 +271,11 @@ def _check_body(src: SourceInfo, plans: list[TensorPlan], L: int, A: int, H: int
     for p in plans:
         m = re.fullmatch(r"layers\.(\d+)\.hidden_norm\.weight", p.out)
         if m and m.group(1) != "0":
-            raise InvalidInputError(f"{p.source}: only the first P-EAGLE layer has a hidden_norm", code="unexpected_tensor")
+            raise InvalidInputError(f"{p.source}: only the first P-EAGLE layer has a hidden_norm",
+                                    code="unexpected_tensor")
     if common.get(plans, "layers.0.hidden_norm.weight") is None:
-        raise InvalidInputError(f"{src.path}: no layers.0.hidden_norm.weight (the first P-EAGLE layer's fc-feature norm)",
+        raise InvalidInputError(f"{src.path}: no layers.0.hidden_norm.weight (the first P-EAGLE "
+                                "layer's fc-feature norm)",
                                 code="missing_tensor")
     for layer in range(L):
         want = 2 * H if layer == 0 else H
@@ -304,7 +309,8 @@ def _model_type(src: SourceInfo, cfg: dict[str, Any], plans: list[TensorPlan], L
         for layer in range(L):
             for q in ("q", "k"):
                 if common.get(plans, f"layers.{layer}.self_attn.{q}_norm.weight") is None:
-                    raise InvalidInputError(f"{src.path}: layer {layer} lacks self_attn.{q}_norm (other layers have it)",
+                    raise InvalidInputError(f"{src.path}: layer {layer} lacks self_attn.{q}_norm "
+                                            "(other layers have it)",
                                             code="missing_tensor")
     return model_type
 
@@ -322,11 +328,13 @@ def norm_flags_from_tensors(src: SourceInfo, cfg: dict[str, Any], plans: list[Te
                 code="conflicting_keys",
             )
     if has_input_norm and has_fc_norm:
-        raise InvalidInputError(f"{src.path}: both input_norm (norm_before_fc) and fc_norm.* tensors; they are exclusive")
+        raise InvalidInputError(f"{src.path}: both input_norm (norm_before_fc) and fc_norm.* "
+                                "tensors; they are exclusive")
     if has_fc_norm:
         got = sorted(int(p.out.split(".")[1]) for p in plans if p.out.startswith("fc_norm."))
         if got != list(range(A)):
-            raise InvalidInputError(f"{src.path}: fc_norm.* indices {got} do not match {A} aux layers", code="tensor_shape")
+            raise InvalidInputError(f"{src.path}: fc_norm.* indices {got} do not match {A} aux layers",
+                                    code="tensor_shape")
     return has_input_norm, has_fc_norm
 
 
@@ -365,7 +373,8 @@ def _from_verifier(src: SourceInfo, verifier: VerifierView, out: str, role: str,
     return TensorPlan(out, "from_verifier", "verifier", name, tuple(info.shape), out_dt, info.dtype, note=note)
 
 
-def _head_and_embedding(src: SourceInfo, verifier: VerifierView | None, plans: list[TensorPlan], V: int, Vd: int, H: int,
+def _head_and_embedding(src: SourceInfo, verifier: VerifierView | None, plans: list[TensorPlan], V: int, Vd: int,
+                        H: int,
                         out_dt: str, findings: list) -> None:
     """``lm_head [Vd, H]`` and ``embed_tokens [V, H]`` from the source, else the verifier's."""
     from specconv.format import Finding
@@ -380,7 +389,8 @@ def _head_and_embedding(src: SourceInfo, verifier: VerifierView | None, plans: l
         plans.append(_from_verifier(src, verifier, "lm_head.weight", "lm_head", out_dt,
                                     "the source has no LM head: the verifier's is what the runtime shares"))
         findings.append(Finding("warning", "lm-head-from-verifier",
-                                "the source ships no lm_head; the verifier's LM head is written (vLLM shares it when absent)",
+                                "the source ships no lm_head; the verifier's LM head is written (vLLM "
+                                "shares it when absent)",
                                 "lm_head.weight"))
     elif tuple(lm.shape) != (Vd, H):
         raise InvalidInputError(f"{lm.source} has shape {list(lm.shape)}, expected [{Vd}, {H}]", code="tensor_shape")
@@ -391,13 +401,15 @@ def _head_and_embedding(src: SourceInfo, verifier: VerifierView | None, plans: l
         plans.append(_from_verifier(src, verifier, "embed_tokens.weight", "embed", out_dt,
                                     "the source has no embedding: the runtime shares the verifier's"))
         findings.append(Finding("info", "embed-from-verifier",
-                                "the source ships no embed_tokens (vLLM then shares the target's); the verifier's embedding "
+                                "the source ships no embed_tokens (vLLM then shares the target's); the "
+                                "verifier's embedding "
                                 "is written so speculators uses the same one", "embed_tokens.weight"))
     elif tuple(emb.shape) != (V, H):
         raise InvalidInputError(f"{emb.source} has shape {list(emb.shape)}, expected [{V}, {H}]", code="tensor_shape")
 
 
-def _speculative_tokens(src: SourceInfo, opts: ConvertOptions, layout: PEagleLayout, notes: list[str]) -> tuple[int, int | None]:
+def _speculative_tokens(src: SourceInfo, opts: ConvertOptions, layout: PEagleLayout,
+                        notes: list[str]) -> tuple[int, int | None]:
     """``(K, trained depths)``: K = ``--speculative-tokens`` or the trained depths (never more)."""
     trained, k_key = common.one_of(src, layout.k_locations, "trained number of depths")
     if trained is not None and not is_int(trained, minimum=1):
@@ -420,20 +432,24 @@ def _speculative_tokens(src: SourceInfo, opts: ConvertOptions, layout: PEagleLay
     if k is None:
         notes.append(f"speculative_tokens = {trained} (trained depths, {k_key})")
         return trained, trained
-    notes.append(f"speculative_tokens = {k} (--speculative-tokens" + (f"; trained {trained} per {k_key})" if trained else ")"))
+    notes.append(f"speculative_tokens = {k} (--speculative-tokens"
+                 + (f"; trained {trained} per {k_key})" if trained else ")"))
     return k, trained
 
 
 def _peagle_layer_config(src: SourceInfo, cfg: dict[str, Any], layout: PEagleLayout, model_type: str, L: int, A: int,
                          plans: list[TensorPlan], notes: list[str], findings: list) -> dict[str, Any]:
-    layer_config = common.layer_config(src, cfg, model_type=model_type, extra_drop=PEAGLE_NON_LAYER_KEYS + layout.layer_drop,
+    layer_config = common.layer_config(src, cfg, model_type=model_type,
+                                       extra_drop=PEAGLE_NON_LAYER_KEYS + layout.layer_drop,
                           findings=findings)
     common.complete_layer_config(src, layer_config, plans, findings)
-    if "layer_types" not in layer_config and layer_config.get("sliding_window") in (None, 0) and not layer_config.get("use_sliding_window"):
+    if ("layer_types" not in layer_config and layer_config.get("sliding_window") in (None, 0)
+            and not layer_config.get("use_sliding_window")):
         layer_config["layer_types"] = ["full_attention"] * L
     if model_type == "llama" and A != 3:
         layer_config["num_aux_hidden_states"] = A
-        notes.append(f"transformer_layer_config.num_aux_hidden_states = {A} (vLLM's Llama eagle3 sizes fc for 3 otherwise)")
+        notes.append(f"transformer_layer_config.num_aux_hidden_states = {A} (vLLM's Llama eagle3 "
+                     "sizes fc for 3 otherwise)")
     return layer_config
 
 
@@ -445,7 +461,8 @@ def _peagle_config(fields: dict[str, Any]) -> Any:
                        embed_requires_grad=True, **fields)
 
 
-def plan_peagle_family(conv: Any, src: SourceInfo, verifier: VerifierView | None, opts: ConvertOptions, layout: PEagleLayout) -> ConversionPlan:
+def plan_peagle_family(conv: Any, src: SourceInfo, verifier: VerifierView | None, opts: ConvertOptions,
+                       layout: PEagleLayout) -> ConversionPlan:
     """Build the Speculators ``peagle`` plan for a P-EAGLE source.
 
     Raises:
@@ -470,7 +487,8 @@ def plan_peagle_family(conv: Any, src: SourceInfo, verifier: VerifierView | None
     plans, dropped, vocab, Vd = _vocab(src, opts, cfg, plans, dropped, layout, V, H, verifier)
     findings += vocab.findings
     notes += vocab.notes
-    out_dt = common.out_dtype(common.source_dtype(src, [p.source for p in plans if p.origin == "source" and p.source in src.store]),
+    out_dt = common.out_dtype(common.source_dtype(src, [p.source for p in plans
+                                                        if p.origin == "source" and p.source in src.store]),
                          opts)
     if common.get(plans, "lm_head.weight") is not None:
         findings.append(lm_head_finding(conv.format_id, conv.title))
@@ -494,4 +512,5 @@ def plan_peagle_family(conv: Any, src: SourceInfo, verifier: VerifierView | None
     )
 
 
-__all__ = ["PEagleLayout", "peagle_layout", "plan_peagle_family", "resolve_aux_ids", "strip_prefix_rename", "PEAGLE_ACCEPT"]
+__all__ = ["PEagleLayout", "peagle_layout", "plan_peagle_family", "resolve_aux_ids", "strip_prefix_rename",
+           "PEAGLE_ACCEPT"]

@@ -39,7 +39,8 @@ def _as_bool(t2d: np.ndarray, what: str) -> np.ndarray:
         return t2d
     vals = np.unique(t2d)
     if not set(vals.tolist()) <= {0, 1}:
-        raise InvalidInputError(f"{what} must hold only 0/1 (bool), found values {vals[:8].tolist()}", code="vocab_map_invalid")
+        raise InvalidInputError(f"{what} must hold only 0/1 (bool), found values {vals[:8].tolist()}",
+                                code="vocab_map_invalid")
     return t2d.astype(np.bool_)
 
 
@@ -54,7 +55,8 @@ def t2d_from_d2t(d2t: Any, vocab_size: int) -> np.ndarray:
     d = as_array(d2t, what="d2t").astype(np.int64)
     tgt = np.arange(d.shape[0], dtype=np.int64) + d
     if tgt.size and (tgt.min() < 0 or tgt.max() >= vocab_size):
-        raise InvalidInputError(f"d2t maps draft ids outside the target vocabulary [0, {vocab_size})", code="vocab_map_invalid")
+        raise InvalidInputError(f"d2t maps draft ids outside the target vocabulary [0, {vocab_size})",
+                                code="vocab_map_invalid")
     out = np.zeros(vocab_size, dtype=np.bool_)
     out[tgt] = True
     return out
@@ -137,7 +139,8 @@ def normalise_d2t(d2t: Any, t2d: Any | None, vocab_size: int, draft_vocab_size: 
             f"to the same target id (identity) although the vocabulary is pruned ({why}). This is the known defect of "
             f"some EAGLE-3 exports ({EAGLE_222}); the real mapping is lost",
             code="vocab_map_all_zero",
-            hint="pass the mapping the drafter was trained with: --vocab-mapping FILE (.pt/.npy/.safetensors with d2t/t2d)",
+            hint="pass the mapping the drafter was trained with: --vocab-mapping FILE "
+                 "(.pt/.npy/.safetensors with d2t/t2d)",
         )
     abs_probs = _target_problems(d, vocab_size, t, "d2t[i]")
     if not off_probs:
@@ -157,10 +160,12 @@ def normalise_d2t(d2t: Any, t2d: Any | None, vocab_size: int, draft_vocab_size: 
 def _check_lengths(d: np.ndarray, t: np.ndarray | None, vocab_size: int, draft_vocab_size: int, pre: str) -> None:
     vd = d.shape[0]
     if vd != draft_vocab_size:
-        raise InvalidInputError(f"{pre}d2t has {vd} entries but draft_vocab_size is {draft_vocab_size}", code="vocab_map_invalid")
+        raise InvalidInputError(f"{pre}d2t has {vd} entries but draft_vocab_size is {draft_vocab_size}",
+                                code="vocab_map_invalid")
     if t is not None:
         if t.shape[0] != vocab_size:
-            raise InvalidInputError(f"{pre}t2d has {t.shape[0]} entries but the target vocab_size is {vocab_size}", code="vocab_map_invalid")
+            raise InvalidInputError(f"{pre}t2d has {t.shape[0]} entries but the target vocab_size is {vocab_size}",
+                                    code="vocab_map_invalid")
         if int(t.sum()) != vd:
             raise InvalidInputError(
                 f"{pre}t2d marks {int(t.sum())} target ids but draft_vocab_size is {vd}", code="vocab_map_invalid"
@@ -226,7 +231,8 @@ class _Found:
     generated: bool = False  # built by a documented rule, not read
 
 
-def _bytes_plan(out: str, arr: np.ndarray, dtype: str, fate: str, origin: str, source: str | None, src_dtype: str, note: str) -> TensorPlan:
+def _bytes_plan(out: str, arr: np.ndarray, dtype: str, fate: str, origin: str, source: str | None, src_dtype: str,
+                note: str) -> TensorPlan:
     import numpy as np
 
     np_dtype = {"I64": np.dtype("<i8"), "BOOL": np.dtype(np.bool_)}[dtype]
@@ -342,7 +348,8 @@ def _drop_default_t2d(res: VocabResult, t2d_f: _Found | None) -> tuple[_Found | 
            f"({Vd} < {V}); it is ignored and t2d is rebuilt from d2t")
     res.findings.append(Finding("warning", "t2d-default-all-true", msg, "t2d"))
     if t2d_f.source_name:
-        res.dropped.append(DroppedTensor(t2d_f.source_name, "all-true default t2d with a pruned vocabulary; rebuilt from d2t"))
+        res.dropped.append(DroppedTensor(t2d_f.source_name,
+                                         "all-true default t2d with a pruned vocabulary; rebuilt from d2t"))
     return None, None
 
 
@@ -382,10 +389,13 @@ def _pruned(src: SourceInfo, res: VocabResult, found: dict[str, _Found], extra_l
     d2t_f = found.get("d2t")
     if d2t_f is None:
         raise InvalidInputError(
-            f"{src.path}: pruned draft vocabulary (draft_vocab_size {Vd} < vocab_size {V}) but no d2t mapping was found "
-            "(looked at the weights" + (f", {extra_label}" if extra_label else "") + ", d2t.npy beside the checkpoint and --vocab-mapping)",
+            f"{src.path}: pruned draft vocabulary (draft_vocab_size {Vd} < vocab_size {V}) but no "
+            "d2t mapping was found "
+            "(looked at the weights" + (f", {extra_label}" if extra_label else "")
+            + ", d2t.npy beside the checkpoint and --vocab-mapping)",
             code="vocab_map_missing",
-            hint="pass the mapping the drafter was trained with: --vocab-mapping FILE (.pt/.npy/.safetensors with d2t[/t2d])",
+            hint="pass the mapping the drafter was trained with: --vocab-mapping FILE "
+                 "(.pt/.npy/.safetensors with d2t[/t2d])",
         )
     t2d_f, t2d_arr = _drop_default_t2d(res, found.get("t2d"))
     files = [f.file for f in (d2t_f, t2d_f) if f is not None and f.file]
@@ -427,7 +437,8 @@ def resolve_vocab(
     return _pruned(src, res, found, extra_label)
 
 
-def merge_vocab(plans: list[TensorPlan], dropped: list[DroppedTensor], vocab: VocabResult) -> tuple[list[TensorPlan], list[DroppedTensor]]:
+def merge_vocab(plans: list[TensorPlan], dropped: list[DroppedTensor],
+                vocab: VocabResult) -> tuple[list[TensorPlan], list[DroppedTensor]]:
     """Replace the plans of the source mapping tensors (``vocab.consumed``, accepted through
     :data:`VOCAB_PATTERNS`) by ``vocab.tensors`` / ``vocab.dropped``."""
     kept = [p for p in plans if p.source not in vocab.consumed and p.out not in ("d2t", "t2d")]
@@ -438,7 +449,8 @@ def _sliced_bytes(store: Any, source: str, rows: np.ndarray, out_dtype: str) -> 
     """Rows ``rows`` of ``source`` as ``out_dtype`` safetensors bytes (run at write time; only those rows read)."""
     from specconv.tensors import cast_tensor, tensor_to_bytes
 
-    sl = cast_tensor(store.read_rows(source, rows), out_dtype, name=f"rows of {source!r} in {Path(store.info(source).file).name}")
+    sl = cast_tensor(store.read_rows(source, rows), out_dtype,
+                     name=f"rows of {source!r} in {Path(store.info(source).file).name}")
     return tensor_to_bytes(sl)[2]
 
 

@@ -75,7 +75,8 @@ def _pick(d: Mapping[str, Any], keys: Iterable[str]) -> Any:
     return None
 
 
-def read_mapping_file(path: str | Path, *, role: str | None = None, draft_vocab_size: int | None = None) -> dict[str, np.ndarray]:
+def read_mapping_file(path: str | Path, *, role: str | None = None,
+                      draft_vocab_size: int | None = None) -> dict[str, np.ndarray]:
     """``{"d2t": int array, "t2d": bool/int array}`` (whichever was found) from a side file or a directory of
     them (accepted files: docs/adding_a_converter.md); ``role`` names a single ``.npy`` array's role.
 

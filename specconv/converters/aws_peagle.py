@@ -20,7 +20,8 @@ class AWSPEagle(Converter):
     algorithm = "peagle"
     title = "AWS P-EAGLE / vLLM eagle3 + parallel-drafting layout"
     detection = (
-        "no `speculators_model_type`/`dflash_config`; a `mask_hidden` tensor, or `pard_token`/`ptd_token_id` in config.json"
+        "no `speculators_model_type`/`dflash_config`; a `mask_hidden` tensor, or "
+        "`pard_token`/`ptd_token_id` in config.json"
     )
     mapping = (
         "mask id from `pard_token`/`ptd_token_id`/`mask_token_id` (must agree); `midlayer.*` → `layers.0.*`; "
@@ -28,7 +29,8 @@ class AWSPEagle(Converter):
         "`eagle_config.eagle_aux_hidden_state_layer_ids` or `--aux-layer-ids` (never defaulted); K from `num_depths` "
         "or `--speculative-tokens`; `norm_before_residual` from config or flag; llama unless q/k norms (→ qwen3)"
     )
-    spec_ref = "vLLM `vllm/model_executor/models/llama_eagle3.py` (parallel drafting, vLLM PR #32887); amazon/*-p-eagle model cards"
+    spec_ref = ("vLLM `vllm/model_executor/models/llama_eagle3.py` (parallel drafting, vLLM PR #32887); "
+                "amazon/*-p-eagle model cards")
 
     @classmethod
     def detect(cls, src: SourceInfo) -> bool:

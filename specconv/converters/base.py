@@ -184,7 +184,8 @@ def refuse_unsupported_layer_keys(src: SourceInfo, format_id: str, *, cfg: dict[
     if hits:
         keys = ", ".join(f"{where}={value!r}" for where, value in hits)
         raise UnsupportedFormatError(
-            f"{file or src.path / 'config.json'}: {keys}: gated attention (an output gate with its own weights) has no place in "
+            f"{file or src.path / 'config.json'}: {keys}: gated attention (an output gate with its own "
+            "weights) has no place in "
             "a Speculators / vLLM drafter layer (a plain Llama / Qwen3 layer); the conversion would not be faithful",
             format_id=format_id, code="unsupported_layer_key",
         )
@@ -196,7 +197,8 @@ def _refusing_layer_keys(plan: Any) -> Any:
     import functools
 
     @functools.wraps(plan)
-    def checked(self: Converter, src: SourceInfo, verifier: VerifierView | None, opts: ConvertOptions) -> ConversionPlan:
+    def checked(self: Converter, src: SourceInfo, verifier: VerifierView | None,
+                opts: ConvertOptions) -> ConversionPlan:
         from ._layout_flags import apply_sliding_window_non_causal
 
         refuse_unsupported_layer_keys(src, self.format_id)

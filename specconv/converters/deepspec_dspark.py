@@ -30,7 +30,8 @@ def deepspec_heads(src: SourceInfo) -> DSparkHeads:
     rank = require_int(src, src.cfg("markov_rank"), "markov_rank")
     where["markov_rank"] = "markov_rank"
     mtype = require_type(src, src.cfg("markov_head_type"), "markov_head_type", rank)
-    where["markov_head_type"] = "markov_head_type" if src.cfg("markov_head_type") is not None else "unused (markov_rank=0)"
+    where["markov_head_type"] = ("markov_head_type" if src.cfg("markov_head_type") is not None
+                                 else "unused (markov_rank=0)")
     enable = require_bool(src, src.cfg("enable_confidence_head"), "enable_confidence_head", "DeepSpec always writes it")
     where["enable_confidence_head"] = "enable_confidence_head"
     cwm = src.cfg("confidence_head_with_markov")
@@ -69,7 +70,8 @@ def deepspec_layout_sample_from_anchor(src: SourceInfo, opts) -> tuple[bool, str
     sample_from_anchor = opts.sample_from_anchor
     return sample_from_anchor, "--sample-from-anchor" if sample_from_anchor else "--no-sample-from-anchor", [(
         "warning", "layout-from-flag",
-        f"block layout taken from the flag ({'anchor-first' if sample_from_anchor else '1+N'}): the checkpoint lacks DeepSpec's "
+        f"block layout taken from the flag ({'anchor-first' if sample_from_anchor else '1+N'}): the "
+        "checkpoint lacks DeepSpec's "
         f"{' and '.join(missing)}",
     )]
 
@@ -106,5 +108,6 @@ class DeepSpecDSpark(Converter):
             extra_findings=extra,
         )
         anchors = src.cfg("num_anchors")
-        notes = [f"num_anchors={anchors} is DeepSpec's training anchor budget (not carried)"] if anchors is not None else []
+        notes = ([f"num_anchors={anchors} is DeepSpec's training anchor budget (not carried)"]
+                 if anchors is not None else [])
         return plan_dspark_family(self, src, verifier, opts, layout, heads, lambda plan: notes)

@@ -46,7 +46,8 @@ def modelopt_heads(src: SourceInfo) -> DSparkHeads:
     rank = require_int(src, dc.get("markov_rank"), "dflash_config.markov_rank")
     where["markov_rank"] = "dflash_config.markov_rank"
     mtype = require_type(src, dc.get("markov_head_type"), "dflash_config.markov_head_type", rank)
-    where["markov_head_type"] = "dflash_config.markov_head_type" if dc.get("markov_head_type") is not None else "unused (markov_rank=0)"
+    where["markov_head_type"] = ("dflash_config.markov_head_type" if dc.get("markov_head_type") is not None
+                                 else "unused (markov_rank=0)")
     enable = require_bool(src, dc.get("use_confidence_head"), "dflash_config.use_confidence_head",
                           "ModelOpt's name for enable_confidence_head")
     where["enable_confidence_head"] = "dflash_config.use_confidence_head"
@@ -54,7 +55,8 @@ def modelopt_heads(src: SourceInfo) -> DSparkHeads:
         explicit = dc.get("confidence_head_with_markov")
         if explicit is None:
             cwm = True
-            where["confidence_head_with_markov"] = "true: ModelOpt's confidence head always reads cat(out, markov_w1[prev])"
+            where["confidence_head_with_markov"] = ("true: ModelOpt's confidence head always reads "
+                                                    "cat(out, markov_w1[prev])")
         else:
             cwm = require_bool(src, explicit, "dflash_config.confidence_head_with_markov", "")
             where["confidence_head_with_markov"] = "dflash_config.confidence_head_with_markov"
@@ -66,7 +68,8 @@ def modelopt_heads(src: SourceInfo) -> DSparkHeads:
 
 def _renamed_heads_note(plan: Any) -> list[str]:
     """The note naming the top-level head tensors that were renamed (none: no note)."""
-    renamed = sorted(t.source for t in plan.tensors if t.fate == "renamed" and not re.match(r"layers\.", t.source or ""))
+    renamed = sorted(t.source
+                     for t in plan.tensors if t.fate == "renamed" and not re.match(r"layers\.", t.source or ""))
     return [f"ModelOpt top-level head tensors renamed: {', '.join(renamed)}"] if renamed else []
 
 
@@ -107,7 +110,8 @@ class ModelOptDSpark(Converter):
             layout.sample_from_anchor_source = f"dflash_config.shift_label={str(shift).lower()} (true = anchor-first)"
         elif opts.sample_from_anchor is not None:
             layout.sample_from_anchor = opts.sample_from_anchor
-            layout.sample_from_anchor_source = "--sample-from-anchor" if opts.sample_from_anchor else "--no-sample-from-anchor"
+            layout.sample_from_anchor_source = ("--sample-from-anchor" if opts.sample_from_anchor
+                                                else "--no-sample-from-anchor")
         else:
             raise InvalidInputError(
                 f"{src.path}/config.json has no dflash_config.shift_label; ModelOpt DSpark exports write "

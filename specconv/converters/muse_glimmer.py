@@ -23,7 +23,8 @@ class MuseGlimmerDFlash(Converter):
     format_id = "muse_glimmer_dflash"
     algorithm = "dflash"
     title = "Muse-Glimmer assistant head (F1b)"
-    detection = "`architectures == [MuseGlimmerAssistantModel]`, flat `target_layer_ids`/`mask_token_id`, tensors `encoder.fc.*`"
+    detection = ("`architectures == [MuseGlimmerAssistantModel]`, flat `target_layer_ids`/`mask_token_id`, "
+                 "tensors `encoder.fc.*`")
     mapping = (
         "`encoder.fc.*` → `fc.*`, `encoder.output_norm_enc.*` → `hidden_norm.*`, other `encoder.*` refused; "
         "ids +1; `sliding_window_non_causal: true` (every layer non-causal); 1+N layout"

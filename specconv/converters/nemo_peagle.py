@@ -64,7 +64,8 @@ class NeMoPEagle(Converter):
                     raise
                 notes.append(f"{meta.name} holds no d2t/t2d ({e.message})")
             else:
-                label = str(meta.relative_to(src.path.parent.parent)) if meta.is_relative_to(src.path.parent.parent) else meta.name
+                label = (str(meta.relative_to(src.path.parent.parent)) if meta.is_relative_to(src.path.parent.parent)
+                         else meta.name)
                 notes.append(f"vocabulary mapping read from {meta} (torch.load weights_only=True)")
         layout = peagle_layout(
             src, unknown_aux_keys=UNKNOWN_AUX_KEYS + ("eagle_aux_layer_ids",),

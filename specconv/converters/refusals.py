@@ -48,7 +48,8 @@ class DeepSeekV4DSpark(RefusedFormat):
     format_id = "deepseek_v4_dspark"
     algorithm = "dspark"
     title = "DeepSeek-V4 embedded DSpark (draft inside the target checkpoint)"
-    detection = "`model_type == deepseek_v4` with `dspark_*` keys (config.json or inference/config.json) or `mtp.*` tensors"
+    detection = ("`model_type == deepseek_v4` with `dspark_*` keys (config.json or inference/config.json) or "
+                 "`mtp.*` tensors")
     refusal = (
         "the DSpark drafter of DeepSeek-V4-{Flash,Pro}-DSpark lives inside the 800+ GB target checkpoint "
         "(mtp.* tensors, shared embed/head) and uses sparse MLA attention; it is not a standalone drafter and "
@@ -97,7 +98,8 @@ class QuantizedDrafter(RefusedFormat):
         "vLLM load it without specconv; any other quantized export: convert the unquantized (bf16) drafter, then "
         "quantize the Speculators output"
     )
-    spec_ref = "NVIDIA/Model-Optimizer `examples/speculative_decoding/scripts/export_hf_checkpoint.py` (`hf_quant_config.json`); compressed-tensors / GPTQ / AWQ tensor names"
+    spec_ref = ("NVIDIA/Model-Optimizer `examples/speculative_decoding/scripts/export_hf_checkpoint.py` "
+                "(`hf_quant_config.json`); compressed-tensors / GPTQ / AWQ tensor names")
 
     @classmethod
     def detect(cls, src: SourceInfo) -> bool:
@@ -397,7 +399,8 @@ class Eagle3(RefusedFormat):
         "EAGLE-3 is out of specconv's scope (P-EAGLE / DFlash / DSpark only); convert it with "
         "`speculators convert --algorithm eagle3` (speculators' EAGLE-3 converter)"
     )
-    spec_ref = "SafeAILab/EAGLE (`LlamaForCausalLMEagle3`); vllm-project/speculators `speculators convert --algorithm eagle3`"
+    spec_ref = ("SafeAILab/EAGLE (`LlamaForCausalLMEagle3`); vllm-project/speculators "
+                "`speculators convert --algorithm eagle3`")
 
     @classmethod
     def detect(cls, src: SourceInfo) -> bool:

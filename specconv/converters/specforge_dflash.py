@@ -22,7 +22,8 @@ class SpecForgeDFlash(Converter):
     title = "SpecForge DFlash (legacy epoch_*_step_* training dir)"
     detection = "F1 config in a dir named `epoch_E_step_S` or beside `training_state.pt`"
     mapping = "as z-lab DFlash; `training_state.pt` (optimizer pickle) is never read and not carried"
-    spec_ref = "sgl-project/SpecForge `specforge/modeling/draft/dflash.py` (legacy `epoch_E_step_S/` save_pretrained dirs)"
+    spec_ref = ("sgl-project/SpecForge `specforge/modeling/draft/dflash.py` "
+                "(legacy `epoch_E_step_S/` save_pretrained dirs)")
 
     @classmethod
     def detect(cls, src: SourceInfo) -> bool:

@@ -77,7 +77,8 @@ def specforge_layout_sample_from_anchor(src: SourceInfo, opts: Any) -> tuple[boo
     if sample_from_anchor_cfg is None:
         shift, shift_where = hoisted(src, "shift_label")
         if isinstance(shift, bool):
-            sample_from_anchor_cfg, sample_from_anchor_where = shift, f"{shift_where} (shift_label: true = anchor-first)"
+            sample_from_anchor_cfg, sample_from_anchor_where = (shift,
+                                                                f"{shift_where} (shift_label: true = anchor-first)")
     if isinstance(sample_from_anchor_cfg, bool):
         return sample_from_anchor_cfg, f"checkpoint {sample_from_anchor_where}", []
     if opts.sample_from_anchor is None:
@@ -135,7 +136,8 @@ class SpecForgeDSpark(Converter):
             return False
         if "DSparkDraftModel" in src.architectures:
             return not is_modelopt_dspark(src)
-        return isinstance(src.cfg("dflash_config"), dict) and src.projector_type == PROJECTOR_DSPARK and not is_modelopt_dspark(src)
+        return (isinstance(src.cfg("dflash_config"), dict) and src.projector_type == PROJECTOR_DSPARK
+                and not is_modelopt_dspark(src))
 
     def plan(self, src, verifier, opts):
         mode, where = hoisted(src, "attention_mode")
@@ -159,4 +161,5 @@ class SpecForgeDSpark(Converter):
             layer_drop=("confidence_head_alpha", "attention_mode", "projector_type", "shift_label"),
             extra_findings=extra_findings,
         )
-        return plan_dspark_family(self, src, verifier, opts, layout, heads, lambda plan: _export_notes(src, plan, heads))
+        return plan_dspark_family(self, src, verifier, opts, layout, heads,
+                                  lambda plan: _export_notes(src, plan, heads))

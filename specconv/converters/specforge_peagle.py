@@ -44,5 +44,6 @@ class SpecForgePEagle(Converter):
         )
         plan = plan_peagle_family(self, src, verifier, opts, layout)
         if "training_state.pt" in src.files or any(f.startswith("training_state_rank") for f in src.files):
-            plan.notes.append("training_state*.pt (optimizer / RNG pickles) are training artefacts: not read, not published")
+            plan.notes.append("training_state*.pt (optimizer / RNG pickles) are training artefacts: "
+                              "not read, not published")
         return plan

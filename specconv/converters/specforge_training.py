@@ -36,7 +36,8 @@ def export_hint(path: Path) -> str:
 
 
 def strip_prefixes(name: str) -> str:
-    """Remove wrapper prefixes (``draft_model.``, ``_orig_mod.``, ``module.``, in any order) and inner ``._orig_mod.``."""
+    """Remove wrapper prefixes (``draft_model.``, ``_orig_mod.``, ``module.``, in any order) and inner \
+``._orig_mod.``."""
     changed = True
     while changed:
         changed = False
@@ -71,7 +72,8 @@ def load_training_state(path: Path) -> dict[str, Any]:
         ) from e
     except Exception as e:
         raise InvalidInputError(
-            f"{path}: cannot load the training state ({type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''})",
+            f"{path}: cannot load the training state ({type(e).__name__}: "
+            f"{str(e).splitlines()[0][:200] if str(e) else ''})",
             code="unpickle_failed",
         ) from e
     if not isinstance(state, dict):
@@ -101,7 +103,8 @@ def draft_state_dict(state: dict[str, Any], path: Path) -> dict[str, Any]:
             raise InvalidInputError(f"{path}: draft_state_dict[{k!r}] is a {type(v).__name__}, not a tensor")
         name = strip_prefixes(str(k))
         if name in out:
-            raise InvalidInputError(f"{path}: draft_state_dict keys collide on {name!r} after stripping wrapper prefixes")
+            raise InvalidInputError(f"{path}: draft_state_dict keys collide on {name!r} after "
+                                    "stripping wrapper prefixes")
         if hasattr(v, "full_tensor"):  # DTensor saved un-gathered
             v = v.full_tensor()
         out[name] = v.detach().cpu().contiguous()
@@ -157,7 +160,8 @@ class SpecForgeTraining(Converter):
     def plan(self, src, verifier, opts):
         state_path = src.path / STATE_FILE
         if not (opts.allow_unpickle and opts.draft_config):
-            missing = [f for f, ok in (("--allow-unpickle", opts.allow_unpickle), ("--draft-config", opts.draft_config)) if not ok]
+            missing = [f for f, ok in (("--allow-unpickle", opts.allow_unpickle),
+                                       ("--draft-config", opts.draft_config)) if not ok]
             raise UnsupportedFormatError(
                 f"{src.path} is a SpecForge training checkpoint: {STATE_FILE} is a pickle (loading it runs arbitrary "
                 f"code) and there is no config.json. Export it with SpecForge first:\n  {export_hint(src.path)}\n"

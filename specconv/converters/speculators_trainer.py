@@ -128,7 +128,8 @@ def _envelope(n: _Normalising) -> None:
     raw = n.raw
     if "model_type" in raw:
         n.findings.append(Finding("warning", "top-level-model-type-removed",
-                                  f"top-level model_type={raw['model_type']!r} removed: it hides speculators_config from "
+                                  f"top-level model_type={raw['model_type']!r} removed: it hides "
+                                  "speculators_config from "
                                   "vLLM", "model_type"))
         raw.pop("model_type")
     if "auto_map" in raw:
@@ -367,7 +368,8 @@ def _block_layout(n: _Normalising, opts: ConvertOptions, pm0: dict[str, Any], k_
     if opts.speculative_tokens is not None and opts.speculative_tokens != exp:
         raise InvalidInputError(
             f"--speculative-tokens {opts.speculative_tokens} contradicts block_size {B} with "
-            f"sample_from_anchor={str(sample_from_anchor).lower()} (needs {exp})", code="conflicting_speculative_tokens",
+            f"sample_from_anchor={str(sample_from_anchor).lower()} (needs {exp})",
+            code="conflicting_speculative_tokens",
         )
     if k_file != exp:
         findings.append(Finding("warning", "speculative-tokens-fixed",
@@ -477,7 +479,8 @@ def _typed_config(n: _Normalising, plans: list) -> Any:
     if isinstance(cfg, DSparkConfig) and cfg.is_pruned:
         w2 = common.get(plans, "markov_head.markov_w2.weight")
         if w2 is not None and w2.shape[0] != Vd:
-            raise InvalidInputError(f"markov_head.markov_w2.weight has {w2.shape[0]} rows, expected draft_vocab_size {Vd}")
+            raise InvalidInputError(f"markov_head.markov_w2.weight has {w2.shape[0]} rows, expected "
+                                    f"draft_vocab_size {Vd}")
     return cfg
 
 
@@ -491,7 +494,8 @@ def _files_not_carried(n: _Normalising, src: SourceInfo) -> None:
         n.notes.append("other files not carried: " + ", ".join(unknown))
 
 
-def normalise(conv: Any, src: SourceInfo, verifier: VerifierView | None, opts: ConvertOptions, *, early: bool = False) -> ConversionPlan:
+def normalise(conv: Any, src: SourceInfo, verifier: VerifierView | None, opts: ConvertOptions, *,
+              early: bool = False) -> ConversionPlan:
     """Plan the normalised copy of a speculators trainer checkpoint; an absent meaning-bearing key is filled
     only from the checkpoint's evidence, a legacy rule or a flag, each fill a finding.
 
@@ -572,7 +576,8 @@ class SpeculatorsEarlyPEagle(_SpeculatorsTrainer):
         "`ptd_token_id` (or `unused_token_id`) → `mask_token_id`; integer `para_num`/`para_depths` → `num_depths` "
         "(trained depths, must agree); COD keys dropped; otherwise as speculators_peagle"
     )
-    spec_ref = "vllm-project/speculators PRs #327/#343/#393/#480 (`PEagleSpeculatorConfig` with `ptd_token_id`, `para_num`)"
+    spec_ref = ("vllm-project/speculators PRs #327/#343/#393/#480 "
+                "(`PEagleSpeculatorConfig` with `ptd_token_id`, `para_num`)")
 
     @classmethod
     def detect(cls, src: SourceInfo) -> bool:
@@ -641,7 +646,8 @@ class SpeculatorsOther(RefusedFormat):
     algorithm = "other"
     title = "speculators drafter of another algorithm"
     detection = (f"`speculators_model_type` not in {{{', '.join(algorithm_names())}}} (the algorithms "
-                 "`specconv/format/algorithms.py` describes)" + (f", e.g. {', '.join(_OTHER_TYPES)}" if _OTHER_TYPES else ""))
+                 "`specconv/format/algorithms.py` describes)"
+                 + (f", e.g. {', '.join(_OTHER_TYPES)}" if _OTHER_TYPES else ""))
     spec_ref = ("vllm-project/speculators 0.9.0 `src/speculators/config.py` (`speculators_model_type` registry), "
                 "`src/speculators/models/{eagle3,mtp,xpress}/config.py` (`SpeculatorModelConfig.register`)")
     refusal = (

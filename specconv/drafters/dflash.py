@@ -121,7 +121,7 @@ class DFlashDrafter(Drafter):
             return
         context = self.hidden_norm(self.fc(g[None, n:]))
         cos, sin = self.rotary(torch.arange(n, T, device=g.device)[None], self.dtype)
-        for buf, layer in zip(cache.layers, self.layers):
+        for buf, layer in zip(cache.layers, self.layers, strict=True):
             buf.append(*layer.self_attn.kv(context, cos, sin))
 
     @torch.no_grad()

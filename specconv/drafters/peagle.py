@@ -67,7 +67,8 @@ class PEagleDrafter(Drafter):
         if self.alg.trains_embedding and not w.has("embed_tokens.weight"):
             warnings.warn(f"{source}: P-EAGLE without embed_tokens.weight; using the verifier's "
                           "embedding (P-EAGLE normally trains its own)", stacklevel=2)
-        H, A, Ht, eps = self.hidden_size, len(self.aux_layer_ids), self.aux_hidden_size, config.transformer_layer_config.rms_norm_eps
+        H, A, Ht, eps = (self.hidden_size, len(self.aux_layer_ids), self.aux_hidden_size,
+                         config.transformer_layer_config.rms_norm_eps)
         self.fc = Linear(w.take("fc.weight", (H, A * Ht)))
         self.input_norm = RMSNorm(w.take("input_norm.weight", (A * Ht,)), eps) if config.norm_before_fc else None
         self.fc_norm = (torch.nn.ModuleList([RMSNorm(w.take(f"fc_norm.{i}.weight", (Ht,)), eps) for i in range(A)])
@@ -86,7 +87,7 @@ class PEagleDrafter(Drafter):
             x = self.input_norm(x)
         if self.fc_norm is not None:
             chunks = x.chunk(len(self.fc_norm), dim=-1)
-            x = torch.cat([n(c) for n, c in zip(self.fc_norm, chunks)], dim=-1)
+            x = torch.cat([n(c) for n, c in zip(self.fc_norm, chunks, strict=True)], dim=-1)
         return self.fc(x)
 
     @staticmethod

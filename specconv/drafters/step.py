@@ -78,7 +78,7 @@ class StepBatch:
     def of(cls, names: list[str], tensors: tuple[torch.Tensor, ...]) -> StepBatch:
         """From positional inputs in ``names`` order (extra names, e.g. ``sampling_noise``, ignored)."""
         known = {f.name for f in fields(cls)}
-        return cls(**{n: t for n, t in zip(names, tensors) if n in known})
+        return cls(**{n: t for n, t in zip(names, tensors, strict=True) if n in known})
 
     def context_from(self, start: int) -> StepBatch:
         """The context axis from column ``start`` on (views; the block inputs unchanged)."""

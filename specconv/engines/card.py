@@ -116,7 +116,8 @@ def validation_context(rec: Any) -> dict[str, Any] | None:
             "source_tau": _fmt(v.source_acceptance_length) if v.source_acceptance_length else None,
             "per_position": ", ".join(_fmt(x) for x in v.acceptance_at_pos or []) or "n/a",
             "positions": positions_label(len(v.acceptance_at_pos)) if v.acceptance_at_pos else "per position",
-            "gates": sorted((v.gates or {}).items()), "parity": f"{parity:.2e}" if isinstance(parity, float) else parity,
+            "gates": sorted((v.gates or {}).items()),
+            "parity": f"{parity:.2e}" if isinstance(parity, float) else parity,
             "lossless": _fmt(lossless) if lossless is not None else None,
             "backend": v.backend or "torch", "dtype": v.dtype,
             "temperature": v.temperature, "prompts_n": prompts.n if prompts else None,
@@ -257,7 +258,8 @@ def render_card(d: Path, rec: Any, payload: CardFiles, repo_id: str, *, plot: bo
                verifier_url=f"https://huggingface.co/{verifier}" if hub.is_hub_id(verifier) else None, k=k,
                **drafter_shape(cfg, algo),
                layout=[(key, json.dumps(cfg[key])) for key in ("sample_from_anchor", "norm_before_residual",
-                                                             "sliding_window_non_causal", "mask_token_id") if key in cfg],
+                                                             "sliding_window_non_causal", "mask_token_id")
+                       if key in cfg],
                vllm_checked=vllm_checked(rec), runners=runners_needed(algo), short_form=short_form, long_form=long_form,
                validation=val, validation_status="Passed" if val and val["passed"] else "FAILED",
                plot=plot, local=local, unvalidated=sorted(payload.unvalidated), engines=engines,
@@ -267,8 +269,7 @@ def render_card(d: Path, rec: Any, payload: CardFiles, repo_id: str, *, plot: bo
                source_revision=conv.source.revision if conv and conv.source else None,
                source_files=sorted((conv.source.files or {}).items()) if conv and conv.source else [],
                specconv_version=rec.specconv_version or __version__, license=license_id, license_note=license_note,
-               sections=_sections(d, rec, payload, None if local else repo_id, verifier,
-                                 separate_repos or {}))
+               sections=_sections(d, rec, payload, None if local else repo_id, verifier, separate_repos or {}))
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(_templates())), keep_trailing_newline=True,
                              undefined=jinja2.StrictUndefined, autoescape=False)
     text = env.get_template("model_card.md.j2").render(**ctx)

@@ -37,7 +37,7 @@ class ExportJob:
     overwrite: bool = False
     verifier_spec: str | None = None
     state: dict[str, Any] = field(default_factory=dict)
-    created: str = field(default_factory=lambda: _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"))
+    created: str = field(default_factory=lambda: _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"))
     _verifier: Verifier | None = None
 
     def verifier(self, why: str = "") -> Verifier:

@@ -114,7 +114,7 @@ def measure(read: Callable[[], dict], send: Callable[[], R], *,
 def first_divergence(a: Sequence[int], b: Sequence[int]) -> int:
     """The first index where two token sequences differ (the shorter length when one is a prefix
     of the other; ``len`` when equal)."""
-    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+    return next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))
 
 
 def token_agreement(a: Sequence[Sequence[int]], b: Sequence[Sequence[int]]) -> dict:
@@ -132,7 +132,7 @@ def token_agreement(a: Sequence[Sequence[int]], b: Sequence[Sequence[int]]) -> d
         raise InvalidInputError(f"{len(a)} vs {len(b)} requests: outputs cannot be compared")
     common = total = same = 0
     first: list[int | None] = []
-    for x, y in zip(a, b):
+    for x, y in zip(a, b, strict=True):
         x, y = list(x or []), list(y or [])
         n = first_divergence(x, y)
         common += n

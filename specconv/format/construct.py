@@ -29,7 +29,8 @@ def _default_speculative_tokens(algorithm: str, cls: type[SpeculatorsDraftConfig
 
 
 def _fields(layer_config: Mapping[str, Any], fields: Mapping[str, Any], algorithm: str) -> dict[str, Any]:
-    data: dict[str, Any] = {"speculators_model_type": algorithm, "transformer_layer_config": dict(layer_config), **fields}
+    data: dict[str, Any] = {"speculators_model_type": algorithm, "transformer_layer_config": dict(layer_config),
+                            **fields}
     data.setdefault("draft_vocab_size", layer_config.get("vocab_size"))
     for key in _LIST_KEYS:
         if isinstance(data.get(key), tuple):

@@ -2,7 +2,8 @@
 
 Names and shapes: speculators 0.9.0 ``src/speculators/models/{peagle,dflash,dspark}/core.py``
 (module names as saved, no ``model.`` prefix) and the vLLM 0.33 draft models under
-``vllm/model_executor/models/`` (what their ``load_weights`` map). ``nn.Linear`` weights are ``[out, in]``; q/k/v and gate/up are
+``vllm/model_executor/models/`` (what their ``load_weights`` map). ``nn.Linear`` weights are ``[out, in]``; q/k/v and \
+gate/up are
 stored separately.
 """
 
@@ -40,7 +41,7 @@ class _Specs(dict):
 def _add_layer(out: _Specs, cfg: SpeculatorsDraftConfig, i: int) -> None:
     t = cfg.transformer_layer_config
     H = cfg.hidden_size
-    nH, nKV, D, I = t.num_attention_heads, t.num_key_value_heads, t.head_dim, t.intermediate_size
+    nH, nKV, D, inter = t.num_attention_heads, t.num_key_value_heads, t.head_dim, t.intermediate_size
     Hq, Hkv = nH * D, nKV * D
     alg = describe(cfg.speculators_model_type)
     d_in = alg.layer0_input_width(H) if i == 0 else H
@@ -56,11 +57,11 @@ def _add_layer(out: _Specs, cfg: SpeculatorsDraftConfig, i: int) -> None:
     if alg.qk_norm_always or t.model_type == "qwen3":  # per-head q/k norm
         out.add(p + "self_attn.q_norm.weight", (D,))
         out.add(p + "self_attn.k_norm.weight", (D,))
-    out.add(p + "mlp.gate_proj.weight", (I, H))
-    out.add(p + "mlp.up_proj.weight", (I, H))
-    out.add(p + "mlp.down_proj.weight", (H, I))
+    out.add(p + "mlp.gate_proj.weight", (inter, H))
+    out.add(p + "mlp.up_proj.weight", (inter, H))
+    out.add(p + "mlp.down_proj.weight", (H, inter))
     if t.mlp_bias:
-        for proj, rows in (("gate", I), ("up", I), ("down", H)):
+        for proj, rows in (("gate", inter), ("up", inter), ("down", H)):
             out.add(p + f"mlp.{proj}_proj.bias", (rows,))
 
 

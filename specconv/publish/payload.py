@@ -213,7 +213,8 @@ def _check_validated(d: Path, rec: Any, names: list[str], allow: bool, p: Payloa
         p.add(n, d / n, digest)
     missing = sorted(set(recorded) - set(names))
     if missing and passed and not allow:
-        raise _not_validated(f"{d}: validated file(s) missing now: {', '.join(missing)}", code="modified_after_validation")
+        raise _not_validated(f"{d}: validated file(s) missing now: {', '.join(missing)}",
+                             code="modified_after_validation")
 
 
 def _engine_file(d: Path, rec: Any, rel: str, allow_vw: bool, p: Payload) -> bool | None:
@@ -270,7 +271,8 @@ def collect(d: Path, *, include: tuple[str, ...] = (), exclude: tuple[str, ...] 
 
     def pushed(rel: str) -> bool:  # a file of DIR push would publish (or read, as the record)
         return rel == SPECCONV_JSON or (rel not in DERIVED and _kept(rel, include, exclude)
-                                        and rel not in _report_files(rec) and not any(c.owns(d, rec, rel) for c in apart))
+                                        and rel not in _report_files(rec)
+                                        and not any(c.owns(d, rec, rel) for c in apart))
 
     files, refused = _walk(d)
     check_links(d, {rel: why for rel, why in refused.items() if pushed(rel)})

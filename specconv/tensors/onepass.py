@@ -236,7 +236,7 @@ def _chunk_end(off: int, hi: int, pieces: list[_Piece], chunk: int) -> int:
     end = min(off + chunk, hi)
     if end == hi:
         return end
-    for p, a, b in _overlaps(pieces, end - 1, end):
+    for p, _a, _b in _overlaps(pieces, end - 1, end):
         es = itemsize(p.t.dtype)
         cut = p.start + ((end - p.start) // es) * es
         if cut > off:

@@ -347,7 +347,7 @@ def _read_runs(path: Path, start: int, row_bytes: int, uniq: np.ndarray, out: me
     except OSError as e:
         raise InvalidInputError(f"{path}: cannot read: {e.strerror or e}") from e
     try:
-        for a, b in zip(firsts.tolist(), lasts.tolist()):
+        for a, b in zip(firsts.tolist(), lasts.tolist(), strict=True):
             mv, off = out[a * row_bytes: b * row_bytes], start + int(uniq[a]) * row_bytes
             while mv:
                 n = os.preadv(fd, [mv], off)

@@ -192,7 +192,7 @@ def write_safetensors(out_dir: str | os.PathLike, tensors: list[OutTensor], *,
     try:
         if engine is not None:
             engine.begin(n)
-        for fname, shard in zip(names, shards):
+        for fname, shard in zip(names, shards, strict=True):
             _write_one(out / fname, _layout(shard))
     finally:
         if engine is not None:
@@ -207,7 +207,7 @@ def write_safetensors(out_dir: str | os.PathLike, tensors: list[OutTensor], *,
 def _write_index(out: Path, tensors: list[OutTensor], names: list[str], shards: list[list[OutTensor]]) -> None:
     index = {
         "metadata": {"total_size": sum(t.nbytes for t in tensors)},
-        "weight_map": {t.name: fname for fname, shard in zip(names, shards) for t in shard},
+        "weight_map": {t.name: fname for fname, shard in zip(names, shards, strict=True) for t in shard},
     }
     atomic_write(out / SAFE_WEIGHTS_INDEX_NAME, json.dumps(index, indent=2, sort_keys=True) + "\n")
 

@@ -249,7 +249,7 @@ def compare_logits(ref, test, *, margin: float) -> dict:
         "support_mismatch": support_mismatch,
         "per_slot": [
             {"max_abs": float(m), "cosine": float(c), "kl": float(k_), "top1_equal": bool(e), "margin": float(g)}
-            for m, c, k_, e, g in zip(max_abs_row, cos, kl, eq, marg)
+            for m, c, k_, e, g in zip(max_abs_row, cos, kl, eq, marg, strict=True)
         ],
     }
 
@@ -260,7 +260,7 @@ def _cosine_rows(a, b, chunk: int = 64):
     import torch
 
     parts = [torch.nn.functional.cosine_similarity(x.double(), y.double(), dim=-1)
-             for x, y in zip(a.split(chunk), b.split(chunk))]
+             for x, y in zip(a.split(chunk), b.split(chunk), strict=True)]
     return torch.cat(parts) if parts else torch.zeros(0, dtype=torch.float64)
 
 
@@ -277,7 +277,7 @@ def _top_k_agreement(ref, test):
         marg = torch.full((ref.shape[0],), float("inf"))
     overlap = [
         len(set(a.tolist()) & set(b.tolist())) / top_r.indices.shape[-1]
-        for a, b in zip(top_r.indices, top_t.indices)
+        for a, b in zip(top_r.indices, top_t.indices, strict=True)
     ]
     return eq, marg, overlap
 
@@ -511,7 +511,7 @@ def gate_lossless(spec: Sequence[Any], plain: Sequence[Any], *, dtype: str = "fl
     exact = 0
     divs = []
     strict = dtype in ("float32", "float64")
-    for s, p in zip(spec, plain):
+    for s, p in zip(spec, plain, strict=True):
         if list(s.output_ids) == list(p.output_ids):
             exact += 1
         else:
@@ -538,7 +538,7 @@ def gate_lossless(spec: Sequence[Any], plain: Sequence[Any], *, dtype: str = "fl
 def _divergence(s, p, dtype: str) -> dict:
     """Where ``s`` first differs from ``p``, with the smaller top-1 − top-2 logit gap of the two there."""
     a, b = list(s.output_ids), list(p.output_ids)
-    j = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+    j = next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))
     gap_p = p.gaps[j] if j < len(p.gaps) else None
     gap_s = s.gaps[j] if j < len(s.gaps) else None
     gaps = [g for g in (gap_p, gap_s) if g is not None]

@@ -175,7 +175,8 @@ def speculative_generate(verifier: VerifierRunner, drafter, prompt_ids: Sequence
                          stopped=st.stopped, gaps=st.gaps, top1=st.top1)
 
 
-def _loop_config(verifier: VerifierRunner, drafter, temperature: float, stop_token_ids, generator, confidence_threshold) -> _LoopConfig:
+def _loop_config(verifier: VerifierRunner, drafter, temperature: float, stop_token_ids, generator,
+                 confidence_threshold) -> _LoopConfig:
     dev = verifier.device
     return _LoopConfig(
         stops={int(t) for t in stop_token_ids}, greedy=temperature <= 0, temperature=float(temperature),
@@ -197,7 +198,8 @@ def _check_request(verifier: VerifierRunner, drafter, prompt_ids, max_new_tokens
     k = int(num_draft_tokens if num_draft_tokens is not None else drafter.num_draft_tokens)
     ids = list(getattr(drafter, "aux_layer_ids", verifier.aux_layer_ids))
     if ids != list(verifier.aux_layer_ids):
-        raise InvalidInputError(f"drafter aux layer ids {ids} differ from the verifier runner's {verifier.aux_layer_ids}")
+        raise InvalidInputError(f"drafter aux layer ids {ids} differ from the verifier runner's "
+                                f"{verifier.aux_layer_ids}")
     return min(k, int(drafter.num_draft_tokens))
 
 
@@ -268,7 +270,8 @@ def _accept(drafts, q, logits, cfg: _LoopConfig) -> tuple[int, int]:
     return int(acc[0]), int(nx[0])
 
 
-def _verify_and_emit(verifier: VerifierRunner, st: _State, d: _Draft, budget: int, cfg: _LoopConfig, *, capture: bool) -> None:
+def _verify_and_emit(verifier: VerifierRunner, st: _State, d: _Draft, budget: int, cfg: _LoopConfig, *,
+                     capture: bool) -> None:
     """Steps 3–5: verify ``[anchor, d_1 … d_k]`` at positions ``s…s+k``, accept, emit (cut at
     a stop token and the budget), crop the cache, append the emitted positions' features."""
     import torch

@@ -35,7 +35,8 @@ def _get(obj, name):
     return obj[name] if isinstance(obj, dict) else getattr(obj, name)
 
 
-def bootstrap_ci(requests: Sequence[Any], *, n_boot: int = 1000, seed: int = 0, level: float = 0.95) -> list[float] | None:
+def bootstrap_ci(requests: Sequence[Any], *, n_boot: int = 1000, seed: int = 0,
+                 level: float = 0.95) -> list[float] | None:
     """Percentile bootstrap ``[low, high]`` of pooled τ over resampled requests; None under 2 requests."""
     import numpy as np
 

@@ -83,7 +83,9 @@ def render_markdown(report: dict) -> str:
         "",
         f"- drafter: `{report.get('drafter')}`",
         f"- verifier: `{report.get('verifier')}`",
-        f"- backend: {report.get('backend')}, device: {report.get('device', {}).get('gpu_name') or report.get('device', {}).get('device')}, dtype: {report.get('dtype')}",
+        f"- backend: {report.get('backend')}, device: "
+        f"{report.get('device', {}).get('gpu_name') or report.get('device', {}).get('device')}, dtype: "
+        f"{report.get('dtype')}",
         f"- prompts: {report.get('prompts', {}).get('set')} × {report.get('prompts', {}).get('n')}, "
         f"max new tokens {report.get('max_new_tokens')}, temperature {report.get('temperature')}",
         "",
@@ -118,13 +120,16 @@ def _md_acceptance(m: dict) -> list[str]:
         + (f" (95% CI {ci[0]:.3f}–{ci[1]:.3f})" if ci else ""),
         f"- τ per-request mean: {_fmt(m.get('tau_request_mean'))}",
         f"- acceptance rate: {_fmt(m.get('acceptance_rate'))}",
-        f"- drafts: {m.get('num_drafts')}, draft tokens: {m.get('num_draft_tokens')}, accepted: {m.get('num_accepted_tokens')}",
-        f"- TPOT spec / plain: {_fmt(m.get('tpot_ms'), 1)} / {_fmt(m.get('tpot_ar_ms'), 1)} ms, speedup {_fmt(m.get('speedup'), 2)}",
+        f"- drafts: {m.get('num_drafts')}, draft tokens: {m.get('num_draft_tokens')}, accepted: "
+        f"{m.get('num_accepted_tokens')}",
+        f"- TPOT spec / plain: {_fmt(m.get('tpot_ms'), 1)} / {_fmt(m.get('tpot_ar_ms'), 1)} ms, speedup "
+        f"{_fmt(m.get('speedup'), 2)}",
         "",
         "| position | p_i | c_i |",
         "| --- | --- | --- |",
     ]
-    for i, (p, c) in enumerate(zip(m.get("acceptance_at_pos", []), m.get("conditional_acceptance_at_pos", [])), 1):
+    for i, (p, c) in enumerate(zip(m.get("acceptance_at_pos", []), m.get("conditional_acceptance_at_pos", []),
+                                   strict=True), 1):
         lines.append(f"| {i} | {p:.3f} | {c:.3f} |")
     return lines
 
@@ -133,7 +138,8 @@ def _md_dspark(cal: dict) -> list[str]:
     lines = ["", "## DSpark confidence head (reported, not gated)", ""]
     c = cal.get("calibration")
     if c:
-        lines.append(f"- mean |σ(c) − accepted|: {c['mean_abs_error']:.3f}, ECE: {c['ece']:.3f}, cumprod bias: {_fmt(c.get('cumprod_bias'))}")
+        lines.append(f"- mean |σ(c) − accepted|: {c['mean_abs_error']:.3f}, ECE: {c['ece']:.3f}, cumprod bias: "
+                     f"{_fmt(c.get('cumprod_bias'))}")
     t = cal.get("truncated")
     if t:
         lines.append(
@@ -233,7 +239,8 @@ def validation_section(report, drafter_dir: str | Path):
         parity_kl_max=parity_kl_max(r), lossless_exact_match=(r.get("lossless") or {}).get("exact_match"),
         verifier=as_record_path(r.get("verifier"), drafter_dir), backend=r.get("backend"),
         device=dev.get("gpu_name") or dev.get("device"), dtype=r.get("dtype"),
-        prompts={**{k: prompts.get(k) for k in ("set", "n")}, **{k: prompts[k] for k in ("rendered_sha256",) if k in prompts}},
+        prompts={**{k: prompts.get(k) for k in ("set", "n")},
+                 **{k: prompts[k] for k in ("rendered_sha256",) if k in prompts}},
         max_new_tokens=r.get("max_new_tokens"),
         **({"chat_template": _chat_template(r["chat_template"], drafter_dir)} if r.get("chat_template") else {}),
         **({"findings": r["findings"]} if r.get("findings") else {}),

@@ -131,7 +131,8 @@ def check_source_unchanged(drafter_dir: Path, source: dict) -> dict:
             f"(conversion.source.files) — {'; '.join(diffs[:4])}{'; …' if len(diffs) > 4 else ''}. "
             "G2 parity and G3 would compare the drafter with other weights",
             code="source_changed",
-            hint="pass the checkpoint the drafter was converted from, or convert this source again and validate that output",
+            hint="pass the checkpoint the drafter was converted from, or convert this source again and "
+                 "validate that output",
         )
     return {"matches_record": True, "files": len(recorded)}
 
@@ -315,7 +316,7 @@ def _start_report(run: ValidationRun) -> dict[str, Any]:
     opts, v = run.options, run.verifier
     return {
         "specconv_version": __version__,
-        "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "created": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
         "drafter": str(run.drafter_dir),
         "verifier": v.name_or_path,
         "verifier_dir": str(v.local_dir),
@@ -351,7 +352,8 @@ def _structure_step(run: ValidationRun, config_error: InvalidInputError | None) 
 
     run.progress("structure", 0, 1)
     if config_error is not None:
-        g1 = GateResult(name="structure", passed=False, errors=[f"cannot read {run.drafter_dir}: {config_error.message}"])
+        g1 = GateResult(name="structure", passed=False,
+                        errors=[f"cannot read {run.drafter_dir}: {config_error.message}"])
     else:
         g1 = gate_structure(run.drafter_dir, run.verifier, config=run.config, source_config=run.source_config)
     run.results.append(g1)
@@ -381,7 +383,8 @@ def rendered_digest(rendered: list[tuple[str, list[int]]]) -> str:
     import hashlib
     import json
 
-    return hashlib.sha256(json.dumps([[pid, list(ids)] for pid, ids in rendered], separators=(",", ":")).encode()).hexdigest()
+    return hashlib.sha256(json.dumps([[pid, list(ids)] for pid, ids in rendered],
+                                     separators=(",", ":")).encode()).hexdigest()
 
 
 def _render_step(run: ValidationRun) -> None:

@@ -179,7 +179,7 @@ def compare_runtime(run: ValidationRun, reference: DrafterBackend, decode: Calla
     results = decode(f"speculative decode ({rt.display} drafter)", cmp)
     m_t, m_r = (compute_metrics(r, int(reference.num_draft_tokens), baseline=plain, seed=opts.seed)
                 for r in (spec_results, results))
-    same = all(a.output_ids == b.output_ids for a, b in zip(spec_results, results))
+    same = all(a.output_ids == b.output_ids for a, b in zip(spec_results, results, strict=True))
     verdict, passed, errors = judge(rt.rule, float(m_t["acceptance_length"]), float(m_r["acceptance_length"]),
                                     cmp.counts(), same, opts.temperature)
     run.report[rt.key] = {

@@ -50,7 +50,8 @@ def _served_gates(s: Serve, run: ValidationRun) -> None:
     run.results.append(skipped("parity", f"--backend {s.backend}: parity runs in the torch harness"))
     g3 = gate_acceptance(vm, min_tau=run.options.min_tau)
     runners = s.runners(find_algorithm(rep.get("algorithm")))
-    vm["serving"].update(served_engine_checks(run, g3, s.server_name, [r.get("prompt_token_ids") for r in vm["requests"]],
+    vm["serving"].update(served_engine_checks(run, g3, s.server_name,
+                                              [r.get("prompt_token_ids") for r in vm["requests"]],
                                               vm["serving"]["runner"], runners))
     rep[s.report_key] = s.summary(vm)
     rep["metrics"] = vm
@@ -77,7 +78,8 @@ def lossless_gate(run: ValidationRun, vm: dict, s: Serve) -> GateResult:
     agree = token_agreement([r["output_ids"] for r in vm["requests"]], ref)
     g = GateResult(name="lossless", passed=agree["agreement"] >= MIN_TOKEN_AGREEMENT,
                    details={"reference": source, **agree, "min_agreement": MIN_TOKEN_AGREEMENT})
-    diverged = [f"{r['prompt_id']}: first divergence at token {d}" for r, d in zip(vm["requests"], agree["first_divergence"])
+    diverged = [f"{r['prompt_id']}: first divergence at token {d}"
+                for r, d in zip(vm["requests"], agree["first_divergence"], strict=True)
                 if d is not None]
     (g.warnings if g.passed else g.errors).extend(diverged[:5])
     return g

@@ -175,7 +175,8 @@ class TorchBackend:
             return None
         reference, ref_kind = _load_reference(run.source, h)
         run.progress("parity", 0, 1)
-        seqs = [(ids + r.output_ids, len(ids)) for (_, ids), r in zip(h.rendered[:PARITY_SEQUENCES], plain)]
+        seqs = [(ids + r.output_ids, len(ids))
+                for (_, ids), r in zip(h.rendered[:PARITY_SEQUENCES], plain, strict=False)]
         tolerance = algorithm(h.drafter.algorithm).parity_tolerance(run.options.dtype).as_dict()
         run.results.append(gate_parity(reference, h.drafter, h.runner, seqs, dtype=run.options.dtype,
                                        reference_kind=ref_kind, tolerance=tolerance))

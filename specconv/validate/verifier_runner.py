@@ -113,7 +113,8 @@ class VerifierRunner:
         self.embed, self.layers, self.norm = _decoder_parts(model)
         self.num_layers = len(self.layers)
         self.hidden_size = int(text_cfg.hidden_size)
-        self.vocab_size = int(model.get_output_embeddings().weight.shape[0]) if model.get_output_embeddings() is not None else int(text_cfg.vocab_size)
+        self.vocab_size = (int(model.get_output_embeddings().weight.shape[0])
+                           if model.get_output_embeddings() is not None else int(text_cfg.vocab_size))
         self.dtype = next(model.parameters()).dtype
         self._captured: dict[int, Any] = {}
         self._hooks: list[Any] = []

@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 import pytest
+
 from cli_runner import invoke, specconv_argv
 from fixtures_dflash import HUB, make_source, sha_tree
 
@@ -35,7 +36,8 @@ def convert(src, verifier, out, *args):
 
 def leftovers(parent: Path) -> list[str]:
     """Hidden temp / backup dirs the writer may leave next to an output."""
-    return sorted(p.name for p in Path(parent).iterdir() if p.name.startswith(".") and (".tmp-" in p.name or ".old-" in p.name))
+    return sorted(p.name for p in Path(parent).iterdir()
+                  if p.name.startswith(".") and (".tmp-" in p.name or ".old-" in p.name))
 
 
 def edit_config(src: Path, fn) -> Path:
@@ -403,7 +405,8 @@ def test_failed_rename_restores_previous_output(tmp_path, tiny_verifier_dir, mon
     monkeypatch.setattr("specconv.outdir.exchange", lambda a, b: False)  # the two-rename fallback
     code, obj, _ = convert(make_source(tmp_path), tiny_verifier_dir, out, "--overwrite")
     assert code == 3 and obj["error"] == "os_error"
-    assert obj["message"].startswith(f"cannot write output {out}: moving it into place failed: Invalid cross-device link"), obj
+    assert obj["message"].startswith(f"cannot write output {out}: moving it into place failed: "
+                                     "Invalid cross-device link"), obj
     assert sha_tree(out) == before and leftovers(tmp_path) == []
 
 
@@ -412,7 +415,8 @@ def test_two_converts_into_one_output(tmp_path, tiny_verifier_dir):
     src, out = make_source(tmp_path), tmp_path / "out"
     argv = specconv_argv("convert", src, "--verifier", tiny_verifier_dir, "--verifier-name", HUB, "-o", out)
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
-    procs = [subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env) for _ in range(2)]
+    procs = [subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+             for _ in range(2)]
     results = [(p.wait(timeout=120), *p.communicate()) for p in procs]
     for rc, so, se in results:
         assert rc in (0, 3) and "Traceback" not in se, se
@@ -533,7 +537,8 @@ def speculators_peagle_dir(tiny_llama_verifier_dir, tmp_path_factory):
     ("transformer_layer_config.vocab_size", None, "vocab_size"),
     ("transformer_layer_config.num_hidden_layers", 10**30, "num_hidden_layers"),  # never finished (OOM)
 ])
-def test_speculators_trainer_config_values(speculators_peagle_dir, tiny_llama_verifier_dir, tmp_path, path, value, needle):
+def test_speculators_trainer_config_values(speculators_peagle_dir, tiny_llama_verifier_dir, tmp_path, path, value,
+                                           needle):
     src = tmp_path / "src"
     shutil.copytree(speculators_peagle_dir, src)
 
@@ -566,8 +571,9 @@ def test_output_dot_is_refused(tmp_path, tiny_verifier_dir, monkeypatch, out):
 
 @pytest.mark.peer
 def test_aws_peagle_scalar_lm_head(speculators_peagle_dir, tiny_llama_verifier_dir, tmp_path):
-    import fixtures_peagle as fp
     import torch
+
+    import fixtures_peagle as fp
 
     src = fp.to_aws(speculators_peagle_dir, tmp_path / "aws")
     t = fp.load_tensors(src)
@@ -636,8 +642,9 @@ def test_read_only_output_parent(tmp_path, tiny_verifier_dir, monkeypatch):
 
 @pytest.mark.peer
 def test_malicious_vocab_mapping_pickle(speculators_peagle_dir, tiny_llama_verifier_dir, tmp_path):
-    import fixtures_peagle as fp
     import torch
+
+    import fixtures_peagle as fp
 
     marker = tmp_path / "PWNED"
     evil = tmp_path / "d2t.pt"

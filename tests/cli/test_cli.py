@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+
 from cli_runner import CliOutcome, invoke, run_specconv
 from fixtures_dflash import HUB, make_source
 

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import json
 
-import fixtures_peagle as fp
 import pytest
+
+import fixtures_peagle as fp
 from cli_runner import invoke
 
 pytestmark = pytest.mark.peer
@@ -87,7 +88,8 @@ def test_midlayer_single_layer_renamed(ref1, tiny_llama_verifier_dir, tmp_path):
     rep = convert(src, tiny_llama_verifier_dir, out)
     record = json.loads((out / "specconv.json").read_text())["conversion"]
     assert record["tensors"]["layers.0.self_attn.q_proj.weight"] == {
-        **record["tensors"]["layers.0.self_attn.q_proj.weight"], "fate": "renamed", "source": "midlayer.self_attn.q_proj.weight"}
+        **record["tensors"]["layers.0.self_attn.q_proj.weight"], "fate": "renamed",
+        "source": "midlayer.self_attn.q_proj.weight"}
     assert record["tensors"]["mask_hidden"]["fate"] == "copied"  # already [1,1,A·H]
     cfg = json.loads((out / "config.json").read_text())
     assert cfg["norm_before_residual"] is False
@@ -100,7 +102,8 @@ def test_midlayer_single_layer_renamed(ref1, tiny_llama_verifier_dir, tmp_path):
     assert sorted(got) == sorted(want)
 
 
-@pytest.mark.parametrize("keys", [("ptd_token_id",), ("mask_token_id",), ("pard_token", "ptd_token_id", "mask_token_id")])
+@pytest.mark.parametrize("keys",
+                         [("ptd_token_id",), ("mask_token_id",), ("pard_token", "ptd_token_id", "mask_token_id")])
 def test_mask_token_under_any_vllm_key(ref, tiny_llama_verifier_dir, tmp_path, keys):
     src = fp.to_aws(ref, tmp_path / "aws", mask_keys=keys)
     rep = convert(src, tiny_llama_verifier_dir, speculative_tokens=4)

@@ -16,6 +16,7 @@ import json
 import os
 
 import pytest
+
 from fixtures_dflash import (
     DELETE,
     FORMATS,
@@ -92,7 +93,6 @@ def zlab_real(tmp_path_factory):
 def test_real_zlab_converts_and_runs_in_speculators(variant, zlab_real, smollm2_dir, tmp_path):
     _peer()
     from interop import load_with_speculators, run_speculators_forward
-
     from specconv.offline import SMOLLM2_HUB_ID
 
     out = tmp_path / "out"
@@ -154,7 +154,8 @@ def test_real_last_layer_speculators_drops_we_keep(zlab_real, smollm2_dir, tmp_p
 
     src = zlab_real["last"]
     with pytest.raises(RuntimeError, match="fc.weight"):
-        convert_model(model=str(src), verifier=str(smollm2_dir), algorithm="dflash", output_path=str(tmp_path / "theirs"))
+        convert_model(model=str(src), verifier=str(smollm2_dir), algorithm="dflash",
+                      output_path=str(tmp_path / "theirs"))
     rep = api_convert(src, smollm2_dir, tmp_path / "ours")
     cfg = read(tmp_path / "ours")
     assert VERIFIER_LAYERS != 30 and cfg["aux_hidden_state_layer_ids"][-1] == 30

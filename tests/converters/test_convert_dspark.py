@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import pytest
 from _dspark_helpers import detected, out_tensors, record
+
 from fixtures_dflash import read
 from fixtures_dspark import FORMATS, MASK
 

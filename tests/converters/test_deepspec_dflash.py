@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from fixtures_dflash import MASK, api_convert, cli_convert, codes, make_source, out_tensors, read
 
 FMT = "deepspec_dflash"
@@ -77,6 +78,7 @@ def test_speculative_tokens_flag_contradiction_refused(tmp_path, tiny_verifier_d
 def test_confidence_head_tensor_refused(tmp_path, tiny_verifier_dir):
     import torch
 
-    src = make_source(tmp_path, FMT, extra_tensors={"confidence_head.proj.weight": torch.zeros(1, 64, dtype=torch.bfloat16)})
+    src = make_source(tmp_path, FMT,
+                      extra_tensors={"confidence_head.proj.weight": torch.zeros(1, 64, dtype=torch.bfloat16)})
     code, rep, _ = cli_convert(src, tiny_verifier_dir, tmp_path / "out")
     assert code == 3 and "confidence_head.proj.weight" in rep["message"]

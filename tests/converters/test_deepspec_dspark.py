@@ -8,9 +8,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from _dspark_helpers import detected, out_tensors, plan_for, record
+
 from fixtures_dflash import cli_convert, read
 from fixtures_dspark import draft_dims, make_deepspec_dspark
-
 from specconv.errors import InvalidInputError, UnsupportedFormatError
 
 FMT = "deepspec_dspark"  # the shared conversion tests read: conftest ``converted``
@@ -76,7 +76,8 @@ def test_confidence_enabled_without_with_markov_key_is_an_error(tmp_path, tiny_v
 def test_confidence_width_contradicting_config_names_tensor(tmp_path, tiny_verifier_dir):
     # config says with_markov, tensor is [1, H] (no Markov part)
     src = make_deepspec_dspark(tmp_path / "s", tiny_verifier_dir, tensor_heads={"with_markov": False})
-    with pytest.raises(InvalidInputError, match=r"confidence_head\.proj\.weight.*implies confidence_head_with_markov=false"):
+    with pytest.raises(InvalidInputError,
+                       match=r"confidence_head\.proj\.weight.*implies confidence_head_with_markov=false"):
         plan_for(src, tiny_verifier_dir)
 
 

@@ -11,8 +11,8 @@ from __future__ import annotations
 import json
 
 import pytest
-from fixtures_dspark import REFUSAL_CASES, make_deepspec_dspark, make_refusal, make_specforge_dspark, make_zlab_dflash
 
+from fixtures_dspark import REFUSAL_CASES, make_deepspec_dspark, make_refusal, make_specforge_dspark, make_zlab_dflash
 from specconv.converters import REGISTRY, SourceInfo, detect
 from specconv.converters.dispatch import ROUTES, all_ids, candidates, discriminators
 

@@ -16,11 +16,11 @@ import json
 import shutil
 from pathlib import Path
 
-import fixtures_peagle as fp
 import pytest
+
+import fixtures_peagle as fp
 from fixtures_dflash import api_convert, cli_convert, make_source
 from fixtures_dspark import make_specforge_dspark
-
 from specconv.errors import UnsupportedFormatError
 from specconv.format.facts import LAYER_KEY_SCOPES, UNSUPPORTED_LAYER_KEYS
 

@@ -21,8 +21,9 @@ from __future__ import annotations
 import json
 import subprocess
 
-import fixtures_peagle as fp
 import pytest
+
+import fixtures_peagle as fp
 
 pytestmark = pytest.mark.peer
 pytest.importorskip("speculators")
@@ -71,9 +72,9 @@ def built(tiny_verifier_dir, tmp_path_factory):
 @pytest.mark.parametrize("name,k_rule,default", [("dspark_1n", False, True), ("dflash_af", True, False)])
 def test_disagreeing_readings_are_refused_until_the_flag_decides(built, tiny_verifier_dir, tmp_path, name, k_rule,
                                                                  default):
-    from interop import load_with_speculators, run_speculators_forward
     from speculators import SpeculatorModelConfig
 
+    from interop import load_with_speculators, run_speculators_forward
     from specconv.errors import InvalidInputError
 
     src = without_key(built[name], tmp_path / "save")

@@ -9,9 +9,9 @@ import json
 
 import pytest
 from _dspark_helpers import detected, out_tensors, plan_for, record
+
 from fixtures_dflash import read
 from fixtures_dspark import draft_dims, make_modelopt_dspark
-
 from specconv.errors import InvalidInputError
 
 FMT = "modelopt_dspark"  # the shared conversion tests read: conftest ``converted``

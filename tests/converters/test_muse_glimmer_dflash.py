@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from fixtures_dflash import MASK, api_convert, cli_convert, make_source, out_tensors, read
 
 FMT = "muse_glimmer_dflash"

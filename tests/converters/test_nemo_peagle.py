@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import json
 
-import fixtures_peagle as fp
 import pytest
+
+import fixtures_peagle as fp
 
 pytestmark = pytest.mark.peer
 pytest.importorskip("speculators")
@@ -36,6 +37,7 @@ def ref(tiny_llama_verifier_dir, tmp_path_factory):
 
 def test_sharded_consolidated_end_to_end(ref, tiny_llama_verifier_dir, tmp_path):
     import torch
+
     from interop import load_with_speculators, run_speculators_forward
 
     root = fp.to_nemo(ref, tmp_path / "nemo", shards=2, consolidated=True)
@@ -58,7 +60,8 @@ def test_sharded_consolidated_end_to_end(ref, tiny_llama_verifier_dir, tmp_path)
     for k in want:
         assert torch.equal(got[k], want[k]), k
     rec = json.loads((out / "specconv.json").read_text())["conversion"]
-    assert rec["tensors"]["fc.weight"]["source"] == "model.fc.weight" and rec["tensors"]["fc.weight"]["fate"] == "renamed"
+    assert (rec["tensors"]["fc.weight"]["source"] == "model.fc.weight"
+            and rec["tensors"]["fc.weight"]["fate"] == "renamed")
     assert rec["tensors"]["lm_head.weight"]["fate"] == "copied"
     assert rec["tensors"]["mask_hidden"]["fate"] == "reshaped"
     run_speculators_forward(load_with_speculators(out, tiny_llama_verifier_dir))
@@ -80,6 +83,7 @@ def test_epoch_dir_given_directly(ref, tiny_llama_verifier_dir, tmp_path):
 
 def test_mapping_from_eagle_meta(ref, tiny_llama_verifier_dir, tmp_path):
     import torch
+
     from interop import load_with_speculators
 
     root = fp.to_nemo(ref, tmp_path / "nemo", mapping_in_meta=True)

@@ -21,11 +21,11 @@ import json
 import shutil
 from pathlib import Path
 
-import fixtures_peagle as fp
 import numpy as np
 import pytest
-from fixtures_dflash import DELETE, api_convert, codes, make_source, read
 
+import fixtures_peagle as fp
+from fixtures_dflash import DELETE, api_convert, codes, make_source, read
 from specconv.errors import InvalidInputError, UnsupportedFormatError
 
 HUB = "org/tiny"
@@ -116,7 +116,8 @@ def test_padded_verifier_vocab_is_matched_by_embedding_rows(tiny_verifier_dir, t
     assert "verifier-vocab-padded" in codes(rep.findings, "info")
     assert "vocab-size-mismatch" not in codes(rep.findings)
     # a draft vocabulary matching neither the config nor the rows is still refused
-    src2 = make_source(tmp_path / "b", "zlab_dflash", verifier_dir=tiny_verifier_dir, config_updates={"vocab_size": 260})
+    src2 = make_source(tmp_path / "b", "zlab_dflash", verifier_dir=tiny_verifier_dir,
+                       config_updates={"vocab_size": 260})
     with pytest.raises(InvalidInputError) as e:
         _plan(src2, v)
     assert e.value.code == "verifier_mismatch" and "256 rows" in e.value.message

@@ -28,7 +28,6 @@ from fixtures_dspark import (  # noqa: E402
     make_specforge_dspark,
     make_zlab_dflash,
 )
-
 from specconv.converters import REGISTRY, SourceInfo, detect  # noqa: E402
 
 

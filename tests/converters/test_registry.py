@@ -17,11 +17,11 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+import pytest
+
 import fixtures_dflash
 import fixtures_dspark
-import pytest
 from cli_runner import invoke
-
 from specconv.converters import REGISTRY, ordered
 
 TESTS = Path(__file__).resolve().parents[1]
@@ -64,17 +64,20 @@ def missing_tests(registry, tests_dir: Path = TESTS, modules: dict[str, str] = T
         family = "".join((tests_dir / m).read_text() for m, fids in families.items() if fid in fids)
         if not cls.supported:
             if fid not in refusal_ids and (text is None or fid not in text):
-                problems.append(f"{fid} (refused): no trigger in tests/fixtures_dspark.REFUSAL_CASES and no {mod.name} naming it")
+                problems.append(f"{fid} (refused): no trigger in tests/fixtures_dspark.REFUSAL_CASES and no "
+                                f"{mod.name} naming it")
             continue
         if text is None:
-            problems.append(f"{fid}: no tests/{mod.relative_to(tests_dir)} (fixture + end-to-end convert + speculators load)")
+            problems.append(f"{fid}: no tests/{mod.relative_to(tests_dir)} (fixture + end-to-end "
+                            "convert + speculators load)")
             continue
         if fid not in text:
             problems.append(f"{fid}: tests/{mod.relative_to(tests_dir)} never mentions {fid!r}")
         if not re.search(r"convert", text + family):
             problems.append(f"{fid}: tests/{mod.relative_to(tests_dir)} runs no conversion")
         if "load_with_speculators" not in text + family:
-            problems.append(f"{fid}: tests/{mod.relative_to(tests_dir)} never loads the output with speculators (tests/interop.py)")
+            problems.append(f"{fid}: tests/{mod.relative_to(tests_dir)} never loads the output with "
+                            "speculators (tests/interop.py)")
     return problems
 
 
@@ -106,7 +109,8 @@ def test_missing_tests_check_is_not_vacuous(tmp_path):
                      "speculators (tests/interop.py)"]
     (tmp_path / "converters" / "test_family.py").write_text("load_with_speculators\n")
     assert missing_tests({"fake_format_xyz": Fake}, tmp_path, {}, {"converters/test_family.py": ("other",)}) == probs
-    assert missing_tests({"fake_format_xyz": Fake}, tmp_path, {}, {"converters/test_family.py": ("fake_format_xyz",)}) == []
+    assert missing_tests({"fake_format_xyz": Fake}, tmp_path, {},
+                         {"converters/test_family.py": ("fake_format_xyz",)}) == []
 
 
 def test_module_overrides_point_at_registered_formats():

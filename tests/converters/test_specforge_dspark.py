@@ -10,10 +10,10 @@ import json
 import numpy as np
 import pytest
 from _dspark_helpers import detected, out_tensors, plan_for, record
+
 from cli_runner import invoke
 from fixtures_dflash import cli_convert, read
 from fixtures_dspark import make_specforge_dspark, verifier_tensor
-
 from specconv.errors import InvalidInputError, UnsupportedFormatError
 
 FMT = "specforge_dspark"  # the shared conversion tests read: conftest ``converted``
@@ -43,7 +43,8 @@ def test_top_level_head_keys(tmp_path, tiny_verifier_dir):
 
 def test_nested_and_top_level_disagree(tmp_path, tiny_verifier_dir):
     src = make_specforge_dspark(tmp_path / "s", tiny_verifier_dir, extra_cfg={"markov_rank": 16})
-    with pytest.raises(InvalidInputError, match=r"markov_rank disagrees between dflash_config\.markov_rank=8 and markov_rank=16"):
+    with pytest.raises(InvalidInputError,
+                       match=r"markov_rank disagrees between dflash_config\.markov_rank=8 and markov_rank=16"):
         plan_for(src, tiny_verifier_dir)
 
 

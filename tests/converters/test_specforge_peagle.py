@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import json
 
-import fixtures_peagle as fp
 import pytest
+
+import fixtures_peagle as fp
 
 pytestmark = pytest.mark.peer
 pytest.importorskip("speculators")
@@ -30,16 +31,19 @@ def convert(src, verifier, out=None, **opts):
 
 @pytest.fixture(scope="module")
 def ref_full(tiny_llama_verifier_dir, tmp_path_factory):
-    return fp.build_speculators_peagle(tiny_llama_verifier_dir, tmp_path_factory.mktemp("ref") / "full", layers=2, seed=2)
+    return fp.build_speculators_peagle(tiny_llama_verifier_dir, tmp_path_factory.mktemp("ref") / "full", layers=2,
+                                       seed=2)
 
 
 @pytest.fixture(scope="module")
 def ref_pruned(tiny_llama_verifier_dir, tmp_path_factory):
-    return fp.build_speculators_peagle(tiny_llama_verifier_dir, tmp_path_factory.mktemp("refp") / "pruned", vd=48, seed=3)
+    return fp.build_speculators_peagle(tiny_llama_verifier_dir, tmp_path_factory.mktemp("refp") / "pruned", vd=48,
+                                       seed=3)
 
 
 def test_end_to_end_full_vocab_drops_default_mapping(ref_full, tiny_llama_verifier_dir, tmp_path):
     import torch
+
     from interop import load_with_speculators, run_speculators_forward
 
     src = fp.to_specforge(ref_full, tmp_path / "sf")
@@ -87,8 +91,9 @@ def test_aux_ids_required_unless_in_config(ref_full, tiny_llama_verifier_dir, tm
 
 def test_pruned_vocab_all_true_t2d_rebuilt_from_d2t(ref_pruned, tiny_llama_verifier_dir, tmp_path):
     import torch
-    from interop import load_with_speculators
     from safetensors.torch import save_file
+
+    from interop import load_with_speculators
 
     src = fp.to_specforge(ref_pruned, tmp_path / "sf")
     t = fp.load_tensors(src)

@@ -12,10 +12,10 @@ import json
 
 import pytest
 from _dspark_helpers import out_tensors, record
+
 from cli_runner import invoke
 from fixtures_dflash import cli_convert, read
 from fixtures_dspark import make_specforge_dspark, make_specforge_training
-
 from specconv.errors import InvalidInputError, UnsupportedFormatError
 
 
@@ -60,7 +60,8 @@ def test_fixture_is_a_real_pickle(run_dir):
 
 
 def test_inspect_detects_training_dir(run_dir, no_unpickle):
-    code, rep, _ = invoke("inspect", run_dir).code_json_stderr  # the run dir: the latest <run_id>-step<N> child is picked
+    code, rep, _ = invoke("inspect",
+                          run_dir).code_json_stderr  # the run dir: the latest <run_id>-step<N> child is picked
     assert rep["format"] == "specforge_training"
     assert rep["selected"].startswith("latest checkpoint run0-step100")
 
@@ -89,7 +90,8 @@ def test_refused_without_both_opt_ins(run_dir, tiny_verifier_dir, tmp_path, flag
 
 def test_opt_in_converts_like_the_hf_export(run_dir, tiny_verifier_dir, tmp_path):
     out = tmp_path / "from_training"
-    code, rep, err = cli_convert(_ckpt(run_dir), tiny_verifier_dir, out, "--allow-unpickle", "--draft-config", _draft_cfg(run_dir))
+    code, rep, err = cli_convert(_ckpt(run_dir), tiny_verifier_dir, out, "--allow-unpickle", "--draft-config",
+                                 _draft_cfg(run_dir))
     assert code == 0, err
     assert rep["format"] == "specforge_training" and rep["algorithm"] == "dspark"
     notes = rep["plan"]["notes"]
@@ -162,7 +164,8 @@ def test_strategy_and_draft_config_must_agree(tmp_path, tiny_verifier_dir):
 
 def test_algorithm_flag_checked_against_strategy(run_dir, tiny_verifier_dir):
     with pytest.raises(InvalidInputError, match="strategy 'dspark'"):
-        _plan(_ckpt(run_dir), tiny_verifier_dir, allow_unpickle=True, draft_config=_draft_cfg(run_dir), algorithm="dflash")
+        _plan(_ckpt(run_dir), tiny_verifier_dir, allow_unpickle=True, draft_config=_draft_cfg(run_dir),
+              algorithm="dflash")
 
 
 def test_strip_prefixes():

@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import json
 
-import fixtures_peagle as fp
 import pytest
+
+import fixtures_peagle as fp
 
 pytestmark = pytest.mark.peer
 pytest.importorskip("speculators")
@@ -183,7 +184,6 @@ def test_early_peagle_disagreeing_depth_keys(peagle_epochs, tiny_llama_verifier_
 # -------------------------------------------------------------------------- DFlash
 def test_dflash_save_dir_legacy_sample_from_anchor(dflash_ref, tiny_verifier_dir, tmp_path):
     from interop import load_with_speculators, run_speculators_forward
-
     from specconv.errors import InvalidInputError
 
     spec = fp.read_json(dflash_ref / "config.json")

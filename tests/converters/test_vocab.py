@@ -119,7 +119,8 @@ def test_all_zero_d2t_refused_unless_t2d_confirms():
 
 def test_invalid_both_ways():
     d2t = np.full(VD, 40)
-    with pytest.raises(InvalidInputError, match=r"as offsets i \+ d2t\[i\] .*; as absolute ids d2t\[i\] is outside") as e:
+    with pytest.raises(InvalidInputError,
+                       match=r"as offsets i \+ d2t\[i\] .*; as absolute ids d2t\[i\] is outside") as e:
         vb.normalise_d2t(d2t, None, V, VD)
     assert str(e.value).count("as absolute ids") == 1  # said once (issue 14 item 10)
 

@@ -83,7 +83,7 @@ def _assert_same(r0, r1, stateless, cached, k, *, greedy=True):
         assert s.lengths == [t for t, _, _ in s.calls]
     calls1 = [c for s in cached.sessions for c in s.calls]
     assert stateless.calls and calls1
-    for i, ((t0, tok0, lg0), (t1, tok1, lg1)) in enumerate(zip(stateless.calls, calls1)):
+    for i, ((t0, tok0, lg0), (t1, tok1, lg1)) in enumerate(zip(stateless.calls, calls1, strict=True)):
         assert t0 == t1
         if not greedy:
             assert_close(lg1, lg0, what=f"proposal {i} logits")

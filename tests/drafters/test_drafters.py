@@ -20,7 +20,7 @@ from specconv.drafters import load_drafter
 from specconv.drafters.base import VocabMap
 from specconv.errors import InvalidInputError, UnsupportedFormatError, UsageError
 
-H, NH, NKV, D, I, VT, MASK = 32, 4, 2, 8, 48, 64, 63
+H, NH, NKV, D, INTER, VT, MASK = 32, 4, 2, 8, 48, 64, 63
 
 
 def _rand(*shape, g):
@@ -28,7 +28,7 @@ def _rand(*shape, g):
 
 
 def _tl(num_layers=2, model_type="qwen3", layer_types=None, sliding_window=None, **kw):
-    d = {"model_type": model_type, "vocab_size": VT, "hidden_size": H, "intermediate_size": I,
+    d = {"model_type": model_type, "vocab_size": VT, "hidden_size": H, "intermediate_size": INTER,
          "num_hidden_layers": num_layers, "num_attention_heads": NH, "num_key_value_heads": NKV,
          "head_dim": D, "hidden_act": "silu", "rms_norm_eps": 1e-6,
          "max_position_embeddings": 256, "attention_bias": False,
@@ -51,9 +51,9 @@ def _layer(t, i, g, *, qk_norm=True, attn_in=H):
     if qk_norm:
         t[f"{p}.self_attn.q_norm.weight"] = 1 + 0.1 * torch.randn(D, generator=g)
         t[f"{p}.self_attn.k_norm.weight"] = 1 + 0.1 * torch.randn(D, generator=g)
-    t[f"{p}.mlp.gate_proj.weight"] = _rand(I, H, g=g)
-    t[f"{p}.mlp.up_proj.weight"] = _rand(I, H, g=g)
-    t[f"{p}.mlp.down_proj.weight"] = _rand(H, I, g=g)
+    t[f"{p}.mlp.gate_proj.weight"] = _rand(INTER, H, g=g)
+    t[f"{p}.mlp.up_proj.weight"] = _rand(INTER, H, g=g)
+    t[f"{p}.mlp.down_proj.weight"] = _rand(H, INTER, g=g)
 
 
 def _envelope(algo, k):
@@ -144,19 +144,6 @@ def make_peagle(d: Path, *, K=3, vd=VT, aux=(1, 2, 4), model_type="llama", nbr=T
            "transformer_layer_config": _tl(num_layers, model_type=model_type),
            "speculators_config": _envelope("peagle", K)}
     return _write(d, cfg, t)
-
-
-@pytest.fixture(scope="module")
-def verifier_dir(tmp_path_factory) -> Path:
-    """Tied-embedding verifier (like SmolLM2): only model.embed_tokens.weight."""
-    d = tmp_path_factory.mktemp("verifier")
-    g = torch.Generator().manual_seed(42)
-    (d / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLM"],
-                                               "hidden_size": H, "num_hidden_layers": 6,
-                                               "vocab_size": VT, "tie_word_embeddings": True}))
-    save_file({"model.embed_tokens.weight": torch.randn(VT, H, generator=g),
-               "model.norm.weight": torch.ones(H)}, str(d / "model.safetensors"))
-    return d
 
 
 def _inputs(T, A=3, seed=1):

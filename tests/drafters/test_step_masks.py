@@ -17,7 +17,7 @@ pytest.importorskip("speculators")
 
 from speculators.models.dflash.attention import create_anchor_block_mask_mod  # noqa: E402
 from speculators.models.peagle.attention import create_peagle_mask_mod  # noqa: E402
-from test_drafters import H, make_dflash, make_peagle, verifier_dir  # noqa: E402,F401  (verifier_dir: a fixture)
+from test_drafters import H, make_dflash, make_peagle  # noqa: E402
 
 from specconv.drafters import load_drafter  # noqa: E402
 from specconv.drafters.step import StepBatch, batch_inputs  # noqa: E402
@@ -37,7 +37,7 @@ def _batch(drafter, lengths) -> StepBatch:
 
 @pytest.mark.parametrize("window", [None, 2, 5])
 @pytest.mark.parametrize("T", [1, 4, 9])
-def test_peagle_mask_is_speculators_mask(tmp_path, verifier_dir, window, T):  # noqa: F811
+def test_peagle_mask_is_speculators_mask(tmp_path, verifier_dir, window, T):
     K = 4
     drafter = load_drafter(make_peagle(tmp_path / "pe", K=K), verifier_dir)
     drafter.windows = [window] * len(drafter.layers)
@@ -56,7 +56,7 @@ def test_peagle_mask_is_speculators_mask(tmp_path, verifier_dir, window, T):  # 
 
 @pytest.mark.parametrize("window,non_causal", [(None, False), (3, False), (3, True), (20, False)])
 @pytest.mark.parametrize("T", [2, 8])
-def test_dflash_mask_is_speculators_mask(tmp_path, verifier_dir, window, non_causal, T):  # noqa: F811
+def test_dflash_mask_is_speculators_mask(tmp_path, verifier_dir, window, non_causal, T):
     B = 4
     lt = ["sliding_attention" if window else "full_attention"] * 2
     drafter = load_drafter(make_dflash(tmp_path / "d", block=B, layer_types=lt, sliding_window=window,

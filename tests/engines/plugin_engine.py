@@ -124,7 +124,8 @@ class _Stub(BaseHTTPRequestHandler):
 
     def do_GET(self) -> None:
         c = self.counts
-        lines = [f"dummy:spec_decode_{k}_total {c[k]}" for k in ("num_drafts", "num_draft_tokens", "num_accepted_tokens")]
+        lines = [f"dummy:spec_decode_{k}_total {c[k]}"
+                 for k in ("num_drafts", "num_draft_tokens", "num_accepted_tokens")]
         lines += [f'dummy:spec_decode_accepted_per_pos_total{{position="{i}"}} {v}' for i, v in enumerate(c["pos"])]
         self._send("\n".join(lines) + "\n", "text/plain")
 
@@ -161,7 +162,8 @@ class DummyServe(Serve):
         def send() -> list[dict[str, Any]]:
             out = []
             for pid, ids in rendered:
-                r = post_json(url + "/v1/completions", {"prompt": ids, "max_tokens": options.max_new_tokens}, timeout=10)
+                r = post_json(url + "/v1/completions", {"prompt": ids, "max_tokens": options.max_new_tokens},
+                              timeout=10)
                 out.append({"prompt_id": pid, "prompt_token_ids": r["prompt_token_ids"],
                             "output_ids": r["choices"][0]["token_ids"]})
             return out

@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import dataclasses
 import re
+import tomllib
 from pathlib import Path
 
 import pytest
-import tomllib
 
 from specconv.engines import ENTRY_POINT_GROUP, engine, engines, reset
 from specconv.engines.base import Engine, Exporter, LoadCheck, OptionSpec, Runtime, Serve, Surface
@@ -48,7 +48,8 @@ def test_adding_an_engine_names_what_the_code_has():
     doc = (ROOT / "docs" / "architecture.md").read_text()
     section = doc.split("## Adding an engine", 1)[1].split("\n## ", 1)[0]
     names = set(re.findall(r"`([a-z_]+)`", section))
-    fields = {f.name for cls in (Engine, OptionSpec, Surface, Runtime, LoadCheck, OutputKind) for f in dataclasses.fields(cls)}
+    fields = {f.name for cls in (Engine, OptionSpec, Surface, Runtime, LoadCheck, OutputKind)
+              for f in dataclasses.fields(cls)}
     members = {n for cls in (Exporter, Serve) for n in [*dir(cls), *cls.__annotations__] if not n.startswith("_")}
     meta_keys = {"format_version", "ok", "prompt_n"}  # meta file, load-check verdict, served-run key
     commands = {"push", "release", "validate"}  # the commands that reach the capabilities

@@ -14,10 +14,9 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("onnxruntime")
 
-from cli_runner import invoke  # noqa: E402
 from test_export_onnx import exported  # noqa: E402,F401
-from test_export_wrappers import verifier_dir  # noqa: E402,F401
 
+from cli_runner import invoke  # noqa: E402
 from specconv.engines.tensorrt import build as engine  # noqa: E402
 from specconv.engines.tensorrt.build import BuildOptions, build_engine_dir, parse_profile, profile_shapes  # noqa: E402
 from specconv.errors import InvalidInputError, UsageError  # noqa: E402
@@ -291,7 +290,7 @@ def test_real_tensorrt_build_load_and_run_matches_ort(onnx_dir):
     want = run_ort(onnx_dir / "onnx" / "drafter.onnx", names, inputs)
     ctx = eng.create_execution_context()
     dev = [t.cuda().contiguous() for t in inputs]
-    for n, t in zip(names, dev):
+    for n, t in zip(names, dev, strict=True):
         ctx.set_input_shape(n, tuple(t.shape))
         ctx.set_tensor_address(n, t.data_ptr())
     dmap = {trt.int32: torch.int32, trt.float32: torch.float32, trt.int64: torch.int64}

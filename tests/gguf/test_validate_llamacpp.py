@@ -11,8 +11,9 @@ import json
 import shutil
 from pathlib import Path
 
-import fixtures_dflash as fd
 import pytest
+
+import fixtures_dflash as fd
 from cli_runner import invoke
 
 pytest.importorskip("gguf")

@@ -128,7 +128,7 @@ def diff(golden: Any, now: Any, path: str = "") -> list[str]:
         if golden != now and golden and now and all(isinstance(x, str) for x in golden + now):
             return _text_diff(golden, now, where)
         out = []
-        for i, (a, b) in enumerate(zip(golden, now)):
+        for i, (a, b) in enumerate(zip(golden, now, strict=False)):
             out += diff(a, b, f"{path}[{i}]")
         if len(golden) != len(now):
             extra = golden[len(now):] if len(golden) > len(now) else now[len(golden):]

@@ -201,8 +201,9 @@ def trainer_config(path: str, value: Any) -> Runner:
 
 
 def aws_scalar_lm_head(ws: Workspace, d: Path) -> dict[str, Any]:
-    import fixtures_peagle as fp
     import torch
+
+    import fixtures_peagle as fp
 
     src = fp.to_aws(_speculators_peagle(ws), d / "aws")
     t = fp.load_tensors(src)
@@ -213,8 +214,9 @@ def aws_scalar_lm_head(ws: Workspace, d: Path) -> dict[str, Any]:
 
 
 def malicious_vocab_mapping(ws: Workspace, d: Path) -> dict[str, Any]:
-    import fixtures_peagle as fp
     import torch
+
+    import fixtures_peagle as fp
 
     marker, evil = d / "PWNED", d / "d2t.pt"
     torch.save({"d2t": tbi()._SystemCall(marker)}, evil)

@@ -60,7 +60,7 @@ def online(ws: Workspace, d: Path, calls: dict[str, tuple[list, bool]]) -> dict[
     if p.returncode != 0:
         raise RuntimeError(f"online driver failed ({p.returncode}):\n{p.stderr[-4000:]}")
     out = {}
-    for (name, (argv, loose)), r in zip(calls.items(), json.loads((io / "results.json").read_text())):
+    for (name, (argv, loose)), r in zip(calls.items(), json.loads((io / "results.json").read_text()), strict=True):
         rec = {"argv": ws.norm.argv(argv), "exit_code": r["exit_code"],
                "stdout": ws.norm.with_loose(loose)(parse_stdout(r["stdout"]))}
         if r["exception"]:

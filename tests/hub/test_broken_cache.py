@@ -18,8 +18,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-import fixtures_dflash as fd
 import pytest
+
+import fixtures_dflash as fd
 from cli_runner import invoke, online_env, run_specconv
 from hub_double import HubDouble
 

@@ -12,8 +12,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import fixtures_dflash as fd
 import pytest
+
+import fixtures_dflash as fd
 from cli_runner import online_env, run_specconv
 from hub_double import HubDouble
 

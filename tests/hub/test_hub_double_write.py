@@ -9,6 +9,7 @@ import hashlib
 import json
 
 import pytest
+
 from hub_double import HubDouble
 
 TOKEN = "hf_doubleFAKE0123456789"
@@ -32,15 +33,18 @@ def test_write_endpoints_refuse_what_the_hub_refuses(double):
     api = f"{double.url}/api"
     with httpx2.Client() as c:
         assert c.post(f"{api}/repos/create", json={"name": "x", "organization": "o"}).status_code == 401
-        assert c.post(f"{api}/repos/create", json={"name": "bad--x", "organization": "o"}, headers=auth).status_code == 400
-        r = c.post(f"{api}/repos/create", json={"name": "x", "organization": "o", "visibility": "private"}, headers=auth)
+        assert c.post(f"{api}/repos/create", json={"name": "bad--x", "organization": "o"},
+                      headers=auth).status_code == 400
+        r = c.post(f"{api}/repos/create", json={"name": "x", "organization": "o", "visibility": "private"},
+                   headers=auth)
         assert r.status_code == 200 and r.json()["url"].endswith("/o/x")
         again = c.post(f"{api}/repos/create", json={"name": "x", "organization": "o"}, headers=auth)
         assert again.status_code == 409 and again.json()["url"].endswith("/o/x")  # the client reads url on 409
         assert c.get(f"{api}/models/o/x/revision/main").status_code == 404  # private: invisible without a token
         head = c.get(f"{api}/models/o/x/revision/main", headers=auth).json()["sha"]
         hdr = {**auth, "Content-Type": "application/x-ndjson"}
-        add = {"key": "file", "value": {"path": "a.txt", "content": base64.b64encode(b"hi").decode(), "encoding": "base64"}}
+        add = {"key": "file",
+               "value": {"path": "a.txt", "content": base64.b64encode(b"hi").decode(), "encoding": "base64"}}
         stale = _ndjson({"key": "header", "value": {"summary": "s", "parentCommit": "0" * 40}}, add)
         assert c.post(f"{api}/models/o/x/commit/main", content=stale, headers=hdr).status_code == 412
         oid = hashlib.sha256(b"weights").hexdigest()
@@ -56,7 +60,8 @@ def test_write_endpoints_refuse_what_the_hub_refuses(double):
         refs = c.get(f"{api}/models/o/x/refs", headers=auth).json()
         assert refs["tags"] == [{"name": "v1", "ref": "refs/tags/v1", "targetCommit": new}]
         gone = c.post(f"{api}/models/o/x/commit/main", content=_ndjson(
-            {"key": "header", "value": {"summary": "s"}}, {"key": "deletedFile", "value": {"path": "nope"}}), headers=hdr)
+            {"key": "header", "value": {"summary": "s"}}, {"key": "deletedFile", "value": {"path": "nope"}}),
+                      headers=hdr)
         assert gone.status_code == 404 and gone.headers["x-error-code"] == "EntryNotFound"
     assert [r for r in double.writes if r.path.endswith("/validate-yaml")] == []
     assert double.bytes_received > 0

@@ -14,10 +14,11 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import fixtures_dflash as fd
 import pytest
-from cli_runner import offline_env, run_specconv
 from test_hub_paths import COMMIT, INDEX, FakeHub, _shard, _verifier_files, _zlab_files
+
+import fixtures_dflash as fd
+from cli_runner import offline_env, run_specconv
 
 VERIFIER = "owner/verifier"
 OTHER = "fedcba9876543210fedcba9876543210fedcba98"
@@ -69,7 +70,8 @@ def test_hub_source_subfolder_and_revision_in_default_cache(home):
     rec = json.loads((out / "specconv.json").read_text())["conversion"]
     # the absolute snapshot path is in the conversion report; the record names the Hub repo
     assert Path(rep["source"]) == snap / "dflash"
-    assert (rec["source"]["hub_id"], rec["source"]["revision"], rec["source"]["path"]) == ("xiaomi/mimo-like", OTHER, "dflash")
+    assert ((rec["source"]["hub_id"], rec["source"]["revision"], rec["source"]["path"])
+            == ("xiaomi/mimo-like", OTHER, "dflash"))
     assert "model.safetensors" in rec["source"]["files"]
 
 

@@ -260,16 +260,18 @@ def test_error_table_rows(make, cls, exit_code, code):
 def test_hub_module_never_imports_torch():
     tree = ast.parse((ROOT / "specconv" / "hub.py").read_text(encoding="utf-8"))
     mods = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
-    mods |= {n.module.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module and not n.level}
+    mods |= {n.module.split(".")[0]
+             for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module and not n.level}
     assert "torch" not in mods and "huggingface_hub" in mods
 
 
 def test_bytes_counter_counts_what_the_client_reads(tmp_path, monkeypatch):
     """The response hook counts body bytes on huggingface_hub's own session (loopback double;
     offline mode, which blocks loopback too, is lifted on the library's constants for this test)."""
-    from hub_double import HubDouble
     from huggingface_hub import constants
     from huggingface_hub.utils import get_session
+
+    from hub_double import HubDouble
 
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
 

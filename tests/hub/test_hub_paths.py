@@ -27,8 +27,9 @@ import json
 import os
 from pathlib import Path
 
-import fixtures_dflash as fd
 import pytest
+
+import fixtures_dflash as fd
 from cli_runner import invoke
 
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
@@ -143,18 +144,13 @@ def _shard(vdir: Path, out: Path) -> Path:
     for name, t in sd.items():
         parts[which(name)][name] = t
     assert all(parts), "every shard holds something"
-    for fname, part in zip(SHARDS, parts):
+    for fname, part in zip(SHARDS, parts, strict=True):
         save_file(part, str(out / fname), metadata={"format": "pt"})
     wm = {n: SHARDS[i] for i, part in enumerate(parts) for n in part}
     total = sum(t.numel() * t.element_size() for t in sd.values())
     (out / INDEX).write_text(json.dumps({"metadata": {"total_size": total}, "weight_map": wm}, indent=2))
     (out / "config.json").write_bytes((vdir / "config.json").read_bytes())
     return out
-
-
-@pytest.fixture(scope="module")
-def sharded_qwen3(tiny_verifier_dir, tmp_path_factory) -> Path:
-    return _shard(tiny_verifier_dir, tmp_path_factory.mktemp("sharded") / "qwen3")
 
 
 def _verifier_files(d: Path, shards=(1, 3)) -> dict[str, Path]:
@@ -253,8 +249,10 @@ def _multimodal(d: Path, *, tie: bool) -> dict[str, bytes]:
     raw = {"architectures": ["Qwen2_5_VLForConditionalGeneration"], "model_type": "qwen2_5_vl",
            "text_config": text, "vision_config": {"hidden_size": 32, "depth": 2}, "image_token_id": 151655}
     names = ["model.language_model.embed_tokens.weight", "model.language_model.norm.weight",
-             "model.language_model.layers.0.input_layernorm.weight", "model.language_model.layers.0.self_attn.q_norm.weight",
-             "model.visual.blocks.0.norm1.weight", "model.visual.merger.ln_q.weight", "model.visual.patch_embed.proj.weight"]
+             "model.language_model.layers.0.input_layernorm.weight",
+             "model.language_model.layers.0.self_attn.q_norm.weight",
+             "model.visual.blocks.0.norm1.weight", "model.visual.merger.ln_q.weight",
+             "model.visual.patch_embed.proj.weight"]
     if not tie:
         names.append("lm_head.weight")
     wm = {n: SHARDS[i % 3] for i, n in enumerate(names)}
@@ -290,7 +288,8 @@ def _check_hub_output(out: Path, rep: dict, snap_src: Path) -> dict:
     assert rec["verifier"]["spec"] == VERIFIER and rec["verifier"]["name_or_path"] == VERIFIER
     # the absolute snapshot path is in the conversion report; the record names the Hub repo
     assert Path(rep["source"]) == snap_src
-    assert rec["source"]["hub_id"] == snap_src.parts[snap_src.parts.index("snapshots") - 1][len("models--"):].replace("--", "/")
+    assert (rec["source"]["hub_id"]
+            == snap_src.parts[snap_src.parts.index("snapshots") - 1][len("models--"):].replace("--", "/"))
     assert not Path(rec["source"]["path"]).is_absolute()
     return rec
 
@@ -444,6 +443,7 @@ def test_dspark_pruned_vocab_takes_lm_head_rows_from_hub_verifier(hub, sharded_q
     """DeepSpec DSpark shipping no lm_head + ``--vocab-mapping``: the output ``lm_head`` is the
     verifier's LM head rows of the draft tokens, read from the one cached shard holding it."""
     import torch
+
     from fixtures_dspark import make_deepspec_dspark
 
     src = make_deepspec_dspark(tmp_path / "src" / "dspark", tiny_verifier_dir, embed=False)
@@ -471,11 +471,13 @@ def test_dspark_pruned_vocab_takes_lm_head_rows_from_hub_verifier(hub, sharded_q
 def test_peagle_takes_embed_and_lm_head_from_hub_verifier(hub, tiny_llama_verifier_dir, tmp_path):
     """An AWS P-EAGLE export shipping neither embed_tokens nor lm_head: both come from the
     (sharded, partly cached) Hub verifier and equal its tensors bit for bit."""
-    import fixtures_peagle as fp
     import torch
     from safetensors.torch import load_file, save_file
 
-    ref = fp.build_speculators_peagle(tiny_llama_verifier_dir, tmp_path / "ref", layers=1, aux=[2, 5], nbr=False, seed=1)
+    import fixtures_peagle as fp
+
+    ref = fp.build_speculators_peagle(tiny_llama_verifier_dir, tmp_path / "ref", layers=1, aux=[2, 5], nbr=False,
+                                      seed=1)
     src = fp.to_aws(ref, tmp_path / "src" / "aws", keep_embed=False)
     t = load_file(str(src / "model.safetensors"))
     t.pop("lm_head.weight")

@@ -23,7 +23,8 @@ pytestmark = pytest.mark.slow
 
 def test_first_materialisation_into_an_empty_cache(tmp_path):
     env = {k: v for k, v in os.environ.items() if k not in ("TQDM_DISABLE", "HF_HUB_DISABLE_PROGRESS_BARS")}
-    code = "import sys; from pathlib import Path; from specconv.offline import smollm2_verifier_dir as f; f(Path(sys.argv[1]))"
+    code = ("import sys; from pathlib import Path; from specconv.offline import smollm2_verifier_dir as f; "
+            "f(Path(sys.argv[1]))")
     p = subprocess.run([sys.executable, "-c", code, str(tmp_path)], env={**env, "OMP_NUM_THREADS": "1"},
                        capture_output=True, text=True, timeout=600)
     assert p.returncode == 0, p.stderr[-3000:]

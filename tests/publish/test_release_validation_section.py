@@ -40,8 +40,8 @@ def _cli(cwd: Path, *argv, endpoint: str | None = None) -> tuple[int, dict]:
 
 def test_release_records_the_validation_section_validate_records(tmp_path, smollm2_dir):
     import torch
-    from conftest import make_validate_set
 
+    from conftest import make_validate_set
     from specconv.record import read_record
 
     torch.manual_seed(0)
@@ -58,7 +58,8 @@ def test_release_records_the_validation_section_validate_records(tmp_path, smoll
     double = HubDouble().start()
     try:
         code, released = _cli(tmp_path / "cwd", "release", b["zlab"], *name, "--repo-id", "specconv-test/sections",
-                              "--work-dir", w, "--prompts", b["prompts"], *TINY, *chat, "--dry-run", endpoint=double.url)
+                              "--work-dir", w, "--prompts", b["prompts"], *TINY, *chat, "--dry-run",
+                              endpoint=double.url)
     finally:
         double.stop()
     assert code == 0 and released["status"] == "dry_run", released

@@ -8,6 +8,7 @@ import subprocess
 import sys
 
 import pytest
+
 from fixtures_dflash import HUB, api_convert, make_source
 
 
@@ -47,14 +48,16 @@ def test_validation_report_exit_status_and_section(tmp_path):
     from specconv.validate.report import validation_section
 
     (tmp_path / "config.json").write_text("{}")
-    rep = ValidationReport.of({"gates": {"structure": True, "parity": False}, "passed": False, "device": {"device": "cpu"},
+    rep = ValidationReport.of({"gates": {"structure": True, "parity": False}, "passed": False,
+                               "device": {"device": "cpu"},
                                "prompts": {"set": "eval", "n": 2, "ids": ["a", "b"]}, "verifier": HUB,
                                "gate_results": [{"name": "parity", "details": {"kl_max": 0.25}}],
                                "lossless": {"exact_match": 1.0}, "versions": {"torch": "2.0"}})
     assert rep.failed_gates() == ["parity"] and rep.exit_status() == 4
     s = validation_section(rep, tmp_path)
     assert isinstance(s, ValidationSection)
-    assert s.device == "cpu" and s.prompts.model_dump() == {"set": "eval", "n": 2, "rendered_sha256": None} and s.verifier == HUB
+    assert s.device == "cpu" and s.prompts.model_dump() == {"set": "eval", "n": 2,
+                                                            "rendered_sha256": None} and s.verifier == HUB
     assert (s.parity_kl_max, s.lossless_exact_match, s.versions) == (0.25, 1.0, {"torch": "2.0"})
     assert set(s.files) == {"config.json"} and s.report is None
     err = rep.gate_failure()
@@ -115,8 +118,10 @@ def test_export_gguf_human_names_the_llama_server_commit_and_accepted_tokens():
     from specconv.results import ExportGgufResult
 
     check = {"passed": True, "lossless": True, "tau": 1.391, "num_drafts": 87, "num_accepted_tokens": 34}
-    for srv in ({"server": {"binary": "/x/llama-server", "commit": "0c1e570"}}, {"llama_server": {"commit": "0c1e570"}}):
-        line = ExportGgufResult.of({"output": "/d/gguf", "file": "drafter-bf16.gguf", "check": {**check, **srv}}).human()
+    for srv in ({"server": {"binary": "/x/llama-server", "commit": "0c1e570"}},
+                {"llama_server": {"commit": "0c1e570"}}):
+        line = ExportGgufResult.of({"output": "/d/gguf", "file": "drafter-bf16.gguf",
+                                    "check": {**check, **srv}}).human()
         assert "llama-server 0c1e570:" in line and "34 draft tokens accepted" in line, line
 
 

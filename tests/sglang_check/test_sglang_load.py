@@ -20,10 +20,11 @@ import shlex
 import shutil
 from pathlib import Path
 
-import fixtures_dflash as fd
-import fixtures_dspark as fs
 import pytest
 import sglang_batch
+
+import fixtures_dflash as fd
+import fixtures_dspark as fs
 from cli_runner import invoke
 
 REPO = Path(__file__).resolve().parents[2]
@@ -73,11 +74,13 @@ def _drafters(root: Path, smol: Path, v: Path) -> dict[str, dict]:
         src = fs.make_deepspec_dspark(root / "src" / name, v, target_layer_ids=(0, 2, 4), **kw)
         out[name] = _export(Path(fd.api_convert(src, v, root / "out" / name).output), v, fd.HUB)
     try:
-        import fixtures_peagle as fp
         import speculators  # noqa: F401
+
+        import fixtures_peagle as fp
     except ImportError:
         return out
-    for name, alg, kw in (("speculators_dflash", "dflash", {}), ("speculators_dspark", "dspark", {"sample_from_anchor": True}),
+    for name, alg, kw in (("speculators_dflash", "dflash", {}),
+                          ("speculators_dspark", "dspark", {"sample_from_anchor": True}),
                           ("speculators_dspark_1n", "dspark", {"sample_from_anchor": False})):
         conv = fd.api_convert(fp.trainer_save_dir(root / "save" / name, {0: fp.build_speculators_block(
             v, root / "ref" / name, alg, **kw)}), v, root / "out" / name).output
@@ -109,7 +112,7 @@ def sglang_jobs(root: Path, smollm2_dir: Path, tiny_verifier_dir: Path):
 
     def finish(result):
         out = {name: {**good.get(name, {}), "payload": judge(result["env"], r, meta["expected"], files)}
-               for (name, (_, meta, files)), r in zip(entries.items(), result["results"])}
+               for (name, (_, meta, files)), r in zip(entries.items(), result["results"], strict=False)}
         out["zlab_original"] = {"raw": result["results"][-1]}
         return out, result["env"]
 
@@ -253,9 +256,9 @@ def test_validate_sglang_load_check_records_under_export_not_validation(validate
 
 
 def test_export_keeps_the_check_of_the_same_bytes_and_push_publishes_both(validated, tmp_path):
-    from hub_double import HubDouble
     from test_publish import TOKEN, _cli
 
+    from hub_double import HubDouble
     from specconv.record import read_record
 
     d, code, _ = validated
@@ -284,11 +287,13 @@ def test_export_keeps_the_check_of_the_same_bytes_and_push_publishes_both(valida
     assert sgl["model.safetensors"] == (d / "model.safetensors").read_bytes()
     assert json.loads(sgl["config.json"])["architectures"] == ["DFlashDraftModel"]
     card = sgl["README.md"].decode()
-    assert "[`org/tiny`](https://huggingface.co/org/tiny)" in card and "--speculative-draft-model-path org/tiny-sglang" in card
+    assert ("[`org/tiny`](https://huggingface.co/org/tiny)" in card
+            and "--speculative-draft-model-path org/tiny-sglang" in card)
     assert "https://huggingface.co/org/tiny-sglang" in spec["README.md"].decode()  # the Speculators card names it
     assert read_record(d).publish.model_dump()["sglang"]["repo_id"] == "org/tiny-sglang"
     # every card's SGLang line, as printed, through SGLang's own parser (issue 24, "Done when")
-    lines = {"local Speculators card": (d / "README.md").read_text(), "pushed Speculators card": spec["README.md"].decode(),
+    lines = {"local Speculators card": (d / "README.md").read_text(),
+             "pushed Speculators card": spec["README.md"].decode(),
              "SGLang repo card": card}
     parsed = _sglang_parse(lines)
     drafts = {"local Speculators card": "./sglang", "pushed Speculators card": "org/tiny-sglang",

@@ -14,9 +14,10 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-import fixtures_dspark as fs
 import pytest
 import sglang_batch
+
+import fixtures_dspark as fs
 
 REPO = Path(__file__).resolve().parents[2]
 DRAFTER = REPO / "examples" / "smollm2-dflash-b8"
@@ -43,7 +44,8 @@ def sglang_jobs(root: Path, smollm2_dir: Path, tiny_verifier_dir: Path):
     subprocess); ``results`` is the runner's ``{env, results}`` for them, in this order."""
     dspark = [fs.make_deepspec_dspark(root / name, tiny_verifier_dir, target_layer_ids=(0, 2, 4), embed=False,
                                       extra_cfg=extra) for name, extra in (("dspark", {}),
-                                                                            ("dspark-1n", {"sample_from_anchor": False}))]
+                                                                            ("dspark-1n",
+                                                                             {"sample_from_anchor": False}))]
     renamed = _broken_copy(root / "renamed", lambda t: t.__setitem__("layers.0.mlp.up.weight",
                                                                       t.pop("layers.0.mlp.up_proj.weight")))
     missing = _broken_copy(root / "missing", lambda t: t.pop("layers.1.self_attn.k_norm.weight"))

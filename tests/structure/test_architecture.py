@@ -83,7 +83,8 @@ def table() -> list[tuple[str, set[str]]]:
         if len(cells) < 3 or not cells[0].startswith("`specconv/"):
             continue
         room = re.fullmatch(r"`specconv/([a-z_]+)(?:/|\.py)`", cells[0])
-        assert room, f"docs/architecture.md: one room per row, written `specconv/NAME/` or `specconv/NAME.py`: {cells[0]}"
+        assert room, ("docs/architecture.md: one room per row, written `specconv/NAME/` or `specconv/NAME.py`: "
+                      f"{cells[0]}")
         allowed = {c.strip().strip("`") for c in cells[2].split(",")} - {"—", ""}
         rows.append((room.group(1), allowed))
     return rows

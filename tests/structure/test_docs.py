@@ -5,8 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from cli_runner import invoke
 
+from cli_runner import invoke
 from specconv.cli.main import COMMANDS, cli
 
 DOC = (Path(__file__).resolve().parents[2] / "docs" / "cli.md").read_text()

@@ -34,7 +34,6 @@ pytest.importorskip("onnxscript")
 from golden import capture  # noqa: E402
 from golden.normalise import Normaliser  # noqa: E402
 from golden.workspace import Workspace  # noqa: E402
-
 from specconv.converters import REGISTRY  # noqa: E402
 
 

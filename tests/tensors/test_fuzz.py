@@ -19,10 +19,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from fixtures_dflash import FORMATS, HUB, source_config, source_tensors
 from hypothesis import HealthCheck, assume, event, example, given, settings
 from hypothesis import strategies as st
 
+from fixtures_dflash import FORMATS, HUB, source_config, source_tensors
 from specconv.errors import SpecconvError
 from specconv.tensors import DTYPE_SIZES, OutTensor, open_store, write_safetensors
 
@@ -211,22 +211,25 @@ def _harvest() -> tuple[list[str], list[str]]:
 
 
 KEYS, ARCHS = _harvest()
-VALUE = JSON | st.sampled_from(ARCHS or ["X"]) | st.lists(st.sampled_from(ARCHS or ["X"]), max_size=2) | st.integers(-3, 300)
+VALUE = JSON | st.sampled_from(ARCHS or ["X"]) | st.lists(st.sampled_from(ARCHS or ["X"]),
+                                                          max_size=2) | st.integers(-3, 300)
 
 
 @pytest.fixture(scope="module")
 def bases(tiny_verifier_dir, tmp_path_factory):
     """(label, config, tensors) to mutate: every DFlash fixture layout, a P-EAGLE drafter
     saved by speculators 0.9.0 and the bundled Speculators-format DFlash example."""
-    from fixtures_peagle import build_speculators_peagle
     from safetensors.torch import load_file
+
+    from fixtures_peagle import build_speculators_peagle
 
     out = [(fmt, source_config(fmt), source_tensors(fmt)) for fmt in FORMATS]
     pe = build_speculators_peagle(tiny_verifier_dir, tmp_path_factory.mktemp("peagle") / "pe")
     out.append(("speculators_peagle", json.loads((pe / "config.json").read_text()),
                 load_file(str(pe / "model.safetensors"))))
     ex = ROOT / "examples" / "smollm2-dflash-b8"
-    out.append(("speculators_dflash", json.loads((ex / "config.json").read_text()), load_file(str(ex / "model.safetensors"))))
+    out.append(("speculators_dflash", json.loads((ex / "config.json").read_text()),
+                load_file(str(ex / "model.safetensors"))))
     return out
 
 

@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 import torch
-from cli_runner import invoke
-from fixtures_dflash import HUB, cli_convert, make_source, read
 from safetensors.torch import load_file, save_file
 
+from cli_runner import invoke
+from fixtures_dflash import HUB, cli_convert, make_source, read
 from specconv.tensors import OutTensor, onepass, open_store, sha256_file, tensor_to_bytes, write_safetensors
 from specconv.tensors.onepass import CopyPass, SourceFile
 from specconv.tensors.scan import scan_bytes, unravel
@@ -202,7 +202,8 @@ def test_convert_help_imports_no_registry_numpy_or_pydantic():
     import subprocess
     import sys
 
-    code = ("import sys\nfrom specconv.cli.main import cli\ntry:\n    cli(['convert', '--help'], prog_name='specconv')\n"
+    code = ("import sys\nfrom specconv.cli.main import cli\ntry:\n    cli(['convert', '--help'], "
+            "prog_name='specconv')\n"
             "except SystemExit:\n    pass\n"
             "print('IMPORTED', sorted(m for m in ('specconv.converters', 'numpy', 'pydantic', 'rich', 'torch')"
             " if m in sys.modules), file=sys.stderr)\n")

@@ -19,6 +19,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+
 from cli_runner import invoke
 
 
@@ -105,7 +106,6 @@ def test_convert_records_a_relative_or_home_verifier_relative_to_dir(tiny_verifi
     """The record names a local verifier relative to DIR however it was typed (``~/V`` was
     recorded as the literal ``~/V``, a path relative to nothing)."""
     from fixtures_dflash import api_convert, make_source
-
     from specconv.record import read_record
 
     src = make_source(tmp_path / "src")

@@ -21,7 +21,8 @@ pytest.importorskip("dflash")
 from cli_runner import invoke  # noqa: E402
 
 
-def test_validate_source_resolves_the_verifier_once_and_parses_the_config_once(validate_set_copy, tmp_path, monkeypatch):
+def test_validate_source_resolves_the_verifier_once_and_parses_the_config_once(validate_set_copy, tmp_path,
+                                                                               monkeypatch):
     import specconv.convert as convert_mod
     import specconv.format as fmt
     import specconv.format.schema as schema
@@ -55,7 +56,8 @@ def test_validate_source_resolves_the_verifier_once_and_parses_the_config_once(v
     torch.set_num_threads(1)
     try:
         r = invoke(b["spec"], "--verifier", b["verifier"], "--source", b["zlab"], "--prompts", b["prompts"],
-                   "--num-prompts", "1", "--max-new-tokens", "4", "--device", "cpu", "--report-dir", tmp_path / "report",
+                   "--num-prompts", "1", "--max-new-tokens", "4", "--device", "cpu", "--report-dir",
+                   tmp_path / "report",
                    command=validate_cmd)
     finally:
         torch.set_num_threads(n)

@@ -155,7 +155,8 @@ def test_one_runtime_at_a_time_is_the_librarys_rule(tmp_path):
     from specconv.errors import UsageError
     from specconv.validate.run import ValidateOptions, _check_inputs
 
-    with pytest.raises(UsageError, match="^--onnx and --engine are mutually exclusive: validate one runtime at a time$"):
+    with pytest.raises(UsageError,
+                       match="^--onnx and --engine are mutually exclusive: validate one runtime at a time$"):
         runtimes.runtime_from_flags({"onnx": Path("/g"), "engine": Path("/e")})
     with pytest.raises(UsageError, match="^--backend llamacpp and --engine are mutually exclusive"):
         runtimes.runtime_from_flags({"onnx": None, "engine": Path("/e")}, "llamacpp")

@@ -13,6 +13,7 @@ import warnings
 from pathlib import Path
 
 import pytest
+
 from cli_runner import invoke
 
 torch = pytest.importorskip("torch")
@@ -23,7 +24,8 @@ from tests.tolerances import NearTieWarning  # noqa: E402
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 TRAINED = EXAMPLES / "smollm2-dflash-b8"
 RANDOM = EXAMPLES / "smollm2-dflash-b8-random"
-ARGS = ["--prompts", "humaneval", "--num-prompts", "3", "--max-new-tokens", "32", "--dtype", "float32", "--format", "json"]
+ARGS = ["--prompts", "humaneval", "--num-prompts", "3", "--max-new-tokens", "32", "--dtype", "float32",
+        "--format", "json"]
 
 
 def _convert(src: Path, verifier: Path, out: Path, *extra: str) -> Path:
@@ -64,7 +66,8 @@ def test_trained_drafter_converted_tau_equals_source_tau(trained_run):
     tau, tau_src = rep["acceptance_length"], rep["source_metrics"]["acceptance_length"]
     if tau != pytest.approx(tau_src, abs=1e-9):
         assert abs(tau - tau_src) <= 0.02 * tau_src
-        warnings.warn(NearTieWarning(f"converted τ {tau} != source τ {tau_src}: a draft near-tie forked a decode"))
+        warnings.warn(NearTieWarning(f"converted τ {tau} != source τ {tau_src}: a draft near-tie forked a decode"),
+                      stacklevel=1)
     assert rep["acceptance_length"] > 1.0
     assert len(rep["acceptance_at_pos"]) == 7 and rep["acceptance_at_pos"][0] > 0
     for name in ("validation.json", rep["plot"]):

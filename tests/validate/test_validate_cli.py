@@ -17,7 +17,6 @@ pytest.importorskip("dflash")
 from chat_templates import THINKING_TEMPLATE  # noqa: E402
 from cli_runner import invoke  # noqa: E402
 from conftest import copy_validate_set  # noqa: E402
-
 from specconv.cli.validate import validate_cmd  # noqa: E402
 from tests.tolerances import lossless_near_ties  # noqa: E402
 
@@ -246,7 +245,8 @@ def test_drafter_backend_seam_runs_the_registered_loader(tiny, tmp_path, monkeyp
 
     monkeypatch.setattr(sys.modules[__name__], "spy_loader", spy_loader, raising=False)
     known = runtimes.runtimes()
-    monkeypatch.setattr(runtimes, "runtimes", lambda: {**known, "spy": runtimes.Runtime("spy", f"{__name__}:spy_loader")})
+    monkeypatch.setattr(runtimes, "runtimes",
+                        lambda: {**known, "spy": runtimes.Runtime("spy", f"{__name__}:spy_loader")})
     opts = ValidateOptions(prompts=str(tiny["prompts"]), num_prompts=2, max_new_tokens=6, drafter_backend="spy")
     rep = validate_drafter(tiny["spec"], str(tiny["verifier"]), opts, report_dir=tmp_path / "report")
     # the typed config.json the run parsed once is handed over (no second parse in the loader)
@@ -278,7 +278,8 @@ def test_chat_template_file_and_thinking_are_recorded(tiny, tmp_path):
     from specconv.prompts import ChatOptions, chat_renderer, select_prompts
     from specconv.validate.run import rendered_digest
 
-    renderer = chat_renderer(AutoTokenizer.from_pretrained(str(tiny["verifier"])), ChatOptions(str(tpl), thinking="off"))
+    renderer = chat_renderer(AutoTokenizer.from_pretrained(str(tiny["verifier"])),
+                             ChatOptions(str(tpl), thinking="off"))
     expected = renderer.render_all(select_prompts(str(tiny["prompts"]), 1))
     assert out["prompts"]["rendered_sha256"] == rendered_digest(expected)
     assert out["prompts"]["token_counts"] == [len(ids) for _, ids in expected]
@@ -287,7 +288,8 @@ def test_chat_template_file_and_thinking_are_recorded(tiny, tmp_path):
     rec = json.loads((tiny["spec"] / "specconv.json").read_text())["validation"]["chat_template"]
     assert rec["path"] == os.path.relpath(tpl, tiny["spec"]) and rec["sha256"] == sha and rec["thinking"] == "off"
     card = (tiny["spec"] / "README.md").read_text()
-    assert f"chat template `thinking.jinja` (sha256 `{sha}`), kwargs `{{\"enable_thinking\": false}}`, thinking off" in card
+    assert (f"chat template `thinking.jinja` (sha256 `{sha}`), "
+            "kwargs `{\"enable_thinking\": false}`, thinking off") in card
     r = invoke(tiny["spec"], *args, "--thinking", "on", "--report-dir", tmp_path / "rep2", command=validate_cmd,
                catch=True)
     assert r.code == 3 and json.loads(r.stdout)["error"] == "thinking_unsupported", r.output

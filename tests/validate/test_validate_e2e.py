@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 
 import pytest
+
 from cli_runner import invoke
 
 torch = pytest.importorskip("torch")
@@ -51,7 +52,8 @@ def test_base_model_verifier_with_plain_prompts(tmp_path, smollm2_dir, bundled_d
         if f.name != "chat_template.jinja":
             (base / f.name).symlink_to(f)
     plain = tmp_path / "plain.jsonl"
-    plain.write_text('{"id": "q1", "prompt": "def fibonacci(n):"}\n{"id": "q2", "prompt": "The capital of France is"}\n')
+    plain.write_text('{"id": "q1", "prompt": "def fibonacci(n):"}\n'
+                     '{"id": "q2", "prompt": "The capital of France is"}\n')
     args = ["--verifier", base, "--prompts", plain, "--num-prompts", "2", "--max-new-tokens", "8",
             "--report-dir", tmp_path / "rep"]
     r = invoke(bundled_drafter_copy, *args, command=validate_cmd, catch=True)

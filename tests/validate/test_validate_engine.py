@@ -12,13 +12,12 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("onnxruntime")
 
-from cli_runner import invoke  # noqa: E402
 from test_build_engine import GPU, fake_trt, onnx_dir  # noqa: E402,F401
 from test_export_onnx import exported  # noqa: E402,F401
-from test_export_wrappers import verifier_dir  # noqa: E402,F401
 
+from cli_runner import invoke  # noqa: E402
 from specconv.engines.tensorrt import build as engine  # noqa: E402
-from specconv.engines.tensorrt import engine_drafter as ed
+from specconv.engines.tensorrt import engine_drafter as ed  # noqa: E402
 from specconv.engines.tensorrt.build import BuildOptions, build_engine_dir  # noqa: E402
 from specconv.errors import InvalidInputError  # noqa: E402
 from specconv.validate.metrics import kl_rows  # noqa: E402
@@ -35,7 +34,10 @@ def built(onnx_dir, monkeypatch):  # noqa: F811
     return onnx_dir, onnx_dir / "trt" / KEY
 
 
-def runtime_module(calls: list, version="11.4.0", engine_obj=object()):
+_ENGINE_OBJ = object()  # the deserialized engine of runtime_module's fake runtime
+
+
+def runtime_module(calls: list, version="11.4.0", engine_obj=_ENGINE_OBJ):
     """A fake runtime module: records Logger / Runtime / deserialize calls."""
     class Runtime:
         def __init__(self, logger):

@@ -60,7 +60,8 @@ def _speculators_dir(kind: str, v: Path, out: Path) -> Path:
         sc = SpeculatorsConfig(algorithm="mtp", default_proposal_method="greedy",
                                proposal_methods=[GreedyTokenProposalConfig(speculative_tokens=3)],
                                verifier=VerifierConfig.from_pretrained(str(v)))
-        MTPSpeculatorConfig(transformer_layer_config=AutoConfig.from_pretrained(v), speculators_config=sc).save_pretrained(out)
+        MTPSpeculatorConfig(transformer_layer_config=AutoConfig.from_pretrained(v),
+                            speculators_config=sc).save_pretrained(out)
     assert json.loads((out / "config.json").read_text())["speculators_model_type"] == kind
     return out
 

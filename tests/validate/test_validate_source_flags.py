@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import json
 
-import fixtures_peagle as fp
 import pytest
+
+import fixtures_peagle as fp
 from cli_runner import invoke
 
 pytestmark = [pytest.mark.peer, pytest.mark.usefixtures("one_thread_module")]

@@ -278,9 +278,11 @@ def test_write_report_files(tmp_path):
     rep = ValidationReport.of({
         "algorithm": "dflash", "drafter": "d", "verifier": "v", "backend": "torch", "device": {"device": "cpu"},
         "dtype": "float32", "prompts": {"set": "eval", "n": 2}, "max_new_tokens": 8, "temperature": 0.0,
-        "metrics": {"acceptance_length": 1.4, "acceptance_at_pos": [0.3, 0.1], "conditional_acceptance_at_pos": [0.3, 1 / 3],
+        "metrics": {"acceptance_length": 1.4, "acceptance_at_pos": [0.3, 0.1],
+                    "conditional_acceptance_at_pos": [0.3, 1 / 3],
                     "tau_ci95": [1.2, 1.6], "num_drafts": 10, "num_draft_tokens": 20, "num_accepted_tokens": 4},
-        "gate_results": [{"name": "structure", "status": "passed", "errors": [], "warnings": [], "skipped_reason": None}],
+        "gate_results": [{"name": "structure", "status": "passed", "errors": [], "warnings": [],
+                          "skipped_reason": None}],
     })
     files = write_report(rep, tmp_path / "r")
     md = Path(files["markdown"]).read_text()
@@ -301,7 +303,8 @@ def test_source_record_check_on_a_speculators_source(tmp_path):
     drafter.mkdir()
     (src / "config.json").write_text('{"speculators_model_type": "dflash"}')
     files = {"config.json": sha256_file(src / "config.json")}
-    (drafter / "specconv.json").write_text(json.dumps({"schema_version": 1, "conversion": {"source": {"files": files}}}))
+    (drafter / "specconv.json").write_text(json.dumps({"schema_version": 1,
+                                                       "conversion": {"source": {"files": files}}}))
     source = {"kind": "speculators", "format": "speculators", "path": str(src), "converted": str(src)}
     assert check_source_unchanged(drafter, source) == {"matches_record": True, "files": 1}
     (src / "config.json").write_text('{"speculators_model_type": "dflash", "block_size": 8}')

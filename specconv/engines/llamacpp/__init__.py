@@ -120,7 +120,8 @@ class LlamaServe(Serve):
     def prepare(self, drafter_dir: Path, verifier: Verifier, options: Any, found: Any) -> Any:
         from .backend import find_target
 
-        path, repo, target = find_target(drafter_dir, verifier, (getattr(options, "engine_options", None) or {}).get("verifier_gguf"))
+        path, repo, target = find_target(drafter_dir, verifier,
+                                         (getattr(options, "engine_options", None) or {}).get("verifier_gguf"))
         return {**found, "target_path": path, "repo": repo, "target": target}
 
     def measure(self, drafter_dir: Path, verifier: Verifier, rendered: list[tuple[str, list[int]]], options: Any,

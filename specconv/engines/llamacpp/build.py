@@ -44,7 +44,8 @@ def pinned_sdist(path: Path = REQUIREMENTS) -> tuple[str, str]:
         ValueError: the file does not hold exactly one ``NAME==VERSION --hash=sha256:HEX`` line.
     """
     pins = converter_pins(path)
-    m = re.fullmatch(r"([A-Za-z0-9._-]+==[A-Za-z0-9._+-]+)\s+--hash=sha256:([0-9a-f]{64})", pins[0]) if len(pins) == 1 else None
+    m = re.fullmatch(r"([A-Za-z0-9._-]+==[A-Za-z0-9._+-]+)\s+--hash=sha256:([0-9a-f]{64})",
+                     pins[0]) if len(pins) == 1 else None
     if m is None:
         raise ValueError(f"{path}: expected one 'NAME==VERSION --hash=sha256:HEX' line, got {pins!r}")
     return m.group(1), m.group(2)
@@ -184,7 +185,8 @@ def assemble(src: Path, bin_dir: Path, out: Path, log=sys.stderr) -> dict:
     for name in CONVERTER_FILES:
         s, dst = src / name, out / "convert" / name
         dst.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copytree(s, dst, ignore=shutil.ignore_patterns("__pycache__", "tests")) if s.is_dir() else shutil.copy2(s, dst)
+        shutil.copytree(s, dst,
+                        ignore=shutil.ignore_patterns("__pycache__", "tests")) if s.is_dir() else shutil.copy2(s, dst)
     _run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-compile", "--target",
           str(out / "site"), *converter_pins()], log)
     res = subprocess.run([str(out / "bin" / "llama-server"), "--version"], capture_output=True, text=True, timeout=60)
@@ -228,7 +230,8 @@ def build(jobs: int | None = None, log=sys.stderr) -> Path:
 
 
 def _cmake_line() -> str:
-    return "cmake -S vendor/llama.cpp -B build " + " ".join(CMAKE_FLAGS) + " && cmake --build build -j N --target " + " ".join(TARGETS)
+    return ("cmake -S vendor/llama.cpp -B build " + " ".join(CMAKE_FLAGS)
+            + " && cmake --build build -j N --target " + " ".join(TARGETS))
 
 
 def main(argv: list[str]) -> int:

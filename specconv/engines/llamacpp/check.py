@@ -47,7 +47,7 @@ def compare_outputs(plain: Sequence[dict], spec: Sequence[dict]) -> dict[str, An
     from ..served import first_divergence
 
     divs = []
-    for p, s in zip(plain, spec):
+    for p, s in zip(plain, spec, strict=True):
         a, b = p["tokens"], s["tokens"]
         if a == b:
             continue

@@ -110,7 +110,8 @@ def refuse_config(cfg: SpeculatorsDraftConfig, alg: Algorithm, spec: Any, verifi
     """Config-level refusals (exit 3, one code each; docs/llamacpp.md, "Refused")."""
     if alg.markov_head:
         _refuse_heads(cfg)
-    kinds = {(spec.layer_window(i) is not None) and not cfg.sliding_window_non_causal for i in range(spec.num_hidden_layers)}
+    kinds = {(spec.layer_window(i) is not None) and not cfg.sliding_window_non_causal
+             for i in range(spec.num_hidden_layers)}
     if len(kinds) > 1:
         raise refuse("mixed_causality", "config.json: some layers are causal inside the block (sliding-window "
                      "layers, sliding_window_non_causal false) and others bidirectional; llama.cpp has one causal "
@@ -333,7 +334,8 @@ def _arch_keys(plan: GgufPlan, cfg: Any, alg: Algorithm, spec: Any) -> list[tupl
     rows: list[tuple[str, Any, str]] = [(k["block_count"], spec.num_hidden_layers, "u32")]
     if isinstance(tl.get("max_position_embeddings"), int):
         rows.append((k["context_length"], tl["max_position_embeddings"], "u32"))
-    rows += [(k["embedding_length"], spec.hidden_size, "u32"), (k["feed_forward_length"], spec.intermediate_size, "u32"),
+    rows += [(k["embedding_length"], spec.hidden_size, "u32"),
+             (k["feed_forward_length"], spec.intermediate_size, "u32"),
              (k["head_count"], spec.num_attention_heads, "u32"), (k["head_count_kv"], spec.num_key_value_heads, "u32"),
              (k["rope_freq_base"], float(theta), "f32"), (k["rms_eps"], spec.rms_norm_eps, "f32"),
              (k["key_length"], spec.head_dim, "u32"), (k["value_length"], spec.head_dim, "u32"),

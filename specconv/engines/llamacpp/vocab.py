@@ -73,7 +73,8 @@ def check_tokenizer(verifier_dir: Path, architecture: str | None) -> tuple[dict,
     if any(t in norm for t in ('"Lowercase"', '"StripAccents"', '"BertNormalizer"')):
         raise refuse("tokenizer", f"{verifier_dir}/tokenizer.json: a lowercasing / accent-stripping normalizer, "
                      "which llama.cpp's converter records and specconv does not write")
-    tc = _read_json(verifier_dir / "tokenizer_config.json") if (verifier_dir / "tokenizer_config.json").is_file() else {}
+    tc = (_read_json(verifier_dir / "tokenizer_config.json") if (verifier_dir / "tokenizer_config.json").is_file()
+          else {})
     return tj, tc
 
 
@@ -113,7 +114,8 @@ def vocab_base(tokenizer: Any, vocab_size: int) -> tuple[list[str], list[int], s
 def _looks_special(tok: str) -> bool:
     """``does_token_look_special`` of the converter."""
     return (tok in _SPECIAL_LOOKING or (tok.startswith("<|") and tok.endswith("|>"))
-            or (tok.startswith("<\uff5c") and tok.endswith("\uff5c>")) or (tok.startswith("<unused") and tok.endswith(">")))
+            or (tok.startswith("<\uff5c") and tok.endswith("\uff5c>"))
+            or (tok.startswith("<unused") and tok.endswith(">")))
 
 
 def _content(entry: Any) -> str | None:
@@ -164,8 +166,9 @@ def add_tokenizer(writer: Any, verifier_dir: Path, architecture: str | None, voc
     Raises:
         UnsupportedFormatError: ``gguf_tokenizer`` (:func:`check_tokenizer`).
     """
-    import gguf
     from transformers import AutoTokenizer
+
+    import gguf
 
     tj, tc = check_tokenizer(verifier_dir, architecture)
     rules = ARCH_RULES[architecture]

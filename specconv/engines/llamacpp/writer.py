@@ -26,8 +26,9 @@ def _add_key(writer: Any, key: str, value: Any, kind: str) -> None:
 
 def _tensor_data(t: PlannedTensor, plan: GgufPlan, store: TensorStore, verifier: Verifier):
     """The tensor as the converter writes it: a float32 array through ``gguf.quants.quantize``."""
-    import gguf
     import torch
+
+    import gguf
 
     if t.ggml_type == "I64":
         return plan.d2t

@@ -17,7 +17,8 @@ from .reuse import keep_previous_export
 
 log = logging.getLogger("specconv.export")
 
-__all__ = ["DTYPES", "GRAPH_NAME", "META_FORMAT_VERSION", "META_NAME", "OnnxExporter", "check_meta_format", "graph_for_dtype"]
+__all__ = ["DTYPES", "GRAPH_NAME", "META_FORMAT_VERSION", "META_NAME", "OnnxExporter", "check_meta_format",
+           "graph_for_dtype"]
 
 #: the one ``format_version`` every reader accepts (:func:`check_meta_format`): standard ONNX graphs,
 #: each written once (no fp32 twin for ``--dtype float32``).
@@ -149,7 +150,8 @@ def _settings(options: dict[str, Any]) -> Any:
 
 
 _OPTIONS = (
-    OptionSpec(("--dtype",), "dtype", "Dtype of drafter.onnx (float16/bfloat16: an fp32 twin is also written under fp32/).",
+    OptionSpec(("--dtype",), "dtype",
+               "Dtype of drafter.onnx (float16/bfloat16: an fp32 twin is also written under fp32/).",
                kind="choice", choices=DTYPES, default="float16", show_default=True),
     OptionSpec(("--opset",), "opset", "", kind="choice", choices=("23", "24"), default="23", show_default=True),
     OptionSpec(("--outputs",), "outputs", "Comma list of ids,logprobs,topk,logits,confidence (ids required).",
@@ -159,7 +161,8 @@ _OPTIONS = (
                "Add a sampling_noise input (Gumbel-max sampling with caller-supplied noise).", kind="flag",
                default=False, show_default=True),
     OptionSpec(("--max-batch",), "max_batch", "", kind="int", minimum=1, default=8, show_default=True),
-    OptionSpec(("--max-context",), "max_context", "Longest context the graph accepts (a longer prompt is refused, exit 3).",
+    OptionSpec(("--max-context",), "max_context",
+               "Longest context the graph accepts (a longer prompt is refused, exit 3).",
                kind="int", minimum=4, default=4096, show_default=True),
     OptionSpec(("--no-check",), "no_check", "Skip the ONNX Runtime parity check.", kind="flag", default=False),
 )
@@ -278,8 +281,9 @@ class OnnxExporter(Exporter):
     def local_files(self, d: Path) -> list[str]:
         """The files of ``onnx/`` the local card lists (the fp32 twin stays local, as in push)."""
         root = d / "onnx"
-        return sorted(f.relative_to(d).as_posix() for f in root.rglob("*")
-                      if f.is_file() and not f.relative_to(d).as_posix().startswith("onnx/fp32/")) if root.is_dir() else []
+        return (sorted(f.relative_to(d).as_posix() for f in root.rglob("*")
+                       if f.is_file() and not f.relative_to(d).as_posix().startswith("onnx/fp32/"))
+                if root.is_dir() else [])
 
     # ---------------------------------------------------------------------- release
     def release_preflight(self, options: Any, value: Any) -> None:
@@ -302,7 +306,8 @@ def verifier_weights(rec: Any, meta: dict[str, Any]) -> bool:
 
 
 def _parity_passed(graphs: dict[str, Any]) -> bool | None:
-    flags = [g["parity"]["passed"] for g in graphs.values() if g.get("parity") and g["parity"].get("passed") is not None]
+    flags = [g["parity"]["passed"]
+             for g in graphs.values() if g.get("parity") and g["parity"].get("passed") is not None]
     return all(flags) if flags else None
 
 

@@ -135,4 +135,4 @@ class OrtDrafter(GraphDrafter):
     def _run(self, feeds: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         arrays = {n: t.numpy() for n, t in feeds.items()}
         arrays["aux_hidden"] = arrays["aux_hidden"].astype(_NP_DTYPES[self.graph_dtype])
-        return {n: torch.from_numpy(v) for n, v in zip(self.output_names, self.session.run(None, arrays))}
+        return {n: torch.from_numpy(v) for n, v in zip(self.output_names, self.session.run(None, arrays), strict=True)}

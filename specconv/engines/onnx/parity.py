@@ -48,7 +48,7 @@ def _np(t: torch.Tensor) -> np.ndarray:
 def run_ort(path: Path, names: list[str], inputs: tuple[torch.Tensor, ...], session=None):
     """Run a graph with ONNX Runtime (CPU) → list of numpy outputs."""
     sess = session or ort_session(path)
-    return sess.run(None, {n: _np(t) for n, t in zip(names, inputs)})
+    return sess.run(None, {n: _np(t) for n, t in zip(names, inputs, strict=True)})
 
 
 def ort_session(path: Path):
@@ -69,7 +69,7 @@ def run_reference(path: Path, names: list[str], inputs: tuple[torch.Tensor, ...]
     from onnx.reference import ReferenceEvaluator
 
     ev = ReferenceEvaluator(onnx.load(str(path)))  # the file's graph and its external data
-    return ev.run(None, {n: _np(t) for n, t in zip(names, inputs)})
+    return ev.run(None, {n: _np(t) for n, t in zip(names, inputs, strict=True)})
 
 
 def _upstream(diff: np.ndarray) -> np.ndarray:
@@ -136,7 +136,7 @@ def check_parity(path: Path, wrapper_all, output_names: list[str], input_names: 
     cases = []
     for inputs in parity_inputs(wrapper_all.shape, sampling_noise=sampling_noise, max_context=max_context):
         with torch.no_grad():
-            ref = dict(zip(wrapper_all.output_names, wrapper_all(*inputs)))
+            ref = dict(zip(wrapper_all.output_names, wrapper_all(*inputs), strict=True))
         if sess is not None:
             raw = run_ort(path, input_names, inputs, sess)
         else:
@@ -146,7 +146,7 @@ def check_parity(path: Path, wrapper_all, output_names: list[str], input_names: 
                 return {"runtime": runtime, "dtype": dtype, "passed": None,
                         "skipped": f"the ONNX reference evaluator cannot run this graph "
                                    f"({type(e).__name__}: {str(e)[:200]}); checked by the fp32 twin"}
-        got = dict(zip(output_names, raw))
+        got = dict(zip(output_names, raw, strict=True))
         case = compare(ref, got, atol, sequential=sequential)
         case["shape"] = {"batch": int(inputs[0].shape[0]), "context": int(inputs[0].shape[1])}
         cases.append(case)

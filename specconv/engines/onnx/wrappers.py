@@ -45,7 +45,8 @@ class StepWrapper(nn.Module):
         self.sampling_noise = bool(sampling_noise)
         self.attention = onnx_attend if onnx_attention else attend
         outs = ["draft_ids", *(["draft_logprobs"] if "logprobs" in outputs else []),
-                *(["topk_ids", "topk_logprobs"] if "topk" in outputs else []), *(["logits"] if "logits" in outputs else [])]
+                *(["topk_ids", "topk_logprobs"] if "topk" in outputs else []),
+                *(["logits"] if "logits" in outputs else [])]
         if ("confidence" in outputs and drafter.alg.export.confidence_output
                 and getattr(drafter, "confidence_proj", None) is not None):
             outs.append("confidence")

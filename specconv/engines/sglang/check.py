@@ -118,10 +118,10 @@ def check_sglang_dirs(dirs: list[Path], verifier: str, *, python: str | os.PathL
 
     vdir = resolve_verifier(verifier).local_dir.resolve()
     argvs = list(serve_argv or []) + [None] * (len(dirs) - len(serve_argv or []))
-    entries = [export_job(d, vdir, argv) for d, argv in zip(dirs, argvs)]
+    entries = [export_job(d, vdir, argv) for d, argv in zip(dirs, argvs, strict=True)]
     result = run_checks([job for job, _, _ in entries], python=python)
     return [judge(result["env"], r, meta.get("expected") or {}, files)
-            for r, (_, meta, files) in zip(result["results"], entries)]
+            for r, (_, meta, files) in zip(result["results"], entries, strict=True)]
 
 
 def validate_check(drafter_dir: str | os.PathLike, verifier: str, *, python: str | None = None) -> dict[str, Any]:

@@ -59,7 +59,7 @@ def _target_supplied(d: Path, store: Any, verifier: Verifier) -> list[str]:
     """
     from .layout import TARGET_SUPPLIED
 
-    roles = dict(zip(TARGET_SUPPLIED, ("embed", "lm_head")))
+    roles = dict(zip(TARGET_SUPPLIED, ("embed", "lm_head"), strict=True))
     out = []
     for name in (n for n in TARGET_SUPPLIED if n in store):
         vname = verifier.find_tensor(roles[name])

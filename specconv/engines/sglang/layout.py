@@ -122,7 +122,8 @@ def _check_servable(alg: Any, cfg: Any, raw: Mapping[str, Any], names: Sequence[
     for key in facts.required_keys:
         if key not in raw:
             raise _refuse("sglang_missing_key", f"config.json has no {key}: SGLang requires it and the Speculators "
-                          "default is not guessed; write it explicitly", hint=f"add \"{key}\" to config.json and validate")
+                          "default is not guessed; write it explicitly",
+                          hint=f"add \"{key}\" to config.json and validate")
     for key in facts.positive_keys:
         if not is_int(getattr(cfg, key), minimum=1):
             raise _refuse("sglang_key_not_positive", f"{key} is {getattr(cfg, key)}: SGLang requires {key} > 0 "

@@ -34,7 +34,8 @@ def is_sglang_file(d: Path, rec: Any, rel: str) -> bool:
     """``rel`` (a path in drafter dir ``d``) belongs to an SGLang export: never pushed with the
     Speculators repo."""
     out = _export(rec).output
-    prefixes = {DEFAULT_DIR + "/"} | ({out.rstrip("/") + "/"} if isinstance(out, str) and not out.startswith("..") else set())
+    prefixes = {DEFAULT_DIR + "/"} | ({out.rstrip("/") + "/"}
+                                      if isinstance(out, str) and not out.startswith("..") else set())
     return any(rel.startswith(p) for p in prefixes)
 
 
@@ -51,7 +52,8 @@ def sglang_problem(d: Path, rec: Any) -> str | None:
     if not check:
         return f"{out}: SGLang's loader has not checked it (`specconv export sglang DIR --check`)"
     if not check.get("ok"):
-        return f"{out}: SGLang's loader check failed: {'; '.join(check.get('errors', []) + check.get('mismatches', []))}"
+        return (f"{out}: SGLang's loader check failed: "
+                f"{'; '.join(check.get('errors', []) + check.get('mismatches', []))}")
     if check.get("files") != exp.files:
         return f"{out}: the check was made on other bytes than the export records"
     if layout_files(out) != exp.files:

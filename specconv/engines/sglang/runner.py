@@ -473,7 +473,8 @@ def parse_serve_argv(argv: list, env: dict) -> dict:
     mode = env.get("SGLANG_RAGGED_VERIFY_MODE")
     return {"model_path": ns.model_path, "speculative_algorithm": ns.speculative_algorithm,
             "speculative_draft_model_path": ns.speculative_draft_model_path,
-            "ragged_verify_mode": mode, "ragged_verify_mode_known": mode is None or mode in {m.value for m in RaggedVerifyMode}}
+            "ragged_verify_mode": mode,
+            "ragged_verify_mode_known": mode is None or mode in {m.value for m in RaggedVerifyMode}}
 
 
 def _fail(res: dict, stage: str, e: BaseException) -> None:
@@ -506,7 +507,8 @@ def main(argv: list[str]) -> int:
         SGLANG_VERSION = env["sglang"]
         install_recorder()
     except Exception as e:  # noqa: BLE001
-        _write(out_path, {"env": {"stubs": STUBS.report()}, "fatal": _err(e), "traceback": traceback.format_exc()[-4000:]})
+        _write(out_path,
+               {"env": {"stubs": STUBS.report()}, "fatal": _err(e), "traceback": traceback.format_exc()[-4000:]})
         return 1
     env["import_seconds"] = round(time.monotonic() - t0, 3)
     results = [check_one(c, job.get("dtype", "float32")) for c in job["checks"]]

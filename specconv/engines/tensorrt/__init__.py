@@ -34,7 +34,8 @@ def _variants(d: Path, rec: dict) -> dict[str, str | None] | None:
 
 
 _OPTIONS = (
-    OptionSpec(("--onnx",), "onnx_path", "Exported graph or export dir [default: DIR/onnx/drafter.onnx].", kind="any_path"),
+    OptionSpec(("--onnx",), "onnx_path", "Exported graph or export dir [default: DIR/onnx/drafter.onnx].",
+               kind="any_path"),
     OptionSpec(("--builder",), "builder", "tensorrt: full TensorRT on a GPU; rtx: TensorRT-RTX (builds ahead of time; "
                "on a CPU with --compute-capability).", kind="choice", choices=("tensorrt", "rtx"), default="tensorrt",
                show_default=True),
@@ -99,7 +100,8 @@ class EngineBuilder(Exporter):
     release_step = _lazy("release", "engine_step")
 
     def card_rows(self, files: Any) -> list[tuple[str, str]]:
-        return [(p, "TensorRT engine") for p in files if p.startswith("trt/") and p.endswith((".onnx", ".plan", ".engine"))]
+        return [(p, "TensorRT engine")
+                for p in files if p.startswith("trt/") and p.endswith((".onnx", ".plan", ".engine"))]
 
     def local_files(self, d: Path) -> list[str]:
         """Every file of ``trt/`` (the local card lists the variants' engines)."""

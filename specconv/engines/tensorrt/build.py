@@ -355,7 +355,7 @@ def _build_record(key: str, opts: BuildOptions, version: str, trt, gpu: dict | N
         "flags": {"strongly_typed": True, "tf32": dtype != "float32"},
         "profiles": [{n: {"min": list(s[0]), "opt": list(s[1]), "max": list(s[2])} for n, s in shapes.items()}],
         "onnx": rel, "onnx_sha256": onnx_sha, "plan_sha256": hashlib.sha256(plan).hexdigest(), "plan_bytes": len(plan),
-        "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "created": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
         "specconv_version": __version__,
     }
 

@@ -116,7 +116,8 @@ def _same_model(root: str, names: set[str]) -> bool:
     if root in names:
         return True
     try:
-        return any(Path(root).resolve() == Path(n).resolve() for n in names if Path(n).is_absolute() and Path(root).is_absolute())
+        return any(Path(root).resolve() == Path(n).resolve()
+                   for n in names if Path(n).is_absolute() and Path(root).is_absolute())
     except OSError:
         return False
 
@@ -218,7 +219,8 @@ def run_remote_validation(drafter_dir: Path, verifier: Verifier, prompts: Sequen
     m = metrics_from_vllm(before, after)
     fp = _fingerprint([warm, *reqs])
     m["serving"] = serving_facts("remote", fingerprint_sizes(fp), None, None, vopts.max_concurrency,
-                                 other_traffic(before, after, reqs), url=ep.label, engine={"runner": "unknown", **methods})
+                                 other_traffic(before, after, reqs), url=ep.label,
+                                 engine={"runner": "unknown", **methods})
     m.update(_served_details(reqs, wall, None, {
         "url": ep.label, "model": model, "system_fingerprint": fp, "identity": REMOTE_LABEL,
         "versions": {"distribution": None, "vllm.__version__": version}}))

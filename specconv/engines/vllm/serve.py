@@ -180,7 +180,8 @@ class ServerFailed(InvalidInputError):
 
     def __init__(self, message: str, *, log_tail: str = "", log_path: str | None = None, pid: int | None = None,
                  reason: str | None = None):
-        super().__init__(f"{message}: {reason}" if reason else message, hint=f"the server log is {log_path}" if log_path else None)
+        super().__init__(f"{message}: {reason}" if reason else message,
+                         hint=f"the server log is {log_path}" if log_path else None)
         self.reason = reason
         self.log_tail = log_tail
         self.log_path = log_path
@@ -225,7 +226,8 @@ class VllmServer(LocalServer):
             text = Path(self.log_path).read_text(errors="replace")
         except OSError:
             text = ""
-        return ServerFailed(message, log_tail=text[-self.tail_chars:], log_path=self.log_path, reason=startup_reason(text),
+        return ServerFailed(message, log_tail=text[-self.tail_chars:], log_path=self.log_path,
+                            reason=startup_reason(text),
                             pid=self.proc.pid if self.proc else None)
 
     def metrics_text(self) -> str:
@@ -356,7 +358,8 @@ def send_requests(base_url: str, prompts: Sequence[tuple[str, Sequence[int]]], o
         reqs = [completion_request(base_url, p, opts, model=model, headers=headers) for p in prompts]
     else:
         with ThreadPoolExecutor(min(int(concurrency), max(1, len(prompts)))) as pool:
-            reqs = list(pool.map(lambda p: completion_request(base_url, p, opts, model=model, headers=headers), prompts))
+            reqs = list(pool.map(lambda p: completion_request(base_url, p, opts, model=model, headers=headers),
+                                 prompts))
     return reqs, time.perf_counter() - t0
 
 
@@ -422,6 +425,10 @@ def owned_server(drafter_dir: Path, verifier: Verifier, opts: Any, *, serve_cmd:
     return srv
 
 
+#: the parallel sizes :func:`run_vllm_validation` records (1 when not given)
+_PARALLEL_SIZES = ("tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size")
+
+
 def run_vllm_validation(drafter_dir: Path, verifier: Verifier, prompts: Sequence[Any], opts: Any, *,
                         startup_timeout: float | None = None, extra_args: Sequence[str] = (),
                         serve_cmd: Sequence[str] | None = None, env: dict[str, str] | None = None) -> dict:
@@ -464,7 +471,7 @@ def run_vllm_validation(drafter_dir: Path, verifier: Verifier, prompts: Sequence
                                             read=lambda: parse_spec_counters(srv.metrics_text()))
     check_served(reqs, srv.log_path)
     m = metrics_from_vllm(before, after)
-    sizes = {n: getattr(vopts, n, None) or 1 for n in ("tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size")}
+    sizes = {n: getattr(vopts, n, None) or 1 for n in _PARALLEL_SIZES}
     versions = vllm_versions(srv.python)
     m["serving"] = serving_facts("owned", sizes, executor_backend(srv.argv), srv.engine_args, conc,
                                  other_traffic(before, after, reqs), engine=_owned_engine(srv, versions))

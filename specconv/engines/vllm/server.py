@@ -118,7 +118,8 @@ def check_vllm_args(words: Sequence[str]) -> None:
         name = flag_name(w).split(".", 1)[0]  # vLLM merges --speculative-config.KEY V into the JSON flag
         if name in OWNED_FLAGS:
             raise UsageError(f"--vllm-arg {w}: specconv sets {OWNED_FLAGS[name]} itself "
-                             "(the verifier, the drafter, port, host, seed and --dtype come from validate's own options)")
+                             "(the verifier, the drafter, port, host, seed and --dtype come from "
+                             "validate's own options)")
         if name in PARALLEL_FLAGS:
             raise UsageError(f"--vllm-arg {w}: pass the parallel size as validate's own {PARALLEL_FLAGS[name]} "
                              "(it is checked against the heads before start-up and recorded)")
@@ -141,7 +142,8 @@ def check_options(backend: str, vopts: VllmServeOptions | None, vllm_python: str
             raise UsageError(f"{', '.join(given)} need(s) --backend vllm")
         return
     if vopts.remote:
-        clash = [OPTION_FLAGS[n] for n in STARTUP_OPTIONS if getattr(vopts, n)] + (["--vllm-python"] if vllm_python else [])
+        clash = ([OPTION_FLAGS[n] for n in STARTUP_OPTIONS if getattr(vopts, n)]
+                 + (["--vllm-python"] if vllm_python else []))
         if clash:
             raise UsageError(f"--server-url measures a running server: {', '.join(clash)} would shape a server "
                              "specconv starts, and none is started")
@@ -178,7 +180,8 @@ def _heads(cfg: dict[str, Any], what: str) -> tuple[int, int]:
     kv = cfg.get("num_key_value_heads") or h
     if not isinstance(h, int) or not isinstance(kv, int) or h < 1 or kv < 1:
         raise InvalidInputError(f"{what} has no positive num_attention_heads / num_key_value_heads "
-                                f"({h!r} / {kv!r}): the tensor-parallel size cannot be checked", code="vllm_parallel_size")
+                                f"({h!r} / {kv!r}): the tensor-parallel size cannot be checked",
+                                code="vllm_parallel_size")
     return h, kv
 
 
@@ -219,11 +222,13 @@ def check_parallel_sizes(vopts: VllmServeOptions | None, verifier_config: dict, 
     if not tp or tp == 1:
         return
     problems = parallel_size_problems(tp, {"verifier": _heads(verifier_config, "the verifier config"),
-                                           "drafter": _heads(drafter_layer_config, "the drafter's transformer_layer_config")})
+                                           "drafter": _heads(drafter_layer_config,
+                                                             "the drafter's transformer_layer_config")})
     if problems:
         raise InvalidInputError(f"--tensor-parallel-size {tp}: vLLM would refuse it: " + "; ".join(problems),
                                 code="vllm_parallel_size",
-                                hint="pick a size that divides the attention heads (and the KV heads, or a multiple of them)")
+                                hint="pick a size that divides the attention heads (and the KV heads, "
+                                     "or a multiple of them)")
 
 
 def engine_argv(vopts: VllmServeOptions | None) -> list[str]:

@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Literal, NamedTuple, Union
+from typing import Literal, NamedTuple
 
 from ..algorithms import Algorithm, algorithm
 from ..findings import CODES, Finding, Level
@@ -18,7 +18,7 @@ from ..verifier_facts import VerifierFacts
 __all__ = ["RULES", "Hit", "LintContext", "Rule", "rule", "run_rules"]
 
 Hit = tuple[str, str | None]
-RuleResult = Union[Hit, list[Hit], None]
+RuleResult = Hit | list[Hit] | None
 Needs = Literal["config", "tensors", "verifier", "serve_method"]
 
 
