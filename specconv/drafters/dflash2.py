@@ -46,7 +46,8 @@ class GroupedConv(nn.Module):
         super().__init__()
         self.kernel, self.group, self.groups = kernel, group, hidden // group
         self.base_kernel = nn.Parameter(w.take(f"{prefix}.base_kernel", (2, kernel, hidden)), requires_grad=False)
-        self.kernel_projection = Linear(w.take(f"{prefix}.kernel_projection.weight", (2 * kernel * self.groups, hidden)))
+        shape = (2 * kernel * self.groups, hidden)
+        self.kernel_projection = Linear(w.take(f"{prefix}.kernel_projection.weight", shape))
 
     def _convolve(self, x: torch.Tensor, dynamic: torch.Tensor, base: torch.Tensor) -> torch.Tensor:
         """``x [B, S, H]``, ``dynamic [B, S, k, G]`` (by output slot), ``base [k, H]`` → ``[B, S, H]``."""

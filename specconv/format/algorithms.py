@@ -479,7 +479,8 @@ DFLASH2 = Algorithm(
                        dflash_config_keys=("conv_kernel_size", "conv_group_size", "selector_rank", "selector_top_k")),
     llamacpp=LlamaCppFacts(
         gguf_architecture="dflash", gguf_keys=_DFLASH_GGUF_KEYS,
-        gguf_tensors=_DFLASH_GGUF_TENSORS + _DFLASH2_GGUF_TENSORS, gguf_not_written=_GGUF_NOT_WRITTEN, spec_type="draft-dflash", spec_type_markov="draft-dspark",
+        gguf_tensors=_DFLASH_GGUF_TENSORS + _DFLASH2_GGUF_TENSORS, gguf_not_written=_GGUF_NOT_WRITTEN,
+        spec_type="draft-dflash", spec_type_markov="draft-dspark",
         config_keys=(("conv_kernel_size", "dflash.conv_kernel_size"), ("conv_group_size", "dflash.conv_group_size"),
                      ("selector_rank", "dflash.selector_rank"), ("selector_top_k", "dflash.selector_top_k")),
         lattice_top_k_key="selector_top_k"),

@@ -212,7 +212,6 @@ class TorchBackend:
 def _load_reference(src_info: dict, h: _Harness):
     """Reference drafter for G2/G3: z-lab's forward for z-lab DFlash, else the source converted afresh."""
     from ..drafters import load_drafter
-
     from .zlab_reference import ZLAB_FORMATS
 
     if src_info.get("format") in ZLAB_FORMATS:

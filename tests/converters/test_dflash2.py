@@ -21,7 +21,6 @@ pytest.importorskip("loguru")
 import fixtures_dflash2 as f2  # noqa: E402
 from fixtures_dflash import cli_convert, out_tensors, read  # noqa: E402
 from interop import load_with_speculators  # noqa: E402
-
 from specconv.errors import EXIT_INVALID_INPUT, EXIT_OK  # noqa: E402
 
 SELECTOR = ("candidate_selector.predecessor_codebook", "candidate_selector.successor_codebook",
