@@ -10,9 +10,9 @@ import re
 
 from ..facts import CONFIG_DTYPE_TO_ST, FLOAT_DTYPES
 from ..tensors import TensorSpec
-from .registry import Hit, LintContext, rule
+from .registry import Hit, LintContext, Needs, rule
 
-_T = ("tensors",)
+_T: tuple[Needs, ...] = ("tensors",)
 _LAYER_RE = re.compile(r"^layers\.(\d+)\.")
 
 
