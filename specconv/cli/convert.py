@@ -56,7 +56,7 @@ class _AlgoChoice(click.Choice):
     def __init__(self) -> None:
         super().__init__([], case_sensitive=False)
 
-    @property  # type: ignore[override]
+    @property
     def choices(self):  # noqa: D401
         return tuple(_algorithms())
 

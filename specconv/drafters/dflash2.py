@@ -20,7 +20,7 @@ DFlash (:mod:`specconv.drafters.dflash`) plus two modules (z-lab ``dflash`` 0.1.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 import torch
 from torch import nn
@@ -116,7 +116,8 @@ class DFlash2Drafter(DFlashDrafter):
     def _layer(self, i: int, layer: DecoderLayer, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                keys, mask: torch.Tensor, attention: Attend) -> torch.Tensor:
         """Layer ``i`` with its two convolutions (module doc) over the block ``h [B, S, H]``."""
-        a, conv_a, conv_m = layer.self_attn, self.attention_convs[i], self.mlp_convs[i]
+        a = layer.self_attn
+        conv_a, conv_m = cast(GroupedConv, self.attention_convs[i]), cast(GroupedConv, self.mlp_convs[i])
         u, dyn = conv_a.prepare(layer.input_layernorm(h))
         k, v = keys(*a.kv(u, cos, sin))
         h = h + conv_a.finish(a.o_proj(attention(a.q(u, cos, sin), k, v, mask, a.scale)), dyn)
@@ -128,7 +129,7 @@ class DFlash2Drafter(DFlashDrafter):
         h = self._embed(batch.block_ids)
         cos, sin = self.rotary(batch.block_position_ids, self.dtype)
         for i, layer in enumerate(self.layers):
-            h = self._layer(i, layer, h, cos, sin, keys(i), self.block_mask(i, batch), attention)
+            h = self._layer(i, cast(DecoderLayer, layer), h, cos, sin, keys(i), self.block_mask(i, batch), attention)
         return self.norm(h)
 
     def _draft(self, out: StepOutput, batch: StepBatch, pick: Pick, confidence: bool,

@@ -156,8 +156,10 @@ class LocalServer:
 
     def _wait_healthy(self) -> None:
         t0 = time.monotonic()
+        proc = self.proc
+        assert proc is not None, "started before waiting"
         while True:
-            rc = self.proc.poll()
+            rc = proc.poll()
             if rc is not None:
                 raise self.failed(self.exited.format(rc=rc))
             if self.healthy(*self.get(self.health_path, HEALTH_TIMEOUT_S)):
