@@ -179,6 +179,7 @@ def test_llama_server_serves_the_dflash2_gguf_losslessly(dflash2, smollm2_dir):
     assert out["lossless"] and out["num_drafts"] > 0 and out["num_draft_tokens"] > 0, out
 
 
+@pytest.mark.slow
 def test_onnx_graph_holds_the_selector_and_matches_torch_in_ort(dflash2, smollm2_dir, tmp_path):
     from cli_runner import invoke
 
