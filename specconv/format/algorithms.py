@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from types import MappingProxyType
 from typing import Any
 
@@ -250,7 +250,7 @@ class Algorithm:
     """Everything specconv knows about one drafting algorithm.
 
     Attributes:
-        name: ``speculators_model_type`` (``peagle`` | ``dflash`` | ``dspark``).
+        name: ``speculators_model_type`` (``peagle`` | ``dflash`` | ``dspark`` | ``dflash2``).
         display_name: how cards and reports name it.
         architecture: the ``architectures[0]`` speculators' ``save_pretrained`` writes.
         config_class: dotted path of the typed config (:mod:`specconv.format.schema`).
@@ -450,13 +450,9 @@ DSPARK = Algorithm(
 #: vLLM 0.33 ``transformers_utils/configs/speculators/algos.py`` ``update_dflash2``, ``models/qwen3_dflash2.py``;
 #: ``../shared/reference/dflash2.md``). vLLM builds it only under Model Runner V2 (the walk is a Triton kernel;
 #: V1 refuses "DFlash candidate-head drafts"), and its updater forwards the four keys only when set.
-DFLASH2 = Algorithm(
-    name="dflash2", display_name="DFlash2", architecture="DFlash2DraftModel",
+DFLASH2 = replace(
+    DFLASH, name="dflash2", display_name="DFlash2", architecture="DFlash2DraftModel",
     config_class="specconv.format.schema:DFlash2Config", drafter_class="specconv.drafters.dflash2:DFlash2Drafter",
-    block_drafter=True, parallel_drafting=False, markov_head=False,
-    aux_ids_key="aux_hidden_state_layer_ids", aux_ids_default_from_verifier=False,
-    layer0_width_factor=1, layer_model_types=("qwen3",), qk_norm_always=True,
-    trains_embedding=False, lm_head_may_train=False, mask_hidden=False,
     tensor_patterns=_BLOCK_PATTERNS + _names.DFLASH2_PATTERNS,
     implicit_keys=(
         ImplicitKey("block_size", False, "the config default is 8; z-lab, SGLang and llama.cpp default to 16"),
