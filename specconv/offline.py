@@ -108,7 +108,7 @@ def package_file(dist: str, relpath: str, *, install: str | None = None) -> Path
     """``relpath`` inside installed distribution ``dist``. Raises MissingExtraError (not installed),
     InvalidInputError (not in it)."""
     d = installed_distribution(dist, install=install)
-    p = Path(d.locate_file(relpath))
+    p = Path(str(d.locate_file(relpath)))
     if not p.exists():
         raise InvalidInputError(f"{relpath} not found in installed package {dist!r}")
     return p

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 
 import click
@@ -56,12 +57,12 @@ class _AlgoChoice(click.Choice):
     def __init__(self) -> None:
         super().__init__([], case_sensitive=False)
 
-    @property  # type: ignore[override]
-    def choices(self):  # noqa: D401
+    @property
+    def choices(self) -> tuple[str, ...]:  # noqa: D401
         return tuple(_algorithms())
 
     @choices.setter
-    def choices(self, value):
+    def choices(self, value: Sequence[str]) -> None:
         pass
 
     def get_metavar(self, param, ctx=None):  # --help must not import the converter registry

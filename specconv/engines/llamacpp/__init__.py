@@ -68,7 +68,7 @@ class GgufExporter(Exporter):
     """)
 
     @property
-    def result_type(self) -> Any:  # type: ignore[override]
+    def result_type(self) -> Any:
         from ...results import ExportGgufResult
 
         return ExportGgufResult

@@ -241,7 +241,7 @@ def main(argv: list[str]) -> int:
     show = {"key": build_key, "inputs": lambda: json.dumps(key_inputs(), indent=2, sort_keys=True),
             "dir": expected_dir, "stamp": lambda: expected_dir() / INFO, "cmake-line": _cmake_line}
     if cmd not in show:
-        print(main.__doc__.split("\n")[0].strip(), file=sys.stderr)
+        print((main.__doc__ or "").split("\n")[0].strip(), file=sys.stderr)
         return 2
     print(show[cmd]())
     return 0

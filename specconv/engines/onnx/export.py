@@ -186,7 +186,7 @@ class OnnxExporter(Exporter):
     """)
 
     @property
-    def result_type(self) -> Any:  # type: ignore[override]
+    def result_type(self) -> Any:
         from ...results import ExportOnnxResult
 
         return ExportOnnxResult
