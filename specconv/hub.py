@@ -424,11 +424,12 @@ def ensure_repo(hf: HfApi, repo_id: str, private: bool | None) -> bool:
 @_upload_side("listing files")
 def remote_files(hf: HfApi, repo_id: str, revision: str) -> dict[str, RemoteFile]:
     """Every file of ``repo_id`` at ``revision`` (``list_repo_tree(recursive=True)``)."""
+    from huggingface_hub.hf_api import RepoFile
+
     out: dict[str, RemoteFile] = {}
     for f in hf.list_repo_tree(repo_id, revision=revision, recursive=True):
-        if hasattr(f, "size"):
-            lfs = getattr(f, "lfs", None)
-            out[f.path] = RemoteFile(f.path, int(f.size), str(f.blob_id), lfs.sha256 if lfs else None)
+        if isinstance(f, RepoFile):  # folders have no size
+            out[f.path] = RemoteFile(f.path, int(f.size), str(f.blob_id), f.lfs.sha256 if f.lfs else None)
     return out
 
 

@@ -16,7 +16,7 @@ import json
 import logging
 import sys
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TextIO
 
 import click
 
@@ -34,11 +34,11 @@ class _StderrHandler(logging.StreamHandler):
         super().__init__(sys.stderr)
 
     @property
-    def stream(self):
+    def stream(self) -> TextIO:
         return sys.stderr
 
     @stream.setter
-    def stream(self, value) -> None:
+    def stream(self, value: TextIO) -> None:
         pass
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 
 import click
@@ -57,11 +58,11 @@ class _AlgoChoice(click.Choice):
         super().__init__([], case_sensitive=False)
 
     @property
-    def choices(self):  # noqa: D401
+    def choices(self) -> tuple[str, ...]:  # noqa: D401
         return tuple(_algorithms())
 
     @choices.setter
-    def choices(self, value):
+    def choices(self, value: Sequence[str]) -> None:
         pass
 
     def get_metavar(self, param, ctx=None):  # --help must not import the converter registry

@@ -22,9 +22,12 @@ def _type(spec: OptionSpec) -> Any:
     if spec.kind == "choice":
         return click.Choice(list(spec.choices))
     if spec.kind in ("int", "float"):
-        rng = click.IntRange if spec.kind == "int" else click.FloatRange
-        return rng(min=spec.minimum, max=spec.maximum) if spec.minimum is not None or spec.maximum is not None \
-            else (int if spec.kind == "int" else float)
+        lo, hi = spec.minimum, spec.maximum
+        if lo is None and hi is None:
+            return int if spec.kind == "int" else float
+        if spec.kind == "float":
+            return click.FloatRange(min=lo, max=hi)
+        return click.IntRange(min=None if lo is None else int(lo), max=None if hi is None else int(hi))
     if spec.kind == "path":
         return click.Path(dir_okay=False, path_type=Path)
     if spec.kind == "dir":
@@ -168,9 +171,9 @@ def engines_options(fn: Callable[..., Any]) -> Callable[..., Any]:
 def serve_options(fn: Callable[..., Any]) -> Callable[..., Any]:
     """``validate``'s engine options: every engine's own, and each serving backend's plain and
     serving options (``--vllm-python``, ``--tensor-parallel-size``, ``--server-url``, ...)."""
-    from ..engines import with_capability
+    from ..engines import serves
 
-    serving = [s for e in with_capability("serve") for s in e.serve.serving_options]
+    serving = [s for _, serve in serves() for s in serve.serving_options]
     return with_options([*_engine_specs(serve=True).values(), *serving])(fn)
 
 
@@ -178,18 +181,18 @@ def pop_serve_options(kw: dict[str, Any], backend: str) -> tuple[dict[str, Any],
     """Take :func:`serve_options`' values out of ``kw``: ``(engine options, engine key → typed
     serving options)``, after each backend's refusals of them (exit 2; an option named by an
     environment variable alone is no clash)."""
-    from ..engines import with_capability
+    from ..engines import serves
 
     plain = {dest: kw.pop(dest, spec.default) for dest, spec in _engine_specs(serve=True).items()}
     ctx = click.get_current_context(silent=True)
     cmdline = click.core.ParameterSource.COMMANDLINE
     given = {d for d in plain if ctx is not None and ctx.get_parameter_source(d) == cmdline}
     typed: dict[str, Any] = {}
-    for e in with_capability("serve"):
-        value = e.serve.serve_options({s.dest: kw.pop(s.dest, s.default) for s in e.serve.serving_options})
-        e.serve.check_options(backend, value, given)
+    for key, serve in serves():
+        value = serve.serve_options({s.dest: kw.pop(s.dest, s.default) for s in serve.serving_options})
+        serve.check_options(backend, value, given)
         if value is not None:
-            typed[e.key] = value
+            typed[key] = value
     return plain, typed
 
 
@@ -216,20 +219,19 @@ def pop_runtime_paths(kw: dict[str, Any]) -> dict[str, Any]:
 def load_check_options(fn: Callable[..., Any]) -> Callable[..., Any]:
     """``validate``'s flag and interpreter option per loader check (``--vllm-load-check``,
     ``--vllm-loader-python``, ``--sglang-load-check``, ...), from the registry."""
-    from ..engines import with_capability
+    from ..engines import load_checks
 
-    return with_options([s for e in with_capability("load_check")
-                         for s in (e.load_check.flag, e.load_check.python)])(fn)
+    return with_options([s for _, check in load_checks() for s in (check.flag, check.python)])(fn)
 
 
 def pop_load_checks(kw: dict[str, Any]) -> dict[str, str | None]:
     """Take :func:`load_check_options`' values out of ``kw``: engine key → interpreter (None: the
     default) of every check asked for."""
-    from ..engines import with_capability
+    from ..engines import load_checks
 
     out: dict[str, str | None] = {}
-    for e in with_capability("load_check"):
-        on, python = kw.pop(e.load_check.flag.dest, False), kw.pop(e.load_check.python.dest, None)
+    for key, check in load_checks():
+        on, python = kw.pop(check.flag.dest, False), kw.pop(check.python.dest, None)
         if on:
-            out[e.key] = python
+            out[key] = python
     return out

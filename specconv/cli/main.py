@@ -4,13 +4,16 @@
 from __future__ import annotations
 
 import importlib
-import sys
+from typing import TYPE_CHECKING
 
 import click
 
 from .. import __version__
 from ..errors import EXIT_CODES
 from .common import setup_logging
+
+if TYPE_CHECKING:
+    from ..engines.base import Exporter
 
 #: command name → "module:attribute" (relative to specconv.cli)
 COMMANDS = {
@@ -26,7 +29,7 @@ COMMANDS = {
 EPILOG = "Exit codes: " + ", ".join(f"{k} {v}" for k, v in sorted(EXIT_CODES.items()))
 
 
-def _engine_commands() -> dict[str, object]:
+def _engine_commands() -> dict[str, Exporter]:
     """The commands engines declare of their own (``build-engine``), from the registry."""
     from .engine_options import exporters
 
@@ -45,7 +48,7 @@ class LazyGroup(click.Group):
                 return None
             from .engine_options import export_command
 
-            return export_command(cap)  # type: ignore[arg-type]
+            return export_command(cap)
         mod, attr = target.split(":")
         return getattr(importlib.import_module(f"specconv.cli.{mod}"), attr)
 
@@ -84,4 +87,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":  # pragma: no cover
-    sys.exit(main())
+    main()

@@ -7,13 +7,13 @@ from pathlib import Path
 import click
 
 from .common import run_command
-from .engine_options import click_option, repo_option_specs
+from .engine_options import Decorator, click_option, repo_option_specs
 from .options import endpoint_option, output_format_option
 
 
 def push_options(f):
     """The publish flags shared by ``push`` and ``release``."""
-    opts = [
+    opts: list[Decorator] = [
         click.option("--repo-id", required=True, help="Target Hub repo ORG/NAME (created when missing)."),
         endpoint_option,
         click.option("--private/--public", "private", default=None,

@@ -38,9 +38,9 @@ def _progress():
         yield cb
         return
     from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 
-    tasks: dict[str, int] = {}
+    tasks: dict[str, TaskID] = {}
     with Progress(
         TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
         console=Console(stderr=True), transient=False,

@@ -16,9 +16,10 @@ from typing import TYPE_CHECKING, Any
 from ..errors import UsageError
 
 if TYPE_CHECKING:
-    from .base import Engine
+    from .base import Engine, LoadCheck, Serve
 
-__all__ = ["ENTRY_POINT_GROUP", "engine", "engines", "exporters", "find_engine", "reset", "with_capability"]
+__all__ = ["ENTRY_POINT_GROUP", "engine", "engines", "exporters", "find_engine", "load_checks", "reset", "serves",
+           "with_capability"]
 
 log = logging.getLogger("specconv.engines")
 
@@ -132,6 +133,16 @@ def engine(key: str) -> Engine:
 def with_capability(name: str) -> tuple[Engine, ...]:
     """The engines that have capability ``name`` (``export``, ``serve``, ``load_check``, ``runtime``)."""
     return tuple(e for e in engines() if getattr(e, name) is not None)
+
+
+def serves() -> tuple[tuple[str, Serve], ...]:
+    """``(engine key, its serve capability)`` of every engine that serves, in registry order."""
+    return tuple((e.key, e.serve) for e in engines() if e.serve is not None)
+
+
+def load_checks() -> tuple[tuple[str, LoadCheck], ...]:
+    """``(engine key, its loader check)`` of every engine that has one, in registry order."""
+    return tuple((e.key, e.load_check) for e in engines() if e.load_check is not None)
 
 
 def exporters() -> list[Any]:

@@ -126,8 +126,8 @@ class Resolver:
                 raise InvalidInputError(f"{self.what} {p} does not exist", code=self.code,
                                         hint=f"pass {self.flag} PATH or set ${self.env} to an existing file")
             return p.absolute()  # a bare relative name would be looked up on PATH by a subprocess
-        found = self.default()
-        return found if found is not None and found.is_file() else None
+        default = self.default()
+        return default if default is not None and default.is_file() else None
 
     def require(self, explicit: str | os.PathLike[str] | None = None, why: str = "") -> Path:
         """:meth:`find`, refusing None.

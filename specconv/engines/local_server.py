@@ -11,7 +11,7 @@ import subprocess
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from .vllm.server import LOOPBACK, redact_argv
 
@@ -19,6 +19,8 @@ log = logging.getLogger("specconv.validate")
 
 #: Seconds a health request may take; seconds to SIGKILL's end and to the group's end after it.
 HEALTH_TIMEOUT_S, KILL_TIMEOUT_S, GROUP_EXIT_S = 5.0, 10.0, 5.0
+
+_Server = TypeVar("_Server", bound="LocalServer")
 
 
 def free_port(preferred: int | None = None, host: str = LOOPBACK) -> int:
@@ -110,7 +112,7 @@ class LocalServer:
     tail_chars = 4000
     logger = log
 
-    def __init__(self, argv: Sequence[str], log_path: str | Path, *, env: dict | None = None,
+    def __init__(self, argv: Sequence[str], log_path: str | Path, *, env: dict[str, str] | None = None,
                  startup_timeout: float, stop_timeout: float):
         self.argv = list(argv)
         self.port = int(self.argv[self.argv.index("--port") + 1])
@@ -139,13 +141,13 @@ class LocalServer:
         """``GET path`` on the server: :func:`http_get`."""
         return http_get(self.base + path, timeout)
 
-    def __enter__(self) -> LocalServer:
+    def __enter__(self: _Server) -> _Server:
         self.logger.info("starting %s: %s (log %s)", self.name, " ".join(redact_argv(self.argv)), self.log_path)
         with open(self.log_path, "ab") as logf:
-            self.proc = subprocess.Popen(self.argv, stdout=logf, stderr=subprocess.STDOUT, env=self.env,
-                                         stdin=subprocess.DEVNULL, start_new_session=True)
+            proc = self.proc = subprocess.Popen(self.argv, stdout=logf, stderr=subprocess.STDOUT, env=self.env,
+                                                stdin=subprocess.DEVNULL, start_new_session=True)
         try:
-            self._wait_healthy()
+            self._wait_healthy(proc)
         except BaseException:
             self.stop()
             raise
@@ -154,10 +156,8 @@ class LocalServer:
     def __exit__(self, *exc: Any) -> None:
         self.stop()
 
-    def _wait_healthy(self) -> None:
+    def _wait_healthy(self, proc: subprocess.Popen) -> None:
         t0 = time.monotonic()
-        proc = self.proc
-        assert proc is not None, "started before waiting"
         while True:
             rc = proc.poll()
             if rc is not None:

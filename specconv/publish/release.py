@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import time
 from collections.abc import Callable
@@ -11,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..errors import GateFailedError, SpecconvError
+from ..errors import GateFailedError, InvalidInputError, SpecconvError
 from ..prompts import ChatOptions
 from ..results import PushResult, ReleaseResult
 from .push import PushOptions, push
@@ -89,6 +90,8 @@ def _validate(src: str, opts: ReleaseOptions, drafter: Path, report_dir: Path) -
     from ..record import read_record
 
     section = read_record(drafter).validation
+    if section is None:  # validate_drafter records it; gone only when the record changed meanwhile
+        raise InvalidInputError(f"{drafter}/specconv.json has no validation section after validating it")
     failed = report.failed_gates()
     kl = section.parity_kl_max
     if opts.max_parity_kl is not None and (kl is None or kl > opts.max_parity_kl):
@@ -163,8 +166,7 @@ def _engine_steps(res: ReleaseResult, opts: ReleaseOptions, push_opts: PushOptio
         value = opts.exports.get(cap.engine.key)
         if not value:
             continue
-        summary = _step(res, cap.release_key, lambda cap=cap, value=value: cap.release_step(drafter, work, options,
-                                                                                             value))
+        summary = _step(res, cap.release_key, functools.partial(cap.release_step, drafter, work, options, value))
         setattr(res, cap.release_key, summary)
         if isinstance(summary, dict) and summary.get("skipped"):
             res.steps[-1].update(status="skipped", reason=summary["skipped"])

@@ -38,6 +38,21 @@ class DrafterBackend(Protocol):
         ...  # pragma: no cover
 
 
+class PlacedDrafter(DrafterBackend, Protocol):
+    """A :class:`DrafterBackend` that names where its inputs go: what the compared-runtime gate
+    (:func:`specconv.validate.runtimes.compare_runtime`) moves the reference's inputs to."""
+
+    @property
+    def device(self) -> torch.device:
+        """The device its inputs are moved to."""
+        ...  # pragma: no cover
+
+    @property
+    def dtype(self) -> torch.dtype:
+        """The float dtype of its ``aux_hidden``."""
+        ...  # pragma: no cover
+
+
 @dataclass
 class ValidationRun:
     """State of one ``validate_drafter`` call, passed from step to step.
@@ -78,11 +93,11 @@ TORCH_BACKEND = "torch"
 
 def backends() -> dict[str, str]:
     """``--backend`` value → its help: torch, then each engine's ``Serve`` (no torch imported: ``--help``)."""
-    from ..engines import with_capability
+    from ..engines import serves
 
     out = {TORCH_BACKEND: "this harness"}
-    for e in with_capability("serve"):
-        out[e.serve.backend] = e.serve.help  # type: ignore[union-attr]
+    for _, serve in serves():
+        out[serve.backend] = serve.help
     return out
 
 #: metric keys copied to the top level of the report (vLLM / speculators counter names)
@@ -102,16 +117,16 @@ def copy_top(report: dict[str, Any], metrics: dict[str, Any]) -> None:
 
 def get_backend(name: str) -> ValidationBackend:
     """The validation backend registered as ``name``; UsageError for an unknown one."""
-    from ..engines import with_capability
+    from ..engines import serves
     from ..errors import UsageError
 
     if name == TORCH_BACKEND:
         from .torch_backend import TorchBackend
 
         return TorchBackend()
-    for e in with_capability("serve"):
-        if e.serve.backend == name:  # type: ignore[union-attr]
+    for _, serve in serves():
+        if serve.backend == name:
             from .served import ServedBackend
 
-            return ServedBackend(e.serve)  # type: ignore[arg-type]
+            return ServedBackend(serve)
     raise UsageError(f"unknown backend {name!r} (known: {', '.join(backends())})")

@@ -350,10 +350,12 @@ def gate_parity(
         res.passed = False
         res.errors.append(f"reference logits have {R.shape[-1]} columns, converted {T.shape[-1]}")
         return res
-    cmp = compare_logits(R, T, margin=float(tol["margin"]))
+    margin = tol["margin"]
+    assert margin is not None, "a parity tolerance row always has a margin (only max_abs may be None)"
+    cmp = compare_logits(R, T, margin=float(margin))
     cmp.pop("per_slot")
     res.details.update(cmp)
-    _parity_details(res, props, float(tol["margin"]), reference, test)
+    _parity_details(res, props, float(margin), reference, test)
     _parity_verdict(res, cmp, tol, dtype)
     res.passed = not res.errors
     return res
@@ -375,6 +377,7 @@ def _collect_proposals(reference, test, verifier: VerifierRunner, sequences, anc
             if len(seq) < 2:
                 continue
             feats = verifier.forward(seq, None).aux  # [L, U*H]
+            assert feats is not None, "a drafter captures at least one aux layer"
             for a in parity_anchors(len(seq), plen, anchors_per_sequence):
                 ctx = torch.tensor([seq[: a + 1]])
                 pr = reference.propose(ctx, _select_aux(feats[:a], union, ids_r, H)[None], temperature=0.0)
@@ -383,9 +386,10 @@ def _collect_proposals(reference, test, verifier: VerifierRunner, sequences, anc
                 out.ref_rows.append(pr.logits[:k].float().cpu())
                 out.test_rows.append(pt.logits[:k].float().cpu())
                 out.tokens_equal += int(torch.equal(pr.tokens[:k].cpu(), pt.tokens[:k].cpu()))
-                if getattr(pr, "confidence", None) is not None and getattr(pt, "confidence", None) is not None:
-                    out.conf_ref.append(pr.confidence[:k].float().cpu())
-                    out.conf_test.append(pt.confidence[:k].float().cpu())
+                conf_r, conf_t = getattr(pr, "confidence", None), getattr(pt, "confidence", None)
+                if conf_r is not None and conf_t is not None:
+                    out.conf_ref.append(conf_r[:k].float().cpu())
+                    out.conf_test.append(conf_t[:k].float().cpu())
     finally:
         verifier.set_aux_layer_ids(saved)
     return out

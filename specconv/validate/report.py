@@ -232,7 +232,7 @@ def validation_section(report, drafter_dir: str | Path):
 
     r = report.to_dict()
     dev, prompts, files = r.get("device") or {}, r.get("prompts") or {}, r.get("report_files") or {}
-    return ValidationSection(
+    return ValidationSection.model_validate(dict(  # report data, validated into the section's models
         passed=r.get("passed"), gates=r.get("gates"), acceptance_length=r.get("acceptance_length"),
         tau_ci95=r.get("tau_ci95"), acceptance_at_pos=r.get("acceptance_at_pos"),
         source_acceptance_length=(r.get("source_metrics") or {}).get("acceptance_length"),
@@ -246,7 +246,7 @@ def validation_section(report, drafter_dir: str | Path):
         **({"findings": r["findings"]} if r.get("findings") else {}),
         temperature=r.get("temperature"), specconv_version=r.get("specconv_version"), versions=r.get("versions"),
         files=file_hashes(drafter_dir),
-        report=relative_to_dir(files["json"], drafter_dir) if files.get("json") else None, **vllm_summaries(r))
+        report=relative_to_dir(files["json"], drafter_dir) if files.get("json") else None, **vllm_summaries(r)))
 
 
 def _chat_template(facts: dict[str, Any], drafter_dir: str | Path) -> dict[str, Any]:

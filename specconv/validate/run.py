@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..engines import engine_option_defaults
-from ..errors import InvalidInputError, UsageError
+from ..errors import InvalidInputError, SpecconvError, UsageError
 from ..prompts import ChatOptions, select_prompts
 from .backend import Progress, ValidationRun, backends, get_backend
 from .gates import GATE_ORDER, GateResult, skipped
@@ -183,7 +183,7 @@ def validate_drafter(
     opts = options or ValidateOptions()
     d = Path(drafter_dir)
     config, config_error = _read_config(d)
-    _preflight(opts, d, getattr(verifier, "spec", verifier))
+    _preflight(opts, d, verifier if isinstance(verifier, str) else verifier.spec)
     _check_inputs(d, opts)
     v = _resolved(verifier)  # a local path made absolute: the loader checks run in other working directories
     run = ValidationRun(drafter_dir=d, verifier=v, verifier_spec=v.model_ref, config=config, options=opts,
@@ -196,7 +196,7 @@ def validate_drafter(
     return report
 
 
-def _run_gates(run: ValidationRun, config_error: InvalidInputError | None) -> ValidationReport:
+def _run_gates(run: ValidationRun, config_error: SpecconvError | None) -> ValidationReport:
     """Start the report, then [the source] → G1 → prompts → the backend's gates."""
     run.report.update(_start_report(run))
     with tempfile.TemporaryDirectory(prefix="specconv-validate-") as tmp:
@@ -214,13 +214,12 @@ def _resolved(verifier: str | Verifier) -> Verifier:
     return verifier if isinstance(verifier, Verifier) else resolve_verifier(verifier)
 
 
-def _read_config(d: Path) -> tuple[SpeculatorsDraftConfig | None, InvalidInputError | None]:
+def _read_config(d: Path) -> tuple[SpeculatorsDraftConfig | None, SpecconvError | None]:
     """``(typed config, None)``, or ``(None, error)`` for an invalid value (G1 reports it, exit 4).
 
     Raises (exit 3, nothing written) InvalidInputError ``not_speculators_dir`` / ``dangling_link`` /
     ``broken_hub_cache``, or UnsupportedFormatError (:func:`_refuse_unsupported`).
     """
-    from ..errors import SpecconvError
     from ..fileio import check_no_dangling_links
     from ..format import parse_config, read_config
 
@@ -283,7 +282,7 @@ def _load_check_step(report: ValidationReport, run: ValidationRun) -> None:
 
 def _check_inputs(drafter_dir: str | Path, opts: ValidateOptions) -> Path:
     """Options that cannot work, and missing extras: refused before anything is read."""
-    from ..engines import with_capability
+    from ..engines import serves
     from ..extras import require
     from .runtimes import check_one_runtime, check_runtime, get_runtime
     from .verifier_runner import torch_dtype
@@ -299,8 +298,8 @@ def _check_inputs(drafter_dir: str | Path, opts: ValidateOptions) -> Path:
         raise UsageError(f"unknown backend {opts.backend!r}")
     get_runtime(opts.drafter_backend, "drafter backend")
     torch_dtype(opts.dtype)
-    for e in with_capability("serve"):  # exit 2 before anything starts (--vllm-python: the CLI)
-        e.serve.check_options(opts.backend, opts.serve.get(e.key))
+    for key, serve in serves():  # exit 2 before anything starts (--vllm-python: the CLI)
+        serve.check_options(opts.backend, opts.serve.get(key))
     opts.chat.template_kwargs()  # exit 2: --chat-template none with kwargs, a contradicting --thinking
     check_one_runtime(opts.backend, [opts.runtime] if opts.runtime else [])
     check_runtime(opts.runtime, opts.runtime_path, d, opts.dtype)  # a runtime's refusals, before any model
@@ -346,7 +345,7 @@ def _source_step(run: ValidationRun, workdir: Path) -> None:
     run.report["source"] = run.source
 
 
-def _structure_step(run: ValidationRun, config_error: InvalidInputError | None) -> bool:
+def _structure_step(run: ValidationRun, config_error: SpecconvError | None) -> bool:
     """G1; on failure the other gates are recorded as skipped. Returns whether it passed."""
     from .gates import gate_structure
 

@@ -12,7 +12,7 @@ from ..format.algorithms import import_object
 if TYPE_CHECKING:
     from ..format import SpeculatorsDraftConfig
     from ..verifier import Verifier
-    from .backend import DrafterBackend, ValidationRun
+    from .backend import DrafterBackend, PlacedDrafter, ValidationRun
     from .gates import GateResult
 
 #: The metric keys of each side of a comparison (``report[key]["torch"]`` and the runtime's).
@@ -76,9 +76,9 @@ def runtime_from_flags(paths: dict[str, Any], backend: str = "torch") -> tuple[s
     """``(name, path)`` of the runtime flag given (``{"onnx": PATH, "engine": None}``), else Nones;
     UsageError (exit 2) for more than one runtime."""
     known = runtimes()
-    given = [n for n, rt in known.items() if rt.key and paths.get(rt.key)]
-    check_one_runtime(backend, given)
-    return (given[0], str(paths[known[given[0]].key])) if given else (None, None)
+    given = [(n, rt.key) for n, rt in known.items() if rt.key and paths.get(rt.key)]
+    check_one_runtime(backend, [n for n, _ in given])
+    return (given[0][0], str(paths[given[0][1]])) if given else (None, None)
 
 
 def check_one_runtime(backend: str, runtimes: list[str]) -> None:
@@ -97,7 +97,7 @@ class ComparingDrafter:
     torch drafter) on the same inputs: near ties are torch top-1 − top-2 < ``margin``; ``kl``: also
     KL(torch ‖ primary) per draft where the logits have one shape."""
 
-    def __init__(self, primary: DrafterBackend, reference: DrafterBackend, *, margin: float, kl: bool = False):
+    def __init__(self, primary: DrafterBackend, reference: PlacedDrafter, *, margin: float, kl: bool = False):
         self.primary, self.reference, self.margin, self.kl = primary, reference, float(margin), kl
         for a in ("algorithm", "block_size", "num_draft_tokens", "aux_layer_ids", "device", "dtype"):
             setattr(self, a, getattr(primary, a))
@@ -164,7 +164,7 @@ def judge(rule: CompareRule, tau_torch: float, tau_runtime: float, counts: dict,
     return verdict, (all(checks.values()) if checks else None), [m for m, ok in checks.items() if not ok]
 
 
-def compare_runtime(run: ValidationRun, reference: DrafterBackend, decode: Callable[..., list],
+def compare_runtime(run: ValidationRun, reference: PlacedDrafter, decode: Callable[..., list],
                     spec_results: list, plain: list) -> GateResult:
     """The gate comparing ``run.options.runtime`` with the torch ``reference``: its requests run through
     ``decode(name, drafter)``, judged by its :class:`CompareRule`; fills ``run.report[key]``.
@@ -172,20 +172,24 @@ def compare_runtime(run: ValidationRun, reference: DrafterBackend, decode: Calla
     from .gates import GateResult
     from .metrics import compute_metrics
 
-    opts, rt = run.options, get_runtime(run.options.runtime)
+    opts = run.options
+    assert opts.runtime is not None, "the compare gate runs for a compared runtime only"
+    rt = get_runtime(opts.runtime)
+    rule, key = rt.rule, rt.key
+    assert rule is not None and key is not None, "check_runtime refused the reference before any model loaded"
     drafter = rt.load(run.drafter_dir, run.verifier, path=opts.runtime_path, dtype=opts.dtype,
                       device=str(reference.device), config=run.config)
-    cmp = ComparingDrafter(drafter, reference, margin=rt.rule.near_tie_margin, kl=rt.rule.kl)
+    cmp = ComparingDrafter(drafter, reference, margin=rule.near_tie_margin, kl=rule.kl)
     results = decode(f"speculative decode ({rt.display} drafter)", cmp)
     m_t, m_r = (compute_metrics(r, int(reference.num_draft_tokens), baseline=plain, seed=opts.seed)
                 for r in (spec_results, results))
     same = all(a.output_ids == b.output_ids for a, b in zip(spec_results, results, strict=True))
-    verdict, passed, errors = judge(rt.rule, float(m_t["acceptance_length"]), float(m_r["acceptance_length"]),
+    verdict, passed, errors = judge(rule, float(m_t["acceptance_length"]), float(m_r["acceptance_length"]),
                                     cmp.counts(), same, opts.temperature)
-    run.report[rt.key] = {
+    run.report[key] = {
         **(drafter.describe() if hasattr(drafter, "describe") else {}), "torch": {x: m_t.get(x) for x in SIDE_KEYS},
         rt.side: {x: m_r.get(x) for x in SIDE_KEYS}, "drafts": cmp.counts(), **verdict, "passed": passed,
         "timing_note": f"{rt.side}.draft_ms / tpot_ms include the per-step torch comparison; "
-                       f"drafts.primary_draft_ms_median is {rt.display} alone", "rule": rt.rule.text()}
-    return GateResult(name=rt.key, passed=passed, errors=errors, details={**verdict, "drafts": cmp.counts()},
+                       f"drafts.primary_draft_ms_median is {rt.display} alone", "rule": rule.text()}
+    return GateResult(name=key, passed=passed, errors=errors, details={**verdict, "drafts": cmp.counts()},
                       skipped_reason=None if passed is not None else "T > 0: this rule gates greedy runs only")

@@ -13,7 +13,7 @@ if TYPE_CHECKING:
     import torch
 
     from ..verifier import Verifier
-    from .backend import DrafterBackend
+    from .backend import PlacedDrafter
     from .verifier_runner import VerifierRunner
 
 from ..errors import InvalidInputError
@@ -80,7 +80,7 @@ class _Harness:
 
     run: ValidationRun
     runner: VerifierRunner
-    drafter: DrafterBackend
+    drafter: PlacedDrafter
     rendered: list[tuple[str, list[int]]]
     stops: list[int]
     dtype: torch.dtype

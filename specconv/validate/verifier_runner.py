@@ -91,8 +91,8 @@ def _load_model(verifier: str | Path, *, device: str, dtype, attn_implementation
         if not torch.cuda.is_available():
             raise InvalidInputError("device_map='auto' needs CUDA; use --device cpu")
         kwargs["device_map"] = device_map
-    try:
-        model = AutoModelForCausalLM.from_pretrained(str(verifier), **kwargs)
+    try:  # typed as a Module: transformers' @wraps-decorated PreTrainedModel.to does not bind self for mypy
+        model: torch.nn.Module = AutoModelForCausalLM.from_pretrained(str(verifier), **kwargs)
     except (OSError, ValueError) as e:
         raise InvalidInputError(f"cannot load verifier {verifier}: {e}") from e
     if device_map is None:

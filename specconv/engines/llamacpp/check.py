@@ -94,6 +94,7 @@ def run_check(draft: Path, target: Path, server: Path, prompts: Sequence[tuple[s
         info["plain"]["argv"] = argv
     argv = server_argv(server, target, free_port(), draft=draft, spec_type=spec_type, n_max=n_max, threads=threads)
     spec, counts, info["spec"] = serve_prompts(argv, prompts, n_predict, logs / "spec.log")
+    assert counts is not None, "serve_prompts reads the counters of a server with a draft (-md)"
     info["spec"]["argv"] = argv
     cmp = compare_outputs(plain, spec)
     out = {**cmp, **_tau(counts), "spec_type": spec_type, "spec_draft_n_max": n_max, "n_predict": n_predict,

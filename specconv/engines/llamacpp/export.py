@@ -269,7 +269,9 @@ def card_section(d: Path, rec: Any, files: Any, draft_repo: str | None, **_: Any
     from .server import launch_argv
 
     exp = rec.export.gguf if rec.export is not None else None
-    check, rel = (exp.check or {}, f"gguf/{exp.file}") if exp is not None else ({}, "")
+    if exp is None:
+        return None
+    check, rel = exp.check or {}, f"gguf/{exp.file}"
     if not check.get("passed") or not (exp.verifier_gguf or {}).get("name"):
         return None
     if not ((rel in files.files) if draft_repo else (d / rel).is_file() and sha256_file(d / rel) == exp.sha256):

@@ -99,11 +99,13 @@ def _layer_config(cfg: SpeculatorsDraftConfig) -> Mapping[str, Any]:
 
 
 # ------------------------------------------------------------------ refusals
-def refuse_algorithm(alg: Algorithm) -> None:
-    """P-EAGLE and any algorithm llama.cpp has no GGUF architecture for (the description says why)."""
+def refuse_algorithm(alg: Algorithm) -> str:
+    """P-EAGLE and any algorithm llama.cpp has no GGUF architecture for (the description says why).
+    Returns the GGUF architecture."""
     facts = alg.llamacpp
     if facts.refusal or not facts.gguf_architecture:
         raise refuse("algorithm", f"{alg.display_name}: {facts.refusal or 'llama.cpp has no GGUF architecture for it'}")
+    return facts.gguf_architecture
 
 
 def refuse_config(cfg: SpeculatorsDraftConfig, alg: Algorithm, spec: Any, verifier: Verifier) -> None:
@@ -201,12 +203,12 @@ def plan_gguf(cfg: SpeculatorsDraftConfig, store: TensorStore, verifier: Verifie
     if dtype not in DTYPES:
         raise UsageError(f"--dtype must be one of {', '.join(DTYPES)}")
     alg = algorithm(cfg.speculators_model_type)
-    refuse_algorithm(alg)
+    arch = refuse_algorithm(alg)
     spec = cfg.transformer_layer_config
     refuse_config(cfg, alg, spec, verifier)
     names = store.names()
     d2t = refuse_tensors(store, names, spec.vocab_size)
-    plan = GgufPlan(arch=alg.llamacpp.gguf_architecture, file_type=_file_type(store, dtype))
+    plan = GgufPlan(arch=arch, file_type=_file_type(store, dtype))
     _tensor_plan(plan, cfg, alg, store, spec, dtype)
     plan.target_layers = target_layers(list(cfg.aux_layer_ids or []))
     _serve_flags(plan, cfg, alg)
@@ -217,8 +219,9 @@ def plan_gguf(cfg: SpeculatorsDraftConfig, store: TensorStore, verifier: Verifie
 
 def _file_type(store: TensorStore, dtype: str) -> str:
     """GGML type of the 2-D weights: ``--dtype``'s, or (``keep``) ``fc.weight``'s."""
-    if DTYPES[dtype]:
-        return DTYPES[dtype]
+    ggml = DTYPES[dtype]
+    if ggml:
+        return ggml
     src = store.info("fc.weight").dtype
     if src not in _FLOAT:
         raise refuse("dtype", f"fc.weight is {src}; specconv writes F32 / F16 / BF16 GGUFs (no quantised types)")
@@ -233,8 +236,9 @@ def ggml_type(gguf_name: str, ndim: int, src_dtype: str, dtype: str) -> str:
         return "I64"
     if ndim <= 1 or gguf_name.endswith("_norm.weight") or not gguf_name.endswith(".weight"):
         return "F32"
-    if DTYPES[dtype]:
-        return DTYPES[dtype]
+    ggml = DTYPES[dtype]
+    if ggml:
+        return ggml
     if src_dtype not in _FLOAT:
         raise refuse("dtype", f"{gguf_name}: {src_dtype} tensors are not written (F32 / F16 / BF16 only)")
     return _FLOAT[src_dtype]
@@ -316,7 +320,10 @@ def _serve_flags(plan: GgufPlan, cfg: Any, alg: Algorithm) -> None:
 
     markov = any(t.gguf_name.startswith("markov_") for t in plan.tensors)
     facts = alg.llamacpp
-    plan.spec_type = facts.spec_type_markov if (cfg.sample_from_anchor or markov) else facts.spec_type
+    spec_type = facts.spec_type_markov if (cfg.sample_from_anchor or markov) else facts.spec_type
+    if spec_type is None:  # every algorithm with a GGUF architecture names its --spec-type
+        raise refuse("algorithm", f"{alg.display_name}: llama.cpp has no --spec-type for it")
+    plan.spec_type = spec_type
     plan.spec_draft_n_max = speculative_tokens_for(int(cfg.block_size), bool(cfg.sample_from_anchor))
 
 

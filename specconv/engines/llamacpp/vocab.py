@@ -51,9 +51,10 @@ def _read_json(p: Path) -> dict:
     return d if isinstance(d, dict) else {}
 
 
-def check_tokenizer(verifier_dir: Path, architecture: str | None) -> tuple[dict, dict]:
+def check_tokenizer(verifier_dir: Path, architecture: str | None) -> tuple[dict, dict, dict[str, Any]]:
     """The verifier's ``tokenizer.json`` and ``tokenizer_config.json`` when specconv can write
-    them as llama.cpp's converter would; else a refusal naming why.
+    them as llama.cpp's converter would, and the architecture's :data:`ARCH_RULES`; else a refusal
+    naming why.
 
     Raises:
         UnsupportedFormatError: ``gguf_tokenizer`` (exit 3).
@@ -75,7 +76,7 @@ def check_tokenizer(verifier_dir: Path, architecture: str | None) -> tuple[dict,
                      "which llama.cpp's converter records and specconv does not write")
     tc = (_read_json(verifier_dir / "tokenizer_config.json") if (verifier_dir / "tokenizer_config.json").is_file()
           else {})
-    return tj, tc
+    return tj, tc, ARCH_RULES[architecture]
 
 
 def vocab_base(tokenizer: Any, vocab_size: int) -> tuple[list[str], list[int], str]:
@@ -170,8 +171,7 @@ def add_tokenizer(writer: Any, verifier_dir: Path, architecture: str | None, voc
 
     import gguf
 
-    tj, tc = check_tokenizer(verifier_dir, architecture)
-    rules = ARCH_RULES[architecture]
+    tj, tc, rules = check_tokenizer(verifier_dir, architecture)
     if rules.get("add_space_prefix_from_config") and isinstance(tc.get("add_prefix_space"), bool):
         writer.add_add_space_prefix(tc["add_prefix_space"])
     tokens, types, pre = vocab_base(AutoTokenizer.from_pretrained(str(verifier_dir)), vocab_size)

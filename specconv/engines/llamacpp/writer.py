@@ -30,16 +30,19 @@ def _tensor_data(t: PlannedTensor, plan: GgufPlan, store: TensorStore, verifier:
 
     import gguf
 
+    from ...errors import InvalidInputError
+
     if t.ggml_type == "I64":
         return plan.d2t
     if t.source.startswith("verifier:"):
         role = t.source.split(":", 1)[1]
-        tensor = verifier.read_tensor(verifier.find_tensor(role))
+        name = verifier.find_tensor(role)
+        if name is None:
+            raise InvalidInputError(f"the verifier has no {role} tensor for {t.gguf_name}", code="gguf_missing_tensor")
+        tensor = verifier.read_tensor(name)
     else:
         tensor = store.read_tensor(t.source)
     if tuple(tensor.shape) != tuple(t.shape):
-        from ...errors import InvalidInputError
-
         raise InvalidInputError(f"{t.source}: shape {list(tensor.shape)}, expected {list(t.shape)} for {t.gguf_name}",
                                 code="gguf_tensor_shape")
     data = tensor.to(torch.float32).contiguous().numpy()
@@ -67,7 +70,8 @@ def write_gguf(plan: GgufPlan, path: Path, *, store: TensorStore, verifier: Veri
             _add_key(writer, key, value, kind)
         writer.add_file_type(int(gguf.LlamaFileType[_FILE_TYPES[plan.file_type]]))
         writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
-        add_tokenizer(writer, Path(verifier.local_dir), (verifier.architectures or [None])[0], vocab_size)
+        arch = verifier.architectures[0] if verifier.architectures else None
+        add_tokenizer(writer, Path(verifier.local_dir), arch, vocab_size)
         for t in plan.tensors:
             writer.add_tensor(t.gguf_name, _tensor_data(t, plan, store, verifier),
                               raw_dtype=gguf.GGMLQuantizationType[t.ggml_type])

@@ -113,10 +113,11 @@ class OrtDrafter(GraphDrafter):
         g = (meta.get("graphs") or {}).get(rel) or {}
         self.path = graph
         self.meta = meta
-        self.graph_dtype = g.get("dtype", meta.get("dtype"))
-        if self.graph_dtype not in _NP_DTYPES:
-            raise InvalidInputError(f"{graph}: ONNX Runtime (CPU) cannot run a {self.graph_dtype} graph; "
+        graph_dtype = g.get("dtype", meta.get("dtype"))
+        if graph_dtype not in _NP_DTYPES:
+            raise InvalidInputError(f"{graph}: ONNX Runtime (CPU) cannot run a {graph_dtype} graph; "
                                     "use the fp32 twin (fp32/drafter.onnx)", code="onnx_dtype")
+        self.graph_dtype: str = graph_dtype
         self._read_facts(meta, g)
         self.device = torch.device("cpu")
         self.dtype = getattr(torch, self.graph_dtype)

@@ -58,7 +58,9 @@ class StepWrapper(nn.Module):
         """The named outputs of the drafts (``draft_logits [B, N, Vd]``, draft-vocab ids)."""
         vocab = self.drafter.vocab
         outs: list[torch.Tensor] = [vocab.to_target_ids(draft_ids).to(torch.int32)]
-        lp = torch.log_softmax(draft_logits.to(torch.float32), dim=-1) if len(self.output_names) > 1 else None
+        if len(self.output_names) == 1:
+            return tuple(outs)
+        lp = torch.log_softmax(draft_logits.to(torch.float32), dim=-1)
         for name in self.output_names[1:]:
             if name == "draft_logprobs":
                 outs.append(torch.gather(lp, -1, draft_ids[..., None])[..., 0])
@@ -68,6 +70,7 @@ class StepWrapper(nn.Module):
             elif name == "logits":
                 outs.append(vocab.to_target_logits(draft_logits.to(torch.float32)))
             elif name == "confidence":
+                assert confidence_logits is not None, "a confidence output needs the drafter's confidence head"
                 outs.append(torch.sigmoid(confidence_logits))
         return tuple(outs)
 

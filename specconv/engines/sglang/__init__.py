@@ -67,7 +67,7 @@ class SglangExporter(Exporter):
                                  overwrite=bool(options.get("overwrite")))
 
     @property
-    def result_type(self) -> Any:  # type: ignore[override]
+    def result_type(self) -> Any:
         from ...results import ExportSglangResult
 
         return ExportSglangResult
@@ -139,8 +139,9 @@ class SglangExporter(Exporter):
         from .check import export_checked
 
         r = export_checked(drafter, verifier=options.get("verifier"))
+        check = r.check or {}  # export_checked's gate always records one
         return {k: getattr(r, k) for k in ("speculative_algorithm", "architecture", "files", "env")} | {
-            "check": {k: r.check.get(k) for k in ("ok", "distribution", "version", "class")}}
+            "check": {k: check.get(k) for k in ("ok", "distribution", "version", "class")}}
 
 
 LOAD_CHECK = LoadCheck(

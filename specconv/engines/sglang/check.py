@@ -124,7 +124,7 @@ def check_sglang_dirs(dirs: list[Path], verifier: str, *, python: str | os.PathL
             for r, (_, meta, files) in zip(result["results"], entries, strict=True)]
 
 
-def validate_check(drafter_dir: str | os.PathLike, verifier: str, *, python: str | None = None) -> dict[str, Any]:
+def validate_check(drafter_dir: str | Path, verifier: str, *, python: str | None = None) -> dict[str, Any]:
     """``specconv validate --sglang-load-check``: export DIR to a temp dir, load it with SGLang, record
     the payload (:func:`judge`) under ``export.sglang.check`` (never in the validation section).
 
@@ -140,7 +140,7 @@ def validate_check(drafter_dir: str | os.PathLike, verifier: str, *, python: str
     return payload
 
 
-def preflight(drafter_dir: str | os.PathLike, verifier: str, python: str | None = None) -> None:
+def preflight(drafter_dir: str | Path, verifier: str, python: str | None = None) -> None:
     """``--sglang-load-check`` refusals before any gate runs: no SGLang interpreter, or a
     drafter SGLang would serve wrongly (:func:`specconv.engines.sglang.export.plan_sglang`).
 
@@ -153,7 +153,7 @@ def preflight(drafter_dir: str | os.PathLike, verifier: str, python: str | None 
     plan_sglang(drafter_dir, verifier)
 
 
-def export_checked(drafter_dir: str | os.PathLike, out: str | os.PathLike | None = None, *,
+def export_checked(drafter_dir: str | Path, out: str | Path | None = None, *,
                    verifier: str | None = None, overwrite: bool = False, python: str | None = None,
                    record: bool = True) -> ExportSglangResult:
     """``specconv export sglang --check``: the export with SGLang's own loader run on the written

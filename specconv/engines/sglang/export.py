@@ -64,7 +64,8 @@ def _target_supplied(d: Path, store: Any, verifier: Verifier) -> list[str]:
     for name in (n for n in TARGET_SUPPLIED if n in store):
         vname = verifier.find_tensor(roles[name])
         mine, theirs = store.info(name), (verifier.tensor_info(vname) if vname else None)
-        if theirs is None or tuple(mine.shape) != tuple(theirs.shape) or not _equal(store, name, verifier, vname):
+        if (not vname or theirs is None or tuple(mine.shape) != tuple(theirs.shape)
+                or not _equal(store, name, verifier, vname)):
             shown = f"{theirs.dtype} {list(theirs.shape)}" if theirs else "none"
             raise InvalidInputError(
                 f"{d}: {name} ({mine.dtype} {list(mine.shape)}) differs from the verifier's {vname or roles[name]} "
@@ -122,8 +123,10 @@ def _published_verifier(raw: dict[str, Any], spec: str) -> str | None:
     is one (what a serve line can name; a local path is not recorded)."""
     from ... import hub
 
-    sc = raw.get("speculators_config") if isinstance(raw.get("speculators_config"), dict) else {}
-    name = (sc.get("verifier") or {}).get("name_or_path") if isinstance(sc.get("verifier"), dict) else None
+    sc = raw.get("speculators_config")
+    sc = sc if isinstance(sc, dict) else {}
+    v = sc.get("verifier")
+    name = v.get("name_or_path") if isinstance(v, dict) else None
     return next((v for v in (name, spec) if isinstance(v, str) and hub.is_hub_id(v)), None)
 
 

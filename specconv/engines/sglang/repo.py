@@ -76,19 +76,20 @@ def card_section(d: Path, rec: Any, verifier: str, draft: str) -> dict[str, Any]
     from ... import hub
     from .layout import launch_command
 
-    if sglang_problem(d, rec) is not None:
-        return None
     exp = _export(rec)
-    check = exp.check
+    check, algo = exp.check, exp.algorithm
+    if sglang_problem(d, rec) is not None or check is None or algo is None:  # a passed check records both
+        return None
     return {"version": check.get("version"), "distribution": check.get("distribution"), "class": check.get("class"),
             "draft": draft, "repo_url": f"https://huggingface.co/{draft}" if hub.is_hub_id(draft) else None,
-            "command": launch_command(verifier, draft, exp.algorithm, exp.env or {}), "env": exp.env or {}}
+            "command": launch_command(verifier, draft, algo, exp.env or {}), "env": exp.env or {}}
 
 
 def _rows(exp: SglangExport) -> list[tuple[str, str]]:
     """The SGLang card's table of what SGLang resolved (each equal to the Speculators drafter's)."""
-    r = exp.check.get("resolved") or {}
-    rows = [("draft class", f"`{exp.check.get('class')}`"),
+    check = exp.check or {}
+    r = check.get("resolved") or {}
+    rows = [("draft class", f"`{check.get('class')}`"),
             ("verifier layers captured (SGLang ids)", ", ".join(map(str, r.get("captured_layer_ids") or []))),
             ("= Speculators aux_hidden_state_layer_ids", ", ".join(map(str, r.get("capture_layer_inputs") or []))),
             ("block slots / drafts per pass", f"{r.get('block_slots')} / {r.get('drafts_per_block')}"),

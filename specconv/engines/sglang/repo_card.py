@@ -20,9 +20,13 @@ def repo_files(d: Path, rec: Any, repo_id: str) -> tuple[Path, dict[str, str]]:
     problem = repo.sglang_problem(d, rec)
     out = _export_dir(d, rec)
     if problem is not None or out is None:
-        raise GateFailedError(f"--sglang-repo-id {repo_id}: {problem}", code="sglang_not_checked",
-                              hint="specconv export sglang DIR --check --overwrite, then push again")
+        raise _not_checked(repo_id, problem)
     return out, dict(_export(rec).files or {})
+
+
+def _not_checked(repo_id: str, problem: str | None) -> GateFailedError:
+    return GateFailedError(f"--sglang-repo-id {repo_id}: {problem}", code="sglang_not_checked",
+                           hint="specconv export sglang DIR --check --overwrite, then push again")
 
 
 def render_card(d: Path, rec: Any, repo_id: str, speculators_repo: str) -> str:
@@ -48,10 +52,13 @@ def render_card(d: Path, rec: Any, repo_id: str, speculators_repo: str) -> str:
     if hub.is_hub_id(verifier):
         meta["base_model"] = verifier
     env = " ".join(f"{k}={v}" for k, v in sorted((exp.env or {}).items()))
+    section = card_section(d, rec, verifier, repo_id)
+    if section is None:  # repo_files refused it already, unless the export changed since
+        raise _not_checked(repo_id, repo.sglang_problem(d, rec))
     ctx = dict(metadata_yaml=yaml.safe_dump(meta, sort_keys=True, allow_unicode=True), title=repo_id.split("/")[-1],
                algorithm_name=alg.display_name, speculators_repo=speculators_repo, verifier=verifier,
                verifier_url=f"https://huggingface.co/{verifier}" if hub.is_hub_id(verifier) else None,
-               command=card_section(d, rec, verifier, repo_id)["command"], env=env, check=exp.check,
+               command=section["command"], env=env, check=exp.check,
                rows=_rows(exp), target_supplied=", ".join(f"`{n}`" for n in exp.target_supplied or []),
                files=sorted(exp.files.items()), notes=exp.notes or [],
                specconv_version=rec.specconv_version or __version__, license=license_id, license_note=license_note)

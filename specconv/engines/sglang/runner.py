@@ -131,7 +131,7 @@ def _vllm_ops_module() -> types.ModuleType:
     pkg, ops = types.ModuleType("vllm"), Ops("vllm._custom_ops")
     pkg.__path__, pkg.__spec__ = [], importlib.machinery.ModuleSpec("vllm", None, is_package=True)
     ops.__spec__ = importlib.machinery.ModuleSpec("vllm._custom_ops", None)
-    pkg._custom_ops = ops
+    vars(pkg)["_custom_ops"] = ops  # a module attribute ModuleType does not declare
     sys.modules["vllm"], sys.modules["vllm._custom_ops"] = pkg, ops
     return ops
 
@@ -172,15 +172,17 @@ class Recorder:
     by object identity, then data pointer, then as the tensor yielded last)."""
 
     def __init__(self) -> None:
-        self.active = False
+        self._clear(active=False)
+
+    def reset(self) -> None:
+        self._clear(active=True)
+
+    def _clear(self, *, active: bool) -> None:
+        self.active = active
         self.yielded: list[str] = []
         self.consumed: set[str] = set()
         self.by_id: dict[int, str] = {}
         self.by_ptr: dict[int, str] = {}
-
-    def reset(self) -> None:
-        self.__init__()
-        self.active = True
 
     def record(self, weights):
         """Wrap the checkpoint iterator."""

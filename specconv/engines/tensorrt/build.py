@@ -81,12 +81,12 @@ def parse_profile(spec: str | None, dynamic: dict) -> dict[str, tuple[int, int, 
 
 def profile_shapes(inputs: list[dict], profile: dict) -> dict[str, tuple[tuple, tuple, tuple]]:
     """``{input: (min_shape, opt_shape, max_shape)}`` for every input with a dynamic axis."""
-    out = {}
+    out: dict[str, tuple[tuple, tuple, tuple]] = {}
     for inp in inputs:
         dims = inp["shape"]
         if any(isinstance(d, str) for d in dims):
-            out[inp["name"]] = tuple(tuple(profile[d][k] if isinstance(d, str) else int(d) for d in dims)
-                                     for k in range(3))
+            lo, opt, hi = (tuple(profile[d][k] if isinstance(d, str) else int(d) for d in dims) for k in range(3))
+            out[inp["name"]] = (lo, opt, hi)
     return out
 
 
@@ -295,7 +295,7 @@ def build_engine_dir(drafter_dir: str | Path, onnx_path: str | Path | None, opts
     build = {**_build_record(key, opts, version, trt, gpu, dtype, shapes, rel, sha256_file(graph), plan),
              **provenance, "onnx_in_memory": _in_memory_record(attributes)}
     _write_variant(d / "trt", key, plan, build, cache_out, opts)
-    if cache_out is not None:
+    if cache_out is not None and opts.timing_cache:  # build_plan serializes a cache only for --timing-cache
         Path(opts.timing_cache).write_bytes(cache_out)
     manifest = _update_manifest(d / "trt", build)
     return BuildEngineResult.of({**build, "path": str(out), "manifest": str(d / "trt" / "manifest.json"),

@@ -109,6 +109,10 @@ class Recorder:
     """Records, per parameter name, the shard ids its weight loader was called with."""
 
     def __init__(self) -> None:
+        self.reset()
+
+    def reset(self) -> None:
+        """Forget what was recorded; not recording."""
         self.loaded: dict[str, set] = {}
         self.file_tensors: list[str] = []
         self.active = False
@@ -339,7 +343,8 @@ def aux_check(model, vc, vf: dict) -> tuple[list[str], list[str]]:
     """Aux-layer ids and fc width against the verifier. Returns (errors, warnings)."""
     hf = vc.speculative_config.draft_model_config.hf_config
     ids = getattr(hf, "eagle_aux_hidden_state_layer_ids", None)
-    errors, warnings = [], []
+    errors: list[str] = []
+    warnings: list[str] = []
     n = vf["num_layers"]
     if not ids:
         return ["the draft hf_config has no eagle_aux_hidden_state_layer_ids"], warnings
@@ -398,7 +403,7 @@ def check_one(job: dict, dtype: str) -> dict:
 
 
 def _load_and_compare(res: dict, vc, algo: str, expected_classes: set[str]) -> None:
-    RECORDER.__init__()
+    RECORDER.reset()
     RECORDER.active = True
     try:
         model = load_draft(vc)

@@ -206,9 +206,15 @@ class VllmServer(LocalServer):
     name = "vLLM"
     exited = "vLLM server exited with {rc} before becoming healthy"
     unhealthy = "vLLM server not healthy after {timeout:.0f} s"
+    #: Always a ``str`` path and a full environment here (``__init__`` passes both).
+    log_path: str
+    env: dict[str, str]
+    #: The vLLM interpreter and the redacted engine options added, set by :func:`owned_server`.
+    python: str
+    engine_args: list[str]
 
-    def __init__(self, argv: Sequence[str], *, env: dict | None = None, startup_timeout: float = STARTUP_TIMEOUT_S,
-                 log_path: str | Path | None = None):
+    def __init__(self, argv: Sequence[str], *, env: dict[str, str] | None = None,
+                 startup_timeout: float = STARTUP_TIMEOUT_S, log_path: str | Path | None = None):
         import tempfile
 
         if log_path is None:

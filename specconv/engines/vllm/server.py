@@ -10,7 +10,7 @@ import re
 import urllib.parse
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, overload
 
 from ...errors import InvalidInputError, UsageError
 
@@ -351,6 +351,14 @@ def startup_reason(log_text: str) -> str | None:
 
 
 # ------------------------------------------------------------------------------ redaction
+@overload
+def redact_url(url: str) -> str: ...
+
+
+@overload
+def redact_url(url: None) -> None: ...
+
+
 def redact_url(url: str | None) -> str | None:
     """``url`` without userinfo (``user:pass@``) and with secret query values replaced."""
     if not url:
