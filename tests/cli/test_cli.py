@@ -76,7 +76,7 @@ def test_inspect_unknown_format_exit3(tmp_path):
 
 
 def test_inspect_refused_format_exit3(tmp_path):
-    src = make_source(tmp_path, config_updates={"architectures": ["DFlash2DraftModel"]})
+    src = make_source(tmp_path, config_updates={"architectures": ["DFlash2BeamDraftModel"]})
     r = invoke("inspect", src)
     assert r.code == 3
     obj = r.one()
@@ -84,7 +84,7 @@ def test_inspect_refused_format_exit3(tmp_path):
 
 
 def test_convert_refused_format_exit3(tmp_path, tiny_verifier_dir):
-    src = make_source(tmp_path, config_updates={"architectures": ["DFlash2DraftModel"]})
+    src = make_source(tmp_path, config_updates={"architectures": ["DFlash2BeamDraftModel"]})
     r = invoke("convert", src, "--verifier", tiny_verifier_dir, "-o", tmp_path / "out")
     assert r.code == 3
     err = r.one()

@@ -26,7 +26,7 @@ pytest.importorskip("speculators")
 import fixtures_peagle as fp  # noqa: E402
 from cli_runner import invoke  # noqa: E402
 
-UNDESCRIBED = ("dflash2", "xpress", "eagle3", "mtp")
+UNDESCRIBED = ("xpress", "eagle3", "mtp")
 
 
 def _block_config(v: Path):
@@ -99,7 +99,7 @@ def _fp8_block(src: Path, out: Path) -> Path:
 @pytest.fixture(scope="module")
 def dirs(tmp_path_factory, tiny_verifier_dir) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("unsupported")
-    out = {kind: _speculators_dir(kind, tiny_verifier_dir, root / kind) for kind in UNDESCRIBED}
+    out = {kind: _speculators_dir(kind, tiny_verifier_dir, root / kind) for kind in (*UNDESCRIBED, "dflash2")}
     dflash = fp.build_speculators_block(tiny_verifier_dir, root / "dflash", "dflash")
     out["fp8_block"] = _fp8_block(dflash, root / "fp8_block")
     return out
@@ -132,10 +132,11 @@ def test_the_refusal_asks_the_algorithm_table(dirs, monkeypatch):
     from specconv.format import algorithms
     from specconv.validate.run import _refuse_unsupported
 
+    _refuse_unsupported(dirs["dflash2"], "dflash2")  # described since DFlash2 got its description: not refused
     with pytest.raises(Exception, match="speculators_other"):
-        _refuse_unsupported(dirs["dflash2"], "dflash2")
-    monkeypatch.setattr(algorithms, "ALGORITHMS", {**algorithms.ALGORITHMS, "dflash2": algorithms.DFLASH})
-    _refuse_unsupported(dirs["dflash2"], "dflash2")  # described now: not refused
+        _refuse_unsupported(dirs["xpress"], "xpress")
+    monkeypatch.setattr(algorithms, "ALGORITHMS", {**algorithms.ALGORITHMS, "xpress": algorithms.DFLASH})
+    _refuse_unsupported(dirs["xpress"], "xpress")  # described now: not refused
 
 
 def test_a_quantized_speculators_dir_is_refused_with_what_is_true(dirs, tiny_verifier_dir, tmp_path):
