@@ -20,6 +20,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationErr
 from .errors import InvalidInputError
 from .fileio import atomic_write, read_json_object
 from .results import GgufExport, OnnxExport, SglangExport
+from .results.shapes import Finding, LayerIds, TensorFate, VerifierGguf
 
 #: file name inside a drafter directory
 SPECCONV_JSON = "specconv.json"
@@ -78,11 +79,13 @@ class ConversionSection(_Model):
     algorithm: str | None = None
     source: SourceRef = Field(default_factory=SourceRef)
     verifier: VerifierRef | None = None
-    layer_ids: dict[str, Any] | None = None
+    layer_ids: LayerIds | None = None
     dtype: str | None = None
+    #: the converter's own options as used (``ConversionPlan.options``): their keys are each converter's
     options: dict[str, Any] = Field(default_factory=dict)
-    tensors: dict[str, dict[str, Any]] = Field(default_factory=dict)
-    findings: list[dict[str, Any]] = Field(default_factory=list)
+    #: output tensor name (a dropped source tensor: ``<dropped>`` + its name) → what happened to it
+    tensors: dict[str, TensorFate] = Field(default_factory=dict)
+    findings: list[Finding] = Field(default_factory=list)
     notes: list[str] = Field(default_factory=list)
     output_files: list[str] = Field(default_factory=list)
     versions: dict[str, str] = Field(default_factory=dict)
@@ -128,6 +131,7 @@ class ChatTemplateRef(_Model):
     source: str | None = None
     path: RecordPath = None
     sha256: str | None = None
+    #: the ``--chat-template-kwargs`` object: whatever variables the template reads
     kwargs: dict[str, Any] | None = None
     thinking: str | None = None
     thinking_option: str | None = None
@@ -151,7 +155,7 @@ class LlamaCppServeSummary(ServedEngine):
     """The llama-server that served the drafter's GGUF (``--backend llamacpp``; docs/llamacpp.md)."""
 
     commit: str | None = None
-    verifier_gguf: dict[str, Any] | None = None
+    verifier_gguf: VerifierGguf | None = None
     tau: float | None = None
     tau_torch: float | None = None
     lossless: bool | None = None
@@ -183,7 +187,7 @@ class ValidationSection(_Model):
     dtype: str | None = None
     prompts: PromptsRef | None = None
     chat_template: ChatTemplateRef | None = None
-    findings: list[dict[str, Any]] | None = None
+    findings: list[Finding] | None = None
     max_new_tokens: int | None = None
     temperature: float | None = None
     specconv_version: str | None = None

@@ -10,6 +10,7 @@ Importable by name from every room (``from cli_runner import invoke``), like
 
 from __future__ import annotations
 
+import contextlib
 import json as _json
 import os
 import subprocess
@@ -74,8 +75,39 @@ def invoke(*argv: Any, as_json: bool = True, env: dict[str, str] | None = None, 
     if command is None:
         from specconv.cli.main import cli as command
     extra = {k: v for k, v in (("prog_name", prog_name), ("terminal_width", terminal_width)) if v is not None}
-    r = CliRunner().invoke(command, _argv(argv, as_json), env=env, catch_exceptions=catch, **extra)
+    with validated_results():
+        r = CliRunner().invoke(command, _argv(argv, as_json), env=env, catch_exceptions=catch, **extra)
     return CliOutcome(r.exit_code, r.stdout, r.stderr, r.exception)
+
+
+def check_result(result: Any) -> None:
+    """``result`` validates against its own model (``specconv.results``): a stage builds it with
+    ``model_construct`` (nothing checked on the command's path), so a producer that puts a wrongly
+    typed value in a field, or a nested object of the wrong shape, fails here.
+
+    Raises:
+        pydantic.ValidationError: a value does not match the declared type.
+    """
+    type(result).model_validate(result.to_dict())
+
+
+@contextlib.contextmanager
+def validated_results():
+    """While inside, every result the CLI renders (``specconv.cli.common.render``) is first
+    checked by :func:`check_result`; a result that does not validate raises out of the command."""
+    from specconv.cli import common
+
+    original = common.render
+
+    def render(result: Any, output_format: str) -> None:
+        check_result(result)
+        original(result, output_format)
+
+    common.render = render
+    try:
+        yield
+    finally:
+        common.render = original
 
 
 def specconv_argv(*argv: Any, as_json: bool = True) -> list[str]:

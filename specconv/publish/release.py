@@ -15,6 +15,7 @@ from typing import Any
 from ..errors import GateFailedError, InvalidInputError, SpecconvError
 from ..prompts import ChatOptions
 from ..results import PushResult, ReleaseResult
+from ..results.shapes import ReleaseStep
 from .push import PushOptions, push
 
 
@@ -42,21 +43,23 @@ class ReleaseOptions:
 def _step(res: ReleaseResult, name: str, fn: Callable[[], Any]) -> Any:
     """Run one step, record its status and duration; a failure stops the release."""
     t0 = time.perf_counter()
-    entry: dict[str, Any] = {"step": name, "status": "running"}
+    entry: ReleaseStep = {"step": name, "status": "running"}
     res.steps.append(entry)
     try:
         out = fn()
     except SpecconvError as e:
         hint = {"hint": e.hint} if e.hint else {}
-        entry.update(status="failed", exit_code=e.exit_code, error=e.code, message=e.message, **hint,
-                     duration_s=round(time.perf_counter() - t0, 3))
+        entry.update({"status": "failed", "exit_code": e.exit_code, "error": e.code, "message": e.message})
+        if e.hint:
+            entry["hint"] = e.hint
+        entry["duration_s"] = round(time.perf_counter() - t0, 3)
         for k, v in dict(status="failed", failed_step=name, exit_code=e.exit_code, error=e.code, message=e.message,
                          **hint).items():
             setattr(res, k, v)
         e.result = res
         _github(res)
         raise
-    entry.update(status="ok", exit_code=0, duration_s=round(time.perf_counter() - t0, 3))
+    entry.update({"status": "ok", "exit_code": 0, "duration_s": round(time.perf_counter() - t0, 3)})
     return out
 
 
@@ -122,7 +125,7 @@ def release(src: str, opts: ReleaseOptions, push_opts: PushOptions) -> ReleaseRe
     _engine_steps(res, opts, push_opts, drafter, work)
     _local_card(drafter, push_opts)
     pushed: PushResult = _step(res, "push", lambda: push(drafter, push_opts))
-    res.push = pushed.to_dict()
+    res.push = pushed
     res.status, res.exit_code = pushed.status, pushed.exit_status()
     res.commit_oid, res.commit_url, res.pr_url = pushed.commit_oid, pushed.commit_url, pushed.pr_url
     _github(res)
@@ -169,7 +172,7 @@ def _engine_steps(res: ReleaseResult, opts: ReleaseOptions, push_opts: PushOptio
         summary = _step(res, cap.release_key, functools.partial(cap.release_step, drafter, work, options, value))
         setattr(res, cap.release_key, summary)
         if isinstance(summary, dict) and summary.get("skipped"):
-            res.steps[-1].update(status="skipped", reason=summary["skipped"])
+            res.steps[-1].update({"status": "skipped", "reason": summary["skipped"]})
 
 
 def _local_card(drafter: Path, push_opts: PushOptions) -> None:

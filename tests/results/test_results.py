@@ -51,8 +51,10 @@ def test_validation_report_exit_status_and_section(tmp_path):
     rep = ValidationReport.of({"gates": {"structure": True, "parity": False}, "passed": False,
                                "device": {"device": "cpu"},
                                "prompts": {"set": "eval", "n": 2, "ids": ["a", "b"]}, "verifier": HUB,
-                               "gate_results": [{"name": "parity", "details": {"kl_max": 0.25}}],
-                               "lossless": {"exact_match": 1.0}, "versions": {"torch": "2.0"}})
+                               "gate_results": [{"name": "parity", "passed": False, "status": "failed", "errors": [],
+                                                 "warnings": [], "details": {"kl_max": 0.25}, "skipped_reason": None}],
+                               "lossless": {"exact_match": 1.0, "n": 2, "first_div": [], "near_tie": []},
+                               "versions": {"torch": "2.0"}})
     assert rep.failed_gates() == ["parity"] and rep.exit_status() == 4
     s = validation_section(rep, tmp_path)
     assert isinstance(s, ValidationSection)
@@ -81,7 +83,7 @@ def test_every_command_result_renders_json_and_human():
     assert json.loads(push.to_json())["schema"] == "specconv.publish/v1" and push.exit_status() == 10
     assert "add       x" in push.human()
     rel = ReleaseResult.of({"schema": "specconv.release/v1", "status": "running", "steps": [], "exit_code": 0})
-    rel.validate_ = {"gates": {}}
+    rel.validate_ = {"acceptance_length": 2.5, "tau_ci95": None, "gates": {}, "parity_kl_max": 0.01}
     assert set(json.loads(rel.to_json())) == {"schema", "status", "steps", "exit_code", "validate"}
     ReleaseResult.model_validate(rel.to_dict())
     eng = BuildEngineResult.of({"path": "/d/trt/k", "plan_bytes": 3, "builder": "rtx", "trt_version": "1", "dtype": "f",

@@ -16,7 +16,35 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from .errors import EXIT_GATE_FAILED, EXIT_INVALID_INPUT, EXIT_WOULD_CHANGE, GateFailedError
+from ..errors import EXIT_GATE_FAILED, EXIT_INVALID_INPUT, EXIT_WOULD_CHANGE, GateFailedError
+from .shapes import (
+    AcceptanceMetrics,
+    ChatTemplate,
+    ConverterRow,
+    Device,
+    Finding,
+    GateResult,
+    GgufCheck,
+    LayerIds,
+    Lossless,
+    NonFinite,
+    ParityCheck,
+    PlanSummary,
+    Prompts,
+    PushFile,
+    ReleaseConvert,
+    ReleaseEngine,
+    ReleaseExport,
+    ReleaseGguf,
+    ReleaseSglang,
+    ReleaseStep,
+    ReleaseValidate,
+    SglangLoad,
+    SglangResolved,
+    VerifierGguf,
+    VllmLoad,
+    VllmServe,
+)
 
 
 def plain(obj: Any) -> Any:
@@ -93,15 +121,15 @@ def _fates(fates: dict[str, int]) -> str:
     return ", ".join(f"{k} {v}" for k, v in fates.items())
 
 
-def _k_of(cfg: dict[str, Any]) -> Any:
+def _k_of(cfg: dict[str, Any]) -> Any:  # the config.json: open (PlanSummary.config)
     return cfg["speculators_config"]["proposal_methods"][0]["speculative_tokens"]
 
 
-def _layer_ids(li: dict[str, Any]) -> str:
+def _layer_ids(li: LayerIds) -> str:
     return f"{li['source_ids']} ({li['source_convention']}) → {li['speculators_ids']}"
 
 
-def _finding_lines(findings: list[dict[str, Any]]) -> list[str]:
+def _finding_lines(findings: list[Finding]) -> list[str]:
     return [f"  {f['level']:7} [{f['code']}] {f['message']}" for f in findings]
 
 
@@ -127,8 +155,8 @@ class ConversionResult(StageResult):
     source: str
     output: str | None = None
     dry_run: bool = False
-    plan: dict[str, Any] = Field(default_factory=dict)
-    findings: list[dict[str, Any]] = Field(default_factory=list)
+    plan: PlanSummary
+    findings: list[Finding] = Field(default_factory=list)
     files: list[str] | None = None
     verifier_bytes_read: int | None = None
     verifier_bytes_needed: int | None = None
@@ -142,8 +170,8 @@ class ConversionResult(StageResult):
         ]
         if p.get("casts"):
             lines.append("  cast: " + ", ".join(f"{k} ×{v}" for k, v in p["casts"].items()))
-        if p.get("layer_ids"):
-            lines.append(f"  aux layer ids: {_layer_ids(p['layer_ids'])}")
+        if li := p.get("layer_ids"):
+            lines.append(f"  aux layer ids: {_layer_ids(li)}")
         cfg = p["config"]
         extra = f", block_size {cfg['block_size']}" if "block_size" in cfg else ""
         lines.append(f"  mask_token_id {cfg.get('mask_token_id')}{extra}, speculative_tokens {_k_of(cfg)}")
@@ -166,14 +194,14 @@ class InspectResult(StageResult):
 
     path: str
     selected: str | None = None
-    findings: list[dict[str, Any]] = Field(default_factory=list)
+    findings: list[Finding] = Field(default_factory=list)
     format: str | None = None
     algorithm: str | None = None
     supported: bool = False
     reason: str | None = None
     title: str | None = None
-    plan: dict[str, Any] | None = None
-    nonfinite: list[dict[str, Any]] | None = None
+    plan: PlanSummary | None = None
+    nonfinite: list[NonFinite] | None = None
 
     def exit_status(self) -> int:
         """3 when the source is not supported, lint reports an error or ``--scan`` found
@@ -196,8 +224,8 @@ class InspectResult(StageResult):
             lines.append(f"plan:      {plan['tensors']} tensors ({_fates(plan['fates'])}), "
                          f"{plan['bytes'] / 1e6:.1f} MB; speculative_tokens {_k_of(cfg)}, "
                          f"mask_token_id {cfg.get('mask_token_id')}")
-            if plan.get("layer_ids"):
-                lines.append(f"           aux layer ids {_layer_ids(plan['layer_ids'])}")
+            if li := plan.get("layer_ids"):
+                lines.append(f"           aux layer ids {_layer_ids(li)}")
         errors = sum(f["level"] == "error" for f in self.findings)
         if self.findings:
             lines.append(f"lint:      {errors} error(s), {len(self.findings) - errors} other finding(s)")
@@ -255,22 +283,22 @@ class ValidationReport(StageResult):
     algorithm: str | None = None
     k: int | None = None
     aux_layer_ids: list[int] | None = None
-    gate_results: list[dict[str, Any]] = Field(default_factory=list)
+    gate_results: list[GateResult] = Field(default_factory=list)
     gates: dict[str, bool] = Field(default_factory=dict)
     passed: bool | None = None
     acceptance_length: float | None = None
     acceptance_at_pos: list[float] | None = None
     tau_ci95: list[float] | None = None
-    source_metrics: dict[str, Any] | None = None
-    lossless: dict[str, Any] | None = None
-    device: dict[str, Any] | None = None
-    prompts: dict[str, Any] | None = None
-    chat_template: dict[str, Any] | None = None
-    findings: list[dict[str, Any]] | None = None
+    source_metrics: AcceptanceMetrics | None = None
+    lossless: Lossless | None = None
+    device: Device | None = None
+    prompts: Prompts | None = None
+    chat_template: ChatTemplate | None = None
+    findings: list[Finding] | None = None
     versions: dict[str, str | None] | None = None
-    vllm_load: dict[str, Any] | None = None
-    vllm_serve: dict[str, Any] | None = None
-    sglang_load: dict[str, Any] | None = None
+    vllm_load: VllmLoad | None = None
+    vllm_serve: VllmServe | None = None
+    sglang_load: SglangLoad | None = None
     report_files: dict[str, str | None] | None = None
     plot: str | None = None
     error: str | None = None
@@ -373,7 +401,7 @@ class FormatsResult(StageResult):
             ``supported``, ``title``, ``detection``, ``mapping``, ...).
     """
 
-    formats: list[dict[str, Any]] = Field(default_factory=list)
+    formats: list[ConverterRow] = Field(default_factory=list)
 
     def human(self) -> str:
         lines = [f"{'format':28} {'algorithm':9} {'supported':9} source"]
@@ -409,7 +437,7 @@ class OnnxExport(BaseModel):
     dynamic: dict[str, dict[str, int]] | None = None
     block_size: int | None = None
     census: dict[str, int] | None = None
-    parity: dict[str, Any] | None = None
+    parity: dict[str, ParityCheck | None] | None = None
     parity_passed: bool | None = None
     checked: bool | None = None
     created: str | None = None
@@ -421,9 +449,10 @@ class ExportOnnxResult(StageResult, OnnxExport):
     ``export.onnx`` section holds, there with ``output`` relative), ``output`` absolute."""
 
     def human(self) -> str:
+        dyn = self.dynamic or {}
         lines = [f"exported:  {self.output}  ({self.algorithm}, {self.dtype}, opset {self.opset}, "
                  f"block {self.block_size})",
-                 f"dynamic:   batch 1..{self.dynamic['batch']['max']}, context 1..{self.dynamic['context']['max']}",
+                 f"dynamic:   batch 1..{dyn['batch']['max']}, context 1..{dyn['context']['max']}",
                  f"verifier weights baked in: {'yes' if self.contains_verifier_weights else 'no'}"]
         for name, p in (self.parity or {}).items():
             if not p:
@@ -481,7 +510,7 @@ class PushResult(StageResult):
     repo_id: str | None = None
     repo_type: str | None = None
     endpoint: str | None = None
-    files: list[dict[str, Any]] = Field(default_factory=list)
+    files: list[PushFile] = Field(default_factory=list)
     bytes_to_upload: int | None = None
     would_change: bool | None = None
     detailed_exitcode: bool = False
@@ -525,17 +554,17 @@ class ReleaseResult(StageResult):
 
     schema_: str | None = Field(default=None, alias="schema")
     status: str | None = None
-    steps: list[dict[str, Any]] = Field(default_factory=list)
+    steps: list[ReleaseStep] = Field(default_factory=list)
     repo_id: str | None = None
     dry_run: bool | None = None
     exit_code: int = 0
-    convert: dict[str, Any] | None = None
-    validate_: dict[str, Any] | None = Field(default=None, alias="validate")
-    export: dict[str, Any] | None = None
-    engine: dict[str, Any] | None = None
-    sglang: dict[str, Any] | None = None
-    gguf: dict[str, Any] | None = None
-    push: dict[str, Any] | None = None
+    convert: ReleaseConvert | None = None
+    validate_: ReleaseValidate | None = Field(default=None, alias="validate")
+    export: ReleaseExport | None = None
+    engine: ReleaseEngine | None = None
+    sglang: ReleaseSglang | None = None
+    gguf: ReleaseGguf | None = None
+    push: PushResult | None = None
     commit_oid: str | None = None
     commit_url: str | None = None
     pr_url: str | None = None
@@ -581,8 +610,8 @@ class GgufExport(BaseModel):
     not_written: dict[str, str] | None = None
     contains_verifier_weights: bool | None = None
     verifier_weights: list[str] | None = None
-    verifier_gguf: dict[str, Any] | None = None
-    check: dict[str, Any] | None = None
+    verifier_gguf: VerifierGguf | None = None
+    check: GgufCheck | None = None
     created: str | None = None
 
 
@@ -632,11 +661,11 @@ class SglangExport(BaseModel):
     files: dict[str, str] = Field(default_factory=dict)
     drafter_files: dict[str, str] | None = None
     env: dict[str, str] | None = None
-    expected: dict[str, Any] | None = None
+    expected: SglangResolved | None = None
     target_supplied: list[str] | None = None
     notes: list[str] = Field(default_factory=list)
     launch: list[str] | None = Field(default_factory=list)
-    check: dict[str, Any] | None = None
+    check: SglangLoad | None = None
 
 
 class ExportSglangResult(StageResult, SglangExport):
@@ -650,7 +679,7 @@ class ExportSglangResult(StageResult, SglangExport):
         lines = [f"exported:  {self.output}  ({self.algorithm} → SGLang {self.speculative_algorithm}, "
                  f"{self.architecture})",
                  f"files:     {', '.join(sorted(self.files))} (weights byte-identical)",
-                 f"serve:     {(env + ' ') if env else ''}{shlex.join(self.launch)}"]
+                 f"serve:     {(env + ' ') if env else ''}{shlex.join(self.launch or [])}"]
         lines += [f"note:      {n}" for n in self.notes]
         c = self.check
         lines.append(f"check:     passed: SGLang {c['version']} loaded it strictly ({c['class']}, "
