@@ -314,6 +314,16 @@ class ConverterRow(TypedDict):
 
 
 @with_config(_OPEN)
+class ParityTolerance(TypedDict, total=False):
+    """What a parity check allowed (``specconv.engines.onnx.parity``): ``max_abs`` (None: no bound),
+    the near-tie margin, and the top-1 rule in words (``100%`` / ``100% outside near-ties``)."""
+
+    max_abs: float | None
+    near_tie_margin: float
+    top1: str
+
+
+@with_config(_OPEN)
 class ParityCheck(TypedDict, total=False):
     """One graph's ONNX Runtime parity check (``specconv.engines.onnx.parity``), or ``{skipped}``."""
 
@@ -322,8 +332,7 @@ class ParityCheck(TypedDict, total=False):
     dtype: str
     top1: float
     max_abs: float
-    #: the tolerances applied (``top1``, ``max_abs``, ``near_tie_margin``)
-    tolerance: dict[str, float | None]
+    tolerance: ParityTolerance
     #: one entry per checked shape (``shape``, ``n``, ``top1``, ``max_abs`` per output, mismatches)
     cases: list[dict[str, Any]]
     skipped: str
@@ -429,7 +438,8 @@ class GgufCheck(TypedDict, total=False):
     num_drafts: int
     num_draft_tokens: int
     num_accepted_tokens: int
-    acceptance_at_pos: list[float]
+    acceptance_at_pos: list[float] | None
+    #: one per differing prompt (``prompt_id``, ``first_divergence``, ``margin``, ``near_tie``)
     divergences: list[dict[str, Any]]
     prompts: list[str]
     spec_type: str
