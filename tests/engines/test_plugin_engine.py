@@ -88,6 +88,7 @@ def test_a_plugin_engine_exports_pushes_and_releases(tmp_path, double, plugin_pa
     assert "dummy/layout.txt" in card and "Dummy layout" in card
 
 
+@pytest.mark.slow
 def test_the_plugin_is_listed_without_it_nothing_is(tmp_path, double, plugin_path):
     code, _, text = _run(tmp_path, double, plugin_path, "export", "--help", as_json=False)
     assert code == 0 and "dummy" in text

@@ -39,6 +39,7 @@ def home(tmp_path, tiny_verifier_dir):
     return home, hub, tmp_path
 
 
+@pytest.mark.slow
 def test_hub_source_in_default_cache_converts(home):
     home, hub, tmp = home
     files = _zlab_files(tmp / "src")
@@ -56,6 +57,7 @@ def test_hub_source_in_default_cache_converts(home):
     assert code == 0 and (rep["format"], rep["supported"]) == ("zlab_dflash", True), (rep, err)
 
 
+@pytest.mark.slow
 def test_hub_source_subfolder_and_revision_in_default_cache(home):
     home, hub, tmp = home
     snap = hub.add("xiaomi/mimo-like", _zlab_files(tmp / "src", prefix="dflash/"), commit=OTHER)

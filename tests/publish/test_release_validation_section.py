@@ -38,6 +38,7 @@ def _cli(cwd: Path, *argv, endpoint: str | None = None) -> tuple[int, dict]:
     return r.code_json
 
 
+@pytest.mark.slow
 def test_release_records_the_validation_section_validate_records(tmp_path, smollm2_dir):
     import torch
     from conftest import make_validate_set

@@ -114,6 +114,7 @@ def conversion(tmp_path, tiny_verifier_dir) -> Path:
     return out
 
 
+@pytest.mark.slow
 def test_convert_o_home_is_refused(tmp_path, home, tiny_verifier_dir):
     before = snapshot(home)
     code, obj = _shell(CONVERT_SH.format(out="~"), cwd=tmp_path, home=home,
@@ -122,6 +123,7 @@ def test_convert_o_home_is_refused(tmp_path, home, tiny_verifier_dir):
     assert snapshot(home) == before and leftovers(tmp_path) == []
 
 
+@pytest.mark.slow
 def test_convert_o_pwd_is_refused(tmp_path, home, project, tiny_verifier_dir):
     before = snapshot(project)
     code, obj = _shell(CONVERT_SH.format(out='"$PWD"'), cwd=project, home=home,
@@ -225,6 +227,7 @@ def exported(tmp_path_factory, drafter, verifier_dir) -> Path:
 EXPORT_SH = '"$PY" -m specconv.cli.main export onnx "$DRAFTER" -o {out} --overwrite --format json'
 
 
+@pytest.mark.slow
 @torch_needed
 def test_export_o_home_and_o_pwd_are_refused(tmp_path, home, project, drafter):
     before = snapshot(home), snapshot(project)
@@ -237,8 +240,9 @@ def test_export_o_home_and_o_pwd_are_refused(tmp_path, home, project, drafter):
 
 @torch_needed
 @OVERWRITE
-@pytest.mark.parametrize("how", ["user dir", "symlink to a user dir", "a conversion", "export + user file",
-                                 "export + user file in fp32/"])
+@pytest.mark.parametrize("how", ["user dir", "symlink to a user dir", "a conversion",
+                                 *(pytest.param(h, marks=pytest.mark.slow)  # they take a real export
+                                   for h in ("export + user file", "export + user file in fp32/"))])
 def test_export_refuses_what_is_not_its_own_export(tmp_path, project, drafter, conversion, request, how, flags):
     if how == "user dir":
         out, target, found = project, project, "main.py"
@@ -260,6 +264,7 @@ def test_export_refuses_what_is_not_its_own_export(tmp_path, project, drafter, c
     assert snapshot(target) == before and leftovers(tmp_path) == []
 
 
+@pytest.mark.slow
 @torch_needed
 def test_export_replaces_its_own_earlier_export(tmp_path, exported, verifier_dir):
     d = tmp_path / "drafter"
@@ -292,6 +297,7 @@ def engine_env(monkeypatch, tmp_path, exported):
     return d
 
 
+@pytest.mark.slow
 @torch_needed
 @OVERWRITE
 @pytest.mark.parametrize("how", ["user dir", "symlink to home", "variant + user file"])
@@ -314,6 +320,7 @@ def test_build_engine_overwrite_refuses_what_is_not_its_own_variant(engine_env, 
     assert snapshot(target) == before and snapshot(engine_env / "trt") == trt_before
 
 
+@pytest.mark.slow
 @torch_needed
 @pytest.mark.parametrize("how", ["empty dir", "earlier variant", "earlier variant, build.json without files"])
 def test_build_engine_overwrite_replaces_an_empty_dir_or_its_own_variant(engine_env, how):
