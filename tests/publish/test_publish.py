@@ -21,7 +21,7 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("jinja2")
 
-from cli_runner import online_env, run_online, specconv_argv
+from cli_runner import online_env, run_in, specconv_argv
 from hub_double import HubDouble
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "smollm2-dflash-b8"
@@ -37,9 +37,8 @@ def _env(tmp: Path, double: HubDouble, token: str = TOKEN) -> dict[str, str]:
 
 
 def _cli(tmp: Path, double: HubDouble, *argv, token: str = TOKEN, env_extra=None):
-    r = run_online(double.url, tmp / "hf-home", *argv, token=token, cwd=tmp / "cwd", timeout=600,
-                   **{**FAST_RETRY, **(env_extra or {})})
-    return r.code, r.json, r.stdout + r.stderr
+    """The shared :func:`cli_runner.run_in` with this module's token and fast retries."""
+    return run_in(tmp, *argv, endpoint=double.url, token=token, **FAST_RETRY, **(env_extra or {})).code_json_output
 
 
 @pytest.fixture(scope="module")

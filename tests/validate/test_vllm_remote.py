@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
-from cli_runner import invoke
+from cli_runner import validate
 
 HUB_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"
 K = 7  # the bundled drafter's num_speculative_tokens
@@ -151,11 +151,9 @@ def converted(tmp_path_factory, bundled_drafter) -> Path:
 
 
 def _validate(d: Path, verifier: Path, tmp_path: Path, *args: str, env: dict | None = None):
-
-    r = invoke("validate", d, "--verifier", verifier, "--backend", "vllm",
-               "--num-prompts", "3", "--max-new-tokens", "8", "--report-dir", tmp_path / "rep",
-               *args, env=env, catch=True)
-    return r, json.loads(r.stdout) if r.stdout.strip() else None
+    r = validate(d, verifier, "--backend", "vllm", "--num-prompts", "3", "--max-new-tokens", "8",
+                 "--report-dir", tmp_path / "rep", *args, env=env, catch=True)
+    return r, r.json
 
 
 def _snapshot(d: Path) -> dict[str, bytes]:
