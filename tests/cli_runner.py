@@ -3,6 +3,9 @@
 answering a :class:`CliOutcome`; :func:`online_env` / :func:`run_online` run it against the
 loopback Hub double (``tests/hub_double.py``), :func:`offline_env` without any inherited Hub
 setting; :func:`specconv_argv` is the command line for a test that needs the process itself.
+The commands' common command lines are shared here too (:func:`convert`, :func:`validate`,
+:func:`release_argv`, and :func:`run_in` for a subprocess whose Hub state lives under a test's
+``tmp``), so a test module needs no wrapper of its own.
 
 Importable by name from every room (``from cli_runner import invoke``), like
 ``fixtures_dflash``. tests/golden/ keeps its own recording runner (``workspace.run_cli``).
@@ -52,6 +55,16 @@ class CliOutcome:
     def code_json_stderr(self) -> tuple[int, Any, str]:
         """``(code, json, stderr)``."""
         return self.code, self.json, self.stderr
+
+    @property
+    def code_output(self) -> tuple[int, str]:
+        """``(code, stdout + stderr)``, for a run without ``--format json``."""
+        return self.code, self.output
+
+    @property
+    def code_json_output(self) -> tuple[int, Any, str]:
+        """``(code, json, stdout + stderr)``."""
+        return self.code, self.json, self.output
 
     def one(self) -> dict:
         """stdout as exactly one JSON object (``json.loads`` rejects trailing data)."""
@@ -139,12 +152,17 @@ def run_online(endpoint: str, hf_home: Path, *argv: Any, token: str | None = Non
                         timeout=timeout)
 
 
-def offline_env(**extra: str) -> dict[str, str]:
+def offline_env(**extra: str | None) -> dict[str, str]:
     """This environment without any ``HF_*`` / ``HUGGINGFACE_*`` / ``GITHUB_*`` variable, then
-    huggingface_hub offline, one OpenMP thread, and ``extra`` on top (e.g. ``HF_HOME``, ``HOME``)."""
+    huggingface_hub offline, one OpenMP thread, and ``extra`` on top (e.g. ``HF_HOME``, ``HOME``;
+    a ``None`` value unsets the variable)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "HUGGINGFACE_", "GITHUB_"))}
     env.update(HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1")
-    env.update(extra)
+    for k, v in extra.items():
+        if v is None:
+            env.pop(k, None)
+        else:
+            env[k] = v
     return env
 
 
@@ -162,3 +180,50 @@ def online_env(endpoint: str, hf_home: Path, token: str | None = None, **extra: 
         env["HF_TOKEN"] = token
     env.update(extra)
     return env
+
+
+def run_in(tmp: Path, *argv: Any, endpoint: str | None = None, token: str | None = None, cwd: Path | None = None,
+           as_json: bool = True, timeout: int = 600, **extra: str) -> CliOutcome:
+    """:func:`run_specconv` with its Hub state under ``tmp``: ``HF_HOME`` ``tmp/hf-home``, run in
+    ``cwd`` (default ``tmp/cwd``); online against ``endpoint`` (the loopback Hub double's URL,
+    :func:`online_env`, ``token`` as ``HF_TOKEN``) or, without one, offline (:func:`offline_env`);
+    ``extra``: more variables on top."""
+    cwd = tmp / "cwd" if cwd is None else cwd
+    if endpoint is None:
+        env = offline_env(HF_HOME=str(tmp / "hf-home"), **extra)
+    else:
+        env = online_env(endpoint, tmp / "hf-home", token, **extra)
+    return run_specconv(*argv, as_json=as_json, cwd=cwd, env=env, timeout=timeout)
+
+
+#: The name the suite records for the real SmolLM2 verifier (``--verifier-name``).
+SMOLLM2_HUB_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"
+
+
+def convert_argv(src: Any, verifier: Any, out: Any = None, *extra: Any, name: str | None = None) -> list[Any]:
+    """``convert SRC --verifier V [--verifier-name NAME] [-o OUT] EXTRA``."""
+    argv = ["convert", src, "--verifier", verifier]
+    if name:
+        argv += ["--verifier-name", name]
+    if out is not None:
+        argv += ["-o", out]
+    return [*argv, *extra]
+
+
+def convert(src: Any, verifier: Any, out: Any = None, *extra: Any, name: str | None = None, **kw: Any) -> CliOutcome:
+    """:func:`invoke` of :func:`convert_argv` (``kw``: :func:`invoke`'s options)."""
+    return invoke(*convert_argv(src, verifier, out, *extra, name=name), **kw)
+
+
+def validate(d: Any, verifier: Any, *extra: Any, **kw: Any) -> CliOutcome:
+    """``specconv validate D --verifier V EXTRA`` in-process (``kw``: :func:`invoke`'s options)."""
+    return invoke("validate", d, "--verifier", verifier, *extra, **kw)
+
+
+def release_argv(src: Any, verifier: Any, repo_id: str, work_dir: Any, *extra: Any,
+                 name: str | None = SMOLLM2_HUB_ID) -> list[Any]:
+    """``release SRC --verifier V [--verifier-name NAME] --repo-id R --work-dir W EXTRA``."""
+    argv = ["release", src, "--verifier", verifier]
+    if name:
+        argv += ["--verifier-name", name]
+    return [*argv, "--repo-id", repo_id, "--work-dir", work_dir, *extra]

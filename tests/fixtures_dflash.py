@@ -337,14 +337,9 @@ HUB = "org/tiny-qwen3"
 
 def cli_convert(src, verifier, out, *args, name=HUB):
     """Run ``specconv convert --format json`` in-process; return (exit code, JSON, stderr)."""
-    from cli_runner import invoke
+    from cli_runner import convert
 
-    argv = ["convert", src, "--verifier", verifier]
-    if name:
-        argv += ["--verifier-name", name]
-    if out is not None:
-        argv += ["-o", out]
-    return invoke(*argv, *args).code_json_stderr
+    return convert(src, verifier, out, *args, name=name).code_json_stderr
 
 
 def api_convert(src, verifier, out=None, *, name=HUB, max_shard_size=None, overwrite=False, dry_run=False, **opts):

@@ -360,6 +360,7 @@ main()
 """
 
 
+@pytest.mark.slow
 def test_sigterm_mid_write_removes_temp_dir(tmp_path, tiny_verifier_dir):
     out = tmp_path / "out"
     before = _earlier_output(out, tiny_verifier_dir)
@@ -410,6 +411,7 @@ def test_failed_rename_restores_previous_output(tmp_path, tiny_verifier_dir, mon
     assert sha_tree(out) == before and leftovers(tmp_path) == []
 
 
+@pytest.mark.slow
 def test_two_converts_into_one_output(tmp_path, tiny_verifier_dir):
     """Two processes at once: each either writes a complete output or fails cleanly."""
     src, out = make_source(tmp_path), tmp_path / "out"

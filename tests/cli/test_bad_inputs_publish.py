@@ -59,6 +59,7 @@ def test_push_accepts_a_version_tag_in_a_dry_run(converted, double, tmp_path):
     assert code == 0 and out["status"] == "dry_run" and out["tag"] == "v1.2.3", out
 
 
+@pytest.mark.slow
 def test_push_dry_run_offline_is_exit_3_with_a_hint_for_a_push(converted, double, tmp_path):
     """``HF_HUB_OFFLINE=1`` (the Makefile's default): a push reads the remote state even for
     ``--dry-run``; the hint says to go online, not to fill a download cache."""

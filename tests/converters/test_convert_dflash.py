@@ -88,6 +88,7 @@ def zlab_real(tmp_path_factory):
     }
 
 
+@pytest.mark.slow
 @pytest.mark.peer
 @pytest.mark.parametrize("variant", ["plain", "last"])
 def test_real_zlab_converts_and_runs_in_speculators(variant, zlab_real, smollm2_dir, tmp_path):
@@ -111,6 +112,7 @@ def test_real_zlab_converts_and_runs_in_speculators(variant, zlab_real, smollm2_
     assert tuple(logits.shape) == (1, 2 * 8, 49152)
 
 
+@pytest.mark.slow
 @pytest.mark.peer
 def test_real_matches_speculators_converter(zlab_real, smollm2_dir, tmp_path):
     """Same z-lab input through speculators' own DFlash converter: body tensors are
@@ -145,6 +147,7 @@ def test_real_matches_speculators_converter(zlab_real, smollm2_dir, tmp_path):
     assert "model_type" not in ca and "model_type" not in cb
 
 
+@pytest.mark.slow
 @pytest.mark.peer
 def test_real_last_layer_speculators_drops_we_keep(zlab_real, smollm2_dir, tmp_path):
     """speculators_format.md §7.5: speculators' converter drops aux id 30 (= num layers)

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from cli_runner import invoke
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "smollm2-dflash-b8"
@@ -21,6 +23,7 @@ def _codes(*argv) -> list[str]:
     return sorted(f["code"] for f in obj["findings"])
 
 
+@pytest.mark.slow
 def test_inspect_with_a_verifier_reports_the_findings_convert_dry_run_reports(smollm2_dir, tmp_path):
     for name in ((), ("--verifier-name", "HuggingFaceTB/SmolLM2-135M-Instruct")):
         dry = _codes("convert", EXAMPLE, "--verifier", smollm2_dir, *name, "--dry-run")

@@ -139,6 +139,7 @@ def tiny(tiny_verifier_dir, tmp_path_factory):
 TINY_PROMPTS = [("a", [5, 17, 3, 42, 8, 11, 60, 9] * 4), ("b", [7, 7, 1, 30, 99])]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["dflash-zlab", "dflash-swa", "dspark-deepspec", "peagle"])
 def test_cached_equals_stateless_tiny(kind, tiny, tiny_runner):
     drafter = tiny(kind)
@@ -216,6 +217,7 @@ def bundled(bundled_drafter, smollm2_dir):
     return drafter, runner
 
 
+@pytest.mark.slow
 def test_cached_equals_stateless_bundled(bundled):
     from specconv.prompts import load_prompts, render
 

@@ -517,6 +517,7 @@ def test_import_is_torch_free():
 
 
 # ------------------------------------------------------------ real verifier (SmolLM2)
+@pytest.mark.slow
 def test_real_smollm2_features_fp32_vs_fp16(tmp_path):
     """A SmolLM2-shaped DFlash drafter (H=576, 9/3 heads) on real captured aux states.
 

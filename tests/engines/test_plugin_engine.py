@@ -5,6 +5,7 @@ push publishes its checked files and the card lists them."""
 
 from __future__ import annotations
 
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -12,7 +13,7 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("jinja2")
 
-from cli_runner import run_online  # noqa: E402
+from cli_runner import run_in  # noqa: E402
 from hub_double import HubDouble  # noqa: E402
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -41,46 +42,40 @@ def double():
     d.stop()
 
 
-def _run(tmp: Path, double: HubDouble, plugin_path: str, *argv, as_json: bool = True):
-    r = run_online(double.url, tmp / "hf-home", *argv, token=TOKEN, cwd=tmp / "cwd", timeout=600, as_json=as_json,
-                   PYTHONPATH=plugin_path)
-    return r.code, (r.json if as_json else None), r.output
-
-
 @pytest.mark.slow
 def test_a_plugin_engine_exports_pushes_and_releases(tmp_path, double, plugin_path, smollm2_dir):
     d = tmp_path / "drafter"
-    code, out, text = _run(tmp_path, double, plugin_path, "convert", EXAMPLE, "--verifier", smollm2_dir,
-                           "--verifier-name", SMOLLM2, "-o", d)
+    run = partial(run_in, tmp_path, endpoint=double.url, token=TOKEN, PYTHONPATH=plugin_path)
+    code, out, text = run("convert", EXAMPLE, "--verifier", smollm2_dir, "--verifier-name", SMOLLM2,
+                          "-o", d).code_json_output
     assert code == 0, text[-2000:]
-    code, out, text = _run(tmp_path, double, plugin_path, "validate", d, "--verifier", smollm2_dir, *TINY,
-                           "--dummy-load-check")
+    code, out, text = run("validate", d, "--verifier", smollm2_dir, *TINY, "--dummy-load-check").code_json_output
     assert code == 0 and out["dummy_load"]["ok"] and out["dummy_load"]["model_type"] == "dflash", text[-2000:]
-    code, out, text = _run(tmp_path, double, plugin_path, "validate", d, "--verifier", smollm2_dir, *TINY,
-                           "--dummy-load-check", "--dummy-loader-python", tmp_path / "no-python")
+    code, out, text = run("validate", d, "--verifier", smollm2_dir, *TINY, "--dummy-load-check",
+                          "--dummy-loader-python", tmp_path / "no-python").code_json_output
     assert code == 3 and out["error"] == "dummy_python_missing", text[-2000:]
-    code, out, text = _run(tmp_path, double, plugin_path, "validate", d, "--verifier", smollm2_dir, *TINY,
-                           "--backend", "dummy", "--report-dir", tmp_path / "served")
+    code, out, text = run("validate", d, "--verifier", smollm2_dir, *TINY, "--backend", "dummy",
+                          "--report-dir", tmp_path / "served").code_json_output
     assert code == 0 and out["backend"] == "dummy", text[-2000:]
     assert out["dummy_serve"]["tau"] == pytest.approx(3.0) and out["acceptance_length"] == pytest.approx(3.0)
     gates = {g["name"]: g for g in out["gate_results"]}
     assert gates["acceptance"]["status"] == "passed" and gates["parity"]["status"] == "skipped"
     assert gates["lossless"]["status"] == "passed" and gates["lossless"]["details"]["reference"] == "dummy_plain"
-    code, out, text = _run(tmp_path, double, plugin_path, "export", "dummy", d, "--greeting", "hi")
+    code, out, text = run("export", "dummy", d, "--greeting", "hi").code_json_output
     assert code == 0 and out["check"] == {"passed": True}, text[-2000:]
     assert (d / "dummy" / "layout.txt").read_text() == "hi dflash\n"
-    code, out, text = _run(tmp_path, double, plugin_path, "push", d, "--repo-id", "specconv-test/plugin", "--dry-run")
+    code, out, text = run("push", d, "--repo-id", "specconv-test/plugin", "--dry-run").code_json_output
     assert code == 0 and out["status"] == "dry_run", text[-2000:]
     planned = {f["path"] for f in out["files"]}
     assert {"dummy/layout.txt", "dummy/dummy_meta.json"} <= planned
     (d / "dummy" / "layout.txt").write_text("changed after its check\n")
-    code, out, text = _run(tmp_path, double, plugin_path, "push", d, "--repo-id", "specconv-test/plugin", "--dry-run")
+    code, out, text = run("push", d, "--repo-id", "specconv-test/plugin", "--dry-run").code_json_output
     assert code == 4 and out["error"] == "ungated_file" and "dummy/layout.txt" in out["message"], text[-2000:]
 
     work = tmp_path / "work"
-    code, out, text = _run(tmp_path, double, plugin_path, "release", EXAMPLE, "--verifier", smollm2_dir,
-                           "--verifier-name", SMOLLM2, "--repo-id", "specconv-test/plugin-release", "--dry-run",
-                           "--work-dir", work, "--export-dummy", *TINY)
+    code, out, text = run("release", EXAMPLE, "--verifier", smollm2_dir, "--verifier-name", SMOLLM2,
+                          "--repo-id", "specconv-test/plugin-release", "--dry-run", "--work-dir", work,
+                          "--export-dummy", *TINY).code_json_output
     assert code == 0, text[-3000:]
     assert [s["step"] for s in out["steps"]] == ["preflight", "convert", "validate", "dummy", "push"]
     assert out["dummy"] == {"algorithm": "dflash", "check": {"passed": True}}
@@ -88,13 +83,15 @@ def test_a_plugin_engine_exports_pushes_and_releases(tmp_path, double, plugin_pa
     assert "dummy/layout.txt" in card and "Dummy layout" in card
 
 
+@pytest.mark.slow
 def test_the_plugin_is_listed_without_it_nothing_is(tmp_path, double, plugin_path):
-    code, _, text = _run(tmp_path, double, plugin_path, "export", "--help", as_json=False)
+    run = partial(run_in, tmp_path, endpoint=double.url, token=TOKEN, as_json=False)
+    code, text = run("export", "--help", PYTHONPATH=plugin_path).code_output
     assert code == 0 and "dummy" in text
-    code, _, text = _run(tmp_path, double, plugin_path, "validate", "--help", as_json=False)
+    code, text = run("validate", "--help", PYTHONPATH=plugin_path).code_output
     assert code == 0 and "--dummy-load-check" in text and "--dummy-loader-python" in text
     assert "dummy: the dummy engine's loopback stub server" in " ".join(text.split())
-    code, _, text = _run(tmp_path, double, REPO_ROOT.as_posix(), "export", "--help", as_json=False)
+    code, text = run("export", "--help", PYTHONPATH=REPO_ROOT.as_posix()).code_output
     assert code == 0 and "dummy" not in text and "gguf" in text
 
 

@@ -124,6 +124,7 @@ def test_parse_profile_defaults_and_errors():
                       "block_ids": ((1, 4), (2, 4), (8, 4))}
 
 
+@pytest.mark.slow
 def test_fake_tensorrt_build_calls_layout_and_manifest(onnx_dir, monkeypatch, tmp_path):
     monkeypatch.setattr(engine, "gpu_info", lambda: GPU)
     calls: list = []
@@ -185,6 +186,7 @@ def test_fake_tensorrt_build_calls_layout_and_manifest(onnx_dir, monkeypatch, tm
         build_engine_dir(onnx_dir, None, BuildOptions(), trt_module=fake_trt([]))
 
 
+@pytest.mark.slow
 def test_fake_tensorrt_failures_name_the_problem_and_write_nothing(onnx_dir, monkeypatch):
     monkeypatch.setattr(engine, "gpu_info", lambda: GPU)
     with pytest.raises(InvalidInputError, match="failing layer: /layers.1/Attention") as e:
@@ -195,6 +197,7 @@ def test_fake_tensorrt_failures_name_the_problem_and_write_nothing(onnx_dir, mon
     assert not (onnx_dir / "trt").exists() or not any((onnx_dir / "trt").iterdir())
 
 
+@pytest.mark.slow
 def test_no_gpu_exits_3_before_any_tensorrt_object(onnx_dir, monkeypatch):
     monkeypatch.setattr(engine, "gpu_info", lambda: None)
     calls: list = []
@@ -206,6 +209,7 @@ def test_no_gpu_exits_3_before_any_tensorrt_object(onnx_dir, monkeypatch):
     assert not (onnx_dir / "trt").exists()
 
 
+@pytest.mark.slow
 def test_missing_tensorrt_module_is_exit_2(onnx_dir, monkeypatch):
     monkeypatch.setattr(engine, "gpu_info", lambda: GPU)
     monkeypatch.setitem(__import__("sys").modules, "tensorrt", None)  # import fails
@@ -216,6 +220,7 @@ def test_missing_tensorrt_module_is_exit_2(onnx_dir, monkeypatch):
     assert "--builder tensorrt needs the Python package 'tensorrt'" in res["message"]
 
 
+@pytest.mark.slow
 def test_truncated_or_foreign_onnx_is_refused(onnx_dir, exported, monkeypatch):  # noqa: F811
     monkeypatch.setattr(engine, "gpu_info", lambda: GPU)
     other, _ = exported["dspark"]
@@ -230,6 +235,7 @@ def test_truncated_or_foreign_onnx_is_refused(onnx_dir, exported, monkeypatch): 
     assert calls == [] and not (onnx_dir / "trt").exists()
 
 
+@pytest.mark.slow
 def test_version_1_export_is_refused_before_any_tensorrt_object(onnx_dir, monkeypatch):
     monkeypatch.setattr(engine, "gpu_info", lambda: GPU)
     meta_p = onnx_dir / "onnx" / "onnx_meta.json"
@@ -243,6 +249,7 @@ def test_version_1_export_is_refused_before_any_tensorrt_object(onnx_dir, monkey
     assert not (onnx_dir / "trt").exists()
 
 
+@pytest.mark.slow
 def test_rtx_ahead_of_time_build_on_cpu(onnx_dir):
     """Real TensorRT-RTX: parses and compiles the exported fp32 graph without a GPU. An fp32
     attention has no dedicated kernel: the build needs the in-memory TRT_decomposable."""
@@ -267,6 +274,7 @@ def test_rtx_ahead_of_time_build_on_cpu(onnx_dir):
     assert build["contains_verifier_weights"] is meta["contains_verifier_weights"]  # push's trt/ gate reads it
 
 
+@pytest.mark.slow
 @pytest.mark.gpu
 def test_real_tensorrt_build_load_and_run_matches_ort(onnx_dir):
     """GPU + full TensorRT only (never run in CI; docs/engines.md says where it ran)."""

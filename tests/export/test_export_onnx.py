@@ -22,6 +22,9 @@ from specconv.errors import InvalidInputError  # noqa: E402
 from specconv.tensors import sha256_file  # noqa: E402
 from tests.tolerances import assert_close, assert_logits_match  # noqa: E402
 
+#: every test reads the module's three real exports (~80 s on a busy 2-core machine): make test only
+pytestmark = pytest.mark.slow
+
 _EXPORTED: dict = {}  # one set of exports per session, shared with test_build_engine.py
 
 

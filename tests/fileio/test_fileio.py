@@ -106,6 +106,7 @@ EXEMPT = {"specconv/fileio.py": ["atomic_write"], "specconv/tensors/write.py": [
           "specconv/engines/vllm/runner.py": ["_write"], "specconv/engines/sglang/runner.py": ["_write"]}
 
 
+@pytest.mark.slow
 def test_the_atomic_file_write_is_written_once():
     """Everything else calls ``specconv.fileio.atomic_write`` (issue 15 item 7: it was written
     four times: record.py, export/engine.py's manifest, tensors/write.py's index, writer.py's

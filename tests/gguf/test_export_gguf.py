@@ -355,6 +355,7 @@ def test_a_foreign_output_is_refused_without_suggesting_overwrite(dspark, root):
 
 
 # ------------------------------------------------------------------ --verifier-gguf refusals
+@pytest.mark.slow
 def test_a_target_gguf_is_refused_by_architecture_and_by_size(smollm2_dir):
     from specconv.engines.llamacpp.target import default_verifier_gguf, read_target, refuse_target
     from specconv.errors import UnsupportedFormatError

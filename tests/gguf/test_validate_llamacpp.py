@@ -14,12 +14,14 @@ from pathlib import Path
 import pytest
 
 import fixtures_dflash as fd
-from cli_runner import invoke
+from cli_runner import validate
 
 pytest.importorskip("gguf")
 
 REPO = Path(__file__).resolve().parents[2]
 SMOL_HUB = "HuggingFaceTB/SmolLM2-135M-Instruct"
+#: validate with the llama.cpp backend on the CPU
+LLAMACPP = ("--backend", "llamacpp", "--device", "cpu")
 
 
 @pytest.fixture(scope="module")
@@ -29,24 +31,18 @@ def bundled(tmp_path_factory, smollm2_dir) -> Path:
     return out
 
 
-def _validate(d: Path, v: Path, *extra: str):
-
-    return invoke("validate", d, "--verifier", v, "--backend", "llamacpp",
-                  "--device", "cpu", *extra, catch=True)
-
-
 def test_temperature_above_zero_is_exit_2(bundled, smollm2_dir):
-    r = _validate(bundled, smollm2_dir, "--temperature", "0.7")
+    r = validate(bundled, smollm2_dir, *LLAMACPP, "--temperature", "0.7", catch=True)
     assert r.code == 2 and "greedy only" in r.output, r.output
 
 
 def test_llamacpp_and_onnx_are_exclusive(bundled, smollm2_dir, tmp_path):
-    r = _validate(bundled, smollm2_dir, "--onnx", str(tmp_path / "x.onnx"))
+    r = validate(bundled, smollm2_dir, *LLAMACPP, "--onnx", str(tmp_path / "x.onnx"), catch=True)
     assert r.code == 2 and "mutually exclusive" in r.output, r.output
 
 
 def test_no_gguf_export_is_exit_3(bundled, smollm2_dir):
-    r = _validate(bundled, smollm2_dir)
+    r = validate(bundled, smollm2_dir, *LLAMACPP, catch=True)
     assert r.code == 3 and "gguf_missing" in r.output, r.output
 
 
@@ -68,8 +64,8 @@ def test_a_gguf_with_target_layers_shifted_by_one_fails_the_gate(bundled, smollm
     meta = json.loads((d / "gguf" / "gguf_meta.json").read_text())
     meta["drafter_files"] = file_hashes(d)
     (d / "gguf" / "gguf_meta.json").write_text(json.dumps(meta))
-    r = _validate(d, smollm2_dir, "--num-prompts", "2", "--max-new-tokens", "24",
-                  "--report-dir", str(tmp_path / "report"))
+    r = validate(d, smollm2_dir, *LLAMACPP, "--num-prompts", "2", "--max-new-tokens", "24",
+                 "--report-dir", str(tmp_path / "report"), catch=True)
     assert r.code == 4, r.output
     rep = json.loads((tmp_path / "report" / "validation.json").read_text())
     s = rep["llamacpp_serve"]
@@ -82,6 +78,7 @@ def test_a_gguf_with_target_layers_shifted_by_one_fails_the_gate(bundled, smollm
     assert not [e for e in g3["errors"] if "prompt tokens" in e], g3["errors"]
 
 
+@pytest.mark.slow
 def test_the_target_gguf_is_found_by_the_recorded_verifier_name(bundled, smollm2_dir, tmp_path):
     """A local copy of the verifier (not the materialised cache dir) converted with --verifier-name:
     validate --backend llamacpp finds the target GGUF by the recorded name, as export gguf does

@@ -64,6 +64,7 @@ def _broken(out: dict, snap: Path, files: list[str]) -> str:
     return cmd
 
 
+@pytest.mark.slow
 def test_a_deleted_blob_in_a_source_snapshot_is_diagnosed_and_the_hint_restores_it(double, tmp_path,
                                                                                       tiny_verifier_dir):
     double.add_dir(SOURCE, fd.make_source(tmp_path / "src", "zlab_dflash", verifier_dir=tiny_verifier_dir))
@@ -92,6 +93,7 @@ def test_a_deleted_blob_in_a_source_snapshot_is_diagnosed_and_the_hint_restores_
     assert r.code == 0, r.output
 
 
+@pytest.mark.slow
 def test_a_drafter_or_verifier_snapshot_with_a_deleted_blob_is_diagnosed(double, tmp_path, tiny_verifier_dir):
     src = fd.make_source(tmp_path / "src", "zlab_dflash", verifier_dir=tiny_verifier_dir)
     fd.api_convert(src, tiny_verifier_dir, tmp_path / "drafter")

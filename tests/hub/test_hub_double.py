@@ -47,6 +47,7 @@ def _weights(double: HubDouble) -> list:
     return [r for r in double.requests if r.path.endswith("/model.safetensors") and r.method == "GET"]
 
 
+@pytest.mark.slow
 def test_inspect_hub_id_reads_headers_only(double, source, tmp_path):
     weights = (source / "model.safetensors").stat().st_size
     code, rep, err = _cli(tmp_path, double, "inspect", REPO)
@@ -65,6 +66,7 @@ def test_inspect_hub_id_reads_headers_only(double, source, tmp_path):
     assert rep2["bytes_downloaded"] < rep["bytes_downloaded"]
 
 
+@pytest.mark.slow
 def test_convert_hub_id_downloads_the_weights(double, source, tmp_path, tiny_verifier_dir):
     import torch
 
@@ -79,6 +81,7 @@ def test_convert_hub_id_downloads_the_weights(double, source, tmp_path, tiny_ver
         assert torch.equal(src.read_tensor(name), dst.read_tensor(name))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("argv, code_slug", [
     (("inspect", "nobody/absent"), "hub_repo_not_found"),
     (("convert", REPO, "--revision", "v9", "-o", "out"), "hub_revision_not_found"),
@@ -113,6 +116,7 @@ def test_double_serves_ranges_like_the_hub(double, source):
         assert c.get(f"{double.url}/api/models/bad--id/x/revision/main").status_code == 400
 
 
+@pytest.mark.slow
 def test_hub_verifier_names_come_from_a_header_range_read(double, tmp_path, tiny_verifier_dir):
     """A single-file Hub verifier: its tensor names (for the name check and the converter) are read
     from the safetensors header by range requests; z-lab DFlash needs none of its tensor data."""
@@ -129,6 +133,7 @@ def test_hub_verifier_names_come_from_a_header_range_read(double, tmp_path, tiny
     assert cfg["speculators_config"]["verifier"]["name_or_path"] == "owner/verifier"
 
 
+@pytest.mark.slow
 def test_endpoint_option_without_hf_endpoint(double, tmp_path, tiny_verifier_dir):
     """``--endpoint`` on inspect and convert reaches the source and the Hub verifier with HF_ENDPOINT unset."""
     double.add_repo("owner/verifier", {n: (tiny_verifier_dir / n).read_bytes()

@@ -24,12 +24,6 @@ VERIFIER = "owner/verifier"
 OTHER = "fedcba9876543210fedcba9876543210fedcba98"
 
 
-def _cli(home: Path, cwd: Path, *argv) -> tuple[int, dict | None, str]:
-    env = offline_env(HOME=str(home))  # no HF_HOME / HF_HUB_CACHE / HUGGINGFACE_HUB_CACHE
-    env.pop("XDG_CACHE_HOME", None)
-    return run_specconv(*argv, cwd=cwd, env=env).code_json_stderr
-
-
 @pytest.fixture
 def home(tmp_path, tiny_verifier_dir):
     home = tmp_path / "home"
@@ -40,23 +34,27 @@ def home(tmp_path, tiny_verifier_dir):
     return home, hub, tmp_path
 
 
+@pytest.mark.slow
 def test_hub_source_in_default_cache_converts(home):
     home, hub, tmp = home
     files = _zlab_files(tmp / "src")
     snap = hub.add("z-lab/tiny-dflash", files)
     assert ".cache" in snap.parts and (snap / "model.safetensors").is_symlink()
     out = tmp / "out"
-    code, rep, err = _cli(home, tmp / "cwd", "convert", "z-lab/tiny-dflash", "--verifier", VERIFIER, "-o", out)
+    code, rep, err = run_specconv("convert", "z-lab/tiny-dflash", "--verifier", VERIFIER, "-o", out, cwd=tmp / "cwd",
+                                  env=offline_env(HOME=str(home), XDG_CACHE_HOME=None)).code_json_stderr
     assert code == 0, (rep, err)
     assert rep["format"] == "zlab_dflash"
     rec = json.loads((out / "specconv.json").read_text())["conversion"]
     assert sorted(rec["source"]["files"]) == sorted(files)
     assert json.loads((out / "config.json").read_text())["speculators_config"]["verifier"]["name_or_path"] == VERIFIER
     # inspect judges it the same way
-    code, rep, err = _cli(home, tmp / "cwd", "inspect", "z-lab/tiny-dflash")
+    code, rep, err = run_specconv("inspect", "z-lab/tiny-dflash", cwd=tmp / "cwd",
+                                  env=offline_env(HOME=str(home), XDG_CACHE_HOME=None)).code_json_stderr
     assert code == 0 and (rep["format"], rep["supported"]) == ("zlab_dflash", True), (rep, err)
 
 
+@pytest.mark.slow
 def test_hub_source_subfolder_and_revision_in_default_cache(home):
     home, hub, tmp = home
     snap = hub.add("xiaomi/mimo-like", _zlab_files(tmp / "src", prefix="dflash/"), commit=OTHER)
@@ -64,8 +62,9 @@ def test_hub_source_subfolder_and_revision_in_default_cache(home):
     (hub.repo_dir("xiaomi/mimo-like") / "refs" / "main").write_text(COMMIT)
     (hub.repo_dir("xiaomi/mimo-like") / "snapshots" / COMMIT).mkdir()
     out = tmp / "out"
-    code, rep, err = _cli(home, tmp / "cwd", "convert", "xiaomi/mimo-like", "--subfolder", "dflash",
-                          "--revision", OTHER, "--verifier", VERIFIER, "-o", out)
+    code, rep, err = run_specconv("convert", "xiaomi/mimo-like", "--subfolder", "dflash", "--revision", OTHER,
+                                  "--verifier", VERIFIER, "-o", out, cwd=tmp / "cwd",
+                                  env=offline_env(HOME=str(home), XDG_CACHE_HOME=None)).code_json_stderr
     assert code == 0, (rep, err)
     rec = json.loads((out / "specconv.json").read_text())["conversion"]
     # the absolute snapshot path is in the conversion report; the record names the Hub repo

@@ -31,6 +31,7 @@ def _imports_huggingface_hub(path: Path) -> list[int]:
     return lines
 
 
+@pytest.mark.slow
 def test_only_the_hub_module_imports_huggingface_hub():
     files = sorted((ROOT / "specconv").rglob("*.py"))
     assert len(files) > 20
@@ -209,6 +210,7 @@ def hub_calls_under_broad_except(path: Path) -> list[int]:
             and (modules or members or any(_calls_hub(stmt, modules, members) for stmt in t.body))]
 
 
+@pytest.mark.slow
 def test_hub_errors_are_mapped_only_at_the_hub_boundary():
     """Nothing outside ``specconv/hub.py`` catches a bare ``Exception`` around a Hub call, and
     no module that imports the Hub module catches one at all: ``hub.py`` raises specconv

@@ -25,6 +25,7 @@ def _front_matter(text: str) -> dict:
     return yaml.safe_load(m.group(1))
 
 
+@pytest.mark.slow
 def test_convert_writes_the_card_and_validate_refreshes_it(tmp_path, smollm2_dir):
     out = tmp_path / "drafter"
     r = run_specconv("convert", EXAMPLE, "--verifier", smollm2_dir, "--verifier-name", VERIFIER, "-o", out,

@@ -21,7 +21,7 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("jinja2")
 
-from cli_runner import online_env, run_online, specconv_argv
+from cli_runner import online_env, run_in, specconv_argv
 from hub_double import HubDouble
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "smollm2-dflash-b8"
@@ -37,9 +37,8 @@ def _env(tmp: Path, double: HubDouble, token: str = TOKEN) -> dict[str, str]:
 
 
 def _cli(tmp: Path, double: HubDouble, *argv, token: str = TOKEN, env_extra=None):
-    r = run_online(double.url, tmp / "hf-home", *argv, token=token, cwd=tmp / "cwd", timeout=600,
-                   **{**FAST_RETRY, **(env_extra or {})})
-    return r.code, r.json, r.stdout + r.stderr
+    """The shared :func:`cli_runner.run_in` with this module's token and fast retries."""
+    return run_in(tmp, *argv, endpoint=double.url, token=token, **FAST_RETRY, **(env_extra or {})).code_json_output
 
 
 @pytest.fixture(scope="module")
@@ -66,6 +65,7 @@ def _commits(reqs) -> list:
     return [r for r in reqs if r.method == "POST" and "/commit/" in r.path]
 
 
+@pytest.mark.slow
 def test_release_end_to_end_publishes_and_writes_github_outputs(released, double):
     assert released["code"] == 0, released["text"][-3000:]
     out = released["out"]
@@ -94,6 +94,7 @@ def test_release_end_to_end_publishes_and_writes_github_outputs(released, double
     assert "/tmp" not in text and "_ms" not in text and "report" not in published["validation"]
 
 
+@pytest.mark.slow
 def test_token_appears_nowhere(released, double):
     assert TOKEN not in released["text"]
     for root in (released["tmp"],):
@@ -104,6 +105,7 @@ def test_token_appears_nowhere(released, double):
         assert TOKEN.encode() not in data
 
 
+@pytest.mark.slow
 def test_second_release_from_another_dir_publishes_nothing(released, double, tmp_path, smollm2_dir):
     assert released["code"] == 0
     n = len(double.requests)
@@ -124,6 +126,7 @@ def drafter(released, tmp_path) -> Path:
     return d
 
 
+@pytest.mark.slow
 def test_dry_run_sends_no_write(drafter, double, tmp_path):
     n = len(double.requests)
     code, out, _ = _cli(tmp_path, double, "push", drafter, "--repo-id", "specconv-test/new-one", "--dry-run",
@@ -135,6 +138,7 @@ def test_dry_run_sends_no_write(drafter, double, tmp_path):
     assert "specconv-test/new-one" not in double.repos
 
 
+@pytest.mark.slow
 def test_unvalidated_or_modified_dir_is_refused(drafter, double, tmp_path):
     (drafter / "config.json").write_text((drafter / "config.json").read_text() + " ")
     code, out, _ = _cli(tmp_path, double, "push", drafter, "--repo-id", "specconv-test/x")
@@ -145,6 +149,7 @@ def test_unvalidated_or_modified_dir_is_refused(drafter, double, tmp_path):
     assert "specconv-test/x" not in double.repos
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("what", ["extra_file", "validated_weights"])
 def test_a_link_out_of_dir_is_refused_before_any_request(drafter, double, tmp_path, what):
     """Issue 24 item 3: a file whose real path lies outside DIR is never published — a token
@@ -170,6 +175,7 @@ def test_a_link_out_of_dir_is_refused_before_any_request(drafter, double, tmp_pa
     assert double.requests[n:] == [] and repo not in double.repos  # no request at all: nothing uploaded
 
 
+@pytest.mark.slow
 def test_branch_tag_guard_and_force_tag(drafter, double, tmp_path):
     repo_id = "specconv-test/tags"
     code, out, text = _cli(tmp_path, double, "push", drafter, "--repo-id", repo_id, "--branch", "dev", "--tag", "v1")
@@ -189,6 +195,7 @@ def test_branch_tag_guard_and_force_tag(drafter, double, tmp_path):
             and "`NOTES.txt`" in repo.commits[out["commit_oid"]]["README.md"].decode())
 
 
+@pytest.mark.slow
 def test_pr_is_reused_and_visibility_conflict(drafter, double, tmp_path):
     code, out, _ = _cli(tmp_path, double, "push", drafter, "--repo-id", REPO, "--create-pr")
     assert code == 0 and out["pr_revision"] == "refs/pr/1", out
@@ -202,6 +209,7 @@ def test_pr_is_reused_and_visibility_conflict(drafter, double, tmp_path):
     assert code == 6 and out["error"] == "visibility_mismatch", out
 
 
+@pytest.mark.slow
 def test_auth_failures_exit_5(drafter, double, tmp_path):
     code, out, text = _cli(tmp_path, double, "push", drafter, "--repo-id", "specconv-test/auth", token="hf_wrong")
     assert code == 5, text[-2000:]
@@ -211,6 +219,7 @@ def test_auth_failures_exit_5(drafter, double, tmp_path):
     assert code == 5 and out["error"] == "hub_auth", out
 
 
+@pytest.mark.slow
 def test_transient_faults_then_success_and_forever(drafter, double, tmp_path):
     double.fault("POST", r"specconv-test/flaky/commit/", 503, count=2)
     code, out, text = _cli(tmp_path, double, "push", drafter, "--repo-id", "specconv-test/flaky")
@@ -234,6 +243,7 @@ def test_transient_faults_then_success_and_forever(drafter, double, tmp_path):
     double.faults.clear()
 
 
+@pytest.mark.slow
 def test_corrupted_remote_exit_8(drafter, double, tmp_path):
     double.corrupt.add("config.json")
     try:
@@ -243,6 +253,7 @@ def test_corrupted_remote_exit_8(drafter, double, tmp_path):
     assert code == 8 and out["error"] == "checksum_mismatch" and "config.json" in out["message"], out
 
 
+@pytest.mark.slow
 def test_card_is_deterministic_and_valid(drafter, tmp_path):
     from specconv.hub import check_card
     from specconv.publish.push import PushOptions, build_payload
@@ -257,6 +268,7 @@ def test_card_is_deterministic_and_valid(drafter, tmp_path):
     assert meta["base_model"] == "HuggingFaceTB/SmolLM2-135M-Instruct" and meta["license"] == "other"
 
 
+@pytest.mark.slow
 def test_killed_upload_leaves_nothing_and_a_rerun_completes(drafter, double, tmp_path):
     repo_id = "specconv-test/killed"
     double.fault("POST", repo_id + r"/commit/", 0)  # the commit request hangs: kill the client there
@@ -282,6 +294,7 @@ def test_killed_upload_leaves_nothing_and_a_rerun_completes(drafter, double, tmp
     assert not [r for r in double.requests[n:] if r.method == "PUT" and r.request_bytes > 1_000_000]
 
 
+@pytest.mark.slow
 def test_delete_stale_removes_only_files_specconv_owned(drafter, double, tmp_path):
     repo_id = "specconv-test/stale"
     (drafter / "NOTES.txt").write_text("old\n")
@@ -299,6 +312,7 @@ def test_delete_stale_removes_only_files_specconv_owned(drafter, double, tmp_pat
     assert ".gitattributes" in repo.files
 
 
+@pytest.mark.slow
 def test_bad_repo_id_is_a_usage_error(drafter, double, tmp_path):
     n = len(double.requests)
     code, out, _ = _cli(tmp_path, double, "push", drafter, "--repo-id", "bad--id/x")
@@ -306,6 +320,7 @@ def test_bad_repo_id_is_a_usage_error(drafter, double, tmp_path):
     assert len(double.requests) == n
 
 
+@pytest.mark.slow
 def test_release_with_a_failed_gate_publishes_nothing(double, tmp_path, smollm2_dir):
     code, out, text = _cli(tmp_path, double, "release", EXAMPLE, "--verifier", smollm2_dir, "--verifier-name",
                            "HuggingFaceTB/SmolLM2-135M-Instruct", "--repo-id", "specconv-test/gated",
@@ -317,6 +332,7 @@ def test_release_with_a_failed_gate_publishes_nothing(double, tmp_path, smollm2_
     assert "specconv-test/gated" not in double.repos
 
 
+@pytest.mark.slow
 def test_onnx_files_need_a_passed_export_check_and_the_verifier_weights_flag(drafter, double, tmp_path):
     from specconv.engines.onnx.export import META_FORMAT_VERSION
     from specconv.errors import GateFailedError, InvalidInputError
@@ -378,6 +394,7 @@ def _trt_variant(d: Path, build: dict) -> str:
     return key
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("build", [{"contains_verifier_weights": True}, {}], ids=["recorded", "older-build"])
 def test_trt_engines_built_from_a_graph_with_verifier_weights_need_the_flag(drafter, double, tmp_path, build):
     from specconv.engines.card import local_card_text, render_card
@@ -398,6 +415,7 @@ def test_trt_engines_built_from_a_graph_with_verifier_weights_need_the_flag(draf
     assert "contains_verifier_weights" in local_card_text(drafter, rec, REPO)  # the local card says so too
 
 
+@pytest.mark.slow
 def test_the_local_card_names_verifier_weights_only_when_the_gates_would(drafter):
     """``local_card_text`` uses push's rule per engine file (``payload.contains_verifier_weights``):
     a graph or GGUF whose meta says so, a TensorRT variant whose build.json says so or lacks the key."""
@@ -413,6 +431,7 @@ def test_the_local_card_names_verifier_weights_only_when_the_gates_would(drafter
     assert "contains_verifier_weights" in local_card_text(drafter, rec, REPO)
 
 
+@pytest.mark.slow
 def test_trt_engines_without_verifier_weights_need_no_flag(drafter):
     from specconv.publish.payload import collect
 
@@ -421,6 +440,7 @@ def test_trt_engines_without_verifier_weights_need_no_flag(drafter):
     assert f"trt/{key}/drafter.plan" in p.files and not p.contains_verifier_weights
 
 
+@pytest.mark.slow
 def test_release_dry_run_plans_without_writing(double, tmp_path, smollm2_dir):
     n = len(double.requests)
     code, out, text = _cli(tmp_path, double, "release", EXAMPLE, "--verifier", smollm2_dir, "--verifier-name",
@@ -432,6 +452,7 @@ def test_release_dry_run_plans_without_writing(double, tmp_path, smollm2_dir):
     assert not [r for r in double.requests[n:] if r.is_write] and "specconv-test/planned" not in double.repos
 
 
+@pytest.mark.slow
 def test_push_imports_no_torch(drafter):
     code = ("import sys; from pathlib import Path; from specconv.publish.push import build_payload, PushOptions; "
             f"build_payload(Path({str(drafter)!r}), PushOptions(repo_id='a/b')); "
@@ -440,6 +461,7 @@ def test_push_imports_no_torch(drafter):
     assert r.returncode == 0 and r.stdout.strip() == "[]", r.stdout + r.stderr
 
 
+@pytest.mark.slow
 def test_report_inside_the_dir_is_left_out_and_other_files_are_ungated(drafter):
     from specconv.errors import GateFailedError
     from specconv.publish.payload import collect
@@ -506,6 +528,7 @@ def released_onnx(double, tmp_path_factory, smollm2_dir):
     return {"code": code, "out": out, "text": text, "work": tmp / "work", "drafter": tmp / "work" / "drafter"}
 
 
+@pytest.mark.slow
 def test_release_with_export_onnx_pushes_onnx(released_onnx, double):
     from specconv.engines.tensorrt.release import engine_unavailable
 
@@ -521,6 +544,7 @@ def test_release_with_export_onnx_pushes_onnx(released_onnx, double):
     assert "## Engines" in repo.files["README.md"].decode()
 
 
+@pytest.mark.slow
 def test_unchanged_drafter_reuses_the_earlier_export(released_onnx, tmp_path):
     import shutil
 
@@ -562,6 +586,7 @@ def local_named(double, tmp_path_factory, smollm2_dir):
     return d
 
 
+@pytest.mark.slow
 def test_push_refuses_a_verifier_named_by_a_local_path(local_named, double, tmp_path, smollm2_dir):
     from specconv.record import read_record
 
@@ -605,6 +630,7 @@ def test_release_preflight_takes_the_name_the_conversion_would_record(tmp_path, 
         assert e.value.code == "verifier_not_hub_id" and e.value.exit_code == 4
 
 
+@pytest.mark.slow
 def test_version_1_earlier_export_is_not_reused(released_onnx, tmp_path, monkeypatch):
     """An earlier export of format version 1 is refused for re-use (the reason says to
     re-export) and the drafter is exported again."""
@@ -662,6 +688,7 @@ def _gguf_export(d: Path, *, verifier_weights: bool) -> Path:
     return f
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("verifier_weights", [True, False])
 def test_a_gguf_only_drafter_s_cards_name_its_verifier_weights(drafter, verifier_weights):
     """A GGUF holding the verifier's tensors and no ``onnx/`` / ``trt/``: the pushed card (the
@@ -685,6 +712,7 @@ def _dry_push(tmp: Path, double: HubDouble, d: Path, repo: str, *flags):
     return code, out, text
 
 
+@pytest.mark.slow
 def test_gguf_files_need_their_recorded_bytes_and_the_verifier_weights_flag(drafter, double, tmp_path):
     from card_commands import llamacpp_command
     from specconv.publish.push import PushOptions, build_payload

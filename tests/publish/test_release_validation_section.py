@@ -22,22 +22,19 @@ pytest.importorskip("dflash")
 pytest.importorskip("jinja2")
 
 from chat_templates import THINKING_TEMPLATE  # noqa: E402
-from cli_runner import offline_env, online_env, run_specconv  # noqa: E402
+from cli_runner import run_in  # noqa: E402
 from hub_double import HubDouble  # noqa: E402
 
 TINY = ("--num-prompts", "1", "--max-new-tokens", "4", "--device", "cpu")
 
 
 def _cli(cwd: Path, *argv, endpoint: str | None = None) -> tuple[int, dict]:
-    if endpoint:
-        env = online_env(endpoint, cwd / "hf-home", "hf_specconvFAKE0")
-    else:
-        env = offline_env(HF_HOME=str(cwd / "hf-home"))
-    r = run_specconv(*argv, cwd=cwd, env=env, timeout=900)
+    r = run_in(cwd, *argv, endpoint=endpoint, token="hf_specconvFAKE0", cwd=cwd, timeout=900)
     assert r.stdout.strip(), r.stderr[-3000:]
     return r.code_json
 
 
+@pytest.mark.slow
 def test_release_records_the_validation_section_validate_records(tmp_path, smollm2_dir):
     import torch
 

@@ -95,6 +95,7 @@ def test_every_command_result_renders_json_and_human():
     assert "not checked (--no-check)" in exp.human()
 
 
+@pytest.mark.slow
 def test_convert_builds_no_pydantic_schema_for_results_or_record(tiny_verifier_dir, tmp_path):
     """Deferred builds: a whole conversion leaves the result/record schemas unbuilt."""
     src = make_source(tmp_path)

@@ -12,6 +12,7 @@ be imported by every room.
 from __future__ import annotations
 
 import ast
+import functools
 import re
 from pathlib import Path
 
@@ -56,6 +57,7 @@ def _room_of(module: str) -> str | None:
     return parts[1] if len(parts) > 1 and parts[1] in rooms_in_code() else "specconv"
 
 
+@functools.cache  # one scan of the tree per session, shared by the module's tests (read-only)
 def import_edges() -> dict[tuple[str, str], list[str]]:
     """``(room, imported room)`` → the ``file:line`` places, for every cross-room import."""
     edges: dict[tuple[str, str], list[str]] = {}

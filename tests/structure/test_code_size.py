@@ -8,6 +8,7 @@ and so does a listed piece that no longer needs its entry (delete the line).
 from __future__ import annotations
 
 import ast
+import functools
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
@@ -19,6 +20,7 @@ ALLOWED: dict[str, int] = {
 }
 
 
+@functools.cache  # one scan of the tree per session, shared by the module's tests (read-only)
 def _sizes() -> dict[str, int]:
     out: dict[str, int] = {}
     for root in ROOTS:

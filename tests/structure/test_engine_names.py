@@ -6,6 +6,7 @@ by, subscripts with or matches on an engine's key (or its directory / record nam
 from __future__ import annotations
 
 import ast
+import functools
 from collections import Counter
 from pathlib import Path
 
@@ -37,6 +38,7 @@ def _dispatch(node: ast.AST) -> list[ast.Constant]:
     return []
 
 
+@functools.cache  # one scan of the tree per session, shared by the module's tests (read-only)
 def places() -> Counter:
     found: Counter = Counter()
     for path in sorted((ROOT / "specconv").rglob("*.py")):

@@ -274,6 +274,7 @@ def _real_features(n_new=24):
     return seq[0], ids.shape[1], aux.float(), target
 
 
+@pytest.mark.slow
 def test_zlab_forward_on_saved_checkpoint_matches_training_forward():
     """z-lab's DFlashDraftModel on the committed checkpoint == TrainDFlash on its weights."""
     torch = pytest.importorskip("torch")

@@ -44,11 +44,16 @@ def ws(tmp_path_factory):
     w.close()
 
 
+#: cases of a fast group that take more than ~1 s on a busy 2-core machine (a real validate run,
+#: a push subprocess): ``slow`` in pytest only; capture.py and the golden files are unchanged.
+SLOW_CASES = {"commands/validate", "commands/push_dry_run"}
+
+
 def _cases():
     for group, g in capture.GROUPS.items():
         for case in capture.all_ids(group):
             markers, why_not = g.needs.get(case, ((), None))
-            marks = [pytest.mark.slow] if g.slow else []
+            marks = [pytest.mark.slow] if g.slow or f"{group}/{case}" in SLOW_CASES else []
             marks += [getattr(pytest.mark, m) for m in markers]
             reason = why_not() if why_not is not None else None
             marks += [pytest.mark.skip(reason=reason)] if reason else []

@@ -160,6 +160,7 @@ def _sources():
         yield path.relative_to(ROOT).as_posix(), ast.parse(path.read_text(encoding="utf-8"))
 
 
+@pytest.mark.slow
 def test_every_import_is_declared_for_its_room():
     base = _declared()
     bad = []
@@ -174,6 +175,7 @@ def test_every_import_is_declared_for_its_room():
     assert not bad, "\n".join(bad)
 
 
+@pytest.mark.slow
 def test_every_require_names_the_extra_that_installs_the_module():
     from specconv.extras import EXTRAS, OPTIONAL_MODULES
 
@@ -197,6 +199,7 @@ def test_every_require_names_the_extra_that_installs_the_module():
     assert not bad, "\n".join(bad)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("missing, extra", [("torch", "validate"), ("onnxruntime", "onnx")])
 def test_missing_optional_module_in_a_command_is_exit_2_not_a_traceback(tmp_path, tiny_verifier_dir, missing, extra):
     """``export onnx`` without torch: the room's bare ``import torch`` reaches the CLI's net
@@ -402,6 +405,7 @@ print(json.dumps({"modules": mods, "templates": rendered}))
 """
 
 
+@pytest.mark.slow
 @pytest.mark.packaging
 def test_wheel_with_validate_onnx_closure_imports_every_module_and_renders(tmp_path, built_wheel):
     wheel, src = built_wheel
@@ -434,6 +438,7 @@ def _assert_missing_extra(r: subprocess.CompletedProcess, extra: str) -> dict:
     return res
 
 
+@pytest.mark.slow
 @pytest.mark.packaging
 def test_base_install_converts_and_says_which_extra_the_rest_needs(tmp_path, built_wheel, tiny_verifier_dir):
     """``pip install specconv``: ``convert`` works on a safetensors source; a torch path of
@@ -504,6 +509,7 @@ def _byte_tokenizer(verifier: Path, out: Path) -> Path:
     return out
 
 
+@pytest.mark.slow
 @pytest.mark.packaging
 def test_validate_install_serves_vllm_backend_without_an_http_client_package(tmp_path, built_wheel, tiny_verifier_dir):
     """``pip install specconv[validate]`` holds no ``openai``: ``validate --backend vllm`` must

@@ -116,6 +116,7 @@ def _file(header: dict, data: bytes) -> bytes:
     return struct.pack("<Q", len(js)) + js + data
 
 
+@pytest.mark.slow
 @examples(150)
 @given(raw=safetensors_files())
 @example(raw=_file({"t": {"dtype": ["F32"], "shape": [1], "data_offsets": [0, 4]}}, bytes(4)))  # was TypeError
@@ -165,6 +166,7 @@ SHARD = st.sampled_from(["model-00001-of-00002.safetensors", "model-00002-of-000
                          "../model-00001-of-00002.safetensors", "/etc/passwd", "", "a\x00b", "sub/x.safetensors", "."])
 
 
+@pytest.mark.slow
 @examples(120)
 @given(edits=st.dictionaries(st.sampled_from(["a", "b", "c", ""]) | st.text(max_size=4), SHARD | JSON, max_size=3),
        drop=st.lists(st.sampled_from(["a", "b"]), max_size=2, unique=True),
@@ -260,6 +262,7 @@ def _leftovers(parent: Path) -> list[str]:
     return sorted(p.name for p in parent.iterdir() if p.name.startswith("."))
 
 
+@pytest.mark.slow
 @examples(25)
 @given(data=st.data())
 def test_detection_and_conversion_fail_cleanly(data, bases, tmp_path, tiny_verifier_dir):
@@ -312,6 +315,7 @@ def arrays(draw, max_len: int = 12):
     return np.array(vals, dtype=dt).reshape(shape)
 
 
+@pytest.mark.slow
 @examples(300)
 @given(d2t=arrays(), t2d=st.none() | arrays(), vocab=st.integers(0, 16), vd=st.integers(0, 14))
 def test_vocab_validator_never_crashes(d2t, t2d, vocab, vd):

@@ -24,6 +24,7 @@ def _quiet_env() -> dict[str, str]:
     return env
 
 
+@pytest.mark.slow
 def test_loading_the_verifier_prints_no_bar_when_stderr_is_not_a_tty(smollm2_dir):
     p = subprocess.run([sys.executable, "-c", _LOAD, str(smollm2_dir)], env=_quiet_env(), capture_output=True,
                        text=True, timeout=300)

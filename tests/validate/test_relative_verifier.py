@@ -56,6 +56,7 @@ def test_resolve_verifier_makes_a_relative_local_path_absolute_once(tiny_verifie
     assert (v.local_dir / "config.json").is_file()
 
 
+@pytest.mark.slow
 def test_validate_load_checks_get_absolute_paths_and_record_as_documented(validate_set_copy, tmp_path, monkeypatch):
     """``validate ./DIR --verifier ./V --vllm-load-check --sglang-load-check`` from DIR's parent:
     both runners' job files name the verifier and the drafter by absolute paths; the record

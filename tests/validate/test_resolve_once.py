@@ -21,6 +21,7 @@ pytest.importorskip("dflash")
 from cli_runner import invoke  # noqa: E402
 
 
+@pytest.mark.slow
 def test_validate_source_resolves_the_verifier_once_and_parses_the_config_once(validate_set_copy, tmp_path,
                                                                                monkeypatch):
     import specconv.convert as convert_mod

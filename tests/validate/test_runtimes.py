@@ -79,6 +79,7 @@ def _validate(tiny, runtime):
         torch.set_num_threads(n)
 
 
+@pytest.mark.slow
 def test_a_registered_runtime_identical_to_torch_passes_the_compare_gate(tiny, registered):
     rep = _validate(tiny, "same")
     res = rep["same"]
@@ -91,6 +92,7 @@ def test_a_registered_runtime_identical_to_torch_passes_the_compare_gate(tiny, r
     assert "same" in rep["options"] and "runtime" not in rep["options"]  # options as the CLI flags
 
 
+@pytest.mark.slow
 def test_a_runtime_with_a_perturbed_draft_fails_the_gate(tiny, registered):
     rep = _validate(tiny, "perturbed")
     res = rep["perturbed"]

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from cli_runner import invoke
+from cli_runner import SMOLLM2_HUB_ID, convert, validate
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("dflash")
@@ -29,14 +29,13 @@ ARGS = ["--prompts", "humaneval", "--num-prompts", "3", "--max-new-tokens", "32"
 
 
 def _convert(src: Path, verifier: Path, out: Path, *extra: str) -> Path:
-    r = invoke("convert", src, "--verifier", verifier, "--verifier-name",
-               "HuggingFaceTB/SmolLM2-135M-Instruct", "-o", out, *extra, catch=True)
+    r = convert(src, verifier, out, *extra, name=SMOLLM2_HUB_ID, catch=True)
     assert r.code == 0, r.output
     return out
 
 
 def _validate(d: Path, verifier: Path, report: Path, *extra: str) -> tuple[int, dict]:
-    r = invoke("validate", d, "--verifier", verifier, "--report-dir", report, *ARGS, *extra, as_json=False, catch=True)
+    r = validate(d, verifier, "--report-dir", report, *ARGS, *extra, as_json=False, catch=True)
     return r.code, json.loads(r.stdout)
 
 

@@ -29,6 +29,7 @@ def tiny(tmp_path_factory, validate_set):
     return copy_validate_set(validate_set, tmp_path_factory.mktemp("validate_tiny"))
 
 
+@pytest.mark.slow
 def test_validate_json_report_all_gates(tiny, tmp_path):
     rep_dir = tmp_path / "rep"
     before = json.loads((tiny["spec"] / "specconv.json").read_text())
@@ -103,6 +104,7 @@ def _copy_with(tiny, tmp_path, extra: dict[str, torch.Tensor]) -> Path:
     return d
 
 
+@pytest.mark.slow
 def test_random_lm_head_fails_structure_with_exit_4(tiny, tmp_path):
     d = _copy_with(tiny, tmp_path, {"lm_head.weight": torch.randn(49152, 64)})
     r = invoke(d, "--verifier", tiny["verifier"], "--prompts", tiny["prompts"], "--report-dir", tmp_path / "rep",
@@ -144,6 +146,7 @@ def test_unaccounted_tensor_fails_structure(tiny, tmp_path):
     assert g.details["unaccounted_tensors"] == ["extra_head.weight"]
 
 
+@pytest.mark.slow
 def test_parity_catches_aux_layer_off_by_one(tiny, tmp_path):
     """A converted config reading the wrong verifier layers must fail G2 vs z-lab's forward."""
     from specconv.drafters import load_drafter
@@ -201,6 +204,7 @@ def _random_speculators_dir(out: Path, algorithm: str, verifier: Path, **fields)
     return out
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "algorithm,fields,k",
     [
@@ -228,6 +232,7 @@ def test_validate_peagle_and_dspark_run(tiny, tmp_path, algorithm, fields, k):
     assert (tmp_path / "report" / "validation.json").is_file() and (d / "specconv.json").is_file()
 
 
+@pytest.mark.slow
 def test_drafter_backend_seam_runs_the_registered_loader(tiny, tmp_path, monkeypatch):
     """The torch harness loads the drafter under test through the runtime registry
     (``specconv.validate.runtimes.runtimes()``): a registered loader is used and gets the
@@ -256,6 +261,7 @@ def test_drafter_backend_seam_runs_the_registered_loader(tiny, tmp_path, monkeyp
         validate_drafter(tiny["spec"], str(tiny["verifier"]), ValidateOptions(drafter_backend="nope"))
 
 
+@pytest.mark.slow
 def test_chat_template_file_and_thinking_are_recorded(tiny, tmp_path):
     """``--chat-template FILE --thinking off``: validation.json, the record (the file relative to
     DIR) and the card hold the template's sha256, its kwargs and the thinking mode; the verifier's

@@ -93,6 +93,7 @@ def test_compute_capability_rules():
     assert ed.cc_ok(rtx, "12.0") and not ed.cc_ok(rtx, "9.0")
 
 
+@pytest.mark.slow  # the real ONNX exports of test_export_onnx (~100 s on a busy 2-core machine)
 def test_no_gpu_and_no_module_refused_before_any_tensorrt_object(built, monkeypatch):
     d, eng_dir = built
     calls: list = []
@@ -111,6 +112,7 @@ def test_no_gpu_and_no_module_refused_before_any_tensorrt_object(built, monkeypa
     assert res["hint"] == "pip install 'specconv[tensorrt]' --extra-index-url https://pypi.nvidia.com"
 
 
+@pytest.mark.slow  # the real ONNX exports of test_export_onnx (~100 s on a busy 2-core machine)
 def test_version_and_cc_mismatch_refused(built, monkeypatch):
     d, eng_dir = built
     calls: list = []
@@ -130,6 +132,7 @@ def test_version_and_cc_mismatch_refused(built, monkeypatch):
     assert ("runtime.engine_host_code_allowed", (True,)) in calls
 
 
+@pytest.mark.slow  # the real ONNX exports of test_export_onnx (~100 s on a busy 2-core machine)
 def test_corrupt_plan_foreign_drafter_and_bad_paths(built, exported, monkeypatch, tmp_path):  # noqa: F811
     d, eng_dir = built
     calls: list = []
@@ -151,6 +154,7 @@ def test_corrupt_plan_foreign_drafter_and_bad_paths(built, exported, monkeypatch
     assert calls == []
 
 
+@pytest.mark.slow  # the real ONNX exports of test_export_onnx (~100 s on a busy 2-core machine)
 def test_exclusive_with_onnx_and_vllm(built):
     d, eng_dir = built
     for extra in (["--onnx", "a.onnx"], ["--backend", "vllm"]):

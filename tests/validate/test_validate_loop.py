@@ -93,6 +93,7 @@ def test_random_drafter_tau_near_one(runner):
     assert m["acceptance_at_pos"][-1] < 0.1
 
 
+@pytest.mark.slow
 def test_lossless_greedy_equals_plain_and_hf_generate(runner):
     ref = plain(runner, n=30)
     for drafter in (RandomDrafter(runner.vocab_size, 3, runner.aux_layer_ids), MixedDrafter(runner, 5, 2)):
@@ -152,6 +153,7 @@ def _tv(samples, p, v):
     return 0.5 * (emp - p.double()).abs().sum().item()
 
 
+@pytest.mark.slow
 def test_rejection_sampler_output_distribution_equals_p():
     torch.manual_seed(0)
     V, k, N = 50, 3, 100_000
@@ -191,6 +193,7 @@ def test_metrics_from_counts_matches_vllm_definition():
     assert m["conditional_acceptance_at_pos"] == pytest.approx([0.7, 5 / 7, 0.4, 0.5])
 
 
+@pytest.mark.slow
 def test_bootstrap_ci_brackets_tau_and_speedup(runner):
     k = 3
     prompts = [(str(i), [i + 1, 2 * i + 3, 5]) for i in range(5)]

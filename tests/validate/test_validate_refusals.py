@@ -24,7 +24,7 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("speculators")
 
 import fixtures_peagle as fp  # noqa: E402
-from cli_runner import invoke  # noqa: E402
+from cli_runner import invoke, validate  # noqa: E402
 
 UNDESCRIBED = ("xpress", "eagle3", "mtp")
 
@@ -111,7 +111,7 @@ def _snapshot(d: Path) -> dict[str, bytes]:
 
 def _validate(d: Path, verifier: Path, tmp_path: Path) -> dict:
     before = _snapshot(d)
-    r = invoke("validate", d, "--verifier", verifier, "--report-dir", tmp_path / "report", catch=True)
+    r = validate(d, verifier, "--report-dir", tmp_path / "report", catch=True)
     assert r.code == 3, r.output
     assert _snapshot(d) == before and not (tmp_path / "report").exists()  # nothing written, anywhere
     return json.loads(r.stdout)

@@ -21,6 +21,7 @@ pytest.importorskip("speculators")
 pytest.importorskip("loguru")
 
 
+@pytest.mark.slow
 def test_a_flag_decided_layout_passes_g2_against_its_speculators_source(validate_set, tmp_path):
     from specconv.cli.validate import validate_cmd
 

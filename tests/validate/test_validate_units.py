@@ -84,6 +84,7 @@ def test_acceptance_gate_band_and_floor():
     assert g.passed and any("looks broken" in w for w in g.warnings)
 
 
+@pytest.mark.slow
 def test_sampler_check_passes():
     pytest.importorskip("torch")
     from specconv.validate.gates import sampler_check
@@ -108,6 +109,7 @@ def test_compare_logits_flags_vocab_permutation():
 
 
 
+@pytest.mark.slow
 def test_compare_logits_cosine_of_equal_rows_is_not_fp32_rounding():
     """Identical full-vocabulary rows (SmolLM2's 49,152 logits) have cosine 1 within the fp32
     G2 threshold (0.999999): a float32 ``cosine_similarity`` of a row with itself gives

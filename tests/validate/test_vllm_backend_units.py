@@ -94,6 +94,7 @@ def _alive(pid: int) -> bool:
     return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z" if Path(f"/proc/{pid}").exists() else True
 
 
+@pytest.mark.slow
 def test_server_healthy_then_whole_group_stopped(tmp_path):
     srv = _fake(tmp_path)
     with srv:
@@ -104,6 +105,7 @@ def test_server_healthy_then_whole_group_stopped(tmp_path):
     assert not group_alive(srv.proc.pid) and not _alive(child)
 
 
+@pytest.mark.slow
 def test_server_that_exits_is_reported_with_its_log_and_cleaned_up(tmp_path):
     srv = _fake(tmp_path, "--refuse")
     with pytest.raises(vb.ServerFailed) as ei:

@@ -137,6 +137,7 @@ def _snapshot(d: Path) -> dict[str, bytes]:
     return {p.name: p.read_bytes() for p in sorted(d.iterdir()) if p.is_file()}
 
 
+@pytest.mark.slow
 def test_refused_tp_size_is_exit_3_before_startup_and_writes_nothing(converted, smollm2_dir, tmp_path):
     before = _snapshot(converted)
     r = invoke("validate", str(converted), "--verifier", str(smollm2_dir), "--backend", "vllm",
@@ -214,6 +215,7 @@ def test_a_server_that_dies_while_serving_says_why(tmp_path):
     assert e.message == f"vLLM server exited with 1 while serving: {HEAD_DIM_REASON}" and str(log) in e.hint
 
 
+@pytest.mark.slow
 def test_an_interpreter_without_vllm_is_named_by_its_reason(bundled_drafter_copy, smollm2_dir, tmp_path):
     """A real start with ``--vllm-python`` naming an interpreter that has no vLLM (this one)."""
     import importlib.util
@@ -231,6 +233,7 @@ def test_an_interpreter_without_vllm_is_named_by_its_reason(bundled_drafter_copy
     assert err["hint"].startswith("the server log is ")
 
 
+@pytest.mark.slow
 def test_server_failed_carries_the_reason_not_the_log(tmp_path):
     srv = vb.VllmServer([sys.executable, "-c", "import sys; sys.stdout.write(open(sys.argv[1]).read()); sys.exit(1)",
                          str(tmp_path / "log.txt"), "--port", "1"], env={}, log_path=tmp_path / "server.log")

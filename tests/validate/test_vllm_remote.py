@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from cli_runner import invoke
+from cli_runner import validate
 
 HUB_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"
 K = 7  # the bundled drafter's num_speculative_tokens
@@ -152,17 +152,16 @@ def converted(tmp_path_factory, bundled_drafter) -> Path:
 
 
 def _validate(d: Path, verifier: Path, tmp_path: Path, *args: str, env: dict | None = None):
-
-    r = invoke("validate", d, "--verifier", verifier, "--backend", "vllm",
-               "--num-prompts", "3", "--max-new-tokens", "8", "--report-dir", tmp_path / "rep",
-               *args, env=env, catch=True)
-    return r, json.loads(r.stdout) if r.stdout.strip() else None
+    r = validate(d, verifier, "--backend", "vllm", "--num-prompts", "3", "--max-new-tokens", "8",
+                 "--report-dir", tmp_path / "rep", *args, env=env, catch=True)
+    return r, r.json
 
 
 def _snapshot(d: Path) -> dict[str, bytes]:
     return {p.name: p.read_bytes() for p in sorted(d.iterdir()) if p.is_file()}
 
 
+@pytest.mark.slow
 def test_server_url_run_measures_records_apart_and_redacts(fake, converted, smollm2_dir, tmp_path):
     state, url = fake(key="sk-test-123")
     _, ref = fake(spec=False)  # the plain reference endpoint (same greedy outputs)
@@ -203,6 +202,7 @@ def test_server_url_run_measures_records_apart_and_redacts(fake, converted, smol
     assert "endpoint not started by specconv; drafter identity not verified" in (converted / "README.md").read_text()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kw, code, message", [
     ({"root": "Qwen/Qwen3-8B"}, "vllm_wrong_model",
      "serves served-name (root Qwen/Qwen3-8B), not the drafter's verifier"),
@@ -218,6 +218,7 @@ def test_contradictions_are_exit_3_and_write_nothing(fake, converted, smollm2_di
     assert _snapshot(converted) == before and not (tmp_path / "rep").exists()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("method", ["synthetic", "fly"])
 def test_a_lossy_or_synthetic_rejection_method_is_refused(fake, converted, smollm2_dir, tmp_path, method):
     """A server reporting ``rejection_sample_method: synthetic`` (accepts drafts at a set rate) or
@@ -232,6 +233,7 @@ def test_a_lossy_or_synthetic_rejection_method_is_refused(fake, converted, smoll
     assert _snapshot(converted) == before and not (tmp_path / "rep").exists()
 
 
+@pytest.mark.slow
 def test_reported_sample_methods_are_recorded(fake, converted, smollm2_dir, tmp_path):
     _, url = fake(server_info={"draft_sample_method": "probabilistic", "rejection_sample_method": "standard"})
     _, ref = fake(spec=False)
@@ -245,6 +247,7 @@ def test_reported_sample_methods_are_recorded(fake, converted, smollm2_dir, tmp_
     assert rec["chat_template"]["source"] == "verifier" and rec["chat_template"]["sha256"]
 
 
+@pytest.mark.slow
 def test_a_server_that_saw_other_prompt_tokens_fails_g3(fake, converted, smollm2_dir, tmp_path):
     """The server answers with prompt ids other than those specconv rendered and sent: G3 fails."""
     _, url = fake(prompt_echo=[7, 7, 7])
@@ -257,6 +260,7 @@ def test_a_server_that_saw_other_prompt_tokens_fails_g3(fake, converted, smollm2
                for e in g3["errors"]), g3["errors"]
 
 
+@pytest.mark.slow
 def test_unreachable_url_is_exit_3(converted, smollm2_dir, tmp_path):
     from specconv.engines.local_server import free_port
 
@@ -266,6 +270,7 @@ def test_unreachable_url_is_exit_3(converted, smollm2_dir, tmp_path):
     assert _snapshot(converted) == before
 
 
+@pytest.mark.slow
 def test_missing_key_is_an_auth_refusal(fake, converted, smollm2_dir, tmp_path):
     _, url = fake(key="k")
     r, out = _validate(converted, smollm2_dir, tmp_path, "--server-url", url)
@@ -275,6 +280,7 @@ def test_missing_key_is_an_auth_refusal(fake, converted, smollm2_dir, tmp_path):
     assert r.code == 2 and "$UNSET_VAR_I16 is not set" in out["message"]
 
 
+@pytest.mark.slow
 def test_other_traffic_fails_g3_unless_allowed(fake, converted, smollm2_dir, tmp_path):
     _, url = fake(extra_requests=1)
     _, ref = fake(spec=False)
@@ -289,6 +295,7 @@ def test_other_traffic_fails_g3_unless_allowed(fake, converted, smollm2_dir, tmp
     assert out["vllm_serve"]["other_traffic"] == {"requests": 3.0, "generation_tokens": 30.0}
 
 
+@pytest.mark.slow
 def test_lossless_against_a_reference_that_disagrees(fake, converted, smollm2_dir, tmp_path):
     _, url = fake()
     _, ref = fake(spec=False, output=[504, 9, 9, 9])

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from cli_runner import invoke
+from cli_runner import invoke, release_argv
 from fixtures_dflash import HUB, cli_convert, make_source
 
 PY = sys.executable
@@ -102,19 +102,16 @@ CONVERT_SH = ('"$PY" -m specconv.cli.main convert "$SRC" --verifier "$VER" --ver
               + ' -o {out} --overwrite --format json')
 
 
-def _convert(src, ver, out, *extra) -> tuple[int, dict]:
-    return cli_convert(src, ver, out, *extra)[:2]
-
-
 @pytest.fixture
 def conversion(tmp_path, tiny_verifier_dir) -> Path:
     """A real conversion output (config, weights, specconv.json, README.md)."""
     out = tmp_path / "converted"
-    code, obj = _convert(make_source(tmp_path / "src0"), tiny_verifier_dir, out)
+    code, obj, _ = cli_convert(make_source(tmp_path / "src0"), tiny_verifier_dir, out)
     assert code == 0, obj
     return out
 
 
+@pytest.mark.slow
 def test_convert_o_home_is_refused(tmp_path, home, tiny_verifier_dir):
     before = snapshot(home)
     code, obj = _shell(CONVERT_SH.format(out="~"), cwd=tmp_path, home=home,
@@ -123,6 +120,7 @@ def test_convert_o_home_is_refused(tmp_path, home, tiny_verifier_dir):
     assert snapshot(home) == before and leftovers(tmp_path) == []
 
 
+@pytest.mark.slow
 def test_convert_o_pwd_is_refused(tmp_path, home, project, tiny_verifier_dir):
     before = snapshot(project)
     code, obj = _shell(CONVERT_SH.format(out='"$PWD"'), cwd=project, home=home,
@@ -143,7 +141,7 @@ def test_convert_refuses_a_user_dir_or_a_symlink_to_one(tmp_path, home, project,
     if out != target:
         out.symlink_to(target, target_is_directory=True)
     before = snapshot(target)
-    code, obj = _convert(make_source(tmp_path / "src"), tiny_verifier_dir, out, *flags)
+    code, obj, _ = cli_convert(make_source(tmp_path / "src"), tiny_verifier_dir, out, *flags)
     _refused(code, obj, out, ".ssh/" if target == home else "main.py")
     if out != target:
         assert f"a symlink to {target}" in obj["message"] and out.is_symlink()
@@ -162,7 +160,7 @@ def test_convert_refuses_its_own_output_with_a_user_entry_added(tmp_path, conver
     else:
         p.write_text("my notes\n")
     before = snapshot(conversion)
-    code, obj = _convert(make_source(tmp_path / "src"), tiny_verifier_dir, conversion, *flags)
+    code, obj, _ = cli_convert(make_source(tmp_path / "src"), tiny_verifier_dir, conversion, *flags)
     _refused(code, obj, conversion, added, "does not list")
     assert snapshot(conversion) == before and leftovers(tmp_path) == []
 
@@ -170,11 +168,11 @@ def test_convert_refuses_its_own_output_with_a_user_entry_added(tmp_path, conver
 def test_convert_replaces_an_empty_dir_and_its_own_earlier_output(tmp_path, conversion, tiny_verifier_dir):
     empty = tmp_path / "empty"
     empty.mkdir()
-    code, obj = _convert(make_source(tmp_path / "src"), tiny_verifier_dir, empty, "--overwrite")
+    code, obj, _ = cli_convert(make_source(tmp_path / "src"), tiny_verifier_dir, empty, "--overwrite")
     assert code == 0, obj
     assert sorted(p.name for p in empty.iterdir()) == ["README.md", "config.json", "model.safetensors", "specconv.json"]
     old = (conversion / "model.safetensors").read_bytes()
-    code, obj = _convert(make_source(tmp_path / "src1", seed=1), tiny_verifier_dir, conversion, "--overwrite")
+    code, obj, _ = cli_convert(make_source(tmp_path / "src1", seed=1), tiny_verifier_dir, conversion, "--overwrite")
     assert code == 0, obj
     assert (conversion / "model.safetensors").read_bytes() != old  # the new conversion's weights
     assert leftovers(tmp_path) == []
@@ -184,7 +182,7 @@ def test_convert_replaces_a_symlink_to_its_own_output_and_keeps_the_target(tmp_p
     link = tmp_path / "link"
     link.symlink_to(conversion, target_is_directory=True)
     before = snapshot(conversion)
-    code, obj = _convert(make_source(tmp_path / "src1", seed=1), tiny_verifier_dir, link, "--overwrite")
+    code, obj, _ = cli_convert(make_source(tmp_path / "src1", seed=1), tiny_verifier_dir, link, "--overwrite")
     assert code == 0, obj
     assert not link.is_symlink() and (link / "specconv.json").is_file()  # the link is replaced, not followed
     assert snapshot(conversion) == before and leftovers(tmp_path) == []
@@ -226,6 +224,7 @@ def exported(tmp_path_factory, drafter, verifier_dir) -> Path:
 EXPORT_SH = '"$PY" -m specconv.cli.main export onnx "$DRAFTER" -o {out} --overwrite --format json'
 
 
+@pytest.mark.slow
 @torch_needed
 def test_export_o_home_and_o_pwd_are_refused(tmp_path, home, project, drafter):
     before = snapshot(home), snapshot(project)
@@ -238,8 +237,9 @@ def test_export_o_home_and_o_pwd_are_refused(tmp_path, home, project, drafter):
 
 @torch_needed
 @OVERWRITE
-@pytest.mark.parametrize("how", ["user dir", "symlink to a user dir", "a conversion", "export + user file",
-                                 "export + user file in fp32/"])
+@pytest.mark.parametrize("how", ["user dir", "symlink to a user dir", "a conversion",
+                                 *(pytest.param(h, marks=pytest.mark.slow)  # they take a real export
+                                   for h in ("export + user file", "export + user file in fp32/"))])
 def test_export_refuses_what_is_not_its_own_export(tmp_path, project, drafter, conversion, request, how, flags):
     if how == "user dir":
         out, target, found = project, project, "main.py"
@@ -261,6 +261,7 @@ def test_export_refuses_what_is_not_its_own_export(tmp_path, project, drafter, c
     assert snapshot(target) == before and leftovers(tmp_path) == []
 
 
+@pytest.mark.slow
 @torch_needed
 def test_export_replaces_its_own_earlier_export(tmp_path, exported, verifier_dir):
     d = tmp_path / "drafter"
@@ -293,6 +294,7 @@ def engine_env(monkeypatch, tmp_path, exported):
     return d
 
 
+@pytest.mark.slow
 @torch_needed
 @OVERWRITE
 @pytest.mark.parametrize("how", ["user dir", "symlink to home", "variant + user file"])
@@ -315,6 +317,7 @@ def test_build_engine_overwrite_refuses_what_is_not_its_own_variant(engine_env, 
     assert snapshot(target) == before and snapshot(engine_env / "trt") == trt_before
 
 
+@pytest.mark.slow
 @torch_needed
 @pytest.mark.parametrize("how", ["empty dir", "earlier variant", "earlier variant, build.json without files"])
 def test_build_engine_overwrite_replaces_an_empty_dir_or_its_own_variant(engine_env, how):
@@ -337,6 +340,7 @@ def test_build_engine_overwrite_replaces_an_empty_dir_or_its_own_variant(engine_
 # ------------------------------------------------------------------------- release
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "smollm2-dflash-b8"
 TOKEN = "hf_specconvFAKEtoken0123456789abcdef"
+RELEASE_REPO = "specconv-test/overwrite"
 
 
 @pytest.fixture(scope="module")
@@ -349,12 +353,8 @@ def double():
     d.stop()
 
 
-def _release(double, smollm2_dir, work: Path, *extra) -> tuple[int, dict]:
-    env = {"HF_ENDPOINT": double.url, "HF_TOKEN": TOKEN, "HF_HUB_DISABLE_XET": "1"}
-    return invoke("release", EXAMPLE, "--verifier", smollm2_dir, "--verifier-name",
-                  "HuggingFaceTB/SmolLM2-135M-Instruct",
-                  "--repo-id", "specconv-test/overwrite",
-                  "--work-dir", work, "--dry-run", *extra, env=env).code_json
+def _hub_env(double) -> dict[str, str]:
+    return {"HF_ENDPOINT": double.url, "HF_TOKEN": TOKEN, "HF_HUB_DISABLE_XET": "1"}
 
 
 @pytest.mark.parametrize("how", ["user dir with an onnx/onnx_meta.json", "symlink to home",
@@ -380,7 +380,8 @@ def test_release_checks_its_work_dir_drafter_before_moving_anything(double, smol
         (drafter / "notes.txt").write_text("mine\n")
         target, found = drafter, "notes.txt"
     before, work_before = snapshot(target), snapshot(work)
-    code, obj = _release(double, smollm2_dir, work, "--export-onnx")
+    code, obj = invoke(*release_argv(EXAMPLE, smollm2_dir, RELEASE_REPO, work, "--dry-run", "--export-onnx"),
+                       env=_hub_env(double)).code_json
     assert snapshot(target) == before and snapshot(work) == work_before, obj  # no .previous-export either
     _refused(code, obj, drafter, found)
     assert obj["failed_step"] == "convert", obj
@@ -396,8 +397,9 @@ def test_release_replaces_its_own_earlier_conversion(double, smollm2_dir, tmp_pa
     rec = json.loads((drafter / "specconv.json").read_text())
     rec["conversion"]["notes"] = ["the earlier run"]
     (drafter / "specconv.json").write_text(json.dumps(rec))
-    code, obj = _release(double, smollm2_dir, work, "--prompts", "humaneval", "--num-prompts", "1",
-                         "--max-new-tokens", "8", "--device", "cpu")
+    code, obj = invoke(*release_argv(EXAMPLE, smollm2_dir, RELEASE_REPO, work, "--dry-run", "--prompts", "humaneval",
+                                     "--num-prompts", "1", "--max-new-tokens", "8", "--device", "cpu"),
+                       env=_hub_env(double)).code_json
     steps = {s["step"]: s["status"] for s in obj["steps"]}
     assert steps["convert"] == "ok", obj
     assert "the earlier run" not in json.loads((drafter / "specconv.json").read_text())["conversion"]["notes"]

@@ -100,6 +100,7 @@ def _wait_mid_copy(proc: subprocess.Popen, parent: Path, name: str, at_least: in
     raise AssertionError(f"never saw the copy in progress (rc {proc.poll()})")
 
 
+@pytest.mark.slow
 def test_sigkill_mid_copy_then_next_run_cleans_and_succeeds(big, tmp_path):
     drafter, verifier = big
     out = tmp_path / "out"
@@ -126,6 +127,7 @@ def test_sigkill_mid_copy_then_next_run_cleans_and_succeeds(big, tmp_path):
         src.read_bytes(n) == dst.read_bytes(n) for n in src.names())
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("hook", ["kill-before-exchange", "kill-after-exchange", "kill-between-renames"])
 def test_sigkill_during_overwrite_swap(hook, tmp_path, tiny_verifier_dir):
     src = make_source(tmp_path / "src")
