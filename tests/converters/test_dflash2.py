@@ -36,7 +36,8 @@ def zlab_sources(tmp_path_factory, tiny_verifier_dir) -> dict[str, Path]:
             for name, kw in {"saved": {}, "bare": {"bare": True}, "top_level": {"top_level": True}}.items()}
 
 
-@pytest.mark.parametrize("name", ["saved", "bare", "top_level"])
+@pytest.mark.parametrize("name", ["saved", pytest.param("bare", marks=pytest.mark.slow),
+                                  pytest.param("top_level", marks=pytest.mark.slow)])
 def test_zlab_dflash2_converts_and_speculators_loads_it(name, zlab_sources, tiny_verifier_dir, tmp_path):
     out = tmp_path / "out"
     code, rep, err = cli_convert(zlab_sources[name], tiny_verifier_dir, out)
@@ -56,6 +57,7 @@ def test_zlab_dflash2_converts_and_speculators_loads_it(name, zlab_sources, tiny
     assert type(model).__name__ == "DFlash2DraftModel"
 
 
+@pytest.mark.slow
 def test_conversion_drafts_what_zlab_drafts(zlab_sources, tiny_verifier_dir, tmp_path):
     """The converted dir's greedy drafts (selector walk) equal z-lab's ``propose`` on the source weights."""
     import torch
@@ -80,6 +82,7 @@ def test_conversion_drafts_what_zlab_drafts(zlab_sources, tiny_verifier_dir, tmp
     assert drafter.propose(ids, hs).tokens.tolist() == path[0].tolist()
 
 
+@pytest.mark.slow
 def test_speculators_dflash2_dir_converts_unchanged(tmp_path, tiny_verifier_dir):
     src = f2.speculators_dflash2(tmp_path / "spec", tiny_verifier_dir)
     code, rep, err = cli_convert(src, tiny_verifier_dir, tmp_path / "out")

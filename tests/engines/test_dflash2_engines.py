@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.peer
+pytestmark = [pytest.mark.peer, pytest.mark.slow]  # a SmolLM2-sized conversion per module (~10 s)
 
 pytest.importorskip("dflash")
 
