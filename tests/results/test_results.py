@@ -37,7 +37,7 @@ def test_inspect_result_exit_status(tmp_path):
     ok = inspect_source(str(make_source(tmp_path)))
     assert isinstance(ok, InspectResult) and ok.exit_status() == 0
     InspectResult.model_validate(ok.to_dict())
-    bad = inspect_source(str(make_source(tmp_path / "r", config_updates={"architectures": ["DFlash2DraftModel"]})))
+    bad = inspect_source(str(make_source(tmp_path / "r", config_updates={"architectures": ["DFlash2BeamDraftModel"]})))
     assert bad.supported is False and bad.exit_status() == 3
     assert "supported: no" in bad.human()
 
