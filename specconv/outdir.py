@@ -15,6 +15,7 @@ import shutil
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeAlias
 
 from .errors import InvalidInputError, SpecconvError
 
@@ -228,7 +229,7 @@ def move_into_place(tmp: OutputTemp, out_dir: Path, overwrite: bool, kind: str, 
 
 
 # --------------------------------------------------------------- what --overwrite may replace
-_Listing = "dict[str, str | None] | None"
+_Listing: TypeAlias = dict[str, str | None] | None
 
 
 @dataclass(frozen=True)
@@ -329,8 +330,8 @@ def _unlisted(d: Path, listed: dict[str, str | None], parents: set[str], rel: st
     out = []
     for e in _scan(d):
         r = rel + e.name
-        if e.is_dir(follow_symlinks=False) and listed.get(r) is not None:  # its own kind
-            sub = kinds[listed[r]]
+        if e.is_dir(follow_symlinks=False) and (own := listed.get(r)) is not None:  # its own kind
+            sub = kinds[own]
             why, found = _judge(Path(e.path), sub, kinds)
             out += [f"{r}/ (not a specconv {sub.name}: {why})"] if why else [f"{r}/{f}" for f in found]
         elif e.is_dir(follow_symlinks=False) and r in parents:

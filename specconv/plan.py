@@ -33,6 +33,12 @@ class TensorPlan:
     def cast(self) -> bool:
         return self.dtype != self.src_dtype
 
+    @property
+    def source_name(self) -> str:
+        """``source`` of a tensor read from a store (a generated one has none: AssertionError)."""
+        assert self.source is not None, f"tensor {self.out!r} is generated: it has no source tensor"
+        return self.source
+
     def to_dict(self) -> dict[str, Any]:
         d: dict[str, Any] = {"fate": self.fate, "origin": self.origin, "source": self.source,
                              "shape": list(self.shape), "dtype": self.dtype}

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, TypeGuard
 
 __all__ = ["is_int"]
 
 
-def is_int(value: Any, minimum: int | None = None) -> bool:
+def is_int(value: Any, minimum: int | None = None) -> TypeGuard[int]:
     """Whether ``value`` is an integer (``int``, never ``bool``: JSON ``true`` is no count),
     at least ``minimum`` when given (``minimum=1``: a positive integer)."""
     return isinstance(value, int) and not isinstance(value, bool) and (minimum is None or value >= minimum)

@@ -9,13 +9,16 @@ import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from . import hub as _hub
 from .errors import InvalidInputError
 from .fileio import check_no_dangling_links, read_json_object
 from .hub import is_hub_id
 from .values import is_int
+
+if TYPE_CHECKING:
+    from .tensors import TensorInfo, TensorStore
 
 _TEXT_CONFIG_KEYS = ("text_config", "llm_config", "language_config")
 
@@ -56,10 +59,10 @@ class Verifier:
     hub_id: str | None = None
     revision: str | None = None
     endpoint: str | None = None
-    _store: Any = field(default=None, repr=False)
+    _store: TensorStore | None = field(default=None, repr=False)
     _weight_map: dict[str, str] | None = field(default=None, repr=False)
     _tensors: dict[str, Any] = field(default_factory=dict, repr=False)
-    _shard_stores: dict[str, Any] = field(default_factory=dict, repr=False)
+    _shard_stores: dict[str, TensorStore] = field(default_factory=dict, repr=False)
     _copied_bytes: int = field(default=0, repr=False)
 
     # ---- facts -----------------------------------------------------------------
@@ -108,10 +111,12 @@ class Verifier:
         return sorted(self._hub_weight_map())
 
     def _hub_weight_map(self) -> dict[str, str]:
+        hub_id = self.hub_id
+        assert hub_id is not None, "a local verifier has no Hub weight map"
         if self._weight_map is None:
             # absent (or not cached offline): a single-file checkpoint
             index_name = "model.safetensors.index.json"
-            index_file = _hub.download_file(self.hub_id, index_name, revision=self.revision, missing_ok=True,
+            index_file = _hub.download_file(hub_id, index_name, revision=self.revision, missing_ok=True,
                                             endpoint_url=self.endpoint,
                                             wanted=_hub.Wanted(index_name, code="verifier_not_found"))
             if index_file is not None:
@@ -123,18 +128,18 @@ class Verifier:
                     raise InvalidInputError(f"cannot read the weight map of {index_file} (verifier {self.hub_id}): "
                                             f"{type(e).__name__}: {e}", code="verifier_config") from e
             elif not _hub.is_offline():  # single-file checkpoint: its header, by range requests
-                meta = _hub.safetensors_header(self.hub_id, "model.safetensors", revision=self.revision,
+                meta = _hub.safetensors_header(hub_id, "model.safetensors", revision=self.revision,
                                                endpoint_url=self.endpoint, wanted=_SINGLE_FILE)
                 self._weight_map = {str(n): "model.safetensors" for n in meta.tensors}
             else:  # offline: the cached file's header
-                single_file = _hub.download_file(self.hub_id, "model.safetensors", revision=self.revision,
-                                                 endpoint_url=self.endpoint, wanted=_SINGLE_FILE)
+                single_file = _required_file(hub_id, "model.safetensors", revision=self.revision,
+                                             endpoint_url=self.endpoint, wanted=_SINGLE_FILE)
                 from .tensors import TensorStore
 
                 self._weight_map = {n: "model.safetensors" for n in TensorStore.open(single_file).names()}
         return self._weight_map
 
-    def store(self):
+    def store(self) -> TensorStore:
         """TensorStore over the verifier's local checkpoint (local verifiers only)."""
         if self._store is None:
             from .tensors import TensorStore
@@ -192,7 +197,7 @@ class Verifier:
             self._tensors[name] = self.tensor_store(name).read_tensor(name)
         return self._tensors[name]
 
-    def tensor_store(self, name: str):
+    def tensor_store(self, name: str) -> TensorStore:
         """The TensorStore holding tensor ``name`` (local, or its Hub shard's, opened once; reads counted)."""
         if self.hub_id is None:
             return self.store()
@@ -232,7 +237,7 @@ class Verifier:
         """``[Vt, H]`` LM head; the embedding (same tensor object) when the verifier ties them."""
         return self._role_tensor("lm_head")
 
-    def tensor_info(self, name: str):
+    def tensor_info(self, name: str) -> TensorInfo:
         """TensorInfo of a verifier tensor, downloading only its shard from the Hub."""
         if self.hub_id is None:
             return self.store().info(name)
@@ -241,10 +246,18 @@ class Verifier:
         shard = self._hub_weight_map().get(name)
         if shard is None:
             raise InvalidInputError(f"verifier {self.hub_id} has no tensor {name!r}")
-        shard_file = _hub.download_file(self.hub_id, shard, revision=self.revision, endpoint_url=self.endpoint,
-                                        wanted=_hub.Wanted(f"shard {shard} (holding {name})",
-                                                           code="verifier_tensor_missing"))
+        shard_file = _required_file(self.hub_id, shard, revision=self.revision, endpoint_url=self.endpoint,
+                                    wanted=_hub.Wanted(f"shard {shard} (holding {name})",
+                                                       code="verifier_tensor_missing"))
         return TensorStore.open(shard_file).info(name)
+
+
+def _required_file(repo_id: str, filename: str, *, revision: str | None, endpoint_url: str | None,
+                   wanted: _hub.Wanted) -> Path:
+    """:func:`specconv.hub.download_file` of a file that must be there (absent: the Hub's error)."""
+    path = _hub.download_file(repo_id, filename, revision=revision, endpoint_url=endpoint_url, wanted=wanted)
+    assert path is not None  # not missing_ok: an absent file raises
+    return path
 
 
 def _read_config(p: Path) -> dict[str, Any]:
@@ -288,7 +301,7 @@ def _local_verifier(spec: str, p: Path, name: str | None) -> Verifier:
 
 
 def _hub_verifier(spec: str, name: str | None, revision: str | None, endpoint: str | None) -> Verifier:
-    cfg_file = _hub.download_file(spec, "config.json", revision=revision, endpoint_url=endpoint, wanted=_hub.Wanted(
+    cfg_file = _required_file(spec, "config.json", revision=revision, endpoint_url=endpoint, wanted=_hub.Wanted(
         "config.json", code="verifier_not_found", role="verifier",
         hint="pass a local verifier directory with --verifier and its Hub id with --verifier-name"))
     raw = _read_config(Path(cfg_file))

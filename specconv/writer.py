@@ -23,6 +23,7 @@ from .plan import ConversionPlan
 if TYPE_CHECKING:
     from .outdir import Kinds
     from .record import SpecconvRecord
+    from .tensors import OutTensor
     from .verifier import Verifier
 
 SPECCONV_JSON = "specconv.json"
@@ -116,7 +117,7 @@ def library_versions() -> dict[str, str]:
     return {k: v for k, v in versions(("safetensors", "pydantic", "huggingface_hub", "torch")).items() if v}
 
 
-def _out_tensors(plan: ConversionPlan, source_store: Any, verifier: Verifier) -> list:
+def _out_tensors(plan: ConversionPlan, source_store: Any, verifier: Verifier | None) -> list[OutTensor]:
     from .tensors import OutTensor, cast_bytes
 
     outs = []
@@ -124,9 +125,13 @@ def _out_tensors(plan: ConversionPlan, source_store: Any, verifier: Verifier) ->
         if t.produce is not None:
             outs.append(OutTensor(name=t.out, dtype=t.dtype, shape=t.shape, produce=t.produce))
             continue
-        info = (verifier.tensor_info(t.source) if t.origin == "verifier" else source_store.info(t.source))
+        if t.origin == "verifier":
+            assert verifier is not None, f"tensor {t.out!r} comes from the verifier but there is none"
+            info, store = verifier.tensor_info(t.source_name), verifier
+        else:
+            info, store = source_store.info(t.source_name), source_store
         if t.cast:
-            def produce(info=info, t=t, store=(verifier if t.origin == "verifier" else source_store)):
+            def produce(info=info, t=t, store=store):
                 name = f"{t.out!r} ({t.origin} tensor {info.name!r} in {Path(info.file).name})"
                 return cast_bytes(store.read_bytes(info.name), t.src_dtype, t.dtype, t.shape, name=name)
 
@@ -140,7 +145,7 @@ def _count_verifier_copies(plan: ConversionPlan, verifier: Verifier | None, engi
     """Add the copy engine's reads of the verifier's weight files to ``verifier.bytes_read``."""
     if verifier is None or not hasattr(verifier, "add_bytes_read"):
         return
-    vfiles = {os.path.realpath(verifier.tensor_info(t.source).file) for t in plan.tensors
+    vfiles = {os.path.realpath(verifier.tensor_info(t.source_name).file) for t in plan.tensors
               if t.origin == "verifier" and t.produce is None and not t.cast}
     verifier.add_bytes_read(sum(n for f, n in engine.bytes_read.items() if os.path.realpath(f) in vfiles))
 
@@ -239,8 +244,9 @@ def _copy_engine(plan: ConversionPlan, outs: list, hash_output: bool) -> tuple[A
         key = os.path.realpath(f)
         stamps[key], hit = _cache_hit(f)
         sha = hub_blob_sha256(f) or (hit.get("sha256") if isinstance(hit.get("sha256"), str) else None)
-        scans = hit.get("scan") if isinstance(hit.get("scan"), dict) else {}
-        files[f] = SourceFile(f, want_sha256=key in provenance, sha256=sha, scans=dict(scans))
+        scans = hit.get("scan")
+        files[f] = SourceFile(f, want_sha256=key in provenance, sha256=sha,
+                              scans=dict(scans) if isinstance(scans, dict) else {})
     return CopyPass(files, outs, hash_output=hash_output), stamps
 
 
@@ -355,6 +361,7 @@ def _write_record(tmp: Path, record: SpecconvRecord, card: Callable[[Path, Specc
     """The card (when ``card`` renders one, listed in ``output_files``), then ``specconv.json``."""
     text = card(tmp, record) if card is not None else None
     if text is not None:
+        assert record.conversion is not None  # build_record writes the conversion section
         record.conversion.output_files = sorted([*record.conversion.output_files, CARD])
         (tmp / CARD).write_text(text, encoding="utf-8")
     (tmp / SPECCONV_JSON).write_text(record.to_json())
@@ -373,8 +380,9 @@ def _check_output(out_dir: Path, plan: ConversionPlan, verifier: Verifier | None
     if out_res == src_res or src_res in out_res.parents:
         raise InvalidInputError(f"output {out_dir} must not be the source directory or inside it")
     inputs: list[tuple[str, Path]] = [("source", Path(plan.source_dir))]
-    if getattr(verifier, "local_dir", None) is not None:
-        inputs.append(("verifier", Path(verifier.local_dir)))
+    verifier_dir = getattr(verifier, "local_dir", None)
+    if verifier_dir is not None:
+        inputs.append(("verifier", Path(verifier_dir)))
     inputs += [("source file", Path(p)) for p in plan.source_files]
     inputs += [(f"--{k.replace('_', '-')}", Path(v)) for k, v in (plan.options or {}).items()
                if k in _PATH_OPTIONS and v]

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from specconv.errors import InvalidInputError, UnsupportedFormatError
 from specconv.format import names
-from specconv.plan import DroppedTensor, LayerIdConversion, TensorPlan
+from specconv.plan import DroppedTensor, Fate, LayerIdConversion, TensorPlan
 from specconv.values import is_int
 
 from .base import ConvertOptions, SourceInfo
@@ -99,7 +99,7 @@ def resolve_mask_token(
             code="conflicting_mask_token",
         )
     mask = ckpt if ckpt is not None else opts.mask_token_id
-    where = where if ckpt is not None else "--mask-token-id"
+    where = where if ckpt is not None and where is not None else "--mask-token-id"
     if mask is None:
         raise InvalidInputError(
             f"{src.path}/config.json records no mask token id (looked at {', '.join(k for k, _ in locations)})",
@@ -453,7 +453,7 @@ def _source_plan(src: SourceInfo, opts: ConvertOptions, name: str, out: str, new
     """One accepted source tensor: copied, renamed, or reshaped (same bytes) to ``new_shape``."""
     info = src.store.info(name)
     shape = tuple(info.shape)
-    fate = "copied" if out == name else "renamed"
+    fate: Fate = "copied" if out == name else "renamed"
     if new_shape is not None and tuple(new_shape) != shape:
         new = tuple(new_shape)
         if math.prod(new) != math.prod(shape):

@@ -217,11 +217,11 @@ def _pruned_tensors(plan: ConversionPlan, src: SourceInfo, verifier: VerifierVie
     have_lm_head = False
     for t in plan.tensors:
         if t.out == "markov_head.markov_w2.weight":
-            t = slice_rows_plan(src.store, t.source, t.out, vocab, dtype=t.dtype,
+            t = slice_rows_plan(src.store, t.source_name, t.out, vocab, dtype=t.dtype,
                                 note=f"rows of the {Vd} draft tokens (t2d order) of the full-vocab Markov projection")
         elif t.out == "lm_head.weight":
             have_lm_head = True
-            t = slice_rows_plan(src.store, t.source, t.out, vocab, dtype=t.dtype,
+            t = slice_rows_plan(src.store, t.source_name, t.out, vocab, dtype=t.dtype,
                                 note=f"rows of the {Vd} draft tokens (t2d order) of the source's "
                                      "verifier-equal LM head")
         tensors.append(t)

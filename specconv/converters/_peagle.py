@@ -120,6 +120,7 @@ def resolve_aux_ids(src: SourceInfo, opts: ConvertOptions, layout: PEagleLayout,
 
     ids, key = common.one_of(src, layout.aux_locations, "aux layer ids")
     if ids is not None:
+        assert key is not None  # one_of labels each value it finds
         ids = _int_list(src, key, ids)
     if opts.aux_layer_ids is not None:
         ovr = list(opts.aux_layer_ids)
@@ -188,11 +189,6 @@ def resolve_norm_before_residual(where: str, v: Any, flag_val: bool | None, why:
     )
 
 
-def _in_dim(plans: list[TensorPlan], name: str) -> int | None:
-    p = common.get(plans, name)
-    return None if p is None else int(p.shape[-1])
-
-
 #: P-EAGLE producers whose trainer freezes the LM head (``lm_head = verifier_lm_head[t2d]``) or trains it.
 LM_HEAD_FROZEN = {
     "speculators_peagle": "speculators `src/speculators/model.py` (`lm_head.weight.requires_grad = False`, rows "
@@ -259,6 +255,7 @@ def _plan_tensors(conv: Any, src: SourceInfo, opts: ConvertOptions, layout: PEag
         reshape={"mask_hidden": (1, 1, A * H)}, format_title=conv.title,
     )
     mh = common.get(plans, "mask_hidden")
+    assert mh is not None  # found above and accepted
     if mh.fate == "reshaped":
         mh.note = f"{list(mh_shape)} → [1, 1, {A * H}] (same values)"
     return plans, dropped
@@ -281,12 +278,13 @@ def _check_body(src: SourceInfo, plans: list[TensorPlan], L: int, A: int, H: int
         want = 2 * H if layer == 0 else H
         for proj in ("q", "k", "v"):
             n = f"layers.{layer}.self_attn.{proj}_proj.weight"
-            d = _in_dim(plans, n)
-            if d is None:
+            proj_plan = common.get(plans, n)
+            if proj_plan is None:
                 raise InvalidInputError(f"{src.path}: missing {n}", code="missing_tensor")
+            d = int(proj_plan.shape[-1])
             if d != want:
                 raise InvalidInputError(
-                    f"{common.get(plans, n).source} takes {d} inputs, expected {want} "
+                    f"{proj_plan.source} takes {d} inputs, expected {want} "
                     + ("(layer 0 attends over cat(embedding, fc feature) = 2·hidden)" if layer == 0 else "(hidden)"),
                     code="tensor_shape",
                 )
@@ -417,19 +415,20 @@ def _speculative_tokens(src: SourceInfo, opts: ConvertOptions, layout: PEagleLay
     k = opts.speculative_tokens
     if k is not None and k < 1:
         raise InvalidInputError(f"--speculative-tokens must be ≥ 1, got {k}")
-    if trained is None and k is None:
-        raise InvalidInputError(
-            f"{src.path}/config.json does not record the number of depths the drafter was trained with "
-            f"(looked at {', '.join(key for key, _ in layout.k_locations) or 'nothing'})",
-            code="missing_speculative_tokens",
-            hint="pass --speculative-tokens K (the trained K, e.g. from the model card; never more than trained)",
-        )
     if trained is not None and k is not None and k > trained:
         raise InvalidInputError(
             f"--speculative-tokens {k} exceeds the {trained} depths the drafter was trained with ({k_key})",
             code="conflicting_speculative_tokens",
         )
     if k is None:
+        if trained is None:
+            raise InvalidInputError(
+                f"{src.path}/config.json does not record the number of depths the drafter was trained with "
+                f"(looked at {', '.join(key for key, _ in layout.k_locations) or 'nothing'})",
+                code="missing_speculative_tokens",
+                hint="pass --speculative-tokens K (the trained K, e.g. from the model card; never more than "
+                     "trained)",
+            )
         notes.append(f"speculative_tokens = {trained} (trained depths, {k_key})")
         return trained, trained
     notes.append(f"speculative_tokens = {k} (--speculative-tokens"

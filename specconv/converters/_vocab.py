@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from specconv.errors import InvalidInputError
 from specconv.format.names import VOCAB_MAP_PATTERNS
-from specconv.plan import DroppedTensor, TensorPlan
+from specconv.plan import DroppedTensor, Fate, Origin, TensorPlan
 
 from ._vocab_io import D2T_KEYS, SIDE_FILES, T2D_KEYS, as_array, find_side_files, read_mapping_file
 
@@ -231,7 +231,7 @@ class _Found:
     generated: bool = False  # built by a documented rule, not read
 
 
-def _bytes_plan(out: str, arr: np.ndarray, dtype: str, fate: str, origin: str, source: str | None, src_dtype: str,
+def _bytes_plan(out: str, arr: np.ndarray, dtype: str, fate: Fate, origin: Origin, source: str | None, src_dtype: str,
                 note: str) -> TensorPlan:
     import numpy as np
 
@@ -239,7 +239,7 @@ def _bytes_plan(out: str, arr: np.ndarray, dtype: str, fate: str, origin: str, s
     data = np.ascontiguousarray(arr.astype(np_dtype)).tobytes()
     return TensorPlan(
         out=out, fate=fate, origin=origin, source=source, shape=tuple(int(s) for s in arr.shape),
-        dtype=dtype, src_dtype=src_dtype, produce=lambda data=data: data, note=note,
+        dtype=dtype, src_dtype=src_dtype, produce=lambda: data, note=note,
     )
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -64,6 +65,7 @@ def _non_finite(obj: Any, path: str = "") -> str | None:
     ``json`` accepts them, pydantic would write them back as ``null``."""
     if isinstance(obj, float) and not math.isfinite(obj):
         return path or "<root>"
+    items: Iterable[tuple[Any, Any]]
     if isinstance(obj, dict):
         items = obj.items()
     elif isinstance(obj, list):

@@ -160,7 +160,7 @@ def _layer_config(n: _Normalising, src: SourceInfo) -> dict[str, Any]:
         n.findings.append(Finding("info", "layer-config-filled", n.notes[-1], "transformer_layer_config"))
     before = len(n.findings)
     rp = common.resolve_rope(layer_config, f"{n.where} transformer_layer_config", n.findings)
-    if len(n.findings) > before:  # M-RoPE keys stripped: write the one resolved RoPE, in both forms
+    if rp is not None and len(n.findings) > before:  # M-RoPE keys stripped: write the one resolved RoPE, in both forms
         layer_config = {k: v for k, v in layer_config.items() if k != "rope_scaling"}
         layer_config["rope_parameters"] = rp
         if "rope_theta" in layer_config:
@@ -218,10 +218,10 @@ def _peagle_depths(n: _Normalising, src: SourceInfo, opts: ConvertOptions, pm0: 
             notes.append(f"legacy {k} → num_depths")
     if depths is not None:
         raw["num_depths"] = depths
-    k = opts.speculative_tokens if opts.speculative_tokens is not None else k_file
-    if depths is not None and isinstance(k, int) and k > depths:
+    K = opts.speculative_tokens if opts.speculative_tokens is not None else k_file
+    if depths is not None and isinstance(K, int) and K > depths:
         raise InvalidInputError(
-            f"speculative_tokens {k} exceeds the {depths} depths the drafter was trained with ({dk})",
+            f"speculative_tokens {K} exceeds the {depths} depths the drafter was trained with ({dk})",
             code="conflicting_speculative_tokens",
         )
     if opts.speculative_tokens is not None:
@@ -454,7 +454,8 @@ def _tensors(conv: Any, n: _Normalising, src: SourceInfo, opts: ConvertOptions, 
     plans, dropped = merge_vocab(plans, dropped, vocab)
     n.findings += vocab.findings
     n.notes += vocab.notes
-    body_dtype = common.source_dtype(src, [p.source for p in plans if p.origin == "source" and p.source in src.store])
+    body_names = [p.source for p in plans if p.origin == "source" and p.source is not None and p.source in src.store]
+    body_dtype = common.source_dtype(src, body_names)
     n.raw["dtype"] = common.dtype_name(common.out_dtype(body_dtype, opts))
     return plans, dropped
 
@@ -503,8 +504,8 @@ def normalise(conv: Any, src: SourceInfo, verifier: VerifierView | None, opts: C
         InvalidInputError: a missing/contradictory key, an invalid vocabulary mapping, or an invalid config.
     """
     raw = copy.deepcopy(src.config or {})
-    algo = raw.get("speculators_model_type")
-    n = _Normalising(raw=raw, algo=algo, alg=describe(algo), where=f"{src.path}/config.json",
+    alg = describe(raw.get("speculators_model_type"))  # UnsupportedFormatError unless an algorithm's name
+    n = _Normalising(raw=raw, algo=alg.name, alg=alg, where=f"{src.path}/config.json",
                      legacy_drop=conv.legacy_drop)
     _envelope(n)
     layer_config = _layer_config(n, src)

@@ -16,12 +16,13 @@ from torch import nn
 
 from ..errors import InvalidInputError, UnsupportedFormatError, UsageError
 from ..format.algorithms import Algorithm, algorithm
-from .layers import DecoderLayer, Linear, RMSNorm, Rotary, WeightTaker, attend, check_layers
+from .layers import DecoderLayer, DecoderLayers, Linear, RMSNorm, Rotary, WeightTaker, attend, check_layers
 from .step import StepBatch, StepOutput, StepShape, request_inputs, sample_pick
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..format import SpeculatorsDraftConfig
     from ..verifier import Verifier
+    from .cache import ContextCache
     from .step import Pick
 
 __all__ = ["DraftProposal", "BlockOutput", "Drafter", "VocabMap", "open_verifier", "SUPPORTED_DTYPES"]
@@ -72,6 +73,8 @@ class VocabMap(nn.Module):
     ``d2t``: int64 ``[Vd]`` offsets (``target = draft + d2t[draft]``), None for the identity.
     Raises InvalidInputError when it maps outside ``[0, Vt)`` or two draft ids to one target id.
     """
+
+    draft_to_target: torch.Tensor | None  # a registered buffer
 
     def __init__(self, d2t: torch.Tensor | None, target_vocab_size: int, draft_vocab_size: int,
                  source: str = "d2t"):
@@ -195,7 +198,7 @@ class Drafter(nn.Module):
         self.embed_tokens = nn.Parameter(build_embedding(w, verifier, vocab_size=self.vocab_size, hidden=H),
                                          requires_grad=False)
         qk_norm = alg.qk_norm_always or layer.model_type == "qwen3"
-        self.layers = nn.ModuleList([DecoderLayer(w, i, layer, qk_norm=qk_norm,
+        self.layers = DecoderLayers([DecoderLayer(w, i, layer, qk_norm=qk_norm,
                                                   attn_in=alg.layer0_input_width(H) if i == 0 else H)
                                      for i in range(layer.num_hidden_layers)])
         self.norm = RMSNorm(w.take("norm.weight", (H,)), layer.rms_norm_eps)
@@ -270,6 +273,12 @@ class Drafter(nn.Module):
     def _backbone(self, batch: StepBatch, attention, all_rows: bool) -> StepOutput:  # pragma: no cover - abstract
         raise NotImplementedError
 
+    def forward_cached(self, context_tokens: torch.Tensor, aux_hidden: torch.Tensor, cache: ContextCache, *,
+                       temperature: float = 0.0, generator: torch.Generator | None = None
+                       ) -> BlockOutput:  # pragma: no cover - abstract
+        """:meth:`forward_block` through ``cache`` (a :class:`~.cache.DraftSession`'s step)."""
+        raise NotImplementedError
+
     def _draft(self, out: StepOutput, batch: StepBatch, pick: Pick, confidence: bool,
                prev_tokens: torch.Tensor | None) -> StepOutput:
         """Pick the drafts from rows ``first_row..`` (independent rows; DSpark overrides)."""
@@ -293,6 +302,7 @@ class Drafter(nn.Module):
     def _block_output(self, out: StepOutput) -> BlockOutput:
         """Row 0 of a step's output as a :class:`BlockOutput`."""
         first, cl = out.first_row, out.confidence_logits
+        assert out.draft_logits is not None and out.draft_ids is not None, "a step's output before _draft"
         draft_logits, draft_ids = out.draft_logits[0], out.draft_ids[0]
         return BlockOutput(
             positions=out.positions[0].long(), hidden=out.hidden[0], slot_logits=out.slot_logits[0],
@@ -381,6 +391,7 @@ def build_vocab(w: WeightTaker, *, vocab_size: int, draft_vocab_size: int) -> Vo
     t2d = w.take_opt("t2d")
     if t2d is not None:
         expect = torch.zeros(vocab_size, dtype=torch.bool)
+        assert vm.draft_to_target is not None  # d2t given
         expect[vm.draft_to_target] = True
         if t2d.shape != expect.shape or not torch.equal(t2d.to(torch.bool), expect):
             warnings.warn(f"{w.source}: t2d disagrees with d2t (d2t is what drafting uses)",

@@ -103,7 +103,7 @@ class DraftSession:
 
     def __init__(self, drafter: Drafter) -> None:
         self.drafter = drafter
-        self.cache = ContextCache(len(drafter.layers))  # type: ignore[arg-type]
+        self.cache = ContextCache(len(drafter.layers))
         self.algorithm = drafter.algorithm
         self.num_draft_tokens = drafter.num_draft_tokens
         self.aux_layer_ids = list(drafter.aux_layer_ids)
@@ -131,7 +131,7 @@ class DraftSession:
                       ) -> BlockOutput:
         """:meth:`Drafter.forward_block` through the cache, over the rows computed this call (P-EAGLE:
         the new context entries then the mask entries)."""
-        return self.drafter.forward_cached(context_tokens, aux_hidden, self.cache,  # type: ignore[attr-defined]
+        return self.drafter.forward_cached(context_tokens, aux_hidden, self.cache,
                                            temperature=temperature, generator=generator)
 
     propose = Drafter.propose  # it only calls self.forward_block

@@ -129,7 +129,7 @@ class DFlash2Drafter(DFlashDrafter):
         h = self._embed(batch.block_ids)
         cos, sin = self.rotary(batch.block_position_ids, self.dtype)
         for i, layer in enumerate(self.layers):
-            h = self._layer(i, cast(DecoderLayer, layer), h, cos, sin, keys(i), self.block_mask(i, batch), attention)
+            h = self._layer(i, layer, h, cos, sin, keys(i), self.block_mask(i, batch), attention)
         return self.norm(h)
 
     def _draft(self, out: StepOutput, batch: StepBatch, pick: Pick, confidence: bool,

@@ -94,8 +94,11 @@ class DSparkDrafter(DFlashDrafter):
 
     def _confidence_logit(self, out_k: torch.Tensor, e: torch.Tensor | None) -> torch.Tensor:
         """``proj(cat(out_k, e))`` or ``proj(out_k)`` in fp32 (vLLM keeps this head in fp32) → ``[B]``."""
-        assert self.confidence_proj is not None
-        feat = torch.cat([out_k, e], dim=-1) if self.confidence_with_markov else out_k
+        assert self.confidence_proj is not None and self.confidence_proj.bias is not None
+        feat = out_k
+        if self.confidence_with_markov:
+            assert e is not None, "confidence_head_with_markov requires markov_rank > 0 (checked at load)"
+            feat = torch.cat([out_k, e], dim=-1)
         w_ = self.confidence_proj.weight.to(torch.float32)
         b_ = self.confidence_proj.bias.to(torch.float32)
         return (feat.to(torch.float32) @ w_[0]) + b_[0]

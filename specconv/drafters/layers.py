@@ -8,8 +8,8 @@ Numerics as transformers: ``Qwen3RMSNorm`` (gain in the input dtype), neox rope,
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Iterator, Mapping
+from typing import TYPE_CHECKING, Any, overload
 
 import torch
 import torch.nn.functional as F
@@ -111,6 +111,8 @@ class Rotary(nn.Module):
 
     Raises InvalidInputError (no rope θ) or UnsupportedFormatError (another type, ``partial_rotary_factor != 1``).
     """
+
+    inv_freq: torch.Tensor  # a registered buffer
 
     def __init__(self, rope: Mapping[str, Any], head_dim: int, source: str = "transformer_layer_config"):
         super().__init__()
@@ -299,6 +301,20 @@ class DecoderLayer(nn.Module):
         k, v = keys(*a.kv(x, cos, sin))
         h = residual + a.o_proj(attention(a.q(x, cos, sin), k, v, mask, a.scale))
         return h + self.mlp(self.post_attention_layernorm(h))
+
+
+if TYPE_CHECKING:
+    class DecoderLayers(nn.ModuleList):
+        """An ``nn.ModuleList`` of :class:`DecoderLayer` (its items typed as such)."""
+
+        @overload
+        def __getitem__(self, idx: slice) -> DecoderLayers: ...
+        @overload
+        def __getitem__(self, idx: int) -> DecoderLayer: ...
+        def __getitem__(self, idx: int | slice) -> DecoderLayer | DecoderLayers: ...
+        def __iter__(self) -> Iterator[DecoderLayer]: ...
+else:
+    DecoderLayers = nn.ModuleList
 
 
 def own_keys(k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

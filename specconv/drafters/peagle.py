@@ -124,6 +124,7 @@ class PEagleDrafter(Drafter):
         ``positions [B, R - q_from])``; ``keys(i)``: layer ``i``'s :data:`~.layers.Keys`."""
         pos, depth, valid = self.entries(batch)
         new = batch.context_from(q_from)
+        assert new.context_ids is not None, "P-EAGLE's step inputs include context_ids"
         B, M = new.block_ids.shape
         e = self._embed(torch.cat([new.context_ids, new.block_ids], dim=1))
         f = self.prep_fc(torch.cat([new.aux_hidden, self.mask_hidden.expand(B, M, -1)], dim=1))

@@ -219,7 +219,7 @@ class TransformerLayerConfig(_Model):
         layer type nested, as Laguna writes it: speculators keeps ``sliding_attention``'s),
         with ``rope_theta`` the explicit θ (:func:`rope_theta_of`) and ``rope_type`` /
         ``partial_rotary_factor`` where given."""
-        rp = self.rope_parameters
+        rp: Mapping[str, Any] | None = self.rope_parameters
         if isinstance(rp, Mapping) and any(isinstance(v, Mapping) for v in rp.values()):
             rp = rp.get("sliding_attention") or next(v for v in rp.values() if isinstance(v, Mapping))
         params: dict[str, Any] = {}

@@ -118,7 +118,8 @@ def _read_safetensors_header(path: Path) -> tuple[dict[str, TensorInfo], dict[st
     if not isinstance(meta, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in meta.items()):
         raise InvalidInputError(f"{path}: __metadata__ must map strings to strings")
     infos = {name: _parse_entry(path, name, entry, data_start, data_len) for name, entry in header.items()}
-    spans = sorted((i.start, i.end, i.name) for i in infos.values() if i.end > i.start)
+    spans = sorted((i.start, i.end, i.name) for i in infos.values()
+                   if i.start is not None and i.end is not None and i.end > i.start)
     for (_, e0, n0), (b1, _, n1) in zip(spans, spans[1:], strict=False):
         if b1 < e0:
             raise InvalidInputError(f"{path}: corrupt safetensors header: tensors {n0!r} and {n1!r} overlap")

@@ -7,11 +7,12 @@ import bisect
 import concurrent.futures as cf
 import hashlib
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from ..errors import InvalidInputError
+from .header import TensorInfo
 from .scan import NonFinite, itemsize, scan_bytes, scannable
 from .write import OutTensor, _copy_range, _produced_bytes
 
@@ -45,6 +46,23 @@ class _Piece:
     pos: int | None  # output offset in the file being written; None: another shard
 
 
+class _Src(NamedTuple):
+    """Where an output tensor's bytes are copied from: ``info`` and its byte range ``[start, end)`` in
+    ``info.file``."""
+
+    info: TensorInfo
+    start: int
+    end: int
+
+
+def _src(t: OutTensor) -> _Src | None:
+    """``t``'s safetensors source range; None when ``t`` is produced or comes from a ``.bin`` loader."""
+    src = t.src
+    if src is None or src.start is None or src.end is None:
+        return None
+    return _Src(src, src.start, src.end)
+
+
 class _OrderedHash:
     """sha256 of an output file fed with (offset, bytes) pieces; breaks on a gap."""
 
@@ -76,11 +94,12 @@ class CopyPass:
         self.stats = {"streamed": 0, "ranges": 0, "kernel": 0}
         #: bytes read from each source file (user-space reads and kernel copies alike)
         self.bytes_read: dict[Path, int] = {}
-        self._by_file: dict[Path, list[OutTensor]] = {}
+        #: the source pieces of each file (no output offset yet)
+        self._by_file: dict[Path, list[_Piece]] = {}
         for t in outs:
-            if t.src is not None and t.src.start is not None:
-                self._by_file.setdefault(t.src.file, []).append(t)
-                self.files.setdefault(t.src.file, SourceFile(t.src.file))
+            if (src := _src(t)) is not None:
+                self._by_file.setdefault(src.info.file, []).append(_Piece(t, src.start, src.end, None))
+                self.files.setdefault(src.info.file, SourceFile(src.info.file))
         self._pool: cf.ThreadPoolExecutor | None = None
         self._src_fd = -1
 
@@ -106,12 +125,13 @@ class CopyPass:
         for t in ordered:
             if t.name in done:
                 continue
-            if self._warm(t):
-                if run and run[0] == t.src.file and run[1] + run[2] == t.src.start and run[3] + run[2] == pos[t.name]:
+            if (src := self._warm(t)) is not None:
+                f = src.info.file
+                if run and run[0] == f and run[1] + run[2] == src.start and run[3] + run[2] == pos[t.name]:
                     run[2] += t.nbytes
                 else:
                     self._kernel_copy(fd, run, out_hash)
-                    run = [t.src.file, t.src.start, t.nbytes, pos[t.name]]
+                    run = [f, src.start, t.nbytes, pos[t.name]]
                 continue
             self._kernel_copy(fd, run, out_hash)
             run = None
@@ -120,17 +140,18 @@ class CopyPass:
         if out_hash is not None:
             self.output_sha256[name] = _file_sha256(tmp) if out_hash.broken else out_hash.h.hexdigest()
 
-    def _warm(self, t: OutTensor) -> bool:
-        """True (and the cached scan recorded) when ``t`` needs no user-space read."""
-        if t.src is None or t.src.start is None:
-            return False
-        sf = self.files[t.src.file]
-        cached = sf.scans.get(t.src.name)
+    def _warm(self, t: OutTensor) -> _Src | None:
+        """``t``'s source range (and the cached scan recorded) when ``t`` needs no user-space read; else None."""
+        src = _src(t)
+        if src is None:
+            return None
+        sf = self.files[src.info.file]
+        cached = sf.scans.get(src.info.name)
         if sf.needs_read or (cached is None and scannable(t.dtype)):
-            return False
+            return None
         if cached is not None:
             self._record(t, cached[0], cached[1])
-        return True
+        return src
 
     def _kernel_copy(self, fd: int, run: list[Any] | None, out_hash: Any) -> None:
         if not run:
@@ -143,22 +164,23 @@ class CopyPass:
         self.stats["kernel"] += 1
 
     def _write_tensor(self, fd: int, t: OutTensor, pos: dict[str, int], out_hash: Any) -> set[str]:
-        if t.src is None or t.src.start is None:
+        src = _src(t)
+        if src is None:
             data = _produced_bytes(t)
             self._record(t, *scan_bytes(data, t.dtype))
             _pwrite_all(fd, data, pos[t.name])
             if out_hash:
                 out_hash.feed(pos[t.name], data)
             return {t.name}
-        sf = self.files[t.src.file]
+        sf = self.files[src.info.file]
         if sf.needs_read:
-            pieces = [_Piece(u, u.src.start, u.src.end, pos.get(u.name)) for u in self._by_file[sf.path]]
+            pieces = [replace(p, pos=pos.get(p.t.name)) for p in self._by_file[sf.path]]
             h = hashlib.sha256()
             self._stream(fd, sf.path, 0, os.stat(sf.path).st_size, pieces, h, out_hash)
             sf.sha256 = h.hexdigest()
             self.stats["streamed"] += 1
             return {p.t.name for p in pieces if p.pos is not None}
-        self._stream(fd, sf.path, t.src.start, t.src.end, [_Piece(t, t.src.start, t.src.end, pos[t.name])],
+        self._stream(fd, sf.path, src.start, src.end, [_Piece(t, src.start, src.end, pos[t.name])],
                      None, out_hash)
         self.stats["ranges"] += 1
         return {t.name}
@@ -312,13 +334,13 @@ def scan_store(store: Any) -> dict[str, NonFinite]:
     found: dict[str, NonFinite] = {}
     eng.begin(0)
     try:
-        for f, ts in eng._by_file.items():
-            pieces = [_Piece(t, t.src.start, t.src.end, None) for t in ts]
+        for f, pieces in eng._by_file.items():
             lo, hi = min(p.start for p in pieces), max(p.end for p in pieces)
             if hi > lo:
                 eng._stream(-1, f, lo, hi, pieces, None, None)
         for t in outs:
-            if t.src.start is None:  # .bin: bytes from the weights-only loader
+            if t.src is not None and t.src.start is None:  # .bin: bytes from the weights-only loader
+                assert t.src.loader is not None
                 eng._record(t, *scan_bytes(t.src.loader(), t.dtype))
     finally:
         eng.finish()

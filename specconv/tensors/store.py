@@ -6,7 +6,7 @@ import os
 import re
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from ..errors import InvalidInputError
 from .dtypes import _NUMPY_NAMES, import_torch, safetensors_dtype, tensor_to_bytes, torch_dtype
@@ -88,12 +88,19 @@ def _torch_load_refusal(path: Path, e: Exception) -> InvalidInputError:
     )
 
 
-def _check_weight_map(expected: dict[str, str], infos: dict, root: Path, index_path: Path) -> None:
+class _WeightMap(NamedTuple):
+    """An index file and its ``weight_map`` (tensor name → shard file name)."""
+
+    path: Path
+    shards: dict[str, str]
+
+
+def _check_weight_map(index: _WeightMap, infos: dict[str, TensorInfo], root: Path) -> None:
     """Every name in an index's ``weight_map`` must be in the shard the index names."""
-    for name, shard in expected.items():
+    for name, shard in index.shards.items():
         info = infos.get(name)
         if info is None or info.file != root / shard:
-            raise InvalidInputError(f"{index_path}: weight_map says {name!r} is in {shard}, but that "
+            raise InvalidInputError(f"{index.path}: weight_map says {name!r} is in {shard}, but that "
                                     "shard has no such tensor")
 
 
@@ -161,8 +168,7 @@ class TensorStore:
         )
 
     @classmethod
-    def _open_safetensors_files(cls, root: Path, files: list[Path], expected: dict[str, str] | None = None,
-                                index_path: Path | None = None) -> TensorStore:
+    def _open_safetensors_files(cls, root: Path, files: list[Path], index: _WeightMap | None = None) -> TensorStore:
         infos: dict[str, TensorInfo] = {}
         first_meta: dict[str, str] | None = None
         for f in files:
@@ -173,9 +179,9 @@ class TensorStore:
                 if name in infos:
                     raise _in_two_shards(name, infos[name].file, f, root)
                 infos[name] = info
-        if expected is not None:
-            _check_weight_map(expected, infos, root, index_path)
-            infos = {n: infos[n] for n in expected}
+        if index is not None:
+            _check_weight_map(index, infos, root)
+            infos = {n: infos[n] for n in index.shards}
         return cls(root, infos, list(files), "safetensors", first_meta)
 
     @classmethod
@@ -189,11 +195,10 @@ class TensorStore:
             paths.append(root / s)
         bin_shards = index.name.endswith(".bin.index.json")
         open_files = cls._open_bin_files if bin_shards else cls._open_safetensors_files
-        return open_files(root, paths, expected=wm, index_path=index)
+        return open_files(root, paths, index=_WeightMap(index, wm))
 
     @classmethod
-    def _open_bin_files(cls, root: Path, files: list[Path], expected: dict[str, str] | None = None,
-                        index_path: Path | None = None) -> TensorStore:
+    def _open_bin_files(cls, root: Path, files: list[Path], index: _WeightMap | None = None) -> TensorStore:
         tensors: dict[str, Any] = {}
         infos: dict[str, TensorInfo] = {}
         for f in files:
@@ -204,10 +209,10 @@ class TensorStore:
                 tensors[name] = t
                 infos[name] = TensorInfo(name, safetensors_dtype(t.dtype), tuple(t.shape), f, None, None,
                                          loader=_BinLoader(tensors, name))
-        if expected is not None:
-            _check_weight_map(expected, infos, root, index_path)
-            infos = {n: infos[n] for n in expected}
-            tensors = {n: tensors[n] for n in expected}
+        if index is not None:
+            _check_weight_map(index, infos, root)
+            infos = {n: infos[n] for n in index.shards}
+            tensors = {n: tensors[n] for n in index.shards}
             for n, i in infos.items():  # rebind loaders to the filtered dict
                 infos[n] = TensorInfo(i.name, i.dtype, i.shape, i.file, None, None, loader=_BinLoader(tensors, n))
         return cls(root, infos, list(files), "bin", {}, tensors)

@@ -104,7 +104,7 @@ def _plan_shards(tensors: list[OutTensor], max_shard_size: int | None) -> list[l
     return shards
 
 
-def _write_all(fd: int, data: bytes | memoryview) -> None:
+def _write_all(fd: int, data: bytes | bytearray | memoryview) -> None:
     mv = memoryview(data)
     while mv:
         n = os.write(fd, mv)
@@ -214,7 +214,9 @@ def _write_index(out: Path, tensors: list[OutTensor], names: list[str], shards: 
 
 def _produced_bytes(t: OutTensor) -> bytes | bytearray | memoryview:
     """Call ``t.produce()`` (or a ``.bin`` loader) and check type and length."""
-    data = t.produce() if t.produce is not None else t.src.loader()  # type: ignore[union-attr]
+    produce = t.produce if t.produce is not None else t.src.loader if t.src is not None else None
+    assert produce is not None, f"output tensor {t.name!r}: a src without a byte range needs a loader (.bin)"
+    data = produce()
     if not isinstance(data, (bytes, bytearray, memoryview)):
         raise InvalidInputError(f"output tensor {t.name!r}: producer returned {type(data).__name__}, not bytes")
     got = memoryview(data).nbytes
@@ -242,26 +244,36 @@ def _write_one(path: Path, ordered: list[OutTensor]) -> None:
     os.replace(tmp, path)
 
 
+@dataclass
+class _Run:
+    """``length`` bytes of ``file`` from ``start``: one kernel copy."""
+
+    file: Path
+    start: int
+    length: int
+
+
 def _write_tensors(fd: int, ordered: list[OutTensor]) -> None:
     """Append the data of ``ordered`` to ``fd``; adjacent source ranges are one copy."""
-    run: list[Any] = []  # pending [file, start, length] of adjacent source ranges
+    run: _Run | None = None  # pending copy of adjacent source ranges
     for t in ordered:
-        if t.src is not None and t.src.start is not None:
-            if run and run[0] == t.src.file and run[1] + run[2] == t.src.start:
-                run[2] += t.nbytes  # contiguous with the previous one: one copy
+        src = t.src
+        if src is not None and src.start is not None:
+            if run is not None and run.file == src.file and run.start + run.length == src.start:
+                run.length += t.nbytes  # contiguous with the previous one: one copy
             else:
-                if run:
-                    _copy_range(*run, fd)
-                run = [t.src.file, t.src.start, t.nbytes]
+                if run is not None:
+                    _copy_range(run.file, run.start, run.length, fd)
+                run = _Run(src.file, src.start, t.nbytes)
             continue
-        if run:
-            _copy_range(*run, fd)
-            run = []
+        if run is not None:
+            _copy_range(run.file, run.start, run.length, fd)
+            run = None
         data = _produced_bytes(t)
         _write_all(fd, data)
         del data
-    if run:
-        _copy_range(*run, fd)
+    if run is not None:
+        _copy_range(run.file, run.start, run.length, fd)
 
 
 def sha256_file(path: str | os.PathLike, *, chunk_size: int = 1 << 20) -> str:

@@ -196,8 +196,8 @@ def _legacy_disputed(ctx: LintContext) -> bool | None:
 
 @rule("sample-from-anchor-disputed", "error")
 def _sample_from_anchor_disputed(ctx: LintContext) -> Hit | None:
-    if _legacy_disputed(ctx):
-        cfg = ctx.cfg
+    cfg = ctx.cfg
+    if _legacy_disputed(ctx) and isinstance(cfg, BlockDraftConfig):
         readings = disputed_layout(cfg.block_size, cfg.speculative_tokens, cfg.sample_from_anchor,
                                    not cfg.sample_from_anchor, ctx.alg.display_name)
         return (f"sample_from_anchor is absent: {readings}; the block layout cannot be told (a flipped "
@@ -209,7 +209,7 @@ def _sample_from_anchor_disputed(ctx: LintContext) -> Hit | None:
 @rule("sample-from-anchor-legacy", "info")
 def _sample_from_anchor_legacy(ctx: LintContext) -> Hit | None:
     cfg = ctx.cfg
-    if _legacy_disputed(ctx) is False:
+    if _legacy_disputed(ctx) is False and isinstance(cfg, BlockDraftConfig):
         rule_text = "== block_size → anchor-first" if cfg.sample_from_anchor else "== block_size-1 → 1+N"
         return (f"sample_from_anchor is absent; read as {str(cfg.sample_from_anchor).lower()} by the "
                 f"legacy rule (speculative_tokens {cfg.speculative_tokens} {rule_text}), as "
@@ -228,7 +228,8 @@ def _peagle_depths(ctx: LintContext) -> Hit | None:
 
 @rule("dflash-sample-from-anchor", "warning")
 def _sample_from_anchor_rejected(ctx: LintContext) -> Hit | None:
-    if ctx.alg.vllm.sample_from_anchor == "rejected" and ctx.cfg.sample_from_anchor:
+    cfg = ctx.cfg
+    if ctx.alg.vllm.sample_from_anchor == "rejected" and isinstance(cfg, BlockDraftConfig) and cfg.sample_from_anchor:
         return ("sample_from_anchor is true: vLLM's DFlash rejects it (speculators can run it)",
                 "sample_from_anchor")
     return None
@@ -236,7 +237,8 @@ def _sample_from_anchor_rejected(ctx: LintContext) -> Hit | None:
 
 @rule("dspark-sample-from-anchor-vllm", "info")
 def _sample_from_anchor_vllm(ctx: LintContext) -> Hit | None:
-    if ctx.alg.vllm.sample_from_anchor == "supported" and ctx.cfg.sample_from_anchor:
+    cfg = ctx.cfg
+    if ctx.alg.vllm.sample_from_anchor == "supported" and isinstance(cfg, BlockDraftConfig) and cfg.sample_from_anchor:
         return ("DSpark with sample_from_anchor=true needs vLLM >= 0.27 (>= 0.30 maps it to "
                 "dspark_bonus_anchor=false); some vLLM forks hard-code the bonus-anchor layout — "
                 "pin and test the vLLM version", "sample_from_anchor")

@@ -7,7 +7,7 @@ transformers ``models/qwen3/configuration_qwen3.py`` (sliding-window defaults).
 
 from __future__ import annotations
 
-from ..schema import DSparkConfig, PEagleConfig, effective_window
+from ..schema import BlockDraftConfig, DSparkConfig, PEagleConfig, effective_window
 from .registry import Hit, LintContext, rule
 
 _MT_KEY = "transformer_layer_config.model_type"
@@ -117,10 +117,12 @@ def _swa_anchoring(ctx: LintContext) -> Hit | None:
 def _dflash_layout(ctx: LintContext) -> tuple[int, int, bool] | None:
     """``(n_swa, n_layers, sliding_window_non_causal)`` of a drafter whose
     ``sliding_window_non_causal`` vLLM applies to every layer (DFlash), layer types known."""
-    if ctx.alg.vllm.sliding_window_non_causal != "every-layer" or not ctx.layer_types or _unknown_types(ctx):
+    cfg = ctx.cfg
+    if (ctx.alg.vllm.sliding_window_non_causal != "every-layer" or not isinstance(cfg, BlockDraftConfig)
+            or not ctx.layer_types or _unknown_types(ctx)):
         return None
     swa = _swa_flags(ctx)
-    return sum(swa), len(swa), ctx.cfg.sliding_window_non_causal
+    return sum(swa), len(swa), cfg.sliding_window_non_causal
 
 
 @rule("dflash-causal-full-attention", "error")
@@ -168,8 +170,9 @@ def _dflash_vllm_version(ctx: LintContext) -> Hit | None:
 
 @rule("dspark-swa-non-causal-ignored", "warning")
 def _dspark_swa_flag(ctx: LintContext) -> Hit | None:
+    cfg = ctx.cfg
     if (ctx.alg.vllm.sliding_window_non_causal == "ignored" and sum(_swa_flags(ctx))
-            and ctx.cfg.sliding_window_non_causal):
+            and isinstance(cfg, BlockDraftConfig) and cfg.sliding_window_non_causal):
         return ("sliding_window_non_causal is true but vLLM ignores it for DSpark and runs the SWA "
                 "layers causal inside the block", "sliding_window_non_causal")
     return None

@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Literal, NamedTuple
+from typing import Literal, NamedTuple, TypeVar
 
 from ..algorithms import Algorithm, algorithm
 from ..findings import CODES, Finding, Level
@@ -20,6 +20,7 @@ __all__ = ["RULES", "Hit", "LintContext", "Rule", "rule", "run_rules"]
 Hit = tuple[str, str | None]
 RuleResult = Hit | list[Hit] | None
 Needs = Literal["config", "tensors", "verifier", "serve_method"]
+_RuleFn = TypeVar("_RuleFn", bound=Callable[["LintContext"], RuleResult])
 
 
 @dataclass
@@ -76,14 +77,14 @@ class Rule(NamedTuple):
 RULES: list[Rule] = []
 
 
-def rule(code: str, level: Level, *, needs: tuple[Needs, ...] = ()) -> Callable:
+def rule(code: str, level: Level, *, needs: tuple[Needs, ...] = ()) -> Callable[[_RuleFn], _RuleFn]:
     """Register a lint rule, skipped when an input of ``needs`` is missing; ValueError when ``code`` /
     ``level`` do not match the registry."""
     info = CODES.get(code)
     if info is None or info.level != level:
         raise ValueError(f"lint rule {code!r} ({level}) does not match the finding-code registry ({info})")
 
-    def deco(fn: Callable[[LintContext], RuleResult]) -> Callable[[LintContext], RuleResult]:
+    def deco(fn: _RuleFn) -> _RuleFn:
         RULES.append(Rule(code, level, tuple(needs), fn))
         return fn
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import re
 
 from ..facts import CONFIG_DTYPE_TO_ST, FLOAT_DTYPES
+from ..findings import Level
 from ..tensors import TensorSpec
 from .registry import Hit, LintContext, Needs, rule
 
@@ -89,7 +90,7 @@ def _vocab_map_unneeded(ctx: LintContext) -> Hit | None:
 
 
 def _missing(ctx: LintContext, code: str, need: str) -> list[Hit]:
-    out = []
+    out: list[Hit] = []
     for spec in ctx.expected.values():
         if spec.missing_code == code and spec.need == need and spec.name not in ctx.names:
             why = f" ({spec.why})" if spec.why else ""
@@ -97,8 +98,8 @@ def _missing(ctx: LintContext, code: str, need: str) -> list[Hit]:
     return out
 
 
-def _register_missing(code: str, level: str, need: str) -> None:
-    rule(code, level, needs=_T)(lambda ctx: _missing(ctx, code, need))  # type: ignore[arg-type]
+def _register_missing(code: str, level: Level, need: str) -> None:
+    rule(code, level, needs=_T)(lambda ctx: _missing(ctx, code, need))
 
 
 for _code in ("tensor-missing", "lm-head-missing", "d2t-missing", "t2d-missing", "mask-hidden-missing",
@@ -116,6 +117,8 @@ def _present(ctx: LintContext) -> list[tuple[TensorSpec, tuple[int, ...], str]]:
 @rule("fc-shape", "error", needs=_T)
 def _fc_shape(ctx: LintContext) -> Hit | None:
     H, A = ctx.cfg.hidden_size, ctx.cfg.num_aux
+    if not A:  # no aux ids: fc.weight is not expected (format.expected_tensors)
+        return None
     for spec, shape, _ in _present(ctx):
         if spec.name == "fc.weight" and shape != spec.shape:
             return (f"fc.weight has shape {list(shape)} but must be [H, A·H] = [{H}, {A}·{H}] = "
@@ -131,7 +134,7 @@ def _tensor_shape(ctx: LintContext) -> list[Hit]:
 
 @rule("tensor-dtype", "error", needs=_T)
 def _tensor_dtype(ctx: LintContext) -> list[Hit]:
-    out = []
+    out: list[Hit] = []
     for spec, _, dtype in _present(ctx):
         if spec.kind == "float" and dtype not in FLOAT_DTYPES:
             out.append((f"tensor {spec.name} has dtype {dtype}, expected a float", spec.name))
