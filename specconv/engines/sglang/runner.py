@@ -337,7 +337,10 @@ def _markov_values(hf_config, model) -> dict:
 
 
 def _dflash2_values(cfg, model) -> dict:
-    """The convolution / selector settings SGLang parsed (0 = off) and whether it built the modules."""
+    """The convolution / selector settings SGLang parsed and whether it built the modules; nothing when the
+    draft enables neither (0 = off: a plain DFlash draft)."""
+    if not (cfg.conv_kernel_size or cfg.selector_rank):
+        return {}
     layers = getattr(model, "layers", [])
     return {"conv_kernel_size": cfg.conv_kernel_size, "conv_group_size": cfg.conv_group_size,
             "selector_rank": cfg.selector_rank, "selector_top_k": cfg.selector_top_k,
