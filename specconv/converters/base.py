@@ -223,6 +223,9 @@ class Converter:
     spec_ref: ClassVar[str] = ""
     supported: ClassVar[bool] = True
     refusal: ClassVar[str] = ""
+    #: ``"module:Class"`` of the producer's own model, G2's source reference (its forward and, when it has one,
+    #: ``propose``: :class:`specconv.validate.zlab_reference.ZLabDFlashReference`); None: the source converted afresh
+    reference_model: ClassVar[str | None] = None
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)

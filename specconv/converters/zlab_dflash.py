@@ -49,6 +49,7 @@ class ZlabDFlash(Converter):
         "written false with the warning `sample-from-anchor-ignored`); tensor names unchanged"
     )
     spec_ref = "z-lab/dflash `dflash/model.py` (`DFlashDraftModel`)"
+    reference_model = "dflash.model:DFlashDraftModel"
 
     @classmethod
     def detect(cls, src: SourceInfo) -> bool:

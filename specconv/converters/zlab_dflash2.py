@@ -65,6 +65,7 @@ class ZlabDFlash2(Converter):
         "bare names; `output_multiplier` / `input_embedding_scale` / `final_logit_softcapping` refused"
     )
     spec_ref = "z-lab/dflash `dflash/model.py` (`DFlash2DraftModel`, `GroupedDynamicCausalConv`, `CandidateSelector`)"
+    reference_model = "dflash.model:DFlash2DraftModel"
 
     @classmethod
     def detect(cls, src: SourceInfo) -> bool:

@@ -211,15 +211,17 @@ class TorchBackend:
 
 def _load_reference(src_info: dict, h: _Harness):
     """Reference drafter for G2/G3: z-lab's forward for z-lab DFlash, else the source converted afresh."""
+    from ..converters import REGISTRY
     from ..drafters import load_drafter
-    from .zlab_reference import ZLAB_FORMATS
 
-    if src_info.get("format") in ZLAB_FORMATS:
+    model_class = getattr(REGISTRY.get(src_info.get("format") or ""), "reference_model", None)
+    if model_class:
         try:
             from .zlab_reference import ZLabDFlashReference
 
-            ref = ZLabDFlashReference(src_info["path"], h.runner.model, dtype=h.dtype, device=h.device)
-            return ref, f"zlab-dflash (dflash.model.{type(ref.model).__name__})"
+            ref = ZLabDFlashReference(src_info["path"], h.runner.model, dtype=h.dtype, device=h.device,
+                                      model_class=model_class)
+            return ref, f"zlab-dflash ({model_class.replace(':', '.')})"
         except InvalidInputError as e:
             log.warning("z-lab reference forward unavailable (%s); using the source converted afresh", e.message)
     drafter = load_drafter(src_info["converted"], h.run.verifier, config=h.run.source_config, dtype=h.dtype,

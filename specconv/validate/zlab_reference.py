@@ -19,7 +19,6 @@ Facts used (z-lab ``dflash/model.py``):
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -33,10 +32,6 @@ class _Proposal:
     tokens: Any
     logits: Any
     confidence: Any = None
-
-
-#: source formats whose reference forward is z-lab's own model (:func:`specconv.validate.torch_backend`).
-ZLAB_FORMATS = ("zlab_dflash", "zlab_dflash2")
 
 
 def _selector_rows(selector, hidden, unary_logits, anchor, path):
@@ -62,11 +57,16 @@ class ZLabDFlashReference:
     algorithm = "dflash"
     sample_from_anchor = False
 
-    def __init__(self, source_dir: str | Path, verifier_model, *, dtype=None, device="cpu"):
+    def __init__(self, source_dir: str | Path, verifier_model, *, dtype=None, device="cpu",
+                 model_class: str = "dflash.model:DFlashDraftModel"):
         import torch
 
         try:
-            from dflash.model import DFlash2DraftModel, DFlashDraftModel, _draft_value
+            from dflash.model import _draft_value
+
+            from ..format.algorithms import import_object
+
+            cls = import_object(model_class)
         except ImportError as e:  # pragma: no cover - depends on the environment
             raise InvalidInputError(
                 "the z-lab reference forward needs the `dflash` package (pip install --no-deps dflash)"
@@ -74,8 +74,6 @@ class ZLabDFlashReference:
         dtype = dtype or torch.float32
         quiet_library_bars()
         try:
-            archs = (json.loads((Path(source_dir) / "config.json").read_text()).get("architectures") or [])
-            cls = DFlash2DraftModel if any("DFlash2" in a for a in archs) else DFlashDraftModel
             self.model = cls.from_pretrained(str(source_dir), dtype=dtype).to(device).eval()
         except (OSError, ValueError, KeyError, TypeError) as e:
             raise InvalidInputError(f"z-lab DFlashDraftModel cannot load {source_dir}: {e}") from e

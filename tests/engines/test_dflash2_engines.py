@@ -195,3 +195,19 @@ def test_onnx_graph_holds_the_selector_and_matches_torch_in_ort(dflash2, smollm2
         pytest.skip(f"TensorRT-RTX not installed: {eng}")
     assert code == 0, eng
     assert eng["drafter_meta"]["algorithm"] == "dflash2"
+
+
+def test_validate_passes_all_four_gates_against_zlabs_own_dflash2(dflash2, smollm2_dir, tmp_path):
+    """G1–G4 on the conversion; G2's reference is z-lab's ``DFlash2DraftModel`` (the converter's
+    ``reference_model``): same drafted tokens, logits within G2's fp32 row."""
+    from cli_runner import invoke
+
+    code, rep = invoke("validate", dflash2["spec"], "--verifier", smollm2_dir, "--source", dflash2["zlab"],
+                       "--prompts", "eval", "--num-prompts", 2, "--max-new-tokens", 16, "--dtype", "float32",
+                       "--report-dir", tmp_path / "report", "--format", "json").code_json
+    assert code == 0 and rep["passed"], rep
+    gates = {g["name"]: g for g in rep["gate_results"]}
+    assert all(gates[n]["passed"] for n in ("structure", "parity", "acceptance", "lossless"))
+    parity = gates["parity"]["details"]
+    assert parity["reference"] == "zlab-dflash (dflash.model.DFlash2DraftModel)"
+    assert parity["proposals_token_equal"] == 1.0
