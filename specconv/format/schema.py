@@ -11,7 +11,7 @@ import json
 import os
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, ClassVar, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, model_serializer, model_validator
 
@@ -26,6 +26,9 @@ from .facts import (
     legacy_sample_from_anchor,
     speculative_tokens_for,
 )
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .tensors import TensorSpec
 
 __all__ = [
     "BlockDraftConfig",
@@ -294,8 +297,9 @@ class SpeculatorsDraftConfig(_Model):
             raise InvalidInputError("transformer_layer_config: no explicit rope_theta")
         return theta
 
-    def extra_tensors(self) -> list[tuple[str, tuple[int, ...], str]]:
-        """Tensors the algorithm adds beyond the layers, heads and vocabulary maps: ``(name, shape, why)``."""
+    def extra_tensors(self) -> list[TensorSpec]:
+        """Tensors the algorithm adds beyond the layers, the block / P-EAGLE heads and the vocabulary maps
+        (:func:`specconv.format.tensors.expected_tensors` appends them in this order)."""
         return []
 
     @property
@@ -411,20 +415,22 @@ class DFlash2Config(BlockDraftConfig):
     selector_rank: int = 256
     selector_top_k: int = 16
 
-    def extra_tensors(self) -> list[tuple[str, tuple[int, ...], str]]:
-        """The convolution and selector tensors (speculators ``models/dflash2/model_definitions.py``):
-        ``(name, shape, why)``, codebooks under their bare names (vLLM raises on ``….weight``)."""
+    def extra_tensors(self) -> list[TensorSpec]:
+        """The convolution and selector tensors (speculators ``models/dflash2/model_definitions.py``), codebooks
+        under their bare names (vLLM raises on ``….weight``)."""
+        from .tensors import TensorSpec
+
         H, k, R, V = self.hidden_size, self.conv_kernel_size, self.selector_rank, self.vocab_size
         G = H // self.conv_group_size if self.conv_group_size > 0 else 0
-        out: list[tuple[str, tuple[int, ...], str]] = []
+        out = []
         for i in range(self.num_layers):
             for conv in ("attention_conv", "mlp_conv"):
-                out.append((f"layers.{i}.{conv}.base_kernel", (2, k, H), "static convolution taps"))
-                out.append((f"layers.{i}.{conv}.kernel_projection.weight", (2 * k * G, H),
-                            "dynamic convolution taps per group"))
-        out.append(("candidate_selector.hidden_projection.weight", (R, H), "selector hidden projection"))
-        out.append(("candidate_selector.predecessor_codebook", (V, R), "selector predecessor codebook"))
-        out.append(("candidate_selector.successor_codebook", (V, R), "selector successor codebook"))
+                out.append(TensorSpec(f"layers.{i}.{conv}.base_kernel", (2, k, H), why="static convolution taps"))
+                out.append(TensorSpec(f"layers.{i}.{conv}.kernel_projection.weight", (2 * k * G, H),
+                                      why="dynamic convolution taps per group"))
+        out.append(TensorSpec("candidate_selector.hidden_projection.weight", (R, H), why="selector hidden projection"))
+        out.append(TensorSpec("candidate_selector.predecessor_codebook", (V, R), why="selector predecessor codebook"))
+        out.append(TensorSpec("candidate_selector.successor_codebook", (V, R), why="selector successor codebook"))
         return out
 
 
@@ -445,6 +451,31 @@ class DSparkConfig(BlockDraftConfig):
     markov_head_type: Literal["vanilla", "gated", "rnn"] = "vanilla"
     enable_confidence_head: bool = True
     confidence_head_with_markov: bool = True
+
+    def extra_tensors(self) -> list[TensorSpec]:
+        """The Markov head (``markov_rank > 0``; gated / rnn extras) and the confidence head."""
+        from .tensors import TensorSpec
+
+        H, Vt, Vd, r = self.hidden_size, self.vocab_size, self.draft_vocab_size, self.markov_rank
+        mk = "markov-head-missing"
+        out = []
+        if r > 0:
+            out += [TensorSpec("markov_head.markov_w1.weight", (Vt, r), missing_code=mk,
+                               why="Markov embedding over target ids"),
+                    TensorSpec("markov_head.markov_w2.weight", (Vd, r), missing_code=mk,
+                               why="Markov bias projection to draft-vocab logits")]
+            extra = {"gated": (("gate_proj", (r, H + r), (r,)),),
+                     "rnn": (("joint_proj", (3 * r, 2 * r + H), (3 * r,)),)}.get(self.markov_head_type, ())
+            for name, weight, bias in extra:
+                out += [TensorSpec(f"markov_head.{name}.weight", weight, missing_code=mk),
+                        TensorSpec(f"markov_head.{name}.bias", bias, missing_code=mk)]
+        if self.enable_confidence_head:
+            width = H + (r if self.confidence_head_with_markov else 0)
+            why = "enable_confidence_head is true (vLLM loads it only if present)"
+            out += [TensorSpec(f"confidence_head.proj.{n}", shape, need="recommended",
+                               missing_code="tensor-recommended-missing", why=why)
+                    for n, shape in (("weight", (1, width)), ("bias", (1,)))]
+        return out
 
 
 def config_class(algorithm: str) -> type[SpeculatorsDraftConfig]:

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .algorithms import algorithm as describe
-from .schema import DSparkConfig, PEagleConfig, SpeculatorsDraftConfig
+from .schema import PEagleConfig, SpeculatorsDraftConfig
 
 __all__ = ["TensorSpec", "expected_tensors"]
 
@@ -99,26 +99,6 @@ def _add_vocab_maps(out: _Specs, cfg: SpeculatorsDraftConfig) -> None:
                 why="speculators refuses to load a pruned draft without it")
 
 
-def _add_dspark_heads(out: _Specs, cfg: DSparkConfig) -> None:
-    H, Vt, Vd, r = cfg.hidden_size, cfg.vocab_size, cfg.draft_vocab_size, cfg.markov_rank
-    mk = {"missing_code": "markov-head-missing"}
-    if r > 0:
-        out.add("markov_head.markov_w1.weight", (Vt, r), why="Markov embedding over target ids", **mk)
-        out.add("markov_head.markov_w2.weight", (Vd, r), why="Markov bias projection to draft-vocab logits", **mk)
-        if cfg.markov_head_type == "gated":
-            out.add("markov_head.gate_proj.weight", (r, H + r), **mk)
-            out.add("markov_head.gate_proj.bias", (r,), **mk)
-        elif cfg.markov_head_type == "rnn":
-            out.add("markov_head.joint_proj.weight", (3 * r, 2 * r + H), **mk)
-            out.add("markov_head.joint_proj.bias", (3 * r,), **mk)
-    if cfg.enable_confidence_head:
-        width = H + (r if cfg.confidence_head_with_markov else 0)
-        rec = {"need": "recommended", "missing_code": "tensor-recommended-missing",
-               "why": "enable_confidence_head is true (vLLM loads it only if present)"}
-        out.add("confidence_head.proj.weight", (1, width), **rec)
-        out.add("confidence_head.proj.bias", (1,), **rec)
-
-
 def expected_tensors(cfg: SpeculatorsDraftConfig) -> dict[str, TensorSpec]:
     """Name → :class:`TensorSpec` a servable draft for ``cfg`` holds, in order: ``fc`` (absent without aux
     ids), final norm, the layers, the heads and vocabulary maps."""
@@ -134,8 +114,6 @@ def expected_tensors(cfg: SpeculatorsDraftConfig) -> dict[str, TensorSpec]:
     else:
         _add_block_heads(out, cfg)
     _add_vocab_maps(out, cfg)
-    if isinstance(cfg, DSparkConfig):
-        _add_dspark_heads(out, cfg)
-    for name, shape, why in cfg.extra_tensors():
-        out.add(name, shape, why=why)
+    for spec in cfg.extra_tensors():
+        out[spec.name] = spec
     return dict(out)

@@ -75,8 +75,7 @@ def run_reference(path: Path, names: list[str], inputs: tuple[torch.Tensor, ...]
 def _upstream(diff: np.ndarray) -> np.ndarray:
     """Bool ``[B, N]``: the drafts up to and including each request's first flip (a sequential stage's later
     drafts are conditioned on a different pick, so they are not comparable)."""
-    before = np.cumsum(diff, axis=-1) - diff == 0
-    return before
+    return np.cumsum(diff, axis=-1) - diff == 0
 
 
 def compare(ref: dict[str, torch.Tensor], got: dict[str, np.ndarray], atol: float, *, sequential: bool = False) -> dict:
