@@ -1,7 +1,8 @@
 #!/usr/bin/env python
 """Benchmark: acceptance length τ and CPU speedup of the bundled drafters, side by side.
 
-Converts the trained z-lab drafter (``examples/smollm2-dflash-b8``) and its random-init
+Converts the trained z-lab DFlash drafter (``examples/smollm2-dflash-b8``), the DFlash2 drafter
+trained from it (``examples/smollm2-dflash2-b8``, docs/trained_drafter.md) and the random-init
 negative control (``examples/smollm2-dflash-b8-random``) with ``specconv convert``, runs
 ``specconv validate`` on each against SmolLM2-135M-Instruct over the same prompt slice,
 and prints one JSON object: pooled τ, per-position acceptance, TPOT (speculative vs
@@ -23,6 +24,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 DRAFTERS = {"trained": REPO / "examples" / "smollm2-dflash-b8",
+            "dflash2": REPO / "examples" / "smollm2-dflash2-b8",
             "random": REPO / "examples" / "smollm2-dflash-b8-random"}
 
 
@@ -78,6 +80,9 @@ def main(argv: list[str] | None = None) -> int:
     if "acceptance_length" in results.get("trained", {}) and "acceptance_length" in results.get("random", {}):
         summary["tau_ratio_trained_vs_random"] = round(results["trained"]["acceptance_length"]
                                                        / results["random"]["acceptance_length"], 3)
+    if "acceptance_length" in results.get("dflash2", {}) and "acceptance_length" in results.get("trained", {}):
+        summary["tau_ratio_dflash2_vs_dflash"] = round(results["dflash2"]["acceptance_length"]
+                                                       / results["trained"]["acceptance_length"], 3)
     text = json.dumps(summary, indent=2, sort_keys=True, default=str)
     print(text)
     if args.out:

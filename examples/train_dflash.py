@@ -92,10 +92,12 @@ def load_verifier(dtype=None):
 # ----------------------------------------------------------------------------- stage 1
 
 
-def select_prompts(tok, n_sharegpt: int, seed: int = SEED):
+def select_prompts(tok, n_sharegpt: int, seed: int = SEED, sharegpt_offset: int = 0):
     """HumanEval[0:100] + MT-Bench 81-130 first, then a seeded ShareGPT sample.
 
-    Prompts whose rendered length exceeds MAX_PROMPT_TOKENS are skipped.
+    Prompts whose rendered length exceeds MAX_PROMPT_TOKENS are skipped. ``sharegpt_offset`` > 0:
+    no HumanEval / MT-Bench, and the ShareGPT sample starts after the first ``sharegpt_offset``
+    usable prompts of the seeded order (fresh data for a later drafter; the DFlash rounds used fewer).
     Returns list of (id, token ids).
     """
     from specconv.prompts import render, training_pool
@@ -105,11 +107,15 @@ def select_prompts(tok, n_sharegpt: int, seed: int = SEED):
     share = [p for p in pool if p.id.startswith("sharegpt/")]
     random.Random(seed).shuffle(share)
     out = []
-    for group, limit in ((core, None), (share, n_sharegpt)):
+    for group, limit, skip in ((core if not sharegpt_offset else [], None, 0),
+                               (share, n_sharegpt, sharegpt_offset)):
         chosen = []
         for p in group:
             ids = render(p, tok)
             if len(ids) <= MAX_PROMPT_TOKENS:
+                if skip:
+                    skip -= 1
+                    continue
                 chosen.append((p.id, ids))
             if limit is not None and len(chosen) >= limit:
                 break
@@ -129,7 +135,7 @@ def stage_gen(args) -> None:
     feat_dir = root / "feat"
     feat_dir.mkdir(exist_ok=True)
     model, tok = load_verifier()
-    core, share = select_prompts(tok, args.n_sharegpt)
+    core, share = select_prompts(tok, args.n_sharegpt, sharegpt_offset=args.sharegpt_offset)
     batches = []
     if args.gen_round == 1:
         for group in (core, share):
@@ -693,8 +699,8 @@ def patch_cpu_timer():
     dm._cuda_time = time.perf_counter
 
 
-def measure_tau(drafter_dir, n_humaneval=6, n_mtbench=6, max_new=64, log_fn=log):
-    """τ of a z-lab DFlash drafter with z-lab's own ``dflash_generate`` (greedy, CPU, fp32).
+def measure_tau(drafter_dir, n_humaneval=6, n_mtbench=6, max_new=64, log_fn=log, model_cls=None):
+    """τ of a z-lab DFlash (``model_cls``: DFlash2) drafter with z-lab's own ``dflash_generate`` (greedy, CPU, fp32).
 
     Prompts: the first ``n_humaneval`` HumanEval and the first ``n_mtbench`` MT-Bench
     prompts of the ``eval`` slice (HumanEval/100.., mtbench/131..).
@@ -710,7 +716,7 @@ def measure_tau(drafter_dir, n_humaneval=6, n_mtbench=6, max_new=64, log_fn=log)
 
     patch_cpu_timer()
     target, tok = load_verifier()
-    drafter = DFlashDraftModel.from_pretrained(str(drafter_dir), dtype=torch.float32).eval()
+    drafter = (model_cls or DFlashDraftModel).from_pretrained(str(drafter_dir), dtype=torch.float32).eval()
     ev = eval_prompts()
     he = [p for p in ev if p.id.startswith("HumanEval/")][:n_humaneval]
     mt = [p for p in ev if p.id.startswith("mtbench/")][:n_mtbench]
@@ -833,6 +839,8 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default=str(HERE / "smollm2-dflash-b8"))
     ap.add_argument("--seed", type=int, default=SEED)
     ap.add_argument("--n-sharegpt", type=int, default=640)
+    ap.add_argument("--sharegpt-offset", type=int, default=0,
+                    help="skip HumanEval/MT-Bench and the first N usable ShareGPT prompts (fresh data)")
     ap.add_argument("--gen-batch", type=int, default=32)
     ap.add_argument("--gen-seconds", type=float, default=900)
     ap.add_argument("--gen-round", type=int, default=1,

@@ -161,6 +161,21 @@ class LlamaCppServeSummary(ServedEngine):
     lossless: bool | None = None
 
 
+class EngineSummary(_Model):
+    """One engine of ``validate --compare`` (``specconv.validate.compare_run``): what served, its τ with
+    the 95 % CI, its verdict against specconv's loop and, for ``departs``, where and the likeliest cause."""
+
+    engine: str | None = None
+    version: str | None = None
+    runner: str | None = None
+    tau: float | None = None
+    tau_ci: list[float] | None = None
+    verdict: str | None = None
+    position: int | None = None
+    direction: str | None = None
+    cause: str | None = None
+
+
 class PromptsRef(_Model):
     """The prompts a validation ran (``rendered_sha256``: ``specconv.validate.run.rendered_digest``)."""
 
@@ -198,6 +213,7 @@ class ValidationSection(_Model):
     vllm_serve: VllmServeSummary | None = None
     remote: RemoteValidation | None = None
     llamacpp_serve: LlamaCppServeSummary | None = None
+    engines: list[EngineSummary] | None = None
 
 
 class ExportSection(_Model):

@@ -177,10 +177,11 @@ def serve_options(fn: Callable[..., Any]) -> Callable[..., Any]:
     return with_options([*_engine_specs(serve=True).values(), *serving])(fn)
 
 
-def pop_serve_options(kw: dict[str, Any], backend: str) -> tuple[dict[str, Any], dict[str, Any]]:
+def pop_serve_options(kw: dict[str, Any], backend: str, compare: tuple[str, ...] = ()) -> tuple[dict[str, Any],
+                                                                                            dict[str, Any]]:
     """Take :func:`serve_options`' values out of ``kw``: ``(engine options, engine key → typed
     serving options)``, after each backend's refusals of them (exit 2; an option named by an
-    environment variable alone is no clash)."""
+    environment variable alone is no clash). An engine named by ``--compare`` serves in this run too."""
     from ..engines import serves
 
     plain = {dest: kw.pop(dest, spec.default) for dest, spec in _engine_specs(serve=True).items()}
@@ -190,7 +191,7 @@ def pop_serve_options(kw: dict[str, Any], backend: str) -> tuple[dict[str, Any],
     typed: dict[str, Any] = {}
     for key, serve in serves():
         value = serve.serve_options({s.dest: kw.pop(s.dest, s.default) for s in serve.serving_options})
-        serve.check_options(backend, value, given)
+        serve.check_options(serve.backend if key in compare or serve.backend in compare else backend, value, given)
         if value is not None:
             typed[key] = value
     return plain, typed

@@ -37,6 +37,9 @@ def push_options(f):
                      help="Check the remote checksums after the commit (exit 8)."),
         click.option("--allow-unvalidated", is_flag=True,
                      help="Push files no passed validation covers (recorded in the card)."),
+        click.option("--allow-departing", multiple=True, metavar="ENGINE",
+                     help="Publish although `validate --compare` found ENGINE departing from specconv's loop "
+                          "(repeatable; the card says so)."),
         click.option("--allow-verifier-weights", is_flag=True, help="Push onnx/, trt/ and gguf/ files that embed the "
                      "verifier's weights (its embedding / LM head)."),
     ]
@@ -69,7 +72,7 @@ def make_options(kw: dict):
 
     o = PushOptions(**{k: kw.pop(k) for k in list(kw) if k in PushOptions.__dataclass_fields__})
     o.separate_repos = {key: repo for key, spec in repo_option_specs().items() if (repo := kw.pop(spec.dest, None))}
-    o.include, o.exclude = tuple(o.include), tuple(o.exclude)
+    o.include, o.exclude, o.allow_departing = tuple(o.include), tuple(o.exclude), tuple(o.allow_departing)
     if o.detailed_exitcode and not o.dry_run:
         raise UsageError("--detailed-exitcode needs --dry-run")
     if o.force_tag and not o.tag:

@@ -25,13 +25,16 @@ from .push import make_options, push_options
 @click.option("--num-prompts", type=click.IntRange(min=1), default=12, show_default=True)
 @click.option("--max-new-tokens", type=click.IntRange(min=1), default=64, show_default=True)
 @click.option("--device", default="auto", show_default=True)
+@click.option("--compare", "compare", multiple=True, metavar="ENGINE[,ENGINE]",
+              help="After the exports, validate again with each ENGINE serving the same token ids "
+                   "(validate --compare); push refuses an engine that departs unless --allow-departing names it.")
 @release_flags
 @push_options
 @output_format_option
 @run_command
 @chat_options  # inside run_command: a bad --chat-template-kwargs is exit 2 before anything is converted
 def release_cmd(src: str, verifier: str, verifier_name, work_dir, min_tau, max_parity_kl, prompts, num_prompts,
-                max_new_tokens, device, output_format: str, chat=None, **kw):
+                max_new_tokens, device, compare, output_format: str, chat=None, **kw):
     """Convert SRC, validate it against the verifier (gates), then push it.
 
     Stops at the first failed step with its exit code; prints a record of every step
@@ -46,5 +49,6 @@ def release_cmd(src: str, verifier: str, verifier_name, work_dir, min_tau, max_p
     opts = ReleaseOptions(verifier=verifier, verifier_name=verifier_name, work_dir=work_dir, min_tau=min_tau,
                           max_parity_kl=max_parity_kl, prompts=prompts, num_prompts=num_prompts,
                           max_new_tokens=max_new_tokens, device=device, exports=exports,
-                          engine_options=engine_options, chat=chat)
+                          engine_options=engine_options, chat=chat,
+                          compare=tuple(n.strip() for c in compare for n in c.split(",") if n.strip()))
     return release(src, opts, make_options(kw))

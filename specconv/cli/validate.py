@@ -71,6 +71,11 @@ def _progress():
               help="Where validation.json/.md/.png go [default: ./specconv-validation/<DIR name>].")
 @click.option("--backend", type=click.Choice(list(backends())), default="torch", show_default=True,
               help="; ".join(f"{name}: {text}" for name, text in backends().items()) + ".")
+@click.option("--compare", "compare", multiple=True, metavar="ENGINE[,ENGINE]",
+              help="After the torch loop (the reference), serve the same token ids with each ENGINE "
+                   "(" + ", ".join(n for n in backends() if n != "torch") + "; repeatable or comma-separated; "
+                   "vllm with --server-url measures that server) and judge each per position: agrees / "
+                   "departs / inconclusive (docs/validate.md, \"Comparing engines\"). Greedy only.")
 @serve_options
 @runtime_options
 @click.option("--attn-implementation", type=click.Choice(["sdpa", "eager"]), default="sdpa", show_default=True,
@@ -84,8 +89,9 @@ def _progress():
 @chat_options  # inside run_command: a bad --chat-template-kwargs is exit 2 before DIR is read
 def validate_cmd(drafter_dir: Path, verifier: str, source: str | None, prompts: str, num_prompts: int,
                  max_new_tokens: int, temperature: float, device: str, dtype: str, min_tau: float | None,
-                 report_dir: Path | None, backend: str, attn_implementation: str, seed: int, drafter_cache: bool,
-                 output_format: str, chat=None, **engine_flags):  # chat_options.py; the engines' flags
+                 report_dir: Path | None, backend: str, compare: tuple[str, ...], attn_implementation: str, seed: int,
+                 drafter_cache: bool, output_format: str, chat=None,
+                 **engine_flags):  # chat: chat_options.py; engine_flags: the engines' flags
     """Validate the Speculators drafter in DIR against its verifier.
 
     Gates, in order: G1 structure (lint, tensor accounting, verifier-supplied tensors),
@@ -97,14 +103,15 @@ def validate_cmd(drafter_dir: Path, verifier: str, source: str | None, prompts: 
     from specconv.validate.run import ValidateOptions, validate_drafter
     from specconv.validate.runtimes import runtime_from_flags
 
-    engine_options, serve = pop_serve_options(engine_flags, backend)  # exit 2 before DIR is read
+    compared = tuple(n.strip() for c in compare for n in c.split(",") if n.strip())
+    engine_options, serve = pop_serve_options(engine_flags, backend, compared)  # exit 2 before DIR is read
     runtime, runtime_path = runtime_from_flags(pop_runtime_paths(engine_flags), backend)
     opts = ValidateOptions(source=source, prompts=prompts, num_prompts=num_prompts, max_new_tokens=max_new_tokens,
                            temperature=temperature, device=device, dtype=dtype, min_tau=min_tau, backend=backend,
                            engine_options=engine_options, serve=serve,
                            runtime=runtime, runtime_path=runtime_path, attn_implementation=attn_implementation,
                            seed=seed, drafter_cache=drafter_cache,
-                           load_checks=pop_load_checks(engine_flags), chat=chat)
+                           load_checks=pop_load_checks(engine_flags), chat=chat, compare=compared)
     with _progress() as cb:
         report = validate_drafter(drafter_dir, verifier, opts, report_dir=report_dir, progress=cb)
     failure = report.gate_failure()

@@ -341,8 +341,10 @@ class Serve(Capability):
         ``requests`` (``prompt_id``, ``prompt_token_ids``, ``output_ids``), ``serving`` (``runner``,
         ``mode``), optional ``device`` / ``server``; (True) the report section, with ``tau``,
         ``tau_torch``, ``delta``, ``band``, ``lossless``, ``exact_match``, ``divergences`` and
-        ``prompt_n`` (tokens the server evaluated, per request). ``torch_report``: the torch gates'
-        report so far (True only)."""
+        ``prompt_n`` (tokens the server evaluated, per request). Either way, with ``options.compare`` set,
+        ``requests`` carry ``prompt_id``, ``output_ids`` and ``counts`` (that request's counter difference:
+        :func:`specconv.engines.served.measure_each`). ``torch_report``: the torch gates' report so far
+        (True only)."""
         raise NotImplementedError
 
     def summary(self, measured: dict[str, Any]) -> dict[str, Any]:
@@ -360,6 +362,10 @@ class Serve(Capability):
                   options: Any) -> tuple[list[list[int]], str] | None:
         """G4's non-speculative reference outputs and their source name, or None (the torch loop's)."""
         return None
+
+    def engine_facts(self, measured: dict[str, Any]) -> dict[str, Any]:
+        """What ran, for the comparison's row: ``{version, runner, ...}`` of :meth:`measure`'s result."""
+        return {}
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,7 @@ from ..errors import InvalidInputError
 from .counts import metrics_from_counts
 
 __all__ = ["SPEC_KEYS", "CounterNames", "counter_metrics", "diff_counters", "first_divergence", "measure",
-           "parse_counters", "settled", "token_agreement"]
+           "measure_each", "parse_counters", "settled", "token_agreement"]
 
 #: The speculative counters every served engine exports (vLLM's names for them).
 SPEC_KEYS = ("num_drafts", "num_draft_tokens", "num_accepted_tokens")
@@ -109,6 +109,23 @@ def measure(read: Callable[[], dict], send: Callable[[], R], *,
     before = read()
     sent = send()
     return sent, before, settle(read) if settle is not None else read()
+
+
+def measure_each(read: Callable[[], dict], items: Sequence[Any], send_one: Callable[[Any], dict], *,
+                 settle: Callable[[Callable[[], dict]], dict] | None = None) -> tuple[list[dict], dict, dict]:
+    """Counters around every request, one request at a time: each answer of ``send_one(item)`` gets
+    ``counts`` (:func:`diff_counters` of the scrapes around it: the per-request counts an engine does not
+    report itself). Returns ``(answers, counters before the first, counters after the last)``; the
+    per-request counts sum to ``after − before``."""
+    scrape = (lambda: settle(read)) if settle is not None else read
+    before = prev = scrape()
+    answers = []
+    for item in items:
+        answer = send_one(item)
+        cur = scrape()
+        answers.append({**answer, "counts": diff_counters(prev, cur)})
+        prev = cur
+    return answers, before, prev
 
 
 def first_divergence(a: Sequence[int], b: Sequence[int]) -> int:

@@ -217,6 +217,28 @@ def _check_validated(d: Path, rec: Any, names: list[str], allow: bool, p: Payloa
                              code="modified_after_validation")
 
 
+def _check_engines(rec: Any, allow: tuple[str, ...], p: Payload) -> None:
+    """An engine ``validate --compare`` found departing from specconv's loop (the record's
+    ``validation.engines``) is refused unless named by ``--allow-departing`` (then the card says so);
+    ``inconclusive`` never refuses.
+
+    Raises:
+        GateFailedError: ``engine_departs``.
+    """
+    rows = (rec.validation.engines or []) if rec.validation is not None else []
+    for row in rows:
+        if row.verdict != "departs":
+            continue
+        if row.engine not in allow:
+            where = f"position {row.position}" if row.position else "τ"
+            raise GateFailedError(f"{row.engine} departs from specconv's loop at {where} ({row.direction}; likely "
+                                  f"{row.cause}): the card would advertise acceptance that engine does not serve",
+                                  code="engine_departs", hint=f"fix the {row.engine} serving, validate again with "
+                                  f"--compare, or pass --allow-departing {row.engine} (the card says so)")
+        p.departing.append(str(row.engine))
+        p.warnings.append(f"pushed although {row.engine} departs (--allow-departing {row.engine})")
+
+
 def _engine_file(d: Path, rec: Any, rel: str, allow_vw: bool, p: Payload) -> bool | None:
     """Whether ``rel`` is pushable as a file of an engine's export (its check recorded these bytes;
     :meth:`~specconv.engines.base.Exporter.push_verdict`); None: it stays local unless asked for.
@@ -255,7 +277,7 @@ def _check_filters_keep_drafter(d: Path, core: list[str], include: tuple[str, ..
 
 
 def collect(d: Path, *, include: tuple[str, ...] = (), exclude: tuple[str, ...] = (), allow_unvalidated: bool = False,
-            allow_verifier_weights: bool = False) -> tuple[Payload, Any]:
+            allow_verifier_weights: bool = False, allow_departing: tuple[str, ...] = ()) -> tuple[Payload, Any]:
     """``(payload, record)``: the pushable files of drafter dir ``d`` (derived files not yet added).
 
     Raises:
@@ -284,6 +306,7 @@ def collect(d: Path, *, include: tuple[str, ...] = (), exclude: tuple[str, ...] 
     _check_filters_keep_drafter(d, core, include, exclude)
     p = Payload()
     _check_validated(d, rec, core, allow_unvalidated, p)
+    _check_engines(rec, allow_departing, p)
     for rel in rels:
         if rel in core:
             continue

@@ -43,6 +43,8 @@ class PushOptions:
     verify: bool = True
     allow_unvalidated: bool = False
     allow_verifier_weights: bool = False
+    #: engines ``validate --compare`` found departing that may be published anyway (``--allow-departing``)
+    allow_departing: tuple[str, ...] = ()
     #: engine key → the Hub repo its export is also published as (an exporter's ``repo_option``: .separate_repo)
     separate_repos: dict[str, str] = field(default_factory=dict)
 
@@ -52,7 +54,7 @@ def build_payload(d: Path, opts: PushOptions) -> Payload:
     from ..engines.card import render_card
 
     p, rec = collect(d, include=opts.include, exclude=opts.exclude, allow_unvalidated=opts.allow_unvalidated,
-                     allow_verifier_weights=opts.allow_verifier_weights)
+                     allow_verifier_weights=opts.allow_verifier_weights, allow_departing=opts.allow_departing)
     plot = _plot(rec)
     card = render_card(d, rec, p, opts.repo_id, plot=plot is not None, separate_repos=opts.separate_repos)
     derived_files(p, rec, card, plot)

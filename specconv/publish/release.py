@@ -15,7 +15,7 @@ from typing import Any
 from ..errors import GateFailedError, InvalidInputError, SpecconvError
 from ..prompts import ChatOptions
 from ..results import PushResult, ReleaseResult
-from ..results.shapes import ReleaseStep
+from ..results.shapes import ReleaseStep, ReleaseValidate
 from .push import PushOptions, push
 
 
@@ -38,6 +38,8 @@ class ReleaseOptions:
     #: the engines' own options (``--llama-server``, ``--verifier-gguf``), by ``dest``
     engine_options: dict[str, Any] = field(default_factory=dict)
     chat: ChatOptions | None = None  # --chat-template, --chat-template-kwargs, --thinking (None: the defaults)
+    #: engines served and judged against specconv's loop after the engine steps (``--compare``)
+    compare: tuple[str, ...] = ()
 
 
 def _step(res: ReleaseResult, name: str, fn: Callable[[], Any]) -> Any:
@@ -80,7 +82,8 @@ def _convert(src: str, opts: ReleaseOptions, out: Path, work: Path) -> dict[str,
     return {"format": r.format, "algorithm": r.algorithm, "files": list(r.files or [])}
 
 
-def _validate(src: str, opts: ReleaseOptions, drafter: Path, report_dir: Path) -> dict[str, Any]:
+def _validate(src: str, opts: ReleaseOptions, drafter: Path, report_dir: Path,
+              compare: tuple[str, ...] = ()) -> ReleaseValidate:
     """:func:`specconv.validate.run.validate_drafter` on the converted drafter (``--source``
     = SRC for parity; the report next to the drafter, the same ``validation`` section as
     ``specconv validate`` records), then release's own gate ``--max-parity-kl`` on it."""
@@ -88,7 +91,8 @@ def _validate(src: str, opts: ReleaseOptions, drafter: Path, report_dir: Path) -
 
     vo = ValidateOptions(source=src, prompts=opts.prompts, num_prompts=opts.num_prompts,
                          max_new_tokens=opts.max_new_tokens, min_tau=opts.min_tau, device=opts.device,
-                         chat=opts.chat or ChatOptions())
+                         chat=opts.chat or ChatOptions(), compare=compare,
+                         engine_options={**ValidateOptions().engine_options, **opts.engine_options})
     report = validate_drafter(drafter, opts.verifier, vo, report_dir=report_dir)
     from ..record import read_record
 
@@ -101,8 +105,11 @@ def _validate(src: str, opts: ReleaseOptions, drafter: Path, report_dir: Path) -
         failed.append(f"parity (max KL {kl} > --max-parity-kl {opts.max_parity_kl})")
     if failed:
         raise GateFailedError("validation gate(s) failed: " + ", ".join(failed))
-    return {"acceptance_length": section.acceptance_length, "tau_ci95": section.tau_ci95, "gates": section.gates,
-            "parity_kl_max": kl}
+    out: ReleaseValidate = {"acceptance_length": section.acceptance_length, "tau_ci95": section.tau_ci95,
+                            "gates": section.gates, "parity_kl_max": kl}
+    if compare:  # one row per engine: push refuses a departing one unless --allow-departing names it
+        out["engines"] = [e.model_dump(exclude_none=True) for e in section.engines or []]
+    return out
 
 
 def release(src: str, opts: ReleaseOptions, push_opts: PushOptions) -> ReleaseResult:
@@ -123,6 +130,8 @@ def release(src: str, opts: ReleaseOptions, push_opts: PushOptions) -> ReleaseRe
     res.convert = _step(res, "convert", lambda: _convert(src, opts, drafter, work))
     res.validate_ = _step(res, "validate", lambda: _validate(src, opts, drafter, work / "report"))
     _engine_steps(res, opts, push_opts, drafter, work)
+    if opts.compare:  # after the exports (llama.cpp serves DIR/gguf): the same prompts, each engine judged
+        res.compare = _step(res, "compare", lambda: _validate(src, opts, drafter, work / "report", opts.compare))
     _local_card(drafter, push_opts)
     pushed: PushResult = _step(res, "push", lambda: push(drafter, push_opts))
     res.push = pushed

@@ -22,6 +22,7 @@ from .shapes import (
     ChatTemplate,
     ConverterRow,
     Device,
+    EngineComparison,
     Finding,
     GateResult,
     GgufCheck,
@@ -264,7 +265,7 @@ class ValidationReport(StageResult):
         source_metrics: the ``--source`` drafter's acceptance metrics; lossless: G4's
             ``{exact_match, n, first_div, near_tie}``; device, prompts, versions: the run.
         vllm_load: the ``--vllm-load-check`` result (``specconv.engines.vllm.check.record_payload``);
-            vllm_serve: the server that served ``--backend vllm``.
+            vllm_serve: the server that served ``--backend vllm``; engines: ``--compare``'s rows.
         chat_template: how the prompts were rendered (``specconv.prompts.TemplateFacts``);
             findings: what a serving engine did that changes what τ means.
         report_files: files written by ``validate.report.write_report``; plot: the PNG's name.
@@ -299,6 +300,7 @@ class ValidationReport(StageResult):
     vllm_load: VllmLoad | None = None
     vllm_serve: VllmServe | None = None
     sglang_load: SglangLoad | None = None
+    engines: EngineComparison | None = None
     report_files: dict[str, str | None] | None = None
     plot: str | None = None
     error: str | None = None
@@ -349,6 +351,7 @@ class ValidationReport(StageResult):
             lines += _tau_lines(r)
         lines += [_runtime_line(key, sec) for key, sec in r.items()
                   if isinstance(sec, dict) and {"torch", "drafts"} <= sec.keys()]
+        lines += _engine_lines(r.get("engines") or {})
         lines.append("gates:")
         for g in r.get("gate_results", []):
             lines.append(f"  {g['name']:<11} {g['status']}")
@@ -364,6 +367,18 @@ class ValidationReport(StageResult):
         if files:
             lines.append(f"report:    {files.get('json')}")
         return "\n".join(lines)
+
+
+def _engine_lines(sec: dict[str, Any]) -> list[str]:
+    """``validate --compare``: one line per engine (τ with its CI, verdict), then the notes."""
+    lines = []
+    for row in sec.get("rows") or []:
+        lo, hi = row.get("tau_ci") or (float("nan"), float("nan"))
+        departs = row["verdict"] == "departs"
+        where = f" at {row['position'] or 'τ'} ({row['direction']}; {row['cause']})" if departs else ""
+        lines.append(f"{row['engine'] + ':':<11}τ {row['tau']:.3f} [{lo:.3f}, {hi:.3f}] vs torch "
+                     f"{sec['reference'].get('tau') or float('nan'):.3f}: {row['verdict']}{where}")
+    return lines + [f"      note:    {n}" for n in sec.get("notes") or []]
 
 
 def _runtime_line(key: str, sec: dict[str, Any]) -> str:
@@ -560,6 +575,7 @@ class ReleaseResult(StageResult):
     exit_code: int = 0
     convert: ReleaseConvert | None = None
     validate_: ReleaseValidate | None = Field(default=None, alias="validate")
+    compare: ReleaseValidate | None = None
     export: ReleaseExport | None = None
     engine: ReleaseEngine | None = None
     sglang: ReleaseSglang | None = None

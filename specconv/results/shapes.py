@@ -10,10 +10,14 @@ is exactly what the producer put there. ``total=False``: a key a producer may le
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import (
+    Any,
+    Literal,
+    NotRequired,  # pydantic needs typing_extensions' TypedDict before Python 3.12
+)
 
 from pydantic import ConfigDict, with_config
-from typing_extensions import TypedDict  # pydantic needs typing_extensions' TypedDict before Python 3.12
+from typing_extensions import TypedDict
 
 _OPEN = ConfigDict(extra="allow")
 
@@ -373,12 +377,14 @@ class ReleaseConvert(TypedDict):
 
 @with_config(_OPEN)
 class ReleaseValidate(TypedDict):
-    """Release's ``validate`` step (``specconv.publish.release._validate``)."""
+    """Release's ``validate`` step (``specconv.publish.release._validate``; its ``compare`` step adds
+    ``engines``, the record's rows)."""
 
     acceptance_length: float | None
     tau_ci95: list[float] | None
     gates: dict[str, bool] | None
     parity_kl_max: float | None
+    engines: NotRequired[list[dict[str, Any]]]
 
 
 @with_config(_OPEN)
@@ -478,3 +484,55 @@ class TensorFate(TypedDict, total=False):
     note: str
     name: str
     reason: str
+
+
+@with_config(_OPEN)
+class EngineRow(TypedDict, total=False):
+    """One engine against the reference (``specconv.validate.compare.EngineVerdict.as_dict`` plus the
+    facts of ``specconv.validate.compare_run``): verdict, where and why it departs, its τ with the CI,
+    per-position c_i and the intervals of Δc_i and Δτ, the version and runner that served it."""
+
+    engine: str
+    verdict: Literal["agrees", "departs", "inconclusive"]
+    position: int | None
+    direction: str | None
+    cause: str | None
+    tau: float
+    tau_ci: list[float]
+    c: list[float | None]
+    delta_c: list[float | None]
+    delta_c_ci: list[list[float] | None]
+    delta_tau: float
+    delta_tau_ci: list[float]
+    judged: list[int]
+    reason: str
+    n_prompts: int
+    num_drafts: int
+    margins: dict[str, float]
+    version: str | None
+    runner: str | None
+    lossless: bool
+    token_agreement: float
+    exact_match: float
+    counts_match_reported: bool
+
+
+@with_config(_OPEN)
+class EngineReference(TypedDict, total=False):
+    """The reference of an engine comparison: specconv's loop, its τ (with the CI) and c_i."""
+
+    engine: str
+    tau: float | None
+    tau_ci95: list[float] | None
+    c: list[float] | None
+
+
+@with_config(_OPEN)
+class EngineComparison(TypedDict, total=False):
+    """``validate --compare``'s report section (``specconv.validate.compare_run.compare_step``)."""
+
+    reference: EngineReference
+    rows: list[EngineRow]
+    method: str
+    notes: list[str]
+    counts_file: str

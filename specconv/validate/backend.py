@@ -59,7 +59,8 @@ class ValidationRun:
 
     ``verifier_spec``: the verifier's ``model_ref`` (Hub id, else absolute dir) the load checks name;
     ``config``: parsed once (None: it did not parse; G1 says why); ``rendered``: ``[(prompt id,
-    token ids)]`` every backend gets.
+    token ids)]`` every backend gets; ``spec_requests``: the torch loop's speculative requests
+    (``RequestResult``), the reference of ``--compare``.
     """
 
     drafter_dir: Path
@@ -75,6 +76,7 @@ class ValidationRun:
     prompts: list = field(default_factory=list)
     rendered: list[tuple[str, list[int]]] = field(default_factory=list)
     chat: TemplateFacts | None = None
+    spec_requests: list = field(default_factory=list)
 
 
 class ValidationBackend(Protocol):

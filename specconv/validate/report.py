@@ -14,6 +14,7 @@ log = logging.getLogger("specconv.validate")
 REPORT_JSON = "validation.json"
 REPORT_MD = "validation.md"
 REPORT_PNG = "acceptance.png"
+ENGINES_PNG = "engines.png"
 #: z-lab's reference package (``pip install dflash``), recorded with the library versions.
 ZLAB_PACKAGE = "dflash"
 
@@ -105,6 +106,8 @@ def render_markdown(report: dict) -> str:
         lines += ["", f"Source drafter τ (same harness): {_fmt(src.get('acceptance_length'))}"]
     if report.get("dspark"):
         lines += _md_dspark(report["dspark"])
+    if report.get("engines"):
+        lines += _md_engines(report["engines"])
     if report.get("plot"):
         lines += ["", f"![per-position acceptance]({report['plot']})"]
     return "\n".join(lines) + "\n"
@@ -131,6 +134,26 @@ def _md_acceptance(m: dict) -> list[str]:
     for i, (p, c) in enumerate(zip(m.get("acceptance_at_pos", []), m.get("conditional_acceptance_at_pos", []),
                                    strict=True), 1):
         lines.append(f"| {i} | {p:.3f} | {c:.3f} |")
+    return lines
+
+
+def _md_engines(section: dict) -> list[str]:
+    """One row per engine: version, runner, τ with its CI, verdict (and where and why it departs)."""
+    ref = section.get("reference") or {}
+    ci = ref.get("tau_ci95")
+    lines = ["", "## Engines (same token ids, greedy; reference: specconv's loop)", "",
+             "| engine | version | runner | τ (95% CI) | verdict |", "| --- | --- | --- | --- | --- |",
+             f"| {ref.get('engine')} (reference) | | | {_fmt(ref.get('tau'))}"
+             + (f" ({ci[0]:.3f}–{ci[1]:.3f})" if ci else "") + " | |"]
+    for r in section.get("rows", []):
+        lo, hi = r.get("tau_ci") or (None, None)
+        verdict = r["verdict"] + (f" at {r['position'] or 'τ'} ({r['direction']}, {r['cause']})"
+                                  if r["verdict"] == "departs" else "")
+        lines.append(f"| {r['engine']} | {r.get('version') or '?'} | {str(r.get('runner') or '?').replace('|', '/')} | "
+                     f"{_fmt(r.get('tau'))} ({_fmt(lo)}–{_fmt(hi)}) | {verdict} |")
+    if section.get("counts_file"):
+        lines += ["", f"Per-request counts: `{section['counts_file']}`; curves: `{ENGINES_PNG}`. "
+                      + str(section.get("method", ""))]
     return lines
 
 
@@ -181,6 +204,39 @@ def plot_acceptance(metrics: dict, path: Path, *, source_metrics: dict | None = 
     return path
 
 
+def plot_engines(section: dict, path: Path) -> Path | None:
+    """The engines' conditional acceptance c_i per position overlaid on the reference's (``--compare``),
+    each engine's departing position marked."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:  # pragma: no cover
+        log.warning("matplotlib is not installed: no engine plot")
+        return None
+    fig, ax = plt.subplots(figsize=(6.5, 3.8), dpi=100)
+    ref = section.get("reference") or {}
+    curves = [(f"{ref.get('engine', 'reference')} (reference)", ref.get("c") or [], None)]
+    curves += [(f"{r['engine']}: {r['verdict']}", r.get("c") or [], r.get("position")) for r in section.get("rows", [])]
+    for n, (label, c, pos) in enumerate(curves):
+        xs = [i + 1 for i, v in enumerate(c) if v is not None]
+        line = ax.plot(xs, [c[x - 1] for x in xs], marker="os^vD"[n % 5], linestyle="-" if n == 0 else "--",
+                       label=label)[0]
+        if pos is not None and pos <= len(c) and c[pos - 1] is not None:
+            ax.scatter([pos], [c[pos - 1]], s=160, facecolors="none", edgecolors=line.get_color())
+    ax.set_xlabel("draft position i")
+    ax.set_ylabel("c_i = a_i / a_(i-1)")
+    ax.set_ylim(0, 1)
+    ax.set_title("conditional acceptance per position, per engine")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path)
+    plt.close(fig)
+    return path
+
+
 def write_report(report, report_dir: str | Path) -> dict[str, str]:
     """Write a ValidationReport's ``validation.json`` / ``.md`` / PNG (its ``plot`` key set to the PNG's name)
     into ``report_dir``; returns ``{"json", "markdown", "plot"}`` paths."""
@@ -189,6 +245,15 @@ def write_report(report, report_dir: str | Path) -> dict[str, str]:
     d = Path(report_dir)
     d.mkdir(parents=True, exist_ok=True)
     files: dict[str, str] = {}
+    counts = (report.__pydantic_extra__ or {}).pop("engine_counts", None)
+    if counts and report.engines is not None:  # --compare: the per-request counts and the overlaid curves
+        from .compare_run import write_counts
+
+        files["engine_counts"] = str(write_counts(d, counts))
+        report.engines["counts_file"] = Path(files["engine_counts"]).name
+        png = plot_engines(report.engines, d / ENGINES_PNG)
+        if png is not None:
+            files["engines_plot"] = str(png)
     metrics = report.extra("metrics")
     if metrics:
         png = plot_acceptance(metrics, d / REPORT_PNG, source_metrics=report.source_metrics)
@@ -245,8 +310,17 @@ def validation_section(report, drafter_dir: str | Path):
         **({"chat_template": _chat_template(r["chat_template"], drafter_dir)} if r.get("chat_template") else {}),
         **({"findings": r["findings"]} if r.get("findings") else {}),
         temperature=r.get("temperature"), specconv_version=r.get("specconv_version"), versions=r.get("versions"),
-        files=file_hashes(drafter_dir),
+        files=file_hashes(drafter_dir), **_engine_rows(r),
         report=relative_to_dir(files["json"], drafter_dir) if files.get("json") else None, **vllm_summaries(r)))
+
+
+def _engine_rows(r: dict[str, Any]) -> dict[str, Any]:
+    """``engines`` of the section: one row per ``--compare`` engine (absent without a comparison)."""
+    rows = (r.get("engines") or {}).get("rows")
+    if not rows:
+        return {}
+    keys = ("engine", "version", "runner", "tau", "tau_ci", "verdict", "position", "direction", "cause")
+    return {"engines": [{k: row.get(k) for k in keys} for row in rows]}
 
 
 def _chat_template(facts: dict[str, Any], drafter_dir: str | Path) -> dict[str, Any]:

@@ -36,7 +36,8 @@ class ValidateOptions:
     ``--engine``); ``engine_options``: the engines' plain options, dest → value (``--llama-server``,
     ``--vllm-python``, ...; default: each at its default); ``serve``: engine key → its typed serving
     options (a :class:`specconv.engines.vllm.server.VllmServeOptions`); ``load_checks``: engine
-    key → interpreter (None: its default) of each ``--*-load-check``.
+    key → interpreter (None: its default) of each ``--*-load-check``; ``compare``: the engines serving
+    the same token ids after the torch loop, each judged against it (``--compare``).
     """
 
     source: str | None = None
@@ -59,6 +60,7 @@ class ValidateOptions:
     serve: dict[str, Any] = field(default_factory=dict)
     load_checks: dict[str, str | None] = field(default_factory=dict)
     chat: ChatOptions = field(default_factory=ChatOptions)
+    compare: tuple[str, ...] = ()
 
 
 #: options the report's ``options`` leaves out: a load check is its own result (``vllm_load``),
@@ -256,13 +258,16 @@ def _refuse_unsupported(d: Path, model_type: str) -> None:
 def _preflight(opts: ValidateOptions, d: Path, verifier_spec: str) -> None:
     """Refusals (exit 3) before any model loads: each load check's, then the backend's ``preflight``."""
     from ..engines import engines
+    from .compare_run import check_compare, preflight_compare
 
+    check_compare(opts.compare, opts.backend, opts.temperature)  # exit 2 before any engine's refusal
     for e in engines():
         if e.load_check is not None and e.key in opts.load_checks:
             e.load_check.refuse(d, verifier_spec, opts.load_checks[e.key])
     backend = get_backend(opts.backend)
     if hasattr(backend, "preflight"):  # --backend llamacpp: DIR/gguf, llama-server, a verifier GGUF
         backend.preflight(d, opts)
+    preflight_compare(d, opts)  # each compared engine's refusals, before the torch loop runs
 
 
 def _load_check_step(report: ValidationReport, run: ValidationRun) -> None:
@@ -299,7 +304,8 @@ def _check_inputs(drafter_dir: str | Path, opts: ValidateOptions) -> Path:
     get_runtime(opts.drafter_backend, "drafter backend")
     torch_dtype(opts.dtype)
     for key, serve in serves():  # exit 2 before anything starts (--vllm-python: the CLI)
-        serve.check_options(opts.backend, opts.serve.get(key))
+        serves_here = key in opts.compare or serve.backend in opts.compare
+        serve.check_options(serve.backend if serves_here else opts.backend, opts.serve.get(key))
     opts.chat.template_kwargs()  # exit 2: --chat-template none with kwargs, a contradicting --thinking
     check_one_runtime(opts.backend, [opts.runtime] if opts.runtime else [])
     check_runtime(opts.runtime, opts.runtime_path, d, opts.dtype)  # a runtime's refusals, before any model

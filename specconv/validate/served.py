@@ -157,6 +157,7 @@ def _after_torch_gates(s: Serve, run: ValidationRun) -> None:
     TorchBackend().run(run)
     section = s.measure(run.drafter_dir, run.verifier, run.rendered, run.options, found, run.report)
     prompt_n = section.pop("prompt_n")
+    section.pop("requests", None)  # per-request counts: the engine comparison's (compare_run.py)
     run.report[s.report_key] = section
     _engine_judged(run, s, section, prompt_n)
 

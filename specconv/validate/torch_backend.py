@@ -151,6 +151,7 @@ class TorchBackend:
         spec = h.decode("speculative decode", h.drafter)
         metrics = compute_metrics(spec, k, baseline=plain, seed=opts.seed)
         run.report["metrics"] = metrics
+        run.spec_requests = list(spec)
         if opts.runtime:  # a registered runtime drafting the same requests, compared with this run
             from .runtimes import compare_runtime
 
@@ -162,6 +163,10 @@ class TorchBackend:
         if algorithm(h.drafter.algorithm).markov_head:  # DSpark: confidence-head extras
             run.report["dspark"] = _dspark_extras(spec, h)
         run.report["summary"] = summary(metrics)
+        if opts.compare:  # every --compare engine on the same token ids, judged against this run
+            from .compare_run import compare_step
+
+            compare_step(run, k)
 
     def _source_gates(self, h: _Harness, plain) -> dict | None:
         """G2 parity and the source drafter's τ (same loop, same prompts); None without a source."""

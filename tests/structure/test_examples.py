@@ -339,3 +339,107 @@ def test_trained_drafter_beats_random_in_zlab_loop():
         taus[name] = sum(acc) / len(acc)
     assert taus["random"] < 1.05
     assert taus["trained"] > taus["random"] + 0.1
+
+
+def test_dflash2_train_forward_matches_zlab_dflash2_random_weights():
+    """The DFlash2 training forward (convolutions per block of B rows, DFlash mask) == z-lab's
+    ``DFlash2DraftModel`` forward per anchor, and its selector scores == z-lab's ``candidate_selector``."""
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("dflash.model")
+    from dflash.model import DFlash2DraftModel
+    from train_dflash import build_blocks
+    from train_dflash2 import SELECTOR_TOP_K, TrainDFlash2, dflash2_config
+
+    torch.manual_seed(3)
+    zl = DFlash2DraftModel(dflash2_config()).float().eval()
+    g = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for n, p in zl.named_parameters():
+            if n.endswith("base_kernel"):
+                p.copy_(0.3 * torch.randn(p.shape, generator=g))
+                p[:, 0] += 1.0
+            elif "norm" in n:
+                p.add_(0.3 * torch.randn(p.shape, generator=g))
+            elif "codebook" in n:  # strong enough that the selector reorders the top-K
+                p.copy_(2.0 * torch.randn(p.shape, generator=g))
+            elif "kernel_projection" in n or "candidate_selector" in n:
+                p.copy_(0.5 * torch.randn(p.shape, generator=g) / p.shape[-1] ** 0.5)
+    sd = {k: v for k, v in zl.state_dict().items() if "rotary" not in k}
+    tm = TrainDFlash2(sd, zl.config)
+    T, B = 21, 8
+    emb = torch.randn(64, 576, generator=g)
+    tokens = torch.randint(17, 64, (T,), generator=g)
+    aux = torch.randn(1, T, 3 * 576, generator=g) * 3
+    anchors = [3, 10]
+    ids, pos, mask = build_blocks(tokens, anchors, B, 16, T)
+    with torch.no_grad():
+        h = tm.forward(aux, torch.arange(T)[None], emb[ids][None], pos[None], mask[None])[0]
+        for i, a in enumerate(anchors):
+            ref = _zlab_block_hidden(zl, aux, a, emb[ids[i * B : (i + 1) * B]][None])[0]
+            got = h[i * B : (i + 1) * B]
+            assert torch.allclose(got, ref, atol=5e-5, rtol=1e-4), (a, (got - ref).abs().max())
+        ys = h[1:B]
+        logits = ys @ torch.randn(576, 64, generator=g)
+        path, _, _ = zl.candidate_selector.select(ys[None], logits[None], tokens[anchors[0]][None], 0.0)
+        pred = torch.cat([tokens[anchors[0]][None], path[0, :-1]])  # the walk's predecessors
+        cand = logits.topk(SELECTOR_TOP_K, dim=-1).indices
+        ours = tm.selector_scores(logits, ys, pred, cand)
+        assert torch.equal(cand.gather(-1, ours.argmax(-1, keepdim=True))[:, 0], path[0])
+        assert (path[0] != logits.argmax(-1)).any()  # the selector moved at least one pick
+
+
+# --------------------------------------------------------------------------- the DFlash2 drafter
+
+TRAINED2 = EXAMPLES / "smollm2-dflash2-b8"
+#: what DFlash2 adds to the DFlash layout (z-lab ``save_pretrained``: codebooks as ``….codebook.weight``)
+EXPECTED_DFLASH2_EXTRA = {
+    **{f"layers.{i}.{c}.{n}": s for i in range(2) for c in ("attention_conv", "mlp_conv")
+       for n, s in (("base_kernel", [2, 2, 576]), ("kernel_projection.weight", [144, 576]))},
+    "candidate_selector.predecessor_codebook.weight": [49152, 32],
+    "candidate_selector.successor_codebook.weight": [49152, 32],
+    "candidate_selector.hidden_projection.weight": [32, 576],
+}
+
+
+def test_committed_dflash2_has_the_zlab_dflash2_layout_and_its_record():
+    cfg = json.loads((TRAINED2 / "config.json").read_text())
+    assert cfg["architectures"] == ["DFlash2DraftModel"] and cfg["model_type"] == "qwen3"
+    dc = cfg["dflash_config"]
+    assert dc["target_layer_ids"] == [1, 14, 27] and dc["mask_token_id"] == 16
+    assert {k: dc[k] for k in ("conv_kernel_size", "conv_group_size", "selector_rank", "selector_top_k")} == {
+        "conv_kernel_size": 2, "conv_group_size": 16, "selector_rank": 32, "selector_top_k": 16}
+    assert _tensor_shapes(TRAINED2) == {**EXPECTED_TENSORS_2L, **EXPECTED_DFLASH2_EXTRA}
+    assert cfg["dtype"] == "bfloat16"
+    info = json.loads((TRAINED2 / "training.json").read_text())
+    assert set(info["runs"]) == {"dflash2", "dflash"}  # the DFlash2 run and its DFlash control
+    assert info["runs"]["dflash2"]["steps"] > 0 and info["runs"]["dflash"]["n_train_seqs"] == \
+        info["runs"]["dflash2"]["n_train_seqs"]
+    for ev in info["eval"].values():
+        assert abs(ev["tau_pooled"] - (1 + sum(ev["per_pos"]))) < 1e-3 and sum(ev["hist"]) == ev["n_steps"]
+
+
+@pytest.mark.slow
+def test_committed_dflash2_in_zlab_loop_is_lossless_and_accepts():
+    """z-lab's own ``dflash_generate`` with ``DFlash2DraftModel`` (selector walk) on the committed drafter:
+    greedy speculative == greedy, and it accepts drafts (the random DFlash control accepts none)."""
+    torch = pytest.importorskip("torch")
+    dm = pytest.importorskip("dflash.model")
+    from train_dflash import load_verifier, patch_cpu_timer
+
+    from specconv.prompts import load_prompts, render
+    from tests.tolerances import assert_same_greedy, greedy_result
+
+    patch_cpu_timer()
+    target, tok = load_verifier()
+    ids = torch.tensor([render(load_prompts("eval", 1)[0], tok)])
+    P = ids.shape[1]
+    with torch.inference_mode():
+        ref = target.generate(ids, max_new_tokens=32, do_sample=False, pad_token_id=2)
+        ref_logits = target(ref).logits[0, P - 1 : -1].float()
+    m = dm.DFlash2DraftModel.from_pretrained(str(TRAINED2), dtype=torch.float32).eval()
+    res = dm.dflash_generate(m, target, ids, 32, [tok.eos_token_id], return_stats=True)
+    n = min(res.output_ids.shape[1], ref.shape[1])
+    assert_same_greedy(res.output_ids[0, P:n].tolist(), greedy_result(ref[0, P:n].tolist(), ref_logits[: n - P]),
+                       what="dflash2")
+    acc = res.acceptance_lengths
+    assert sum(acc) / len(acc) > 1.1

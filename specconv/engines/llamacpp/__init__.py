@@ -134,7 +134,13 @@ class LlamaServe(Serve):
                         n_predict=options.max_new_tokens, spec_type=meta["spec_type"], n_max=meta["spec_draft_n_max"])
         tau_torch = float((torch_report.get("metrics") or {}).get("acceptance_length") or 0.0)
         return {**serve_summary(res, tau_torch, found["target"], found["repo"], found),
-                "prompt_n": [o.get("prompt_n") for o in res["spec_outputs"]]}
+                "prompt_n": [o.get("prompt_n") for o in res["spec_outputs"]],
+                "requests": [{"prompt_id": o["prompt_id"], "output_ids": o["tokens"], "counts": o["counts"],
+                              "accepted_reported": o.get("draft_n_accepted")} for o in res["spec_outputs"]]}
+
+    def engine_facts(self, measured: dict[str, Any]) -> dict[str, Any]:
+        runner = f"--spec-type {measured.get('spec_type')} --spec-draft-n-max {measured.get('spec_draft_n_max')}"
+        return {"version": measured.get("version"), "commit": measured.get("commit"), "runner": runner}
 
 
 ENGINE = Engine(

@@ -24,14 +24,15 @@ def serve_prompts(argv: Sequence[str], prompts: Sequence[tuple[str, list[int]]],
     """Start one server, send every prompt, read the counters, stop it.
 
     Returns:
-        ``(outputs per prompt, counter difference or None without a draft, {startup_s, log})``.
+        ``(outputs per prompt (with a draft: each with its ``counts``), counter difference or None without a
+        draft, {startup_s, log})``.
     """
-    from ..served import diff_counters, measure
+    from ..served import diff_counters, measure_each
     from .server import LlamaServer, completion
 
-    with LlamaServer(argv, log_path) as srv:
-        outs, before, after = measure(srv.counters, lambda: [
-            {"prompt_id": pid, **completion(srv, ids, n_predict, n_probs=n_probs)} for pid, ids in prompts])
+    with LlamaServer(argv, log_path) as srv:  # counters around each request (updated before it answers)
+        outs, before, after = measure_each(
+            srv.counters, prompts, lambda p: {"prompt_id": p[0], **completion(srv, p[1], n_predict, n_probs=n_probs)})
     return outs, (diff_counters(before, after) if "-md" in argv else None), {"startup_s": srv.startup_s,
                                                                              "log": str(log_path)}
 

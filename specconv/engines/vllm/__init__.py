@@ -103,6 +103,13 @@ class VllmServe(Serve):
     def runners(self, algorithm: Any) -> tuple[str, ...]:
         return tuple(algorithm.vllm.runners) if algorithm is not None else ()
 
+    def engine_facts(self, measured: dict[str, Any]) -> dict[str, Any]:
+        versions = (measured.get("server") or {}).get("versions") or {}
+        serving = measured.get("serving") or {}
+        return {"version": versions.get("vllm.__version__") or versions.get("vllm"),
+                "distribution": versions.get("distribution"), "runner": serving.get("runner"),
+                "mode": serving.get("mode"), **({"url": serving["url"]} if serving.get("url") else {})}
+
     def after_acceptance(self, g3: Any, measured: dict[str, Any], options: Any) -> None:
         """A server specconv did not start (``--server-url``) must have served this run only."""
         if measured["serving"]["mode"] == "remote":

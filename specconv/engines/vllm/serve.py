@@ -502,7 +502,17 @@ def _owned_engine(srv: VllmServer, versions: dict) -> dict[str, str | None]:
 def measure(base_url: str, prompts: Sequence[Any], opts: Any, *, read: Callable[[], dict], concurrency: int = 1,
             model: str = SERVED_NAME, headers: dict[str, str] | None = None) -> tuple[list[dict], float, dict, dict]:
     """Counters before, the prompts, counters after (settled: vLLM publishes them a little after the
-    answers; :func:`specconv.engines.served.measure`): ``(requests, wall_s, before, after)``."""
+    answers; :func:`specconv.engines.served.measure`): ``(requests, wall_s, before, after)``.
+    A run comparing engines (``opts.compare``) sends them one at a time and scrapes around each: every
+    request gets its own ``counts`` (:func:`specconv.engines.served.measure_each`)."""
+    if getattr(opts, "compare", ()):
+        from ..served import measure_each
+
+        t0 = time.perf_counter()
+        reqs, before, after = measure_each(
+            read, prompts, lambda p: completion_request(base_url, p, opts, model=model, headers=headers),
+            settle=settled)
+        return reqs, time.perf_counter() - t0, before, after
     (reqs, wall), before, after = served_measure(
         read, lambda: send_requests(base_url, prompts, opts, model=model, headers=headers, concurrency=concurrency),
         settle=settled)
