@@ -512,8 +512,10 @@ class EngineRow(TypedDict, total=False):
     version: str | None
     runner: str | None
     lossless: bool
+    lossless_reference: str
     token_agreement: float
     exact_match: float
+    paired_prompts: list[str]
     counts_match_reported: bool
 
 

@@ -144,7 +144,8 @@ def _interval(x: np.ndarray, alpha: float) -> tuple[float, float] | None:
 
 
 def compare_engines(reference: Sequence[RequestCounts], engines: Mapping[str, Sequence[RequestCounts]], *,
-                    lossless: Mapping[str, bool | None] | None = None, n_boot: int = 4000, seed: int = 0,
+                    lossless: Mapping[str, bool | None] | None = None,
+                    paired: Mapping[str, set[str]] | None = None, n_boot: int = 4000, seed: int = 0,
                     level: float = 0.95, c_margin: float = C_MARGIN, min_reach: int = MIN_REACH,
                     ) -> list[EngineVerdict]:
     """Every engine's verdict against ``reference`` on the prompts all of them answered.
@@ -152,7 +153,9 @@ def compare_engines(reference: Sequence[RequestCounts], engines: Mapping[str, Se
     Args:
         reference: per-request counts of specconv's loop (or any reference run).
         engines: engine name → its per-request counts of the same prompts.
-        lossless: engine name → its G4 result (False makes a departure ``not_lossless``).
+        lossless: engine name → its G4 result (False: ``departs``, cause ``not_lossless``).
+        paired: engine name → the prompts whose output equals the reference's token for token (others
+            weigh nothing on either side: acceptance is compared on the same text only; default all).
         n_boot: bootstrap replicates (4000: the Bonferroni tails keep ≥ 15 replicates each at 8 positions).
 
     Returns:
@@ -168,15 +171,19 @@ def compare_engines(reference: Sequence[RequestCounts], engines: Mapping[str, Se
         missing = sorted(set(ids) - {r.prompt_id for r in rs})
         if missing:
             raise ValueError(f"{name} has no counts for {len(missing)} prompt(s): {', '.join(missing[:3])}")
-    ref = _matrix(reference, ids, k)
+    ref_all = _matrix(reference, ids, k)
     idx = np.random.default_rng(seed).integers(0, len(ids), size=(n_boot, len(ids)))
-    ref_c, ref_tau = _stats(ref)
-    boot_ref_c, boot_ref_tau = _stats(ref[idx])
     out = []
     for name, rs in engines.items():
-        eng = _matrix(rs, ids, k)
-        out.append(_judge(name, eng, ref, ref_c, float(ref_tau), boot_ref_c, boot_ref_tau, idx, level, c_margin,
-                          min_reach, (lossless or {}).get(name)))
+        keep = np.array([[1.0] if same is None or pid in same else [0.0]
+                         for pid in ids for same in [(paired or {}).get(name)]])
+        eng, ref = _matrix(rs, ids, k) * keep, ref_all * keep  # prompts outside ``paired`` weigh nothing
+        ref_c, ref_tau = _stats(ref)
+        boot_ref_c, boot_ref_tau = _stats(ref[idx])
+        v = _judge(name, eng, ref, ref_c, float(ref_tau), boot_ref_c, boot_ref_tau, idx, level, c_margin,
+                   min_reach, (lossless or {}).get(name))
+        v.n_prompts = int(keep.sum())
+        out.append(v)
     return out
 
 
@@ -208,9 +215,12 @@ def _judge(name: str, eng: np.ndarray, ref: np.ndarray, ref_c: np.ndarray, ref_t
         direction = "above" if tau_ci[0] > t_margin else "below"
         reason = f"Δτ interval [{tau_ci[0]:+.3f}, {tau_ci[1]:+.3f}] lies outside ±{t_margin:.3f}"
     inside = all(_within(d_ci[i - 1], c_margin) for i in judged) and _within(tau_ci, t_margin)
-    if position is not None or tau_out:
+    if lossless is False:  # G4 failed: whatever the counts say, it does not serve the verifier's outputs
+        verdict, cause = "departs", "not_lossless"
+        reason = "its greedy outputs are not the verifier's (G4)" + (f"; {reason}" if reason else "")
+    elif position is not None or tau_out:
         verdict = "departs"
-        cause = _cause(position, direction, c, ref_c, eng, ref, judged, c_margin, lossless)
+        cause = _cause(position, direction, c, ref_c, eng, ref, judged, c_margin)
     elif 1 in judged and inside:
         verdict, cause, reason = "agrees", None, f"every judged interval lies within ±{c_margin} (Δc) and " \
                                                  f"±{t_margin:.3f} (Δτ)"
@@ -231,12 +241,11 @@ def _within(ci: tuple[float, float] | None, margin: float) -> bool:
 
 
 def _cause(position: int | None, direction: str | None, c: np.ndarray, ref_c: np.ndarray, eng: np.ndarray,
-           ref: np.ndarray, judged: Sequence[int], c_margin: float, lossless: bool | None) -> str:
-    """The likeliest cause of a departure (a key of :data:`CAUSES`), checked in this order: G4 failed;
-    above the reference; at position 1: the curve shifted by one, else a wrong input; later: nothing
-    accepted from the departing position on while the reference accepts there, else sequential drafting."""
-    if lossless is False:
-        return "not_lossless"
+           ref: np.ndarray, judged: Sequence[int], c_margin: float) -> str:
+    """The likeliest cause of a departure in the counts (a key of :data:`CAUSES`; a failed G4 is decided
+    before), checked in this order: above the reference; at position 1: the curve shifted by one, else a
+    wrong input; later: nothing accepted from the departing position on while the reference accepts there,
+    else sequential drafting."""
     if direction == "above":
         return "inflated_counts"
     if position in (None, 1):

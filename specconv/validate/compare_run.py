@@ -73,8 +73,10 @@ def reference_counts(requests: Sequence[Any], k: int) -> list[RequestCounts]:
 
 
 def _served(run: ValidationRun, serve: Serve) -> tuple[list[RequestCounts], dict[str, Any]]:
-    """One engine on the run's token ids: its per-request counts and its row's facts (lossless against the
-    torch loop's greedy outputs, version, runner, per-request counter checks)."""
+    """One engine on the run's token ids: its per-request counts and its row's facts: lossless (the engine's
+    own G4 when it has one — llama.cpp's target is a quantised GGUF, so its outputs may leave the loop's at a
+    near tie — else ≥ 90 % of tokens equal to the loop's), the prompts whose output equals the loop's token
+    for token (the only ones the verdict compares), version, runner, per-request counter checks."""
     from ..engines.served import token_agreement
     from .served import MIN_TOKEN_AGREEMENT
 
@@ -84,11 +86,16 @@ def _served(run: ValidationRun, serve: Serve) -> tuple[list[RequestCounts], dict
     measured = serve.measure(run.drafter_dir, run.verifier, run.rendered, run.options, found, run.report)
     reqs = measured.get("requests") or []
     counts = [RequestCounts.from_mapping(r["prompt_id"], r["counts"], len(r["output_ids"])) for r in reqs]
-    agree = token_agreement([r["output_ids"] for r in reqs], [list(r.output_ids) for r in run.spec_requests])
+    ref_out = {r.prompt_id: list(r.output_ids) for r in run.spec_requests}
+    agree = token_agreement([r["output_ids"] for r in reqs], [ref_out[r["prompt_id"]] for r in reqs])
+    own = measured.get("lossless")  # the engine's own G4 (llama.cpp: with vs without the drafter, its target)
+    lossless = bool(own) if isinstance(own, bool) else agree["agreement"] >= MIN_TOKEN_AGREEMENT
+    paired = sorted(r["prompt_id"] for r in reqs if list(r["output_ids"]) == ref_out[r["prompt_id"]])
     mismatched = [r["prompt_id"] for r, c in zip(reqs, counts, strict=True)
                   if r.get("accepted_reported") is not None and int(r["accepted_reported"]) != c.num_accepted_tokens]
-    facts = {**serve.engine_facts(measured), "lossless": agree["agreement"] >= MIN_TOKEN_AGREEMENT,
-             "token_agreement": agree["agreement"], "exact_match": agree["exact_match"],
+    facts = {**serve.engine_facts(measured), "lossless": lossless, "lossless_reference": (
+                 "its own plain server" if isinstance(own, bool) else "specconv's loop"),
+             "token_agreement": agree["agreement"], "exact_match": agree["exact_match"], "paired_prompts": paired,
              "counts_match_reported": not mismatched, **({"counts_mismatch": mismatched[:5]} if mismatched else {})}
     return counts, facts
 
@@ -105,7 +112,8 @@ def compare_step(run: ValidationRun, k: int) -> None:
     for name in names:
         serve = _serve(name)
         runs[serve.backend], facts[serve.backend] = _served(run, serve)
-    verdicts = compare_engines(ref, runs, lossless={n: f["lossless"] for n, f in facts.items()}, seed=run.options.seed)
+    verdicts = compare_engines(ref, runs, lossless={n: f["lossless"] for n, f in facts.items()},
+                               paired={n: set(f["paired_prompts"]) for n, f in facts.items()}, seed=run.options.seed)
     metrics = run.report.get("metrics") or {}
     run.report["engines"] = {
         "reference": {"engine": REFERENCE, "tau": metrics.get("acceptance_length"),

@@ -165,3 +165,20 @@ def test_a_draft_after_the_last_token_is_not_a_rejection():
     assert extra[0].verified_steps == with_len[0].num_drafts
     # an engine claiming more accepted tokens than it emitted keeps its own count
     assert RequestCounts("p", 10, 70, 50, (10,), output_tokens=20).verified_steps == 10
+
+
+def test_only_prompts_with_the_reference_s_output_are_compared():
+    """A prompt whose output left the reference's (a quantised target's near tie) weighs nothing on either
+    side: a planted difference there cannot make the engine depart."""
+    ref, eng = _simulate(BUNDLED_C, prompts=24)
+    off = [RequestCounts(r.prompt_id, r.num_drafts, r.num_draft_tokens, 0, (0,) * len(BUNDLED_C))
+           if r.prompt_id in ("p0", "p1") else r for r in eng]
+    assert _one(ref, off).verdict != "agrees"  # all prompts: the two zeroed ones pull c1 down
+    v = _one(ref, off, paired={"engine": {f"p{i}" for i in range(2, 24)}})
+    assert v.verdict == "agrees" and v.n_prompts == 22, v.reason
+
+
+def test_a_failed_g4_departs_whatever_the_counts():
+    ref, eng = _simulate(BUNDLED_C, prompts=24)
+    v = _one(ref, eng, lossless={"engine": False})
+    assert (v.verdict, v.cause) == ("departs", "not_lossless")
