@@ -87,6 +87,7 @@ _LINT: dict[str, tuple[Level, str]] = {
     "aux-ids-missing": ("error", "aux hidden-state layer ids are required"),
     "aux-ids-implicit": ("warning", "P-EAGLE aux ids null: resolved from the verifier at load time"),
     "aux-ids-duplicate": ("error", "aux layer ids must be distinct"),
+    "aux-ids-order": ("warning", "aux layer ids not ascending: vLLM reads them sorted, llama.cpp as written"),
     "aux-ids-out-of-range": ("error", "aux layer ids must lie in [0, verifier num_hidden_layers]"),
     "aux-ids-final-hidden-state": ("warning", "an aux id captures the verifier's final hidden state"),
     # verifier compatibility

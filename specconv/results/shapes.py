@@ -517,6 +517,8 @@ class EngineRow(TypedDict, total=False):
     exact_match: float
     paired_prompts: list[str]
     counts_match_reported: bool
+    #: a ``--server-url`` vLLM's tokens drafted per step, measured on the warm-up request
+    draft_tokens_per_step: float
 
 
 @with_config(_OPEN)

@@ -122,18 +122,22 @@ def compare_step(run: ValidationRun, k: int) -> None:
         "method": "paired cluster bootstrap over prompts; simultaneous (Bonferroni) 95 % intervals over the "
                   "judged positions and τ (docs/validate.md, \"Comparing engines\")",
     }
-    run.report["engines"]["notes"] = _notes(verdicts, facts)
+    run.report["engines"]["notes"] = _notes(verdicts, facts, k)
     run.report["engine_counts"] = {name: [asdict(r) for r in rs] for name, rs in {REFERENCE: ref, **runs}.items()}
     for note in run.report["engines"]["notes"]:
         log.warning("%s", note)
 
 
-def _notes(verdicts: list[EngineVerdict], facts: dict[str, dict[str, Any]]) -> list[str]:
-    """What the report says of each engine that does not agree (a departure names where and why)."""
+def _notes(verdicts: list[EngineVerdict], facts: dict[str, dict[str, Any]], k: int) -> list[str]:
+    """What the report says of each engine that does not agree (a departure names where and why), and of one
+    drafting fewer than the drafter's ``k`` tokens per step."""
     from .compare import CAUSES
 
     out = []
     for v in verdicts:
+        per = facts[v.engine].get("draft_tokens_per_step")
+        if per is not None and per < k:
+            out.append(f"{v.engine} drafts {per:g} token{'' if per == 1 else 's'} per step, the drafter's K is {k}")
         if v.verdict == "departs":
             where = f"position {v.position}" if v.position else "τ"
             out.append(f"{v.engine} departs from the torch loop at {where} ({v.direction}): {v.reason}; "

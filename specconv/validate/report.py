@@ -154,7 +154,8 @@ def _md_engines(section: dict) -> list[str]:
     if section.get("counts_file"):
         lines += ["", f"Per-request counts: `{section['counts_file']}`; curves: `{ENGINES_PNG}`. "
                       + str(section.get("method", ""))]
-    return lines
+    notes = section.get("notes") or []
+    return lines + (["", *[f"- {n}" for n in notes]] if notes else [])
 
 
 def _md_dspark(cal: dict) -> list[str]:

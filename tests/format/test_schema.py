@@ -500,6 +500,7 @@ BAD_CASES = [
     ("mixed-dtypes", "dflash", _add_tensor("norm.weight", (64,), "F32"), "mixed-float-dtypes", "warning"),
     ("aux-dup", "dspark", _mut_cfg(aux_hidden_state_layer_ids=[1, 1, 5]), "aux-ids-duplicate", "error"),
     ("aux-range", "dspark", _mut_cfg(aux_hidden_state_layer_ids=[1, 3, 7]), "aux-ids-out-of-range", "error"),
+    ("aux-order", "dflash", _mut_cfg(aux_hidden_state_layer_ids=[5, 4, 3, 2, 1]), "aux-ids-order", "warning"),
     ("aux-negative", "peagle", _mut_cfg(eagle_aux_hidden_state_layer_ids=[-1, 3, 5]),
      "aux-ids-out-of-range", "error"),
     ("aux-missing", "dflash", _mut_cfg(aux_hidden_state_layer_ids=None), "aux-ids-missing", "error"),

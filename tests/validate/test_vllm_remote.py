@@ -216,3 +216,23 @@ def test_available_memory_reads_memavailable(tmp_path):
     info.write_text("MemTotal:       24683584 kB\nMemFree:          900000 kB\nMemAvailable:   20341356 kB\n")
     assert available_memory(str(info)) == 20341356 * 1024  # not MemFree: the page cache is reclaimable
     assert available_memory(str(tmp_path / "absent")) > 0
+
+
+def test_fewer_drafts_per_step_are_measured_only_when_comparing():
+    """``validate --compare`` measures a server drafting fewer than K tokens per step (the comparison
+    judges it: drafting cut short); a plain run refuses it, and more than K is refused either way."""
+    from specconv.engines.vllm.remote import Endpoint, check_speculating
+    from specconv.errors import InvalidInputError
+
+    ep = Endpoint("http://127.0.0.1:9")
+    before = {"spec_counters": {"x": 1.0}, "num_drafts": 2.0, "num_draft_tokens": 14.0}
+    fewer = {**before, "num_drafts": 5.0, "num_draft_tokens": 17.0}
+    more = {**before, "num_drafts": 5.0, "num_draft_tokens": 38.0}
+    assert check_speculating(ep, before, {**before, "num_drafts": 5.0, "num_draft_tokens": 35.0}, 7) == 7
+    with pytest.raises(InvalidInputError) as e:
+        check_speculating(ep, before, fewer, 7)
+    assert e.value.code == "vllm_wrong_k"
+    assert check_speculating(ep, before, fewer, 7, allow_fewer=True) == 1
+    with pytest.raises(InvalidInputError) as e:
+        check_speculating(ep, before, more, 7, allow_fewer=True)
+    assert e.value.code == "vllm_wrong_k" and "drafts 8 tokens per draft" in str(e.value)

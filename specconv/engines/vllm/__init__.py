@@ -108,7 +108,9 @@ class VllmServe(Serve):
         serving = measured.get("serving") or {}
         return {"version": versions.get("vllm.__version__") or versions.get("vllm"),
                 "distribution": versions.get("distribution"), "runner": serving.get("runner"),
-                "mode": serving.get("mode"), **({"url": serving["url"]} if serving.get("url") else {})}
+                "mode": serving.get("mode"), **({"url": serving["url"]} if serving.get("url") else {}),
+                **({"draft_tokens_per_step": serving["draft_tokens_per_step"]}
+                   if serving.get("draft_tokens_per_step") is not None else {})}
 
     def after_acceptance(self, g3: Any, measured: dict[str, Any], options: Any) -> None:
         """A server specconv did not start (``--server-url``) must have served this run only."""

@@ -143,12 +143,20 @@ def check_model(ep: Endpoint, names: set[str]) -> dict:
         f"not the drafter's verifier ({', '.join(sorted(names))})", code="vllm_wrong_model")
 
 
-def check_speculating(ep: Endpoint, before: dict, after: dict, k: int) -> None:
+def check_speculating(ep: Endpoint, before: dict, after: dict, k: int, *, allow_fewer: bool = False) -> float:
     """The counters exist and one warm-up request drafted ``k`` tokens per draft.
+
+    Args:
+        allow_fewer: accept a server drafting fewer than ``k`` tokens per draft (``validate --compare``:
+            the comparison judges what it costs, as drafting cut short, instead of refusing it).
+
+    Returns:
+        The tokens drafted per draft (Δdraft tokens / Δdrafts).
 
     Raises:
         InvalidInputError: ``vllm_no_spec_decode`` (no ``vllm:spec_decode_*`` counters, or
-            none moved), ``vllm_wrong_k`` (Δdraft tokens / Δdrafts ≠ ``k``).
+            none moved), ``vllm_wrong_k`` (Δdraft tokens / Δdrafts ≠ ``k``; above ``k`` even when
+            ``allow_fewer``: another drafter).
     """
     if not after.get("spec_counters"):
         raise InvalidInputError(f"--server-url {ep.label}: /metrics has no vllm:spec_decode_* counters: "
@@ -158,10 +166,12 @@ def check_speculating(ep: Endpoint, before: dict, after: dict, k: int) -> None:
     if drafts <= 0:
         raise InvalidInputError(f"--server-url {ep.label}: a warm-up request moved no vllm:spec_decode_num_drafts: "
                                 "the server did not speculate", code="vllm_no_spec_decode")
-    if abs(tokens / drafts - k) > 1e-9:
+    per = tokens / drafts
+    if abs(per - k) > 1e-9 and not (allow_fewer and per < k):
         raise InvalidInputError(f"--server-url {ep.label}: the server drafts {tokens / drafts:g} tokens per draft "
                                 f"({tokens:g} / {drafts:g}), the drafter's K is {k}: it serves another drafter "
                                 "or another num_speculative_tokens", code="vllm_wrong_k")
+    return per
 
 
 def fingerprint_sizes(fingerprint: str | None) -> dict[str, int | None]:
@@ -212,7 +222,8 @@ def run_remote_validation(drafter_dir: Path, verifier: Verifier, prompts: Sequen
     warm = completion_request(ep.base, prompts[0], opts, model=model["id"], headers=ep.headers)
     check_served([warm])
     settled = scrape_settled(ep.counters)
-    check_speculating(ep, pre, settled, load_config(drafter_dir).speculative_tokens)
+    k = load_config(drafter_dir).speculative_tokens
+    per_step = check_speculating(ep, pre, settled, k, allow_fewer=bool(getattr(opts, "compare", ())))
     reqs, wall, before, after = measure(ep.base, prompts, opts, read=ep.counters, concurrency=vopts.max_concurrency,
                                         model=model["id"], headers=ep.headers)
     check_served(reqs)
@@ -221,6 +232,10 @@ def run_remote_validation(drafter_dir: Path, verifier: Verifier, prompts: Sequen
     m["serving"] = serving_facts("remote", fingerprint_sizes(fp), None, None, vopts.max_concurrency,
                                  other_traffic(before, after, reqs), url=ep.label,
                                  engine={"runner": "unknown", **methods})
+    m["serving"]["draft_tokens_per_step"] = per_step
+    if per_step < k:
+        log.warning("--server-url %s drafts %g tokens per step, the drafter's K is %d: compared as served",
+                    ep.label, per_step, k)
     m.update(_served_details(reqs, wall, None, {
         "url": ep.label, "model": model, "system_fingerprint": fp, "identity": REMOTE_LABEL,
         "versions": {"distribution": None, "vllm.__version__": version}}))

@@ -296,6 +296,18 @@ def _aux_duplicate(ctx: LintContext) -> Hit | None:
     return None
 
 
+@rule("aux-ids-order", "warning")
+def _aux_order(ctx: LintContext) -> Hit | None:
+    ids, key = ctx.cfg.aux_layer_ids, ctx.alg.aux_ids_key
+    if ids and len(set(ids)) == len(ids) and list(ids) != sorted(ids):
+        return (f"{key}={ids} is not ascending: vLLM gathers the aux hidden states in ascending layer order "
+                f"({sorted(ids)}; vLLM 0.32/0.33 model_executor/models/interfaces.py "
+                "_set_aux_hidden_state_layers), llama.cpp and specconv's loop in this order, so the engines "
+                "serve different drafters (`specconv validate --compare vllm,llamacpp` shows which one departs)",
+                key)
+    return None
+
+
 @rule("aux-ids-out-of-range", "error")
 def _aux_range(ctx: LintContext) -> Hit | None:
     ids, key = ctx.cfg.aux_layer_ids, ctx.alg.aux_ids_key
