@@ -10,12 +10,12 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from ..errors import GateFailedError, InvalidInputError, SpecconvError
 from ..prompts import ChatOptions
 from ..results import PushResult, ReleaseResult
-from ..results.shapes import ReleaseStep, ReleaseValidate
+from ..results.shapes import EngineVerdictRow, ReleaseStep, ReleaseValidate
 from .push import PushOptions, push
 
 
@@ -108,7 +108,7 @@ def _validate(src: str, opts: ReleaseOptions, drafter: Path, report_dir: Path,
     out: ReleaseValidate = {"acceptance_length": section.acceptance_length, "tau_ci95": section.tau_ci95,
                             "gates": section.gates, "parity_kl_max": kl}
     if compare:  # one row per engine: push refuses a departing one unless --allow-departing names it
-        out["engines"] = [e.model_dump(exclude_none=True) for e in section.engines or []]
+        out["engines"] = [cast(EngineVerdictRow, e.model_dump(exclude_none=True)) for e in section.engines or []]
     return out
 
 

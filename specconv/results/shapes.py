@@ -376,6 +376,21 @@ class ReleaseConvert(TypedDict):
 
 
 @with_config(_OPEN)
+class EngineVerdictRow(TypedDict, total=False):
+    """One engine's row of the record (``specconv.record.EngineSummary``, ``None`` fields left out)."""
+
+    engine: str
+    version: str
+    runner: str
+    tau: float
+    tau_ci: list[float]
+    verdict: Literal["agrees", "departs", "inconclusive"]
+    position: int
+    direction: str
+    cause: str
+
+
+@with_config(_OPEN)
 class ReleaseValidate(TypedDict):
     """Release's ``validate`` step (``specconv.publish.release._validate``; its ``compare`` step adds
     ``engines``, the record's rows)."""
@@ -384,7 +399,7 @@ class ReleaseValidate(TypedDict):
     tau_ci95: list[float] | None
     gates: dict[str, bool] | None
     parity_kl_max: float | None
-    engines: NotRequired[list[dict[str, Any]]]
+    engines: NotRequired[list[EngineVerdictRow]]
 
 
 @with_config(_OPEN)

@@ -174,6 +174,19 @@ def check_speculating(ep: Endpoint, before: dict, after: dict, k: int, *, allow_
     return per
 
 
+def _draft_tokens_per_step(ep: Endpoint, before: dict, after: dict, drafter_dir: Path, opts: Any) -> float:
+    """:func:`check_speculating` against the drafter's K; under ``validate --compare`` a server drafting fewer
+    tokens per step is measured (and said), not refused."""
+    from ...format import load_config
+
+    k = load_config(drafter_dir).speculative_tokens
+    per = check_speculating(ep, before, after, k, allow_fewer=bool(getattr(opts, "compare", ())))
+    if per < k:
+        log.warning("--server-url %s drafts %g tokens per step, the drafter's K is %d: compared as served",
+                    ep.label, per, k)
+    return per
+
+
 def fingerprint_sizes(fingerprint: str | None) -> dict[str, int | None]:
     """The parallel sizes a ``system_fingerprint`` says (vLLM's ``full`` mode:
     ``vllm-<version>[-tpN][-ppN][-dpN]-<hash8>``); None for each it does not say (the
@@ -198,7 +211,6 @@ def run_remote_validation(drafter_dir: Path, verifier: Verifier, prompts: Sequen
             method it reports (``vllm_lossy_rejection``), no speculative decoding, another K, a
             request not served. UsageError: ``--api-key-env`` names an unset variable.
     """
-    from ...format import load_config
     from ..served import settled as scrape_settled
     from .serve import (
         _served_details,
@@ -222,8 +234,7 @@ def run_remote_validation(drafter_dir: Path, verifier: Verifier, prompts: Sequen
     warm = completion_request(ep.base, prompts[0], opts, model=model["id"], headers=ep.headers)
     check_served([warm])
     settled = scrape_settled(ep.counters)
-    k = load_config(drafter_dir).speculative_tokens
-    per_step = check_speculating(ep, pre, settled, k, allow_fewer=bool(getattr(opts, "compare", ())))
+    per_step = _draft_tokens_per_step(ep, pre, settled, drafter_dir, opts)
     reqs, wall, before, after = measure(ep.base, prompts, opts, read=ep.counters, concurrency=vopts.max_concurrency,
                                         model=model["id"], headers=ep.headers)
     check_served(reqs)
@@ -233,9 +244,6 @@ def run_remote_validation(drafter_dir: Path, verifier: Verifier, prompts: Sequen
                                  other_traffic(before, after, reqs), url=ep.label,
                                  engine={"runner": "unknown", **methods})
     m["serving"]["draft_tokens_per_step"] = per_step
-    if per_step < k:
-        log.warning("--server-url %s drafts %g tokens per step, the drafter's K is %d: compared as served",
-                    ep.label, per_step, k)
     m.update(_served_details(reqs, wall, None, {
         "url": ep.label, "model": model, "system_fingerprint": fp, "identity": REMOTE_LABEL,
         "versions": {"distribution": None, "vllm.__version__": version}}))
