@@ -71,7 +71,7 @@ def test_server_url_run_measures_records_apart_and_redacts(fake, converted, smol
                      "executor_backend": None, "engine_args": None, "concurrency": 2,
                      "other_traffic": {"requests": 0.0, "generation_tokens": 0.0},
                      "url": url.replace("http://", "http://***@"), "runner": "unknown", "draft_sample_method": None,
-                     "rejection_sample_method": None, "prompt_tokens": "ids"}
+                     "rejection_sample_method": None, "prompt_tokens": "ids", "draft_tokens_per_step": 7.0}
     # requests went to the /v1/models id with the key; the warm-up came before the measured window
     posts = [s for s in state.seen if s[0] == "POST"]
     assert len(posts) == 4 and all(a == "Bearer sk-test-123" for _, _, a in posts)
