@@ -40,6 +40,8 @@ VOLATILE_KEYS = frozenset({
 })
 VOLATILE_SUFFIXES = ("_ms", "_seconds")
 VERSION_KEYS = frozenset({"transformers_version"})
+#: torch calls the vLLM loader check stubs only on some hosts (vLLM probes AMX on Intel CPUs)
+HOST_STUBS = frozenset({"torch.cpu._is_amx_tile_supported"})
 #: file sizes (loose cases only: a card or plot holding CPU-computed numbers)
 SIZE_KEYS = frozenset({"size", "bytes", "bytes_to_upload", "total_size"})
 _OWN_VERSION = "specconv"
@@ -104,6 +106,8 @@ class Normaliser:
             if key == "versions":
                 return {k: (v if k == _OWN_VERSION else "<version>") for k, v in sorted(obj.items())}
             return {self.text(str(k)): self(v, str(k)) for k, v in sorted(obj.items(), key=lambda kv: str(kv[0]))}
+        if key == "stubs" and isinstance(obj, (list, tuple)):
+            obj = [v for v in obj if v not in HOST_STUBS]
         if isinstance(obj, (list, tuple)):
             return [self(v) for v in obj]
         if isinstance(obj, str):
