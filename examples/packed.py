@@ -4,8 +4,9 @@
 A tracked file stays under 20 MB: the DFlash2 example's ``model.safetensors`` (23.2 MB, bf16) is committed
 as ``model.safetensors.xz`` (16.4 MB) and its SHA-256 is recorded in ``examples/packed.json``. ``unpack()``
 writes the plain file (git-ignored) once, atomically, and checks it against the record; a stale or damaged
-plain file is rewritten. ``make examples`` (a step of ``make demo``, ``make test`` and ``make test-fast``),
-the tests and ``benchmarks/validate_tau.py`` call it; ``examples/train_dflash2.py save`` calls ``pack()``.
+plain file is rewritten. ``make examples`` runs it for your own commands; the tests (``trained2`` in
+``tests/structure/test_examples.py``) and ``benchmarks/validate_tau.py`` call it themselves;
+``examples/train_dflash2.py save`` calls ``pack()``.
 Standard library only.
 
     python examples/packed.py            # unpack every recorded file

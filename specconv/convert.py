@@ -154,7 +154,7 @@ def detect(src: SourceInfo) -> type[Converter]:
                 seen.append("keys " + ", ".join(keys))
         seen.append(f"{len(src.tensor_names())} tensors")
         raise UnsupportedFormatError(
-            f"{src.path}: not a known P-EAGLE / DFlash / DSpark checkpoint ({'; '.join(seen)}). "
+            f"{src.path}: not a known P-EAGLE / DFlash / DFlash2 / DSpark checkpoint ({'; '.join(seen)}). "
             "Run `specconv formats` for the supported sources.",
             format_id="unknown",
         )

@@ -318,7 +318,9 @@ def make_specforge_training(
         "run_id": run_id, "world_size": 1, "args": argparse.Namespace(lr=1e-4, strategy=strategy),
     }
     torch.save(state, ckpt / "training_state.pt")
-    torch.save({"optimizer": {}, "rng": torch.get_rng_state()}, ckpt / "training_state_rank0.pt")
+    # a seeded generator's state, not the process's: the file's bytes (and the goldens' sha256) then do not
+    # depend on what ran before in the process
+    torch.save({"optimizer": {}, "rng": torch.Generator().manual_seed(0).get_state()}, ckpt / "training_state_rank0.pt")
     draft_cfg = Path(run_dir) / f"{strategy}-draft-config.json"
     draft_cfg.write_text(json.dumps(cfg, indent=2))
     return ckpt, draft_cfg

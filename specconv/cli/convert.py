@@ -75,7 +75,7 @@ class _AlgoChoice(click.Choice):
 @verifier_name_option()
 @click.option("-o", "--output", type=click.Path(path_type=Path), help="Output directory (written atomically).")
 @click.option("--algorithm", type=_AlgoChoice(), help="Refuse unless the detected source has this target algorithm "
-                                                      "(dflash, dspark, peagle: see `specconv formats`).")
+                                                      "(dflash, dflash2, dspark, peagle: see `specconv formats`).")
 @click.option("--mask-token-id", type=int,
               help="Mask token the drafter was trained with (when the checkpoint lacks it).")
 @click.option("--aux-layer-ids", callback=_ids,

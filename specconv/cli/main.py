@@ -75,7 +75,7 @@ def _wants_json(args: list[str]) -> bool:
 @click.version_option(__version__, prog_name="specconv")
 @click.option("-v", "--verbose", count=True, help="More logging on stderr (-v info, -vv debug).")
 def cli(verbose: int) -> None:
-    """Convert, validate and publish P-EAGLE / DFlash / DSpark speculative-decoding drafters.
+    """Convert, validate and publish P-EAGLE / DFlash / DFlash2 / DSpark speculative-decoding drafters.
 
     Results go to stdout (one JSON object with --format json); logs and progress to stderr.
     """

@@ -396,7 +396,7 @@ class Eagle3(RefusedFormat):
         "without P-EAGLE markers (`mask_hidden`, `pard_token`, `ptd_token_id`, `parallel_drafting`)"
     )
     refusal = (
-        "EAGLE-3 is out of specconv's scope (P-EAGLE / DFlash / DSpark only); convert it with "
+        "EAGLE-3 is out of specconv's scope (P-EAGLE / DFlash / DFlash2 / DSpark only); convert it with "
         "`speculators convert --algorithm eagle3` (speculators' EAGLE-3 converter)"
     )
     spec_ref = ("SafeAILab/EAGLE (`LlamaForCausalLMEagle3`); vllm-project/speculators "

@@ -1,4 +1,4 @@
-"""Reference PyTorch drafters for Speculators-format P-EAGLE / DFlash / DSpark dirs (one module per
+"""Reference PyTorch drafters for Speculators-format P-EAGLE / DFlash / DFlash2 / DSpark dirs (one module per
 algorithm, its docstring the drafting step). Importing the package does not import torch; the first
 attribute access does (MissingExtraError without it).
 """

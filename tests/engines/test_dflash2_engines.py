@@ -101,7 +101,8 @@ def test_validate_backend_vllm_refuses_dflash2_on_vllm_cpu_before_serving(dflash
 
 def test_card_says_model_runner_v2_on_a_gpu(dflash2):
     card = (dflash2["spec"] / "README.md").read_text()
-    assert "V2 only (`VLLM_USE_V2_MODEL_RUNNER=1`) on a GPU (vllm-cpu cannot serve it)" in card
+    assert ("V2 only (vLLM's default with Triton; `VLLM_USE_V2_MODEL_RUNNER=1` forces it) on a GPU "
+            "(vllm-cpu cannot serve it)") in card
 
 
 @pytest.mark.sglang

@@ -1,4 +1,4 @@
-"""llama.cpp build infrastructure (`make llama-cpp`, specconv/llamacpp_build.py).
+"""llama.cpp build infrastructure (`make llama-cpp`, specconv/engines/llamacpp/build.py).
 
 The key tests are pure (stdlib, fast). The end-to-end test converts the bundled z-lab DFlash
 drafter with the converter extracted into the build dir and serves it with the built

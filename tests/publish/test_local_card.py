@@ -307,7 +307,7 @@ def test_the_local_cards_sglang_line_says_where_to_run_it(cards, tmp_path, monke
 #: ``_get_v{1,2}_model_runner_unsupported_features``): V2 has no parallel drafting for EAGLE,
 #: V1 no DSpark.
 RUNNERS = {"peagle": "V1 only (`VLLM_USE_V2_MODEL_RUNNER=0`)", "dflash": "V1 or V2",
-           "dspark": "V2 only (`VLLM_USE_V2_MODEL_RUNNER=1`)"}
+           "dspark": "V2 only (vLLM's default with Triton; `VLLM_USE_V2_MODEL_RUNNER=1` forces it)"}
 
 
 @pytest.mark.parametrize("algo", sorted(RUNNERS))

