@@ -351,6 +351,8 @@ class ValidationReport(StageResult):
             lines += _tau_lines(r)
         lines += [_runtime_line(key, sec) for key, sec in r.items()
                   if isinstance(sec, dict) and {"torch", "drafts"} <= sec.keys()]
+        lines += [_served_line(key, sec) for key, sec in r.items()
+                  if isinstance(sec, dict) and {"tau", "tau_torch", "band"} <= sec.keys()]
         lines += _engine_lines(r.get("engines") or {})
         lines.append("gates:")
         for g in r.get("gate_results", []):
@@ -379,6 +381,14 @@ def _engine_lines(sec: dict[str, Any]) -> list[str]:
         lines.append(f"{row['engine'] + ':':<11}τ {row['tau']:.3f} [{lo:.3f}, {hi:.3f}] vs torch "
                      f"{sec['reference'].get('tau') or float('nan'):.3f}: {row['verdict']}{where}")
     return lines + [f"      note:    {n}" for n in sec.get("notes") or []]
+
+
+def _served_line(key: str, sec: dict[str, Any]) -> str:
+    """The line of an engine served after the torch loop on its token ids (``--backend llamacpp``: the
+    report's ``key`` section with ``tau``, ``tau_torch``, ``band``, ``lossless``)."""
+    inside = abs(sec["tau"] - sec["tau_torch"]) <= sec["band"]
+    return (f"{key.removesuffix('_serve') + ':':<11}τ {sec['tau']:.3f} (served) vs {sec['tau_torch']:.3f} (torch), "
+            f"{'within' if inside else 'OUTSIDE'} ±{sec['band']:.3f}; lossless {sec.get('lossless')}")
 
 
 def _runtime_line(key: str, sec: dict[str, Any]) -> str:

@@ -135,3 +135,15 @@ def test_validation_human_onnx_line_says_what_its_counts_are():
           "drafts": {"mismatches": 2, "near_tie_mismatches": 1, "near_ties": 3}}
     text = ValidationReport.of({"gates": {}, "passed": True, "onnx": ox}).human()
     assert "draft mismatches 2 (1 of them at a near-tie; 3 near-ties in all)" in text
+
+
+def test_validation_human_has_the_served_engines_line():
+    """``--backend llamacpp``: the served τ against the torch loop's, the band and G4 on one line."""
+    from specconv.results import ValidationReport
+
+    sec = {"tau": 1.70, "tau_torch": 1.76, "band": 0.05, "lossless": True, "delta": -0.06}
+    text = ValidationReport.of({"gates": {}, "passed": False, "llamacpp_serve": sec}).human()
+    assert "llamacpp:  τ 1.700 (served) vs 1.760 (torch), OUTSIDE ±0.050; lossless True" in text, text
+    sec["tau"] = 1.75
+    text = ValidationReport.of({"gates": {}, "passed": True, "llamacpp_serve": sec}).human()
+    assert "vs 1.760 (torch), within ±0.050" in text, text
