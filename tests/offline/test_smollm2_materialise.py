@@ -18,9 +18,8 @@ from safetensors import safe_open
 
 from specconv.offline import SMOLLM2_DIRNAME, smollm2_verifier_dir
 
-pytestmark = pytest.mark.slow
 
-
+@pytest.mark.slow
 def test_first_materialisation_into_an_empty_cache(tmp_path):
     env = {k: v for k, v in os.environ.items() if k not in ("TQDM_DISABLE", "HF_HUB_DISABLE_PROGRESS_BARS")}
     code = ("import sys; from pathlib import Path; from specconv.offline import smollm2_verifier_dir as f; "
@@ -41,8 +40,36 @@ def test_first_materialisation_into_an_empty_cache(tmp_path):
         assert emb.get_shape() == [49152, 576]
         assert emb.get_dtype() == "F32"
     assert (out / "tokenizer.json").exists() or (out / "tokenizer.model").exists()
-    assert [p.name for p in tmp_path.iterdir()] == [SMOLLM2_DIRNAME]  # no temp dir left
+    assert [p.name for p in tmp_path.iterdir() if not p.name.endswith(".lock")] == [SMOLLM2_DIRNAME]  # no temp dir
 
     stamp = (out / "model.safetensors").stat().st_mtime_ns
     assert smollm2_verifier_dir(cache=tmp_path) == out
     assert (out / "model.safetensors").stat().st_mtime_ns == stamp  # the second call reads the cache
+
+
+def test_concurrent_first_calls_materialise_once(tmp_path, monkeypatch):
+    """Two processes' first calls (parallel test workers, two ``validate`` runs) build the dir once: the
+    second waits on the lock and reads the first one's result."""
+    import threading
+    import time
+
+    import specconv.offline as off
+
+    calls = []
+
+    def slow_build(cache, out):
+        calls.append(out)
+        time.sleep(0.3)
+        out.mkdir()
+        (out / "config.json").write_text("{}")
+        (out / "model.safetensors").write_bytes(b"x")
+
+    monkeypatch.setattr(off, "_materialise_smollm2", slow_build)
+    got: list = []
+    threads = [threading.Thread(target=lambda: got.append(off.smollm2_verifier_dir(cache=tmp_path)))
+               for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert got == [tmp_path / SMOLLM2_DIRNAME] * 2 and len(calls) == 1
