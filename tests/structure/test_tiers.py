@@ -102,3 +102,18 @@ def test_the_guard_lets_a_marked_test_and_a_background_thread_of_its_file_throug
     t.start()
     t.join()
     assert errors == [None]  # started by a module fixture of the earlier, marked test
+
+
+def test_servers_first_orders_files_by_their_longest_server_and_keeps_each_file_together():
+    from types import SimpleNamespace
+
+    import tiers
+
+    def item(path, *marks):
+        return SimpleNamespace(path=path, name=f"{path}-{marks}",
+                               get_closest_marker=lambda m, marks=marks: m if m in marks else None)
+
+    items = [item("a"), item("b", "server"), item("a"), item("c"), item("c", "vllm_serve", "server"), item("b")]
+    tiers.servers_first(items)
+    assert [i.path for i in items] == ["c", "c", "b", "b", "a", "a"]
+    assert [i.name for i in items][:2] == ["c-()", "c-('vllm_serve', 'server')"]  # a file's own order kept
