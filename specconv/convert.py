@@ -141,6 +141,8 @@ def detect(src: SourceInfo) -> type[Converter]:
 
     cls = _detect(src)
     if cls is None:
+        from .format.algorithms import display_names
+
         seen = []
         if src.config is None:
             seen.append("no config.json")
@@ -154,7 +156,7 @@ def detect(src: SourceInfo) -> type[Converter]:
                 seen.append("keys " + ", ".join(keys))
         seen.append(f"{len(src.tensor_names())} tensors")
         raise UnsupportedFormatError(
-            f"{src.path}: not a known P-EAGLE / DFlash / DFlash2 / DSpark checkpoint ({'; '.join(seen)}). "
+            f"{src.path}: not a known {display_names()} checkpoint ({'; '.join(seen)}). "
             "Run `specconv formats` for the supported sources.",
             format_id="unknown",
         )

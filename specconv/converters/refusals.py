@@ -9,6 +9,7 @@ import json
 import re
 from typing import Any
 
+from ..format.algorithms import display_names
 from .base import PROJECTOR_DOMINO, PROJECTOR_DSPARK, RefusedFormat, SourceInfo, register
 
 # --------------------------------------------------------------------------- helpers
@@ -396,7 +397,7 @@ class Eagle3(RefusedFormat):
         "without P-EAGLE markers (`mask_hidden`, `pard_token`, `ptd_token_id`, `parallel_drafting`)"
     )
     refusal = (
-        "EAGLE-3 is out of specconv's scope (P-EAGLE / DFlash / DFlash2 / DSpark only); convert it with "
+        f"EAGLE-3 is out of specconv's scope ({display_names()} only); convert it with "
         "`speculators convert --algorithm eagle3` (speculators' EAGLE-3 converter)"
     )
     spec_ref = ("SafeAILab/EAGLE (`LlamaForCausalLMEagle3`); vllm-project/speculators "

@@ -36,6 +36,7 @@ __all__ = [
     "VllmFacts",
     "algorithm",
     "algorithm_names",
+    "display_names",
     "find_algorithm",
     "import_object",
 ]
@@ -490,6 +491,11 @@ ALGORITHMS: Mapping[str, Algorithm] = MappingProxyType({a.name: a for a in (PEAG
 def algorithm_names() -> tuple[str, ...]:
     """Every algorithm's ``speculators_model_type``, in listing order."""
     return tuple(ALGORITHMS)
+
+
+def display_names() -> str:
+    """The algorithms as messages list them: ``"P-EAGLE / DFlash / DSpark / DFlash2"`` (listing order)."""
+    return " / ".join(a.display_name for a in ALGORITHMS.values())
 
 
 def find_algorithm(name: Any) -> Algorithm | None:

@@ -161,3 +161,20 @@ def test_jetspec_causal_false_is_not_refused(tmp_path, tiny_verifier_dir):
 def test_every_refusal_class_is_covered_here():
     refused = {c.format_id for c in REGISTRY.values() if not c.supported and c.__module__.endswith("refusals")}
     assert refused <= {fid for _, fid in REFUSAL_CASES}
+
+
+def test_an_unknown_format_names_every_algorithm_of_the_table(tmp_path, tiny_verifier_dir):
+    """The unknown-format error lists the algorithms from ``format/algorithms.py`` (a new entry needs no edit)."""
+    from specconv.format.algorithms import ALGORITHMS
+
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "config.json").write_text(json.dumps({"architectures": ["SomethingElse"], "model_type": "other"}))
+    import numpy as np
+    from safetensors.numpy import save_file
+
+    save_file({"blocks.0.mixer.weight": np.zeros((4, 4), np.float32)}, str(src / "model.safetensors"))
+    code, rep, _ = cli_convert(src, tiny_verifier_dir, tmp_path / "out")
+    assert code == 3 and rep["error"] == "unsupported_format", rep
+    assert " / ".join(a.display_name for a in ALGORITHMS.values()) in rep["message"], rep["message"]
+    assert "DFlash2" in rep["message"]
