@@ -26,6 +26,7 @@ tie, and the llama.cpp build dir is named by this machine's key: both are masked
 from __future__ import annotations
 
 import json
+import os
 import re
 import sys
 import types
@@ -58,7 +59,13 @@ def _json_only(files: dict[str, Any]) -> dict[str, Any]:
 
 
 def _record(out: Path, ws: Workspace) -> Any:
-    return ws.norm.with_loose()(json.loads((out / "specconv.json").read_text()))
+    """``out``'s record, normalised; the source path (relative to ``out``) made absolute first, so the checkout
+    becomes ``<REPO>`` wherever the checkout and the scratch dir lie (a checkout under /tmp, as the scratch)."""
+    rec = json.loads((out / "specconv.json").read_text())
+    src = (rec.get("conversion") or {}).get("source") or {}
+    if isinstance(src.get("path"), str) and not os.path.isabs(src["path"]):
+        src["path"] = os.path.normpath(out / src["path"])
+    return ws.norm.with_loose()(rec)
 
 
 def export_sglang(ws: Workspace, d: Path) -> dict[str, Any]:
